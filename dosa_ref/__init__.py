@@ -1,0 +1,26 @@
+"""DoSA reference (CPU, float64): exact certificate-pruned Top-K for the DSA indexer.
+
+Public contract (DESIGN.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 in
+``dosa_ref.fp8``; workloads in ``dosa_ref.workloads``.
+"""
+
+from .certificate import slack, upper_bound
+from .plan import Plan, PlanOptions, build_plan
+from .scorer import index_scores, score_keys, topk_ids, topk_of
+from .select import DosaResult, DosaStats, SelectOptions, dosa_topk
+
+__all__ = [
+    "DosaResult",
+    "DosaStats",
+    "Plan",
+    "PlanOptions",
+    "SelectOptions",
+    "build_plan",
+    "dosa_topk",
+    "index_scores",
+    "score_keys",
+    "slack",
+    "topk_ids",
+    "topk_of",
+    "upper_bound",
+]
