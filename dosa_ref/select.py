@@ -158,6 +158,12 @@ class DosaStats:
         """p = 1 − N_keep/N_screen with N_keep the keys that survive screening."""
         return 1.0 - self.survival
 
+    @property
+    def scored_fraction(self) -> float:
+        """Keys scored with all H heads (seeds + refined) / keys screened-or-seeded."""
+        n = int(self.screened.sum() + self.seeds.sum())
+        return float(self.seeds.sum() + self.refined.sum()) / n if n else float("nan")
+
     def totals(self) -> dict:
         d = {name: int(getattr(self, name).sum()) for name in _PER_QUERY if name != "r"}
         d.update(
@@ -166,7 +172,10 @@ class DosaStats:
             full=int(self.full.sum()),
             survival=self.survival,
             pruning=self.pruning,
-            tau_gap_median=float(np.nanmedian(self.tau_gap)) if np.any(~np.isnan(self.tau_gap)) else float("nan"),
+            tau_gap_median=float(np.nanmedian(self.tau_gap))
+            if np.any(~np.isnan(self.tau_gap))
+            else float("nan"),
+            scored_fraction=self.scored_fraction,
             positive_projection_rows=float(np.mean(self.omitted_positive > 0)) if self.Qn else 0.0,
         )
         d.update({f"slack_{k}": float(np.nanmean(v)) for k, v in self.slack.items()})
@@ -312,8 +321,9 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, **options) -> DosaResult:
             top, sc = _full_topk(q_t, w_t, k, a, b, K)
             st.full[t] = True
         else:
-            top, sc = _screened_query(t, q_t, w_t, k, a, b, K, opt, popt, strategies,
-                                      seed_ids, pool, st, slack_acc)
+            top, sc = _screened_query(
+                t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc
+            )
         ids_out[t, : top.size] = top
         if top.size == K:
             st.tau_final[t] = sc[-1]
