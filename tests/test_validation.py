@@ -1,0 +1,72 @@
+"""Bad input raises ValueError naming the argument (DESIGN.md, public contract)."""
+
+import numpy as np
+import pytest
+
+from dosa_ref import dosa_topk, index_scores, topk_ids
+
+q = np.ones((2, 3, 4))
+w = -np.ones((2, 3))
+k = np.ones((10, 4))
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(q=np.ones((2, 3))), "q"),
+        (dict(w=np.ones((2, 4))), "w"),
+        (dict(k=np.ones((10, 5))), "k"),
+        (dict(q=np.full((2, 3, 4), np.nan)), "q"),
+        (dict(w=np.array([[1, np.inf, 1], [1, 1, 1]])), "w"),
+        (dict(k=np.full((10, 4), -np.inf)), "k"),
+        (dict(K=0), "K"),
+        (dict(K=2.5), "K"),
+        (dict(ks=np.array([3, 0]), ke=np.array([2, 10])), "ks"),
+        (dict(ke=np.array([5, 11])), "ke"),
+        (dict(ks=np.array([-1, 0])), "ks"),
+        (dict(ks=np.array([0, 0, 0])), "ks"),
+        (dict(ks=np.array([0.5, 0.0])), "ks"),
+        (dict(q=np.array([["a"]])), "q"),
+    ],
+)
+def test_bad_input_names_argument(kwargs, name):
+    args = dict(q=q, w=w, k=k, K=3, ks=None, ke=None)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        dosa_topk(**args)
+    if name != "K":
+        args.pop("K")
+        with pytest.raises(ValueError, match=rf"^{name}\b"):
+            index_scores(**args)
+
+
+@pytest.mark.parametrize(
+    "opt,name",
+    [
+        (dict(seeds="nope"), "seeds"),
+        (dict(seeds="explicit"), "seed_ids"),
+        (dict(buffer=0), "buffer"),
+        (dict(r=0), "r"),
+        (dict(form="x"), "form"),
+        (dict(neg_aggregate="x"), "neg_aggregate"),
+        (dict(allowance="x"), "allowance"),
+        (dict(bogus=1), "bogus"),
+        (dict(window=-1), "window"),
+    ],
+)
+def test_bad_options_name_option(opt, name):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        dosa_topk(q, w, k, 3, **opt)
+
+
+def test_topk_ids_rejects_nan_and_bad_K():
+    with pytest.raises(ValueError, match="^scores"):
+        topk_ids(np.array([[np.nan, 1.0]]), 1)
+    with pytest.raises(ValueError, match="^K"):
+        topk_ids(np.zeros((1, 3)), 0)
+
+
+def test_topk_ids_contract():
+    s = np.array([[1.0, 3.0, 3.0, -np.inf, 2.0], [-np.inf] * 5])
+    np.testing.assert_array_equal(topk_ids(s, 4), [[1, 2, 4, 0], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(topk_ids(s, 1), [[1], [-1]])
