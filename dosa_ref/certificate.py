@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import Plan
+from .plan import Plan, safe_norm
 
 __all__ = [
     "FORMS",
@@ -33,7 +33,7 @@ def positive_allowance(plan: Plan, k: np.ndarray) -> np.ndarray:
     out = np.zeros(k.shape[0])
     for g in range(c.size):
         if c[g] != 0.0:
-            out += c[g] * np.linalg.norm(k[:, gb[g] : gb[g + 1]], axis=1)
+            out += c[g] * safe_norm(k[:, gb[g] : gb[g + 1]], axis=1)
     return out
 
 
@@ -45,9 +45,10 @@ def rounding_allowance(plan: Plan, q_t: np.ndarray, w_t: np.ndarray, k: np.ndarr
     M(k) = (Σ_h|w_h||q_h| + Σ_j|w̃_j||q_j| + |a_A| + |V|)·|k| + (Σ_h|w_h|‖q_h‖ + Σ_g c_g)‖k‖
     (anchor terms obey β_h‖q_j*‖ ≤ ‖q_h‖, so folding and projection errors are bounded by
     the second part).  The standard bound γ_n ≤ 1.01·n·u per sum, applied to U, to s, and
-    to the plan's quantities (β, d_h, w̃, E), gives the factor 4·n_op·u; the last term
-    covers products that underflow (≤ 2^-1074 each, at most D·(H+1) of them, times
-    1 + Σ|w|).  Deliberately generous: it costs nothing measurable in pruning.
+    to the plan's quantities (β, d_h, w̃, E), gives the factor 4·n_op·u.  Norms are taken
+    with ``safe_norm`` so squares never underflow; the last term covers results that are
+    subnormal (≤ 2^-1075 each).  Deliberately generous: it costs nothing measurable in
+    pruning.
     """
     H, D = q_t.shape
     G = plan.positive_coefficients().size
@@ -58,10 +59,14 @@ def rounding_allowance(plan: Plan, q_t: np.ndarray, w_t: np.ndarray, k: np.ndarr
         + np.abs(plan.a_A)
         + np.abs(plan.V)
     )
-    mag = float(np.abs(w_t) @ np.linalg.norm(q_t, axis=1) + plan.positive_coefficients().sum())
+    mag = float(np.abs(w_t) @ safe_norm(q_t, axis=1) + plan.positive_coefficients().sum())
     absk = np.abs(k)
-    M = absk @ env + mag * np.linalg.norm(k, axis=1)
-    underflow = D * (H + 1) * (1.0 + np.abs(w_t).sum()) * 2.0**-1070
+    l1 = absk.sum(axis=1)
+    M = absk @ env + mag * safe_norm(k, axis=1)
+    # Absolute term for results that fall into the subnormal range (each such rounding
+    # errs by ≤ 2^-1075, scaled by at most (1 + Σ|w| + Σ|w̃|)(1 + ‖k‖_1) per quantity).
+    wsum = 1.0 + np.abs(w_t).sum() + np.abs(plan.w_fold).sum()
+    underflow = (D + 4) * (H + G + 4) * wsum * (1.0 + l1) * 2.0**-1070
     return 4.0 * n_op * _U64 * M * (1.0 + 8.0 * n_op * _U64) + underflow
 
 

@@ -121,6 +121,26 @@ class Plan:
         return np.array([0, self.a_A.shape[0]])
 
 
+def pow2_exponent(x: np.ndarray, axis=None) -> np.ndarray:
+    """Exponent e with max|x|·2^-e in [0.5, 1) (0 where x is all zero); int array."""
+    m = np.max(np.abs(x), axis=axis) if x.size else np.zeros(())
+    return np.frexp(m)[1]
+
+
+def safe_norm(x: np.ndarray, axis=-1) -> np.ndarray:
+    """Euclidean norm without intermediate underflow or overflow.
+
+    Each row is scaled by an exact power of two before squaring (np.linalg.norm squares
+    directly: for |x| ~ 1e-160 the squares are subnormal and the norm loses most of its
+    bits, which once made E_P‖k‖ fall below a key's true score).  float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[axis] == 0:
+        return np.zeros(np.delete(x.shape, axis % x.ndim)) if x.ndim > 1 else np.float64(0.0)
+    e = np.expand_dims(pow2_exponent(x, axis=axis), axis)
+    return np.ldexp(np.linalg.norm(np.ldexp(x, -e), axis=axis), np.squeeze(e, axis))
+
+
 def coordinate_groups(D: int, G: int) -> np.ndarray:
     """Cuts int [G'+1] splitting D coordinates into G' = min(G, D) contiguous groups."""
     G = max(1, min(int(G), D))
@@ -136,11 +156,14 @@ def activation_frequency(q_t: np.ndarray, k_sample: np.ndarray) -> np.ndarray:
 
 def joint_allowance(u: np.ndarray) -> float:
     """Prop. 3: ½(‖Σ_h u_h‖ + sqrt(Σ_{h,l} |u_h·u_l|)) for rows u [m, D] (0 when m = 0)."""
-    if u.shape[0] == 0:
+    if u.shape[0] == 0 or not np.any(u):
         return 0.0
-    s = np.linalg.norm(u.sum(axis=0))
-    g = np.abs(u @ u.T).sum()
-    return 0.5 * (s + np.sqrt(g))
+    # Homogeneous of degree 1: evaluate on u·2^-e (exact) so u_h·u_l cannot underflow.
+    e = int(pow2_exponent(u))
+    us = np.ldexp(u, -e)
+    s = np.linalg.norm(us.sum(axis=0))
+    g = np.abs(us @ us.T).sum()
+    return float(np.ldexp(0.5 * (s + np.sqrt(g)), e))
 
 
 def choose_retained(
@@ -152,7 +175,7 @@ def choose_retained(
     |w_h|‖q_h‖ min(p_h, 1−p_h) (activation-aware) or |w_h|‖q_h‖ (strength-only);
     else keep the r strongest positive heads by w_h‖q_h‖.  Ties go to the lower index.
     """
-    qn = np.linalg.norm(q_t, axis=1)
+    qn = safe_norm(q_t, axis=1)
     pos = np.flatnonzero(w_t > 0)
     neg = np.flatnonzero(w_t < 0)
     if pos.size <= r:
@@ -203,15 +226,20 @@ def build_plan(
             A = Nn[:0]
     A = np.intersect1d(np.asarray(A, dtype=np.int64), Nn)
 
+    # Work on q_t·2^-e (an exact power-of-two scaling) so that no square or product of
+    # query entries underflows; β and w̃ are scale-free, d, E, a_A and V scale back by 2^e.
+    e = int(pow2_exponent(q_t))
+    qs = np.ldexp(q_t, -e)
     q_R = q_t[R]
     w_R = w_t[R]
     w_fold = w_R.copy()
     anchor = np.full(P.size, -1, dtype=np.int64)
     beta = np.zeros(P.size)
-    d = q_t[P].copy()
+    d = qs[P].copy()
     if options.pos_projection and R.size > 0 and P.size > 0:
-        nR = np.linalg.norm(q_R, axis=1)
-        dots = np.maximum(q_t[P] @ q_R.T, 0.0)  # [|P|, r]
+        qs_R = qs[R]
+        nR = np.linalg.norm(qs_R, axis=1)
+        dots = np.maximum(qs[P] @ qs_R.T, 0.0)  # [|P|, r]
         # Prop. 1 / Prop. 5: anchor maximises [q_h·q_j]_+ / ‖q_j‖; zero-norm anchors
         # score 0 and give β = 0.
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -222,7 +250,7 @@ def build_plan(
             if ratio[i, j] > 0.0:
                 anchor[i] = R[j]
                 beta[i] = dots[i, j] / (nR[j] * nR[j])
-                d[i] = q_t[P[i]] - beta[i] * q_R[j]
+                d[i] = qs[P[i]] - beta[i] * qs_R[j]
                 w_fold[j] += w_t[P[i]] * beta[i]
     u = w_t[P][:, None] * d  # u_h = w_h d_h, w_h > 0
     E_P = float(np.sum(w_t[P] * np.linalg.norm(d, axis=1)))
@@ -235,8 +263,13 @@ def build_plan(
         sl = slice(gb[g], gb[g + 1])
         E_groups[g] = np.sum(w_t[P] * np.linalg.norm(d[:, sl], axis=1))
         E_groups_joint[g] = joint_allowance(u[:, sl])
-    a_A = (np.abs(w_t[A])[:, None] * q_t[A]).sum(axis=0) if A.size else np.zeros(D)
-    V = a_A - 0.5 * (w_fold[:, None] * q_R).sum(axis=0)
+    a_A = (np.abs(w_t[A])[:, None] * qs[A]).sum(axis=0) if A.size else np.zeros(D)
+    V = a_A - 0.5 * (w_fold[:, None] * qs[R]).sum(axis=0)
+    # Back to the caller's scale (exact unless a result is subnormal; the certificate's
+    # rounding allowance carries an absolute underflow term for that case).
+    d, a_A, V = np.ldexp(d, e), np.ldexp(a_A, e), np.ldexp(V, e)
+    E_P, E_P_joint = float(np.ldexp(E_P, e)), float(np.ldexp(E_P_joint, e))
+    E_groups, E_groups_joint = np.ldexp(E_groups, e), np.ldexp(E_groups_joint, e)
     return Plan(
         H=H,
         R=R,

@@ -280,12 +280,13 @@ def _full_topk(q_t, w_t, k, a, b, K):
     return topk_of(score_keys(q_t, w_t, k[a:b]), ids, K)
 
 
-def dosa_topk(q, w, k, K, ks=None, ke=None, **options) -> DosaResult:
+def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaResult:
     """Exact Top-K of the original scorer with certificate screening (Algorithm 1).
 
     Args:
         q: [Qn, H, D], w: [Qn, H], k: [N, D] (float32/float64); K ≥ 1;
         ks, ke: int [Qn] visible ranges (default all keys).
+        progress: optional callable, called once per finished query.
         **options: see ``SelectOptions``.
     Returns:
         DosaResult: ``ids`` int64 [Qn, K], equal to ``topk_ids(index_scores(...), K)``
@@ -327,6 +328,8 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, **options) -> DosaResult:
         ids_out[t, : top.size] = top
         if top.size == K:
             st.tau_final[t] = sc[-1]
+        if progress is not None:
+            progress(t)
     for name, vals in slack_acc.items():
         st.slack[name] = np.array(vals)
     return DosaResult(ids=ids_out, stats=st)

@@ -1,0 +1,288 @@
+"""Decoding with witnesses (METHOD.md §10): exact Top-K with compact writeback against a
+threshold taken from the keys selected in recent steps.
+
+Decode steps have few queries and little key reuse, so every visible key is still scored
+with the full (original) scorer; what DoSA saves is the writeback and the selection.  Per
+request the selector holds **witnesses**: the distinct keys selected in the last
+``history`` steps.  At a step, for every query row (request ``b``, query ``j``):
+
+1. W = witnesses of request ``b`` that are visible to the row, i.e. in ``[ks, ke)``;
+2. score W with the canonical scorer ``score_keys``; τ = τ_K(W) (its K-th best score, or
+   −inf when |W| < K);
+3. score every visible key with the full scorer and **compact** only the records
+   (id, score) with ``s ≥ τ`` (equality survives);
+4. select exactly with ``topk_of`` over the compacted records (score desc, id asc; −1
+   pads rows with fewer than K visible keys);
+
+and after the step the request's selections (all ``next_n`` rows) are pushed into its
+witness history; the witnesses are the distinct union of the last ``history`` pushes.
+
+Exactness (Prop. 4 of METHOD.md §2, Theorem 1 of §7, applied as in §10).  Let Ω be the
+keys visible to a row and s the canonical score.  W is a set of *distinct* keys of Ω
+(step 1 removes keys outside the range; ``np.unique`` removes repeats), and each witness
+score is the exact value s_i that the full scan produces for that key (``score_keys`` is
+independent of which other keys are scored with it; checked below).  If |W| ≥ K then,
+since W ⊆ Ω, the K-th largest score of W is at most the K-th largest of Ω:
+τ = τ_K(W) ≤ τ_K(Ω); if |W| < K then τ = −inf.  Every key of TopK(Ω) has
+s ≥ τ_K(Ω) ≥ τ, so the compacted set C = {i ∈ Ω : s_i ≥ τ} contains TopK(Ω), including
+every key tied at the boundary score τ_K(Ω) (the comparison is not strict).  As C ⊆ Ω, the
+first K elements of C under the total order (score desc, id asc) are the first K of Ω:
+``topk_of(C)`` equals full-domain Top-K, tie order included.  Nothing in this argument
+depends on *where* the witnesses came from — stale ones, keys selected for another
+sequence, or keys that have since been overwritten are still distinct visible keys scored
+exactly — so witness management changes only efficiency.  The two conditions it does
+need are visible ones: a witness outside ``[ks, ke)`` (e.g. after a sliding window moved
+``ks`` forward) could score above τ_K(Ω), and a repeated witness would be counted twice;
+either can raise τ above τ_K(Ω) and lose required ids.
+
+Layout follows DeepGEMM's paged MQA logits: ``q`` [B, next_n, H, D], ``w`` [B, next_n, H]
+and a context length per request; query ``j`` of request ``b`` sits at position
+``lengths[b] − next_n + j`` and sees keys ``[0, lengths[b] − next_n + j + 1)`` (query j
+sees one more key than query j − 1; a negative position sees nothing, as in DeepGEMM's
+mask ``k ≤ q_offset``).  General ranges ``ks``/``ke`` [B, next_n] are accepted too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .scorer import score_keys, topk_of
+from .seeds import kth_score
+from .validate import as_float_array, check_K
+
+__all__ = ["DecodeSelector", "DecodeStats", "DecodeStep"]
+
+
+@dataclass
+class DecodeStats:
+    """Per-row statistics of one decode step (arrays [B, next_n]).
+
+    witnesses: visible witnesses scored for τ; tau: τ = τ_K(witnesses) (−inf when fewer
+    than K); compacted: records written (visible keys with s ≥ τ); visible: |Ω|;
+    tau_final: the K-th selected score τ_K(Ω) (−inf when fewer than K visible).
+    Invariants: compacted ≥ min(K, visible), tau ≤ tau_final.
+    """
+
+    witnesses: np.ndarray
+    tau: np.ndarray
+    compacted: np.ndarray
+    visible: np.ndarray
+    tau_final: np.ndarray
+
+    @classmethod
+    def empty(cls, B: int, n: int) -> DecodeStats:
+        z = lambda: np.zeros((B, n), dtype=np.int64)
+        return cls(z(), np.full((B, n), -np.inf), z(), z(), np.full((B, n), -np.inf))
+
+    @property
+    def compaction(self) -> float:
+        """Σ compacted / Σ visible (1.0 = nothing saved; nan for an empty step)."""
+        n = int(self.visible.sum())
+        return float(self.compacted.sum()) / n if n else float("nan")
+
+    def totals(self) -> dict:
+        return dict(
+            rows=int(self.visible.size),
+            witnesses=int(self.witnesses.sum()),
+            compacted=int(self.compacted.sum()),
+            visible=int(self.visible.sum()),
+            compaction=self.compaction,
+        )
+
+
+@dataclass
+class DecodeStep:
+    """``ids`` int64 [B, next_n, K] (per row the ``topk_ids`` contract) and ``stats``."""
+
+    ids: np.ndarray
+    stats: DecodeStats
+
+
+def _int_array(name: str, v, shape: tuple) -> np.ndarray:
+    a = np.asarray(v)
+    if a.dtype.kind not in "iu":
+        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+        else:
+            raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+    return a.astype(np.int64)
+
+
+def _check_keys(k, B: int, D: int) -> tuple[list[np.ndarray], bool]:
+    """``k`` [N, D] shared by all requests, or a list of B per-request arrays [N_b, D]."""
+    if isinstance(k, (list, tuple)):
+        if len(k) != B:
+            raise ValueError(f"k: expected {B} per-request key arrays, got {len(k)}")
+        keys = [as_float_array(kb, f"k[{b}]", 2) for b, kb in enumerate(k)]
+        shared = False
+    else:
+        keys = [as_float_array(k, "k", 2)] * B
+        shared = True
+    for b, kb in enumerate(keys):
+        if kb.shape[1] != D:
+            name = "k" if shared else f"k[{b}]"
+            raise ValueError(f"{name}: expected shape (N, {D}) to match q, got {kb.shape}")
+    return [np.ascontiguousarray(kb, dtype=np.float64) for kb in keys], shared
+
+
+def _check_ranges(lengths, ks, ke, B: int, n: int, N: np.ndarray):
+    """Visible ranges [B, n] from ``lengths`` (DeepGEMM rule) or ``ks``/``ke``."""
+    if lengths is not None:
+        if ke is not None:
+            raise ValueError("ke: give lengths or ke, not both")
+        L = _int_array("lengths", lengths, (B,))
+        if np.any(L < 0) or np.any(L > N):
+            b = int(np.flatnonzero((L < 0) | (L > N))[0])
+            raise ValueError(f"lengths: lengths[{b}]={L[b]} outside [0, N={N[b]}]")
+        ke_a = np.maximum(0, L[:, None] - n + 1 + np.arange(n)[None, :])
+    elif ke is not None:
+        ke_a = _int_array("ke", ke, (B, n))
+    else:
+        ke_a = np.repeat(N[:, None], n, axis=1)
+    ks_a = np.zeros((B, n), dtype=np.int64) if ks is None else _int_array("ks", ks, (B, n))
+    for name, a in (("ks", ks_a), ("ke", ke_a)):
+        bad = (a < 0) | (a > N[:, None])
+        if np.any(bad):
+            b, j = (int(x[0]) for x in np.nonzero(bad))
+            raise ValueError(f"{name}: {name}[{b}, {j}]={a[b, j]} outside [0, N={N[b]}]")
+    if np.any(ks_a > ke_a):
+        b, j = (int(x[0]) for x in np.nonzero(ks_a > ke_a))
+        raise ValueError(f"ks: ks[{b}, {j}]={ks_a[b, j]} > ke[{b}, {j}]={ke_a[b, j]}")
+    return ks_a, ke_a
+
+
+class DecodeSelector:
+    """Exact decode-time Top-K with witness-threshold compaction (METHOD.md §10).
+
+    Args:
+        K: selection size (≥ 1).
+        history: number of recent steps whose selections are kept as witnesses (≥ 0;
+            default 2; 0 disables witnesses, so τ = −inf and everything is compacted).
+        within_step: also use the selections of queries 0..j−1 of the same request and
+            step as witnesses for query j (safe for the same reason; default off, since a
+            kernel scores the next_n queries of a step together).
+
+    State is per request slot ``b`` (the index along q's first axis).  A step with a
+    larger B gives the new slots empty witnesses; ``reset()`` clears slots (efficiency
+    only: stale witnesses are never wrong, see the module docstring).
+    """
+
+    def __init__(self, K: int, history: int = 2, within_step: bool = False):
+        self.K = check_K(K)
+        if isinstance(history, bool) or not isinstance(history, (int, np.integer)):
+            raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
+        if history < 0:
+            raise ValueError(f"history: must be >= 0, got {history}")
+        if not isinstance(within_step, (bool, np.bool_)):
+            raise ValueError(f"within_step: expected a bool, got {within_step!r}")
+        self.history = int(history)
+        self.within_step = bool(within_step)
+        self._hist: list[deque] = []
+
+    # -- witness state -------------------------------------------------------------------
+
+    def witnesses(self, b: int) -> np.ndarray:
+        """Witness ids of request slot ``b``: sorted, distinct int64."""
+        if b < 0 or b >= len(self._hist) or not self._hist[b]:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(list(self._hist[b])))
+
+    def reset(self, b: int | None = None) -> None:
+        """Forget the witnesses of slot ``b`` (all slots when ``b`` is None)."""
+        if b is None:
+            self._hist = []
+        elif 0 <= b < len(self._hist):
+            self._hist[b].clear()
+
+    def _push(self, b: int, selected: np.ndarray) -> None:
+        while len(self._hist) <= b:
+            self._hist.append(deque(maxlen=max(self.history, 1)))
+        if self.history > 0:
+            self._hist[b].append(np.unique(selected[selected >= 0]))
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self, q, w, k, lengths=None, *, ks=None, ke=None) -> DecodeStep:
+        """Select the exact Top-K of every query row of one decode step.
+
+        Args:
+            q: [B, next_n, H, D] query heads (next_n ∈ {1, 2} in serving; any ≥ 1 works).
+            w: [B, next_n, H] head weights (either sign).
+            k: [N, D] keys shared by all requests (ids index k), or a list of B arrays
+                [N_b, D], one per request (ids index that request's keys).
+            lengths: int [B] context lengths (DeepGEMM rule: query j sees
+                ``[0, lengths[b] − next_n + j + 1)``, clamped at 0).  Without lengths,
+                ``ke`` [B, next_n] gives the range ends (default N / N_b).
+            ks: int [B, next_n] range starts (default 0), e.g. a sliding window.
+            ke: int [B, next_n] range ends (exclusive); not together with lengths.
+        Returns:
+            DecodeStep: ``ids`` int64 [B, next_n, K], per row equal to
+            ``topk_ids(index_scores(q_row, w_row, keys, ks, ke), K)`` (score desc, id asc,
+            −1 padding); ``stats`` per row (``DecodeStats``).
+        """
+        q = as_float_array(q, "q", 4)
+        w = as_float_array(w, "w", 3)
+        B, n, H, D = q.shape
+        if n < 1:
+            raise ValueError(f"q: need next_n >= 1, got shape {q.shape}")
+        if H < 1:
+            raise ValueError(f"q: need at least one head, got shape {q.shape}")
+        if D < 1:
+            raise ValueError(f"q: need head dimension D >= 1, got shape {q.shape}")
+        if w.shape != (B, n, H):
+            raise ValueError(f"w: expected shape {(B, n, H)} to match q, got {w.shape}")
+        keys, _ = _check_keys(k, B, D)
+        N = np.array([kb.shape[0] for kb in keys], dtype=np.int64)
+        ks_a, ke_a = _check_ranges(lengths, ks, ke, B, n, N)
+        q = np.ascontiguousarray(q, dtype=np.float64)
+        w = np.ascontiguousarray(w, dtype=np.float64)
+
+        K = self.K
+        ids_out = np.full((B, n, K), -1, dtype=np.int64)
+        st = DecodeStats.empty(B, n)
+        for b in range(B):
+            wit = self.witnesses(b)
+            for j in range(n):
+                if self.within_step and j > 0:
+                    prev = ids_out[b, :j].ravel()
+                    wit_j = np.union1d(wit, prev[prev >= 0])
+                else:
+                    wit_j = wit
+                sel, sc = self._row(
+                    q[b, j], w[b, j], keys[b], ks_a[b, j], ke_a[b, j], wit_j, st, b, j
+                )
+                ids_out[b, j, : sel.size] = sel
+                if sel.size == K:
+                    st.tau_final[b, j] = sc[-1]
+        for b in range(B):
+            self._push(b, ids_out[b].ravel())
+        return DecodeStep(ids=ids_out, stats=st)
+
+    def _row(self, q_t, w_t, kb, a, e, wit, st, b, j):
+        a, e = int(a), int(e)
+        K = self.K
+        # 1–2: visible, distinct witnesses scored exactly; τ = τ_K(W) ≤ τ_K(Ω) (Prop. 4).
+        W = wit[wit < kb.shape[0]]
+        s_W = score_keys(q_t, w_t, kb[W])
+        tau = kth_score(s_W, K)
+        # 3: full scoring of every visible key, compact writeback of s ≥ τ.
+        s = score_keys(q_t, w_t, kb[a:e])
+        if not np.all(np.isfinite(s)):
+            raise ValueError(f"q: scores of row [{b}, {j}] are not finite (overflow)")
+        if not np.array_equal(s[W - a], s_W):
+            # The proof needs the witness score to be the full scan's score of that key.
+            raise RuntimeError("score_keys is not deterministic per key; τ would be unsafe")
+        keep = s >= tau
+        c_ids = a + np.flatnonzero(keep).astype(np.int64)
+        c_s = s[keep]
+        st.witnesses[b, j] = W.size
+        st.tau[b, j] = tau
+        st.compacted[b, j] = c_ids.size
+        st.visible[b, j] = e - a
+        # 4: exact selection over the compacted records (Theorem 1).
+        return topk_of(c_s, c_ids, K)
