@@ -14,6 +14,7 @@ from .plan import Plan, safe_norm
 
 __all__ = [
     "FORMS",
+    "KeySummary",
     "positive_allowance",
     "rounding_allowance",
     "slack",
@@ -24,20 +25,66 @@ FORMS = ("base", "abs")
 _U64 = 2.0**-53  # unit roundoff of float64, round-to-nearest
 
 
-def positive_allowance(plan: Plan, k: np.ndarray) -> np.ndarray:
+class KeySummary:
+    """Query-independent key quantities, computed once per key set and reused by every
+    query: |k|, ‖k‖, ‖k‖_1 and per-group norms ‖k^(g)‖ (all float64, rows of ``k``)."""
+
+    def __init__(self, k: np.ndarray):
+        self.k = k
+        self.absk = np.abs(k)
+        self.norm = safe_norm(k, axis=1)
+        self.l1 = self.absk.sum(axis=1)
+        self._groups: dict[tuple, np.ndarray] = {}
+        self._parent: tuple[KeySummary, int, int] | None = None
+
+    def slice(self, a: int, b: int) -> KeySummary:
+        """Summary of rows a:b (views; group norms come from the parent's cache)."""
+        out = KeySummary.__new__(KeySummary)
+        out.k, out.absk, out.norm, out.l1 = (
+            self.k[a:b],
+            self.absk[a:b],
+            self.norm[a:b],
+            self.l1[a:b],
+        )
+        out._groups, out._parent = {}, (self, a, b)
+        return out
+
+    def group_norms(self, gb: np.ndarray) -> np.ndarray:
+        """[n, G] norms of the coordinate groups cut at ``gb``."""
+        if self._parent is not None:
+            parent, a, b = self._parent
+            return parent.group_norms(gb)[a:b]
+        key = tuple(int(x) for x in gb)
+        if key not in self._groups:
+            if key == (0, self.k.shape[1]):
+                self._groups[key] = self.norm[:, None]
+            else:
+                cuts = zip(key[:-1], key[1:], strict=True)
+                self._groups[key] = np.stack(
+                    [safe_norm(self.k[:, a:b], axis=1) for a, b in cuts], axis=1
+                )
+        return self._groups[key]
+
+
+def _summary(k: np.ndarray, ksum: KeySummary | None) -> KeySummary:
+    if ksum is None:
+        return KeySummary(k)
+    if ksum.k.shape != k.shape:
+        raise ValueError("ksum: summary rows do not match k")
+    return ksum
+
+
+def positive_allowance(plan: Plan, k: np.ndarray, ksum: KeySummary | None = None) -> np.ndarray:
     """Σ_g c_g ‖k^(g)‖ (E_P‖k‖, E_P^joint‖k‖ or the grouped form); float64 [n]."""
     c = plan.positive_coefficients()
     if not np.any(c):
         return np.zeros(k.shape[0])
-    gb = plan.allowance_groups()
-    out = np.zeros(k.shape[0])
-    for g in range(c.size):
-        if c[g] != 0.0:
-            out += c[g] * safe_norm(k[:, gb[g] : gb[g + 1]], axis=1)
-    return out
+    return _summary(k, ksum).group_norms(plan.allowance_groups()) @ c
 
 
-def rounding_allowance(plan: Plan, q_t: np.ndarray, w_t: np.ndarray, k: np.ndarray) -> np.ndarray:
+def rounding_allowance(
+    plan: Plan, q_t: np.ndarray, w_t: np.ndarray, k: np.ndarray, ksum: KeySummary | None = None
+) -> np.ndarray:
     """Upper bound on |fl(U) − U| + |fl(s) − s| + plan rounding, float64 [n].
 
     Every quantity entering U or s is a sum of at most n_op = D + H + G + 8 correctly
@@ -60,9 +107,9 @@ def rounding_allowance(plan: Plan, q_t: np.ndarray, w_t: np.ndarray, k: np.ndarr
         + np.abs(plan.V)
     )
     mag = float(np.abs(w_t) @ safe_norm(q_t, axis=1) + plan.positive_coefficients().sum())
-    absk = np.abs(k)
-    l1 = absk.sum(axis=1)
-    M = absk @ env + mag * safe_norm(k, axis=1)
+    ks_ = _summary(k, ksum)
+    l1 = ks_.l1
+    M = ks_.absk @ env + mag * ks_.norm
     # Absolute term for results that fall into the subnormal range (each such rounding
     # errs by ≤ 2^-1075, scaled by at most (1 + Σ|w| + Σ|w̃|)(1 + ‖k‖_1) per quantity).
     wsum = 1.0 + np.abs(w_t).sum() + np.abs(plan.w_fold).sum()
@@ -77,6 +124,7 @@ def upper_bound(
     rounding: str = "up",
     q_t: np.ndarray | None = None,
     w_t: np.ndarray | None = None,
+    ksum: KeySummary | None = None,
 ) -> np.ndarray:
     """Certificate U for keys ``k`` [n, D]; float64 [n].
 
@@ -85,6 +133,7 @@ def upper_bound(
     V = a_A − ½Σ_R w̃_j q_j (valid for any P: [x]_+ = (x+|x|)/2 and −[z]_+ ≤ −z).
     rounding="up" adds ``rounding_allowance`` (needs q_t, w_t), so U ≥ computed s;
     rounding="none" is the formula in float64 (for exact-arithmetic audits).
+    ksum: optional ``KeySummary`` of exactly these rows (saves per-query key passes).
     """
     if form not in FORMS:
         raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
@@ -95,11 +144,11 @@ def upper_bound(
         U = np.maximum(x, 0.0) @ plan.w_fold - np.maximum(k @ plan.a_A, 0.0)
     else:
         U = 0.5 * (np.abs(x) @ plan.w_fold) - k @ plan.V
-    U = U + positive_allowance(plan, k)
+    U = U + positive_allowance(plan, k, ksum)
     if rounding == "up":
         if q_t is None or w_t is None:
             raise ValueError("q_t: rounding='up' needs the query heads q_t and weights w_t")
-        U = U + rounding_allowance(plan, q_t, w_t, k)
+        U = U + rounding_allowance(plan, q_t, w_t, k, ksum)
     return U
 
 

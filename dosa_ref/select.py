@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .certificate import FORMS, upper_bound
+from .certificate import FORMS, KeySummary, upper_bound
 from .plan import PlanOptions, activation_frequency, build_plan
 from .scorer import score_keys, topk_of
 from .seeds import anchor_pool, explicit_seeds, kth_score, local_seeds, parse_strategies
@@ -313,6 +313,7 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
 
     ids_out = np.full((Qn, K), -1, dtype=np.int64)
     st = DosaStats(Qn)
+    ksum = None  # key summaries, built on first use and shared by all queries
     slack_acc: dict[str, list] = {}
     for t in range(Qn):
         a, b = int(ks[t]), int(ke[t])
@@ -322,8 +323,10 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
             top, sc = _full_topk(q_t, w_t, k, a, b, K)
             st.full[t] = True
         else:
+            if ksum is None:
+                ksum = KeySummary(k)
             top, sc = _screened_query(
-                t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc
+                t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
             )
         ids_out[t, : top.size] = top
         if top.size == K:
@@ -335,7 +338,9 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
     return DosaResult(ids=ids_out, stats=st)
 
 
-def _screened_query(t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc):
+def _screened_query(
+    t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
+):
     # Step 1–2: seeds and τ (Prop. 4).
     parts = []
     if "explicit" in strategies:
@@ -359,7 +364,7 @@ def _screened_query(t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, po
     st.omitted_positive[t] = plan.P.size
     st.aggregated[t] = plan.A.size
 
-    U = upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t)  # [b - a]
+    U = upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t, ksum.slice(a, b))  # [b - a]
     if not np.all(np.isfinite(U)):
         # C.3: a non-finite bound proves nothing; recover over the full domain.
         st.recovered[t] = True
