@@ -1,0 +1,669 @@
+// DoSA kernels (METHOD.md §7–§9): prepare, dense logits, seed scoring, screening,
+// refinement with compact writeback, exact selection.  Built by CuPy (RawModule, plain
+// sm_90; CuPy appends -ftz=true) and, in CI, by nvcc -arch=sm_90 (tests/test_cuda_build.py).
+// Every score goes through dosa::score_group (common.cuh): one arithmetic for every route.
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+
+#define TILE_N 256          // keys per block tile (dense logits and screening)
+#define ROWB 144            // padded shared-memory key row (128 B + 16: conflict-free LDS.128)
+#define NEG_INF __int_as_float(0xff800000)
+
+using namespace dosa;
+
+// ---------------------------------------------------------------------------------------
+// Prepare (METHOD.md §8): e4m3 payload + fp32 scale per token, and the RMS summary ρ.
+// ---------------------------------------------------------------------------------------
+
+// Conservative RMS summary: ρ ≥ ‖k̄‖/√D, rounded up to fp32.  Squares of e4m3 values are
+// multiples of 2^-18 below 2^18 and 128 of them sum exactly in fp64; sqrt/div round up.
+__device__ __forceinline__ double e4m3_value(uint32_t b) {
+  const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  double v = e ? ldexp((double)(8u + m), (int)e - 10) : ldexp((double)m, -9);
+  return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ float rho_of_sumsq(double ss) {
+  return __double2float_ru(__dsqrt_ru(__ddiv_ru(ss, (double)DOSA_D)));
+}
+
+// One warp per token; lane holds 4 coordinates.  fmt 0: s = max(amax, 1e-4)/448 (fp32
+// division); fmt 1: s = 2^ceil(log2(max(amax, 1e-4)/448)) (ue8m0).  Payload =
+// e4m3_satfinite_rn(x / s) (fp32 division).  Mirrors dosa_cupy.emulate.quantize_keys.
+extern "C" __global__ void quantize_keys_kernel(const float* __restrict__ k, long long N, int fmt,
+                                                uint8_t* __restrict__ payload,
+                                                float* __restrict__ scale,
+                                                float* __restrict__ rho) {
+  const int lane = threadIdx.x & 31;
+  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (tok >= N) return;
+  float4 x = reinterpret_cast<const float4*>(k + tok * DOSA_D)[lane];
+  float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  amax = fmaxf(amax, 1e-4f);
+  float s = amax / 448.f;
+  if (fmt == 1) {
+    int e;
+    float m = frexpf(s, &e);  // s = m 2^e, m in [0.5, 1)
+    s = ldexpf(1.f, m == 0.5f ? e - 1 : e);
+  }
+  uint32_t b0 = __nv_cvt_float_to_fp8(x.x / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b1 = __nv_cvt_float_to_fp8(x.y / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b2 = __nv_cvt_float_to_fp8(x.z / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b3 = __nv_cvt_float_to_fp8(x.w / s, __NV_SATFINITE, __NV_E4M3);
+  reinterpret_cast<uint32_t*>(payload + tok * DOSA_D)[lane] = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+  double ss = 0.0;
+  ss += e4m3_value(b0) * e4m3_value(b0);
+  ss += e4m3_value(b1) * e4m3_value(b1);
+  ss += e4m3_value(b2) * e4m3_value(b2);
+  ss += e4m3_value(b3) * e4m3_value(b3);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) {
+    scale[tok] = s;
+    rho[tok] = rho_of_sumsq(ss);
+  }
+}
+
+// ρ of given payloads (dosa_topk takes quantized keys).
+extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, long long N,
+                                          float* __restrict__ rho) {
+  const int lane = threadIdx.x & 31;
+  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (tok >= N) return;
+  uint32_t v = reinterpret_cast<const uint32_t*>(payload + tok * DOSA_D)[lane];
+  double ss = 0.0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    double e = e4m3_value((v >> (8 * i)) & 0xffu);
+    ss += e * e;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) rho[tok] = rho_of_sumsq(ss);
+}
+
+// ---------------------------------------------------------------------------------------
+// Key tiles in shared memory (dense logits and screening).
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
+                                              const float* __restrict__ alpha, long long N,
+                                              long long n0, uint8_t* sk, float* sa) {
+  for (int i = threadIdx.x; i < TILE_N * 8; i += blockDim.x) {
+    const int r = i >> 3, c16 = i & 7;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (n0 + r < N) v = __ldg(reinterpret_cast<const uint4*>(kp + (n0 + r) * DOSA_D) + c16);
+    *reinterpret_cast<uint4*>(sk + r * ROWB + c16 * 16) = v;
+  }
+  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
+}
+
+__device__ __forceinline__ void smem_key_frag(const uint8_t* sk, int grp, int lane, uint32_t (&B)[4][2]) {
+  const uint8_t* p = sk + (grp * 8 + (lane >> 2)) * ROWB + 32 * (lane & 3);
+  key_frag(*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 16), B);
+}
+
+// ---------------------------------------------------------------------------------------
+// Dense logits (the canonical original scorer over every visible key; METHOD.md §1).
+// out[t, i] = score for i ∈ [ks[t], ke[t]), −inf elsewhere.  grid (N/TILE_N, Qn/QG).
+// ---------------------------------------------------------------------------------------
+template <int MT>
+__device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                                  const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                                  const int* __restrict__ ks, const int* __restrict__ ke, int Qn,
+                                  long long N, int QG, float* __restrict__ out) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sk = smem;
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  const long long n0 = (long long)blockIdx.x * TILE_N;
+  load_key_tile(kp, alpha, N, n0, sk, sa);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
+  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
+    const long long lo = max((long long)ks[t], n0), hi = min((long long)ke[t], n0 + tile_n);
+    float* orow = out + (long long)t * N + n0;
+    if (lo >= hi) {
+      for (int i = lane; i < tile_n; i += 32) orow[i] = NEG_INF;
+      continue;
+    }
+    uint32_t A[MT][4][4];
+    float wlo[MT], whi[MT];
+    load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+    load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
+    const int glo = (int)((lo - n0) >> 3), ghi = (int)((hi - n0 + 7) >> 3);
+    for (int j = 0; j < TILE_N / 8; j += 2) {
+      float r[2][2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        r[u][0] = NEG_INF;
+        r[u][1] = NEG_INF;
+        if (j + u >= glo && j + u < ghi) {
+          uint32_t B[4][2];
+          smem_key_frag(sk, j + u, lane, B);
+          float s0, s1;
+          score_group<MT>(A, B, wlo, whi, s0, s1);
+          const int i0 = (j + u) * 8 + 2 * c;
+          r[u][0] = (n0 + i0 >= lo && n0 + i0 < hi) ? s0 * sa[i0] : NEG_INF;
+          r[u][1] = (n0 + i0 + 1 >= lo && n0 + i0 + 1 < hi) ? s1 * sa[i0 + 1] : NEG_INF;
+        }
+      }
+      if (g < 2) {
+        const int i0 = (j + g) * 8 + 2 * c;
+        const float v0 = g ? r[1][0] : r[0][0], v1 = g ? r[1][1] : r[0][1];
+        if (i0 < tile_n) orow[i0] = v0;
+        if (i0 + 1 < tile_n) orow[i0 + 1] = v1;
+      }
+    }
+  }
+}
+
+#define DENSE_INST(MT)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) dense_logits_mt##MT(                       \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks, \
+      const int* ke, int Qn, long long N, int QG, float* out) {                               \
+    dense_logits_impl<MT>(q, w, kp, alpha, ks, ke, Qn, N, QG, out);                           \
+  }
+DENSE_INST(1)
+DENSE_INST(2)
+DENSE_INST(3)
+DENSE_INST(4)
+
+// ---------------------------------------------------------------------------------------
+// Compact writeback (METHOD.md §9): lanes c = 0..3 of g = 0 own keys 2c, 2c+1 of a group;
+// records with s ≥ τ are appended to the query's buffer.  The counter always counts every
+// qualifying record, so a full buffer is detected (count > cap) and never silently lost.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void emit_records(bool p0, bool p1, int id0, int id1, float s0, float s1,
+                                             int lane, unsigned int* count,
+                                             unsigned long long* rec, long long cap) {
+  const unsigned m0 = __ballot_sync(0xffffffffu, p0) & 0xfu;
+  const unsigned m1 = __ballot_sync(0xffffffffu, p1) & 0xfu;
+  const int n = __popc(m0) + __popc(m1);
+  if (n == 0) return;
+  unsigned base = 0;
+  if (lane == 0) base = atomicAdd(count, (unsigned)n);
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (lane < 4) {
+    const unsigned below = (1u << lane) - 1u;
+    unsigned pos = base + __popc(m0 & below) + __popc(m1 & below);
+    if (p0) {
+      if ((long long)pos < cap) rec[pos] = make_record(s0, id0);
+      ++pos;
+    }
+    if (p1 && (long long)pos < cap) rec[pos] = make_record(s1, id1);
+  }
+}
+
+// Score up to 8 arbitrary keys (ids[n], −1 = empty slot) for one query and emit s ≥ τ.
+template <int MT>
+__device__ __forceinline__ void score_ids_and_emit(const uint32_t (&A)[MT][4][4], const float (&wlo)[MT],
+                                                   const float (&whi)[MT],
+                                                   const uint8_t* __restrict__ kp,
+                                                   const float* __restrict__ alpha, int my_id,
+                                                   int id0, int id1, float tau, int lane,
+                                                   unsigned int* count, unsigned long long* rec,
+                                                   long long cap) {
+  uint4 u0 = make_uint4(0u, 0u, 0u, 0u), u1 = u0;
+  if (my_id >= 0) {
+    const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my_id * DOSA_D + 32 * (lane & 3));
+    u0 = __ldg(p);
+    u1 = __ldg(p + 1);
+  }
+  uint32_t B[4][2];
+  key_frag(u0, u1, B);
+  float s0, s1;
+  score_group<MT>(A, B, wlo, whi, s0, s1);
+  s0 = (id0 >= 0) ? s0 * __ldg(alpha + id0) : 0.f;
+  s1 = (id1 >= 0) ? s1 * __ldg(alpha + id1) : 0.f;
+  const bool first = lane < 4;
+  emit_records(first && id0 >= 0 && s0 >= tau, first && id1 >= 0 && s1 >= tau, id0, id1, s0, s1,
+               lane, count, rec, cap);
+}
+
+// ---------------------------------------------------------------------------------------
+// Seed scoring (METHOD.md §2): S_t = sinks [ks, ks+sinks) ∪ local [max(ks+ns, ke−W), ke)
+// ∪ (anchor pool ∩ [ks, ke)).  All seed records go to seed_rec[t, :]; τ is then the K-th
+// largest (selection kernel).  grid (ceil(Smax / (8 warps·SEEDW)), Qn).
+// ---------------------------------------------------------------------------------------
+#define SEEDW 256
+__device__ __forceinline__ int seed_id(long long j, int ks, int ke, int ns, int loc_lo, int nloc,
+                                       const int* __restrict__ pool, int plo, int phi) {
+  if (j < ns) return ks + (int)j;
+  j -= ns;
+  if (j < nloc) return loc_lo + (int)j;
+  j -= nloc;
+  if (plo + j >= phi) return -1;
+  const int id = __ldg(pool + plo + j);
+  if (id < ks + ns || id >= loc_lo) return -1;  // already a sink / local seed
+  return id;
+}
+
+template <int MT>
+__device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                                const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                                const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
+                                int window, const int* __restrict__ pool,
+                                const int* __restrict__ plo_, const int* __restrict__ phi_,
+                                unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
+                                long long cap) {
+  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ks = ks_[t], ke = ke_[t];
+  const int ns = min(sinks, ke - ks);
+  const int loc_lo = max(ks + ns, ke - window), nloc = ke - loc_lo;
+  const int plo = plo_[t], phi = phi_[t];
+  const long long total = (long long)ns + nloc + (phi - plo);
+  const long long j0 = ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * SEEDW;
+  if (j0 >= total) return;
+  uint32_t A[MT][4][4];
+  float wlo[MT], whi[MT];
+  load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+  load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
+  const long long j1 = min(total, j0 + SEEDW);
+  const int g = lane >> 2, c = lane & 3;
+  for (long long jb = j0; jb < j1; jb += 8) {
+    const int my = (jb + g < j1) ? seed_id(jb + g, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
+    const int i0 = (jb + 2 * c < j1) ? seed_id(jb + 2 * c, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
+    const int i1 = (jb + 2 * c + 1 < j1) ? seed_id(jb + 2 * c + 1, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
+    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, i0, i1, NEG_INF, lane, count + t,
+                           rec + (long long)t * cap, cap);
+  }
+}
+
+#define SEED_INST(MT)                                                                           \
+  extern "C" __global__ void __launch_bounds__(256) seed_score_mt##MT(                           \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks,   \
+      const int* ke, int sinks, int window, const int* pool, const int* plo, const int* phi,    \
+      unsigned int* count, unsigned long long* rec, long long cap) {                            \
+    seed_score_impl<MT>(q, w, kp, alpha, ks, ke, sinks, window, pool, plo, phi, count, rec, cap); \
+  }
+SEED_INST(1)
+SEED_INST(2)
+SEED_INST(3)
+SEED_INST(4)
+
+// ---------------------------------------------------------------------------------------
+// Screening (METHOD.md §8, §9): for every visible non-seed key,
+//   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
+//   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
+// survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
+// the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
+// retained heads (zero rows where r is smaller).  Survivors → bitmask words (warp ballot).
+// err[t] |= 1 when a visible key has an invalid scale (α < 0, NaN, inf): query recovery.
+// grid (ceil(N/TILE_N), ceil(Qn/QG)).
+// ---------------------------------------------------------------------------------------
+template <int MTS>
+__device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
+                            const float* __restrict__ sig, const double* __restrict__ Cq,
+                            const double* __restrict__ eps_raw, double eps_out,
+                            const float* __restrict__ tau, const uint8_t* __restrict__ kp,
+                            const float* __restrict__ alpha, const float* __restrict__ rho,
+                            const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
+                            int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
+                            int QG, uint32_t* __restrict__ surv, int* __restrict__ err,
+                            double* __restrict__ Uout) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sk = smem;
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  float* sr = sa + TILE_N;
+  const long long n0 = (long long)blockIdx.x * TILE_N;
+  load_key_tile(kp, alpha, N, n0, sk, sa);
+  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const long long NW = (N + 31) >> 5;
+  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
+  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
+    const int ks = ks_[t], ke = ke_[t];
+    const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
+    uint32_t* srow = surv + (long long)t * NW + (n0 >> 5);
+    if (lo >= hi) {
+      if (lane < TILE_N / 32 && n0 + 32 * lane < N) srow[lane] = 0u;
+      continue;
+    }
+    const int ns = min(sinks, ke - ks);
+    const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+    uint32_t A[MTS][4][4];
+    float olo[MTS], ohi[MTS];
+    load_rows<MTS>(rows + (long long)t * (MTS * 16) * DOSA_D, A, lane);
+    load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
+    const float sg = sig[t], tq = tau[t];
+    const double C = Cq[t], er = eps_raw[t];
+    bool bad = false;
+    for (int wd = 0; wd < TILE_N / 32; ++wd) {
+      const long long kw = n0 + 32 * wd;
+      if (kw >= N) break;
+      uint32_t word = 0u;
+      if (kw + 32 > lo && kw < hi) {
+        const uint32_t pm = __ldg(poolmask + (kw >> 5));
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int grp = wd * 4 + u;
+          uint32_t B[4][2];
+          smem_key_frag(sk, grp, lane, B);
+          float Cm[MTS][4];
+          mma_group<MTS>(A, B, Cm);
+          float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+          for (int mt = 0; mt < MTS; ++mt) {
+            if (mt == MTS - 1 && g == 7) {
+              a0 = fmaf(-sg, fmaxf(Cm[mt][0] + Cm[mt][2], 0.f), a0);
+              a1 = fmaf(-sg, fmaxf(Cm[mt][1] + Cm[mt][3], 0.f), a1);
+            } else {
+              a0 = fmaf(olo[mt], fmaxf(Cm[mt][0], 0.f), a0);
+              a1 = fmaf(olo[mt], fmaxf(Cm[mt][1], 0.f), a1);
+              a0 = fmaf(ohi[mt], fmaxf(Cm[mt][2], 0.f), a0);
+              a1 = fmaf(ohi[mt], fmaxf(Cm[mt][3], 0.f), a1);
+            }
+          }
+          a0 += __shfl_xor_sync(0xffffffffu, a0, 4);
+          a1 += __shfl_xor_sync(0xffffffffu, a1, 4);
+          a0 += __shfl_xor_sync(0xffffffffu, a0, 8);
+          a1 += __shfl_xor_sync(0xffffffffu, a1, 8);
+          a0 += __shfl_xor_sync(0xffffffffu, a0, 16);
+          a1 += __shfl_xor_sync(0xffffffffu, a1, 16);
+          bool p[2];
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const int i = grp * 8 + 2 * c + v;
+            const long long key = n0 + i;
+            const bool vis = key >= lo && key < hi;
+            const float al = sa[i];
+            const double uh = (double)(v ? a1 : a0);
+            double U = __dadd_ru(__dadd_ru(uh, __dmul_ru((double)sr[i], C)), er);
+            U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+            if (vis && !(al >= 0.f && al < INFINITY)) bad = true;
+            if (Uout && vis) Uout[(long long)t * N + key] = U;
+            const bool seed = key < s_hi || key >= loc_lo || ((pm >> (i & 31)) & 1u);
+            p[v] = vis && !seed && !(U < (double)tq);
+          }
+          const unsigned b0 = __ballot_sync(0xffffffffu, p[0]) & 0xfu;
+          const unsigned b1 = __ballot_sync(0xffffffffu, p[1]) & 0xfu;
+          uint32_t wj = 0u;
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) wj |= (((b0 >> cc) & 1u) << (2 * cc)) | (((b1 >> cc) & 1u) << (2 * cc + 1));
+          word |= wj << (8 * u);
+        }
+      }
+      if (lane == 0) srow[wd] = word;
+    }
+    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(err + t, 1);
+  }
+}
+
+#define SCREEN_INST(MTS)                                                                         \
+  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
+      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
+      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, int* err,           \
+      double* Uout) {                                                                            \
+    screen_impl<MTS>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,    \
+                     window, poolmask, Qn, N, QG, surv, err, Uout);                              \
+  }
+SCREEN_INST(1)
+SCREEN_INST(2)
+
+// ---------------------------------------------------------------------------------------
+// Refinement (METHOD.md §9): score every surviving key of the bitmask with all H heads
+// through score_group (bit-identical to the dense route) and write records with s ≥ τ.
+// Per-query stream: block = (query qlist[y], word chunk x); each warp takes RW words.
+// ---------------------------------------------------------------------------------------
+#define RW 256
+template <int MT>
+__device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                            const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                            const float* __restrict__ tau, const int* __restrict__ ks_,
+                            const int* __restrict__ ke_, const int* __restrict__ qlist,
+                            long long N, const uint32_t* __restrict__ surv,
+                            unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
+                            long long cap) {
+  __shared__ int sid[8][1024 + 8];
+  const int t = qlist[blockIdx.y];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long NW = (N + 31) >> 5;
+  const long long wlo_ = (long long)ks_[t] >> 5, whi_ = ((long long)ke_[t] + 31) >> 5;
+  const long long w0 = wlo_ + ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * RW;
+  if (w0 >= whi_) return;
+  const long long w1 = min(whi_, w0 + RW);
+  const uint32_t* srow = surv + (long long)t * NW;
+  // Skip the warp entirely when it has no survivor (common: survival is a few percent).
+  bool any = false;
+  for (long long wi = w0 + lane; wi < w1; wi += 32) any |= srow[wi] != 0u;
+  if (!__any_sync(0xffffffffu, any)) return;
+  uint32_t A[MT][4][4];
+  float wl[MT], wh[MT];
+  load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+  load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);
+  const float tq = tau[t];
+  int* buf = sid[warp];
+  const int g = lane >> 2, c = lane & 3;
+  for (long long wb = w0; wb < w1; wb += 32) {
+    const long long wi = wb + lane;
+    const uint32_t m = (wi < w1) ? srow[wi] : 0u;
+    const int n = __popc(m);
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total == 0) continue;
+    int pos = incl - n;
+    uint32_t mm = m;
+    while (mm) {
+      const int b = __ffs(mm) - 1;
+      mm &= mm - 1u;
+      buf[pos++] = (int)(wi * 32 + b);
+    }
+    __syncwarp();
+    for (int j = 0; j < total; j += 8) {
+      const int my = (j + g < total) ? buf[j + g] : -1;
+      const int i0 = (j + 2 * c < total) ? buf[j + 2 * c] : -1;
+      const int i1 = (j + 2 * c + 1 < total) ? buf[j + 2 * c + 1] : -1;
+      score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, i0, i1, tq, lane, count + t,
+                             rec + (long long)t * cap, cap);
+    }
+    __syncwarp();
+  }
+}
+
+#define REFINE_INST(MT)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) refine_mt##MT(                              \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
+      const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,       \
+      unsigned int* count, unsigned long long* rec, long long cap) {                           \
+    refine_impl<MT>(q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count, rec, cap);            \
+  }
+REFINE_INST(1)
+REFINE_INST(2)
+REFINE_INST(3)
+REFINE_INST(4)
+
+// ---------------------------------------------------------------------------------------
+// Exact selection (METHOD.md §7, §9): the K largest records (code << 32 | ~id) of a row —
+// i.e. order score desc, id asc — by radix select over the 64-bit records (11-bit digits;
+// records are distinct, so the K-th is unique and ties need no special case), candidates
+// compacted into a per-block scratch buffer once they fit; then a bitonic sort of the K
+// selected records.  Sources: a dense logits row [ks, ke) (mode 0) or two record lists
+// (mode 1: seeds + compact records).  Outputs (each optional): ids int32 [rows, K] (−1
+// pads), kth[row] = the K-th record (0 when fewer than K).
+// ---------------------------------------------------------------------------------------
+#define SEL_THREADS 512
+#define SEL_KMAX 4096
+#define NBIN 2048
+
+struct SelSource {
+  int mode;
+  // mode 0
+  const float* logits;
+  long long ld;
+  int ks, ke;
+  // mode 1
+  const unsigned long long* ra;
+  long long na;
+  const unsigned long long* rb;
+  long long nb;
+  __device__ __forceinline__ long long size() const { return mode == 0 ? (long long)(ke - ks) : na + nb; }
+  __device__ __forceinline__ unsigned long long get(long long i) const {
+    if (mode == 0) return make_record(logits[i + ks], (int)(ks + i));
+    return i < na ? ra[i] : rb[i - na];
+  }
+};
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
+    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
+    const int* __restrict__ ks_, const int* __restrict__ ke_,
+    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
+    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
+    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
+    unsigned long long* __restrict__ kth_out) {
+  __shared__ unsigned int hist[NBIN];
+  __shared__ unsigned long long sel[SEL_KMAX];
+  __shared__ unsigned int wsum[SEL_THREADS];
+  __shared__ int s_bin, s_above, s_cnt, s_n;
+  const int tid = threadIdx.x;
+  unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    SelSource src;
+    src.mode = mode;
+    if (mode == 0) {
+      src.logits = logits + (long long)row * ld;
+      src.ks = ks_[row];
+      src.ke = ke_[row];
+    } else {
+      src.ra = recA + (long long)row * capA;
+      src.na = min((long long)cntA[row], capA);
+      src.rb = recB ? recB + (long long)row * capB : nullptr;
+      src.nb = recB ? min((long long)cntB[row], capB) : 0;
+    }
+    const long long n = src.size();
+    unsigned long long T = 0ull;  // select every record >= T
+    if (n > K) {
+      unsigned long long prefix = 0ull, mask = 0ull;
+      int kk = K;
+      bool in_buf = false;
+      long long nbuf = 0;
+      for (int d = 0; d < 6; ++d) {
+        const int sh = d < 5 ? 53 - 11 * d : 0;
+        const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
+        for (int i = tid; i < NBIN; i += SEL_THREADS) hist[i] = 0u;
+        __syncthreads();
+        if (in_buf) {
+          for (long long i = tid; i < nbuf; i += SEL_THREADS) {
+            const unsigned long long r = buf[i];
+            if ((r & mask) == prefix) atomicAdd(&hist[(r >> sh) & bm], 1u);
+          }
+        } else {
+          for (long long i = tid; i < n; i += SEL_THREADS) {
+            const unsigned long long r = src.get(i);
+            if ((r & mask) == prefix) atomicAdd(&hist[(r >> sh) & bm], 1u);
+          }
+        }
+        __syncthreads();
+        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
+        unsigned loc = 0;
+#pragma unroll
+        for (int qd = 0; qd < 4; ++qd) loc += hist[NBIN - 1 - 4 * tid - qd];
+        wsum[tid] = loc;
+        __syncthreads();
+        for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
+          const unsigned y = tid >= o ? wsum[tid - o] : 0u;
+          __syncthreads();
+          wsum[tid] += y;
+          __syncthreads();
+        }
+        const unsigned incl = wsum[tid], excl = incl - loc;
+        if (excl < (unsigned)kk && incl >= (unsigned)kk) {
+          unsigned acc = excl;
+#pragma unroll
+          for (int qd = 0; qd < 4; ++qd) {
+            const int b = NBIN - 1 - 4 * tid - qd;
+            if (acc + hist[b] >= (unsigned)kk) {
+              s_bin = b;
+              s_above = (int)acc;
+              s_cnt = (int)hist[b];
+              break;
+            }
+            acc += hist[b];
+          }
+        }
+        __syncthreads();
+        kk -= s_above;
+        prefix |= (unsigned long long)s_bin << sh;
+        mask |= (unsigned long long)bm << sh;
+        const int cnt = s_cnt;
+        __syncthreads();
+        if (cnt == kk) {
+          T = prefix;
+          break;
+        }
+        if (!in_buf && cnt <= scap) {
+          if (tid == 0) s_n = 0;
+          __syncthreads();
+          for (long long i = tid; i < n; i += SEL_THREADS) {
+            const unsigned long long r = src.get(i);
+            if ((r & mask) == prefix) buf[atomicAdd(&s_n, 1)] = r;
+          }
+          __syncthreads();
+          nbuf = s_n;
+          in_buf = true;
+          __syncthreads();
+        }
+      }
+    }
+    // collect every record >= T (exactly min(K, n) of them)
+    if (tid == 0) s_n = 0;
+    __syncthreads();
+    for (long long i = tid; i < n; i += SEL_THREADS) {
+      const unsigned long long r = src.get(i);
+      if (r >= T) {
+        const int p = atomicAdd(&s_n, 1);
+        if (p < SEL_KMAX) sel[p] = r;
+      }
+    }
+    __syncthreads();
+    const int m = min(s_n, SEL_KMAX);
+    int P2 = 1;
+    while (P2 < m) P2 <<= 1;
+    for (int i = m + tid; i < P2; i += SEL_THREADS) sel[i] = 0ull;
+    __syncthreads();
+    for (int k2 = 2; k2 <= P2; k2 <<= 1) {
+      for (int j = k2 >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < P2; i += SEL_THREADS) {
+          const int ixj = i ^ j;
+          if (ixj > i) {
+            const unsigned long long a = sel[i], b = sel[ixj];
+            const bool desc = (i & k2) == 0;
+            if (desc ? (a < b) : (a > b)) {
+              sel[i] = b;
+              sel[ixj] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    if (ids_out) {
+      for (int i = tid; i < K; i += SEL_THREADS)
+        ids_out[(long long)row * K + i] = i < m ? (int)(~(uint32_t)(sel[i] & 0xffffffffull)) : -1;
+    }
+    if (kth_out && tid == 0) kth_out[row] = (m >= K) ? sel[K - 1] : 0ull;
+    __syncthreads();
+  }
+}
+
+// τ from the K-th seed record (−inf when fewer than K seeds: nothing is pruned).
+extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows, float* tau) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= rows) return;
+  const unsigned long long r = kth[t];
+  tau[t] = r ? code_score((uint32_t)(r >> 32)) : NEG_INF;
+}
