@@ -1,0 +1,1268 @@
+"""Numerical certificate for FP8 keys (METHOD.md §8, Appendix C): error model, outward
+rounding, screening rows, the guard C, U^num, and Algorithm 1 on FP8 keys.
+
+What must hold.  Keys are ``k_i = α_i k̄_i`` (fp32 scale, e4m3 payload).  The scorer that
+defines the result computes s^ref_i ≈ s_i = Σ_h w_h [q_h·k_i]_+ with its own rounding; the
+screening kernel computes, in payload units and with its own rounding,
+
+    base:  Û_i = fl( Σ_{j∈R} ω_j [q̂_j·k̄_i]_+ − [σ_0 p_0·k̄_i + σ_1 p_1·k̄_i]_+ )
+    abs:   Û_i = fl( Σ_{j∈R} ω_j |q̂_j·k̄_i|  − (σ_0 p_0·k̄_i + σ_1 p_1·k̄_i) )
+
+(q̂_j: e4m3 retained query rows; ω_j: fp32 folded weights; v_m = σ_m p_m: the two FP8
+auxiliary rows).  The guarantee we prove is
+
+    s^ref_i ≤ U^num_i = Eval_up[ α_i (Û_i + ρ_i C + ε_raw) + ε_out ]                  (★)
+
+for every key whose scale and summary are valid, for *any* screening and scorer arithmetic
+that satisfies the ``ErrorModel``.  The chain (payload units, k̄ = k̄_i, c_j = w̃_j in the
+base form and ½w̃_j in the absolute-value form, exact reals throughout):
+
+ 1. Exact certificate (§6):  s̄ := Σ_h w_h[q_h·k̄]_+ ≤ Σ_R c_j φ(q_j·k̄) + lin − agg
+    + Σ_g E_g ‖k̄^(g)‖, with φ = [·]_+ (base) or |·| (abs), E_g a valid positive allowance
+    computed from the plan's β_h (taken as exact numbers: Prop. 1 holds for any β ≥ 0 with
+    d_h := q_h − β_h q_{j*} exactly), E_g ≤ E_g^+ (outward-rounded enclosure).
+ 2. Row rounding: c_j φ(q_j·k̄) ≤ ω_j φ(q̂_j·k̄) + Σ_d | |c_j| q_{j,d} − |ω_j| q̂_{j,d} | |k̄_d|
+    when c_j and ω_j have the same sign (φ is 1-Lipschitz and positively homogeneous),
+    else + Σ_d (|c_j||q_{j,d}| + |ω_j||q̂_{j,d}|)|k̄_d|.  This is J^ω (weight rounding
+    |w̃_j − ω_j/σ_j| and query-row quantization together).
+ 3. Aux reconstruction: −[a·k̄]_+ ≤ −[(v_0+v_1)·k̄]_+ + Σ_d |e_d||k̄_d| with e = a − v_0 − v_1
+    (a = a_A, or V for the abs form); |e_d| is enclosed by intervals: J^aux.
+ 4. Screening arithmetic: |Û − (exact screening value)| ≤ Σ_d J^scr_d |k̄_d| + ε_raw^scr.
+ 5. Scorer arithmetic: |s^ref − α s̄| ≤ α(Σ_d J^ref_d |k̄_d| + ε_raw^ref) + ε_out.
+ 6. Σ_g E_g^+‖k̄^(g)‖ + Σ_d J_d|k̄_d| ≤ Σ_g (E_g^+ + ‖J^(g)‖)‖k̄^(g)‖
+    ≤ (Σ_g [E_g^+ + ‖J^(g)‖]²)^{1/2} ‖k̄‖ ≤ ρ_i C   (Cauchy–Schwarz twice, ρ_i√D ≥ ‖k̄‖).
+ Adding 1–6 and multiplying by α_i > 0 (ReLU is positively homogeneous) gives (★).
+
+Outward rounding.  numpy cannot switch the FPU rounding mode, so every quantity of the guard
+is evaluated with correctly rounded operations whose results are widened by one ulp with
+``np.nextafter`` (``add_up``, ``mul_down``, ``sqrt_up`` …); BLAS dot products and numpy
+sums (unknown order, maybe FMA) are never trusted: they are bounded with γ_n = nu/(1−nu)
+(any order, NUMERICS.md).  Products that may underflow carry an absolute term.
+
+Recovery.  A non-finite or non-positive scale, a non-finite summary or a NaN payload code
+makes that key's bound +inf (it survives and is scored); a non-finite C, ω, aux scale or ε
+makes the query's plan invalid (every key survives, i.e. full-domain scoring).  Nothing
+non-finite passes silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from .certificate import KeySummary, upper_bound
+from .fp8 import E4M3_MAX, dequantize, e4m3_bits, e4m3_values, key_rms, nan_codes
+from .plan import Plan, PlanOptions, activation_frequency, build_plan
+from .scorer import score_keys, topk_of
+from .seeds import anchor_pool, explicit_seeds, kth_score, local_seeds, parse_strategies
+from .select import (
+    DosaResult,
+    DosaStats,
+    SelectOptions,
+    _Buffer,
+    _full_topk,
+    _stride_sample,
+    choose_r,
+)
+from .validate import as_float_array, check_K, check_ranges
+
+__all__ = [
+    "ACCUMULATORS",
+    "EPILOGUES",
+    "Arithmetic",
+    "ErrorModel",
+    "FP8Bounds",
+    "FP8Result",
+    "FP8ScreenPlan",
+    "FP8Stats",
+    "add_down",
+    "add_up",
+    "build_fp8_plan",
+    "div_up",
+    "f32_up",
+    "fp8_bounds",
+    "fp8_topk",
+    "gamma_up",
+    "matmul_abs_up",
+    "matmul_enclose",
+    "mul_down",
+    "mul_up",
+    "norm_up",
+    "screen_bound",
+    "screen_values",
+    "simulate_dot",
+    "sqrt_up",
+    "sub_down",
+    "sub_up",
+    "sum_down",
+    "sum_up",
+]
+
+_INF = np.inf
+_TINY64 = 2.0**-1074  # smallest positive float64 (subnormal)
+
+# --------------------------------------------------------------------------------------
+# Outward-rounded float64 primitives.  Each correctly rounded operation is widened by one
+# ulp toward ±inf, which encloses the exact result (also in the subnormal range, and an
+# overflow gives ±inf / ±max, still a valid bound).  Named by rounding direction.
+# --------------------------------------------------------------------------------------
+
+
+def up(x):
+    """Next float64 toward +inf (x itself may be the exact value: one ulp of slack)."""
+    return np.nextafter(x, _INF)
+
+
+def down(x):
+    """Next float64 toward −inf."""
+    return np.nextafter(x, -_INF)
+
+
+def add_up(a, b):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return up(np.add(a, b))
+
+
+def add_down(a, b):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return down(np.add(a, b))
+
+
+def sub_up(a, b):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return up(np.subtract(a, b))
+
+
+def sub_down(a, b):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return down(np.subtract(a, b))
+
+
+def mul_up(a, b):
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return up(np.multiply(a, b))
+
+
+def mul_down(a, b):
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return down(np.multiply(a, b))
+
+
+def div_up(a, b):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return up(np.divide(a, b))
+
+
+def sqrt_up(x):
+    """Upper bound of sqrt(x) for x ≥ 0 (NaN for negative x)."""
+    with np.errstate(invalid="ignore"):
+        return up(np.sqrt(x))
+
+
+def f32_up(x) -> np.ndarray:
+    """Smallest-or-next float32 ≥ x (float64 in, float32 out; NaN stays NaN)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(np.float32)
+        low = y.astype(np.float64) < x
+    y = np.where(low, np.nextafter(y, np.float32(_INF)), y).astype(np.float32)
+    return y
+
+
+def gamma_up(n, u: float) -> float:
+    """Upper bound of γ_n = n·u/(1 − n·u) (inf when n·u ≥ 1)."""
+    if u == 0.0 or n <= 0:
+        return 0.0
+    nu = float(mul_up(float(n), u))
+    if nu >= 1.0:
+        return _INF
+    return float(div_up(nu, sub_down(1.0, nu)))
+
+
+def sum_up(x, axis=None):
+    """Upper bound of the exact Σ x (any signs) from numpy's sum: + γ_n Σ|x|.
+
+    Additions never incur underflow error (a subnormal sum is exact), so no absolute
+    term is needed.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[axis] if axis is not None else x.size
+    g = gamma_up(max(n, 1), 2.0**-53)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.sum(x, axis=axis)
+        a = np.sum(np.abs(x), axis=axis)
+    err = mul_up(mul_up(a, 1.0 + 2.0 * g), g)
+    return add_up(s, err)
+
+
+def sum_down(x, axis=None):
+    """Lower bound of the exact Σ x."""
+    return -sum_up(-np.asarray(x, dtype=np.float64), axis=axis)
+
+
+def matmul_abs_up(A, B):
+    """Upper bound of the exact A @ B for nonnegative A [.., n], B [n, ..] (BLAS result
+    bounded with γ_n, plus 2^-1073 per product for underflow)."""
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    n = A.shape[-1]
+    g = gamma_up(max(n, 1), 2.0**-53)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        p = A @ B
+    return add_up(mul_up(p, add_up(1.0, 2.0 * g)), n * 2.0**-1073)
+
+
+def matmul_enclose(A, B) -> tuple[np.ndarray, np.ndarray]:
+    """Interval (lo, hi) enclosing the exact A @ B (any signs): BLAS ± γ_n Σ|a||b|."""
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    n = A.shape[-1]
+    g = gamma_up(max(n, 1), 2.0**-53)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        p = A @ B
+    rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1073)
+    return sub_down(p, rad), add_up(p, rad)
+
+
+def norm_up(m, axis=-1):
+    """Upper bound of the Euclidean norm of nonnegative upper bounds ``m`` along ``axis``.
+
+    Each row is scaled by a power of two first (squares neither underflow nor overflow);
+    a downscaled element is widened upward, so the result stays an upper bound.
+    """
+    m = np.asarray(m, dtype=np.float64)
+    if m.shape[axis] == 0:
+        return np.zeros(np.delete(m.shape, axis % m.ndim)) if m.ndim > 1 else np.float64(0.0)
+    mx = np.max(m, axis=axis, keepdims=True)
+    e = np.frexp(mx)[1]
+    e = np.where(np.isfinite(mx) & (mx > 0), e, 0)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        ms = np.ldexp(m, -e)
+        ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact
+        r = sqrt_up(sum_up(mul_up(ms, ms), axis=axis))
+        out = up(np.ldexp(r, np.squeeze(e, axis)))
+    return out
+
+
+# Intervals are (lo, hi) pairs of float64 arrays.
+
+
+def _iv_add(a, b):
+    return add_down(a[0], b[0]), add_up(a[1], b[1])
+
+
+def _iv_sub(a, b):
+    return sub_down(a[0], b[1]), sub_up(a[1], b[0])
+
+
+def _iv_mul(a, b):
+    """Interval product (a may be an interval of scalars, b of arrays)."""
+    lo_c = [mul_down(x, y) for x in a for y in b]
+    hi_c = [mul_up(x, y) for x in a for y in b]
+    return np.minimum.reduce(lo_c), np.maximum.reduce(hi_c)
+
+
+def _iv_mag(a):
+    return np.maximum(np.abs(a[0]), np.abs(a[1]))
+
+
+def _iv_abs(a):
+    """Interval of |x| for x in a."""
+    lo, hi = a
+    mag = np.maximum(np.abs(lo), np.abs(hi))
+    mig = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
+    return mig, mag
+
+
+# --------------------------------------------------------------------------------------
+# Error model
+# --------------------------------------------------------------------------------------
+
+ACCUMULATORS = ("truncating", "ieee_fp32_rn", "ieee_fp64_rn", "exact")
+EPILOGUES = ("ieee_fp32_rn", "ieee_fp64_rn", "exact")
+_UNIT = {"ieee_fp32_rn": 2.0**-24, "ieee_fp64_rn": 2.0**-53, "exact": 0.0}
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """How one kernel evaluates its dot products and the scalar operations after them.
+
+    dot_length: products per dot product (None = the head dimension D; must be ≥ D).
+    accumulator: ``"truncating"`` (Hopper FP8 tensor-core sum, see ``ErrorModel``),
+        ``"ieee_fp32_rn"`` / ``"ieee_fp64_rn"`` (IEEE round-to-nearest, any order, FMA
+        allowed: γ_n) or ``"exact"`` (for experiments; unsound for any real kernel).
+    kept_bits: truncating only — W, the bits kept below the leading bit of the largest
+        term of one MMA step; every term loses less than 2^(E−W) where 2^E ≤ max|term|.
+    k_step: truncating only — products added per MMA instruction (m16n8k32 e4m3: 32).
+    exact_products: products are exact in the accumulator (e4m3 × e4m3 always is in
+        fp32); otherwise each product is rounded once more.
+    epilogue: format of the scalar operations after the dots (scales, weights, ReLU,
+        head sums, aux combination): ``"ieee_fp32_rn"``, ``"ieee_fp64_rn"`` or ``"exact"``.
+    underflow: absolute error allowed per rounded operation whose result lies below the
+        normal range (fp32 with flush-to-zero, as CuPy compiles: 2^-126).
+    """
+
+    dot_length: int | None = None
+    accumulator: str = "truncating"
+    kept_bits: int = 13
+    k_step: int = 32
+    exact_products: bool = True
+    epilogue: str = "ieee_fp32_rn"
+    underflow: float = 2.0**-126
+
+    def __post_init__(self):
+        if self.accumulator not in ACCUMULATORS:
+            raise ValueError(f"accumulator: expected one of {ACCUMULATORS}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue: expected one of {EPILOGUES}")
+        if int(self.kept_bits) < 1 or int(self.k_step) < 1:
+            raise ValueError("kept_bits, k_step: expected positive integers")
+        if self.dot_length is not None and int(self.dot_length) < 1:
+            raise ValueError("dot_length: expected None or a positive integer")
+        if not (np.isfinite(self.underflow) and self.underflow >= 0):
+            raise ValueError("underflow: expected a finite nonnegative number")
+        if self.accumulator == "exact" and not self.exact_products:
+            raise ValueError("exact_products: an exact accumulator needs exact products")
+
+    def length(self, D: int) -> int:
+        n = D if self.dot_length is None else int(self.dot_length)
+        if n < D:
+            raise ValueError(f"dot_length: {n} is shorter than the head dimension D={D}")
+        return n
+
+    def step_theta(self) -> float:
+        """Truncating accumulator: θ with |step error| ≤ θ(|c| + Σ_t|p_t|) (rounded up)."""
+        W, k = int(self.kept_bits), int(self.k_step)
+        uf = 2.0**-23  # write-back to fp32, truncation or rounding: relative < 2^-23
+        drop = mul_up(float(k + 1), 2.0**-W)
+        return float(add_up(mul_up(drop, add_up(1.0, uf)), uf))
+
+    def dot_relative_error(self, n: int) -> float:
+        """γ with |fl(Σ a_d b_d) − Σ a_d b_d| ≤ γ Σ|a_d b_d| + ``dot_absolute_error``."""
+        if self.accumulator == "exact":
+            return 0.0
+        if self.accumulator == "truncating":
+            S = -(-n // int(self.k_step))
+            St = float(mul_up(float(S), self.step_theta()))
+            g = _INF if St >= 1.0 else float(div_up(St, sub_down(1.0, St)))
+            if not self.exact_products:
+                g = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, 2.0**-23)), 1.0))
+            return g
+        u = _UNIT[self.accumulator]
+        return gamma_up(n + (0 if self.exact_products else 1), u)
+
+    def dot_absolute_error(self, n: int) -> float:
+        """Absolute underflow allowance of one dot (2n operations, each ≤ underflow)."""
+        g = self.dot_relative_error(n)
+        return float(mul_up(mul_up(2.0 * n, self.underflow), add_up(1.0, g)))
+
+    def epilogue_gamma(self, m: int) -> float:
+        """γ^e_m for a chain of m epilogue operations."""
+        return gamma_up(m, _UNIT[self.epilogue])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The CPU reference evaluates both the screening value and the original scorer in float64
+# (FP8 dot products are exact there).  Its arithmetic is covered explicitly so that the
+# CPU bound is valid whatever model the user picks for the GPU.
+_CPU_FP64 = Arithmetic(
+    accumulator="ieee_fp64_rn", epilogue="ieee_fp64_rn", underflow=_TINY64, exact_products=False
+)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """The arithmetic the guard must cover: ``screen`` (the screening kernel's dot products
+    q̂_j·k̄, p_m·k̄ and its epilogue) and ``scorer`` (the original indexer score, whose
+    computed value defines the selection).  Users may read and change every field; the
+    default is the conservative Hopper FP8 tensor-core model, derived here.
+
+    Default (``ErrorModel.hopper_fp8()``): both kernels use FP8 e4m3 MMA with fp32
+    accumulators (m16n8k32, k = 32 products per step), exact products (e4m3 × e4m3 has 8
+    significant bits), a truncating sum, and an fp32 round-to-nearest epilogue with
+    flush-to-zero (underflow 2^-126 per operation).
+
+    Truncating accumulator, worst case per MMA step (NUMERICS.md; not a fit to random
+    data).  A step adds k exact products p_t to the running fp32 value c: the k + 1 terms
+    are aligned to the exponent E of the largest (2^E ≤ m = max|term|), bits below
+    2^(E−W) are dropped, the kept parts are added exactly and the result is written back
+    to fp32 (relative error < 2^-23).  Each of the k + 1 terms loses less than
+    2^(E−W) ≤ 2^-W m ≤ 2^-W (|c| + Σ|p_t|), so
+
+        |c' − (c + Σ_t p_t)| ≤ θ (|c| + Σ_t |p_t|),  θ = (k+1) 2^-W (1 + 2^-23) + 2^-23.
+
+    With A = Σ_d |a_d b_d| and S = ⌈n/k⌉ steps, induction gives |c_s| ≤ (1+θ)^s A and a
+    total error ≤ ((1+θ)^S − 1) A ≤ Sθ/(1 − Sθ) A, independent of the order of the steps.
+    (The bound is attained up to the factor (1+θ)^S: k products just below the window
+    beside a large accumulator all vanish — the H200 test that lost 31 × 2^-10 beside 2^8.)
+
+    Kept bits.  The H200 measurement (NUMERICS.md: 2^-10 beside 2^8 vanishes, 256 + 2^-9
+    gives 256 + 2^-10) fits W = 17: every observed loss is below 2^(E−17).  Public
+    bit-accurate models and DeepSeek-V3's report state 13–14 kept bits.  The default
+    W = 13 sits below all of them (4 bits of margin over the observation); the GPU issue
+    checks it on adversarial inputs.  For D = 128: S = 4, θ ≈ 33·2^-13, γ ≈ 0.0162.
+
+    Epilogue: the screening value is a sum of r + 1 products plus the aux combination
+    (chains of ≤ r + 3 operations: γ^e_{r+3}); the scorer multiplies by α_i and w_h and
+    sums H heads (≤ H + 2 operations: γ^e_{H+2}); γ_m = m u/(1 − m u), u = 2^-24.
+
+    The CPU reference's own float64 arithmetic (exact FP8 dots, float64 BLAS scorer) is
+    always added on top (componentwise maximum), so ``fp8_topk`` is valid for any model.
+    """
+
+    screen: Arithmetic = field(default_factory=Arithmetic)
+    scorer: Arithmetic = field(default_factory=Arithmetic)
+
+    @classmethod
+    def hopper_fp8(cls, kept_bits: int = 13, k_step: int = 32) -> ErrorModel:
+        a = Arithmetic(accumulator="truncating", kept_bits=kept_bits, k_step=k_step)
+        return cls(screen=a, scorer=a)
+
+    @classmethod
+    def ieee_fp32(cls) -> ErrorModel:
+        a = Arithmetic(accumulator="ieee_fp32_rn")
+        return cls(screen=a, scorer=a)
+
+    @classmethod
+    def cpu_fp64(cls) -> ErrorModel:
+        """Only the CPU reference's float64 arithmetic (not valid for GPU kernels)."""
+        return cls(screen=_CPU_FP64, scorer=_CPU_FP64)
+
+    @classmethod
+    def exact(cls) -> ErrorModel:
+        """Exact arithmetic everywhere: UNSOUND for real kernels (tests use it to show the
+        fuzzers catch a missing allowance).  The CPU float64 term is still added."""
+        a = Arithmetic(accumulator="exact", epilogue="exact", underflow=0.0)
+        return cls(screen=a, scorer=a)
+
+    def to_dict(self) -> dict:
+        return {"screen": self.screen.to_dict(), "scorer": self.scorer.to_dict()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ErrorModel:
+        return cls(screen=Arithmetic(**d["screen"]), scorer=Arithmetic(**d["scorer"]))
+
+    # Combined coefficients (model ∨ CPU float64), see the module docstring, steps 4–5.
+    def screen_coefficients(self, D: int, r: int) -> tuple[float, float, float]:
+        """(ε_s, dot_abs, epi_abs): |Û − exact| ≤ ε_s·M + dot_abs·W1 + epi_abs with
+        M = Σ_j|ω_j|X_j + Σ_m σ_m Y_m and W1 = Σ_j|ω_j| + Σ_m σ_m."""
+        out = []
+        for a in (self.screen, _CPU_FP64):
+            n = a.length(D)
+            g = a.dot_relative_error(n)
+            ge = a.epilogue_gamma(r + 3)
+            eps = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, ge)), 1.0))
+            dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))
+            eabs = float(mul_up(mul_up(2.0 * r + 4.0, a.underflow), add_up(1.0, ge)))
+            out.append((eps, dabs, eabs))
+        return tuple(max(x, y) for x, y in zip(*out, strict=True))
+
+    def scorer_coefficients(self, D: int, H: int) -> tuple[float, float, float]:
+        """(ε_r, dot_abs, epi_abs): |s^ref − s| ≤ α(ε_r Σ_h|w_h|X_h + dot_abs Σ_h|w_h|)
+        + epi_abs·(Σ_h|w_h| + 2H + 1)."""
+        out = []
+        for a in (self.scorer, _CPU_FP64):
+            n = a.length(D)
+            g = a.dot_relative_error(n)
+            ge = a.epilogue_gamma(H + 2)
+            eps = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, ge)), 1.0))
+            dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))
+            if a is _CPU_FP64:
+                # The CPU scorer works on dequantized keys (score units): its product
+                # underflow is absolute in score units, 2D per head.
+                eabs = float(mul_up(mul_up(2.0 * n + 2.0, a.underflow), add_up(1.0, ge)))
+                dabs = 0.0
+            else:
+                eabs = float(mul_up(a.underflow, add_up(1.0, ge)))
+            out.append((eps, dabs, eabs))
+        return tuple(max(x, y) for x, y in zip(*out, strict=True))
+
+
+DEFAULT_MODEL = ErrorModel.hopper_fp8()
+
+
+# --------------------------------------------------------------------------------------
+# Faithful simulation of the truncating accumulator (for fuzzing and GPU checks)
+# --------------------------------------------------------------------------------------
+
+
+def simulate_dot(a, B, arith: Arithmetic, c0: float = 0.0) -> np.ndarray:
+    """Simulate ``arith`` on Σ_d a_d B[i, d] for each row i (float64 [n] out).
+
+    truncating: per step of k products, align the k+1 terms to the largest term's
+    exponent E, truncate each toward zero to a multiple of 2^(E−W), add exactly, and
+    truncate the sum to fp32 — one admissible behaviour of the model (worse than the
+    H200's by 4 bits at the default W).  ieee_*: sequential round-to-nearest.
+    Products must be exact in float64 (e.g. e4m3 × e4m3).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    P = B * a[None, :]
+    n = P.shape[0]
+    acc = np.full(n, c0, dtype=np.float64)
+    if arith.accumulator == "exact":
+        return acc + P.sum(axis=1)
+    if arith.accumulator.startswith("ieee"):
+        dt = np.float32 if arith.accumulator == "ieee_fp32_rn" else np.float64
+        acc = acc.astype(dt)
+        for d in range(P.shape[1]):
+            acc = (acc + P[:, d].astype(dt)).astype(dt)
+        return acc.astype(np.float64)
+    k, W = int(arith.k_step), int(arith.kept_bits)
+    for s0 in range(0, P.shape[1], k):
+        terms = np.concatenate([acc[:, None], P[:, s0 : s0 + k]], axis=1)
+        m = np.max(np.abs(terms), axis=1)
+        E = np.frexp(m)[1] - 1  # 2^E ≤ m < 2^(E+1)
+        unit = np.ldexp(1.0, E - W)[:, None]
+        with np.errstate(invalid="ignore"):
+            kept = np.where(m[:, None] > 0, np.trunc(terms / unit) * unit, 0.0)
+        acc = _trunc_f32(kept.sum(axis=1))
+    return acc
+
+
+def _trunc_f32(x: np.ndarray) -> np.ndarray:
+    """Truncate float64 toward zero to float32 precision (24 significant bits)."""
+    m, e = np.frexp(x)
+    return np.ldexp(np.trunc(np.ldexp(m, 24)), e - 24)
+
+
+# --------------------------------------------------------------------------------------
+# Screening plan (the contract the GPU kernels consume)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class FP8ScreenPlan:
+    """FP8 screening rows and guard of one query (METHOD.md §8).  This is the contract the
+    GPU screening kernel consumes; r = |R|, D = head dimension, G = allowance groups.
+
+    Kernel inputs:
+        form: ``"base"`` (ReLU rows, aux subtracted through a ReLU) or ``"abs"``
+            (absolute-value rows, aux subtracted linearly).
+        valid: bool — False means "do not prune this query" (every key survives).
+        R: int64 [r] — retained head ids (indices into the query's H heads).
+        q_payload: uint8 [r, D] — e4m3 bit patterns q̂_j of the retained query rows
+            (q_j ≈ q_scale_j · q̂_j; the scale is folded into ``omega``).
+        omega: float32 [r] — stored folded weights ω_j = fl32(c_j · q_scale_j), with
+            c_j = w̃_j (base) or ½ w̃_j (abs); w̃ the folded weights of Prop. 1.
+        aux_payload: uint8 [2, D] — e4m3 bits of the auxiliary rows p_0, p_1 with
+            v_m = aux_scale_m · p_m and v_0 + v_1 ≈ a_A (base) or V (abs).
+        aux_scale: float32 [2] — σ_0, σ_1 (powers of two in fp32's normal range).
+        C: float32 — the RMS coefficient, rounded up:
+            C ≥ √D (Σ_g [E_g^+ + ‖J^(g)‖]²)^{1/2}.
+        eps_raw: float64 — absolute allowance in payload units (rounded up).
+        eps_out: float64 — absolute allowance in score units (rounded up).
+      The kernel computes Û_i in payload units (see the module docstring) and
+      U^num_i = α_i (Û_i + ρ_i C + eps_raw) + eps_out with upward rounding (fp64
+      ``__dmul_ru``/``__dadd_ru``), rejecting key i iff U^num_i < τ.  A key with a
+      non-finite or non-positive α_i, non-finite ρ_i or NaN payload code is never rejected.
+
+    Diagnostics (CPU only): q_scale float64 [r]; c_lo, c_hi float64 [r] (enclosure of
+    c_j); E_plus float64 [G]; group_bounds int64 [G+1]; J float64 [D] (total envelope,
+    upper bound) and J_parts {"aux", "omega", "screen", "scorer"} → float64 [D];
+    eps_parts; model (ErrorModel); plan (the float64 ``Plan``); H, D.
+    """
+
+    form: str
+    valid: bool
+    R: np.ndarray
+    q_payload: np.ndarray
+    omega: np.ndarray
+    aux_payload: np.ndarray
+    aux_scale: np.ndarray
+    C: np.float32
+    eps_raw: float
+    eps_out: float
+    q_scale: np.ndarray
+    c_lo: np.ndarray
+    c_hi: np.ndarray
+    E_plus: np.ndarray
+    group_bounds: np.ndarray
+    J: np.ndarray
+    J_parts: dict
+    eps_parts: dict
+    model: ErrorModel
+    plan: Plan | None
+    H: int
+    D: int
+
+    @property
+    def r(self) -> int:
+        return int(self.R.shape[0])
+
+    def kernel_arrays(self) -> dict:
+        """The kernel inputs as a dict of numpy arrays (fixed dtypes, see above)."""
+        return {
+            "form": self.form,
+            "valid": bool(self.valid),
+            "R": self.R.astype(np.int64),
+            "q_payload": self.q_payload.astype(np.uint8),
+            "omega": self.omega.astype(np.float32),
+            "aux_payload": self.aux_payload.astype(np.uint8),
+            "aux_scale": self.aux_scale.astype(np.float32),
+            "C": np.float32(self.C),
+            "eps_raw": float(self.eps_raw),
+            "eps_out": float(self.eps_out),
+        }
+
+
+def _pow2_scale(amax: float, lo_exp: int = -1074, hi_exp: int = 1023) -> float:
+    """Power of two σ with amax/σ in (224, 448] (clamped exponent); 1 for amax = 0."""
+    if not (amax > 0) or not np.isfinite(amax):
+        return 1.0
+    m, e = np.frexp(amax / E4M3_MAX)  # amax/448 = m·2^e, m in [0.5, 1)
+    e = int(e - 1) if m == 0.5 else int(e)
+    return float(np.ldexp(1.0, min(max(e, lo_exp), hi_exp)))
+
+
+def _quantize_vec(x: np.ndarray, sigma: float) -> np.ndarray:
+    """e4m3 bits of x/σ (saturating RNE via float32)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        y = np.asarray(x, dtype=np.float64) / sigma
+    y = np.where(np.isfinite(y), y, 0.0)
+    return e4m3_bits(np.clip(y, -1e30, 1e30).astype(np.float32))
+
+
+def _row_rounding_envelope(c_lo, c_hi, q_row, omega, qhat_vals):
+    """Σ-term of step 2 for one row: upper bound of | |c| q_d − |ω| q̂_d | per d [D]."""
+    om = float(omega)
+    same = (c_lo >= 0.0 and om >= 0.0) or (c_hi <= 0.0 and om <= 0.0)
+    ca = _iv_abs((np.float64(c_lo), np.float64(c_hi)))
+    aq = np.abs(om) * qhat_vals  # exact: fp32 × e4m3 fits float64
+    if same:
+        prod = _iv_mul(ca, (q_row, q_row))
+        return _iv_mag(_iv_sub(prod, (aq, aq)))
+    return add_up(mul_up(ca[1], np.abs(q_row)), np.abs(aq))
+
+
+def _w_tilde_enclosure(plan: Plan, w_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Enclosure of w̃_j = w_j + Σ_{h∈P, j*_h = j} w_h β_h (β_h taken as exact numbers)."""
+    lo = plan.w_R.astype(np.float64).copy()
+    hi = lo.copy()
+    pos = {int(h): i for i, h in enumerate(plan.R)}
+    for i, h in enumerate(plan.P):
+        a = int(plan.anchor[i])
+        if a < 0 or plan.beta[i] == 0.0:
+            continue
+        j = pos[a]
+        wb_lo = mul_down(w_t[h], plan.beta[i])
+        wb_hi = mul_up(w_t[h], plan.beta[i])
+        lo[j] = add_down(lo[j], wb_lo)
+        hi[j] = add_up(hi[j], wb_hi)
+    return lo, hi
+
+
+def _d_enclosure(plan: Plan, q_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Enclosure of d_h = q_h − β_h q_{j*_h} for h ∈ P ([|P|, D] each)."""
+    P = plan.P
+    lo = q_t[P].astype(np.float64).copy()
+    hi = lo.copy()
+    for i in range(P.size):
+        a = int(plan.anchor[i])
+        if a < 0 or plan.beta[i] == 0.0:
+            continue
+        qa = q_t[a]
+        b = plan.beta[i]
+        lo[i] = sub_down(lo[i], mul_up(b, qa))
+        hi[i] = sub_up(hi[i], mul_down(b, qa))
+    return lo, hi
+
+
+def _joint_up(u_lo: np.ndarray, u_hi: np.ndarray) -> float:
+    """Upper bound of Prop. 3's ½(‖Σ_h u_h‖ + sqrt(Σ_{h,l}|u_h·u_l|)) over an enclosure."""
+    if u_lo.shape[0] == 0:
+        return 0.0
+    mx = float(np.max(np.maximum(np.abs(u_lo), np.abs(u_hi))))
+    if mx == 0.0:
+        return 0.0
+    if not np.isfinite(mx):
+        return _INF
+    e = int(np.frexp(mx)[1])
+    with np.errstate(under="ignore"):
+        lo, hi = np.ldexp(u_lo, -e), np.ldexp(u_hi, -e)
+        if e > 0:  # downscaling may round: widen
+            lo, hi = down(lo), up(hi)
+    S = (sum_down(lo, axis=0), sum_up(hi, axis=0))
+    nS = norm_up(_iv_mag(S))
+    m = 0.5 * (lo + hi)
+    rad = np.maximum(sub_up(hi, m), sub_up(m, lo))
+    am = np.abs(m)
+    mlo, mhi = matmul_enclose(m, m.T)
+    G = np.maximum(np.abs(mlo), np.abs(mhi))
+    G = add_up(G, matmul_abs_up(am, rad.T))
+    G = add_up(G, matmul_abs_up(rad, am.T))
+    G = add_up(G, matmul_abs_up(rad, rad.T))
+    val = mul_up(0.5, add_up(nS, sqrt_up(sum_up(G))))
+    return float(up(np.ldexp(val, e)))
+
+
+def _positive_enclosure(plan: Plan, q_t: np.ndarray, w_t: np.ndarray):
+    """E_g^+ (float64 [G], upper) matching ``plan.positive_coefficients()`` and its cuts."""
+    gb = plan.allowance_groups()
+    G = gb.size - 1
+    if plan.P.size == 0:
+        return np.zeros(G), gb
+    d_lo, d_hi = _d_enclosure(plan, q_t)
+    wP = w_t[plan.P]
+    dmag = _iv_mag((d_lo, d_hi))
+    u = _iv_mul((wP[:, None], wP[:, None]), (d_lo, d_hi))
+    opt = plan.options.allowance
+    E = np.zeros(G)
+    for g in range(G):
+        sl = slice(gb[g], gb[g + 1])
+        tri = float(sum_up(mul_up(wP, norm_up(dmag[:, sl], axis=1))))
+        if opt == "triangle":
+            E[g] = tri
+        else:
+            E[g] = min(tri, _joint_up(u[0][:, sl], u[1][:, sl]))
+    return E, gb
+
+
+def build_fp8_plan(
+    plan: Plan,
+    q_t: np.ndarray,
+    w_t: np.ndarray,
+    model: ErrorModel | None = None,
+    form: str = "base",
+) -> FP8ScreenPlan:
+    """FP8 screening rows, envelope J, E_g^+, C and ε for one query (outward-rounded).
+
+    ``plan`` is the float64 plan of (q_t [H, D], w_t [H]); its R, P, anchors, β and A are
+    used as exact inputs (any choice is valid), everything else is recomputed here with
+    enclosures.  Returns an ``FP8ScreenPlan`` (``valid`` False if anything is non-finite).
+    """
+    if form not in ("base", "abs"):
+        raise ValueError(f"form: expected 'base' or 'abs', got {form!r}")
+    model = model or DEFAULT_MODEL
+    q_t = np.asarray(q_t, dtype=np.float64)
+    w_t = np.asarray(w_t, dtype=np.float64)
+    H, D = q_t.shape
+    R = plan.R
+    r = R.size
+
+    # c_j = w̃_j (base) or ½ w̃_j (abs), enclosed.
+    c_lo, c_hi = _w_tilde_enclosure(plan, w_t)
+    if form == "abs":
+        with np.errstate(under="ignore"):
+            c_lo, c_hi = down(np.ldexp(c_lo, -1)), up(np.ldexp(c_hi, -1))
+
+    # Retained rows: e4m3 payload with a per-row scale folded into ω (pick the scale with
+    # the smaller reconstruction residual: a power of two keeps e4m3-valued rows exact).
+    q_payload = np.zeros((r, D), dtype=np.uint8)
+    q_scale = np.ones(r)
+    omega = np.zeros(r, dtype=np.float32)
+    J_omega = np.zeros(D)
+    for j in range(r):
+        q_row = q_t[R[j]]
+        amax = float(np.max(np.abs(q_row)))
+        best = None
+        for sigma in (_pow2_scale(amax), max(amax, 1e-300) / E4M3_MAX):
+            pay = _quantize_vec(q_row, sigma)
+            with np.errstate(over="ignore", invalid="ignore"):
+                res = float(np.sum(np.abs(q_row - sigma * e4m3_values(pay))))
+            if best is None or res < best[0]:
+                best = (res, sigma, pay)
+        _, sigma, pay = best
+        c_mid = 0.5 * (c_lo[j] + c_hi[j])
+        with np.errstate(over="ignore", under="ignore"):
+            omega[j] = np.float32(c_mid * sigma)
+        q_payload[j], q_scale[j] = pay, sigma
+        J_omega = add_up(
+            J_omega, _row_rounding_envelope(c_lo[j], c_hi[j], q_row, omega[j], e4m3_values(pay))
+        )
+
+    # Aux target: a_A (base) or V = a_A − Σ_j c_j q_j (abs; c_j = ½ w̃_j), enclosed.
+    t_lo, t_hi = np.zeros(D), np.zeros(D)
+    for h in plan.A:
+        t = _iv_mul((np.abs(w_t[h]), np.abs(w_t[h])), (q_t[h], q_t[h]))
+        t_lo, t_hi = _iv_add((t_lo, t_hi), t)
+    if form == "abs":
+        for j in range(r):
+            t = _iv_mul((c_lo[j], c_hi[j]), (q_t[R[j]], q_t[R[j]]))
+            t_lo, t_hi = _iv_sub((t_lo, t_hi), t)
+    target = 0.5 * (t_lo + t_hi)
+    aux_payload = np.zeros((2, D), dtype=np.uint8)
+    aux_scale = np.ones(2, dtype=np.float32)
+    resid = target
+    e_lo, e_hi = t_lo, t_hi
+    for m in range(2):
+        amax = float(np.max(np.abs(resid))) if np.all(np.isfinite(resid)) else 0.0
+        sigma = _pow2_scale(amax, -126, 127)
+        pay = _quantize_vec(resid, sigma)
+        v = sigma * e4m3_values(pay)  # exact
+        aux_payload[m], aux_scale[m] = pay, np.float32(sigma)
+        e_lo, e_hi = sub_down(e_lo, v), sub_up(e_hi, v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            resid = resid - v
+    J_aux = _iv_mag((e_lo, e_hi))
+
+    # Screening arithmetic (payload units).
+    eps_s, dabs_s, eabs_s = model.screen_coefficients(D, r)
+    qv = e4m3_values(q_payload)
+    pv = e4m3_values(aux_payload)
+    absom = np.abs(omega.astype(np.float64))
+    sig = aux_scale.astype(np.float64)
+    M_row = add_up(
+        matmul_abs_up(absom[None, :], np.abs(qv)).ravel() if r else np.zeros(D),
+        matmul_abs_up(sig[None, :], np.abs(pv)).ravel(),
+    )
+    J_screen = mul_up(eps_s, M_row)
+    W1 = float(add_up(sum_up(absom), sum_up(sig)))
+    eps_raw_screen = float(add_up(mul_up(dabs_s, W1), eabs_s))
+
+    # Original scorer arithmetic (payload units, × α in the bound).
+    eps_r, dabs_r, eabs_r = model.scorer_coefficients(D, H)
+    aw = np.abs(w_t)
+    J_scorer = mul_up(eps_r, matmul_abs_up(aw[None, :], np.abs(q_t)).ravel())
+    sw = float(sum_up(aw))
+    eps_raw_scorer = float(mul_up(dabs_r, sw))
+    eps_out = float(mul_up(eabs_r, add_up(sw, 2.0 * H + 1.0)))
+
+    J = add_up(add_up(J_aux, J_omega), add_up(J_screen, J_scorer))
+    E_plus, gb = _positive_enclosure(plan, q_t, w_t)
+    G = gb.size - 1
+    nJ = np.array([norm_up(J[gb[g] : gb[g + 1]]) for g in range(G)])
+    tot = add_up(E_plus, nJ)
+    C64 = mul_up(sqrt_up(float(D)), sqrt_up(sum_up(mul_up(tot, tot))))
+    C = f32_up(C64)
+    eps_raw = float(add_up(eps_raw_screen, eps_raw_scorer))
+    valid = bool(
+        np.isfinite(C)
+        and np.all(np.isfinite(omega))
+        and np.all(np.isfinite(aux_scale))
+        and np.isfinite(eps_raw)
+        and np.isfinite(eps_out)
+        and np.all(np.isfinite(c_lo))
+        and np.all(np.isfinite(c_hi))
+    )
+    return FP8ScreenPlan(
+        form=form,
+        valid=valid,
+        R=R.astype(np.int64),
+        q_payload=q_payload,
+        omega=omega,
+        aux_payload=aux_payload,
+        aux_scale=aux_scale,
+        C=np.float32(C),
+        eps_raw=eps_raw,
+        eps_out=eps_out,
+        q_scale=q_scale,
+        c_lo=c_lo,
+        c_hi=c_hi,
+        E_plus=E_plus,
+        group_bounds=gb,
+        J=J,
+        J_parts={"aux": J_aux, "omega": J_omega, "screen": J_screen, "scorer": J_scorer},
+        eps_parts={
+            "raw_screen": eps_raw_screen,
+            "raw_scorer": eps_raw_scorer,
+            "out_scorer": eps_out,
+        },
+        model=model,
+        plan=plan,
+        H=H,
+        D=D,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Screening value and U^num
+# --------------------------------------------------------------------------------------
+
+
+def screen_values(fplan: FP8ScreenPlan, kbar: np.ndarray) -> np.ndarray:
+    """Û for payload values ``kbar`` float64 [n, D] (CPU: exact FP8 dots, float64
+    epilogue — one admissible evaluation of the model's arithmetic)."""
+    qv = e4m3_values(fplan.q_payload)
+    pv = e4m3_values(fplan.aux_payload)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = kbar @ qv.T  # exact (multiples of 2^-18 below 2^35)
+        y = kbar @ pv.T
+        om = fplan.omega.astype(np.float64)
+        z = y @ fplan.aux_scale.astype(np.float64)
+        if fplan.form == "base":
+            return np.maximum(x, 0.0) @ om - np.maximum(z, 0.0)
+        return np.abs(x) @ om - z
+
+
+def screen_bound(
+    fplan: FP8ScreenPlan,
+    kbar: np.ndarray,
+    scale: np.ndarray,
+    rho: np.ndarray,
+    Uhat: np.ndarray | None = None,
+) -> np.ndarray:
+    """U^num = Eval_up[α(Û + ρC + ε_raw) + ε_out] for keys (payload values ``kbar``
+    float64 [n, D], ``scale`` α fp32 [n], ``rho`` fp32 [n]); float64 [n].
+
+    +inf where the key is invalid (α not finite and > 0, ρ not finite, Û not finite)
+    and everywhere when the plan is invalid.
+    """
+    n = kbar.shape[0]
+    if not fplan.valid:
+        return np.full(n, _INF)
+    if Uhat is None:
+        Uhat = screen_values(fplan, kbar)
+    a = np.asarray(scale, dtype=np.float64)
+    rh = np.asarray(rho, dtype=np.float64)
+    t = add_up(Uhat, mul_up(rh, np.float64(fplan.C)))
+    t = add_up(t, fplan.eps_raw)
+    U = add_up(mul_up(a, t), fplan.eps_out)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(a) & (a > 0) & np.isfinite(rh) & (rh >= 0) & np.isfinite(U)
+    return np.where(ok, U, _INF)
+
+
+# --------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------
+
+
+def _check_fp8_inputs(q, w, payload, scale, strict: bool):
+    q = as_float_array(q, "q", 3)
+    w = as_float_array(w, "w", 2)
+    p = np.asarray(payload)
+    if p.dtype != np.uint8 or p.ndim != 2:
+        raise ValueError(f"payload: expected uint8 e4m3 bits [N, D], got {p.dtype} {p.shape}")
+    s = np.asarray(scale)
+    if s.dtype.kind != "f" or s.shape != (p.shape[0],):
+        raise ValueError(f"scale: expected float [N={p.shape[0]}], got {s.dtype} {s.shape}")
+    Qn, H, D = q.shape
+    if H < 1 or D < 1:
+        raise ValueError(f"q: need H >= 1 and D >= 1, got shape {q.shape}")
+    if w.shape != (Qn, H):
+        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {w.shape}")
+    if p.shape[1] != D:
+        raise ValueError(f"payload: expected shape (N, {D}) to match q, got {p.shape}")
+    if strict:
+        if np.any(nan_codes(p)):
+            raise ValueError("payload: contains e4m3 NaN codes (0x7F/0xFF)")
+        if not np.all(np.isfinite(s)):
+            raise ValueError("scale: contains non-finite values (nan or inf)")
+    return (
+        np.ascontiguousarray(q, dtype=np.float64),
+        np.ascontiguousarray(w, dtype=np.float64),
+        p,
+        s.astype(np.float32),
+    )
+
+
+@dataclass
+class FP8Bounds:
+    """``fp8_bounds`` output: U [Qn, N] float64 (U^num; −inf where not visible, +inf where
+    pruning is disabled), Uhat [Qn, N] (screening values, NaN where not visible), plans
+    (FP8ScreenPlan per query), rho float32 [N]."""
+
+    U: np.ndarray
+    Uhat: np.ndarray
+    plans: list
+    rho: np.ndarray
+
+
+def default_plan(q_t, w_t, kbar_sample, r=None, options: PlanOptions | None = None) -> Plan:
+    """A deterministic plan for bounds/audits: p from a key sample, r = H//2 by default."""
+    H = q_t.shape[0]
+    p = activation_frequency(q_t, kbar_sample)
+    rr = max(1, H // 2) if r is None else int(r)
+    return build_plan(q_t, w_t, p, rr, options or PlanOptions())
+
+
+def fp8_bounds(
+    q,
+    w,
+    payload,
+    scale,
+    ks=None,
+    ke=None,
+    *,
+    plans=None,
+    r=None,
+    form: str = "base",
+    error_model: ErrorModel | None = None,
+    rho=None,
+    sample: int = 1024,
+    plan_options: PlanOptions | None = None,
+) -> FP8Bounds:
+    """U^num per (query, key), for audits and for checking the GPU.
+
+    Args:
+        q [Qn, H, D], w [Qn, H]: as for ``fp8_topk``; payload uint8 [N, D]; scale fp32 [N].
+        ks, ke: visible ranges (default all).
+        plans: optional list of ``FP8ScreenPlan`` (or float64 ``Plan``) per query to
+            evaluate (e.g. ``fp8_topk(...).plans``); otherwise a deterministic default plan
+            (activation frequencies from a stride sample of visible keys, r = H//2).
+        form, error_model, plan_options: as for ``fp8_topk``.
+        rho: optional fp32 [N] summaries (default ``key_rms(payload)``).
+    Invalid scales / summaries / NaN codes give +inf for that key (no pruning).
+    """
+    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=False)
+    Qn, H, D = q.shape
+    N = payload.shape[0]
+    ks, ke = check_ranges(ks, ke, Qn, N)
+    model = error_model or DEFAULT_MODEL
+    kbar = e4m3_values(payload)
+    if rho is None:
+        rho = key_rms(payload)
+    rho = np.asarray(rho, dtype=np.float32)
+    if rho.shape != (N,):
+        raise ValueError(f"rho: expected shape ({N},), got {rho.shape}")
+    U = np.full((Qn, N), -_INF)
+    Uhat = np.full((Qn, N), np.nan)
+    out_plans = []
+    for t in range(Qn):
+        a, b = int(ks[t]), int(ke[t])
+        fp = None if plans is None else plans[t]
+        if isinstance(fp, Plan):
+            fp = build_fp8_plan(fp, q[t], w[t], model, form)
+        if fp is None:
+            smp = kbar[_stride_sample(a, b, sample)] if b > a else kbar[:0]
+            smp = np.nan_to_num(smp)
+            fp = build_fp8_plan(
+                default_plan(q[t], w[t], smp, r, plan_options), q[t], w[t], model, form
+            )
+        out_plans.append(fp)
+        if b > a:
+            kb = kbar[a:b]
+            uh = screen_values(fp, kb)
+            Uhat[t, a:b] = uh
+            U[t, a:b] = screen_bound(fp, kb, scale[a:b], rho[a:b], uh)
+            bad = np.any(nan_codes(payload[a:b]), axis=1)
+            U[t, a:b][bad] = _INF
+    return FP8Bounds(U=U, Uhat=Uhat, plans=out_plans, rho=rho)
+
+
+@dataclass
+class FP8Stats(DosaStats):
+    """``DosaStats`` plus the guard's cost: survivors_exact — keys (outside the seeds)
+    with exact-arithmetic certificate U ≥ τ for the same plan and τ; invalid_keys — keys
+    whose bound was +inf (invalid scale/summary)."""
+
+    survivors_exact: np.ndarray = None
+    invalid_keys: np.ndarray = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.survivors_exact = np.zeros(self.Qn, dtype=np.int64)
+        self.invalid_keys = np.zeros(self.Qn, dtype=np.int64)
+
+    @property
+    def survival_exact(self) -> float:
+        n = int(self.screened.sum())
+        return float(self.survivors_exact.sum()) / n if n else float("nan")
+
+    def totals(self) -> dict:
+        d = super().totals()
+        d.update(
+            survivors_exact=int(self.survivors_exact.sum()),
+            survival_exact=self.survival_exact,
+            guard_cost_pp=100.0 * (self.survival - self.survival_exact),
+            invalid_keys=int(self.invalid_keys.sum()),
+        )
+        return d
+
+
+@dataclass
+class FP8Result(DosaResult):
+    """``DosaResult`` plus ``plans`` (FP8ScreenPlan or None per query) and ``tau``
+    (float64 [Qn], the seed threshold used for screening; −inf when not screened)."""
+
+    plans: list = None
+    tau: np.ndarray = None
+
+
+_FP8_ONLY = ("error_model", "guard_stats")
+
+
+def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options) -> FP8Result:
+    """Exact Top-K on FP8 keys with the numerical certificate (Algorithm 1, METHOD.md §8).
+
+    Args:
+        q [Qn, H, D], w [Qn, H]: query heads and weights (float; for FP8 queries pass
+            ``e4m3_values(q_payload)`` and the folded weights of ``quantize_queries``).
+        payload uint8 [N, D], scale float32 [N]: FP8 keys (``quantize_keys``).
+        K ≥ 1; ks, ke: visible ranges.  progress: callable per finished query.
+        **options: ``SelectOptions`` fields, plus ``error_model`` (ErrorModel, default
+            ``ErrorModel.hopper_fp8()``) and ``guard_stats`` (count exact-certificate
+            survivors for the guard's cost; default True).
+    Returns:
+        FP8Result with ``ids`` == ``topk_ids(index_scores(q, w, dequantize(payload,
+        scale)), K)`` (score desc, id asc, −1 padding), ``stats`` (FP8Stats), ``plans``.
+    Raises ValueError for NaN payload codes or non-finite scales (the reference scorer is
+    undefined there); a non-positive scale only disables pruning for that key.
+    """
+    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=True)
+    K = check_K(K)
+    Qn, H, D = q.shape
+    N = payload.shape[0]
+    ks, ke = check_ranges(ks, ke, Qn, N)
+    extra = {k_: options.pop(k_) for k_ in _FP8_ONLY if k_ in options}
+    model = extra.get("error_model") or DEFAULT_MODEL
+    if not isinstance(model, ErrorModel):
+        raise ValueError("error_model: expected an ErrorModel")
+    guard_stats = bool(extra.get("guard_stats", True))
+    opt = SelectOptions.from_kwargs(options)
+    strategies = parse_strategies(opt.seeds)
+    popt = opt.plan_options()
+    k = dequantize(payload, scale)  # exact float64 keys: the reference scorer's input
+    kbar = e4m3_values(payload)
+    rho = key_rms(payload)
+    seed_ids = None
+    if "explicit" in strategies:
+        if opt.seed_ids is None:
+            raise ValueError("seed_ids: the 'explicit' seed strategy needs seed_ids")
+        seed_ids = np.asarray(opt.seed_ids)
+        if seed_ids.ndim != 2 or seed_ids.shape[0] != Qn or seed_ids.dtype.kind not in "iu":
+            raise ValueError(f"seed_ids: expected an int array [Qn={Qn}, S]")
+    pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors) if "anchor" in strategies else None
+
+    ids_out = np.full((Qn, K), -1, dtype=np.int64)
+    st = FP8Stats(Qn)
+    plans: list = [None] * Qn
+    taus = np.full(Qn, -_INF)
+    ksum = None
+    for t in range(Qn):
+        a, b = int(ks[t]), int(ke[t])
+        q_t, w_t = q[t], w[t]
+        no_screen = H == 1 or (opt.r != "auto" and int(opt.r) >= H)
+        if b - a <= K or no_screen:
+            top, sc = _full_topk(q_t, w_t, k, a, b, K)
+            st.full[t] = True
+        else:
+            if ksum is None and guard_stats:
+                ksum = KeySummary(k)
+            top, sc, plans[t], taus[t] = _fp8_query(
+                t,
+                q_t,
+                w_t,
+                k,
+                kbar,
+                scale,
+                rho,
+                a,
+                b,
+                K,
+                opt,
+                popt,
+                strategies,
+                seed_ids,
+                pool,
+                st,
+                model,
+                ksum if guard_stats else None,
+            )
+        ids_out[t, : top.size] = top
+        if top.size == K:
+            st.tau_final[t] = sc[-1]
+        if progress is not None:
+            progress(t)
+    return FP8Result(ids=ids_out, stats=st, plans=plans, tau=taus)
+
+
+def _fp8_query(
+    t,
+    q_t,
+    w_t,
+    k,
+    kbar,
+    scale,
+    rho,
+    a,
+    b,
+    K,
+    opt,
+    popt,
+    strategies,
+    seed_ids,
+    pool,
+    st,
+    model,
+    ksum,
+):
+    # Steps 1–2: seeds and τ (Prop. 4) — exactly as Algorithm 1 in select.py.
+    parts = []
+    if "explicit" in strategies:
+        parts.append(explicit_seeds(seed_ids[t], a, b))
+    if "local" in strategies or strategies == ("certificate",):
+        parts.append(local_seeds(a, b, opt.window, opt.sinks))
+    if "anchor" in strategies:
+        parts.append(pool[(pool >= a) & (pool < b)])
+    S = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    s_S = score_keys(q_t, w_t, k[S])
+    tau0 = kth_score(s_S, K)
+
+    # Step 3: plan (float64 choices) and its FP8 screening rows + guard.
+    p = activation_frequency(q_t, k[S[_stride_sample(0, S.size, 1024)]])
+    if opt.r == "auto":
+        r = choose_r(q_t, w_t, p, tau0, k[_stride_sample(a, b, 512)], popt, opt.form)
+    else:
+        r = int(opt.r)
+    plan = build_plan(q_t, w_t, p, r, popt)
+    fplan = build_fp8_plan(plan, q_t, w_t, model, opt.form)
+    st.r[t] = plan.r
+    st.omitted_positive[t] = plan.P.size
+    st.aggregated[t] = plan.A.size
+
+    U = screen_bound(fplan, kbar[a:b], scale[a:b], rho[a:b])
+    if not fplan.valid:
+        # C.3: an invalid plan proves nothing; full-domain recovery.
+        st.recovered[t] = True
+        top, sc = _full_topk(q_t, w_t, k, a, b, K)
+        return top, sc, fplan, -_INF
+    st.invalid_keys[t] = int(np.sum(U == _INF))
+
+    if "certificate" in strategies and opt.cert_seeds > 0:
+        m = min(opt.cert_seeds, b - a)
+        cand = a + np.argpartition(-U, m - 1)[:m]
+        extra = np.setdiff1d(cand, S)
+        S = np.concatenate([S, extra])
+        s_S = np.concatenate([s_S, score_keys(q_t, w_t, k[extra])])
+    st.seeds[t] = S.size
+    if S.size < K:
+        st.full[t] = True
+        top, sc = _full_topk(q_t, w_t, k, a, b, K)
+        return top, sc, fplan, -_INF
+
+    buf = _Buffer(K, opt.buffer, S, s_S)
+    tau = buf.tau
+    st.tau[t] = tau
+    # Step 4: screen with U^num (strict rejection U^num < τ; equality survives).
+    alive = U >= tau
+    alive[S - a] = False
+    V = a + np.flatnonzero(alive)
+    st.screened[t] = (b - a) - S.size
+    st.survivors[t] = V.size
+    if ksum is not None:
+        Ue = upper_bound(plan, k[a:b], opt.form, "none", ksum=ksum.slice(a, b))
+        ae = Ue >= tau
+        ae[S - a] = False
+        st.survivors_exact[t] = int(ae.sum())
+    # Steps 5–6: refine with the original scorer; keep s ≥ τ.
+    for lo in range(0, V.size, opt.refine_batch):
+        ids = V[lo : lo + opt.refine_batch]
+        buf.offer(ids, score_keys(q_t, w_t, k[ids]))
+    st.refined[t] = V.size
+    st.kept[t] = buf.kept
+    st.overflows[t] = buf.overflows
+    top, sc = buf.result()
+    return top, sc, fplan, tau
+
+
+def _model_fields() -> list[str]:
+    return [f.name for f in fields(Arithmetic)]
+
+
+def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
+    """Reference ids: full float64 scoring of the dequantized keys (for tests)."""
+    from .scorer import index_scores, topk_ids
+
+    return topk_ids(index_scores(q, w, dequantize(payload, scale), ks, ke), K)
+
+
+__all__ += ["DEFAULT_MODEL", "default_plan", "topk_check", "topk_of"]
