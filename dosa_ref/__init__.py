@@ -24,3 +24,4 @@ __all__ = [
     "topk_of",
     "upper_bound",
 ]
+from .numeric import fp8_bounds, fp8_topk  # noqa: E402, F401  (FP8 numerical certificate)
