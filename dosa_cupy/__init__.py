@@ -1,0 +1,24 @@
+"""DoSA on the GPU with CuPy (METHOD.md §8–§9): the canonical FP8 dense route and the
+exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
+
+    dense_logits(q, w, k_payload, k_scale, ks, ke)      canonical FP8 logits [Qn, N]
+    dense_topk(q, w, k_payload, k_scale, K, ks, ke)     dense logits + exact selection
+    dosa_topk(q, w, k_payload, k_scale, K, ks, ke, **o) DoSA; ids == dense_topk bitwise
+    quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
+    key_rho(k_payload)                                  conservative RMS summaries ρ
+"""
+
+from .dense import dense_logits, dense_topk, select_records, select_rows
+from .pipeline import DosaGpuStats, dosa_topk
+from .prepare import key_rho, quantize_keys
+
+__all__ = [
+    "DosaGpuStats",
+    "dense_logits",
+    "dense_topk",
+    "dosa_topk",
+    "key_rho",
+    "quantize_keys",
+    "select_records",
+    "select_rows",
+]

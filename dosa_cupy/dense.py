@@ -1,0 +1,131 @@
+"""The dense route (METHOD.md §1): the canonical GPU original scorer over every visible
+key (``dense_logits``) and ``dense_topk`` = dense logits + the project's exact selection
+kernel (order score desc, id asc, −1 padding).  ``select_rows`` / ``select_records`` are
+the selection kernel's two sources (METHOD.md §7, §9).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel
+from .prepare import check_inputs, pad_heads
+
+__all__ = ["dense_logits", "dense_topk", "select_records", "select_rows"]
+
+TILE_N = 256
+ROWB = 144
+QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
+SCRATCH = 1 << 16  # candidate scratch per selection block, in records
+SEL_BLOCKS = 264
+
+_NULL = np.uint64(0)
+
+
+def _dense_logits_raw(q, w, kp, ksc, ks, ke):
+    """q/w already padded to a multiple of 16 heads; returns fp32 [Qn, N]."""
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    N = kp.shape[0]
+    out = cp.empty((Qn, N), dtype=cp.float32)
+    if Qn == 0 or N == 0:
+        return out
+    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
+    smem = TILE_N * ROWB + TILE_N * 4
+    kernel(f"dense_logits_mt{Hp // 16}")(
+        grid,
+        (256,),
+        (q, w, kp, ksc, ks, ke, np.int32(Qn), np.int64(N), np.int32(QG), out),
+        shared_mem=smem,
+    )
+    return out
+
+
+def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
+    """Canonical FP8 logits s[t, i] = α_i Σ_h w'_h [q̄_h·k̄_i]_+ (fp32 [Qn, N]); −inf where
+    key i is not visible to query t.  Same layout as ``dosa_topk``."""
+    q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
+    q, w = pad_heads(q, w)
+    return _dense_logits_raw(q, w, kp, ksc, ks, ke)
+
+
+def _scratch(rows):
+    cp = cupy_or_raise()
+    blocks = max(1, min(rows, SEL_BLOCKS))
+    return blocks, cp.empty(blocks * SCRATCH, dtype=cp.uint64)
+
+
+def select_rows(logits, K, ks, ke):
+    """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range."""
+    cp = cupy_or_raise()
+    Qn, N = logits.shape
+    ids = cp.empty((Qn, K), dtype=cp.int32)
+    if Qn == 0:
+        return ids
+    blocks, scr = _scratch(Qn)
+    kernel("select_kernel")(
+        (blocks,),
+        (512,),
+        (
+            np.int32(0), np.int32(Qn), np.int32(K), logits, np.int64(N), ks, ke,
+            _NULL, _NULL, np.int64(0), _NULL, _NULL, np.int64(0),
+            scr, np.int64(SCRATCH), ids, _NULL,
+        ),
+    )  # fmt: skip
+    return ids
+
+
+def select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=False):
+    """Exact Top-K over per-row record lists (seed records + compact records).
+
+    recA [rows, capA] uint64 with counts cntA [rows] (entries beyond min(count, cap) are
+    ignored); optional second list recB/cntB.  Returns (ids int32 [rows, K] or None,
+    kth uint64 [rows] or None): kth is the K-th record (0 when a row has fewer than K).
+    """
+    cp = cupy_or_raise()
+    rows, capA = recA.shape
+    ids = cp.empty((rows, K), dtype=cp.int32) if want_ids else None
+    kth = cp.empty(rows, dtype=cp.uint64) if want_kth else None
+    if rows == 0:
+        return ids, kth
+    capB = recB.shape[1] if recB is not None else 0
+    blocks, scr = _scratch(rows)
+    kernel("select_kernel")(
+        (blocks,),
+        (512,),
+        (
+            np.int32(1), np.int32(rows), np.int32(K), _NULL, np.int64(0), _NULL, _NULL,
+            recA, cntA, np.int64(capA),
+            recB if recB is not None else _NULL, cntB if cntB is not None else _NULL,
+            np.int64(capB), scr, np.int64(SCRATCH),
+            ids if ids is not None else _NULL, kth if kth is not None else _NULL,
+        ),
+    )  # fmt: skip
+    return ids, kth
+
+
+def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):
+    """The dense route: canonical logits of every visible key, then exact selection.
+
+    Returns int32 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
+    keys).  ``chunk`` limits queries per logits buffer (memory: chunk·N·4 bytes).
+    """
+    cupy_or_raise()
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    q, w = pad_heads(q, w)
+    return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk)
+
+
+def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
+    cp = cupy_or_raise()
+    Qn = q.shape[0]
+    N = kp.shape[0]
+    if chunk is None:
+        chunk = max(1, min(Qn, (8 << 30) // max(1, 4 * N)))
+    out = cp.empty((Qn, K), dtype=cp.int32)
+    for a in range(0, Qn, chunk):
+        b = min(Qn, a + chunk)
+        lg = _dense_logits_raw(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b])
+        out[a:b] = select_rows(lg, K, ks[a:b], ke[a:b])
+        del lg
+    return out

@@ -1,0 +1,264 @@
+"""The DoSA pipeline on the GPU (METHOD.md §7 Algorithm 1, §9 execution):
+
+prepare (ρ) → seeds (local window + sinks + anchor-query pool, scored by the canonical
+scorer) → τ = K-th seed record → plan (``plan.build_plans``) → screen (U^num vs τ, survivor
+bitmask) → refine (canonical scorer on survivors, compact records with s ≥ τ; a full
+buffer is *extended* to the exact count and refined again, never dropped) → exact
+selection over seed records ∪ compact records → query-level full-domain recovery (dense
+route) for invalid scales or non-finite plans.  ids equal ``dense_topk`` bitwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel
+from .dense import QG, ROWB, TILE_N, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
+from .plan import build_plans
+from .prepare import check_inputs, key_rho, pad_heads
+
+__all__ = ["DosaGpuStats", "dosa_topk"]
+
+OPTIONS = {
+    "window": 2048,
+    "sinks": 16,
+    "n_anchors": 4,
+    "r": 14,
+    "buffer": 65536,
+    "mma_bits": 13,
+    "p_sample": 256,
+    "return_stats": False,
+    "debug_bounds": False,
+    "timing": False,
+}
+
+
+@dataclass
+class DosaGpuStats:
+    """Per-query counts (numpy) and stage times (ms, when ``timing=True``)."""
+
+    seeds: np.ndarray = None
+    tau: np.ndarray = None
+    screened: np.ndarray = None
+    survivors: np.ndarray = None
+    kept: np.ndarray = None
+    overflowed: np.ndarray = None
+    recovered: np.ndarray = None
+    r: np.ndarray = None
+    omitted_positive: np.ndarray = None
+    aggregated: np.ndarray = None
+    stage_ms: dict = field(default_factory=dict)
+    bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
+
+
+def _opts(kw):
+    for k in kw:
+        if k not in OPTIONS:
+            raise ValueError(f"{k}: unknown option; expected one of {sorted(OPTIONS)}")
+    o = dict(OPTIONS)
+    o.update(kw)
+    for k in ("window", "sinks", "n_anchors", "p_sample"):
+        v = o[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{k}: expected a nonnegative integer, got {v!r}")
+    for k in ("buffer",):
+        v = o[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{k}: expected a positive integer, got {v!r}")
+    rr = o["r"]
+    if isinstance(rr, bool) or not isinstance(rr, (int, np.integer)) or not 1 <= rr <= 30:
+        raise ValueError(f"r: expected an integer in [1, 30], got {rr!r}")
+    mb = o["mma_bits"]
+    if isinstance(mb, bool) or not isinstance(mb, (int, np.integer)) or not 8 <= mb <= 24:
+        raise ValueError(f"mma_bits: expected an integer in [8, 24], got {mb!r}")
+    return o
+
+
+class _Timer:
+    def __init__(self, on):
+        self.on = on
+        self.ms = {}
+        self.cp = cupy_or_raise()
+        self.last = None
+        if on:
+            self.last = self.cp.cuda.Event()
+            self.last.record()
+
+    def mark(self, name):
+        if not self.on:
+            return
+        e = self.cp.cuda.Event()
+        e.record()
+        e.synchronize()
+        self.ms[name] = self.ms.get(name, 0.0) + self.cp.cuda.get_elapsed_time(self.last, e)
+        self.last = e
+
+
+def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
+    """Exact Top-K of the canonical FP8 indexer with certificate screening.
+
+    Args (DeepGEMM / SGLang layout; CuPy arrays or DLPack tensors, e.g. torch, no copies):
+        q: e4m3 [Qn, H, 128] (uint8 bits or fp8 dtype); w: fp32 [Qn, H] with the query
+        scales folded in; k_payload: e4m3 [N, 128]; k_scale: fp32 [N]; K ≤ 4096;
+        ks, ke: int32 [Qn] visible ranges [ks, ke) (default: every key).
+    Options: window, sinks, n_anchors (seeds, METHOD.md §2); r (retained heads, ≤ 30);
+        buffer (compact records per query before an exact extension); mma_bits (accumulator
+        bits of the MMA error model, plan.py); return_stats, timing, debug_bounds.
+    Returns int32 [Qn, K] ids (score desc, id asc, −1 padding), equal to ``dense_topk``;
+    with return_stats=True, (ids, DosaGpuStats).
+    """
+    cp = cupy_or_raise()
+    o = _opts(options)
+    tm = _Timer(o["timing"])
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    q, w = pad_heads(q, w)
+    Qn, Hp, _ = q.shape
+    N = kp.shape[0]
+    mth = Hp // 16
+    st = DosaGpuStats()
+    ids = cp.full((Qn, K), -1, dtype=cp.int32)
+    if Qn == 0 or N == 0:
+        return (ids, st) if o["return_stats"] else ids
+    NW = (N + 31) // 32
+
+    # Prepare: ρ per key (METHOD.md §8).
+    rho = key_rho(kp)
+    tm.mark("prepare")
+
+    # Seeds (METHOD.md §2): anchor pool = union of the exact Top-K of n_anchors queries.
+    na = min(o["n_anchors"], Qn)
+    if na > 0:
+        anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
+        aid = _dense_topk_raw(q[anchors], w[anchors], kp, ksc, K, ks[anchors], ke[anchors])
+        pool = cp.unique(aid[aid >= 0]).astype(cp.int32)
+    else:
+        pool = cp.zeros(0, dtype=cp.int32)
+    poolmask = cp.zeros(NW, dtype=cp.uint32)
+    if pool.size:
+        import cupyx
+
+        cupyx.scatter_add(poolmask, pool >> 5, (cp.uint32(1) << (pool & 31).astype(cp.uint32)))
+    pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
+    plo = cp.searchsorted(pool, ks).astype(cp.int32)
+    phi = cp.searchsorted(pool, ke).astype(cp.int32)
+    scap = o["sinks"] + o["window"] + int(pool.size)
+    scap = max(scap, 1)
+    seed_rec = cp.empty((Qn, scap), dtype=cp.uint64)
+    seed_cnt = cp.zeros(Qn, dtype=cp.uint32)
+    warps = 8
+    gx = (scap + warps * 256 - 1) // (warps * 256)
+    kernel(f"seed_score_mt{mth}")(
+        (gx, Qn),
+        (32 * warps,),
+        (
+            q, w, kp, ksc, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), pool_arg,
+            plo, phi, seed_cnt, seed_rec, np.int64(scap),
+        ),
+    )  # fmt: skip
+    _, kth = select_records(K, seed_rec, seed_cnt, want_ids=False, want_kth=True)
+    tau = cp.empty(Qn, dtype=cp.float32)
+    kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
+    tm.mark("seeds")
+
+    # Plan (METHOD.md §3–§5, §8).
+    r = int(o["r"])
+    mts = 1 if r <= 14 else 2
+    ns = min(o["p_sample"], int(pool.size))
+    sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    plan = build_plans(q, w, kp, sample, r, mts, o["mma_bits"])
+    tm.mark("plan")
+
+    # Screen (METHOD.md §8–§9).
+    surv = cp.empty((Qn, NW), dtype=cp.uint32)
+    err = cp.zeros(Qn, dtype=cp.int32)
+    Uout = cp.full((Qn, N), np.nan) if o["debug_bounds"] else None
+    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
+    kernel(f"screen_mt{mts}")(
+        grid,
+        (256,),
+        (
+            plan.rows, plan.omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out),
+            tau, kp, ksc, rho, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
+            np.int32(Qn), np.int64(N), np.int32(QG), surv, err,
+            Uout if Uout is not None else np.uint64(0),
+        ),
+        shared_mem=TILE_N * ROWB + TILE_N * 8,
+    )  # fmt: skip
+    tm.mark("screen")
+
+    # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3).
+    cap = int(o["buffer"])
+    rec = cp.empty((Qn, cap), dtype=cp.uint64)
+    cnt = cp.zeros(Qn, dtype=cp.uint32)
+    allq = cp.arange(Qn, dtype=cp.int32)
+    _refine(mth, q, w, kp, ksc, tau, ks, ke, allq, N, surv, cnt, rec, cap)
+    over = cnt > cap
+    n_over = int(over.sum())
+    if n_over:
+        oq = cp.flatnonzero(over).astype(cp.int32)
+        cap2 = int(cnt[oq].max())
+        rec2 = cp.empty((Qn, cap2), dtype=cp.uint64)
+        cnt2 = cp.zeros(Qn, dtype=cp.uint32)
+        _refine(mth, q, w, kp, ksc, tau, ks, ke, oq, N, surv, cnt2, rec2, cap2)
+        # rows that overflowed take the extended list; the others keep theirs
+        rec_all = cp.zeros((Qn, max(cap, cap2)), dtype=cp.uint64)
+        rec_all[:, :cap] = rec
+        rec_all[oq, :cap2] = rec2[oq]
+        cnt = cp.where(over, cnt2, cnt)
+        rec = rec_all
+    tm.mark("refine")
+
+    # Exact selection from seed records ∪ compact records (METHOD.md §7, §9).
+    ids, _ = select_records(K, seed_rec, seed_cnt, rec, cnt)
+    tm.mark("select")
+
+    # Query-level recovery (METHOD.md §7 C.3): invalid scales or non-finite plans.
+    bad = (err != 0) | ~plan.valid
+    n_bad = int(bad.sum())
+    if n_bad:
+        bq = cp.flatnonzero(bad)
+        ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
+    tm.mark("recover")
+
+    if o["return_stats"] or o["debug_bounds"]:
+        vis = (ke - ks).astype(cp.int64)
+        st.seeds = cp.asnumpy(seed_cnt).astype(np.int64)
+        st.tau = cp.asnumpy(tau)
+        st.screened = cp.asnumpy(vis) - st.seeds
+        pc = cp.asarray([bin(i).count("1") for i in range(256)], dtype=cp.int64)
+        sv = pc[surv.view(cp.uint8)].reshape(Qn, -1).sum(axis=1)
+        st.survivors = cp.asnumpy(sv)
+        st.kept = cp.asnumpy(cnt).astype(np.int64)
+        st.overflowed = cp.asnumpy(over)
+        st.recovered = cp.asnumpy(bad)
+        st.r = cp.asnumpy(plan.r)
+        st.omitted_positive = cp.asnumpy(plan.omitted_positive)
+        st.aggregated = cp.asnumpy(plan.aggregated)
+        st.stage_ms = dict(tm.ms)
+        st.bounds = Uout
+        return ids, st
+    return ids
+
+
+def _refine(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
+    NW = (N + 31) // 32
+    warps = 8
+    gx = (NW + warps * 256 - 1) // (warps * 256)
+    kernel(f"refine_mt{mth}")(
+        (gx, int(qlist.size)),
+        (32 * warps,),
+        (q, w, kp, ksc, tau, ks, ke, qlist, np.int64(N), surv, cnt, rec, np.int64(cap)),
+    )
+
+
+def dense_scores_for_test(q, w, k_payload, k_scale, ks=None, ke=None):  # pragma: no cover
+    """Canonical logits after the same validation/padding as dosa_topk (tests)."""
+    q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
+    q, w = pad_heads(q, w)
+    return _dense_logits_raw(q, w, kp, ksc, ks, ke)
+
+
+_ = (time, select_rows)

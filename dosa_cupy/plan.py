@@ -1,0 +1,235 @@
+"""Batched screening plans and the numerical certificate constants (METHOD.md §3–§6, §8).
+
+Where it runs: the O(Qn·H²·D) and O(Qn·H·D) array work (activation frequencies, anchor
+Gram matrices, residuals, allowances, aggregates, envelopes) runs on the GPU as CuPy
+float64 array operations batched over the chunk's queries; the per-query choices of R (an
+[Qn, H] sort) and the two FP8 aux rows ([Qn, D] rounding with ``dosa_ref.fp8.e4m3_bits``)
+run on the host with numpy and are uploaded.  Choices (R, anchors, A) only affect
+efficiency; the bound is valid for any of them (METHOD.md §3).
+
+The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
+
+    s^ref_i/α_i ≤ Û_i + ρ_i·C + ε_raw ,   U^num_i = α_i(Û_i + ρ_i C + ε_raw) + ε_out (rounded up)
+    Û_i = fl32( Σ_{j∈R} ω_j [x̂_j]_+ − σ_a [x̂_v0 + x̂_v1]_+ ),  x̂ = MMA dot products
+
+C = √D·(E + ‖J‖₂), E ≥ min(E_P, E_P^joint) (Prop. 1, 3), and J the coordinate envelope
+(§8): aux reconstruction |e_A|, folded-weight rounding Σ_j |w̃_j − ω_j||q̄_j|, the screening
+arithmetic g_scr·(Σ_j|ω_j||q̄_j| + σ_a(|v0|+|v1|)) and the original scorer's arithmetic
+g_ref·Σ_h |w'_h||q̄_h|.  Σ_d J_d|k̄_d| ≤ ‖J‖‖k̄‖ ≤ ‖J‖ ρ√D (Cauchy–Schwarz, ρ√D ≥ ‖k̄‖).
+
+MMA error model (NUMERICS.md, Hopper fp8 mma.sync): products exact; each m16n8k32 step adds
+32 products to the accumulator after aligning all 33 terms to the largest and keeping
+``mma_bits`` bits (truncation), then rounds to fp32.  Per step the error is at most
+33·2^-b·max|term| + u·|result| ≤ (33·2^-b + u)·Σ_{d≤step}|q_d k_d|(1+…), so over the four
+chained steps of D = 128: |x̂ − x| ≤ γ_mma Σ_d |q_d||k_d| with
+γ_mma = 4·(33·2^-b + u)·(1 + 2^-4).  The default b = 13 follows the public bit-accurate
+models (13–14 kept bits); the GPU test measures the observed error against this bound.
+fp32 epilogues: n round-to-nearest operations give γ_n = n·u/(1 − n·u), u = 2^-24.  The
+float64 plan arithmetic (≤ 2^14 operations per quantity, u = 2^-53) is covered by the
+relative allowance μ = 2^-30 of each quantity's magnitude sum.  CuPy compiles with
+-ftz=true: every flushed fp32 result loses < 2^-126, covered by ε_raw / ε_out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dosa_ref.fp8 import e4m3_bits, e4m3_values
+
+from ._build import cupy_or_raise
+from .prepare import D
+
+__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "row_slots"]
+
+U32 = 2.0**-24
+MU = 2.0**-30
+TINY = 2.0**-126
+
+
+def gamma(n: int) -> float:
+    return n * U32 / (1.0 - n * U32)
+
+
+def gamma_mma(bits: int) -> float:
+    return 4.0 * (33.0 * 2.0**-bits + U32) * (1.0 + 2.0**-4)
+
+
+def row_slots(mts: int) -> np.ndarray:
+    """Plan-row slots of retained heads: every row except 7 and 15 of the last tile (the
+    aux rows; lane g = 7 holds both, see screen_impl)."""
+    rows = np.arange(16 * mts)
+    last = 16 * (mts - 1)
+    return rows[(rows != last + 7) & (rows != last + 15)]
+
+
+@dataclass
+class DevicePlan:
+    """Per-query screening plan on the device (Qn queries, MTS row tiles)."""
+
+    mts: int
+    rows: object  # uint8 [Qn, 16·MTS, 128] e4m3 plan rows (retained heads + 2 aux rows)
+    omega: object  # fp32 [Qn, 16·MTS] folded weights ω_j (0 for empty / aux rows)
+    sigma: object  # fp32 [Qn] aux scale σ_a (power of two)
+    C: object  # fp64 [Qn] RMS coefficient, rounded outward
+    eps_raw: object  # fp64 [Qn]
+    eps_out: float
+    valid: object  # bool [Qn]: finite plan (else query-level recovery)
+    r: object  # int [Qn] retained heads
+    omitted_positive: object  # int [Qn] |P|
+    aggregated: object  # int [Qn] |A|
+
+
+def _choose_R(w, qn, p, r, neg_priority="activation"):
+    """Host, vectorized METHOD.md §3 rule (= dosa_ref.plan.choose_retained per query)."""
+    Qn, H = w.shape
+    pos, neg = w > 0, w < 0
+    npos = pos.sum(axis=1, keepdims=True)
+    few = npos <= r
+    prio = np.abs(w) * qn
+    if neg_priority == "activation":
+        prio = prio * np.minimum(p, 1.0 - p)
+    prim = np.where(pos, 2, np.where(neg & few, 1, 0))
+    sec = np.where(pos, np.where(few, 0.0, w * qn), np.where(neg & few, prio, 0.0))
+    idx = np.broadcast_to(np.arange(H), (Qn, H))
+    order = np.lexsort((idx, -sec, -prim), axis=-1)[:, :r]
+    take = np.take_along_axis(prim, order, axis=1) > 0
+    inR = np.zeros((Qn, H), dtype=bool)
+    rr = np.broadcast_to(np.arange(Qn)[:, None], order.shape)
+    inR[rr[take], order[take]] = True
+    return inR
+
+
+def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13, H_real=None):
+    """Batched plans for all queries.
+
+    q: uint8 [Qn, Hp, 128] (heads padded to 16·MT_H), w: fp32 [Qn, Hp]; sample_ids: key ids
+    (device int) for activation frequencies; r ≤ 16·mts − 2 retained heads.
+    """
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    mth = Hp // 16
+    nslot = 16 * mts - 2
+    r = int(min(r, nslot))
+    table = cp.asarray(e4m3_values(np.arange(256, dtype=np.uint8)))
+    qf = table[q]  # float64 [Qn, Hp, D] exact payload values
+    wf = w.astype(cp.float64)
+    qn = cp.sqrt(cp.sum(qf * qf, axis=2))
+    if sample_ids is not None and int(sample_ids.size) > 0:
+        ksmp = table[k_payload[sample_ids]].astype(cp.float32)
+        x = cp.einsum("thd,sd->ths", qf.astype(cp.float32), ksmp)
+        p = cp.mean(x > 0, axis=2)
+        del x
+    else:
+        p = cp.full((Qn, Hp), 0.5)
+    w_h, qn_h, p_h = cp.asnumpy(wf), cp.asnumpy(qn), cp.asnumpy(p)
+    inR_h = _choose_R(w_h, qn_h, p_h, r)
+    P_h = (w_h > 0) & ~inR_h
+    Nn_h = (w_h < 0) & ~inR_h
+    A_h = Nn_h & (p_h >= 0.5)
+    inR, P, A = cp.asarray(inR_h), cp.asarray(P_h), cp.asarray(A_h)
+
+    # Anchor projection (Prop. 1): j* = argmax_{j∈R} [q_h·q_j]_+/‖q_j‖, β = [q_h·q_j*]_+/‖q_j*‖².
+    G = cp.einsum("thd,tjd->thj", qf, qf)
+    Gp = cp.maximum(G, 0.0)
+    safe = cp.where(qn > 0, qn, 1.0)
+    ratio = cp.where(inR[:, None, :] & (qn[:, None, :] > 0), Gp / safe[:, None, :], -1.0)
+    jstar = cp.argmax(ratio, axis=2)  # [Qn, Hp]
+    rmax = cp.take_along_axis(ratio, jstar[:, :, None], axis=2)[:, :, 0]
+    use = P & (rmax > 0)
+    qj = cp.take_along_axis(qn, jstar, axis=1)
+    gj = cp.take_along_axis(Gp, jstar[:, :, None], axis=2)[:, :, 0]
+    beta = cp.where(use, gj / (cp.where(qj > 0, qj, 1.0) ** 2), 0.0)
+    qjs = cp.take_along_axis(qf, jstar[:, :, None].repeat(D, axis=2), axis=1)
+    d = cp.where(P[:, :, None], qf - beta[:, :, None] * qjs, 0.0)
+    wp = cp.where(P, wf, 0.0)
+    fold = cp.zeros((Qn, Hp))
+    onehot = (jstar[:, :, None] == cp.arange(Hp)[None, None, :]) & use[:, :, None]
+    fold = cp.einsum("th,thj->tj", wp * beta, onehot.astype(cp.float64))
+    wt = wf + fold  # w̃ (float64)
+    dn = cp.sqrt(cp.sum(d * d, axis=2))
+    E_tri = cp.sum(wp * dn, axis=1)
+    u = wp[:, :, None] * d
+    usum = cp.sqrt(cp.sum(cp.sum(u, axis=1) ** 2, axis=1))
+    ugram = cp.sum(cp.abs(cp.einsum("thd,tld->thl", u, u)), axis=(1, 2))
+    E_joint = 0.5 * (usum + cp.sqrt(ugram))
+    mplan = cp.sum(wp * (qn + beta * qj), axis=1)
+    E = cp.minimum(E_tri, E_joint) * (1 + MU) + MU * mplan
+
+    # Negative aggregate (Prop. 2) and its two FP8 aux rows (METHOD.md §8).
+    wa = cp.where(A, cp.abs(wf), 0.0)
+    aA = cp.einsum("th,thd->td", wa, qf)
+    amag = cp.einsum("th,thd->td", wa, cp.abs(qf))
+    aA_h = cp.asnumpy(aA)
+    amax = np.max(np.abs(aA_h), axis=1)
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(np.where(amax > 0, amax / 448.0, 1.0)))
+    sig = np.ldexp(1.0, e.astype(np.int64))
+    while True:  # make sure a/σ ≤ 448 exactly (log2 rounding)
+        over = amax / sig > 448.0
+        if not over.any():
+            break
+        sig[over] *= 2.0
+    z = aA_h / sig[:, None]
+    v0 = e4m3_bits(z)
+    r1 = z - e4m3_values(v0)
+    v1 = e4m3_bits(r1)
+    eA = (r1 - e4m3_values(v1)) * sig[:, None]
+    v0f, v1f = e4m3_values(v0), e4m3_values(v1)
+
+    # Plan rows and folded weights.
+    slots = row_slots(mts)
+    rows = np.zeros((Qn, 16 * mts, D), dtype=np.uint8)
+    omega = np.zeros((Qn, 16 * mts), dtype=np.float32)
+    wt_h = cp.asnumpy(wt)
+    heads_idx = np.argsort(~inR_h, axis=1, kind="stable")[:, :nslot]  # R heads first, by index
+    nR = inR_h.sum(axis=1)
+    q_h = cp.asnumpy(q)
+    tt = np.arange(Qn)
+    for s_i in range(nslot):
+        have = s_i < nR
+        h = heads_idx[:, s_i]
+        rows[tt[have], slots[s_i]] = q_h[tt[have], h[have]]
+        omega[tt[have], slots[s_i]] = wt_h[tt[have], h[have]].astype(np.float32)
+    last = 16 * (mts - 1)
+    rows[:, last + 7] = v0
+    rows[:, last + 15] = v1
+    omega[:, last + 7] = 0.0
+    omega[:, last + 15] = 0.0
+
+    # Coordinate envelope J (payload units) and C.
+    om_full = np.zeros((Qn, Hp))
+    om_full[inR_h] = wt_h[inR_h].astype(np.float32).astype(np.float64)
+    om_d = cp.asarray(om_full)
+    dom = cp.abs(wt - om_d) + MU * (cp.abs(wf) + fold)
+    absq = cp.abs(qf)
+    Rm = inR.astype(cp.float64)
+    J = cp.asarray(np.abs(eA)) + MU * amag
+    J += cp.einsum("th,thd->td", dom * Rm, absq)
+    gm = gamma_mma(mma_bits)
+    g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
+    g_ref = gm + gamma(2 * mth + 5) * (1 + gm)
+    sig_d = cp.asarray(sig)
+    J += g_scr * (
+        cp.einsum("th,thd->td", cp.abs(om_d) * Rm, absq)
+        + sig_d[:, None] * cp.asarray(np.abs(v0f) + np.abs(v1f))
+    )
+    J += g_ref * cp.einsum("th,thd->td", cp.abs(wf), absq)
+    Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
+    C = np.sqrt(D) * (E + Jn) * (1 + MU)
+    eps_raw = cp.full(Qn, (2 * mth + 2 * mts + 16) * TINY)
+    valid = cp.isfinite(C) & cp.asarray(np.isfinite(sig))
+    return DevicePlan(
+        mts=mts,
+        rows=cp.asarray(rows),
+        omega=cp.asarray(omega),
+        sigma=cp.asarray(sig.astype(np.float32)),
+        C=cp.ascontiguousarray(C),
+        eps_raw=eps_raw,
+        eps_out=TINY,
+        valid=valid,
+        r=cp.asarray(nR),
+        omitted_positive=cp.asarray(P_h.sum(axis=1)),
+        aggregated=cp.asarray(A_h.sum(axis=1)),
+    )

@@ -1,0 +1,168 @@
+"""Inputs and the prepare stage (METHOD.md §8): device arrays from CuPy or any DLPack
+tensor, validation (ValueError naming the argument), GPU key quantization bit-identical
+to ``dosa_ref.fp8.quantize_keys``, and the conservative RMS summary ρ per key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel
+
+__all__ = ["D", "as_device", "check_inputs", "key_rho", "pad_heads", "quantize_keys"]
+
+D = 128  # head dimension of the kernels (DSA indexers: D = 128)
+
+
+def as_device(x, name: str, dtype=None):
+    """CuPy view of ``x`` (CuPy array, DLPack tensor such as torch, or host array).
+
+    torch fp8 tensors are viewed as uint8 bit patterns first (no copy); numpy ml_dtypes
+    fp8 arrays likewise.  ``dtype``: the required dtype (ValueError otherwise).
+    """
+    cp = cupy_or_raise()
+    if x is None:
+        raise ValueError(f"{name}: missing")
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if "float8" in str(x.dtype):
+            x = x.view(__import__("torch").uint8)
+        x = cp.from_dlpack(x)
+    elif isinstance(x, cp.ndarray):
+        pass
+    elif (
+        hasattr(x, "__cuda_array_interface__")
+        or hasattr(x, "__dlpack__")
+        and not isinstance(x, np.ndarray)
+    ):
+        x = cp.from_dlpack(x) if hasattr(x, "__dlpack__") else cp.asarray(x)
+    else:
+        a = np.asarray(x)
+        if a.dtype.kind == "V" or "float8" in str(a.dtype):
+            a = a.view(np.uint8)
+        x = cp.asarray(a)
+    if dtype is not None and x.dtype != np.dtype(dtype):
+        raise ValueError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype}")
+    return x
+
+
+def check_inputs(q, w, k_payload, k_scale, K, ks, ke):
+    """Validate and convert the DeepGEMM/SGLang layout; returns contiguous CuPy arrays.
+
+    q: e4m3 payload [Qn, H, D] (uint8 bits or an fp8 tensor); w: fp32 [Qn, H] (query scale
+    folded in); k_payload: e4m3 [N, D]; k_scale: fp32 [N]; ks/ke: int32 [Qn] (default: all
+    keys visible).  Invalid key *scales* are not rejected here: they trigger query-level
+    recovery (METHOD.md §7 C.3).  NaN payload codes and non-finite weights are rejected.
+    """
+    cp = cupy_or_raise()
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise ValueError(f"K: expected a positive integer, got {K!r}")
+    if K > 4096:
+        raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
+    q = cp.ascontiguousarray(as_device(q, "q", np.uint8))
+    w = as_device(w, "w")
+    if w.dtype != np.float32:
+        raise ValueError(f"w: expected dtype float32, got {w.dtype}")
+    w = cp.ascontiguousarray(w)
+    kp = cp.ascontiguousarray(as_device(k_payload, "k_payload", np.uint8))
+    ksc = as_device(k_scale, "k_scale")
+    if ksc.dtype != np.float32:
+        raise ValueError(f"k_scale: expected dtype float32, got {ksc.dtype}")
+    ksc = cp.ascontiguousarray(ksc)
+    if q.ndim != 3 or q.shape[2] != D:
+        raise ValueError(f"q: expected shape [Qn, H, {D}], got {tuple(q.shape)}")
+    Qn, H, _ = q.shape
+    if H < 1 or H > 64:
+        raise ValueError(f"q: need 1 <= H <= 64 heads, got {H}")
+    if w.shape != (Qn, H):
+        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {tuple(w.shape)}")
+    if kp.ndim != 2 or kp.shape[1] != D:
+        raise ValueError(f"k_payload: expected shape [N, {D}], got {tuple(kp.shape)}")
+    N = kp.shape[0]
+    if N >= 2**31 - 64:
+        raise ValueError(f"k_payload: N={N} too large for int32 key ids")
+    if ksc.shape != (N,):
+        raise ValueError(f"k_scale: expected shape ({N},), got {tuple(ksc.shape)}")
+    if bool(cp.any((q & 0x7F) == 0x7F)):
+        raise ValueError("q: contains e4m3 NaN codes")
+    if bool(cp.any((kp & 0x7F) == 0x7F)):
+        raise ValueError("k_payload: contains e4m3 NaN codes")
+    if not bool(cp.all(cp.isfinite(w))):
+        raise ValueError("w: contains non-finite values (nan or inf)")
+    out = []
+    for name, v, default in (("ks", ks, 0), ("ke", ke, N)):
+        if v is None:
+            out.append(cp.full(Qn, default, dtype=cp.int32))
+            continue
+        a = as_device(v, name)
+        if a.dtype.kind not in "iu":
+            raise ValueError(f"{name}: expected integer indices, got dtype {a.dtype}")
+        if a.shape != (Qn,):
+            raise ValueError(f"{name}: expected shape ({Qn},), got {tuple(a.shape)}")
+        if Qn and (bool(cp.any(a < 0)) or bool(cp.any(a > N))):
+            raise ValueError(f"{name}: entries must lie in [0, N={N}]")
+        out.append(cp.ascontiguousarray(a.astype(cp.int32)))
+    ks_, ke_ = out
+    if Qn and bool(cp.any(ks_ > ke_)):
+        t = int(cp.argmax(ks_ > ke_))
+        raise ValueError(f"ks: ks[{t}] > ke[{t}]")
+    return q, w, kp, ksc, int(K), ks_, ke_
+
+
+def pad_heads(q, w):
+    """Pad heads to a multiple of 16 with zero payload and zero weight (adds exact +0
+    terms to the head sum, so scores are those of the padded problem on every route)."""
+    cp = cupy_or_raise()
+    Qn, H, _ = q.shape
+    Hp = -(-H // 16) * 16
+    if Hp == H:
+        return q, w
+    qp = cp.zeros((Qn, Hp, D), dtype=cp.uint8)
+    qp[:, :H] = q
+    wp = cp.zeros((Qn, Hp), dtype=cp.float32)
+    wp[:, :H] = w
+    return qp, wp
+
+
+def _launch_tokens(name, N, *args):
+    if N == 0:
+        return
+    warps = 8
+    kernel(name)(((N + warps - 1) // warps,), (32 * warps,), args)
+
+
+def quantize_keys(k, scale_fmt: str = "amax"):
+    """GPU quantization of keys [N, 128] → (payload uint8 [N, 128], scale fp32 [N], ρ fp32 [N]).
+
+    Bit-identical to ``dosa_ref.fp8.quantize_keys`` (tests/test_gpu.py), ρ ≥ ‖k̄‖/√D.
+    """
+    cp = cupy_or_raise()
+    fmts = {"amax": 0, "ue8m0": 1}
+    if scale_fmt not in fmts:
+        raise ValueError(f"scale_fmt: expected one of {tuple(fmts)}, got {scale_fmt!r}")
+    k = as_device(k, "k")
+    if k.ndim != 2 or k.shape[1] != D:
+        raise ValueError(f"k: expected shape [N, {D}], got {tuple(k.shape)}")
+    if k.dtype.kind != "f":
+        raise ValueError(f"k: expected a float array, got dtype {k.dtype}")
+    k = cp.ascontiguousarray(k.astype(cp.float32))
+    if not bool(cp.all(cp.isfinite(k))):
+        raise ValueError("k: contains non-finite values (nan or inf)")
+    N = k.shape[0]
+    payload = cp.empty((N, D), dtype=cp.uint8)
+    scale = cp.empty(N, dtype=cp.float32)
+    rho = cp.empty(N, dtype=cp.float32)
+    _launch_tokens(
+        "quantize_keys_kernel", N, k, np.int64(N), np.int32(fmts[scale_fmt]), payload, scale, rho
+    )
+    return payload, scale, rho
+
+
+def key_rho(k_payload):
+    """ρ_i (fp32, rounded up) with ρ_i·√D ≥ ‖k̄_i‖ for e4m3 payloads [N, 128]."""
+    cp = cupy_or_raise()
+    kp = cp.ascontiguousarray(as_device(k_payload, "k_payload", np.uint8))
+    N = kp.shape[0]
+    rho = cp.empty(N, dtype=cp.float32)
+    _launch_tokens("key_rho_kernel", N, kp, np.int64(N), rho)
+    return rho

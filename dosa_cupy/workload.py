@@ -1,0 +1,78 @@
+"""GPU-side synthetic workloads in the DeepGEMM/SGLang layout (for tests and ``dosa bench``
+when ``dosa_ref.workloads`` is not given a regime it knows).
+
+Regimes (all causal prefill chunks: query t of the chunk sees keys [0, N − Qn + t + 1)):
+  gaussian    i.i.d. N(0, 1) queries and keys, weights N(0, 1) (hard: light tails).
+  structured  keys share a few "topic" directions with heavy-tailed loadings and queries
+              mostly point at one topic; ~75% of head weights positive (DSA-like).
+  ties        structured, but keys repeat a small pool of 64 distinct vectors.
+  equal       every key identical (every visible score equal).
+  adversarial structured keys plus a wide-dynamic-range coordinate pattern (one huge
+              coordinate, many tiny ones) that stresses the MMA accumulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._build import cupy_or_raise
+from .prepare import D, quantize_keys
+
+__all__ = ["REGIMES", "make_gpu_workload", "quantize_queries"]
+
+REGIMES = ("gaussian", "structured", "ties", "equal", "adversarial")
+
+
+def quantize_queries(qf, w):
+    """e4m3 queries per (token, head) with the scale folded into w (= dosa_ref.fp8)."""
+    cp = cupy_or_raise()
+    Qn, H, _ = qf.shape
+    payload, scale, _ = quantize_keys(qf.reshape(Qn * H, D))
+    wq = (w.astype(cp.float32) * scale.reshape(Qn, H)).astype(cp.float32)
+    return payload.reshape(Qn, H, D), wq
+
+
+def make_gpu_workload(regime, Qn, N, H, seed=0, causal=True, scale_fmt="amax"):
+    """Returns dict(q, w, k_payload, k_scale, ks, ke, kf, qf, wf) on the device."""
+    cp = cupy_or_raise()
+    if regime not in REGIMES:
+        raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+    rs = cp.random.RandomState(seed)
+    T = 8
+    topics = rs.standard_normal((T, D), dtype=cp.float32)
+    topics /= cp.linalg.norm(topics, axis=1, keepdims=True)
+    if regime == "gaussian":
+        kf = rs.standard_normal((N, D), dtype=cp.float32)
+        qf = rs.standard_normal((Qn, H, D), dtype=cp.float32)
+        wf = rs.standard_normal((Qn, H), dtype=cp.float32)
+    else:
+        nk = N if regime in ("structured", "adversarial") else 64
+        z = rs.standard_normal((nk, D), dtype=cp.float32)
+        load = rs.exponential(1.0, (nk, T)).astype(cp.float32) ** 2
+        load *= (rs.random_sample((nk, T)) < 0.3).astype(cp.float32)
+        kf = z + 1.5 * load @ topics
+        if regime == "adversarial":
+            big = rs.randint(0, D, nk)
+            kf *= 1e-3
+            kf[cp.arange(nk), big] = 30.0 * (1 + rs.random_sample(nk, dtype=cp.float32))
+        if regime == "ties":
+            kf = kf[rs.randint(0, nk, N)]
+        if regime == "equal":
+            kf = cp.broadcast_to(kf[:1], (N, D)).copy()
+        tq = rs.randint(0, T, Qn)
+        qf = 0.6 * rs.standard_normal((Qn, H, D), dtype=cp.float32)
+        qf += (rs.random_sample((Qn, H, 1), dtype=cp.float32) + 0.2) * topics[tq][:, None, :] * 3
+        sign = cp.where(rs.random_sample((Qn, H)) < 0.75, 1.0, -1.0).astype(cp.float32)
+        wf = sign * (0.2 + rs.random_sample((Qn, H), dtype=cp.float32))
+    kp, ksc, _ = quantize_keys(kf, scale_fmt)
+    q, w = quantize_queries(qf, wf)
+    if causal:
+        ke = cp.arange(N - Qn + 1, N + 1, dtype=cp.int32).clip(0, N)
+        ks = cp.zeros(Qn, dtype=cp.int32)
+    else:
+        ks = cp.zeros(Qn, dtype=cp.int32)
+        ke = cp.full(Qn, N, dtype=cp.int32)
+    return dict(q=q, w=w, k_payload=kp, k_scale=ksc, ks=ks, ke=ke, kf=kf, qf=qf, wf=wf)
+
+
+_ = np
