@@ -8,7 +8,7 @@ date -u | tee "$OUT/log"; git log -1 --format=%H 2>/dev/null | tee -a "$OUT/log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | tee -a "$OUT/log"
 python3 -c "import cupy; print('cupy', cupy.__version__)" | tee -a "$OUT/log"
 if [ -n "$1" ]; then
-  timeout 300 python3 -m pytest -q -s -x tests/test_gpu.py -k "$1" 2>&1 | tee "$OUT/pytest.log" | tail -60
+  timeout 300 python3 -m pytest -q -s tests/test_gpu.py -k "$1" 2>&1 | tee "$OUT/pytest.log" | tail -60
 fi
 if [ -n "$SANITIZE" ]; then
   timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
