@@ -18,7 +18,12 @@
 // butterfly over lanes xor 4, 8, 16 (commutative, so all 8 lanes hold the same bits);
 // finally one fp32 multiply by α.
 #pragma once
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned int uint32_t;
+#else
 #include <stdint.h>
+#endif
 
 #define DOSA_D 128
 

@@ -378,7 +378,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
             const double uh = (double)(v ? a1 : a0);
             double U = __dadd_ru(__dadd_ru(uh, __dmul_ru((double)sr[i], C)), er);
             U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
-            if (vis && !(al >= 0.f && al < INFINITY)) bad = true;
+            if (vis && !(al >= 0.f && al < __int_as_float(0x7f800000))) bad = true;
             if (Uout && vis) Uout[(long long)t * N + key] = U;
             const bool seed = key < s_hi || key >= loc_lo || ((pm >> (i & 31)) & 1u);
             p[v] = vis && !seed && !(U < (double)tq);
