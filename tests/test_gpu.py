@@ -223,3 +223,42 @@ def test_bad_input_raises():
         dosa_cupy.dosa_topk(*bad)
     with pytest.raises(ValueError, match="window"):
         dosa_cupy.dosa_topk(*args, window=-1)
+
+
+def test_mma_crafted_worst_case():
+    """Crafted wide-dynamic-range dots (NUMERICS.md): one large product per MMA step (or a
+    large accumulator) beside 31 tiny same-sign products.  The observed error must stay
+    within the W = 13 model (plan.gamma_mma); the ratio to a W = 17 model is printed too."""
+    rs = np.random.default_rng(0)
+    N, D = 8192, 128
+    k = np.full((N, D), 0, dtype=np.uint8)
+    tiny_codes = rs.integers(1, 8, (N, D)).astype(np.uint8)  # 2^-9 .. 7·2^-9 (subnormal)
+    k[:] = tiny_codes
+    big = rs.integers(0x70, 0x7F, (N, 4)).astype(np.uint8)  # 128 .. 448
+    pattern = rs.integers(0, 3, N)
+    for s in range(4):
+        # pattern 0: one big term in every step; 1: big only in step 0 (large accumulator);
+        # 2: big in the last step only
+        on = (pattern == 0) | ((pattern == 1) & (s == 0)) | ((pattern == 2) & (s == 3))
+        k[on, 8 * s] = big[on, s]
+    q = np.zeros((1, 16, D), dtype=np.uint8)
+    q[0, :] = rs.integers(0x30, 0x48, (16, D)).astype(np.uint8)  # 0.5 .. 4
+    w = np.zeros((1, 16), dtype=np.float32)
+    w[0, 0] = 1.0
+    lg = cp.asnumpy(
+        dosa_cupy.dense_logits(
+            cp.asarray(q), cp.asarray(w), cp.asarray(k), cp.ones(N, dtype=cp.float32)
+        )
+    )[0]
+    qv, kv = e4m3_values(q[0, 0]), e4m3_values(k)
+    exact = kv @ qv  # products exact, float64 sum exact at these magnitudes
+    mass = np.abs(kv) @ np.abs(qv)
+    err = np.abs(lg.astype(np.float64) - exact)
+    r13 = float(np.max(err / (gamma_mma(13) * mass)))
+    r17 = float(np.max(err / (gamma_mma(17) * mass)))
+    print(
+        f"\n[mma-crafted] max err/mass = {float(np.max(err / mass)):.3e} "
+        f"(2^{np.log2(max(float(np.max(err / mass)), 1e-300)):.1f}); err/bound W=13: {r13:.3e}, "
+        f"W=17: {r17:.3e}; nonzero errors: {int(np.sum(err > 0))}/{N}"
+    )
+    assert np.all(err <= gamma_mma(13) * mass)
