@@ -1266,3 +1266,46 @@ def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
 
 
 __all__ += ["DEFAULT_MODEL", "default_plan", "topk_check", "topk_of"]
+
+
+def simulate_screen(fplan: FP8ScreenPlan, kbar: np.ndarray, arith: Arithmetic | None = None):
+    """Û for payload rows ``kbar`` [n, D] computed the way a GPU kernel following
+    ``arith`` (default: the plan's screening model) may: ``simulate_dot`` for each row,
+    then an fp32 round-to-nearest epilogue in a fixed order.  float64 [n]."""
+    arith = arith or fplan.model.screen
+    f32 = np.float32
+    qv = e4m3_values(fplan.q_payload)
+    pv = e4m3_values(fplan.aux_payload)
+    acc = np.zeros(kbar.shape[0], dtype=f32)
+    for j in range(fplan.r):
+        x = simulate_dot(qv[j], kbar, arith).astype(f32)
+        v = np.abs(x) if fplan.form == "abs" else np.maximum(x, f32(0))
+        acc = (acc + (f32(fplan.omega[j]) * v).astype(f32)).astype(f32)
+    y0 = simulate_dot(pv[0], kbar, arith).astype(f32)
+    y1 = simulate_dot(pv[1], kbar, arith).astype(f32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = ((f32(fplan.aux_scale[0]) * y0).astype(f32) + (f32(fplan.aux_scale[1]) * y1)).astype(
+            f32
+        )
+    if fplan.form == "base":
+        z = np.maximum(z, f32(0))
+    return (acc - z).astype(f32).astype(np.float64)
+
+
+def simulate_scorer(q_t, w_t, kbar, alpha, arith: Arithmetic | None = None):
+    """The original score of FP8 keys computed like a GPU dense kernel following
+    ``arith`` (default: the Hopper model): per head ``simulate_dot`` in payload units,
+    × α, ReLU, × w_h, summed over heads in fp32.  ``q_t`` must be e4m3-valued (exact
+    products).  float64 [n]."""
+    arith = arith or DEFAULT_MODEL.scorer
+    f32 = np.float32
+    al = np.asarray(alpha, dtype=f32)
+    s = np.zeros(kbar.shape[0], dtype=f32)
+    for h in range(q_t.shape[0]):
+        x = simulate_dot(q_t[h], kbar, arith).astype(f32)
+        y = np.maximum((al * x).astype(f32), f32(0))
+        s = (s + (f32(w_t[h]) * y).astype(f32)).astype(f32)
+    return s.astype(np.float64)
+
+
+__all__ += ["simulate_scorer", "simulate_screen"]

@@ -1,0 +1,807 @@
+"""Guard audit (METHOD.md §8): does U^num dominate the worst-case computed score that the
+error model allows, for every (query, key)?
+
+For each pair the *dominance margin* is
+
+    m = α(Ŝ − err_scr + ρC + ε_raw) + ε_out − (s + err_ref)
+
+with Ŝ the exact screening value of the stored FP8 rows, s the exact original score, and
+err_scr / err_ref the error model's worst-case screening / scorer errors *for this pair*
+(computed from the pair's own |q||k̄| sums, not from the envelope J, the Cauchy–Schwarz
+step or the summary ρ that the guard uses).  m ≥ 0 means: whatever the screening kernel
+and the scorer compute within the model, the rounded-up U^num is ≥ the computed score.
+Two independent evaluations:
+
+  * interval arithmetic on all visible pairs (vectorized numpy, every operation widened
+    outward, BLAS bounded with γ_n): a rigorous lower bound of m;
+  * exact rational arithmetic (``fractions.Fraction``; FP8 and fp32 values are dyadic, so
+    it is exact, with its own implementation of the model's coefficients) on a random
+    sample and on every pair whose interval margin is small.
+
+A pair with exact m < 0 is a violation: its inputs (query, keys, stored plan, model) are
+written to ``violation_q{t}.npz``; ``audit_replay(path)`` re-checks it, once with the
+stored plan and once with a plan rebuilt by the current code.
+
+Also reported: the guard's cost (survival with vs without its allowances, at the seed τ of
+an ``fp8_topk`` run and at the exact K-th score τ*), the slack decomposition of
+U^num − s^ref (Prop. 6 components + the guard's parts), JSON + markdown, and a PNG of the
+margin and slack distributions (if matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from fractions import Fraction
+
+import numpy as np
+
+from .certificate import slack as cert_slack
+from .certificate import upper_bound
+from .fp8 import dequantize, e4m3_values, key_rms, quantize_keys
+from .numeric import (
+    ErrorModel,
+    FP8ScreenPlan,
+    add_down,
+    build_fp8_plan,
+    default_plan,
+    fp8_topk,
+    matmul_abs_up,
+    matmul_enclose,
+    mul_down,
+    mul_up,
+    screen_bound,
+    screen_values,
+    sub_down,
+)
+from .plan import PlanOptions, build_plan
+from .scorer import score_keys, topk_of
+
+__all__ = ["audit", "audit_replay", "exact_margin", "main", "model_coefficients_exact"]
+
+# --------------------------------------------------------------------------------------
+# Exact (rational) side: an independent implementation of the model's coefficients.
+# --------------------------------------------------------------------------------------
+
+_UNIT_EXACT = {
+    "ieee_fp32_rn": Fraction(1, 2**24),
+    "ieee_fp64_rn": Fraction(1, 2**53),
+    "exact": Fraction(0),
+}
+_CPU64 = {
+    "accumulator": "ieee_fp64_rn",
+    "epilogue": "ieee_fp64_rn",
+    "underflow": 2.0**-1074,
+    "exact_products": False,
+    "dot_length": None,
+    "kept_bits": 13,
+    "k_step": 32,
+}
+
+
+def _gamma(n: int, u: Fraction) -> Fraction:
+    nu = n * u
+    if nu >= 1:
+        return Fraction(10**30)
+    return nu / (1 - nu)
+
+
+def _dot_gamma(a: dict, n: int) -> Fraction:
+    acc = a["accumulator"]
+    if acc == "exact":
+        return Fraction(0)
+    if acc == "truncating":
+        k, W = int(a["k_step"]), int(a["kept_bits"])
+        uf = Fraction(1, 2**23)
+        theta = (k + 1) * Fraction(1, 2**W) * (1 + uf) + uf
+        S = -(-n // k)
+        g = S * theta / (1 - S * theta) if S * theta < 1 else Fraction(10**30)
+        if not a["exact_products"]:
+            g = (1 + g) * (1 + uf) - 1
+        return g
+    return _gamma(n + (0 if a["exact_products"] else 1), _UNIT_EXACT[acc])
+
+
+def model_coefficients_exact(model: ErrorModel, D: int, H: int, r: int) -> dict:
+    """Exact Fractions of the model's per-pair worst-case error coefficients (the model
+    joined with the CPU's float64 arithmetic, as ``numeric`` does):
+
+    screen: |Û − Ŝ| ≤ eps_s·(Σ_j|ω_j|X̂_j + Σ_m σ_m Y_m) + dabs_s·(Σ|ω| + Σσ) + eabs_s
+    scorer: |s^ref − s| ≤ α(eps_r Σ_h|w_h|X_h + dabs_r Σ|w|) + eabs_r·(Σ|w| + 2H + 1)
+    """
+    out = {}
+    for part, m_e in (("screen", r + 3), ("scorer", H + 2)):
+        cands = []
+        for a in (getattr(model, part).to_dict(), _CPU64):
+            n = D if a["dot_length"] is None else int(a["dot_length"])
+            g = _dot_gamma(a, n)
+            ge = _gamma(m_e, _UNIT_EXACT[a["epilogue"]])
+            eps = (1 + g) * (1 + ge) - 1
+            mu = Fraction(a["underflow"])
+            dabs = 2 * n * mu * (1 + g) * (1 + ge)
+            if part == "screen":
+                eabs = (2 * r + 4) * mu * (1 + ge)
+            elif a is _CPU64:
+                dabs, eabs = Fraction(0), (2 * n + 2) * mu * (1 + ge)
+            else:
+                eabs = mu * (1 + ge)
+            cands.append((eps, dabs, eabs))
+        out[part] = tuple(max(x, y) for x, y in zip(*cands, strict=True))
+    return out
+
+
+def _F(x) -> Fraction:
+    return Fraction(float(x))
+
+
+def _int_vec(v: np.ndarray) -> tuple[list[int], int]:
+    """Exact (ints, e) with v = ints · 2^e (float64 vector)."""
+    v = np.asarray(v, dtype=np.float64)
+    m, e = np.frexp(v)
+    mi = np.ldexp(m, 53).astype(np.int64)  # exact 53-bit mantissas
+    e = e.astype(np.int64) - 53
+    nz = mi != 0
+    emin = int(e[nz].min()) if nz.any() else 0
+    return [int(a) << int(b - emin) if a else 0 for a, b in zip(mi, e, strict=True)], emin
+
+
+def _dot_exact(a_int, ea, b_int, eb) -> Fraction:
+    s = sum(x * y for x, y in zip(a_int, b_int, strict=True))
+    e = ea + eb
+    return Fraction(s * 2**e) if e >= 0 else Fraction(s, 2 ** (-e))
+
+
+def exact_margin(
+    fplan: FP8ScreenPlan | dict,
+    q_t: np.ndarray,
+    w_t: np.ndarray,
+    kbar: np.ndarray,
+    alpha: float,
+    rho: float,
+    model: ErrorModel,
+    U_computed: float | None = None,
+    s_computed: float | None = None,
+) -> dict:
+    """Exact dominance margin of one pair (Fractions).  ``fplan`` is an FP8ScreenPlan or
+    its ``kernel_arrays()``.  Returns {"margin": Fraction, "scale": Fraction, and, when
+    ``U_computed``/``s_computed`` are given, "computed_margin" = U_computed − s_computed}.
+    """
+    ka = fplan.kernel_arrays() if isinstance(fplan, FP8ScreenPlan) else fplan
+    H, D = q_t.shape
+    r = int(np.asarray(ka["R"]).shape[0])
+    co = model_coefficients_exact(model, D, H, r)
+    a = _F(alpha)
+    kb = np.asarray(kbar, dtype=np.float64)
+    k_int = [int(x) for x in np.round(kb * 512).astype(np.int64)]  # e4m3 = n·2^-9
+    k_abs = [abs(x) for x in k_int]
+    # Exact original score and the scorer's worst case.
+    s_bar = Fraction(0)
+    sum_wX = Fraction(0)
+    sum_w = Fraction(0)
+    scale = Fraction(0)
+    knorm = math.sqrt(float(np.sum(kb * kb)))
+    for h in range(H):
+        qi, eq = _int_vec(q_t[h])
+        wh = _F(w_t[h])
+        x = _dot_exact(qi, eq, k_int, -9)
+        if x > 0:
+            s_bar += wh * x
+        X = _dot_exact([abs(v) for v in qi], eq, k_abs, -9)
+        sum_wX += abs(wh) * X
+        sum_w += abs(wh)
+        scale += abs(wh) * _F(np.linalg.norm(q_t[h]) * knorm)
+    eps_r, dabs_r, eabs_r = co["scorer"]
+    s = a * s_bar
+    err_ref = a * (eps_r * sum_wX + dabs_r * sum_w) + eabs_r * (sum_w + 2 * H + 1)
+    # Exact screening value of the stored rows and the screening worst case.
+    qv = e4m3_values(np.asarray(ka["q_payload"]))
+    pv = e4m3_values(np.asarray(ka["aux_payload"]))
+    qi_all = np.round(qv * 512).astype(np.int64)
+    pi_all = np.round(pv * 512).astype(np.int64)
+    kv = np.asarray(k_int, dtype=np.int64)
+    S = Fraction(0)
+    M = Fraction(0)
+    W1 = Fraction(0)
+    base = ka["form"] == "base"
+    om = np.asarray(ka["omega"], dtype=np.float64)
+    for j in range(r):
+        x = Fraction(int(qi_all[j] @ kv), 2**18)
+        X = Fraction(int(np.abs(qi_all[j]) @ np.abs(kv)), 2**18)
+        oj = _F(om[j])
+        S += oj * (max(x, Fraction(0)) if base else abs(x))
+        M += abs(oj) * X
+        W1 += abs(oj)
+    z = Fraction(0)
+    for m in range(2):
+        sg = _F(np.asarray(ka["aux_scale"])[m])
+        y = Fraction(int(pi_all[m] @ kv), 2**18)
+        Y = Fraction(int(np.abs(pi_all[m]) @ np.abs(kv)), 2**18)
+        z += sg * y
+        M += sg * Y
+        W1 += sg
+    S -= max(z, Fraction(0)) if base else z
+    eps_s, dabs_s, eabs_s = co["screen"]
+    err_scr = eps_s * M + dabs_s * W1 + eabs_s
+    U_lo = a * (S - err_scr + _F(rho) * _F(ka["C"]) + _F(ka["eps_raw"])) + _F(ka["eps_out"])
+    out = {"margin": U_lo - (s + err_ref), "scale": a * scale, "s": s, "U_lo": U_lo}
+    if U_computed is not None and s_computed is not None:
+        out["computed_margin"] = _F(U_computed) - _F(s_computed)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Interval side: rigorous lower bounds of the margin for all pairs of one query.
+# --------------------------------------------------------------------------------------
+
+
+def _matmul_abs_down(A, B):
+    n = A.shape[-1]
+    from .numeric import gamma_up
+
+    g = gamma_up(max(n, 1), 2.0**-53)
+    p = A @ B
+    return np.maximum(mul_down(sub_down(p, n * 2.0**-1073), 1.0 - 2.0 * g), 0.0)
+
+
+def interval_margins(fplan: FP8ScreenPlan, q_t, w_t, kbar, alpha, rho, model) -> dict:
+    """Rigorous lower bounds of the dominance margin for keys ``kbar`` [n, D] (float64
+    [n]), plus the pair scale α Σ_h|w_h|‖q_h‖‖k̄‖ (float64 [n])."""
+    H, D = q_t.shape
+    r = fplan.r
+    co = model_coefficients_exact(model, D, H, r)
+    eps_r, dabs_r, eabs_r = (float(_up_frac(x)) for x in co["scorer"])
+    eps_s, dabs_s, eabs_s = (float(_up_frac(x)) for x in co["screen"])
+    a = np.asarray(alpha, dtype=np.float64)
+    rh = np.asarray(rho, dtype=np.float64)
+    # s (payload units) upper bound: Σ_h w_h [q_h·k̄]_+.
+    xlo, xhi = matmul_enclose(kbar, q_t.T)
+    rlo, rhi = np.maximum(xlo, 0.0), np.maximum(xhi, 0.0)
+    wp, wn = np.maximum(w_t, 0.0), np.maximum(-w_t, 0.0)
+    sbar_hi = _sub_up(matmul_abs_up(rhi, wp), _matmul_abs_down(rlo, wn))
+    absq = np.abs(q_t)
+    X = matmul_abs_up(np.abs(kbar), absq.T)  # [n, H]
+    aw = np.abs(w_t)
+    sum_w = float(matmul_abs_up(aw[None, :], np.ones((H, 1)))[0, 0])
+    wX = matmul_abs_up(X, aw)
+    errref_raw = _add_up(mul_up(eps_r, wX), mul_up(dabs_r, sum_w))  # payload units (× α)
+    errref_out = mul_up(eabs_r, _add_up(sum_w, 2.0 * H + 1.0))
+    # Screening exact value lower bound and its worst-case error.
+    qv = e4m3_values(fplan.q_payload)
+    pv = e4m3_values(fplan.aux_payload)
+    x = kbar @ qv.T  # exact
+    y = kbar @ pv.T  # exact
+    om = fplan.omega.astype(np.float64)
+    sg = fplan.aux_scale.astype(np.float64)
+    phi = np.maximum(x, 0.0) if fplan.form == "base" else np.abs(x)
+    Alo, _ = matmul_enclose(phi, om[:, None]) if r else (np.zeros((kbar.shape[0], 1)),) * 2
+    Alo = Alo.ravel()
+    z0, z1 = sg[0] * y[:, 0], sg[1] * y[:, 1]  # exact (powers of two)
+    zhi = _add_up(z0, z1)
+    Slo = sub_down(Alo, np.maximum(zhi, 0.0)) if fplan.form == "base" else sub_down(Alo, zhi)
+    Xq = np.abs(kbar) @ np.abs(qv).T  # exact (nonneg e4m3 products)
+    Yp = np.abs(kbar) @ np.abs(pv).T
+    M = _add_up(
+        matmul_abs_up(Xq, np.abs(om)) if r else np.zeros(kbar.shape[0]),
+        matmul_abs_up(Yp, sg),
+    )
+    W1 = float(np.sum(np.abs(om)) + np.sum(sg)) * (1 + 2.0**-40)
+    errscr = _add_up(_add_up(mul_up(eps_s, M), dabs_s * W1 * (1 + 2.0**-40)), eabs_s)
+    inner = sub_down(Slo, errscr)
+    inner = add_down(inner, mul_down(rh, np.float64(fplan.C)))
+    inner = add_down(inner, fplan.eps_raw)
+    Ulo = add_down(_mul_down_signed(a, inner), fplan.eps_out)
+    s_hi = _add_up(_mul_up_signed(a, sbar_hi), _add_up(mul_up(a, errref_raw), errref_out))
+    margin = sub_down(Ulo, s_hi)
+    scale = a * (np.linalg.norm(kbar, axis=1) * float(aw @ np.linalg.norm(q_t, axis=1)))
+    return {"margin": margin, "scale": scale, "s_hi": s_hi, "U_lo": Ulo}
+
+
+def _up_frac(x: Fraction) -> float:
+    f = float(x)
+    return float(np.nextafter(f, np.inf)) if Fraction(f) < x else f
+
+
+def _add_up(a, b):
+    from .numeric import add_up
+
+    return add_up(a, b)
+
+
+def _sub_up(a, b):
+    from .numeric import sub_up
+
+    return sub_up(a, b)
+
+
+def _mul_down_signed(a, b):
+    return mul_down(a, b)
+
+
+def _mul_up_signed(a, b):
+    return mul_up(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# Slack decomposition (float64, for reporting)
+# --------------------------------------------------------------------------------------
+
+
+def slack_parts(fplan: FP8ScreenPlan, q_t, w_t, k, kbar, alpha, rho, U, s_ref) -> dict:
+    """U^num − s^ref per key split into the certificate's Prop. 6 parts and the guard's
+    parts (float64 [n] each; approximations for reporting, not proofs)."""
+    plan = fplan.plan
+    out = {}
+    sl = cert_slack(plan, q_t, w_t, k) if fplan.form == "base" else None
+    Ucert = upper_bound(plan, k, fplan.form, "none")
+    s = k @ q_t.T
+    s = np.maximum(s, 0.0) @ w_t
+    if sl is not None:
+        out["cert_positive"] = sl["positive"]
+        out["cert_missed_negative"] = sl["missed_negative"]
+        out["cert_cancellation"] = sl["cancellation"]
+    else:
+        out["cert_total"] = Ucert - s
+    gb = fplan.group_bounds
+    gn = np.stack(
+        [np.linalg.norm(kbar[:, gb[g] : gb[g + 1]], axis=1) for g in range(gb.size - 1)], axis=1
+    )
+    Ehat = gn @ fplan.E_plus
+    Uhat = screen_values(fplan, kbar)
+    out["rows"] = alpha * (Uhat + Ehat) - Ucert
+    absk = np.abs(kbar)
+    env_total = np.zeros(kbar.shape[0])
+    for name, J in fplan.J_parts.items():
+        v = alpha * (absk @ J)
+        out[f"envelope_{name}"] = v
+        env_total += v
+    out["norm"] = alpha * (rho * float(fplan.C)) - alpha * Ehat - env_total
+    out["absolute"] = alpha * fplan.eps_raw + fplan.eps_out
+    total = U - s_ref
+    acc = sum(v for v in out.values())
+    out["residual"] = total - acc
+    out["total"] = total
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Workload handling
+# --------------------------------------------------------------------------------------
+
+
+def _unpack(workload, scale_fmt: str):
+    """→ (q, w, payload, scale, ks, ke) from a tuple/dict/object workload."""
+    if isinstance(workload, (tuple, list)):
+        if len(workload) == 6:
+            return tuple(workload)
+        if len(workload) == 5:
+            q, w, k, ks, ke = workload
+            p, s = quantize_keys(k, scale_fmt)
+            return q, w, p, s, ks, ke
+        raise ValueError("workload: expected (q, w, payload, scale, ks, ke) or (q, w, k, ks, ke)")
+
+    def get(name):
+        if isinstance(workload, dict):
+            return workload.get(name)
+        return getattr(workload, name, None)
+
+    q, w, ks, ke = get("q"), get("w"), get("ks"), get("ke")
+    if get("payload") is not None:
+        return q, w, get("payload"), get("scale"), ks, ke
+    if get("k") is None:
+        raise ValueError("workload: needs q, w and k (or payload + scale)")
+    p, s = quantize_keys(get("k"), scale_fmt)
+    return q, w, p, s, ks, ke
+
+
+# --------------------------------------------------------------------------------------
+# The audit
+# --------------------------------------------------------------------------------------
+
+
+def _plan_from_stored(d: dict) -> dict:
+    return {
+        "form": str(d["form"]),
+        "R": d["R"],
+        "q_payload": d["q_payload"],
+        "omega": d["omega"],
+        "aux_payload": d["aux_payload"],
+        "aux_scale": d["aux_scale"],
+        "C": np.float32(d["C"]),
+        "eps_raw": float(d["eps_raw"]),
+        "eps_out": float(d["eps_out"]),
+        "valid": bool(d["valid"]),
+    }
+
+
+def _write_violation(path, t, q_t, w_t, payload, scale, rho, ids, fplan, model, margins):
+    plan = fplan.plan
+    ka = fplan.kernel_arrays()
+    np.savez_compressed(
+        path,
+        query=np.int64(t),
+        q_t=q_t,
+        w_t=w_t,
+        key_ids=np.asarray(ids, dtype=np.int64),
+        payload=payload,
+        scale=scale,
+        rho=rho,
+        margins=np.asarray([float(m) for m in margins]),
+        model=np.array(model.to_json()),
+        plan_R=plan.R,
+        plan_A=plan.A,
+        plan_options=np.array(json.dumps(plan.options.__dict__)),
+        **{k_: np.asarray(v) for k_, v in ka.items()},
+    )
+
+
+def audit(
+    workload,
+    *,
+    K: int = 2048,
+    scale_fmt: str = "amax",
+    error_model: ErrorModel | None = None,
+    form: str = "base",
+    sample: int = 256,
+    small_margin: float = 1e-9,
+    max_exact: int = 2048,
+    out: str | None = None,
+    progress=None,
+    plan_hook=None,
+    seed: int = 0,
+    topk_options: dict | None = None,
+) -> dict:
+    """Audit U^num ≥ worst-case computed score on every visible (query, key) pair.
+
+    Args:
+        workload: (q, w, payload, scale, ks, ke), (q, w, k, ks, ke) (keys quantized with
+            ``scale_fmt``), or an object / dict with those fields (``dosa_ref.workloads``).
+        K: selection size of the ``fp8_topk`` run whose plans are audited.
+        error_model: the model to audit (default ``ErrorModel.hopper_fp8()``).
+        sample: random pairs checked exactly; small_margin: pairs whose interval margin is
+            below small_margin × pair scale are checked exactly too (at most max_exact).
+        out: directory for audit.json, audit.md, audit.png and violation_*.npz.
+        progress: callable(stage: str, done: int, total: int).
+        plan_hook: callable(FP8ScreenPlan) → FP8ScreenPlan applied before checking (tests
+            use it to plant a violation, e.g. scale C down).
+    Returns the report dict (also written as JSON when ``out`` is given).
+    """
+    model = error_model or ErrorModel.hopper_fp8()
+    q, w, payload, scale, ks, ke = _unpack(workload, scale_fmt)
+    q = np.asarray(q, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    payload = np.asarray(payload, dtype=np.uint8)
+    scale = np.asarray(scale, dtype=np.float32)
+    Qn, H, D = q.shape
+    N = payload.shape[0]
+    ks = np.zeros(Qn, np.int64) if ks is None else np.asarray(ks, dtype=np.int64)
+    ke = np.full(Qn, N, np.int64) if ke is None else np.asarray(ke, dtype=np.int64)
+    prog = progress or (lambda *a: None)
+    rng = np.random.default_rng(seed)
+
+    # 1. The run whose plans we audit (also: ids == full scoring, guard cost at seed τ).
+    res = fp8_topk(
+        q,
+        w,
+        payload,
+        scale,
+        K,
+        ks,
+        ke,
+        error_model=model,
+        form=form,
+        progress=lambda t: prog("fp8_topk", t + 1, Qn),
+        **(topk_options or {}),
+    )
+    k = dequantize(payload, scale)
+    kbar = e4m3_values(payload)
+    rho = key_rms(payload)
+    ref_ids = np.full((Qn, K), -1, dtype=np.int64)
+
+    n_pairs = 0
+    n_exact = 0
+    violations = []
+    min_margin = math.inf
+    min_rel = math.inf
+    min_exact_rel = math.inf
+    computed_min = math.inf
+    rel_hist = []
+    parts_acc: dict[str, float] = {}
+    parts_n = 0
+    surv = {"guard": 0, "exact": 0, "screened": 0}
+    for t in range(Qn):
+        a_, b_ = int(ks[t]), int(ke[t])
+        if b_ <= a_:
+            prog("check", t + 1, Qn)
+            continue
+        ids = np.arange(a_, b_, dtype=np.int64)
+        s_ref = score_keys(q[t], w[t], k[a_:b_])
+        top, sc = topk_of(s_ref, ids, K)
+        ref_ids[t, : top.size] = top
+        fplan = res.plans[t]
+        if fplan is None:
+            fplan = build_fp8_plan(
+                default_plan(q[t], w[t], kbar[a_ : min(b_, a_ + 1024)]), q[t], w[t], model, form
+            )
+        if plan_hook is not None:
+            fplan = plan_hook(fplan)
+        kb = kbar[a_:b_]
+        al = scale[a_:b_].astype(np.float64)
+        rh = rho[a_:b_].astype(np.float64)
+        U = screen_bound(fplan, kb, scale[a_:b_], rho[a_:b_])
+        computed_min = min(computed_min, float(np.min(U - s_ref)))
+        iv = interval_margins(fplan, q[t], w[t], kb, al, rh, model)
+        m = iv["margin"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(iv["scale"] > 0, m / iv["scale"], np.where(m >= 0, np.inf, -np.inf))
+        n_pairs += m.size
+        min_margin = min(min_margin, float(np.min(m)))
+        min_rel = min(min_rel, float(np.min(rel)))
+        rel_hist.append(rel[np.isfinite(rel)])
+        # Exact checks: sample + small margins.
+        pick = set(rng.choice(m.size, size=min(sample // max(Qn, 1) + 1, m.size), replace=False))
+        small = np.flatnonzero((m < small_margin * iv["scale"]) | ~np.isfinite(m))
+        pick.update(small[: max(0, max_exact - n_exact)].tolist())
+        bad_ids, bad_m = [], []
+        for i in sorted(pick):
+            ex = exact_margin(fplan, q[t], w[t], kb[i], al[i], rh[i], model, U[i], s_ref[i])
+            n_exact += 1
+            if ex["scale"] > 0:
+                min_exact_rel = min(min_exact_rel, float(ex["margin"] / ex["scale"]))
+            if ex["margin"] < 0 or ex["computed_margin"] < 0:
+                bad_ids.append(a_ + i)
+                bad_m.append(ex["margin"])
+        if bad_ids:
+            path = None
+            if out:
+                os.makedirs(out, exist_ok=True)
+                path = os.path.join(out, f"violation_q{t}.npz")
+                sel = np.asarray(bad_ids) - a_
+                _write_violation(
+                    path,
+                    t,
+                    q[t],
+                    w[t],
+                    payload[bad_ids],
+                    scale[bad_ids],
+                    rho[bad_ids],
+                    bad_ids,
+                    fplan,
+                    model,
+                    [bad_m[j] for j in range(len(bad_ids))],
+                )
+                del sel
+            violations.append(
+                {
+                    "query": t,
+                    "keys": [int(x) for x in bad_ids[:20]],
+                    "count": len(bad_ids),
+                    "min_margin": float(min(bad_m)),
+                    "file": path,
+                }
+            )
+        # Guard cost at τ* (exact K-th score) and slack decomposition.
+        if top.size == K and fplan.plan is not None:
+            tau_star = sc[-1]
+            outside = np.ones(b_ - a_, dtype=bool)
+            outside[top - a_] = False
+            Ue = upper_bound(fplan.plan, k[a_:b_], form, "none")
+            surv["guard"] += int(np.sum((U >= tau_star) & outside))
+            surv["exact"] += int(np.sum((Ue >= tau_star) & outside))
+            surv["screened"] += int(outside.sum())
+            sub = rng.choice(b_ - a_, size=min(512, b_ - a_), replace=False)
+            parts = slack_parts(
+                fplan, q[t], w[t], k[a_:b_][sub], kb[sub], al[sub], rh[sub], U[sub], s_ref[sub]
+            )
+            for name, v in parts.items():
+                parts_acc[name] = parts_acc.get(name, 0.0) + float(np.sum(v))
+            parts_n += sub.size
+        prog("check", t + 1, Qn)
+
+    T = res.stats.totals()
+    report = {
+        "queries": Qn,
+        "keys": N,
+        "H": H,
+        "D": D,
+        "K": K,
+        "form": form,
+        "scale_fmt": scale_fmt,
+        "error_model": model.to_dict(),
+        "pairs_interval": n_pairs,
+        "pairs_exact": n_exact,
+        "violations": violations,
+        "n_violations": int(sum(v["count"] for v in violations)),
+        "ids_match_full_scoring": bool(np.array_equal(res.ids, ref_ids)),
+        "min_margin_interval": min_margin,
+        "min_margin_interval_rel": min_rel,
+        "min_margin_exact_rel": min_exact_rel,
+        "min_computed_margin": computed_min,
+        "survival_guard_seed_tau": T.get("survival"),
+        "survival_exact_seed_tau": T.get("survival_exact"),
+        "guard_cost_pp_seed_tau": T.get("guard_cost_pp"),
+        "survival_guard_tau_star": surv["guard"] / surv["screened"] if surv["screened"] else None,
+        "survival_exact_tau_star": surv["exact"] / surv["screened"] if surv["screened"] else None,
+        "recovered_queries": T.get("recovered"),
+        "slack_mean": {k_: v / parts_n for k_, v in parts_acc.items()} if parts_n else {},
+    }
+    if report["survival_guard_tau_star"] is not None:
+        report["guard_cost_pp_tau_star"] = 100.0 * (
+            report["survival_guard_tau_star"] - report["survival_exact_tau_star"]
+        )
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "audit.json"), "w") as f:
+            json.dump(report, f, indent=2, default=float)
+        with open(os.path.join(out, "audit.md"), "w") as f:
+            f.write(format_markdown(report))
+        report["png"] = _plot(out, np.concatenate(rel_hist) if rel_hist else np.zeros(0), report)
+    return report
+
+
+def format_markdown(rep: dict) -> str:
+    lines = [
+        "# DoSA guard audit",
+        "",
+        f"{rep['queries']} queries × {rep['keys']} keys, H={rep['H']}, D={rep['D']}, "
+        f"K={rep['K']}, form={rep['form']}, scales={rep['scale_fmt']}",
+        "",
+        f"Error model: `{json.dumps(rep['error_model'])}`",
+        "",
+        "| check | value |",
+        "|---|---|",
+        f"| pairs checked (interval, all) | {rep['pairs_interval']} |",
+        f"| pairs checked (exact rationals) | {rep['pairs_exact']} |",
+        f"| violations | {rep['n_violations']} |",
+        f"| ids == full scoring of the FP8 keys | {rep['ids_match_full_scoring']} |",
+        f"| min dominance margin (interval, absolute) | {rep['min_margin_interval']:.4g} |",
+        f"| min dominance margin / pair scale (interval) | {rep['min_margin_interval_rel']:.4g} |",
+        f"| min dominance margin / pair scale (exact) | {rep['min_margin_exact_rel']:.4g} |",
+        f"| min U^num − s^ref (computed, CPU) | {rep['min_computed_margin']:.4g} |",
+    ]
+    for key, label in (
+        ("survival_exact_seed_tau", "survival, exact-arithmetic certificate (seed τ)"),
+        ("survival_guard_seed_tau", "survival, numerical certificate U^num (seed τ)"),
+        ("guard_cost_pp_seed_tau", "guard cost, percentage points (seed τ)"),
+        ("survival_exact_tau_star", "survival, exact certificate (τ*)"),
+        ("survival_guard_tau_star", "survival, U^num (τ*)"),
+        ("guard_cost_pp_tau_star", "guard cost, percentage points (τ*)"),
+    ):
+        v = rep.get(key)
+        if v is not None:
+            lines.append(f"| {label} | {v:.4g} |")
+    if rep["slack_mean"]:
+        lines += [
+            "",
+            "## Mean slack U^num − s^ref, decomposed (score units)",
+            "",
+            "| part | mean |",
+            "|---|---|",
+        ]
+        for k_, v in rep["slack_mean"].items():
+            lines.append(f"| {k_} | {v:.4g} |")
+    if rep["violations"]:
+        lines += ["", "## Violations", ""]
+        for v in rep["violations"]:
+            lines.append(f"- query {v['query']}: {v['count']} keys, file `{v['file']}`")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(out: str, rel: np.ndarray, rep: dict):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("audit: matplotlib is not installed; skipping the PNG", file=sys.stderr)
+        return None
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    pos = rel[rel > 0]
+    if pos.size:
+        ax[0].hist(np.log10(pos), bins=60)
+    ax[0].set_xlabel("log10(dominance margin / pair scale)")
+    ax[0].set_ylabel("pairs")
+    ax[0].set_title(f"margins ({int(np.sum(rel <= 0))} ≤ 0)")
+    sm = rep["slack_mean"]
+    names = [k_ for k_ in sm if k_ != "total"]
+    ax[1].barh(names, [sm[k_] for k_ in names])
+    ax[1].set_xlabel("mean slack (score units)")
+    ax[1].set_title("slack decomposition of U^num − s^ref")
+    fig.tight_layout()
+    path = os.path.join(out, "audit.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def audit_replay(path: str) -> dict:
+    """Re-check a violation file: exact margins with the stored plan and with a plan
+    rebuilt from the stored query, R, A and options by the current code."""
+    d = np.load(path, allow_pickle=False)
+    model = ErrorModel.from_dict(json.loads(str(d["model"])))
+    q_t, w_t = d["q_t"], d["w_t"]
+    kb = e4m3_values(d["payload"])
+    stored = _plan_from_stored(d)
+    opts = PlanOptions(**json.loads(str(d["plan_options"])))
+    plan = build_plan(q_t, w_t, np.full(q_t.shape[0], 0.5), 1, opts, R=d["plan_R"], A=d["plan_A"])
+    rebuilt = build_fp8_plan(plan, q_t, w_t, model, stored["form"])
+    out = {"file": path, "keys": d["key_ids"].tolist()}
+    for name, fp in (("stored", stored), ("rebuilt", rebuilt)):
+        ms = [
+            exact_margin(fp, q_t, w_t, kb[i], d["scale"][i], d["rho"][i], model)["margin"]
+            for i in range(kb.shape[0])
+        ]
+        out[name] = {
+            "violations": int(sum(m < 0 for m in ms)),
+            "min_margin": float(min(ms)) if ms else None,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dosa audit``: audit the numerical guard on a workload, or replay a violation."""
+    ap = argparse.ArgumentParser(prog="dosa audit", description=main.__doc__)
+    ap.add_argument("--workload", default="calibrated", help="dosa_ref.workloads regime")
+    ap.add_argument("--load", default=None, help=".npz or .safetensors workload (q, w, k, ks, ke)")
+    ap.add_argument("--queries", type=int, default=16)
+    ap.add_argument("--keys", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="audit_out")
+    ap.add_argument("--replay", default=None, metavar="FILE")
+    ap.add_argument("--scale-fmt", default="amax", choices=("amax", "ue8m0"))
+    ap.add_argument("--form", default="base", choices=("base", "abs"))
+    ap.add_argument("--kept-bits", type=int, default=None, help="truncating MMA kept bits W")
+    ap.add_argument("--fp8-queries", action="store_true", help="quantize queries (folded)")
+    ap.add_argument("--sample", type=int, default=256)
+    a = ap.parse_args(argv)
+    if a.replay:
+        rep = audit_replay(a.replay)
+        print(json.dumps(rep, indent=2))
+        return 1 if rep["rebuilt"]["violations"] else 0
+    if a.load:
+        from .workloads import load_workload
+
+        wl = load_workload(a.load)
+    else:
+        from .workloads import make_workload
+
+        kw = {"seed": a.seed}
+        if a.heads is not None:
+            kw["H"] = a.heads
+        wl = make_workload(a.workload, a.queries, a.keys, **kw)
+    q, w, p, s, ks, ke = _unpack(wl, a.scale_fmt)
+    if a.fp8_queries:
+        from .fp8 import quantize_queries
+
+        qp, wf = quantize_queries(q, w, a.scale_fmt)
+        q, w = e4m3_values(qp), wf.astype(np.float64)
+    model = ErrorModel.hopper_fp8() if a.kept_bits is None else ErrorModel.hopper_fp8(a.kept_bits)
+    from .progress import Progress
+
+    Qn = np.asarray(q).shape[0]
+    with Progress(2 * Qn, "audit") as bar:
+        rep = audit(
+            (q, w, p, s, ks, ke),
+            K=a.K,
+            scale_fmt=a.scale_fmt,
+            error_model=model,
+            form=a.form,
+            sample=a.sample,
+            out=a.out,
+            progress=lambda *_: bar.update(1),
+            seed=a.seed,
+        )
+    print(format_markdown(rep))
+    print(
+        f"written to {a.out}/ (audit.json, audit.md" + (", audit.png)" if rep.get("png") else ")")
+    )
+    return 1 if rep["n_violations"] or not rep["ids_match_full_scoring"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
