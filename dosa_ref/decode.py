@@ -30,10 +30,10 @@ first K elements of C under the total order (score desc, id asc) are the first K
 ``topk_of(C)`` equals full-domain Top-K, tie order included.  Nothing in this argument
 depends on *where* the witnesses came from — stale ones, keys selected for another
 sequence, or keys that have since been overwritten are still distinct visible keys scored
-exactly — so witness management changes only efficiency.  The two conditions it does
-need are visible ones: a witness outside ``[ks, ke)`` (e.g. after a sliding window moved
-``ks`` forward) could score above τ_K(Ω), and a repeated witness would be counted twice;
-either can raise τ above τ_K(Ω) and lose required ids.
+exactly — so witness management changes only efficiency.  What it does need is
+enforced per row: a witness outside ``[ks, ke)`` (e.g. after a sliding window moved ``ks``
+forward) may score above τ_K(Ω), and a repeated witness would be counted twice; either
+could raise τ above τ_K(Ω) and lose required ids (both are caught by the tests).
 
 Layout follows DeepGEMM's paged MQA logits: ``q`` [B, next_n, H, D], ``w`` [B, next_n, H]
 and a context length per request; query ``j`` of request ``b`` sits at position
@@ -121,13 +121,14 @@ def _check_keys(k, B: int, D: int) -> tuple[list[np.ndarray], bool]:
         keys = [as_float_array(kb, f"k[{b}]", 2) for b, kb in enumerate(k)]
         shared = False
     else:
-        keys = [as_float_array(k, "k", 2)] * B
+        keys = [as_float_array(k, "k", 2)]
         shared = True
     for b, kb in enumerate(keys):
         if kb.shape[1] != D:
             name = "k" if shared else f"k[{b}]"
             raise ValueError(f"{name}: expected shape (N, {D}) to match q, got {kb.shape}")
-    return [np.ascontiguousarray(kb, dtype=np.float64) for kb in keys], shared
+    keys = [np.ascontiguousarray(kb, dtype=np.float64) for kb in keys]
+    return (keys * B if shared else keys), shared
 
 
 def _check_ranges(lengths, ks, ke, B: int, n: int, N: np.ndarray):
@@ -267,7 +268,7 @@ class DecodeSelector:
         a, e = int(a), int(e)
         K = self.K
         # 1–2: visible, distinct witnesses scored exactly; τ = τ_K(W) ≤ τ_K(Ω) (Prop. 4).
-        W = wit[wit < kb.shape[0]]
+        W = wit[(wit >= a) & (wit < e)]
         s_W = score_keys(q_t, w_t, kb[W])
         tau = kth_score(s_W, K)
         # 3: full scoring of every visible key, compact writeback of s ≥ τ.

@@ -36,6 +36,16 @@ def _visible(mode, L, n, window, ks_walk):
     return ks, ke
 
 
+class Walk:
+    """A drawn walk; its repr names the parameters (the seed reproduces the arrays)."""
+
+    def __init__(self, params: dict, cfg: dict, steps: list):
+        self.params, self.cfg, self.steps = params, cfg, steps
+
+    def __repr__(self) -> str:
+        return f"Walk({self.params})"
+
+
 @st.composite
 def walks(draw, data=None, mode=None, next_n=None, B=None, shared=None, short=False):
     """A decode walk: list of per-step kwargs plus the selector configuration."""
@@ -100,7 +110,9 @@ def walks(draw, data=None, mode=None, next_n=None, B=None, shared=None, short=Fa
         L = np.minimum(L + rng.integers(0, n + 2, size=B), np.array(Ns))
         ks_walk = ks_walk + rng.integers(0, K + 1, size=B) * (rng.random(B) < 0.5)
     cfg = dict(K=K, history=history, within_step=within)
-    return cfg, out
+    params = dict(seed=seed, data=data, mode=mode, next_n=n, B=B, shared=shared, H=H, D=D)
+    params.update(steps=steps, window=window, Ns=Ns, **cfg)
+    return Walk(params, cfg, out)
 
 
 def _brute(kw, ks, ke, K):
@@ -158,13 +170,13 @@ def _run_walk(cfg, walk):
 @given(walks())
 @settings(deadline=None)
 def test_walk_matches_bruteforce(w):
-    _run_walk(*w)
+    _run_walk(w.cfg, w.steps)
 
 
 @given(walks(mode="lengths"))
 @settings(deadline=None)
 def test_first_step_has_no_witnesses(w):
-    cfg, walk = w
+    cfg, walk = w.cfg, w.steps
     res = _run_walk(cfg, walk[:1])[0]
     s = res.stats
     # Query 0 of each request has nothing to go on (query 1 may use query 0's selection
@@ -178,7 +190,7 @@ def test_first_step_has_no_witnesses(w):
 @given(walks(mode="lengths", next_n=2))
 @settings(deadline=None)
 def test_next_n_2_growing_context(w):
-    cfg, walk = w
+    cfg, walk = w.cfg, w.steps
     for res in _run_walk(cfg, walk):
         v = res.stats.visible
         # query j sees one more key than query j-1 (unless both see none).
@@ -188,25 +200,25 @@ def test_next_n_2_growing_context(w):
 @given(walks(mode="window"))
 @settings(deadline=None)
 def test_sliding_window_drops_witnesses(w):
-    _run_walk(*w)
+    _run_walk(w.cfg, w.steps)
 
 
 @given(walks(mode="ranges"))
 @settings(deadline=None)
 def test_ks_moving_forward(w):
-    _run_walk(*w)
+    _run_walk(w.cfg, w.steps)
 
 
 @given(walks(B=3, shared=False))
 @settings(deadline=None)
 def test_batch_of_requests_with_own_keys(w):
-    _run_walk(*w)
+    _run_walk(w.cfg, w.steps)
 
 
 @given(walks(short=True))
 @settings(deadline=None)
 def test_rows_shorter_than_K(w):
-    cfg, walk = w
+    cfg, walk = w.cfg, w.steps
     for res in _run_walk(cfg, walk):
         s = res.stats
         assert np.all(s.visible < cfg["K"])
@@ -218,7 +230,7 @@ def test_rows_shorter_than_K(w):
 @given(walks(data="int"))
 @settings(deadline=None)
 def test_integer_data_massive_ties(w):
-    _run_walk(*w)
+    _run_walk(w.cfg, w.steps)
 
 
 def test_integer_ties_resolved_by_id():
@@ -243,7 +255,7 @@ def test_integer_ties_resolved_by_id():
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2]))
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None)
 def test_compaction_on_coherent_walk(seed, n):
     rng = np.random.default_rng(seed)
     B, H, D, K, N = 2, 4, 16, 8, 600
