@@ -1,10 +1,8 @@
 """Batched screening plans and the numerical certificate constants (METHOD.md §3–§6, §8).
 
-Where it runs: the O(Qn·H²·D) and O(Qn·H·D) array work (activation frequencies, anchor
-Gram matrices, residuals, allowances, aggregates, envelopes) runs on the GPU as CuPy
-float64 array operations batched over the chunk's queries; the per-query choices of R (an
-[Qn, H] sort) and the two FP8 aux rows ([Qn, D] rounding with ``dosa_ref.fp8.e4m3_bits``)
-run on the host with numpy and are uploaded.  Choices (R, anchors, A) only affect
+Where it runs: entirely on the GPU, batched over the chunk's queries, as CuPy array
+operations (float64 for every bound quantity) plus one small kernel for the e4m3 rounding
+of the aux rows; nothing is copied to the host.  Choices (R, anchors, A) only affect
 efficiency; the bound is valid for any of them (METHOD.md §3).
 
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
@@ -36,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dosa_ref.fp8 import e4m3_bits, e4m3_values
+from dosa_ref.fp8 import e4m3_values
 
 from ._build import cupy_or_raise
 from .prepare import D
@@ -81,37 +79,41 @@ class DevicePlan:
     aggregated: object  # int [Qn] |A|
 
 
-def _choose_R(w, qn, p, r, neg_priority="activation"):
-    """Host, vectorized METHOD.md §3 rule (= dosa_ref.plan.choose_retained per query)."""
-    Qn, H = w.shape
+def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
+    """METHOD.md §3 rule, batched: returns (order [Qn, H] heads by priority, nR [Qn]).
+
+    Class 2: positive heads (all of them when |H+| ≤ r, else by w_h‖q_h‖); class 1 (only
+    when |H+| ≤ r): negative heads by |w_h|‖q_h‖·min(p_h, 1−p_h); class 0: never retained.
+    The sort key is class + x/(1+x) (x = the in-class priority ≥ 0).  Any R is valid; the
+    rule only affects pruning (ties may resolve differently from dosa_ref.plan).
+    """
     pos, neg = w > 0, w < 0
     npos = pos.sum(axis=1, keepdims=True)
     few = npos <= r
-    prio = np.abs(w) * qn
+    prio = xp.abs(w) * qn
     if neg_priority == "activation":
-        prio = prio * np.minimum(p, 1.0 - p)
-    prim = np.where(pos, 2, np.where(neg & few, 1, 0))
-    sec = np.where(pos, np.where(few, 0.0, w * qn), np.where(neg & few, prio, 0.0))
-    idx = np.broadcast_to(np.arange(H), (Qn, H))
-    order = np.lexsort((idx, -sec, -prim), axis=-1)[:, :r]
-    take = np.take_along_axis(prim, order, axis=1) > 0
-    inR = np.zeros((Qn, H), dtype=bool)
-    rr = np.broadcast_to(np.arange(Qn)[:, None], order.shape)
-    inR[rr[take], order[take]] = True
-    return inR
+        prio = prio * xp.minimum(p, 1.0 - p)
+    prim = xp.where(pos, 2.0, xp.where(neg & few, 1.0, 0.0))
+    sec = xp.where(pos, xp.where(few, 0.0, w * qn), xp.where(neg & few, prio, 0.0))
+    key = prim + sec / (1.0 + sec)
+    order = xp.argsort(-key, axis=1)
+    nR = xp.minimum((prim > 0).sum(axis=1), r)
+    return order, nR
 
 
-def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13, H_real=None):
-    """Batched plans for all queries.
+def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13):
+    """Batched plans for all queries, on the device.
 
     q: uint8 [Qn, Hp, 128] (heads padded to 16·MT_H), w: fp32 [Qn, Hp]; sample_ids: key ids
     (device int) for activation frequencies; r ≤ 16·mts − 2 retained heads.
     """
     cp = cupy_or_raise()
+    from ._build import kernel
+
     Qn, Hp, _ = q.shape
     mth = Hp // 16
     nslot = 16 * mts - 2
-    r = int(min(r, nslot))
+    r = int(min(r, nslot, Hp))
     table = cp.asarray(e4m3_values(np.arange(256, dtype=np.uint8)))
     qf = table[q]  # float64 [Qn, Hp, D] exact payload values
     wf = w.astype(cp.float64)
@@ -123,12 +125,13 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13, H_real=None):
         del x
     else:
         p = cp.full((Qn, Hp), 0.5)
-    w_h, qn_h, p_h = cp.asnumpy(wf), cp.asnumpy(qn), cp.asnumpy(p)
-    inR_h = _choose_R(w_h, qn_h, p_h, r)
-    P_h = (w_h > 0) & ~inR_h
-    Nn_h = (w_h < 0) & ~inR_h
-    A_h = Nn_h & (p_h >= 0.5)
-    inR, P, A = cp.asarray(inR_h), cp.asarray(P_h), cp.asarray(A_h)
+    order, nR = _choose_R(cp, wf, qn, p, r)
+    ar = cp.arange(Hp)
+    rank = cp.argsort(order, axis=1)  # inverse permutation: position of head h in order
+    inR = rank < nR[:, None]
+    P = (wf > 0) & ~inR
+    Nn = (wf < 0) & ~inR
+    A = Nn & (p >= 0.5)
 
     # Anchor projection (Prop. 1): j* = argmax_{j∈R} [q_h·q_j]_+/‖q_j‖, β = [q_h·q_j*]_+/‖q_j*‖².
     G = cp.einsum("thd,tjd->thj", qf, qf)
@@ -141,95 +144,91 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13, H_real=None):
     qj = cp.take_along_axis(qn, jstar, axis=1)
     gj = cp.take_along_axis(Gp, jstar[:, :, None], axis=2)[:, :, 0]
     beta = cp.where(use, gj / (cp.where(qj > 0, qj, 1.0) ** 2), 0.0)
-    qjs = cp.take_along_axis(qf, jstar[:, :, None].repeat(D, axis=2), axis=1)
+    qjs = cp.take_along_axis(qf, cp.broadcast_to(jstar[:, :, None], qf.shape), axis=1)
     d = cp.where(P[:, :, None], qf - beta[:, :, None] * qjs, 0.0)
+    del qjs
     wp = cp.where(P, wf, 0.0)
-    fold = cp.zeros((Qn, Hp))
-    onehot = (jstar[:, :, None] == cp.arange(Hp)[None, None, :]) & use[:, :, None]
+    onehot = (jstar[:, :, None] == ar[None, None, :]) & use[:, :, None]
     fold = cp.einsum("th,thj->tj", wp * beta, onehot.astype(cp.float64))
+    del onehot
     wt = wf + fold  # w̃ (float64)
     dn = cp.sqrt(cp.sum(d * d, axis=2))
     E_tri = cp.sum(wp * dn, axis=1)
     u = wp[:, :, None] * d
+    del d
     usum = cp.sqrt(cp.sum(cp.sum(u, axis=1) ** 2, axis=1))
     ugram = cp.sum(cp.abs(cp.einsum("thd,tld->thl", u, u)), axis=(1, 2))
+    del u
     E_joint = 0.5 * (usum + cp.sqrt(ugram))
     mplan = cp.sum(wp * (qn + beta * qj), axis=1)
     E = cp.minimum(E_tri, E_joint) * (1 + MU) + MU * mplan
 
-    # Negative aggregate (Prop. 2) and its two FP8 aux rows (METHOD.md §8).
+    # Negative aggregate (Prop. 2) and its two FP8 aux rows (METHOD.md §8).  σ is a power
+    # of two, so z = a/σ, z − v0, (z − v0) − v1 and σ·e are exact in float64 (Sterbenz /
+    # common grid): e_A is the exact reconstruction error of the computed a_A.
     wa = cp.where(A, cp.abs(wf), 0.0)
     aA = cp.einsum("th,thd->td", wa, qf)
     amag = cp.einsum("th,thd->td", wa, cp.abs(qf))
-    aA_h = cp.asnumpy(aA)
-    amax = np.max(np.abs(aA_h), axis=1)
-    with np.errstate(divide="ignore"):
-        e = np.ceil(np.log2(np.where(amax > 0, amax / 448.0, 1.0)))
-    sig = np.ldexp(1.0, e.astype(np.int64))
-    while True:  # make sure a/σ ≤ 448 exactly (log2 rounding)
-        over = amax / sig > 448.0
-        if not over.any():
-            break
-        sig[over] *= 2.0
-    z = aA_h / sig[:, None]
-    v0 = e4m3_bits(z)
-    r1 = z - e4m3_values(v0)
-    v1 = e4m3_bits(r1)
-    eA = (r1 - e4m3_values(v1)) * sig[:, None]
-    v0f, v1f = e4m3_values(v0), e4m3_values(v1)
+    amax = cp.max(cp.abs(aA), axis=1)
+    m, e = cp.frexp(cp.where(amax > 0, amax / 448.0, 1.0))
+    sig = cp.ldexp(cp.ones(Qn), cp.where(m == 0.5, e - 1, e).astype(cp.int32))
+    z = aA / sig[:, None]
 
-    # Plan rows and folded weights.
-    slots = row_slots(mts)
-    rows = np.zeros((Qn, 16 * mts, D), dtype=np.uint8)
-    omega = np.zeros((Qn, 16 * mts), dtype=np.float32)
-    wt_h = cp.asnumpy(wt)
-    heads_idx = np.argsort(~inR_h, axis=1, kind="stable")[:, :nslot]  # R heads first, by index
-    nR = inR_h.sum(axis=1)
-    q_h = cp.asnumpy(q)
-    tt = np.arange(Qn)
-    for s_i in range(nslot):
-        have = s_i < nR
-        h = heads_idx[:, s_i]
-        rows[tt[have], slots[s_i]] = q_h[tt[have], h[have]]
-        omega[tt[have], slots[s_i]] = wt_h[tt[have], h[have]].astype(np.float32)
+    def e4m3(x):
+        x = cp.ascontiguousarray(x)
+        out = cp.empty(x.shape, dtype=cp.uint8)
+        n = x.size
+        kernel("e4m3_round_f64")(((n + 255) // 256,), (256,), (x, np.int64(n), out))
+        return out
+
+    v0 = e4m3(z)
+    r1 = z - table[v0]
+    v1 = e4m3(r1)
+    eA = (r1 - table[v1]) * sig[:, None]
+    v0f, v1f = table[v0], table[v1]
+
+    # Plan rows and folded weights (slot s ← the s-th head of the priority order).
+    slots = cp.asarray(row_slots(mts))
+    hsel = order[:, :nslot]
+    have = cp.arange(nslot)[None, :] < nR[:, None]
+    qsel = cp.take_along_axis(q, cp.broadcast_to(hsel[:, :, None], (Qn, nslot, D)), axis=1)
+    rows = cp.zeros((Qn, 16 * mts, D), dtype=cp.uint8)
+    rows[:, slots] = cp.where(have[:, :, None], qsel, 0).astype(cp.uint8)
+    omega = cp.zeros((Qn, 16 * mts), dtype=cp.float32)
+    omega[:, slots] = cp.where(have, cp.take_along_axis(wt, hsel, axis=1), 0.0).astype(cp.float32)
     last = 16 * (mts - 1)
     rows[:, last + 7] = v0
     rows[:, last + 15] = v1
-    omega[:, last + 7] = 0.0
-    omega[:, last + 15] = 0.0
 
     # Coordinate envelope J (payload units) and C.
-    om_full = np.zeros((Qn, Hp))
-    om_full[inR_h] = wt_h[inR_h].astype(np.float32).astype(np.float64)
-    om_d = cp.asarray(om_full)
+    om_d = cp.where(inR, wt.astype(cp.float32).astype(cp.float64), 0.0)
     dom = cp.abs(wt - om_d) + MU * (cp.abs(wf) + fold)
     absq = cp.abs(qf)
     Rm = inR.astype(cp.float64)
-    J = cp.asarray(np.abs(eA)) + MU * amag
+    J = cp.abs(eA) + MU * amag
     J += cp.einsum("th,thd->td", dom * Rm, absq)
     gm = gamma_mma(mma_bits)
     g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
     g_ref = gm + gamma(2 * mth + 5) * (1 + gm)
-    sig_d = cp.asarray(sig)
     J += g_scr * (
         cp.einsum("th,thd->td", cp.abs(om_d) * Rm, absq)
-        + sig_d[:, None] * cp.asarray(np.abs(v0f) + np.abs(v1f))
+        + sig[:, None] * (cp.abs(v0f) + cp.abs(v1f))
     )
     J += g_ref * cp.einsum("th,thd->td", cp.abs(wf), absq)
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
     eps_raw = cp.full(Qn, (2 * mth + 2 * mts + 16) * TINY)
-    valid = cp.isfinite(C) & cp.asarray(np.isfinite(sig))
+    valid = cp.isfinite(C) & cp.isfinite(sig)
     return DevicePlan(
         mts=mts,
-        rows=cp.asarray(rows),
-        omega=cp.asarray(omega),
-        sigma=cp.asarray(sig.astype(np.float32)),
+        rows=rows,
+        omega=omega,
+        sigma=sig.astype(cp.float32),
         C=cp.ascontiguousarray(C),
         eps_raw=eps_raw,
         eps_out=TINY,
         valid=valid,
-        r=cp.asarray(nR),
-        omitted_positive=cp.asarray(P_h.sum(axis=1)),
-        aggregated=cp.asarray(A_h.sum(axis=1)),
+        r=nR,
+        omitted_positive=P.sum(axis=1),
+        aggregated=A.sum(axis=1),
     )

@@ -3,20 +3,20 @@
 // THE CANONICAL GPU SCORER (METHOD.md §1, eq. (1) in payload units):
 //     s_i = α_i · Σ_h w'_h [q̄_h · k̄_i]_+
 // q̄_h: e4m3 query payload of head h (query scale folded into w'_h), k̄_i: e4m3 key payload,
-// α_i: fp32 key scale.  `score_group` below is the ONLY place where this arithmetic is
+// α_i: fp32 key scale.  `score_batch` below is the ONLY place where this arithmetic is
 // written; the dense route, seed scoring and refinement all call it, so a key's score is
 // bit-for-bit the same value whichever route computes it (METHOD.md §9, "Refinement").
 //
-// Fixed MMA sequence (D = 128): keys are processed in groups of 8 (the n = 8 columns of
-// mma.m16n8k32); heads in tiles of 16 (the m rows).  Lane (g = lane/4, c = lane%4) holds
+// Fixed MMA sequence (D = 128): keys are processed in batches of 32 = 4 groups of 8 (the
+// n = 8 columns of mma.m16n8k32); heads in tiles of 16 (the m rows).  Lane (g = lane/4, c = lane%4) holds
 // bytes [32c, 32c+32) of key g of the group.  k-step s ∈ {0,1,2,3} feeds the MMA with
 // b0 = bytes 32c+8s+[0,4), b1 = bytes 32c+8s+[4,8) and the same bytes of the query rows
 // (a0/a2 row g, a1/a3 row g+8).  Each head tile's four steps are chained through the
 // accumulator in order s = 0,1,2,3 starting from +0.  A column of the MMA depends only on
 // its own key, so the score of a key does not depend on the other keys of its group.
-// Head summation: per lane, fmaf over tiles mt = 0..MT-1, rows (g, then g+8); then a
-// butterfly over lanes xor 4, 8, 16 (commutative, so all 8 lanes hold the same bits);
-// finally one fp32 multiply by α.
+// Head summation: per lane, fmaf over tiles mt = 0..MT-1, rows (g, then g+8); then the
+// transpose-reduce `reduce8` over the 8 lanes sharing c (a fixed pairing tree, the same
+// for every key); finally one fp32 multiply by α.
 #pragma once
 #if defined(__CUDACC_RTC__)
 typedef unsigned char uint8_t;
@@ -32,7 +32,7 @@ namespace dosa {
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t a0, const uint32_t a1,
                                          const uint32_t a2, const uint32_t a3, const uint32_t b0,
                                          const uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -64,7 +64,7 @@ __device__ __forceinline__ void key_frag(const uint4 u0, const uint4 u1, uint32_
   B[2][0] = u1.x; B[2][1] = u1.y; B[3][0] = u1.z; B[3][1] = u1.w;
 }
 
-// Raw MMA products of MT head tiles with one key group: C[mt][0..3] (rows g / g+8, keys
+// Raw MMA products of MT row tiles with one key group: C[mt][0..3] (rows g / g+8, keys
 // 2c / 2c+1 of the group), each tile chained over s = 0..3 from +0.
 template <int MT>
 __device__ __forceinline__ void mma_group(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][2],
@@ -81,31 +81,81 @@ __device__ __forceinline__ void mma_group(const uint32_t (&A)[MT][4][4], const u
   }
 }
 
-// THE canonical scorer of one key group (see the header comment).  wlo[mt] = w'[16mt+g],
-// whi[mt] = w'[16mt+g+8].  Returns the payload-unit sums for keys 2c and 2c+1 (identical
-// in the 8 lanes sharing c); the caller multiplies by α (score = sum * α, one fp32 mul).
+// A batch = 4 key groups = 32 keys.  Same per-(tile, key) chains as mma_group (each chain
+// runs s = 0..3 from +0), interleaved for instruction-level parallelism: the value of a
+// chain does not depend on the interleaving.
 template <int MT>
-__device__ __forceinline__ void score_group(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][2],
-                                            const float (&wlo)[MT], const float (&whi)[MT], float& s0,
-                                            float& s1) {
-  float C[MT][4];
-  mma_group<MT>(A, B, C);
-  float a0 = 0.f, a1 = 0.f;
+__device__ __forceinline__ void mma_batch(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][4][2],
+                                          float (&C)[4][MT][4]) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    a0 = fmaf(wlo[mt], fmaxf(C[mt][0], 0.f), a0);
-    a1 = fmaf(wlo[mt], fmaxf(C[mt][1], 0.f), a1);
-    a0 = fmaf(whi[mt], fmaxf(C[mt][2], 0.f), a0);
-    a1 = fmaf(whi[mt], fmaxf(C[mt][3], 0.f), a1);
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      C[u][mt][0] = 0.f; C[u][mt][1] = 0.f; C[u][mt][2] = 0.f; C[u][mt][3] = 0.f;
+    }
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        mma_e4m3(C[u][mt], A[mt][s][0], A[mt][s][1], A[mt][s][2], A[mt][s][3], B[u][s][0], B[u][s][1]);
+}
+
+// Transpose-reduce over the 8 lanes sharing c (lane bits 2..4 = g): x[i] are the lane's
+// partials of 8 values; afterwards lane g holds the full sum of value i = g.  Every value
+// is summed by the same tree ((P_a + P_a^4) + (P_a^2 + P_a^6)) + ((P_a^1 + …) …) of lane
+// partials — IEEE addition is commutative, so the result does not depend on which lane
+// (i.e. which batch position) computes it.  7 shuffles for 8 values.
+__device__ __forceinline__ float reduce8(const float (&x)[8], int lane) {
+  const int g = lane >> 2;
+  const bool b2 = (g & 4) != 0, b1 = (g & 2) != 0, b0 = (g & 1) != 0;
+  float y[4], z[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float keep = b2 ? x[k + 4] : x[k], send = b2 ? x[k] : x[k + 4];
+    y[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
   }
-  a0 += __shfl_xor_sync(0xffffffffu, a0, 4);
-  a1 += __shfl_xor_sync(0xffffffffu, a1, 4);
-  a0 += __shfl_xor_sync(0xffffffffu, a0, 8);
-  a1 += __shfl_xor_sync(0xffffffffu, a1, 8);
-  a0 += __shfl_xor_sync(0xffffffffu, a0, 16);
-  a1 += __shfl_xor_sync(0xffffffffu, a1, 16);
-  s0 = a0;
-  s1 = a1;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float keep = b1 ? y[k + 2] : y[k], send = b1 ? y[k] : y[k + 2];
+    z[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  const float keep = b0 ? z[1] : z[0], send = b0 ? z[0] : z[1];
+  return keep + __shfl_xor_sync(0xffffffffu, send, 4);
+}
+
+// Position (0..31) in the batch of the key whose result lane (g, c) holds after reduce8:
+// value i = g = 2u + v ↔ group u = g/2, key n = 2c + v of that group.
+__device__ __forceinline__ int batch_pos(int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  return 8 * (g >> 1) + 2 * c + (g & 1);
+}
+
+// THE canonical scorer of one batch of 32 keys (see the header comment): per lane,
+// x[2u+v] = fmaf chain over tiles mt of w'[16mt+g]·[C_row g]_+ then w'[16mt+g+8]·[C_row g+8]_+
+// for key 2c+v of group u; then reduce8.  Returns the payload-unit sum Σ_h w'_h[x_h]_+
+// of the key at batch_pos(lane); the caller multiplies by α (one fp32 multiply).
+template <int MT>
+__device__ __forceinline__ float score_batch(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][4][2],
+                                             const float (&wlo)[MT], const float (&whi)[MT], int lane) {
+  float C[4][MT][4];
+  mma_batch<MT>(A, B, C);
+  float x[8];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a0 = fmaf(wlo[mt], fmaxf(C[u][mt][0], 0.f), a0);
+      a1 = fmaf(wlo[mt], fmaxf(C[u][mt][1], 0.f), a1);
+      a0 = fmaf(whi[mt], fmaxf(C[u][mt][2], 0.f), a0);
+      a1 = fmaf(whi[mt], fmaxf(C[u][mt][3], 0.f), a1);
+    }
+    x[2 * u] = a0;
+    x[2 * u + 1] = a1;
+  }
+  return reduce8(x, lane);
 }
 
 template <int MT>

@@ -1,7 +1,7 @@
 // DoSA kernels (METHOD.md §7–§9): prepare, dense logits, seed scoring, screening,
 // refinement with compact writeback, exact selection.  Built by CuPy (RawModule, plain
 // sm_90; CuPy appends -ftz=true) and, in CI, by nvcc -arch=sm_90 (tests/test_cuda_build.py).
-// Every score goes through dosa::score_group (common.cuh): one arithmetic for every route.
+// Every score goes through dosa::score_batch (common.cuh): one arithmetic for every route.
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -100,9 +100,28 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
 }
 
-__device__ __forceinline__ void smem_key_frag(const uint8_t* sk, int grp, int lane, uint32_t (&B)[4][2]) {
-  const uint8_t* p = sk + (grp * 8 + (lane >> 2)) * ROWB + 32 * (lane & 3);
-  key_frag(*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 16), B);
+__device__ __forceinline__ void smem_key_frags(const uint8_t* sk, int batch, int lane,
+                                               uint32_t (&B)[4][4][2]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const uint8_t* p = sk + (batch * 32 + u * 8 + (lane >> 2)) * ROWB + 32 * (lane & 3);
+    key_frag(*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 16), B[u]);
+  }
+}
+
+// Key fragments of 32 arbitrary keys: lane g loads key ids[8u + g] of each group u.
+__device__ __forceinline__ void gather_key_frags(const uint8_t* __restrict__ kp, const int (&my)[4],
+                                                 int lane, uint32_t (&B)[4][4][2]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    uint4 u0 = make_uint4(0u, 0u, 0u, 0u), u1 = u0;
+    if (my[u] >= 0) {
+      const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my[u] * DOSA_D + 32 * (lane & 3));
+      u0 = __ldg(p);
+      u1 = __ldg(p + 1);
+    }
+    key_frag(u0, u1, B[u]);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -121,7 +140,7 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
   load_key_tile(kp, alpha, N, n0, sk, sa);
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int g = lane >> 2, c = lane & 3;
+  const int pos = batch_pos(lane);
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
   for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
@@ -135,29 +154,17 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
     float wlo[MT], whi[MT];
     load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
     load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
-    const int glo = (int)((lo - n0) >> 3), ghi = (int)((hi - n0 + 7) >> 3);
-    for (int j = 0; j < TILE_N / 8; j += 2) {
-      float r[2][2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        r[u][0] = NEG_INF;
-        r[u][1] = NEG_INF;
-        if (j + u >= glo && j + u < ghi) {
-          uint32_t B[4][2];
-          smem_key_frag(sk, j + u, lane, B);
-          float s0, s1;
-          score_group<MT>(A, B, wlo, whi, s0, s1);
-          const int i0 = (j + u) * 8 + 2 * c;
-          r[u][0] = (n0 + i0 >= lo && n0 + i0 < hi) ? s0 * sa[i0] : NEG_INF;
-          r[u][1] = (n0 + i0 + 1 >= lo && n0 + i0 + 1 < hi) ? s1 * sa[i0 + 1] : NEG_INF;
-        }
+    const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
+    for (int b = 0; b < TILE_N / 32; ++b) {
+      const int i = b * 32 + pos;
+      float v = NEG_INF;
+      if (b >= blo && b < bhi) {
+        uint32_t B[4][4][2];
+        smem_key_frags(sk, b, lane, B);
+        const float sc = score_batch<MT>(A, B, wlo, whi, lane);
+        if (n0 + i >= lo && n0 + i < hi) v = sc * sa[i];
       }
-      if (g < 2) {
-        const int i0 = (j + g) * 8 + 2 * c;
-        const float v0 = g ? r[1][0] : r[0][0], v1 = g ? r[1][1] : r[0][1];
-        if (i0 < tile_n) orow[i0] = v0;
-        if (i0 + 1 < tile_n) orow[i0 + 1] = v1;
-      }
+      if (i < tile_n) orow[i] = v;
     }
   }
 }
@@ -174,55 +181,34 @@ DENSE_INST(3)
 DENSE_INST(4)
 
 // ---------------------------------------------------------------------------------------
-// Compact writeback (METHOD.md §9): lanes c = 0..3 of g = 0 own keys 2c, 2c+1 of a group;
-// records with s ≥ τ are appended to the query's buffer.  The counter always counts every
-// qualifying record, so a full buffer is detected (count > cap) and never silently lost.
+// Score a batch of 32 arbitrary keys (ids, −1 = empty) for one query and append the
+// records with s ≥ τ to the query's buffer (compact writeback, METHOD.md §9).  my[u] =
+// id of key g of group u (this lane loads it); id = the key at batch_pos(lane).  The
+// counter counts every qualifying record, so a full buffer is detected (count > cap) and
+// nothing is silently lost.
 // ---------------------------------------------------------------------------------------
-__device__ __forceinline__ void emit_records(bool p0, bool p1, int id0, int id1, float s0, float s1,
-                                             int lane, unsigned int* count,
-                                             unsigned long long* rec, long long cap) {
-  const unsigned m0 = __ballot_sync(0xffffffffu, p0) & 0xfu;
-  const unsigned m1 = __ballot_sync(0xffffffffu, p1) & 0xfu;
-  const int n = __popc(m0) + __popc(m1);
-  if (n == 0) return;
-  unsigned base = 0;
-  if (lane == 0) base = atomicAdd(count, (unsigned)n);
-  base = __shfl_sync(0xffffffffu, base, 0);
-  if (lane < 4) {
-    const unsigned below = (1u << lane) - 1u;
-    unsigned pos = base + __popc(m0 & below) + __popc(m1 & below);
-    if (p0) {
-      if ((long long)pos < cap) rec[pos] = make_record(s0, id0);
-      ++pos;
-    }
-    if (p1 && (long long)pos < cap) rec[pos] = make_record(s1, id1);
-  }
-}
-
-// Score up to 8 arbitrary keys (ids[n], −1 = empty slot) for one query and emit s ≥ τ.
 template <int MT>
 __device__ __forceinline__ void score_ids_and_emit(const uint32_t (&A)[MT][4][4], const float (&wlo)[MT],
                                                    const float (&whi)[MT],
                                                    const uint8_t* __restrict__ kp,
-                                                   const float* __restrict__ alpha, int my_id,
-                                                   int id0, int id1, float tau, int lane,
+                                                   const float* __restrict__ alpha,
+                                                   const int (&my)[4], int id, float tau, int lane,
                                                    unsigned int* count, unsigned long long* rec,
                                                    long long cap) {
-  uint4 u0 = make_uint4(0u, 0u, 0u, 0u), u1 = u0;
-  if (my_id >= 0) {
-    const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my_id * DOSA_D + 32 * (lane & 3));
-    u0 = __ldg(p);
-    u1 = __ldg(p + 1);
+  uint32_t B[4][4][2];
+  gather_key_frags(kp, my, lane, B);
+  float s = score_batch<MT>(A, B, wlo, whi, lane);
+  s = (id >= 0) ? s * __ldg(alpha + id) : 0.f;
+  const bool p = id >= 0 && s >= tau;
+  const unsigned m = __ballot_sync(0xffffffffu, p);
+  if (m == 0u) return;
+  unsigned base = 0;
+  if (lane == 0) base = atomicAdd(count, (unsigned)__popc(m));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (p) {
+    const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+    if ((long long)at < cap) rec[at] = make_record(s, id);
   }
-  uint32_t B[4][2];
-  key_frag(u0, u1, B);
-  float s0, s1;
-  score_group<MT>(A, B, wlo, whi, s0, s1);
-  s0 = (id0 >= 0) ? s0 * __ldg(alpha + id0) : 0.f;
-  s1 = (id1 >= 0) ? s1 * __ldg(alpha + id1) : 0.f;
-  const bool first = lane < 4;
-  emit_records(first && id0 >= 0 && s0 >= tau, first && id1 >= 0 && s1 >= tau, id0, id1, s0, s1,
-               lane, count, rec, cap);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -231,7 +217,7 @@ __device__ __forceinline__ void score_ids_and_emit(const uint32_t (&A)[MT][4][4]
 // largest (selection kernel).  grid (ceil(Smax / (8 warps·SEEDW)), Qn).
 // ---------------------------------------------------------------------------------------
 #define SEEDW 256
-__device__ __forceinline__ int seed_id(long long j, int ks, int ke, int ns, int loc_lo, int nloc,
+__device__ __forceinline__ int seed_id(long long j, int ks, int ns, int loc_lo, int nloc,
                                        const int* __restrict__ pool, int plo, int phi) {
   if (j < ns) return ks + (int)j;
   j -= ns;
@@ -264,12 +250,14 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
   load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
   const long long j1 = min(total, j0 + SEEDW);
-  const int g = lane >> 2, c = lane & 3;
-  for (long long jb = j0; jb < j1; jb += 8) {
-    const int my = (jb + g < j1) ? seed_id(jb + g, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    const int i0 = (jb + 2 * c < j1) ? seed_id(jb + 2 * c, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    const int i1 = (jb + 2 * c + 1 < j1) ? seed_id(jb + 2 * c + 1, ks, ke, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, i0, i1, NEG_INF, lane, count + t,
+  const int g = lane >> 2, pos = batch_pos(lane);
+  for (long long jb = j0; jb < j1; jb += 32) {
+    int my[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      my[u] = (jb + 8 * u + g < j1) ? seed_id(jb + 8 * u + g, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
+    const int id = (jb + pos < j1) ? seed_id(jb + pos, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
+    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, lane, count + t,
                            rec + (long long)t * cap, cap);
   }
 }
@@ -292,9 +280,10 @@ SEED_INST(4)
 //   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
 // survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
 // the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
-// retained heads (zero rows where r is smaller).  Survivors → bitmask words (warp ballot).
-// err[t] |= 1 when a visible key has an invalid scale (α < 0, NaN, inf): query recovery.
-// grid (ceil(N/TILE_N), ceil(Qn/QG)).
+// retained heads (zero rows where r is smaller).  One batch of 32 keys = one bitmask word:
+// after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
+// packs the survivors.  err[t] |= 1 when a visible key has an invalid scale (α < 0, NaN,
+// inf): query-level recovery.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
 template <int MTS>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
@@ -315,7 +304,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int g = lane >> 2, c = lane & 3;
+  const int g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
@@ -336,62 +325,49 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     const float sg = sig[t], tq = tau[t];
     const double C = Cq[t], er = eps_raw[t];
     bool bad = false;
-    for (int wd = 0; wd < TILE_N / 32; ++wd) {
-      const long long kw = n0 + 32 * wd;
+    for (int b = 0; b < TILE_N / 32; ++b) {
+      const long long kw = n0 + 32 * b;
       if (kw >= N) break;
       uint32_t word = 0u;
       if (kw + 32 > lo && kw < hi) {
-        const uint32_t pm = __ldg(poolmask + (kw >> 5));
+        uint32_t B[4][4][2];
+        smem_key_frags(sk, b, lane, B);
+        float Cm[4][MTS][4];
+        mma_batch<MTS>(A, B, Cm);
+        float x[8];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          const int grp = wd * 4 + u;
-          uint32_t B[4][2];
-          smem_key_frag(sk, grp, lane, B);
-          float Cm[MTS][4];
-          mma_group<MTS>(A, B, Cm);
           float a0 = 0.f, a1 = 0.f;
 #pragma unroll
           for (int mt = 0; mt < MTS; ++mt) {
             if (mt == MTS - 1 && g == 7) {
-              a0 = fmaf(-sg, fmaxf(Cm[mt][0] + Cm[mt][2], 0.f), a0);
-              a1 = fmaf(-sg, fmaxf(Cm[mt][1] + Cm[mt][3], 0.f), a1);
+              a0 = fmaf(-sg, fmaxf(Cm[u][mt][0] + Cm[u][mt][2], 0.f), a0);
+              a1 = fmaf(-sg, fmaxf(Cm[u][mt][1] + Cm[u][mt][3], 0.f), a1);
             } else {
-              a0 = fmaf(olo[mt], fmaxf(Cm[mt][0], 0.f), a0);
-              a1 = fmaf(olo[mt], fmaxf(Cm[mt][1], 0.f), a1);
-              a0 = fmaf(ohi[mt], fmaxf(Cm[mt][2], 0.f), a0);
-              a1 = fmaf(ohi[mt], fmaxf(Cm[mt][3], 0.f), a1);
+              a0 = fmaf(olo[mt], fmaxf(Cm[u][mt][0], 0.f), a0);
+              a1 = fmaf(olo[mt], fmaxf(Cm[u][mt][1], 0.f), a1);
+              a0 = fmaf(ohi[mt], fmaxf(Cm[u][mt][2], 0.f), a0);
+              a1 = fmaf(ohi[mt], fmaxf(Cm[u][mt][3], 0.f), a1);
             }
           }
-          a0 += __shfl_xor_sync(0xffffffffu, a0, 4);
-          a1 += __shfl_xor_sync(0xffffffffu, a1, 4);
-          a0 += __shfl_xor_sync(0xffffffffu, a0, 8);
-          a1 += __shfl_xor_sync(0xffffffffu, a1, 8);
-          a0 += __shfl_xor_sync(0xffffffffu, a0, 16);
-          a1 += __shfl_xor_sync(0xffffffffu, a1, 16);
-          bool p[2];
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const int i = grp * 8 + 2 * c + v;
-            const long long key = n0 + i;
-            const bool vis = key >= lo && key < hi;
-            const float al = sa[i];
-            const double uh = (double)(v ? a1 : a0);
-            double U = __dadd_ru(__dadd_ru(uh, __dmul_ru((double)sr[i], C)), er);
-            U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
-            if (vis && !(al >= 0.f && al < __int_as_float(0x7f800000))) bad = true;
-            if (Uout && vis) Uout[(long long)t * N + key] = U;
-            const bool seed = key < s_hi || key >= loc_lo || ((pm >> (i & 31)) & 1u);
-            p[v] = vis && !seed && !(U < (double)tq);
-          }
-          const unsigned b0 = __ballot_sync(0xffffffffu, p[0]) & 0xfu;
-          const unsigned b1 = __ballot_sync(0xffffffffu, p[1]) & 0xfu;
-          uint32_t wj = 0u;
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) wj |= (((b0 >> cc) & 1u) << (2 * cc)) | (((b1 >> cc) & 1u) << (2 * cc + 1));
-          word |= wj << (8 * u);
+          x[2 * u] = a0;
+          x[2 * u + 1] = a1;
         }
+        const float uh = reduce8(x, lane);
+        const int i = b * 32 + pos;
+        const long long key = n0 + i;
+        const bool vis = key >= lo && key < hi;
+        const float al = sa[i];
+        double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
+        U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+        if (vis && !(al >= 0.f && al < __int_as_float(0x7f800000))) bad = true;
+        if (Uout && vis) Uout[(long long)t * N + key] = U;
+        const uint32_t pm = __ldg(poolmask + (kw >> 5));
+        const bool seed = key < s_hi || key >= loc_lo || ((pm >> pos) & 1u);
+        const bool p = vis && !seed && !(U < (double)tq);
+        word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
       }
-      if (lane == 0) srow[wd] = word;
+      if (lane == 0) srow[b] = word;
     }
     if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(err + t, 1);
   }
@@ -412,7 +388,7 @@ SCREEN_INST(2)
 
 // ---------------------------------------------------------------------------------------
 // Refinement (METHOD.md §9): score every surviving key of the bitmask with all H heads
-// through score_group (bit-identical to the dense route) and write records with s ≥ τ.
+// through score_batch (bit-identical to the dense route) and write records with s ≥ τ.
 // Per-query stream: block = (query qlist[y], word chunk x); each warp takes RW words.
 // ---------------------------------------------------------------------------------------
 #define RW 256
@@ -424,7 +400,7 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
                             long long N, const uint32_t* __restrict__ surv,
                             unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
                             long long cap) {
-  __shared__ int sid[8][1024 + 8];
+  __shared__ int sid[8][1024 + 32];
   const int t = qlist[blockIdx.y];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long NW = (N + 31) >> 5;
@@ -443,7 +419,8 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
   load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);
   const float tq = tau[t];
   int* buf = sid[warp];
-  const int g = lane >> 2, c = lane & 3;
+  const int g = lane >> 2, pos = batch_pos(lane);
+  int have = 0;  // ids carried over in buf[0 .. have)
   for (long long wb = w0; wb < w1; wb += 32) {
     const long long wi = wb + lane;
     const uint32_t m = (wi < w1) ? srow[wi] : 0u;
@@ -454,23 +431,30 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
       const int y = __shfl_up_sync(0xffffffffu, incl, o);
       if (lane >= o) incl += y;
     }
-    const int total = __shfl_sync(0xffffffffu, incl, 31);
-    if (total == 0) continue;
-    int pos = incl - n;
+    const int total = have + __shfl_sync(0xffffffffu, incl, 31);
+    int at = have + incl - n;
     uint32_t mm = m;
     while (mm) {
-      const int b = __ffs(mm) - 1;
+      const int bit = __ffs(mm) - 1;
       mm &= mm - 1u;
-      buf[pos++] = (int)(wi * 32 + b);
+      buf[at++] = (int)(wi * 32 + bit);
     }
     __syncwarp();
-    for (int j = 0; j < total; j += 8) {
-      const int my = (j + g < total) ? buf[j + g] : -1;
-      const int i0 = (j + 2 * c < total) ? buf[j + 2 * c] : -1;
-      const int i1 = (j + 2 * c + 1 < total) ? buf[j + 2 * c + 1] : -1;
-      score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, i0, i1, tq, lane, count + t,
+    const bool last = wb + 32 >= w1;
+    const int full = last ? total : (total & ~31);
+    for (int j = 0; j < full; j += 32) {
+      int my[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) my[u] = (j + 8 * u + g < total) ? buf[j + 8 * u + g] : -1;
+      const int id = (j + pos < total) ? buf[j + pos] : -1;
+      score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, id, tq, lane, count + t,
                              rec + (long long)t * cap, cap);
     }
+    __syncwarp();
+    have = total - full;  // < 32 ids left: move them to the front
+    const int src = (lane < have) ? buf[full + lane] : 0;
+    __syncwarp();
+    if (lane < have) buf[lane] = src;
     __syncwarp();
   }
 }
@@ -666,4 +650,12 @@ extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows,
   if (t >= rows) return;
   const unsigned long long r = kth[t];
   tau[t] = r ? code_score((uint32_t)(r >> 32)) : NEG_INF;
+}
+
+// Saturating RNE e4m3 bits of fp64 values via fp32 (plan aux rows, METHOD.md §8).  Any
+// rounding is acceptable here: the planner computes the reconstruction error exactly.
+extern "C" __global__ void e4m3_round_f64(const double* __restrict__ x, long long n,
+                                          uint8_t* __restrict__ out) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __nv_cvt_float_to_fp8((float)x[i], __NV_SATFINITE, __NV_E4M3);
 }
