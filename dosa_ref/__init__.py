@@ -5,11 +5,14 @@ Public contract (DESIGN.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 
 """
 
 from .certificate import slack, upper_bound
+from .decode import DecodeSelector
+from .numeric import fp8_bounds, fp8_topk
 from .plan import Plan, PlanOptions, build_plan
 from .scorer import index_scores, score_keys, topk_ids, topk_of
 from .select import DosaResult, DosaStats, SelectOptions, dosa_topk
 
 __all__ = [
+    "DecodeSelector",
     "DosaResult",
     "DosaStats",
     "Plan",
@@ -17,6 +20,8 @@ __all__ = [
     "SelectOptions",
     "build_plan",
     "dosa_topk",
+    "fp8_bounds",
+    "fp8_topk",
     "index_scores",
     "score_keys",
     "slack",
@@ -24,4 +29,3 @@ __all__ = [
     "topk_of",
     "upper_bound",
 ]
-from .numeric import fp8_bounds, fp8_topk  # noqa: E402, F401  (FP8 numerical certificate)
