@@ -167,7 +167,7 @@ def f32_up(x) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         y = x.astype(np.float32)
         low = y.astype(np.float64) < x
-    y = np.where(low, np.nextafter(y, np.float32(_INF)), y).astype(np.float32)
+        y = np.where(low, np.nextafter(y, np.float32(_INF)), y).astype(np.float32)
     return y
 
 
@@ -404,7 +404,7 @@ class ErrorModel:
     gives 256 + 2^-10) fits W = 17: every observed loss is below 2^(E−17).  Public
     bit-accurate models and DeepSeek-V3's report state 13–14 kept bits.  The default
     W = 13 sits below all of them (4 bits of margin over the observation); the GPU issue
-    checks it on adversarial inputs.  For D = 128: S = 4, θ ≈ 33·2^-13, γ ≈ 0.0162.
+    checks it on adversarial inputs.  For D = 128: S = 4, θ ≈ 33·2^-13, γ ≈ 0.0164.
 
     Epilogue: the screening value is a sum of r + 1 products plus the aux combination
     (chains of ≤ r + 3 operations: γ^e_{r+3}); the scorer multiplies by α_i and w_h and
@@ -468,13 +468,13 @@ class ErrorModel:
         """(ε_r, dot_abs, epi_abs): |s^ref − s| ≤ α(ε_r Σ_h|w_h|X_h + dot_abs Σ_h|w_h|)
         + epi_abs·(Σ_h|w_h| + 2H + 1)."""
         out = []
-        for a in (self.scorer, _CPU_FP64):
+        for cpu, a in ((False, self.scorer), (True, _CPU_FP64)):
             n = a.length(D)
             g = a.dot_relative_error(n)
             ge = a.epilogue_gamma(H + 2)
             eps = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, ge)), 1.0))
             dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))
-            if a is _CPU_FP64:
+            if cpu:
                 # The CPU scorer works on dequantized keys (score units): its product
                 # underflow is absolute in score units, 2D per head.
                 eabs = float(mul_up(mul_up(2.0 * n + 2.0, a.underflow), add_up(1.0, ge)))
