@@ -77,7 +77,7 @@ _CPU64 = {
     "underflow": 2.0**-1074,
     "exact_products": False,
     "dot_length": None,
-    "kept_bits": 13,
+    "kept_bits": 17,
     "k_step": 32,
 }
 
@@ -459,7 +459,7 @@ def audit(
         workload: (q, w, payload, scale, ks, ke), (q, w, k, ks, ke) (keys quantized with
             ``scale_fmt``), or an object / dict with those fields (``dosa_ref.workloads``).
         K: selection size of the ``fp8_topk`` run whose plans are audited.
-        error_model: the model to audit (default ``ErrorModel.hopper_fp8()``).
+        error_model: the model to audit (default ``ErrorModel()``, Hopper FP8, W = 17).
         sample: random pairs checked exactly; small_margin: pairs whose interval margin is
             below small_margin × pair scale are checked exactly too (at most max_exact).
         out: directory for audit.json, audit.md, audit.png and violation_*.npz.

@@ -82,7 +82,7 @@ def test_sums_dots_norms_enclose_exact(xs, seed):
 def test_error_model_fields_and_roundtrip():
     m = ErrorModel()
     assert m == ErrorModel.hopper_fp8()
-    assert m.screen.accumulator == "truncating" and m.screen.kept_bits == 13
+    assert m.screen.accumulator == "truncating" and m.screen.kept_bits == 17
     assert ErrorModel.from_dict(m.to_dict()) == m
     for bad in (
         dict(accumulator="fp16"),
