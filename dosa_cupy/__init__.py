@@ -4,12 +4,13 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     dense_logits(q, w, k_payload, k_scale, ks, ke)      canonical FP8 logits [Qn, N]
     dense_topk(q, w, k_payload, k_scale, K, ks, ke)     dense logits + exact selection
     dosa_topk(q, w, k_payload, k_scale, K, ks, ke, **o) DoSA; ids == dense_topk bitwise
+    fused_topk(...)                                     fused scoring + online τ filter
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ
 """
 
 from .dense import dense_logits, dense_topk, select_records, select_rows
-from .pipeline import DosaGpuStats, dosa_topk
+from .pipeline import DosaGpuStats, dosa_topk, fused_topk
 from .prepare import key_rho, quantize_keys
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "dense_logits",
     "dense_topk",
     "dosa_topk",
+    "fused_topk",
     "key_rho",
     "quantize_keys",
     "select_records",

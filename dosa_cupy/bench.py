@@ -113,6 +113,19 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log):
         )
 
     res["dosa_ms"], _ = _median_ms(cp, dosa, reps, rotate=sets)
+
+    def fused(s):
+        lg_holder["fused"] = dosa_cupy.fused_topk(
+            s["q"], s["w"], s["kp"], s["ksc"], K, s["ks"], s["ke"]
+        )
+
+    res["fused_ms"], _ = _median_ms(cp, fused, reps, rotate=sets)
+    fids, fst = dosa_cupy.fused_topk(
+        s0["q"], s0["w"], s0["kp"], s0["ksc"], K, s0["ks"], s0["ke"], return_stats=True,
+        timing=True,
+    )  # fmt: skip
+    res["fused_ids_equal_dense"] = bool(cp.array_equal(fids, dense_ids))
+    res["fused_stage_ms"] = fst.stage_ms
     ids, st = dosa_cupy.dosa_topk(
         s0["q"], s0["w"], s0["kp"], s0["ksc"], K, s0["ks"], s0["ke"], return_stats=True,
         timing=True, **opts,
@@ -126,6 +139,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log):
     res["overflowed"] = int(st.overflowed.sum())
     res["recovered"] = int(st.recovered.sum())
     res["speedup_vs_dense"] = res["dense_route_ms"] / res["dosa_ms"]
+    res["speedup_vs_fused"] = res["fused_ms"] / res["dosa_ms"]
     log(json.dumps(res))
     return res
 
@@ -133,7 +147,9 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log):
 def markdown(rows):
     head = (
         "| H | Qn | N | logits ms | TFLOP/s | select ms | torch.topk ms | dense route ms "
-        "| DoSA ms | speedup | survival | ids equal |\n|" + "---|" * 12 + "\n"
+        "| fused ms | DoSA ms | DoSA speedup vs dense | vs fused | survival | ids equal |\n|"
+        + "---|" * 14
+        + "\n"
     )
     out = [head]
     for r in rows:
@@ -142,8 +158,9 @@ def markdown(rows):
             f"| {r['H']} | {r['Qn']} | {r['N']} | {r['logits_ms']:.2f} | "
             f"{r['logits_tflops']:.0f} | {r['select_ms']:.2f} | "
             f"{'-' if tt is None else f'{tt:.2f}'} | {r['dense_route_ms']:.2f} | "
-            f"{r['dosa_ms']:.2f} | {r['speedup_vs_dense']:.2f} | {r['survival_mean']:.4f} | "
-            f"{r['dosa_ids_equal_dense']} |\n"
+            f"{r['fused_ms']:.2f} | {r['dosa_ms']:.2f} | {r['speedup_vs_dense']:.2f} | "
+            f"{r['speedup_vs_fused']:.2f} | {r['survival_mean']:.4f} | "
+            f"{r['dosa_ids_equal_dense'] and r['fused_ids_equal_dense']} |\n"
         )
     return "".join(out)
 
@@ -173,6 +190,14 @@ def main(argv=None) -> int:
         )
         print(f"# {sh} done in {time.time() - t0:.1f}s", flush=True)
     md = markdown(rows)
+    for r in rows:
+        md += (
+            f"\nstages H={r['H']} Qn={r['Qn']} N={r['N']}: DoSA "
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["dosa_stage_ms"].items())
+            + "; fused "
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["fused_stage_ms"].items())
+            + "\n"
+        )
     print(md)
     if a.out:
         p = Path(a.out)

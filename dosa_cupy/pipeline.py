@@ -20,7 +20,7 @@ from .dense import QG, ROWB, TILE_N, _dense_logits_raw, _dense_topk_raw, select_
 from .plan import build_plans
 from .prepare import check_inputs, key_rho, pad_heads
 
-__all__ = ["DosaGpuStats", "dosa_topk"]
+__all__ = ["DosaGpuStats", "dosa_topk", "fused_topk"]
 
 OPTIONS = {
     "window": 2048,
@@ -128,39 +128,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     rho = key_rho(kp)
     tm.mark("prepare")
 
-    # Seeds (METHOD.md §2): anchor pool = union of the exact Top-K of n_anchors queries.
-    na = min(o["n_anchors"], Qn)
-    if na > 0:
-        anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
-        aid = _dense_topk_raw(q[anchors], w[anchors], kp, ksc, K, ks[anchors], ke[anchors])
-        pool = cp.unique(aid[aid >= 0]).astype(cp.int32)
-    else:
-        pool = cp.zeros(0, dtype=cp.int32)
-    poolmask = cp.zeros(NW, dtype=cp.uint32)
-    if pool.size:
-        import cupyx
-
-        cupyx.scatter_add(poolmask, pool >> 5, (cp.uint32(1) << (pool & 31).astype(cp.uint32)))
-    pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
-    plo = cp.searchsorted(pool, ks).astype(cp.int32)
-    phi = cp.searchsorted(pool, ke).astype(cp.int32)
-    scap = o["sinks"] + o["window"] + int(pool.size)
-    scap = max(scap, 1)
-    seed_rec = cp.empty((Qn, scap), dtype=cp.uint64)
-    seed_cnt = cp.zeros(Qn, dtype=cp.uint32)
-    warps = 8
-    gx = (scap + warps * 256 - 1) // (warps * 256)
-    kernel(f"seed_score_mt{mth}")(
-        (gx, Qn),
-        (32 * warps,),
-        (
-            q, w, kp, ksc, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), pool_arg,
-            plo, phi, seed_cnt, seed_rec, np.int64(scap),
-        ),
-    )  # fmt: skip
-    _, kth = select_records(K, seed_rec, seed_cnt, want_ids=False, want_kth=True)
-    tau = cp.empty(Qn, dtype=cp.float32)
-    kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
+    pool, poolmask, seed_rec, seed_cnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
     tm.mark("seeds")
 
     # Plan (METHOD.md §3–§5, §8).
@@ -243,6 +211,49 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     return ids
 
 
+def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
+    """Seeds (METHOD.md §2) scored by the canonical scorer and τ = K-th seed record."""
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    mth = Hp // 16
+    N = kp.shape[0]
+    NW = (N + 31) // 32
+    # Seeds (METHOD.md §2): anchor pool = union of the exact Top-K of n_anchors queries.
+    na = min(o["n_anchors"], Qn)
+    if na > 0:
+        anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
+        aid = _dense_topk_raw(q[anchors], w[anchors], kp, ksc, K, ks[anchors], ke[anchors])
+        pool = cp.unique(aid[aid >= 0]).astype(cp.int32)
+    else:
+        pool = cp.zeros(0, dtype=cp.int32)
+    poolmask = cp.zeros(NW, dtype=cp.uint32)
+    if pool.size:
+        import cupyx
+
+        cupyx.scatter_add(poolmask, pool >> 5, (cp.uint32(1) << (pool & 31).astype(cp.uint32)))
+    pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
+    plo = cp.searchsorted(pool, ks).astype(cp.int32)
+    phi = cp.searchsorted(pool, ke).astype(cp.int32)
+    scap = o["sinks"] + o["window"] + int(pool.size)
+    scap = max(scap, 1)
+    seed_rec = cp.empty((Qn, scap), dtype=cp.uint64)
+    seed_cnt = cp.zeros(Qn, dtype=cp.uint32)
+    warps = 8
+    gx = (scap + warps * 256 - 1) // (warps * 256)
+    kernel(f"seed_score_mt{mth}")(
+        (gx, Qn),
+        (32 * warps,),
+        (
+            q, w, kp, ksc, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), pool_arg,
+            plo, phi, seed_cnt, seed_rec, np.int64(scap),
+        ),
+    )  # fmt: skip
+    _, kth = select_records(K, seed_rec, seed_cnt, want_ids=False, want_kth=True)
+    tau = cp.empty(Qn, dtype=cp.float32)
+    kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
+    return pool, poolmask, seed_rec, seed_cnt, tau
+
+
 def _refine(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
     NW = (N + 31) // 32
     warps = 8
@@ -262,3 +273,83 @@ def dense_scores_for_test(q, w, k_payload, k_scale, ks=None, ke=None):  # pragma
 
 
 _ = (time, select_rows)
+
+
+def _invalid_scale_queries(ksc, ks, ke):
+    """Queries that see a key with an invalid scale (α < 0, NaN, inf): bool [Qn]."""
+    cp = cupy_or_raise()
+    bad = ~((ksc >= 0) & cp.isfinite(ksc))
+    pre = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(bad.astype(cp.int64))])
+    return (pre[ke.astype(cp.int64)] - pre[ks.astype(cp.int64)]) > 0
+
+
+def _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap):
+    cp = cupy_or_raise()
+    Qn = q.shape[0]
+    N = kp.shape[0]
+    rec = cp.empty((Qn, cap), dtype=cp.uint64)
+    cnt = cp.zeros(Qn, dtype=cp.uint32)
+    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
+    kernel(f"fused_mt{mth}")(
+        grid,
+        (256,),
+        (
+            q, w, kp, ksc, tau, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
+            np.int32(Qn), np.int64(N), np.int32(QG), cnt, rec, np.int64(cap),
+        ),
+        shared_mem=TILE_N * ROWB + TILE_N * 4,
+    )  # fmt: skip
+    return rec, cnt
+
+
+def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
+    """The fused route (issue 5; what LiteTopK does): seeds → τ, then every visible key is
+    scored with all heads by the canonical scorer and filtered online against τ (compact
+    records, no dense logits), exact selection.  Same contract as ``dosa_topk``; ids equal
+    ``dense_topk``.  Options: window, sinks, n_anchors, buffer, return_stats, timing."""
+    cp = cupy_or_raise()
+    o = _opts(options)
+    tm = _Timer(o["timing"])
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    q, w = pad_heads(q, w)
+    Qn, Hp, _ = q.shape
+    N = kp.shape[0]
+    mth = Hp // 16
+    st = DosaGpuStats()
+    ids = cp.full((Qn, K), -1, dtype=cp.int32)
+    if Qn == 0 or N == 0:
+        return (ids, st) if o["return_stats"] else ids
+    _, poolmask, seed_rec, seed_cnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
+    tm.mark("seeds")
+    cap = int(o["buffer"])
+    rec, cnt = _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap)
+    over = cnt > cap
+    if bool(over.any()):
+        oq = cp.flatnonzero(over)
+        cap2 = int(cnt[oq].max())
+        rec2, cnt2 = _fused_pass(
+            mth, q[oq], w[oq], kp, ksc, tau[oq], ks[oq], ke[oq], o, poolmask, cap2
+        )
+        rec_all = cp.zeros((Qn, max(cap, cap2)), dtype=cp.uint64)
+        rec_all[:, :cap] = rec
+        rec_all[oq, :cap2] = rec2
+        cnt = cnt.copy()
+        cnt[oq] = cnt2
+        rec = rec_all
+    tm.mark("score+filter")
+    ids, _ = select_records(K, seed_rec, seed_cnt, rec, cnt)
+    tm.mark("select")
+    bad = _invalid_scale_queries(ksc, ks, ke)
+    if bool(bad.any()):
+        bq = cp.flatnonzero(bad)
+        ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
+    tm.mark("recover")
+    if o["return_stats"]:
+        st.seeds = cp.asnumpy(seed_cnt).astype(np.int64)
+        st.tau = cp.asnumpy(tau)
+        st.kept = cp.asnumpy(cnt).astype(np.int64)
+        st.overflowed = cp.asnumpy(over)
+        st.recovered = cp.asnumpy(bad)
+        st.stage_ms = dict(tm.ms)
+        return ids, st
+    return ids

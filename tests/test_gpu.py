@@ -33,9 +33,12 @@ if HAVE_GPU:
 
 
 def _run_both(wl, K, **opt):
+    """dense ids, DoSA ids, DoSA stats; also asserts fused == dense (same options)."""
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
     dense = dosa_cupy.dense_topk(*args)
     ids, st = dosa_cupy.dosa_topk(*args, return_stats=True, **opt)
+    fused = dosa_cupy.fused_topk(*args, **opt)
+    assert cp.array_equal(fused, dense), "fused route differs from the dense route"
     return cp.asnumpy(dense), cp.asnumpy(ids), st
 
 

@@ -212,6 +212,80 @@ __device__ __forceinline__ void score_ids_and_emit(const uint32_t (&A)[MT][4][4]
 }
 
 // ---------------------------------------------------------------------------------------
+// Fused route (what LiteTopK does; issue 5): full-head scoring of every visible non-seed
+// key with the canonical scorer, filtered online against the query's seed threshold τ,
+// compact writeback of s ≥ τ — no dense logits.  Exact by Theorem 1 with U = +inf.
+// grid (N/TILE_N, Qn/QG), like dense_logits.
+// ---------------------------------------------------------------------------------------
+template <int MT>
+__device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                           const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                           const float* __restrict__ tau, const int* __restrict__ ks_,
+                           const int* __restrict__ ke_, int sinks, int window,
+                           const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
+                           unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
+                           long long cap) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sk = smem;
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  const long long n0 = (long long)blockIdx.x * TILE_N;
+  load_key_tile(kp, alpha, N, n0, sk, sa);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int pos = batch_pos(lane);
+  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
+  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
+    const int ks = ks_[t], ke = ke_[t];
+    const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
+    if (lo >= hi) continue;
+    const int ns = min(sinks, ke - ks);
+    const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+    uint32_t A[MT][4][4];
+    float wlo[MT], whi[MT];
+    load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+    load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
+    const float tq = tau[t];
+    const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
+    for (int b = blo; b < bhi; ++b) {
+      const long long kw = n0 + 32 * b;
+      uint32_t B[4][4][2];
+      smem_key_frags(sk, b, lane, B);
+      const float sc = score_batch<MT>(A, B, wlo, whi, lane);
+      const int i = b * 32 + pos;
+      const long long key = n0 + i;
+      const float s = sc * sa[i];
+      const uint32_t pm = __ldg(poolmask + (kw >> 5));
+      const bool seed = key < s_hi || key >= loc_lo || ((pm >> pos) & 1u);
+      const bool p = key >= lo && key < hi && !seed && s >= tq;
+      const unsigned m = __ballot_sync(0xffffffffu, p);
+      if (m) {
+        unsigned base = 0;
+        if (lane == 0) base = atomicAdd(count + t, (unsigned)__popc(m));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        if (p) {
+          const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+          if ((long long)at < cap) rec[(long long)t * cap + at] = make_record(s, (int)key);
+        }
+      }
+    }
+  }
+}
+
+#define FUSED_INST(MT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(256) fused_mt##MT(                                \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
+      const int* ks, const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn,    \
+      long long N, int QG, unsigned int* count, unsigned long long* rec, long long cap) {        \
+    fused_impl<MT>(q, w, kp, alpha, tau, ks, ke, sinks, window, poolmask, Qn, N, QG, count, rec, \
+                   cap);                                                                         \
+  }
+FUSED_INST(1)
+FUSED_INST(2)
+FUSED_INST(3)
+FUSED_INST(4)
+
+// ---------------------------------------------------------------------------------------
 // Seed scoring (METHOD.md §2): S_t = sinks [ks, ks+sinks) ∪ local [max(ks+ns, ke−W), ke)
 // ∪ (anchor pool ∩ [ks, ke)).  All seed records go to seed_rec[t, :]; τ is then the K-th
 // largest (selection kernel).  grid (ceil(Smax / (8 warps·SEEDW)), Qn).
