@@ -21,5 +21,5 @@ print('sanitizer-case ids equal', bool(cp.array_equal(d, i)))
 " 2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
 if [ -n "$2" ]; then
-  timeout 280 python3 -m dosa_cupy.bench --shapes "$2" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+  timeout ${BENCH_TIMEOUT:-280} python3 -m dosa_cupy.bench --shapes "$2" --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
 fi
