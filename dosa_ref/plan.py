@@ -226,34 +226,44 @@ def build_plan(
             A = Nn[:0]
     A = np.intersect1d(np.asarray(A, dtype=np.int64), Nn)
 
-    # Work on q_t·2^-e (an exact power-of-two scaling) so that no square or product of
-    # query entries underflows; β and w̃ are scale-free, d, E, a_A and V scale back by 2^e.
-    e = int(pow2_exponent(q_t))
-    qs = np.ldexp(q_t, -e)
     q_R = q_t[R]
     w_R = w_t[R]
     w_fold = w_R.copy()
     anchor = np.full(P.size, -1, dtype=np.int64)
     beta = np.zeros(P.size)
-    d = qs[P].copy()
+    # Each head is handled at its own power-of-two scale (exact): q_h = 2^{e_h} q̃_h with
+    # max|q̃_h| in [0.5, 1).  Squares and dot products of q̃ never underflow, whatever the
+    # heads' relative magnitudes (a single shared scale once lost a head 2^-560 below the
+    # largest one: its ‖d_h‖ became 0).  β, w̃ are scale-free; d_h = 2^{e_h} d̃_h.
+    eh = pow2_exponent(q_t, axis=1)  # [H]
+    qs = np.ldexp(q_t, -eh[:, None])
+    d_s = qs[P].copy()  # d̃_h, in units of 2^{e_h}
     if options.pos_projection and R.size > 0 and P.size > 0:
         qs_R = qs[R]
         nR = np.linalg.norm(qs_R, axis=1)
-        dots = np.maximum(qs[P] @ qs_R.T, 0.0)  # [|P|, r]
-        # Prop. 1 / Prop. 5: anchor maximises [q_h·q_j]_+ / ‖q_j‖; zero-norm anchors
-        # score 0 and give β = 0.
+        dots = np.maximum(qs[P] @ qs_R.T, 0.0)  # [|P|, r], scaled units
+        # Prop. 1 / Prop. 5: anchor maximises [q_h·q_j]_+ / ‖q_j‖ (scale-free up to 2^{e_h},
+        # common to the row); zero-norm anchors score 0 and give β = 0.
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(nR > 0, dots / np.where(nR > 0, nR, 1.0), 0.0)
         jstar = np.argmax(ratio, axis=1)
         for i in range(P.size):
             j = jstar[i]
-            if ratio[i, j] > 0.0:
-                anchor[i] = R[j]
-                beta[i] = dots[i, j] / (nR[j] * nR[j])
-                d[i] = qs[P[i]] - beta[i] * qs_R[j]
-                w_fold[j] += w_t[P[i]] * beta[i]
-    u = w_t[P][:, None] * d  # u_h = w_h d_h, w_h > 0
-    E_P = float(np.sum(w_t[P] * np.linalg.norm(d, axis=1)))
+            if ratio[i, j] <= 0.0:
+                continue
+            b_s = dots[i, j] / (nR[j] * nR[j])  # β in units 2^{e_h − e_j}
+            b = float(np.ldexp(b_s, int(eh[P[i]] - eh[R[j]])))
+            # Prop. 1 holds for any β ≥ 0 with d = q_h − βq_j: keep β only where it is a
+            # normal number, so that β and d̃ describe the same projection exactly.
+            if not (np.isfinite(b) and b >= np.finfo(np.float64).tiny):
+                continue
+            anchor[i], beta[i] = R[j], b
+            d_s[i] = qs[P[i]] - b_s * qs_R[j]
+            w_fold[j] += w_t[P[i]] * b
+    eP = eh[P]
+    d = np.ldexp(d_s, eP[:, None])
+    u = w_t[P][:, None] * d  # u_h = w_h d_h, w_h > 0 (joint_allowance rescales itself)
+    E_P = float(np.sum(w_t[P] * np.ldexp(np.linalg.norm(d_s, axis=1), eP)))
     E_P_joint = float(joint_allowance(u))
     gb = coordinate_groups(D, options.groups)
     G = gb.size - 1
@@ -261,15 +271,12 @@ def build_plan(
     E_groups_joint = np.zeros(G)
     for g in range(G):
         sl = slice(gb[g], gb[g + 1])
-        E_groups[g] = np.sum(w_t[P] * np.linalg.norm(d[:, sl], axis=1))
+        E_groups[g] = np.sum(w_t[P] * np.ldexp(np.linalg.norm(d_s[:, sl], axis=1), eP))
         E_groups_joint[g] = joint_allowance(u[:, sl])
-    a_A = (np.abs(w_t[A])[:, None] * qs[A]).sum(axis=0) if A.size else np.zeros(D)
-    V = a_A - 0.5 * (w_fold[:, None] * qs[R]).sum(axis=0)
-    # Back to the caller's scale (exact unless a result is subnormal; the certificate's
-    # rounding allowance carries an absolute underflow term for that case).
-    d, a_A, V = np.ldexp(d, e), np.ldexp(a_A, e), np.ldexp(V, e)
-    E_P, E_P_joint = float(np.ldexp(E_P, e)), float(np.ldexp(E_P_joint, e))
-    E_groups, E_groups_joint = np.ldexp(E_groups, e), np.ldexp(E_groups_joint, e)
+    # In the caller's scale: products that underflow err by ≤ 2^-1075 each, which the
+    # certificate's absolute underflow term covers.
+    a_A = (np.abs(w_t[A])[:, None] * q_t[A]).sum(axis=0) if A.size else np.zeros(D)
+    V = a_A - 0.5 * (w_fold[:, None] * q_R).sum(axis=0)
     return Plan(
         H=H,
         R=R,

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             for v in r.violations[:8]:
                 print(f"  - {v}")
     if any(KNOWN_ISSUE_TAG in v for r in bad for v in r.violations):
-        print(f"\n({KNOWN_ISSUE_TAG}: see proofs/README.md, 'Known dosa_ref issue')")
+        print(f"\n({KNOWN_ISSUE_TAG}: see proofs/README.md, 'mixed-magnitude heads')")
     print("\nOK: no violations" if not bad else f"\nFAIL: violations in {len(bad)} statement(s)")
     return 1 if bad else 0
 

@@ -103,9 +103,9 @@ def keys(rng: np.random.Generator, n: int, D: int, kind: str, q: np.ndarray | No
 
 # Heads whose magnitudes differ by more than ~2^510 (a single power-of-two rescaling of
 # q_t cannot keep every head's squares out of the subnormal range).  Contexts of such cases
-# carry this tag so tests can tell the known dosa_ref issue (proofs/README.md) from any
-# new violation.
-KNOWN_ISSUE_TAG = "known dosa_ref issue: mixed-magnitude heads"
+# carry this tag: they once broke build_plan (proofs/README.md, fixed) and stay as a
+# regression witness.
+KNOWN_ISSUE_TAG = "mixed-magnitude heads (regression witness, fixed; README)"
 
 
 def spread_heads(rng: np.random.Generator, H: int, D: int):

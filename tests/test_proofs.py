@@ -21,7 +21,7 @@ from proofs import (
     theorem1_exact_topk,
 )
 from proofs._exact import Dy, Surd
-from proofs._gen import KNOWN_ISSUE_TAG, spread_witness
+from proofs._gen import spread_witness
 
 TIGHT = {
     "prop1_anchor_projection",
@@ -46,10 +46,7 @@ def test_run_all_no_violations(audit):
     assert [r.name for r in audit] == proofs.MODULES
     for r in audit:
         assert r.cases > 0 and r.checks > 0, r.name
-        # The only tolerated violations are the documented dosa_ref issue (README); any
-        # other violation fails here.  Remove the filter when dosa_ref is fixed.
-        new = [v for v in r.violations if KNOWN_ISSUE_TAG not in v]
-        assert not new, (r.name, new)
+        assert not r.violations, (r.name, r.violations)
         if r.n_violations == 0:
             assert r.worst_margin is None or r.worst_margin >= 0.0, r.name
 
@@ -70,14 +67,9 @@ def test_registry_loads_every_module():
 # --------------------------------------------------------------------------- known issue
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dosa_ref bug: E_P/E_P_joint/E_g are computed with np.linalg.norm on q scaled "
-    "by ONE power of two; a head ~2^-560 below the largest head has its residual norm "
-    "underflow to 0, and the rounding allowance does not cover the lost E_P‖k‖ "
-    "(proofs/README.md). Remove this mark when fixed.",
-)
-def test_known_issue_mixed_magnitude_heads():
+def test_mixed_magnitude_heads_regression():
+    """Regression: heads 2^-560 apart once lost a residual norm to underflow (the plan
+    now scales each head by its own power of two)."""
     q, w, k = spread_witness()
     res = certificate_bound.check(q[0], w[0], k[:2], R=np.array([2]))
     assert res.ok, res.violations
