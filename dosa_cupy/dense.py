@@ -13,8 +13,8 @@ from .prepare import check_inputs, pad_heads
 
 __all__ = ["dense_logits", "dense_topk", "select_records", "select_rows"]
 
-TILE_N = 256
-ROWB = 144
+TILE_N = 128  # keys per tile (csrc/kernels.cu TILE_N)
+ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
 SEL_BLOCKS = 264

@@ -28,7 +28,7 @@ OPTIONS = {
     "n_anchors": 4,
     "r": 14,
     "buffer": 65536,
-    "mma_bits": 13,
+    "mma_bits": 17,
     "p_sample": 256,
     "return_stats": False,
     "debug_bounds": False,

@@ -8,12 +8,12 @@
 // bit-for-bit the same value whichever route computes it (METHOD.md §9, "Refinement").
 //
 // Fixed MMA sequence (D = 128): keys are processed in batches of 32 = 4 groups of 8 (the
-// n = 8 columns of mma.m16n8k32); heads in tiles of 16 (the m rows).  Lane (g = lane/4, c = lane%4) holds
-// bytes [32c, 32c+32) of key g of the group.  k-step s ∈ {0,1,2,3} feeds the MMA with
-// b0 = bytes 32c+8s+[0,4), b1 = bytes 32c+8s+[4,8) and the same bytes of the query rows
-// (a0/a2 row g, a1/a3 row g+8).  Each head tile's four steps are chained through the
-// accumulator in order s = 0,1,2,3 starting from +0.  A column of the MMA depends only on
-// its own key, so the score of a key does not depend on the other keys of its group.
+// n = 8 columns of mma.m16n8k16), heads in tiles of 16 (the m rows); e4m3 values are
+// converted exactly to f16.  Lane (g = lane/4, c = lane%4) owns dims [32c, 32c+32) of key
+// g of each group and of query rows g, g+8; step s' = 0..7 feeds dims 32c+4s'+{0,1} as
+// k = 2c, 2c+1 and 32c+4s'+{2,3} as k = 2c+8, 2c+9.  Each (head tile, key) chain runs the
+// eight steps in order from +0 with fp32 accumulation inside the MMA.  A column of the MMA
+// depends only on its own key, so a key's score does not depend on the other keys.
 // Head summation: per lane, fmaf over tiles mt = 0..MT-1, rows (g, then g+8); then the
 // transpose-reduce `reduce8` over the 8 lanes sharing c (a fixed pairing tree, the same
 // for every key); finally one fp32 multiply by α.
@@ -29,63 +29,106 @@ typedef unsigned int uint32_t;
 
 namespace dosa {
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t a0, const uint32_t a1,
-                                         const uint32_t a2, const uint32_t a3, const uint32_t b0,
-                                         const uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+// One tensor-core step: D = A·B + D, m16n8k16, f16 inputs (every e4m3 value is exact in
+// f16), fp32 accumulator.  (On sm_90, mma.sync …e4m3… is itself lowered to F2FP
+// conversions + two HMMA.16816 + an FADD per step — seen in the SASS, NOTES.md — so we
+// convert once, outside the inner loop, and chain the HMMAs directly.)
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t a0, const uint32_t a1,
+                                        const uint32_t a2, const uint32_t a3, const uint32_t b0,
+                                        const uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Query rows in registers: A[mt][s][0..3] for MT head tiles.  `rows` points at the
-// query's [MT*16, 128] payload.
-template <int MT>
-__device__ __forceinline__ void load_rows(const uint8_t* __restrict__ rows, uint32_t (&A)[MT][4][4],
-                                          int lane) {
-  const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const uint4* lo = reinterpret_cast<const uint4*>(rows + (mt * 16 + g) * DOSA_D + 32 * c);
-    const uint4* hi = reinterpret_cast<const uint4*>(rows + (mt * 16 + g + 8) * DOSA_D + 32 * c);
-    uint4 l0 = __ldg(lo), l1 = __ldg(lo + 1), h0 = __ldg(hi), h1 = __ldg(hi + 1);
-    // step s uses bytes 8s..8s+7 of the lane's 32 bytes: word 2s (a0/a1), word 2s+1 (a2/a3)
-    A[mt][0][0] = l0.x; A[mt][0][1] = h0.x; A[mt][0][2] = l0.y; A[mt][0][3] = h0.y;
-    A[mt][1][0] = l0.z; A[mt][1][1] = h0.z; A[mt][1][2] = l0.w; A[mt][1][3] = h0.w;
-    A[mt][2][0] = l1.x; A[mt][2][1] = h1.x; A[mt][2][2] = l1.y; A[mt][2][3] = h1.y;
-    A[mt][3][0] = l1.z; A[mt][3][1] = h1.z; A[mt][3][2] = l1.w; A[mt][3][3] = h1.w;
-  }
+// Two e4m3 (low 16 bits / high 16 bits of w) → f16x2 (exact; lower byte → lower half).
+__device__ __forceinline__ uint32_t f16x2_lo(uint32_t w) {
+  uint32_t r;
+  const unsigned short x = (unsigned short)(w & 0xffffu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+__device__ __forceinline__ uint32_t f16x2_hi(uint32_t w) {
+  uint32_t r;
+  const unsigned short x = (unsigned short)(w >> 16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
 }
 
-// Key fragment: the lane's 32 bytes of its key row, as B[s][0..1].
-__device__ __forceinline__ void key_frag(const uint4 u0, const uint4 u1, uint32_t (&B)[4][2]) {
-  B[0][0] = u0.x; B[0][1] = u0.y; B[1][0] = u0.z; B[1][1] = u0.w;
-  B[2][0] = u1.x; B[2][1] = u1.y; B[3][0] = u1.z; B[3][1] = u1.w;
-}
+// k-order: lane c owns dims [32c, 32c+32) of every row; f16 step s' = 0..7 covers dims
+// 32c + 4s' + {0,1} (MMA k = 2c, 2c+1) and 32c + 4s' + {2,3} (k = 2c+8, 2c+9).
 
-// Raw MMA products of MT row tiles with one key group: C[mt][0..3] (rows g / g+8, keys
-// 2c / 2c+1 of the group), each tile chained over s = 0..3 from +0.
+// Query rows (MT tiles of 16 rows, payload [MT*16, 128] e4m3).  For MT ≤ 2 the f16
+// fragments are kept in registers (converted once per query); for larger MT the e4m3
+// words are kept and converted at each use (register budget).
 template <int MT>
-__device__ __forceinline__ void mma_group(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][2],
-                                          float (&C)[MT][4]) {
+struct QRows {
+  static constexpr bool kF16 = MT <= 2;
+  uint32_t w8[kF16 ? 1 : MT][kF16 ? 1 : 2][8];     // [mt][row g / g+8][word]
+  uint32_t h[kF16 ? MT : 1][8][4];                  // [mt][s'][a0..a3]
+  __device__ __forceinline__ void load(const uint8_t* __restrict__ rows, int lane) {
+    const int g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    C[mt][0] = 0.f; C[mt][1] = 0.f; C[mt][2] = 0.f; C[mt][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint4* lo = reinterpret_cast<const uint4*>(rows + (mt * 16 + g) * DOSA_D + 32 * c);
+      const uint4* hi = reinterpret_cast<const uint4*>(rows + (mt * 16 + g + 8) * DOSA_D + 32 * c);
+      const uint4 l0 = __ldg(lo), l1 = __ldg(lo + 1), h0 = __ldg(hi), h1 = __ldg(hi + 1);
+      const uint32_t wl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+      const uint32_t wh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+      for (int sp = 0; sp < 8; ++sp) {
+        if constexpr (kF16) {
+          h[mt][sp][0] = f16x2_lo(wl[sp]);
+          h[mt][sp][1] = f16x2_lo(wh[sp]);
+          h[mt][sp][2] = f16x2_hi(wl[sp]);
+          h[mt][sp][3] = f16x2_hi(wh[sp]);
+        } else {
+          w8[mt][0][sp] = wl[sp];
+          w8[mt][1][sp] = wh[sp];
+        }
+      }
+    }
   }
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      mma_e4m3(C[mt], A[mt][s][0], A[mt][s][1], A[mt][s][2], A[mt][s][3], B[s][0], B[s][1]);
+  __device__ __forceinline__ void frag(int mt, int sp, uint32_t& a0, uint32_t& a1, uint32_t& a2,
+                                       uint32_t& a3) const {
+    if constexpr (kF16) {
+      a0 = h[mt][sp][0]; a1 = h[mt][sp][1]; a2 = h[mt][sp][2]; a3 = h[mt][sp][3];
+    } else {
+      a0 = f16x2_lo(w8[mt][0][sp]); a1 = f16x2_lo(w8[mt][1][sp]);
+      a2 = f16x2_hi(w8[mt][0][sp]); a3 = f16x2_hi(w8[mt][1][sp]);
+    }
   }
-}
+};
 
-// A batch = 4 key groups = 32 keys.  Same per-(tile, key) chains as mma_group (each chain
-// runs s = 0..3 from +0), interleaved for instruction-level parallelism: the value of a
-// chain does not depend on the interleaving.
-template <int MT>
-__device__ __forceinline__ void mma_batch(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][4][2],
+// Keys of a batch (4 groups × 8 keys) in a shared-memory f16 tile.  Row layout (ROWH
+// bytes per key): 16-byte chunk (j, c) at j*64 + c*16 holds f16 dims 32c + 8j .. +8, i.e.
+// the b0, b1 words of steps 2j and 2j+1 for lane c.  ROWH = 320 makes the LDS.128 of a
+// quarter warp (g ∈ {2p, 2p+1}, c = 0..3) conflict-free.
+#define ROWH 320
+struct KeysSmem {
+  const uint8_t* sk;  // row of key 0 of the batch
+  __device__ __forceinline__ uint4 chunk(int u, int j, int lane) const {
+    return *reinterpret_cast<const uint4*>(sk + (u * 8 + (lane >> 2)) * ROWH + j * 64 + (lane & 3) * 16);
+  }
+};
+
+// Keys of a batch gathered from global memory (e4m3 payload): lane g holds bytes
+// [32c, 32c+32) of key g of each group u.
+struct KeysReg {
+  uint4 v[4][2];
+  __device__ __forceinline__ uint4 chunk(int u, int j, int) const {
+    const uint4& x = v[u][j >> 1];
+    const uint32_t w0 = (j & 1) ? x.z : x.x, w1 = (j & 1) ? x.w : x.y;
+    return make_uint4(f16x2_lo(w0), f16x2_hi(w0), f16x2_lo(w1), f16x2_hi(w1));
+  }
+};
+
+// A batch = 4 key groups = 32 keys.  For every (row tile mt, group u) the accumulator
+// chain runs over s' = 0..7 in order from +0 (the canonical MMA sequence); chains are
+// interleaved for instruction-level parallelism, which does not change their values.
+template <int MT, class KS>
+__device__ __forceinline__ void mma_batch(const QRows<MT>& A, const KS& keys, int lane,
                                           float (&C)[4][MT][4]) {
 #pragma unroll
   for (int u = 0; u < 4; ++u)
@@ -94,12 +137,22 @@ __device__ __forceinline__ void mma_batch(const uint32_t (&A)[MT][4][4], const u
       C[u][mt][0] = 0.f; C[u][mt][1] = 0.f; C[u][mt][2] = 0.f; C[u][mt][3] = 0.f;
     }
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
+  for (int j = 0; j < 4; ++j) {
+    uint4 b[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < 4; ++u) b[u] = keys.chunk(u, j, lane);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        mma_e4m3(C[u][mt], A[mt][s][0], A[mt][s][1], A[mt][s][2], A[mt][s][3], B[u][s][0], B[u][s][1]);
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t a0, a1, a2, a3;
+        A.frag(mt, 2 * j + h, a0, a1, a2, a3);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          mma_f16(C[u][mt], a0, a1, a2, a3, h ? b[u].z : b[u].x, h ? b[u].w : b[u].y);
+      }
+    }
+  }
 }
 
 // Transpose-reduce over the 8 lanes sharing c (lane bits 2..4 = g): x[i] are the lane's
@@ -136,11 +189,11 @@ __device__ __forceinline__ int batch_pos(int lane) {
 // x[2u+v] = fmaf chain over tiles mt of w'[16mt+g]·[C_row g]_+ then w'[16mt+g+8]·[C_row g+8]_+
 // for key 2c+v of group u; then reduce8.  Returns the payload-unit sum Σ_h w'_h[x_h]_+
 // of the key at batch_pos(lane); the caller multiplies by α (one fp32 multiply).
-template <int MT>
-__device__ __forceinline__ float score_batch(const uint32_t (&A)[MT][4][4], const uint32_t (&B)[4][4][2],
-                                             const float (&wlo)[MT], const float (&whi)[MT], int lane) {
+template <int MT, class KS>
+__device__ __forceinline__ float score_batch(const QRows<MT>& A, const KS& keys, const float (&wlo)[MT],
+                                             const float (&whi)[MT], int lane) {
   float C[4][MT][4];
-  mma_batch<MT>(A, B, C);
+  mma_batch<MT, KS>(A, keys, lane, C);
   float x[8];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {

@@ -6,8 +6,7 @@
 
 #include "common.cuh"
 
-#define TILE_N 256          // keys per block tile (dense logits and screening)
-#define ROWB 144            // padded shared-memory key row (128 B + 16: conflict-free LDS.128)
+#define TILE_N 128          // keys per block tile (dense logits, fused route, screening)
 #define NEG_INF __int_as_float(0xff800000)
 
 using namespace dosa;
@@ -91,36 +90,30 @@ extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, l
 __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
                                               const float* __restrict__ alpha, long long N,
                                               long long n0, uint8_t* sk, float* sa) {
+  // e4m3 → f16 once per tile (reused by every query of the block); layout: see KeysSmem.
   for (int i = threadIdx.x; i < TILE_N * 8; i += blockDim.x) {
-    const int r = i >> 3, c16 = i & 7;
+    const int r = i >> 3, m = i & 7, c = m >> 1, j = 2 * (m & 1);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (n0 + r < N) v = __ldg(reinterpret_cast<const uint4*>(kp + (n0 + r) * DOSA_D) + c16);
-    *reinterpret_cast<uint4*>(sk + r * ROWB + c16 * 16) = v;
+    if (n0 + r < N) v = __ldg(reinterpret_cast<const uint4*>(kp + (n0 + r) * DOSA_D) + m);
+    uint8_t* row = sk + r * ROWH + c * 16;
+    *reinterpret_cast<uint4*>(row + j * 64) = make_uint4(f16x2_lo(v.x), f16x2_hi(v.x), f16x2_lo(v.y), f16x2_hi(v.y));
+    *reinterpret_cast<uint4*>(row + (j + 1) * 64) = make_uint4(f16x2_lo(v.z), f16x2_hi(v.z), f16x2_lo(v.w), f16x2_hi(v.w));
   }
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
 }
 
-__device__ __forceinline__ void smem_key_frags(const uint8_t* sk, int batch, int lane,
-                                               uint32_t (&B)[4][4][2]) {
+// Key fragments of 32 arbitrary keys: lane g loads key my[u] (= ids[8u + g]) of group u.
+__device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, const int (&my)[4], int lane,
+                                            KeysReg& K) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const uint8_t* p = sk + (batch * 32 + u * 8 + (lane >> 2)) * ROWB + 32 * (lane & 3);
-    key_frag(*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 16), B[u]);
-  }
-}
-
-// Key fragments of 32 arbitrary keys: lane g loads key ids[8u + g] of each group u.
-__device__ __forceinline__ void gather_key_frags(const uint8_t* __restrict__ kp, const int (&my)[4],
-                                                 int lane, uint32_t (&B)[4][4][2]) {
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    uint4 u0 = make_uint4(0u, 0u, 0u, 0u), u1 = u0;
+    K.v[u][0] = make_uint4(0u, 0u, 0u, 0u);
+    K.v[u][1] = K.v[u][0];
     if (my[u] >= 0) {
       const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my[u] * DOSA_D + 32 * (lane & 3));
-      u0 = __ldg(p);
-      u1 = __ldg(p + 1);
+      K.v[u][0] = __ldg(p);
+      K.v[u][1] = __ldg(p + 1);
     }
-    key_frag(u0, u1, B[u]);
   }
 }
 
@@ -135,7 +128,7 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
                                   long long N, int QG, float* __restrict__ out) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
-  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
   const long long n0 = (long long)blockIdx.x * TILE_N;
   load_key_tile(kp, alpha, N, n0, sk, sa);
   __syncthreads();
@@ -150,18 +143,16 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
       for (int i = lane; i < tile_n; i += 32) orow[i] = NEG_INF;
       continue;
     }
-    uint32_t A[MT][4][4];
+    QRows<MT> A;
     float wlo[MT], whi[MT];
-    load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+    A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
     load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
     const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
     for (int b = 0; b < TILE_N / 32; ++b) {
       const int i = b * 32 + pos;
       float v = NEG_INF;
       if (b >= blo && b < bhi) {
-        uint32_t B[4][4][2];
-        smem_key_frags(sk, b, lane, B);
-        const float sc = score_batch<MT>(A, B, wlo, whi, lane);
+        const float sc = score_batch<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
         if (n0 + i >= lo && n0 + i < hi) v = sc * sa[i];
       }
       if (i < tile_n) orow[i] = v;
@@ -188,15 +179,15 @@ DENSE_INST(4)
 // nothing is silently lost.
 // ---------------------------------------------------------------------------------------
 template <int MT>
-__device__ __forceinline__ void score_ids_and_emit(const uint32_t (&A)[MT][4][4], const float (&wlo)[MT],
+__device__ __forceinline__ void score_ids_and_emit(const QRows<MT>& A, const float (&wlo)[MT],
                                                    const float (&whi)[MT],
                                                    const uint8_t* __restrict__ kp,
                                                    const float* __restrict__ alpha,
                                                    const int (&my)[4], int id, float tau, int lane,
                                                    unsigned int* count, unsigned long long* rec,
                                                    long long cap) {
-  uint32_t B[4][4][2];
-  gather_key_frags(kp, my, lane, B);
+  KeysReg B;
+  gather_keys(kp, my, lane, B);
   float s = score_batch<MT>(A, B, wlo, whi, lane);
   s = (id >= 0) ? s * __ldg(alpha + id) : 0.f;
   const bool p = id >= 0 && s >= tau;
@@ -227,7 +218,7 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
                            long long cap) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
-  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
   const long long n0 = (long long)blockIdx.x * TILE_N;
   load_key_tile(kp, alpha, N, n0, sk, sa);
   __syncthreads();
@@ -241,17 +232,15 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
     if (lo >= hi) continue;
     const int ns = min(sinks, ke - ks);
     const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-    uint32_t A[MT][4][4];
+    QRows<MT> A;
     float wlo[MT], whi[MT];
-    load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+    A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
     load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
     const float tq = tau[t];
     const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
     for (int b = blo; b < bhi; ++b) {
       const long long kw = n0 + 32 * b;
-      uint32_t B[4][4][2];
-      smem_key_frags(sk, b, lane, B);
-      const float sc = score_batch<MT>(A, B, wlo, whi, lane);
+      const float sc = score_batch<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
       const int i = b * 32 + pos;
       const long long key = n0 + i;
       const float s = sc * sa[i];
@@ -319,9 +308,9 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
   const long long total = (long long)ns + nloc + (phi - plo);
   const long long j0 = ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * SEEDW;
   if (j0 >= total) return;
-  uint32_t A[MT][4][4];
+  QRows<MT> A;
   float wlo[MT], whi[MT];
-  load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+  A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
   const long long j1 = min(total, j0 + SEEDW);
   const int g = lane >> 2, pos = batch_pos(lane);
@@ -371,7 +360,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
                             double* __restrict__ Uout) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
-  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWB);
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
   float* sr = sa + TILE_N;
   const long long n0 = (long long)blockIdx.x * TILE_N;
   load_key_tile(kp, alpha, N, n0, sk, sa);
@@ -392,9 +381,9 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     }
     const int ns = min(sinks, ke - ks);
     const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-    uint32_t A[MTS][4][4];
+    QRows<MTS> A;
     float olo[MTS], ohi[MTS];
-    load_rows<MTS>(rows + (long long)t * (MTS * 16) * DOSA_D, A, lane);
+    A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
     load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
     const float sg = sig[t], tq = tau[t];
     const double C = Cq[t], er = eps_raw[t];
@@ -404,10 +393,8 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       if (kw >= N) break;
       uint32_t word = 0u;
       if (kw + 32 > lo && kw < hi) {
-        uint32_t B[4][4][2];
-        smem_key_frags(sk, b, lane, B);
         float Cm[4][MTS][4];
-        mma_batch<MTS>(A, B, Cm);
+        mma_batch<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
         float x[8];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -487,9 +474,9 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
   bool any = false;
   for (long long wi = w0 + lane; wi < w1; wi += 32) any |= srow[wi] != 0u;
   if (!__any_sync(0xffffffffu, any)) return;
-  uint32_t A[MT][4][4];
+  QRows<MT> A;
   float wl[MT], wh[MT];
-  load_rows<MT>(q + (long long)t * (MT * 16) * DOSA_D, A, lane);
+  A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);
   const float tq = tau[t];
   int* buf = sid[warp];
