@@ -259,7 +259,7 @@ def _refine(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
     warps = 8
     gx = (NW + warps * 256 - 1) // (warps * 256)
     kernel(f"refine_mt{mth}")(
-        (gx, int(qlist.size)),
+        (int(qlist.size), gx),
         (32 * warps,),
         (q, w, kp, ksc, tau, ks, ke, qlist, np.int64(N), surv, cnt, rec, np.int64(cap)),
     )

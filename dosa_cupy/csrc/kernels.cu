@@ -220,7 +220,9 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
   uint8_t* sk = smem;
   float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
   const long long n0 = (long long)blockIdx.x * TILE_N;
+  __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   load_key_tile(kp, alpha, N, n0, sk, sa);
+  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int pos = batch_pos(lane);
@@ -239,13 +241,11 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
     const float tq = tau[t];
     const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
     for (int b = blo; b < bhi; ++b) {
-      const long long kw = n0 + 32 * b;
       const float sc = score_batch<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
       const int i = b * 32 + pos;
       const long long key = n0 + i;
       const float s = sc * sa[i];
-      const uint32_t pm = __ldg(poolmask + (kw >> 5));
-      const bool seed = key < s_hi || key >= loc_lo || ((pm >> pos) & 1u);
+      const bool seed = key < s_hi || key >= loc_lo || ((spm[b] >> pos) & 1u);
       const bool p = key >= lo && key < hi && !seed && s >= tq;
       const unsigned m = __ballot_sync(0xffffffffu, p);
       if (m) {
@@ -363,8 +363,10 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
   float* sr = sa + TILE_N;
   const long long n0 = (long long)blockIdx.x * TILE_N;
+  __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   load_key_tile(kp, alpha, N, n0, sk, sa);
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int g = lane >> 2, pos = batch_pos(lane);
@@ -423,8 +425,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
         if (vis && !(al >= 0.f && al < __int_as_float(0x7f800000))) bad = true;
         if (Uout && vis) Uout[(long long)t * N + key] = U;
-        const uint32_t pm = __ldg(poolmask + (kw >> 5));
-        const bool seed = key < s_hi || key >= loc_lo || ((pm >> pos) & 1u);
+        const bool seed = key < s_hi || key >= loc_lo || ((spm[b] >> pos) & 1u);
         const bool p = vis && !seed && !(U < (double)tq);
         word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
       }
@@ -450,7 +451,10 @@ SCREEN_INST(2)
 // ---------------------------------------------------------------------------------------
 // Refinement (METHOD.md §9): score every surviving key of the bitmask with all H heads
 // through score_batch (bit-identical to the dense route) and write records with s ≥ τ.
-// Per-query stream: block = (query qlist[y], word chunk x); each warp takes RW words.
+// Per-query stream: block = (query qlist[x], word chunk y); each warp takes RW words.  The
+// query index varies fastest, so concurrently resident blocks work on the same key chunk
+// for many queries and the gathered keys are served from L2 (a key that survives for
+// several queries is read from HBM about once per chunk, not once per query).
 // ---------------------------------------------------------------------------------------
 #define RW 256
 template <int MT>
@@ -462,11 +466,11 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
                             unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
                             long long cap) {
   __shared__ int sid[8][1024 + 32];
-  const int t = qlist[blockIdx.y];
+  const int t = qlist[blockIdx.x];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long NW = (N + 31) >> 5;
   const long long wlo_ = (long long)ks_[t] >> 5, whi_ = ((long long)ke_[t] + 31) >> 5;
-  const long long w0 = wlo_ + ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * RW;
+  const long long w0 = wlo_ + ((long long)blockIdx.y * (blockDim.x >> 5) + warp) * RW;
   if (w0 >= whi_) return;
   const long long w1 = min(whi_, w0 + RW);
   const uint32_t* srow = surv + (long long)t * NW;
