@@ -85,6 +85,11 @@ class DevicePlan:
     r: object  # int [Qn] retained heads
     omitted_positive: object  # int [Qn] |P|
     aggregated: object  # int [Qn] |A|
+    inR: object = None  # bool [Qn, Hp] retained heads (for tests against dosa_ref.plan)
+    inA: object = None  # bool [Qn, Hp] aggregated negative heads
+    w_fold: object = None  # float64 [Qn, Hp] w̃ (folded weights; = w outside R ∪ P)
+    a_A: object = None  # float64 [Qn, D] negative aggregate
+    E: object = None  # float64 [Qn] positive allowance (outward)
 
 
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
@@ -239,4 +244,9 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13):
         r=nR,
         omitted_positive=P.sum(axis=1),
         aggregated=A.sum(axis=1),
+        inR=inR,
+        inA=A,
+        w_fold=wt,
+        a_A=aA,
+        E=E,
     )

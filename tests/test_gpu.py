@@ -96,6 +96,40 @@ def test_dense_scores_within_error_model(regime, H):
     assert np.all(err <= bound)
 
 
+@pytest.mark.parametrize("H", [32, 64])
+def test_gpu_plan_matches_reference(H):
+    """The batched GPU plan equals dosa_ref.plan.build_plan (same R and A) within float64
+    rounding: folded weights, negative aggregate, positive allowance min(E_P, E_P^joint)
+    (the GPU value is rounded outward by 2^-30 of its magnitude sum); ω = fp32(w̃)."""
+    from dosa_cupy.plan import build_plans, row_slots
+    from dosa_ref.plan import PlanOptions, build_plan
+
+    wl = make_gpu_workload("structured", 16, 4096, H, seed=8)
+    sample = cp.arange(0, 4096, 16)
+    for r, mts in ((14, 1), (30, 2)):
+        pl = build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+        qv = e4m3_values(cp.asnumpy(wl["q"]))
+        w = cp.asnumpy(wl["w"]).astype(np.float64)
+        inR, inA = cp.asnumpy(pl.inR), cp.asnumpy(pl.inA)
+        wt, aA, E = cp.asnumpy(pl.w_fold), cp.asnumpy(pl.a_A), cp.asnumpy(pl.E)
+        om = cp.asnumpy(pl.omega)
+        for t in range(16):
+            R, A = np.flatnonzero(inR[t]), np.flatnonzero(inA[t])
+            ref = build_plan(
+                qv[t], w[t], np.full(H, 0.5), r, PlanOptions(allowance="joint"), R=R, A=A
+            )
+            assert np.array_equal(ref.R, R)
+            mag = np.abs(w[t]).sum() * np.abs(qv[t]).max() + 1e-300
+            assert np.allclose(ref.w_fold, wt[t, R], rtol=1e-12, atol=1e-12 * mag)
+            assert np.allclose(ref.a_A, aA[t], rtol=1e-12, atol=1e-12 * mag)
+            e_ref = min(ref.E_P, ref.E_P_joint)
+            assert E[t] >= e_ref * (1 - 1e-12)
+            assert E[t] <= e_ref * (1 + 1e-8) + 1e-8 * mag
+            got = np.sort(om[t, row_slots(mts)][om[t, row_slots(mts)] != 0])
+            want = np.sort(ref.w_fold.astype(np.float32)[ref.w_fold.astype(np.float32) != 0])
+            assert np.array_equal(got, want)
+
+
 def test_select_matches_host_order():
     wl = make_gpu_workload("ties", 32, 20000, 32, seed=5)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))

@@ -59,12 +59,12 @@ __device__ __forceinline__ uint32_t f16x2_hi(uint32_t w) {
 // k-order: lane c owns dims [32c, 32c+32) of every row; f16 step s' = 0..7 covers dims
 // 32c + 4s' + {0,1} (MMA k = 2c, 2c+1) and 32c + 4s' + {2,3} (k = 2c+8, 2c+9).
 
-// Query rows (MT tiles of 16 rows, payload [MT*16, 128] e4m3).  For MT ≤ 2 the f16
+// Query rows (MT tiles of 16 rows, payload [MT*16, 128] e4m3).  For MT ≤ 4 the f16
 // fragments are kept in registers (converted once per query); for larger MT the e4m3
 // words are kept and converted at each use (register budget).
 template <int MT>
 struct QRows {
-  static constexpr bool kF16 = MT <= 2;
+  static constexpr bool kF16 = MT <= 4;  // all supported H (≤ 64): 240 regs at MT=4, no spills
   uint32_t w8[kF16 ? 1 : MT][kF16 ? 1 : 2][8];     // [mt][row g / g+8][word]
   uint32_t h[kF16 ? MT : 1][8][4];                  // [mt][s'][a0..a3]
   __device__ __forceinline__ void load(const uint8_t* __restrict__ rows, int lane) {
