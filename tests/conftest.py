@@ -9,7 +9,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_common = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 settings.register_profile("ci", derandomize=True, max_examples=60, print_blob=True, **_common)
 settings.register_profile("dev", max_examples=200, print_blob=True, **_common)
 settings.register_profile("nightly", max_examples=20000, print_blob=True, **_common)

@@ -63,9 +63,11 @@ def test_slack_decomposition(qwk, options):
     q, w, k = qwk
     plan = build_plan(q, w, activation_frequency(q, k), max(1, q.shape[0] // 2), options)
     parts = slack(plan, q, w, k)
-    mag = (np.abs(w) @ np.abs(q)) @ np.abs(k).T + np.abs(plan.w_fold) @ np.abs(plan.q_R) @ np.abs(
-        k
-    ).T + (np.abs(w) @ np.linalg.norm(q, axis=1)) * np.linalg.norm(k, axis=1)
+    mag = (
+        (np.abs(w) @ np.abs(q)) @ np.abs(k).T
+        + np.abs(plan.w_fold) @ np.abs(plan.q_R) @ np.abs(k).T
+        + (np.abs(w) @ np.linalg.norm(q, axis=1)) * np.linalg.norm(k, axis=1)
+    )
     tol = 64 * (q.shape[0] + q.shape[1] + 8) * 2.0**-53 * mag + 1e-300
     for name in ("positive", "missed_negative", "cancellation"):
         assert np.all(parts[name] >= -tol), name
