@@ -8,6 +8,7 @@ upward is therefore done in fp64 with ``__d*_ru`` intrinsics (METHOD.md §8).
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -23,11 +24,40 @@ def cupy_or_raise():
     return cupy
 
 
+TILES = (128, 256)
+_state = {"tile": int(os.environ.get("DOSA_TILE_N", "128"))}
+
+
+def tile() -> int:
+    """Keys per block tile of the tiled kernels (dense logits, fused, screen)."""
+    return _state["tile"]
+
+
+def set_tile(n: int) -> None:
+    """Choose the key-tile size (128: 41 KB shared memory per block; 256: 82 KB, needs the
+    dynamic shared-memory opt-in).  Scores do not depend on it (a key's score is a
+    function of that key alone)."""
+    if n not in TILES:
+        raise ValueError(f"tile: expected one of {TILES}, got {n!r}")
+    _state["tile"] = int(n)
+
+
 @functools.cache
-def module():
+def module(tile_n: int = 128):
     cp = cupy_or_raise()
-    return cp.RawModule(code=KERNEL_FILE.read_text(), options=OPTIONS, backend="nvrtc")
+    opts = OPTIONS + (f"-DDOSA_TILE_N={int(tile_n)}",)
+    return cp.RawModule(code=KERNEL_FILE.read_text(), options=opts, backend="nvrtc")
 
 
-def kernel(name: str):
-    return module().get_function(name)
+def kernel(name: str, smem: int = 0):
+    """Kernel ``name`` of the module built for the current tile size; raises the dynamic
+    shared-memory limit when a launch needs more than 48 KB."""
+    f = module(tile()).get_function(name)
+    if smem > 48 * 1024 and (name, tile(), smem) not in _opted:
+        cp = cupy_or_raise()
+        cp.cuda.driver.funcSetAttribute(f.ptr, 8, int(smem))  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _opted.add((name, tile(), smem))
+    return f
+
+
+_opted: set = set()

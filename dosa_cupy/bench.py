@@ -146,16 +146,16 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log):
 
 def markdown(rows):
     head = (
-        "| H | Qn | N | logits ms | TFLOP/s | select ms | torch.topk ms | dense route ms "
+        "| tile | H | Qn | N | logits ms | TFLOP/s | select ms | torch.topk ms | dense route ms "
         "| fused ms | DoSA ms | DoSA speedup vs dense | vs fused | survival | ids equal |\n|"
-        + "---|" * 14
+        + "---|" * 15
         + "\n"
     )
     out = [head]
     for r in rows:
         tt = r.get("torch_topk_ms")
         out.append(
-            f"| {r['H']} | {r['Qn']} | {r['N']} | {r['logits_ms']:.2f} | "
+            f"| {r.get('tile', 128)} | {r['H']} | {r['Qn']} | {r['N']} | {r['logits_ms']:.2f} | "
             f"{r['logits_tflops']:.0f} | {r['select_ms']:.2f} | "
             f"{'-' if tt is None else f'{tt:.2f}'} | {r['dense_route_ms']:.2f} | "
             f"{r['fused_ms']:.2f} | {r['dosa_ms']:.2f} | {r['speedup_vs_dense']:.2f} | "
@@ -175,20 +175,27 @@ def main(argv=None) -> int:
     ap.add_argument("--rotate", type=int, default=2)
     ap.add_argument("--r", type=int, default=None, help="retained heads (default 14 / 30)")
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md")
+    ap.add_argument("--tile", default="128", help="key tile sizes to run, e.g. 128,256")
     a = ap.parse_args(argv)
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    from dosa_cupy._build import set_tile
+
     rows = []
-    for sh in a.shapes.split(","):
-        if a.filter and a.filter not in sh:
-            continue
-        H, Qn, N = (int(x) for x in sh.split("x"))
-        r = a.r if a.r is not None else (14 if H <= 32 else 30)
-        t0 = time.time()
-        rows.append(
-            bench_shape(H, Qn, N, a.K, a.regime, a.reps, a.rotate, {"r": r}, lambda s: print(s))
-        )
-        print(f"# {sh} done in {time.time() - t0:.1f}s", flush=True)
+    for tile in (int(x) for x in a.tile.split(",")):
+        set_tile(tile)
+        for sh in a.shapes.split(","):
+            if a.filter and a.filter not in sh:
+                continue
+            H, Qn, N = (int(x) for x in sh.split("x"))
+            r = a.r if a.r is not None else (14 if H <= 32 else 30)
+            t0 = time.time()
+            row = bench_shape(
+                H, Qn, N, a.K, a.regime, a.reps, a.rotate, {"r": r}, lambda s: print(s)
+            )
+            row["tile"] = tile
+            rows.append(row)
+            print(f"# {sh} tile={tile} done in {time.time() - t0:.1f}s", flush=True)
     md = markdown(rows)
     for r in rows:
         md += (

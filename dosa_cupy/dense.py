@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._build import cupy_or_raise, kernel
+from ._build import cupy_or_raise, kernel, tile
 from .prepare import check_inputs, pad_heads
 
 __all__ = ["dense_logits", "dense_topk", "select_records", "select_rows"]
 
-TILE_N = 128  # keys per tile (csrc/kernels.cu TILE_N)
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
@@ -30,9 +29,10 @@ def _dense_logits_raw(q, w, kp, ksc, ks, ke):
     out = cp.empty((Qn, N), dtype=cp.float32)
     if Qn == 0 or N == 0:
         return out
-    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
-    smem = TILE_N * ROWB + TILE_N * 4
-    kernel(f"dense_logits_mt{Hp // 16}")(
+    T = tile()
+    grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
+    smem = T * ROWB + T * 4
+    kernel(f"dense_logits_mt{Hp // 16}", smem)(
         grid,
         (256,),
         (q, w, kp, ksc, ks, ke, np.int32(Qn), np.int64(N), np.int32(QG), out),

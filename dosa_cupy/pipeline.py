@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._build import cupy_or_raise, kernel
-from .dense import QG, ROWB, TILE_N, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
+from ._build import cupy_or_raise, kernel, tile
+from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
 from .plan import build_plans
 from .prepare import check_inputs, key_rho, pad_heads
 
@@ -143,8 +143,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     surv = cp.empty((Qn, NW), dtype=cp.uint32)
     err = cp.zeros(Qn, dtype=cp.int32)
     Uout = cp.full((Qn, N), np.nan) if o["debug_bounds"] else None
-    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
-    kernel(f"screen_mt{mts}")(
+    T = tile()
+    grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
+    kernel(f"screen_mt{mts}", T * ROWB + T * 8)(
         grid,
         (256,),
         (
@@ -153,7 +154,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
             np.int32(Qn), np.int64(N), np.int32(QG), surv, err,
             Uout if Uout is not None else np.uint64(0),
         ),
-        shared_mem=TILE_N * ROWB + TILE_N * 8,
+        shared_mem=T * ROWB + T * 8,
     )  # fmt: skip
     tm.mark("screen")
 
@@ -289,15 +290,16 @@ def _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap):
     N = kp.shape[0]
     rec = cp.empty((Qn, cap), dtype=cp.uint64)
     cnt = cp.zeros(Qn, dtype=cp.uint32)
-    grid = ((N + TILE_N - 1) // TILE_N, (Qn + QG - 1) // QG)
-    kernel(f"fused_mt{mth}")(
+    T = tile()
+    grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
+    kernel(f"fused_mt{mth}", T * ROWB + T * 4)(
         grid,
         (256,),
         (
             q, w, kp, ksc, tau, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
             np.int32(Qn), np.int64(N), np.int32(QG), cnt, rec, np.int64(cap),
         ),
-        shared_mem=TILE_N * ROWB + TILE_N * 4,
+        shared_mem=T * ROWB + T * 4,
     )  # fmt: skip
     return rec, cnt
 

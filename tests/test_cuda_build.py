@@ -19,10 +19,11 @@ def test_sources_exist():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
+@pytest.mark.parametrize("tile", [128, 256])
 @pytest.mark.parametrize("src", SOURCES, ids=[s.name for s in SOURCES])
-def test_compiles_sm90(src, tmp_path):
+def test_compiles_sm90(src, tile, tmp_path):
     cmd = [
-        NVCC, "-arch=sm_90", "-std=c++17", "-ftz=true", f"-I{src.parent}",
+        NVCC, "-arch=sm_90", "-std=c++17", "-ftz=true", f"-I{src.parent}", f"-DDOSA_TILE_N={tile}",
         "-Xptxas", "-warn-spills", "-c", str(src), "-o", str(tmp_path / "k.o"),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True)

@@ -179,6 +179,28 @@ def test_dosa_equals_dense(case):
         assert st.overflowed.any()
 
 
+def test_tile_sizes_agree():
+    """Key tiles of 128 and 256 keys give bit-identical logits and identical ids (a key's
+    score depends on that key alone); the 256 tile also exercises the shared-memory opt-in."""
+    from dosa_cupy._build import set_tile
+
+    wl = make_gpu_workload("structured", 96, 20000, 64, seed=12)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
+    rng = (wl["ks"], wl["ke"])
+    try:
+        set_tile(128)
+        lg1 = dosa_cupy.dense_logits(*args, *rng)
+        d1 = dosa_cupy.dosa_topk(*args, 512, *rng, r=30)
+        set_tile(256)
+        lg2 = dosa_cupy.dense_logits(*args, *rng)
+        d2 = dosa_cupy.dosa_topk(*args, 512, *rng, r=30)
+        f2 = dosa_cupy.fused_topk(*args, 512, *rng)
+    finally:
+        set_tile(128)
+    assert cp.array_equal(lg1.view(cp.uint32), lg2.view(cp.uint32))
+    assert cp.array_equal(d1, d2) and cp.array_equal(f2, d1)
+
+
 def test_rows_shorter_than_K():
     wl = make_gpu_workload("structured", 64, 3000, 32, seed=2)
     wl["ks"] = cp.asarray(np.random.default_rng(0).integers(0, 2900, 64), dtype=cp.int32)

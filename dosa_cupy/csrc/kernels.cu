@@ -6,7 +6,11 @@
 
 #include "common.cuh"
 
-#define TILE_N 128          // keys per block tile (dense logits, fused route, screening)
+#ifdef DOSA_TILE_N
+#define TILE_N DOSA_TILE_N  // keys per block tile (dense logits, fused route, screening)
+#else
+#define TILE_N 128
+#endif
 #define NEG_INF __int_as_float(0xff800000)
 
 using namespace dosa;
