@@ -54,8 +54,7 @@ def kernel(name: str, smem: int = 0):
     shared-memory limit when a launch needs more than 48 KB."""
     f = module(tile()).get_function(name)
     if smem > 48 * 1024 and (name, tile(), smem) not in _opted:
-        cp = cupy_or_raise()
-        cp.cuda.driver.funcSetAttribute(f.ptr, 8, int(smem))  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
         _opted.add((name, tile(), smem))
     return f
 
