@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rotate", type=int, default=2)
     ap.add_argument("--r", type=int, default=None, help="retained heads (default 14 / 30)")
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md")
-    ap.add_argument("--tile", default="128", help="key tile sizes to run, e.g. 128,256")
+    ap.add_argument("--tile", default="256", help="key tile sizes to run, e.g. 128,256")
     a = ap.parse_args(argv)
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")

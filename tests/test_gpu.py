@@ -182,8 +182,9 @@ def test_dosa_equals_dense(case):
 def test_tile_sizes_agree():
     """Key tiles of 128 and 256 keys give bit-identical logits and identical ids (a key's
     score depends on that key alone); the 256 tile also exercises the shared-memory opt-in."""
-    from dosa_cupy._build import set_tile
+    from dosa_cupy._build import set_tile, tile
 
+    before = tile()
     wl = make_gpu_workload("structured", 96, 20000, 64, seed=12)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
     rng = (wl["ks"], wl["ke"])
@@ -196,7 +197,7 @@ def test_tile_sizes_agree():
         d2 = dosa_cupy.dosa_topk(*args, 512, *rng, r=30)
         f2 = dosa_cupy.fused_topk(*args, 512, *rng)
     finally:
-        set_tile(128)
+        set_tile(before)
     assert cp.array_equal(lg1.view(cp.uint32), lg2.view(cp.uint32))
     assert cp.array_equal(d1, d2) and cp.array_equal(f2, d1)
 
