@@ -219,9 +219,10 @@ def choose_r(
         return max(1, H // 2)
     d_a = 2 if form == "base" else 1
     best, best_cost = max(1, H // 2), np.inf
+    ksum = KeySummary(k_sample)
     for r in range(1, H, max(1, -(-H // 16))):
         plan = build_plan(q_t, w_t, p, r, plan_options)
-        U = upper_bound(plan, k_sample, form, "up", q_t, w_t)
+        U = upper_bound(plan, k_sample, form, "up", q_t, w_t, ksum)
         cost = (r + d_a) / H + float(np.mean(U >= tau))
         if cost < best_cost:
             best, best_cost = r, cost
@@ -377,6 +378,19 @@ def _screened_query(
         extra = np.setdiff1d(cand, S)
         S = np.concatenate([S, extra])
         s_S = np.concatenate([s_S, score_keys(q_t, w_t, k[extra])])
+        tau1 = kth_score(s_S, K)
+        if opt.r == "auto" and tau1 > tau0:
+            # τ rose: the cost model may now prefer another r (a loose τ makes every r
+            # look alike and picks the smallest); re-plan once against the new τ.
+            r1 = choose_r(q_t, w_t, p, tau1, k[_stride_sample(a, b, 512)], popt, opt.form)
+            if r1 != plan.r:
+                plan = build_plan(q_t, w_t, p, r1, popt)
+                st.r[t], st.omitted_positive[t] = plan.r, plan.P.size
+                st.aggregated[t] = plan.A.size
+                U = upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t, ksum.slice(a, b))
+                if not np.all(np.isfinite(U)):
+                    st.recovered[t] = True
+                    return _full_topk(q_t, w_t, k, a, b, K)
     st.seeds[t] = S.size
     if S.size < K:
         st.full[t] = True
