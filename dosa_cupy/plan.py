@@ -24,9 +24,7 @@ is at most 17·2^-b·max|term| + u·|result| ≤ (17·2^-b + u)·Σ_{d≤step}|q
 over the S = 8 chained steps of D = 128: |x̂ − x| ≤ γ_mma Σ_d |q_d||k_d| with
 γ_mma = S·(17·2^-b + u)·(1 + 2^-4).  Default b = 17, the numeric reference's default
 for mma.sync kernels (largest window consistent with the recorded H200 observations);
-the GPU tests measure the observed error against this bound on crafted inputs.  The
-screening kernel splits each 8-step chain into two 4-step chains added once in fp32
-(mma_batch_split): error ≤ (4·17·2^-b + 5u)·Σ|q_d k_d|, inside the same γ_mma.
+the GPU tests measure the observed error against this bound on crafted inputs.
 fp32 epilogues: n round-to-nearest operations give γ_n = n·u/(1 − n·u), u = 2^-24.  The
 float64 plan arithmetic (≤ 2^14 operations per quantity, u = 2^-53) is covered by the
 relative allowance μ = 2^-30 of each quantity's magnitude sum.  CuPy compiles with

@@ -155,54 +155,6 @@ __device__ __forceinline__ void mma_batch(const QRows<MT>& A, const KS& keys, in
   }
 }
 
-// Screening only (METHOD.md §8; not the canonical scorer): the same products with two
-// independent accumulator chains per (tile, group) — steps s' = 0..3 and 4..7 — added
-// at the end in fp32.  Twice the independent MMA chains per warp for the latency-bound
-// 16-row screen.  Error: two 4-step chains plus one rounding ≤ the 8-step bound used by
-// the planner (plan.gamma_mma), so the guard stays valid.
-template <int MT, class KS>
-__device__ __forceinline__ void mma_batch_split(const QRows<MT>& A, const KS& keys, int lane,
-                                                float (&C)[4][MT][4]) {
-  float E[4][MT][4];
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        C[u][mt][e] = 0.f;
-        E[u][mt][e] = 0.f;
-      }
-#pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    uint4 b[2][4];
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) b[half][u] = keys.chunk(u, jj + 2 * half, lane);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint32_t a0, a1, a2, a3, e0, e1, e2, e3;
-        A.frag(mt, 2 * jj + h, a0, a1, a2, a3);
-        A.frag(mt, 2 * (jj + 2) + h, e0, e1, e2, e3);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          mma_f16(C[u][mt], a0, a1, a2, a3, h ? b[0][u].z : b[0][u].x, h ? b[0][u].w : b[0][u].y);
-          mma_f16(E[u][mt], e0, e1, e2, e3, h ? b[1][u].z : b[1][u].x, h ? b[1][u].w : b[1][u].y);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) C[u][mt][e] += E[u][mt][e];
-}
-
 // Transpose-reduce over the 8 lanes sharing c (lane bits 2..4 = g): x[i] are the lane's
 // partials of 8 values; afterwards lane g holds the full sum of value i = g.  Every value
 // is summed by the same tree ((P_a + P_a^4) + (P_a^2 + P_a^6)) + ((P_a^1 + …) …) of lane

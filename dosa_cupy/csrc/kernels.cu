@@ -400,7 +400,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       uint32_t word = 0u;
       if (kw + 32 > lo && kw < hi) {
         float Cm[4][MTS][4];
-        mma_batch_split<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
+        mma_batch<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
         float x[8];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -581,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
   __shared__ unsigned int hist[NBIN];
   __shared__ unsigned long long sel[SEL_KMAX];
   __shared__ unsigned int wsum[SEL_THREADS];
-  __shared__ int s_bin, s_above, s_cnt, s_n, s_sel;
+  __shared__ int s_bin, s_above, s_cnt, s_n;
   const int tid = threadIdx.x;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -599,13 +599,11 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     }
     const long long n = src.size();
     unsigned long long T = 0ull;  // select every record >= T
-    bool in_buf = false;
-    long long nbuf = 0;
-    if (tid == 0) s_sel = 0;
-    __syncthreads();
     if (n > K) {
       unsigned long long prefix = 0ull, mask = 0ull;
       int kk = K;
+      bool in_buf = false;
+      long long nbuf = 0;
       for (int d = 0; d < 6; ++d) {
         const int sh = d < 5 ? 53 - 11 * d : 0;
         const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
@@ -663,18 +661,9 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
         if (!in_buf && cnt <= scap) {
           if (tid == 0) s_n = 0;
           __syncthreads();
-          // One pass: candidates (matching the prefix) go to the scratch buffer; records
-          // whose consumed digits are above the prefix are selected now (fewer than K), so
-          // the final collect reads only the buffer.
           for (long long i = tid; i < n; i += SEL_THREADS) {
             const unsigned long long r = src.get(i);
-            const unsigned long long rm = r & mask;
-            if (rm == prefix) {
-              buf[atomicAdd(&s_n, 1)] = r;
-            } else if (rm > prefix) {
-              const int p = atomicAdd(&s_sel, 1);
-              if (p < SEL_KMAX) sel[p] = r;
-            }
+            if ((r & mask) == prefix) buf[atomicAdd(&s_n, 1)] = r;
           }
           __syncthreads();
           nbuf = s_n;
@@ -683,26 +672,18 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
         }
       }
     }
-    // collect every record >= T (exactly min(K, n) of them, with those already taken)
-    if (in_buf) {
-      for (long long i = tid; i < nbuf; i += SEL_THREADS) {
-        const unsigned long long r = buf[i];
-        if (r >= T) {
-          const int p = atomicAdd(&s_sel, 1);
-          if (p < SEL_KMAX) sel[p] = r;
-        }
-      }
-    } else {
-      for (long long i = tid; i < n; i += SEL_THREADS) {
-        const unsigned long long r = src.get(i);
-        if (r >= T) {
-          const int p = atomicAdd(&s_sel, 1);
-          if (p < SEL_KMAX) sel[p] = r;
-        }
+    // collect every record >= T (exactly min(K, n) of them)
+    if (tid == 0) s_n = 0;
+    __syncthreads();
+    for (long long i = tid; i < n; i += SEL_THREADS) {
+      const unsigned long long r = src.get(i);
+      if (r >= T) {
+        const int p = atomicAdd(&s_n, 1);
+        if (p < SEL_KMAX) sel[p] = r;
       }
     }
     __syncthreads();
-    const int m = min(s_sel, SEL_KMAX);
+    const int m = min(s_n, SEL_KMAX);
     int P2 = 1;
     while (P2 < m) P2 <<= 1;
     for (int i = m + tid; i < P2; i += SEL_THREADS) sel[i] = 0ull;
