@@ -170,7 +170,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="32x4096x131072,64x4096x131072", help="HxQnxN,...")
     ap.add_argument("--filter", default=None, help="only shapes whose HxQnxN contains this")
     ap.add_argument("--K", type=int, default=2048)
-    ap.add_argument("--regime", default="structured")
+    ap.add_argument(
+        "--regime",
+        default="calibrated",
+        help="dosa_cupy.workload regime or a dosa_ref.workloads regime (calibrated first)",
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rotate", type=int, default=2)
     ap.add_argument("--r", type=int, default=None, help="retained heads (default 14 / 30)")
@@ -179,6 +183,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    if a.regime == "calibrated":
+        try:
+            import dosa_ref.workloads  # noqa: F401
+        except ImportError:
+            print("# dosa_ref.workloads unavailable: regime 'structured' instead of 'calibrated'")
+            a.regime = "structured"
     from dosa_cupy._build import set_tile
 
     rows = []

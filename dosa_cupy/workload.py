@@ -9,6 +9,10 @@ Regimes (all causal prefill chunks: query t of the chunk sees keys [0, N − Qn 
   equal       every key identical (every visible score equal).
   adversarial structured keys plus a wide-dynamic-range coordinate pattern (one huge
               coordinate, many tiny ones) that stresses the MMA accumulator.
+
+Any other name is looked up in ``dosa_ref.workloads.REGIMES`` (the calibrated regime and
+its variants): generated on the host by ``dosa_ref.workloads.make_workload`` (float32,
+causal ranges), uploaded, and quantized on the GPU like the regimes above.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def make_gpu_workload(regime, Qn, N, H, seed=0, causal=True, scale_fmt="amax"):
     """Returns dict(q, w, k_payload, k_scale, ks, ke, kf, qf, wf) on the device."""
     cp = cupy_or_raise()
     if regime not in REGIMES:
-        raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+        return _from_reference(regime, Qn, N, H, seed, causal, scale_fmt)
     rs = cp.random.RandomState(seed)
     T = 8
     topics = rs.standard_normal((T, D), dtype=cp.float32)
@@ -76,3 +80,30 @@ def make_gpu_workload(regime, Qn, N, H, seed=0, causal=True, scale_fmt="amax"):
 
 
 _ = np
+
+
+def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
+    """A ``dosa_ref.workloads`` regime, quantized on the GPU (METHOD.md §8)."""
+    cp = cupy_or_raise()
+    try:
+        from dosa_ref.workloads import REGIMES as REF_REGIMES
+        from dosa_ref.workloads import make_workload
+    except ImportError as e:
+        raise ValueError(f"regime: {regime!r} is not one of {REGIMES} ({e})") from e
+    if regime not in REF_REGIMES:
+        raise ValueError(
+            f"regime: expected one of {REGIMES + tuple(sorted(REF_REGIMES))}, got {regime!r}"
+        )
+    wl = make_workload(regime, Qn, N, H=H, seed=seed)
+    kf = cp.asarray(wl.k, dtype=cp.float32)
+    qf = cp.asarray(wl.q, dtype=cp.float32)
+    wf = cp.asarray(wl.w, dtype=cp.float32)
+    kp, ksc, _ = quantize_keys(kf, scale_fmt)
+    q, w = quantize_queries(qf, wf)
+    if causal:
+        ks = cp.asarray(wl.ks, dtype=cp.int32)
+        ke = cp.asarray(wl.ke, dtype=cp.int32)
+    else:
+        ks = cp.zeros(Qn, dtype=cp.int32)
+        ke = cp.full(Qn, N, dtype=cp.int32)
+    return dict(q=q, w=w, k_payload=kp, k_scale=ksc, ks=ks, ke=ke, kf=kf, qf=qf, wf=wf)

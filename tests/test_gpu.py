@@ -174,12 +174,22 @@ CASES = [
     ("adversarial", 64, 16384, 64, 512, {}),
     ("structured", 64, 16384, 32, 512, {"buffer": 16}),
     ("structured", 64, 16384, 32, 512, {"n_anchors": 0, "window": 64}),
+    # dosa_ref.workloads regimes (skipped when that module is absent)
+    ("calibrated", 128, 32768, 32, 2048, {}),
+    ("many_positive", 128, 32768, 32, 2048, {"r": 30}),
+    ("h64", 128, 32768, 64, 2048, {"r": 30}),
 ]
+
+
+def _need_regime(regime):
+    if regime in ("calibrated", "many_positive", "h64", "isotropic"):
+        pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-H{c[3]}-{c[5]}" for c in CASES])
 def test_dosa_equals_dense(case):
     regime, Qn, N, H, K, opt = case
+    _need_regime(regime)
     wl = make_gpu_workload(regime, Qn, N, H, seed=11)
     dense, ids, st = _run_both(wl, K, **opt)
     print(
@@ -253,14 +263,17 @@ def test_guard_no_violation(regime, H):
     assert viol == 0
 
 
+@pytest.mark.parametrize("regime", ["structured", "calibrated"])
 @pytest.mark.parametrize("H", [32, 64])
-def test_realistic_size(H):
+def test_realistic_size(H, regime):
     """At least 4K queries × 128K keys (issue 4's "done when" size), causal chunk."""
-    wl = make_gpu_workload("structured", 4096, 131072, H, seed=21)
+    _need_regime(regime)
+    wl = make_gpu_workload(regime, 4096, 131072, H, seed=21)
     dense, ids, st = _run_both(wl, 2048, r=14 if H == 32 else 30)
     print(
-        f"\n[realistic] H={H}: survival={_survival(st):.4f} kept/query={st.kept.mean():.0f} "
-        f"overflowed={int(st.overflowed.sum())} recovered={int(st.recovered.sum())}"
+        f"\n[realistic] {regime} H={H}: survival={_survival(st):.4f} "
+        f"kept/query={st.kept.mean():.0f} overflowed={int(st.overflowed.sum())} "
+        f"recovered={int(st.recovered.sum())}"
     )
     assert np.array_equal(dense, ids)
 
