@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rotate", type=int, default=2)
-    ap.add_argument("--r", type=int, default=None, help="retained heads (default 14 / 30)")
+    ap.add_argument("--r", type=int, default=14, help="retained heads (14: one 16-row tile)")
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md")
     ap.add_argument("--tile", default="256", help="key tile sizes to run, e.g. 128,256")
     a = ap.parse_args(argv)
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
             if a.filter and a.filter not in sh:
                 continue
             H, Qn, N = (int(x) for x in sh.split("x"))
-            r = a.r if a.r is not None else (14 if H <= 32 else 30)
+            r = a.r
             t0 = time.time()
             row = bench_shape(
                 H, Qn, N, a.K, a.regime, a.reps, a.rotate, {"r": r}, lambda s: print(s)
