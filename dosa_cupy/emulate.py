@@ -10,7 +10,7 @@ import numpy as np
 
 from dosa_ref.fp8 import E4M3, e4m3_bits, e4m3_values
 
-__all__ = ["E4M3", "e4m3_bits", "e4m3_values", "record_order", "score_code"]
+__all__ = ["E4M3", "e4m3_bits", "e4m3_values", "record_order", "score_code", "screen_survival"]
 
 
 def score_code(s: np.ndarray) -> np.ndarray:
@@ -28,3 +28,67 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
     code = score_code(scores).astype(np.int64)
     order = np.lexsort((ids, -code))
     return ids[order[:K]]
+
+
+def screen_survival(q, w, k_payload, k_scale, K, ks, ke, r=14, mma_bits=17, window=2048,
+                    sinks=16, n_anchors=4, p_sample=256):  # fmt: skip
+    """CPU emulation of the GPU screen (METHOD.md §2, §8) for small problems.
+
+    Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
+    with numpy) and U^num = α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the
+    scores are evaluated in float64 from the e4m3 values instead of the tensor cores, so
+    this predicts survival (not bits).  Returns dict(survival, violations, tau): violations
+    counts visible (query, key) with float64 score > U^num (must be 0).
+    Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
+    """
+    from dosa_ref.fp8 import key_rms
+
+    from .plan import build_plans
+
+    q = np.asarray(q, dtype=np.uint8)
+    w = np.asarray(w, dtype=np.float32)
+    Qn, H, D = q.shape
+    Hp = -(-H // 16) * 16
+    if Hp != H:
+        q = np.concatenate([q, np.zeros((Qn, Hp - H, D), np.uint8)], axis=1)
+        w = np.concatenate([w, np.zeros((Qn, Hp - H), np.float32)], axis=1)
+    kp = np.asarray(k_payload, dtype=np.uint8)
+    N = kp.shape[0]
+    alpha = np.asarray(k_scale, dtype=np.float64)
+    ks, ke = np.asarray(ks, dtype=np.int64), np.asarray(ke, dtype=np.int64)
+    kv, qv = e4m3_values(kp), e4m3_values(q)
+    s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(qv @ kv.T, 0)) * alpha
+    ids = np.arange(N)
+    vis = (ids[None] >= ks[:, None]) & (ids[None] < ke[:, None])
+    sm = np.where(vis, s, -np.inf)
+    na = min(n_anchors, Qn)
+    anchors = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)) if na else []
+    pool = [np.argsort(-sm[t], kind="stable")[: min(K, int(vis[t].sum()))] for t in anchors]
+    pool = np.unique(np.concatenate(pool)) if len(pool) else np.zeros(0, np.int64)
+    seed = np.zeros((Qn, N), dtype=bool)
+    seed[:, pool] = True
+    for t in range(Qn):
+        seed[t, ks[t] : min(ke[t], ks[t] + sinks)] = True
+        seed[t, max(ks[t], ke[t] - window) : ke[t]] = True
+    seed &= vis
+    tau = np.array(
+        [np.sort(sm[t][seed[t]])[-K] if seed[t].sum() >= K else -np.inf for t in range(Qn)]
+    )
+    mts = 1 if r <= 14 else 2
+    ns = min(p_sample, pool.size)
+    sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
+    pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np)
+    X = np.einsum("tjd,nd->tjn", e4m3_values(pl.rows), kv)
+    last = 16 * (mts - 1)
+    aux = X[:, last + 7] + X[:, last + 15]
+    Uh = np.einsum("tj,tjn->tn", pl.omega.astype(np.float64), np.maximum(X, 0))
+    Uh -= pl.sigma.astype(np.float64)[:, None] * np.maximum(aux, 0)
+    rho = key_rms(kp).astype(np.float64)
+    U = alpha[None] * (Uh + rho[None] * pl.C[:, None] + pl.eps_raw[:, None]) + pl.eps_out
+    screened = vis & ~seed
+    surv = screened & ~(U < tau[:, None])
+    return dict(
+        survival=float(surv.sum() / max(1, screened.sum())),
+        violations=int(((s > U) & vis).sum()),
+        tau=tau,
+    )

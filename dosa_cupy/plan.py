@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dosa_ref.fp8 import e4m3_values
+from dosa_ref.fp8 import e4m3_bits, e4m3_values
 
 from ._build import cupy_or_raise
 from .prepare import D
@@ -114,14 +114,15 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     return order, nR
 
 
-def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13):
+def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
     """Batched plans for all queries, on the device.
 
     q: uint8 [Qn, Hp, 128] (heads padded to 16·MT_H), w: fp32 [Qn, Hp]; sample_ids: key ids
     (device int) for activation frequencies; r ≤ 16·mts − 2 retained heads.
+    xp: array module (default CuPy); ``numpy`` runs the same code on the host (CPU tests
+    and ``emulate.screen_survival``), with ``dosa_ref.fp8.e4m3_bits`` for the aux rows.
     """
-    cp = cupy_or_raise()
-    from ._build import kernel
+    cp = cupy_or_raise() if xp is None else xp
 
     Qn, Hp, _ = q.shape
     mth = Hp // 16
@@ -188,6 +189,10 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=13):
     z = aA / sig[:, None]
 
     def e4m3(x):
+        if cp is np:
+            return e4m3_bits(x.astype(np.float32))
+        from ._build import kernel
+
         x = cp.ascontiguousarray(x)
         out = cp.empty(x.shape, dtype=cp.uint8)
         n = x.size

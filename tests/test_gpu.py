@@ -1,8 +1,10 @@
 """GPU tests of dosa_cupy (METHOD.md §7–§9).  Marked ``gpu``; skipped with a reason when
-CuPy or a GPU is absent.  Exactness: ``dosa_topk`` ids == ``dense_topk`` ids bitwise on
-every regime; the dense scores stay within the error model's bound of the float64 value;
-the guard s^ref ≤ U^num holds for every visible (query, key) (0 violations).  Figures
-(max error / bound, survival) are printed; run with ``-s`` to see them.
+CuPy or a GPU is absent.  Exactness: ``dosa_topk`` (and ``fused_topk``) ids ==
+``dense_topk`` ids bitwise on every regime; the dense scores stay within the error model's
+bound of the float64 value; the guard s^ref ≤ U^num holds for every visible (query, key)
+(0 violations).  Figures (max error / bound, survival) are printed; run with ``-s``.
+The last tests run on the CPU (host code of dosa_cupy with numpy: the batched planner and
+the screen emulation).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ except Exception:  # pragma: no cover - CPU machines
     cp = None
     HAVE_GPU = False
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU"),
-]
+
+def gpu(f):
+    """GPU test: marked ``gpu`` and skipped with a reason without CuPy / a GPU."""
+    f = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU")(f)
+    return pytest.mark.gpu(f)
+
 
 if HAVE_GPU:
     import dosa_cupy
@@ -48,6 +52,7 @@ def _survival(st):
 
 
 @pytest.mark.parametrize("fmt", ["amax", "ue8m0"])
+@gpu
 def test_quantize_keys_bitmatch(fmt):
     rs = np.random.default_rng(1)
     k = rs.standard_normal((4096, 128)).astype(np.float32)
@@ -81,6 +86,7 @@ def _ref_scores(wl, qs):
 
 @pytest.mark.parametrize("regime", ["gaussian", "structured", "adversarial"])
 @pytest.mark.parametrize("H", [32, 64])
+@gpu
 def test_dense_scores_within_error_model(regime, H):
     wl = make_gpu_workload(regime, 64, 4096, H, seed=3, causal=False)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
@@ -97,6 +103,7 @@ def test_dense_scores_within_error_model(regime, H):
 
 
 @pytest.mark.parametrize("H", [32, 64])
+@gpu
 def test_gpu_plan_matches_reference(H):
     """The batched GPU plan equals dosa_ref.plan.build_plan (same R and A) within float64
     rounding: folded weights, negative aggregate, positive allowance min(E_P, E_P^joint)
@@ -130,6 +137,7 @@ def test_gpu_plan_matches_reference(H):
             assert np.array_equal(got, want)
 
 
+@gpu
 def test_select_matches_host_order():
     wl = make_gpu_workload("ties", 32, 20000, 32, seed=5)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
@@ -152,6 +160,7 @@ def test_select_matches_host_order():
 
 
 @pytest.mark.parametrize("regime,N", [("equal", 150000), ("ties", 150000), ("structured", 70000)])
+@gpu
 def test_select_large_rows(regime, N):
     """Rows longer than the selection scratch (65,536): all-equal scores (the K-th record is
     found only in the id digits), few distinct values, and a plain row."""
@@ -187,6 +196,7 @@ def _need_regime(regime):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-H{c[3]}-{c[5]}" for c in CASES])
+@gpu
 def test_dosa_equals_dense(case):
     regime, Qn, N, H, K, opt = case
     _need_regime(regime)
@@ -201,6 +211,7 @@ def test_dosa_equals_dense(case):
         assert st.overflowed.any()
 
 
+@gpu
 def test_tile_sizes_agree():
     """Key tiles of 128 and 256 keys give bit-identical logits and identical ids (a key's
     score depends on that key alone); the 256 tile also exercises the shared-memory opt-in."""
@@ -224,6 +235,7 @@ def test_tile_sizes_agree():
     assert cp.array_equal(d1, d2) and cp.array_equal(f2, d1)
 
 
+@gpu
 def test_rows_shorter_than_K():
     wl = make_gpu_workload("structured", 64, 3000, 32, seed=2)
     wl["ks"] = cp.asarray(np.random.default_rng(0).integers(0, 2900, 64), dtype=cp.int32)
@@ -236,6 +248,7 @@ def test_rows_shorter_than_K():
         assert np.all(ids[t, : min(n[t], 1024)] >= 0)
 
 
+@gpu
 def test_invalid_scales_recover():
     wl = make_gpu_workload("structured", 64, 16384, 32, seed=4)
     ksc = wl["k_scale"].copy()
@@ -250,6 +263,7 @@ def test_invalid_scales_recover():
 
 @pytest.mark.parametrize("regime", ["gaussian", "structured", "ties", "adversarial"])
 @pytest.mark.parametrize("H", [32, 64])
+@gpu
 def test_guard_no_violation(regime, H):
     wl = make_gpu_workload(regime, 32, 8192, H, seed=7)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
@@ -265,6 +279,7 @@ def test_guard_no_violation(regime, H):
 
 @pytest.mark.parametrize("regime", ["structured", "calibrated"])
 @pytest.mark.parametrize("H", [32, 64])
+@gpu
 def test_realistic_size(H, regime):
     """At least 4K queries × 128K keys (issue 4's "done when" size), causal chunk."""
     _need_regime(regime)
@@ -278,6 +293,7 @@ def test_realistic_size(H, regime):
     assert np.array_equal(dense, ids)
 
 
+@gpu
 def test_torch_dlpack_inputs():
     torch = pytest.importorskip("torch")
     wl = make_gpu_workload("structured", 32, 8192, 32, seed=9)
@@ -293,6 +309,7 @@ def test_torch_dlpack_inputs():
     assert cp.array_equal(ids, dense)
 
 
+@gpu
 def test_bad_input_raises():
     wl = make_gpu_workload("structured", 8, 1024, 32, seed=1)
     args = [wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"]]
@@ -310,6 +327,7 @@ def test_bad_input_raises():
         dosa_cupy.dosa_topk(*args, window=-1)
 
 
+@gpu
 def test_mma_crafted_worst_case():
     """Crafted wide-dynamic-range dots (NUMERICS.md): a large product in some tensor-core
     steps (or a large accumulator) beside many tiny same-sign products.  The observed error
@@ -347,3 +365,67 @@ def test_mma_crafted_worst_case():
         f"{r13:.3e}, W=17: {r17:.3e}; nonzero errors: {int(np.sum(err > 0))}/{N}"
     )
     assert np.all(err <= gamma_mma(bits) * mass)
+
+
+# ------------------------------------------------------------------------------------
+# CPU tests of dosa_cupy's host code (no GPU needed)
+# ------------------------------------------------------------------------------------
+
+
+def _cpu_workload(H, Qn=16, N=4096, seed=0):
+    from dosa_ref.fp8 import quantize_keys as qk
+    from dosa_ref.fp8 import quantize_queries as qq
+
+    rs = np.random.default_rng(seed)
+    topic = rs.standard_normal(128)
+    qf = rs.standard_normal((Qn, H, 128)) + 2 * topic
+    w = np.where(rs.random((Qn, H)) < 0.75, 1.0, -1.0) * (0.2 + rs.random((Qn, H)))
+    k = rs.standard_normal((N, 128)) + 0.5 * topic
+    kp, ksc = qk(k)
+    q, wq = qq(qf, w)
+    return q, wq, kp, ksc
+
+
+@pytest.mark.parametrize("H", [32, 64])
+def test_plan_numpy_matches_reference(H):
+    """The batched planner (run with numpy) equals dosa_ref.plan.build_plan for the same R
+    and A (folded weights, a_A, min(E_P, E_P^joint) within its outward 2^-30 rounding)."""
+    from dosa_cupy.plan import build_plans, row_slots
+    from dosa_ref.fp8 import e4m3_values as ev
+    from dosa_ref.plan import PlanOptions, build_plan
+
+    q, w, kp, _ = _cpu_workload(H)
+    qv, w64 = ev(q), w.astype(np.float64)
+    for r, mts in ((14, 1), (30, 2)):
+        pl = build_plans(q, w, kp, np.arange(0, 4096, 16), r, mts, xp=np)
+        for t in range(q.shape[0]):
+            R, A = np.flatnonzero(pl.inR[t]), np.flatnonzero(pl.inA[t])
+            ref = build_plan(
+                qv[t], w64[t], np.full(H, 0.5), r, PlanOptions(allowance="joint"), R=R, A=A
+            )
+            assert np.array_equal(ref.R, R)
+            mag = np.abs(w64[t]).sum() * np.abs(qv[t]).max()
+            assert np.allclose(ref.w_fold, pl.w_fold[t, R], rtol=1e-12, atol=1e-12 * mag)
+            assert np.allclose(ref.a_A, pl.a_A[t], rtol=1e-12, atol=1e-12 * mag)
+            e_ref = min(ref.E_P, ref.E_P_joint)
+            assert e_ref * (1 - 1e-12) <= pl.E[t] <= e_ref * (1 + 1e-8) + 1e-8 * mag
+            om = pl.omega[t, row_slots(mts)]
+            wf = ref.w_fold.astype(np.float32)
+            assert np.array_equal(np.sort(om[om != 0]), np.sort(wf[wf != 0]))
+
+
+@pytest.mark.parametrize("name,H", [("calibrated", 32), ("h64", 64)])
+def test_emulated_screen_calibrated(name, H):
+    """CPU emulation of the GPU screen on dosa_ref.workloads regimes: the bound dominates
+    the float64 scores everywhere (0 violations); survival is printed (NOTES.md)."""
+    wlm = pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
+    from dosa_cupy.emulate import screen_survival
+    from dosa_ref.fp8 import quantize_keys as qk
+    from dosa_ref.fp8 import quantize_queries as qq
+
+    wl = wlm.make_workload(name, 8, 8192, H=H, seed=2)
+    kp, ksc = qk(wl.k)
+    q, w = qq(wl.q, wl.w)
+    res = screen_survival(q, w, kp, ksc, 1024, wl.ks, wl.ke)
+    print(f"\n[emulated screen] {name} H={H}: survival={res['survival']:.4f}")
+    assert res["violations"] == 0
