@@ -7,6 +7,12 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     fused_topk(...)                                     fused scoring + online τ filter
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ
+    bench.main(argv)                                    `dosa bench` (routes in one run)
+
+Where each stage runs: everything on the GPU — the plan too (batched CuPy float64 array
+ops + one e4m3 rounding kernel, ``plan.build_plans``).  Kernels: mma.sync m16n8k16 on
+e4m3 values converted exactly to f16 (sm_90 lowers mma e4m3 to the same HMMA path).
+Records of runs and figures: GPU_TESTS.md, BENCHMARKS.md, dosa_cupy/NOTES.md.
 """
 
 from .dense import dense_logits, dense_topk, select_records, select_rows

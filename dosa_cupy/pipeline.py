@@ -6,6 +6,12 @@ bitmask) → refine (canonical scorer on survivors, compact records with s ≥ �
 buffer is *extended* to the exact count and refined again, never dropped) → exact
 selection over seed records ∪ compact records → query-level full-domain recovery (dense
 route) for invalid scales or non-finite plans.  ids equal ``dense_topk`` bitwise.
+
+The plan runs on the GPU (batched CuPy array operations, ``plan.py``).  Not implemented:
+the shared refinement stream for groups of 4 queries (METHOD.md §9; refinement is
+per query, with the query index fastest in the grid so gathered keys are shared in L2),
+grouping queries by retained-head budget (one r per call), the "certificate" and
+"explicit" seed strategies of dosa_ref.
 """
 
 from __future__ import annotations
