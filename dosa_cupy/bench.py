@@ -165,6 +165,70 @@ def markdown(rows):
     return "".join(out)
 
 
+def plots(rows, out: Path) -> list[Path]:
+    """PNG plots (matplotlib, if installed): DoSA speedup heatmap over context × chunk per
+    H and tile (like the paper's Fig. 4), time split by stage, survival per shape."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    files = []
+    groups = sorted({(r["H"], r.get("tile", 0), r["regime"]) for r in rows})
+    for H, tile, regime in groups:
+        rs = [r for r in rows if r["H"] == H and r.get("tile", 0) == tile and r["regime"] == regime]
+        Ns = sorted({r["N"] for r in rs})
+        Qs = sorted({r["Qn"] for r in rs})
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        for ax, key, title in (
+            (axes[0], "speedup_vs_dense", "DoSA speedup vs dense route"),
+            (axes[1], "speedup_vs_fused", "DoSA speedup vs fused route"),
+        ):
+            grid = np.full((len(Qs), len(Ns)), np.nan)
+            for r in rs:
+                grid[Qs.index(r["Qn"]), Ns.index(r["N"])] = r[key]
+            im = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=2.0, origin="lower")
+            for i in range(len(Qs)):
+                for j in range(len(Ns)):
+                    if np.isfinite(grid[i, j]):
+                        ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(Ns)), [f"{n // 1024}K" for n in Ns])
+            ax.set_yticks(range(len(Qs)), [str(q) for q in Qs])
+            ax.set_xlabel("context N (keys)")
+            ax.set_ylabel("query chunk Qn")
+            ax.set_title(f"{title}\nH={H}, {regime}, tile {tile}", fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.tight_layout()
+        f = out / f"speedup_H{H}_{regime}_t{tile}.png"
+        fig.savefig(f, dpi=110)
+        plt.close(fig)
+        files.append(f)
+    # stage split and survival, one bar per row
+    labels = [f"H{r['H']} Q{r['Qn']} N{r['N'] // 1024}K t{r.get('tile', 0)}" for r in rows]
+    stages = ["prepare", "seeds", "plan", "screen", "refine", "select", "recover"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.5))
+    left = np.zeros(len(rows))
+    for st in stages:
+        v = np.array([r["dosa_stage_ms"].get(st, 0.0) for r in rows])
+        axes[0].barh(labels, v, left=left, label=st)
+        left += v
+    axes[0].plot([r["dense_route_ms"] for r in rows], labels, "k|", ms=14, label="dense route")
+    axes[0].set_xlabel("ms")
+    axes[0].set_title("DoSA time by stage (timing run, synchronized per stage)", fontsize=9)
+    axes[0].legend(fontsize=7, loc="lower right")
+    axes[1].barh(labels, [r["survival_mean"] for r in rows], color="tab:orange")
+    axes[1].set_xlabel("mean survival (screened keys kept)")
+    axes[1].set_xlim(0, 1)
+    fig.tight_layout()
+    f = out / "stages_survival.png"
+    fig.savefig(f, dpi=110)
+    plt.close(fig)
+    files.append(f)
+    return files
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dosa bench", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="32x4096x131072,64x4096x131072", help="HxQnxN,...")
@@ -221,6 +285,8 @@ def main(argv=None) -> int:
         p.mkdir(parents=True, exist_ok=True)
         (p / "bench.json").write_text(json.dumps(rows, indent=1))
         (p / "bench.md").write_text(md)
+        for f in plots(rows, p):
+            print(f"# wrote {f}")
     return 0
 
 

@@ -429,3 +429,20 @@ def test_emulated_screen_calibrated(name, H):
     res = screen_survival(q, w, kp, ksc, 1024, wl.ks, wl.ke)
     print(f"\n[emulated screen] {name} H={H}: survival={res['survival']:.4f}")
     assert res["violations"] == 0
+
+
+def test_bench_report_from_recorded_run(tmp_path):
+    """The bench's markdown and plots render from a recorded H200 run (no GPU needed)."""
+    import json
+    from pathlib import Path
+
+    from dosa_cupy.bench import markdown, plots
+
+    rec = Path(__file__).resolve().parents[1] / "dosa_cupy" / "results" / "bench_run12.json"
+    rows = json.loads(rec.read_text())
+    md = markdown(rows)
+    assert md.count("\n| ") >= len(rows)
+    assert all(r["dosa_ids_equal_dense"] and r["fused_ids_equal_dense"] for r in rows)
+    pytest.importorskip("matplotlib")
+    files = plots(rows, tmp_path)
+    assert files and all(f.stat().st_size > 0 for f in files)
