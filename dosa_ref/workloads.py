@@ -43,8 +43,12 @@ none survival in %):
       β_on·|w_h| larger than the score spread, else choose_r (which minimises
       (r+2)/H + m(r) and never compares with dense scoring) jumps to r = H − 1 with
       m ≈ 5% instead of r = 1 with m ≈ 100%, and the ablation becomes bimodal.
-  key_mean_jitter / key_norm_sigma 0 → >0    multiply the β_on offset per key and
-      widen the score spread by the same factor: the same collapse of "none".
+  key_mean_jitter 0 → 0.5          1.84 / 2.56 / 99   (3% of key_mean per key; one
+      layer's "none" at 97%).  Per-key jitter of the mean component (and key_norm_sigma)
+      scales every always-active head's offset per key, widening the score spread along
+      a direction the aggregate captures exactly; with β_on ≈ 20 and a 2% jitter the
+      "none" ablation collapsed as just described.
+  w_sigma 0.25 → 0.5               2.68 / 4.04 / 96   (one layer's "none" at 85%).
   all − majority                 comes only from omitted heads with p_h < 1/2 (majority
       drops them as "missed", all pays |w_h||q_h·k| of cancellation on most keys):
       beta_unc_mean, beta_pos (positive-prone heads are negative half of the time;
@@ -66,8 +70,9 @@ in all on 2 cores):
 
 Other regimes (seed 0, Qn=32, N=65536, default certificate): isotropic 41.4% survival
 (τ gap 124%, r ≈ 9, screening + refinement ≈ 0.73 of dense work: pruning fails);
-many_positive 2.8% with r ≈ 15 and projection in 6% of rows; h64 2.4% (seeds 0–1
-pooled: 2.75% / all 3.37% / none 100%).  With the paper's fixed r=16 instead of "auto" the
+many_positive 2.8% with r ≈ 15 and projection in 6% of rows; h64 2.4%
+(``calibration_table(name="h64")``, 4 layers: 2.21% / none 100% / all 4.01%,
+projection rows 0.78%).  With the paper's fixed r=16 instead of "auto" the
 calibrated regime gives majority = all ≈ 1.9% (no omitted head has p_h < 1/2 once 16
 heads are retained) and none 100%.
 
@@ -176,7 +181,8 @@ REGIMES: dict[str, Regime] = {
         _CALIBRATED,
         doc="Isotropic Gaussian keys: no mean direction, flat spectrum, no topics, no norm "
         "spread.  Every head is active on about half of the keys, so the negative "
-        "aggregate cancels itself and pruning fails (survival near 100%).",
+        "aggregate cancels itself, seeds give a poor threshold and pruning fails "
+        "(≈41% survival at Qn=32, N=65536, against 2.7% for calibrated).",
         key_mean=0.0,
         key_mean_jitter=1.0,
         key_decay=0.0,
