@@ -21,8 +21,8 @@ import numpy as np
 
 from .progress import Progress
 
-DEMO_SMALL = dict(queries=24, keys=16384, heads=32)
-DEMO_LARGE = dict(queries=256, keys=131072, heads=32)
+DEMO_SMALL = dict(queries=24, keys=16384)
+DEMO_LARGE = dict(queries=256, keys=131072)
 DEMO_STRATEGIES = ("local", "anchor", "certificate", "local+anchor+certificate")
 
 
@@ -38,7 +38,7 @@ def demo(argv: list[str]) -> int:
     from .workloads import make_workload
 
     ap = argparse.ArgumentParser(prog="dosa demo", description=demo.__doc__)
-    ap.add_argument("--large", action="store_true", help="256 queries x 131,072 keys x H=32")
+    ap.add_argument("--large", action="store_true", help="256 queries x 131,072 keys")
     ap.add_argument("--queries", type=int)
     ap.add_argument("--keys", type=int)
     ap.add_argument("--heads", type=int)
@@ -48,10 +48,11 @@ def demo(argv: list[str]) -> int:
     ap.add_argument("--strategies", default=",".join(DEMO_STRATEGIES))
     a = ap.parse_args(argv)
     size = dict(DEMO_LARGE if a.large else DEMO_SMALL)
-    for name in ("queries", "keys", "heads"):
+    for name in ("queries", "keys"):
         if getattr(a, name) is not None:
             size[name] = getattr(a, name)
-    wl = make_workload(a.regime, size["queries"], size["keys"], H=size["heads"], seed=a.seed)
+    # H: the regime's own head count (h64 has 64) unless --heads overrides it.
+    wl = make_workload(a.regime, size["queries"], size["keys"], H=a.heads, seed=a.seed)
     Qn, H, D = wl.q.shape
     N = wl.k.shape[0]
     print(f"workload {a.regime}: {Qn} queries x {N} keys, H={H}, D={D}, K={a.K} (causal chunk)")

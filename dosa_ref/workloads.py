@@ -460,22 +460,24 @@ TENSORS = ("q", "w", "k", "ks", "ke")
 
 
 def validate_workload(q, w, k, ks, ke) -> tuple[np.ndarray, ...]:
-    """Check a workload's arrays; return (q, w, k) float32 and (ks, ke) int32.
+    """Check a workload's arrays; return (q, w, k) float32 (float64 kept as float64, never
+    narrowed) and (ks, ke) int32.
 
-    Raises ValueError naming the tensor: wrong rank or shape, a non-float q/w/k (float16
-    and float32 are accepted; float16 widens exactly), non-finite values, non-integer
-    ranges, or ranges outside 0 <= ks <= ke <= N.
+    Raises ValueError naming the tensor: wrong rank or shape, a non-float q/w/k (float16,
+    float32 and float64 are accepted; float16 widens exactly), non-finite values,
+    non-integer ranges, or ranges outside 0 <= ks <= ke <= N.
     """
     out = []
     for name, a, ndim in (("q", q, 3), ("w", w, 2), ("k", k, 2)):
         a = np.asarray(a)
-        if a.dtype not in (np.float32, np.float16):
-            raise ValueError(f"{name}: expected float32 (or float16), got dtype {a.dtype}")
+        if a.dtype not in (np.float32, np.float16, np.float64):
+            raise ValueError(f"{name}: expected float16/32/64, got dtype {a.dtype}")
         if a.ndim != ndim:
             raise ValueError(f"{name}: expected {ndim} dimensions, got shape {a.shape}")
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name}: contains non-finite values (nan or inf)")
-        out.append(np.ascontiguousarray(a, dtype=np.float32))
+        dt = np.float64 if a.dtype == np.float64 else np.float32
+        out.append(np.ascontiguousarray(a, dtype=dt))
     q, w, k = out
     Qn, H, D = q.shape
     if H < 1 or D < 1:

@@ -258,3 +258,16 @@ def test_calibration_smoke():
     assert "2.65%" in table and "95.06%" in table
     with pytest.raises(ValueError, match="layers"):
         calibration_table(Qn=2, N=600, progress=False, layers=0, K=16)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_float64_tensors_load_without_narrowing(tmp_path, suffix):
+    """Tensors dumped in float64 keep their exact values (no silent cast to float32)."""
+    wl = make_workload("calibrated", **SMALL)
+    arrays = dict(
+        q=wl.q.astype(np.float64) / 3, w=wl.w.astype(np.float64), k=wl.k, ks=wl.ks, ke=wl.ke
+    )
+    path = tmp_path / f"f64{suffix}"
+    _write(path, arrays)
+    back = load_workload(path)
+    assert back.q.dtype == np.float64 and np.array_equal(back.q, arrays["q"])
