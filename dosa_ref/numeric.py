@@ -55,14 +55,18 @@ import numpy as np
 from .certificate import KeySummary, upper_bound
 from .fp8 import E4M3_MAX, dequantize, e4m3_bits, e4m3_values, key_rms, nan_codes
 from .plan import Plan, PlanOptions, activation_frequency, build_plan
-from .scorer import score_keys, topk_of
-from .seeds import anchor_pool, explicit_seeds, kth_score, local_seeds, parse_strategies
+from .scorer import topk_of
+from .seeds import anchor_pool, parse_strategies
 from .select import (
     DosaResult,
     DosaStats,
     SelectOptions,
     _Buffer,
+    _certificate_seeds,
     _full_topk,
+    _initial_seeds,
+    _record_plan,
+    _screen_and_refine,
     _stride_sample,
     choose_r,
 )
@@ -1195,28 +1199,16 @@ def _fp8_query(
     ksum,
 ):
     # Steps 1–2: seeds and τ (Prop. 4) — exactly as Algorithm 1 in select.py.
-    parts = []
-    if "explicit" in strategies:
-        parts.append(explicit_seeds(seed_ids[t], a, b))
-    if "local" in strategies or strategies == ("certificate",):
-        parts.append(local_seeds(a, b, opt.window, opt.sinks))
-    if "anchor" in strategies:
-        parts.append(pool[(pool >= a) & (pool < b)])
-    S = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-    s_S = score_keys(q_t, w_t, k[S])
-    tau0 = kth_score(s_S, K)
+    S, s_S, tau0, p = _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool)
 
     # Step 3: plan (float64 choices) and its FP8 screening rows + guard.
-    p = activation_frequency(q_t, k[S[_stride_sample(0, S.size, 1024)]])
     if opt.r == "auto":
         r = choose_r(q_t, w_t, p, tau0, k[_stride_sample(a, b, 512)], popt, opt.form)
     else:
         r = int(opt.r)
     plan = build_plan(q_t, w_t, p, r, popt)
     fplan = build_fp8_plan(plan, q_t, w_t, model, opt.form)
-    st.r[t] = plan.r
-    st.omitted_positive[t] = plan.P.size
-    st.aggregated[t] = plan.A.size
+    _record_plan(t, plan, st)
 
     U = screen_bound(fplan, kbar[a:b], scale[a:b], rho[a:b])
     if not fplan.valid:
@@ -1227,11 +1219,7 @@ def _fp8_query(
     st.invalid_keys[t] = int(np.sum(U == _INF))
 
     if "certificate" in strategies and opt.cert_seeds > 0:
-        m = min(opt.cert_seeds, b - a)
-        cand = a + np.argpartition(-U, m - 1)[:m]
-        extra = np.setdiff1d(cand, S)
-        S = np.concatenate([S, extra])
-        s_S = np.concatenate([s_S, score_keys(q_t, w_t, k[extra])])
+        S, s_S = _certificate_seeds(U, a, b, S, s_S, q_t, w_t, k, opt.cert_seeds)
     st.seeds[t] = S.size
     if S.size < K:
         st.full[t] = True
@@ -1241,24 +1229,14 @@ def _fp8_query(
     buf = _Buffer(K, opt.buffer, S, s_S)
     tau = buf.tau
     st.tau[t] = tau
-    # Step 4: screen with U^num (strict rejection U^num < τ; equality survives).
-    alive = U >= tau
-    alive[S - a] = False
-    V = a + np.flatnonzero(alive)
-    st.screened[t] = (b - a) - S.size
-    st.survivors[t] = V.size
     if ksum is not None:
+        # Guard cost: survivors of the exact-arithmetic certificate at the same τ.
         Ue = upper_bound(plan, k[a:b], opt.form, "none", ksum=ksum.slice(a, b))
         ae = Ue >= tau
         ae[S - a] = False
         st.survivors_exact[t] = int(ae.sum())
-    # Steps 5–6: refine with the original scorer; keep s ≥ τ.
-    for lo in range(0, V.size, opt.refine_batch):
-        ids = V[lo : lo + opt.refine_batch]
-        buf.offer(ids, score_keys(q_t, w_t, k[ids]))
-    st.refined[t] = V.size
-    st.kept[t] = buf.kept
-    st.overflows[t] = buf.overflows
+    # Steps 4–6 with U^num (strict rejection U^num < τ; equality survives).
+    _screen_and_refine(t, U, buf, S, a, b, q_t, w_t, k, opt, st)
     top, sc = buf.result()
     return top, sc, fplan, tau
 

@@ -339,10 +339,9 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
     return DosaResult(ids=ids_out, stats=st)
 
 
-def _screened_query(
-    t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
-):
-    # Step 1–2: seeds and τ (Prop. 4).
+def _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool):
+    """Steps 1–2 (Prop. 4): seed ids S (sorted, distinct, visible), their exact scores, τ_0
+    = τ_K(S), and activation frequencies p_h from (a sample of) the scored seeds."""
     parts = []
     if "explicit" in strategies:
         parts.append(explicit_seeds(seed_ids[t], a, b))
@@ -352,45 +351,73 @@ def _screened_query(
         parts.append(pool[(pool >= a) & (pool < b)])
     S = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     s_S = score_keys(q_t, w_t, k[S])
-    tau0 = kth_score(s_S, K)
-
-    # Step 3: plan.  Activation frequencies from (a sample of) the scored seeds.
     p = activation_frequency(q_t, k[S[_stride_sample(0, S.size, 1024)]])
-    if opt.r == "auto":
-        r = choose_r(q_t, w_t, p, tau0, k[_stride_sample(a, b, 512)], popt, opt.form)
-    else:
-        r = int(opt.r)
-    plan = build_plan(q_t, w_t, p, r, popt)
-    st.r[t] = plan.r
-    st.omitted_positive[t] = plan.P.size
-    st.aggregated[t] = plan.A.size
+    return S, s_S, kth_score(s_S, K), p
 
-    U = upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t, ksum.slice(a, b))  # [b - a]
+
+def _certificate_seeds(U, a, b, S, s_S, q_t, w_t, k, m):
+    """Certificate-guided seeds: score the ``m`` largest-U visible keys exactly (any exact
+    score of a visible key is a valid witness; this raises τ)."""
+    m = min(m, b - a)
+    cand = a + np.argpartition(-U, m - 1)[:m]
+    extra = np.setdiff1d(cand, S)
+    S = np.concatenate([S, extra])
+    s_S = np.concatenate([s_S, score_keys(q_t, w_t, k[extra])])
+    return S, s_S
+
+
+def _screen_and_refine(t, U, buf, S, a, b, q_t, w_t, k, opt, st):
+    """Steps 4–6: screen (strict rejection U < τ; equality survives), score the
+    survivors with the original scorer in batches and keep s ≥ τ in the buffer."""
+    alive = U >= buf.tau
+    alive[S - a] = False
+    V = a + np.flatnonzero(alive)
+    st.screened[t] = (b - a) - S.size
+    st.survivors[t] = V.size
+    for lo in range(0, V.size, opt.refine_batch):
+        ids = V[lo : lo + opt.refine_batch]
+        buf.offer(ids, score_keys(q_t, w_t, k[ids]))
+    st.refined[t] = V.size
+    st.kept[t] = buf.kept
+    st.overflows[t] = buf.overflows
+
+
+def _record_plan(t, plan, st):
+    st.r[t], st.omitted_positive[t], st.aggregated[t] = plan.r, plan.P.size, plan.A.size
+
+
+def _screened_query(
+    t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
+):
+    S, s_S, tau0, p = _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool)
+
+    # Step 3: plan and the bound for every visible key.
+    def pick_r(tau):
+        if opt.r == "auto":
+            return choose_r(q_t, w_t, p, tau, k[_stride_sample(a, b, 512)], popt, opt.form)
+        return int(opt.r)
+
+    def plan_and_bound(r):
+        plan = build_plan(q_t, w_t, p, r, popt)
+        _record_plan(t, plan, st)
+        return plan, upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t, ksum.slice(a, b))
+
+    plan, U = plan_and_bound(pick_r(tau0))
     if not np.all(np.isfinite(U)):
         # C.3: a non-finite bound proves nothing; recover over the full domain.
         st.recovered[t] = True
         return _full_topk(q_t, w_t, k, a, b, K)
 
     if "certificate" in strategies and opt.cert_seeds > 0:
-        # Certificate-guided seeds: score the largest-U keys exactly; raises τ.
-        m = min(opt.cert_seeds, b - a)
-        cand = a + np.argpartition(-U, m - 1)[:m]
-        extra = np.setdiff1d(cand, S)
-        S = np.concatenate([S, extra])
-        s_S = np.concatenate([s_S, score_keys(q_t, w_t, k[extra])])
+        S, s_S = _certificate_seeds(U, a, b, S, s_S, q_t, w_t, k, opt.cert_seeds)
         tau1 = kth_score(s_S, K)
-        if opt.r == "auto" and tau1 > tau0:
+        if opt.r == "auto" and tau1 > tau0 and (r1 := pick_r(tau1)) != plan.r:
             # τ rose: the cost model may now prefer another r (a loose τ makes every r
             # look alike and picks the smallest); re-plan once against the new τ.
-            r1 = choose_r(q_t, w_t, p, tau1, k[_stride_sample(a, b, 512)], popt, opt.form)
-            if r1 != plan.r:
-                plan = build_plan(q_t, w_t, p, r1, popt)
-                st.r[t], st.omitted_positive[t] = plan.r, plan.P.size
-                st.aggregated[t] = plan.A.size
-                U = upper_bound(plan, k[a:b], opt.form, "up", q_t, w_t, ksum.slice(a, b))
-                if not np.all(np.isfinite(U)):
-                    st.recovered[t] = True
-                    return _full_topk(q_t, w_t, k, a, b, K)
+            plan, U = plan_and_bound(r1)
+            if not np.all(np.isfinite(U)):
+                st.recovered[t] = True
+                return _full_topk(q_t, w_t, k, a, b, K)
     st.seeds[t] = S.size
     if S.size < K:
         st.full[t] = True
@@ -398,19 +425,7 @@ def _screened_query(
 
     buf = _Buffer(K, opt.buffer, S, s_S)
     st.tau[t] = buf.tau
-    # Step 4: screen.  Strict rejection U < τ; equality survives.
-    alive = U >= buf.tau
-    alive[S - a] = False
-    V = a + np.flatnonzero(alive)
-    st.screened[t] = (b - a) - S.size
-    st.survivors[t] = V.size
-    # Steps 5–6: refine in batches with the original scorer; keep s ≥ τ.
-    for lo in range(0, V.size, opt.refine_batch):
-        ids = V[lo : lo + opt.refine_batch]
-        buf.offer(ids, score_keys(q_t, w_t, k[ids]))
-    st.refined[t] = V.size
-    st.kept[t] = buf.kept
-    st.overflows[t] = buf.overflows
+    _screen_and_refine(t, U, buf, S, a, b, q_t, w_t, k, opt, st)
     if opt.slack_sample:
         from .certificate import slack
 
