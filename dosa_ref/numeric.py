@@ -56,7 +56,6 @@ from .certificate import KeySummary, upper_bound
 from .fp8 import E4M3_MAX, dequantize, e4m3_bits, e4m3_values, key_rms, nan_codes
 from .plan import Plan, PlanOptions, activation_frequency, build_plan
 from .scorer import topk_of
-from .seeds import anchor_pool, parse_strategies
 from .select import (
     DosaResult,
     DosaStats,
@@ -65,8 +64,10 @@ from .select import (
     _certificate_seeds,
     _full_topk,
     _initial_seeds,
+    _per_query,
     _record_plan,
     _screen_and_refine,
+    _seed_sources,
     _stride_sample,
     choose_r,
 )
@@ -1121,60 +1122,43 @@ def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options
         raise ValueError("error_model: expected an ErrorModel")
     guard_stats = bool(extra.get("guard_stats", True))
     opt = SelectOptions.from_kwargs(options)
-    strategies = parse_strategies(opt.seeds)
     popt = opt.plan_options()
     k = dequantize(payload, scale)  # exact float64 keys: the reference scorer's input
     kbar = e4m3_values(payload)
     rho = key_rms(payload)
-    seed_ids = None
-    if "explicit" in strategies:
-        if opt.seed_ids is None:
-            raise ValueError("seed_ids: the 'explicit' seed strategy needs seed_ids")
-        seed_ids = np.asarray(opt.seed_ids)
-        if seed_ids.ndim != 2 or seed_ids.shape[0] != Qn or seed_ids.dtype.kind not in "iu":
-            raise ValueError(f"seed_ids: expected an int array [Qn={Qn}, S]")
-    pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors) if "anchor" in strategies else None
-
-    ids_out = np.full((Qn, K), -1, dtype=np.int64)
+    strategies, seed_ids, pool = _seed_sources(q, w, k, ks, ke, K, opt)
     st = FP8Stats(Qn)
     plans: list = [None] * Qn
     taus = np.full(Qn, -_INF)
     ksum = None
-    for t in range(Qn):
-        a, b = int(ks[t]), int(ke[t])
-        q_t, w_t = q[t], w[t]
-        no_screen = H == 1 or (opt.r != "auto" and int(opt.r) >= H)
-        if b - a <= K or no_screen:
-            top, sc = _full_topk(q_t, w_t, k, a, b, K)
-            st.full[t] = True
-        else:
-            if ksum is None and guard_stats:
-                ksum = KeySummary(k)
-            top, sc, plans[t], taus[t] = _fp8_query(
-                t,
-                q_t,
-                w_t,
-                k,
-                kbar,
-                scale,
-                rho,
-                a,
-                b,
-                K,
-                opt,
-                popt,
-                strategies,
-                seed_ids,
-                pool,
-                st,
-                model,
-                ksum if guard_stats else None,
-            )
-        ids_out[t, : top.size] = top
-        if top.size == K:
-            st.tau_final[t] = sc[-1]
-        if progress is not None:
-            progress(t)
+
+    def screened(t, a, b):
+        nonlocal ksum
+        if ksum is None and guard_stats:
+            ksum = KeySummary(k)
+        top, sc, plans[t], taus[t] = _fp8_query(
+            t,
+            q[t],
+            w[t],
+            k,
+            kbar,
+            scale,
+            rho,
+            a,
+            b,
+            K,
+            opt,
+            popt,
+            strategies,
+            seed_ids,
+            pool,
+            st,
+            model,
+            ksum if guard_stats else None,
+        )
+        return top, sc
+
+    ids_out = _per_query(q, w, k, K, ks, ke, opt, st, screened, progress)
     return FP8Result(ids=ids_out, stats=st, plans=plans, tau=taus)
 
 

@@ -299,8 +299,30 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
     N = k.shape[0]
     ks, ke = check_ranges(ks, ke, Qn, N)
     opt = SelectOptions.from_kwargs(options)
-    strategies = parse_strategies(opt.seeds)
+    strategies, seed_ids, pool = _seed_sources(q, w, k, ks, ke, K, opt)
     popt = opt.plan_options()
+    st = DosaStats(Qn)
+    ksum = None  # key summaries, built on first use and shared by all queries
+    slack_acc: dict[str, list] = {}
+
+    def screened(t, a, b):
+        nonlocal ksum
+        if ksum is None:
+            ksum = KeySummary(k)
+        return _screened_query(
+            t, q[t], w[t], k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
+        )
+
+    ids_out = _per_query(q, w, k, K, ks, ke, opt, st, screened, progress)
+    for name, vals in slack_acc.items():
+        st.slack[name] = np.array(vals)
+    return DosaResult(ids=ids_out, stats=st)
+
+
+def _seed_sources(q, w, k, ks, ke, K, opt):
+    """Seed strategies, validated explicit ids [Qn, S] (or None) and the anchor pool."""
+    Qn = q.shape[0]
+    strategies = parse_strategies(opt.seeds)
     seed_ids = None
     if "explicit" in strategies:
         if opt.seed_ids is None:
@@ -308,35 +330,30 @@ def dosa_topk(q, w, k, K, ks=None, ke=None, progress=None, **options) -> DosaRes
         seed_ids = np.asarray(opt.seed_ids)
         if seed_ids.ndim != 2 or seed_ids.shape[0] != Qn or seed_ids.dtype.kind not in "iu":
             raise ValueError(f"seed_ids: expected an int array [Qn={Qn}, S]")
-    pool = None
-    if "anchor" in strategies:
-        pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors)
+    pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors) if "anchor" in strategies else None
+    return strategies, seed_ids, pool
 
+
+def _per_query(q, w, k, K, ks, ke, opt, st, screened, progress) -> np.ndarray:
+    """Algorithm 1's outer loop: each query is scored fully when screening cannot pay
+    (|Ω| ≤ K, H = 1, r ≥ H) and otherwise by ``screened(t, a, b) -> (ids, scores)``.
+    Returns ids int64 [Qn, K] with −1 padding; fills st.full and st.tau_final."""
+    Qn, H, _ = q.shape
     ids_out = np.full((Qn, K), -1, dtype=np.int64)
-    st = DosaStats(Qn)
-    ksum = None  # key summaries, built on first use and shared by all queries
-    slack_acc: dict[str, list] = {}
+    no_screen = H == 1 or (opt.r != "auto" and int(opt.r) >= H)
     for t in range(Qn):
         a, b = int(ks[t]), int(ke[t])
-        q_t, w_t = q[t], w[t]
-        no_screen = H == 1 or (opt.r != "auto" and int(opt.r) >= H)
         if b - a <= K or no_screen:
-            top, sc = _full_topk(q_t, w_t, k, a, b, K)
+            top, sc = _full_topk(q[t], w[t], k, a, b, K)
             st.full[t] = True
         else:
-            if ksum is None:
-                ksum = KeySummary(k)
-            top, sc = _screened_query(
-                t, q_t, w_t, k, a, b, K, opt, popt, strategies, seed_ids, pool, st, slack_acc, ksum
-            )
+            top, sc = screened(t, a, b)
         ids_out[t, : top.size] = top
         if top.size == K:
             st.tau_final[t] = sc[-1]
         if progress is not None:
             progress(t)
-    for name, vals in slack_acc.items():
-        st.slack[name] = np.array(vals)
-    return DosaResult(ids=ids_out, stats=st)
+    return ids_out
 
 
 def _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool):
