@@ -1,0 +1,74 @@
+"""Reference functions named after the GPU kernels (DESIGN.md: "each kernel's reference
+function by the same name in dosa_ref").  Each composes the reference pieces for one
+stage of METHOD.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be checked alone:
+
+  quantize_keys (prepare)  → ``dosa_ref.fp8.quantize_keys``
+  key_rho (prepare)        → ρ_i with ρ_i√D ≥ ‖k̄_i‖, fp32 rounded up
+  dense_logits             → original scores of every visible key (the dense route)
+  seed_score               → exact seed scores and τ = τ_K(S) (Prop. 4)
+  screen                   → survivor mask U^num ≥ τ (strict rejection U^num < τ)
+  refine                   → compact records (id, s) of survivors with s ≥ τ
+  select                   → exact Top-K of seed records ∪ compact records (Theorem 1)
+
+Scores here are the float64 reference scorer on the dequantized keys; the GPU's own
+scorer differs in its low bits (its error model bounds the difference), so GPU tests
+compare ids and bounds, not raw score bits, against these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp8 import dequantize, e4m3_values, key_rms, quantize_keys
+from .numeric import FP8ScreenPlan, screen_bound
+from .scorer import index_scores, score_keys, topk_of
+from .seeds import kth_score
+
+__all__ = [
+    "dense_logits",
+    "key_rho",
+    "quantize_keys",
+    "refine",
+    "screen",
+    "seed_score",
+    "select",
+]
+
+
+def key_rho(payload: np.ndarray) -> np.ndarray:
+    """RMS summaries float32 [N] of e4m3 payloads uint8 [N, D] (§8; rounded up)."""
+    return key_rms(payload)
+
+
+def dense_logits(q, w, payload, scale, ks=None, ke=None) -> np.ndarray:
+    """float64 [Qn, N] original scores of the dequantized keys; −inf outside [ks, ke)."""
+    return index_scores(q, w, dequantize(payload, scale), ks, ke)
+
+
+def seed_score(q_t, w_t, k, seed_ids, K: int) -> tuple[np.ndarray, float]:
+    """Exact scores float64 [|S|] of distinct visible seeds ``seed_ids`` and τ_K(S)."""
+    s = score_keys(np.asarray(q_t, np.float64), np.asarray(w_t, np.float64), k[seed_ids])
+    return s, kth_score(s, K)
+
+
+def screen(fplan: FP8ScreenPlan, payload, scale, rho, tau: float) -> np.ndarray:
+    """bool [n]: key survives screening (U^num ≥ τ; equality survives)."""
+    return screen_bound(fplan, e4m3_values(payload), scale, rho) >= tau
+
+
+def refine(q_t, w_t, k, survivor_ids, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """Score survivors with the original scorer; keep records with s ≥ τ (ids, scores)."""
+    ids = np.asarray(survivor_ids, dtype=np.int64)
+    s = score_keys(np.asarray(q_t, np.float64), np.asarray(w_t, np.float64), k[ids])
+    keep = s >= tau
+    return ids[keep], s[keep]
+
+
+def select(seed_ids, seed_scores, rec_ids, rec_scores, K: int) -> np.ndarray:
+    """int64 [K]: exact Top-K (score desc, id asc) of seed ∪ records, −1 padded."""
+    ids = np.concatenate([np.asarray(seed_ids, np.int64), np.asarray(rec_ids, np.int64)])
+    sc = np.concatenate([np.asarray(seed_scores, np.float64), np.asarray(rec_scores)])
+    top, _ = topk_of(sc, ids, K)
+    out = np.full(K, -1, dtype=np.int64)
+    out[: top.size] = top
+    return out
