@@ -178,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         return audit_main(rest)
     if cmd == "bench":
         try:
-            from dosa_cupy.bench import main as bench_main
+            if "--decode" in rest:
+                rest = [a for a in rest if a != "--decode"]
+                from dosa_cupy.bench_decode import main as bench_main
+            else:
+                from dosa_cupy.bench import main as bench_main
         except ImportError as e:
             print(f"dosa bench needs the GPU extra (cupy): {e}", file=sys.stderr)
             return 2
