@@ -1,0 +1,232 @@
+"""``dosa bench --decode``: the dense decode route (paged logits + exact selection) and the
+fused DoSA decode (witness τ, compact writeback, exact selection) in one run (issue 6).
+
+Paged FP8 cache (64-token blocks, shuffled block table), B requests of context ``ctx``
+(minus a few tokens, growing by next_n per step), H heads, K = 2048.  Each replay is a new
+decode step of a query walk (rotated inputs: q_t = 0.9·q_{t−1} + noise around a topic, so
+the previous steps' selections are useful witnesses, as in serving).  CUDA events,
+warm-up steps, medians over ≥ 10 replays, same-run ratio dense / DoSA, ids of every timed
+step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter.
+
+    python -m dosa_cupy.bench_decode --shapes 32x1x131072,64x64x1048576 --out DIR
+    dosa bench --decode --filter x1048576            (shape = HxBxCTX)
+
+Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
+NOT YET RUN ON A GPU (dosa_cupy/NOTES.md, "Decode (not yet run on a GPU)").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CTXS = (131072, 262144, 524288, 1048576)
+DEFAULT_SHAPES = ",".join(f"{H}x{B}x{c}" for H in (32, 64) for B in (1, 8, 64) for c in CTXS)
+CHUNK = 1 << 22  # tokens generated per chunk (float32 chunk: 2 GiB)
+
+
+def parse_shapes(spec: str, filt: str | None = None) -> list[tuple[int, int, int]]:
+    """ "HxBxCTX,..." → [(H, B, ctx)], keeping shapes whose text contains ``filt``."""
+    out = []
+    for sh in spec.split(","):
+        sh = sh.strip()
+        if not sh or (filt and filt not in sh):
+            continue
+        parts = sh.split("x")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"shapes: expected HxBxCTX, got {sh!r}")
+        H, B, ctx = (int(p) for p in parts)
+        if not (1 <= H <= 64 and B >= 1 and ctx >= 64):
+            raise ValueError(f"shapes: need 1 <= H <= 64, B >= 1, CTX >= 64, got {sh!r}")
+        out.append((H, B, ctx))
+    return out
+
+
+def make_cache(cp, B, ctx, seed):
+    """Paged cache of B·ceil(ctx/64) blocks (+1 spare), structured keys quantized on the GPU."""
+    from dosa_cupy.prepare import quantize_keys
+
+    rs = cp.random.RandomState(seed)
+    mb = -(-ctx // 64)
+    nb = B * mb + 1
+    rows = nb * 64
+    topics = rs.standard_normal((8, 128), dtype=cp.float32)
+    topics /= cp.linalg.norm(topics, axis=1, keepdims=True)
+    kv = cp.empty((rows, 128), dtype=cp.uint8)
+    sc = cp.empty(rows, dtype=cp.float32)
+    for a in range(0, rows, CHUNK):
+        m = min(CHUNK, rows - a)
+        kf = rs.standard_normal((m, 128), dtype=cp.float32)
+        load = rs.exponential(1.0, (m, 8)).astype(cp.float32) ** 2
+        load *= (rs.random_sample((m, 8)) < 0.3).astype(cp.float32)
+        kf += 1.5 * load @ topics
+        p, s, _ = quantize_keys(kf)
+        kv[a : a + m], sc[a : a + m] = p, s
+        del kf, load, p, s
+    bt = rs.permutation(nb)[: B * mb].reshape(B, mb).astype(cp.int32)
+    return kv.reshape(nb, 64, 128), sc.reshape(nb, 64), bt, topics
+
+
+def query_walk(cp, B, n, H, steps, topics, seed):
+    """Per step (q e4m3 [B, n, H, 128], w fp32 [B, n, H]): a drifting walk per request."""
+    from dosa_cupy.workload import quantize_queries
+
+    rs = cp.random.RandomState(seed + 1)
+    topic = topics[rs.randint(0, topics.shape[0], B)]  # [B, 128]
+    qf = 2.0 * topic[:, None, None, :] + rs.standard_normal((B, n, H, 128), dtype=cp.float32)
+    w0 = rs.standard_normal((B, n, H), dtype=cp.float32)
+    w0[..., : 3 * H // 4] = cp.abs(w0[..., : 3 * H // 4])
+    out = []
+    for _ in range(steps):
+        qf = 0.9 * qf + 0.35 * rs.standard_normal(qf.shape, dtype=cp.float32)
+        qp, wq = quantize_queries(qf.reshape(B * n, H, 128), w0.reshape(B * n, H))
+        out.append((qp.reshape(B, n, H, 128), wq.reshape(B, n, H)))
+    return out
+
+
+def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log):
+    import cupy as cp
+
+    from dosa_cupy.decode import DecodeSelectorGPU, dense_decode_topk
+
+    t0 = time.time()
+    kv, sc, bt, topics = make_cache(cp, B, ctx, seed)
+    steps = warm + reps
+    walk = query_walk(cp, B, n, H, steps, topics, seed)
+    rs = np.random.default_rng(seed)
+    L0 = np.maximum(0, ctx - n * steps - rs.integers(0, 64, B))
+    lengths = [cp.asarray((L0 + n * (i + 1)).astype(np.int32)) for i in range(steps)]
+    cp.cuda.Device().synchronize()
+    gen_s = time.time() - t0
+
+    def args(i):
+        return (*walk[i], kv, sc, bt, lengths[i])
+
+    # full validation once (NaN codes, block table), then the timed calls skip value scans
+    dense_decode_topk(*args(0), K, check_values=True)
+    sel = DecodeSelectorGPU(K, history=history, buffer=buffer, check_values=False)
+
+    def timed(fn, idx):
+        ts, outs = [], []
+        for i in idx:
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            r = fn(i)
+            b.record()
+            b.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(a, b))
+            outs.append(r)
+        return ts, outs
+
+    def dosa(i):
+        return sel.step(*args(i), return_stats=False).ids
+
+    def dense(i):
+        return dense_decode_topk(*args(i), K, check_values=False)
+
+    timed(dosa, range(warm))  # warm-up: builds the witnesses of the walk
+    timed(dense, range(warm))
+    idx = range(warm, steps)
+    over = 0
+    ts_dosa, ids_dosa = [], []
+    for i in idx:  # DoSA in walk order (witnesses from the previous step)
+        t, o = timed(dosa, [i])
+        ts_dosa += t
+        ids_dosa += o
+        over += sel.last_overflow
+    ts_dense, ids_dense = timed(dense, idx)
+    equal = all(bool(cp.array_equal(a, b)) for a, b in zip(ids_dosa, ids_dense, strict=True))
+    # one more step (untimed) for the compaction statistics
+    last = sel.step(*args(steps - 1), return_stats=True).stats
+    vis = float(B * n * np.mean(cp.asnumpy(lengths[warm])))
+    res = dict(
+        H=H, B=B, ctx=ctx, next_n=n, K=K, reps=reps, warm=warm, history=history,
+        buffer=sel.buffer, visible_keys=vis,
+        dense_ms=statistics.median(ts_dense), dosa_ms=statistics.median(ts_dosa),
+        dense_ms_all=ts_dense, dosa_ms_all=ts_dosa,
+        step_ratio_median=statistics.median(a / b for a, b in zip(ts_dense, ts_dosa, strict=True)),
+        overflow_steps=int(over), compaction=last.compaction,
+        witnesses_mean=float(last.witnesses.mean()), ids_equal=equal, gen_s=gen_s,
+    )  # fmt: skip
+    res["speedup"] = res["dense_ms"] / res["dosa_ms"]
+    res["dense_keys_per_s"] = vis / (res["dense_ms"] * 1e-3)
+    log(json.dumps({k: v for k, v in res.items() if not k.endswith("_all")}))
+    return res
+
+
+def markdown(rows) -> str:
+    head = (
+        "| H | B | ctx | next_n | dense ms | DoSA ms | speedup | step ratio | compaction "
+        "| overflow steps | ids equal |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} | {r['dense_ms']:.3f} "
+        f"| {r['dosa_ms']:.3f} | {r['speedup']:.2f}× | {r['step_ratio_median']:.2f}× "
+        f"| {r['compaction']:.4f} | {r['overflow_steps']} | {r['ids_equal']} |\n"
+        for r in rows
+    )
+    return head + body
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxCTX,...")
+    ap.add_argument("--filter", default=None, help="only shapes whose HxBxCTX contains this")
+    ap.add_argument("--next-n", default="1", help="queries per request per step, e.g. 1,2")
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--history", type=int, default=2)
+    ap.add_argument("--buffer", type=int, default=None, help="records per row (default 4K)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
+    a = ap.parse_args(argv)
+    if a.reps < 10:
+        raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    if a.warm < 1:
+        raise ValueError(f"warm: at least 1 warm-up step, got {a.warm}")
+    nns = [int(x) for x in a.next_n.split(",")]
+    if any(x not in (1, 2) for x in nns):
+        raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
+    shapes = parse_shapes(a.shapes, a.filter)
+    rows = []
+    for H, B, ctx in shapes:
+        for n in nns:
+            t0 = time.time()
+            rows.append(
+                bench_shape(
+                    H,
+                    B,
+                    ctx,
+                    n,
+                    a.K,
+                    a.reps,
+                    a.warm,
+                    a.history,
+                    a.buffer,
+                    a.seed,
+                    lambda s: print(s, flush=True),
+                )  # fmt: skip
+            )
+            print(f"# {H}x{B}x{ctx} next_n={n} done in {time.time() - t0:.1f}s", flush=True)
+            import cupy as cp  # the shape's arrays are gone: return their memory
+
+            cp.get_default_memory_pool().free_all_blocks()
+    md = markdown(rows)
+    print(md)
+    if a.out:
+        p = Path(a.out)
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "bench_decode.json").write_text(json.dumps(rows, indent=1))
+        (p / "bench_decode.md").write_text(md)
+    return 0 if all(r["ids_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,569 @@
+"""DoSA decode on the GPU (METHOD.md §10; issue 6) over a paged FP8 KV cache.
+
+Layout (DeepGEMM ``fp8_paged_mqa_logits``): the KV cache is stored in blocks of 64 tokens,
+``kv_payload`` e4m3 [num_blocks, 64, 128] (uint8 bits or an fp8 tensor) and ``kv_scale``
+fp32 [num_blocks, 64]; ``block_table`` int32 [B, max_blocks] maps block ``i // 64`` of
+request ``b`` to a cache block; ``lengths`` int32 [B] are context lengths.  Queries are
+``q`` e4m3 [B, next_n, H, 128] with ``w`` fp32 [B, next_n, H] (query scales folded in).
+Query j of request b sees logical keys ``[0, lengths[b] − next_n + j + 1)`` (clamped at 0:
+``dosa_ref.decode``'s rule).  Ids are logical token positions of the request.
+
+Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/common.cuh`` through
+``csrc/decode.cu``, so a key's score is the prefill dense route's value, bit for bit):
+
+    paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)
+    dense_decode_topk(..., K)    paged logits + the exact selection kernel (kernels.cu)
+    DecodeSelectorGPU(K).step()  fused DoSA decode: witnesses → τ, one scan that scores
+                                 every visible key and compacts only s ≥ τ, exact
+                                 selection of the compact records; ids == dense bitwise
+
+Exactness of the fused route is ``dosa_ref.decode``'s argument with the GPU scorer as the
+original scorer: the witnesses of a row are *distinct* (sorted + deduplicated on the
+device) and *visible* (id < ke, checked in the witness kernel), and each witness score is
+computed by the same device function on the same key fragments as in the scan, so
+τ = τ_K(W) ≤ τ_K(Ω); every key of Top-K(Ω) has s ≥ τ and is compacted (s ≥ τ is not
+strict); a full record buffer is detected (the counter counts every qualifying record)
+and the scan is re-run with the exact count as capacity (never dropping).
+
+Host logic (visible ranges, block-table → cache-row mapping, witness bookkeeping, τ,
+overflow extension) is written once for numpy and CuPy (``xp``); ``backend="numpy"`` runs
+the selector's step with float64 scores of the dequantized cache (``dosa_ref.scorer``) as
+a CPU emulation (tests/test_gpu_decode.py compares it with ``dosa_ref.decode``).
+
+NOT YET RUN ON A GPU (see dosa_cupy/NOTES.md, "Decode (not yet run on a GPU)").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+
+import numpy as np
+
+from dosa_ref.decode import DecodeStats, DecodeStep
+
+from ._build import CSRC, OPTIONS, cupy_or_raise
+from ._build import kernel as prefill_kernel
+
+__all__ = [
+    "PAGE",
+    "DecodeSelectorGPU",
+    "check_decode_inputs",
+    "dense_decode_topk",
+    "gather_request_keys",
+    "paged_logits",
+    "physical_rows",
+    "visible_ends",
+    "witness_table",
+]
+
+PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
+D = 128
+WARPS = 8  # warps per block of the decode kernels (256 threads)
+WARP_KEYS = 256  # csrc/decode.cu DEC_WARP_KEYS
+WIT_KEYS = 256  # csrc/decode.cu DEC_WIT_KEYS
+KMAX = 4096  # selection kernel limit (kernels.cu SEL_KMAX)
+DECODE_FILE = CSRC / "decode.cu"
+
+
+@functools.cache
+def _module():
+    cp = cupy_or_raise()
+    return cp.RawModule(code=DECODE_FILE.read_text(), options=OPTIONS, backend="nvrtc")
+
+
+def _kernel(name: str):
+    return _module().get_function(name)
+
+
+# ---------------------------------------------------------------------------------------
+# Index arithmetic (numpy or CuPy)
+# ---------------------------------------------------------------------------------------
+
+
+def visible_ends(lengths, next_n: int, xp=np):
+    """ke int32 [B, next_n]: query j of request b sees ``[0, ke[b, j])`` with
+    ``ke = max(0, lengths[b] − next_n + j + 1)`` (DeepGEMM's mask k ≤ q_offset)."""
+    L = xp.asarray(lengths).astype(xp.int64)
+    j = xp.arange(next_n, dtype=xp.int64)
+    return xp.maximum(0, L[:, None] - next_n + 1 + j[None, :]).astype(xp.int32)
+
+
+def physical_rows(block_table, ids, xp=np):
+    """Cache rows (block·64 + offset, into payload.reshape(-1, 128)) of logical ids.
+
+    ``block_table`` [B, max_blocks]; ``ids`` int [B, m] logical positions (< max_blocks·64)
+    of each request.  Negative ids map to −1.  Mirrors ``dec_phys`` of csrc/decode.cu.
+    """
+    bt = xp.asarray(block_table).astype(xp.int64)
+    ids = xp.asarray(ids).astype(xp.int64)
+    ok = ids >= 0
+    safe = xp.where(ok, ids, 0)
+    blk = xp.take_along_axis(bt, safe // PAGE, axis=1)
+    return xp.where(ok, blk * PAGE + safe % PAGE, -1)
+
+
+def gather_request_keys(kv_payload, kv_scale, block_table, lengths):
+    """Host (numpy) view of each request's keys in logical order: a list of B pairs
+    (payload uint8 [L_b, 128], scale fp32 [L_b]) — the reference's per-request keys."""
+    kp = np.asarray(kv_payload).reshape(-1, D)
+    ks = np.asarray(kv_scale).reshape(-1)
+    bt = np.asarray(block_table)
+    out = []
+    for b, L in enumerate(np.asarray(lengths).tolist()):
+        rows = physical_rows(bt[b : b + 1], np.arange(int(L))[None, :])[0]
+        out.append((kp[rows], ks[rows]))
+    return out
+
+
+def witness_table(entries, B: int, xp=np):
+    """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
+
+    ``entries`` are past selections, each int [B_t, m_t] (−1 = padding); rows beyond B_t
+    are empty.  Sorting each row and blanking repeats gives *distinct* witnesses, which
+    the proof of τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).
+    """
+    cols = []
+    for e in entries:
+        e = xp.asarray(e).astype(xp.int32)
+        part = xp.full((B, e.shape[1]), -1, dtype=xp.int32)
+        m = min(B, e.shape[0])
+        part[:m] = e[:m]
+        cols.append(part)
+    if not cols:
+        return None
+    a = xp.concatenate(cols, axis=1)
+    if a.shape[1] == 0:
+        return None
+    big = np.iinfo(np.int32).max
+    s = xp.sort(xp.where(a < 0, big, a), axis=1)
+    dup = xp.zeros(s.shape, dtype=bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    return xp.where(dup | (s == big), -1, s).astype(xp.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Validation (ValueError naming the argument)
+# ---------------------------------------------------------------------------------------
+
+
+def _as(x, name: str, xp):
+    if x is None:
+        raise ValueError(f"{name}: missing")
+    if xp is np:
+        mod = type(x).__module__
+        if mod.startswith("torch") or mod.startswith("cupy"):
+            raise ValueError(f"{name}: the numpy backend takes host arrays, got {mod}")
+        a = np.asarray(x)
+        if a.dtype.kind == "V" or "float8" in str(a.dtype):
+            a = a.view(np.uint8)
+        return a
+    from .prepare import as_device
+
+    return as_device(x, name)
+
+
+def _int_arr(a, name: str):
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
+    return a
+
+
+def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=np,
+                        check_values: bool = True) -> dict:  # fmt: skip
+    """Validate the paged decode layout (see the module docstring); returns a dict of
+    contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
+    kv [rows, 128], scale [rows], block_table int32 [B, max_blocks], lengths int32 [B],
+    ke int32 [R], and B, n, H, Hp, K, L (= max_blocks·64), num_blocks.
+
+    ``check_values`` also scans values (e4m3 NaN codes in q and the cache blocks, non-finite
+    w, block-table entries of the used blocks): one pass over the used cache per call.
+    """
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise ValueError(f"K: expected a positive integer, got {K!r}")
+    if K > KMAX:
+        raise ValueError(f"K: at most {KMAX} is supported by the selection kernel, got {K}")
+    q = _as(q, "q", xp)
+    if q.dtype != np.uint8:
+        raise ValueError(f"q: expected e4m3 bits (uint8 or fp8), got dtype {q.dtype}")
+    if q.ndim != 4 or q.shape[3] != D:
+        raise ValueError(f"q: expected shape [B, next_n, H, {D}], got {tuple(q.shape)}")
+    B, n, H, _ = (int(x) for x in q.shape)
+    if B < 1:
+        raise ValueError(f"q: need at least one request, got shape {tuple(q.shape)}")
+    if n not in (1, 2):
+        raise ValueError(f"q: next_n must be 1 or 2, got {n}")
+    if not 1 <= H <= 64:
+        raise ValueError(f"q: need 1 <= H <= 64 heads, got {H}")
+    w = _as(w, "w", xp)
+    if w.dtype != np.float32:
+        raise ValueError(f"w: expected dtype float32, got {w.dtype}")
+    if tuple(w.shape) != (B, n, H):
+        raise ValueError(f"w: expected shape {(B, n, H)} to match q, got {tuple(w.shape)}")
+    kv = _as(kv_payload, "kv_payload", xp)
+    if kv.dtype != np.uint8:
+        raise ValueError(f"kv_payload: expected e4m3 bits (uint8 or fp8), got dtype {kv.dtype}")
+    if kv.ndim == 4 and kv.shape[2] == 1:
+        kv = kv.reshape(kv.shape[0], kv.shape[1], kv.shape[3])
+    if kv.ndim != 3 or kv.shape[1] != PAGE or kv.shape[2] != D:
+        raise ValueError(
+            f"kv_payload: expected shape [num_blocks, {PAGE}, {D}], got {tuple(kv.shape)}"
+        )
+    nb = int(kv.shape[0])
+    sc = _as(kv_scale, "kv_scale", xp)
+    if sc.dtype != np.float32:
+        raise ValueError(f"kv_scale: expected dtype float32, got {sc.dtype}")
+    if sc.ndim == 3 and sc.shape[2] == 1:
+        sc = sc.reshape(sc.shape[0], sc.shape[1])
+    if tuple(sc.shape) != (nb, PAGE):
+        raise ValueError(f"kv_scale: expected shape ({nb}, {PAGE}), got {tuple(sc.shape)}")
+    bt = _int_arr(_as(block_table, "block_table", xp), "block_table")
+    if bt.ndim != 2 or bt.shape[0] != B or bt.shape[1] < 1:
+        raise ValueError(
+            f"block_table: expected shape ({B}, max_blocks >= 1), got {tuple(bt.shape)}"
+        )
+    mb = int(bt.shape[1])
+    L = _int_arr(_as(lengths, "lengths", xp), "lengths")
+    if tuple(L.shape) != (B,):
+        raise ValueError(f"lengths: expected shape ({B},), got {tuple(L.shape)}")
+    if mb * PAGE >= 2**31 - 64:
+        raise ValueError(f"block_table: max_blocks={mb} too large for int32 token ids")
+    if nb * PAGE >= 2**31:
+        raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")
+    Lh = L.astype(xp.int64)
+    bad = (Lh < 0) | (Lh > mb * PAGE)
+    if bool(bad.any()):
+        b = int(xp.argmax(bad))
+        raise ValueError(f"lengths: lengths[{b}]={int(Lh[b])} outside [0, {mb * PAGE}]")
+    # Block-table entries of the blocks a request uses must name a cache block.
+    used = xp.arange(mb, dtype=xp.int64)[None, :] < ((Lh + PAGE - 1) // PAGE)[:, None]
+    btl = bt.astype(xp.int64)
+    badb = used & ((btl < 0) | (btl >= nb))
+    if bool(badb.any()):
+        b, i = (int(x) for x in xp.unravel_index(int(xp.argmax(badb.ravel())), badb.shape))
+        raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
+    if check_values:
+        if bool(((q & 0x7F) == 0x7F).any()):
+            raise ValueError("q: contains e4m3 NaN codes")
+        if not bool(xp.isfinite(w).all()):
+            raise ValueError("w: contains non-finite values (nan or inf)")
+        blocks = xp.unique(btl[used]) if bool(used.any()) else xp.zeros(0, xp.int64)
+        if blocks.size and bool(((kv[blocks] & 0x7F) == 0x7F).any()):
+            raise ValueError("kv_payload: contains e4m3 NaN codes in a used block")
+    Hp = -(-H // 16) * 16
+    R = B * n
+    qf = q.reshape(R, H, D)
+    wf = w.reshape(R, H)
+    if Hp != H:
+        qp = xp.zeros((R, Hp, D), dtype=xp.uint8)
+        qp[:, :H] = qf
+        wp = xp.zeros((R, Hp), dtype=xp.float32)
+        wp[:, :H] = wf
+        qf, wf = qp, wp
+    return dict(
+        q=xp.ascontiguousarray(qf), w=xp.ascontiguousarray(wf),
+        kv=xp.ascontiguousarray(kv.reshape(nb * PAGE, D)),
+        scale=xp.ascontiguousarray(sc.reshape(nb * PAGE)),
+        block_table=xp.ascontiguousarray(bt.astype(xp.int32)),
+        lengths=xp.ascontiguousarray(L.astype(xp.int32)),
+        ke=xp.ascontiguousarray(visible_ends(L, n, xp).reshape(R)),
+        B=B, n=n, H=H, Hp=Hp, K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Dense decode route (GPU)
+# ---------------------------------------------------------------------------------------
+
+
+def _grid_x(n_keys: int, per_warp: int) -> int:
+    return max(1, -(-n_keys // (WARPS * per_warp)))
+
+
+def _logits_raw(d):
+    cp = cupy_or_raise()
+    R, L = d["B"] * d["n"], d["L"]
+    out = cp.empty((R, L), dtype=cp.float32)
+    _kernel(f"decode_logits_mt{d['Hp'] // 16}")(
+        (_grid_x(L, WARP_KEYS), R),
+        (32 * WARPS,),
+        (
+            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+            d["ke"], np.int32(d["n"]), np.int64(L), out,
+        ),
+    )  # fmt: skip
+    return out
+
+
+def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, check_values=True):
+    """Canonical FP8 logits of every key of each request: fp32 [B, next_n, max_blocks·64],
+    −inf where the key is not visible to the query."""
+    cp = cupy_or_raise()
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, cp,
+                            check_values)  # fmt: skip
+    return _logits_raw(d).reshape(d["B"], d["n"], d["L"])
+
+
+def _dense_ids_raw(d):
+    cp = cupy_or_raise()
+    from .dense import select_rows
+
+    lg = _logits_raw(d)
+    R = lg.shape[0]
+    ids = select_rows(lg, d["K"], cp.zeros(R, dtype=cp.int32), d["ke"])
+    return ids.astype(cp.int64).reshape(d["B"], d["n"], d["K"])
+
+
+def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, check_values=True):
+    """The dense decode route: paged logits + exact selection → int64 [B, next_n, K]
+    (score desc, id asc, −1 padding; ids are logical token positions)."""
+    cp = cupy_or_raise()
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, cp,
+                            check_values)  # fmt: skip
+    return _dense_ids_raw(d)
+
+
+# ---------------------------------------------------------------------------------------
+# Backends of the fused step: the three device operations and their numpy emulation
+# ---------------------------------------------------------------------------------------
+
+
+class _CupyOps:
+    """Device operations: witness records → τ (select_kernel kth + tau_from_kth), fused
+    scan with compact writeback, exact selection of the records."""
+
+    def __init__(self):
+        self.cp = cupy_or_raise()
+
+    def tau(self, d, wit):
+        cp = self.cp
+        R = d["B"] * d["n"]
+        if wit is None:
+            return cp.full(R, -np.inf, dtype=cp.float32), cp.zeros(R, dtype=cp.uint32)
+        from .dense import select_records
+
+        Wc = int(wit.shape[1])
+        rec = cp.empty((R, Wc), dtype=cp.uint64)
+        cnt = cp.zeros(R, dtype=cp.uint32)
+        _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
+            (_grid_x(Wc, WIT_KEYS), R),
+            (32 * WARPS,),
+            (
+                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
+                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]),
+                cp.ascontiguousarray(wit), np.int32(Wc), cnt, rec,
+            ),
+        )  # fmt: skip
+        _, kth = select_records(d["K"], rec, cnt, want_ids=False, want_kth=True)
+        tau = cp.empty(R, dtype=cp.float32)
+        prefill_kernel("tau_from_kth")(((R + 255) // 256,), (256,), (kth, np.int32(R), tau))
+        return tau, cnt
+
+    def scan(self, d, tau, cap):
+        cp = self.cp
+        R = d["B"] * d["n"]
+        rec = cp.empty((R, cap), dtype=cp.uint64)
+        cnt = cp.zeros(R, dtype=cp.uint32)
+        _kernel(f"decode_fused_mt{d['Hp'] // 16}")(
+            (_grid_x(d["L"], WARP_KEYS), R),
+            (32 * WARPS,),
+            (
+                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
+                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]), np.int64(d["L"]),
+                tau, cnt, rec, np.int64(cap),
+            ),
+        )  # fmt: skip
+        return rec, cnt
+
+    def select(self, d, rec, cnt, want_kth):
+        from .dense import select_records
+
+        ids, kth = select_records(d["K"], rec, cnt, want_kth=want_kth)
+        if want_kth:
+            k = self.cp.asnumpy(kth)
+            code = (k >> np.uint64(32)).astype(np.uint32)
+            kth = np.where(k != 0, _code_score(code), -np.inf)
+        return ids.astype(self.cp.int64), kth
+
+    def max_count(self, cnt):
+        return int(cnt.max()) if cnt.size else 0
+
+
+def _code_score(code: np.ndarray) -> np.ndarray:
+    """Inverse of the monotone score code (common.cuh code_score), float32 → float64."""
+    c = np.asarray(code, dtype=np.uint32)
+    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
+    return b.view(np.float32).astype(np.float64)
+
+
+class _NumpyOps:
+    """CPU emulation of the device operations with float64 scores of the dequantized cache
+    (``dosa_ref.scorer.score_keys``; per key independent of the other keys, as
+    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, τ =
+    K-th (−inf when fewer than K), compact s ≥ τ with a counter that counts past ``cap``,
+    selection by (score desc, id asc)."""
+
+    def __init__(self):
+        from dosa_ref.fp8 import e4m3_values
+        from dosa_ref.scorer import score_keys, topk_of
+
+        self.e4m3_values, self.score_keys, self.topk_of = e4m3_values, score_keys, topk_of
+
+    def _scores(self, d, r, ids):
+        b = r // d["n"]
+        rows = physical_rows(d["block_table"][b : b + 1], np.asarray(ids)[None, :])[0]
+        k = self.e4m3_values(d["kv"][rows]) * d["scale"][rows].astype(np.float64)[:, None]
+        H = d["H"]
+        q = self.e4m3_values(d["q"][r, :H])
+        return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
+
+    def tau(self, d, wit):
+        from dosa_ref.seeds import kth_score
+
+        R = d["B"] * d["n"]
+        tau = np.full(R, -np.inf)
+        cnt = np.zeros(R, dtype=np.int64)
+        if wit is None:
+            return tau, cnt
+        for r in range(R):
+            row = wit[r // d["n"]]
+            W = row[(row >= 0) & (row < d["ke"][r])].astype(np.int64)
+            cnt[r] = W.size
+            tau[r] = kth_score(self._scores(d, r, W), d["K"])
+        return tau, cnt
+
+    def scan(self, d, tau, cap):
+        R = d["B"] * d["n"]
+        rec, cnt = [], np.zeros(R, dtype=np.int64)
+        for r in range(R):
+            ids = np.arange(int(d["ke"][r]), dtype=np.int64)
+            s = self._scores(d, r, ids)
+            keep = s >= tau[r]
+            cnt[r] = int(keep.sum())
+            rec.append((s[keep][:cap], ids[keep][:cap]))  # the device keeps the first cap
+        return rec, cnt
+
+    def select(self, d, rec, cnt, want_kth):
+        R, K = d["B"] * d["n"], d["K"]
+        ids = np.full((R, K), -1, dtype=np.int64)
+        kth = np.full(R, -np.inf)
+        for r, (s, i) in enumerate(rec):
+            sel, sc = self.topk_of(s, i, K)
+            ids[r, : sel.size] = sel
+            if sel.size == K:
+                kth[r] = sc[-1]
+        return ids, kth
+
+    def max_count(self, cnt):
+        return int(cnt.max()) if cnt.size else 0
+
+
+# ---------------------------------------------------------------------------------------
+# The selector
+# ---------------------------------------------------------------------------------------
+
+
+class DecodeSelectorGPU:
+    """Exact decode-time Top-K with witnesses on the paged cache (``dosa_ref.decode.
+    DecodeSelector``'s API and rule, METHOD.md §10).
+
+    Args:
+        K: selection size (1 ≤ K ≤ 4096).
+        history: recent steps whose selections are witnesses (≥ 0; 0: τ = −inf always).
+        within_step: must be False (the next_n queries of a step are scanned together).
+        buffer: compact records per query row before the exact extension (default 4·K).
+        check_values: scan inputs for NaN codes / bad block-table entries every step.
+        backend: "cupy" (the kernels) or "numpy" (CPU emulation, float64 scores).
+
+    Witness state lives on the device: the last ``history`` steps' selections (int32
+    [B_t, next_n·K] each); at a step they are merged per request, sorted and deduplicated
+    (``witness_table``).  Slots beyond a step's B are empty for that step (a B that changes
+    between steps only affects efficiency; ``dosa_ref.decode`` keeps per-slot histories).
+    """
+
+    def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,
+                 check_values: bool = True, backend: str = "cupy"):  # fmt: skip
+        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+            raise ValueError(f"K: expected a positive integer, got {K!r}")
+        if K > KMAX:
+            raise ValueError(f"K: at most {KMAX} is supported by the selection kernel, got {K}")
+        if isinstance(history, bool) or not isinstance(history, (int, np.integer)):
+            raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
+        if history < 0:
+            raise ValueError(f"history: must be >= 0, got {history}")
+        if within_step is not False:
+            raise ValueError(f"within_step: not supported on the GPU, got {within_step!r}")
+        if buffer is None:
+            buffer = 4 * int(K)
+        if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
+            raise ValueError(f"buffer: expected a positive integer, got {buffer!r}")
+        if backend not in ("cupy", "numpy"):
+            raise ValueError(f"backend: expected 'cupy' or 'numpy', got {backend!r}")
+        self.K, self.history, self.within_step = int(K), int(history), False
+        self.buffer, self.check_values, self.backend = int(buffer), bool(check_values), backend
+        self.xp = np if backend == "numpy" else cupy_or_raise()
+        self._ops = _NumpyOps() if backend == "numpy" else _CupyOps()
+        self._hist: deque = deque(maxlen=max(self.history, 1))
+        self.last_overflow = False  # whether the last step needed the exact extension
+
+    # -- witness state -------------------------------------------------------------------
+
+    def witnesses(self, b: int) -> np.ndarray:
+        """Witness ids of request slot ``b`` (host): sorted, distinct int64."""
+        xp = self.xp
+        rows = [e[b] for e in self._hist if 0 <= b < e.shape[0]]
+        if not rows:
+            return np.zeros(0, dtype=np.int64)
+        a = xp.concatenate(rows)
+        a = np.asarray(a.get() if hasattr(a, "get") else a).astype(np.int64)
+        return np.unique(a[a >= 0])
+
+    def reset(self, b: int | None = None) -> None:
+        """Forget the witnesses of slot ``b`` (all slots when ``b`` is None)."""
+        if b is None:
+            self._hist.clear()
+            return
+        for e in self._hist:
+            if 0 <= b < e.shape[0]:
+                e[b] = -1
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self, q, w, kv_payload, kv_scale, block_table, lengths,
+             return_stats: bool = True) -> DecodeStep:  # fmt: skip
+        """Exact Top-K of every query row of one decode step (paged layout, module doc).
+
+        Returns ``DecodeStep``: ``ids`` int64 [B, next_n, K] (device array for the cupy
+        backend; score desc, id asc, −1 padding), equal to ``dense_decode_topk``; ``stats``
+        (``dosa_ref.decode.DecodeStats``, numpy) when ``return_stats``, else None.
+        """
+        xp, ops, K = self.xp, self._ops, self.K
+        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp,
+                                self.check_values)  # fmt: skip
+        B, n = d["B"], d["n"]
+        wit = witness_table(list(self._hist), B, xp) if self.history > 0 else None
+        tau, wcnt = ops.tau(d, wit)
+        cap = self.buffer
+        rec, cnt = ops.scan(d, tau, cap)
+        need = ops.max_count(cnt)  # one host sync per step
+        self.last_overflow = need > cap
+        if self.last_overflow:  # exact extension: re-scan with the exact count (no drops)
+            rec, cnt = ops.scan(d, tau, need)
+        ids, kth = ops.select(d, rec, cnt, return_stats)
+        ids = ids.reshape(B, n, K)
+        if self.history > 0:
+            self._hist.append(ids.reshape(B, n * K).astype(xp.int32))
+        st = None
+        if return_stats:
+
+            def host(a):
+                return np.asarray(a.get() if hasattr(a, "get") else a)
+
+            st = DecodeStats(
+                witnesses=host(wcnt).astype(np.int64).reshape(B, n),
+                tau=host(tau).astype(np.float64).reshape(B, n),
+                compacted=host(cnt).astype(np.int64).reshape(B, n),
+                visible=host(d["ke"]).astype(np.int64).reshape(B, n),
+                tau_final=np.asarray(kth, dtype=np.float64).reshape(B, n),
+            )
+        return DecodeStep(ids=ids, stats=st)

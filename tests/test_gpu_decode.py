@@ -1,0 +1,479 @@
+"""DoSA decode on the paged FP8 cache (dosa_cupy.decode, METHOD.md §10; issue 6).
+
+GPU tests (marked ``gpu``; skipped with a reason without CuPy / a GPU):
+  * over random walks (B ∈ {1, 3}, next_n ∈ {1, 2}, H ∈ {32, 64}, growing contexts,
+    shuffled block tables) the fused DoSA decode ids == the dense decode route's ids
+    bitwise, every step;
+  * both agree with ``dosa_ref.decode`` on the dequantized inputs, tie-agnostically within
+    the scorer error bound of ``dosa_ref.numeric.ErrorModel`` (DESIGN.md: count, no
+    duplicates, visible ids, min(selected) ≥ max(unselected) − 2β);
+  * the paged logits equal the prefill ``dense_logits`` on the gathered keys bit for bit
+    (one arithmetic for every route);
+  * the overflow path (tiny buffer) and history = 0 stay exact.
+CPU tests (run anywhere): paging index arithmetic (block table → cache rows, visible
+ranges) against ``dosa_ref.decode``; witness tables; the numpy emulation of the selector's
+step equals ``dosa_ref.decode.DecodeSelector`` (ids and stats) over random walks with
+overflows; validation errors name the argument; kernel names / constants match decode.cu.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dosa_cupy import decode as dec
+from dosa_ref.decode import DecodeSelector
+from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
+
+try:
+    import cupy as cp
+
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # pragma: no cover - CPU machines
+    cp = None
+    HAVE_GPU = False
+
+
+def gpu(f):
+    """GPU test: marked ``gpu`` and skipped with a reason without CuPy / a GPU."""
+    f = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU")(f)
+    return pytest.mark.gpu(f)
+
+
+# ---------------------------------------------------------------------------------------
+# Paged workloads (host, numpy): keys written through a shuffled block table
+# ---------------------------------------------------------------------------------------
+
+
+class PagedCache:
+    """Requests' keys (logical order) scattered into a shuffled paged cache."""
+
+    def __init__(self, B, max_tokens, seed, spare=3, topics=True):
+        rs = np.random.default_rng(seed)
+        mb = -(-max_tokens // dec.PAGE)
+        nb = B * mb + spare
+        self.rs, self.B, self.max_blocks, self.num_blocks = rs, B, mb, nb
+        kf = rs.standard_normal((nb * dec.PAGE, 128)).astype(np.float32)
+        if topics:  # structured keys: a few shared directions with heavy-tailed loadings
+            t = rs.standard_normal((4, 128)).astype(np.float32)
+            load = rs.exponential(1.0, (nb * dec.PAGE, 4)).astype(np.float32) ** 2
+            kf += 1.5 * (load * (rs.random((nb * dec.PAGE, 4)) < 0.3)) @ t
+        kp, ksc = quantize_keys(kf)
+        self.kv = kp.reshape(nb, dec.PAGE, 128)
+        self.scale = ksc.reshape(nb, dec.PAGE)
+        self.block_table = rs.permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32)
+
+    def keys(self, lengths):
+        """Per-request dequantized keys [L_b, 128] in logical order (float64)."""
+        out = []
+        for p, s in dec.gather_request_keys(self.kv, self.scale, self.block_table, lengths):
+            out.append(e4m3_values(p) * s.astype(np.float64)[:, None])
+        return out
+
+
+def _queries(rs, qf, n, H):
+    """Drifting queries of one step: e4m3 payload [B, n, H, 128] + folded weights."""
+    B = qf.shape[0]
+    qf[:] = 0.9 * qf + 0.35 * rs.standard_normal(qf.shape)
+    w = rs.standard_normal((B, n, H)).astype(np.float32)
+    w[..., : max(1, H // 4)] = np.abs(w[..., : max(1, H // 4)])
+    qp, wq = quantize_queries(qf.reshape(B * n, H, 128).astype(np.float32), w.reshape(B * n, H))
+    return qp.reshape(B, n, H, 128), wq.reshape(B, n, H)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: paging index arithmetic
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_visible_ends_match_reference(n):
+    B = 5
+    L = np.array([0, 1, 2, 63, 200], dtype=np.int32)
+    ke = dec.visible_ends(L, n)
+    assert ke.dtype == np.int32 and ke.shape == (B, n)
+    # dosa_ref.decode's rule, through its public stats: |Ω| of each row with ks = 0
+    sel = DecodeSelector(1, history=0)
+    keys = [np.ones((int(x), 3)) for x in L]
+    st = sel.step(np.ones((B, n, 1, 3)), np.ones((B, n, 1)), keys, lengths=L).stats
+    assert np.array_equal(ke, st.visible)
+    for b in range(B):
+        for j in range(n):
+            assert ke[b, j] == max(0, int(L[b]) - n + j + 1)
+
+
+def test_physical_rows_and_gather_roundtrip():
+    rs = np.random.default_rng(7)
+    B, mb = 3, 5
+    nb = B * mb + 2
+    bt = rs.permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32)
+    L = np.array([1, 64, 5 * 64], dtype=np.int32)
+    # token t of request b is written at cache row bt[b, t // 64]·64 + t % 64
+    logical = [rs.integers(0, 255, (int(x), 128), dtype=np.uint8) for x in L]
+    kv = np.zeros((nb * 64, 128), dtype=np.uint8)
+    sc = np.zeros(nb * 64, dtype=np.float32)
+    for b in range(B):
+        for t in range(int(L[b])):
+            kv[bt[b, t // 64] * 64 + t % 64] = logical[b][t]
+            sc[bt[b, t // 64] * 64 + t % 64] = b * 1000 + t
+    got = dec.gather_request_keys(kv.reshape(nb, 64, 128), sc.reshape(nb, 64), bt, L)
+    for b in range(B):
+        assert np.array_equal(got[b][0], logical[b])
+        assert np.array_equal(got[b][1], b * 1000 + np.arange(int(L[b]), dtype=np.float32))
+    ids = np.array([[0, 63, 64, -1], [1, 2, 319, -5], [65, 128, 200, 0]])
+    rows = dec.physical_rows(bt, ids)
+    for b in range(B):
+        for c, i in enumerate(ids[b]):
+            want = -1 if i < 0 else bt[b, i // 64] * 64 + i % 64
+            assert rows[b, c] == want
+
+
+def test_witness_table_distinct_union():
+    e1 = np.array([[5, 3, -1, 3], [7, 7, 7, 1]], dtype=np.int32)
+    e2 = np.array([[3, 9, 2, -1]], dtype=np.int32)  # a step with B = 1
+    t = dec.witness_table([e1, e2], 3)
+    assert t.shape == (3, 8) and t.dtype == np.int32
+    for b, want in enumerate([[2, 3, 5, 9], [1, 7], []]):
+        row = t[b][t[b] >= 0]
+        assert np.array_equal(row, want)  # sorted and distinct
+    assert dec.witness_table([], 2) is None
+    assert dec.witness_table([np.zeros((2, 0), np.int32)], 2) is None
+
+
+def test_code_score_inverse():
+    from dosa_cupy.emulate import score_code
+
+    x = np.array([-np.inf, -3.5, -0.0, 0.0, 1e-30, 2.0, 3e38, np.inf], dtype=np.float32)
+    back = dec._code_score(score_code(x))
+    assert np.array_equal(back, np.where(x == 0, 0.0, x).astype(np.float64))
+
+
+def test_kernel_names_and_constants_match_source():
+    src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text()
+    for pre in ("decode_logits_mt", "decode_fused_mt", "decode_witness_mt"):
+        assert re.search(rf"{pre}##MT", src), pre
+    assert re.findall(r"DEC_INST\((\d)\)", src) == ["1", "2", "3", "4"]
+    for name, val in (("DEC_PAGE", dec.PAGE), ("DEC_WARP_KEYS", dec.WARP_KEYS),
+                      ("DEC_WIT_KEYS", dec.WIT_KEYS)):  # fmt: skip
+        assert re.search(rf"#define {name} {val}\b", src), name
+    assert '#include "common.cuh"' in src and "score_batch<MT>" in src
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: the selector's step (numpy emulation) equals dosa_ref.decode
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "B,n,H,K,history,buffer",
+    [(1, 1, 16, 8, 2, 8), (3, 2, 20, 16, 2, 20), (3, 1, 7, 5, 1, 1000), (2, 2, 33, 4, 0, 6)],
+)
+def test_numpy_emulation_equals_reference(B, n, H, K, history, buffer):
+    cache = PagedCache(B, 6 * 64, seed=B * 100 + n * 10 + H)
+    rs = cache.rs
+    L = rs.integers(0, 100, B).astype(np.int32)
+    L[0] = 1  # a request shorter than K (−1 padding)
+    sel = dec.DecodeSelectorGPU(K, history=history, buffer=buffer, backend="numpy")
+    ref = DecodeSelector(K, history=history)
+    qf = rs.standard_normal((B, n, H, 128))
+    overflowed = 0
+    for step in range(6):
+        qp, wq = _queries(rs, qf, n, H)
+        out = sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L)
+        r = ref.step(e4m3_values(qp), wq.astype(np.float64), cache.keys(L), lengths=L)
+        assert np.array_equal(out.ids, r.ids), step
+        for f in ("witnesses", "tau", "compacted", "visible", "tau_final"):
+            assert np.array_equal(getattr(out.stats, f), getattr(r.stats, f)), (step, f)
+        for b in range(B):
+            assert np.array_equal(sel.witnesses(b), ref.witnesses(b))
+        overflowed += sel.last_overflow
+        L = np.minimum(L + rs.integers(1, 60, B), cache.max_blocks * 64).astype(np.int32)
+    if buffer < 10:
+        assert overflowed > 0  # the exact extension was exercised
+
+
+def test_numpy_emulation_reset():
+    cache = PagedCache(2, 128, seed=3)
+    rs = cache.rs
+    sel = dec.DecodeSelectorGPU(4, backend="numpy")
+    qp, wq = _queries(rs, rs.standard_normal((2, 1, 16, 128)), 1, 16)
+    L = np.array([100, 128], dtype=np.int32)
+    sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L)
+    assert sel.witnesses(0).size == 4 and sel.witnesses(1).size == 4
+    sel.reset(0)
+    assert sel.witnesses(0).size == 0 and sel.witnesses(1).size == 4
+    sel.reset()
+    assert sel.witnesses(1).size == 0
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: validation
+# ---------------------------------------------------------------------------------------
+
+
+def _good(B=2, n=1, H=16, nb=5, mb=2):
+    return dict(
+        q=np.zeros((B, n, H, 128), np.uint8),
+        w=np.ones((B, n, H), np.float32),
+        kv_payload=np.zeros((nb, 64, 128), np.uint8),
+        kv_scale=np.ones((nb, 64), np.float32),
+        block_table=np.arange(B * mb, dtype=np.int32).reshape(B, mb) % nb,
+        lengths=np.full(B, 70, np.int32),
+    )
+
+
+def _bad_cases():
+    g = _good()
+    cases = [
+        ("q", dict(q=g["q"][0])),
+        ("q", dict(q=g["q"].astype(np.int16))),
+        ("q", dict(q=np.zeros((2, 3, 16, 128), np.uint8))),  # next_n = 3
+        ("q", dict(q=np.zeros((2, 1, 65, 128), np.uint8))),
+        ("q", dict(q=np.zeros((2, 1, 16, 64), np.uint8))),
+        ("w", dict(w=g["w"].astype(np.float64))),
+        ("w", dict(w=np.ones((2, 1, 15), np.float32))),
+        ("kv_payload", dict(kv_payload=np.zeros((5, 32, 128), np.uint8))),
+        ("kv_payload", dict(kv_payload=np.zeros((5, 64, 128), np.float32))),
+        ("kv_scale", dict(kv_scale=np.ones((5, 32), np.float32))),
+        ("kv_scale", dict(kv_scale=np.ones((5, 64), np.float64))),
+        ("block_table", dict(block_table=np.zeros((3, 2), np.int32))),
+        ("block_table", dict(block_table=np.zeros((2, 2), np.float32))),
+        ("block_table", dict(block_table=np.array([[0, 9], [1, 2]], np.int32))),
+        ("block_table", dict(block_table=np.array([[0, 1], [-1, 2]], np.int32))),
+        ("lengths", dict(lengths=np.array([70, 129], np.int32))),
+        ("lengths", dict(lengths=np.array([70, -1], np.int32))),
+        ("lengths", dict(lengths=np.array([70], np.int32))),
+        ("lengths", dict(lengths=np.array([70.0, 1.0]))),
+    ]
+    q = g["q"].copy()
+    q[1, 0, 3, 5] = 0x7F
+    cases.append(("q", dict(q=q)))
+    w = g["w"].copy()
+    w[0, 0, 0] = np.nan
+    cases.append(("w", dict(w=w)))
+    kv = g["kv_payload"].copy()
+    kv[g["block_table"][1, 1], 5, 0] = 0xFF
+    cases.append(("kv_payload", dict(kv_payload=kv)))
+    return cases
+
+
+@pytest.mark.parametrize("name,change", _bad_cases())
+def test_validation_names_the_argument(name, change):
+    args = {**_good(), **change}
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        dec.check_decode_inputs(K=4, xp=np, **args)
+    sel = dec.DecodeSelectorGPU(4, backend="numpy")
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        sel.step(**args)
+
+
+def test_validation_accepts_good_and_unused_blocks():
+    g = _good()
+    # an invalid entry in a block the request does not use (length 70 uses 2 blocks; with
+    # length 10 only 1) is accepted, as in the serving stacks
+    g["block_table"] = np.array([[0, 1], [2, 99]], np.int32)
+    g["lengths"] = np.array([70, 10], np.int32)
+    d = dec.check_decode_inputs(K=4, xp=np, **g)
+    assert d["q"].shape == (2, 16, 128) and d["ke"].tolist() == [70, 10]
+    g2 = _good(H=20)
+    d2 = dec.check_decode_inputs(K=4, xp=np, **g2)
+    assert d2["Hp"] == 32 and d2["q"].shape == (2, 32, 128) and np.all(d2["w"][:, 20:] == 0)
+    # the 4-D DeepGEMM payload [num_blocks, 64, 1, 128] is accepted
+    g3 = _good()
+    g3["kv_payload"] = g3["kv_payload"][:, :, None, :]
+    dec.check_decode_inputs(K=4, xp=np, **g3)
+
+
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(K=0), "K"),
+        (dict(K=5000), "K"),
+        (dict(K=True), "K"),
+        (dict(K=4, history=-1), "history"),
+        (dict(K=4, history=1.5), "history"),
+        (dict(K=4, within_step=True), "within_step"),
+        (dict(K=4, buffer=0), "buffer"),
+        (dict(K=4, backend="torch"), "backend"),
+    ],
+)
+def test_selector_arguments(kw, name):
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        dec.DecodeSelectorGPU(**({"backend": "numpy"} | kw))
+
+
+# ---------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------
+
+
+def _bound(qv, w, k_payload, k_scale, Hp):
+    """β per visible key: |s_ref − s_gpu| ≤ β (ErrorModel.scorer_coefficients, m16n8k16
+    steps, W = 17 kept bits; the head sum counted over the padded Hp heads)."""
+    from dosa_ref.numeric import ErrorModel
+
+    eps, dabs, eabs = ErrorModel.hopper_fp8(17, k_step=16).scorer_coefficients(128, Hp)
+    kb = np.abs(e4m3_values(k_payload))
+    X = np.abs(qv) @ kb.T  # [H, m]
+    aw = np.abs(w)
+    a = k_scale.astype(np.float64)
+    return a * (eps * (aw @ X) + dabs * aw.sum()) + eabs * (aw.sum() + 2 * Hp + 1)
+
+
+def _check_against_reference(ids, qp, wq, cache, L, K):
+    """Tie-agnostic comparison of GPU ids [B, n, K] with float64 scores of the dequantized
+    inputs (DESIGN.md), within 2β of the error model."""
+    B, n = ids.shape[:2]
+    H = qp.shape[2]
+    Hp = -(-H // 16) * 16
+    ke = dec.visible_ends(L, n)
+    gathered = dec.gather_request_keys(cache.kv, cache.scale, cache.block_table, L)
+    keys = cache.keys(L)
+    ref = DecodeSelector(K, history=0).step(e4m3_values(qp), wq.astype(np.float64), keys,
+                                            lengths=L).ids  # fmt: skip
+    worst = 0.0
+    for b in range(B):
+        for j in range(n):
+            e = int(ke[b, j])
+            qv, w = e4m3_values(qp[b, j]), wq[b, j].astype(np.float64)
+            s = (np.maximum(qv @ keys[b][:e].T, 0) * w[:, None]).sum(0)
+            beta = _bound(qv, w, gathered[b][0][:e], gathered[b][1][:e], Hp)
+            g = ids[b, j][ids[b, j] >= 0]
+            assert g.size == min(K, e) and np.unique(g).size == g.size
+            assert np.all(g < e)
+            r = ref[b, j][ref[b, j] >= 0]
+            assert r.size == g.size
+            uns = np.setdiff1d(np.arange(e), g)
+            if uns.size and g.size:
+                slack = s[g].min() - s[uns].max()
+                tol = 2 * max(beta[g].max(), beta[uns].max())
+                assert slack >= -tol, (b, j, slack, tol)
+                worst = max(worst, -slack / tol if tol else 0.0)
+    return worst
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("B", [1, 3])
+@gpu
+def test_gpu_decode_walk(B, n, H):
+    K, steps = 256, 8
+    cache = PagedCache(B, 40 * 64, seed=10 * B + n + H)
+    rs = cache.rs
+    L = rs.integers(K // 2, 8 * 64, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2)
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = {k: cp.asarray(getattr(cache, k)) for k in ("kv", "scale", "block_table")}
+    worst, comp = 0.0, []
+    for step in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), dev["kv"], dev["scale"], dev["block_table"],
+                cp.asarray(L))  # fmt: skip
+        dense = dec.dense_decode_topk(*args, K)
+        out = sel.step(*args)
+        assert out.ids.dtype == cp.int64 and out.ids.shape == (B, n, K)
+        assert cp.array_equal(out.ids, dense), f"step {step}: DoSA decode != dense decode"
+        st = out.stats
+        assert np.all(st.compacted >= np.minimum(K, st.visible))
+        assert np.all(st.tau <= st.tau_final)
+        comp.append(st.compaction)
+        worst = max(worst, _check_against_reference(cp.asnumpy(dense), qp, wq, cache, L, K))
+        L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
+    print(f"\n[decode-walk] B={B} n={n} H={H}: compaction per step "
+          f"{[round(c, 3) for c in comp]}, worst −slack/tol {worst:.3e}")  # fmt: skip
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_gpu_paged_logits_equal_prefill_dense(H):
+    """Paged logits of request b == prefill dense_logits over its gathered keys, bitwise."""
+    import dosa_cupy
+
+    B, n = 2, 2
+    cache = PagedCache(B, 20 * 64, seed=H)
+    rs = cache.rs
+    L = np.array([20 * 64 - 7, 300], dtype=np.int32)
+    qp, wq = _queries(rs, rs.standard_normal((B, n, H, 128)), n, H)
+    lg = dec.paged_logits(cp.asarray(qp), cp.asarray(wq), cp.asarray(cache.kv),
+                          cp.asarray(cache.scale), cp.asarray(cache.block_table),
+                          cp.asarray(L))  # fmt: skip
+    ke = dec.visible_ends(L, n)
+    for b, (p, s) in enumerate(dec.gather_request_keys(cache.kv, cache.scale,
+                                                       cache.block_table, L)):  # fmt: skip
+        ref = dosa_cupy.dense_logits(cp.asarray(qp[b]), cp.asarray(wq[b]), cp.asarray(p),
+                                     cp.asarray(s), ke=cp.asarray(ke[b]))  # fmt: skip
+        got = lg[b, :, : p.shape[0]]
+        assert cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32))
+        assert bool(cp.all(lg[b, :, p.shape[0] :] == -cp.inf))
+
+
+@pytest.mark.parametrize("history,buffer", [(0, None), (2, 1), (1, 64)])
+@gpu
+def test_gpu_overflow_and_history(history, buffer):
+    B, n, H, K = 3, 2, 32, 128
+    cache = PagedCache(B, 16 * 64, seed=5)
+    rs = cache.rs
+    L = np.array([50, 16 * 64, 500], dtype=np.int32)  # request 0 shorter than K
+    sel = dec.DecodeSelectorGPU(K, history=history, buffer=buffer)
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
+    over = 0
+    for _ in range(4):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        out = sel.step(*args)
+        assert cp.array_equal(out.ids, dec.dense_decode_topk(*args, K))
+        assert bool(cp.all(out.ids[0, :, 50:] == -1))
+        over += sel.last_overflow
+    if buffer == 1:
+        assert over == 4
+
+
+@gpu
+def test_gpu_validation_on_device_arrays():
+    g = {k: cp.asarray(v) for k, v in _good().items()}
+    g["block_table"] = cp.asarray(np.array([[0, 9], [1, 2]], np.int32))
+    with pytest.raises(ValueError, match="^block_table:"):
+        dec.dense_decode_topk(**g, K=4)
+    with pytest.raises(ValueError, match="^block_table:"):
+        dec.DecodeSelectorGPU(4).step(**g)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: benchmark host logic
+# ---------------------------------------------------------------------------------------
+
+
+def test_bench_shapes_and_arguments():
+    from dosa_cupy import bench_decode as bd
+
+    shapes = bd.parse_shapes(bd.DEFAULT_SHAPES)
+    assert len(shapes) == 24
+    assert {s[0] for s in shapes} == {32, 64} and {s[1] for s in shapes} == {1, 8, 64}
+    assert {s[2] for s in shapes} == {131072, 262144, 524288, 1048576}
+    assert bd.parse_shapes(bd.DEFAULT_SHAPES, "64x64x1048576") == [(64, 64, 1048576)]
+    for bad in ("32x1", "axbxc", "65x1x1024", "32x0x1024"):
+        with pytest.raises(ValueError, match="^shapes:"):
+            bd.parse_shapes(bad)
+    with pytest.raises(ValueError, match="^reps:"):
+        bd.main(["--reps", "3"])
+    with pytest.raises(ValueError, match="^next-n:"):
+        bd.main(["--next-n", "3"])
+    row = dict(H=32, B=1, ctx=131072, next_n=1, dense_ms=2.0, dosa_ms=1.0, speedup=2.0)
+    row.update(step_ratio_median=2.0, compaction=0.01, overflow_steps=0, ids_equal=True)
+    md = bd.markdown([row])
+    assert "| 32 | 1 | 131,072 | 1 | 2.000 | 1.000 | 2.00× |" in md
+
+
+@pytest.mark.parametrize("shape", ["32x1x131072", "64x8x131072"])
+@gpu
+def test_gpu_bench_decode_small(shape, tmp_path):
+    from dosa_cupy import bench_decode as bd
+
+    assert bd.main(["--shapes", shape, "--K", "512", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "bench_decode.json").read_text())
+    assert rows and all(r["ids_equal"] for r in rows)
