@@ -247,8 +247,9 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=
             raise ValueError("q: contains e4m3 NaN codes")
         if not bool(xp.isfinite(w).all()):
             raise ValueError("w: contains non-finite values (nan or inf)")
-        blocks = xp.unique(btl[used]) if bool(used.any()) else xp.zeros(0, xp.int64)
-        if blocks.size and bool(((kv[blocks] & 0x7F) == 0x7F).any()):
+        # per cache block: any NaN code (no gather copy of the cache); then the used ones
+        blk_bad = ((kv & 0x7F) == 0x7F).reshape(nb, -1).any(axis=1)
+        if bool((used & blk_bad[xp.clip(btl, 0, nb - 1)]).any()):
             raise ValueError("kv_payload: contains e4m3 NaN codes in a used block")
     Hp = -(-H // 16) * 16
     R = B * n
