@@ -547,3 +547,169 @@ def test_witness_decomposition_emits_each_visible_witness_once():
                         emitted.append(i)
     want = row[(row >= 0) & (row < ke)]
     assert sorted(emitted) == sorted(want.tolist())
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: the cupy backend's host code, run with numpy standing in for CuPy and the kernels
+# replaced by numpy emulations that first check every argument against the kernel's
+# signature in decode.cu / kernels.cu (count, pointer dtypes, int vs long long).
+# ---------------------------------------------------------------------------------------
+
+_CTYPES = {
+    "uint8_t*": np.uint8, "float*": np.float32, "int*": np.int32, "unsigned int*": np.uint32,
+    "unsigned long long*": np.uint64, "int": np.int32, "long long": np.int64,
+}  # fmt: skip
+
+
+def _signatures():
+    src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text().replace("\\\n", " ")
+    sig = {}
+    for name, params in re.findall(r"(decode_\w+)_mt##MT\(\s*(.*?)\)\s*\{", src, re.S):
+        sig[name] = params
+    k = (Path(dec.__file__).parent / "csrc" / "kernels.cu").read_text()
+    sig["tau_from_kth"] = re.search(r"void tau_from_kth\((.*?)\)", k, re.S).group(1)
+    out = {}
+    for name, params in sig.items():
+        types = []
+        for p in params.split(","):
+            t = " ".join(p.replace("const", "").split()[:-1]).replace(" *", "*")
+            types.append(_CTYPES[t])
+        out[name] = types
+    return out
+
+
+class _FakeKernels:
+    """decode.cu / tau_from_kth emulated in numpy on float32-rounded float64 scores."""
+
+    def __init__(self):
+        self.sig = _signatures()
+        self.calls = []
+
+    def get(self, name, *_):
+        base = re.sub(r"_mt\d$", "", name)
+        types = self.sig[base]
+
+        def launch(grid, block, args, **kw):
+            assert len(args) == len(types), (name, len(args), len(types))
+            for i, (a, t) in enumerate(zip(args, types, strict=True)):
+                assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
+                if isinstance(a, np.ndarray):
+                    assert a.flags.c_contiguous, (name, i)
+            assert len(grid) in (1, 2) and block == (256,) or base == "tau_from_kth"
+            self.calls.append(name)
+            getattr(self, base)(*args)
+
+        return launch
+
+    @staticmethod
+    def _scores(q, w, kv, ksc, bt, r, n, ids):
+        rows = dec.physical_rows(bt[r // n : r // n + 1], np.asarray(ids)[None, :])[0]
+        k = e4m3_values(kv[rows])
+        s = (np.maximum(e4m3_values(q[r]) @ k.T, 0) * w[r].astype(np.float64)[:, None]).sum(0)
+        return (s.astype(np.float32) * ksc[rows]).astype(np.float32)
+
+    @staticmethod
+    def _record(s, ids):
+        from dosa_cupy.emulate import score_code
+
+        low = (~ids.astype(np.int64)) & 0xFFFFFFFF
+        return (score_code(s).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
+
+    def decode_logits(self, q, w, kv, ksc, bt, mb, ke, n, ld, out):
+        for r in range(out.shape[0]):
+            e = int(ke[r])
+            out[r] = -np.inf
+            out[r, :e] = self._scores(q, w, kv, ksc, bt, r, int(n), np.arange(e))
+
+    def decode_fused(self, q, w, kv, ksc, bt, mb, ke, n, ld, tau, cnt, rec, cap):
+        for r in range(cnt.shape[0]):
+            ids = np.arange(int(ke[r]))
+            s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
+            keep = s >= tau[r]
+            cnt[r] = keep.sum()
+            m = min(int(cap), int(keep.sum()))
+            rec[r, :m] = self._record(s[keep], ids[keep])[:m]
+
+    def decode_witness(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec):
+        for r in range(cnt.shape[0]):
+            row = wit[r // int(n)]
+            ids = row[(row >= 0) & (row < ke[r])].astype(np.int64)
+            cnt[r] = ids.size
+            rec[r, : ids.size] = self._record(self._scores(q, w, kv, ksc, bt, r, int(n), ids), ids)
+
+    def tau_from_kth(self, kth, rows, tau):
+        k = kth[: int(rows)]
+        tau[: int(rows)] = np.where(k != 0, dec._code_score((k >> np.uint64(32)).astype(np.uint32)),
+                                    -np.inf)  # fmt: skip
+
+
+def _fake_select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=False):
+    assert recB is None and recA.dtype == np.uint64 and cntA.dtype == np.uint32
+    rows = recA.shape[0]
+    ids = np.full((rows, K), -1, dtype=np.int32) if want_ids else None
+    kth = np.zeros(rows, dtype=np.uint64) if want_kth else None
+    for r in range(rows):
+        m = min(int(cntA[r]), recA.shape[1])
+        top = np.sort(recA[r, :m])[::-1][:K]
+        if want_ids:
+            ids[r, : top.size] = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+        if want_kth and top.size == K:
+            kth[r] = top[-1]
+    return ids, kth
+
+
+def _fake_select_rows(logits, K, ks, ke):
+    rows = logits.shape[0]
+    rec = np.zeros((rows, logits.shape[1]), dtype=np.uint64)
+    cnt = np.zeros(rows, dtype=np.uint32)
+    for r in range(rows):
+        a, e = int(ks[r]), int(ke[r])
+        rec[r, : e - a] = _FakeKernels._record(logits[r, a:e], np.arange(a, e))
+        cnt[r] = e - a
+    return _fake_select_records(K, rec, cnt)[0]
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    import types
+
+    import dosa_cupy.dense as dense_mod
+    import dosa_cupy.prepare as prep
+
+    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim.asnumpy = np.asarray
+    fk = _FakeKernels()
+    monkeypatch.setattr(dec, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(prep, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(dec, "_kernel", fk.get)
+    monkeypatch.setattr(dec, "prefill_kernel", fk.get)
+    monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
+    monkeypatch.setattr(dense_mod, "select_rows", _fake_select_rows)
+    return fk
+
+
+@pytest.mark.parametrize("B,n,H,buffer", [(1, 1, 32, None), (3, 2, 20, 40), (2, 2, 64, 1)])
+def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer):
+    K = 16
+    cache = PagedCache(B, 8 * 64, seed=B + n + H)
+    rs = cache.rs
+    L = rs.integers(1, 200, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2, buffer=buffer)
+    assert sel.backend == "cupy"
+    qf = rs.standard_normal((B, n, H, 128))
+    for _ in range(5):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (qp, wq, cache.kv, cache.scale, cache.block_table, L)
+        dense = dec.dense_decode_topk(*args, K)
+        assert dense.dtype == np.int64 and dense.shape == (B, n, K)
+        out = sel.step(*args)
+        assert np.array_equal(out.ids, dense)
+        st = out.stats
+        assert np.all(st.compacted >= np.minimum(K, st.visible))
+        assert np.all(st.tau <= st.tau_final)
+        lg = dec.paged_logits(*args)
+        assert lg.shape == (B, n, cache.max_blocks * 64)
+        L = np.minimum(L + rs.integers(1, 80, B), cache.max_blocks * 64).astype(np.int32)
+    names = {re.sub(r"\d$", "", c) for c in fake_cupy.calls}
+    assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt", "tau_from_kth"} <= names
+    assert f"decode_fused_mt{-(-H // 16)}" in fake_cupy.calls
