@@ -240,7 +240,7 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=
     btl = bt.astype(xp.int64)
     badb = used & ((btl < 0) | (btl >= nb))
     if bool(badb.any()):
-        b, i = (int(x) for x in xp.unravel_index(int(xp.argmax(badb.ravel())), badb.shape))
+        b, i = divmod(int(xp.argmax(badb.ravel())), mb)
         raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
     if check_values:
         if bool(((q & 0x7F) == 0x7F).any()):

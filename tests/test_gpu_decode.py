@@ -713,3 +713,20 @@ def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer):
     names = {re.sub(r"\d$", "", c) for c in fake_cupy.calls}
     assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt", "tau_from_kth"} <= names
     assert f"decode_fused_mt{-(-H // 16)}" in fake_cupy.calls
+
+
+def test_reference_comparison_helper_on_cpu(fake_cupy):
+    """The GPU tests' tolerance check accepts the emulated float32 route's ids (so it runs
+    on the CPU too: ErrorModel coefficients, gathered keys, tie-agnostic conditions)."""
+    B, n, H, K = 3, 2, 32, 64
+    cache = PagedCache(B, 8 * 64, seed=11)
+    rs = cache.rs
+    L = np.array([40, 300, 8 * 64], dtype=np.int32)
+    qp, wq = _queries(rs, rs.standard_normal((B, n, H, 128)), n, H)
+    ids = dec.dense_decode_topk(qp, wq, cache.kv, cache.scale, cache.block_table, L, K)
+    worst = _check_against_reference(ids, qp, wq, cache, L, K)
+    assert 0.0 <= worst < 1.0
+    bad = ids.copy()
+    bad[1, 0, 0] = np.setdiff1d(np.arange(299), ids[1, 0])[-1]  # visible, unselected
+    with pytest.raises(AssertionError):
+        _check_against_reference(bad, qp, wq, cache, L, K)
