@@ -24,25 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_support import cp, gpu
 
 from dosa_cupy import decode as dec
 from dosa_ref.decode import DecodeSelector
 from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
-
-try:
-    import cupy as cp
-
-    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
-except Exception:  # pragma: no cover - CPU machines
-    cp = None
-    HAVE_GPU = False
-
-
-def gpu(f):
-    """GPU test: marked ``gpu`` and skipped with a reason without CuPy / a GPU."""
-    f = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU")(f)
-    return pytest.mark.gpu(f)
-
 
 # ---------------------------------------------------------------------------------------
 # Paged workloads (host, numpy): keys written through a shuffled block table
