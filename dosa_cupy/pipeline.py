@@ -147,7 +147,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
     # Screen (METHOD.md §8–§9).
     surv = cp.empty((Qn, NW), dtype=cp.uint32)
-    err = cp.zeros(Qn, dtype=cp.int32)
     Uout = cp.full((Qn, N), np.nan) if o["debug_bounds"] else None
     T = tile()
     grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
@@ -157,7 +156,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         (
             plan.rows, plan.omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out),
             tau, kp, ksc, rho, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
-            np.int32(Qn), np.int64(N), np.int32(QG), surv, err,
+            np.int32(Qn), np.int64(N), np.int32(QG), surv,
             Uout if Uout is not None else np.uint64(0),
         ),
         shared_mem=T * ROWB + T * 8,
@@ -191,7 +190,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("select")
 
     # Query-level recovery (METHOD.md §7 C.3): invalid scales or non-finite plans.
-    bad = (err != 0) | ~plan.valid
+    bad = _invalid_scale_queries(ksc, ks, ke) | ~plan.valid
     n_bad = int(bad.sum())
     if n_bad:
         bq = cp.flatnonzero(bad)

@@ -349,9 +349,14 @@ SEED_INST(4)
 // the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
 // retained heads (zero rows where r is smaller).  One batch of 32 keys = one bitmask word:
 // after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
-// packs the survivors.  err[t] |= 1 when a visible key has an invalid scale (α < 0, NaN,
-// inf): query-level recovery.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
+// packs the survivors.  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
+// found on the host by a prefix count (pipeline._invalid_scale_queries) and recovered
+// (METHOD.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
+#ifndef DOSA_SCREEN_UNROLL
+#define DOSA_SCREEN_UNROLL 1  // batches per loop trip (experiment knob, NOTES.md v8)
+#endif
+constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
 template <int MTS>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
@@ -360,8 +365,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
-                            int QG, uint32_t* __restrict__ surv, int* __restrict__ err,
-                            double* __restrict__ Uout) {
+                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
   float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
@@ -377,28 +381,38 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
+  // v8 (NOTES.md): per-query work in tile-relative int32 coordinates, batches limited to
+  // the visible span, the aux-row combination done with selects instead of a divergent
+  // branch, and the tile's bitmask words kept in lanes 0..7 and stored once (coalesced).
+  const bool aux_lane = g == 7;  // rows 7 and 15 of the last tile are the two aux rows
+  const float aux_add = aux_lane ? 1.f : 0.f;
+  const int nb = (tile_n + 31) >> 5;
   for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
     const int ks = ks_[t], ke = ke_[t];
     const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
     uint32_t* srow = surv + (long long)t * NW + (n0 >> 5);
-    if (lo >= hi) {
-      if (lane < TILE_N / 32 && n0 + 32 * lane < N) srow[lane] = 0u;
-      continue;
-    }
-    const int ns = min(sinks, ke - ks);
-    const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-    QRows<MTS> A;
-    float olo[MTS], ohi[MTS];
-    A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
-    load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
-    const float sg = sig[t], tq = tau[t];
-    const double C = Cq[t], er = eps_raw[t];
-    bool bad = false;
-    for (int b = 0; b < TILE_N / 32; ++b) {
-      const long long kw = n0 + 32 * b;
-      if (kw >= N) break;
-      uint32_t word = 0u;
-      if (kw + 32 > lo && kw < hi) {
+    uint32_t myword = 0u;  // lane b < nb ends with word b of this tile
+    if (lo < hi) {
+      // Visible span and seed spans as offsets in [0, TILE_N] (clamped, so int32 is exact).
+      const int lo_i = (int)(lo - n0), hi_i = (int)(hi - n0);
+      const int ns = min(sinks, ke - ks);
+      const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+      const int shi_i = (int)min(max(s_hi - n0, 0LL), (long long)TILE_N);
+      const int llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
+      QRows<MTS> A;
+      float olo[MTS], ohi[MTS];
+      A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
+      load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
+      const float sg = sig[t], tq = tau[t];
+      // Last tile: lane g = 7 weighs [x_7 + x_15]_+ by −σ_a and row 15 by 0 (fmaf(0, x, a)
+      // adds an exact zero), the other lanes weigh both rows by their ω — the values of a
+      // per-lane branch, without its divergence.
+      const float last_lo = aux_lane ? -sg : olo[MTS - 1];
+      const float last_hi = aux_lane ? 0.f : ohi[MTS - 1];
+      const double C = Cq[t], er = eps_raw[t];
+      const int b0 = lo_i >> 5, b1 = (hi_i + 31) >> 5;
+#pragma unroll kScreenUnroll
+      for (int b = b0; b < b1; ++b) {
         float Cm[4][MTS][4];
         mma_batch<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
         float x[8];
@@ -407,9 +421,12 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
           float a0 = 0.f, a1 = 0.f;
 #pragma unroll
           for (int mt = 0; mt < MTS; ++mt) {
-            if (mt == MTS - 1 && g == 7) {
-              a0 = fmaf(-sg, fmaxf(Cm[u][mt][0] + Cm[u][mt][2], 0.f), a0);
-              a1 = fmaf(-sg, fmaxf(Cm[u][mt][1] + Cm[u][mt][3], 0.f), a1);
+            if (mt == MTS - 1) {
+              // fmaf(1, C2, C0) = C0 + C2 (one rounding); fmaf(0, C2, C0) = C0 exactly.
+              a0 = fmaf(last_lo, fmaxf(fmaf(aux_add, Cm[u][mt][2], Cm[u][mt][0]), 0.f), a0);
+              a1 = fmaf(last_lo, fmaxf(fmaf(aux_add, Cm[u][mt][3], Cm[u][mt][1]), 0.f), a1);
+              a0 = fmaf(last_hi, fmaxf(Cm[u][mt][2], 0.f), a0);
+              a1 = fmaf(last_hi, fmaxf(Cm[u][mt][3], 0.f), a1);
             } else {
               a0 = fmaf(olo[mt], fmaxf(Cm[u][mt][0], 0.f), a0);
               a1 = fmaf(olo[mt], fmaxf(Cm[u][mt][1], 0.f), a1);
@@ -422,20 +439,18 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         }
         const float uh = reduce8(x, lane);
         const int i = b * 32 + pos;
-        const long long key = n0 + i;
-        const bool vis = key >= lo && key < hi;
+        const bool vis = i >= lo_i && i < hi_i;
         const float al = sa[i];
         double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
-        if (vis && !(al >= 0.f && al < __int_as_float(0x7f800000))) bad = true;
-        if (Uout && vis) Uout[(long long)t * N + key] = U;
-        const bool seed = key < s_hi || key >= loc_lo || ((spm[b] >> pos) & 1u);
+        if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
+        const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
         const bool p = vis && !seed && !(U < (double)tq);
-        word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
+        const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
+        if (lane == b) myword = word;
       }
-      if (lane == 0) srow[b] = word;
     }
-    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(err + t, 1);
+    if (lane < nb) srow[lane] = myword;
   }
 }
 
@@ -444,10 +459,9 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
       const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
       const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
-      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, int* err,           \
-      double* Uout) {                                                                            \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {    \
     screen_impl<MTS>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,    \
-                     window, poolmask, Qn, N, QG, surv, err, Uout);                              \
+                     window, poolmask, Qn, N, QG, surv, Uout);                                   \
   }
 SCREEN_INST(1)
 SCREEN_INST(2)
@@ -728,3 +742,65 @@ extern "C" __global__ void e4m3_round_f64(const double* __restrict__ x, long lon
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __nv_cvt_float_to_fp8((float)x[i], __NV_SATFINITE, __NV_E4M3);
 }
+
+// ---------------------------------------------------------------------------------------
+// Explicit seeds (METHOD.md §2, Prop. 4; reference: dosa_ref.stages.seed_ids).  Caller-given
+// key ids per query (e.g. the previous chunk's selections) are scored by the canonical
+// scorer — score_ids_and_emit, i.e. dosa::score_batch, bit-identical to refinement and to
+// the dense route — and their records go to rec[t, :]; the host then takes τ = the K-th
+// record of (default seed records ∪ these records).  Explicit seeds ONLY raise τ: they are
+// not excluded from screening, so one with s ≥ τ survives (U ≥ s ≥ τ) and refinement
+// writes it into the compact records (METHOD.md §7 steps 4–7 with S = the default seeds).
+// Precondition (pipeline.explicit_seed_table): each row of `ids` holds distinct visible
+// ids that are not default seeds (sinks, local window, anchor pool), −1 padding — a key
+// counted twice in the union could raise τ above τ_K(Ω) (METHOD.md §2 needs *distinct*
+// seeds).  The visibility test below only keeps the gathers in bounds.
+// grid (ceil(S / (8 warps·SEEDW)), Qn); rec is [Qn, S] (count[t] ≤ S: no overflow).
+// ---------------------------------------------------------------------------------------
+template <int MT>
+__device__ void seed_ids_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                              const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                              const int* __restrict__ ks_, const int* __restrict__ ke_,
+                              const int* __restrict__ ids, long long S,
+                              unsigned int* __restrict__ count, unsigned long long* __restrict__ rec) {
+  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ks = ks_[t], ke = ke_[t];
+  const long long j0 = ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * SEEDW;
+  if (j0 >= S) return;
+  const long long j1 = min(S, j0 + SEEDW);
+  const int* row = ids + (long long)t * S;
+  // Rows are padded with −1 at the end: skip a warp whose entries are all padding.
+  bool any = false;
+  for (long long j = j0 + lane; j < j1; j += 32) any |= row[j] >= 0;
+  if (!__any_sync(0xffffffffu, any)) return;
+  QRows<MT> A;
+  float wlo[MT], whi[MT];
+  A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
+  load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
+  const int g = lane >> 2, pos = batch_pos(lane);
+  for (long long jb = j0; jb < j1; jb += 32) {
+    int my[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int v = (jb + 8 * u + g < j1) ? row[jb + 8 * u + g] : -1;
+      my[u] = (v >= ks && v < ke) ? v : -1;
+    }
+    int id = (jb + pos < j1) ? row[jb + pos] : -1;
+    if (id < ks || id >= ke) id = -1;
+    if (!__any_sync(0xffffffffu, id >= 0)) continue;  // warp-uniform: padding only
+    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, lane, count + t,
+                           rec + (long long)t * S, S);
+  }
+}
+
+#define SEED_IDS_INST(MT)                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) seed_ids_mt##MT(                          \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks, \
+      const int* ke, const int* ids, long long S, unsigned int* count,                        \
+      unsigned long long* rec) {                                                              \
+    seed_ids_impl<MT>(q, w, kp, alpha, ks, ke, ids, S, count, rec);                           \
+  }
+SEED_IDS_INST(1)
+SEED_IDS_INST(2)
+SEED_IDS_INST(3)
+SEED_IDS_INST(4)
