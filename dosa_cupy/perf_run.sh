@@ -11,7 +11,7 @@ stage() { local n=$1 t=$2; shift 2; local left=$((DEADLINE - $(date +%s) + T0))
   [ $left -lt $t ] && t=$left; [ $t -lt 5 ] && { log "skip $n"; return; }
   log "start $n ($t s)"; timeout "$t" "$@" > $W/$n.log 2>&1; local rc=$?
   log "end $n rc=$rc: $(grep -E 'passed|failed|ERROR SUMMARY|error' $W/$n.log | tail -3 | tr '\n' ' ' | cut -c1-300)"; }
-log "commit $(git log -1 --format=%H 2>/dev/null)"
+log "commit $(cat COMMIT 2>/dev/null || git log -1 --format=%H 2>/dev/null)"
 stage tests ${T_T:-200} python3 -m pytest -q -s tests/test_gpu.py -k "${PT_K:-not nothing}"
 stage sanit ${T_S:-90} compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
 from dosa_cupy.workload import make_gpu_workload
