@@ -47,7 +47,7 @@ def module(tile_n: int = 128):
     cp = cupy_or_raise()
     # DOSA_SCREEN_UNROLL: batches per trip of the screening loop (a tuning experiment,
     # NOTES.md v8); it changes scheduling only, never a value.
-    unroll = int(os.environ.get("DOSA_SCREEN_UNROLL", "1"))
+    unroll = int(os.environ.get("DOSA_SCREEN_UNROLL", "2"))
     if unroll not in (1, 2, 4):
         raise ValueError(f"DOSA_SCREEN_UNROLL: expected 1, 2 or 4, got {unroll!r}")
     opts = OPTIONS + (f"-DDOSA_TILE_N={int(tile_n)}", f"-DDOSA_SCREEN_UNROLL={unroll}")
