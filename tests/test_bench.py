@@ -1,0 +1,525 @@
+"""``dosa bench`` without a GPU: sweep grid and order, parts, filter, memory sub-chunks,
+floors, markdown, --merge and plots on synthetic rows (CuPy is never imported here)."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dosa_cupy import bench as B
+
+MI = 1 << 20
+RESULTS = Path(__file__).resolve().parents[1] / "dosa_cupy" / "results"
+
+
+def _row(H, Qn, N, regime="calibrated", tile=256, speed=1.5, surv=0.01, **kw):
+    """A plausible finished row: routes at fixed multiples of their floors."""
+    pairs = B.causal_pairs(Qn, N)
+    fl = B.floors_ms(H, Qn, N, pairs, surv)
+    qs = [surv * (0.2 + 1.6 * i / 100) for i in range(101)]
+    r = dict(
+        H=H, Qn=Qn, N=N, K=2048, regime=regime, r=14, tile=tile, reps=10, rotate=2,
+        visible_pairs=pairs, logits_ms=4 * fl["logits_floor_ms"],
+        logits_tflops=2 * H * 128 * pairs / (4 * fl["logits_floor_ms"]) / 1e9,
+        select_ms=7 * fl["select_floor_ms"], torch_topk_ms=13 * fl["select_floor_ms"],
+        dense_route_ms=4 * fl["logits_floor_ms"] + 7 * fl["select_floor_ms"],
+        fused_ms=4 * fl["fused_floor_ms"], survival_pooled=surv, survival_mean=surv,
+        survival_p90=qs[90], survival_quantiles=qs, kept_mean=2100.0, overflowed=0,
+        recovered=0, dosa_ids_equal_dense=True, fused_ids_equal_dense=True,
+        torch_values_equal=True, torch_kth_match=True, dense_subchunk=min(Qn, 8192),
+        memory_notes=[] if Qn <= 8192 else ["dense: … → 4 sub-chunks of 8192 queries"],
+        dosa_stage_ms={"prepare": 1.0, "seeds": 2.0, "plan": 3.0, "screen": 50.0,
+                       "refine": 5.0, "select": 1.0, "recover": 0.1},
+        fused_stage_ms={"seeds": 2.0, "score+filter": 90.0, "select": 1.0, "recover": 0.1},
+        commit="abc1234", date_utc="2026-11-30 06:00:00Z", device="NVIDIA H200",
+    )  # fmt: skip
+    r["dosa_ms"] = r["dense_route_ms"] / speed
+    r["speedup_vs_dense"] = speed
+    r["speedup_vs_fused"] = r["fused_ms"] / r["dosa_ms"]
+    r.update(fl)
+    r.update(kw)
+    return r
+
+
+def _jobs(shapes):
+    return [("calibrated", 256, s) for s in shapes]
+
+
+# --------------------------------------------------------------------------- grid, parts
+
+
+def test_sweep_grid_and_importance_order():
+    sh = B.sweep_shapes()
+    grid = {(H, Q, N) for H in (32, 64) for Q in B.CHUNKS for N in B.CONTEXTS}
+    assert set(sh) == grid and len(sh) == len(grid) == 40
+    assert all(Q <= N for _, Q, N in sh)
+    # Qn=4096 at 1M for H=32 then H=64 first, then the rest of Qn=4096, then larger Qn
+    assert sh[:2] == [(32, 4096, 1048576), (64, 4096, 1048576)]
+    assert all(Q == 4096 for _, Q, _ in sh[:10])
+    assert [Q for _, Q, _ in sh] == sorted(Q for _, Q, _ in sh)
+    for Q in B.CHUNKS:
+        ns = [N for _, q, N in sh if q == Q]
+        assert ns == sorted(ns, reverse=True)
+
+
+def test_filter_and_parse_shapes():
+    sh = B.sweep_shapes()
+    assert B.filter_shapes(sh, None) == sh
+    one_m = B.filter_shapes(sh, "x1048576")
+    assert len(one_m) == 8 and all(N == 1048576 for *_, N in one_m)
+    both = B.filter_shapes(sh, "32x4096x1048576, 64x32768x")
+    assert both == [(32, 4096, 1048576)] + [s for s in sh if s[:2] == (64, 32768)]
+    assert B.parse_shapes("32x4096x131072, 64x8x64") == [(32, 4096, 131072), (64, 8, 64)]
+    for bad in ("32x4096", "32x4096xN", "65x8x64", "32x128x64", ""):
+        with pytest.raises(ValueError, match="shapes"):
+            B.parse_shapes(bad)
+
+
+@pytest.mark.parametrize("spec", ["3/2", "2/2", "0/0", "-1/2", "1", "a/b", "1/2/3"])
+def test_parse_part_rejects(spec):
+    with pytest.raises(ValueError, match="part"):
+        B.parse_part(spec)
+
+
+def test_parse_part_accepts():
+    assert B.parse_part(None) == (0, 1)
+    assert B.parse_part("0/1") == (0, 1)
+    assert B.parse_part("3/4") == (3, 4)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 7, 40, 60])
+def test_parts_are_contiguous_balanced_and_cover(P):
+    jobs = _jobs(B.sweep_shapes())
+
+    def cost(j):
+        return B.estimate_seconds(*j[2])
+
+    parts = [B.select_part(jobs, i, P, cost) for i in range(P)]
+    assert [j for p in parts for j in p] == jobs  # each job once, in order: contiguous
+    total = sum(cost(j) for j in jobs)
+    big = max(cost(j) for j in jobs)
+    assert all(sum(cost(j) for j in p) <= total / P + big for p in parts)
+    assert jobs[0] in parts[0]  # the most important shape runs in part 0
+
+
+def test_part_index_degenerate():
+    assert B.part_index([], 3) == []
+    assert B.part_index([0.0, 0.0, 0.0, 0.0], 2) == [0, 0, 1, 1]
+    assert B.part_index([5.0], 4) == [2]
+
+
+def test_estimate_grows_with_work():
+    e = B.estimate_seconds
+    assert e(32, 4096, 1 << 20) < e(64, 4096, 1 << 20) < e(64, 8192, 1 << 20)
+    assert e(32, 4096, 1 << 17) < e(32, 4096, 1 << 20)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_largest_pow2_subchunk():
+    f = B.largest_pow2_subchunk
+    G = B.GIB
+    assert f(4096, 4 * MI, 40 * G) == 4096  # 16 GiB fits whole
+    assert f(32768, 4 * MI, 40 * G) == 8192  # 128 GiB → 32 GiB sub-chunks
+    assert f(16384, 4 * MI, 40 * G) == 8192  # 64 GiB → 32 GiB
+    assert f(10241, 4 * MI, 40 * G) == 8192
+    assert f(3000, 1.0, 1500) == 1024  # non-power-of-two chunk: a power of two below it
+    assert f(1, 10.0, 5.0) == 0  # one query does not fit
+    assert f(8, 10.0, 5.0) == 0
+
+
+def test_largest_pow2_subchunk_exact_fit_is_whole():
+    assert B.largest_pow2_subchunk(10240, 4 * MI, 40 * B.GIB) == 10240
+
+
+def test_memory_plan_for_the_sweep():
+    for H, Qn, N in B.sweep_shapes():
+        m = B.memory_plan(H, Qn, N)
+        assert m["skipped"] is None
+        for route, sub in m["subchunk"].items():
+            assert 1 <= sub <= Qn and Qn % sub == 0
+            assert sub * m["bytes_per_query"][route] <= 40 * B.GIB
+            if sub < Qn:  # the largest power of two that fits
+                assert 2 * sub * m["bytes_per_query"][route] > 40 * B.GIB
+        assert len(m["notes"]) == sum(s < Qn for s in m["subchunk"].values())
+    m = B.memory_plan(64, 32768, 1 << 20)
+    assert m["subchunk"]["dense"] == 8192  # 128 GiB of logits
+    assert m["bytes_per_query"]["dense"] == 4 << 20
+    assert m["bytes_per_query"]["dosa"] >= (1 << 20) // 8 + 65536 * 8  # bitmask + records
+    assert m["bytes_per_query"]["fused"] >= 65536 * 8
+    assert m["subchunk"]["dosa_stats"] < 32768  # the stats popcount needs N bytes a query
+    assert any(n.startswith("dense:") and "4 sub-chunks of 8192" in n for n in m["notes"])
+    assert B.memory_plan(32, 4096, 1 << 20)["notes"] == []
+
+
+def test_memory_plan_skips_with_a_reason():
+    m = B.memory_plan(32, 4096, 1 << 20, budget_gib=1e-4)
+    assert m["skipped"] and "one query needs" in m["skipped"]
+    m = B.memory_plan(32, 4096, 1 << 20, device_gib=0.5)
+    assert m["skipped"] and "device" in m["skipped"]
+    m = B.memory_plan(32, 32768, 1 << 20, budget_gib=8)
+    assert m["skipped"] is None and m["subchunk"]["dense"] == 2048
+
+
+# --------------------------------------------------------------------------- floors
+
+
+def test_causal_pairs():
+    for Qn, N in ((1, 1), (3, 5), (7, 7), (16, 100)):
+        assert B.causal_pairs(Qn, N) == sum(N - Qn + t + 1 for t in range(Qn))
+
+
+def test_floors_values():
+    Qn, N = 4096, 1 << 20
+    p = B.causal_pairs(Qn, N)
+    f = B.floors_ms(32, Qn, N, p, survival=0.01)
+    mma32 = 2 * 32 * 128 * p / 1455e12 * 1e3
+    read = Qn * N * 4 / 4.24e12 * 1e3
+    assert f["logits_floor_ms"] == pytest.approx(mma32, rel=1e-12)  # MMA-bound
+    assert f["logits_floor_ms"] == pytest.approx(24.1, abs=0.1)  # NOTES.md "Counting first"
+    assert f["select_floor_ms"] == pytest.approx(read, rel=1e-12)
+    assert f["select_floor_ms"] == pytest.approx(4.05, abs=0.01)
+    assert f["torch_topk_floor_ms"] == f["select_floor_ms"]
+    assert f["dense_route_floor_ms"] == pytest.approx(mma32 + read, rel=1e-12)
+    assert f["fused_floor_ms"] == pytest.approx(mma32, rel=1e-12)
+    screen = 2 * 16 * 128 * p / 1455e12 * 1e3
+    assert f["screen_floor_ms"] == pytest.approx(screen, rel=1e-12)
+    assert f["dosa_floor_ms"] == pytest.approx(screen + 0.01 * mma32, rel=1e-12)
+    assert "dosa_floor_ms" not in B.floors_ms(32, Qn, N)  # needs the survival
+    assert B.floors_ms(32, Qn, N, r=30)["screen_floor_ms"] == pytest.approx(2 * screen)
+    assert B.floors_ms(32, Qn, N)["logits_floor_ms"] == f["logits_floor_ms"]  # default pairs
+    # few heads: writing the logits dominates the MMA
+    g = B.floors_ms(1, Qn, N)
+    assert g["logits_floor_ms"] == pytest.approx((Qn * N * 4 + N * 132) / 4.24e12 * 1e3)
+
+
+def test_x_floor_and_row_floors_for_old_rows():
+    r = _row(32, 4096, 1 << 20)
+    x = B.x_floor(r)
+    assert x["logits"] == pytest.approx(4) and x["select"] == pytest.approx(7)
+    assert x["torch_topk"] == pytest.approx(13) and x["fused"] == pytest.approx(4)
+    old = {k: v for k, v in r.items() if "floor" not in k and k != "survival_pooled"}
+    assert B.row_floors(old)["dosa_floor_ms"] == pytest.approx(r["dosa_floor_ms"])
+    assert B.x_floor(dict(r, torch_topk_ms=None))["torch_topk"] is None
+
+
+def test_ids_equal():
+    r = _row(32, 4096, 1 << 20)
+    assert B.ids_equal(r) is True
+    assert B.ids_equal(dict(r, torch_values_equal=False)) is False
+    assert B.ids_equal(dict(r, torch_values_equal=False, torch_topk_ms=None)) is True
+    assert B.ids_equal(dict(r, dosa_ids_equal_dense=False)) is False
+    assert B.ids_equal({"H": 1, "Qn": 1, "N": 1, "skipped": "x"}) is None
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _rows():
+    rows = [_row(H, Q, N, speed=0.5 + 0.01 * i) for i, (H, Q, N) in enumerate(B.sweep_shapes())]
+    rows[-1] = {k: rows[-1][k] for k in ("H", "Qn", "N", "K", "regime", "r", "tile")}
+    rows[-1]["skipped"] = "dense: one query needs 9216.00 MiB > budget 8 GiB"
+    return rows
+
+
+def test_markdown_table(tmp_path):
+    rows = _rows()
+    md = B.markdown(rows, {"date_utc": "2026-11-30 07:00:00Z", "commit": "deadbeef"})
+    lines = md.splitlines()
+    assert lines[0].startswith("# dosa bench")
+    assert "Date (UTC): 2026-11-30 07:00:00Z" in md and "commit: deadbeef" in md
+    h = next(i for i, ln in enumerate(lines) if ln.startswith("| regime | tile | H |"))
+    head = lines[h]
+    table = lines[h + 2 : lines.index("", h)]
+    assert len(table) == len(rows) - 1  # the skipped row is listed below, not in the table
+    assert all(ln.startswith("| calibrated | 256 |") for ln in table)
+    assert head.count("×fl") == 6 and all(ln.count("|") == head.count("|") for ln in table)
+    r0 = next(ln for ln in table if "| 32 | 4096 | 1048576 |" in ln)
+    assert "| 4.0 |" in r0 and "| 7.0 |" in r0 and "| 13.0 |" in r0 and "True" in r0
+    assert "| 0.50× |" in r0
+    big = next(ln for ln in table if "| 32 | 32768 | 1048576 |" in ln)
+    assert "| 8192 |" in big  # sub-chunked dense route
+    assert "Stage split" in md and "Floors (ms)" in md and "Survival per query" in md
+    assert "Skipped:" in md and "dense: one query needs 9216.00 MiB" in md
+    assert "Sub-chunked routes" in md
+
+
+def test_markdown_default_meta_and_recorded_runs():
+    md = B.markdown([_row(32, 4096, 131072)])
+    assert "commit: abc1234" in md  # the rows' own commit
+    for name in ("bench_run12.json", "bench_run14_calibrated.json"):
+        rows = B.load_rows(RESULTS / name)
+        md = B.markdown(rows)
+        assert md.count("\n| ") >= len(rows)
+        assert "×fl" in md
+
+
+def test_merge_and_plots(tmp_path, capsys):
+    cupy_before = "cupy" in sys.modules
+    rows = _rows()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    late = dict(rows[3], dosa_ms=1.0, speedup_vs_dense=9.0)  # a re-run of rows[3]
+    skip0 = {k: rows[0][k] for k in ("H", "Qn", "N", "K", "regime", "r", "tile")}
+    a.write_text(json.dumps(rows[:20]))
+    b.write_text(json.dumps([dict(skip0, skipped="oom")] + rows[20:] + [late]))
+    out = tmp_path / "merged"
+    assert B.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    merged = json.loads((out / "bench.json").read_text())
+    assert len(merged) == len(rows)
+    key = {(r["H"], r["Qn"], r["N"]): r for r in merged}
+    assert "skipped" not in key[rows[0]["H"], rows[0]["Qn"], rows[0]["N"]]  # finished wins
+    assert key[rows[3]["H"], rows[3]["Qn"], rows[3]["N"]]["speedup_vs_dense"] == 9.0  # later
+    md = (out / "bench.md").read_text()
+    assert "commit: abc1234" in md and "| 9.00× |" in md
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 6 and not any(f.endswith(".tmp") for f in files)
+    if not cupy_before:
+        assert "cupy" not in sys.modules
+    pytest.importorskip("matplotlib")
+    assert {"speedup.png", "survival.png", "stages.png", "floors.png"} <= set(files)
+    assert all((out / f).stat().st_size > 1000 for f in files if f.endswith(".png"))
+    assert "merged 40 row(s) from 2 file(s)" in capsys.readouterr().out
+
+
+def test_plots_old_rows_and_without_matplotlib(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    rows = B.load_rows(RESULTS / "bench_run14_calibrated.json")
+    files = B.plots(rows, tmp_path / "old")
+    assert 1 <= len(files) <= 4 and all(f.stat().st_size > 0 for f in files)
+    only_skipped = [dict(H=32, Qn=4096, N=1 << 20, regime="calibrated", tile=256, skipped="x")]
+    assert [f.name for f in B.plots(only_skipped, tmp_path / "s")] == ["speedup.png"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import → ImportError
+    assert B.plots(rows, tmp_path / "none") == []
+    assert "matplotlib not installed" in capsys.readouterr().out
+
+
+def test_merge_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="out"):
+        B.main(["--merge", str(tmp_path / "x.json")])
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"a": 1}))
+    with pytest.raises((ValueError, KeyError)):
+        B.main(["--merge", str(p), "--out", str(tmp_path / "o")])
+
+
+def test_write_outputs_rewrites_atomically(tmp_path):
+    rows = _rows()[:3]
+    meta = {"date_utc": "d", "commit": "c"}
+    B.write_outputs(rows[:1], tmp_path, meta)
+    B.write_outputs(rows, tmp_path, meta)
+    assert len(json.loads((tmp_path / "bench.json").read_text())) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_dry_run_sweep_part(capsys):
+    cupy_before = "cupy" in sys.modules
+    assert B.main(["--sweep", "--dry-run", "--part", "0/4", "--regime", "structured"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if not ln.startswith("#")]
+    assert lines[0].startswith("structured tile 256 32x4096x1048576:")
+    assert lines[1].startswith("structured tile 256 64x4096x1048576:")
+    assert "# part 3/4:" in out and "total" in out
+    if not cupy_before:
+        assert "cupy" not in sys.modules
+
+
+def test_dry_run_notes_sub_chunks(capsys):
+    argv = ["--shapes", "64x32768x1048576", "--dry-run", "--regime", "structured"]
+    assert B.main(argv + ["--logits-gib", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "'dense': 8192" in out and "dense: 32768 queries" in out
+    assert B.main(argv + ["--logits-gib", "0.001"]) == 0
+    assert "SKIP:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--part", "3/2"], "part"),
+        (["--reps", "9"], "reps"),
+        (["--rotate", "0"], "rotate"),
+        (["--K", "0"], "K"),
+        (["--logits-gib", "0"], "logits-gib"),
+        (["--max-seconds", "-1"], "max-seconds"),
+        (["--tile", "64"], "tile"),
+        (["--tile", "a"], "tile"),
+        (["--shapes", "32x4096"], "shapes"),
+        (["--sweep", "--shapes", "32x4096x131072"], "shapes"),
+    ],
+)
+def test_cli_rejects_bad_values(argv, name):
+    with pytest.raises(ValueError, match=name):
+        B.main(argv + ["--dry-run", "--regime", "structured"])
+
+
+def test_cli_defaults_keep_working(capsys):
+    # the devrun scripts' call, planned only
+    argv = ["--regime", "calibrated", "--shapes", "32x4096x1048576,64x4096x1048576"]
+    assert B.main(argv + ["--tile", "128,256", "--r", "14", "--reps", "10", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("32x4096x1048576") == 2 and out.count("64x4096x1048576") == 2
+    assert B.main(["--dry-run", "--filter", "64x"]) == 0  # default shapes, filtered
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    assert len(lines) == 1 and "64x4096x131072" in lines[0]
+
+
+# --------------------------------------------------------------------------- GPU path, faked
+# The GPU path cannot run in CI; a numpy stand-in for CuPy and the kernels drives its
+# control flow (sub-chunks, id concatenation, stats, skips, --max-seconds, outputs).
+
+
+def _fake_gpu(monkeypatch, oom_shapes=()):
+    import types
+
+    import dosa_cupy
+    from dosa_cupy import dense, prepare, workload
+
+    calls = {"logits_rows": [], "dosa_rows": [], "fused_rows": []}
+
+    class Event:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    cp = types.ModuleType("cupy")
+    for name in (
+        "sum",
+        "float64",
+        "int64",
+        "int32",
+        "concatenate",
+        "array_equal",
+        "inf",
+        "take_along_axis",
+        "maximum",
+        "where",
+        "all",
+        "asarray",
+        "from_dlpack",
+    ):
+        setattr(cp, name, getattr(np, name))  # fmt: skip
+    dev = types.SimpleNamespace(synchronize=lambda: None, mem_info=(100 * B.GIB, 139 * B.GIB))
+    cp.cuda = types.SimpleNamespace(
+        Event=Event,
+        get_elapsed_time=lambda a, b: 1e3 * (b.t - a.t),
+        Device=lambda *a: dev,
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"fake GPU"}),
+    )
+    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+
+    def make(regime, Qn, N, H, seed=0):
+        rs = np.random.default_rng([seed, Qn, N, H])
+        ke = np.arange(N - Qn + 1, N + 1, dtype=np.int32)
+        return dict(
+            q=rs.integers(0, 120, (Qn, H, 128), dtype=np.uint8),
+            w=rs.standard_normal((Qn, H)).astype(np.float32),
+            k_payload=rs.integers(0, 120, (N, 128), dtype=np.uint8),
+            k_scale=np.ones(N, np.float32), ks=np.zeros(Qn, np.int32), ke=ke,
+            kf=None, qf=None, wf=None,
+        )  # fmt: skip
+
+    def logits(q, w, kp, ksc, ks, ke):
+        calls["logits_rows"].append(q.shape[0])
+        return scores(q, kp, ks, ke)
+
+    def scores(q, kp, ks, ke):
+        s = (q[:, :, :4].astype(np.float32).sum((1, 2))[:, None] * kp[None, :, 0]).astype(
+            np.float32
+        ) + np.arange(kp.shape[0], dtype=np.float32)[None, :] * 1e-3
+        cols = np.arange(kp.shape[0])[None, :]
+        return np.where((cols >= ks[:, None]) & (cols < ke[:, None]), s, -np.inf)
+
+    def select(lg, K, ks, ke):
+        ids = np.argsort(-lg, axis=1, kind="stable")[:, :K].astype(np.int32)
+        return np.where(np.take_along_axis(lg, ids, 1) > -np.inf, ids, -1)
+
+    def topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
+        chunk = chunk or q.shape[0]
+        return np.concatenate(
+            [select(logits(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b]), K, ks[a:b], ke[a:b])
+             for a, b in B._spans(q.shape[0], chunk)]
+        )  # fmt: skip
+
+    def route(name):
+        def fn(q, w, kp, ksc, K, ks, ke, return_stats=False, timing=False, **o):
+            if (q.shape[1], kp.shape[0]) in oom_shapes:
+                raise type("OutOfMemoryError", (MemoryError,), {})("out of memory (fake)")
+            calls[f"{name}_rows"].append(q.shape[0])
+            ids = select(scores(q, kp, ks, ke), K, ks, ke)  # no dense logits on this route
+            if not return_stats:
+                return ids
+            n = q.shape[0]
+            st = types.SimpleNamespace(
+                survivors=np.arange(n) % 7, screened=np.full(n, 100), kept=np.full(n, K),
+                overflowed=np.zeros(n, bool), recovered=np.zeros(n, bool),
+                stage_ms={s: 1.0 for s in (B.DOSA_STAGES if name == "dosa" else B.FUSED_STAGES)},
+            )  # fmt: skip
+            return ids, st
+
+        return fn
+
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` → ImportError
+    monkeypatch.setattr(workload, "make_gpu_workload", make)
+    monkeypatch.setattr(prepare, "check_inputs", lambda q, w, kp, ksc, K, ks, ke: (
+        q, w, kp, ksc, K, ks, ke))  # fmt: skip
+    monkeypatch.setattr(prepare, "pad_heads", lambda q, w: (q, w))
+    monkeypatch.setattr(dense, "_dense_logits_raw", logits)
+    monkeypatch.setattr(dense, "select_rows", select)
+    monkeypatch.setattr(dense, "_dense_topk_raw", topk_raw)
+    monkeypatch.setattr(dosa_cupy, "dosa_topk", route("dosa"))
+    monkeypatch.setattr(dosa_cupy, "fused_topk", route("fused"))
+    return calls
+
+
+def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
+    calls = _fake_gpu(monkeypatch)
+    H, Qn, N, K = 16, 64, 2048, 8
+    mem = B.memory_plan(H, Qn, N, K)
+    assert mem["subchunk"] == dict.fromkeys(("dense", "dosa", "dosa_stats", "fused"), Qn)
+    mem["subchunk"].update(dense=16, dosa=32, dosa_stats=8, fused=64)  # as if over budget
+    mem["notes"] = ["dense: (test)"]
+    logs = []
+    r = B.bench_shape(H, Qn, N, K, "structured", 10, 2, {"r": 14}, logs.append, mem=mem)
+    assert max(calls["logits_rows"]) == 16  # never more logits rows than the sub-chunk
+    assert r["dense_subchunk"] == 16 and r["memory_notes"] == mem["notes"]
+    assert r["dosa_ids_equal_dense"] and r["fused_ids_equal_dense"] and r["ids_equal"]
+    assert r["torch_topk_ms"] is None and "torch_values_equal" not in r
+    assert r["visible_pairs"] == B.causal_pairs(Qn, N)
+    surv = np.tile(np.arange(8) % 7, Qn // 8) / 100  # the fake's stats per 8-query sub-chunk
+    assert r["survival_pooled"] == pytest.approx(surv.mean())
+    assert len(r["survival_quantiles"]) == 101 and r["survival_quantiles"][-1] == 0.06
+    assert (r["dosa_subchunk"], r["stats_subchunk"], r["fused_subchunk"]) == (32, 8, 64)
+    assert set(calls["dosa_rows"]) == {32, 8} and set(calls["fused_rows"]) == {64}
+    assert r["dosa_stage_ms"]["screen"] == Qn // 8  # 1 ms per stats sub-chunk, summed
+    for k in ("logits", "dense_route", "fused", "dosa"):
+        assert r[f"{k}_floor_ms"] > 0 and r["x_floor"][k] is not None
+    assert r["device"] == "fake GPU" and json.loads(logs[-1])["N"] == N
+
+
+def test_main_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+    _fake_gpu(monkeypatch, oom_shapes={(16, 4096)})
+    out = tmp_path / "run"
+    argv = ["--shapes", "16x64x2048,16x64x4096,16x32x2048", "--K", "8", "--regime",
+            "structured", "--out", str(out), "--commit", "cafe123"]  # fmt: skip
+    assert B.main(argv) == 0
+    text = capsys.readouterr().out
+    rows = json.loads((out / "bench.json").read_text())
+    assert [(r["Qn"], r["N"]) for r in rows] == [(64, 2048), (64, 4096), (32, 2048)]
+    assert "out of memory" in rows[1]["skipped"] and "# SKIPPED" in text
+    assert all(r["commit"] == "cafe123" and r["date_utc"] for r in rows)
+    assert "commit: cafe123" in (out / "bench.md").read_text()
+    # --max-seconds 0: nothing starts, the (empty) outputs are still written
+    out2 = tmp_path / "stop"
+    assert B.main(argv[:-4] + ["--out", str(out2), "--max-seconds", "0"]) == 0
+    assert json.loads((out2 / "bench.json").read_text()) == []
+    assert "not run (3): 16x64x2048,16x64x4096,16x32x2048" in capsys.readouterr().out
