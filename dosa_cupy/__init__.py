@@ -4,6 +4,7 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     dense_logits(q, w, k_payload, k_scale, ks, ke)      canonical FP8 logits [Qn, N]
     dense_topk(q, w, k_payload, k_scale, K, ks, ke)     dense logits + exact selection
     dosa_topk(q, w, k_payload, k_scale, K, ks, ke, **o) DoSA; ids == dense_topk bitwise
+                                                        (int64 ids, −1 padding, as dosa_ref)
     fused_topk(...)                                     fused scoring + online τ filter
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ

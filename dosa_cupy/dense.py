@@ -107,16 +107,19 @@ def select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=
 def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):
     """The dense route: canonical logits of every visible key, then exact selection.
 
-    Returns int32 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
-    keys).  ``chunk`` limits queries per logits buffer (memory: chunk·N·4 bytes).
+    Returns int64 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
+    keys) — the ``dosa_ref.topk_ids`` contract (DESIGN.md).  ``chunk`` limits queries per
+    logits buffer (memory: chunk·N·4 bytes).
     """
-    cupy_or_raise()
+    cp = cupy_or_raise()
     q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
     q, w = pad_heads(q, w)
-    return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk)
+    return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
 
 
 def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
+    """``dense_topk`` on checked, head-padded inputs → int32 [Qn, K] (the selection
+    kernel's own dtype; used inside the pipeline: anchors, recovery, bench)."""
     cp = cupy_or_raise()
     Qn = q.shape[0]
     N = kp.shape[0]

@@ -5,13 +5,19 @@ scorer) → τ = K-th seed record → plan (``plan.build_plans``) → screen (U^
 bitmask) → refine (canonical scorer on survivors, compact records with s ≥ τ; a full
 buffer is *extended* to the exact count and refined again, never dropped) → exact
 selection over seed records ∪ compact records → query-level full-domain recovery (dense
-route) for invalid scales or non-finite plans.  ids equal ``dense_topk`` bitwise.
+route) for invalid scales or non-finite plans.  ids equal ``dense_topk`` bitwise; the
+public functions return int64 ids (the ``dosa_ref.topk_ids`` contract, DESIGN.md).
+
+Explicit seeds (``seeds=`` [Qn, S] key ids, e.g. the previous chunk's selections) only
+raise τ: they are scored by the canonical scorer (``seed_ids`` kernel) and τ is the K-th
+record of default ∪ explicit seeds (distinct keys only, METHOD.md §2); they are screened
+and refined like any other key, so the final candidate set is unchanged.
 
 The plan runs on the GPU (batched CuPy array operations, ``plan.py``).  Not implemented:
 the shared refinement stream for groups of 4 queries (METHOD.md §9; refinement is
 per query, with the query index fastest in the grid so gathered keys are shared in L2),
-grouping queries by retained-head budget (one r per call), the "certificate" and
-"explicit" seed strategies of dosa_ref.
+grouping queries by retained-head budget (one r per call), the "certificate" seed
+strategy of dosa_ref.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ import numpy as np
 from ._build import cupy_or_raise, kernel, tile
 from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
 from .plan import build_plans
-from .prepare import check_inputs, key_rho, pad_heads
+from .prepare import as_device, check_inputs, key_rho, pad_heads
 
-__all__ = ["DosaGpuStats", "dosa_topk", "fused_topk"]
+__all__ = ["DosaGpuStats", "check_seeds", "dosa_topk", "explicit_seed_table", "fused_topk"]
 
 OPTIONS = {
     "window": 2048,
@@ -36,6 +42,7 @@ OPTIONS = {
     "buffer": 65536,
     "mma_bits": 17,
     "p_sample": 256,
+    "seeds": None,
     "return_stats": False,
     "debug_bounds": False,
     "timing": False,
@@ -44,9 +51,15 @@ OPTIONS = {
 
 @dataclass
 class DosaGpuStats:
-    """Per-query counts (numpy) and stage times (ms, when ``timing=True``)."""
+    """Per-query counts (numpy) and stage times (ms, when ``timing=True``).
+
+    ``seeds``: default seed records (sinks, local window, anchor pool; excluded from
+    screening); ``explicit_seeds``: explicit seeds scored beyond them (distinct, visible,
+    not default seeds) — they raise τ but are screened like any other key.
+    """
 
     seeds: np.ndarray = None
+    explicit_seeds: np.ndarray = None
     tau: np.ndarray = None
     screened: np.ndarray = None
     survivors: np.ndarray = None
@@ -110,11 +123,14 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         q: e4m3 [Qn, H, 128] (uint8 bits or fp8 dtype); w: fp32 [Qn, H] with the query
         scales folded in; k_payload: e4m3 [N, 128]; k_scale: fp32 [N]; K ≤ 4096;
         ks, ke: int32 [Qn] visible ranges [ks, ke) (default: every key).
-    Options: window, sinks, n_anchors (seeds, METHOD.md §2); r (retained heads, ≤ 30);
-        buffer (compact records per query before an exact extension); mma_bits (accumulator
-        bits of the MMA error model, plan.py); return_stats, timing, debug_bounds.
-    Returns int32 [Qn, K] ids (score desc, id asc, −1 padding), equal to ``dense_topk``;
-    with return_stats=True, (ids, DosaGpuStats).
+    Options: window, sinks, n_anchors (seeds, METHOD.md §2); seeds (explicit seed ids, any
+        integer dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's
+        visible range are ignored, repeats count once; they only raise τ); r (retained
+        heads, ≤ 30); buffer (compact records per query before an exact extension);
+        mma_bits (accumulator bits of the MMA error model, plan.py); return_stats, timing,
+        debug_bounds.
+    Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
+    contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
     cp = cupy_or_raise()
     o = _opts(options)
@@ -123,10 +139,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     q, w = pad_heads(q, w)
     Qn, Hp, _ = q.shape
     N = kp.shape[0]
+    o["seeds"] = _device_seeds(o["seeds"], Qn, N)
     mth = Hp // 16
     st = DosaGpuStats()
-    ids = cp.full((Qn, K), -1, dtype=cp.int32)
     if Qn == 0 or N == 0:
+        ids = cp.full((Qn, K), -1, dtype=cp.int64)
         return (ids, st) if o["return_stats"] else ids
     NW = (N + 31) // 32
 
@@ -134,7 +151,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     rho = key_rho(kp)
     tm.mark("prepare")
 
-    pool, poolmask, seed_rec, seed_cnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
+    pool, poolmask, seed_rec, seed_cnt, xcnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
     tm.mark("seeds")
 
     # Plan (METHOD.md §3–§5, §8).
@@ -195,11 +212,13 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if n_bad:
         bq = cp.flatnonzero(bad)
         ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
+    ids = ids.astype(cp.int64)  # public contract (DESIGN.md); the kernels write int32
     tm.mark("recover")
 
     if o["return_stats"] or o["debug_bounds"]:
         vis = (ke - ks).astype(cp.int64)
         st.seeds = cp.asnumpy(seed_cnt).astype(np.int64)
+        st.explicit_seeds = cp.asnumpy(xcnt).astype(np.int64)
         st.tau = cp.asnumpy(tau)
         st.screened = cp.asnumpy(vis) - st.seeds
         pc = cp.asarray([bin(i).count("1") for i in range(256)], dtype=cp.int64)
@@ -218,7 +237,13 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
 
 def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
-    """Seeds (METHOD.md §2) scored by the canonical scorer and τ = K-th seed record."""
+    """Seeds (METHOD.md §2) scored by the canonical scorer and τ = K-th seed record.
+
+    Returns (pool int32, poolmask uint32 [NW], seed_rec uint64 [Qn, scap], seed_cnt uint32
+    [Qn], xcnt uint32 [Qn], tau fp32 [Qn]).  seed_rec holds the default seeds (excluded from
+    screening, part of the final selection); explicit seeds (``o["seeds"]``, validated by
+    ``check_seeds``) contribute only to τ, and xcnt counts their records.
+    """
     cp = cupy_or_raise()
     Qn, Hp, _ = q.shape
     mth = Hp // 16
@@ -254,10 +279,93 @@ def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
             plo, phi, seed_cnt, seed_rec, np.int64(scap),
         ),
     )  # fmt: skip
-    _, kth = select_records(K, seed_rec, seed_cnt, want_ids=False, want_kth=True)
+    # Explicit seeds (METHOD.md §2): distinct visible ids that are not default seeds, so
+    # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
+    xcnt = cp.zeros(Qn, dtype=cp.uint32)
+    xrec = None
+    if o["seeds"] is not None:
+        table = explicit_seed_table(o["seeds"], ks, ke, o["sinks"], o["window"], poolmask, cp)
+        S = int(table.shape[1])
+        if S:
+            table = cp.ascontiguousarray(table)
+            xrec = cp.empty((Qn, S), dtype=cp.uint64)
+            gx = (S + warps * 256 - 1) // (warps * 256)
+            kernel(f"seed_ids_mt{mth}")(
+                (gx, Qn),
+                (32 * warps,),
+                (q, w, kp, ksc, ks, ke, table, np.int64(S), xcnt, xrec),
+            )
+    # τ = K-th record of default ∪ explicit seed records (Prop. 4).
+    xc = xcnt if xrec is not None else None
+    _, kth = select_records(K, seed_rec, seed_cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = cp.empty(Qn, dtype=cp.float32)
     kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
-    return pool, poolmask, seed_rec, seed_cnt, tau
+    return pool, poolmask, seed_rec, seed_cnt, xcnt, tau
+
+
+def check_seeds(seeds, Qn: int, N: int, xp=np):
+    """Validate explicit seed ids (METHOD.md §2) → int32 [Qn, S] (xp array), −1 = padding.
+
+    ``seeds``: an integer array [Qn, S] (xp array; ``dosa_topk`` first converts CuPy,
+    DLPack or numpy input with ``as_device``).  Every entry must be −1 or a key id in
+    [0, N); ids outside a query's visible range are legal (they are ignored later).
+    ValueError naming ``seeds`` otherwise.
+    """
+    if seeds.dtype.kind not in "iu":
+        raise ValueError(f"seeds: expected an integer array, got dtype {seeds.dtype}")
+    if seeds.ndim != 2 or seeds.shape[0] != Qn:
+        raise ValueError(f"seeds: expected shape [Qn={Qn}, S], got {tuple(seeds.shape)}")
+    if seeds.size:
+        # compare in the input dtype first: an uint64 id ≥ 2^63 would wrap to a negative
+        # int64 (−1 would look like padding); after this check every id is < N < 2^31.
+        if seeds.dtype.kind == "u":
+            bad = bool(xp.any(seeds >= np.uint64(N))) if N else True
+        else:
+            a = seeds.astype(xp.int64)
+            bad = bool(xp.any((a < -1) | (a >= N)))
+        if bad:
+            raise ValueError(f"seeds: ids must be -1 (padding) or lie in [0, N={N})")
+    return seeds.astype(xp.int32)
+
+
+def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np):
+    """Explicit seeds that can add to τ: int32 [Qn, S'] (xp array), each row sorted,
+    distinct, −1 padded at the end; S' = the largest row count (0 columns when none).
+
+    Keeps id i of row t iff ks[t] ≤ i < ke[t] (visible) and i is not a default seed of
+    query t — a sink (i < ks + min(sinks, ke − ks)), in the local window (i ≥ max(that,
+    ke − window)), or in the anchor pool (bit i of ``poolmask`` uint32 [ceil(N/32)]) — the
+    same predicate as the screen's and seed_score's; repeats are dropped.  Every key then
+    appears at most once in default ∪ explicit seeds, as τ_K(S) ≤ τ_K(Ω) requires
+    (METHOD.md §2).  seeds: validated ids [Qn, S] (``check_seeds``); ks, ke: int [Qn].
+    """
+    Qn = seeds.shape[0]
+    a = seeds.astype(xp.int64)
+    lo = ks.astype(xp.int64)[:, None]
+    hi = ke.astype(xp.int64)[:, None]
+    s_hi = lo + xp.minimum(int(sinks), hi - lo)
+    loc_lo = xp.maximum(s_hi, hi - int(window))
+    safe = xp.where((a >= 0) & (a < 32 * poolmask.shape[0]), a, 0)
+    inpool = ((poolmask[safe >> 5].astype(xp.int64) >> (safe & 31)) & 1) != 0
+    visible = (a >= lo) & (a < hi)
+    default = (a < s_hi) | (a >= loc_lo) | inpool
+    keep = visible & ~default
+    big = np.iinfo(np.int64).max
+    s = xp.sort(xp.where(keep, a, big), axis=1)
+    dup = xp.zeros(s.shape, dtype=bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    s = xp.sort(xp.where(dup, big, s), axis=1)  # distinct ids first, then padding
+    width = int((s != big).sum(axis=1).max()) if Qn and s.shape[1] else 0
+    s = s[:, :width]
+    return xp.where(s == big, -1, s).astype(xp.int32)
+
+
+def _device_seeds(seeds, Qn: int, N: int):
+    """``seeds`` option → validated CuPy int32 [Qn, S] (or None)."""
+    if seeds is None:
+        return None
+    cp = cupy_or_raise()
+    return check_seeds(as_device(seeds, "seeds"), Qn, N, cp)
 
 
 def _refine(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
@@ -312,8 +420,9 @@ def _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap):
 def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     """The fused route (issue 5; what LiteTopK does): seeds → τ, then every visible key is
     scored with all heads by the canonical scorer and filtered online against τ (compact
-    records, no dense logits), exact selection.  Same contract as ``dosa_topk``; ids equal
-    ``dense_topk``.  Options: window, sinks, n_anchors, buffer, return_stats, timing."""
+    records, no dense logits), exact selection.  Same contract as ``dosa_topk`` (int64
+    [Qn, K] ids); ids equal ``dense_topk``.  Options: window, sinks, n_anchors, seeds
+    (explicit seed ids, as in ``dosa_topk``), buffer, return_stats, timing."""
     cp = cupy_or_raise()
     o = _opts(options)
     tm = _Timer(o["timing"])
@@ -321,12 +430,13 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     q, w = pad_heads(q, w)
     Qn, Hp, _ = q.shape
     N = kp.shape[0]
+    o["seeds"] = _device_seeds(o["seeds"], Qn, N)
     mth = Hp // 16
     st = DosaGpuStats()
-    ids = cp.full((Qn, K), -1, dtype=cp.int32)
     if Qn == 0 or N == 0:
+        ids = cp.full((Qn, K), -1, dtype=cp.int64)
         return (ids, st) if o["return_stats"] else ids
-    _, poolmask, seed_rec, seed_cnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
+    _, poolmask, seed_rec, seed_cnt, xcnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
     tm.mark("seeds")
     cap = int(o["buffer"])
     rec, cnt = _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap)
@@ -350,9 +460,11 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if bool(bad.any()):
         bq = cp.flatnonzero(bad)
         ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
+    ids = ids.astype(cp.int64)  # public contract (DESIGN.md); the kernels write int32
     tm.mark("recover")
     if o["return_stats"]:
         st.seeds = cp.asnumpy(seed_cnt).astype(np.int64)
+        st.explicit_seeds = cp.asnumpy(xcnt).astype(np.int64)
         st.tau = cp.asnumpy(tau)
         st.kept = cp.asnumpy(cnt).astype(np.int64)
         st.overflowed = cp.asnumpy(over)

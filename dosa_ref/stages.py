@@ -6,6 +6,9 @@ stage of METHOD.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be checked 
   key_rho (prepare)        → ρ_i with ρ_i√D ≥ ‖k̄_i‖, fp32 rounded up
   dense_logits             → original scores of every visible key (the dense route)
   seed_score               → exact seed scores and τ = τ_K(S) (Prop. 4)
+  seed_ids                 → explicit seeds: exact scores of caller ids that are visible,
+                             distinct and not default seeds; τ_K of the union (they only
+                             raise τ: screened and refined like any other key)
   screen                   → survivor mask U^num ≥ τ (strict rejection U^num < τ)
   refine                   → compact records (id, s) of survivors with s ≥ τ
   select                   → exact Top-K of seed records ∪ compact records (Theorem 1)
@@ -22,7 +25,7 @@ import numpy as np
 from .fp8 import dequantize, e4m3_values, key_rms, quantize_keys
 from .numeric import FP8ScreenPlan, screen_bound
 from .scorer import index_scores, score_keys, topk_of
-from .seeds import kth_score
+from .seeds import explicit_seeds, kth_score
 
 __all__ = [
     "dense_logits",
@@ -30,6 +33,7 @@ __all__ = [
     "quantize_keys",
     "refine",
     "screen",
+    "seed_ids",
     "seed_score",
     "select",
 ]
@@ -49,6 +53,22 @@ def seed_score(q_t, w_t, k, seed_ids, K: int) -> tuple[np.ndarray, float]:
     """Exact scores float64 [|S|] of distinct visible seeds ``seed_ids`` and τ_K(S)."""
     s = score_keys(np.asarray(q_t, np.float64), np.asarray(w_t, np.float64), k[seed_ids])
     return s, kth_score(s, K)
+
+
+def seed_ids(
+    q_t, w_t, k, ids_t, ks_t: int, ke_t: int, default_ids, default_scores, K: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Explicit seeds of one query (kernel ``seed_ids``; METHOD.md §2, Prop. 4).
+
+    ``ids_t``: caller key ids (−1 pads; ids outside [ks_t, ke_t) are ignored);
+    ``default_ids`` / ``default_scores``: the default seeds already scored.  Returns the
+    explicit ids kept (int64, sorted: visible, distinct, not default seeds — a key counted
+    twice could lift τ above τ_K(Ω)), their exact scores float64, and τ_K(default ∪ kept).
+    The kept ids are not seeds of Algorithm 1 step 4: they stay in V and are refined.
+    """
+    x = np.setdiff1d(explicit_seeds(ids_t, ks_t, ke_t), np.asarray(default_ids, np.int64))
+    s = score_keys(np.asarray(q_t, np.float64), np.asarray(w_t, np.float64), k[x])
+    return x, s, kth_score(np.concatenate([np.asarray(default_scores, np.float64), s]), K)
 
 
 def screen(fplan: FP8ScreenPlan, payload, scale, rho, tau: float) -> np.ndarray:

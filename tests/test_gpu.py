@@ -314,6 +314,129 @@ def test_bad_input_raises():
 
 
 @gpu
+def test_public_ids_int64():
+    """DESIGN.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
+    contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""
+    wl = make_gpu_workload("structured", 16, 2048, 32, seed=13)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
+    outs = [f(*args) for f in (dosa_cupy.dense_topk, dosa_cupy.dosa_topk, dosa_cupy.fused_topk)]
+    for ids in outs:
+        assert ids.dtype == cp.int64 and ids.shape == (16, 512)
+        assert cp.array_equal(ids, outs[0])
+    ids, _ = dosa_cupy.dosa_topk(*args, return_stats=True)
+    assert ids.dtype == cp.int64
+    ids, _ = dosa_cupy.fused_topk(*args, return_stats=True)
+    assert ids.dtype == cp.int64
+    empty = (wl["q"][:0], wl["w"][:0], wl["k_payload"], wl["k_scale"], 8)
+    for f in (dosa_cupy.dense_topk, dosa_cupy.dosa_topk, dosa_cupy.fused_topk):
+        assert f(*empty).dtype == cp.int64 and f(*empty).shape == (0, 8)
+
+
+# ------------------------------------------------------------------------------------
+# Explicit seeds (METHOD.md §2): they only raise τ; ids stay those of the dense route
+# ------------------------------------------------------------------------------------
+
+
+def _explicit_seed_cases(case, dense, ks, ke, N, K, rs):
+    """Seeds [Qn, S] and options for each case (numpy, host side)."""
+    Qn = dense.shape[0]
+    if case == "true_topk":  # (a) τ = τ* exactly
+        return dense, {"window": 256}
+    if case == "messy":  # (b) repeats, −1, invisible ids, sinks / local-window ids
+        rnd = rs.integers(0, N, (Qn, 300))
+        sinks = ks[:, None] + np.arange(8)[None, :]
+        local = np.maximum(ke[:, None] - 1 - np.arange(8)[None, :], 0)
+        invisible = np.stack([np.maximum(ks - 1, 0), np.minimum(ke, N - 1)], axis=1)
+        top = np.tile(dense[:, : K // 4], 4)  # repeated high scorers: τ must not exceed τ*
+        pad = np.full((Qn, 5), -1)
+        a = np.concatenate([top, rnd, sinks, local, invisible, pad, dense[:, K // 2 :]], axis=1)
+        return rs.permuted(a, axis=1), {}
+    if case == "only_explicit":  # (c) no default seeds at all
+        a = np.concatenate([dense[:, ::2], rs.integers(0, N, (Qn, K))], axis=1)
+        return a.astype(np.int32), {"window": 0, "sinks": 0, "n_anchors": 0}
+    if case == "fewer_than_K":  # (d) |default ∪ explicit| < K: τ = −inf
+        a = np.concatenate([dense[:, : K // 4], dense[:, : K // 4]], axis=1)
+        return a.astype(np.int16), {"window": 16, "sinks": 4, "n_anchors": 0}
+    if case == "overflow":  # (e) a tiny buffer: exact extension with explicit seeds
+        return rs.integers(-1, N, (Qn, 2 * K)).astype(np.int64), {"buffer": 16}
+    raise AssertionError(case)
+
+
+EXPLICIT = ["true_topk", "messy", "only_explicit", "fewer_than_K", "overflow"]
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("case", EXPLICIT)
+@gpu
+def test_explicit_seeds_equal_dense(case, H):
+    """dosa_topk / fused_topk with explicit seeds: ids == dense_topk bitwise; τ never
+    exceeds the true K-th score (no key counted twice) and never falls below the default
+    seeds' τ; with seeds = the true Top-K, τ = τ* and survival drops."""
+    Qn, N, K = 64, 16384, 512
+    rs = np.random.default_rng(17)
+    wl = make_gpu_workload("structured", Qn, N, H, seed=19)
+    ks = rs.integers(0, N // 2, Qn).astype(np.int32)
+    ks[:4] = 0
+    wl["ks"] = cp.asarray(ks)
+    ke = cp.asnumpy(wl["ke"])
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+    dense = dosa_cupy.dense_topk(*args)
+    seeds, opt = _explicit_seed_cases(case, cp.asnumpy(dense), ks, ke, N, K, rs)
+    seeds_dev = cp.asarray(seeds) if case in ("true_topk", "messy") else seeds  # numpy too
+    ids, st = dosa_cupy.dosa_topk(*args, seeds=seeds_dev, return_stats=True, **opt)
+    fused, fst = dosa_cupy.fused_topk(*args, seeds=seeds_dev, return_stats=True, **opt)
+    _, st0 = dosa_cupy.dosa_topk(*args, return_stats=True, **opt)
+    assert ids.dtype == cp.int64 and fused.dtype == cp.int64
+    assert cp.array_equal(ids, dense) and cp.array_equal(fused, dense)
+    lg = dosa_cupy.dense_logits(*args[:4], wl["ks"], wl["ke"])
+    full = ke - ks >= K
+    kth = cp.asnumpy(cp.take_along_axis(lg, cp.maximum(dense[:, K - 1 : K], 0), axis=1))[:, 0]
+    assert np.all(st.tau[full] <= kth[full]), "τ above the true K-th score"
+    assert np.array_equal(st.tau.view(np.uint32), fst.tau.view(np.uint32))
+    assert np.all(st.tau >= st0.tau)
+    assert np.all(st.survivors <= st0.survivors)  # U does not depend on τ
+    print(
+        f"\n[explicit] {case} H={H}: explicit/query={st.explicit_seeds.mean():.0f} "
+        f"survival {_survival(st0):.4f} -> {_survival(st):.4f} "
+        f"overflowed={int(st.overflowed.sum())}"
+    )
+    distinct = [
+        np.unique(r[(r >= a) & (r < b)]).size for r, a, b in zip(seeds, ks, ke, strict=True)
+    ]
+    assert np.all(st.explicit_seeds <= np.asarray(distinct))
+    if case == "true_topk":
+        assert np.array_equal(st.tau[full], kth[full])  # == : the score code folds −0 to +0
+        assert st.survivors.sum() < st0.survivors.sum()
+    if case == "only_explicit":
+        assert np.all(st.seeds == 0) and np.all(st.explicit_seeds > 0)
+    if case == "fewer_than_K":
+        assert np.all(np.isneginf(st.tau))
+    if case == "overflow":
+        assert st.overflowed.any()
+
+
+@gpu
+def test_explicit_seeds_bad_input_raises():
+    wl = make_gpu_workload("structured", 8, 1024, 32, seed=1)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"])
+    good = cp.zeros((8, 4), dtype=cp.int32)
+    bad = {
+        "rows": cp.zeros((7, 4), dtype=cp.int32),
+        "id>=N": good + 1024,
+        "id<-1": good - 2,
+        "float": good.astype(cp.float32),
+        "uint64 huge": cp.full((8, 4), 2**64 - 1, dtype=cp.uint64),
+    }
+    for f in (dosa_cupy.dosa_topk, dosa_cupy.fused_topk):
+        for name, s in bad.items():
+            with pytest.raises(ValueError, match="seeds"):
+                f(*args, seeds=s)
+                pytest.fail(f"{f.__name__}: no ValueError for seeds case {name!r}")
+        assert f(*args, seeds=good).dtype == cp.int64
+        assert cp.array_equal(f(*args, seeds=cp.zeros((8, 0), cp.int32)), f(*args))
+
+
+@gpu
 def test_mma_crafted_worst_case():
     """Crafted wide-dynamic-range dots (NUMERICS.md): a large product in some tensor-core
     steps (or a large accumulator) beside many tiny same-sign products.  The observed error
@@ -432,3 +555,111 @@ def test_bench_report_from_recorded_run(tmp_path):
     pytest.importorskip("matplotlib")
     files = plots(rows, tmp_path)
     assert files and all(f.stat().st_size > 0 for f in files)
+
+
+def test_check_seeds_cpu():
+    """Validation of ``seeds`` (numpy stands in for CuPy): ValueError naming ``seeds``."""
+    from dosa_cupy.pipeline import check_seeds
+
+    good = np.array([[0, -1, 99], [5, 5, -1]], dtype=np.int64)
+    out = check_seeds(good, 2, 100)
+    assert out.dtype == np.int32 and np.array_equal(out, good)
+    assert check_seeds(np.array([[0], [99]], np.uint8), 2, 100).dtype == np.int32
+    assert check_seeds(np.zeros((2, 0), np.int16), 2, 100).shape == (2, 0)
+    bad = [
+        np.zeros((3, 2), np.int32),  # rows != Qn
+        np.zeros(2, np.int32),  # not 2-D
+        good + 1,  # 100 >= N
+        good - 1,  # -2 < -1
+        good.astype(np.float32),
+        good >= 0,  # bool
+        np.full((2, 1), 2**64 - 1, np.uint64),  # would wrap to -1 as int64
+        np.full((2, 1), 2**32 + 3, np.int64),  # would wrap into range as int32
+    ]
+    for a in bad:
+        with pytest.raises(ValueError, match="seeds"):
+            check_seeds(a, 2, 100)
+    with pytest.raises(ValueError, match="seeds"):
+        check_seeds(np.zeros((2, 1), np.int32), 2, 0)
+
+
+def test_explicit_seed_table_cpu():
+    """The dedup/filter of explicit seeds (numpy stands in for CuPy) against a per-query
+    set computation: visible, not a sink / local-window / anchor-pool seed, distinct."""
+    from dosa_cupy.pipeline import explicit_seed_table
+
+    rs = np.random.default_rng(3)
+    Qn, N = 40, 700
+    ks = rs.integers(0, N, Qn)
+    ke = np.minimum(ks + rs.integers(0, 300, Qn), N)
+    ks[0], ke[0] = 0, N
+    ks[1], ke[1] = 10, 10  # empty range
+    pool = np.unique(rs.integers(0, N, 60))
+    poolmask = np.zeros((N + 31) // 32, np.uint32)
+    np.bitwise_or.at(poolmask, pool >> 5, (np.uint32(1) << (pool & 31)).astype(np.uint32))
+    for sinks, window in ((4, 16), (0, 0), (1000, 5), (3, 10**6)):
+        seeds = rs.integers(-1, N, (Qn, 90))
+        seeds[:, 10:20] = seeds[:, :10]  # repeats
+        seeds[:, 20:30] = (ke - 1)[:, None]  # local window / last visible key
+        seeds[:, 30:35] = ks[:, None]  # sinks / first visible key
+        seeds[:, 35:40] = pool[rs.integers(0, pool.size, (Qn, 5))]
+        tab = explicit_seed_table(seeds, ks.astype(np.int32), ke.astype(np.int32), sinks,
+                                  window, poolmask, np)  # fmt: skip
+        assert tab.dtype == np.int32 and tab.ndim == 2 and tab.shape[0] == Qn
+        widths = []
+        for t in range(Qn):
+            a, b = int(ks[t]), int(ke[t])
+            ns = min(sinks, b - a)
+            default = set(range(a, a + ns)) | set(range(max(a + ns, b - window), b))
+            default |= {int(i) for i in pool if a <= i < b}
+            want = sorted({int(i) for i in seeds[t] if a <= i < b} - default)
+            row = tab[t]
+            got = row[row >= 0]
+            assert got.tolist() == want
+            assert np.all(row[got.size :] == -1)
+            widths.append(len(want))
+        assert tab.shape[1] == max(widths)
+
+
+def test_public_ids_int64_cpu(monkeypatch):
+    """dense_topk's host code returns int64 ids (numpy stands in for CuPy; the logits
+    kernel and the selection kernel are emulated); the pipelines' empty early returns
+    (no kernel launch) are int64 too."""
+    import types
+
+    import dosa_cupy.dense as dense_mod
+    import dosa_cupy.pipeline as pipe_mod
+    import dosa_cupy.prepare as prep_mod
+    from dosa_ref.fp8 import e4m3_values as ev
+
+    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim.asnumpy = np.asarray
+    for mod in (dense_mod, pipe_mod, prep_mod):
+        monkeypatch.setattr(mod, "cupy_or_raise", lambda: shim)
+
+    def logits(q, w, kp, ksc, ks, ke):
+        s = np.einsum("th,thn->tn", w, np.maximum(np.einsum("thd,nd->thn", ev(q), ev(kp)), 0))
+        s = (s.astype(np.float32) * ksc).astype(np.float32)
+        cols = np.arange(kp.shape[0])[None, :]
+        return np.where((cols >= ks[:, None]) & (cols < ke[:, None]), s, -np.inf)
+
+    def select(lg, K, ks, ke):
+        out = np.full((lg.shape[0], K), -1, np.int32)
+        for t in range(lg.shape[0]):
+            a, b = int(ks[t]), int(ke[t])
+            top = (a + np.lexsort((np.arange(b - a), -lg[t, a:b].astype(np.float64))))[:K]
+            out[t, : top.size] = top
+        return out
+
+    monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
+    monkeypatch.setattr(dense_mod, "select_rows", select)
+    q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
+    ke = np.array([300, 100, 5, 0], np.int32)
+    ids = dense_mod.dense_topk(q, w, kp, ksc, 8, None, ke)
+    assert ids.dtype == np.int64 and ids.shape == (4, 8)
+    assert np.all(ids[2, 5:] == -1) and np.all(ids[3] == -1) and np.all(ids[2, :5] >= 0)
+    for f in (pipe_mod.dosa_topk, pipe_mod.fused_topk):
+        out = f(q[:0], w[:0], kp, ksc, 8)
+        assert out.dtype == np.int64 and out.shape == (0, 8)
+        out, _ = f(q, w, kp[:0], ksc[:0], 8, return_stats=True, seeds=np.full((4, 2), -1))
+        assert out.dtype == np.int64 and np.all(out == -1)

@@ -13,6 +13,7 @@ from dosa_ref.stages import (
     quantize_keys,
     refine,
     screen,
+    seed_ids,
     seed_score,
     select,
 )
@@ -40,3 +41,37 @@ def test_stages_compose_to_exact_topk():
         rec_ids, rec_s = refine(q[t], w[t], k, a + np.flatnonzero(alive), tau)
         np.testing.assert_array_equal(select(S, s_S, rec_ids, rec_s, K), ref[t])
     assert pruned > 0  # the stages must actually screen something out
+
+
+def test_explicit_seed_ids_only_raise_tau():
+    """Stage ``seed_ids`` (the GPU kernel of the same name): explicit seeds — here the true
+    Top-K plus repeats, default seeds, invisible ids and −1 pads — raise τ to exactly τ*
+    (the K-th score) and shrink the survivors, while only the default seeds are excluded
+    from screening: the stages still compose to the exact Top-K."""
+    wl = make_workload("calibrated", 3, 6000, seed=4)
+    K = 256
+    payload, scale = quantize_keys(wl.k)
+    rho = key_rho(payload)
+    k = dequantize(payload, scale)
+    q, w = wl.q.astype(np.float64), wl.w.astype(np.float64)
+    logits = dense_logits(q, w, payload, scale, wl.ks, wl.ke)
+    ref = topk_ids(logits, K)
+    for t in range(q.shape[0]):
+        a, b = int(wl.ks[t]), int(wl.ke[t])
+        S = local_seeds(a, b, 64, 4)
+        s_S, tau0 = seed_score(q[t], w[t], k, S, K)
+        extra = np.concatenate([ref[t], ref[t, :50], S[:10], [-1, -1, b, max(a - 1, -1)]])
+        X, s_X, tau = seed_ids(q[t], w[t], k, extra, a, b, S, s_S, K)
+        assert np.all(np.diff(X) > 0) and not np.isin(X, S).any()
+        assert np.all((X >= a) & (X < b))
+        assert tau == logits[t, ref[t, K - 1]] and tau >= tau0
+        plan = build_plan(q[t], w[t], activation_frequency(q[t], k[S]), 8)
+        fplan = build_fp8_plan(plan, q[t], w[t])
+        alive0 = screen(fplan, payload[a:b], scale[a:b], rho[a:b], tau0)
+        alive = screen(fplan, payload[a:b], scale[a:b], rho[a:b], tau)
+        alive0[S - a] = False
+        alive[S - a] = False  # explicit seeds are NOT excluded: they must survive to refine
+        assert alive[X[s_X >= tau] - a].all()
+        assert alive.sum() < alive0.sum()
+        rec_ids, rec_s = refine(q[t], w[t], k, a + np.flatnonzero(alive), tau)
+        np.testing.assert_array_equal(select(S, s_S, rec_ids, rec_s, K), ref[t])
