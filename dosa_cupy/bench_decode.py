@@ -12,7 +12,7 @@ step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter
     dosa bench --decode --filter x1048576            (shape = HxBxCTX)
 
 Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
-NOT YET RUN ON A GPU (dosa_cupy/NOTES.md, "Decode (not yet run on a GPU)").
+Measured on the H200: BENCHMARKS.md ("Decode", "Decode grid").
 """
 
 from __future__ import annotations

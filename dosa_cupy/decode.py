@@ -30,7 +30,7 @@ overflow extension) is written once for numpy and CuPy (``xp``); ``backend="nump
 the selector's step with float64 scores of the dequantized cache (``dosa_ref.scorer``) as
 a CPU emulation (tests/test_gpu_decode.py compares it with ``dosa_ref.decode``).
 
-NOT YET RUN ON A GPU (see dosa_cupy/NOTES.md, "Decode (not yet run on a GPU)").
+Verified on the H200 (GPU_TESTS.md, 2026-11-30 04:51: tests/test_gpu_decode.py, compute-sanitizer).
 """
 
 from __future__ import annotations
