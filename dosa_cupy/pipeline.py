@@ -43,6 +43,8 @@ OPTIONS = {
     "mma_bits": 17,
     "p_sample": 256,
     "seeds": None,
+    "cert_seeds": 0,
+    "cert_cap": 16384,
     "return_stats": False,
     "debug_bounds": False,
     "timing": False,
@@ -55,11 +57,13 @@ class DosaGpuStats:
 
     ``seeds``: default seed records (sinks, local window, anchor pool; excluded from
     screening); ``explicit_seeds``: explicit seeds scored beyond them (distinct, visible,
-    not default seeds) — they raise τ but are screened like any other key.
+    not default seeds) — they raise τ but are screened like any other key;
+    ``cert_seeds``: certificate-guided seeds scored after the screen (``cert_seeds`` > 0).
     """
 
     seeds: np.ndarray = None
     explicit_seeds: np.ndarray = None
+    cert_seeds: np.ndarray = None
     tau: np.ndarray = None
     screened: np.ndarray = None
     survivors: np.ndarray = None
@@ -79,17 +83,20 @@ def _opts(kw):
             raise ValueError(f"{k}: unknown option; expected one of {sorted(OPTIONS)}")
     o = dict(OPTIONS)
     o.update(kw)
-    for k in ("window", "sinks", "n_anchors", "p_sample"):
+    for k in ("window", "sinks", "n_anchors", "p_sample", "cert_seeds"):
         v = o[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"{k}: expected a nonnegative integer, got {v!r}")
-    for k in ("buffer",):
+    for k in ("buffer", "cert_cap"):
         v = o[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{k}: expected a positive integer, got {v!r}")
     rr = o["r"]
     if isinstance(rr, bool) or not isinstance(rr, (int, np.integer)) or not 1 <= rr <= 30:
         raise ValueError(f"r: expected an integer in [1, 30], got {rr!r}")
+    cs = o["cert_seeds"]
+    if cs > 4096:
+        raise ValueError(f"cert_seeds: expected an integer in [0, 4096], got {cs!r}")
     mb = o["mma_bits"]
     if isinstance(mb, bool) or not isinstance(mb, (int, np.integer)) or not 8 <= mb <= 24:
         raise ValueError(f"mma_bits: expected an integer in [8, 24], got {mb!r}")
@@ -125,7 +132,10 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         ks, ke: int32 [Qn] visible ranges [ks, ke) (default: every key).
     Options: window, sinks, n_anchors (seeds, METHOD.md §2); seeds (explicit seed ids, any
         integer dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's
-        visible range are ignored, repeats count once; they only raise τ); r (retained
+        visible range are ignored, repeats count once; they only raise τ); cert_seeds
+        (0 = off; m ≤ 4096: after screening, score the m survivors of largest U, raise τ
+        and drop survivors with U below it — METHOD.md §2's certificate-guided seeds;
+        NOT YET RUN ON A GPU) with cert_cap (recorded survivors per query); r (retained
         heads, ≤ 30); buffer (compact records per query before an exact extension);
         mma_bits (accumulator bits of the MMA error model, plan.py); return_stats, timing,
         debug_bounds.
@@ -167,7 +177,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     Uout = cp.full((Qn, N), np.nan) if o["debug_bounds"] else None
     T = tile()
     grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
-    kernel(f"screen_mt{mts}", T * ROWB + T * 8)(
+    cert = _CertBuffers(Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
+    kernel(f"screen{'_cert' if cert else ''}_mt{mts}", T * ROWB + T * 8)(
         grid,
         (256,),
         (
@@ -175,10 +186,15 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
             tau, kp, ksc, rho, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
             np.int32(Qn), np.int64(N), np.int32(QG), surv,
             Uout if Uout is not None else np.uint64(0),
-        ),
+        ) + (cert.args() if cert else ()),
         shared_mem=T * ROWB + T * 8,
     )  # fmt: skip
     tm.mark("screen")
+    if cert:
+        # Certificate-guided seeds (METHOD.md §2): raise τ, drop survivors with U < τ.
+        tau = _certificate_seeds(cert, q, w, kp, ksc, K, ks, ke, o, poolmask, seed_rec,
+                                 seed_cnt, tau, surv, st)  # fmt: skip
+        tm.mark("cert")
 
     # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3).
     cap = int(o["buffer"])
@@ -283,24 +299,101 @@ def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
     # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
     xcnt = cp.zeros(Qn, dtype=cp.uint32)
     xrec = None
+    o["_xtable"] = None
     if o["seeds"] is not None:
         table = explicit_seed_table(o["seeds"], ks, ke, o["sinks"], o["window"], poolmask, cp)
-        S = int(table.shape[1])
-        if S:
-            table = cp.ascontiguousarray(table)
-            xrec = cp.empty((Qn, S), dtype=cp.uint64)
-            gx = (S + warps * 256 - 1) // (warps * 256)
-            kernel(f"seed_ids_mt{mth}")(
-                (gx, Qn),
-                (32 * warps,),
-                (q, w, kp, ksc, ks, ke, table, np.int64(S), xcnt, xrec),
-            )
-    # τ = K-th record of default ∪ explicit seed records (Prop. 4).
+        xrec, xcnt = _score_seed_ids(mth, q, w, kp, ksc, ks, ke, table)
+        if xrec is not None:
+            o["_xtable"] = table  # the certificate seeds are deduplicated against these
+    tau = _tau_of_seeds(K, seed_rec, seed_cnt, xrec, xcnt)
+    return pool, poolmask, seed_rec, seed_cnt, xcnt, tau
+
+
+def _score_seed_ids(mth, q, w, kp, ksc, ks, ke, table):
+    """Records of explicit / certificate seeds ``table`` int32 [Qn, S] (distinct, not default
+    seeds, −1 padding) by the canonical scorer (``seed_ids`` kernel): (rec uint64 [Qn, S] or
+    None when S = 0, count uint32 [Qn])."""
+    cp = cupy_or_raise()
+    Qn = q.shape[0]
+    cnt = cp.zeros(Qn, dtype=cp.uint32)
+    S = int(table.shape[1])
+    if S == 0:
+        return None, cnt
+    table = cp.ascontiguousarray(table)
+    rec = cp.empty((Qn, S), dtype=cp.uint64)
+    warps = 8
+    gx = (S + warps * 256 - 1) // (warps * 256)
+    kernel(f"seed_ids_mt{mth}")(
+        (gx, Qn), (32 * warps,), (q, w, kp, ksc, ks, ke, table, np.int64(S), cnt, rec)
+    )
+    return rec, cnt
+
+
+def _tau_of_seeds(K, seed_rec, seed_cnt, xrec, xcnt):
+    """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
+    fewer than K.  The two lists must not share a key (METHOD.md §2)."""
+    cp = cupy_or_raise()
+    Qn = seed_rec.shape[0]
     xc = xcnt if xrec is not None else None
     _, kth = select_records(K, seed_rec, seed_cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = cp.empty(Qn, dtype=cp.float32)
     kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
-    return pool, poolmask, seed_rec, seed_cnt, xcnt, tau
+    return tau
+
+
+class _CertBuffers:
+    """(U, id) records of the survivors written by ``screen_cert_mt*`` (METHOD.md §2)."""
+
+    def __init__(self, Qn: int, cap: int):
+        cp = cupy_or_raise()
+        self.cap = cap
+        self.cnt = cp.zeros(Qn, dtype=cp.uint32)
+        self.rec = cp.empty((Qn, cap), dtype=cp.uint64)
+
+    def args(self):
+        return (self.cnt, self.rec, np.int64(self.cap))
+
+
+def _cert_clear(cert, tau, surv):
+    """Clear the bitmask bit of every recorded survivor with U < τ (kernel
+    ``cert_clear_below_tau``; reference ``dosa_ref.stages.cert_clear_below_tau``)."""
+    Qn, NW = surv.shape
+    gx = max(1, min(64, (cert.cap + 255) // 256))
+    kernel("cert_clear_below_tau")(
+        (gx, Qn), (256,), (cert.rec, cert.cnt, np.int64(cert.cap), tau, np.int64(NW), surv)
+    )
+
+
+def _certificate_seeds(cert, q, w, kp, ksc, K, ks, ke, o, poolmask, seed_rec, seed_cnt, tau,
+                       surv, st):  # fmt: skip
+    """Certificate-guided seeds on the GPU (METHOD.md §2; dosa_ref.select's "certificate"
+    strategy): score the ``cert_seeds`` survivors of largest U exactly, τ' = K-th record of
+    default ∪ explicit ∪ these seeds (≥ τ: a superset), then clear the survivor bit of every
+    recorded key with U < τ' (``cert_clear_below_tau``).  Returns τ' fp32 [Qn].
+
+    Exactness: the certificate seeds are survivors, hence visible, not default seeds, and
+    distinct (one bitmask bit each); together with explicit seeds they are deduplicated by
+    ``explicit_seed_table``, so no key is counted twice in τ'.  A cleared key has
+    s ≤ U < τ' ≤ τ_K(Ω).  The seeds are not added to the final candidate set: like explicit
+    seeds they only raise τ; a seed with s ≥ τ' has U ≥ τ', keeps its bit, and refinement
+    re-scores it into the compact records.  Survivors whose record did not fit
+    (count > cert_cap) keep their bit.
+    """
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    mth = Hp // 16
+    m = int(o["cert_seeds"])
+    cid, _ = select_records(m, cert.rec, cert.cnt)  # largest (U, id) first, −1 padding
+    table = cid
+    if o.get("_xtable") is not None:
+        both = cp.concatenate([o["_xtable"], cid], axis=1)
+        table = explicit_seed_table(both, ks, ke, o["sinks"], o["window"], poolmask, cp)
+    xrec, xcnt = _score_seed_ids(mth, q, w, kp, ksc, ks, ke, table)
+    tau1 = _tau_of_seeds(K, seed_rec, seed_cnt, xrec, xcnt)
+    _cert_clear(cert, tau1, surv)
+    if o["return_stats"] or o["debug_bounds"]:
+        st.cert_seeds = cp.asnumpy((cid >= 0).sum(axis=1)).astype(np.int64)
+    return tau1
 
 
 def check_seeds(seeds, Qn: int, N: int, xp=np):
@@ -422,7 +515,8 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     scored with all heads by the canonical scorer and filtered online against τ (compact
     records, no dense logits), exact selection.  Same contract as ``dosa_topk`` (int64
     [Qn, K] ids); ids equal ``dense_topk``.  Options: window, sinks, n_anchors, seeds
-    (explicit seed ids, as in ``dosa_topk``), buffer, return_stats, timing."""
+    (explicit seed ids, as in ``dosa_topk``), buffer, return_stats, timing (cert_seeds and
+    the plan options are accepted and ignored: the fused route has no screen)."""
     cp = cupy_or_raise()
     o = _opts(options)
     tm = _Timer(o["timing"])

@@ -10,6 +10,9 @@ stage of METHOD.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be checked 
                              distinct and not default seeds; τ_K of the union (they only
                              raise τ: screened and refined like any other key)
   screen                   → survivor mask U^num ≥ τ (strict rejection U^num < τ)
+  cert_clear_below_tau     → certificate-guided seeds (screen_cert_mt*): survivors that
+                             remain once the m survivors of largest U^num, scored exactly,
+                             raised τ (their bound below the new τ: dropped)
   refine                   → compact records (id, s) of survivors with s ≥ τ
   select                   → exact Top-K of seed records ∪ compact records (Theorem 1)
 
@@ -33,6 +36,7 @@ __all__ = [
     "quantize_keys",
     "refine",
     "screen",
+    "cert_clear_below_tau",
     "seed_ids",
     "seed_score",
     "select",
@@ -74,6 +78,15 @@ def seed_ids(
 def screen(fplan: FP8ScreenPlan, payload, scale, rho, tau: float) -> np.ndarray:
     """bool [n]: key survives screening (U^num ≥ τ; equality survives)."""
     return screen_bound(fplan, e4m3_values(payload), scale, rho) >= tau
+
+
+def cert_clear_below_tau(survivor_ids, bounds, tau: float) -> np.ndarray:
+    """Survivors kept after certificate-guided seeds raised τ (kernel
+    ``cert_clear_below_tau``; METHOD.md §2): ids int64 of ``survivor_ids`` whose bound
+    ``bounds`` (U^num, rounded up) is not below τ.  A dropped key has s ≤ U^num < τ ≤ τ_K(Ω)
+    (strict rejection, as in ``screen``); NaN bounds are kept."""
+    ids = np.asarray(survivor_ids, dtype=np.int64)
+    return ids[~(np.asarray(bounds, np.float64) < tau)]
 
 
 def refine(q_t, w_t, k, survivor_ids, tau: float) -> tuple[np.ndarray, np.ndarray]:

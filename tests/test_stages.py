@@ -3,11 +3,12 @@
 import numpy as np
 
 from dosa_ref import topk_ids
-from dosa_ref.fp8 import dequantize
-from dosa_ref.numeric import build_fp8_plan
+from dosa_ref.fp8 import dequantize, e4m3_values
+from dosa_ref.numeric import build_fp8_plan, screen_bound
 from dosa_ref.plan import activation_frequency, build_plan
 from dosa_ref.seeds import local_seeds
 from dosa_ref.stages import (
+    cert_clear_below_tau,
     dense_logits,
     key_rho,
     quantize_keys,
@@ -74,4 +75,38 @@ def test_explicit_seed_ids_only_raise_tau():
         assert alive[X[s_X >= tau] - a].all()
         assert alive.sum() < alive0.sum()
         rec_ids, rec_s = refine(q[t], w[t], k, a + np.flatnonzero(alive), tau)
+        np.testing.assert_array_equal(select(S, s_S, rec_ids, rec_s, K), ref[t])
+
+
+def test_certificate_seeds_clear_survivors():
+    """Stages ``screen_cert`` + ``seed_ids`` + ``cert_clear_below_tau`` (the GPU's
+    certificate-guided seeds, METHOD.md §2): the m survivors of largest U, scored exactly,
+    raise τ (a superset of the seeds); survivors whose bound is below the new τ are dropped
+    — never a key of the Top-K — and the stages still compose to the exact Top-K."""
+    wl = make_workload("calibrated", 3, 6000, seed=6)
+    K, m = 256, 256
+    payload, scale = quantize_keys(wl.k)
+    rho = key_rho(payload)
+    k = dequantize(payload, scale)
+    q, w = wl.q.astype(np.float64), wl.w.astype(np.float64)
+    logits = dense_logits(q, w, payload, scale, wl.ks, wl.ke)
+    ref = topk_ids(logits, K)
+    for t in range(q.shape[0]):
+        a, b = int(wl.ks[t]), int(wl.ke[t])
+        S = local_seeds(a, b, 64, 4)
+        s_S, tau0 = seed_score(q[t], w[t], k, S, K)
+        plan = build_plan(q[t], w[t], activation_frequency(q[t], k[S]), 8)
+        fplan = build_fp8_plan(plan, q[t], w[t])
+        U = screen_bound(fplan, e4m3_values(payload[a:b]), scale[a:b], rho[a:b])
+        alive = U >= tau0
+        alive[S - a] = False
+        surv = a + np.flatnonzero(alive)
+        # the m survivors of largest U (U desc, id asc, as the record order on the GPU)
+        order = np.lexsort((surv, -U[surv - a]))[:m]
+        X, s_X, tau = seed_ids(q[t], w[t], k, surv[order], a, b, S, s_S, K)
+        assert X.size == min(m, surv.size) and tau >= tau0
+        kept = cert_clear_below_tau(surv, U[surv - a], tau)
+        assert np.isin(np.intersect1d(ref[t], surv), kept).all()  # no Top-K key dropped
+        assert kept.size < surv.size / 4  # here τ0 = −inf (68 seeds < K): all from U
+        rec_ids, rec_s = refine(q[t], w[t], k, kept, tau)
         np.testing.assert_array_equal(select(S, s_S, rec_ids, rec_s, K), ref[t])

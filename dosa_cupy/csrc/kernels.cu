@@ -357,7 +357,11 @@ SEED_INST(4)
 #define DOSA_SCREEN_UNROLL 2  // batches per loop trip (v8: 2 beat 1 by 8%, NOTES.md)
 #endif
 constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
-template <int MTS>
+// CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
+// fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
+// capacity are dropped — they only feed the choice of certificate seeds, METHOD.md §2,
+// for which any subset of the visible keys is valid).  CERT = false is the plain screen.
+template <int MTS, bool CERT>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
                             const double* __restrict__ eps_raw, double eps_out,
@@ -365,7 +369,9 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
-                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout) {
+                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout,
+                            unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
+                            long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
   float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
@@ -448,6 +454,17 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         const bool p = vis && !seed && !(U < (double)tq);
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
+        if constexpr (CERT) {
+          if (word) {  // warp-aggregated append of the survivors' (U, id) records
+            const uint32_t m = __ballot_sync(0xffffffffu, p);
+            unsigned base = 0;
+            if (lane == 0) base = atomicAdd(ucnt + t, (unsigned)__popc(m));
+            base = __shfl_sync(0xffffffffu, base, 0);
+            const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+            if (p && (long long)at < ucap)
+              urec[(long long)t * ucap + at] = make_record(__double2float_ru(U), (int)(n0 + i));
+          }
+        }
       }
     }
     if (lane < nb) srow[lane] = myword;
@@ -460,11 +477,43 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
       const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
       const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {    \
-    screen_impl<MTS>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,    \
-                     window, poolmask, Qn, N, QG, surv, Uout);                                   \
+    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,    \
+                            sinks, window, poolmask, Qn, N, QG, surv, Uout, nullptr, nullptr, 0); \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
+      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
+      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout,       \
+      unsigned int* ucnt, unsigned long long* urec, long long ucap) {                            \
+    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,     \
+                           sinks, window, poolmask, Qn, N, QG, surv, Uout, ucnt, urec, ucap);    \
   }
 SCREEN_INST(1)
 SCREEN_INST(2)
+
+// Certificate-guided seeds, second half (METHOD.md §2, §7): after the certificate seeds
+// raised τ to tau[t], clear the survivor bit of every recorded key whose bound is below it.
+// u = fp32(U^num) rounded up ≥ U^num ≥ s (the guard), so u < τ proves s < τ: the key can be
+// in no Top-K (strict, as in the screen) and refinement need not score it.  Keys whose
+// record was dropped (count > ucap) keep their bit.  grid (x, Qn).
+extern "C" __global__ void cert_clear_below_tau(const unsigned long long* __restrict__ urec,
+                                                const unsigned int* __restrict__ ucnt,
+                                                long long ucap, const float* __restrict__ tau,
+                                                long long NW, uint32_t* __restrict__ surv) {
+  const int t = blockIdx.y;
+  const long long n = min((long long)ucnt[t], ucap);
+  const float tq = tau[t];
+  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+       j += (long long)gridDim.x * blockDim.x) {
+    const unsigned long long r = urec[(long long)t * ucap + j];
+    const float u = code_score((uint32_t)(r >> 32));  // NaN (code 0) never clears
+    if (u < tq) {
+      const uint32_t id = ~(uint32_t)(r & 0xffffffffull);
+      atomicAnd(surv + (long long)t * NW + (id >> 5), ~(1u << (id & 31u)));
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Refinement (METHOD.md §9): score every surviving key of the bitmask with all H heads
