@@ -42,6 +42,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -354,11 +355,36 @@ def _sort_key(r):
     return (str(r.get("regime", "")), int(r.get("tile", 0)), r["H"], r["Qn"], r["N"])
 
 
+def parse_variants(specs) -> dict[str, dict]:
+    """``--variant NAME:key=value[,key=value]`` (repeatable) → {NAME: DoSA options}.
+
+    Each variant is one more DoSA route timed in the same run on the same inputs (e.g.
+    ``cert:cert_seeds=2048``); values are ints where they parse as ints, else strings.
+    ValueError naming ``--variant`` for a malformed spec or a repeated name.
+    """
+    out: dict[str, dict] = {}
+    for spec in specs or ():
+        name, sep, body = spec.partition(":")
+        if not sep or not name or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"--variant: expected NAME:key=value[,key=value], got {spec!r}")
+        if name in out:
+            raise ValueError(f"--variant: the name {name!r} is given twice")
+        opts = {}
+        for kv in filter(None, body.split(",")):
+            k, eq, v = kv.partition("=")
+            if not eq or not k:
+                raise ValueError(f"--variant: expected key=value in {spec!r}, got {kv!r}")
+            opts[k] = int(v) if re.fullmatch(r"-?\d+", v) else v
+        out[name] = opts
+    return out
+
+
 def ids_equal(r) -> bool | None:
     """All routes returned identical ids (torch.topk: same values) for this row."""
     if "skipped" in r:
         return None
     checks = [r.get("dosa_ids_equal_dense"), r.get("fused_ids_equal_dense")]
+    checks += [v.get("ids_equal_dense") for v in (r.get("variants") or {}).values()]
     if r.get("torch_topk_ms") is not None:
         checks.append(r.get("torch_values_equal", r.get("torch_kth_match")))
     return all(bool(c) for c in checks if c is not None)
@@ -413,6 +439,23 @@ def markdown(rows, meta=None) -> str:
             f"{_f(r.get('survival_pooled', r.get('survival_mean')), '{:.4f}')} | "
             f"{'-' if sub is None or sub >= r['Qn'] else sub} | {ids_equal(r)} |\n"
         )
+    if any(r.get("variants") for r in done):
+        out.append(
+            "\nDoSA variants (same run, same inputs; `--variant`):\n\n| regime | H | Qn | N "
+            "| variant | options | DoSA ms | vs base DoSA | vs dense | vs fused | survival "
+            "| ids equal |\n|" + "---|" * 12 + "\n"
+        )
+        for r in done:
+            for name, v in (r.get("variants") or {}).items():
+                opts = ",".join(f"{k}={val}" for k, val in v.get("options", {}).items())
+                rel = r["dosa_ms"] / v["ms"] if r.get("dosa_ms") and v.get("ms") else None
+                out.append(
+                    f"| {r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']} | {name} | "
+                    f"{opts} | {_f(v.get('ms'))} | {_f(rel, '{:.2f}×')} | "
+                    f"{_f(v.get('speedup_vs_dense'), '{:.2f}×')} | "
+                    f"{_f(v.get('speedup_vs_fused'), '{:.2f}×')} | "
+                    f"{_f(v.get('survival_pooled'), '{:.4f}')} | {v.get('ids_equal_dense')} |\n"
+                )
     if done:
         out.append(
             "\nFloors (ms):\n\n| regime | H | Qn | N | logits | select (one read) | "
@@ -831,7 +874,8 @@ def _stats_run(fn, s, sub, K, opts):
     return cp.concatenate(ids), cat, stage
 
 
-def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True):
+def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True,
+                variants=None):  # fmt: skip
     """One shape: every route timed on the same rotated inputs, ids cross-checked, floors,
     survival and stage split.  ``mem``: ``memory_plan`` of the shape (sub-chunk sizes);
     ``parallel_setup``: generate the rotated input sets in threads."""
@@ -957,6 +1001,21 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     res["fused_stage_ms"] = fstage
     del fids
     _free(cp)
+    # Variants: more DoSA routes (other options) on the same inputs, same run.
+    for name, vopts in (variants or {}).items():
+        vo = dict(opts, **vopts)
+        v = {"options": vopts}
+        v["ms"], _ = _median_ms(cp, route(dosa_cupy.dosa_topk, vo), reps, rotate=dosa_cs)
+        _free(cp)
+        vids, vst, vstage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo)
+        v["ids_equal_dense"] = bool(cp.array_equal(vids, dense_ids))
+        v["stage_ms"] = vstage
+        v["survival_pooled"] = _survival(vst["survivors"], vst["screened"])["survival_pooled"]
+        v["speedup_vs_dense"] = res["dense_route_ms"] / v["ms"]
+        v["speedup_vs_fused"] = res["fused_ms"] / v["ms"]
+        res.setdefault("variants", {})[name] = v
+        del vids
+        _free(cp)
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)
     res["dosa_ids_equal_dense"] = bool(cp.array_equal(ids, dense_ids))
     res["dosa_stage_ms"] = stage
@@ -1119,6 +1178,14 @@ def main(argv=None) -> int:
         help="print the jobs, sub-chunks, floors and estimated times; no GPU",
     )
     ap.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="NAME:k=v,...",
+        help="another DoSA route with these options, timed in the same run "
+        "(e.g. cert:cert_seeds=2048); repeatable",
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         default=None,
@@ -1128,6 +1195,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.merge:
         return _merge(a)
+    variants = parse_variants(a.variant)
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")
     if a.rotate < 1:
@@ -1179,7 +1247,7 @@ def main(argv=None) -> int:
             try:
                 row = bench_shape(
                     H, Qn, N, a.K, regime, a.reps, a.rotate, {"r": a.r}, print, mem=mem,
-                    parallel_setup=not a.serial_setup,
+                    parallel_setup=not a.serial_setup, variants=variants,
                 )  # fmt: skip
                 row["tile"] = tile
             except Exception as e:

@@ -523,3 +523,31 @@ def test_main_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert B.main(argv[:-4] + ["--out", str(out2), "--max-seconds", "0"]) == 0
     assert json.loads((out2 / "bench.json").read_text()) == []
     assert "not run (3): 16x64x2048,16x64x4096,16x32x2048" in capsys.readouterr().out
+
+
+def test_parse_variants():
+    v = B.parse_variants(["cert:cert_seeds=2048", "fp:planner=fused,r=14,window=-1"])
+    assert v == {"cert": {"cert_seeds": 2048}, "fp": {"planner": "fused", "r": 14, "window": -1}}
+    assert B.parse_variants(None) == {} and B.parse_variants([]) == {}
+    for bad in (["nocolon"], [":a=1"], ["x:a"], ["x:=1"], ["a b:c=1"], ["x:a=1", "x:b=2"]):
+        with pytest.raises(ValueError, match="--variant"):
+            B.parse_variants(bad)
+
+
+def test_variants_with_a_fake_gpu(monkeypatch):
+    """Each variant is one more DoSA route of the same run: timed, ids checked against the
+    dense route, stages and survival recorded; a variant whose ids differ fails ids_equal;
+    bench.md gets a variants table."""
+    _fake_gpu(monkeypatch)
+    H, Qn, N, K = 16, 64, 2048, 8
+    variants = {"cert": {"cert_seeds": 8}}
+    r = B.bench_shape(H, Qn, N, K, "structured", 10, 2, {"r": 14}, lambda s: None,
+                      variants=variants)  # fmt: skip
+    v = r["variants"]["cert"]
+    assert v["options"] == {"cert_seeds": 8} and v["ids_equal_dense"] and r["ids_equal"]
+    assert v["ms"] > 0 and v["speedup_vs_dense"] == r["dense_route_ms"] / v["ms"]
+    assert v["stage_ms"]["screen"] > 0 and 0 <= v["survival_pooled"] <= 1
+    md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
+    assert "DoSA variants" in md and "| cert | cert_seeds=8 |" in md
+    r["variants"]["cert"]["ids_equal_dense"] = False
+    assert B.ids_equal(r) is False
