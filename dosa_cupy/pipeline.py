@@ -13,11 +13,11 @@ raise τ: they are scored by the canonical scorer (``seed_ids`` kernel) and τ i
 record of default ∪ explicit seeds (distinct keys only, METHOD.md §2); they are screened
 and refined like any other key, so the final candidate set is unchanged.
 
-The plan runs on the GPU (batched CuPy array operations, ``plan.py``).  Not implemented:
-the shared refinement stream for groups of 4 queries (METHOD.md §9; refinement is
-per query, with the query index fastest in the grid so gathered keys are shared in L2),
-grouping queries by retained-head budget (one r per call), the "certificate" seed
-strategy of dosa_ref.
+The plan runs on the GPU (batched CuPy array operations, ``plan.py``).  Refinement
+(``refine_stream.py``) is per query by default (the query index fastest in the grid so
+gathered keys are shared in L2); ``stream="shared"`` adds the shared stream for groups of
+4 queries (METHOD.md §9; not yet run on a GPU).  Not implemented: grouping queries by
+retained-head budget (one r per call), the "certificate" seed strategy of dosa_ref.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import numpy as np
 from ._build import cupy_or_raise, kernel, tile
 from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
 from .plan import build_plans
+from .plan_fused import build_plans_fused
 from .prepare import as_device, check_inputs, key_rho, pad_heads
+from .refine_stream import GROUP, STREAMS, popcount_rows, refine_per_query, refine_stage
 
 __all__ = ["DosaGpuStats", "check_seeds", "dosa_topk", "explicit_seed_table", "fused_topk"]
 
@@ -48,7 +50,10 @@ OPTIONS = {
     "return_stats": False,
     "debug_bounds": False,
     "timing": False,
+    "stream": "per_query",
+    "planner": "cupy",
 }
+PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 
 
 @dataclass
@@ -75,6 +80,11 @@ class DosaGpuStats:
     aggregated: np.ndarray = None
     stage_ms: dict = field(default_factory=dict)
     bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
+    # stream="shared" (METHOD.md §9): keys of the query's group shared set (the shared
+    # stream scores each for every query of the group whose bit is set) and the query's
+    # survivors refined there (the rest, survivors − shared_survivors, per query).
+    shared_keys: np.ndarray = None
+    shared_survivors: np.ndarray = None
 
 
 def _opts(kw):
@@ -100,6 +110,10 @@ def _opts(kw):
     mb = o["mma_bits"]
     if isinstance(mb, bool) or not isinstance(mb, (int, np.integer)) or not 8 <= mb <= 24:
         raise ValueError(f"mma_bits: expected an integer in [8, 24], got {mb!r}")
+    if o["stream"] not in STREAMS:
+        raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
+    if o["planner"] not in PLANNERS:
+        raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     return o
 
 
@@ -137,8 +151,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         and drop survivors with U below it — METHOD.md §2's certificate-guided seeds;
         NOT YET RUN ON A GPU) with cert_cap (recorded survivors per query); r (retained
         heads, ≤ 30); buffer (compact records per query before an exact extension);
-        mma_bits (accumulator bits of the MMA error model, plan.py); return_stats, timing,
-        debug_bounds.
+        mma_bits (accumulator bits of the MMA error model, plan.py); stream ("per_query",
+        default, or "shared": the shared refinement stream of query groups, METHOD.md §9,
+        refine_stream.py; NOT YET RUN ON A GPU); planner ("cupy", default: plan.py, or
+        "fused": one kernel per chunk, plan_fused.py; NOT YET RUN ON A GPU); return_stats,
+        timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
@@ -169,7 +186,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     mts = 1 if r <= 14 else 2
     ns = min(o["p_sample"], int(pool.size))
     sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
-    plan = build_plans(q, w, kp, sample, r, mts, o["mma_bits"])
+    planner = build_plans_fused if o["planner"] == "fused" else build_plans
+    plan = planner(q, w, kp, sample, r, mts, o["mma_bits"])
     tm.mark("plan")
 
     # Screen (METHOD.md §8–§9).
@@ -196,26 +214,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
                                  seed_cnt, tau, surv, st)  # fmt: skip
         tm.mark("cert")
 
-    # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3).
+    # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3):
+    # per-query stream, or shared stream of query groups + per-query residuals (stream=).
     cap = int(o["buffer"])
-    rec = cp.empty((Qn, cap), dtype=cp.uint64)
-    cnt = cp.zeros(Qn, dtype=cp.uint32)
-    allq = cp.arange(Qn, dtype=cp.int32)
-    _refine(mth, q, w, kp, ksc, tau, ks, ke, allq, N, surv, cnt, rec, cap)
-    over = cnt > cap
-    n_over = int(over.sum())
-    if n_over:
-        oq = cp.flatnonzero(over).astype(cp.int32)
-        cap2 = int(cnt[oq].max())
-        rec2 = cp.empty((Qn, cap2), dtype=cp.uint64)
-        cnt2 = cp.zeros(Qn, dtype=cp.uint32)
-        _refine(mth, q, w, kp, ksc, tau, ks, ke, oq, N, surv, cnt2, rec2, cap2)
-        # rows that overflowed take the extended list; the others keep theirs
-        rec_all = cp.zeros((Qn, max(cap, cap2)), dtype=cp.uint64)
-        rec_all[:, :cap] = rec
-        rec_all[oq, :cap2] = rec2[oq]
-        cnt = cp.where(over, cnt2, cnt)
-        rec = rec_all
+    rec, cnt, over, shared = refine_stage(
+        mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, o["stream"]
+    )  # fmt: skip
     tm.mark("refine")
 
     # Exact selection from seed records ∪ compact records (METHOD.md §7, §9).
@@ -242,6 +246,10 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.survivors = cp.asnumpy(sv)
         st.kept = cp.asnumpy(cnt).astype(np.int64)
         st.overflowed = cp.asnumpy(over)
+        if shared is not None:
+            g = cp.arange(Qn) // GROUP
+            st.shared_keys = cp.asnumpy(popcount_rows(shared, cp)[g])
+            st.shared_survivors = cp.asnumpy(popcount_rows(shared[g] & surv, cp))
         st.recovered = cp.asnumpy(bad)
         st.r = cp.asnumpy(plan.r)
         st.omitted_positive = cp.asnumpy(plan.omitted_positive)
@@ -461,15 +469,7 @@ def _device_seeds(seeds, Qn: int, N: int):
     return check_seeds(as_device(seeds, "seeds"), Qn, N, cp)
 
 
-def _refine(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
-    NW = (N + 31) // 32
-    warps = 8
-    gx = (NW + warps * 256 - 1) // (warps * 256)
-    kernel(f"refine_mt{mth}")(
-        (int(qlist.size), gx),
-        (32 * warps,),
-        (q, w, kp, ksc, tau, ks, ke, qlist, np.int64(N), surv, cnt, rec, np.int64(cap)),
-    )
+_refine = refine_per_query  # kernels.cu refine_mt* launcher (refine_stream.py)
 
 
 def dense_scores_for_test(q, w, k_payload, k_scale, ks=None, ke=None):  # pragma: no cover

@@ -124,11 +124,30 @@ struct KeysReg {
   }
 };
 
+// Key fragments of 32 arbitrary keys: lane g loads key my[u] (= ids[8u + g]) of group u.
+// (Used by kernels.cu and refine_shared.cu.)
+__device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, const int (&my)[4], int lane,
+                                            KeysReg& K) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    K.v[u][0] = make_uint4(0u, 0u, 0u, 0u);
+    K.v[u][1] = K.v[u][0];
+    if (my[u] >= 0) {
+      const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my[u] * DOSA_D + 32 * (lane & 3));
+      K.v[u][0] = __ldg(p);
+      K.v[u][1] = __ldg(p + 1);
+    }
+  }
+}
+
 // A batch = 4 key groups = 32 keys.  For every (row tile mt, group u) the accumulator
 // chain runs over s' = 0..7 in order from +0 (the canonical MMA sequence); chains are
 // interleaved for instruction-level parallelism, which does not change their values.
-template <int MT, class KS>
-__device__ __forceinline__ void mma_batch(const QRows<MT>& A, const KS& keys, int lane,
+// AR: where the A fragments come from — QRows<MT> (registers; every route but one) or any
+// type with the same frag(mt, s', a0..a3) interface returning the same f16 words (the
+// shared refinement stream's QFragSmem, refine_shared.cu); the MMA sequence is the same.
+template <int MT, class KS, class AR = QRows<MT>>
+__device__ __forceinline__ void mma_batch(const AR& A, const KS& keys, int lane,
                                           float (&C)[4][MT][4]) {
 #pragma unroll
   for (int u = 0; u < 4; ++u)
@@ -189,11 +208,11 @@ __device__ __forceinline__ int batch_pos(int lane) {
 // x[2u+v] = fmaf chain over tiles mt of w'[16mt+g]·[C_row g]_+ then w'[16mt+g+8]·[C_row g+8]_+
 // for key 2c+v of group u; then reduce8.  Returns the payload-unit sum Σ_h w'_h[x_h]_+
 // of the key at batch_pos(lane); the caller multiplies by α (one fp32 multiply).
-template <int MT, class KS>
-__device__ __forceinline__ float score_batch(const QRows<MT>& A, const KS& keys, const float (&wlo)[MT],
+template <int MT, class KS, class AR = QRows<MT>>
+__device__ __forceinline__ float score_batch(const AR& A, const KS& keys, const float (&wlo)[MT],
                                              const float (&whi)[MT], int lane) {
   float C[4][MT][4];
-  mma_batch<MT, KS>(A, keys, lane, C);
+  mma_batch<MT, KS, AR>(A, keys, lane, C);
   float x[8];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {

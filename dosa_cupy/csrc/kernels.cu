@@ -106,20 +106,7 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
 }
 
-// Key fragments of 32 arbitrary keys: lane g loads key my[u] (= ids[8u + g]) of group u.
-__device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, const int (&my)[4], int lane,
-                                            KeysReg& K) {
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    K.v[u][0] = make_uint4(0u, 0u, 0u, 0u);
-    K.v[u][1] = K.v[u][0];
-    if (my[u] >= 0) {
-      const uint4* p = reinterpret_cast<const uint4*>(kp + (long long)my[u] * DOSA_D + 32 * (lane & 3));
-      K.v[u][0] = __ldg(p);
-      K.v[u][1] = __ldg(p + 1);
-    }
-  }
-}
+// gather_keys (key fragments of 32 arbitrary keys): common.cuh.
 
 // ---------------------------------------------------------------------------------------
 // Dense logits (the canonical original scorer over every visible key; METHOD.md §1).

@@ -1,0 +1,507 @@
+// Fused planner (METHOD.md §3–§6, §8): one CUDA block per query builds the whole screening
+// plan of `plan.build_plans` — retained heads R, anchor projection and folded weights,
+// positive allowance E, negative aggregate a_A with its two e4m3 aux rows, coordinate
+// envelope J and the RMS coefficient C — in shared memory and registers.  Host code and
+// the CPU emulation: dosa_cupy/plan_fused.py, tests/test_plan_fused.py.
+//
+// SPECIFICATION: dosa_cupy/plan.py `build_plans`.  Every formula below is that code's
+// formula with the same float64 operations and the same outward allowances ((1+MU),
+// MU·mplan, MU·amag, MU·(|w|+fold)); only the *summation order* of the reductions differs
+// (warp trees instead of CuPy's einsum/sum kernels, whose order is unspecified anyway).
+// That is legal by the plan's rounding argument (plan.py docstring): every float64
+// quantity is a sum/product tree with ≤ 2^14 successive roundings (u = 2^-53), whose error
+// in ANY evaluation order is covered by the relative allowance MU = 2^-30 of its magnitude
+// sum.  Exact-by-construction pieces: the Gram entries q_h·q_j and ‖q_h‖² are sums of
+// ≤ 128 products of e4m3 values (multiples of 2^-18, |sum| < 2^25: < 43 bits) and are
+// therefore EXACT in float64 in every order — so ‖q‖, the anchor choice and β equal the
+// CuPy values bit for bit (β uses q_j*q_j where CuPy writes q_j**2; both are one rounding
+// of the same real for the values that occur, and any β ≥ 0 is valid, Prop. 1).
+//
+// Choices that only affect efficiency (METHOD.md §3, §5: the bound holds for ANY R, any
+// anchor, any A):
+//  * activation frequencies p_h: fp32 dots x = q·k over the sample keys (products of e4m3
+//    values are exact in fp32; the sum runs over d = 0..127 in order with fmaf, one valid
+//    fp32 order — CuPy's einsum order is unspecified, so a dot within rounding of 0 may
+//    land on the other side of 0 and change p_h by 1/ns);
+//  * the priority sort of _choose_R: rank = #{j : key_j > key_h} + #{j < h : key_j ==
+//    key_h}, i.e. a STABLE descending sort by (key, head index).  CuPy's argsort may break
+//    ties differently; that can pick a different R (or slot order) — allowed.
+//  * argmax of the anchor ratio: the first maximum (lowest head index), as cupy.argmax.
+// NaN inputs (e4m3 NaN codes, NaN weights) make J and C NaN, so `valid` is false and the
+// query takes the full-domain recovery (METHOD.md §7 C.3); the kernel keeps every index
+// in range for them (NaN priority keys are mapped to −1) but does not mirror CuPy's NaN
+// ordering.
+//
+// Launch: grid (Qn), block PLAN_THREADS = 256, dynamic shared memory
+// plan_smem_bytes(Hp) = Hp·128·4 (q as fp32) + max(Hp·128·8 (u_h), 128·PLAN_KC·4 (sample
+// key chunk)) bytes — 96 KB at Hp = 64 (the host raises the opt-in limit).
+// Heads are padded to Hp = 16·MT (pad_heads: zero rows, zero weights).
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+
+#define PLAN_THREADS 256
+#define PLAN_WARPS 8
+#define PLAN_KC 64  // sample keys per chunk of the activation-frequency pass
+#define PLAN_HMAX 64
+
+namespace {
+
+constexpr double MU = 0x1p-30;     // plan.MU
+constexpr double ONE_MU = 1.0 + 0x1p-30;
+
+// Exact value of an e4m3 code (NaN for S.1111.111): (8+m)·2^(e−10), subnormals m·2^-9.
+__device__ __forceinline__ float e4m3_val(uint32_t b) {
+  const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  float v;
+  if (e == 15u && m == 7u) {
+    v = __int_as_float(0x7fc00000);
+  } else if (e == 0u) {
+    v = (float)m * 0x1p-9f;
+  } else {
+    v = (float)(8u + m) * __int_as_float((int)(e - 10u + 127u) << 23);
+  }
+  return (b & 0x80u) ? -v : v;
+}
+
+// plan.py's e4m3 rounding (kernels.cu e4m3_round_f64): double → float (RN) → e4m3
+// satfinite RN.
+__device__ __forceinline__ uint8_t e4m3_round(double x) {
+  return (uint8_t)__nv_cvt_float_to_fp8((float)x, __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ double warp_sum(double x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = __dadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ int warp_sum_i(int x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Dot of two head vectors held as 4 dims per lane (lane owns dims 4·lane .. 4·lane+3).
+__device__ __forceinline__ double dot4(const double (&a)[4], const double (&b)[4]) {
+  double s = __dmul_rn(a[0], b[0]);
+  s = __dadd_rn(s, __dmul_rn(a[1], b[1]));
+  s = __dadd_rn(s, __dmul_rn(a[2], b[2]));
+  s = __dadd_rn(s, __dmul_rn(a[3], b[3]));
+  return warp_sum(s);
+}
+
+__device__ __forceinline__ void load4(const float* __restrict__ row, int lane, double (&v)[4]) {
+  const float4 f = *reinterpret_cast<const float4*>(row + 4 * lane);
+  v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+}
+
+// NaN-propagating min (cupy.minimum).
+__device__ __forceinline__ double nan_min(double a, double b) {
+  return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000ll) : (a < b ? a : b);
+}
+
+}  // namespace
+
+// Per-query plan.  Outputs (row t of each): rows uint8 [16·mts, 128], omega fp32 [16·mts],
+// sigma fp32, C fp64, valid uint8 (bool), counts int32 [3] = (|R|, |P|, |A|), inR / inA
+// uint8 [Hp], w_fold fp64 [Hp], a_A fp64 [128], E fp64.
+// g_scr, g_ref: the screening / reference arithmetic coefficients of plan.py (host).
+template <int MT>
+__device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                          const uint8_t* __restrict__ kp, const int* __restrict__ sample, int ns,
+                          int r, int mts, double g_scr, double g_ref, uint8_t* __restrict__ rows,
+                          float* __restrict__ omega, float* __restrict__ sigma_out,
+                          double* __restrict__ C_out, uint8_t* __restrict__ valid_out,
+                          int* __restrict__ counts, uint8_t* __restrict__ inR_out,
+                          uint8_t* __restrict__ inA_out, double* __restrict__ wfold_out,
+                          double* __restrict__ aA_out, double* __restrict__ E_out) {
+  constexpr int Hp = 16 * MT;
+  constexpr int TH = Hp / PLAN_WARPS;  // heads per warp in the activation pass
+  static_assert(PLAN_THREADS == 32 * PLAN_WARPS && PLAN_THREADS == 4 * PLAN_KC, "layout");
+  static_assert(Hp <= PLAN_HMAX && PLAN_THREADS >= 2 * DOSA_D, "layout");
+  const int t = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  extern __shared__ __align__(16) unsigned char plan_smem[];
+  float* qs = reinterpret_cast<float*>(plan_smem);                        // [Hp][128]
+  double* us = reinterpret_cast<double*>(plan_smem + Hp * DOSA_D * 4);    // [Hp][128]
+  float* ks = reinterpret_cast<float*>(us);                               // [128][KC]
+
+  __shared__ double wf[Hp], qn[Hp], pf[Hp], key[Hp], beta[Hp], wt[Hp], dn[Hp], gbest[Hp];
+  __shared__ int order[Hp], jstar[Hp], plist[Hp];
+  __shared__ unsigned char inR[Hp], isP[Hp], isA[Hp], use[Hp];
+  __shared__ double aA[DOSA_D], amag[DOSA_D], eA[DOSA_D], v0f[DOSA_D], v1f[DOSA_D];
+  __shared__ __align__(16) uint8_t v0b[DOSA_D];
+  __shared__ __align__(16) uint8_t v1b[DOSA_D];
+  __shared__ double red[PLAN_WARPS], gram_part[PLAN_WARPS];
+  __shared__ double sig_s, E_s;
+  __shared__ int nR_s, nP_s, nA_s;
+
+  // ---- Load: e4m3 payload → exact fp32 in shared memory; weights → float64. ----
+  const uint8_t* qt = q + (long long)t * Hp * DOSA_D;
+  for (int i = tid; i < Hp * DOSA_D / 4; i += PLAN_THREADS) {
+    const uint32_t b = reinterpret_cast<const uint32_t*>(qt)[i];
+    reinterpret_cast<float4*>(qs)[i] =
+        make_float4(e4m3_val(b & 0xffu), e4m3_val((b >> 8) & 0xffu), e4m3_val((b >> 16) & 0xffu),
+                    e4m3_val(b >> 24));
+  }
+  if (tid < Hp) wf[tid] = (double)w[(long long)t * Hp + tid];
+  __syncthreads();
+
+  // ---- Norms ‖q_h‖ (exact sum of squares, then one sqrt: = CuPy bit for bit). ----
+  for (int h = warp; h < Hp; h += PLAN_WARPS) {
+    double a[4];
+    load4(qs + h * DOSA_D, lane, a);
+    const double s = dot4(a, a);
+    if (lane == 0) qn[h] = sqrt(s);
+  }
+
+  // ---- Activation frequencies p_h over the sample keys (METHOD.md §3, §5). ----
+  // Warp w owns heads [w·TH, w·TH + TH); lane owns keys 2·lane, 2·lane+1 of each chunk of
+  // KC = 64 keys, stored transposed ks[d][key] (conflict-free float2 loads; q broadcast).
+  {
+    int cnt[TH];
+#pragma unroll
+    for (int i = 0; i < TH; ++i) cnt[i] = 0;
+    for (int c0 = 0; c0 < ns; c0 += PLAN_KC) {
+      __syncthreads();  // previous chunk consumed
+      {
+        const int kk = tid >> 2, part = tid & 3;  // 64 keys × 4 quarters of 32 bytes
+        const int s = c0 + kk;
+        uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+        if (s < ns) {
+          const uint4* src =
+              reinterpret_cast<const uint4*>(kp + (long long)sample[s] * DOSA_D + 32 * part);
+          v0 = src[0];
+          v1 = src[1];
+        }
+        const uint32_t wd[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          ks[(32 * part + i) * PLAN_KC + kk] = e4m3_val((wd[i >> 2] >> (8 * (i & 3))) & 0xffu);
+      }
+      __syncthreads();
+      float acc[TH][2];
+#pragma unroll
+      for (int i = 0; i < TH; ++i) acc[i][0] = acc[i][1] = 0.f;
+#pragma unroll 2
+      for (int d = 0; d < DOSA_D; d += 4) {
+        float2 kv[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          kv[j] = reinterpret_cast<const float2*>(ks + (d + j) * PLAN_KC)[lane];
+#pragma unroll
+        for (int i = 0; i < TH; ++i) {
+          const float4 qv = *reinterpret_cast<const float4*>(qs + (warp * TH + i) * DOSA_D + d);
+          acc[i][0] = fmaf(qv.x, kv[0].x, acc[i][0]);
+          acc[i][1] = fmaf(qv.x, kv[0].y, acc[i][1]);
+          acc[i][0] = fmaf(qv.y, kv[1].x, acc[i][0]);
+          acc[i][1] = fmaf(qv.y, kv[1].y, acc[i][1]);
+          acc[i][0] = fmaf(qv.z, kv[2].x, acc[i][0]);
+          acc[i][1] = fmaf(qv.z, kv[2].y, acc[i][1]);
+          acc[i][0] = fmaf(qv.w, kv[3].x, acc[i][0]);
+          acc[i][1] = fmaf(qv.w, kv[3].y, acc[i][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < TH; ++i) cnt[i] += (acc[i][0] > 0.f) + (acc[i][1] > 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < TH; ++i) {
+      const int c = warp_sum_i(cnt[i]);
+      // cupy.mean of a bool array = count / ns in float64 (one rounding); no sample: 0.5
+      if (lane == 0) pf[warp * TH + i] = ns > 0 ? (double)c / (double)ns : 0.5;
+    }
+  }
+  __syncthreads();
+
+  // ---- R (METHOD.md §3, plan._choose_R): key = class + x/(1+x), stable descending. ----
+  if (tid < Hp) {
+    const int h = tid;
+    int npos = 0, nneg = 0;
+    for (int j = 0; j < Hp; ++j) {
+      npos += wf[j] > 0.0;
+      nneg += wf[j] < 0.0;
+    }
+    const bool few = npos <= r;
+    const double wh = wf[h];
+    const bool pos = wh > 0.0, neg = wh < 0.0;
+    const double prio = __dmul_rn(__dmul_rn(fabs(wh), qn[h]), fmin(pf[h], 1.0 - pf[h]));
+    const double prim = pos ? 2.0 : ((neg && few) ? 1.0 : 0.0);
+    const double sec = pos ? (few ? 0.0 : __dmul_rn(wh, qn[h])) : ((neg && few) ? prio : 0.0);
+    double k = __dadd_rn(prim, __ddiv_rn(sec, __dadd_rn(1.0, sec)));
+    if (k != k) k = -1.0;  // NaN input: any permutation (the plan is invalid, see above)
+    key[h] = k;
+    if (h == 0) nR_s = min(npos + (few ? nneg : 0), r);  // min(#{prim > 0}, r)
+  }
+  __syncthreads();
+  if (tid < Hp) {
+    const int h = tid;
+    const double k = key[h];
+    int rk = 0;
+    for (int j = 0; j < Hp; ++j) rk += (key[j] > k) || (key[j] == k && j < h);
+    order[rk] = h;
+    // The first |R| = min(#{prim > 0}, r) heads of the order are retained: a head with
+    // prim > 0 has key ≥ 1 > every class-0 key (= 0), so they are all of class 1 or 2.
+    const bool R = rk < nR_s;
+    inR[h] = R;
+    isP[h] = wf[h] > 0.0 && !R;
+    isA[h] = wf[h] < 0.0 && !R && pf[h] >= 0.5;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int nP = 0, nA = 0;
+    for (int h = 0; h < Hp; ++h) {
+      if (isP[h]) plist[nP++] = h;
+      nA += isA[h];
+    }
+    nP_s = nP;
+    nA_s = nA;
+  }
+  __syncthreads();
+
+  // ---- Anchor projection (METHOD.md §4, Prop. 1) for h ∈ P: warp per head. ----
+  // ratio_j = [q_h·q_j]_+/‖q_j‖ for j ∈ R with ‖q_j‖ > 0, else −1; j* = first argmax;
+  // use = rmax > 0; β = [q_h·q_j*]_+/‖q_j*‖²; d = q_h − β q_j*; u = w_h d.
+  const int nP = nP_s;
+  for (int ip = warp; ip < nP; ip += PLAN_WARPS) {
+    const int h = plist[ip];
+    double a[4];
+    load4(qs + h * DOSA_D, lane, a);
+    double best = -1.0, bestG = 0.0;
+    int jb = 0;
+    for (int j = 0; j < Hp; ++j) {
+      double ratio = -1.0, Gp = 0.0;
+      if (inR[j] && qn[j] > 0.0) {
+        double b[4];
+        load4(qs + j * DOSA_D, lane, b);
+        const double G = dot4(a, b);  // exact
+        Gp = G > 0.0 ? G : 0.0;
+        ratio = __ddiv_rn(Gp, qn[j]);
+      }
+      if (j == 0 || ratio > best) {
+        best = ratio;
+        bestG = Gp;
+        jb = j;
+      }
+    }
+    const bool u_ = best > 0.0;
+    const double qj = qn[jb];
+    const double bt = u_ ? __ddiv_rn(bestG, __dmul_rn(qj, qj)) : 0.0;
+    double dv[4];
+    if (u_) {
+      double b[4];
+      load4(qs + jb * DOSA_D, lane, b);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dv[i] = __dsub_rn(a[i], __dmul_rn(bt, b[i]));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dv[i] = a[i];  // q_h − 0·q_j* (q_j* finite)
+    }
+    const double dnh = sqrt(dot4(dv, dv));
+    const double wp = wf[h];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) us[h * DOSA_D + 4 * lane + i] = __dmul_rn(wp, dv[i]);
+    if (lane == 0) {
+      jstar[h] = jb;
+      use[h] = u_;
+      beta[h] = bt;
+      dn[h] = dnh;
+      gbest[h] = qj;  // ‖q_j*‖ (for mplan)
+    }
+  }
+  __syncthreads();
+
+  // ---- Folded weights w̃_j = w_j + Σ_{h∈P, j*_h=j} w_h β_h (h ascending). ----
+  if (tid < Hp) {
+    const int j = tid;
+    double fold = 0.0;
+    for (int ip = 0; ip < nP; ++ip) {
+      const int h = plist[ip];
+      if (use[h] && jstar[h] == j) fold = __dadd_rn(fold, __dmul_rn(wf[h], beta[h]));
+    }
+    wt[j] = __dadd_rn(wf[j], fold);
+    key[j] = fold;  // reuse: fold_j for the J envelope
+  }
+
+  // ---- E_joint's Gram term Σ_{h,l∈P} |u_h·u_l| (pairs h ≤ l, off-diagonal counted twice:
+  // ×2 is exact); usum = ‖Σ_h u_h‖. ----
+  {
+    double part = 0.0;
+    const int npair = nP * (nP + 1) / 2;
+    for (int pi = warp; pi < npair; pi += PLAN_WARPS) {
+      // pair index → (a ≤ b): row a holds nP − a pairs
+      int a = 0, rem = pi;
+      while (rem >= nP - a) {
+        rem -= nP - a;
+        ++a;
+      }
+      const int b = a + rem;
+      const double* ua = us + plist[a] * DOSA_D + 4 * lane;
+      const double* ub = us + plist[b] * DOSA_D + 4 * lane;
+      double s = __dmul_rn(ua[0], ub[0]);
+      s = __dadd_rn(s, __dmul_rn(ua[1], ub[1]));
+      s = __dadd_rn(s, __dmul_rn(ua[2], ub[2]));
+      s = __dadd_rn(s, __dmul_rn(ua[3], ub[3]));
+      s = fabs(warp_sum(s));
+      part = __dadd_rn(part, a == b ? s : 2.0 * s);
+    }
+    __syncthreads();
+    if (lane == 0) gram_part[warp] = part;
+  }
+  if (tid < DOSA_D) {
+    double s = 0.0;
+    for (int ip = 0; ip < nP; ++ip) s = __dadd_rn(s, us[plist[ip] * DOSA_D + tid]);
+    const double sq = warp_sum(__dmul_rn(s, s));
+    if (lane == 0) red[warp] = sq;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double ugram = 0.0;
+    for (int i = 0; i < PLAN_WARPS; ++i) ugram = __dadd_rn(ugram, gram_part[i]);
+    const double usum = sqrt(__dadd_rn(__dadd_rn(red[0], red[1]), __dadd_rn(red[2], red[3])));
+    double E_tri = 0.0, mplan = 0.0;
+    for (int ip = 0; ip < nP; ++ip) {
+      const int h = plist[ip];
+      E_tri = __dadd_rn(E_tri, __dmul_rn(wf[h], dn[h]));
+      mplan = __dadd_rn(mplan, __dmul_rn(wf[h], __dadd_rn(qn[h], __dmul_rn(beta[h], gbest[h]))));
+    }
+    const double E_joint = __dmul_rn(0.5, __dadd_rn(usum, sqrt(ugram)));
+    E_s = __dadd_rn(__dmul_rn(nan_min(E_tri, E_joint), ONE_MU), __dmul_rn(MU, mplan));
+  }
+
+  // ---- Negative aggregate a_A = Σ_{h∈A} |w_h| q_h and amag = Σ_{h∈A} |w_h||q_h|
+  // (METHOD.md §5, Prop. 2): threads 0..127 / 128..255, one coordinate each. ----
+  {
+    const int d = tid & (DOSA_D - 1);
+    const bool mag = tid >= DOSA_D;
+    double s = 0.0;
+    for (int h = 0; h < Hp; ++h)
+      if (isA[h]) {
+        const double x = (double)qs[h * DOSA_D + d];
+        s = __dadd_rn(s, __dmul_rn(fabs(wf[h]), mag ? fabs(x) : x));
+      }
+    if (mag) {
+      amag[d] = s;
+    } else {
+      aA[d] = s;
+      double m = fabs(s);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lane == 0) red[4 + warp] = m;  // warps 0..3 (red[0..3] hold the usum parts)
+    }
+  }
+  __syncthreads();
+  // σ = the least power of two ≥ amax/448 (plan.py: frexp/ldexp), then the aux rows
+  // (METHOD.md §8): z = a/σ, v0 = e4m3(z), v1 = e4m3(z − v0), e_A = (z − v0 − v1)·σ.
+  if (tid == 0) {
+    const double amax = fmax(fmax(red[4], red[5]), fmax(red[6], red[7]));
+    int e;
+    const double m = frexp(amax > 0.0 ? amax / 448.0 : 1.0, &e);
+    sig_s = ldexp(1.0, m == 0.5 ? e - 1 : e);
+  }
+  __syncthreads();
+  const double sig = sig_s;
+  if (tid < DOSA_D) {
+    const int d = tid;
+    const double z = aA[d] / sig;
+    const uint8_t b0 = e4m3_round(z);
+    const double r1 = __dsub_rn(z, (double)e4m3_val(b0));
+    const uint8_t b1 = e4m3_round(r1);
+    const double f1 = (double)e4m3_val(b1);
+    eA[d] = __dmul_rn(__dsub_rn(r1, f1), sig);
+    v0b[d] = b0;
+    v1b[d] = b1;
+    v0f[d] = (double)e4m3_val(b0);
+    v1f[d] = f1;
+  }
+  __syncthreads();
+
+  // ---- Plan rows and folded weights: slot i ← head order[i] (i < |R|), rows 16(mts−1)+7
+  // and +15 ← v0, v1 (row_slots: slot i sits in row i, or i+1 from row last+7 on). ----
+  const int nR = nR_s;
+  const int nrow = 16 * mts, last = 16 * (mts - 1);
+  for (int idx = tid; idx < nrow * 8; idx += PLAN_THREADS) {
+    const int row = idx >> 3, c = idx & 7;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row == last + 7 || row == last + 15) {
+      v = reinterpret_cast<const uint4*>(row == last + 7 ? v0b : v1b)[c];
+    } else {
+      const int slot = row < last + 7 ? row : row - 1;
+      if (slot < nR)
+        v = reinterpret_cast<const uint4*>(qt + order[slot] * DOSA_D)[c];
+    }
+    reinterpret_cast<uint4*>(rows + ((long long)t * nrow + row) * DOSA_D)[c] = v;
+  }
+  if (tid < nrow) {
+    const int row = tid;
+    float om = 0.f;
+    if (row != last + 7 && row != last + 15) {
+      const int slot = row < last + 7 ? row : row - 1;
+      if (slot < nR) om = (float)wt[order[slot]];
+    }
+    omega[(long long)t * nrow + row] = om;
+  }
+
+  // ---- Coordinate envelope J (METHOD.md §8) and C = √D (E + ‖J‖(1+MU)) (1+MU). ----
+  // om_d = fp32(w̃) for j ∈ R (the stored ω); dom = |w̃ − om_d| + MU(|w| + fold).
+  if (tid < DOSA_D) {
+    const int d = tid;
+    double t1 = 0.0, t2 = 0.0, t3 = 0.0;
+    for (int h = 0; h < Hp; ++h) {
+      const double aq = fabs((double)qs[h * DOSA_D + d]);
+      if (inR[h]) {
+        const double omd = (double)(float)wt[h];
+        const double dom =
+            __dadd_rn(fabs(__dsub_rn(wt[h], omd)), __dmul_rn(MU, __dadd_rn(fabs(wf[h]), key[h])));
+        t1 = __dadd_rn(t1, __dmul_rn(dom, aq));
+        t2 = __dadd_rn(t2, __dmul_rn(fabs(omd), aq));
+      }
+      t3 = __dadd_rn(t3, __dmul_rn(fabs(wf[h]), aq));
+    }
+    double J = __dadd_rn(fabs(eA[d]), __dmul_rn(MU, amag[d]));
+    J = __dadd_rn(J, t1);
+    J = __dadd_rn(J, __dmul_rn(g_scr, __dadd_rn(t2, __dmul_rn(sig, __dadd_rn(fabs(v0f[d]),
+                                                                              fabs(v1f[d]))))));
+    J = __dadd_rn(J, __dmul_rn(g_ref, t3));
+    const double sq = warp_sum(__dmul_rn(J, J));
+    if (lane == 0) red[warp] = sq;
+    aA_out[(long long)t * DOSA_D + d] = aA[d];
+  }
+  if (tid < Hp) {
+    const int h = tid;
+    inR_out[(long long)t * Hp + h] = inR[h];
+    inA_out[(long long)t * Hp + h] = isA[h];
+    wfold_out[(long long)t * Hp + h] = wt[h];
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const double Jn =
+        __dmul_rn(sqrt(__dadd_rn(__dadd_rn(red[0], red[1]), __dadd_rn(red[2], red[3]))), ONE_MU);
+    const double E = E_s;
+    const double C = __dmul_rn(__dmul_rn(sqrt(128.0), __dadd_rn(E, Jn)), ONE_MU);
+    C_out[t] = C;
+    E_out[t] = E;
+    sigma_out[t] = (float)sig;
+    valid_out[t] = isfinite(C) && isfinite(sig);
+    counts[3 * t + 0] = nR;
+    counts[3 * t + 1] = nP_s;
+    counts[3 * t + 2] = nA_s;
+  }
+}
+
+#define PLAN_INST(MT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(PLAN_THREADS) plan_mt##MT(                      \
+      const uint8_t* __restrict__ q, const float* __restrict__ w,                              \
+      const uint8_t* __restrict__ kp, const int* __restrict__ sample, int ns, int r, int mts,  \
+      double g_scr, double g_ref, uint8_t* __restrict__ rows, float* __restrict__ omega,      \
+      float* __restrict__ sigma, double* __restrict__ C, uint8_t* __restrict__ valid,         \
+      int* __restrict__ counts, uint8_t* __restrict__ inR, uint8_t* __restrict__ inA,         \
+      double* __restrict__ w_fold, double* __restrict__ a_A, double* __restrict__ E) {        \
+    plan_impl<MT>(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C, valid,    \
+                  counts, inR, inA, w_fold, a_A, E);                                           \
+  }
+PLAN_INST(1)
+PLAN_INST(2)
+PLAN_INST(3)
+PLAN_INST(4)

@@ -1,0 +1,241 @@
+"""Refinement (METHOD.md §9): the per-query stream and the shared stream of query groups.
+
+``refine_stage`` runs refinement with compact writeback and the exact overflow extension
+for ``dosa_topk``:
+
+* ``stream="per_query"`` (default): ``refine_mt*`` (kernels.cu) scores every survivor of
+  ``surv[t]`` for query t.
+* ``stream="shared"``: ``split_shared`` splits the survivor masks into the groups' shared
+  sets (groups of 4 consecutive queries; a key is shared iff it lies in the group's common
+  visible range [max ks, min ke) and survives for ≥ 2 of the group's queries) and residual
+  masks ``surv[t] & ~shared[t // 4]``.  ``refine_shared_mt*`` (csrc/refine_shared.cu)
+  gathers each shared key once and scores it for every query of the group whose survivor
+  bit is set; ``refine_mt*`` refines the residual masks.  Both append to the same
+  per-query record buffers and counters, so the selection is unchanged.  Every
+  (query, surviving key) pair is refined by exactly one of the two streams (a partition
+  of the survivor bits), so each record s ≥ τ is written exactly once; the kept records
+  are the same set as with the per-query stream.
+
+Both kernels call the canonical scorer ``dosa::score_batch`` (common.cuh), so every score
+equals the dense route's bit for bit.  Overflow: the counters count every qualifying
+record (shared + residual); rows with count > capacity are refined again — the shared
+stream for their groups, the per-query stream for the rows — into a buffer of the exact
+size, and take the new lists (the other rows of those groups keep their first lists).
+
+The split is written once for numpy and CuPy (``xp``); tests/test_refine_shared.py checks
+its properties and emulates the kernel's loop decomposition on the CPU.
+NOT YET RUN ON A GPU (stream="shared"): GPU tests in tests/test_refine_shared.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ._build import CSRC, OPTIONS, cupy_or_raise, kernel
+
+__all__ = [
+    "GROUP",
+    "STREAMS",
+    "common_range_masks",
+    "group_majority",
+    "popcount_rows",
+    "refine_stage",
+    "shared_smem_bytes",
+    "split_shared",
+]
+
+GROUP = 4  # queries per group (refine_shared.cu RS_G)
+RS_WARPS = 8  # warps per block of refine_shared (RS_WARPS)
+RS_W = 256  # shared-mask words per warp (RS_W)
+RS_BUF = 1024 + 32  # per-warp id buffer (RS_BUF)
+RW = 256  # words per warp of the per-query refine (kernels.cu RW)
+STREAMS = ("per_query", "shared")
+SHARED_FILE = CSRC / "refine_shared.cu"
+
+_ALL = np.uint32(0xFFFFFFFF)
+
+
+# ---------------------------------------------------------------------------------------
+# The split (numpy or CuPy, word-level uint32 arithmetic)
+# ---------------------------------------------------------------------------------------
+
+
+def _group_rows(x, xp):
+    """[Qn, NW] → [NG, GROUP, NW], the last group padded with zero rows."""
+    Qn, NW = x.shape
+    NG = -(-Qn // GROUP)
+    pad = NG * GROUP - Qn
+    if pad:
+        x = xp.concatenate([x, xp.zeros((pad, NW), dtype=x.dtype)], axis=0)
+    return x.reshape(NG, GROUP, NW)
+
+
+def group_majority(surv, xp=np):
+    """uint32 [NG, NW]: bit i of word j set iff bit i of word j of ≥ 2 of the group's rows
+    of ``surv`` uint32 [Qn, NW] is set (groups of GROUP = 4 consecutive rows; a short last
+    group is padded with zero rows).  Popcount-free: for words a, b, c, d,
+    "≥ 2 set" = (a&b) | (a&c) | (a&d) | (b&c) | (b&d) | (c&d)."""
+    g = _group_rows(surv.astype(xp.uint32, copy=False), xp)
+    a, b, c, d = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
+    return (a & b) | (a & c) | (a & d) | (b & c) | (b & d) | (c & d)
+
+
+def group_ranges(ks, ke, xp=np):
+    """Common visible range [lo, hi) of each group: int64 [NG] each (hi ≤ lo: empty)."""
+    ks = ks.astype(xp.int64)
+    ke = ke.astype(xp.int64)
+    Qn = ks.shape[0]
+    NG = -(-Qn // GROUP)
+    pad = NG * GROUP - Qn
+    if pad:  # padding rows do not narrow the range
+        ks = xp.concatenate([ks, xp.full(pad, -1, dtype=xp.int64)])
+        ke = xp.concatenate([ke, xp.full(pad, np.iinfo(np.int64).max, dtype=xp.int64)])
+    return ks.reshape(NG, GROUP).max(axis=1), ke.reshape(NG, GROUP).min(axis=1)
+
+
+def _bits_below(n, xp):
+    """uint32 with the low n bits set, n int64 in [0, 32] (elementwise)."""
+    one = xp.uint64(1)  # xp's ufunc with the array operand (no numpy-scalar-left operator)
+    return (xp.left_shift(one, n.astype(xp.uint64)) - one).astype(xp.uint32)
+
+
+def common_range_masks(ks, ke, NW, xp=np):
+    """uint32 [NG, NW]: bit i of word j set iff key 32j + i lies in the group's common
+    visible range [max ks, min ke) — full words inside, partial first / last words
+    masked bit by bit, zero outside (and for empty ranges)."""
+    lo, hi = group_ranges(ks, ke, xp)
+    NG = lo.shape[0]
+    j = xp.arange(NW, dtype=xp.int64)[None, :]
+    inside = (32 * j >= lo[:, None]) & (32 * j + 32 <= hi[:, None])
+    m = xp.where(inside, _ALL, np.uint32(0)).astype(xp.uint32)
+    ok = xp.flatnonzero(hi > lo)
+    if ok.size:
+        lo_, hi_ = lo[ok], hi[ok]
+        for wj in (lo_ >> 5, (hi_ - 1) >> 5):  # the (at most two) partial words
+            a = xp.clip(lo_ - 32 * wj, 0, 32)
+            b = xp.clip(hi_ - 32 * wj, 0, 32)
+            m[ok, wj] = _bits_below(b, xp) & ~_bits_below(a, xp)
+    assert m.shape == (NG, NW)
+    return m
+
+
+def split_shared(surv, ks, ke, xp=np):
+    """Split the survivor masks (METHOD.md §9): (shared uint32 [NG, NW], residual uint32
+    [Qn, NW]).  shared[g] = keys in group g's common visible range that survive for ≥ 2
+    of its queries; residual[t] = surv[t] with exactly the bits of shared[t // 4] cleared.
+    For every query t: (shared[t // 4] & surv[t]) and residual[t] are disjoint and their
+    union is surv[t] (the shared kernel emits only where surv[t] is set)."""
+    surv = surv.astype(xp.uint32, copy=False)
+    Qn, NW = surv.shape
+    shared = group_majority(surv, xp) & common_range_masks(ks, ke, NW, xp)
+    resid = surv & ~xp.repeat(shared, GROUP, axis=0)[:Qn]
+    return xp.ascontiguousarray(shared), xp.ascontiguousarray(resid)
+
+
+_PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+def popcount_rows(x, xp=np):
+    """Number of set bits of each row of uint32 [R, NW]: int64 [R]."""
+    x = xp.ascontiguousarray(x.astype(xp.uint32, copy=False))
+    if x.size == 0:
+        return xp.zeros(x.shape[0], dtype=xp.int64)
+    pc = xp.asarray(_PC8)
+    return pc[x.view(xp.uint8)].reshape(x.shape[0], -1).sum(axis=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------
+
+
+def shared_smem_bytes(mt: int) -> int:
+    """Dynamic shared memory of refine_shared_mt<mt> (refine_shared.cu RS_SMEM)."""
+    return GROUP * mt * 8 * 32 * 16 + GROUP * mt * 16 * 4 + RS_WARPS * RS_BUF * 4
+
+
+@functools.cache
+def _module():
+    cp = cupy_or_raise()
+    return cp.RawModule(code=SHARED_FILE.read_text(), options=OPTIONS, backend="nvrtc")
+
+
+_opted: set = set()
+
+
+def _shared_kernel(name: str, smem: int):
+    f = _module().get_function(name)
+    if smem > 48 * 1024 and name not in _opted:
+        f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
+        _opted.add(name)
+    return f
+
+
+def refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
+    """kernels.cu refine_mt*: survivors of surv[t] for t in qlist → rec[t], cnt[t]."""
+    NW = (N + 31) // 32
+    warps = 8
+    gx = (NW + warps * RW - 1) // (warps * RW)
+    kernel(f"refine_mt{mth}")(
+        (int(qlist.size), gx),
+        (32 * warps,),
+        (q, w, kp, ksc, tau, ks, ke, qlist, np.int64(N), surv, cnt, rec, np.int64(cap)),
+    )
+
+
+def refine_shared(mth, q, w, kp, ksc, tau, ks, ke, glist, N, shared, surv, cnt, rec, cap):
+    """refine_shared.cu refine_shared_mt*: shared sets of the groups in glist → rec[t],
+    cnt[t] for the group's queries t whose survivor bit is set."""
+    NW = (N + 31) // 32
+    gy = (NW + RS_WARPS * RS_W - 1) // (RS_WARPS * RS_W)
+    smem = shared_smem_bytes(mth)
+    Qn = q.shape[0]
+    _shared_kernel(f"refine_shared_mt{mth}", smem)(
+        (int(glist.size), gy),
+        (32 * RS_WARPS,),
+        (
+            q, w, kp, ksc, tau, ks, ke, np.int32(Qn), glist, np.int64(N), shared, surv, cnt,
+            rec, np.int64(cap),
+        ),
+        shared_mem=smem,
+    )  # fmt: skip
+
+
+def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_query"):
+    """Refinement with compact writeback and the exact extension on overflow (METHOD.md §7
+    C.3, §9).  Returns (rec uint64 [Qn, cap'], cnt uint32 [Qn], over bool [Qn], shared
+    uint32 [NG, NW] or None).  rec[t, :cnt[t]] are the records (s ≥ τ_t) of the surviving
+    keys of query t, each exactly once, whichever stream."""
+    if stream not in STREAMS:
+        raise ValueError(f"stream: expected one of {STREAMS}, got {stream!r}")
+    xp = cupy_or_raise()
+    Qn = q.shape[0]
+    rec = xp.empty((Qn, cap), dtype=xp.uint64)
+    cnt = xp.zeros(Qn, dtype=xp.uint32)
+    allq = xp.arange(Qn, dtype=xp.int32)
+    shared = None
+    resid = surv
+    if stream == "shared":
+        shared, resid = split_shared(surv, ks, ke, xp)
+        allg = xp.arange(shared.shape[0], dtype=xp.int32)
+        refine_shared(mth, q, w, kp, ksc, tau, ks, ke, allg, N, shared, surv, cnt, rec, cap)
+    refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, allq, N, resid, cnt, rec, cap)
+    over = cnt > cap
+    if int(over.sum()):
+        oq = xp.flatnonzero(over).astype(xp.int32)
+        cap2 = int(cnt[oq].max())
+        rec2 = xp.empty((Qn, cap2), dtype=xp.uint64)
+        cnt2 = xp.zeros(Qn, dtype=xp.uint32)
+        if shared is not None:
+            og = xp.unique(oq // GROUP).astype(xp.int32)
+            refine_shared(mth, q, w, kp, ksc, tau, ks, ke, og, N, shared, surv, cnt2, rec2, cap2)
+        refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, oq, N, resid, cnt2, rec2, cap2)
+        # rows that overflowed take the extended list; the others keep theirs
+        rec_all = xp.zeros((Qn, max(cap, cap2)), dtype=xp.uint64)
+        rec_all[:, :cap] = rec
+        rec_all[oq, :cap2] = rec2[oq]
+        cnt = xp.where(over, cnt2, cnt)
+        rec = rec_all
+    return rec, cnt, over, shared

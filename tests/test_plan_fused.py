@@ -1,0 +1,559 @@
+"""The fused planner (dosa_cupy/plan_fused.py, csrc/plan.cu) against the specification,
+``plan.build_plans`` (METHOD.md §3–§6, §8).
+
+CPU part: ``build_plans_fused``'s host code runs with numpy standing in for CuPy and the
+kernel replaced by ``emulate_plan_kernel`` — a per-query numpy loop that mirrors plan.cu
+step by step, including its float64 operation order (lane partials of 4 dims, the xor
+butterfly of ``warp_sum``, sequential loops) and its fp32 activation dots, so it is meant
+to equal the kernel bit for bit (the GPU test ``test_fused_plan_equals_emulation`` checks
+that on the H200).  Every launch is first checked against the kernel's C signature parsed
+from plan.cu (count, dtypes, contiguity, grid/block/shared memory).
+
+GPU part (marked ``gpu``, skipped without CuPy/GPU): kernel == emulation bitwise, fused vs
+CuPy plan, ``dosa_topk(planner="fused")`` ids == ``dense_topk``, the guard with
+``debug_bounds``, and a timing print of both planners at Qn = 4096.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpu_support import HAVE_GPU, cp, gpu
+
+from dosa_cupy import plan as plan_mod
+from dosa_cupy import plan_fused as pf
+from dosa_ref.fp8 import e4m3_bits, e4m3_values, key_rms
+
+PLAN_CU = Path(pf.__file__).parent / "csrc" / "plan.cu"
+MU = 2.0**-30
+
+# ---------------------------------------------------------------------------------------
+# The kernel's signature (parsed from plan.cu) and its numpy emulation.
+# ---------------------------------------------------------------------------------------
+
+_CTYPES = {
+    "uint8_t*": np.uint8, "float*": np.float32, "int*": np.int32, "double*": np.float64,
+    "int": np.int32, "double": np.float64,
+}  # fmt: skip
+
+
+def _signature():
+    src = PLAN_CU.read_text().replace("\\\n", " ")
+    params = re.search(r"plan_mt##MT\(\s*(.*?)\)\s*\{", src, re.S).group(1)
+    out = []
+    for p in params.split(","):
+        words = p.replace("const", "").replace("__restrict__", "").split()
+        out.append((_CTYPES[" ".join(words[:-1]).replace(" *", "*")], words[-1]))
+    return out
+
+
+def test_signature_and_constants_match_source():
+    sig = _signature()
+    assert [n for _, n in sig][:4] == ["q", "w", "kp", "sample"] and len(sig) == 20
+    src = PLAN_CU.read_text()
+    assert re.search(rf"#define PLAN_THREADS {pf.PLAN_THREADS}\b", src)
+    assert re.search(rf"#define PLAN_KC {pf.PLAN_KC}\b", src)
+    assert re.findall(r"PLAN_INST\((\d)\)", src) == ["1", "2", "3", "4"]
+    assert "#include <cuda_fp8.h>" in src and "<stdint.h>" not in src  # NVRTC: no std headers
+
+
+def _warp_sum(parts):
+    """plan.cu warp_sum: xor butterfly over 32 lane partials (all lanes end equal)."""
+    x = np.array(parts, dtype=np.float64)
+    idx = np.arange(32)
+    for o in (16, 8, 4, 2, 1):
+        x = x + x[idx ^ o]
+    return float(x[0])
+
+
+def _dot4(a, b):
+    """plan.cu dot4: lane partials ((a0b0 + a1b1) + a2b2) + a3b3, then warp_sum."""
+    p = a.reshape(32, 4) * b.reshape(32, 4)
+    return _warp_sum(((p[:, 0] + p[:, 1]) + p[:, 2]) + p[:, 3])
+
+
+def _block4_sum(x128):
+    """Σ of 128 per-thread values: warp_sum per warp 0..3, then (r0 + r1) + (r2 + r3)."""
+    r = [_warp_sum(x128[32 * i : 32 * i + 32]) for i in range(4)]
+    return (r[0] + r[1]) + (r[2] + r[3])
+
+
+def _f64(x):
+    return np.float64(x)
+
+
+def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
+    """One block of plan_mt{Hp/16}: qb uint8 [Hp, 128], w fp32 [Hp], ksmp fp32 [ns, 128]
+    (decoded sample keys).  Returns a dict of the kernel's per-query outputs."""
+    Hp = qb.shape[0]
+    qs = e4m3_values(qb).astype(np.float32)  # exact
+    q64 = qs.astype(np.float64)
+    wf = w.astype(np.float64)
+    qn = np.array([np.sqrt(_dot4(q64[h], q64[h])) for h in range(Hp)])
+    # activation frequencies: fp32 fmaf over d = 0..127 in order (products exact)
+    ns = ksmp.shape[0]
+    if ns:
+        acc = np.zeros((Hp, ns), dtype=np.float32)
+        for d in range(128):
+            acc = acc + qs[:, d, None] * ksmp[None, :, d]  # exact product, one fp32 rounding
+        p = (acc > 0).sum(axis=1).astype(np.float64) / np.float64(ns)
+    else:
+        p = np.full(Hp, 0.5)
+    # R: key = prim + sec/(1+sec), stable descending by (key, head index)
+    npos, nneg = int((wf > 0).sum()), int((wf < 0).sum())
+    few = npos <= r
+    key = np.empty(Hp)
+    for h in range(Hp):
+        wh = wf[h]
+        prio = (abs(wh) * qn[h]) * min(p[h], 1.0 - p[h])
+        prim = 2.0 if wh > 0 else (1.0 if (wh < 0 and few) else 0.0)
+        sec = (0.0 if few else wh * qn[h]) if wh > 0 else (prio if (wh < 0 and few) else 0.0)
+        k = prim + sec / (1.0 + sec)
+        key[h] = -1.0 if np.isnan(k) else k
+    nR = min(npos + (nneg if few else 0), r)
+    rank = np.array([int(np.sum((key > key[h]) | ((key == key[h]) & (np.arange(Hp) < h))))
+                     for h in range(Hp)])  # fmt: skip
+    order = np.empty(Hp, dtype=np.int64)
+    order[rank] = np.arange(Hp)
+    inR = rank < nR
+    isP = (wf > 0) & ~inR
+    isA = (wf < 0) & ~inR & (p >= 0.5)
+    plist = np.flatnonzero(isP)
+    # anchors (warp per h ∈ P)
+    us = np.zeros((Hp, 128))
+    beta, dn, qjs, use, jst = (np.zeros(Hp) for _ in range(5))
+    for h in plist:
+        best, bestG, jb = -1.0, 0.0, 0
+        for j in range(Hp):
+            ratio, Gp = -1.0, 0.0
+            if inR[j] and qn[j] > 0:
+                G = _dot4(q64[h], q64[j])
+                Gp = G if G > 0 else 0.0
+                ratio = Gp / qn[j]
+            if j == 0 or ratio > best:
+                best, bestG, jb = ratio, Gp, j
+        u_ = best > 0
+        qj = qn[jb]
+        bt = bestG / (qj * qj) if u_ else 0.0
+        dv = q64[h] - bt * q64[jb] if u_ else q64[h].copy()
+        dn[h] = np.sqrt(_dot4(dv, dv))
+        us[h] = wf[h] * dv
+        beta[h], qjs[h], use[h], jst[h] = bt, qj, u_, jb
+    fold = np.zeros(Hp)
+    for j in range(Hp):
+        f = 0.0
+        for h in plist:
+            if use[h] and jst[h] == j:
+                f = f + wf[h] * beta[h]
+        fold[j] = f
+    wt = wf + fold
+    # Gram term: warp w takes pairs w, w+8, …; ugram = Σ of the 8 warp parts in order
+    nP = len(plist)
+    pairs = [(a, b) for a in range(nP) for b in range(a, nP)]
+    parts = [0.0] * 8
+    for pi, (a, b) in enumerate(pairs):
+        s = abs(_dot4(us[plist[a]], us[plist[b]]))
+        parts[pi % 8] = parts[pi % 8] + (s if a == b else 2.0 * s)
+    ugram = 0.0
+    for x in parts:
+        ugram = ugram + x
+    col = np.zeros(128)
+    for h in plist:
+        col = col + us[h]
+    usum = np.sqrt(_block4_sum(col * col))
+    E_tri = mplan = 0.0
+    for h in plist:
+        E_tri = E_tri + wf[h] * dn[h]
+        mplan = mplan + wf[h] * (qn[h] + beta[h] * qjs[h])
+    E_joint = 0.5 * (usum + np.sqrt(ugram))
+    E = min(E_tri, E_joint) * (1 + MU) + MU * mplan
+    # aggregate, σ, aux rows
+    aA, amag = np.zeros(128), np.zeros(128)
+    for h in np.flatnonzero(isA):
+        aA = aA + abs(wf[h]) * q64[h]
+        amag = amag + abs(wf[h]) * np.abs(q64[h])
+    amax = float(np.max(np.abs(aA)))
+    m, e = np.frexp(amax / 448.0 if amax > 0 else 1.0)
+    sig = float(np.ldexp(1.0, int(e) - 1 if m == 0.5 else int(e)))
+    z = aA / sig
+    v0 = e4m3_bits(z.astype(np.float32))
+    r1 = z - e4m3_values(v0)
+    v1 = e4m3_bits(r1.astype(np.float32))
+    eA = (r1 - e4m3_values(v1)) * sig
+    # rows and ω
+    nrow, last = 16 * mts, 16 * (mts - 1)
+    rows = np.zeros((nrow, 128), dtype=np.uint8)
+    omega = np.zeros(nrow, dtype=np.float32)
+    for row in range(nrow):
+        if row == last + 7:
+            rows[row] = v0
+        elif row == last + 15:
+            rows[row] = v1
+        else:
+            slot = row if row < last + 7 else row - 1
+            if slot < nR:
+                rows[row] = qb[order[slot]]
+                omega[row] = np.float32(wt[order[slot]])
+    # J and C
+    J = np.zeros(128)
+    for d in range(128):
+        t1 = t2 = t3 = 0.0
+        for h in range(Hp):
+            aq = abs(q64[h, d])
+            if inR[h]:
+                omd = float(np.float32(wt[h]))
+                dom = abs(wt[h] - omd) + MU * (abs(wf[h]) + fold[h])
+                t1 = t1 + dom * aq
+                t2 = t2 + abs(omd) * aq
+            t3 = t3 + abs(wf[h]) * aq
+        Jd = abs(eA[d]) + MU * amag[d]
+        Jd = Jd + t1
+        Jd = Jd + g_scr * (t2 + sig * (abs(e4m3_values(v0[d])) + abs(e4m3_values(v1[d]))))
+        Jd = Jd + g_ref * t3
+        J[d] = Jd
+    Jn = np.sqrt(_block4_sum(J * J)) * (1 + MU)
+    C = (np.sqrt(128.0) * (E + Jn)) * (1 + MU)
+    ok = bool(np.isfinite(C) and np.isfinite(sig))
+    return dict(rows=rows, omega=omega, sigma=np.float32(sig), C=C, E=E, valid=ok,
+                counts=(nR, nP, int(isA.sum())), inR=inR, inA=isA, w_fold=wt, a_A=aA)  # fmt: skip
+
+
+def emulate_plan_kernel(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C,
+                        valid, counts, inR, inA, w_fold, a_A, E):  # fmt: skip
+    """plan_mt* over the grid (Qn blocks): writes the output arrays like the kernel."""
+    ns = int(ns)
+    ksmp = e4m3_values(kp[sample[:ns]]).astype(np.float32) if ns else np.zeros((0, 128), np.float32)
+    for t in range(q.shape[0]):
+        o = emulate_plan_query(q[t], w[t], ksmp, int(r), int(mts), float(g_scr), float(g_ref))
+        rows[t], omega[t], sigma[t], C[t], E[t] = o["rows"], o["omega"], o["sigma"], o["C"], o["E"]
+        valid[t], counts[t], inR[t], inA[t] = o["valid"], o["counts"], o["inR"], o["inA"]
+        w_fold[t], a_A[t] = o["w_fold"], o["a_A"]
+
+
+class _FakePlanKernel:
+    def __init__(self):
+        self.sig = [t for t, _ in _signature()]
+        self.calls = []
+
+    def get(self, name, smem):
+        mt = int(re.fullmatch(r"plan_mt(\d)", name).group(1))
+
+        def launch(grid, block, args, shared_mem=0):
+            assert len(args) == len(self.sig), (len(args), len(self.sig))
+            for i, (a, t) in enumerate(zip(args, self.sig, strict=True)):
+                assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
+                if isinstance(a, np.ndarray):
+                    assert a.flags.c_contiguous, (name, i)
+            q = args[0]
+            assert q.shape[1] == 16 * mt and grid == (q.shape[0],) and block == (pf.PLAN_THREADS,)
+            assert shared_mem == smem == pf.plan_smem_bytes(16 * mt)
+            assert shared_mem + 12 * 1024 <= 227 * 1024  # + static smem (≤ 10.7 KB, ptxas)
+            ns = int(args[4])
+            assert ns <= args[3].size and np.all(
+                (args[3][:ns] >= 0) & (args[3][:ns] < args[2].shape[0])
+            )
+            self.calls.append(name)
+            emulate_plan_kernel(*args)
+
+        return launch
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim.asnumpy = np.asarray
+    fk = _FakePlanKernel()
+    monkeypatch.setattr(pf, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(pf, "_kernel", fk.get)
+    return fk
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: host code + emulated kernel vs plan.build_plans(xp=numpy)
+# ---------------------------------------------------------------------------------------
+
+
+def _workload(H, Qn=10, N=4096, seed=0, pos_frac=0.75):
+    from dosa_ref.fp8 import quantize_keys as qk
+    from dosa_ref.fp8 import quantize_queries as qq
+
+    rs = np.random.default_rng(seed)
+    topic = rs.standard_normal(128)
+    lift = 0.6 * rs.random((Qn, H, 1)) ** 2  # heads from topic-aligned (p ≈ 1) to isotropic
+    qf = rs.standard_normal((Qn, H, 128)) + lift * topic
+    w = np.where(rs.random((Qn, H)) < pos_frac, 1.0, -1.0) * (0.2 + rs.random((Qn, H)))
+    k = rs.standard_normal((N, 128)) + 0.5 * topic
+    kp, ksc = qk(k)
+    q, wq = qq(qf, w)
+    Hp = -(-H // 16) * 16
+    if Hp != H:  # pad_heads: zero rows, zero weights
+        q = np.concatenate([q, np.zeros((Qn, Hp - H, 128), np.uint8)], axis=1)
+        wq = np.concatenate([wq, np.zeros((Qn, Hp - H), np.float32)], axis=1)
+    q[0, 1] = 0  # a zero-norm head (anchors with ‖q_j‖ = 0 are skipped)
+    return q, wq, kp, ksc
+
+
+def _priority_keys(q, w, kp, sample, r):
+    """The CuPy planner's priority keys (plan._choose_R) with both fp32 dot orders: the
+    einsum's (p_e) and the kernel's sequential one (p_s)."""
+    qf = e4m3_values(q)
+    qn = np.sqrt(np.sum(qf * qf, axis=2))
+    wf = w.astype(np.float64)
+    if sample is None:
+        pe = ps = np.full(w.shape, 0.5)
+    else:
+        ks = e4m3_values(kp[sample]).astype(np.float32)
+        pe = np.mean(np.einsum("thd,sd->ths", qf.astype(np.float32), ks) > 0, axis=2)
+        acc = np.zeros((*w.shape, ks.shape[0]), dtype=np.float32)
+        q32 = qf.astype(np.float32)
+        for d in range(128):
+            acc = acc + q32[:, :, d, None] * ks[None, None, :, d]
+        ps = np.mean(acc > 0, axis=2)
+    pos, neg = wf > 0, wf < 0
+    few = pos.sum(axis=1, keepdims=True) <= r
+    prio = np.abs(wf) * qn * np.minimum(pe, 1 - pe)
+    prim = np.where(pos, 2.0, np.where(neg & few, 1.0, 0.0))
+    sec = np.where(pos, np.where(few, 0.0, wf * qn), np.where(neg & few, prio, 0.0))
+    return prim + sec / (1 + sec), np.minimum((prim > 0).sum(axis=1), r), pe, ps
+
+
+def _compare(fu, ref, q, w, kp, sample, r, mts, min_same=0.6):
+    """Fused plan vs CuPy/numpy plan: where R's priority keys have no tie at the |R|
+    boundary and both fp32 dot orders give the same p, R and A are identical and every
+    field equals the specification up to float64 summation order (rtol 1e-12 ≪ MU)."""
+    asn = (
+        (lambda x: cp.asnumpy(x))
+        if (cp is not None and not isinstance(fu.C, np.ndarray))
+        else np.asarray
+    )
+    keys, nR, pe, ps = _priority_keys(q, w, kp, sample, min(r, 16 * mts - 2, q.shape[1]))
+    f = {k: asn(getattr(fu, k)) for k in ("rows", "omega", "sigma", "C", "E", "valid", "r",
+                                          "omitted_positive", "aggregated", "inR", "inA",
+                                          "w_fold", "a_A", "eps_raw")}  # fmt: skip
+    c = {k: asn(getattr(ref, k)) for k in f}
+    assert np.array_equal(f["eps_raw"], c["eps_raw"]) and fu.eps_out == ref.eps_out
+    assert f["valid"].all() and c["valid"].all()
+    assert np.array_equal(f["r"], c["r"])  # |R| = min(#{prim > 0}, r) never depends on ties
+    same = 0
+    for t in range(q.shape[0]):
+        ks = np.sort(keys[t])[::-1]
+        n = int(nR[t])
+        tie = n < len(ks) and ks[n - 1] == ks[n] and ks[n] >= 1
+        if tie and np.array_equal(pe[t], ps[t]):  # R may differ only among tied heads
+            R = f["inR"][t]
+            assert np.all(R[keys[t] > ks[n - 1]]) and not np.any(R[keys[t] < ks[n - 1]]), t
+        if tie or not np.array_equal(pe[t], ps[t]):
+            continue
+        same += 1
+        assert np.array_equal(f["inR"][t], c["inR"][t]), t
+        assert np.array_equal(f["inA"][t], c["inA"][t]), t
+        for k in ("omitted_positive", "aggregated"):
+            assert f[k][t] == c[k][t], (k, t)
+        assert np.allclose(f["w_fold"][t], c["w_fold"][t], rtol=1e-12, atol=0), t
+        assert np.allclose(f["a_A"][t], c["a_A"][t], rtol=1e-12, atol=1e-300), t
+        assert np.isclose(f["E"][t], c["E"][t], rtol=1e-12, atol=1e-300), t
+        assert np.isclose(f["C"][t], c["C"][t], rtol=1e-12), t
+        assert f["sigma"][t] == c["sigma"][t], t
+
+        # rows/ω: equal as multisets of (row, ω) (tied keys may fill slots in another order)
+        def canon(rows, om):
+            return sorted((rw.tobytes(), float(o)) for rw, o in zip(rows, om, strict=True))
+
+        last = 16 * (mts - 1)
+        assert np.array_equal(
+            f["rows"][t, [last + 7, last + 15]], c["rows"][t, [last + 7, last + 15]]
+        )
+        assert canon(f["rows"][t], f["omega"][t]) == canon(c["rows"][t], c["omega"][t]), t
+    assert same >= min_same * q.shape[0], (same, q.shape[0])
+    return same
+
+
+def _guard_check(pl, q, w, kp, mts):
+    """The fused plan's certificate dominates the float64 scores of every key (payload
+    units, α = 1): Σ_h w_h[q_h·k]_+ ≤ Û + ρC + ε_raw (METHOD.md §8; Û in float64)."""
+    kv = e4m3_values(kp)
+    s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(e4m3_values(q) @ kv.T, 0))
+    X = np.einsum("tjd,nd->tjn", e4m3_values(np.asarray(pl.rows)), kv)
+    last = 16 * (mts - 1)
+    aux = X[:, last + 7] + X[:, last + 15]
+    Uh = np.einsum("tj,tjn->tn", np.asarray(pl.omega, np.float64), np.maximum(X, 0))
+    Uh -= np.asarray(pl.sigma, np.float64)[:, None] * np.maximum(aux, 0)
+    rho = key_rms(kp).astype(np.float64)
+    U = Uh + rho[None] * np.asarray(pl.C)[:, None] + np.asarray(pl.eps_raw)[:, None]
+    assert np.all(s <= U)
+    return float(np.min(U - s))
+
+
+CPU_CASES = [  # (H, r, mts, pos_frac, sample)
+    (32, 14, 1, 0.75, True),
+    (32, 30, 2, 0.75, True),
+    (64, 14, 1, 0.75, True),
+    (64, 30, 2, 0.4, True),
+    (20, 14, 1, 0.75, True),
+    (48, 30, 2, 1.0, False),
+]
+
+
+@pytest.mark.parametrize(
+    "case", CPU_CASES, ids=[f"H{c[0]}-r{c[1]}-pos{c[3]}-s{int(c[4])}" for c in CPU_CASES]
+)
+def test_fused_host_code_with_emulated_kernel(fake_cupy, case):
+    H, r, mts, pos_frac, use_sample = case
+    q, w, kp, _ = _workload(H, seed=H + r, pos_frac=pos_frac)
+    sample = np.arange(0, kp.shape[0], 16) if use_sample else None
+    fu = pf.build_plans_fused(q, w, kp, sample, r, mts)
+    ref = plan_mod.build_plans(q, w, kp, sample, r, mts, xp=np)
+    assert fake_cupy.calls == [f"plan_mt{q.shape[1] // 16}"]
+    assert fu.rows.shape == ref.rows.shape and fu.omega.dtype == np.float32
+    assert fu.valid.dtype == np.bool_ and fu.inR.dtype == np.bool_
+    _compare(fu, ref, q, w, kp, sample, r, mts)
+    _guard_check(fu, q, w, kp, mts)
+
+
+def test_fused_empty_and_bad_shapes(fake_cupy):
+    q, w, kp, _ = _workload(32, Qn=2)
+    pl = pf.build_plans_fused(q[:0], w[:0], kp, None, 14, 1)
+    assert pl.rows.shape == (0, 16, 128) and fake_cupy.calls == []
+    with pytest.raises(ValueError, match="Hp"):
+        pf.build_plans_fused(q[:, :20], w[:, :20], kp, None, 14, 1)
+
+
+def test_emulation_matches_spec_on_ties(fake_cupy):
+    """All-equal weights and identical heads (every key tied): any R is valid; the fused
+    plan still dominates the scores, and |R|, σ, C agree with the CuPy plan."""
+    q, w, kp, _ = _workload(32, Qn=3, seed=5)
+    q[:, :] = q[:, :1]
+    w[:] = 0.5
+    fu = pf.build_plans_fused(q, w, kp, np.arange(0, 4096, 32), 14, 1)
+    ref = plan_mod.build_plans(q, w, kp, np.arange(0, 4096, 32), 14, 1, xp=np)
+    assert np.array_equal(fu.r, ref.r) and np.array_equal(fu.sigma, ref.sigma)
+    assert np.allclose(fu.C, ref.C, rtol=1e-12)
+    _guard_check(fu, q, w, kp, 1)
+
+
+def test_pipeline_planner_option():
+    from dosa_cupy.pipeline import OPTIONS, _opts
+
+    assert OPTIONS["planner"] == "cupy"
+    assert _opts({"planner": "fused"})["planner"] == "fused"
+    with pytest.raises(ValueError, match="planner"):
+        _opts({"planner": "fast"})
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200): run with  python3 -m pytest -q -s tests/test_plan_fused.py
+# ---------------------------------------------------------------------------------------
+
+if HAVE_GPU:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+
+def _need(regime):
+    if regime not in ("gaussian", "structured", "ties", "equal", "adversarial"):
+        pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
+
+
+GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
+             for g in ("structured", "calibrated")]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"H{c[0]}-r{c[1]}-{c[3]}" for c in GPU_CASES])
+@gpu
+def test_fused_plan_equals_emulation_and_spec(case):
+    """On the H200: the kernel equals its numpy emulation bit for bit (every field), and
+    the CuPy planner up to summation order / tie breaking (_compare)."""
+    H, r, mts, regime = case
+    _need(regime)
+    wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
+    sample = cp.arange(0, 8192, 32)
+    fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+    ref = plan_mod.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+    q, w, kp = (cp.asnumpy(wl[k]) for k in ("q", "w", "k_payload"))
+    s = cp.asnumpy(sample).astype(np.int32)
+    Qn, Hp = w.shape
+    em = {k: np.empty(cp.asnumpy(getattr(fu, k)).shape, cp.asnumpy(getattr(fu, k)).dtype)
+          for k in ("rows", "omega", "sigma", "C", "inR", "inA", "w_fold", "a_A", "E")}  # fmt: skip
+    valid, counts = np.empty(Qn, np.uint8), np.empty((Qn, 3), np.int32)
+    inR, inA = np.empty((Qn, Hp), np.uint8), np.empty((Qn, Hp), np.uint8)
+    g_scr, g_ref, _ = pf.plan_constants(Hp, mts, 17)
+    rr = min(r, 16 * mts - 2, Hp)
+    emulate_plan_kernel(q, w, kp, s, s.size, rr, mts, g_scr, g_ref, em["rows"], em["omega"],
+                        em["sigma"], em["C"], valid, counts, inR, inA, em["w_fold"], em["a_A"],
+                        em["E"])  # fmt: skip
+    em["inR"], em["inA"] = inR.view(bool), inA.view(bool)
+    diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
+    assert not diff, f"kernel differs from its emulation in {diff}"
+    assert np.array_equal(cp.asnumpy(fu.r), counts[:, 0])
+    same = _compare(fu, ref, q, w, kp, s, r, mts, min_same=0.5)
+    print(f"\n[plan-fused] {regime} H={H} r={r}: spec-identical R on {same}/{Qn} queries")
+
+
+FUSED_CASES = [("structured", 32, 14), ("structured", 64, 30), ("calibrated", 32, 14),
+               ("calibrated", 64, 30), ("gaussian", 64, 14), ("ties", 32, 14)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[f"{c[0]}-H{c[1]}-r{c[2]}" for c in FUSED_CASES])
+@gpu
+def test_dosa_fused_planner_equals_dense(case):
+    regime, H, r = case
+    _need(regime)
+    wl = make_gpu_workload(regime, 256, 32768, H, seed=13)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 1024, wl["ks"], wl["ke"])
+    dense = dosa_cupy.dense_topk(*args)
+    ids, st = dosa_cupy.dosa_topk(*args, r=r, planner="fused", return_stats=True)
+    ids_c, st_c = dosa_cupy.dosa_topk(*args, r=r, return_stats=True)
+    sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
+    svc = float(np.mean(st_c.survivors / np.maximum(st_c.screened, 1)))
+    print(f"\n[dosa fused-plan] {regime} H={H} r={r}: survival fused {sv:.4f} cupy {svc:.4f}")
+    assert cp.array_equal(ids, dense) and cp.array_equal(ids_c, dense)
+    assert not st.recovered.any()
+
+
+@pytest.mark.parametrize("regime", ["gaussian", "structured", "ties", "adversarial"])
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_guard_no_violation_fused(regime, H):
+    wl = make_gpu_workload(regime, 32, 8192, H, seed=7)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
+    lg = dosa_cupy.dense_logits(*args, wl["ks"], wl["ke"])
+    for r in (14, 30):
+        _, st = dosa_cupy.dosa_topk(*args, 512, wl["ks"], wl["ke"], debug_bounds=True, r=r,
+                                    planner="fused")  # fmt: skip
+        U = st.bounds
+        vis = ~cp.isnan(U)
+        viol = int(cp.sum(vis & (lg.astype(cp.float64) > U)))
+        print(f"\n[guard fused] {regime} H={H} r={r}: violations={viol}")
+        assert viol == 0
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_plan_timing_4096(H):
+    """Timing print (not asserted): build_plans vs build_plans_fused at Qn = 4096."""
+    _need("calibrated")
+    wl = make_gpu_workload("calibrated", 4096, 131072, H, seed=21)
+    sample = cp.arange(0, 131072, 512).astype(cp.int32)  # 256 sample keys (p_sample)
+    r, mts = (14, 1) if H == 32 else (30, 2)
+
+    def timed(fn):
+        fn(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+        ts = []
+        for _ in range(5):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            fn(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+            b.record()
+            b.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(a, b))
+        return float(np.median(ts))
+
+    tc, tf = timed(plan_mod.build_plans), timed(pf.build_plans_fused)
+    print(
+        f"\n[plan timing] H={H} Qn=4096: build_plans {tc:.3f} ms, fused {tf:.3f} ms "
+        f"({tc / tf:.1f}x)"
+    )
