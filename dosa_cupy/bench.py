@@ -238,10 +238,11 @@ def memory_plan(
     "notes": [why a route is sub-chunked], "skipped": reason or None}.  Routes: dense
     (fp32 logits row, N·4; torch.topk reads the same rows), dosa (survivor bitmask N/8,
     compact records buffer·8, seed records (sinks + window + n_anchors·K)·8, plan
-    temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one int64 per
-    bitmask byte, N bytes), fused (records + seed records).  Not counted: the exact
-    extension of an overflowing refine (sized by the largest count, unknown in advance)
-    and query-level recovery (dense route over ≤ 8 GiB chunks) — both caught at run time.
+    temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one uint8
+    per bitmask byte, N/8 bytes; refine_stream.popcount_rows), fused (records + seed
+    records).  Not counted: the exact extension of an overflowing refine (sized by the
+    largest count, unknown in advance) and query-level recovery (dense route over ≤ 8 GiB
+    chunks) — both caught at run time.
     """
     budget = float(budget_gib) * GIB
     Hp = -(-int(H) // 16) * 16
@@ -251,7 +252,7 @@ def memory_plan(
     bpq = {
         "dense": int(N) * 4,
         "dosa": nw_bytes + buffer * 8 + seed_rec + plan_b,
-        "dosa_stats": nw_bytes + nw_bytes * 8 + buffer * 8 + seed_rec + plan_b,
+        "dosa_stats": nw_bytes + nw_bytes + buffer * 8 + seed_rec + plan_b,
         "fused": buffer * 8 + seed_rec,
     }
     # rotated input sets: e4m3 queries (+ padded copy), fp32 weights, keys, ranges

@@ -241,8 +241,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.explicit_seeds = cp.asnumpy(xcnt).astype(np.int64)
         st.tau = cp.asnumpy(tau)
         st.screened = cp.asnumpy(vis) - st.seeds
-        pc = cp.asarray([bin(i).count("1") for i in range(256)], dtype=cp.int64)
-        sv = pc[surv.view(cp.uint8)].reshape(Qn, -1).sum(axis=1)
+        sv = popcount_rows(surv, cp)
         st.survivors = cp.asnumpy(sv)
         st.kept = cp.asnumpy(cnt).astype(np.int64)
         st.overflowed = cp.asnumpy(over)

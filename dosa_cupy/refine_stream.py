@@ -134,7 +134,7 @@ def split_shared(surv, ks, ke, xp=np):
     return xp.ascontiguousarray(shared), xp.ascontiguousarray(resid)
 
 
-_PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+_PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
 def popcount_rows(x, xp=np):
@@ -143,7 +143,9 @@ def popcount_rows(x, xp=np):
     if x.size == 0:
         return xp.zeros(x.shape[0], dtype=xp.int64)
     pc = xp.asarray(_PC8)
-    return pc[x.view(xp.uint8)].reshape(x.shape[0], -1).sum(axis=1)
+    # uint8 counts per byte (as much memory as the bitmask itself; an int64 table would
+    # take 8× — 16 GiB for the bench's 16K × 1M statistics run), summed in int64
+    return pc[x.view(xp.uint8)].reshape(x.shape[0], -1).sum(axis=1, dtype=xp.int64)
 
 
 # ---------------------------------------------------------------------------------------
