@@ -43,7 +43,9 @@ def set_tile(n: int) -> None:
 
 
 @functools.cache
-def module(tile_n: int = 128):
+def module(tile_n: int = 128, defines: tuple = ()):
+    """kernels.cu built for ``tile_n`` keys per tile, plus ``defines`` ("NAME=VALUE", e.g.
+    the screen's opt-in "DOSA_SCREEN_FAST32=1"): one cached module per combination."""
     cp = cupy_or_raise()
     # DOSA_SCREEN_UNROLL: batches per trip of the screening loop (a tuning experiment,
     # NOTES.md v8); it changes scheduling only, never a value.
@@ -51,16 +53,18 @@ def module(tile_n: int = 128):
     if unroll not in (1, 2, 4):
         raise ValueError(f"DOSA_SCREEN_UNROLL: expected 1, 2 or 4, got {unroll!r}")
     opts = OPTIONS + (f"-DDOSA_TILE_N={int(tile_n)}", f"-DDOSA_SCREEN_UNROLL={unroll}")
+    opts += tuple(f"-D{d}" for d in defines)
     return cp.RawModule(code=KERNEL_FILE.read_text(), options=opts, backend="nvrtc")
 
 
-def kernel(name: str, smem: int = 0):
-    """Kernel ``name`` of the module built for the current tile size; raises the dynamic
-    shared-memory limit when a launch needs more than 48 KB."""
-    f = module(tile()).get_function(name)
-    if smem > 48 * 1024 and (name, tile(), smem) not in _opted:
+def kernel(name: str, smem: int = 0, defines: tuple = ()):
+    """Kernel ``name`` of the module built for the current tile size (and ``defines``);
+    raises the dynamic shared-memory limit when a launch needs more than 48 KB."""
+    f = module(tile(), tuple(defines)).get_function(name)
+    key = (name, tile(), tuple(defines), smem)
+    if smem > 48 * 1024 and key not in _opted:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add((name, tile(), smem))
+        _opted.add(key)
     return f
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The first device call of the next session: everything written without a GPU on
 # 2026-11-30 (second session) — certificate seeds (cert_seeds=), the fused planner
-# (planner="fused"), the shared refinement stream (stream="shared") — plus the regression
+# (planner="fused"), the shared refinement stream (stream="shared"), the fp32 pre-test of
+# the screen (screen="fast32") — plus the regression
 # suite, compute-sanitizer on small cases, and the 1M / 128K benchmark with each opt-in as
 # a same-run variant.  Run it from a `git archive` of the commit with the id in ./COMMIT
 # (the device copy's .git is the session-start commit; never `git checkout` there):
@@ -27,5 +28,7 @@ run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -
 run 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests/test_plan_fused.py -k "H32-r14-structured"
 run 200 python3 -m dosa_cupy.bench --regime calibrated --shapes 32x4096x1048576,64x4096x1048576,32x4096x131072 \
   --variant cert:cert_seeds=2048 --variant fplan:planner=fused --variant shared:stream=shared \
-  --variant all:cert_seeds=2048,planner=fused,stream=shared --commit "$C" --out $OUT/bench
+  --variant fast32:screen=fast32 \
+  --variant all:cert_seeds=2048,planner=fused,stream=shared,screen=fast32 \
+  --commit "$C" --out $OUT/bench
 grep -E "passed|failed|ERROR SUMMARY|error" $L | tail -20

@@ -51,9 +51,13 @@ OPTIONS = {
     "debug_bounds": False,
     "timing": False,
     "stream": "per_query",
+    "screen": "fp64",
     "planner": "cupy",
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
+# screen guard: "fp64" (default) or "fast32": an fp32 upward-rounded pre-test skips the fp64
+# guard for warps whose keys it rejects (kernels.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest)
+SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",)}
 
 
 @dataclass
@@ -112,6 +116,8 @@ def _opts(kw):
         raise ValueError(f"mma_bits: expected an integer in [8, 24], got {mb!r}")
     if o["stream"] not in STREAMS:
         raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
+    if o["screen"] not in SCREENS:
+        raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     return o
@@ -154,8 +160,10 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         mma_bits (accumulator bits of the MMA error model, plan.py); stream ("per_query",
         default, or "shared": the shared refinement stream of query groups, METHOD.md §9,
         refine_stream.py; NOT YET RUN ON A GPU); planner ("cupy", default: plan.py, or
-        "fused": one kernel per chunk, plan_fused.py; NOT YET RUN ON A GPU); return_stats,
-        timing, debug_bounds.
+        "fused": one kernel per chunk, plan_fused.py; NOT YET RUN ON A GPU); screen
+        ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the fp64
+        guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; NOT YET RUN ON A GPU);
+        return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
@@ -196,7 +204,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     T = tile()
     grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
     cert = _CertBuffers(Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
-    kernel(f"screen{'_cert' if cert else ''}_mt{mts}", T * ROWB + T * 8)(
+    kernel(f"screen{'_cert' if cert else ''}_mt{mts}", T * ROWB + T * 8, SCREENS[o["screen"]])(
         grid,
         (256,),
         (

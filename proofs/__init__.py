@@ -38,6 +38,7 @@ MODULES = [
     "theorem1_exact_topk",
     "b3_margin_identity",
     "numerical_dominance",
+    "fp32_pretest",
 ]
 
 

@@ -29,3 +29,17 @@ def test_compiles_sm90(src, tile, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "error" not in res.stderr.lower(), res.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
+@pytest.mark.parametrize("define", ["DOSA_SCREEN_FAST32=1", "DOSA_SCREEN_UNROLL=1"])
+def test_kernel_variants_compile_sm90(define, tmp_path):
+    """The opt-in builds of kernels.cu (pipeline.SCREENS, _build's DOSA_SCREEN_UNROLL)."""
+    src = ROOT / "csrc" / "kernels.cu"
+    cmd = [
+        NVCC, "-arch=sm_90", "-std=c++17", "-ftz=true", f"-I{src.parent}", "-DDOSA_TILE_N=256",
+        f"-D{define}", "-Xptxas", "-warn-spills", "-c", str(src), "-o", str(tmp_path / "k.o"),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "error" not in res.stderr.lower(), res.stderr

@@ -219,3 +219,47 @@ def test_cert_seeds_with_explicit_seeds_and_bounds():
     assert np.all(st.tau <= kth)
     U = st.bounds
     assert int(cp.sum(~cp.isnan(U) & (lg.astype(cp.float64) > U))) == 0
+
+
+# --------------------------------------------------------------------------- fp32 pre-test
+
+
+def test_screen_option_validated():
+    assert pl._opts({"screen": "fast32"})["screen"] == "fast32"
+    with pytest.raises(ValueError, match="screen"):
+        pl._opts({"screen": "fp32"})
+
+
+def test_fast32_kernel_source_matches_the_proof():
+    """The kernel's pre-test uses the proof's constants (proofs/fp32_pretest.py): slack
+    2^-59, α ≤ 2^64, the normal-number threshold 2^-126, finite τ only."""
+    from proofs import fp32_pretest as pf
+
+    body = SRC[SRC.index("#if DOSA_SCREEN_FAST32") :]
+    assert pf.SLACK == 2**-59 and pf.ALPHA_MAX == 2**64 and pf.F32_MIN == 2**-126
+    for s in ("__fsub_rd(tq, 0x1p-59f)", "al <= 0x1p64f", "0x1p-126f", "tq < f32_inf"):
+        assert s in body, s
+    # the fast module is one define away: the default build never sees the pre-test
+    assert "#define DOSA_SCREEN_FAST32 0" in SRC
+    assert pl.SCREENS == {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",)}
+
+
+@pytest.mark.parametrize("regime,H", [("structured", 32), ("calibrated", 32), ("structured", 64)])
+@gpu
+def test_fast32_screen_equals_dense(regime, H):
+    """screen="fast32": ids == dense ids; survivors never more than the fp64 screen's (its
+    rejections are a superset); with debug_bounds the guard still holds."""
+    if regime == "calibrated":
+        pytest.importorskip("dosa_ref.workloads")
+    K = 512
+    wl = make_gpu_workload(regime, 64, 16384, H, seed=17)
+    a = _args(wl, K)
+    dense = dosa_cupy.dense_topk(*a)
+    ids0, st0 = dosa_cupy.dosa_topk(*a, return_stats=True)
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, screen="fast32")
+    assert cp.array_equal(ids, dense) and cp.array_equal(ids0, dense)
+    assert np.all(st.survivors <= st0.survivors)
+    _, stb = dosa_cupy.dosa_topk(*a, return_stats=True, screen="fast32", debug_bounds=True)
+    U = stb.bounds
+    assert int(cp.sum(~cp.isnan(U) & (_logits(wl).astype(cp.float64) > U))) == 0
+    print(f"\n[fast32] {regime} H={H}: survivors {st0.survivors.sum()} → {st.survivors.sum()}")

@@ -23,8 +23,9 @@ from proofs import (
 from proofs._exact import Dy, Surd
 from proofs._gen import spread_witness
 
-# Every statement except numerical dominance (whose bound is not claimed tight).
-TIGHT = set(proofs.MODULES) - {"numerical_dominance"}
+# Every statement except numerical dominance and the fp32 pre-test (bounds with an
+# allowance, not claimed tight).
+TIGHT = set(proofs.MODULES) - {"numerical_dominance", "fp32_pretest"}
 
 
 @pytest.fixture(scope="module")

@@ -344,6 +344,9 @@ SEED_INST(4)
 #define DOSA_SCREEN_UNROLL 2  // batches per loop trip (v8: 2 beat 1 by 8%, NOTES.md)
 #endif
 constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
+#ifndef DOSA_SCREEN_FAST32
+#define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py); opt-in
+#endif
 // CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
 // fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
 // capacity are dropped — they only feed the choice of certificate seeds, METHOD.md §2,
@@ -403,6 +406,16 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       const float last_lo = aux_lane ? -sg : olo[MTS - 1];
       const float last_hi = aux_lane ? 0.f : ohi[MTS - 1];
       const double C = Cq[t], er = eps_raw[t];
+#if DOSA_SCREEN_FAST32
+      // fp32 pre-test (proofs/fp32_pretest.py): its constants rounded up; it may reject
+      // only against a finite τ and when they are normal fp32 numbers (no flush).
+      const float Cf = __double2float_ru(C), ef = __double2float_ru(er);
+      const float of = __double2float_ru(eps_out);
+      const float f32_min = 0x1p-126f, f32_inf = __int_as_float(0x7f800000);
+      const bool q_fast = Cf >= f32_min && Cf < f32_inf && ef >= f32_min && ef < f32_inf &&
+                          of >= f32_min && of < f32_inf && tq > -f32_inf && tq < f32_inf;
+      const float tq_fast = q_fast ? __fsub_rd(tq, 0x1p-59f) : -f32_inf;
+#endif
       const int b0 = lo_i >> 5, b1 = (hi_i + 31) >> 5;
 #pragma unroll kScreenUnroll
       for (int b = b0; b < b1; ++b) {
@@ -434,11 +447,32 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         const int i = b * 32 + pos;
         const bool vis = i >= lo_i && i < hi_i;
         const float al = sa[i];
+#if DOSA_SCREEN_FAST32
+        const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
+        // u32 > V − 2^-59 under round-up and flush-to-zero (α normal ≤ 2^64, ρ 0 or
+        // normal), so u32 < τ − 2^-59 proves V < τ; the fp64 guard runs only for warps with
+        // a key the pre-test could not reject (rejections stay sound; proofs/fp32_pretest).
+        const float sri = sr[i];
+        const bool k_fast = al >= f32_min && al <= 0x1p64f &&
+                            (sri == 0.f || sri >= f32_min);
+        float u32 = __fadd_ru(__fadd_ru(uh, __fmul_ru(sri, Cf)), ef);
+        u32 = __fadd_ru(__fmul_ru(al, u32), of);
+        const bool need = vis && !seed && !(k_fast && u32 < tq_fast);
+        bool p = false;
+        double U = 0.0;  // computed wherever p can be true (read by CERT for survivors)
+        if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
+          U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
+          U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+          if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
+          p = need && !(U < (double)tq);
+        }
+#else
         double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
         const bool p = vis && !seed && !(U < (double)tq);
+#endif
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
         if constexpr (CERT) {
