@@ -23,12 +23,12 @@ run() { local t=$1; shift; local l; l=$(left); [ "$l" -lt "$t" ] && t=$l
 echo "commit $C" | tee -a $L
 run 200 python3 -m pytest -q -s tests/test_gpu_cert.py tests/test_plan_fused.py tests/test_refine_shared.py -m gpu
 run 120 python3 -m pytest -q tests/test_gpu.py tests/test_gpu_decode.py
-run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_gpu_cert.py -k "structured and 32"
-run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_refine_shared.py -k "records_exact and 64"
-run 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests/test_plan_fused.py -k "H32-r14-structured"
-run 200 python3 -m dosa_cupy.bench --regime calibrated --shapes 32x4096x1048576,64x4096x1048576,32x4096x131072 \
+run 180 python3 -m dosa_cupy.bench --regime calibrated --shapes 32x4096x1048576,64x4096x1048576,32x4096x131072 \
   --variant cert:cert_seeds=2048 --variant fplan:planner=fused --variant shared:stream=shared \
   --variant fast32:screen=fast32 \
   --variant all:cert_seeds=2048,planner=fused,stream=shared,screen=fast32 \
   --commit "$C" --out $OUT/bench
+run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_gpu_cert.py -k "structured and 32"
+run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_refine_shared.py -k "records_exact and 64"
+run 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests/test_plan_fused.py -k "H32-r14-structured"
 grep -E "passed|failed|ERROR SUMMARY|error" $L | tail -20
