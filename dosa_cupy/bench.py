@@ -455,7 +455,8 @@ def markdown(rows, meta=None) -> str:
                     f"{opts} | {_f(v.get('ms'))} | {_f(rel, '{:.2f}×')} | "
                     f"{_f(v.get('speedup_vs_dense'), '{:.2f}×')} | "
                     f"{_f(v.get('speedup_vs_fused'), '{:.2f}×')} | "
-                    f"{_f(v.get('survival_pooled'), '{:.4f}')} | {v.get('ids_equal_dense')} |\n"
+                    f"{_f(v.get('survival_pooled'), '{:.4f}')} | "
+                    f"{v.get('ids_equal_dense', 'error: ' + v.get('error', '?'))} |\n"
                 )
     if done:
         out.append(
@@ -1006,15 +1007,25 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
         v = {"options": vopts}
-        v["ms"], _ = _median_ms(cp, route(dosa_cupy.dosa_topk, vo), reps, rotate=dosa_cs)
-        _free(cp)
-        vids, vst, vstage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo)
+        res.setdefault("variants", {})[name] = v
+        try:
+            v["ms"], _ = _median_ms(cp, route(dosa_cupy.dosa_topk, vo), reps, rotate=dosa_cs)
+            _free(cp)
+            vids, vst, vstage = _stats_run(
+                dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo
+            )  # fmt: skip
+        except Exception as e:  # an experimental option must not lose the shape's row
+            if _is_oom(e):
+                raise
+            v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"# variant {name} failed: {v['error']}")
+            _free(cp)
+            continue
         v["ids_equal_dense"] = bool(cp.array_equal(vids, dense_ids))
         v["stage_ms"] = vstage
         v["survival_pooled"] = _survival(vst["survivors"], vst["screened"])["survival_pooled"]
         v["speedup_vs_dense"] = res["dense_route_ms"] / v["ms"]
         v["speedup_vs_fused"] = res["fused_ms"] / v["ms"]
-        res.setdefault("variants", {})[name] = v
         del vids
         _free(cp)
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)

@@ -551,3 +551,24 @@ def test_variants_with_a_fake_gpu(monkeypatch):
     assert "DoSA variants" in md and "| cert | cert_seeds=8 |" in md
     r["variants"]["cert"]["ids_equal_dense"] = False
     assert B.ids_equal(r) is False
+
+
+def test_failing_variant_keeps_the_row(monkeypatch):
+    """An experimental option that raises is recorded as an error; the row survives."""
+    _fake_gpu(monkeypatch)
+    import dosa_cupy
+
+    real = dosa_cupy.dosa_topk
+
+    def flaky(*a, **kw):
+        if kw.get("planner") == "broken":
+            raise RuntimeError("kernel not found")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dosa_cupy, "dosa_topk", flaky)
+    r = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
+                      variants={"bad": {"planner": "broken"}, "ok": {"cert_seeds": 8}})  # fmt: skip
+    assert "kernel not found" in r["variants"]["bad"]["error"]
+    assert r["variants"]["ok"]["ids_equal_dense"] and r["ids_equal"]
+    md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
+    assert "error: RuntimeError: kernel not found" in md
