@@ -61,7 +61,7 @@ def kernel(name: str, smem: int = 0, defines: tuple = ()):
     """Kernel ``name`` of the module built for the current tile size (and ``defines``);
     raises the dynamic shared-memory limit when a launch needs more than 48 KB."""
     f = module(tile(), tuple(defines)).get_function(name)
-    key = (name, tile(), tuple(defines), smem)
+    key = (cupy_or_raise().cuda.Device().id, name, tile(), tuple(defines), smem)
     if smem > 48 * 1024 and key not in _opted:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
         _opted.add(key)

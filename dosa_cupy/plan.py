@@ -236,7 +236,9 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
     eps_raw = cp.full(Qn, (2 * mth + 2 * mts + 16) * TINY)
-    valid = cp.isfinite(C) & cp.isfinite(sig)
+    # σ is stored as fp32: it must be finite there too, else the screen would weigh the aux
+    # rows by −inf and could reject on a bound that is not one (recover such queries)
+    valid = cp.isfinite(C) & cp.isfinite(sig) & cp.isfinite(sig.astype(cp.float32))
     return DevicePlan(
         mts=mts,
         rows=rows,

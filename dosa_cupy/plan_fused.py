@@ -44,12 +44,25 @@ def _module():
 _opted: set = set()
 
 
+def _device_id() -> int:
+    try:
+        return int(cupy_or_raise().cuda.Device().id)
+    except AttributeError:  # numpy stand-ins in the CPU tests
+        return 0
+
+
 def _kernel(name: str, smem: int):
-    """Kernel ``name`` of plan.cu, with the dynamic shared-memory opt-in above 48 KB."""
+    """Kernel ``name`` of plan.cu with its dynamic shared-memory limit raised to ``smem``.
+
+    Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
+    the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
+    48 KB of dynamic memory and would fail to launch (review of 2026-11-30).  The opt-in is
+    per loaded function, hence per device."""
     f = _module().get_function(name)
-    if smem > 48 * 1024 and (name, smem) not in _opted:
+    key = (_device_id(), name, smem)
+    if smem > 0 and key not in _opted:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add((name, smem))
+        _opted.add(key)
     return f
 
 

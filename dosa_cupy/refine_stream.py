@@ -168,11 +168,22 @@ _opted: set = set()
 
 
 def _shared_kernel(name: str, smem: int):
+    """refine_shared.cu kernel with its dynamic shared-memory limit raised to ``smem``
+    (always: the default 48 KB counts static + dynamic together); per function, hence
+    per device."""
     f = _module().get_function(name)
-    if smem > 48 * 1024 and name not in _opted:
+    key = (_device_id(), name, smem)
+    if smem > 0 and key not in _opted:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add(name)
+        _opted.add(key)
     return f
+
+
+def _device_id() -> int:
+    try:
+        return int(cupy_or_raise().cuda.Device().id)
+    except AttributeError:  # numpy stand-ins in the CPU tests
+        return 0
 
 
 def refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):

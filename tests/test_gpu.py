@@ -663,3 +663,19 @@ def test_public_ids_int64_cpu(monkeypatch):
         assert out.dtype == np.int64 and out.shape == (0, 8)
         out, _ = f(q, w, kp[:0], ksc[:0], 8, return_stats=True, seeds=np.full((4, 2), -1))
         assert out.dtype == np.int64 and np.all(out == -1)
+
+
+def test_plan_invalid_when_sigma_overflows_fp32():
+    """Huge negative weights: σ (a power of two ≥ max|a_A|/448) is finite in float64 but
+    not in fp32, where the screen reads it — the plan must be invalid (query-level
+    recovery), not weigh the aux rows by −inf."""
+    from dosa_cupy.plan import build_plans
+
+    q, w, kp, _ = _cpu_workload(32)
+    w = w.astype(np.float32).copy()
+    w[0] = np.float32(-3e38)  # every head negative and near FLT_MAX: |a_A|/448 > FLT_MAX
+    with np.errstate(over="ignore"):
+        pl = build_plans(q, w, kp, np.arange(0, 4096, 16), 14, 1, xp=np)
+    assert pl.aggregated[0] > 0 and np.isinf(pl.sigma[0])  # fp32 σ overflowed
+    assert not pl.valid[0]
+    assert pl.valid[1:].all()

@@ -217,7 +217,8 @@ def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
         J[d] = Jd
     Jn = np.sqrt(_block4_sum(J * J)) * (1 + MU)
     C = (np.sqrt(128.0) * (E + Jn)) * (1 + MU)
-    ok = bool(np.isfinite(C) and np.isfinite(sig))
+    with np.errstate(over="ignore"):
+        ok = bool(np.isfinite(C) and np.isfinite(sig) and np.isfinite(np.float32(sig)))
     return dict(rows=rows, omega=omega, sigma=np.float32(sig), C=C, E=E, valid=ok,
                 counts=(nR, nP, int(isA.sum())), inR=inR, inA=isA, w_fold=wt, a_A=aA)  # fmt: skip
 

@@ -483,7 +483,9 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     C_out[t] = C;
     E_out[t] = E;
     sigma_out[t] = (float)sig;
-    valid_out[t] = isfinite(C) && isfinite(sig);
+    // σ is stored as fp32 (plan.py: the same test): an fp32 overflow would make the screen
+    // weigh the aux rows by −inf, so such a plan is invalid (query-level recovery)
+    valid_out[t] = isfinite(C) && isfinite(sig) && isfinite((float)sig);
     counts[3 * t + 0] = nR;
     counts[3 * t + 1] = nP_s;
     counts[3 * t + 2] = nA_s;
