@@ -67,7 +67,8 @@ class DosaGpuStats:
     ``seeds``: default seed records (sinks, local window, anchor pool; excluded from
     screening); ``explicit_seeds``: explicit seeds scored beyond them (distinct, visible,
     not default seeds) — they raise τ but are screened like any other key;
-    ``cert_seeds``: certificate-guided seeds scored after the screen (``cert_seeds`` > 0).
+    ``cert_seeds``: certificate-guided seed candidates per query (the survivors of largest
+    U, before deduplication against explicit seeds; ``cert_seeds`` > 0).
     """
 
     seeds: np.ndarray = None
@@ -375,7 +376,9 @@ def _cert_clear(cert, tau, surv):
     Qn, NW = surv.shape
     gx = max(1, min(64, (cert.cap + 255) // 256))
     kernel("cert_clear_below_tau")(
-        (gx, Qn), (256,), (cert.rec, cert.cnt, np.int64(cert.cap), tau, np.int64(NW), surv)
+        (gx, min(Qn, 65535)),
+        (256,),
+        (cert.rec, cert.cnt, np.int64(cert.cap), tau, np.int32(Qn), np.int64(NW), surv),
     )
 
 

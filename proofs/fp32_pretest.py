@@ -117,7 +117,7 @@ def pretest(uh, rho, alpha, C, eps_raw, eps_out, tau, slack=SLACK):
     k_ok = (
         np.isfinite(alpha)
         and float(F32_MIN) <= alpha <= float(ALPHA_MAX)
-        and (rho == 0 or rho >= float(F32_MIN))
+        and (rho == 0 or rho >= float(F32_MIN))  # the kernel tests ρ == 0 on the bits
     )
     u = _op(uh, _op(rho, Cf, "mul"), "add")
     u = _op(u, ef, "add")

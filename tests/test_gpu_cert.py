@@ -86,8 +86,8 @@ class _FakeClear:
 
         def launch(grid, block, args):
             assert [np.asarray(a).dtype.type for a in args] == self.types
-            urec, ucnt, ucap, tau, NW, surv = args
-            assert grid[1] == surv.shape[0] and surv.shape[1] == NW
+            urec, ucnt, ucap, tau, Qn, NW, surv = args
+            assert grid[1] == min(surv.shape[0], 65535) and surv.shape == (Qn, NW)
             for t in range(surv.shape[0]):
                 n = min(int(ucnt[t]), int(ucap))
                 r = urec[t, :n]

@@ -453,8 +453,10 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         // normal), so u32 < τ − 2^-59 proves V < τ; the fp64 guard runs only for warps with
         // a key the pre-test could not reject (rejections stay sound; proofs/fp32_pretest).
         const float sri = sr[i];
+        // ρ exactly zero (a bit test: under FTZ `sri == 0.f` would also accept a denormal
+        // ρ, which the multiply then reads as 0 — review of 2026-11-30) or normal
         const bool k_fast = al >= f32_min && al <= 0x1p64f &&
-                            (sri == 0.f || sri >= f32_min);
+                            ((__float_as_uint(sri) << 1) == 0u || sri >= f32_min);
         float u32 = __fadd_ru(__fadd_ru(uh, __fmul_ru(sri, Cf)), ef);
         u32 = __fadd_ru(__fmul_ru(al, u32), of);
         const bool need = vis && !seed && !(k_fast && u32 < tq_fast);
@@ -482,8 +484,11 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
             if (lane == 0) base = atomicAdd(ucnt + t, (unsigned)__popc(m));
             base = __shfl_sync(0xffffffffu, base, 0);
             const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+            // u ≥ U: cvt.rp.ftz flushes a positive U < 2^-126 to +0 < U, so raise it to 2^-126
+            float u = __double2float_ru(U);
+            if ((double)u < U) u = 0x1p-126f;
             if (p && (long long)at < ucap)
-              urec[(long long)t * ucap + at] = make_record(__double2float_ru(U), (int)(n0 + i));
+              urec[(long long)t * ucap + at] = make_record(u, (int)(n0 + i));
           }
         }
       }
@@ -517,21 +522,24 @@ SCREEN_INST(2)
 // raised τ to tau[t], clear the survivor bit of every recorded key whose bound is below it.
 // u = fp32(U^num) rounded up ≥ U^num ≥ s (the guard), so u < τ proves s < τ: the key can be
 // in no Top-K (strict, as in the screen) and refinement need not score it.  Keys whose
-// record was dropped (count > ucap) keep their bit.  grid (x, Qn).
+// record was dropped (count > ucap) keep their bit.  grid (x, min(Qn, 65535)); rows
+// t = blockIdx.y, blockIdx.y + gridDim.y, ... (grid y is capped at 65535).
 extern "C" __global__ void cert_clear_below_tau(const unsigned long long* __restrict__ urec,
                                                 const unsigned int* __restrict__ ucnt,
                                                 long long ucap, const float* __restrict__ tau,
-                                                long long NW, uint32_t* __restrict__ surv) {
-  const int t = blockIdx.y;
-  const long long n = min((long long)ucnt[t], ucap);
-  const float tq = tau[t];
-  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n;
-       j += (long long)gridDim.x * blockDim.x) {
-    const unsigned long long r = urec[(long long)t * ucap + j];
-    const float u = code_score((uint32_t)(r >> 32));  // NaN (code 0) never clears
-    if (u < tq) {
-      const uint32_t id = ~(uint32_t)(r & 0xffffffffull);
-      atomicAnd(surv + (long long)t * NW + (id >> 5), ~(1u << (id & 31u)));
+                                                int Qn, long long NW,
+                                                uint32_t* __restrict__ surv) {
+  for (int t = blockIdx.y; t < Qn; t += gridDim.y) {
+    const long long n = min((long long)ucnt[t], ucap);
+    const float tq = tau[t];
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (long long)gridDim.x * blockDim.x) {
+      const unsigned long long r = urec[(long long)t * ucap + j];
+      const float u = code_score((uint32_t)(r >> 32));  // NaN (code 0) never clears
+      if (u < tq) {
+        const uint32_t id = ~(uint32_t)(r & 0xffffffffull);
+        atomicAnd(surv + (long long)t * NW + (id >> 5), ~(1u << (id & 31u)));
+      }
     }
   }
 }
