@@ -261,4 +261,21 @@ __device__ __forceinline__ unsigned long long make_record(float s, int id) {
   return ((unsigned long long)score_code(s) << 32) | (unsigned long long)(~(uint32_t)id);
 }
 
+// Warp-aggregated compact writeback (METHOD.md §9): every lane with p appends the record
+// (s, id) to rec[0 .. cap) through one atomicAdd per warp.  The counter counts every
+// qualifying record, also past cap, so count > cap reveals an overflow and the caller
+// re-runs with an exact-size buffer — nothing is silently dropped.  All 32 lanes call it.
+__device__ __forceinline__ void warp_emit(bool p, float s, int id, int lane, unsigned int* count,
+                                          unsigned long long* rec, long long cap) {
+  const unsigned m = __ballot_sync(0xffffffffu, p);
+  if (m == 0u) return;
+  unsigned base = 0;
+  if (lane == 0) base = atomicAdd(count, (unsigned)__popc(m));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (p) {
+    const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+    if ((long long)at < cap) rec[at] = make_record(s, id);
+  }
+}
+
 }  // namespace dosa

@@ -48,22 +48,6 @@ __device__ __forceinline__ void dec_gather(const uint8_t* __restrict__ kv, const
   }
 }
 
-// Warp-aggregated compact writeback of a record per qualifying lane (the emission of
-// kernels.cu score_ids_and_emit; candidate for common.cuh).  The counter counts every
-// qualifying record, so count > cap reveals an overflow and nothing is silently lost.
-__device__ __forceinline__ void dec_emit(bool p, float s, int id, int lane, unsigned int* count,
-                                         unsigned long long* rec, long long cap) {
-  const unsigned m = __ballot_sync(0xffffffffu, p);
-  if (m == 0u) return;
-  unsigned base = 0;
-  if (lane == 0) base = atomicAdd(count, (unsigned)__popc(m));
-  base = __shfl_sync(0xffffffffu, base, 0);
-  if (p) {
-    const unsigned at = base + __popc(m & ((1u << lane) - 1u));
-    if ((long long)at < cap) rec[at] = make_record(s, id);
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // Scan of every visible key of a row.  grid (ceil(L / (warps·DEC_WARP_KEYS)), rows);
 // warp w of block x takes logical keys [c0, c0 + DEC_WARP_KEYS), c0 = (x·warps + w)·256.
@@ -115,7 +99,7 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
     const bool vis = id < hi;
     const float s = vis ? sc * __ldg(ksc + dec_phys(bt_row, (int)id)) : DEC_NEG_INF;
     if constexpr (FUSED) {
-      dec_emit(vis && s >= tq, s, (int)id, lane, count + r, rec + (long long)r * cap, cap);
+      warp_emit(vis && s >= tq, s, (int)id, lane, count + r, rec + (long long)r * cap, cap);
     } else {
       if (id < c1) orow[id] = s;
     }
@@ -171,7 +155,7 @@ __device__ void dec_witness_impl(const uint8_t* __restrict__ q, const float* __r
     dec_gather(kv, bt_row, my, lane, Kr);
     const float sc = score_batch<MT>(A, Kr, wlo, whi, lane);
     const float s = id >= 0 ? sc * __ldg(ksc + dec_phys(bt_row, id)) : 0.f;
-    dec_emit(id >= 0, s, id, lane, count + r, rec + (long long)r * Wc, (long long)Wc);
+    warp_emit(id >= 0, s, id, lane, count + r, rec + (long long)r * Wc, (long long)Wc);
   }
 }
 

@@ -181,16 +181,7 @@ __device__ __forceinline__ void score_ids_and_emit(const QRows<MT>& A, const flo
   gather_keys(kp, my, lane, B);
   float s = score_batch<MT>(A, B, wlo, whi, lane);
   s = (id >= 0) ? s * __ldg(alpha + id) : 0.f;
-  const bool p = id >= 0 && s >= tau;
-  const unsigned m = __ballot_sync(0xffffffffu, p);
-  if (m == 0u) return;
-  unsigned base = 0;
-  if (lane == 0) base = atomicAdd(count, (unsigned)__popc(m));
-  base = __shfl_sync(0xffffffffu, base, 0);
-  if (p) {
-    const unsigned at = base + __popc(m & ((1u << lane) - 1u));
-    if ((long long)at < cap) rec[at] = make_record(s, id);
-  }
+  warp_emit(id >= 0 && s >= tau, s, id, lane, count, rec, cap);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -238,16 +229,7 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
       const float s = sc * sa[i];
       const bool seed = key < s_hi || key >= loc_lo || ((spm[b] >> pos) & 1u);
       const bool p = key >= lo && key < hi && !seed && s >= tq;
-      const unsigned m = __ballot_sync(0xffffffffu, p);
-      if (m) {
-        unsigned base = 0;
-        if (lane == 0) base = atomicAdd(count + t, (unsigned)__popc(m));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (p) {
-          const unsigned at = base + __popc(m & ((1u << lane) - 1u));
-          if ((long long)at < cap) rec[(long long)t * cap + at] = make_record(s, (int)key);
-        }
-      }
+      warp_emit(p, s, (int)key, lane, count + t, rec + (long long)t * cap, cap);
     }
   }
 }
@@ -479,16 +461,10 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         if (lane == b) myword = word;
         if constexpr (CERT) {
           if (word) {  // warp-aggregated append of the survivors' (U, id) records
-            const uint32_t m = __ballot_sync(0xffffffffu, p);
-            unsigned base = 0;
-            if (lane == 0) base = atomicAdd(ucnt + t, (unsigned)__popc(m));
-            base = __shfl_sync(0xffffffffu, base, 0);
-            const unsigned at = base + __popc(m & ((1u << lane) - 1u));
             // u ≥ U: cvt.rp.ftz flushes a positive U < 2^-126 to +0 < U, so raise it to 2^-126
             float u = __double2float_ru(U);
             if ((double)u < U) u = 0x1p-126f;
-            if (p && (long long)at < ucap)
-              urec[(long long)t * ucap + at] = make_record(u, (int)(n0 + i));
+            warp_emit(p, u, (int)(n0 + i), lane, ucnt + t, urec + (long long)t * ucap, ucap);
           }
         }
       }

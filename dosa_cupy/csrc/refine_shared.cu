@@ -147,16 +147,8 @@ __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* _
         const QFragSmem<MT> A{sA + qi * (MT * 8 * 32) + lane};
         float s = score_batch<MT, KeysReg, QFragSmem<MT>>(A, B, wl, wh, lane);
         s = (id >= 0) ? s * al : 0.f;  // = score_ids_and_emit's s · α (one fp32 multiply)
-        const bool p = sv && s >= __ldg(tau + t);
-        const unsigned bm = __ballot_sync(0xffffffffu, p);
-        if (bm == 0u) continue;
-        unsigned base = 0;
-        if (lane == 0) base = atomicAdd(count + t, (unsigned)__popc(bm));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (p) {
-          const unsigned a = base + __popc(bm & ((1u << lane) - 1u));
-          if ((long long)a < cap) rec[(long long)t * cap + a] = make_record(s, id);
-        }
+        warp_emit(sv && s >= __ldg(tau + t), s, id, lane, count + t, rec + (long long)t * cap,
+                  cap);
       }
     }
     __syncwarp();
