@@ -61,10 +61,27 @@ def kernel(name: str, smem: int = 0, defines: tuple = ()):
     """Kernel ``name`` of the module built for the current tile size (and ``defines``);
     raises the dynamic shared-memory limit when a launch needs more than 48 KB."""
     f = module(tile(), tuple(defines)).get_function(name)
-    key = (cupy_or_raise().cuda.Device().id, name, tile(), tuple(defines), smem)
-    if smem > 48 * 1024 and key not in _opted:
+    if smem > 48 * 1024:
+        raise_smem_limit(f, smem, name, tile(), tuple(defines))
+    return f
+
+
+@functools.cache
+def source_module(path: Path):
+    """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu, refine_shared.cu)
+    with the package's NVRTC options."""
+    cp = cupy_or_raise()
+    return cp.RawModule(code=Path(path).read_text(), options=OPTIONS, backend="nvrtc")
+
+
+def raise_smem_limit(f, smem: int, *key):
+    """Raise kernel ``f``'s dynamic shared-memory limit to ``smem`` bytes, once per device
+    and ``key`` (the attribute belongs to the loaded function, i.e. to each device's copy;
+    the default limit of 48 KB counts static and dynamic shared memory together)."""
+    k = (cupy_or_raise().cuda.Device().id, *key, smem)
+    if k not in _opted:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add(key)
+        _opted.add(k)
     return f
 
 

@@ -35,14 +35,13 @@ Verified on the H200 (GPU_TESTS.md, 2026-11-30 04:51: tests/test_gpu_decode.py, 
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 
 import numpy as np
 
 from dosa_ref.decode import DecodeStats, DecodeStep
 
-from ._build import CSRC, OPTIONS, cupy_or_raise
+from ._build import CSRC, cupy_or_raise, source_module
 from ._build import kernel as prefill_kernel
 
 __all__ = [
@@ -66,14 +65,8 @@ KMAX = 4096  # selection kernel limit (kernels.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 
 
-@functools.cache
-def _module():
-    cp = cupy_or_raise()
-    return cp.RawModule(code=DECODE_FILE.read_text(), options=OPTIONS, backend="nvrtc")
-
-
 def _kernel(name: str):
-    return _module().get_function(name)
+    return source_module(DECODE_FILE).get_function(name)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,11 +20,9 @@ host code on the CPU against a numpy emulation of the kernel (``emulate_plan_ker
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from ._build import CSRC, OPTIONS, cupy_or_raise
+from ._build import CSRC, cupy_or_raise, raise_smem_limit, source_module
 from .plan import TINY, DevicePlan, gamma, gamma_mma
 from .prepare import D
 
@@ -35,35 +33,13 @@ PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)
 
 
-@functools.cache
-def _module():
-    cp = cupy_or_raise()
-    return cp.RawModule(code=PLAN_FILE.read_text(), options=OPTIONS, backend="nvrtc")
-
-
-_opted: set = set()
-
-
-def _device_id() -> int:
-    try:
-        return int(cupy_or_raise().cuda.Device().id)
-    except AttributeError:  # numpy stand-ins in the CPU tests
-        return 0
-
-
 def _kernel(name: str, smem: int):
     """Kernel ``name`` of plan.cu with its dynamic shared-memory limit raised to ``smem``.
 
     Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
     the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
-    48 KB of dynamic memory and would fail to launch (review of 2026-11-30).  The opt-in is
-    per loaded function, hence per device."""
-    f = _module().get_function(name)
-    key = (_device_id(), name, smem)
-    if smem > 0 and key not in _opted:
-        f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add(key)
-    return f
+    48 KB of dynamic memory and would fail to launch (review of 2026-11-30)."""
+    return raise_smem_limit(source_module(PLAN_FILE).get_function(name), smem, "plan", name)
 
 
 def plan_smem_bytes(Hp: int) -> int:

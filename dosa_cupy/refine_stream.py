@@ -29,11 +29,9 @@ NOT YET RUN ON A GPU (stream="shared"): GPU tests in tests/test_refine_shared.py
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from ._build import CSRC, OPTIONS, cupy_or_raise, kernel
+from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
 
 __all__ = [
     "GROUP",
@@ -158,32 +156,11 @@ def shared_smem_bytes(mt: int) -> int:
     return GROUP * mt * 8 * 32 * 16 + GROUP * mt * 16 * 4 + RS_WARPS * RS_BUF * 4
 
 
-@functools.cache
-def _module():
-    cp = cupy_or_raise()
-    return cp.RawModule(code=SHARED_FILE.read_text(), options=OPTIONS, backend="nvrtc")
-
-
-_opted: set = set()
-
-
 def _shared_kernel(name: str, smem: int):
     """refine_shared.cu kernel with its dynamic shared-memory limit raised to ``smem``
-    (always: the default 48 KB counts static + dynamic together); per function, hence
-    per device."""
-    f = _module().get_function(name)
-    key = (_device_id(), name, smem)
-    if smem > 0 and key not in _opted:
-        f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add(key)
-    return f
-
-
-def _device_id() -> int:
-    try:
-        return int(cupy_or_raise().cuda.Device().id)
-    except AttributeError:  # numpy stand-ins in the CPU tests
-        return 0
+    (always: the default 48 KB counts static + dynamic together)."""
+    f = source_module(SHARED_FILE).get_function(name)
+    return raise_smem_limit(f, smem, "refine_shared", name)
 
 
 def refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
