@@ -169,18 +169,13 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
     cp = cupy_or_raise()
-    o = _opts(options)
-    tm = _Timer(o["timing"])
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
-    q, w = pad_heads(q, w)
+    o, tm, st, (q, w, kp, ksc, K, ks, ke), empty = _start(q, w, k_payload, k_scale, K, ks, ke,
+                                                         options)  # fmt: skip
+    if empty is not None:
+        return empty
     Qn, Hp, _ = q.shape
     N = kp.shape[0]
-    o["seeds"] = _device_seeds(o["seeds"], Qn, N)
     mth = Hp // 16
-    st = DosaGpuStats()
-    if Qn == 0 or N == 0:
-        ids = cp.full((Qn, K), -1, dtype=cp.int64)
-        return (ids, st) if o["return_stats"] else ids
     NW = (N + 31) // 32
 
     # Prepare: ρ per key (METHOD.md §8).
@@ -266,6 +261,25 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.bounds = Uout
         return ids, st
     return ids
+
+
+def _start(q, w, k_payload, k_scale, K, ks, ke, options):
+    """The common start of ``dosa_topk`` and ``fused_topk``: options, stage timer, stats,
+    validated inputs with heads padded to 16·MT and explicit seeds on the device; ``empty``
+    is the finished result (−1 ids) when there is no query or no key, else None."""
+    cp = cupy_or_raise()
+    o = _opts(options)
+    tm = _Timer(o["timing"])
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    q, w = pad_heads(q, w)
+    Qn, N = q.shape[0], kp.shape[0]
+    o["seeds"] = _device_seeds(o["seeds"], Qn, N)
+    st = DosaGpuStats()
+    empty = None
+    if Qn == 0 or N == 0:
+        ids = cp.full((Qn, K), -1, dtype=cp.int64)
+        empty = (ids, st) if o["return_stats"] else ids
+    return o, tm, st, (q, w, kp, ksc, K, ks, ke), empty
 
 
 def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
@@ -528,18 +542,12 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     (explicit seed ids, as in ``dosa_topk``), buffer, return_stats, timing (cert_seeds and
     the plan options are accepted and ignored: the fused route has no screen)."""
     cp = cupy_or_raise()
-    o = _opts(options)
-    tm = _Timer(o["timing"])
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
-    q, w = pad_heads(q, w)
+    o, tm, st, (q, w, kp, ksc, K, ks, ke), empty = _start(q, w, k_payload, k_scale, K, ks, ke,
+                                                         options)  # fmt: skip
+    if empty is not None:
+        return empty
     Qn, Hp, _ = q.shape
-    N = kp.shape[0]
-    o["seeds"] = _device_seeds(o["seeds"], Qn, N)
     mth = Hp // 16
-    st = DosaGpuStats()
-    if Qn == 0 or N == 0:
-        ids = cp.full((Qn, K), -1, dtype=cp.int64)
-        return (ids, st) if o["return_stats"] else ids
     _, poolmask, seed_rec, seed_cnt, xcnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
     tm.mark("seeds")
     cap = int(o["buffer"])
