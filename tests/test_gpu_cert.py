@@ -18,29 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_signatures import check_args, param_types
 from gpu_support import HAVE_GPU, cp, gpu
 
 import dosa_cupy.pipeline as pl
 from dosa_ref.stages import cert_clear_below_tau
 
 SRC = (Path(pl.__file__).parent / "csrc" / "kernels.cu").read_text().replace("\\\n", " ")
-_CTYPES = {
-    "uint8_t*": np.uint8, "float*": np.float32, "double*": np.float64, "int*": np.int32,
-    "unsigned int*": np.uint32, "unsigned long long*": np.uint64, "uint32_t*": np.uint32,
-    "int": np.int32, "long long": np.int64, "double": np.float64,
-}  # fmt: skip
-
-
-def _types(params: str) -> list:
-    out = []
-    for p in params.split(","):
-        words = p.replace("const", "").replace("__restrict__", "").split()
-        out.append(_CTYPES[" ".join(words[:-1]).replace(" *", "*")])
-    return out
 
 
 def _sig(pattern: str) -> list:
-    return _types(re.search(pattern + r"\(\s*(.*?)\)\s*\{", SRC, re.S).group(1))
+    return param_types(SRC, pattern)
 
 
 def test_screen_cert_signature_extends_screen():
@@ -85,7 +73,7 @@ class _FakeClear:
         assert name == "cert_clear_below_tau"
 
         def launch(grid, block, args):
-            assert [np.asarray(a).dtype.type for a in args] == self.types
+            check_args(name, args, self.types)
             urec, ucnt, ucap, tau, Qn, NW, surv = args
             assert grid[1] == min(surv.shape[0], 65535) and surv.shape == (Qn, NW)
             for t in range(surv.shape[0]):

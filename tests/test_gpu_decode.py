@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_signatures import check_args, param_types
 from gpu_support import cp, gpu
 
 from dosa_cupy import decode as dec
@@ -541,26 +542,13 @@ def test_witness_decomposition_emits_each_visible_witness_once():
 # signature in decode.cu / kernels.cu (count, pointer dtypes, int vs long long).
 # ---------------------------------------------------------------------------------------
 
-_CTYPES = {
-    "uint8_t*": np.uint8, "float*": np.float32, "int*": np.int32, "unsigned int*": np.uint32,
-    "unsigned long long*": np.uint64, "int": np.int32, "long long": np.int64,
-}  # fmt: skip
-
 
 def _signatures():
     src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text().replace("\\\n", " ")
-    sig = {}
-    for name, params in re.findall(r"(decode_\w+)_mt##MT\(\s*(.*?)\)\s*\{", src, re.S):
-        sig[name] = params
+    out = {n: param_types(src, rf"\b{n}_mt##MT") for n in
+           re.findall(r"(decode_\w+)_mt##MT\(", src)}  # fmt: skip
     k = (Path(dec.__file__).parent / "csrc" / "kernels.cu").read_text()
-    sig["tau_from_kth"] = re.search(r"void tau_from_kth\((.*?)\)", k, re.S).group(1)
-    out = {}
-    for name, params in sig.items():
-        types = []
-        for p in params.split(","):
-            t = " ".join(p.replace("const", "").split()[:-1]).replace(" *", "*")
-            types.append(_CTYPES[t])
-        out[name] = types
+    out["tau_from_kth"] = param_types(k, r"void tau_from_kth")
     return out
 
 
@@ -576,11 +564,7 @@ class _FakeKernels:
         types = self.sig[base]
 
         def launch(grid, block, args, **kw):
-            assert len(args) == len(types), (name, len(args), len(types))
-            for i, (a, t) in enumerate(zip(args, types, strict=True)):
-                assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
-                if isinstance(a, np.ndarray):
-                    assert a.flags.c_contiguous, (name, i)
+            check_args(name, args, types)
             assert len(grid) in (1, 2) and block == (256,) or base == "tau_from_kth"
             self.calls.append(name)
             getattr(self, base)(*args)

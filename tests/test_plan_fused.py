@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_signatures import check_args, params
 from gpu_support import HAVE_GPU, cp, gpu
 
 from dosa_cupy import plan as plan_mod
@@ -35,20 +36,9 @@ MU = 2.0**-30
 # The kernel's signature (parsed from plan.cu) and its numpy emulation.
 # ---------------------------------------------------------------------------------------
 
-_CTYPES = {
-    "uint8_t*": np.uint8, "float*": np.float32, "int*": np.int32, "double*": np.float64,
-    "int": np.int32, "double": np.float64,
-}  # fmt: skip
-
 
 def _signature():
-    src = PLAN_CU.read_text().replace("\\\n", " ")
-    params = re.search(r"plan_mt##MT\(\s*(.*?)\)\s*\{", src, re.S).group(1)
-    out = []
-    for p in params.split(","):
-        words = p.replace("const", "").replace("__restrict__", "").split()
-        out.append((_CTYPES[" ".join(words[:-1]).replace(" *", "*")], words[-1]))
-    return out
+    return params(PLAN_CU.read_text(), r"plan_mt##MT")
 
 
 def test_signature_and_constants_match_source():
@@ -244,11 +234,7 @@ class _FakePlanKernel:
         mt = int(re.fullmatch(r"plan_mt(\d)", name).group(1))
 
         def launch(grid, block, args, shared_mem=0):
-            assert len(args) == len(self.sig), (len(args), len(self.sig))
-            for i, (a, t) in enumerate(zip(args, self.sig, strict=True)):
-                assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
-                if isinstance(a, np.ndarray):
-                    assert a.flags.c_contiguous, (name, i)
+            check_args(name, args, self.sig)
             q = args[0]
             assert q.shape[1] == 16 * mt and grid == (q.shape[0],) and block == (pf.PLAN_THREADS,)
             assert shared_mem == smem == pf.plan_smem_bytes(16 * mt)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_signatures import check_args, param_types
 from gpu_support import HAVE_GPU, cp, gpu
 
 from dosa_cupy import refine_stream as rs_mod
@@ -322,21 +323,9 @@ def test_loop_decomposition_refines_each_pair_once(Qn, N, density, kind):
 # Constants and C signatures
 # ---------------------------------------------------------------------------------------
 
-_CTYPES = {
-    "uint8_t*": np.uint8, "float*": np.float32, "int*": np.int32, "unsigned int*": np.uint32,
-    "unsigned long long*": np.uint64, "uint32_t*": np.uint32, "int": np.int32,
-    "long long": np.int64,
-}  # fmt: skip
-
 
 def _param_types(src, name):
-    src = src.replace("\\\n", " ")
-    params = re.search(rf"\b{name}_mt##MT\(\s*(.*?)\)\s*\{{", src, re.S).group(1)
-    types = []
-    for p in params.split(","):
-        t = " ".join(p.replace("const", "").split()[:-1]).replace(" *", "*")
-        types.append(_CTYPES[t])
-    return types
+    return param_types(src, rf"\b{name}_mt##MT")
 
 
 def test_constants_match_source():
@@ -396,11 +385,7 @@ class _FakeRefine:
         mt = int(name[-1])
 
         def launch(grid, block, args, **kw):
-            assert len(args) == len(types), (name, len(args), len(types))
-            for i, (a, t) in enumerate(zip(args, types, strict=True)):
-                assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
-                if isinstance(a, np.ndarray):
-                    assert a.flags.c_contiguous, (name, i)
+            check_args(name, args, types)
             assert block == (256,) and len(grid) == 2
             assert args[0].shape[1] == 16 * mt and args[1].shape[1] == 16 * mt  # q, w: MT
             if base == "refine_shared":

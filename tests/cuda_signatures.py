@@ -1,0 +1,42 @@
+"""Shared CPU-test support: kernel parameter lists parsed from the .cu sources, and the
+check that a host launch passes arguments of exactly those types (count, dtypes — int vs
+long long, float vs double — and C-contiguous arrays), as the kernels' numpy emulations
+in the CPU tests do before they run."""
+
+import re
+
+import numpy as np
+
+CTYPES = {
+    "uint8_t*": np.uint8, "float*": np.float32, "double*": np.float64, "int*": np.int32,
+    "unsigned int*": np.uint32, "uint32_t*": np.uint32, "unsigned long long*": np.uint64,
+    "int": np.int32, "long long": np.int64, "double": np.float64,
+}  # fmt: skip
+
+
+def params(src: str, pattern: str) -> list[tuple[type, str]]:
+    """(numpy type, name) of each parameter of the first function whose name matches the
+    regex ``pattern`` and is followed by its parameter list and a body (macro line
+    continuations joined)."""
+    src = src.replace("\\\n", " ")
+    text = re.search(pattern + r"\(\s*(.*?)\)\s*\{", src, re.S).group(1)
+    out = []
+    for p in text.split(","):
+        words = p.replace("const", "").replace("__restrict__", "").split()
+        out.append((CTYPES[" ".join(words[:-1]).replace(" *", "*")], words[-1]))
+    return out
+
+
+def param_types(src: str, pattern: str) -> list[type]:
+    """The numpy types of ``params(src, pattern)``."""
+    return [t for t, _ in params(src, pattern)]
+
+
+def check_args(name: str, args, types) -> None:
+    """A launch of kernel ``name`` passes one argument per parameter, of its type;
+    arrays are C-contiguous."""
+    assert len(args) == len(types), (name, len(args), len(types))
+    for i, (a, t) in enumerate(zip(args, types, strict=True)):
+        assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
+        if isinstance(a, np.ndarray):
+            assert a.flags.c_contiguous, (name, i)
