@@ -21,21 +21,32 @@ from dosa_ref.stages import (
 from dosa_ref.workloads import make_workload
 
 
-def test_stages_compose_to_exact_topk():
-    wl = make_workload("calibrated", 3, 6000, seed=2)
-    K = 256
+def _fp8_case(seed):
+    """3 calibrated queries × 6,000 FP8 keys: (workload, payload, scale, ρ, dequantized
+    keys, q, w float64, reference logits)."""
+    wl = make_workload("calibrated", 3, 6000, seed=seed)
     payload, scale = quantize_keys(wl.k)
-    rho = key_rho(payload)
     k = dequantize(payload, scale)
     q, w = wl.q.astype(np.float64), wl.w.astype(np.float64)
-    ref = topk_ids(dense_logits(q, w, payload, scale, wl.ks, wl.ke), K)
+    logits = dense_logits(q, w, payload, scale, wl.ks, wl.ke)
+    return wl, payload, scale, key_rho(payload), k, q, w, logits
+
+
+def _fp8_plan(q_t, w_t, k, S):
+    """The FP8 screening plan of one query (r = 8, activations from the seeds S)."""
+    return build_fp8_plan(build_plan(q_t, w_t, activation_frequency(q_t, k[S]), 8), q_t, w_t)
+
+
+def test_stages_compose_to_exact_topk():
+    K = 256
+    wl, payload, scale, rho, k, q, w, logits = _fp8_case(2)
+    ref = topk_ids(logits, K)
     pruned = 0
     for t in range(q.shape[0]):
         a, b = int(wl.ks[t]), int(wl.ke[t])
         S = local_seeds(a, b, 1024, 16)
         s_S, tau = seed_score(q[t], w[t], k, S, K)
-        plan = build_plan(q[t], w[t], activation_frequency(q[t], k[S]), 8)
-        fplan = build_fp8_plan(plan, q[t], w[t])
+        fplan = _fp8_plan(q[t], w[t], k, S)
         alive = screen(fplan, payload[a:b], scale[a:b], rho[a:b], tau)
         alive[S - a] = False
         pruned += int((~alive).sum()) - S.size
@@ -49,13 +60,8 @@ def test_explicit_seed_ids_only_raise_tau():
     Top-K plus repeats, default seeds, invisible ids and −1 pads — raise τ to exactly τ*
     (the K-th score) and shrink the survivors, while only the default seeds are excluded
     from screening: the stages still compose to the exact Top-K."""
-    wl = make_workload("calibrated", 3, 6000, seed=4)
     K = 256
-    payload, scale = quantize_keys(wl.k)
-    rho = key_rho(payload)
-    k = dequantize(payload, scale)
-    q, w = wl.q.astype(np.float64), wl.w.astype(np.float64)
-    logits = dense_logits(q, w, payload, scale, wl.ks, wl.ke)
+    wl, payload, scale, rho, k, q, w, logits = _fp8_case(4)
     ref = topk_ids(logits, K)
     for t in range(q.shape[0]):
         a, b = int(wl.ks[t]), int(wl.ke[t])
@@ -66,8 +72,7 @@ def test_explicit_seed_ids_only_raise_tau():
         assert np.all(np.diff(X) > 0) and not np.isin(X, S).any()
         assert np.all((X >= a) & (X < b))
         assert tau == logits[t, ref[t, K - 1]] and tau >= tau0
-        plan = build_plan(q[t], w[t], activation_frequency(q[t], k[S]), 8)
-        fplan = build_fp8_plan(plan, q[t], w[t])
+        fplan = _fp8_plan(q[t], w[t], k, S)
         alive0 = screen(fplan, payload[a:b], scale[a:b], rho[a:b], tau0)
         alive = screen(fplan, payload[a:b], scale[a:b], rho[a:b], tau)
         alive0[S - a] = False
@@ -83,20 +88,14 @@ def test_certificate_seeds_clear_survivors():
     certificate-guided seeds, METHOD.md §2): the m survivors of largest U, scored exactly,
     raise τ (a superset of the seeds); survivors whose bound is below the new τ are dropped
     — never a key of the Top-K — and the stages still compose to the exact Top-K."""
-    wl = make_workload("calibrated", 3, 6000, seed=6)
     K, m = 256, 256
-    payload, scale = quantize_keys(wl.k)
-    rho = key_rho(payload)
-    k = dequantize(payload, scale)
-    q, w = wl.q.astype(np.float64), wl.w.astype(np.float64)
-    logits = dense_logits(q, w, payload, scale, wl.ks, wl.ke)
+    wl, payload, scale, rho, k, q, w, logits = _fp8_case(6)
     ref = topk_ids(logits, K)
     for t in range(q.shape[0]):
         a, b = int(wl.ks[t]), int(wl.ke[t])
         S = local_seeds(a, b, 64, 4)
         s_S, tau0 = seed_score(q[t], w[t], k, S, K)
-        plan = build_plan(q[t], w[t], activation_frequency(q[t], k[S]), 8)
-        fplan = build_fp8_plan(plan, q[t], w[t])
+        fplan = _fp8_plan(q[t], w[t], k, S)
         U = screen_bound(fplan, e4m3_values(payload[a:b]), scale[a:b], rho[a:b])
         alive = U >= tau0
         alive[S - a] = False
