@@ -16,3 +16,13 @@ def gpu(f):
     """GPU test: marked ``gpu`` and skipped with a reason without CuPy / a GPU."""
     f = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU")(f)
     return pytest.mark.gpu(f)
+
+
+def guard_violations(logits, bounds):
+    """(number of visible (query, key) with s > U^num, min(U^num − s) over them): the
+    guard check of METHOD.md §8 on dense logits fp32 [Qn, N] and ``debug_bounds`` U fp64
+    [Qn, N] (NaN where not visible)."""
+    s = logits.astype(cp.float64)
+    vis = ~cp.isnan(bounds)
+    slack = cp.where(vis, bounds - s, cp.inf)
+    return int(cp.sum(vis & (s > bounds))), float(slack.min())
