@@ -28,6 +28,7 @@ run 180 python3 -m dosa_cupy.bench --regime calibrated --shapes 32x4096x1048576,
   --variant fast32:screen=fast32 \
   --variant all:cert_seeds=2048,planner=fused,stream=shared,screen=fast32 \
   --commit "$C" --out $OUT/bench
+run 60 python3 -m dosa_cupy.profile_plan --Qn 4096 --N 131072
 run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_gpu_cert.py -k "structured and 32"
 run 60 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_refine_shared.py -k "records_exact and 64"
 run 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests/test_plan_fused.py -k "H32-r14-structured"

@@ -2,7 +2,8 @@
 
 ``python -m dosa_cupy.profile_plan [--Qn 4096] [--N 131072] [--H 32,64]``
 
-For ``plan.build_plans`` and ``pipeline._seed_stage`` on the calibrated regime: CUDA-event
+For ``plan.build_plans``, the opt-in ``plan_fused.build_plans_fused`` and
+``pipeline._seed_stage`` on the calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
 per-source-line split taken with a device synchronization after every line (a trace
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from dosa_cupy import pipeline, plan
+    from dosa_cupy import pipeline, plan, plan_fused
     from dosa_cupy.prepare import check_inputs, pad_heads
     from dosa_cupy.workload import make_gpu_workload
 
@@ -95,6 +96,10 @@ def main(argv=None) -> int:
         sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
         src = inspect.getsource(sys.modules[plan.__name__]).splitlines()
         _report("plan (build_plans)", plan.build_plans, (q, w, kp, sample, 14, 1, 17), cp, src)
+        # the opt-in fused planner (planner="fused", one kernel per query), same method
+        src = inspect.getsource(sys.modules[plan_fused.__name__]).splitlines()
+        fused = plan_fused.build_plans_fused
+        _report("plan (build_plans_fused)", fused, (q, w, kp, sample, 14, 1, 17), cp, src)
     return 0
 
 
