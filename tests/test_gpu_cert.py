@@ -152,6 +152,20 @@ def _logits(wl):
     )
 
 
+def _base_and_option(regime, H, seed, K, base, option):
+    """64 × 16,384 causal workload: DoSA with options ``base`` and with ``base`` +
+    ``option``, both asserted equal to the dense route's ids; (wl, args, stats, stats)."""
+    if regime == "calibrated":
+        pytest.importorskip("dosa_ref.workloads")
+    wl = make_gpu_workload(regime, 64, 16384, H, seed=seed)
+    a = _args(wl, K)
+    dense = dosa_cupy.dense_topk(*a)
+    ids0, st0 = dosa_cupy.dosa_topk(*a, return_stats=True, **base)
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, **base, **option)
+    assert cp.array_equal(ids, dense) and cp.array_equal(ids0, dense)
+    return wl, a, st0, st
+
+
 def _args(wl, K):
     return (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
 
@@ -172,15 +186,8 @@ def _args(wl, K):
 def test_cert_seeds_equal_dense(regime, H, kw):
     """ids == dense ids bitwise; τ ≤ the true K-th score; τ ≥ τ without certificate seeds;
     survivors never more than without them."""
-    if regime == "calibrated":
-        pytest.importorskip("dosa_ref.workloads")
     K = 512
-    wl = make_gpu_workload(regime, 64, 16384, H, seed=13)
-    a = _args(wl, K)
-    dense = dosa_cupy.dense_topk(*a)
-    ids0, st0 = dosa_cupy.dosa_topk(*a, return_stats=True, **kw)
-    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, cert_seeds=K, **kw)
-    assert cp.array_equal(ids, dense) and cp.array_equal(ids0, dense)
+    wl, a, st0, st = _base_and_option(regime, H, 13, K, kw, {"cert_seeds": K})
     lg = _logits(wl)
     kth = cp.asnumpy(cp.sort(lg, axis=1)[:, -K])
     assert np.all(st.tau <= kth) and np.all(st.tau >= st0.tau)
@@ -236,15 +243,8 @@ def test_fast32_kernel_source_matches_the_proof():
 def test_fast32_screen_equals_dense(regime, H):
     """screen="fast32": ids == dense ids; survivors never more than the fp64 screen's (its
     rejections are a superset); with debug_bounds the guard still holds."""
-    if regime == "calibrated":
-        pytest.importorskip("dosa_ref.workloads")
     K = 512
-    wl = make_gpu_workload(regime, 64, 16384, H, seed=17)
-    a = _args(wl, K)
-    dense = dosa_cupy.dense_topk(*a)
-    ids0, st0 = dosa_cupy.dosa_topk(*a, return_stats=True)
-    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, screen="fast32")
-    assert cp.array_equal(ids, dense) and cp.array_equal(ids0, dense)
+    wl, a, st0, st = _base_and_option(regime, H, 17, K, {}, {"screen": "fast32"})
     assert np.all(st.survivors <= st0.survivors)
     _, stb = dosa_cupy.dosa_topk(*a, return_stats=True, screen="fast32", debug_bounds=True)
     assert guard_violations(_logits(wl), stb.bounds)[0] == 0
