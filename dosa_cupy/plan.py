@@ -97,8 +97,9 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
 
     Class 2: positive heads (all of them when |H+| ≤ r, else by w_h‖q_h‖); class 1 (only
     when |H+| ≤ r): negative heads by |w_h|‖q_h‖·min(p_h, 1−p_h); class 0: never retained.
-    The sort key is class + x/(1+x) (x = the in-class priority ≥ 0).  Any R is valid; the
-    rule only affects pruning (ties may resolve differently from dosa_ref.plan).
+    The sort key is class + x/(1+x) (x = the in-class priority ≥ 0), ties by head index.
+    Any R is valid; the rule only affects pruning (ties may resolve differently from
+    dosa_ref.plan).
     """
     pos, neg = w > 0, w < 0
     npos = pos.sum(axis=1, keepdims=True)
@@ -109,7 +110,9 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     prim = xp.where(pos, 2.0, xp.where(neg & few, 1.0, 0.0))
     sec = xp.where(pos, xp.where(few, 0.0, w * qn), xp.where(neg & few, prio, 0.0))
     key = prim + sec / (1.0 + sec)
-    order = xp.argsort(-key, axis=1)
+    # Ties break by head index ascending (a stable sort), as plan.cu's rank does, so the
+    # two planners pick the same R wherever their priority keys are equal.
+    order = xp.argsort(-key, axis=1, kind="stable")
     nR = xp.minimum((prim > 0).sum(axis=1), r)
     return order, nR
 

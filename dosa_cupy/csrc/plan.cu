@@ -24,8 +24,9 @@
 //    fp32 order — CuPy's einsum order is unspecified, so a dot within rounding of 0 may
 //    land on the other side of 0 and change p_h by 1/ns);
 //  * the priority sort of _choose_R: rank = #{j : key_j > key_h} + #{j < h : key_j ==
-//    key_h}, i.e. a STABLE descending sort by (key, head index).  CuPy's argsort may break
-//    ties differently; that can pick a different R (or slot order) — allowed.
+//    key_h}, i.e. a STABLE descending sort by (key, head index), the same order as
+//    plan._choose_R's stable argsort (any R is valid; equal tie rules make the two
+//    planners comparable field by field, tests/test_plan_fused.py).
 //  * argmax of the anchor ratio: the first maximum (lowest head index), as cupy.argmax.
 // NaN inputs (e4m3 NaN codes, NaN weights) make J and C NaN, so `valid` is false and the
 // query takes the full-domain recovery (METHOD.md §7 C.3); the kernel keeps every index
