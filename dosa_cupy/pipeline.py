@@ -52,7 +52,7 @@ OPTIONS = {
     "timing": False,
     "stream": "per_query",
     "screen": "fp64",
-    "planner": "cupy",
+    "planner": "fused",
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 # screen guard: "fp64" (default) or "fast32": an fp32 upward-rounded pre-test skips the fp64
@@ -156,14 +156,16 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         visible range are ignored, repeats count once; they only raise τ); cert_seeds
         (0 = off; m ≤ 4096: after screening, score the m survivors of largest U, raise τ
         and drop survivors with U below it — METHOD.md §2's certificate-guided seeds;
-        NOT YET RUN ON A GPU) with cert_cap (recorded survivors per query); r (retained
-        heads, ≤ 30); buffer (compact records per query before an exact extension);
-        mma_bits (accumulator bits of the MMA error model, plan.py); stream ("per_query",
-        default, or "shared": the shared refinement stream of query groups, METHOD.md §9,
-        refine_stream.py; NOT YET RUN ON A GPU); planner ("cupy", default: plan.py, or
-        "fused": one kernel per chunk, plan_fused.py; NOT YET RUN ON A GPU); screen
-        ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the fp64
-        guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; NOT YET RUN ON A GPU);
+        exact on the H200, slower than without at the benched shapes) with cert_cap
+        (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact records
+        per query before an exact extension); mma_bits (accumulator bits of the MMA error
+        model, plan.py); stream ("per_query", default, or "shared": the shared refinement
+        stream of query groups, METHOD.md §9, refine_stream.py; exact on the H200, slower
+        than per_query at the benched shapes); planner ("fused", default: one kernel per
+        chunk, plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower);
+        screen ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the
+        fp64 guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; exact on the
+        H200, not faster);
         return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).

@@ -8,14 +8,16 @@ activation frequencies, R, the anchor projection and folded weights, E, the nega
 aggregate with its two e4m3 aux rows, the envelope J and C there, in float64 with the
 same outward allowances.  Differences from the CuPy planner, all legal (plan.cu header):
 float64 reductions run in a different order (covered by MU = 2^-30, plan.py docstring);
-ties of the R priority key are broken by head index (a different but valid R); p_h uses
-one fixed fp32 summation order.  Why: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
+ties of the R priority key are broken by head index (as plan._choose_R's stable sort);
+p_h uses one fixed fp32 summation order.  Why: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
 CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries (NOTES.md);
 the kernel reads q once and writes only the plan.
 
-Opt-in in the pipeline: ``dosa_topk(..., planner="fused")`` (default "cupy" until the
-H200 run of tests/test_plan_fused.py verifies it).  ``tests/test_plan_fused.py`` runs this
-host code on the CPU against a numpy emulation of the kernel (``emulate_plan_kernel``).
+The pipeline's default planner (``dosa_topk(..., planner="fused")``) since its first H200
+run (2026-11-30, 190845a: kernel == emulation bitwise, ids == dense_topk, 0 guard
+violations, racecheck clean; 0.53 ms vs 5.34 ms for build_plans at Qn = 4096, H = 32).
+``tests/test_plan_fused.py`` runs this host code on the CPU against a numpy emulation of
+the kernel (``emulate_plan_kernel``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ C=$(cat COMMIT 2>/dev/null || echo unknown)
 L=$OUT/logs.txt
 echo "[$(date -u +%T)] commit $C" | tee -a $L
 if [ -n "$TESTS" ]; then
-  timeout ${T_T:-160} python3 -m pytest -q -s tests/test_gpu.py tests/test_gpu_decode.py 2>&1 \
+  timeout ${T_T:-240} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_gpu_decode.py \
+    tests/test_plan_fused.py tests/test_gpu_cert.py tests/test_refine_shared.py 2>&1 \
     | tee -a $L | grep -E "passed|failed|Error" | tail -5
   timeout ${T_S:-60} compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
 from dosa_cupy.workload import make_gpu_workload

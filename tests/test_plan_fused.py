@@ -446,8 +446,8 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
 def test_pipeline_planner_option():
     from dosa_cupy.pipeline import OPTIONS, _opts
 
-    assert OPTIONS["planner"] == "cupy"
-    assert _opts({"planner": "fused"})["planner"] == "fused"
+    assert OPTIONS["planner"] == "fused"
+    assert _opts({"planner": "cupy"})["planner"] == "cupy"
     with pytest.raises(ValueError, match="planner"):
         _opts({"planner": "fast"})
 
