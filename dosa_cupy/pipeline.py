@@ -32,7 +32,14 @@ from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records,
 from .plan import build_plans
 from .plan_fused import build_plans_fused
 from .prepare import as_device, check_inputs, key_rho, pad_heads
-from .refine_stream import GROUP, STREAMS, popcount_rows, refine_per_query, refine_stage
+from .refine_stream import (
+    GROUP,
+    STREAMS,
+    Records,
+    popcount_rows,
+    refine_per_query,
+    refine_stage,
+)
 
 __all__ = ["DosaGpuStats", "check_seeds", "dosa_topk", "explicit_seed_table", "fused_topk"]
 
@@ -223,13 +230,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3):
     # per-query stream, or shared stream of query groups + per-query residuals (stream=).
     cap = int(o["buffer"])
-    rec, cnt, over, shared = refine_stage(
-        mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, o["stream"]
-    )  # fmt: skip
+    recs, shared = refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, o["stream"])
     tm.mark("refine")
 
     # Exact selection from seed records ∪ compact records (METHOD.md §7, §9).
-    ids, _ = select_records(K, seed_rec, seed_cnt, rec, cnt)
+    ids = _select(K, seed_rec, seed_cnt, recs)
     tm.mark("select")
 
     # Query-level recovery (METHOD.md §7 C.3): invalid scales or non-finite plans.
@@ -249,8 +254,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.screened = cp.asnumpy(vis) - st.seeds
         sv = popcount_rows(surv, cp)
         st.survivors = cp.asnumpy(sv)
-        st.kept = cp.asnumpy(cnt).astype(np.int64)
-        st.overflowed = cp.asnumpy(over)
+        st.kept = cp.asnumpy(recs.cnt).astype(np.int64)
+        st.overflowed = cp.asnumpy(recs.over)
         if shared is not None:
             g = cp.arange(Qn) // GROUP
             st.shared_keys = cp.asnumpy(popcount_rows(shared, cp)[g])
@@ -508,6 +513,16 @@ def dense_scores_for_test(q, w, k_payload, k_scale, ks=None, ke=None):  # pragma
 _ = (time, select_rows)
 
 
+def _select(K, seed_rec, seed_cnt, recs):
+    """Exact Top-K ids int32 [Qn, K] of seed records ∪ compact records (METHOD.md §7, §9);
+    the overflowed rows are selected again from their complete lists (``recs.ext``)."""
+    ids, _ = select_records(K, seed_rec, seed_cnt, recs.rec, recs.cnt)
+    if recs.ext is not None:
+        oq, rec2 = recs.ext
+        ids[oq], _ = select_records(K, seed_rec[oq], seed_cnt[oq], rec2, recs.cnt[oq])
+    return ids
+
+
 def _invalid_scale_queries(ksc, ks, ke):
     """Queries that see a key with an invalid scale (α < 0, NaN, inf): bool [Qn]."""
     cp = cupy_or_raise()
@@ -554,21 +569,17 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("seeds")
     cap = int(o["buffer"])
     rec, cnt = _fused_pass(mth, q, w, kp, ksc, tau, ks, ke, o, poolmask, cap)
-    over = cnt > cap
-    if bool(over.any()):
-        oq = cp.flatnonzero(over)
+    recs = Records(rec, cnt, cnt > cap)
+    if bool(recs.over.any()):
+        # exact extension of the overflowed rows only (refine_stream.Records)
+        oq = cp.flatnonzero(recs.over)
         cap2 = int(cnt[oq].max())
-        rec2, cnt2 = _fused_pass(
+        rec2, _ = _fused_pass(
             mth, q[oq], w[oq], kp, ksc, tau[oq], ks[oq], ke[oq], o, poolmask, cap2
         )
-        rec_all = cp.zeros((Qn, max(cap, cap2)), dtype=cp.uint64)
-        rec_all[:, :cap] = rec
-        rec_all[oq, :cap2] = rec2
-        cnt = cnt.copy()
-        cnt[oq] = cnt2
-        rec = rec_all
+        recs.ext = (oq, rec2)
     tm.mark("score+filter")
-    ids, _ = select_records(K, seed_rec, seed_cnt, rec, cnt)
+    ids = _select(K, seed_rec, seed_cnt, recs)
     tm.mark("select")
     bad = _invalid_scale_queries(ksc, ks, ke)
     if bool(bad.any()):
@@ -581,7 +592,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.explicit_seeds = cp.asnumpy(xcnt).astype(np.int64)
         st.tau = cp.asnumpy(tau)
         st.kept = cp.asnumpy(cnt).astype(np.int64)
-        st.overflowed = cp.asnumpy(over)
+        st.overflowed = cp.asnumpy(recs.over)
         st.recovered = cp.asnumpy(bad)
         st.stage_ms = dict(tm.ms)
         return ids, st

@@ -18,16 +18,20 @@ for ``dosa_topk``:
 
 Both kernels call the canonical scorer ``dosa::score_batch`` (common.cuh), so every score
 equals the dense route's bit for bit.  Overflow: the counters count every qualifying
-record (shared + residual); rows with count > capacity are refined again — the shared
-stream for their groups, the per-query stream for the rows — into a buffer of the exact
-size, and take the new lists (the other rows of those groups keep their first lists).
+record (shared + residual); the rows with count > capacity are refined again by the
+per-query stream over their whole survivor rows (the union of the shared and residual
+bits, so the same record set whichever stream ran first) as a sub-problem of those rows
+only, into a [rows, max count] buffer (``Records.ext``).  A [Qn, max count] table would
+not fit: at Qn = 32K, N = 1M, one row with 500K records made it 131 GB (H200, 2026-11-30).
 
 The split is written once for numpy and CuPy (``xp``); tests/test_refine_shared.py checks
-its properties and emulates the kernel's loop decomposition on the CPU.
-NOT YET RUN ON A GPU (stream="shared"): GPU tests in tests/test_refine_shared.py.
+its properties and emulates the kernel's loop decomposition on the CPU; its GPU tests ran
+on the H200 (2026-11-30, 190845a).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +40,7 @@ from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
 __all__ = [
     "GROUP",
     "STREAMS",
+    "Records",
     "common_range_masks",
     "group_majority",
     "popcount_rows",
@@ -193,11 +198,37 @@ def refine_shared(mth, q, w, kp, ksc, tau, ks, ke, glist, N, shared, surv, cnt, 
     )  # fmt: skip
 
 
+@dataclass
+class Records:
+    """Compact records of every query (METHOD.md §9), with the exact overflow extension.
+
+    rec uint64 [Qn, cap], cnt uint32 [Qn] (the true number of records, also past cap), over
+    bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2]) or None: the
+    complete lists of the overflowed rows (rows[j]'s records are rec2[j, :cnt[rows[j]]]).
+    """
+
+    rec: object
+    cnt: object
+    over: object
+    ext: tuple | None = None
+
+    def row(self, t: int):
+        """Query t's records (host or device array; for tests and diagnostics)."""
+        if self.ext is not None and bool(self.over[t]):
+            rows, rec2 = self.ext
+            j = int(np.flatnonzero(_host(rows) == t)[0])
+            return rec2[j, : int(self.cnt[t])]
+        return self.rec[t, : int(self.cnt[t])]
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
 def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_query"):
     """Refinement with compact writeback and the exact extension on overflow (METHOD.md §7
-    C.3, §9).  Returns (rec uint64 [Qn, cap'], cnt uint32 [Qn], over bool [Qn], shared
-    uint32 [NG, NW] or None).  rec[t, :cnt[t]] are the records (s ≥ τ_t) of the surviving
-    keys of query t, each exactly once, whichever stream."""
+    C.3, §9).  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query
+    t (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
     if stream not in STREAMS:
         raise ValueError(f"stream: expected one of {STREAMS}, got {stream!r}")
     xp = cupy_or_raise()
@@ -213,19 +244,15 @@ def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_quer
         refine_shared(mth, q, w, kp, ksc, tau, ks, ke, allg, N, shared, surv, cnt, rec, cap)
     refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, allq, N, resid, cnt, rec, cap)
     over = cnt > cap
+    out = Records(rec, cnt, over)
     if int(over.sum()):
         oq = xp.flatnonzero(over).astype(xp.int32)
+        n = int(oq.size)
         cap2 = int(cnt[oq].max())
-        rec2 = xp.empty((Qn, cap2), dtype=xp.uint64)
-        cnt2 = xp.zeros(Qn, dtype=xp.uint32)
-        if shared is not None:
-            og = xp.unique(oq // GROUP).astype(xp.int32)
-            refine_shared(mth, q, w, kp, ksc, tau, ks, ke, og, N, shared, surv, cnt2, rec2, cap2)
-        refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, oq, N, resid, cnt2, rec2, cap2)
-        # rows that overflowed take the extended list; the others keep theirs
-        rec_all = xp.zeros((Qn, max(cap, cap2)), dtype=xp.uint64)
-        rec_all[:, :cap] = rec
-        rec_all[oq, :cap2] = rec2[oq]
-        cnt = xp.where(over, cnt2, cnt)
-        rec = rec_all
-    return rec, cnt, over, shared
+        rec2 = xp.empty((n, cap2), dtype=xp.uint64)
+        cnt2 = xp.zeros(n, dtype=xp.uint32)
+        sub = [a[oq] for a in (q, w, tau, ks, ke)]
+        refine_per_query(mth, sub[0], sub[1], kp, ksc, sub[2], sub[3], sub[4],
+                         xp.arange(n, dtype=xp.int32), N, surv[oq], cnt2, rec2, cap2)  # fmt: skip
+        out.ext = (oq, rec2)
+    return out, shared

@@ -397,9 +397,13 @@ class _FakeRefine:
 
         return launch
 
-    def _emit(self, cnt, rec, cap, tau):
+    def _emit(self, q, cnt, rec, cap, tau):
+        # the score table is indexed by the query's identity, which the test writes into
+        # q[t, 0, :4] (_tag_queries): the overflow extension launches on q[rows] sub-arrays
+        qid = np.ascontiguousarray(q[:, 0, :4]).view(np.uint32)[:, 0]
+
         def on_pair(t, i):
-            s = self.S[t, i]
+            s = self.S[qid[t], i]
             if s >= tau[t]:
                 at = int(cnt[t])
                 cnt[t] += 1  # counts past the capacity
@@ -409,13 +413,13 @@ class _FakeRefine:
         return on_pair
 
     def refine(self, grid, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
-        emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(cnt, rec, int(cap), tau))
+        emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(q, cnt, rec, int(cap), tau))
 
     def refine_shared(self, grid, q, w, kp, ksc, tau, ks, ke, Qn, glist, N, shared, surv, cnt,
                       rec, cap):  # fmt: skip
         assert int(Qn) == q.shape[0]
         emulate_refine_shared(grid, int(Qn), int(N), ks, ke, glist, shared, surv,
-                              self._emit(cnt, rec, int(cap), tau))  # fmt: skip
+                              self._emit(q, cnt, rec, int(cap), tau))  # fmt: skip
 
 
 @pytest.fixture
@@ -433,8 +437,10 @@ def fake_refine(monkeypatch):
     return install
 
 
-def _rows(rec, cnt):
-    return [np.sort(rec[t, : int(cnt[t])]) for t in range(rec.shape[0])]
+def _tag_queries(q):
+    """Write each query's index into q[t, 0, :4] (read back by _FakeRefine._emit)."""
+    q[:, 0, :4] = np.arange(q.shape[0], dtype=np.uint32)[:, None].view(np.uint8)
+    return q
 
 
 @pytest.mark.parametrize("mt", [1, 2, 3, 4])
@@ -450,32 +456,35 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap):
     tau = np.quantile(S, 0.4, axis=1).astype(np.float32)
     tau[0] = -np.inf
     Hp = 16 * mt
-    q = np.zeros((Qn, Hp, 128), np.uint8)
+    q = _tag_queries(np.zeros((Qn, Hp, 128), np.uint8))
     w = np.zeros((Qn, Hp), np.float32)
     kp = np.zeros((N, 128), np.uint8)
     ksc = np.ones(N, np.float32)
     out = {}
     for stream in ("per_query", "shared"):
         fk = fake_refine(S)
-        rec, cnt, over, shared = rs_mod.refine_stage(
-            mt, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream
-        )  # fmt: skip
+        recs, shared = rs_mod.refine_stage(mt, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream)
         assert (shared is None) == (stream == "per_query")
         names = {re.sub(r"_mt\d$", "", c) for c in fk.calls}
         assert names == ({"refine", "refine_shared"} if stream == "shared" else {"refine"})
         assert all(c.endswith(f"_mt{mt}") for c in fk.calls)
-        out[stream] = (rec, cnt, over)
+        out[stream] = recs
     B = _bits(surv)
     want_cnt = np.array([int(np.sum(B[t, :N] & (S[t] >= tau[t]))) for t in range(Qn)])
-    for stream, (rec, cnt, over) in out.items():
-        assert cnt.tolist() == want_cnt.tolist(), stream
-        assert rec.shape[1] >= cnt.max(initial=0)
-        assert over.tolist() == (want_cnt > cap).tolist()
-        for t, row in enumerate(_rows(rec, cnt)):
+    for stream, recs in out.items():
+        assert recs.cnt.tolist() == want_cnt.tolist(), stream
+        assert recs.rec.shape == (Qn, cap)
+        assert recs.over.tolist() == (want_cnt > cap).tolist()
+        if recs.over.any():  # the extension holds exactly the overflowed rows, at exact size
+            rows, rec2 = recs.ext
+            assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
+            assert rec2.shape == (rows.size, want_cnt.max())
+        else:
+            assert recs.ext is None
+        for t in range(Qn):
             ids = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))
+            row = np.sort(recs.row(t))
             assert np.array_equal(row, np.sort(_record(S[t, ids], ids))), (stream, t)
-    a, b = _rows(*out["per_query"][:2]), _rows(*out["shared"][:2])
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_refine_stage_rejects_bad_stream(fake_refine):
@@ -594,14 +603,14 @@ def test_gpu_refine_stage_records_exact(H, cap):
     B = _bits(surv)
     res = {}
     for stream in ("per_query", "shared"):
-        rec, cnt, over, _ = rs_mod.refine_stage(
+        recs, _ = rs_mod.refine_stage(
             H // 16, q, w, wl["k_payload"], wl["k_scale"], tau, ks, ke, N, cp.asarray(surv),
             cap, stream,
         )  # fmt: skip
-        rec, cnt = cp.asnumpy(rec), cp.asnumpy(cnt)
+        cnt = cp.asnumpy(recs.cnt)
         for t in range(Qn):
             ids = np.flatnonzero(B[t, :N])
-            got = np.sort(rec[t, : int(cnt[t])])
+            got = np.sort(cp.asnumpy(recs.row(t)))
             assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), (stream, t)
         res[stream] = cnt
     assert np.array_equal(res["per_query"], res["shared"])
