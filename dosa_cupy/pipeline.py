@@ -31,7 +31,7 @@ from ._build import cupy_or_raise, kernel, tile
 from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
 from .plan import build_plans
 from .plan_fused import build_plans_fused
-from .prepare import as_device, check_inputs, key_rho, pad_heads
+from .prepare import D, as_device, check_inputs, key_rho, pad_heads
 from .refine_stream import (
     GROUP,
     STREAMS,
@@ -64,7 +64,8 @@ OPTIONS = {
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 # screen guard: "fp64" (default) or "fast32": an fp32 upward-rounded pre-test skips the fp64
 # guard for warps whose keys it rejects (kernels.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest)
-SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",)}
+SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": ()}
+PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (kernels.cu)
 
 
 @dataclass
@@ -128,6 +129,11 @@ def _opts(kw):
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
+    if o["screen"] == "pair" and (rr > PAIR_MAX_R or cs):
+        raise ValueError(
+            f"screen: 'pair' needs r <= {PAIR_MAX_R} and cert_seeds = 0, got r={rr}, "
+            f"cert_seeds={cs}"
+        )
     return o
 
 
@@ -172,7 +178,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         chunk, plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower);
         screen ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the
         fp64 guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; exact on the
-        H200, not faster);
+        H200, not faster; or "pair": two queries per 16-row MMA tile, needs r ≤ 6,
+        kernels.cu screen_pair);
         return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
@@ -209,11 +216,15 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     T = tile()
     grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
     cert = _CertBuffers(Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
-    kernel(f"screen{'_cert' if cert else ''}_mt{mts}", T * ROWB + T * 8, SCREENS[o["screen"]])(
+    rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{mts}"
+    if o["screen"] == "pair":  # two queries per 16-row tile (r <= 6 checked in _opts)
+        rows, omega = pair_plan(plan.rows, plan.omega, cp)
+        grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
+    kernel(name, T * ROWB + T * 8, SCREENS[o["screen"]])(
         grid,
         (256,),
         (
-            plan.rows, plan.omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out),
+            rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out),
             tau, kp, ksc, rho, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
             np.int32(Qn), np.int64(N), np.int32(QG), surv,
             Uout if Uout is not None else np.uint64(0),
@@ -511,6 +522,43 @@ def dense_scores_for_test(q, w, k_payload, k_scale, ks=None, ke=None):  # pragma
 
 
 _ = (time, select_rows)
+
+
+# Paired screen tile (kernels.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
+# query 2p + PAIR_ROWS[i][0], from mts = 1 plans (retained rows 0..5, aux rows 7 and 15).
+PAIR_ROWS = (
+    [(0, j) for j in range(6)]
+    + [(1, 7), (0, 7)]
+    + [(1, j) for j in range(6)]
+    + [
+        (1, 15),
+        (0, 15),
+    ]
+)
+
+
+def pair_plan(rows, omega, xp):
+    """Plans of queries (2p, 2p+1) gathered into one 16-row tile per pair (screen_pair).
+
+    rows uint8 [Qn, 16, 128] and omega fp32 [Qn, 16] of an mts = 1 plan with r ≤ 6 →
+    rows_p uint8 [P, 16, 128], omega_p fp32 [P, 16] (P = ⌈Qn/2⌉; an odd Qn's missing
+    partner is a zero plan).  ω of the aux positions (6, 7, 14, 15) is 0: the kernel
+    weighs them by −σ itself.  xp: numpy or CuPy.
+    """
+    Qn = rows.shape[0]
+    if rows.shape[1:] != (16, D) or omega.shape != (Qn, 16):
+        raise ValueError(f"rows: expected an mts = 1 plan [Qn, 16, {D}], got {rows.shape}")
+    P = (Qn + 1) // 2
+    if Qn % 2:
+        rows = xp.concatenate([rows, xp.zeros((1, 16, D), dtype=rows.dtype)])
+        omega = xp.concatenate([omega, xp.zeros((1, 16), dtype=omega.dtype)])
+    r2, o2 = rows.reshape(P, 2, 16, D), omega.reshape(P, 2, 16)
+    who = np.array([w for w, _ in PAIR_ROWS])
+    row = np.array([j for _, j in PAIR_ROWS])
+    rows_p = xp.ascontiguousarray(r2[:, who, row])
+    keep = xp.asarray(row < 6)
+    omega_p = xp.ascontiguousarray(xp.where(keep[None, :], o2[:, who, row], 0).astype(xp.float32))
+    return rows_p, omega_p
 
 
 def _select(K, seed_rec, seed_cnt, recs):

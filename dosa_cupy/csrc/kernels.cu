@@ -494,6 +494,150 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
 SCREEN_INST(1)
 SCREEN_INST(2)
 
+// ---------------------------------------------------------------------------------------
+// Paired screen (opt-in `screen="pair"`, r ≤ 6; NOTES.md "Paired screen"): two queries
+// share one 16-row MMA tile, so each query costs half the MMAs, key-fragment loads and
+// ReLU-weighted products of screen_mt1.  The host (pipeline._pair_plan) gathers from the
+// mts = 1 plans of queries a = 2p and b = 2p + 1 (retained rows in slots 0..5, aux rows v0,
+// v1 in rows 7 and 15) the tile
+//   row 0..5 = a's retained rows, 6 = b's v0, 7 = a's v0,
+//   row 8..13 = b's retained rows, 14 = b's v1, 15 = a's v1,
+// so that lane g (rows g and g + 8) holds a retained row of a and one of b (g < 6), both
+// aux rows of b (g = 6) or both aux rows of a (g = 7).  Per key and query:
+//   Û = Σ_{j<6} ω_j [x_j]_+ − σ_a [x_v0 + x_v1]_+ ,
+// each term rounded at most 5 times (the aux sum, the product, reduce8's three additions):
+// within the γ_{2·mts+6} = γ_8 screening allowance of the mts = 1 plan (plan.py g_scr), so
+// the same plan, C and ε stay valid (the plan does not depend on the evaluation layout
+// beyond that depth; the MMA of each row is the same m16n8k16 chain as screen_mt1's).
+// The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
+// grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
+// ---------------------------------------------------------------------------------------
+struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl's, per query)
+  int t, lo_i, hi_i, shi_i, llo_i;
+  float sg, tq;
+  double C, er;
+  uint32_t word;
+  __device__ __forceinline__ void init(int t_, bool exists, const int* __restrict__ ks_,
+                                       const int* __restrict__ ke_, const float* __restrict__ sig,
+                                       const float* __restrict__ tau, const double* __restrict__ Cq,
+                                       const double* __restrict__ eps_raw, int sinks, int window,
+                                       long long n0, int tile_n) {
+    t = t_;
+    word = 0u;
+    lo_i = hi_i = shi_i = llo_i = 0;
+    sg = 0.f;
+    tq = 0.f;
+    C = er = 0.0;
+    if (!exists) return;
+    const int ks = ks_[t], ke = ke_[t];
+    const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
+    if (lo >= hi) return;
+    lo_i = (int)(lo - n0);
+    hi_i = (int)(hi - n0);
+    const int ns = min(sinks, ke - ks);
+    const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+    shi_i = (int)min(max(s_hi - n0, 0LL), (long long)TILE_N);
+    llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
+    sg = sig[t];
+    tq = tau[t];
+    C = Cq[t];
+    er = eps_raw[t];
+  }
+  // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation.
+  __device__ __forceinline__ void test(float uh, int b, int i, int pos, int lane, float al,
+                                       float sri, double eps_out, const uint32_t* spm,
+                                       double* __restrict__ Uout, long long N, long long n0) {
+    double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
+    U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+    const bool vis = i >= lo_i && i < hi_i;
+    if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
+    const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
+    const bool p = vis && !seed && !(U < (double)tq);
+    const uint32_t w = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
+    if (lane == b) word = w;
+  }
+};
+
+template <int UNUSED>  // a template, like the other kernels' bodies (one `smem` declaration each)
+__device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float* __restrict__ om_p,
+                const float* __restrict__ sig, const double* __restrict__ Cq,
+                const double* __restrict__ eps_raw, double eps_out,
+                const float* __restrict__ tau, const uint8_t* __restrict__ kp,
+                const float* __restrict__ alpha, const float* __restrict__ rho,
+                const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window,
+                const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
+                uint32_t* __restrict__ surv, double* __restrict__ Uout) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sk = smem;
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
+  float* sr = sa + TILE_N;
+  const long long n0 = (long long)blockIdx.x * TILE_N;
+  __shared__ uint32_t spm[TILE_N / 32];
+  load_key_tile(kp, alpha, N, n0, sk, sa);
+  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int g = lane >> 2, pos = batch_pos(lane);
+  const long long NW = (N + 31) >> 5;
+  const int P = (Qn + 1) >> 1;
+  const int pend = min(P, (int)(blockIdx.y + 1) * QG);
+  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  const int nb = (tile_n + 31) >> 5;
+  const float aux_a = g == 7 ? 1.f : 0.f, aux_b = g == 6 ? 1.f : 0.f;
+  for (int p = blockIdx.y * QG + warp; p < pend; p += nw) {
+    PairQuery qa, qb;
+    qa.init(2 * p, true, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
+    qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
+    const bool va = qa.lo_i < qa.hi_i, vb = qb.lo_i < qb.hi_i;
+    if (va || vb) {
+      QRows<1> A;
+      float olo[1], ohi[1];
+      A.load(rows_p + (long long)p * 16 * DOSA_D, lane);
+      load_weights<1>(om_p + (long long)p * 16, olo, ohi, lane);
+      // lane weights: retained rows (g < 6), −σ on the lane holding the query's aux rows
+      const float wa = g < 6 ? olo[0] : (g == 7 ? -qa.sg : 0.f);
+      const float wb = g < 6 ? ohi[0] : (g == 6 ? -qb.sg : 0.f);
+      const int lo_i = va ? (vb ? min(qa.lo_i, qb.lo_i) : qa.lo_i) : qb.lo_i;
+      const int hi_i = va ? (vb ? max(qa.hi_i, qb.hi_i) : qa.hi_i) : qb.hi_i;
+      const int b0 = lo_i >> 5, b1 = (hi_i + 31) >> 5;
+#pragma unroll kScreenUnroll
+      for (int b = b0; b < b1; ++b) {
+        float Cm[4][1][4];
+        mma_batch<1>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
+        float xa[8], xb[8];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            // fmaf(1, y, x) = x + y (one rounding), fmaf(0, y, x) = x exactly
+            const float sa_ = fmaf(aux_a, Cm[u][0][2 + v], Cm[u][0][v]);
+            const float sb_ = fmaf(aux_b, Cm[u][0][v], Cm[u][0][2 + v]);
+            xa[2 * u + v] = wa * fmaxf(sa_, 0.f);
+            xb[2 * u + v] = wb * fmaxf(sb_, 0.f);
+          }
+        }
+        const float uha = reduce8(xa, lane), uhb = reduce8(xb, lane);
+        const int i = b * 32 + pos;
+        const float al = sa[i], sri = sr[i];
+        qa.test(uha, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
+        qb.test(uhb, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
+      }
+    }
+    if (lane < nb) surv[(long long)qa.t * NW + (n0 >> 5) + lane] = qa.word;
+    if (lane < nb && 2 * p + 1 < Qn) surv[(long long)qb.t * NW + (n0 >> 5) + lane] = qb.word;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) screen_pair(
+    const uint8_t* rows_p, const float* om_p, const float* sig, const double* Cq,
+    const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,
+    const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window,
+    const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {
+  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,
+                      window, poolmask, Qn, N, QG, surv, Uout);
+}
+
 // Certificate-guided seeds, second half (METHOD.md §2, §7): after the certificate seeds
 // raised τ to tau[t], clear the survivor bit of every recorded key whose bound is below it.
 // u = fp32(U^num) rounded up ≥ U^num ≥ s (the guard), so u < τ proves s < τ: the key can be

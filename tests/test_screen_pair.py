@@ -1,0 +1,176 @@
+"""The paired screen (``screen="pair"``, kernels.cu ``screen_pair``, pipeline.pair_plan).
+
+Two queries share one 16-row MMA tile (r ≤ 6 retained rows + 2 aux rows each), so each
+query costs half the MMAs and ReLU-weighted products of ``screen_mt1``.  Soundness rests on
+(1) the gather ``pair_plan`` putting every nonzero row of a query's mts = 1 plan into the
+tile, at the lane the kernel weighs it on, and (2) the evaluation depth staying within the
+plan's screening allowance (kernels.cu comment).  CPU tests: a lane-by-lane emulation of
+the kernel's epilogue (exact float64 dots) equals the unpaired Û of METHOD.md §8 exactly,
+and with plans from ``plan.build_plans`` (r ≤ 6) the paired U dominates every float64
+score.  GPU tests (marked ``gpu``): ids == ``dense_topk``, 0 guard violations with
+``debug_bounds`` (survivor counts of both screens printed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_signatures import params
+from gpu_support import HAVE_GPU, cp, gpu, guard_violations
+
+from dosa_cupy import pipeline
+from dosa_cupy import plan as plan_mod
+from dosa_ref.fp8 import e4m3_values, key_rms
+
+KERNELS = Path(pipeline.__file__).parent / "csrc" / "kernels.cu"
+
+
+def _unpaired_uhat(rows, omega, sigma, kv):
+    """Û per (query, key) of an mts = 1 plan (METHOD.md §8), exact dots in float64:
+    Σ_{rows j ∉ {7, 15}} ω_j [x_j]_+ − σ [x_7 + x_15]_+."""
+    X = np.einsum("tjd,nd->tjn", e4m3_values(rows), kv)
+    ret = [j for j in range(16) if j not in (7, 15)]
+    om = np.asarray(omega, np.float64)[:, ret, None]
+    aux = np.maximum(X[:, 7] + X[:, 15], 0)
+    sig = np.asarray(sigma, np.float64)[:, None]
+    return np.sum(om * np.maximum(X[:, ret], 0), axis=1) - sig * aux
+
+
+def _paired_uhat(rows_p, omega_p, sigma, Qn, kv):
+    """screen_pair's epilogue lane by lane (lane g: rows g and g + 8 of the tile), exact
+    arithmetic: Û of queries 2p and 2p + 1 → [Qn, n]."""
+    X = np.einsum("pjd,nd->pjn", e4m3_values(rows_p), kv)
+    sig = np.concatenate([np.asarray(sigma, np.float64), [0.0]])
+    out = np.zeros((2 * rows_p.shape[0], kv.shape[0]))
+    for p in range(rows_p.shape[0]):
+        for g in range(8):
+            lo, hi = X[p, g], X[p, g + 8]
+            aux_a, aux_b = float(g == 7), float(g == 6)
+            wa = omega_p[p, g] if g < 6 else (-sig[2 * p] if g == 7 else 0.0)
+            wb = omega_p[p, g + 8] if g < 6 else (-sig[2 * p + 1] if g == 6 else 0.0)
+            out[2 * p] += wa * np.maximum(lo + aux_a * hi, 0)
+            out[2 * p + 1] += wb * np.maximum(hi + aux_b * lo, 0)
+    return out[:Qn]
+
+
+def _random_plans(rng, Qn, r):
+    """mts = 1 plans with r retained rows in slots 0..r−1 and aux rows 7, 15."""
+    rows = np.zeros((Qn, 16, 128), np.uint8)
+    omega = np.zeros((Qn, 16), np.float32)
+    codes = rng.integers(0, 0x7E, (Qn, 16, 128), dtype=np.uint8)
+    codes |= rng.integers(0, 2, codes.shape, dtype=np.uint8) << 7
+    rows[:, :r] = codes[:, :r]
+    rows[:, [7, 15]] = codes[:, [7, 15]]
+    omega[:, :r] = rng.uniform(0.05, 1.0, (Qn, r)).astype(np.float32)
+    sigma = (2.0 ** rng.integers(-3, 3, Qn)).astype(np.float32)
+    return rows, omega, sigma
+
+
+@pytest.mark.parametrize("Qn,r", [(1, 6), (2, 6), (7, 6), (10, 3), (9, 1)])
+def test_pair_tile_equals_unpaired(Qn, r):
+    rng = np.random.default_rng(Qn * 10 + r)
+    rows, omega, sigma = _random_plans(rng, Qn, r)
+    kv = e4m3_values(rng.integers(0, 0x7E, (300, 128), dtype=np.uint8))
+    rows_p, omega_p = pipeline.pair_plan(rows, omega, np)
+    P = (Qn + 1) // 2
+    assert rows_p.shape == (P, 16, 128) and rows_p.dtype == np.uint8
+    assert omega_p.shape == (P, 16) and omega_p.dtype == np.float32
+    assert rows_p.flags.c_contiguous and omega_p.flags.c_contiguous
+    assert np.all(omega_p[:, [6, 7, 14, 15]] == 0)
+    want = _unpaired_uhat(rows, omega, sigma, kv)
+    got = _paired_uhat(rows_p, omega_p, sigma, Qn, kv)
+    assert np.array_equal(got, want)  # exact: the same terms, exact float64 sums
+
+
+def test_pair_rows_table():
+    """Every plan row that can be nonzero (slots 0..5, aux rows 7 and 15) of both queries
+    appears exactly once; aux rows of one query share a lane (rows g and g + 8)."""
+    got = sorted(pipeline.PAIR_ROWS)
+    want = sorted([(w, j) for w in (0, 1) for j in (*range(6), 7, 15)])
+    assert got == want and len(pipeline.PAIR_ROWS) == 16
+    pr = pipeline.PAIR_ROWS
+    assert (pr[7], pr[15]) == ((0, 7), (0, 15)) and (pr[6], pr[14]) == ((1, 7), (1, 15))
+    assert all(pr[g][0] == 0 and pr[g + 8][0] == 1 for g in range(6))
+
+
+def test_pair_plan_rejects_other_shapes():
+    with pytest.raises(ValueError, match="rows"):
+        pipeline.pair_plan(np.zeros((2, 32, 128), np.uint8), np.zeros((2, 32), np.float32), np)
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 32), ("h64", 64)])
+@pytest.mark.parametrize("r", [6, 4])
+def test_pair_plan_of_planner_dominates_scores(regime, H, r):
+    """Plans of plan.build_plans (r ≤ 6, mts = 1): rows outside slots 0..5 ∪ {7, 15} are
+    empty, and the paired certificate Û + ρC + ε_raw (exact dots) dominates every float64
+    score Σ_h w_h[q_h·k]_+ (payload units, METHOD.md §8)."""
+    workloads = pytest.importorskip("dosa_ref.workloads")
+    from dosa_ref.fp8 import quantize_keys, quantize_queries
+
+    wl = workloads.make_workload(regime, 9, 4096, H=H, seed=3)
+    kp, _ = quantize_keys(wl.k)
+    q, w = quantize_queries(wl.q, wl.w)
+    pl = plan_mod.build_plans(q, w, kp, np.arange(0, 4096, 16), r, 1, xp=np)
+    empty = [6, 8, 9, 10, 11, 12, 13, 14]
+    assert np.all(pl.rows[:, empty] == 0) and np.all(pl.omega[:, empty] == 0)
+    rows_p, omega_p = pipeline.pair_plan(pl.rows, pl.omega, np)
+    kv = e4m3_values(kp)
+    uh = _paired_uhat(rows_p, omega_p, pl.sigma, q.shape[0], kv)
+    rho = key_rms(kp).astype(np.float64)
+    U = uh + rho[None] * np.asarray(pl.C)[:, None] + np.asarray(pl.eps_raw)[:, None]
+    s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(e4m3_values(q) @ kv.T, 0))
+    assert np.all(s <= U)
+
+
+def test_screen_pair_signature_is_screen_mt1s():
+    """The pipeline passes screen_pair the screen's argument tuple (paired rows, ω)."""
+    src = KERNELS.read_text()
+    pair = params(src, r"screen_pair")
+    mt1 = params(src, r"screen_mt##MTS")
+    assert [t for t, _ in pair] == [t for t, _ in mt1] and pair[2:] == mt1[2:]
+    assert [n for _, n in pair[:2]] == ["rows_p", "om_p"]
+
+
+def test_pair_option_validation():
+    assert pipeline._opts({"screen": "pair", "r": 6})["screen"] == "pair"
+    with pytest.raises(ValueError, match="^screen:"):
+        pipeline._opts({"screen": "pair"})  # default r = 14
+    with pytest.raises(ValueError, match="^screen:"):
+        pipeline._opts({"screen": "pair", "r": 6, "cert_seeds": 64})
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200)
+# ---------------------------------------------------------------------------------------
+
+if HAVE_GPU:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+PAIR_CASES = [("calibrated", 32, 257, 32768, 6), ("h64", 64, 128, 32768, 6),
+              ("structured", 32, 64, 16384, 4), ("ties", 32, 33, 8192, 6),
+              ("adversarial", 64, 64, 8192, 6)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PAIR_CASES, ids=[f"{c[0]}-H{c[1]}-Q{c[2]}" for c in PAIR_CASES])
+@gpu
+def test_gpu_pair_equals_dense_and_unpaired(case):
+    regime, H, Qn, N, r = case
+    if regime in ("calibrated", "h64"):
+        pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
+    wl = make_gpu_workload(regime, Qn, N, H, seed=17)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
+    dense = dosa_cupy.dense_topk(*args)
+    ids, st = dosa_cupy.dosa_topk(*args, r=r, screen="pair", return_stats=True, debug_bounds=True)
+    ids1, st1 = dosa_cupy.dosa_topk(*args, r=r, return_stats=True)
+    assert cp.array_equal(ids, dense) and cp.array_equal(ids1, dense)
+    lg = dosa_cupy.dense_logits(*args[:4], wl["ks"], wl["ke"])
+    viol, slack = guard_violations(lg, st.bounds)
+    a, b = int(st.survivors.sum()), int(st1.survivors.sum())
+    print(f"\n[pair] {regime} H={H} Qn={Qn} r={r}: violations={viol} min(U-s)={slack:.3e} "
+          f"survivors pair={a} unpaired={b}")  # fmt: skip
+    assert viol == 0
+    # survivors differ from the unpaired screen's only through fp32 summation order near τ
+    # (no bound on how many keys lie that close, so printed, not asserted)
