@@ -62,8 +62,9 @@ OPTIONS = {
     "planner": "fused",
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
-# screen guard: "fp64" (default) or "fast32": an fp32 upward-rounded pre-test skips the fp64
-# guard for warps whose keys it rejects (kernels.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest)
+# screen kernel → build defines: "fp64" (default, screen_mt*), "fast32" (an fp32 upward-rounded
+# pre-test skips the fp64 guard for warps whose keys it rejects: kernels.cu
+# DOSA_SCREEN_FAST32, proofs/fp32_pretest) or "pair" (screen_pair: two queries per tile)
 SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": ()}
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (kernels.cu)
 
