@@ -3,6 +3,7 @@
 # `dosa bench --sweep` grid under a wall-clock cap.  Run from a `git archive` of a commit
 # with its id in ./COMMIT (the device copy's .git is not the session's).
 # Usage (H200): TESTS=1 FILTER=x4096x,x8192x MAXS=330 bash dosa_cupy/sweep_run.sh
+#   (VARIANTS="--variant pair:screen=pair,r=6" adds same-run variants)
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,6 +27,7 @@ for kw in ({}, {'seeds': seeds}):
 " 2>&1 | tee -a $L | tail -4
 fi
 echo "[$(date -u +%T)] sweep filter=$FILTER" | tee -a $L
-python3 -m dosa_cupy.bench --sweep ${FILTER:+--filter $FILTER} --max-seconds ${MAXS:-330} \
+# VARIANTS: extra `--variant NAME:k=v,...` arguments, e.g. "--variant pair:screen=pair,r=6"
+python3 -m dosa_cupy.bench --sweep ${FILTER:+--filter $FILTER} --max-seconds ${MAXS:-330} $VARIANTS \
   --commit "$C" --out $OUT/sweep 2>&1 | tee -a $L | grep -vE "^\{" | tail -40
 echo "[$(date -u +%T)] done" | tee -a $L
