@@ -10,6 +10,9 @@ torch.topk tie-agnostic: the same K values in the same order), JSON + markdown +
 
 Shapes are HxQnxN: a causal prefill chunk of the last Qn positions of an N-key context,
 H heads, D = 128.  ``--regime`` takes a comma list (calibrated first by default).
+``--inputs a.npz,b.safetensors,…`` runs workload files instead (``dosa_ref.workloads.
+save_workload``: float q, w, k and ranges ks, ke, quantized on the GPU like the generated
+regimes); files of one shape are that job's rotated input sets (the row's ``rotate``).
 
 Sweep (``--sweep``, the issue's grid): N ∈ {128K, 256K, 512K, 768K, 1M} × Qn ∈ {4K, 8K,
 16K, 32K} × H ∈ {32, 64}, only Qn ≤ N, most important first: Qn ascending, then N
@@ -877,23 +880,31 @@ def _stats_run(fn, s, sub, K, opts):
 
 
 def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True,
-                variants=None):  # fmt: skip
+                variants=None, inputs=None):  # fmt: skip
     """One shape: every route timed on the same rotated inputs, ids cross-checked, floors,
     survival and stage split.  ``mem``: ``memory_plan`` of the shape (sub-chunk sizes);
-    ``parallel_setup``: generate the rotated input sets in threads."""
+    ``parallel_setup``: generate the rotated input sets in threads; ``inputs``: workload
+    files (``--inputs``), one rotated input set each (then ``rot`` = their number)."""
     import cupy as cp
 
     import dosa_cupy
+    from dosa_cupy import workload
     from dosa_cupy.dense import _dense_logits_raw, _dense_topk_raw, select_rows
     from dosa_cupy.prepare import check_inputs, pad_heads
-    from dosa_cupy.workload import make_gpu_workload
 
+    if inputs is not None and len(inputs) != rot:
+        raise ValueError(f"inputs: {len(inputs)} file(s) for {rot} rotated input set(s)")
     mem = mem or memory_plan(H, Qn, N, K, rotate=rot)
     sub = dict(mem["subchunk"])
     t0 = time.time()
 
     def make_set(seed):
-        wl = make_gpu_workload(regime, Qn, N, H, seed=seed)
+        if inputs is not None:
+            wl = workload.load_gpu_workload(inputs[seed - 100])
+            if (wl["q"].shape[1], wl["q"].shape[0], wl["k_payload"].shape[0]) != (H, Qn, N):
+                raise ValueError(f"inputs: {inputs[seed - 100]} is not {shape_name(H, Qn, N)}")
+        else:
+            wl = workload.make_gpu_workload(regime, Qn, N, H, seed=seed)
         for k in ("kf", "qf", "wf"):
             wl.pop(k)
         q, w, kp, ksc, _, ks, ke = check_inputs(
@@ -1073,6 +1084,8 @@ def build_jobs(a) -> list[tuple[str, int, tuple[int, int, int]]]:
 
     if a.sweep and a.shapes is not None:
         raise ValueError("shapes: --sweep runs the issue's grid; give --sweep or --shapes")
+    if getattr(a, "inputs", None):
+        return _file_jobs(a)
     shapes = sweep_shapes() if a.sweep else parse_shapes(a.shapes or DEFAULT_SHAPES)
     shapes = filter_shapes(shapes, a.filter)
     try:
@@ -1091,6 +1104,47 @@ def build_jobs(a) -> list[tuple[str, int, tuple[int, int, int]]]:
     )
 
 
+def input_groups(paths) -> dict[str, list[str]]:
+    """``--inputs`` files grouped by shape: {"file:<stem>[+n]": [paths]} in the given order;
+    the files of one group are the rotated input sets of one job (same H, Qn, N)."""
+    from dosa_cupy.workload import inputs_shape
+
+    by_shape: dict[tuple[int, int, int], list[str]] = {}
+    for p in paths:
+        by_shape.setdefault(inputs_shape(p), []).append(p)
+    out = {}
+    for fs in by_shape.values():
+        extra = f"+{len(fs) - 1}" if len(fs) > 1 else ""
+        out[f"file:{Path(fs[0]).stem}{extra}"] = fs
+    return out
+
+
+def _file_jobs(a):
+    """Jobs of ``--inputs``: one per shape group, regime label ``file:…`` (a.input_groups)."""
+    from dosa_cupy._build import TILES
+
+    if a.sweep or a.shapes is not None:
+        raise ValueError("inputs: the shapes come from the files; drop --sweep / --shapes")
+    paths = [x.strip() for x in str(a.inputs).split(",") if x.strip()]
+    if not paths:
+        raise ValueError(
+            f"inputs: expected a comma list of .npz / .safetensors files, got {a.inputs!r}"
+        )
+    a.input_groups = input_groups(paths)
+    tiles = [int(x) for x in str(a.tile).split(",") if x.strip()]
+    if not tiles or any(t not in TILES for t in tiles):
+        raise ValueError(f"tile: expected a comma list of {TILES}, got {a.tile!r}")
+    from dosa_cupy.workload import inputs_shape
+
+    return [(g, t, inputs_shape(fs[0])) for g, fs in a.input_groups.items() for t in tiles]
+
+
+def _rotate_of(a, regime) -> int:
+    """Rotated input sets of a job: the group's files for ``--inputs``, else --rotate."""
+    groups = getattr(a, "input_groups", None) or {}
+    return len(groups[regime]) if regime in groups else a.rotate
+
+
 def _dry_run(a, jobs):
     print(
         f"# {len(jobs)} job(s); --logits-gib {a.logits_gib:g}; estimated times are a rough"
@@ -1098,8 +1152,9 @@ def _dry_run(a, jobs):
     )
     total = 0.0
     for regime, tile, (H, Qn, N) in jobs:
-        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=a.rotate)
-        est = estimate_seconds(H, Qn, N, a.reps, a.rotate, a.r)
+        rot = _rotate_of(a, regime)
+        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=rot)
+        est = estimate_seconds(H, Qn, N, a.reps, rot, a.r)
         total += est
         fl = floors_ms(H, Qn, N, r=a.r)
         print(
@@ -1168,6 +1223,13 @@ def main(argv=None) -> int:
         default="calibrated",
         help="comma list of dosa_cupy.workload or dosa_ref.workloads regimes (calibrated first)",
     )
+    ap.add_argument(
+        "--inputs",
+        default=None,
+        help="comma list of .npz / .safetensors workloads (dosa_ref.workloads.save_workload: "
+        "float q, w, k, int ks, ke) instead of generated shapes; files of one shape are "
+        "that job's rotated input sets",
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rotate", type=int, default=2)
     ap.add_argument("--r", type=int, default=14, help="retained heads (14: one 16-row tile)")
@@ -1217,7 +1279,7 @@ def main(argv=None) -> int:
     _positive("logits-gib", a.logits_gib)
     if a.max_seconds is not None:
         _positive("max-seconds", a.max_seconds, strict=False)
-    if "calibrated" in a.regime.split(","):
+    if "calibrated" in a.regime.split(",") and not a.inputs:
         try:
             import dosa_ref.workloads  # noqa: F401
         except ImportError:
@@ -1247,7 +1309,8 @@ def main(argv=None) -> int:
             break
         set_tile(tile)
         sh = shape_name(H, Qn, N)
-        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=a.rotate, device_gib=dev_gib)
+        rot = _rotate_of(a, regime)
+        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=rot, device_gib=dev_gib)
         for note in mem["notes"]:
             print(f"# {regime} {sh}: {note}", flush=True)
         t0 = time.time()
@@ -1258,8 +1321,9 @@ def main(argv=None) -> int:
         else:
             try:
                 row = bench_shape(
-                    H, Qn, N, a.K, regime, a.reps, a.rotate, {"r": a.r}, print, mem=mem,
+                    H, Qn, N, a.K, regime, a.reps, rot, {"r": a.r}, print, mem=mem,
                     parallel_setup=not a.serial_setup, variants=variants,
+                    inputs=(getattr(a, "input_groups", None) or {}).get(regime),
                 )  # fmt: skip
                 row["tile"] = tile
             except Exception as e:

@@ -13,6 +13,11 @@ Regimes (all causal prefill chunks: query t of the chunk sees keys [0, N − Qn 
 Any other name is looked up in ``dosa_ref.workloads.REGIMES`` (the calibrated regime and
 its variants): generated on the host by ``dosa_ref.workloads.make_workload`` (float32,
 causal ranges), uploaded, and quantized on the GPU like the regimes above.
+
+Files: ``load_gpu_workload(path)`` reads a .npz / .safetensors workload written by
+``dosa_ref.workloads.save_workload`` (float tensors q, w, k and ranges ks, ke; validated
+there) and quantizes it the same way; ``inputs_shape(path)`` reads (H, Qn, N) from the
+file's header without loading the tensors (``dosa bench --inputs``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 from ._build import cupy_or_raise
 from .prepare import D, quantize_keys
 
-__all__ = ["REGIMES", "make_gpu_workload", "quantize_queries"]
+__all__ = ["REGIMES", "inputs_shape", "load_gpu_workload", "make_gpu_workload", "quantize_queries"]
 
 REGIMES = ("gaussian", "structured", "ties", "equal", "adversarial")
 
@@ -84,7 +89,7 @@ _ = np
 
 def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
     """A ``dosa_ref.workloads`` regime, quantized on the GPU (METHOD.md §8)."""
-    cp = cupy_or_raise()
+    cupy_or_raise()
     try:
         from dosa_ref.workloads import REGIMES as REF_REGIMES
         from dosa_ref.workloads import make_workload
@@ -94,7 +99,61 @@ def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
         raise ValueError(
             f"regime: expected one of {REGIMES + tuple(sorted(REF_REGIMES))}, got {regime!r}"
         )
-    wl = make_workload(regime, Qn, N, H=H, seed=seed)
+    return _upload(make_workload(regime, Qn, N, H=H, seed=seed), causal, scale_fmt)
+
+
+def load_gpu_workload(path, scale_fmt="amax"):
+    """A workload file (``dosa_ref.workloads.save_workload`` format: float q [Qn, H, 128],
+    w [Qn, H], k [N, 128], int ks / ke [Qn]), quantized on the GPU like the generated
+    regimes; the same dict as ``make_gpu_workload``.  Bad files raise ValueError."""
+    from dosa_ref.workloads import load_workload
+
+    wl = load_workload(path)
+    if wl.q.shape[2] != D:
+        raise ValueError(f"q: expected head dimension {D}, got {wl.q.shape[2]} in {path!s}")
+    return _upload(wl, True, scale_fmt)
+
+
+def inputs_shape(path) -> tuple[int, int, int]:
+    """(H, Qn, N) of a workload file from its header (no tensor is loaded)."""
+    import zipfile
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="np") as f:
+                qs, ks = f.get_slice("q").get_shape(), f.get_slice("k").get_shape()
+        elif path.suffix == ".npz":
+            with zipfile.ZipFile(path) as z:
+                shp = {}
+                for name in ("q", "k"):
+                    with z.open(name + ".npy") as fh:
+                        fmt = np.lib.format
+                        ver = fmt.read_magic(fh)
+                        read = fmt.read_array_header_1_0 if ver == (1, 0) else None
+                        read = fmt.read_array_header_2_0 if ver == (2, 0) else read
+                        if read is None:
+                            raise ValueError(f"inputs: .npy format {ver} of {name} not read")
+                        shp[name] = read(fh)[0]
+            qs, ks = shp["q"], shp["k"]
+        else:
+            raise ValueError(f"inputs: expected .npz or .safetensors files, got {str(path)!r}")
+    except ValueError:
+        raise
+    except Exception as e:  # missing file or tensor, not a zip / safetensors file, ...
+        raise ValueError(f"inputs: cannot read the q / k shapes of {str(path)!r}: {e}") from e
+    if len(qs) != 3 or len(ks) != 2:
+        raise ValueError(f"inputs: q must be [Qn, H, D] and k [N, D] in {str(path)!r}")
+    return int(qs[1]), int(qs[0]), int(ks[0])
+
+
+def _upload(wl, causal, scale_fmt):
+    """A host ``dosa_ref.workloads.Workload`` on the GPU, quantized (METHOD.md §8)."""
+    cp = cupy_or_raise()
+    Qn, _, _, N = wl.shape
     kf = cp.asarray(wl.k, dtype=cp.float32)
     qf = cp.asarray(wl.q, dtype=cp.float32)
     wf = cp.asarray(wl.w, dtype=cp.float32)

@@ -572,3 +572,67 @@ def test_failing_variant_keeps_the_row(monkeypatch):
     assert r["variants"]["ok"]["ids_equal_dense"] and r["ids_equal"]
     md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
     assert "error: RuntimeError: kernel not found" in md
+
+
+# --------------------------------------------------------------------------- --inputs files
+
+
+def _save_inputs(tmp_path, specs):
+    from dosa_ref.workloads import make_workload, save_workload
+
+    paths = []
+    for i, (name, Qn, N, H, ext) in enumerate(specs):
+        p = tmp_path / f"{name}{i}.{ext}"
+        save_workload(make_workload("calibrated", Qn, N, H=H, seed=i), p)
+        paths.append(str(p))
+    return paths
+
+
+def test_inputs_shape_and_groups(tmp_path):
+    from dosa_cupy.workload import inputs_shape
+
+    paths = _save_inputs(tmp_path, [("a", 8, 512, 16, "npz"), ("b", 8, 512, 16, "safetensors"),
+                                    ("c", 4, 256, 32, "npz")])  # fmt: skip
+    assert [inputs_shape(p) for p in paths] == [(16, 8, 512), (16, 8, 512), (32, 4, 256)]
+    groups = B.input_groups(paths)
+    assert groups == {"file:a0+1": paths[:2], "file:c2": paths[2:]}
+    bad = tmp_path / "x.npz"
+    bad.write_bytes(b"not a zip")
+    for p in (bad, tmp_path / "missing.safetensors", tmp_path / "y.txt"):
+        with pytest.raises(ValueError, match="^inputs:"):
+            inputs_shape(p)
+
+
+def test_inputs_dry_run_and_conflicts(tmp_path, capsys):
+    paths = _save_inputs(tmp_path, [("a", 8, 512, 16, "npz"), ("a", 8, 512, 16, "npz")])
+    assert B.main(["--inputs", ",".join(paths), "--dry-run", "--K", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "file:a0+1 tile 256 16x8x512" in out and "1 job(s)" in out
+    for extra in (["--sweep"], ["--shapes", "16x8x512"]):
+        with pytest.raises(ValueError, match="^inputs:"):
+            B.main(["--inputs", paths[0], "--dry-run", *extra])
+
+
+def test_inputs_with_a_fake_gpu(monkeypatch, tmp_path):
+    """--inputs: each file is one rotated input set of its shape's job, loaded through
+    workload.load_gpu_workload (faked: CuPy is not here), ids cross-checked as usual."""
+    from dosa_cupy import workload
+
+    _fake_gpu(monkeypatch)
+    fake = workload.make_gpu_workload  # the fake generator of _fake_gpu
+    loaded = []
+
+    def load(path):
+        loaded.append(path)
+        H, Qn, N = workload.inputs_shape(path)
+        return fake("file", Qn, N, H, seed=len(loaded))
+
+    monkeypatch.setattr(workload, "load_gpu_workload", load)
+    paths = _save_inputs(tmp_path, [("a", 16, 1024, 16, "npz"), ("a", 16, 1024, 16, "safetensors"),
+                                    ("b", 8, 512, 16, "npz")])  # fmt: skip
+    out = tmp_path / "run"
+    assert B.main(["--inputs", ",".join(paths), "--K", "8", "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())
+    assert [(r["regime"], r["Qn"], r["N"], r["rotate"]) for r in rows] == [
+        ("file:a0+1", 16, 1024, 2), ("file:b2", 8, 512, 1)]  # fmt: skip
+    assert all(r["ids_equal"] for r in rows) and sorted(loaded) == sorted(paths)
