@@ -310,6 +310,33 @@ SEED_INST(2)
 SEED_INST(3)
 SEED_INST(4)
 
+// The key tile of a screening block (screen_impl, screen_pair): keys as f16 (sk) with
+// their scales α (sa), ρ (sr) and anchor-pool bits (spm), in shared memory, synchronized.
+struct ScreenTile {
+  uint8_t* sk;
+  float* sa;
+  float* sr;
+  long long n0;
+};
+__device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* spm,
+                                                       const uint8_t* __restrict__ kp,
+                                                       const float* __restrict__ alpha,
+                                                       const float* __restrict__ rho,
+                                                       const uint32_t* __restrict__ poolmask,
+                                                       long long N) {
+  ScreenTile t;
+  t.sk = smem;
+  t.sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
+  t.sr = t.sa + TILE_N;
+  t.n0 = (long long)blockIdx.x * TILE_N;
+  const long long n0 = t.n0;
+  load_key_tile(kp, alpha, N, n0, t.sk, t.sa);
+  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) t.sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
+  __syncthreads();
+  return t;
+}
+
 // ---------------------------------------------------------------------------------------
 // Screening (METHOD.md §8, §9): for every visible non-seed key,
 //   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
@@ -345,15 +372,11 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
                             unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
                             long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* sk = smem;
-  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
-  float* sr = sa + TILE_N;
-  const long long n0 = (long long)blockIdx.x * TILE_N;
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
-  load_key_tile(kp, alpha, N, n0, sk, sa);
-  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
-  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
-  __syncthreads();
+  const ScreenTile tl = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
+  uint8_t* sk = tl.sk;
+  const float *sa = tl.sa, *sr = tl.sr;
+  const long long n0 = tl.n0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
@@ -568,15 +591,11 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
                 const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
                 uint32_t* __restrict__ surv, double* __restrict__ Uout) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* sk = smem;
-  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
-  float* sr = sa + TILE_N;
-  const long long n0 = (long long)blockIdx.x * TILE_N;
   __shared__ uint32_t spm[TILE_N / 32];
-  load_key_tile(kp, alpha, N, n0, sk, sa);
-  for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
-  if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
-  __syncthreads();
+  const ScreenTile tl = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
+  uint8_t* sk = tl.sk;
+  const float *sa = tl.sa, *sr = tl.sr;
+  const long long n0 = tl.n0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
