@@ -373,12 +373,9 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
                             long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
-  const ScreenTile tl = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
-  uint8_t* sk = tl.sk;
-  const float *sa = tl.sa, *sr = tl.sr;
-  const long long n0 = tl.n0;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int g = lane >> 2, pos = batch_pos(lane);
+  const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
+            g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
@@ -592,12 +589,9 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
                 uint32_t* __restrict__ surv, double* __restrict__ Uout) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];
-  const ScreenTile tl = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
-  uint8_t* sk = tl.sk;
-  const float *sa = tl.sa, *sr = tl.sr;
-  const long long n0 = tl.n0;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int g = lane >> 2, pos = batch_pos(lane);
+  const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
+            g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
   const int P = (Qn + 1) >> 1;
   const int pend = min(P, (int)(blockIdx.y + 1) * QG);
