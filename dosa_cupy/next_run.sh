@@ -26,7 +26,7 @@ run 200 python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_gpu_decode.p
   tests/test_plan_fused.py tests/test_gpu_cert.py tests/test_refine_shared.py tests/test_screen_pair.py
 run 180 python3 -m dosa_cupy.bench --regime calibrated \
   --shapes 32x4096x131072,64x4096x131072,32x32768x131072,32x4096x262144 \
-  --variant pair:screen=pair,r=6 --commit "$C" --out $OUT/pair_small
+  --variant pair:screen=pair,r=6 --variant auto:screen=auto --commit "$C" --out $OUT/pair_small
 run 150 python3 -m dosa_cupy.bench --regime h64 --shapes 64x4096x1048576,64x4096x131072 \
-  --variant pair:screen=pair,r=6 --variant r30:r=30 --commit "$C" --out $OUT/pair_h64
+  --variant pair:screen=pair,r=6 --variant auto:screen=auto --variant r30:r=30 --commit "$C" --out $OUT/pair_h64
 grep -E "passed|failed|ERROR SUMMARY|error" $L | tail -20

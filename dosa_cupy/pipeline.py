@@ -65,8 +65,12 @@ PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 # screen kernel → build defines: "fp64" (default, screen_mt*), "fast32" (an fp32 upward-rounded
 # pre-test skips the fp64 guard for warps whose keys it rejects: kernels.cu
 # DOSA_SCREEN_FAST32, proofs/fp32_pretest) or "pair" (screen_pair: two queries per tile)
-SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": ()}
+SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": ()}
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (kernels.cu)
+# screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
+# positive heads (all of them retained at r = 6; NOTES.md "Paired screen": calibrated H=32
+# has |H+| ≤ 4 and pairs at +0.2 pp survival, h64 has |H+| > 6 in a third of its queries)
+AUTO_PAIR_SHARE = 0.95
 
 
 @dataclass
@@ -83,6 +87,7 @@ class DosaGpuStats:
     seeds: np.ndarray = None
     explicit_seeds: np.ndarray = None
     cert_seeds: np.ndarray = None
+    screen: str = None  # the screen kernel that ran ("fp64", "fast32", "pair"; auto's pick)
     tau: np.ndarray = None
     screened: np.ndarray = None
     survivors: np.ndarray = None
@@ -180,7 +185,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         screen ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the
         fp64 guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; exact on the
         H200, not faster; or "pair": two queries per 16-row MMA tile, needs r ≤ 6,
-        kernels.cu screen_pair);
+        kernels.cu screen_pair; or "auto": "pair" with r ≤ 6 when ≥ 95 % of the queries
+        have ≤ 6 positive heads, else "fp64" — ``auto_screen``);
         return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
@@ -203,7 +209,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("seeds")
 
     # Plan (METHOD.md §3–§5, §8).
-    r = int(o["r"])
+    o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), w, cp)
+    st.screen = o["screen"]
     mts = 1 if r <= 14 else 2
     ns = min(o["p_sample"], int(pool.size))
     sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
@@ -560,6 +567,23 @@ def pair_plan(rows, omega, xp):
     keep = xp.asarray(row < 6)
     omega_p = xp.ascontiguousarray(xp.where(keep[None, :], o2[:, who, row], 0).astype(xp.float32))
     return rows_p, omega_p
+
+
+def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
+    """(screen kernel, r) for a chunk.  ``screen="auto"``: "pair" with r = min(r, 6) when
+    certificate seeds are off and at least AUTO_PAIR_SHARE of the queries have at most
+    PAIR_MAX_R positive weights (w fp32 [Qn, Hp]; one device reduction, one sync), else
+    "fp64" with r.  Any other screen passes through.  Both choices are exact; this only
+    picks the faster one by the rule of NOTES.md "Paired screen"."""
+    if screen != "auto":
+        return screen, r
+    Qn = w.shape[0]
+    if cert_seeds or Qn == 0:
+        return "fp64", r
+    few = int(xp.sum(xp.sum(w > 0, axis=1) <= PAIR_MAX_R))
+    if few >= AUTO_PAIR_SHARE * Qn:
+        return "pair", min(r, PAIR_MAX_R)
+    return "fp64", r
 
 
 def _select(K, seed_rec, seed_cnt, recs):

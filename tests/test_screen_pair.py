@@ -141,6 +141,36 @@ def test_pair_option_validation():
         pipeline._opts({"screen": "pair", "r": 6, "cert_seeds": 64})
 
 
+def test_auto_screen_rule():
+    """screen="auto": pair (r ≤ 6) iff ≥ 95 % of the queries have ≤ 6 positive weights and
+    certificate seeds are off; other screens pass through unchanged."""
+    w = -np.ones((40, 32), np.float32)
+    w[:, :6] = 1.0  # |H+| = 6 everywhere
+    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
+    assert pipeline.auto_screen("auto", 4, 0, w, np) == ("pair", 4)
+    assert pipeline.auto_screen("auto", 14, 64, w, np) == ("fp64", 14)
+    w[:2, 6] = 1.0  # 38 / 40 = 95 % still pair
+    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
+    w[2, 6] = 1.0  # 37 / 40 < 95 %
+    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("fp64", 14)
+    assert pipeline.auto_screen("auto", 14, 0, w[:0], np) == ("fp64", 14)
+    for scr in ("fp64", "fast32", "pair"):
+        assert pipeline.auto_screen(scr, 6, 0, w, np) == (scr, 6)
+    assert pipeline._opts({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds
+
+
+def test_auto_screen_on_the_reference_regimes():
+    """The rule on dosa_ref.workloads: calibrated (≤ 4 positive heads) pairs, h64 (up to
+    8 positive heads in a third of its queries) does not."""
+    workloads = pytest.importorskip("dosa_ref.workloads")
+    from dosa_ref.fp8 import quantize_queries
+
+    for regime, H, want in (("calibrated", 32, "pair"), ("h64", 64, "fp64")):
+        wl = workloads.make_workload(regime, 64, 4096, H=H, seed=7)
+        _, w = quantize_queries(wl.q, wl.w)
+        assert pipeline.auto_screen("auto", 14, 0, w, np)[0] == want, regime
+
+
 # ---------------------------------------------------------------------------------------
 # GPU (H200)
 # ---------------------------------------------------------------------------------------
@@ -174,3 +204,14 @@ def test_gpu_pair_equals_dense_and_unpaired(case):
     assert viol == 0
     # survivors differ from the unpaired screen's only through fp32 summation order near τ
     # (no bound on how many keys lie that close, so printed, not asserted)
+
+
+@pytest.mark.parametrize("regime,H,want", [("calibrated", 32, "pair"), ("h64", 64, "fp64")])
+@gpu
+def test_gpu_auto_screen(regime, H, want):
+    pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
+    wl = make_gpu_workload(regime, 96, 16384, H, seed=23)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
+    ids, st = dosa_cupy.dosa_topk(*args, screen="auto", return_stats=True)
+    assert st.screen == want
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*args))
