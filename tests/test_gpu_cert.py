@@ -235,7 +235,7 @@ def test_fast32_kernel_source_matches_the_proof():
         assert s in body, s
     # the fast module is one define away: the default build never sees the pre-test
     assert "#define DOSA_SCREEN_FAST32 0" in SRC
-    assert pl.SCREENS == {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": ()}
+    assert pl.SCREENS == {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": ()}
 
 
 @pytest.mark.parametrize("regime,H", [("structured", 32), ("calibrated", 32), ("structured", 64)])
