@@ -1113,9 +1113,10 @@ def input_groups(paths) -> dict[str, list[str]]:
     for p in paths:
         by_shape.setdefault(inputs_shape(p), []).append(p)
     out = {}
-    for fs in by_shape.values():
+    for shape, fs in by_shape.items():
         extra = f"+{len(fs) - 1}" if len(fs) > 1 else ""
-        out[f"file:{Path(fs[0]).stem}{extra}"] = fs
+        # the shape in the label keeps groups apart whose first files share a stem
+        out[f"file:{Path(fs[0]).stem}{extra}@{shape_name(*shape)}"] = fs
     return out
 
 
@@ -1125,6 +1126,8 @@ def _file_jobs(a):
 
     if a.sweep or a.shapes is not None:
         raise ValueError("inputs: the shapes come from the files; drop --sweep / --shapes")
+    if a.part is not None or a.filter:
+        raise ValueError("inputs: --part / --filter select generated shapes; list the files")
     paths = [x.strip() for x in str(a.inputs).split(",") if x.strip()]
     if not paths:
         raise ValueError(

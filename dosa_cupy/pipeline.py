@@ -226,7 +226,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     cert = _CertBuffers(Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
     rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{mts}"
     if o["screen"] == "pair":  # two queries per 16-row tile (r <= 6 checked in _opts)
-        rows, omega = pair_plan(plan.rows, plan.omega, cp)
+        rows, omega = pair_plan(plan.rows, plan.omega, plan.valid, cp)
         grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
     kernel(name, T * ROWB + T * 8, SCREENS[o["screen"]])(
         grid,
@@ -545,17 +545,29 @@ PAIR_ROWS = (
 )
 
 
-def pair_plan(rows, omega, xp):
+PAIR_EMPTY = [6, 8, 9, 10, 11, 12, 13, 14]  # mts = 1 plan rows a plan with r ≤ 6 leaves empty
+
+
+def pair_plan(rows, omega, valid, xp):
     """Plans of queries (2p, 2p+1) gathered into one 16-row tile per pair (screen_pair).
 
-    rows uint8 [Qn, 16, 128] and omega fp32 [Qn, 16] of an mts = 1 plan with r ≤ 6 →
-    rows_p uint8 [P, 16, 128], omega_p fp32 [P, 16] (P = ⌈Qn/2⌉; an odd Qn's missing
-    partner is a zero plan).  ω of the aux positions (6, 7, 14, 15) is 0: the kernel
-    weighs them by −σ itself.  xp: numpy or CuPy.
+    rows uint8 [Qn, 16, 128], omega fp32 [Qn, 16] and valid bool [Qn] of an mts = 1 plan
+    with r ≤ 6 → rows_p uint8 [P, 16, 128], omega_p fp32 [P, 16] (P = ⌈Qn/2⌉; an odd Qn's
+    missing partner is a zero plan).  ω of the aux positions (6, 7, 14, 15) is 0: the
+    kernel weighs them by −σ itself.  Invalid plans (recovered later, METHOD.md §7 C.3)
+    become zero plans: they are the only plans whose rows can hold NaN codes, and a NaN
+    row would erase its partner's terms in the kernel's fmaf(0, y, x).  A plan with a
+    nonzero row outside slots 0..5 and the aux rows (r > 6) raises ValueError: the tile
+    has no place for it.  xp: numpy or CuPy.
     """
     Qn = rows.shape[0]
     if rows.shape[1:] != (16, D) or omega.shape != (Qn, 16):
         raise ValueError(f"rows: expected an mts = 1 plan [Qn, 16, {D}], got {rows.shape}")
+    if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
+        raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
+    ok = xp.asarray(valid, dtype=bool)
+    rows = xp.where(ok[:, None, None], rows, 0).astype(xp.uint8)
+    omega = xp.where(ok[:, None], omega, 0).astype(xp.float32)
     P = (Qn + 1) // 2
     if Qn % 2:
         rows = xp.concatenate([rows, xp.zeros((1, 16, D), dtype=rows.dtype)])
@@ -591,8 +603,8 @@ def _select(K, seed_rec, seed_cnt, recs):
     the overflowed rows are selected again from their complete lists (``recs.ext``)."""
     ids, _ = select_records(K, seed_rec, seed_cnt, recs.rec, recs.cnt)
     if recs.ext is not None:
-        oq, rec2 = recs.ext
-        ids[oq], _ = select_records(K, seed_rec[oq], seed_cnt[oq], rec2, recs.cnt[oq])
+        oq, rec2, cnt2 = recs.ext
+        ids[oq], _ = select_records(K, seed_rec[oq], seed_cnt[oq], rec2, cnt2)
     return ids
 
 
@@ -647,10 +659,10 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         # exact extension of the overflowed rows only (refine_stream.Records)
         oq = cp.flatnonzero(recs.over)
         cap2 = int(cnt[oq].max())
-        rec2, _ = _fused_pass(
+        rec2, cnt2 = _fused_pass(
             mth, q[oq], w[oq], kp, ksc, tau[oq], ks[oq], ke[oq], o, poolmask, cap2
         )
-        recs.ext = (oq, rec2)
+        recs.ext = (oq, rec2, cnt2)
     tm.mark("score+filter")
     ids = _select(K, seed_rec, seed_cnt, recs)
     tm.mark("select")

@@ -202,9 +202,11 @@ def refine_shared(mth, q, w, kp, ksc, tau, ks, ke, glist, N, shared, surv, cnt, 
 class Records:
     """Compact records of every query (METHOD.md §9), with the exact overflow extension.
 
-    rec uint64 [Qn, cap], cnt uint32 [Qn] (the true number of records, also past cap), over
-    bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2]) or None: the
-    complete lists of the overflowed rows (rows[j]'s records are rec2[j, :cnt[rows[j]]]).
+    rec uint64 [Qn, cap], cnt uint32 [Qn] (the number of records of the first pass, also
+    past cap), over bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2], cnt2
+    uint32 [n]) or None: the complete lists of the overflowed rows, counted by the pass
+    that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]; cnt2 = cnt[rows] whenever
+    both passes score the same survivors, which the tests check).
     """
 
     rec: object
@@ -215,9 +217,9 @@ class Records:
     def row(self, t: int):
         """Query t's records (host or device array; for tests and diagnostics)."""
         if self.ext is not None and bool(self.over[t]):
-            rows, rec2 = self.ext
+            rows, rec2, cnt2 = self.ext
             j = int(np.flatnonzero(_host(rows) == t)[0])
-            return rec2[j, : int(self.cnt[t])]
+            return rec2[j, : int(cnt2[j])]
         return self.rec[t, : int(self.cnt[t])]
 
 
@@ -254,5 +256,5 @@ def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_quer
         sub = [a[oq] for a in (q, w, tau, ks, ke)]
         refine_per_query(mth, sub[0], sub[1], kp, ksc, sub[2], sub[3], sub[4],
                          xp.arange(n, dtype=xp.int32), N, surv[oq], cnt2, rec2, cap2)  # fmt: skip
-        out.ext = (oq, rec2)
+        out.ext = (oq, rec2, cnt2)
     return out, shared

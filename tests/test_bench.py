@@ -595,7 +595,12 @@ def test_inputs_shape_and_groups(tmp_path):
                                     ("c", 4, 256, 32, "npz")])  # fmt: skip
     assert [inputs_shape(p) for p in paths] == [(16, 8, 512), (16, 8, 512), (32, 4, 256)]
     groups = B.input_groups(paths)
-    assert groups == {"file:a0+1": paths[:2], "file:c2": paths[2:]}
+    assert groups == {"file:a0+1@16x8x512": paths[:2], "file:c2@32x4x256": paths[2:]}
+    # first files with one stem in two folders stay two groups
+    (tmp_path / "d").mkdir()
+    other = _save_inputs(tmp_path / "d", [("c", 8, 512, 16, "npz")])[0]
+    same = B.input_groups([paths[2], other])
+    assert sorted(same.values()) == sorted([[paths[2]], [other]])
     bad = tmp_path / "x.npz"
     bad.write_bytes(b"not a zip")
     for p in (bad, tmp_path / "missing.safetensors", tmp_path / "y.txt"):
@@ -607,8 +612,8 @@ def test_inputs_dry_run_and_conflicts(tmp_path, capsys):
     paths = _save_inputs(tmp_path, [("a", 8, 512, 16, "npz"), ("a", 8, 512, 16, "npz")])
     assert B.main(["--inputs", ",".join(paths), "--dry-run", "--K", "8"]) == 0
     out = capsys.readouterr().out
-    assert "file:a0+1 tile 256 16x8x512" in out and "1 job(s)" in out
-    for extra in (["--sweep"], ["--shapes", "16x8x512"]):
+    assert "file:a0+1@16x8x512 tile 256 16x8x512" in out and "1 job(s)" in out
+    for extra in (["--sweep"], ["--shapes", "16x8x512"], ["--part", "0/2"], ["--filter", "16x"]):
         with pytest.raises(ValueError, match="^inputs:"):
             B.main(["--inputs", paths[0], "--dry-run", *extra])
 
@@ -634,5 +639,5 @@ def test_inputs_with_a_fake_gpu(monkeypatch, tmp_path):
     assert B.main(["--inputs", ",".join(paths), "--K", "8", "--out", str(out)]) == 0
     rows = json.loads((out / "bench.json").read_text())
     assert [(r["regime"], r["Qn"], r["N"], r["rotate"]) for r in rows] == [
-        ("file:a0+1", 16, 1024, 2), ("file:b2", 8, 512, 1)]  # fmt: skip
+        ("file:a0+1@16x16x1024", 16, 1024, 2), ("file:b2@16x8x512", 8, 512, 1)]  # fmt: skip
     assert all(r["ids_equal"] for r in rows) and sorted(loaded) == sorted(paths)

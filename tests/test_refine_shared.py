@@ -476,9 +476,10 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap):
         assert recs.rec.shape == (Qn, cap)
         assert recs.over.tolist() == (want_cnt > cap).tolist()
         if recs.over.any():  # the extension holds exactly the overflowed rows, at exact size
-            rows, rec2 = recs.ext
+            rows, rec2, cnt2 = recs.ext
             assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
             assert rec2.shape == (rows.size, want_cnt.max())
+            assert cnt2.tolist() == want_cnt[rows].tolist()  # both passes, the same count
         else:
             assert recs.ext is None
         for t in range(Qn):

@@ -73,7 +73,7 @@ def test_pair_tile_equals_unpaired(Qn, r):
     rng = np.random.default_rng(Qn * 10 + r)
     rows, omega, sigma = _random_plans(rng, Qn, r)
     kv = e4m3_values(rng.integers(0, 0x7E, (300, 128), dtype=np.uint8))
-    rows_p, omega_p = pipeline.pair_plan(rows, omega, np)
+    rows_p, omega_p = pipeline.pair_plan(rows, omega, np.ones(Qn, bool), np)
     P = (Qn + 1) // 2
     assert rows_p.shape == (P, 16, 128) and rows_p.dtype == np.uint8
     assert omega_p.shape == (P, 16) and omega_p.dtype == np.float32
@@ -82,6 +82,50 @@ def test_pair_tile_equals_unpaired(Qn, r):
     want = _unpaired_uhat(rows, omega, sigma, kv)
     got = _paired_uhat(rows_p, omega_p, sigma, Qn, kv)
     assert np.array_equal(got, want)  # exact: the same terms, exact float64 sums
+
+
+def _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv):
+    """screen_pair's epilogue with the kernel's fp32 NaN semantics (dots in float64, NaN
+    for a NaN code): s = fmaf(aux, y, x) (NaN if y is NaN, even times 0), fmaxf(s, 0)
+    ignores NaN, then ω·[s]_+; → Û [Qn, n] summed in float64."""
+    X = np.einsum("pjd,nd->pjn", e4m3_values(rows_p), kv)
+    sig = np.concatenate([np.asarray(sigma, np.float64), [0.0]])
+    out = np.zeros((2 * rows_p.shape[0], kv.shape[0]))
+    with np.errstate(invalid="ignore"):
+        for p in range(rows_p.shape[0]):
+            for g in range(8):
+                lo, hi = X[p, g], X[p, g + 8]
+                wa = omega_p[p, g] if g < 6 else (-sig[2 * p] if g == 7 else 0.0)
+                wb = omega_p[p, g + 8] if g < 6 else (-sig[2 * p + 1] if g == 6 else 0.0)
+                sa = lo + float(g == 7) * hi  # fmaf(aux, hi, lo): 0 · NaN = NaN
+                sb = hi + float(g == 6) * lo
+                out[2 * p] += wa * np.fmax(sa, 0)  # fmaxf(NaN, 0) = 0
+                out[2 * p + 1] += wb * np.fmax(sb, 0)
+    return out[:Qn]
+
+
+def test_invalid_partner_cannot_lower_a_bound():
+    """A NaN code in one query's plan (such a plan is invalid and recovered) must not erase
+    its partner's terms: pair_plan zeroes invalid plans, so the valid query's paired Û is
+    its unpaired Û.  Without the zeroing the kernel's fmaf(0, NaN, x) drops them."""
+    rng = np.random.default_rng(5)
+    rows, omega, sigma = _random_plans(rng, 4, 6)
+    rows[1, :6, 3] = 0x7F  # e4m3 NaN code in query 1's retained rows
+    valid = np.array([True, False, True, True])
+    kv = e4m3_values(rng.integers(0, 0x7E, (200, 128), dtype=np.uint8))
+    want = _unpaired_uhat(rows[[0]], omega[[0]], sigma[[0]], kv)[0]
+    raw_p, raw_o = pipeline.pair_plan(rows, omega, np.ones(4, bool), np)  # as if valid
+    assert not np.array_equal(_kernel_uhat_f32(raw_p, raw_o, sigma, 4, kv)[0], want)
+    rows_p, omega_p = pipeline.pair_plan(rows, omega, valid, np)
+    got = _kernel_uhat_f32(rows_p, omega_p, sigma, 4, kv)
+    assert np.array_equal(got[0], want) and np.all(np.isfinite(got))
+
+
+def test_pair_plan_rejects_more_than_six_rows():
+    rows, omega, _ = _random_plans(np.random.default_rng(1), 2, 6)
+    rows[1, 9] = 0x38  # a retained row in slot 8 (row 9): r > 6
+    with pytest.raises(ValueError, match="^rows:"):
+        pipeline.pair_plan(rows, omega, np.ones(2, bool), np)
 
 
 def test_pair_rows_table():
@@ -97,7 +141,9 @@ def test_pair_rows_table():
 
 def test_pair_plan_rejects_other_shapes():
     with pytest.raises(ValueError, match="rows"):
-        pipeline.pair_plan(np.zeros((2, 32, 128), np.uint8), np.zeros((2, 32), np.float32), np)
+        pipeline.pair_plan(
+            np.zeros((2, 32, 128), np.uint8), np.zeros((2, 32), np.float32), np.ones(2, bool), np
+        )
 
 
 @pytest.mark.parametrize("regime,H", [("calibrated", 32), ("h64", 64)])
@@ -115,7 +161,7 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
     pl = plan_mod.build_plans(q, w, kp, np.arange(0, 4096, 16), r, 1, xp=np)
     empty = [6, 8, 9, 10, 11, 12, 13, 14]
     assert np.all(pl.rows[:, empty] == 0) and np.all(pl.omega[:, empty] == 0)
-    rows_p, omega_p = pipeline.pair_plan(pl.rows, pl.omega, np)
+    rows_p, omega_p = pipeline.pair_plan(pl.rows, pl.omega, pl.valid, np)
     kv = e4m3_values(kp)
     uh = _paired_uhat(rows_p, omega_p, pl.sigma, q.shape[0], kv)
     rho = key_rms(kp).astype(np.float64)

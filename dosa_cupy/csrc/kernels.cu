@@ -623,7 +623,11 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
         for (int u = 0; u < 4; ++u) {
 #pragma unroll
           for (int v = 0; v < 2; ++v) {
-            // fmaf(1, y, x) = x + y (one rounding), fmaf(0, y, x) = x exactly
+            // fmaf(1, y, x) = x + y (one rounding), fmaf(0, y, x) = x exactly for finite y.
+            // y is the partner's row on lanes g < 6: a NaN there would erase this query's
+            // term (fmaf(0, NaN, x) = NaN, fmaxf(NaN, 0) = 0), so pipeline.pair_plan zeroes
+            // the rows of invalid plans — the only plans with NaN rows (plan.cu header;
+            // review of 2026-11-30) — and every row here is finite.
             const float sa_ = fmaf(aux_a, Cm[u][0][2 + v], Cm[u][0][v]);
             const float sb_ = fmaf(aux_b, Cm[u][0][v], Cm[u][0][2 + v]);
             xa[2 * u + v] = wa * fmaxf(sa_, 0.f);
