@@ -39,6 +39,7 @@ MODULES = [
     "b3_margin_identity",
     "numerical_dominance",
     "fp32_pretest",
+    "gpu_screen_epilogue",
 ]
 
 

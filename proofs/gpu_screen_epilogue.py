@@ -1,0 +1,192 @@
+"""The GPU screen's fp32 epilogue stays inside the plan's screening allowance (METHOD.md §8;
+dosa_cupy/csrc/kernels.cu ``screen_impl`` at MTS = 1 and ``screen_pair``; plan.py g_scr).
+
+Statement.  Let x_0 … x_15 be one key's MMA outputs for a query's mts = 1 plan (fp32;
+retained rows in slots 0..5 for the paired layout, any of rows 0..6, 8..14 otherwise, aux
+rows 7 and 15), ω_j fp32 weights and σ ≥ 0 the aux scale, and
+
+    Û(x) = Σ_{j ∉ {7, 15}} ω_j [x_j]_+ − σ [x_7 + x_15]_+ ,
+    T(x) = Σ_{j ∉ {7, 15}} |ω_j| [x_j]_+ + σ [x_7 + x_15]_+ .
+
+The kernels evaluate Û in fp32 with round-to-nearest: per lane g (rows g and g + 8) an aux
+sum fmaf(1, x_15, x_7) on the aux lane, one or two fmaf products, then ``reduce8``'s fixed
+pairing tree ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7)) — unpaired (``screen_mt1``) or with
+two queries per tile (``screen_pair``: rows 0..5 = a's retained rows, 6 = b's v0, 7 = a's
+v0, 8..13 = b's, 14 = b's v1, 15 = a's v1; pipeline.PAIR_ROWS).  Then, for results in
+fp32's normal range,
+
+    |Û_fl − Û(x)| ≤ γ_5 · T(x) ≤ γ_{2·mts+6} · T(x)   (γ_n = n u / (1 − n u), u = 2^-24),
+
+the second factor being the epilogue part of plan.py's g_scr, so the plan's C and ε cover
+either layout.  Proof: every term passes through at most five roundings — the aux sum (RN
+keeps its sign, so [fl(y)]_+ = [y]_+(1 + δ)), the product or fma, and three tree additions
+(an fmaf(0, y, a) adds an exact zero); Higham's Lemma 3.1 gives the product of (1 + δ_i)
+factors within 1 ± γ_5 per term, and the sum of the perturbed terms is the computed value.
+Flush-to-zero (CuPy's -ftz=true) is outside this statement: each flushed result loses
+< 2^-126, which ε_raw covers (plan.py docstring); the cases keep every nonzero
+intermediate ≥ 2^-123.
+
+``check`` evaluates both kernels' orders with an exact model of fp32 round-to-nearest-even
+(rationals; the fma rounds the exact product-sum once) and compares with the exact Û.
+No tightness is claimed (the bound is a worst case over all orders of 5 roundings).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from ._audit import Audit, Result
+from .fp32_pretest import round_f32
+
+NAME = "gpu_screen_epilogue"
+STATEMENT = "fp32 Û of screen_mt1 / screen_pair: |Û_fl − Û| ≤ γ_5 T ≤ γ_8 T (plan g_scr)"
+
+U = Fraction(1, 2**24)
+DEPTH = 5  # roundings per term in both layouts at mts = 1
+PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
+# screen_pair's tile: row i ← row PAIR_ROWS[i][1] of query PAIR_ROWS[i][0] (0 = a, 1 = b)
+PAIR_ROWS = [(0, j) for j in range(6)] + [(1, 7), (0, 7)] + [(1, j) for j in range(6)]
+PAIR_ROWS += [(1, 15), (0, 15)]
+
+
+def gamma(n: int) -> Fraction:
+    return n * U / (1 - n * U)
+
+
+def rn(x: Fraction) -> Fraction:
+    """fp32 round-to-nearest, ties to even, of an exact rational (finite range)."""
+    lo, hi = Fraction(round_f32(x, False)), Fraction(round_f32(x, True))
+    if lo == hi:
+        return lo
+    if x - lo != hi - x:
+        return lo if x - lo < hi - x else hi
+    # a tie: the even significand (the one whose last fp32 bit is 0)
+    bits = np.array([float(lo)], dtype=np.float32).view(np.uint32)[0]
+    return lo if bits % 2 == 0 else hi
+
+
+def _relu(v: Fraction) -> Fraction:
+    return v if v > 0 else Fraction(0)
+
+
+def _tree(v: list[Fraction]) -> Fraction:
+    """reduce8's pairing tree over the 8 lanes' values of one key."""
+    a = rn(rn(v[0] + v[4]) + rn(v[2] + v[6]))
+    b = rn(rn(v[1] + v[5]) + rn(v[3] + v[7]))
+    return rn(a + b)
+
+
+def eval_mt1(x, w, sig) -> Fraction:
+    """screen_impl<1>'s epilogue: lane g weighs [fmaf(aux, x_{g+8}, x_g)]_+ by −σ (g = 7)
+    or ω_g, then adds ω_{g+8}[x_{g+8}]_+ (0 on the aux lane) with a second fmaf."""
+    v = []
+    for g in range(8):
+        lo, hi = x[g], x[g + 8]
+        s = rn(lo + hi) if g == 7 else lo
+        w_lo = -sig if g == 7 else w[g]
+        w_hi = Fraction(0) if g == 7 else w[g + 8]
+        a = rn(w_lo * _relu(s))  # fmaf(w, m, 0)
+        a = rn(w_hi * _relu(hi) + a)  # fmaf(w, m, a): one rounding
+        v.append(a)
+    return _tree(v)
+
+
+def eval_pair(xa, wa_, siga, xb, wb_, sigb) -> tuple[Fraction, Fraction]:
+    """screen_pair's epilogue for the tile of queries a and b."""
+    X = [(xa, xb)[q][j] for q, j in PAIR_ROWS]
+    W = [(wa_, wb_)[q][j] if j < 6 else Fraction(0) for q, j in PAIR_ROWS]
+    va, vb = [], []
+    for g in range(8):
+        lo, hi = X[g], X[g + 8]
+        wa = W[g] if g < 6 else (-siga if g == 7 else Fraction(0))
+        wb = W[g + 8] if g < 6 else (-sigb if g == 6 else Fraction(0))
+        sa = rn(lo + hi) if g == 7 else lo
+        sb = rn(lo + hi) if g == 6 else hi
+        va.append(rn(wa * _relu(sa)))
+        vb.append(rn(wb * _relu(sb)))
+    return _tree(va), _tree(vb)
+
+
+def exact(x, w, sig, rows) -> tuple[Fraction, Fraction]:
+    """(Û, T) of one query: retained rows ``rows``, aux rows 7 and 15."""
+    ret = sum((w[j] * _relu(x[j]) for j in rows), Fraction(0))
+    mag = sum((abs(w[j]) * _relu(x[j]) for j in rows), Fraction(0))
+    aux = sig * _relu(x[7] + x[15])
+    return ret - aux, mag + aux
+
+
+def check(x, w, sig, xb=None, wb=None, sigb=None, context="") -> Result:
+    """x, w: 16 fp32 values each; sig fp32 ≥ 0.  Without (xb, wb, sigb): screen_mt1 on
+    rows 0..6, 8..14; with them: screen_pair on a = (x, w, sig), b = (xb, wb, sigb), whose
+    retained rows are 0..5 (rows 6, 8..14 are zero, so their MMA outputs are 0)."""
+    au = Audit(NAME, tightness=False, context=context)
+    F = [Fraction(float(np.float32(v))) for v in x]
+    Wt = [Fraction(float(np.float32(v))) for v in w]
+    S = Fraction(float(np.float32(sig)))
+    if xb is None:
+        got = [eval_mt1(F, Wt, S)]
+        want = [exact(F, Wt, S, [j for j in range(16) if j not in (7, 15)])]
+    else:
+        Fb = [Fraction(float(np.float32(v))) for v in xb]
+        Wb = [Fraction(float(np.float32(v))) for v in wb]
+        Sb = Fraction(float(np.float32(sigb)))
+        for arr in (F, Fb, Wt, Wb):
+            for j in (6, 8, 9, 10, 11, 12, 13, 14):
+                arr[j] = Fraction(0)
+        got = list(eval_pair(F, Wt, S, Fb, Wb, Sb))
+        want = [exact(F, Wt, S, range(6)), exact(Fb, Wb, Sb, range(6))]
+    for u_fl, (u_ex, T) in zip(got, want, strict=True):
+        err = abs(u_fl - u_ex)
+        au.ge(gamma(DEPTH) * T, err, "|Û_fl − Û| ≤ γ_5 T")
+        au.ge(gamma(PLAN_DEPTH) * T, gamma(DEPTH) * T, "γ_5 T ≤ γ_{2mts+6} T")
+        if T > 0:
+            au.track("err / (u T)", float(err / (U * T)))
+    return au.result()
+
+
+def _fp32(rng, n, lo_exp, hi_exp, signed=True):
+    e = rng.integers(lo_exp, hi_exp + 1, n)
+    m = 1 + rng.random(n)
+    s = rng.choice([-1.0, 1.0], n) if signed else np.ones(n)
+    return (s * m * np.exp2(e)).astype(np.float32)
+
+
+def cases(rng: np.random.Generator) -> list[dict]:
+    out = []
+    for layout in ("mt1", "pair"):
+        for trial in range(60):
+            kind = trial % 5
+            q = []
+            for _ in range(2 if layout == "pair" else 1):
+                if kind == 0:  # moderate, mixed signs
+                    x = _fp32(rng, 16, -10, 10)
+                    w = _fp32(rng, 16, -4, 2, signed=False)
+                elif kind == 1:  # wide exponent range (≥ 2^-100: no flush anywhere)
+                    x = _fp32(rng, 16, -100, 60)
+                    w = _fp32(rng, 16, -20, 20, signed=False)
+                elif kind == 2:  # integers: exact ties and zeros
+                    x = rng.integers(-8, 9, 16).astype(np.float32)
+                    w = rng.integers(1, 4, 16).astype(np.float32)
+                elif kind == 3:  # all positive rows, negative weights allowed
+                    x = np.abs(_fp32(rng, 16, -8, 8))
+                    w = _fp32(rng, 16, -3, 3)
+                else:  # near-cancelling: values close to each other
+                    base = np.float32(2.0 ** rng.integers(-6, 6))
+                    x = (base * (1 + _fp32(rng, 16, -24, -12))).astype(np.float32)
+                    w = np.full(16, 1.0, np.float32)
+                # σ balances the aux term against the retained sum (cancellation in Û)
+                ret = np.sum(np.abs(w[:7].astype(np.float64)) * np.maximum(x[:7], 0))
+                aux = max(float(x[7]) + float(x[15]), 0.0)
+                ratio = ret / aux if aux > 0 and ret > 0 else 0.5
+                sig = np.float32(min(max(ratio, 2.0**-60), 2.0**60))  # finite fp32
+                q.append((x, w, sig))
+            if layout == "pair":
+                (x, w, s), (xb, wb, sb) = q
+                out.append(dict(x=x, w=w, sig=s, xb=xb, wb=wb, sigb=sb,
+                                context=f"pair kind {kind} #{trial}"))  # fmt: skip
+            else:
+                x, w, s = q[0]
+                out.append(dict(x=x, w=w, sig=s, context=f"mt1 kind {kind} #{trial}"))
+    return out
