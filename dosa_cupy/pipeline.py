@@ -563,11 +563,11 @@ def pair_plan(rows, omega, valid, xp):
     Qn = rows.shape[0]
     if rows.shape[1:] != (16, D) or omega.shape != (Qn, 16):
         raise ValueError(f"rows: expected an mts = 1 plan [Qn, 16, {D}], got {rows.shape}")
-    if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
-        raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
     ok = xp.asarray(valid, dtype=bool)
     rows = xp.where(ok[:, None, None], rows, 0).astype(xp.uint8)
     omega = xp.where(ok[:, None], omega, 0).astype(xp.float32)
+    if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
+        raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
     P = (Qn + 1) // 2
     if Qn % 2:
         rows = xp.concatenate([rows, xp.zeros((1, 16, D), dtype=rows.dtype)])

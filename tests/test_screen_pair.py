@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from cuda_signatures import params
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dosa_cupy import pipeline
 from dosa_cupy import plan as plan_mod
@@ -126,6 +128,31 @@ def test_pair_plan_rejects_more_than_six_rows():
     rows[1, 9] = 0x38  # a retained row in slot 8 (row 9): r > 6
     with pytest.raises(ValueError, match="^rows:"):
         pipeline.pair_plan(rows, omega, np.ones(2, bool), np)
+
+
+@given(
+    Qn=st.integers(1, 9),
+    r=st.integers(0, 6),
+    seed=st.integers(0, 2**32 - 1),
+    nan_query=st.integers(-1, 8),
+)
+def test_property_pair_tile_is_the_unpaired_bound(Qn, r, seed, nan_query):
+    """Law: for any mts = 1 plans with r ≤ 6 (any Qn, odd or even), the kernel's paired
+    evaluation (fp32 NaN semantics, exact dots) gives every valid query exactly its
+    unpaired Û; a query whose plan holds a NaN code (invalid) does not disturb its partner."""
+    rng = np.random.default_rng(seed)
+    rows, omega, sigma = _random_plans(rng, Qn, r)
+    valid = np.ones(Qn, bool)
+    if 0 <= nan_query < Qn:
+        rows[nan_query, rng.integers(0, 16), rng.integers(0, 128)] = 0x7F
+        valid[nan_query] = False
+    kv = e4m3_values(rng.integers(0, 0x7E, (40, 128), dtype=np.uint8))
+    rows_p, omega_p = pipeline.pair_plan(rows, omega, valid, np)
+    got = _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv)
+    with np.errstate(invalid="ignore"):
+        want = _unpaired_uhat(rows, omega, sigma, kv)
+    assert np.array_equal(got[valid], want[valid])
+    assert np.all(got[~valid] == 0)  # zero plans: no term, no NaN
 
 
 def test_pair_rows_table():
