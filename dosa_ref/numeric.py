@@ -71,7 +71,7 @@ from .select import (
     _stride_sample,
     choose_r,
 )
-from .validate import as_float_array, check_K, check_ranges
+from .validate import as_float_array, check_K, check_qwk_shapes, check_ranges
 
 __all__ = [
     "ACCUMULATORS",
@@ -948,13 +948,7 @@ def _check_fp8_inputs(q, w, payload, scale, strict: bool):
     s = np.asarray(scale)
     if s.dtype.kind != "f" or s.shape != (p.shape[0],):
         raise ValueError(f"scale: expected float [N={p.shape[0]}], got {s.dtype} {s.shape}")
-    Qn, H, D = q.shape
-    if H < 1 or D < 1:
-        raise ValueError(f"q: need H >= 1 and D >= 1, got shape {q.shape}")
-    if w.shape != (Qn, H):
-        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {w.shape}")
-    if p.shape[1] != D:
-        raise ValueError(f"payload: expected shape (N, {D}) to match q, got {p.shape}")
+    check_qwk_shapes(q.shape, w.shape, p.shape, "payload")
     if strict:
         if np.any(nan_codes(p)):
             raise ValueError("payload: contains e4m3 NaN codes (0x7F/0xFF)")

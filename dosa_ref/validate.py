@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["check_qwk", "check_ranges", "check_K", "as_float_array"]
+__all__ = ["check_qwk", "check_qwk_shapes", "check_ranges", "check_K", "as_float_array"]
 
 
 def as_float_array(x, name: str, ndim: int) -> np.ndarray:
@@ -32,20 +32,25 @@ def check_qwk(q, w, k) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     q = as_float_array(q, "q", 3)
     w = as_float_array(w, "w", 2)
     k = as_float_array(k, "k", 2)
-    Qn, H, D = q.shape
-    if H < 1:
-        raise ValueError(f"q: need at least one head, got shape {q.shape}")
-    if D < 1:
-        raise ValueError(f"q: need head dimension D >= 1, got shape {q.shape}")
-    if w.shape != (Qn, H):
-        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {w.shape}")
-    if k.shape[1] != D:
-        raise ValueError(f"k: expected shape (N, {D}) to match q, got {k.shape}")
+    check_qwk_shapes(q.shape, w.shape, k.shape)
     return (
         np.ascontiguousarray(q, dtype=np.float64),
         np.ascontiguousarray(w, dtype=np.float64),
         np.ascontiguousarray(k, dtype=np.float64),
     )
+
+
+def check_qwk_shapes(q_shape, w_shape, k_shape, k_name: str = "k") -> None:
+    """q [Qn, H, D] with H, D ≥ 1, w [Qn, H] and keys ``k_name`` [N, D] agree."""
+    Qn, H, D = q_shape
+    if H < 1:
+        raise ValueError(f"q: need at least one head, got shape {tuple(q_shape)}")
+    if D < 1:
+        raise ValueError(f"q: need head dimension D >= 1, got shape {tuple(q_shape)}")
+    if tuple(w_shape) != (Qn, H):
+        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {tuple(w_shape)}")
+    if k_shape[1] != D:
+        raise ValueError(f"{k_name}: expected shape (N, {D}) to match q, got {tuple(k_shape)}")
 
 
 def check_ranges(ks, ke, Qn: int, N: int) -> tuple[np.ndarray, np.ndarray]:

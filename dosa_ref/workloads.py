@@ -90,6 +90,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .validate import check_qwk_shapes
+
 __all__ = [
     "CALIBRATION_TARGETS",
     "REGIMES",
@@ -479,14 +481,8 @@ def validate_workload(q, w, k, ks, ke) -> tuple[np.ndarray, ...]:
         dt = np.float64 if a.dtype == np.float64 else np.float32
         out.append(np.ascontiguousarray(a, dtype=dt))
     q, w, k = out
-    Qn, H, D = q.shape
-    if H < 1 or D < 1:
-        raise ValueError(f"q: need H >= 1 heads and D >= 1, got shape {q.shape}")
-    if w.shape != (Qn, H):
-        raise ValueError(f"w: expected shape {(Qn, H)} to match q, got {w.shape}")
-    if k.shape[1] != D:
-        raise ValueError(f"k: expected shape (N, {D}) to match q, got {k.shape}")
-    N = k.shape[0]
+    check_qwk_shapes(q.shape, w.shape, k.shape)
+    Qn, N = q.shape[0], k.shape[0]
     rng_out = []
     for name, a in (("ks", ks), ("ke", ke)):
         a = np.asarray(a)
