@@ -37,6 +37,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from dosa_cupy.pipeline import PAIR_ROWS  # the tile layout the kernel reads (no GPU needed)
+
 from ._audit import Audit, Result
 from .fp32_pretest import round_f32
 
@@ -46,9 +48,6 @@ STATEMENT = "fp32 Û of screen_mt1 / screen_pair: |Û_fl − Û| ≤ γ_5 T ≤ 
 U = Fraction(1, 2**24)
 DEPTH = 5  # roundings per term in both layouts at mts = 1
 PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
-# screen_pair's tile: row i ← row PAIR_ROWS[i][1] of query PAIR_ROWS[i][0] (0 = a, 1 = b)
-PAIR_ROWS = [(0, j) for j in range(6)] + [(1, 7), (0, 7)] + [(1, j) for j in range(6)]
-PAIR_ROWS += [(1, 15), (0, 15)]
 
 
 def gamma(n: int) -> Fraction:

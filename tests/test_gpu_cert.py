@@ -235,7 +235,8 @@ def test_fast32_kernel_source_matches_the_proof():
         assert s in body, s
     # the fast module is one define away: the default build never sees the pre-test
     assert "#define DOSA_SCREEN_FAST32 0" in SRC
-    assert pl.SCREENS == {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": ()}
+    assert pl.SCREENS["fast32"] == ("DOSA_SCREEN_FAST32=1",)
+    assert all(d == () for k, d in pl.SCREENS.items() if k != "fast32")  # the others: default
 
 
 @pytest.mark.parametrize("regime,H", [("structured", 32), ("calibrated", 32), ("structured", 64)])

@@ -40,20 +40,24 @@ def _unpaired_uhat(rows, omega, sigma, kv):
     return np.sum(om * np.maximum(X[:, ret], 0), axis=1) - sig * aux
 
 
-def _paired_uhat(rows_p, omega_p, sigma, Qn, kv):
+def _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv):
     """screen_pair's epilogue lane by lane (lane g: rows g and g + 8 of the tile), exact
-    arithmetic: Û of queries 2p and 2p + 1 → [Qn, n]."""
+    dots in float64 and the kernel's NaN semantics: s = fmaf(aux, y, x) (NaN if y is NaN,
+    even times 0), fmaxf(s, 0) ignores NaN, then ω·[s]_+; → Û of queries 2p, 2p + 1 as
+    [Qn, n], summed exactly for finite rows (the fp32 rounding is proofs/gpu_screen_epilogue's)."""
     X = np.einsum("pjd,nd->pjn", e4m3_values(rows_p), kv)
     sig = np.concatenate([np.asarray(sigma, np.float64), [0.0]])
     out = np.zeros((2 * rows_p.shape[0], kv.shape[0]))
-    for p in range(rows_p.shape[0]):
-        for g in range(8):
-            lo, hi = X[p, g], X[p, g + 8]
-            aux_a, aux_b = float(g == 7), float(g == 6)
-            wa = omega_p[p, g] if g < 6 else (-sig[2 * p] if g == 7 else 0.0)
-            wb = omega_p[p, g + 8] if g < 6 else (-sig[2 * p + 1] if g == 6 else 0.0)
-            out[2 * p] += wa * np.maximum(lo + aux_a * hi, 0)
-            out[2 * p + 1] += wb * np.maximum(hi + aux_b * lo, 0)
+    with np.errstate(invalid="ignore"):
+        for p in range(rows_p.shape[0]):
+            for g in range(8):
+                lo, hi = X[p, g], X[p, g + 8]
+                wa = omega_p[p, g] if g < 6 else (-sig[2 * p] if g == 7 else 0.0)
+                wb = omega_p[p, g + 8] if g < 6 else (-sig[2 * p + 1] if g == 6 else 0.0)
+                sa = lo + float(g == 7) * hi  # fmaf(aux, hi, lo): 0 · NaN = NaN
+                sb = hi + float(g == 6) * lo
+                out[2 * p] += wa * np.fmax(sa, 0)  # fmaxf(NaN, 0) = 0
+                out[2 * p + 1] += wb * np.fmax(sb, 0)
     return out[:Qn]
 
 
@@ -65,7 +69,9 @@ def _random_plans(rng, Qn, r):
     codes |= rng.integers(0, 2, codes.shape, dtype=np.uint8) << 7
     rows[:, :r] = codes[:, :r]
     rows[:, [7, 15]] = codes[:, [7, 15]]
-    omega[:, :r] = rng.uniform(0.05, 1.0, (Qn, r)).astype(np.float32)
+    # 6-bit dyadic ω: products with the (≤ 42-bit) e4m3 dots and their sums are exact in
+    # float64, so paired and unpaired Û compare with == whatever the summation order
+    omega[:, :r] = (rng.integers(1, 65, (Qn, r)) / 64).astype(np.float32)
     sigma = (2.0 ** rng.integers(-3, 3, Qn)).astype(np.float32)
     return rows, omega, sigma
 
@@ -82,28 +88,8 @@ def test_pair_tile_equals_unpaired(Qn, r):
     assert rows_p.flags.c_contiguous and omega_p.flags.c_contiguous
     assert np.all(omega_p[:, [6, 7, 14, 15]] == 0)
     want = _unpaired_uhat(rows, omega, sigma, kv)
-    got = _paired_uhat(rows_p, omega_p, sigma, Qn, kv)
+    got = _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv)
     assert np.array_equal(got, want)  # exact: the same terms, exact float64 sums
-
-
-def _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv):
-    """screen_pair's epilogue with the kernel's fp32 NaN semantics (dots in float64, NaN
-    for a NaN code): s = fmaf(aux, y, x) (NaN if y is NaN, even times 0), fmaxf(s, 0)
-    ignores NaN, then ω·[s]_+; → Û [Qn, n] summed in float64."""
-    X = np.einsum("pjd,nd->pjn", e4m3_values(rows_p), kv)
-    sig = np.concatenate([np.asarray(sigma, np.float64), [0.0]])
-    out = np.zeros((2 * rows_p.shape[0], kv.shape[0]))
-    with np.errstate(invalid="ignore"):
-        for p in range(rows_p.shape[0]):
-            for g in range(8):
-                lo, hi = X[p, g], X[p, g + 8]
-                wa = omega_p[p, g] if g < 6 else (-sig[2 * p] if g == 7 else 0.0)
-                wb = omega_p[p, g + 8] if g < 6 else (-sig[2 * p + 1] if g == 6 else 0.0)
-                sa = lo + float(g == 7) * hi  # fmaf(aux, hi, lo): 0 · NaN = NaN
-                sb = hi + float(g == 6) * lo
-                out[2 * p] += wa * np.fmax(sa, 0)  # fmaxf(NaN, 0) = 0
-                out[2 * p + 1] += wb * np.fmax(sb, 0)
-    return out[:Qn]
 
 
 def test_invalid_partner_cannot_lower_a_bound():
@@ -190,7 +176,7 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
     assert np.all(pl.rows[:, empty] == 0) and np.all(pl.omega[:, empty] == 0)
     rows_p, omega_p = pipeline.pair_plan(pl.rows, pl.omega, pl.valid, np)
     kv = e4m3_values(kp)
-    uh = _paired_uhat(rows_p, omega_p, pl.sigma, q.shape[0], kv)
+    uh = _kernel_uhat_f32(rows_p, omega_p, pl.sigma, q.shape[0], kv)
     rho = key_rms(kp).astype(np.float64)
     U = uh + rho[None] * np.asarray(pl.C)[:, None] + np.asarray(pl.eps_raw)[:, None]
     s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(e4m3_values(q) @ kv.T, 0))
