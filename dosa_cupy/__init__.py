@@ -1,4 +1,4 @@
-"""DoSA on the GPU with CuPy (METHOD.md §8–§9): the canonical FP8 dense route and the
+"""DoSA on the GPU with CuPy (docs/method.md §8–§9): the canonical FP8 dense route and the
 exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
 
     dense_logits(q, w, k_payload, k_scale, ks, ke)      canonical FP8 logits [Qn, N]
@@ -13,7 +13,8 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
 Where each stage runs: everything on the GPU — the plan too (batched CuPy float64 array
 ops + one e4m3 rounding kernel, ``plan.build_plans``).  Kernels: mma.sync m16n8k16 on
 e4m3 values converted exactly to f16 (sm_90 lowers mma e4m3 to the same HMMA path).
-Records of runs and figures: GPU_TESTS.md, BENCHMARKS.md, dosa_cupy/NOTES.md.
+Records of runs and figures: docs/records/gpu_tests.md, docs/records/benchmarks.md,
+docs/records/notes.md.
 """
 
 from .dense import dense_logits, dense_topk, select_records, select_rows

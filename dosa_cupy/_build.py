@@ -1,8 +1,8 @@
 """Build and cache the CUDA module (``csrc/kernels.cu``) through ``cupy.RawModule``.
 
 CuPy compiles for the device's own architecture (sm_90 on the H200) and appends
-``-ftz=true`` (NUMERICS.md): every guard computation in the kernels that must round
-upward is therefore done in fp64 with ``__d*_ru`` intrinsics (METHOD.md §8).
+``-ftz=true`` (docs/numerics.md): every guard computation in the kernels that must round
+upward is therefore done in fp64 with ``__d*_ru`` intrinsics (docs/method.md §8).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def module(tile_n: int = 128, defines: tuple = ()):
     the screen's opt-in "DOSA_SCREEN_FAST32=1"): one cached module per combination."""
     cp = cupy_or_raise()
     # DOSA_SCREEN_UNROLL: batches per trip of the screening loop (a tuning experiment,
-    # NOTES.md v8); it changes scheduling only, never a value.
+    # docs/records/notes.md v8); it changes scheduling only, never a value.
     unroll = int(os.environ.get("DOSA_SCREEN_UNROLL", "2"))
     if unroll not in (1, 2, 4):
         raise ValueError(f"DOSA_SCREEN_UNROLL: expected 1, 2 or 4, got {unroll!r}")

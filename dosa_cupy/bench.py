@@ -84,7 +84,8 @@ ROUTE_LABEL = {
 }
 
 # Time model for balancing parts and --dry-run only (not a measurement): each route as a
-# multiple of its floor, from the v6 calibrated run (BENCHMARKS.md, Qn=4096, N=1M: logits
+# multiple of its floor, from the v6 calibrated run (docs/records/benchmarks.md, Qn=4096,
+# N=1M: logits
 # 3.6-4.0×, own select 7×, torch.topk 13× the one-read floor, fused 4×, DoSA ≈ 4× the
 # screen floor + 0.3 of the dense MMA floor), and host workload generation per key and per
 # query·head (dosa_ref.workloads on the CPU: ~9 s per 1M keys, ~7 µs per query·head).
@@ -181,7 +182,7 @@ def screen_rows(r: int) -> int:
 
 
 def floors_ms(H, Qn, N, pairs=None, survival=None, r: int = 14) -> dict:
-    """Physical floors (ms) of each route on one H200 (NUMERICS.md ceilings).
+    """Physical floors (ms) of each route on one H200 (docs/numerics.md ceilings).
 
     logits: max(MMA 2·H·D·pairs / FP8_PEAK, write the logits + read the keys / HBM);
     own select and torch.topk: one read of the logits (Qn·N·4 / HBM);
@@ -413,7 +414,7 @@ def markdown(rows, meta=None) -> str:
         + ".\n\n",
         f"D=128; medians of {'/'.join(map(str, reps)) or '≥10'} replays after {WARM} "
         "warm-ups, rotated input sets, CUDA events.  ×fl = time / the route's floor "
-        f"(fp8 MMA {FP8_PEAK / 1e12:.0f} TFLOP/s, HBM {HBM / 1e12:.2f} TB/s; NUMERICS.md; "
+        f"(fp8 MMA {FP8_PEAK / 1e12:.0f} TFLOP/s, HBM {HBM / 1e12:.2f} TB/s; docs/numerics.md; "
         "DoSA's floor uses the pooled survival).  sub = query sub-chunk of the dense route "
         "(− = whole chunk); a sub-chunked route is timed over all its sub-chunks, and own "
         "select / torch.topk then add up per-sub-chunk medians.  ids equal: DoSA == fused "

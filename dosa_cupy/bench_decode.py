@@ -12,7 +12,7 @@ step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter
     dosa bench --decode --filter x1048576            (shape = HxBxCTX)
 
 Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
-Measured on the H200: BENCHMARKS.md ("Decode", "Decode grid").
+Measured on the H200: docs/records/benchmarks.md ("Decode", "Decode grid").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DoSA decode on the GPU (METHOD.md §10; issue 6) over a paged FP8 KV cache.
+"""DoSA decode on the GPU (docs/method.md §10; issue 6) over a paged FP8 KV cache.
 
 Layout (DeepGEMM ``fp8_paged_mqa_logits``): the KV cache is stored in blocks of 64 tokens,
 ``kv_payload`` e4m3 [num_blocks, 64, 128] (uint8 bits or an fp8 tensor) and ``kv_scale``
@@ -30,7 +30,8 @@ overflow extension) is written once for numpy and CuPy (``xp``); ``backend="nump
 the selector's step with float64 scores of the dequantized cache (``dosa_ref.scorer``) as
 a CPU emulation (tests/test_gpu_decode.py compares it with ``dosa_ref.decode``).
 
-Verified on the H200 (GPU_TESTS.md, 2026-11-30 04:51: tests/test_gpu_decode.py, compute-sanitizer).
+Verified on the H200 (docs/records/gpu_tests.md, 2026-11-30 04:51: tests/test_gpu_decode.py,
+compute-sanitizer).
 """
 
 from __future__ import annotations
@@ -459,7 +460,7 @@ class _NumpyOps:
 
 class DecodeSelectorGPU:
     """Exact decode-time Top-K with witnesses on the paged cache (``dosa_ref.decode.
-    DecodeSelector``'s API and rule, METHOD.md §10).
+    DecodeSelector``'s API and rule, docs/method.md §10).
 
     Args:
         K: selection size (1 ≤ K ≤ 4096).

@@ -1,7 +1,7 @@
-"""The dense route (METHOD.md §1): the canonical GPU original scorer over every visible
+"""The dense route (docs/method.md §1): the canonical GPU original scorer over every visible
 key (``dense_logits``) and ``dense_topk`` = dense logits + the project's exact selection
 kernel (order score desc, id asc, −1 padding).  ``select_rows`` / ``select_records`` are
-the selection kernel's two sources (METHOD.md §7, §9).
+the selection kernel's two sources (docs/method.md §7, §9).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):
     """The dense route: canonical logits of every visible key, then exact selection.
 
     Returns int64 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
-    keys) — the ``dosa_ref.topk_ids`` contract (DESIGN.md).  ``chunk`` limits queries per
+    keys) — the ``dosa_ref.topk_ids`` contract (docs/design.md).  ``chunk`` limits queries per
     logits buffer (memory: chunk·N·4 bytes).
     """
     cp = cupy_or_raise()

@@ -1,5 +1,5 @@
 """Host-side mirrors of the device conventions (no GPU needed): e4m3 decoding, the monotone
-score code and record order of the selection kernel (METHOD.md §9), used by tests and by
+score code and record order of the selection kernel (docs/method.md §9), used by tests and by
 the planner.  Quantization itself is ``dosa_ref.fp8.quantize_keys`` (the GPU kernel is
 tested bit-for-bit against it).
 """
@@ -32,7 +32,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256):  # fmt: skip
-    """CPU emulation of the GPU screen (METHOD.md §2, §8) for small problems.
+    """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
     with numpy) and U^num = α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the

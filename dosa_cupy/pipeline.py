@@ -1,4 +1,4 @@
-"""The DoSA pipeline on the GPU (METHOD.md §7 Algorithm 1, §9 execution):
+"""The DoSA pipeline on the GPU (docs/method.md §7 Algorithm 1, §9 execution):
 
 prepare (ρ) → seeds (local window + sinks + anchor-query pool, scored by the canonical
 scorer) → τ = K-th seed record → plan (``plan.build_plans``) → screen (U^num vs τ, survivor
@@ -6,17 +6,17 @@ bitmask) → refine (canonical scorer on survivors, compact records with s ≥ �
 buffer is *extended* to the exact count and refined again, never dropped) → exact
 selection over seed records ∪ compact records → query-level full-domain recovery (dense
 route) for invalid scales or non-finite plans.  ids equal ``dense_topk`` bitwise; the
-public functions return int64 ids (the ``dosa_ref.topk_ids`` contract, DESIGN.md).
+public functions return int64 ids (the ``dosa_ref.topk_ids`` contract, docs/design.md).
 
 Explicit seeds (``seeds=`` [Qn, S] key ids, e.g. the previous chunk's selections) only
 raise τ: they are scored by the canonical scorer (``seed_ids`` kernel) and τ is the K-th
-record of default ∪ explicit seeds (distinct keys only, METHOD.md §2); they are screened
+record of default ∪ explicit seeds (distinct keys only, docs/method.md §2); they are screened
 and refined like any other key, so the final candidate set is unchanged.
 
 The plan runs on the GPU (batched CuPy array operations, ``plan.py``).  Refinement
 (``refine_stream.py``) is per query by default (the query index fastest in the grid so
 gathered keys are shared in L2); ``stream="shared"`` adds the shared stream for groups of
-4 queries (METHOD.md §9; not yet run on a GPU).  Not implemented: grouping queries by
+4 queries (docs/method.md §9; not yet run on a GPU).  Not implemented: grouping queries by
 retained-head budget (one r per call), the "certificate" seed strategy of dosa_ref.
 """
 
@@ -68,7 +68,8 @@ PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": ()}
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (kernels.cu)
 # screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
-# positive heads (all of them retained at r = 6; NOTES.md "Paired screen": calibrated H=32
+# positive heads (all of them retained at r = 6; docs/records/notes.md "Paired screen":
+# calibrated H=32
 # has |H+| ≤ 4 and pairs at +0.2 pp survival, h64 has |H+| > 6 in a third of its queries)
 AUTO_PAIR_SHARE = 0.95
 
@@ -99,7 +100,7 @@ class DosaGpuStats:
     aggregated: np.ndarray = None
     stage_ms: dict = field(default_factory=dict)
     bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
-    # stream="shared" (METHOD.md §9): keys of the query's group shared set (the shared
+    # stream="shared" (docs/method.md §9): keys of the query's group shared set (the shared
     # stream scores each for every query of the group whose bit is set) and the query's
     # survivors refined there (the rest, survivors − shared_survivors, per query).
     shared_keys: np.ndarray = None
@@ -170,16 +171,16 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         q: e4m3 [Qn, H, 128] (uint8 bits or fp8 dtype); w: fp32 [Qn, H] with the query
         scales folded in; k_payload: e4m3 [N, 128]; k_scale: fp32 [N]; K ≤ 4096;
         ks, ke: int32 [Qn] visible ranges [ks, ke) (default: every key).
-    Options: window, sinks, n_anchors (seeds, METHOD.md §2); seeds (explicit seed ids, any
+    Options: window, sinks, n_anchors (seeds, docs/method.md §2); seeds (explicit seed ids, any
         integer dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's
         visible range are ignored, repeats count once; they only raise τ); cert_seeds
         (0 = off; m ≤ 4096: after screening, score the m survivors of largest U, raise τ
-        and drop survivors with U below it — METHOD.md §2's certificate-guided seeds;
+        and drop survivors with U below it — docs/method.md §2's certificate-guided seeds;
         exact on the H200, slower than without at the benched shapes) with cert_cap
         (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact records
         per query before an exact extension); mma_bits (accumulator bits of the MMA error
         model, plan.py); stream ("per_query", default, or "shared": the shared refinement
-        stream of query groups, METHOD.md §9, refine_stream.py; exact on the H200, slower
+        stream of query groups, docs/method.md §9, refine_stream.py; exact on the H200, slower
         than per_query at the benched shapes); planner ("fused", default: one kernel per
         chunk, plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower);
         screen ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the
@@ -201,14 +202,14 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     mth = Hp // 16
     NW = (N + 31) // 32
 
-    # Prepare: ρ per key (METHOD.md §8).
+    # Prepare: ρ per key (docs/method.md §8).
     rho = key_rho(kp)
     tm.mark("prepare")
 
     pool, poolmask, seed_rec, seed_cnt, xcnt, tau = _seed_stage(q, w, kp, ksc, K, ks, ke, o)
     tm.mark("seeds")
 
-    # Plan (METHOD.md §3–§5, §8).
+    # Plan (docs/method.md §3–§5, §8).
     o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), w, cp)
     st.screen = o["screen"]
     mts = 1 if r <= 14 else 2
@@ -218,7 +219,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     plan = planner(q, w, kp, sample, r, mts, o["mma_bits"])
     tm.mark("plan")
 
-    # Screen (METHOD.md §8–§9).
+    # Screen (docs/method.md §8–§9).
     surv = cp.empty((Qn, NW), dtype=cp.uint32)
     Uout = cp.full((Qn, N), np.nan) if o["debug_bounds"] else None
     T = tile()
@@ -241,28 +242,28 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     )  # fmt: skip
     tm.mark("screen")
     if cert:
-        # Certificate-guided seeds (METHOD.md §2): raise τ, drop survivors with U < τ.
+        # Certificate-guided seeds (docs/method.md §2): raise τ, drop survivors with U < τ.
         tau = _certificate_seeds(cert, q, w, kp, ksc, K, ks, ke, o, poolmask, seed_rec,
                                  seed_cnt, tau, surv, st)  # fmt: skip
         tm.mark("cert")
 
-    # Refine (METHOD.md §9) with compact writeback; exact extension on overflow (§7 C.3):
+    # Refine (docs/method.md §9) with compact writeback; exact extension on overflow (§7 C.3):
     # per-query stream, or shared stream of query groups + per-query residuals (stream=).
     cap = int(o["buffer"])
     recs, shared = refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, o["stream"])
     tm.mark("refine")
 
-    # Exact selection from seed records ∪ compact records (METHOD.md §7, §9).
+    # Exact selection from seed records ∪ compact records (docs/method.md §7, §9).
     ids = _select(K, seed_rec, seed_cnt, recs)
     tm.mark("select")
 
-    # Query-level recovery (METHOD.md §7 C.3): invalid scales or non-finite plans.
+    # Query-level recovery (docs/method.md §7 C.3): invalid scales or non-finite plans.
     bad = _invalid_scale_queries(ksc, ks, ke) | ~plan.valid
     n_bad = int(bad.sum())
     if n_bad:
         bq = cp.flatnonzero(bad)
         ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
-    ids = ids.astype(cp.int64)  # public contract (DESIGN.md); the kernels write int32
+    ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
 
     if o["return_stats"] or o["debug_bounds"]:
@@ -309,7 +310,7 @@ def _start(q, w, k_payload, k_scale, K, ks, ke, options):
 
 
 def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
-    """Seeds (METHOD.md §2) scored by the canonical scorer and τ = K-th seed record.
+    """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Returns (pool int32, poolmask uint32 [NW], seed_rec uint64 [Qn, scap], seed_cnt uint32
     [Qn], xcnt uint32 [Qn], tau fp32 [Qn]).  seed_rec holds the default seeds (excluded from
@@ -321,7 +322,7 @@ def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
     mth = Hp // 16
     N = kp.shape[0]
     NW = (N + 31) // 32
-    # Seeds (METHOD.md §2): anchor pool = union of the exact Top-K of n_anchors queries.
+    # Seeds (docs/method.md §2): anchor pool = union of the exact Top-K of n_anchors queries.
     na = min(o["n_anchors"], Qn)
     if na > 0:
         anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
@@ -351,7 +352,7 @@ def _seed_stage(q, w, kp, ksc, K, ks, ke, o):
             plo, phi, seed_cnt, seed_rec, np.int64(scap),
         ),
     )  # fmt: skip
-    # Explicit seeds (METHOD.md §2): distinct visible ids that are not default seeds, so
+    # Explicit seeds (docs/method.md §2): distinct visible ids that are not default seeds, so
     # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
     xcnt = cp.zeros(Qn, dtype=cp.uint32)
     xrec = None
@@ -387,7 +388,7 @@ def _score_seed_ids(mth, q, w, kp, ksc, ks, ke, table):
 
 def _tau_of_seeds(K, seed_rec, seed_cnt, xrec, xcnt):
     """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
-    fewer than K.  The two lists must not share a key (METHOD.md §2)."""
+    fewer than K.  The two lists must not share a key (docs/method.md §2)."""
     cp = cupy_or_raise()
     Qn = seed_rec.shape[0]
     xc = xcnt if xrec is not None else None
@@ -398,7 +399,7 @@ def _tau_of_seeds(K, seed_rec, seed_cnt, xrec, xcnt):
 
 
 class _CertBuffers:
-    """(U, id) records of the survivors written by ``screen_cert_mt*`` (METHOD.md §2)."""
+    """(U, id) records of the survivors written by ``screen_cert_mt*`` (docs/method.md §2)."""
 
     def __init__(self, Qn: int, cap: int):
         cp = cupy_or_raise()
@@ -424,7 +425,7 @@ def _cert_clear(cert, tau, surv):
 
 def _certificate_seeds(cert, q, w, kp, ksc, K, ks, ke, o, poolmask, seed_rec, seed_cnt, tau,
                        surv, st):  # fmt: skip
-    """Certificate-guided seeds on the GPU (METHOD.md §2; dosa_ref.select's "certificate"
+    """Certificate-guided seeds on the GPU (docs/method.md §2; dosa_ref.select's "certificate"
     strategy): score the ``cert_seeds`` survivors of largest U exactly, τ' = K-th record of
     default ∪ explicit ∪ these seeds (≥ τ: a superset), then clear the survivor bit of every
     recorded key with U < τ' (``cert_clear_below_tau``).  Returns τ' fp32 [Qn].
@@ -455,7 +456,7 @@ def _certificate_seeds(cert, q, w, kp, ksc, K, ks, ke, o, poolmask, seed_rec, se
 
 
 def check_seeds(seeds, Qn: int, N: int, xp=np):
-    """Validate explicit seed ids (METHOD.md §2) → int32 [Qn, S] (xp array), −1 = padding.
+    """Validate explicit seed ids (docs/method.md §2) → int32 [Qn, S] (xp array), −1 = padding.
 
     ``seeds``: an integer array [Qn, S] (xp array; ``dosa_topk`` first converts CuPy,
     DLPack or numpy input with ``as_device``).  Every entry must be −1 or a key id in
@@ -488,7 +489,7 @@ def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np)
     ke − window)), or in the anchor pool (bit i of ``poolmask`` uint32 [ceil(N/32)]) — the
     same predicate as the screen's and seed_score's; repeats are dropped.  Every key then
     appears at most once in default ∪ explicit seeds, as τ_K(S) ≤ τ_K(Ω) requires
-    (METHOD.md §2).  seeds: validated ids [Qn, S] (``check_seeds``); ks, ke: int [Qn].
+    (docs/method.md §2).  seeds: validated ids [Qn, S] (``check_seeds``); ks, ke: int [Qn].
     """
     Qn = seeds.shape[0]
     a = seeds.astype(xp.int64)
@@ -554,7 +555,7 @@ def pair_plan(rows, omega, valid, xp):
     rows uint8 [Qn, 16, 128], omega fp32 [Qn, 16] and valid bool [Qn] of an mts = 1 plan
     with r ≤ 6 → rows_p uint8 [P, 16, 128], omega_p fp32 [P, 16] (P = ⌈Qn/2⌉; an odd Qn's
     missing partner is a zero plan).  ω of the aux positions (6, 7, 14, 15) is 0: the
-    kernel weighs them by −σ itself.  Invalid plans (recovered later, METHOD.md §7 C.3)
+    kernel weighs them by −σ itself.  Invalid plans (recovered later, docs/method.md §7 C.3)
     become zero plans: they are the only plans whose rows can hold NaN codes, and a NaN
     row would erase its partner's terms in the kernel's fmaf(0, y, x).  A plan with a
     nonzero row outside slots 0..5 and the aux rows (r > 6) raises ValueError: the tile
@@ -586,7 +587,7 @@ def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
     certificate seeds are off and at least AUTO_PAIR_SHARE of the queries have at most
     PAIR_MAX_R positive weights (w fp32 [Qn, Hp]; one device reduction, one sync), else
     "fp64" with r.  Any other screen passes through.  Both choices are exact; this only
-    picks the faster one by the rule of NOTES.md "Paired screen"."""
+    picks the faster one by the rule of docs/records/notes.md "Paired screen"."""
     if screen != "auto":
         return screen, r
     Qn = w.shape[0]
@@ -599,7 +600,7 @@ def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
 
 
 def _select(K, seed_rec, seed_cnt, recs):
-    """Exact Top-K ids int32 [Qn, K] of seed records ∪ compact records (METHOD.md §7, §9);
+    """Exact Top-K ids int32 [Qn, K] of seed records ∪ compact records (docs/method.md §7, §9);
     the overflowed rows are selected again from their complete lists (``recs.ext``)."""
     ids, _ = select_records(K, seed_rec, seed_cnt, recs.rec, recs.cnt)
     if recs.ext is not None:
@@ -670,7 +671,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if bool(bad.any()):
         bq = cp.flatnonzero(bad)
         ids[bq] = _dense_topk_raw(q[bq], w[bq], kp, ksc, K, ks[bq], ke[bq])
-    ids = ids.astype(cp.int64)  # public contract (DESIGN.md); the kernels write int32
+    ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
     if o["return_stats"]:
         st.seeds = cp.asnumpy(seed_cnt).astype(np.int64)

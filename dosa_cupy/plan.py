@@ -1,9 +1,9 @@
-"""Batched screening plans and the numerical certificate constants (METHOD.md §3–§6, §8).
+"""Batched screening plans and the numerical certificate constants (docs/method.md §3–§6, §8).
 
 Where it runs: entirely on the GPU, batched over the chunk's queries, as CuPy array
 operations (float64 for every bound quantity) plus one small kernel for the e4m3 rounding
 of the aux rows; nothing is copied to the host.  Choices (R, anchors, A) only affect
-efficiency; the bound is valid for any of them (METHOD.md §3).
+efficiency; the bound is valid for any of them (docs/method.md §3).
 
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
 
@@ -15,7 +15,7 @@ C = √D·(E + ‖J‖₂), E ≥ min(E_P, E_P^joint) (Prop. 1, 3), and J the co
 arithmetic g_scr·(Σ_j|ω_j||q̄_j| + σ_a(|v0|+|v1|)) and the original scorer's arithmetic
 g_ref·Σ_h |w'_h||q̄_h|.  Σ_d J_d|k̄_d| ≤ ‖J‖‖k̄‖ ≤ ‖J‖ ρ√D (Cauchy–Schwarz, ρ√D ≥ ‖k̄‖).
 
-MMA error model (NUMERICS.md, dosa_ref.numeric.ErrorModel): the kernels run e4m3 values
+MMA error model (docs/numerics.md, dosa_ref.numeric.ErrorModel): the kernels run e4m3 values
 exactly converted to f16 through mma.sync m16n8k16 (HMMA.16816, the same tensor-core path
 that sm_90 uses for mma.sync e4m3: F2FP + HMMA, seen in the SASS).  Products are exact;
 each step adds k = 16 products to the accumulator after aligning the 17 terms to the
@@ -93,7 +93,7 @@ class DevicePlan:
 
 
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
-    """METHOD.md §3 rule, batched: returns (order [Qn, H] heads by priority, nR [Qn]).
+    """docs/method.md §3 rule, batched: returns (order [Qn, H] heads by priority, nR [Qn]).
 
     Class 2: positive heads (all of them when |H+| ≤ r, else by w_h‖q_h‖); class 1 (only
     when |H+| ≤ r): negative heads by |w_h|‖q_h‖·min(p_h, 1−p_h); class 0: never retained.
@@ -180,7 +180,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
     mplan = cp.sum(wp * (qn + beta * qj), axis=1)
     E = cp.minimum(E_tri, E_joint) * (1 + MU) + MU * mplan
 
-    # Negative aggregate (Prop. 2) and its two FP8 aux rows (METHOD.md §8).  σ is a power
+    # Negative aggregate (Prop. 2) and its two FP8 aux rows (docs/method.md §8).  σ is a power
     # of two, so z = a/σ, z − v0, (z − v0) − v1 and σ·e are exact in float64 (Sterbenz /
     # common grid): e_A is the exact reconstruction error of the computed a_A.
     wa = cp.where(A, cp.abs(wf), 0.0)

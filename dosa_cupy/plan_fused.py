@@ -1,4 +1,4 @@
-"""Fused planner: ``plan.build_plans`` as one CUDA kernel per chunk (METHOD.md §3–§6, §8).
+"""Fused planner: ``plan.build_plans`` as one CUDA kernel per chunk (docs/method.md §3–§6, §8).
 
 ``build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits)`` returns the same
 ``plan.DevicePlan`` fields as ``plan.build_plans`` (the specification): one block of 256
@@ -10,7 +10,7 @@ same outward allowances.  Differences from the CuPy planner, all legal (plan.cu 
 float64 reductions run in a different order (covered by MU = 2^-30, plan.py docstring);
 ties of the R priority key are broken by head index (as plan._choose_R's stable sort);
 p_h uses one fixed fp32 summation order.  Why: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
-CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries (NOTES.md);
+CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries (docs/records/notes.md);
 the kernel reads q once and writes only the plan.
 
 The pipeline's default planner (``dosa_topk(..., planner="fused")``) since its first H200

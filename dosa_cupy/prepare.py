@@ -1,4 +1,4 @@
-"""Inputs and the prepare stage (METHOD.md §8): device arrays from CuPy or any DLPack
+"""Inputs and the prepare stage (docs/method.md §8): device arrays from CuPy or any DLPack
 tensor, validation (ValueError naming the argument), GPU key quantization bit-identical
 to ``dosa_ref.fp8.quantize_keys``, and the conservative RMS summary ρ per key.
 """
@@ -52,7 +52,7 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke):
     q: e4m3 payload [Qn, H, D] (uint8 bits or an fp8 tensor); w: fp32 [Qn, H] (query scale
     folded in); k_payload: e4m3 [N, D]; k_scale: fp32 [N]; ks/ke: int32 [Qn] (default: all
     keys visible).  Invalid key *scales* are not rejected here: they trigger query-level
-    recovery (METHOD.md §7 C.3).  NaN payload codes and non-finite weights are rejected.
+    recovery (docs/method.md §7 C.3).  NaN payload codes and non-finite weights are rejected.
     """
     cp = cupy_or_raise()
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:

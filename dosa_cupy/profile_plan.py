@@ -1,4 +1,4 @@
-"""Where the plan and seed stages spend their time (issue 5 analysis; NOTES.md).
+"""Where the plan and seed stages spend their time (issue 5 analysis; docs/records/notes.md).
 
 ``python -m dosa_cupy.profile_plan [--Qn 4096] [--N 131072] [--H 32,64]``
 

@@ -1,4 +1,4 @@
-"""Refinement (METHOD.md §9): the per-query stream and the shared stream of query groups.
+"""Refinement (docs/method.md §9): the per-query stream and the shared stream of query groups.
 
 ``refine_stage`` runs refinement with compact writeback and the exact overflow extension
 for ``dosa_topk``:
@@ -125,7 +125,7 @@ def common_range_masks(ks, ke, NW, xp=np):
 
 
 def split_shared(surv, ks, ke, xp=np):
-    """Split the survivor masks (METHOD.md §9): (shared uint32 [NG, NW], residual uint32
+    """Split the survivor masks (docs/method.md §9): (shared uint32 [NG, NW], residual uint32
     [Qn, NW]).  shared[g] = keys in group g's common visible range that survive for ≥ 2
     of its queries; residual[t] = surv[t] with exactly the bits of shared[t // 4] cleared.
     For every query t: (shared[t // 4] & surv[t]) and residual[t] are disjoint and their
@@ -200,7 +200,7 @@ def refine_shared(mth, q, w, kp, ksc, tau, ks, ke, glist, N, shared, surv, cnt, 
 
 @dataclass
 class Records:
-    """Compact records of every query (METHOD.md §9), with the exact overflow extension.
+    """Compact records of every query (docs/method.md §9), with the exact overflow extension.
 
     rec uint64 [Qn, cap], cnt uint32 [Qn] (the number of records of the first pass, also
     past cap), over bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2], cnt2
@@ -228,7 +228,7 @@ def _host(a):
 
 
 def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_query"):
-    """Refinement with compact writeback and the exact extension on overflow (METHOD.md §7
+    """Refinement with compact writeback and the exact extension on overflow (docs/method.md §7
     C.3, §9).  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query
     t (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
     if stream not in STREAMS:

@@ -88,7 +88,7 @@ _ = np
 
 
 def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
-    """A ``dosa_ref.workloads`` regime, quantized on the GPU (METHOD.md §8)."""
+    """A ``dosa_ref.workloads`` regime, quantized on the GPU (docs/method.md §8)."""
     cupy_or_raise()
     try:
         from dosa_ref.workloads import REGIMES as REF_REGIMES
@@ -151,7 +151,7 @@ def inputs_shape(path) -> tuple[int, int, int]:
 
 
 def _upload(wl, causal, scale_fmt):
-    """A host ``dosa_ref.workloads.Workload`` on the GPU, quantized (METHOD.md §8)."""
+    """A host ``dosa_ref.workloads.Workload`` on the GPU, quantized (docs/method.md §8)."""
     cp = cupy_or_raise()
     Qn, _, _, N = wl.shape
     kf = cp.asarray(wl.k, dtype=cp.float32)

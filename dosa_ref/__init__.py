@@ -1,6 +1,6 @@
 """DoSA reference (CPU, float64): exact certificate-pruned Top-K for the DSA indexer.
 
-Public contract (DESIGN.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 in
+Public contract (docs/design.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 in
 ``dosa_ref.fp8``; workloads in ``dosa_ref.workloads``.
 """
 

@@ -1,4 +1,4 @@
-"""Guard audit (METHOD.md §8): does U^num dominate the worst-case computed score that the
+"""Guard audit (docs/method.md §8): does U^num dominate the worst-case computed score that the
 error model allows, for every (query, key)?
 
 For each pair the *dominance margin* is

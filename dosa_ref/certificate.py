@@ -1,4 +1,4 @@
-"""The DoSA certificate (METHOD.md §6): U_i with s_i ≤ U_i, its absolute-value form, and
+"""The DoSA certificate (docs/method.md §6): U_i with s_i ≤ U_i, its absolute-value form, and
 the slack decomposition of Prop. 6.
 
 ``upper_bound(..., rounding="up")`` adds a float64 rounding allowance so that the bound

@@ -1,4 +1,4 @@
-"""Decoding with witnesses (METHOD.md §10): exact Top-K with compact writeback against a
+"""Decoding with witnesses (docs/method.md §10): exact Top-K with compact writeback against a
 threshold taken from the keys selected in recent steps.
 
 Decode steps have few queries and little key reuse, so every visible key is still scored
@@ -17,7 +17,7 @@ request the selector holds **witnesses**: the distinct keys selected in the last
 and after the step the request's selections (all ``next_n`` rows) are pushed into its
 witness history; the witnesses are the distinct union of the last ``history`` pushes.
 
-Exactness (Prop. 4 of METHOD.md §2, Theorem 1 of §7, applied as in §10).  Let Ω be the
+Exactness (Prop. 4 of docs/method.md §2, Theorem 1 of §7, applied as in §10).  Let Ω be the
 keys visible to a row and s the canonical score.  W is a set of *distinct* keys of Ω
 (step 1 removes keys outside the range; ``np.unique`` removes repeats), and each witness
 score is the exact value s_i that the full scan produces for that key (``score_keys`` is
@@ -158,7 +158,7 @@ def _check_ranges(lengths, ks, ke, B: int, n: int, N: np.ndarray):
 
 
 class DecodeSelector:
-    """Exact decode-time Top-K with witness-threshold compaction (METHOD.md §10).
+    """Exact decode-time Top-K with witness-threshold compaction (docs/method.md §10).
 
     Args:
         K: selection size (≥ 1).

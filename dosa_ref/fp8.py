@@ -1,4 +1,4 @@
-"""FP8 e4m3 storage of keys and queries (METHOD.md §8, NUMERICS.md).
+"""FP8 e4m3 storage of keys and queries (docs/method.md §8, docs/numerics.md).
 
 Keys are stored as ``k_i = α_i k̄_i``: a per-token fp32 scale α_i > 0 and an e4m3 payload
 k̄_i (uint8 bit patterns).  The conversion reproduces the serving stacks bit for bit:
@@ -10,7 +10,7 @@ k̄_i (uint8 bit patterns).  The conversion reproduces the serving stacks bit fo
 
 which equals CUDA's saturating ``__nv_fp8_e4m3(float)`` conversion: ml_dtypes'
 ``float8_e4m3fn`` rounds to nearest even but does not saturate (465 → NaN), so we clip in
-float32 first (NUMERICS.md).  Queries are quantized the same way per (token, head) and the
+float32 first (docs/numerics.md).  Queries are quantized the same way per (token, head) and the
 query scale is folded into the head weight, as the DeepSeek and SGLang indexers do; the
 original scorer then runs on the e4m3 query values with the folded weights.
 

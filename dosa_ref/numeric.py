@@ -1,4 +1,4 @@
-"""Numerical certificate for FP8 keys (METHOD.md §8, Appendix C): error model, outward
+"""Numerical certificate for FP8 keys (docs/method.md §8, Appendix C): error model, outward
 rounding, screening rows, the guard C, U^num, and Algorithm 1 on FP8 keys.
 
 What must hold.  Keys are ``k_i = α_i k̄_i`` (fp32 scale, e4m3 payload).  The scorer that
@@ -37,7 +37,7 @@ Outward rounding.  numpy cannot switch the FPU rounding mode, so every quantity 
 is evaluated with correctly rounded operations whose results are widened by one ulp with
 ``np.nextafter`` (``add_up``, ``mul_down``, ``sqrt_up`` …); BLAS dot products and numpy
 sums (unknown order, maybe FMA) are never trusted: they are bounded with γ_n = nu/(1−nu)
-(any order, NUMERICS.md).  Products that may underflow carry an absolute term.
+(any order, docs/numerics.md).  Products that may underflow carry an absolute term.
 
 Recovery.  A non-finite or non-positive scale, a non-finite summary or a NaN payload code
 makes that key's bound +inf (it survives and is scored); a non-finite C, ω, aux scale or ε
@@ -391,7 +391,7 @@ class ErrorModel:
     significant bits), a truncating sum, and an fp32 round-to-nearest epilogue with
     flush-to-zero (underflow 2^-126 per operation).
 
-    Truncating accumulator, worst case per MMA step (NUMERICS.md; not a fit to random
+    Truncating accumulator, worst case per MMA step (docs/numerics.md; not a fit to random
     data).  A step adds k exact products p_t to the running fp32 value c: the k + 1 terms
     are aligned to the exponent E of the largest (2^E ≤ m = max|term|), bits below
     2^(E−W) are dropped, the kept parts are added exactly and the result is written back
@@ -406,7 +406,7 @@ class ErrorModel:
     large term all vanish; see proofs/numerical_dominance.py.)
 
     Kept bits W (default 17).  Evidence, all on H200 ``mma.sync`` e4m3 m16n8k32:
-      * NUMERICS.md: 31 × 2^-10 beside a product 2^8 vanished, and 256 + 2^-9 gave
+      * docs/numerics.md: 31 × 2^-10 beside a product 2^8 vanished, and 256 + 2^-9 gave
         256 + 2^-10 — both losses are below 2^(E−17), and W = 18 would not cover the first:
         W = 17 is the largest window consistent with every recorded observation.
       * this module's probe (2026-11-30, 20,000 random wide-range dots per regime, 1 and 4
@@ -554,7 +554,7 @@ def _trunc_f32(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class FP8ScreenPlan:
-    """FP8 screening rows and guard of one query (METHOD.md §8).  This is the contract the
+    """FP8 screening rows and guard of one query (docs/method.md §8).  This is the contract the
     GPU screening kernel consumes; r = |R|, D = head dimension, G = allowance groups.
 
     Kernel inputs:
@@ -1089,7 +1089,7 @@ _FP8_ONLY = ("error_model", "guard_stats")
 
 
 def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options) -> FP8Result:
-    """Exact Top-K on FP8 keys with the numerical certificate (Algorithm 1, METHOD.md §8).
+    """Exact Top-K on FP8 keys with the numerical certificate (Algorithm 1, docs/method.md §8).
 
     Args:
         q [Qn, H, D], w [Qn, H]: query heads and weights (float; for FP8 queries pass

@@ -1,4 +1,4 @@
-"""Per-query screening plan (METHOD.md §3–§5): retained heads R, anchor projection of the
+"""Per-query screening plan (docs/method.md §3–§5): retained heads R, anchor projection of the
 omitted positive heads (Prop. 1), the positive allowances E_P / E_P^joint / grouped
 (Prop. 3), and the negative aggregate a_A over the majority support A (Prop. 2).
 
@@ -169,7 +169,7 @@ def joint_allowance(u: np.ndarray) -> float:
 def choose_retained(
     q_t: np.ndarray, w_t: np.ndarray, p: np.ndarray, r: int, neg_priority: str = "activation"
 ) -> np.ndarray:
-    """The paper's rule for R (METHOD.md §3); returns sorted int [≤ r] head indices.
+    """The paper's rule for R (docs/method.md §3); returns sorted int [≤ r] head indices.
 
     If |H+| ≤ r keep all positive heads, then negative heads by priority
     |w_h|‖q_h‖ min(p_h, 1−p_h) (activation-aware) or |w_h|‖q_h‖ (strength-only);

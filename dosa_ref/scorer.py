@@ -1,7 +1,7 @@
-"""The original DSA indexer scorer (METHOD.md §1, eq. (1)) and exact Top-K with tie order.
+"""The original DSA indexer scorer (docs/method.md §1, eq. (1)) and exact Top-K with tie order.
 
 ``s_i = Σ_h w_h [q_h·k_i]_+`` evaluated in float64; keys outside ``[ks[t], ke[t])`` score
-``-inf``.  Selection order is score descending, then key id ascending (DESIGN.md).
+``-inf``.  Selection order is score descending, then key id ascending (docs/design.md).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def topk_of(scores: np.ndarray, ids: np.ndarray, K: int) -> tuple[np.ndarray, np
 
     ``scores`` float64 [n] (finite), ``ids`` int64 [n] distinct.  Returns the selected
     (ids, scores), at most K of them, in selection order.  Anything not returned cannot be
-    in the Top-K of any superset (the basis of exact buffer merging, METHOD.md §7 C.3).
+    in the Top-K of any superset (the basis of exact buffer merging, docs/method.md §7 C.3).
     """
     n = scores.shape[0]
     if n > K:

@@ -1,4 +1,4 @@
-"""Seeds and the threshold lower bound τ (METHOD.md §2, Prop. 4).
+"""Seeds and the threshold lower bound τ (docs/method.md §2, Prop. 4).
 
 Any set S of distinct visible keys scored exactly gives τ = τ_K(S) ≤ τ_K(Ω).  Seed rules
 change only efficiency; each rule here returns candidate key ids for one query, and the
@@ -63,7 +63,7 @@ def anchor_pool(
 ) -> np.ndarray:
     """Union (sorted int64) of the exact Top-K of ``n`` anchor queries spread over the chunk.
 
-    Anchors are scored fully (the fraction f of the cost model, METHOD.md §6).
+    Anchors are scored fully (the fraction f of the cost model, docs/method.md §6).
     """
     Qn = q.shape[0]
     if n <= 0 or Qn == 0:

@@ -1,4 +1,4 @@
-"""Algorithm 1 (METHOD.md §7): exact Top-K with certificate screening, a bounded candidate
+"""Algorithm 1 (docs/method.md §7): exact Top-K with certificate screening, a bounded candidate
 buffer that is reduced by exact merging (never by dropping), and full-domain recovery.
 
 Per query: seeds S → τ = τ_K(S) (Prop. 4) → plan (R, anchors, A) → U for every visible
@@ -206,7 +206,7 @@ def choose_r(
     plan_options: PlanOptions,
     form: str = "base",
 ) -> int:
-    """Per-query default r from the cost model of METHOD.md §6.
+    """Per-query default r from the cost model of docs/method.md §6.
 
     work_DoSA/work_dense ≈ (r + d_a)/H + m(r) for the screened keys, with d_a = 2
     auxiliary FP8 rows (v0 + v1) in the base form and 1 (V) in the absolute-value form,

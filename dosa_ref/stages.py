@@ -1,6 +1,6 @@
-"""Reference functions named after the GPU kernels (DESIGN.md: "each kernel's reference
+"""Reference functions named after the GPU kernels (docs/design.md: "each kernel's reference
 function by the same name in dosa_ref").  Each composes the reference pieces for one
-stage of METHOD.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be checked alone:
+stage of docs/method.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be checked alone:
 
   quantize_keys (prepare)  → ``dosa_ref.fp8.quantize_keys``
   key_rho (prepare)        → ρ_i with ρ_i√D ≥ ‖k̄_i‖, fp32 rounded up
@@ -62,7 +62,7 @@ def seed_score(q_t, w_t, k, seed_ids, K: int) -> tuple[np.ndarray, float]:
 def seed_ids(
     q_t, w_t, k, ids_t, ks_t: int, ke_t: int, default_ids, default_scores, K: int
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Explicit seeds of one query (kernel ``seed_ids``; METHOD.md §2, Prop. 4).
+    """Explicit seeds of one query (kernel ``seed_ids``; docs/method.md §2, Prop. 4).
 
     ``ids_t``: caller key ids (−1 pads; ids outside [ks_t, ke_t) are ignored);
     ``default_ids`` / ``default_scores``: the default seeds already scored.  Returns the
@@ -82,7 +82,7 @@ def screen(fplan: FP8ScreenPlan, payload, scale, rho, tau: float) -> np.ndarray:
 
 def cert_clear_below_tau(survivor_ids, bounds, tau: float) -> np.ndarray:
     """Survivors kept after certificate-guided seeds raised τ (kernel
-    ``cert_clear_below_tau``; METHOD.md §2): ids int64 of ``survivor_ids`` whose bound
+    ``cert_clear_below_tau``; docs/method.md §2): ids int64 of ``survivor_ids`` whose bound
     ``bounds`` (U^num, rounded up) is not below τ.  A dropped key has s ≤ U^num < τ ≤ τ_K(Ω)
     (strict rejection, as in ``screen``); NaN bounds are kept."""
     ids = np.asarray(survivor_ids, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""Input validation shared by every public entry point (DESIGN.md, "Public contract").
+"""Input validation shared by every public entry point (docs/design.md, "Public contract").
 
 Bad input raises ``ValueError`` naming the argument; nothing is coerced silently into a
 different problem.

@@ -1,4 +1,4 @@
-"""Seeded synthetic DSA-indexer workloads with the paper's statistics (METHOD.md §9, §11).
+"""Seeded synthetic DSA-indexer workloads with the paper's statistics (docs/method.md §9, §11).
 
 ``make_workload(name, Qn, N, H, D, seed)`` returns a ``Workload`` (q [Qn,H,D], w [Qn,H],
 k [N,D] float32; ks, ke int32) for one causal prefill chunk: the chunk is the last Qn
@@ -218,7 +218,7 @@ REGIMES: dict[str, Regime] = {
 
 @dataclass
 class Workload:
-    """One prefill chunk of the DSA indexer (the shapes of DESIGN.md's public contract).
+    """One prefill chunk of the DSA indexer (the shapes of docs/design.md's public contract).
 
     q float32 [Qn, H, D], w float32 [Qn, H], k float32 [N, D], ks/ke int32 [Qn] (query t
     sees keys [ks[t], ke[t])); ``name`` of the regime; ``params`` the generator knobs,
@@ -347,7 +347,7 @@ def make_workload(
 
 # --------------------------------------------------------------------------- calibration
 
-# statistic -> (paper value, criterion); survival values from METHOD.md §9 / the paper's
+# statistic -> (paper value, criterion); survival values from docs/method.md §9 / the paper's
 # Figure 9, the projection fraction from its Appendix D.2 text (0.42% of query-layer rows).
 CALIBRATION_TARGETS = {
     "survival (full certificate)": (0.0265, "±50%"),

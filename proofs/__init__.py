@@ -1,4 +1,4 @@
-"""Executable proofs of DoSA's statements (METHOD.md; the paper's appendices A–B).
+"""Executable proofs of DoSA's statements (docs/method.md; the paper's appendices A–B).
 
 One module per statement.  Each module defines
 

@@ -1,4 +1,4 @@
-"""B.3 — selection margin identity (METHOD.md §6 "Margins"; paper appendix B.3).
+"""B.3 — selection margin identity (docs/method.md §6 "Margins"; paper appendix B.3).
 
 Statement.  Let τ* be the true K-th score, Δ_i = τ* − s_i the selection margin,
 b = τ* − τ ≥ 0 the threshold deficit of the seed threshold τ (Prop. 4), and

@@ -1,4 +1,4 @@
-"""The certificate, eq. (9) and its absolute-value form (METHOD.md §6; paper §"score
+"""The certificate, eq. (9) and its absolute-value form (docs/method.md §6; paper §"score
 certificate" eq. (9), appendix A.1 and C.1 "absolute-value form").
 
 Statement.  For the plan (R, anchors, β, A) of one query and every key k,

@@ -1,4 +1,4 @@
-"""fp32 pre-test of the screen's guard (METHOD.md §8; dosa_cupy/csrc/kernels.cu,
+"""fp32 pre-test of the screen's guard (docs/method.md §8; dosa_cupy/csrc/kernels.cu,
 ``DOSA_SCREEN_FAST32``).
 
 Statement.  The screen rejects key i when U^num_i < τ, where (plan.py)

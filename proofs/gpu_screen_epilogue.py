@@ -1,4 +1,4 @@
-"""The GPU screen's fp32 epilogue stays inside the plan's screening allowance (METHOD.md §8;
+"""The GPU screen's fp32 epilogue stays inside the plan's screening allowance (docs/method.md §8;
 dosa_cupy/csrc/kernels.cu ``screen_impl`` at MTS = 1 and ``screen_pair``; plan.py g_scr).
 
 Statement.  Let x_0 … x_15 be one key's MMA outputs for a query's mts = 1 plan (fp32;

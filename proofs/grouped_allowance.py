@@ -1,4 +1,4 @@
-"""Grouped positive residual allowance (METHOD.md §4; paper appendix A.1, "grouped positive
+"""Grouped positive residual allowance (docs/method.md §4; paper appendix A.1, "grouped positive
 residual" and Prop. 3 per group).
 
 Statement.  Split the D coordinates into G disjoint groups k^(g).  With w_h > 0 (h ∈ P),

@@ -1,4 +1,4 @@
-"""Numerical dominance for FP8 keys (METHOD.md §8; paper appendix C).
+"""Numerical dominance for FP8 keys (docs/method.md §8; paper appendix C).
 
 Statement.  Keys k_i = α_i k̄_i (fp32 scale α_i > 0, e4m3 payload k̄_i), summary ρ_i with
 ρ_i √D ≥ ‖k̄_i‖, screening rows (q̂_j, ω_j, v_0 = σ_0 p_0, v_1 = σ_1 p_1) and guard

@@ -1,4 +1,4 @@
-"""Prop. 1 — positive-head projection bound (METHOD.md §4; paper appendix A.1, Prop. 1).
+"""Prop. 1 — positive-head projection bound (docs/method.md §4; paper appendix A.1, Prop. 1).
 
 Statement.  For any β ≥ 0 and any decomposition q_h = β q_j + d_h,
 

@@ -1,4 +1,4 @@
-"""Prop. 2 — negative-head support bound (METHOD.md §5; paper appendix A.1, Prop. 2).
+"""Prop. 2 — negative-head support bound (docs/method.md §5; paper appendix A.1, Prop. 2).
 
 Statement.  For the omitted negative heads N and ANY A ⊆ N, with a_A = Σ_{h∈A} |w_h| q_h,
 
@@ -7,7 +7,7 @@ Statement.  For the omitted negative heads N and ANY A ⊆ N, with a_A = Σ_{h�
 Proof (paper A.1): ReLU subadditivity with c_h = |w_h| ≥ 0, x_h = q_h·k:
 [Σ_A c_h x_h]_+ ≤ Σ_A c_h [x_h]_+ ≤ Σ_N c_h [x_h]_+ (the extra terms are ≥ 0).
 
-Exactness claim (METHOD.md §5): if the key's active set M(k) = {h ∈ N : q_h·k > 0} equals
+Exactness claim (docs/method.md §5): if the key's active set M(k) = {h ∈ N : q_h·k > 0} equals
 A, the aggregate is exact: [a_A·k]_+ = Σ_{h∈N} |w_h|[q_h·k]_+.  ``check`` verifies the two
 inequalities for every A ⊆ N when |N| ≤ 6 (else for ∅, N, the majority support and each
 key's own active set), in exact dyadic arithmetic, and verifies the exactness claim on

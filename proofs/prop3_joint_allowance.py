@@ -1,4 +1,4 @@
-"""Prop. 3 — joint residual allowance (METHOD.md §4; paper appendix A.1, Prop. 3).
+"""Prop. 3 — joint residual allowance (docs/method.md §4; paper appendix A.1, Prop. 3).
 
 Statement.  For rows u_h ∈ R^D (h ∈ P; u_h = w_h d_h in the certificate),
 

@@ -1,4 +1,4 @@
-"""Prop. 4 — subset threshold and rejection safety (METHOD.md §2; paper appendix A.2, Prop. 4).
+"""Prop. 4 — subset threshold and rejection safety (docs/method.md §2; paper appendix A.2, Prop. 4).
 
 Statement.  For any S ⊆ Ω with |S| ≥ K, τ_K(S) ≤ τ_K(Ω) (τ_K = K-th largest score), and
 more exact scores can only raise τ: τ_K(S) ≤ τ_K(S ∪ T) ≤ τ_K(Ω).  Consequently a key with

@@ -1,4 +1,4 @@
-"""Prop. 5 — optimal single-anchor allowance (METHOD.md §4; paper appendix B.1, Prop. 5).
+"""Prop. 5 — optimal single-anchor allowance (docs/method.md §4; paper appendix B.1, Prop. 5).
 
 Statement.  For q, p ∈ R^D consider all pairs β, c ≥ 0 with
 [q·k]_+ ≤ β [p·k]_+ + c ‖k‖ for every k.  The least achievable c is

@@ -1,4 +1,4 @@
-"""Prop. 6 — exact certificate slack (METHOD.md §6; paper appendix B.2, Prop. 6).
+"""Prop. 6 — exact certificate slack (docs/method.md §6; paper appendix B.2, Prop. 6).
 
 Statement.  For the bound (9), U(k) = Σ_R w̃_j[x_j]_+ + Φ(k) − [a_A·k]_+ (x_h = q_h·k, Φ the
 positive allowance), and s(k) = Σ_h w_h [x_h]_+,

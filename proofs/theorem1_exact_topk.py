@@ -1,4 +1,4 @@
-"""Theorem 1 — exact Top-K selection (METHOD.md §7; paper appendix A.2, Theorem 1).
+"""Theorem 1 — exact Top-K selection (docs/method.md §7; paper appendix A.2, Theorem 1).
 
 Statement.  In Algorithm 1 (seeds S, τ = τ_K(S), screen V = {i ∈ Ω\\S : U_i ≥ τ}, refine
 C = {i ∈ V : s_i ≥ τ}, return TopK(S ∪ C)), if every rejected key satisfies s_i ≤ U_i < τ

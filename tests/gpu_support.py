@@ -20,7 +20,7 @@ def gpu(f):
 
 def guard_violations(logits, bounds):
     """(number of visible (query, key) with s > U^num, min(U^num − s) over them): the
-    guard check of METHOD.md §8 on dense logits fp32 [Qn, N] and ``debug_bounds`` U fp64
+    guard check of docs/method.md §8 on dense logits fp32 [Qn, N] and ``debug_bounds`` U fp64
     [Qn, N] (NaN where not visible)."""
     s = logits.astype(cp.float64)
     vis = ~cp.isnan(bounds)

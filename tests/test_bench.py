@@ -12,7 +12,7 @@ import pytest
 from dosa_cupy import bench as B
 
 MI = 1 << 20
-RESULTS = Path(__file__).resolve().parents[1] / "dosa_cupy" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "records" / "results"
 
 
 def _row(H, Qn, N, regime="calibrated", tile=256, speed=1.5, surv=0.01, **kw):
@@ -180,7 +180,9 @@ def test_floors_values():
     mma32 = 2 * 32 * 128 * p / 1455e12 * 1e3
     read = Qn * N * 4 / 4.24e12 * 1e3
     assert f["logits_floor_ms"] == pytest.approx(mma32, rel=1e-12)  # MMA-bound
-    assert f["logits_floor_ms"] == pytest.approx(24.1, abs=0.1)  # NOTES.md "Counting first"
+    assert f["logits_floor_ms"] == pytest.approx(
+        24.1, abs=0.1
+    )  # docs/records/notes.md "Counting first"
     assert f["select_floor_ms"] == pytest.approx(read, rel=1e-12)
     assert f["select_floor_ms"] == pytest.approx(4.05, abs=0.01)
     assert f["torch_topk_floor_ms"] == f["select_floor_ms"]

@@ -1,4 +1,4 @@
-"""Laws of the certificate: s ≤ U for every variant (METHOD.md §4–§6), slack (Prop. 6),
+"""Laws of the certificate: s ≤ U for every variant (docs/method.md §4–§6), slack (Prop. 6),
 allowance inequalities (Prop. 3, grouped), Prop. 5 witnesses, B.3 margins."""
 
 import numpy as np

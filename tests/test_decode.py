@@ -1,4 +1,4 @@
-"""Decode selector with witnesses (METHOD.md §10): every step's ids equal brute-force
+"""Decode selector with witnesses (docs/method.md §10): every step's ids equal brute-force
 ``topk_ids(index_scores(...))`` exactly, tie order included, over random walks of
 slowly drifting queries (so the witnesses are useful)."""
 

@@ -1,4 +1,4 @@
-"""GPU tests of dosa_cupy (METHOD.md §7–§9).  Marked ``gpu``; skipped with a reason when
+"""GPU tests of dosa_cupy (docs/method.md §7–§9).  Marked ``gpu``; skipped with a reason when
 CuPy or a GPU is absent.  Exactness: ``dosa_topk`` (and ``fused_topk``) ids ==
 ``dense_topk`` ids bitwise on every regime; the dense scores stay within the error model's
 bound of the float64 value; the guard s^ref ≤ U^num holds for every visible (query, key)
@@ -316,7 +316,7 @@ def test_bad_input_raises():
 
 @gpu
 def test_public_ids_int64():
-    """DESIGN.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
+    """docs/design.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
     contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""
     wl = make_gpu_workload("structured", 16, 2048, 32, seed=13)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
@@ -334,7 +334,7 @@ def test_public_ids_int64():
 
 
 # ------------------------------------------------------------------------------------
-# Explicit seeds (METHOD.md §2): they only raise τ; ids stay those of the dense route
+# Explicit seeds (docs/method.md §2): they only raise τ; ids stay those of the dense route
 # ------------------------------------------------------------------------------------
 
 
@@ -439,7 +439,7 @@ def test_explicit_seeds_bad_input_raises():
 
 @gpu
 def test_mma_crafted_worst_case():
-    """Crafted wide-dynamic-range dots (NUMERICS.md): a large product in some tensor-core
+    """Crafted wide-dynamic-range dots (docs/numerics.md): a large product in some tensor-core
     steps (or a large accumulator) beside many tiny same-sign products.  The observed error
     must stay within the error model the guard uses (plan.gamma_mma at the pipeline's
     default kept bits); the ratios to W = 13 and W = 17 models are printed."""
@@ -527,7 +527,7 @@ def test_plan_numpy_matches_reference(H):
 @pytest.mark.parametrize("name,H", [("calibrated", 32), ("h64", 64)])
 def test_emulated_screen_calibrated(name, H):
     """CPU emulation of the GPU screen on dosa_ref.workloads regimes: the bound dominates
-    the float64 scores everywhere (0 violations); survival is printed (NOTES.md)."""
+    the float64 scores everywhere (0 violations); survival is printed (docs/records/notes.md)."""
     wlm = pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
     from dosa_cupy.emulate import screen_survival
     from dosa_ref.fp8 import quantize_keys as qk
@@ -548,7 +548,7 @@ def test_bench_report_from_recorded_run(tmp_path):
 
     from dosa_cupy.bench import markdown, plots
 
-    rec = Path(__file__).resolve().parents[1] / "dosa_cupy" / "results" / "bench_run12.json"
+    rec = Path(__file__).resolve().parents[1] / "docs" / "records" / "results" / "bench_run12.json"
     rows = json.loads(rec.read_text())
     md = markdown(rows)
     assert md.count("\n| ") >= len(rows)

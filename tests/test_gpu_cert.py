@@ -1,4 +1,4 @@
-"""Certificate-guided seeds on the GPU (``dosa_cupy.dosa_topk(cert_seeds=m)``; METHOD.md
+"""Certificate-guided seeds on the GPU (``dosa_cupy.dosa_topk(cert_seeds=m)``; docs/method.md
 §2, dosa_ref.select's "certificate" strategy): the screen also records (U, id) of its
 survivors (``screen_cert_mt*``), the m survivors of largest U are scored exactly and raise
 τ, and ``cert_clear_below_tau`` drops the survivors whose bound is below the new τ.

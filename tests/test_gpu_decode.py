@@ -1,11 +1,11 @@
-"""DoSA decode on the paged FP8 cache (dosa_cupy.decode, METHOD.md §10; issue 6).
+"""DoSA decode on the paged FP8 cache (dosa_cupy.decode, docs/method.md §10; issue 6).
 
 GPU tests (marked ``gpu``; skipped with a reason without CuPy / a GPU):
   * over random walks (B ∈ {1, 3}, next_n ∈ {1, 2}, H ∈ {32, 64}, growing contexts,
     shuffled block tables) the fused DoSA decode ids == the dense decode route's ids
     bitwise, every step;
   * both agree with ``dosa_ref.decode`` on the dequantized inputs, tie-agnostically within
-    the scorer error bound of ``dosa_ref.numeric.ErrorModel`` (DESIGN.md: count, no
+    the scorer error bound of ``dosa_ref.numeric.ErrorModel`` (docs/design.md: count, no
     duplicates, visible ids, min(selected) ≥ max(unselected) − 2β);
   * the paged logits equal the prefill ``dense_logits`` on the gathered keys bit for bit
     (one arithmetic for every route);
@@ -313,7 +313,7 @@ def _bound(qv, w, k_payload, k_scale, Hp):
 
 def _check_against_reference(ids, qp, wq, cache, L, K):
     """Tie-agnostic comparison of GPU ids [B, n, K] with float64 scores of the dequantized
-    inputs (DESIGN.md), within 2β of the error model."""
+    inputs (docs/design.md), within 2β of the error model."""
     B, n = ids.shape[:2]
     H = qp.shape[2]
     Hp = -(-H // 16) * 16

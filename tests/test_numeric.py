@@ -137,7 +137,7 @@ def test_simulated_truncating_dot_within_model(seed, W, n):
 
 
 def test_truncation_worst_case_witness():
-    # k products just below the window beside a large accumulator all vanish (NUMERICS.md).
+    # k products just below the window beside a large accumulator all vanish (docs/numerics.md).
     W = 13
     c0 = 256.0
     small = 2.0 ** (8 - W) * 0.9375

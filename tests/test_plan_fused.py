@@ -1,5 +1,5 @@
 """The fused planner (dosa_cupy/plan_fused.py, csrc/plan.cu) against the specification,
-``plan.build_plans`` (METHOD.md §3–§6, §8).
+``plan.build_plans`` (docs/method.md §3–§6, §8).
 
 CPU part: ``build_plans_fused``'s host code runs with numpy standing in for CuPy and the
 kernel replaced by ``emulate_plan_kernel`` — a per-query numpy loop that mirrors plan.cu
@@ -358,7 +358,7 @@ def _compare(fu, ref, q, w, kp, sample, r, mts, min_same=0.6):
 
 def _guard_check(pl, q, w, kp, mts):
     """The fused plan's certificate dominates the float64 scores of every key (payload
-    units, α = 1): Σ_h w_h[q_h·k]_+ ≤ Û + ρC + ε_raw (METHOD.md §8; Û in float64)."""
+    units, α = 1): Σ_h w_h[q_h·k]_+ ≤ Û + ρC + ε_raw (docs/method.md §8; Û in float64)."""
     kv = e4m3_values(kp)
     s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(e4m3_values(q) @ kv.T, 0))
     X = np.einsum("tjd,nd->tjn", e4m3_values(np.asarray(pl.rows)), kv)

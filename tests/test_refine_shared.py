@@ -1,4 +1,4 @@
-"""The shared refinement stream (METHOD.md §9; dosa_cupy.refine_stream, csrc/refine_shared.cu).
+"""The shared refinement stream (docs/method.md §9; dosa_cupy.refine_stream, csrc/refine_shared.cu).
 
 CPU tests (run anywhere):
   * the split: for random survivor masks and visible ranges (partial first / last words,

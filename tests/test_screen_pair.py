@@ -5,7 +5,7 @@ query costs half the MMAs and ReLU-weighted products of ``screen_mt1``.  Soundne
 (1) the gather ``pair_plan`` putting every nonzero row of a query's mts = 1 plan into the
 tile, at the lane the kernel weighs it on, and (2) the evaluation depth staying within the
 plan's screening allowance (kernels.cu comment).  CPU tests: a lane-by-lane emulation of
-the kernel's epilogue (exact float64 dots) equals the unpaired Û of METHOD.md §8 exactly,
+the kernel's epilogue (exact float64 dots) equals the unpaired Û of docs/method.md §8 exactly,
 and with plans from ``plan.build_plans`` (r ≤ 6) the paired U dominates every float64
 score.  GPU tests (marked ``gpu``): ids == ``dense_topk``, 0 guard violations with
 ``debug_bounds`` (survivor counts of both screens printed).
@@ -30,7 +30,7 @@ KERNELS = Path(pipeline.__file__).parent / "csrc" / "kernels.cu"
 
 
 def _unpaired_uhat(rows, omega, sigma, kv):
-    """Û per (query, key) of an mts = 1 plan (METHOD.md §8), exact dots in float64:
+    """Û per (query, key) of an mts = 1 plan (docs/method.md §8), exact dots in float64:
     Σ_{rows j ∉ {7, 15}} ω_j [x_j]_+ − σ [x_7 + x_15]_+."""
     X = np.einsum("tjd,nd->tjn", e4m3_values(rows), kv)
     ret = [j for j in range(16) if j not in (7, 15)]
@@ -164,7 +164,7 @@ def test_pair_plan_rejects_other_shapes():
 def test_pair_plan_of_planner_dominates_scores(regime, H, r):
     """Plans of plan.build_plans (r ≤ 6, mts = 1): rows outside slots 0..5 ∪ {7, 15} are
     empty, and the paired certificate Û + ρC + ε_raw (exact dots) dominates every float64
-    score Σ_h w_h[q_h·k]_+ (payload units, METHOD.md §8)."""
+    score Σ_h w_h[q_h·k]_+ (payload units, docs/method.md §8)."""
     workloads = pytest.importorskip("dosa_ref.workloads")
     from dosa_ref.fp8 import quantize_keys, quantize_queries
 

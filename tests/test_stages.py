@@ -85,7 +85,7 @@ def test_explicit_seed_ids_only_raise_tau():
 
 def test_certificate_seeds_clear_survivors():
     """Stages ``screen_cert`` + ``seed_ids`` + ``cert_clear_below_tau`` (the GPU's
-    certificate-guided seeds, METHOD.md §2): the m survivors of largest U, scored exactly,
+    certificate-guided seeds, docs/method.md §2): the m survivors of largest U, scored exactly,
     raise τ (a superset of the seeds); survivors whose bound is below the new τ are dropped
     — never a key of the Top-K — and the stages still compose to the exact Top-K."""
     K, m = 256, 256

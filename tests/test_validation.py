@@ -1,4 +1,4 @@
-"""Bad input raises ValueError naming the argument (DESIGN.md, public contract)."""
+"""Bad input raises ValueError naming the argument (docs/design.md, public contract)."""
 
 import numpy as np
 import pytest

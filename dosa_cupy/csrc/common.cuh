@@ -1,11 +1,11 @@
-// Shared device code of every DoSA kernel (METHOD.md §8–§9).
+// Shared device code of every DoSA kernel (docs/method.md §8–§9).
 //
-// THE CANONICAL GPU SCORER (METHOD.md §1, eq. (1) in payload units):
+// THE CANONICAL GPU SCORER (docs/method.md §1, eq. (1) in payload units):
 //     s_i = α_i · Σ_h w'_h [q̄_h · k̄_i]_+
 // q̄_h: e4m3 query payload of head h (query scale folded into w'_h), k̄_i: e4m3 key payload,
 // α_i: fp32 key scale.  `score_batch` below is the ONLY place where this arithmetic is
 // written; the dense route, seed scoring and refinement all call it, so a key's score is
-// bit-for-bit the same value whichever route computes it (METHOD.md §9, "Refinement").
+// bit-for-bit the same value whichever route computes it (docs/method.md §9, "Refinement").
 //
 // Fixed MMA sequence (D = 128): keys are processed in batches of 32 = 4 groups of 8 (the
 // n = 8 columns of mma.m16n8k16), heads in tiles of 16 (the m rows); e4m3 values are
@@ -31,7 +31,7 @@ namespace dosa {
 
 // One tensor-core step: D = A·B + D, m16n8k16, f16 inputs (every e4m3 value is exact in
 // f16), fp32 accumulator.  (On sm_90, mma.sync …e4m3… is itself lowered to F2FP
-// conversions + two HMMA.16816 + an FADD per step — seen in the SASS, NOTES.md — so we
+// conversions + two HMMA.16816 + an FADD per step — seen in the SASS, docs/records/notes.md — so we
 // convert once, outside the inner loop, and chain the HMMAs directly.)
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t a0, const uint32_t a1,
                                         const uint32_t a2, const uint32_t a3, const uint32_t b0,
@@ -241,7 +241,7 @@ __device__ __forceinline__ void load_weights(const float* __restrict__ w, float 
   }
 }
 
-// Monotone 32-bit score code (METHOD.md §9 "compact score code"): larger code ⇔ larger
+// Monotone 32-bit score code (docs/method.md §9 "compact score code"): larger code ⇔ larger
 // score; −0 is folded onto +0 (equal reals tie, then id decides); NaN → 0 (lowest).
 __device__ __forceinline__ uint32_t score_code(float f) {
   uint32_t b = __float_as_uint(f);
@@ -261,7 +261,7 @@ __device__ __forceinline__ unsigned long long make_record(float s, int id) {
   return ((unsigned long long)score_code(s) << 32) | (unsigned long long)(~(uint32_t)id);
 }
 
-// Warp-aggregated compact writeback (METHOD.md §9): every lane with p appends the record
+// Warp-aggregated compact writeback (docs/method.md §9): every lane with p appends the record
 // (s, id) to rec[0 .. cap) through one atomicAdd per warp.  The counter counts every
 // qualifying record, also past cap, so count > cap reveals an overflow and the caller
 // re-runs with an exact-size buffer — nothing is silently dropped.  All 32 lanes call it.

@@ -1,4 +1,4 @@
-// DoSA decode kernels (METHOD.md §10) over a paged FP8 KV cache (the layout of DeepGEMM's
+// DoSA decode kernels (docs/method.md §10) over a paged FP8 KV cache (the layout of DeepGEMM's
 // fp8_paged_mqa_logits): payload e4m3 [num_blocks, 64, 128], scale fp32 [num_blocks, 64],
 // block table int32 [B, max_blocks], a visible end ke[r] per query row r = b·next_n + j
 // (query j of request b sees logical keys [0, ke[r]); dosa_cupy.decode computes ke).

@@ -1,4 +1,4 @@
-// DoSA kernels (METHOD.md §7–§9): prepare, dense logits, seed scoring, screening,
+// DoSA kernels (docs/method.md §7–§9): prepare, dense logits, seed scoring, screening,
 // refinement with compact writeback, exact selection.  Built by CuPy (RawModule, plain
 // sm_90; CuPy appends -ftz=true) and, in CI, by nvcc -arch=sm_90 (tests/test_cuda_build.py).
 // Every score goes through dosa::score_batch (common.cuh): one arithmetic for every route.
@@ -16,7 +16,7 @@
 using namespace dosa;
 
 // ---------------------------------------------------------------------------------------
-// Prepare (METHOD.md §8): e4m3 payload + fp32 scale per token, and the RMS summary ρ.
+// Prepare (docs/method.md §8): e4m3 payload + fp32 scale per token, and the RMS summary ρ.
 // ---------------------------------------------------------------------------------------
 
 // Conservative RMS summary: ρ ≥ ‖k̄‖/√D, rounded up to fp32.  Squares of e4m3 values are
@@ -109,7 +109,7 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
 // gather_keys (key fragments of 32 arbitrary keys): common.cuh.
 
 // ---------------------------------------------------------------------------------------
-// Dense logits (the canonical original scorer over every visible key; METHOD.md §1).
+// Dense logits (the canonical original scorer over every visible key; docs/method.md §1).
 // out[t, i] = score for i ∈ [ks[t], ke[t]), −inf elsewhere.  grid (N/TILE_N, Qn/QG).
 // ---------------------------------------------------------------------------------------
 template <int MT>
@@ -164,7 +164,7 @@ DENSE_INST(4)
 
 // ---------------------------------------------------------------------------------------
 // Score a batch of 32 arbitrary keys (ids, −1 = empty) for one query and append the
-// records with s ≥ τ to the query's buffer (compact writeback, METHOD.md §9).  my[u] =
+// records with s ≥ τ to the query's buffer (compact writeback, docs/method.md §9).  my[u] =
 // id of key g of group u (this lane loads it); id = the key at batch_pos(lane).  The
 // counter counts every qualifying record, so a full buffer is detected (count > cap) and
 // nothing is silently lost.
@@ -248,7 +248,7 @@ FUSED_INST(3)
 FUSED_INST(4)
 
 // ---------------------------------------------------------------------------------------
-// Seed scoring (METHOD.md §2): S_t = sinks [ks, ks+sinks) ∪ local [max(ks+ns, ke−W), ke)
+// Seed scoring (docs/method.md §2): S_t = sinks [ks, ks+sinks) ∪ local [max(ks+ns, ke−W), ke)
 // ∪ (anchor pool ∩ [ks, ke)).  All seed records go to seed_rec[t, :]; τ is then the K-th
 // largest (selection kernel).  grid (ceil(Smax / (8 warps·SEEDW)), Qn).
 // ---------------------------------------------------------------------------------------
@@ -338,7 +338,7 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 }
 
 // ---------------------------------------------------------------------------------------
-// Screening (METHOD.md §8, §9): for every visible non-seed key,
+// Screening (docs/method.md §8, §9): for every visible non-seed key,
 //   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
 //   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
 // survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
@@ -347,10 +347,10 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 // after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
 // packs the survivors.  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
 // found on the host by a prefix count (pipeline._invalid_scale_queries) and recovered
-// (METHOD.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
+// (docs/method.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
 #ifndef DOSA_SCREEN_UNROLL
-#define DOSA_SCREEN_UNROLL 2  // batches per loop trip (v8: 2 beat 1 by 8%, NOTES.md)
+#define DOSA_SCREEN_UNROLL 2  // batches per loop trip (v8: 2 beat 1 by 8%, docs/records/notes.md)
 #endif
 constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
 #ifndef DOSA_SCREEN_FAST32
@@ -358,7 +358,7 @@ constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
 #endif
 // CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
 // fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
-// capacity are dropped — they only feed the choice of certificate seeds, METHOD.md §2,
+// capacity are dropped — they only feed the choice of certificate seeds, docs/method.md §2,
 // for which any subset of the visible keys is valid).  CERT = false is the plain screen.
 template <int MTS, bool CERT>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
@@ -379,7 +379,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
-  // v8 (NOTES.md): per-query work in tile-relative int32 coordinates, batches limited to
+  // v8 (docs/records/notes.md): per-query work in tile-relative int32 coordinates, batches limited to
   // the visible span, the aux-row combination done with selects instead of a divergent
   // branch, and the tile's bitmask words kept in lanes 0..7 and stored once (coalesced).
   const bool aux_lane = g == 7;  // rows 7 and 15 of the last tile are the two aux rows
@@ -515,7 +515,7 @@ SCREEN_INST(1)
 SCREEN_INST(2)
 
 // ---------------------------------------------------------------------------------------
-// Paired screen (opt-in `screen="pair"`, r ≤ 6; NOTES.md "Paired screen"): two queries
+// Paired screen (opt-in `screen="pair"`, r ≤ 6; docs/records/notes.md "Paired screen"): two queries
 // share one 16-row MMA tile, so each query costs half the MMAs, key-fragment loads and
 // ReLU-weighted products of screen_mt1.  The host (pipeline._pair_plan) gathers from the
 // mts = 1 plans of queries a = 2p and b = 2p + 1 (retained rows in slots 0..5, aux rows v0,
@@ -655,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) screen_pair(
                       window, poolmask, Qn, N, QG, surv, Uout);
 }
 
-// Certificate-guided seeds, second half (METHOD.md §2, §7): after the certificate seeds
+// Certificate-guided seeds, second half (docs/method.md §2, §7): after the certificate seeds
 // raised τ to tau[t], clear the survivor bit of every recorded key whose bound is below it.
 // u = fp32(U^num) rounded up ≥ U^num ≥ s (the guard), so u < τ proves s < τ: the key can be
 // in no Top-K (strict, as in the screen) and refinement need not score it.  Keys whose
@@ -682,7 +682,7 @@ extern "C" __global__ void cert_clear_below_tau(const unsigned long long* __rest
 }
 
 // ---------------------------------------------------------------------------------------
-// Refinement (METHOD.md §9): score every surviving key of the bitmask with all H heads
+// Refinement (docs/method.md §9): score every surviving key of the bitmask with all H heads
 // through score_batch (bit-identical to the dense route) and write records with s ≥ τ.
 // Per-query stream: block = (query qlist[x], word chunk y); each warp takes RW words.  The
 // query index varies fastest, so concurrently resident blocks work on the same key chunk
@@ -770,7 +770,7 @@ REFINE_INST(3)
 REFINE_INST(4)
 
 // ---------------------------------------------------------------------------------------
-// Exact selection (METHOD.md §7, §9): the K largest records (code << 32 | ~id) of a row —
+// Exact selection (docs/method.md §7, §9): the K largest records (code << 32 | ~id) of a row —
 // i.e. order score desc, id asc — by radix select over the 64-bit records (11-bit digits;
 // records are distinct, so the K-th is unique and ties need no special case), candidates
 // compacted into a per-block scratch buffer once they fit; then a bitonic sort of the K
@@ -950,7 +950,7 @@ extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows,
   tau[t] = r ? code_score((uint32_t)(r >> 32)) : NEG_INF;
 }
 
-// Saturating RNE e4m3 bits of fp64 values via fp32 (plan aux rows, METHOD.md §8).  Any
+// Saturating RNE e4m3 bits of fp64 values via fp32 (plan aux rows, docs/method.md §8).  Any
 // rounding is acceptable here: the planner computes the reconstruction error exactly.
 extern "C" __global__ void e4m3_round_f64(const double* __restrict__ x, long long n,
                                           uint8_t* __restrict__ out) {
@@ -959,16 +959,16 @@ extern "C" __global__ void e4m3_round_f64(const double* __restrict__ x, long lon
 }
 
 // ---------------------------------------------------------------------------------------
-// Explicit seeds (METHOD.md §2, Prop. 4; reference: dosa_ref.stages.seed_ids).  Caller-given
+// Explicit seeds (docs/method.md §2, Prop. 4; reference: dosa_ref.stages.seed_ids).  Caller-given
 // key ids per query (e.g. the previous chunk's selections) are scored by the canonical
 // scorer — score_ids_and_emit, i.e. dosa::score_batch, bit-identical to refinement and to
 // the dense route — and their records go to rec[t, :]; the host then takes τ = the K-th
 // record of (default seed records ∪ these records).  Explicit seeds ONLY raise τ: they are
 // not excluded from screening, so one with s ≥ τ survives (U ≥ s ≥ τ) and refinement
-// writes it into the compact records (METHOD.md §7 steps 4–7 with S = the default seeds).
+// writes it into the compact records (docs/method.md §7 steps 4–7 with S = the default seeds).
 // Precondition (pipeline.explicit_seed_table): each row of `ids` holds distinct visible
 // ids that are not default seeds (sinks, local window, anchor pool), −1 padding — a key
-// counted twice in the union could raise τ above τ_K(Ω) (METHOD.md §2 needs *distinct*
+// counted twice in the union could raise τ above τ_K(Ω) (docs/method.md §2 needs *distinct*
 // seeds).  The visibility test below only keeps the gathers in bounds.
 // grid (ceil(S / (8 warps·SEEDW)), Qn); rec is [Qn, S] (count[t] ≤ S: no overflow).
 // ---------------------------------------------------------------------------------------

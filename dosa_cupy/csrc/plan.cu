@@ -1,4 +1,4 @@
-// Fused planner (METHOD.md §3–§6, §8): one CUDA block per query builds the whole screening
+// Fused planner (docs/method.md §3–§6, §8): one CUDA block per query builds the whole screening
 // plan of `plan.build_plans` — retained heads R, anchor projection and folded weights,
 // positive allowance E, negative aggregate a_A with its two e4m3 aux rows, coordinate
 // envelope J and the RMS coefficient C — in shared memory and registers.  Host code and
@@ -17,7 +17,7 @@
 // CuPy values bit for bit (β uses q_j*q_j where CuPy writes q_j**2; both are one rounding
 // of the same real for the values that occur, and any β ≥ 0 is valid, Prop. 1).
 //
-// Choices that only affect efficiency (METHOD.md §3, §5: the bound holds for ANY R, any
+// Choices that only affect efficiency (docs/method.md §3, §5: the bound holds for ANY R, any
 // anchor, any A):
 //  * activation frequencies p_h: fp32 dots x = q·k over the sample keys (products of e4m3
 //    values are exact in fp32; the sum runs over d = 0..127 in order with fmaf, one valid
@@ -29,7 +29,7 @@
 //    planners comparable field by field, tests/test_plan_fused.py).
 //  * argmax of the anchor ratio: the first maximum (lowest head index), as cupy.argmax.
 // NaN inputs (e4m3 NaN codes, NaN weights) make J and C NaN, so `valid` is false and the
-// query takes the full-domain recovery (METHOD.md §7 C.3); the kernel keeps every index
+// query takes the full-domain recovery (docs/method.md §7 C.3); the kernel keeps every index
 // in range for them (NaN priority keys are mapped to −1) but does not mirror CuPy's NaN
 // ordering.
 //
@@ -157,7 +157,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     if (lane == 0) qn[h] = sqrt(s);
   }
 
-  // ---- Activation frequencies p_h over the sample keys (METHOD.md §3, §5). ----
+  // ---- Activation frequencies p_h over the sample keys (docs/method.md §3, §5). ----
   // Warp w owns heads [w·TH, w·TH + TH); lane owns keys 2·lane, 2·lane+1 of each chunk of
   // KC = 64 keys, stored transposed ks[d][key] (conflict-free float2 loads; q broadcast).
   {
@@ -216,7 +216,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
   __syncthreads();
 
-  // ---- R (METHOD.md §3, plan._choose_R): key = class + x/(1+x), stable descending. ----
+  // ---- R (docs/method.md §3, plan._choose_R): key = class + x/(1+x), stable descending. ----
   if (tid < Hp) {
     const int h = tid;
     int npos = 0, nneg = 0;
@@ -261,7 +261,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
   __syncthreads();
 
-  // ---- Anchor projection (METHOD.md §4, Prop. 1) for h ∈ P: warp per head. ----
+  // ---- Anchor projection (docs/method.md §4, Prop. 1) for h ∈ P: warp per head. ----
   // ratio_j = [q_h·q_j]_+/‖q_j‖ for j ∈ R with ‖q_j‖ > 0, else −1; j* = first argmax;
   // use = rmax > 0; β = [q_h·q_j*]_+/‖q_j*‖²; d = q_h − β q_j*; u = w_h d.
   const int nP = nP_s;
@@ -372,7 +372,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
 
   // ---- Negative aggregate a_A = Σ_{h∈A} |w_h| q_h and amag = Σ_{h∈A} |w_h||q_h|
-  // (METHOD.md §5, Prop. 2): threads 0..127 / 128..255, one coordinate each. ----
+  // (docs/method.md §5, Prop. 2): threads 0..127 / 128..255, one coordinate each. ----
   {
     const int d = tid & (DOSA_D - 1);
     const bool mag = tid >= DOSA_D;
@@ -394,7 +394,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
   __syncthreads();
   // σ = the least power of two ≥ amax/448 (plan.py: frexp/ldexp), then the aux rows
-  // (METHOD.md §8): z = a/σ, v0 = e4m3(z), v1 = e4m3(z − v0), e_A = (z − v0 − v1)·σ.
+  // (docs/method.md §8): z = a/σ, v0 = e4m3(z), v1 = e4m3(z − v0), e_A = (z − v0 − v1)·σ.
   if (tid == 0) {
     const double amax = fmax(fmax(red[4], red[5]), fmax(red[6], red[7]));
     int e;
@@ -444,7 +444,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     omega[(long long)t * nrow + row] = om;
   }
 
-  // ---- Coordinate envelope J (METHOD.md §8) and C = √D (E + ‖J‖(1+MU)) (1+MU). ----
+  // ---- Coordinate envelope J (docs/method.md §8) and C = √D (E + ‖J‖(1+MU)) (1+MU). ----
   // om_d = fp32(w̃) for j ∈ R (the stored ω); dom = |w̃ − om_d| + MU(|w| + fold).
   if (tid < DOSA_D) {
     const int d = tid;

@@ -1,4 +1,4 @@
-// The shared refinement stream (METHOD.md §9): within a group of 4 consecutive queries
+// The shared refinement stream (docs/method.md §9): within a group of 4 consecutive queries
 // t = 4g..4g+3 (the last group may be short), every key of the group's shared set — inside
 // the group's common visible range [max ks, min ke) and a survivor for ≥ 2 of its queries
 // (dosa_cupy/refine_stream.py split_shared computes the set on the host) — is gathered
@@ -18,7 +18,7 @@
 
 using namespace dosa;
 
-#define RS_G 4              // queries per group (METHOD.md §9)
+#define RS_G 4              // queries per group (docs/method.md §9)
 #define RS_WARPS 8          // warps per block (256 threads)
 #define RS_W 256            // shared-mask words per warp (= kernels.cu RW)
 #define RS_BUF (1024 + 32)  // per-warp id buffer: one 32-word step + < 32 carried ids
