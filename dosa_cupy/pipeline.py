@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import sm90a
 from ._build import cupy_or_raise, kernel, tile
 from .dense import QG, ROWB, _dense_logits_raw, _dense_topk_raw, select_records, select_rows
 from .plan import build_plans
@@ -65,7 +66,7 @@ PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 # screen kernel → build defines: "fp64" (default, screen_mt*), "fast32" (an fp32 upward-rounded
 # pre-test skips the fp64 guard for warps whose keys it rejects: kernels.cu
 # DOSA_SCREEN_FAST32, proofs/fp32_pretest) or "pair" (screen_pair: two queries per tile)
-SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": ()}
+SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": (), "wg": ()}
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (kernels.cu)
 # screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
 # positive heads (all of them retained at r = 6; docs/records/notes.md "Paired screen":
@@ -136,6 +137,10 @@ def _opts(kw):
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
+    if o["screen"] == "wg" and (rr > 14 or cs):
+        raise ValueError(
+            f"screen: 'wg' needs r <= 14 and cert_seeds = 0, got r={rr}, cert_seeds={cs}"
+        )
     if o["screen"] == "pair" and (rr > PAIR_MAX_R or cs):
         raise ValueError(
             f"screen: 'pair' needs r <= {PAIR_MAX_R} and cert_seeds = 0, got r={rr}, "
@@ -229,16 +234,24 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if o["screen"] == "pair":  # two queries per 16-row tile (r <= 6 checked in _opts)
         rows, omega = pair_plan(plan.rows, plan.omega, plan.valid, cp)
         grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
-    kernel(name, T * ROWB + T * 8, SCREENS[o["screen"]])(
+    launch, block, smem = (
+        kernel(name, T * ROWB + T * 8, SCREENS[o["screen"]]),
+        256,
+        T * ROWB + T * 8,
+    )
+    if o["screen"] == "wg":  # Hopper wgmma screen: same arguments and values as screen_mt1
+        launch, block, smem = sm90a.kernel("screen_wg_mt1"), sm90a.THREADS, sm90a.smem_bytes(T)
+        grid = (grid[0], (Qn + sm90a.QG - 1) // sm90a.QG)
+    launch(
         grid,
-        (256,),
+        (block,),
         (
             rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out),
             tau, kp, ksc, rho, ks, ke, np.int32(o["sinks"]), np.int32(o["window"]), poolmask,
-            np.int32(Qn), np.int64(N), np.int32(QG), surv,
+            np.int32(Qn), np.int64(N), np.int32(sm90a.QG if o["screen"] == "wg" else QG), surv,
             Uout if Uout is not None else np.uint64(0),
         ) + (cert.args() if cert else ()),
-        shared_mem=T * ROWB + T * 8,
+        shared_mem=smem,
     )  # fmt: skip
     tm.mark("screen")
     if cert:

@@ -1,0 +1,347 @@
+// Hopper screening (docs/method.md §8–§9): the screen of screen_mt1 with the head tile's
+// MMA issued as warpgroup MMA (wgmma, sm_90a) on an f16 key tile in swizzled shared memory,
+// overlapped with the epilogue of the previous key chunk.  Built by nvcc as an sm_90a cubin
+// (dosa_cupy/sm90a.py) and loaded with cupy.RawModule; every other target compiles this
+// file to an empty module (tests/test_cuda_build.py builds it for sm_90 and sm_90a).
+//
+// Same values as screen_mt1, bit for bit (docs/numerics.md "Warpgroup MMA"): the A operand
+// is QRows<1>'s register fragment (the m16n8k16 A layout, which is also wgmma's register-A
+// layout), and the key tile stores every key's 128 dims in the canonical k-order of
+// common.cuh, so wgmma step s' multiplies exactly the dims that mma.sync step s' does, in
+// the same positions, chained from +0 in the same order s' = 0..7.  The accumulator of a
+// wgmma column chunk is laid out like four m16n8 accumulators per 32 keys (warp w holds rows
+// 16w + g, 16w + g + 8), so the epilogue below is screen_impl's, per query = per warp.
+#include "common.cuh"
+
+#ifndef DOSA_TILE_N
+#define DOSA_TILE_N 256
+#endif
+
+namespace dosa {
+namespace wg {
+
+constexpr int kTileN = DOSA_TILE_N;  // keys per block tile
+constexpr int kChunk = 64;           // keys per wgmma (m64n64k16)
+constexpr int kChunks = kTileN / kChunk;
+constexpr int kThreads = 256;  // two warpgroups per block
+}  // namespace wg
+}  // namespace dosa
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace dosa {
+namespace wg {
+static_assert(kTileN % kChunk == 0, "tile must be a multiple of 64 keys");
+
+// Shared-memory layout of the key tile: two 128-byte-swizzled K-major panels (logical k
+// 0..63 and 64..127), kTileN rows of 128 bytes each; then α, ρ and the anchor-pool words.
+constexpr int kPanel = kTileN * 128;
+constexpr int kKeyBytes = 2 * kPanel;
+
+// Matrix descriptor of a 128-byte-swizzled K-major operand: start address, stride between
+// 8-row core-matrix groups 1024 bytes (8 rows × 128 B), layout type 1 = 128B swizzle.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1u << 16) |
+         ((uint64_t)(1024u >> 4) << 32) | ((uint64_t)1u << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma fences and waits.
+__device__ __forceinline__ void pin(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
+// e4m3 keys [n0, n0 + kTileN) → f16 in the canonical k-order: logical position 16s' + κ of
+// a key holds dim 32c + 4s' + e with (κ < 8: c = κ/2, e = κ%2; κ ≥ 8: c = (κ−8)/2,
+// e = 2 + κ%2) — the dims mma.sync step s' feeds at k = κ (common.cuh).  Thread item
+// (key n, step s'): the four e4m3 words at dims 32c + 4s' (c = 0..3) give logical
+// 16s' + 0..7 (their low halves) and 16s' + 8..15 (high halves): two 16-byte chunks.
+__device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long long N,
+                                          long long n0, uint8_t* sk) {
+  constexpr int kItems = kTileN * 8 / kThreads;  // all loads issued before the first use
+  uint32_t w[kItems][4];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int it = threadIdx.x + kThreads * k, n = it >> 3, sp = it & 7;
+    const uint8_t* row = kp + (n0 + n) * DOSA_D + 4 * sp;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      w[k][c] = (n0 + n < N) ? __ldg(reinterpret_cast<const uint32_t*>(row + 32 * c)) : 0u;
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int it = threadIdx.x + kThreads * k, n = it >> 3, sp = it & 7;
+    const uint4 lo = make_uint4(f16x2_lo(w[k][0]), f16x2_lo(w[k][1]), f16x2_lo(w[k][2]), f16x2_lo(w[k][3]));
+    const uint4 hi = make_uint4(f16x2_hi(w[k][0]), f16x2_hi(w[k][1]), f16x2_hi(w[k][2]), f16x2_hi(w[k][3]));
+    // Logical chunk j = 2(s' mod 4) (+1) of panel s'/4; 128-byte swizzle: j ^ (n mod 8).
+    uint8_t* prow = sk + (sp >> 2) * kPanel + n * 128;
+    const int j = 2 * (sp & 3), x = n & 7;
+    *reinterpret_cast<uint4*>(prow + ((j ^ x) << 4)) = lo;
+    *reinterpret_cast<uint4*>(prow + (((j + 1) ^ x) << 4)) = hi;
+  }
+}
+
+// The 8 chained k16 steps of one 64-key chunk for the warpgroup's 64 rows.
+__device__ __forceinline__ void issue_chunk(float (&d)[32], const QRows<1>& A, uint32_t sk_addr,
+                                            int chunk) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  pin(d);
+  fence();
+#pragma unroll
+  for (int sp = 0; sp < 8; ++sp) {
+    uint32_t a0, a1, a2, a3;
+    A.frag(0, sp, a0, a1, a2, a3);
+    const uint32_t addr = sk_addr + (sp >> 2) * kPanel + chunk * kChunk * 128 + (sp & 3) * 32;
+    mma_m64n64k16(d, a0, a1, a2, a3, desc_sw128(addr));
+  }
+  commit();
+}
+
+
+// Per-query constants of the screen (screen_impl's, for one 16-row tile): spans as offsets
+// in the tile, the weights of the lane's two rows, and the guard's constants.
+struct Query {
+  int lo_i, hi_i, shi_i, llo_i;  // visible span, sink end, local-window start (tile offsets)
+  float wlo, whi, tq;            // weights of rows g / g + 8 (aux lane: −σ_a and 0), τ
+  float aux_add;                 // 1 on the aux lane g = 7 (rows 7 + 15 summed), else 0
+  double C, er, eo;
+};
+
+// screen_impl's epilogue for the batch bb (0, 1) of a 64-key chunk: Û per key (fmaf chain
+// of the lane's rows, reduce8), U^num in fp64 rounded up, strict test against τ, and the
+// batch's survivor word (kept by lane b, the batch's index in the tile).
+__device__ __forceinline__ void epilogue(const float (&d)[32], int bb, int b, const Query& Q,
+                                         const float* sa, const float* sr, const uint32_t* spm,
+                                         long long tN, long long n0, double* __restrict__ Uout,
+                                         int lane, uint32_t& myword) {
+  float x[8];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float* c = d + 4 * (4 * bb + u);
+    float a0 = 0.f, a1 = 0.f;
+    a0 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[2], c[0]), 0.f), a0);
+    a1 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[3], c[1]), 0.f), a1);
+    a0 = fmaf(Q.whi, fmaxf(c[2], 0.f), a0);
+    a1 = fmaf(Q.whi, fmaxf(c[3], 0.f), a1);
+    x[2 * u] = a0;
+    x[2 * u + 1] = a1;
+  }
+  const float uh = reduce8(x, lane);
+  const int pos = batch_pos(lane), i = b * 32 + pos;
+  const bool vis = i >= Q.lo_i && i < Q.hi_i;
+  double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], Q.C)), Q.er);
+  U = __dadd_ru(__dmul_ru((double)sa[i], U), Q.eo);
+  if (Uout && vis) Uout[tN + n0 + i] = U;
+  const bool seed = i < Q.shi_i || i >= Q.llo_i || ((spm[b] >> pos) & 1u);
+  const bool p = vis && !seed && !(U < (double)Q.tq);
+  const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
+  if (lane == b) myword = word;
+}
+
+// One chunk step of the ping-pong: issue chunk c + 1 into `nxt` (unless c is the last),
+// wait for chunk c in `cur`, run its epilogue while the tensor cores work on c + 1.
+template <int C>
+__device__ __forceinline__ void chunk_step(float (&cur)[32], float (&nxt)[32], const QRows<1>& A,
+                                           uint32_t sk_addr, bool run, int b0, int b1,
+                                           const Query& Q, const float* sa, const float* sr,
+                                           const uint32_t* spm, long long tN, long long n0,
+                                           double* __restrict__ Uout, int lane, uint32_t& myword) {
+  if constexpr (C + 1 < kChunks) {
+    issue_chunk(nxt, A, sk_addr, C + 1);
+    wait<1>();
+  } else {
+    wait<0>();
+  }
+  pin(cur);
+  if (run) {
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb) {
+      const int b = 2 * C + bb;
+      if (b >= b0 && b < b1) epilogue(cur, bb, b, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
+    }
+  }
+}
+
+template <int C>
+__device__ __forceinline__ void chunks(float (&a)[32], float (&b)[32], const QRows<1>& A,
+                                       uint32_t sk_addr, bool run, int b0, int b1, const Query& Q,
+                                       const float* sa, const float* sr, const uint32_t* spm,
+                                       long long tN, long long n0, double* __restrict__ Uout,
+                                       int lane, uint32_t& myword) {
+  if constexpr (C < kChunks) {
+    chunk_step<C>(a, b, A, sk_addr, run, b0, b1, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
+    chunks<C + 1>(b, a, A, sk_addr, run, b0, b1, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
+  }
+}
+
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  return p + ((1024u - (a & 1023u)) & 1023u);
+}
+
+}  // namespace wg
+}  // namespace dosa
+#endif
+
+// screen_mt1's contract (kernels.cu): arguments, grid (ceil(N / DOSA_TILE_N), ceil(Qn / QG)),
+// outputs (the survivor words of every query t < Qn for the block's tile; U^num in Uout
+// where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
+// per warp, rows 16w..16w+15 of its wgmma), QG a multiple of 4.
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) screen_wg_mt1(
+    const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
+    const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
+    const float* __restrict__ tau, const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+    const float* __restrict__ rho, const int* __restrict__ ks_, const int* __restrict__ ke_,
+    int sinks, int window, const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
+    uint32_t* __restrict__ surv, double* __restrict__ Uout) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace dosa;
+  using namespace dosa::wg;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sk = align1024(smem_raw);
+  float* sa = reinterpret_cast<float*>(sk + kKeyBytes);
+  float* sr = sa + kTileN;
+  uint32_t* spm = reinterpret_cast<uint32_t*>(sr + kTileN);
+  const long long n0 = (long long)blockIdx.x * kTileN;
+  load_tile(kp, N, n0, sk);
+  for (int i = threadIdx.x; i < kTileN; i += blockDim.x) {
+    sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
+    sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+  }
+  if (threadIdx.x < kTileN / 32)
+    spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
+  // The tile is written by ordinary stores and read by wgmma (the async proxy).
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wq = warp & 3;
+  const int wgi = warp >> 2, nwg = blockDim.x >> 7, g = lane >> 2;
+  const long long NW = (N + 31) >> 5;
+  const int tile_n = (int)min((long long)kTileN, N - n0), nb = (tile_n + 31) >> 5;
+  const int qend = min(Qn, (int)(blockIdx.y + 1) * QG);
+  for (int t0 = blockIdx.y * QG + 4 * wgi; t0 < qend; t0 += 4 * nwg) {
+    // Warpgroup-uniform: does any of the 4 queries see a key of this tile?
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int tj = t0 + j;
+      if (tj < qend) any |= max((long long)ks_[tj], n0) < min((long long)ke_[tj], n0 + tile_n);
+    }
+    const int t = t0 + wq;
+    const bool live = t < qend;
+    uint32_t myword = 0u;
+    if (any) {
+      Query Q{};
+      bool run = false;
+      int b0 = 0, b1 = 0;
+      QRows<1> A;
+      if (live) {
+        const int ks = ks_[t], ke = ke_[t];
+        const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
+        run = lo < hi;
+        Q.lo_i = (int)(max(lo, n0) - n0);
+        Q.hi_i = (int)(max(hi, lo) - n0);
+        const int ns = min(sinks, ke - ks);
+        const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+        Q.shi_i = (int)min(max(s_hi - n0, 0LL), (long long)kTileN);
+        Q.llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)kTileN);
+        b0 = Q.lo_i >> 5;
+        b1 = (Q.hi_i + 31) >> 5;
+        A.load(rows + (long long)t * 16 * DOSA_D, lane);
+        const bool aux_lane = g == 7;  // rows 7 and 15: the two aux rows (screen_impl)
+        const float sg = sig[t];
+        Q.wlo = aux_lane ? -sg : __ldg(om + (long long)t * 16 + g);
+        Q.whi = aux_lane ? 0.f : __ldg(om + (long long)t * 16 + g + 8);
+        Q.aux_add = aux_lane ? 1.f : 0.f;
+        Q.tq = tau[t];
+        Q.C = Cq[t];
+        Q.er = eps_raw[t];
+        Q.eo = eps_out;
+      } else {
+#pragma unroll
+        for (int sp = 0; sp < 8; ++sp) A.h[0][sp][0] = A.h[0][sp][1] = A.h[0][sp][2] = A.h[0][sp][3] = 0u;
+      }
+      float acc0[32], acc1[32];
+      issue_chunk(acc0, A, sk_addr, 0);
+      chunks<0>(acc0, acc1, A, sk_addr, run, b0, b1, Q, sa, sr, spm, (long long)t * N, n0, Uout,
+                lane, myword);
+    }
+    if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
+  }
+#endif
+}
+
+// Accumulator probe (tests/test_gpu_sm90a.py, docs/numerics.md "Warpgroup MMA"): for 128
+// e4m3 rows [128, 128] and kTileN e4m3 keys [kTileN, 128], the raw fp32 accumulators of the
+// canonical chain (8 k16 steps from +0, QRows<1> fragments) computed once by wgmma on the
+// swizzled key tile and once by mma.sync on keys gathered from global memory:
+// out_wg[row, key], out_mma[row, key].  One block of kThreads; warp w owns rows 16w..16w+15.
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma(
+    const uint8_t* __restrict__ rows, const uint8_t* __restrict__ keys, float* __restrict__ out_wg,
+    float* __restrict__ out_mma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace dosa;
+  using namespace dosa::wg;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sk = align1024(smem_raw);
+  load_tile(keys, kTileN, 0, sk);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  QRows<1> A;
+  A.load(rows + (long long)warp * 16 * DOSA_D, lane);
+  float acc[32];
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) {
+    issue_chunk(acc, A, sk_addr, ch);
+    wait<0>();
+    pin(acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * warp + g + 8 * (r >> 1), col = ch * kChunk + 8 * j + 2 * c + (r & 1);
+        out_wg[row * kTileN + col] = acc[4 * j + r];
+      }
+  }
+  for (int b = 0; b < kTileN / 32; ++b) {
+    const int my[4] = {32 * b + g, 32 * b + 8 + g, 32 * b + 16 + g, 32 * b + 24 + g};
+    KeysReg K;
+    gather_keys(keys, my, lane, K);
+    float C[4][1][4];
+    mma_batch<1>(A, K, lane, C);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * warp + g + 8 * (r >> 1), col = 32 * b + 8 * u + 2 * c + (r & 1);
+        out_mma[row * kTileN + col] = C[u][0][r];
+      }
+  }
+#endif
+}
