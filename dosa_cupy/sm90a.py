@@ -25,9 +25,9 @@ QG = 128  # queries per block: the key tile is converted once for QG queries
 
 def smem_bytes(tile_n: int) -> int:
     """Dynamic shared memory of ``screen_wg_mt1`` / ``wg_probe_mma`` for ``tile_n`` keys:
-    the f16 key tile (two 128-byte-swizzled panels), α, ρ, the anchor-pool words and 1 KB
-    to align the tile to the 1,024-byte swizzle atom."""
-    return 2 * tile_n * 128 + tile_n * 8 + (tile_n // 32) * 4 + 1024
+    the f16 key tile (two 128-byte-swizzled panels), α and ρ as fp64 and fp32, the
+    anchor-pool words and 1 KB to align the tile to the 1,024-byte swizzle atom."""
+    return 2 * tile_n * 128 + tile_n * 24 + (tile_n // 32) * 4 + 1024
 
 
 def nvcc() -> str | None:
@@ -42,11 +42,13 @@ def nvcc() -> str | None:
     return None
 
 
-def build_command(tile_n: int, out: Path) -> list[str]:
-    """The nvcc command that builds the sm_90a cubin for ``tile_n`` keys per tile."""
+def build_command(tile_n: int, out: Path, defines: tuple = ()) -> list[str]:
+    """The nvcc command that builds the sm_90a cubin for ``tile_n`` keys per tile, with
+    ``defines`` ("NAME=VALUE": the kernel's tuning knobs, screen_sm90a.cu)."""
     return [
         nvcc() or "nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
-        "-ftz=true", f"-I{CSRC}", f"-DDOSA_TILE_N={int(tile_n)}", "-o", str(out), str(SOURCE),
+        "-ftz=true", f"-I{CSRC}", f"-DDOSA_TILE_N={int(tile_n)}",
+        *(f"-D{d}" for d in defines), "-o", str(out), str(SOURCE),
     ]  # fmt: skip
 
 
@@ -60,20 +62,21 @@ def available() -> bool:
 
 
 @functools.cache
-def module(tile_n: int):
-    """The sm_90a cubin for ``tile_n`` keys per tile, built on first use and cached under
-    $DOSA_CACHE (default: the temp directory) by the hash of its sources and command."""
+def module(tile_n: int, defines: tuple = ()):
+    """The sm_90a cubin for ``tile_n`` keys per tile (and ``defines``), built on first use
+    and cached under $DOSA_CACHE (default: the temp directory) by the hash of its sources
+    and command."""
     cp = cupy_or_raise()
     h = hashlib.sha256()
     for p in DEPENDS:
         h.update(p.read_bytes())
-    h.update(" ".join(build_command(tile_n, Path("x"))[1:]).encode())
+    h.update(" ".join(build_command(tile_n, Path("x"), defines)[1:]).encode())
     cache = Path(os.environ.get("DOSA_CACHE", Path(tempfile.gettempdir()) / "dosa-cubin"))
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"screen_sm90a_{tile_n}_{h.hexdigest()[:16]}.cubin"
     if not out.exists():
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        res = subprocess.run(build_command(tile_n, tmp), capture_output=True, text=True)
+        res = subprocess.run(build_command(tile_n, tmp, defines), capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"nvcc failed to build {SOURCE.name} for sm_90a:\n{res.stderr}")
         tmp.replace(out)

@@ -20,17 +20,32 @@
 namespace dosa {
 namespace wg {
 
-constexpr int kTileN = DOSA_TILE_N;  // keys per block tile
-constexpr int kChunk = 64;           // keys per wgmma (m64n64k16)
+#ifndef DOSA_WG_CHUNK
+#define DOSA_WG_CHUNK 64  // keys per wgmma: 64 (m64n64k16) or 32 (m64n32k16)
+#endif
+#ifndef DOSA_WG_GROUPS
+#define DOSA_WG_GROUPS 2  // warpgroups per block
+#endif
+#ifndef DOSA_WG_MINB
+#define DOSA_WG_MINB 1  // blocks per multiprocessor asked of the register allocator
+#endif
+#ifndef DOSA_SCREEN_FAST32
+#define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py)
+#endif
+constexpr int kTileN = DOSA_TILE_N;      // keys per block tile
+constexpr int kChunk = DOSA_WG_CHUNK;    // keys per wgmma
+constexpr int kAcc = kChunk / 2;         // fp32 accumulators per thread of one chunk
+constexpr int kBatches = kChunk / 32;    // 32-key batches (bitmask words) per chunk
 constexpr int kChunks = kTileN / kChunk;
-constexpr int kThreads = 256;  // two warpgroups per block
+constexpr int kThreads = 128 * DOSA_WG_GROUPS;
+static_assert(kChunk == 32 || kChunk == 64, "DOSA_WG_CHUNK: 32 or 64");
 }  // namespace wg
 }  // namespace dosa
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace dosa {
 namespace wg {
-static_assert(kTileN % kChunk == 0, "tile must be a multiple of 64 keys");
+static_assert(kTileN % kChunk == 0, "tile must be a multiple of the chunk");
 
 // Shared-memory layout of the key tile: two 128-byte-swizzled K-major panels (logical k
 // 0..63 and 64..127), kTileN rows of 128 bytes each; then α, ρ and the anchor-pool words.
@@ -53,9 +68,10 @@ __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across wgmma fences and waits.
-__device__ __forceinline__ void pin(float (&d)[32]) {
+template <int M>
+__device__ __forceinline__ void pin(float (&d)[M]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
@@ -72,6 +88,25 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint3
         "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
         "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+__device__ __forceinline__ void mma_chunk(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint64_t desc) {
+  mma_m64n64k16(d, a0, a1, a2, a3, desc);
+}
+__device__ __forceinline__ void mma_chunk(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint64_t desc) {
+  mma_m64n32k16(d, a0, a1, a2, a3, desc);
 }
 
 // e4m3 keys [n0, n0 + kTileN) → f16 in the canonical k-order: logical position 16s' + κ of
@@ -105,18 +140,24 @@ __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long l
 }
 
 // The 8 chained k16 steps of one 64-key chunk for the warpgroup's 64 rows.
-__device__ __forceinline__ void issue_chunk(float (&d)[32], const QRows<1>& A, uint32_t sk_addr,
-                                            int chunk) {
+__device__ __forceinline__ void issue_chunk(float (&d)[kAcc], const QRows<1>& A,
+                                            uint32_t sk_addr, int chunk) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) d[i] = 0.f;
   pin(d);
+  // An opaque copy of the tile address: the 8 · kChunks descriptors are recomputed (two
+  // integer adds each) instead of being hoisted out of the query loop into 64-bit registers.
+  uint32_t base;
+  asm volatile("mov.b32 %0, %1;" : "=r"(base) : "r"(sk_addr + chunk * kChunk * 128));
+  const uint64_t desc0 = desc_sw128(base);
   fence();
 #pragma unroll
   for (int sp = 0; sp < 8; ++sp) {
     uint32_t a0, a1, a2, a3;
     A.frag(0, sp, a0, a1, a2, a3);
-    const uint32_t addr = sk_addr + (sp >> 2) * kPanel + chunk * kChunk * 128 + (sp & 3) * 32;
-    mma_m64n64k16(d, a0, a1, a2, a3, desc_sw128(addr));
+    // + (byte offset >> 4) in the start-address field (no carry: the tile is < 256 KB)
+    const uint32_t off = (sp >> 2) * kPanel + (sp & 3) * 32;
+    mma_chunk(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
   }
   commit();
 }
@@ -129,47 +170,88 @@ struct Query {
   float wlo, whi, tq;            // weights of rows g / g + 8 (aux lane: −σ_a and 0), τ
   float aux_add;                 // 1 on the aux lane g = 7 (rows 7 + 15 summed), else 0
   double C, er, eo;
+#if DOSA_SCREEN_FAST32
+  float Cf, ef, of, tq_fast;  // the pre-test's constants (screen_impl's)
+#endif
 };
 
-// screen_impl's epilogue for the batch bb (0, 1) of a 64-key chunk: Û per key (fmaf chain
-// of the lane's rows, reduce8), U^num in fp64 rounded up, strict test against τ, and the
-// batch's survivor word (kept by lane b, the batch's index in the tile).
-__device__ __forceinline__ void epilogue(const float (&d)[32], int bb, int b, const Query& Q,
-                                         const float* sa, const float* sr, const uint32_t* spm,
-                                         long long tN, long long n0, double* __restrict__ Uout,
-                                         int lane, uint32_t& myword) {
-  float x[8];
+// The key tile's per-key operands of the guard: α and ρ as fp32 (pre-test) and as fp64
+// (converted exactly once per tile instead of once per query), and the anchor-pool words.
+struct TileKeys {
+  const float* sa;
+  const float* sr;
+  const double* dsa;
+  const double* dsr;
+  const uint32_t* spm;
+};
+
+// screen_impl's epilogue for NB consecutive batches bb0 .. bb0 + NB − 1 of a chunk (b0 = the
+// first one's index in the tile), written as NB independent chains so that their shuffles
+// and fp64 latencies overlap: Û per key (fmaf chain of the lane's rows, reduce8), U^num in
+// fp64 rounded up, strict test against τ, and each batch's survivor word (kept by lane b).
+template <int NB>
+__device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0, const Query& Q,
+                                         const TileKeys& K, long long tN, long long n0,
+                                         double* __restrict__ Uout, int lane, uint32_t& myword) {
+  float x[NB][8];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const float* c = d + 4 * (4 * bb + u);
-    float a0 = 0.f, a1 = 0.f;
-    a0 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[2], c[0]), 0.f), a0);
-    a1 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[3], c[1]), 0.f), a1);
-    a0 = fmaf(Q.whi, fmaxf(c[2], 0.f), a0);
-    a1 = fmaf(Q.whi, fmaxf(c[3], 0.f), a1);
-    x[2 * u] = a0;
-    x[2 * u + 1] = a1;
+  for (int k = 0; k < NB; ++k)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float* c = d + 4 * (4 * (bb0 + k) + u);
+      float a0 = 0.f, a1 = 0.f;
+      a0 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[2], c[0]), 0.f), a0);
+      a1 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[3], c[1]), 0.f), a1);
+      a0 = fmaf(Q.whi, fmaxf(c[2], 0.f), a0);
+      a1 = fmaf(Q.whi, fmaxf(c[3], 0.f), a1);
+      x[k][2 * u] = a0;
+      x[k][2 * u + 1] = a1;
+    }
+  float uh[NB];
+#pragma unroll
+  for (int k = 0; k < NB; ++k) uh[k] = reduce8(x[k], lane);
+  const int pos = batch_pos(lane);
+#pragma unroll
+  for (int k = 0; k < NB; ++k) {
+    const int b = b0 + k, i = b * 32 + pos;
+    const bool vis = i >= Q.lo_i && i < Q.hi_i;
+    const bool seed = i < Q.shi_i || i >= Q.llo_i || ((K.spm[b] >> pos) & 1u);
+#if DOSA_SCREEN_FAST32
+    // screen_impl's pre-test (proofs/fp32_pretest.py): u32 < τ − 2^-59 proves U^num < τ
+    // under its preconditions; the fp64 guard runs only in warps with a key it could not
+    // reject.
+    const float al = K.sa[i], sri = K.sr[i], f32_min = 0x1p-126f;
+    const bool k_fast = al >= f32_min && al <= 0x1p64f &&
+                        ((__float_as_uint(sri) << 1) == 0u || sri >= f32_min);
+    float u32 = __fadd_ru(__fadd_ru(uh[k], __fmul_ru(sri, Q.Cf)), Q.ef);
+    u32 = __fadd_ru(__fmul_ru(al, u32), Q.of);
+    const bool need = vis && !seed && !(k_fast && u32 < Q.tq_fast);
+    bool p = false;
+    if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
+      double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
+      U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
+      if (Uout && vis) Uout[tN + n0 + i] = U;
+      p = need && !(U < (double)Q.tq);
+    }
+#else
+    double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
+    U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
+    if (Uout && vis) Uout[tN + n0 + i] = U;
+    const bool p = vis && !seed && !(U < (double)Q.tq);
+#endif
+    const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
+    if (lane == b) myword = word;
   }
-  const float uh = reduce8(x, lane);
-  const int pos = batch_pos(lane), i = b * 32 + pos;
-  const bool vis = i >= Q.lo_i && i < Q.hi_i;
-  double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], Q.C)), Q.er);
-  U = __dadd_ru(__dmul_ru((double)sa[i], U), Q.eo);
-  if (Uout && vis) Uout[tN + n0 + i] = U;
-  const bool seed = i < Q.shi_i || i >= Q.llo_i || ((spm[b] >> pos) & 1u);
-  const bool p = vis && !seed && !(U < (double)Q.tq);
-  const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
-  if (lane == b) myword = word;
 }
 
 // One chunk step of the ping-pong: issue chunk c + 1 into `nxt` (unless c is the last),
 // wait for chunk c in `cur`, run its epilogue while the tensor cores work on c + 1.
 template <int C>
-__device__ __forceinline__ void chunk_step(float (&cur)[32], float (&nxt)[32], const QRows<1>& A,
+__device__ __forceinline__ void chunk_step(float (&cur)[kAcc], float (&nxt)[kAcc], const QRows<1>& A,
                                            uint32_t sk_addr, bool run, int b0, int b1,
-                                           const Query& Q, const float* sa, const float* sr,
-                                           const uint32_t* spm, long long tN, long long n0,
-                                           double* __restrict__ Uout, int lane, uint32_t& myword) {
+                                           const Query& Q, const TileKeys& K, long long tN,
+                                           long long n0, double* __restrict__ Uout, int lane,
+                                           uint32_t& myword) {
   if constexpr (C + 1 < kChunks) {
     issue_chunk(nxt, A, sk_addr, C + 1);
     wait<1>();
@@ -178,23 +260,26 @@ __device__ __forceinline__ void chunk_step(float (&cur)[32], float (&nxt)[32], c
   }
   pin(cur);
   if (run) {
+    constexpr int bf = kBatches * C;  // the chunk's first batch in the tile
+    if (bf >= b0 && bf + kBatches <= b1) {  // the whole chunk is in the visible span
+      epilogue<kBatches>(cur, 0, bf, Q, K, tN, n0, Uout, lane, myword);
+    } else {
 #pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-      const int b = 2 * C + bb;
-      if (b >= b0 && b < b1) epilogue(cur, bb, b, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
+      for (int bb = 0; bb < kBatches; ++bb)
+        if (bf + bb >= b0 && bf + bb < b1)
+          epilogue<1>(cur, bb, bf + bb, Q, K, tN, n0, Uout, lane, myword);
     }
   }
 }
 
 template <int C>
-__device__ __forceinline__ void chunks(float (&a)[32], float (&b)[32], const QRows<1>& A,
+__device__ __forceinline__ void chunks(float (&a)[kAcc], float (&b)[kAcc], const QRows<1>& A,
                                        uint32_t sk_addr, bool run, int b0, int b1, const Query& Q,
-                                       const float* sa, const float* sr, const uint32_t* spm,
-                                       long long tN, long long n0, double* __restrict__ Uout,
-                                       int lane, uint32_t& myword) {
+                                       const TileKeys& K, long long tN, long long n0,
+                                       double* __restrict__ Uout, int lane, uint32_t& myword) {
   if constexpr (C < kChunks) {
-    chunk_step<C>(a, b, A, sk_addr, run, b0, b1, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
-    chunks<C + 1>(b, a, A, sk_addr, run, b0, b1, Q, sa, sr, spm, tN, n0, Uout, lane, myword);
+    chunk_step<C>(a, b, A, sk_addr, run, b0, b1, Q, K, tN, n0, Uout, lane, myword);
+    chunks<C + 1>(b, a, A, sk_addr, run, b0, b1, Q, K, tN, n0, Uout, lane, myword);
   }
 }
 
@@ -211,7 +296,7 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // outputs (the survivor words of every query t < Qn for the block's tile; U^num in Uout
 // where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
 // per warp, rows 16w..16w+15 of its wgmma), QG a multiple of 4.
-extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) screen_wg_mt1(
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) screen_wg_mt1(
     const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
     const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
     const float* __restrict__ tau, const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
@@ -223,7 +308,9 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) screen_wg_mt
   using namespace dosa::wg;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sk = align1024(smem_raw);
-  float* sa = reinterpret_cast<float*>(sk + kKeyBytes);
+  double* dsa = reinterpret_cast<double*>(sk + kKeyBytes);
+  double* dsr = dsa + kTileN;
+  float* sa = reinterpret_cast<float*>(dsr + kTileN);
   float* sr = sa + kTileN;
   uint32_t* spm = reinterpret_cast<uint32_t*>(sr + kTileN);
   const long long n0 = (long long)blockIdx.x * kTileN;
@@ -231,7 +318,10 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) screen_wg_mt
   for (int i = threadIdx.x; i < kTileN; i += blockDim.x) {
     sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
     sr[i] = (n0 + i < N) ? __ldg(rho + n0 + i) : 0.f;
+    dsa[i] = (double)sa[i];
+    dsr[i] = (double)sr[i];
   }
+  const TileKeys K{sa, sr, dsa, dsr, spm};
   if (threadIdx.x < kTileN / 32)
     spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
   // The tile is written by ordinary stores and read by wgmma (the async proxy).
@@ -281,14 +371,24 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) screen_wg_mt
         Q.C = Cq[t];
         Q.er = eps_raw[t];
         Q.eo = eps_out;
+#if DOSA_SCREEN_FAST32
+        const float f32_inf = __int_as_float(0x7f800000), f32_min = 0x1p-126f;
+        Q.Cf = __double2float_ru(Q.C);
+        Q.ef = __double2float_ru(Q.er);
+        Q.of = __double2float_ru(eps_out);
+        const bool q_fast = Q.Cf >= f32_min && Q.Cf < f32_inf && Q.ef >= f32_min &&
+                            Q.ef < f32_inf && Q.of >= f32_min && Q.of < f32_inf &&
+                            Q.tq > -f32_inf && Q.tq < f32_inf;
+        Q.tq_fast = q_fast ? __fsub_rd(Q.tq, 0x1p-59f) : -f32_inf;
+#endif
       } else {
 #pragma unroll
         for (int sp = 0; sp < 8; ++sp) A.h[0][sp][0] = A.h[0][sp][1] = A.h[0][sp][2] = A.h[0][sp][3] = 0u;
       }
-      float acc0[32], acc1[32];
+      float acc0[kAcc], acc1[kAcc];
       issue_chunk(acc0, A, sk_addr, 0);
-      chunks<0>(acc0, acc1, A, sk_addr, run, b0, b1, Q, sa, sr, spm, (long long)t * N, n0, Uout,
-                lane, myword);
+      chunks<0>(acc0, acc1, A, sk_addr, run, b0, b1, Q, K, (long long)t * N, n0, Uout, lane,
+                myword);
     }
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
   }
@@ -315,14 +415,14 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   QRows<1> A;
   A.load(rows + (long long)warp * 16 * DOSA_D, lane);
-  float acc[32];
+  float acc[kAcc];
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
     issue_chunk(acc, A, sk_addr, ch);
     wait<0>();
     pin(acc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kChunk / 8; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = 16 * warp + g + 8 * (r >> 1), col = ch * kChunk + 8 * j + 2 * c + (r & 1);
