@@ -17,7 +17,7 @@ def test_build_command_targets_sm90a_with_cupys_flags():
 
 
 def test_smem_holds_two_panels_and_the_alignment_slack():
-    assert sm90a.smem_bytes(256) == 2 * 256 * 128 + 256 * 8 + 8 * 4 + 1024
+    assert sm90a.smem_bytes(256) == 2 * 256 * 128 + 256 * (8 + 8 + 4 + 4) + 8 * 4 + 1024
 
 
 def test_wg_option_validation():
