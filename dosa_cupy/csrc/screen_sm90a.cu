@@ -116,7 +116,9 @@ __device__ __forceinline__ void mma_chunk(float (&d)[16], uint32_t a0, uint32_t 
 // 16s' + 0..7 (their low halves) and 16s' + 8..15 (high halves): two 16-byte chunks.
 __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long long N,
                                           long long n0, uint8_t* sk) {
-  constexpr int kItems = kTileN * 8 / kThreads;  // all loads issued before the first use
+  // (key, step) items, all loads issued before the first use; the last round may be partial
+  // (kThreads need not divide kTileN · 8).
+  constexpr int kItems = (kTileN * 8 + kThreads - 1) / kThreads;
   uint32_t w[kItems][4];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -124,11 +126,13 @@ __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long l
     const uint8_t* row = kp + (n0 + n) * DOSA_D + 4 * sp;
 #pragma unroll
     for (int c = 0; c < 4; ++c)
-      w[k][c] = (n0 + n < N) ? __ldg(reinterpret_cast<const uint32_t*>(row + 32 * c)) : 0u;
+      w[k][c] = (it < kTileN * 8 && n0 + n < N)
+                    ? __ldg(reinterpret_cast<const uint32_t*>(row + 32 * c)) : 0u;
   }
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int it = threadIdx.x + kThreads * k, n = it >> 3, sp = it & 7;
+    if (it >= kTileN * 8) break;
     const uint4 lo = make_uint4(f16x2_lo(w[k][0]), f16x2_lo(w[k][1]), f16x2_lo(w[k][2]), f16x2_lo(w[k][3]));
     const uint4 hi = make_uint4(f16x2_hi(w[k][0]), f16x2_hi(w[k][1]), f16x2_hi(w[k][2]), f16x2_hi(w[k][3]));
     // Logical chunk j = 2(s' mod 4) (+1) of panel s'/4; 128-byte swizzle: j ^ (n mod 8).
