@@ -6,9 +6,9 @@ such as ``§3–§6, §8``) and by quoted titles (``"Title"``, ``("A", "B")``, `
 Checked: (a) the file exists; (b) for ``§N`` the file has a heading ``## N.``; (c) a quoted
 title is part of a heading of the file (inside section N when exactly one section is
 cited); after a colon (``docs/x.md: "text"``) the quote is a passage of the file's text.
-Also: README.md links every docs/*.md, and every relative markdown link of README.md and
-docs/*.md resolves (file, and GitHub-style heading anchor).  Files are found by scanning,
-so modules may move without editing this test.
+Also: README.md links every docs/*.md, and every relative markdown link of the markdown
+files (README.md, docs/, the packages' READMEs) resolves (file, and GitHub-style anchor).
+Files are found by scanning, so modules may move without editing this test.
 """
 
 from __future__ import annotations
@@ -197,9 +197,10 @@ def test_readme_links_every_doc():
 
 
 def test_markdown_links_resolve():
-    errors = link_errors(ROOT / "README.md")
-    for p in sorted((ROOT / "docs").glob("*.md")):
-        errors += link_errors(p)
+    errors = []
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *scanned_files()]:
+        if p.suffix == ".md":
+            errors += link_errors(p)
     assert not errors, "\n".join(errors)
 
 
