@@ -1198,6 +1198,11 @@ def _merge(a) -> int:
 
 def main(argv=None) -> int:
     t_start = time.monotonic()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--decode" in argv:  # `dosa bench --decode`: the decode benchmark's own arguments
+        from dosa_cupy.bench_decode import main as decode_main
+
+        return decode_main([x for x in argv if x != "--decode"])
     ap = argparse.ArgumentParser(prog="dosa bench", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=None, help=f"HxQnxN,... (default {DEFAULT_SHAPES})")
     ap.add_argument("--sweep", action="store_true", help="the issue's N × Qn × H grid")
