@@ -1064,6 +1064,31 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     return res
 
 
+GPU_HINT = "pip install 'dosa[gpu]' (CuPy) and run on a machine with an NVIDIA GPU"
+
+
+def gpu_missing() -> str | None:
+    """Why this process cannot time GPU routes, in one line (None when it can): CuPy is not
+    importable, or it finds no usable CUDA device."""
+    try:
+        import cupy as cp
+
+        cp.cuda.Device().mem_info  # noqa: B018 - the first call that needs a device
+    except Exception as e:
+        what = "CuPy is not importable" if isinstance(e, ImportError) else "no usable CUDA GPU"
+        return f"{what} ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+    return None
+
+
+def no_gpu_exit(prog: str) -> int | None:
+    """2 after a one-line message on stderr when there is no GPU to run on, else None."""
+    why = gpu_missing()
+    if why is None:
+        return None
+    print(f"{prog}: {why}; {GPU_HINT}", file=sys.stderr)
+    return 2
+
+
 def _is_oom(e) -> bool:
     return "OutOfMemory" in type(e).__name__ or "out of memory" in str(e).lower()
 
@@ -1299,6 +1324,9 @@ def main(argv=None) -> int:
         return _dry_run(a, jobs)
     if not jobs:
         print("# no shape selected (check --filter / --part)")
+    rc = no_gpu_exit("dosa bench")
+    if rc is not None:
+        return rc
     import cupy as cp
 
     from dosa_cupy._build import set_tile

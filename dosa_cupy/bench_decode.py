@@ -195,6 +195,11 @@ def main(argv=None) -> int:
     if any(x not in (1, 2) for x in nns):
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
+    from dosa_cupy.bench import no_gpu_exit
+
+    rc = no_gpu_exit("dosa bench --decode")
+    if rc is not None:
+        return rc
     rows = []
     for H, B, ctx in shapes:
         for n in nns:

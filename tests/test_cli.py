@@ -5,6 +5,7 @@ of the GPU package."""
 import ast
 import importlib.metadata
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,61 @@ def test_plugin_without_the_function(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(cli.PLUGINS, "plug", target)
     assert cli.main(["plug"]) == 2
     assert "has no function 'main'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bench, no GPU
+
+BENCH_ARGS = [["--shapes", "32x4096x131072"], ["--decode", "--filter", "x131072"]]
+
+
+def _one_line_hint(err: str):
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "pip install 'dosa[gpu]'" in err and "NVIDIA GPU" in err
+
+
+@pytest.mark.parametrize("args", BENCH_ARGS)
+def test_bench_without_cupy(args, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` → ImportError
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    _one_line_hint(err)
+    assert "CuPy is not importable" in err
+
+
+@pytest.mark.parametrize("args", BENCH_ARGS)
+def test_bench_without_a_gpu(args, monkeypatch, capsys):
+    import types
+
+    def no_device(*a):
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable\ndevice is detected")
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Device=no_device)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    _one_line_hint(err)
+    assert "no usable CUDA GPU (RuntimeError: cudaErrorNoDevice: no CUDA-capable device" in err
+
+
+def test_bench_dry_run_needs_no_gpu(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert main(["bench", "--dry-run", "--regime", "structured"]) == 0
+    assert "32x4096x131072" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", BENCH_ARGS)
+def test_bench_on_this_machine_subprocess(args):
+    """The console path end to end in a fresh interpreter (skipped where a GPU is usable)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import cupy; cupy.cuda.Device().mem_info"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if probe.returncode == 0:
+        pytest.skip("a GPU is usable here: dosa bench would run")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "dosa_ref", "bench", *args], capture_output=True,
+                       text=True, env=env, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    _one_line_hint(r.stderr)
+    assert r.stdout == ""
