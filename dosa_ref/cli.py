@@ -177,7 +177,7 @@ COMMANDS = {
 PLUGIN_GROUP = "dosa.commands"
 PLUGINS = {
     "audit": "dosa_ref.audit:main",
-    "bench": "dosa_cupy.bench:main",
+    "bench": "dosa_cupy.bench.cli:main",
     "mutate": "dosa_ref.mutate:main",
 }
 GPU_HINT = "pip install 'dosa[gpu]' (CuPy) and run on a machine with an NVIDIA GPU"

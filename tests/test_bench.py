@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dosa_cupy import bench as B
+from dosa_cupy.bench.timing import spans
 
 MI = 1 << 20
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "records" / "results"
@@ -448,7 +449,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
         chunk = chunk or q.shape[0]
         return np.concatenate(
             [select(logits(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b]), K, ks[a:b], ke[a:b])
-             for a, b in B._spans(q.shape[0], chunk)]
+             for a, b in spans(q.shape[0], chunk)]
         )  # fmt: skip
 
     def route(name):
