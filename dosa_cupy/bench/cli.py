@@ -183,6 +183,13 @@ def main(argv=None) -> int:
         "(e.g. cert:cert_seeds=2048); repeatable",
     )
     ap.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time DeepGEMM (+ torch.topk / own select / FlashInfer) on the same inputs "
+        "(default: when deep_gemm / flashinfer are importable; peers.py)",
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         default=None,
@@ -220,6 +227,11 @@ def main(argv=None) -> int:
 
     from dosa_cupy._build import set_tile
 
+    from .peers import discover
+
+    peers = discover(a.peers)
+    for note in peers.notes if peers else ():
+        print(f"# peers: {note}", flush=True)
     dev_gib = cp.cuda.Device().mem_info[1] / GIB
     meta = run_meta(a.commit)
     rows, bad = [], []
@@ -249,7 +261,7 @@ def main(argv=None) -> int:
                 row = bench_shape(
                     H, Qn, N, a.K, regime, a.reps, rot, {"r": a.r}, print, mem=mem,
                     parallel_setup=not a.serial_setup, variants=variants,
-                    inputs=(getattr(a, "input_groups", None) or {}).get(regime),
+                    inputs=(getattr(a, "input_groups", None) or {}).get(regime), peers=peers,
                 )  # fmt: skip
                 row["tile"] = tile
             except Exception as e:

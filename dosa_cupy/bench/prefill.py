@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from . import peers as peer_routes
 from .memplan import D, floors_ms, memory_plan, x_floor
 from .report import ids_equal
 from .shapes import shape_name
@@ -49,11 +50,12 @@ def _stats_run(fn, s, sub, K, opts):
 
 
 def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True,
-                variants=None, inputs=None):  # fmt: skip
+                variants=None, inputs=None, peers=None):  # fmt: skip
     """One shape: every route timed on the same rotated inputs, ids cross-checked, floors,
     survival and stage split.  ``mem``: ``memory_plan`` of the shape (sub-chunk sizes);
     ``parallel_setup``: generate the rotated input sets in threads; ``inputs``: workload
-    files (``--inputs``), one rotated input set each (then ``rot`` = their number)."""
+    files (``--inputs``), one rotated input set each (then ``rot`` = their number);
+    ``peers``: ``peers.discover()`` (None: no peer section in the row)."""
     import cupy as cp
 
     import dosa_cupy
@@ -159,6 +161,12 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
 
     res["dense_route_ms"], _ = median_ms(cp, dense_route, reps, rotate=sets)
     free(cp)
+    if peers is not None:  # other libraries' routes on the same sub-chunks (peers.py)
+        ctx = dict(cp=cp, dchunks=dchunks, dense_ids=dense_ids, K=K, reps=reps,
+                   own_logits=lambda c: _dense_logits_raw(c["qp"], c["wp"], c["kp"], c["ksc"],
+                                                          c["ks"], c["ke"]))  # fmt: skip
+        res["peers"] = peer_routes.run(peers, ctx, log)
+        free(cp)
 
     def route(fn, o):
         def run(cs):
@@ -222,6 +230,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         # the route users run today: logits + torch.topk (sum of the two medians)
         res["dense_torch_ms"] = res["logits_ms"] + res["torch_topk_ms"]
         res["speedup_vs_dense_torch"] = res["dense_torch_ms"] / res["dosa_ms"]
+    peer_routes.attach_ratios(res)
     res.update(floors_ms(H, Qn, N, vis, res["survival_pooled"], res["r"]))
     res["x_floor"] = x_floor(res)
     res["ids_equal"] = ids_equal(res)

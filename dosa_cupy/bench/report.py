@@ -10,6 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from . import peers
 from .memplan import FP8_PEAK, HBM, row_floors, x_floor
 from .shapes import shape_name
 from .timing import WARM
@@ -48,6 +49,10 @@ def cell(v, fmt="{:.2f}"):
 
 def sort_key(r):
     return (str(r.get("regime", "")), int(r.get("tile", 0)), r["H"], r["Qn"], r["N"])
+
+
+def _shape_cols(r) -> str:
+    return f"{r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']}"
 
 
 def ids_equal(r) -> bool | None:
@@ -128,6 +133,7 @@ def markdown(rows, meta=None) -> str:
                     f"{cell(v.get('survival_pooled'), '{:.4f}')} | "
                     f"{v.get('ids_equal_dense', 'error: ' + v.get('error', '?'))} |\n"
                 )
+    out.append(peers.markdown(done, cell, _shape_cols))
     if done:
         out.append(
             "\nFloors (ms):\n\n| regime | H | Qn | N | logits | select (one read) | "
