@@ -16,6 +16,15 @@ KERNEL_FILE = CSRC / "kernels.cu"
 OPTIONS = ("-std=c++17", f"-I{CSRC}")
 
 
+def kernel_sources() -> list[Path]:
+    """Every CUDA source (.cu, .cuh) under ``CSRC``, sorted: what the builds below read.
+
+    ``CSRC`` is found next to this file, so an installed package reads its own copy; the
+    wheel must therefore carry all of them (pyproject package-data; tests/test_wheel.py).
+    """
+    return sorted(p for p in CSRC.rglob("*") if p.is_file() and p.suffix in (".cu", ".cuh"))
+
+
 def cupy_or_raise():
     try:
         import cupy

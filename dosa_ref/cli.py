@@ -1,16 +1,20 @@
-"""``dosa`` command line: demo, fuzz, calibrate, audit, proofs, bench.
+"""``dosa`` command line: demo, fuzz, calibrate, audit, proofs, mutate, bench.
 
 dosa demo [--large] [--queries Q --keys N --heads H --regime NAME]
 dosa fuzz [--profile ci|nightly] [-- pytest args]
 dosa calibrate [--queries Q --keys N]
 dosa audit ...            (dosa_ref.audit; see ``dosa audit --help``)
 dosa proofs               (python -m proofs)
-dosa bench ...            (dosa_cupy.bench; needs a GPU)
+dosa mutate ...           (dosa_ref.mutate)
+dosa bench ...            (the GPU benchmark; needs CuPy and an NVIDIA GPU)
+dosa bench --decode ...   (its decode mode)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -165,6 +169,66 @@ COMMANDS = {
     "proofs": proofs,
 }
 
+# Commands implemented outside this module, as "module:function" strings resolved only when
+# the command runs: the reference never imports the GPU package (a string is no import edge;
+# tests/test_cli.py scans for one; docs/running_on_gpu.md).  An installed distribution's
+# entry points of the group ``dosa.commands`` (pyproject.toml) take precedence; this table is
+# the fallback for a checkout installed before they existed, or not installed at all.
+PLUGIN_GROUP = "dosa.commands"
+PLUGINS = {
+    "audit": "dosa_ref.audit:main",
+    "bench": "dosa_cupy.bench.cli:main",
+    "mutate": "dosa_ref.mutate:main",
+}
+GPU_HINT = "pip install 'dosa[gpu]' (CuPy) and run on a machine with an NVIDIA GPU"
+HINTS = {"bench": GPU_HINT}
+
+
+def plugin_target(name: str) -> str | None:
+    """ "module:function" of command ``name``: its ``dosa.commands`` entry point if one is
+    installed, else the built-in table ``PLUGINS``; None for an unknown command."""
+    try:
+        eps = importlib.metadata.entry_points(group=PLUGIN_GROUP)
+    except Exception:  # broken metadata of some other distribution: use the table
+        eps = ()
+    for ep in eps:
+        if ep.name == name:
+            return ep.value
+    return PLUGINS.get(name)
+
+
+def _missing(err: ModuleNotFoundError, module: str) -> bool:
+    """The import failed because ``module`` itself (or a package above it) does not exist,
+    not because of an import inside it."""
+    parts = module.split(".")
+    return err.name in {".".join(parts[: i + 1]) for i in range(len(parts))}
+
+
+def run_plugin(name: str, argv: list[str]) -> int:
+    """Import command ``name``'s target and call it with ``argv``; a missing module or a
+    missing CuPy is a one-line message and exit code 2, not a traceback."""
+    target = plugin_target(name)
+    module, _, attr = target.partition(":")
+    hint = HINTS.get(name)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in ("cupy", "cupy_backends"):
+            print(f"dosa {name}: CuPy is not installed; {hint or GPU_HINT}", file=sys.stderr)
+            return 2
+        if not _missing(e, module):
+            raise
+        extra = f"; {hint}" if hint else ""
+        print(
+            f"dosa {name}: not available here (module {module} not found){extra}", file=sys.stderr
+        )
+        return 2
+    fn = getattr(mod, attr or "main", None)
+    if fn is None:
+        print(f"dosa {name}: {module} has no function {attr or 'main'!r}", file=sys.stderr)
+        return 2
+    return fn(argv)
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -172,25 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd == "audit":
-        from .audit import main as audit_main
-
-        return audit_main(rest)
-    if cmd == "bench":
-        try:
-            if "--decode" in rest:
-                rest = [a for a in rest if a != "--decode"]
-                from dosa_cupy.bench_decode import main as bench_main
-            else:
-                from dosa_cupy.bench import main as bench_main
-        except ImportError as e:
-            print(f"dosa bench needs the GPU extra (cupy): {e}", file=sys.stderr)
-            return 2
-        return bench_main(rest)
-    if cmd not in COMMANDS:
-        print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
-        return 2
-    return COMMANDS[cmd](rest)
+    if cmd in COMMANDS:
+        return COMMANDS[cmd](rest)
+    if plugin_target(cmd) is not None:
+        return run_plugin(cmd, rest)
+    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

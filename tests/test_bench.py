@@ -4,12 +4,15 @@ floors, markdown, --merge and plots on synthetic rows (CuPy is never imported he
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dosa_cupy import bench as B
+from dosa_cupy.bench import peers as P
+from dosa_cupy.bench.timing import spans
 
 MI = 1 << 20
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "records" / "results"
@@ -407,6 +410,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
         "all",
         "asarray",
         "from_dlpack",
+        "sort",
     ):
         setattr(cp, name, getattr(np, name))  # fmt: skip
     dev = types.SimpleNamespace(synchronize=lambda: None, mem_info=(100 * B.GIB, 139 * B.GIB))
@@ -448,7 +452,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
         chunk = chunk or q.shape[0]
         return np.concatenate(
             [select(logits(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b]), K, ks[a:b], ke[a:b])
-             for a, b in B._spans(q.shape[0], chunk)]
+             for a, b in spans(q.shape[0], chunk)]
         )  # fmt: skip
 
     def route(name):
@@ -643,3 +647,143 @@ def test_inputs_with_a_fake_gpu(monkeypatch, tmp_path):
     assert [(r["regime"], r["Qn"], r["N"], r["rotate"]) for r in rows] == [
         ("file:a0+1@16x16x1024", 16, 1024, 2), ("file:b2@16x8x512", 8, 512, 1)]  # fmt: skip
     assert all(r["ids_equal"] for r in rows) and sorted(loaded) == sorted(paths)
+
+
+# --------------------------------------------------------------------------- peers
+# DeepGEMM / FlashInfer cannot run here: numpy stand-ins drive peers.run through
+# bench_shape (sub-chunks, ids as sets, failures), then the ratios and the report.
+
+
+def test_set_overlap():
+    own = np.array([[5, 1, 9, -1], [0, 1, 2, 3], [-1, -1, -1, -1]])
+    same = np.array([[9, 5, 1, -1], [3, 2, 1, 0], [-1, -1, -1, -1]])
+    o = P.set_overlap(same, own, np)
+    assert o == {"overlap_min": 1.0, "overlap_pooled": 1.0, "rows_same_set": 3, "rows": 3}
+    # torch.topk's ids at −inf positions (row 0: 7 instead of a pad) never count
+    near = np.array([[9, 5, 2, 7], [3, 2, 1, 8], [4, 6, 7, 8]])
+    o = P.set_overlap(near, own, np)
+    assert o["overlap_min"] == pytest.approx(2 / 3) and o["overlap_pooled"] == pytest.approx(5 / 7)
+    assert o["rows_same_set"] == 1  # the row without a valid id
+    with pytest.raises(ValueError, match="peer_ids"):
+        P.set_overlap(near[:2], own, np)
+
+
+class _Tensor:
+    """What padded_rows reads of a torch tensor, over a numpy buffer."""
+
+    def __init__(self, buf, rows, n, stride):
+        self.buf, self.shape, self._stride = buf, (rows, n), stride
+
+    def stride(self):
+        return (self._stride, 1)
+
+    def storage_offset(self):
+        return 0
+
+    def element_size(self):
+        return self.buf.itemsize
+
+    def untyped_storage(self):
+        return types.SimpleNamespace(nbytes=lambda: self.buf.nbytes)
+
+    def as_strided(self, shape, strides):
+        return _Tensor(self.buf, shape[0], shape[1], strides[0])
+
+    def contiguous(self):
+        (rows, n), s = self.shape, self._stride
+        v = np.concatenate([self.buf[i * s : i * s + n] for i in range(rows)])
+        return _Tensor(v, rows, n, n)
+
+    @property
+    def arr(self):
+        return self.buf[: self.shape[0] * self._stride].reshape(self.shape[0], self._stride)
+
+
+def test_padded_rows_reads_the_row_stride():
+    xp = types.SimpleNamespace(from_dlpack=lambda t: t.arr)
+    buf = np.arange(3 * 8, dtype=np.float32)
+    full = P.padded_rows(_Tensor(buf, 3, 5, 8), xp)  # rows padded from 5 to 8 columns
+    assert full.shape == (3, 8) and np.array_equal(full[:, :5], buf.reshape(3, 8)[:, :5])
+    assert P.padded_rows(_Tensor(buf, 3, 8, 8), xp).shape == (3, 8)  # already contiguous
+    short = P.padded_rows(_Tensor(buf[:21], 3, 5, 8), xp)  # the last row's padding is absent
+    assert short.shape == (3, 5) and np.array_equal(short, buf.reshape(3, 8)[:, :5])
+
+
+def _fake_peers(fail=()):
+    """Peer logits = the fake's scores + a low-bit change on key 0 (a near-tie moves);
+    selects as numpy argsorts; names in ``fail`` raise."""
+    from dosa_cupy import dense
+
+    def logits(c):
+        lg = dense._dense_logits_raw(c["q"], c["w"], c["kp"], c["ksc"], c["ks"], c["ke"]).copy()
+        lg[:, 0] = np.where(np.isfinite(lg[:, 0]), lg[:, 0] + 1e-6, lg[:, 0])
+        return lg
+
+    def select(name):
+        def sel(lg, c, K):
+            if name in fail:
+                raise RuntimeError(f"{name} broke")
+            return np.argsort(-lg, axis=1, kind="stable")[:, :K]
+
+        return sel
+
+    names = ("torch.topk", "select_rows", "flashinfer.top_k")
+    return P.Peers(logits=logits, selects={n: select(n) for n in names},
+                   on_own=("flashinfer.top_k",), notes=["x not importable"])  # fmt: skip
+
+
+def test_peers_with_a_fake_gpu(monkeypatch):
+    _fake_gpu(monkeypatch)
+    mem = B.memory_plan(16, 64, 2048, 8)
+    mem["subchunk"]["dense"] = 16  # peers run over the dense route's sub-chunks
+    r = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
+                      mem=mem, peers=_fake_peers(fail=("select_rows",)))  # fmt: skip
+    pr = r["peers"]
+    assert pr["notes"] == ["x not importable"]
+    routes = pr["routes"]
+    assert routes["deepgemm"]["kind"] == "logits" and routes["deepgemm"]["ms"] > 0
+    assert "overlap_min" not in routes["deepgemm"]
+    assert "select_rows broke" in routes["deepgemm+select_rows"]["error"]
+    for name in ("deepgemm+torch.topk", "deepgemm+flashinfer.top_k", "flashinfer.top_k"):
+        v = routes[name]
+        assert v["ms"] > 0 and v["rows"] == 64 and 0.9 <= v["overlap_min"] <= 1.0
+    assert routes["flashinfer.top_k"]["kind"] == "select" and r["ids_equal"]
+    full = {k: routes[k]["ms"] for k in ("deepgemm+torch.topk", "deepgemm+flashinfer.top_k")}
+    assert pr["best"] == min(full, key=full.get) and pr["best_ms"] == min(full.values())
+    assert pr["vs_best"]["DoSA"] == pytest.approx(pr["best_ms"] / r["dosa_ms"])
+    assert pr["vs_best"][pr["best"]] == 1.0 and "deepgemm" not in pr["vs_best"]
+    md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
+    assert "Peers (same run, same inputs" in md and "| deepgemm+torch.topk" in md
+    assert "error: RuntimeError: select_rows broke" in md and "Peers not timed: x not" in md
+    assert f"| {pr['best']} (best) | route |" in md
+
+
+def test_attach_ratios_and_report_without_peer_routes():
+    r = _row(32, 4096, 1 << 17)
+    assert "Peers" not in B.markdown([r])  # rows of runs without peers: no section
+    P.attach_ratios(r)
+    assert "peers" not in r
+    r["peers"] = {"notes": ["deep_gemm not importable (ImportError: x)"], "routes": {}}
+    P.attach_ratios(r)
+    assert "best" not in r["peers"]
+    md = B.markdown([r])
+    assert "| DoSA | project |" in md and "Peers not timed: deep_gemm not importable" in md
+    r["peers"]["routes"] = {"deepgemm+select_rows": {"kind": "route", "ms": 2 * r["dosa_ms"]}}
+    r["variants"] = {"pair": {"ms": r["dosa_ms"] / 2}}
+    P.attach_ratios(r)
+    assert r["peers"]["vs_best"]["DoSA"] == pytest.approx(2.0)
+    assert r["peers"]["vs_best"]["DoSA variant pair"] == pytest.approx(4.0)
+    assert r["peers"]["vs_best"]["fused"] == pytest.approx(2 * r["dosa_ms"] / r["fused_ms"])
+
+
+def test_discover_without_torch(monkeypatch):
+    assert P.discover(False) is None
+    monkeypatch.setitem(sys.modules, "torch", None)
+    p = P.discover(None)
+    assert p.logits is None and not p.on_own and "torch" in p.notes[0]
+
+
+def test_peers_flag(capsys):
+    for flag in ("--peers", "--no-peers"):
+        assert B.main(["--dry-run", flag, "--regime", "structured"]) == 0
+    capsys.readouterr()

@@ -436,7 +436,7 @@ def test_gpu_validation_on_device_arrays():
 
 
 def test_bench_shapes_and_arguments():
-    from dosa_cupy import bench_decode as bd
+    from dosa_cupy.bench import decode as bd
 
     shapes = bd.parse_shapes(bd.DEFAULT_SHAPES)
     assert len(shapes) == 24
@@ -459,7 +459,7 @@ def test_bench_shapes_and_arguments():
 @pytest.mark.parametrize("shape", ["32x1x131072", "64x8x131072"])
 @gpu
 def test_gpu_bench_decode_small(shape, tmp_path):
-    from dosa_cupy import bench_decode as bd
+    from dosa_cupy.bench import decode as bd
 
     assert bd.main(["--shapes", shape, "--K", "512", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench_decode.json").read_text())

@@ -8,7 +8,7 @@ the previous steps' selections are useful witnesses, as in serving).  CUDA event
 warm-up steps, medians over ≥ 10 replays, same-run ratio dense / DoSA, ids of every timed
 step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter.
 
-    python -m dosa_cupy.bench_decode --shapes 32x1x131072,64x64x1048576 --out DIR
+    python -m dosa_cupy.bench --decode --shapes 32x1x131072,64x64x1048576 --out DIR
     dosa bench --decode --filter x1048576            (shape = HxBxCTX)
 
 Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
@@ -195,6 +195,11 @@ def main(argv=None) -> int:
     if any(x not in (1, 2) for x in nns):
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
+    from .timing import no_gpu_exit
+
+    rc = no_gpu_exit("dosa bench --decode")
+    if rc is not None:
+        return rc
     rows = []
     for H, B, ctx in shapes:
         for n in nns:

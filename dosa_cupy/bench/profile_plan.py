@@ -1,6 +1,6 @@
 """Where the plan and seed stages spend their time (issue 5 analysis; docs/records/notes.md).
 
-``python -m dosa_cupy.profile_plan [--Qn 4096] [--N 131072] [--H 32,64]``
+``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64]``
 
 For ``plan.build_plans``, the opt-in ``plan_fused.build_plans_fused`` and
 ``pipeline._seed_stage`` on the calibrated regime: CUDA-event
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from dosa_cupy.prepare import check_inputs, pad_heads
     from dosa_cupy.workload import make_gpu_workload
 
-    ap = argparse.ArgumentParser(prog="python -m dosa_cupy.profile_plan")
+    ap = argparse.ArgumentParser(prog="dosa bench --profile-plan")
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--N", type=int, default=131072)
     ap.add_argument("--H", default="32,64")

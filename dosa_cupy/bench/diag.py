@@ -1,5 +1,5 @@
 """Survival diagnostics: how the MMA error model (kept bits W) and the retained-head budget
-r change screening survival (issue 5 notes).  ``python -m dosa_cupy.diag``."""
+r change screening survival (issue 5 notes).  ``dosa bench --diag``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,297 @@
+"""``dosa bench`` command line: argument parsing and its modes.
+
+Without a mode flag: the prefill routes (``--shapes`` / ``--sweep`` / ``--inputs``, and the
+GPU-free ``--dry-run`` and ``--merge``).  A mode flag anywhere in the arguments hands the
+other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--profile-plan``
+(profile_plan.py), ``--diag`` (diag.py), ``--case NAME`` (cases.py: small runs to put under
+compute-sanitizer or Nsight Compute; docs/running_on_gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .memplan import DEFAULT_LOGITS_GIB, GIB, estimate_seconds, floors_ms, memory_plan
+from .prefill import bench_shape
+from .report import load_rows, markdown, merge_rows, run_meta, utc_now, write_outputs
+from .shapes import (
+    DEFAULT_SHAPES,
+    build_jobs,
+    parse_part,
+    parse_variants,
+    part_index,
+    rotate_of,
+    shape_name,
+)
+from .timing import free, is_oom, no_gpu_exit
+
+
+def _positive(name, v, lo=0.0, strict=True):
+    if (v <= lo) if strict else (v < lo):
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name}: expected a number {rel} {lo:g}, got {v!r}")
+    return v
+
+
+def _dry_run(a, jobs):
+    print(
+        f"# {len(jobs)} job(s); --logits-gib {a.logits_gib:g}; estimated times are a rough"
+        " model (EST_* in memplan.py), not measurements"
+    )
+    total = 0.0
+    for regime, tile, (H, Qn, N) in jobs:
+        rot = rotate_of(a, regime)
+        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=rot)
+        est = estimate_seconds(H, Qn, N, a.reps, rot, a.r)
+        total += est
+        fl = floors_ms(H, Qn, N, r=a.r)
+        print(
+            f"{regime} tile {tile} {shape_name(H, Qn, N)}: ~{est:.0f} s; floors ms: dense "
+            f"route {fl['dense_route_floor_ms']:.1f}, fused {fl['fused_floor_ms']:.1f}, "
+            f"screen {fl['screen_floor_ms']:.1f}; sub-chunks {mem['subchunk']}"
+            + (f"; SKIP: {mem['skipped']}" if mem["skipped"] else "")
+        )
+        for n in mem["notes"]:
+            print(f"#   {n}")
+    print(f"# total ~{total:.0f} s (+ kernel compilation once per process)")
+    if a.part is not None:
+        _, p = parse_part(a.part)
+        full = build_jobs(argparse.Namespace(**{**vars(a), "part": None}))
+        cost = [estimate_seconds(*j[2], a.reps, a.rotate, a.r) for j in full]
+        idx = part_index(cost, p)
+        for k in range(p):
+            n = sum(1 for x in idx if x == k)
+            t = sum(c for c, x in zip(cost, idx, strict=True) if x == k)
+            print(f"# part {k}/{p}: {n} job(s), ~{t:.0f} s")
+    return 0
+
+
+def _merge(a) -> int:
+    if not a.out:
+        raise ValueError("out: --merge needs --out DIR")
+    rows = merge_rows([load_rows(f) for f in a.merge])
+    commits = list(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))
+    meta = run_meta(a.commit or (", ".join(commits) if commits else None))
+    files = write_outputs(rows, Path(a.out), meta, with_plots=True)
+    print(markdown(rows, meta))
+    for f in files:
+        print(f"# wrote {f}")
+    print(f"# merged {len(rows)} row(s) from {len(a.merge)} file(s) into {a.out}")
+    return 0
+
+
+# mode flag → (module of this package, whether to check for a GPU before handing over; the
+# decode mode checks its own arguments first)
+MODES = {
+    "--decode": ("decode", False),
+    "--profile-plan": ("profile_plan", True),
+    "--diag": ("diag", True),
+    "--case": ("cases", True),
+}
+
+
+def run_mode(flag: str, argv: list[str]) -> int:
+    """Hand ``argv`` (without ``flag``) to the mode's ``main``."""
+    import importlib
+
+    name, check = MODES[flag]
+    rest = [x for x in argv if x != flag]
+    if check and not {"-h", "--help"} & set(rest):
+        rc = no_gpu_exit(f"dosa bench {flag}")
+        if rc is not None:
+            return rc
+    return importlib.import_module(f"{__package__}.{name}").main(rest)
+
+
+def main(argv=None) -> int:
+    """``dosa bench``: ``argv`` as on the command line (None: sys.argv[1:]); exit code."""
+    t_start = time.monotonic()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for flag in MODES:
+        if flag in argv:
+            return run_mode(flag, argv)
+    ap = argparse.ArgumentParser(
+        prog="dosa bench",
+        description="the dense route, torch.topk, the fused route and DoSA on the same inputs",
+        epilog="modes: " + ", ".join(MODES) + " (see python -m dosa_cupy.bench.cli's doc)",
+    )
+    ap.add_argument("--shapes", default=None, help=f"HxQnxN,... (default {DEFAULT_SHAPES})")
+    ap.add_argument("--sweep", action="store_true", help="the issue's N × Qn × H grid")
+    ap.add_argument(
+        "--filter",
+        default=None,
+        help="keep shapes whose HxQnxN contains one of these comma-separated substrings",
+    )
+    ap.add_argument(
+        "--part",
+        default=None,
+        help="I/P: run the I-th (0-based) of P contiguous time-balanced slices of the job list",
+    )
+    ap.add_argument(
+        "--max-seconds", type=float, default=None, help="start no new shape after this many seconds"
+    )
+    ap.add_argument(
+        "--logits-gib",
+        type=float,
+        default=DEFAULT_LOGITS_GIB,
+        help="per-route working-set budget (dense logits, DoSA bitmask + records, "
+        "fused records); larger routes run over query sub-chunks",
+    )
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument(
+        "--regime",
+        default="calibrated",
+        help="comma list of dosa_cupy.workload or dosa_ref.workloads regimes (calibrated first)",
+    )
+    ap.add_argument(
+        "--inputs",
+        default=None,
+        help="comma list of .npz / .safetensors workloads (dosa_ref.workloads.save_workload: "
+        "float q, w, k, int ks, ke) instead of generated shapes; files of one shape are "
+        "that job's rotated input sets",
+    )
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rotate", type=int, default=2)
+    ap.add_argument("--r", type=int, default=14, help="retained heads (14: one 16-row tile)")
+    ap.add_argument("--out", default=None, help="directory for bench.json / bench.md / PNGs")
+    ap.add_argument("--tile", default="256", help="key tile sizes to run, e.g. 128,256")
+    ap.add_argument(
+        "--serial-setup",
+        action="store_true",
+        help="generate the rotated input sets one after another (default: threads)",
+    )
+    ap.add_argument(
+        "--commit",
+        default=None,
+        help="commit recorded in the outputs (default: "
+        "$DOSA_COMMIT, else git rev-parse HEAD, else 'unknown')",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the jobs, sub-chunks, floors and estimated times; no GPU",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="NAME:k=v,...",
+        help="another DoSA route with these options, timed in the same run "
+        "(e.g. cert:cert_seeds=2048); repeatable",
+    )
+    ap.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time DeepGEMM (+ torch.topk / own select / FlashInfer) on the same inputs "
+        "(default: when deep_gemm / flashinfer are importable; peers.py)",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="merge bench.json files of several parts into --out (no GPU)",
+    )
+    a = ap.parse_args(argv)
+    if a.merge:
+        return _merge(a)
+    variants = parse_variants(a.variant)
+    if a.reps < 10:
+        raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    if a.rotate < 1:
+        raise ValueError(f"rotate: expected at least 1 input set, got {a.rotate}")
+    if not 1 <= a.K <= 4096:
+        raise ValueError(f"K: expected an integer in [1, 4096], got {a.K}")
+    _positive("logits-gib", a.logits_gib)
+    if a.max_seconds is not None:
+        _positive("max-seconds", a.max_seconds, strict=False)
+    if "calibrated" in a.regime.split(",") and not a.inputs:
+        try:
+            import dosa_ref.workloads  # noqa: F401
+        except ImportError:
+            print("# dosa_ref.workloads unavailable: regime 'structured' instead of 'calibrated'")
+            a.regime = a.regime.replace("calibrated", "structured")
+    jobs = build_jobs(a)
+    if a.dry_run:
+        return _dry_run(a, jobs)
+    if not jobs:
+        print("# no shape selected (check --filter / --part)")
+    rc = no_gpu_exit("dosa bench")
+    if rc is not None:
+        return rc
+    import cupy as cp
+
+    from dosa_cupy._build import set_tile
+
+    from .peers import discover
+
+    peers = discover(a.peers)
+    for note in peers.notes if peers else ():
+        print(f"# peers: {note}", flush=True)
+    dev_gib = cp.cuda.Device().mem_info[1] / GIB
+    meta = run_meta(a.commit)
+    rows, bad = [], []
+    for n, (regime, tile, (H, Qn, N)) in enumerate(jobs):
+        elapsed = time.monotonic() - t_start
+        if a.max_seconds is not None and elapsed >= a.max_seconds:
+            rest = ",".join(shape_name(*j[2]) for j in jobs[n:])
+            print(
+                f"# --max-seconds {a.max_seconds:g}: stopped after {elapsed:.0f} s; not run "
+                f"({len(jobs) - n}): {rest}",
+                flush=True,
+            )
+            break
+        set_tile(tile)
+        sh = shape_name(H, Qn, N)
+        rot = rotate_of(a, regime)
+        mem = memory_plan(H, Qn, N, a.K, a.logits_gib, rotate=rot, device_gib=dev_gib)
+        for note in mem["notes"]:
+            print(f"# {regime} {sh}: {note}", flush=True)
+        t0 = time.time()
+        base = dict(H=H, Qn=Qn, N=N, K=a.K, regime=regime, r=a.r, tile=tile)
+        row, oom = None, None
+        if mem["skipped"]:
+            row = dict(base, skipped=mem["skipped"])
+        else:
+            try:
+                row = bench_shape(
+                    H, Qn, N, a.K, regime, a.reps, rot, {"r": a.r}, print, mem=mem,
+                    parallel_setup=not a.serial_setup, variants=variants,
+                    inputs=(getattr(a, "input_groups", None) or {}).get(regime), peers=peers,
+                )  # fmt: skip
+                row["tile"] = tile
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+                oom = f"out of memory: {str(e)[:200]}"
+        if oom:
+            # after the except block: its traceback held the shape's device arrays
+            row = dict(base, skipped=oom)
+            free(cp)
+        row.update(date_utc=utc_now(), commit=meta["commit"])
+        if "skipped" in row:
+            print(f"# SKIPPED {regime} {sh}: {row['skipped']}", flush=True)
+        elif not row["ids_equal"]:
+            bad.append(f"{regime} {sh} tile {tile}")
+            print(f"# IDS MISMATCH {regime} {sh} tile {tile}", flush=True)
+        rows.append(row)
+        if a.out:
+            write_outputs(rows, Path(a.out), meta)
+        print(
+            f"# {regime} {sh} tile={tile} done in {time.time() - t0:.1f}s "
+            f"(elapsed {time.monotonic() - t_start:.0f} s)",
+            flush=True,
+        )
+    md = markdown(rows, meta)
+    print(md)
+    if a.out:
+        for f in write_outputs(rows, Path(a.out), meta, with_plots=True):
+            print(f"# wrote {f}")
+    if bad:
+        print(f"# ids differ between routes: {'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,74 @@
+"""CUDA-event timing of ``dosa bench``: warm-ups, medians over replays with rotated input
+sets, query sub-chunks, releasing cached memory between routes, and the GPU check."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+WARM = 2
+
+
+def median_ms(cp, fn, reps, warm=WARM, rotate=None):
+    for i in range(warm):
+        fn(rotate[i % len(rotate)] if rotate else None)
+    ts = []
+    for i in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        arg = rotate[i % len(rotate)] if rotate else None
+        a.record()
+        fn(arg)
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b))
+    return statistics.median(ts), ts
+
+
+def spans(Qn, sub):
+    return [(a, min(Qn, a + sub)) for a in range(0, Qn, max(1, sub))]
+
+
+def slices(s, sub):
+    """Query sub-chunks of an input set (contiguous views along the query axis)."""
+    return [
+        dict(s, **{k: s[k][a:b] for k in ("q", "w", "qp", "wp", "ks", "ke")})
+        for a, b in spans(s["q"].shape[0], sub)
+    ]
+
+
+def free(cp):
+    """Give cached blocks back between routes: the next route allocates other sizes, and
+    torch's allocator draws on the same device memory."""
+    cp.get_default_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")  # only if the bench imported it (None: blocked import)
+    if torch is not None:
+        torch.cuda.empty_cache()
+
+
+GPU_HINT = "pip install 'dosa[gpu]' (CuPy) and run on a machine with an NVIDIA GPU"
+
+
+def gpu_missing() -> str | None:
+    """Why this process cannot time GPU routes, in one line (None when it can): CuPy is not
+    importable, or it finds no usable CUDA device."""
+    try:
+        import cupy as cp
+
+        cp.cuda.Device().mem_info  # noqa: B018 - the first call that needs a device
+    except Exception as e:
+        what = "CuPy is not importable" if isinstance(e, ImportError) else "no usable CUDA GPU"
+        return f"{what} ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+    return None
+
+
+def no_gpu_exit(prog: str) -> int | None:
+    """2 after a one-line message on stderr when there is no GPU to run on, else None."""
+    why = gpu_missing()
+    if why is None:
+        return None
+    print(f"{prog}: {why}; {GPU_HINT}", file=sys.stderr)
+    return 2
+
+
+def is_oom(e) -> bool:
+    return "OutOfMemory" in type(e).__name__ or "out of memory" in str(e).lower()
