@@ -4,7 +4,7 @@ Any set S of distinct visible keys scored exactly gives τ = τ_K(S) ≤ τ_K(Ω
 change only efficiency; each rule here returns candidate key ids for one query, and the
 selector scores them with the original scorer.
 
-Strategies:
+Strategies (names in ``options.STRATEGIES``):
   explicit     — caller-given ids per query (e.g. the previous chunk's selections).
   local        — the ``window`` most recent visible keys plus ``sinks`` first keys.
   anchor       — the union of the exact Top-K of ``n_anchors`` queries of the chunk.
@@ -19,29 +19,11 @@ import numpy as np
 from .scorer import score_keys, topk_of
 
 __all__ = [
-    "STRATEGIES",
     "anchor_pool",
     "explicit_seeds",
     "kth_score",
     "local_seeds",
-    "parse_strategies",
 ]
-
-STRATEGIES = ("explicit", "local", "anchor", "certificate")
-
-
-def parse_strategies(seeds) -> tuple[str, ...]:
-    """Accept "local+anchor", ["local", "anchor"], ...; validate names."""
-    if isinstance(seeds, str):
-        names = tuple(s for s in seeds.replace(",", "+").split("+") if s)
-    else:
-        names = tuple(seeds)
-    if not names:
-        raise ValueError("seeds: need at least one strategy")
-    for s in names:
-        if s not in STRATEGIES:
-            raise ValueError(f"seeds: unknown strategy {s!r}; expected some of {STRATEGIES}")
-    return names
 
 
 def local_seeds(ks_t: int, ke_t: int, window: int, sinks: int) -> np.ndarray:

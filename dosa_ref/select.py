@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from .certificate import FORMS, KeySummary, upper_bound
+from .options import parse_strategies
 from .plan import PlanOptions, activation_frequency, build_plan
 from .scorer import score_keys, topk_of
-from .seeds import anchor_pool, explicit_seeds, kth_score, local_seeds, parse_strategies
+from .seeds import anchor_pool, explicit_seeds, kth_score, local_seeds
 from .validate import check_K, check_qwk, check_ranges
 
 __all__ = ["DosaResult", "DosaStats", "SelectOptions", "choose_r", "dosa_topk"]
@@ -25,7 +26,7 @@ __all__ = ["DosaResult", "DosaStats", "SelectOptions", "choose_r", "dosa_topk"]
 class SelectOptions:
     """Options of ``dosa_topk`` (all keyword arguments; unknown names raise ValueError).
 
-    seeds: strategies joined by "+" (``seeds.STRATEGIES``); seed_ids: explicit ids
+    seeds: strategies joined by "+" (``options.STRATEGIES``); seed_ids: explicit ids
     [Qn, S] (−1 pads) for "explicit"; window / sinks: local seeds; n_anchors: anchor
     queries; cert_seeds: keys scored by the certificate-guided rule.
     r: retained heads, "auto" (cost model, ``choose_r``) or an int (r ≥ H: full scoring).
