@@ -41,23 +41,18 @@ import numpy as np
 
 from .certificate import slack as cert_slack
 from .certificate import upper_bound
+from .error_model import ErrorModel
 from .fp8 import dequantize, e4m3_values, key_rms, quantize_keys
 from .numeric import (
-    ErrorModel,
     FP8ScreenPlan,
-    add_down,
     build_fp8_plan,
     default_plan,
     fp8_topk,
-    matmul_abs_up,
-    matmul_enclose,
-    mul_down,
-    mul_up,
     screen_bound,
     screen_values,
-    sub_down,
 )
 from .plan import PlanOptions, build_plan
+from .rounding import add_down, matmul_abs_up, matmul_enclose, mul_down, mul_up, sub_down
 from .scorer import score_keys, topk_of
 
 __all__ = ["audit", "audit_replay", "exact_margin", "main", "model_coefficients_exact"]
@@ -107,7 +102,7 @@ def _dot_gamma(a: dict, n: int) -> Fraction:
 
 def model_coefficients_exact(model: ErrorModel, D: int, H: int, r: int) -> dict:
     """Exact Fractions of the model's per-pair worst-case error coefficients (the model
-    joined with the CPU's float64 arithmetic, as ``numeric`` does):
+    joined with the CPU's float64 arithmetic, as ``error_model`` does):
 
     screen: |Û − Ŝ| ≤ eps_s·(Σ_j|ω_j|X̂_j + Σ_m σ_m Y_m) + dabs_s·(Σ|ω| + Σσ) + eabs_s
     scorer: |s^ref − s| ≤ α(eps_r Σ_h|w_h|X_h + dabs_r Σ|w|) + eabs_r·(Σ|w| + 2H + 1)
@@ -239,7 +234,7 @@ def exact_margin(
 
 def _matmul_abs_down(A, B):
     n = A.shape[-1]
-    from .numeric import gamma_up
+    from .rounding import gamma_up
 
     g = gamma_up(max(n, 1), 2.0**-53)
     p = A @ B
@@ -305,13 +300,13 @@ def _up_frac(x: Fraction) -> float:
 
 
 def _add_up(a, b):
-    from .numeric import add_up
+    from .rounding import add_up
 
     return add_up(a, b)
 
 
 def _sub_up(a, b):
-    from .numeric import sub_up
+    from .rounding import sub_up
 
     return sub_up(a, b)
 

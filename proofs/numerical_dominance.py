@@ -43,17 +43,9 @@ from fractions import Fraction
 import numpy as np
 
 from dosa_ref.audit import exact_margin
+from dosa_ref.error_model import Arithmetic, ErrorModel, simulate_dot, simulate_scorer
 from dosa_ref.fp8 import dequantize, e4m3_values, key_rms, quantize_keys, quantize_queries
-from dosa_ref.numeric import (
-    Arithmetic,
-    ErrorModel,
-    build_fp8_plan,
-    default_plan,
-    screen_bound,
-    simulate_dot,
-    simulate_scorer,
-    simulate_screen,
-)
+from dosa_ref.numeric import build_fp8_plan, default_plan, screen_bound, simulate_screen
 from dosa_ref.plan import PlanOptions
 from dosa_ref.scorer import score_keys
 

@@ -11,32 +11,31 @@ from hypothesis import strategies as st
 from strategies import problems
 
 from dosa_ref.audit import exact_margin, model_coefficients_exact
+from dosa_ref.error_model import Arithmetic, ErrorModel, simulate_dot, simulate_scorer
 from dosa_ref.fp8 import dequantize, e4m3_values, key_rms, quantize_keys, quantize_queries
 from dosa_ref.numeric import (
-    Arithmetic,
-    ErrorModel,
-    add_down,
-    add_up,
     build_fp8_plan,
     default_plan,
-    div_up,
-    f32_up,
     fp8_bounds,
     fp8_topk,
+    screen_bound,
+    screen_values,
+    simulate_screen,
+    topk_check,
+)
+from dosa_ref.plan import PlanOptions
+from dosa_ref.rounding import (
+    add_down,
+    add_up,
+    div_up,
+    f32_up,
     matmul_enclose,
     mul_down,
     mul_up,
     norm_up,
-    screen_bound,
-    screen_values,
-    simulate_dot,
-    simulate_scorer,
-    simulate_screen,
     sqrt_up,
     sum_up,
-    topk_check,
 )
-from dosa_ref.plan import PlanOptions
 from dosa_ref.scorer import score_keys
 
 F = Fraction
