@@ -6,10 +6,11 @@ Public contract (docs/design.md): ``index_scores``, ``topk_ids``, ``dosa_topk``;
 
 from .certificate import slack, upper_bound
 from .decode import DecodeSelector
-from .numeric import fp8_bounds, fp8_topk
+from .numeric import fp8_bounds
+from .options import SelectOptions
+from .pipeline import DosaResult, DosaStats, dosa_topk, fp8_topk
 from .plan import Plan, PlanOptions, build_plan
 from .scorer import index_scores, score_keys, topk_ids, topk_of
-from .select import DosaResult, DosaStats, SelectOptions, dosa_topk
 
 __all__ = [
     "DecodeSelector",

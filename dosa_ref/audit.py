@@ -47,10 +47,10 @@ from .numeric import (
     FP8ScreenPlan,
     build_fp8_plan,
     default_plan,
-    fp8_topk,
     screen_bound,
     screen_values,
 )
+from .pipeline import fp8_topk
 from .plan import PlanOptions, build_plan
 from .rounding import add_down, matmul_abs_up, matmul_enclose, mul_down, mul_up, sub_down
 from .scorer import score_keys, topk_of

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .certificate import KeySummary, upper_bound
 from .error_model import DEFAULT_MODEL, Arithmetic, ErrorModel, simulate_dot
-from .fp8 import E4M3_MAX, dequantize, e4m3_bits, e4m3_values, key_rms, nan_codes
+from .fp8 import E4M3_MAX, e4m3_bits, e4m3_values, key_rms, nan_codes
 from .plan import Plan, PlanOptions, activation_frequency, build_plan
+from .prepare import check_fp8_inputs
 from .rounding import (
     INF,
     add_down,
@@ -76,36 +76,18 @@ from .rounding import (
     sum_up,
     up,
 )
-from .select import (
-    DosaResult,
-    DosaStats,
-    SelectOptions,
-    _Buffer,
-    _certificate_seeds,
-    _full_topk,
-    _initial_seeds,
-    _per_query,
-    _record_plan,
-    _screen_and_refine,
-    _seed_sources,
-    _stride_sample,
-    choose_r,
-)
-from .validate import as_float_array, check_K, check_qwk_shapes, check_ranges
+from .seeds import stride_sample
+from .validate import check_ranges
 
 __all__ = [
     "FP8Bounds",
-    "FP8Result",
     "FP8ScreenPlan",
-    "FP8Stats",
     "build_fp8_plan",
     "default_plan",
     "fp8_bounds",
-    "fp8_topk",
     "screen_bound",
     "screen_values",
     "simulate_screen",
-    "topk_check",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -500,29 +482,6 @@ def screen_bound(
 # --------------------------------------------------------------------------------------
 
 
-def _check_fp8_inputs(q, w, payload, scale, strict: bool):
-    q = as_float_array(q, "q", 3)
-    w = as_float_array(w, "w", 2)
-    p = np.asarray(payload)
-    if p.dtype != np.uint8 or p.ndim != 2:
-        raise ValueError(f"payload: expected uint8 e4m3 bits [N, D], got {p.dtype} {p.shape}")
-    s = np.asarray(scale)
-    if s.dtype.kind != "f" or s.shape != (p.shape[0],):
-        raise ValueError(f"scale: expected float [N={p.shape[0]}], got {s.dtype} {s.shape}")
-    check_qwk_shapes(q.shape, w.shape, p.shape, "payload")
-    if strict:
-        if np.any(nan_codes(p)):
-            raise ValueError("payload: contains e4m3 NaN codes (0x7F/0xFF)")
-        if not np.all(np.isfinite(s)):
-            raise ValueError("scale: contains non-finite values (nan or inf)")
-    return (
-        np.ascontiguousarray(q, dtype=np.float64),
-        np.ascontiguousarray(w, dtype=np.float64),
-        p,
-        s.astype(np.float32),
-    )
-
-
 @dataclass
 class FP8Bounds:
     """``fp8_bounds`` output: U [Qn, N] float64 (U^num; −inf where not visible, +inf where
@@ -571,7 +530,7 @@ def fp8_bounds(
         rho: optional fp32 [N] summaries (default ``key_rms(payload)``).
     Invalid scales / summaries / NaN codes give +inf for that key (no pruning).
     """
-    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=False)
+    q, w, payload, scale = check_fp8_inputs(q, w, payload, scale, strict=False)
     Qn, H, D = q.shape
     N = payload.shape[0]
     ks, ke = check_ranges(ks, ke, Qn, N)
@@ -591,7 +550,7 @@ def fp8_bounds(
         if isinstance(fp, Plan):
             fp = build_fp8_plan(fp, q[t], w[t], model, form)
         if fp is None:
-            smp = kbar[_stride_sample(a, b, sample)] if b > a else kbar[:0]
+            smp = kbar[stride_sample(a, b, sample)] if b > a else kbar[:0]
             smp = np.nan_to_num(smp)
             fp = build_fp8_plan(
                 default_plan(q[t], w[t], smp, r, plan_options), q[t], w[t], model, form
@@ -605,186 +564,6 @@ def fp8_bounds(
             bad = np.any(nan_codes(payload[a:b]), axis=1)
             U[t, a:b][bad] = INF
     return FP8Bounds(U=U, Uhat=Uhat, plans=out_plans, rho=rho)
-
-
-@dataclass
-class FP8Stats(DosaStats):
-    """``DosaStats`` plus the guard's cost: survivors_exact — keys (outside the seeds)
-    with exact-arithmetic certificate U ≥ τ for the same plan and τ; invalid_keys — keys
-    whose bound was +inf (invalid scale/summary)."""
-
-    survivors_exact: np.ndarray = None
-    invalid_keys: np.ndarray = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.survivors_exact = np.zeros(self.Qn, dtype=np.int64)
-        self.invalid_keys = np.zeros(self.Qn, dtype=np.int64)
-
-    @property
-    def survival_exact(self) -> float:
-        n = int(self.screened.sum())
-        return float(self.survivors_exact.sum()) / n if n else float("nan")
-
-    def totals(self) -> dict:
-        d = super().totals()
-        d.update(
-            survivors_exact=int(self.survivors_exact.sum()),
-            survival_exact=self.survival_exact,
-            guard_cost_pp=100.0 * (self.survival - self.survival_exact),
-            invalid_keys=int(self.invalid_keys.sum()),
-        )
-        return d
-
-
-@dataclass
-class FP8Result(DosaResult):
-    """``DosaResult`` plus ``plans`` (FP8ScreenPlan or None per query) and ``tau``
-    (float64 [Qn], the seed threshold used for screening; −inf when not screened)."""
-
-    plans: list = None
-    tau: np.ndarray = None
-
-
-_FP8_ONLY = ("error_model", "guard_stats")
-
-
-def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options) -> FP8Result:
-    """Exact Top-K on FP8 keys with the numerical certificate (Algorithm 1, docs/method.md §8).
-
-    Args:
-        q [Qn, H, D], w [Qn, H]: query heads and weights (float; for FP8 queries pass
-            ``e4m3_values(q_payload)`` and the folded weights of ``quantize_queries``).
-        payload uint8 [N, D], scale float32 [N]: FP8 keys (``quantize_keys``).
-        K ≥ 1; ks, ke: visible ranges.  progress: callable per finished query.
-        **options: ``SelectOptions`` fields, plus ``error_model`` (ErrorModel, default
-            ``ErrorModel.hopper_fp8()``) and ``guard_stats`` (count exact-certificate
-            survivors for the guard's cost; default True).
-    Returns:
-        FP8Result with ``ids`` == ``topk_ids(index_scores(q, w, dequantize(payload,
-        scale)), K)`` (score desc, id asc, −1 padding), ``stats`` (FP8Stats), ``plans``.
-    Raises ValueError for NaN payload codes or non-finite scales (the reference scorer is
-    undefined there); a non-positive scale only disables pruning for that key.
-    """
-    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=True)
-    K = check_K(K)
-    Qn, H, D = q.shape
-    N = payload.shape[0]
-    ks, ke = check_ranges(ks, ke, Qn, N)
-    extra = {k_: options.pop(k_) for k_ in _FP8_ONLY if k_ in options}
-    model = extra.get("error_model") or DEFAULT_MODEL
-    if not isinstance(model, ErrorModel):
-        raise ValueError("error_model: expected an ErrorModel")
-    guard_stats = bool(extra.get("guard_stats", True))
-    opt = SelectOptions.from_kwargs(options)
-    popt = opt.plan_options()
-    k = dequantize(payload, scale)  # exact float64 keys: the reference scorer's input
-    kbar = e4m3_values(payload)
-    rho = key_rms(payload)
-    strategies, seed_ids, pool = _seed_sources(q, w, k, ks, ke, K, opt)
-    st = FP8Stats(Qn)
-    plans: list = [None] * Qn
-    taus = np.full(Qn, -INF)
-    ksum = None
-
-    def screened(t, a, b):
-        nonlocal ksum
-        if ksum is None and guard_stats:
-            ksum = KeySummary(k)
-        top, sc, plans[t], taus[t] = _fp8_query(
-            t,
-            q[t],
-            w[t],
-            k,
-            kbar,
-            scale,
-            rho,
-            a,
-            b,
-            K,
-            opt,
-            popt,
-            strategies,
-            seed_ids,
-            pool,
-            st,
-            model,
-            ksum if guard_stats else None,
-        )
-        return top, sc
-
-    ids_out = _per_query(q, w, k, K, ks, ke, opt, st, screened, progress)
-    return FP8Result(ids=ids_out, stats=st, plans=plans, tau=taus)
-
-
-def _fp8_query(
-    t,
-    q_t,
-    w_t,
-    k,
-    kbar,
-    scale,
-    rho,
-    a,
-    b,
-    K,
-    opt,
-    popt,
-    strategies,
-    seed_ids,
-    pool,
-    st,
-    model,
-    ksum,
-):
-    # Steps 1–2: seeds and τ (Prop. 4) — exactly as Algorithm 1 in select.py.
-    S, s_S, tau0, p = _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool)
-
-    # Step 3: plan (float64 choices) and its FP8 screening rows + guard.
-    if opt.r == "auto":
-        r = choose_r(q_t, w_t, p, tau0, k[_stride_sample(a, b, 512)], popt, opt.form)
-    else:
-        r = int(opt.r)
-    plan = build_plan(q_t, w_t, p, r, popt)
-    fplan = build_fp8_plan(plan, q_t, w_t, model, opt.form)
-    _record_plan(t, plan, st)
-
-    U = screen_bound(fplan, kbar[a:b], scale[a:b], rho[a:b])
-    if not fplan.valid:
-        # C.3: an invalid plan proves nothing; full-domain recovery.
-        st.recovered[t] = True
-        top, sc = _full_topk(q_t, w_t, k, a, b, K)
-        return top, sc, fplan, -INF
-    st.invalid_keys[t] = int(np.sum(U == INF))
-
-    if "certificate" in strategies and opt.cert_seeds > 0:
-        S, s_S = _certificate_seeds(U, a, b, S, s_S, q_t, w_t, k, opt.cert_seeds)
-    st.seeds[t] = S.size
-    if S.size < K:
-        st.full[t] = True
-        top, sc = _full_topk(q_t, w_t, k, a, b, K)
-        return top, sc, fplan, -INF
-
-    buf = _Buffer(K, opt.buffer, S, s_S)
-    tau = buf.tau
-    st.tau[t] = tau
-    if ksum is not None:
-        # Guard cost: survivors of the exact-arithmetic certificate at the same τ.
-        Ue = upper_bound(plan, k[a:b], opt.form, "none", ksum=ksum.slice(a, b))
-        ae = Ue >= tau
-        ae[S - a] = False
-        st.survivors_exact[t] = int(ae.sum())
-    # Steps 4–6 with U^num (strict rejection U^num < τ; equality survives).
-    _screen_and_refine(t, U, buf, S, a, b, q_t, w_t, k, opt, st)
-    top, sc = buf.result()
-    return top, sc, fplan, tau
-
-
-def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
-    """Reference ids: full float64 scoring of the dequantized keys (for tests)."""
-    from .scorer import index_scores, topk_ids
-
-    return topk_ids(index_scores(q, w, dequantize(payload, scale), ks, ke), K)
 
 
 def simulate_screen(fplan: FP8ScreenPlan, kbar: np.ndarray, arith: Arithmetic | None = None):

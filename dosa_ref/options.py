@@ -11,22 +11,27 @@ One name means one thing in both packages (docs/design.md, "Public contract"):
   field (``STATS`` lists them), and the aggregates computed from them: survival and the
   work accounting (fully scored fraction, estimated and measured work ratio against
   dense scoring, docs/method.md §6 "Cost").
+* ``SelectOptions``: the options of ``dosa_ref``'s ``dosa_topk`` / ``fp8_topk``.
 * Defaults that scale with K (``default_window``, ``default_cert_seeds``) and the
   validators of the shared options.
 
-This module depends on numpy only, so the GPU package can import it without CuPy.
+This module needs no GPU: ``dosa_cupy`` imports it (``dosa_ref`` never imports ``dosa_cupy``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+
+from .certificate import FORMS
+from .plan import PlanOptions
 
 __all__ = [
     "OPTIONS",
     "STATS",
     "STRATEGIES",
+    "SelectOptions",
     "SelectStats",
     "check_count",
     "check_seed_ids",
@@ -75,10 +80,12 @@ STATS = {
     "seeds, refinement; every visible key when dense)",
     "recovered": "bool [Qn]: full-domain recovery (non-finite bound or invalid plan)",
     "dense": "bool [Qn]: scored densely without screening (|Omega| <= K, H = 1, r >= H, "
-    "too few seeds, or the cost model found that screening would not pay)",
-    "r": "int [Qn]: retained heads of the plan (0 when dense)",
+    "too few seeds, a recovery, or the cost model found that screening would not pay)",
+    "r": "int [Qn]: retained heads of the plan that screened (0 when dense)",
     "omitted_positive": "int [Qn]: |P|, positive heads left out of the plan",
     "aggregated": "int [Qn]: |A|, negative heads in the aggregate",
+    "bound_work": "float [Qn]: the bounds' cost in full key scorings: Σ over bound "
+    "evaluations (cost-model samples included) of keys·(r + d_a)/H",
     "est_survival": "float [Qn]: the cost model's survivor fraction m at the chosen r "
     "(nan: not estimated)",
     "est_work": "float [Qn]: the cost model's work_DoSA/work_dense = f + (1-f)((r+d_a)/H "
@@ -182,6 +189,7 @@ class SelectStats:
     r: np.ndarray = None
     omitted_positive: np.ndarray = None
     aggregated: np.ndarray = None
+    bound_work: np.ndarray = None
     est_survival: np.ndarray = None
     est_work: np.ndarray = None
     anchor_scored: int = 0
@@ -193,9 +201,9 @@ class SelectStats:
         for name in ("tau", "tau_final"):
             if getattr(self, name) is None:
                 setattr(self, name, np.full(self.Qn, -np.inf))
-        for name in ("est_survival", "est_work"):
+        for name, fill in (("est_survival", np.nan), ("est_work", np.nan), ("bound_work", 0.0)):
             if getattr(self, name) is None:
-                setattr(self, name, np.full(self.Qn, np.nan))
+                setattr(self, name, np.full(self.Qn, fill))
         for name in ("recovered", "dense"):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(self.Qn, dtype=bool))
@@ -229,16 +237,13 @@ class SelectStats:
         n = int(self.visible.sum())
         return float(self.scored.sum() + self.anchor_scored) / n if n else float("nan")
 
-    def work_ratio(self, H: int, d_a: int = 2) -> float:
-        """Measured work_DoSA/work_dense in head-dot products (docs/method.md §6 "Cost"):
-        (H·(Σ scored + anchor_scored) + Σ_screened queries (r + d_a)·visible) / (H·Σ visible),
-        with d_a auxiliary rows per bound (2 in the base form, 1 in the absolute form)."""
+    @property
+    def work_ratio(self) -> float:
+        """Measured work_DoSA/work_dense in full key scorings (docs/method.md §6 "Cost"):
+        (Σ scored + anchor_scored + Σ bound_work) / Σ visible."""
         n = int(self.visible.sum())
-        if not n:
-            return float("nan")
-        screen = np.where(self.dense, 0, (self.r + d_a) * self.visible)
-        full = H * (float(self.scored.sum()) + self.anchor_scored)
-        return (full + float(screen.sum())) / (H * n)
+        work = float(self.scored.sum()) + self.anchor_scored + float(self.bound_work.sum())
+        return work / n if n else float("nan")
 
     def totals(self) -> dict:
         """Sums of the count fields and the aggregates, as plain Python numbers."""
@@ -252,7 +257,96 @@ class SelectStats:
             survival=self.survival,
             pruning=self.pruning,
             scored_fraction=self.scored_fraction,
+            bound_work=float(self.bound_work.sum()),
+            work_ratio=self.work_ratio,
             tau_gap_median=float(np.nanmedian(gap)) if np.any(~np.isnan(gap)) else float("nan"),
             positive_projection_rows=float(np.mean(self.omitted_positive > 0)) if self.Qn else 0.0,
         )
         return d
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """Options of ``dosa_topk`` / ``fp8_topk`` (keyword arguments; unknown names raise
+    ValueError).  The shared names mean what ``OPTIONS`` says.
+
+    seeds: strategies ("local+anchor+certificate" by default); seed_ids: explicit ids
+    [Qn, S] (−1 pads); window (None: ``default_window(K)``) / sinks: local seeds;
+    n_anchors: anchor queries; cert_seeds (None: ``default_cert_seeds(K)``).
+    r: retained heads, "auto" (the cost model ``cost.choose_r``: an r, or dense scoring
+    when screening would not pay) or an int (r ≥ H: dense scoring).  auto_dense=False
+    keeps r="auto" screening with the cost model's best r (to measure the certificate).
+    form: "base" (eq. (9)) or "abs" (absolute-value form).
+    buffer: candidate-buffer capacity in records (≥ 1); overflow merges exactly.
+    refine_batch: survivors scored per batch.  slack_sample: keys per query on which the
+    Prop. 6 slack components are averaged for ``stats`` (0 = off).
+    Plan switches (``plan.PlanOptions``): neg_aggregate, neg_priority, pos_projection,
+    allowance, groups.
+    """
+
+    seeds: object = "local+anchor+certificate"
+    seed_ids: object = None
+    window: int | None = None
+    sinks: int = 16
+    n_anchors: int = 4
+    cert_seeds: int | None = None
+    r: object = "auto"
+    auto_dense: bool = True
+    form: str = "base"
+    buffer: int = 65536
+    refine_batch: int = 16384
+    slack_sample: int = 0
+    neg_aggregate: str = "majority"
+    neg_priority: str = "activation"
+    pos_projection: bool = True
+    allowance: str = "grouped"
+    groups: int = 4
+
+    def __post_init__(self):
+        parse_strategies(self.seeds)
+        for name in ("window", "cert_seeds"):
+            if getattr(self, name) is not None:
+                check_count(name, getattr(self, name))
+        for name in ("sinks", "n_anchors", "slack_sample"):
+            check_count(name, getattr(self, name))
+        for name in ("buffer", "refine_batch"):
+            check_count(name, getattr(self, name), 1)
+        if self.r != "auto":
+            check_count("r", self.r, 1)
+        if not isinstance(self.auto_dense, (bool, np.bool_)):
+            raise ValueError(f"auto_dense: expected a bool, got {self.auto_dense!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
+        self.plan_options()  # validates the plan switches
+
+    def strategies(self) -> tuple[str, ...]:
+        """The seed strategies; explicit ids (``seed_ids``) turn "explicit" on."""
+        names = parse_strategies(self.seeds)
+        if self.seed_ids is not None and "explicit" not in names:
+            names = ("explicit", *names)
+        if "explicit" in names and self.seed_ids is None:
+            raise ValueError("seed_ids: the 'explicit' seed strategy needs seed_ids")
+        return names
+
+    def window_for(self, K: int) -> int:
+        return default_window(K) if self.window is None else int(self.window)
+
+    def cert_seeds_for(self, K: int) -> int:
+        return default_cert_seeds(K) if self.cert_seeds is None else int(self.cert_seeds)
+
+    def plan_options(self) -> PlanOptions:
+        return PlanOptions(
+            neg_aggregate=self.neg_aggregate,
+            neg_priority=self.neg_priority,
+            pos_projection=self.pos_projection,
+            allowance=self.allowance,
+            groups=self.groups,
+        )
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> SelectOptions:
+        names = {f.name for f in fields(cls)}
+        for key in kwargs:
+            if key not in names:
+                raise ValueError(f"{key}: unknown option; expected one of {sorted(names)}")
+        return cls(**kwargs)

@@ -17,12 +17,11 @@ from dosa_ref.numeric import (
     build_fp8_plan,
     default_plan,
     fp8_bounds,
-    fp8_topk,
     screen_bound,
     screen_values,
     simulate_screen,
-    topk_check,
 )
+from dosa_ref.pipeline import fp8_topk, topk_check
 from dosa_ref.plan import PlanOptions
 from dosa_ref.rounding import (
     add_down,

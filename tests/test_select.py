@@ -41,13 +41,20 @@ def test_dosa_equals_brute_force(prob, opts):
 
 @given(problems(max_n=200), st.integers(0, 2**31))
 def test_explicit_seeds_any_ids(prob, seed):
-    """Any explicit seed list (duplicates, invisible ids, −1 pads) is safe."""
+    """Any explicit seed list (duplicates, ids outside the visible range, −1 pads) is safe,
+    with or without other strategies; ids outside [−1, N) are rejected (``seed_ids``)."""
     q, w, k, K, ks, ke = prob
     N = k.shape[0]
     rng = np.random.default_rng(seed)
-    ids = rng.integers(-1, N + 3, size=(q.shape[0], 3 * K))
+    ids = rng.integers(-1, N, size=(q.shape[0], 3 * K))
+    ref = topk_ids(index_scores(q, w, k, ks, ke), K)
     res = dosa_topk(q, w, k, K, ks, ke, seeds="explicit", seed_ids=ids, buffer=K)
-    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k, ks, ke), K))
+    np.testing.assert_array_equal(res.ids, ref)
+    res = dosa_topk(q, w, k, K, ks, ke, seeds="local", seed_ids=ids, window=3, r=1)
+    np.testing.assert_array_equal(res.ids, ref)
+    for bad in (N, -2):
+        with pytest.raises(ValueError, match="seed_ids"):
+            dosa_topk(q, w, k, K, ks, ke, seed_ids=np.full((q.shape[0], 1), bad))
 
 
 def _problem(seed=0, Qn=4, H=8, D=16, N=3000, neg=0.85):
@@ -72,14 +79,16 @@ def test_screening_prunes_and_stays_exact():
 
 
 def test_all_ties_keep_tied_keys_by_id():
-    """All scores equal: every key survives (equality survives), ids ascending win."""
+    """All scores equal: every key survives (equality survives), ids ascending win.  With
+    r="auto" the cost model sees m = 1 and scores densely; a fixed r screens."""
     q = np.ones((2, 3, 4))
     w = np.array([[1.0, -0.5, 0.25], [-1.0, -1.0, 1.0]])
     k = np.ones((100, 4))
-    for buf in (1, 7, 10, 1000):
-        res = dosa_topk(q, w, k, 10, seeds="local", buffer=buf, window=12)
-        np.testing.assert_array_equal(res.ids, np.tile(np.arange(10), (2, 1)))
-    assert res.stats.survivors.sum() > 0
+    for r in ("auto", 1):
+        for buf in (1, 7, 10, 1000):
+            res = dosa_topk(q, w, k, 10, seeds="local", buffer=buf, window=12, r=r)
+            np.testing.assert_array_equal(res.ids, np.tile(np.arange(10), (2, 1)))
+    assert res.stats.survivors.sum() == res.stats.screened.sum() == 2 * (100 - 12 - 16)
 
 
 def test_overflow_merges_exactly():
@@ -105,7 +114,7 @@ def test_short_and_empty_rows_pad():
 def test_no_screening_cases_score_fully(H, r):
     q, w, k = _problem(H=H, N=500)
     res = dosa_topk(q, w, k, 16, r=r)
-    assert res.stats.full.all()
+    assert res.stats.dense.all()
     np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 16))
 
 
