@@ -51,7 +51,7 @@ OPTIONS = {
     "lies in [0, N); ids outside the query's visible range are ignored, repeats count "
     "once.  They are scored exactly and may only raise tau (docs/method.md §2, Prop. 4); "
     "giving seed_ids turns the 'explicit' strategy on",
-    "window": "local seeds: the most recent `window` visible keys (None: default_window(K))",
+    "window": "local seeds: the most recent `window` visible keys (None: default_window(K, seeds))",
     "sinks": "local seeds: the first `sinks` visible keys",
     "n_anchors": "anchor queries spread over the chunk whose full exact Top-K seeds every "
     "query (their full scoring is counted in the work accounting)",
@@ -132,20 +132,25 @@ def check_seed_ids(seed_ids, Qn: int, N: int) -> np.ndarray:
     return a
 
 
-# The local window and the certificate seeds set τ = τ_K(S) (docs/method.md §2, Prop. 4):
-# with only about K candidates the K-th seed score is their minimum and sits far below τ*,
-# so both grow with K.
+# The seeds set τ = τ_K(S) (docs/method.md §2, Prop. 4).  The local window alone gives the
+# K-th score of about `window` recent keys: with window ≈ K that is their minimum, far below
+# τ*, and the cost model then scores densely; 2K recent keys make screening pay.  Anchor
+# and certificate seeds lift τ to near τ* by themselves, and a wider window only adds
+# scored keys there.  Certificate seeds need about K keys of largest bound to reach τ*.
 _WINDOW_MIN, _CERT_MIN = 2048, 2048
 
 
-def default_window(K: int) -> int:
-    """Default local window for selection size K: max(2048, 2K)."""
+def default_window(K: int, strategies=("local",)) -> int:
+    """Default local window for selection size K: max(2048, 2K) when the local window is
+    the only default source of τ (no "anchor" or "certificate" strategy), else 2048."""
+    if {"anchor", "certificate"} & set(parse_strategies(strategies)):
+        return _WINDOW_MIN
     return max(_WINDOW_MIN, 2 * int(K))
 
 
 def default_cert_seeds(K: int) -> int:
-    """Default number of certificate-guided seeds for selection size K: max(2048, 2K)."""
-    return max(_CERT_MIN, 2 * int(K))
+    """Default number of certificate-guided seeds for selection size K: max(2048, K)."""
+    return max(_CERT_MIN, int(K))
 
 
 _INT_FIELDS = (
@@ -271,7 +276,7 @@ class SelectOptions:
     ValueError).  The shared names mean what ``OPTIONS`` says.
 
     seeds: strategies ("local+anchor+certificate" by default); seed_ids: explicit ids
-    [Qn, S] (−1 pads); window (None: ``default_window(K)``) / sinks: local seeds;
+    [Qn, S] (−1 pads); window (None: ``default_window(K, seeds)``) / sinks: local seeds;
     n_anchors: anchor queries; cert_seeds (None: ``default_cert_seeds(K)``).
     r: retained heads, "auto" (the cost model ``cost.choose_r``: an r, or dense scoring
     when screening would not pay) or an int (r ≥ H: dense scoring).  auto_dense=False
@@ -329,7 +334,7 @@ class SelectOptions:
         return names
 
     def window_for(self, K: int) -> int:
-        return default_window(K) if self.window is None else int(self.window)
+        return default_window(K, self.strategies()) if self.window is None else int(self.window)
 
     def cert_seeds_for(self, K: int) -> int:
         return default_cert_seeds(K) if self.cert_seeds is None else int(self.cert_seeds)

@@ -157,3 +157,53 @@ def test_stats_are_consistent():
     assert set(st_.slack) == {"positive", "missed_negative", "cancellation", "total"}
     t = st_.totals()
     assert 0.0 <= t["pruning"] <= 1.0
+
+
+def test_cost_model_scores_densely_when_screening_cannot_pay():
+    """All scores tie, so every bound survives (m = 1): r="auto" scores densely
+    (docs/method.md §6 "Cost") and says why; ids stay exact."""
+    q = np.ones((2, 8, 4))
+    w = -np.ones((2, 8))
+    k = np.ones((300, 4))
+    res = dosa_topk(q, w, k, 10, seeds="local", window=20, sinks=0)
+    st_ = res.stats
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 10))
+    assert st_.dense.all() and np.all(st_.est_work >= 1.0) and np.all(st_.est_survival == 1.0)
+    assert np.all(st_.screened == 0) and np.all(st_.r == 0)
+    np.testing.assert_array_equal(st_.scored, st_.visible)  # seeds are not scored twice
+    res = dosa_topk(q, w, k, 10, seeds="local", window=20, sinks=0, auto_dense=False)
+    assert not res.stats.dense.any() and np.all(res.stats.survivors == res.stats.screened)
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 10))
+
+
+def test_work_accounting():
+    """The fully scored fraction counts seeds, certificate seeds, refinement and the anchor
+    queries' full scoring; the cost model's estimate says screening pays where it ran."""
+    q, w, k = _problem(seed=3, Qn=6, N=4000)
+    res = dosa_topk(q, w, k, 32, window=64, cert_seeds=64, n_anchors=2)
+    st_ = res.stats
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 32))
+    np.testing.assert_array_equal(st_.visible, 4000)
+    assert st_.anchor_scored == 2 * 4000
+    screened = ~st_.dense
+    assert screened.any()
+    np.testing.assert_array_equal(
+        st_.scored[screened], (st_.seeds + st_.cert_seeds + st_.refined)[screened]
+    )
+    np.testing.assert_array_equal(st_.refined[screened], st_.survivors[screened])
+    assert np.all(st_.est_work[screened] < 1.0) and np.all(st_.bound_work[screened] > 0)
+    t = st_.totals()
+    expect = (st_.scored.sum() + st_.anchor_scored) / st_.visible.sum()
+    assert t["scored_fraction"] == pytest.approx(expect)
+    assert t["work_ratio"] == pytest.approx(expect + st_.bound_work.sum() / st_.visible.sum())
+
+
+def test_default_seeds_scale_with_K():
+    from dosa_ref.options import SelectOptions, default_cert_seeds, default_window
+
+    assert default_window(16) == 2048 and default_window(4096) == 8192
+    assert default_window(4096, "local+anchor") == 2048
+    assert default_cert_seeds(16) == 2048 and default_cert_seeds(4096) == 4096
+    assert SelectOptions(seeds="local").window_for(2048) == 4096
+    assert SelectOptions(seeds="local", window=5).window_for(2048) == 5
+    assert SelectOptions().cert_seeds_for(8192) == 8192
