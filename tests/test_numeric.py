@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import problems
 
-from dosa_ref.audit import exact_margin, model_coefficients_exact
 from dosa_ref.error_model import Arithmetic, ErrorModel, simulate_dot, simulate_scorer
 from dosa_ref.fp8 import dequantize, e4m3_values, key_rms, quantize_keys, quantize_queries
+from dosa_ref.margins import exact_margin, model_coefficients_exact
 from dosa_ref.numeric import (
     build_fp8_plan,
     default_plan,
