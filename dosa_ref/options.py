@@ -285,8 +285,8 @@ class SelectOptions:
     buffer: candidate-buffer capacity in records (≥ 1); overflow merges exactly.
     refine_batch: survivors scored per batch.  slack_sample: keys per query on which the
     Prop. 6 slack components are averaged for ``stats`` (0 = off).
-    Plan switches (``plan.PlanOptions``): neg_aggregate, neg_priority, pos_projection,
-    allowance, groups.
+    plan: the plan switches (``plan.PlanOptions``: neg_aggregate, neg_priority,
+    pos_projection, allowance, groups), given to ``dosa_topk`` as flat keywords.
     """
 
     seeds: object = "local+anchor+certificate"
@@ -301,11 +301,7 @@ class SelectOptions:
     buffer: int = 65536
     refine_batch: int = 16384
     slack_sample: int = 0
-    neg_aggregate: str = "majority"
-    neg_priority: str = "activation"
-    pos_projection: bool = True
-    allowance: str = "grouped"
-    groups: int = 4
+    plan: PlanOptions = PlanOptions()
 
     def __post_init__(self):
         parse_strategies(self.seeds)
@@ -322,7 +318,8 @@ class SelectOptions:
             raise ValueError(f"auto_dense: expected a bool, got {self.auto_dense!r}")
         if self.form not in FORMS:
             raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
-        self.plan_options()  # validates the plan switches
+        if not isinstance(self.plan, PlanOptions):
+            raise ValueError(f"plan: expected PlanOptions, got {self.plan!r}")
 
     def strategies(self) -> tuple[str, ...]:
         """The seed strategies; explicit ids (``seed_ids``) turn "explicit" on."""
@@ -339,19 +336,14 @@ class SelectOptions:
     def cert_seeds_for(self, K: int) -> int:
         return default_cert_seeds(K) if self.cert_seeds is None else int(self.cert_seeds)
 
-    def plan_options(self) -> PlanOptions:
-        return PlanOptions(
-            neg_aggregate=self.neg_aggregate,
-            neg_priority=self.neg_priority,
-            pos_projection=self.pos_projection,
-            allowance=self.allowance,
-            groups=self.groups,
-        )
-
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> SelectOptions:
-        names = {f.name for f in fields(cls)}
+        """Options from flat keyword arguments; the plan switches (``PlanOptions``
+        fields) are gathered into ``plan``."""
+        plan_names = {f.name for f in fields(PlanOptions)}
+        names = ({f.name for f in fields(cls)} - {"plan"}) | plan_names
         for key in kwargs:
             if key not in names:
                 raise ValueError(f"{key}: unknown option; expected one of {sorted(names)}")
-        return cls(**kwargs)
+        plan = PlanOptions(**{k: v for k, v in kwargs.items() if k in plan_names})
+        return cls(plan=plan, **{k: v for k, v in kwargs.items() if k not in plan_names})

@@ -193,7 +193,7 @@ def _pick_r(ctx: QueryContext, p: np.ndarray, tau: float, seeds: SeedSet) -> RCh
     if opt.r != "auto":
         return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 0.0)
     sample = c.k[stride_sample(ctx.a, ctx.b, 512)]
-    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.plan_options, opt.form, f)
+    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.opt.plan, opt.form, f)
     ctx.st.bound_work[ctx.t] += ch.sample_work
     return ch if opt.auto_dense else replace(ch, dense=False)
 
@@ -202,7 +202,7 @@ def _plan_and_bound(ctx: QueryContext, bound, p: np.ndarray, r: int):
     """Step 3: the plan with r retained heads and the bound of every visible key
     (None when it proves nothing)."""
     st, t = ctx.st, ctx.t
-    plan = build_plan(ctx.q_t, ctx.w_t, p, r, ctx.chunk.plan_options)
+    plan = build_plan(ctx.q_t, ctx.w_t, p, r, ctx.chunk.opt.plan)
     st.r[t], st.omitted_positive[t], st.aggregated[t] = plan.r, plan.P.size, plan.A.size
     st.bound_work[t] += ctx.visible * (plan.r + aux_rows(ctx.chunk.opt.form)) / ctx.chunk.H
     return plan, bound.evaluate(ctx, plan)

@@ -13,7 +13,6 @@ import numpy as np
 from .certificate import KeySummary
 from .fp8 import dequantize, e4m3_values, key_rms, nan_codes
 from .options import SelectOptions, check_seed_ids
-from .plan import PlanOptions
 from .seeds import anchor_pool, anchor_queries
 from .validate import as_float_array, check_K, check_qwk, check_qwk_shapes, check_ranges
 
@@ -44,7 +43,6 @@ class Chunk:
     anchor_scored: int
     window: int
     cert_seeds: int
-    plan_options: PlanOptions
     _ksum: KeySummary | None = field(default=None, repr=False)
 
     @property
@@ -114,7 +112,6 @@ def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
         anchor_scored=anchor_scored,
         window=opt.window_for(K),
         cert_seeds=opt.cert_seeds_for(K),
-        plan_options=opt.plan_options(),
     )
 
 

@@ -55,39 +55,28 @@ def down(x):
     return np.nextafter(x, -INF)
 
 
-def add_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return up(np.add(a, b))
+def _directed(name: str, op, step, what: str):
+    """The binary operation ``name``: ``step`` (up or down) of the correctly rounded
+    ``op(a, b)``, documented as an upper/lower bound of ``what``.  Overflow, NaN,
+    underflow and division by zero stay silent (they give ±inf / NaN bounds, which the
+    callers treat as "no bound")."""
+
+    def f(a, b):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            return step(op(a, b))
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"{'Upper' if step is up else 'Lower'} bound of {what}."
+    return f
 
 
-def add_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return down(np.add(a, b))
-
-
-def sub_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return up(np.subtract(a, b))
-
-
-def sub_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return down(np.subtract(a, b))
-
-
-def mul_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        return up(np.multiply(a, b))
-
-
-def mul_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        return down(np.multiply(a, b))
-
-
-def div_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return up(np.divide(a, b))
+add_up = _directed("add_up", np.add, up, "a + b")
+add_down = _directed("add_down", np.add, down, "a + b")
+sub_up = _directed("sub_up", np.subtract, up, "a − b")
+sub_down = _directed("sub_down", np.subtract, down, "a − b")
+mul_up = _directed("mul_up", np.multiply, up, "a·b")
+mul_down = _directed("mul_down", np.multiply, down, "a·b")
+div_up = _directed("div_up", np.divide, up, "a / b")
 
 
 def sqrt_up(x):
@@ -137,26 +126,27 @@ def sum_down(x, axis=None):
     return -sum_up(-np.asarray(x, dtype=np.float64), axis=axis)
 
 
-def matmul_abs_up(A, B):
-    """Upper bound of the exact A @ B for nonnegative A [.., n], B [n, ..] (BLAS result
-    bounded with γ_n, plus 2^-1073 per product for underflow)."""
+def _blas_matmul(A, B):
+    """(A @ B in float64 by BLAS, the dot length n, γ_n for float64 in any order)."""
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
     n = A.shape[-1]
-    g = gamma_up(max(n, 1), 2.0**-53)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         p = A @ B
+    return p, n, gamma_up(max(n, 1), 2.0**-53)
+
+
+def matmul_abs_up(A, B):
+    """Upper bound of the exact A @ B for nonnegative A [.., n], B [n, ..] (BLAS result
+    bounded with γ_n, plus 2^-1073 per product for underflow)."""
+    p, n, g = _blas_matmul(A, B)
     return add_up(mul_up(p, add_up(1.0, 2.0 * g)), n * 2.0**-1073)
 
 
 def matmul_enclose(A, B) -> tuple[np.ndarray, np.ndarray]:
     """Interval (lo, hi) enclosing the exact A @ B (any signs): BLAS ± γ_n Σ|a||b|."""
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    n = A.shape[-1]
-    g = gamma_up(max(n, 1), 2.0**-53)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        p = A @ B
+    p, n, g = _blas_matmul(A, B)
+    A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
     rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1073)
     return sub_down(p, rad), add_up(p, rad)
 
