@@ -1,7 +1,12 @@
 """DoSA reference (CPU, float64): exact certificate-pruned Top-K for the DSA indexer.
 
-Public contract (docs/design.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 in
-``dosa_ref.fp8``; workloads in ``dosa_ref.workloads``.
+Public contract (docs/design.md): ``index_scores``, ``topk_ids``, ``dosa_topk``; FP8 keys in
+``dosa_ref.fp8`` and ``fp8_topk``; workloads in ``dosa_ref.workloads``.  The option and
+statistics vocabulary shared with ``dosa_cupy`` is ``dosa_ref.options``.
+
+Modules by stage of Algorithm 1 (docs/method.md §7, §9): ``prepare`` → ``seeds`` → ``cost``
+and ``plan`` → ``screen`` (``certificate``; FP8: ``numeric``, ``error_model``, ``rounding``)
+→ ``refine`` → ``select``, run per query by ``pipeline``; ``decode`` for decode steps.
 """
 
 from .certificate import slack, upper_bound
