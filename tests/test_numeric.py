@@ -353,6 +353,9 @@ def test_fp8_topk_prunes_and_reports_guard_cost():
     np.testing.assert_array_equal(res.ids, topk_check(q, w, payload, scale, K))
     T = res.stats.totals()
     assert T["survival"] < 1.0 and T["survival"] >= T["survival_exact"]
+    st_ = res.stats  # the shared work accounting (dosa_ref.options.STATS)
+    np.testing.assert_array_equal(st_.scored, st_.seeds + st_.cert_seeds + st_.refined)
+    assert 0.0 < T["scored_fraction"] < T["work_ratio"]
     assert "guard_cost_pp" in T
     fp = res.plans[0]
     ka = fp.kernel_arrays()

@@ -19,6 +19,7 @@ OPTS = st.fixed_dictionaries(
         "n_anchors": st.integers(0, 3),
         "cert_seeds": st.integers(0, 40),
         "r": st.one_of(st.just("auto"), st.integers(1, 7)),
+        "auto_dense": st.booleans(),
         "form": st.sampled_from(("base", "abs")),
         "buffer": st.integers(1, 80),
         "refine_batch": st.integers(1, 50),
