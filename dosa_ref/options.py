@@ -73,7 +73,8 @@ STATS = {
     "tau_final": "float [Qn]: the K-th selected score tau* (-inf: fewer than K visible)",
     "screened": "int [Qn]: visible keys the bound could reject (not kept as seeds)",
     "survivors": "int [Qn]: screened keys with U >= tau",
-    "refined": "int [Qn]: survivors scored with all H heads",
+    "refined": "int [Qn]: keys scored with all H heads after the seeds: the survivors, or "
+    "every visible non-seed key when dense after seeding",
     "kept": "int [Qn]: candidate records written (s >= tau when written)",
     "overflows": "int [Qn]: times a full candidate buffer was reduced or extended exactly",
     "scored": "int [Qn]: key scorings with all H heads for this query (seeds, certificate "
