@@ -19,8 +19,8 @@ from ._build import CSRC, cupy_or_raise, raise_smem_limit, tile
 
 SOURCE = CSRC / "screen_sm90a.cu"
 DEPENDS = (SOURCE, CSRC / "common.cuh")
-THREADS = 256  # two warpgroups per block (screen_sm90a.cu kThreads)
-QG = 128  # queries per block: the key tile is converted once for QG queries
+THREADS = 384  # three warpgroups per block (screen_sm90a.cu kThreads)
+QG = 96  # queries per block (a multiple of 4 per warpgroup): the tile is converted once for QG
 
 
 def smem_bytes(tile_n: int) -> int:

@@ -60,14 +60,15 @@ def test_wgmma_chain_equals_mma_sync_bitwise(kind, seed):
     f = sm90a.module(T).get_function("wg_probe_mma")
     sm90a.raise_smem_limit(f, sm90a.smem_bytes(T), "probe", T)
     rs = np.random.RandomState(seed)
+    R = sm90a.THREADS // 2  # 16 rows per warp
     if kind == "uniform_codes":
-        rows, keys = _e4m3_codes(rs, (128, 128)), _e4m3_codes(rs, (T, 128))
+        rows, keys = _e4m3_codes(rs, (R, 128)), _e4m3_codes(rs, (T, 128))
     elif kind == "crafted":
-        rows, keys = _crafted(rs, (128, 128)), _crafted(rs, (T, 128))
+        rows, keys = _crafted(rs, (R, 128)), _crafted(rs, (T, 128))
     else:
-        rows, keys = _crafted(rs, (128, 128)), _e4m3_codes(rs, (T, 128))
-    out_wg = cp.full((128, T), np.nan, dtype=cp.float32)
-    out_mma = cp.full((128, T), np.nan, dtype=cp.float32)
+        rows, keys = _crafted(rs, (R, 128)), _e4m3_codes(rs, (T, 128))
+    out_wg = cp.full((R, T), np.nan, dtype=cp.float32)
+    out_mma = cp.full((R, T), np.nan, dtype=cp.float32)
     f((1,), (sm90a.THREADS,), (cp.asarray(rows), cp.asarray(keys), out_wg, out_mma),
       shared_mem=sm90a.smem_bytes(T))  # fmt: skip
     a, b = cp.asnumpy(out_wg), cp.asnumpy(out_mma)

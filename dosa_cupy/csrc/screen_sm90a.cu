@@ -24,7 +24,7 @@ namespace wg {
 #define DOSA_WG_CHUNK 64  // keys per wgmma: 64 (m64n64k16) or 32 (m64n32k16)
 #endif
 #ifndef DOSA_WG_GROUPS
-#define DOSA_WG_GROUPS 2  // warpgroups per block
+#define DOSA_WG_GROUPS 3  // warpgroups per block (3: 12 warps per SM at ≤ 168 registers)
 #endif
 #ifndef DOSA_WG_MINB
 #define DOSA_WG_MINB 1  // blocks per multiprocessor asked of the register allocator
@@ -399,8 +399,8 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) s
 #endif
 }
 
-// Accumulator probe (tests/test_gpu_sm90a.py, docs/numerics.md "Warpgroup MMA"): for 128
-// e4m3 rows [128, 128] and kTileN e4m3 keys [kTileN, 128], the raw fp32 accumulators of the
+// Accumulator probe (tests/test_gpu_sm90a.py, docs/numerics.md "Warpgroup MMA"): for kThreads/2
+// e4m3 rows [kThreads / 2, 128] and kTileN e4m3 keys [kTileN, 128], the raw fp32 accumulators of the
 // canonical chain (8 k16 steps from +0, QRows<1> fragments) computed once by wgmma on the
 // swizzled key tile and once by mma.sync on keys gathered from global memory:
 // out_wg[row, key], out_mma[row, key].  One block of kThreads; warp w owns rows 16w..16w+15.
