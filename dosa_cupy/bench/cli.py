@@ -3,8 +3,9 @@
 Without a mode flag: the prefill routes (``--shapes`` / ``--sweep`` / ``--inputs``, and the
 GPU-free ``--dry-run`` and ``--merge``).  A mode flag anywhere in the arguments hands the
 other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--profile-plan``
-(profile_plan.py), ``--diag`` (diag.py), ``--case NAME`` (cases.py: small runs to put under
-compute-sanitizer or Nsight Compute; docs/running_on_gpu.md).
+(profile_plan.py), ``--diag`` (diag.py), ``--screen-variants`` (screen_variants.py),
+``--case NAME`` (cases.py: small runs to put under compute-sanitizer or Nsight Compute;
+docs/running_on_gpu.md).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ MODES = {
     "--profile-plan": ("profile_plan", True),
     "--diag": ("diag", True),
     "--case": ("cases", True),
+    "--screen-variants": ("screen_variants", True),
 }
 
 

@@ -1,0 +1,121 @@
+"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--out DIR]``: the
+screen kernels on one captured launch of a calibrated DoSA call — ``screen_mt1`` (mma.sync)
+and builds of the Hopper screen (``csrc/screen_sm90a.cu``: warpgroups per block, chunk
+width, fp32 pre-test) — timed with CUDA events (median of 10 after 2 warm-ups) on the same
+arguments, each build's survivor bitmask compared bitwise with ``screen_mt1``'s.  Method:
+docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+
+import numpy as np
+
+# name → the build's defines (screen_sm90a.cu's knobs; DOSA_WG_GROUPS always given)
+VARIANTS = {
+    "g2": ("DOSA_WG_GROUPS=2",),
+    "g3": ("DOSA_WG_GROUPS=3",),
+    "g3_c32": ("DOSA_WG_GROUPS=3", "DOSA_WG_CHUNK=32"),
+    "g3_f32": ("DOSA_WG_GROUPS=3", "DOSA_SCREEN_FAST32=1"),
+    "g4_c32": ("DOSA_WG_GROUPS=4", "DOSA_WG_CHUNK=32"),
+}
+SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
+
+
+def groups_of(defines) -> int:
+    return int(next(d for d in defines if d.startswith("DOSA_WG_GROUPS=")).split("=")[1])
+
+
+def _median_ms(cp, fn, reps: int = 10) -> float:
+    for _ in range(2):
+        fn()
+    cp.cuda.Device().synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1))
+    return float(np.median(ts))
+
+
+def capture_screen(args_, cp):
+    """(kernel, grid, block, args, shared_mem) of the screen launch of one DoSA call."""
+    import dosa_cupy
+    from dosa_cupy import pipeline
+
+    cap, orig = {}, pipeline.kernel
+
+    def recording(name, smem=0, defines=()):
+        f = orig(name, smem, defines)
+
+        def run(grid, block, a, shared_mem=0):
+            if name.startswith("screen"):
+                cap["screen"] = (f, grid, block, a, shared_mem)
+            return f(grid, block, a, shared_mem=shared_mem)
+
+        return run
+
+    pipeline.kernel = recording
+    try:
+        dosa_cupy.dosa_topk(*args_)
+    finally:
+        pipeline.kernel = orig
+    return cap["screen"]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="dosa bench --screen-variants", description=__doc__)
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--N", type=int, default=1048576)
+    ap.add_argument("--Qn", type=int, default=4096)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    import cupy as cp
+
+    from dosa_cupy import sm90a
+    from dosa_cupy._build import tile
+    from dosa_cupy.workload import make_gpu_workload
+
+    wl = make_gpu_workload("calibrated", a.Qn, a.N, a.H, seed=11)
+    args_ = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
+    f, grid, block, kargs, smem = capture_screen(args_, cp)
+    surv = kargs[SURV]
+    surv.fill(0xDEADBEEF)
+    f(grid, block, kargs, shared_mem=smem)
+    ref = surv.copy()
+    flop = float(cp.sum(cp.clip(wl["ke"] - wl["ks"], 0, None))) * 16 * 128 * 2
+    res = {
+        "H": a.H,
+        "N": a.N,
+        "Qn": a.Qn,
+        "mt1_ms": _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem)),
+    }
+    print(f"screen_mt1 {res['mt1_ms']:.2f} ms ({flop / res['mt1_ms'] / 1e9:.0f} TFLOP/s MMA work)")
+    T, res["variants"] = tile(), {}
+    for name, defs in VARIANTS.items():
+        g = sm90a.module(T, defs).get_function("screen_wg_mt1")
+        sm90a.raise_smem_limit(g, sm90a.smem_bytes(T), "variant", name)
+        qg = 32 * groups_of(defs)  # a multiple of 4 queries per warpgroup
+        ga = list(kargs)
+        ga[QG_ARG] = np.int32(qg)
+        gg, gb = (grid[0], (a.Qn + qg - 1) // qg), (128 * groups_of(defs),)
+        surv.fill(0xDEADBEEF)
+        launch = functools.partial(g, gg, gb, tuple(ga), shared_mem=sm90a.smem_bytes(T))
+        launch()
+        same = bool(cp.array_equal(surv, ref))
+        ms = _median_ms(cp, launch)
+        res["variants"][name] = {"ms": ms, "survivors_equal": same, "defines": list(defs)}
+        print(f"{name:8s} {ms:7.2f} ms  x{res['mt1_ms'] / ms:.2f} vs mt1  "
+              f"{flop / ms / 1e9:.0f} TFLOP/s  survivors equal: {same}")  # fmt: skip
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, f"screen_variants_H{a.H}_N{a.N}.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0 if all(v["survivors_equal"] for v in res["variants"].values()) else 1
