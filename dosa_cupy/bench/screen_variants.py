@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     for name, defs in VARIANTS.items():
         g = sm90a.module(T, defs).get_function("screen_wg_mt1")
         sm90a.raise_smem_limit(g, sm90a.smem_bytes(T), "variant", name)
-        qg = 32 * groups_of(defs)  # a multiple of 4 queries per warpgroup
+        qg = 96 if groups_of(defs) == 3 else 128  # queries per block (4 per warpgroup)
         ga = list(kargs)
         ga[QG_ARG] = np.int32(qg)
         gg, gb = (grid[0], (a.Qn + qg - 1) // qg), (128 * groups_of(defs),)
