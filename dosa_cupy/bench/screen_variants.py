@@ -1,7 +1,7 @@
 """``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--out DIR]``: the
 screen kernels on one captured launch of a calibrated DoSA call — ``screen_mt1`` (mma.sync)
-and builds of the Hopper screen (``csrc/screen_sm90a.cu``: warpgroups per block, chunk
-width, fp32 pre-test) — timed with CUDA events (median of 10 after 2 warm-ups) on the same
+and builds of the Hopper screen (``csrc/screen_sm90a.cu``: warpgroups per block,
+fp32 pre-test) — timed with CUDA events (median of 10 after 2 warm-ups) on the same
 arguments, each build's survivor bitmask compared bitwise with ``screen_mt1``'s.  Method:
 docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen".
 """
@@ -19,9 +19,8 @@ import numpy as np
 VARIANTS = {
     "g2": ("DOSA_WG_GROUPS=2",),
     "g3": ("DOSA_WG_GROUPS=3",),
-    "g3_c32": ("DOSA_WG_GROUPS=3", "DOSA_WG_CHUNK=32"),
     "g3_f32": ("DOSA_WG_GROUPS=3", "DOSA_SCREEN_FAST32=1"),
-    "g4_c32": ("DOSA_WG_GROUPS=4", "DOSA_WG_CHUNK=32"),
+    "g4": ("DOSA_WG_GROUPS=4",),
 }
 SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
 

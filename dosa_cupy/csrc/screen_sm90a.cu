@@ -20,9 +20,6 @@
 namespace dosa {
 namespace wg {
 
-#ifndef DOSA_WG_CHUNK
-#define DOSA_WG_CHUNK 64  // keys per wgmma: 64 (m64n64k16) or 32 (m64n32k16)
-#endif
 #ifndef DOSA_WG_GROUPS
 #define DOSA_WG_GROUPS 3  // warpgroups per block (3: 12 warps per SM at ≤ 168 registers)
 #endif
@@ -33,12 +30,11 @@ namespace wg {
 #define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py)
 #endif
 constexpr int kTileN = DOSA_TILE_N;      // keys per block tile
-constexpr int kChunk = DOSA_WG_CHUNK;    // keys per wgmma
+constexpr int kChunk = 64;               // keys per wgmma (m64n64k16)
 constexpr int kAcc = kChunk / 2;         // fp32 accumulators per thread of one chunk
 constexpr int kBatches = kChunk / 32;    // 32-key batches (bitmask words) per chunk
 constexpr int kChunks = kTileN / kChunk;
 constexpr int kThreads = 128 * DOSA_WG_GROUPS;
-static_assert(kChunk == 32 || kChunk == 64, "DOSA_WG_CHUNK: 32 or 64");
 }  // namespace wg
 }  // namespace dosa
 
@@ -89,26 +85,6 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint3
         "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
 }
-__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
-                                              uint32_t a2, uint32_t a3, uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
-}
-__device__ __forceinline__ void mma_chunk(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint64_t desc) {
-  mma_m64n64k16(d, a0, a1, a2, a3, desc);
-}
-__device__ __forceinline__ void mma_chunk(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint64_t desc) {
-  mma_m64n32k16(d, a0, a1, a2, a3, desc);
-}
-
 // e4m3 keys [n0, n0 + kTileN) → f16 in the canonical k-order: logical position 16s' + κ of
 // a key holds dim 32c + 4s' + e with (κ < 8: c = κ/2, e = κ%2; κ ≥ 8: c = (κ−8)/2,
 // e = 2 + κ%2) — the dims mma.sync step s' feeds at k = κ (common.cuh).  Thread item
@@ -161,7 +137,7 @@ __device__ __forceinline__ void issue_chunk(float (&d)[kAcc], const QRows<1>& A,
     A.frag(0, sp, a0, a1, a2, a3);
     // + (byte offset >> 4) in the start-address field (no carry: the tile is < 256 KB)
     const uint32_t off = (sp >> 2) * kPanel + (sp & 3) * 32;
-    mma_chunk(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
+    mma_m64n64k16(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
   }
   commit();
 }
