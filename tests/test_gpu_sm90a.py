@@ -16,6 +16,21 @@ def test_build_command_targets_sm90a_with_cupys_flags():
     assert "-DDOSA_TILE_N=256" in cmd and str(sm90a.SOURCE) in cmd
 
 
+@pytest.mark.skipif(sm90a.nvcc() is None, reason="nvcc not found on this machine")
+@pytest.mark.parametrize("defines", [(), ("DOSA_WG_GROUPS=2",), ("DOSA_SCREEN_FAST32=1",)])
+def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
+    """CI (no GPU) builds the wgmma code itself: for sm_90 the file compiles to an empty
+    module (tests/test_cuda_build.py), so only this build sees a wgmma error."""
+    import subprocess
+
+    out = tmp_path / "s.cubin"
+    cmd = sm90a.build_command(256, out, defines)
+    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
+    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    screen = res.stderr.split("entry function 'screen_wg_mt1'")[1].split("Compiling")[0]
+    assert "0 bytes spill stores" in screen, screen
+
+
 def test_smem_holds_two_panels_and_the_alignment_slack():
     assert sm90a.smem_bytes(256) == 2 * 256 * 128 + 256 * (8 + 8 + 4 + 4) + 8 * 4 + 1024
 
