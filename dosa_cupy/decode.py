@@ -30,8 +30,8 @@ overflow extension) is written once for numpy and CuPy (``xp``); ``backend="nump
 the selector's step with float64 scores of the dequantized cache (``dosa_ref.scorer``) as
 a CPU emulation (tests/test_gpu_decode.py compares it with ``dosa_ref.decode``).
 
-Verified on the H200 (docs/records/gpu_tests.md, 2026-11-30 04:51: tests/test_gpu_decode.py,
-compute-sanitizer).
+Run records on the H200 (tests/test_gpu_decode.py, compute-sanitizer):
+docs/records/gpu_tests.md.
 """
 
 from __future__ import annotations

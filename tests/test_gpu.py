@@ -78,7 +78,7 @@ def test_dense_scores_within_error_model(regime, H):
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     qs = np.arange(64)
     s, mass = _ref_scores(wl, qs)
-    bits = dosa_cupy.pipeline.OPTIONS["mma_bits"]
+    bits = dosa_cupy.options.OPTIONS["mma_bits"]
     g_ref = gamma_mma(bits) + gamma(2 * (H // 16) + 5) * (1 + gamma_mma(bits))
     bound = g_ref * mass + 2.0**-120
     err = np.abs(lg.astype(np.float64) - s)
@@ -466,7 +466,7 @@ def test_mma_crafted_worst_case():
     exact = kv @ qv  # products exact, float64 sum exact at these magnitudes
     mass = np.abs(kv) @ np.abs(qv)
     err = np.abs(lg.astype(np.float64) - exact)
-    bits = dosa_cupy.pipeline.OPTIONS["mma_bits"]
+    bits = dosa_cupy.options.OPTIONS["mma_bits"]
     r13 = float(np.max(err / (gamma_mma(13) * mass)))
     r17 = float(np.max(err / (gamma_mma(17) * mass)))
     rel = max(float(np.max(err / mass)), 1e-300)
@@ -560,7 +560,7 @@ def test_bench_report_from_recorded_run(tmp_path):
 
 def test_check_seeds_cpu():
     """Validation of ``seeds`` (numpy stands in for CuPy): ValueError naming ``seeds``."""
-    from dosa_cupy.pipeline import check_seeds
+    from dosa_cupy.seeds import check_seeds
 
     good = np.array([[0, -1, 99], [5, 5, -1]], dtype=np.int64)
     out = check_seeds(good, 2, 100)
@@ -587,7 +587,7 @@ def test_check_seeds_cpu():
 def test_explicit_seed_table_cpu():
     """The dedup/filter of explicit seeds (numpy stands in for CuPy) against a per-query
     set computation: visible, not a sink / local-window / anchor-pool seed, distinct."""
-    from dosa_cupy.pipeline import explicit_seed_table
+    from dosa_cupy.seeds import explicit_seed_table
 
     rs = np.random.default_rng(3)
     Qn, N = 40, 700
@@ -629,13 +629,16 @@ def test_public_ids_int64_cpu(monkeypatch):
     import types
 
     import dosa_cupy.dense as dense_mod
+    import dosa_cupy.fused as fused_mod
+    import dosa_cupy.options as options_mod
     import dosa_cupy.pipeline as pipe_mod
     import dosa_cupy.prepare as prep_mod
+    import dosa_cupy.seeds as seeds_mod
     from dosa_ref.fp8 import e4m3_values as ev
 
     shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
     shim.asnumpy = np.asarray
-    for mod in (dense_mod, pipe_mod, prep_mod):
+    for mod in (dense_mod, fused_mod, options_mod, pipe_mod, prep_mod, seeds_mod):
         monkeypatch.setattr(mod, "cupy_or_raise", lambda: shim)
 
     def logits(q, w, kp, ksc, ks, ke):
@@ -659,7 +662,7 @@ def test_public_ids_int64_cpu(monkeypatch):
     ids = dense_mod.dense_topk(q, w, kp, ksc, 8, None, ke)
     assert ids.dtype == np.int64 and ids.shape == (4, 8)
     assert np.all(ids[2, 5:] == -1) and np.all(ids[3] == -1) and np.all(ids[2, :5] >= 0)
-    for f in (pipe_mod.dosa_topk, pipe_mod.fused_topk):
+    for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):
         out = f(q[:0], w[:0], kp, ksc, 8)
         assert out.dtype == np.int64 and out.shape == (0, 8)
         out, _ = f(q, w, kp[:0], ksc[:0], 8, return_stats=True, seeds=np.full((4, 2), -1))

@@ -1,4 +1,4 @@
-"""The shared refinement stream (docs/method.md §9; dosa_cupy.refine_stream, csrc/refine_shared.cu).
+"""The shared refinement stream (docs/method.md §9; dosa_cupy.refine, csrc/refine_shared.cu).
 
 CPU tests (run anywhere):
   * the split: for random survivor masks and visible ranges (partial first / last words,
@@ -32,9 +32,11 @@ import pytest
 from cuda_signatures import check_args, param_types
 from gpu_support import HAVE_GPU, cp, gpu
 
-from dosa_cupy import refine_stream as rs_mod
+from dosa_cupy import refine as rs_mod
+from dosa_cupy import select as select_mod
 from dosa_cupy.emulate import score_code
-from dosa_cupy.refine_stream import GROUP, split_shared
+from dosa_cupy.prepare import Batch
+from dosa_cupy.refine import GROUP, split_shared
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
 SHARED_SRC = (CSRC / "refine_shared.cu").read_text()
@@ -429,6 +431,7 @@ def fake_refine(monkeypatch):
     def install(S):
         fk = _FakeRefine(S)
         monkeypatch.setattr(rs_mod, "cupy_or_raise", lambda: np)
+        monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
         monkeypatch.setattr(rs_mod, "kernel", lambda name, smem=0: fk.get(name))
         monkeypatch.setattr(rs_mod, "_shared_kernel", fk.get)
         holder["fk"] = fk
@@ -463,7 +466,8 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap):
     out = {}
     for stream in ("per_query", "shared"):
         fk = fake_refine(S)
-        recs, shared = rs_mod.refine_stage(mt, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream)
+        b = Batch(q, w, kp, ksc, 1, ks, ke)
+        recs, shared = rs_mod.refine_stage(b, tau, surv, cap, stream)
         assert (shared is None) == (stream == "per_query")
         names = {re.sub(r"_mt\d$", "", c) for c in fk.calls}
         assert names == ({"refine", "refine_shared"} if stream == "shared" else {"refine"})
@@ -492,16 +496,16 @@ def test_refine_stage_rejects_bad_stream(fake_refine):
     fake_refine(np.zeros((1, 1), np.float32))
     z = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="stream"):
-        rs_mod.refine_stage(1, None, None, None, None, None, z, z, 1, None, 1, "both")
+        rs_mod.refine_stage(Batch(None, None, None, None, 1, z, z), None, None, 1, "both")
 
 
 def test_pipeline_option_validation():
-    from dosa_cupy import pipeline
+    from dosa_cupy.options import OPTIONS, check_options
 
-    assert pipeline.OPTIONS["stream"] == "per_query"
-    assert pipeline._opts({"stream": "shared"})["stream"] == "shared"
+    assert OPTIONS["stream"] == "per_query"
+    assert check_options({"stream": "shared"})["stream"] == "shared"
     with pytest.raises(ValueError, match="stream"):
-        pipeline._opts({"stream": "groups"})
+        check_options({"stream": "groups"})
 
 
 # ---------------------------------------------------------------------------------------
