@@ -163,7 +163,7 @@ def _int_arr(a, name: str):
     return a
 
 
-def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=np,
+def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
                         check_values: bool = True) -> dict:  # fmt: skip
     """Validate the paged decode layout (see the module docstring); returns a dict of
     contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
@@ -290,12 +290,12 @@ def _logits_raw(d):
     return out
 
 
-def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, check_values=True):
+def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_values=True):
     """Canonical FP8 logits of every key of each request: fp32 [B, next_n, max_blocks·64],
     −inf where the key is not visible to the query."""
     cp = cupy_or_raise()
-    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, cp,
-                            check_values)  # fmt: skip
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, xp=cp,
+                            check_values=check_values)  # fmt: skip
     return _logits_raw(d).reshape(d["B"], d["n"], d["L"])
 
 
@@ -309,12 +309,13 @@ def _dense_ids_raw(d):
     return ids.astype(cp.int64).reshape(d["B"], d["n"], d["K"])
 
 
-def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, check_values=True):
+def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
+                      check_values=True):  # fmt: skip
     """The dense decode route: paged logits + exact selection → int64 [B, next_n, K]
     (score desc, id asc, −1 padding; ids are logical token positions)."""
     cp = cupy_or_raise()
-    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, cp,
-                            check_values)  # fmt: skip
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=cp,
+                            check_values=check_values)  # fmt: skip
     return _dense_ids_raw(d)
 
 
@@ -524,7 +525,7 @@ class DecodeSelectorGPU:
 
     # -- one step ------------------------------------------------------------------------
 
-    def step(self, q, w, kv_payload, kv_scale, block_table, lengths,
+    def step(self, q, w, kv_payload, kv_scale, block_table, lengths, *,
              return_stats: bool = True) -> DecodeStep:  # fmt: skip
         """Exact Top-K of every query row of one decode step (paged layout, module doc).
 
@@ -533,8 +534,8 @@ class DecodeSelectorGPU:
         (``dosa_ref.decode.DecodeStats``, numpy) when ``return_stats``, else None.
         """
         xp, ops, K = self.xp, self._ops, self.K
-        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp,
-                                self.check_values)  # fmt: skip
+        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
+                                check_values=self.check_values)  # fmt: skip
         B, n = d["B"], d["n"]
         wit = witness_table(list(self._hist), B, xp) if self.history > 0 else None
         tau, wcnt = ops.tau(d, wit)

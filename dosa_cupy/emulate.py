@@ -30,7 +30,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
     return ids[order[:K]]
 
 
-def screen_survival(q, w, k_payload, k_scale, K, ks, ke, r=14, mma_bits=17, window=2048,
+def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
