@@ -12,7 +12,7 @@ Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/common.cuh
 ``csrc/decode.cu``, so a key's score is the prefill dense route's value, bit for bit):
 
     paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)
-    dense_decode_topk(..., K)    paged logits + the exact selection kernel (kernels.cu)
+    dense_decode_topk(..., K)    paged logits + the exact selection kernel (select.cu)
     DecodeSelectorGPU(K).step()  fused DoSA decode: witnesses → τ, one scan that scores
                                  every visible key and compacts only s ≥ τ, exact
                                  selection of the compact records; ids == dense bitwise
@@ -62,7 +62,7 @@ D = 128
 WARPS = 8  # warps per block of the decode kernels (256 threads)
 WARP_KEYS = 256  # csrc/decode.cu DEC_WARP_KEYS
 WIT_KEYS = 256  # csrc/decode.cu DEC_WIT_KEYS
-KMAX = 4096  # selection kernel limit (kernels.cu SEL_KMAX)
+KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 
 

@@ -1,5 +1,5 @@
 """The fused route (what LiteTopK does): seeds → τ, then every visible non-seed key is
-scored with all heads by the canonical scorer and filtered online against τ (kernels.cu
+scored with all heads by the canonical scorer and filtered online against τ (fused.cu
 fused_mt*: compact records, no dense logits, no screen), exact selection.  Exact by
 Theorem 1 with U = +inf (docs/method.md §7).
 """

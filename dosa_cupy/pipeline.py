@@ -54,7 +54,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         planner plan.py, ~10× slower); screen ("fp64", default, or "fast32": an fp32
         upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py; survivors ⊆
         the fp64 screen's; not faster; or "pair": two queries per 16-row MMA tile, needs
-        r ≤ 6, kernels.cu screen_pair; or "auto": "pair" with r ≤ 6 when ≥ 95 % of the
+        r ≤ 6, screen.cu screen_pair; or "auto": "pair" with r ≤ 6 when ≥ 95 % of the
         queries have ≤ 6 positive heads, else "fp64" — ``screen.auto_screen``);
         return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``

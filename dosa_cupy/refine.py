@@ -1,7 +1,7 @@
 """The refine stage (docs/method.md §9): the per-query stream and the shared stream of query
 groups, with compact writeback and the exact overflow extension (``refine_stage``).
 
-* ``stream="per_query"`` (default): ``refine_mt*`` (kernels.cu) scores every survivor of
+* ``stream="per_query"`` (default): ``refine_mt*`` (refine.cu) scores every survivor of
   ``surv[t]`` for query t.  Blocks take (query, word chunk) with the query index fastest,
   so gathered keys are shared through L2 by the queries that refine them.
 * ``stream="shared"``: ``split_shared`` splits the survivor masks into the groups' shared
@@ -52,7 +52,7 @@ GROUP = 4  # queries per group (refine_shared.cu RS_G)
 RS_WARPS = 8  # warps per block of refine_shared (RS_WARPS)
 RS_W = 256  # shared-mask words per warp (RS_W)
 RS_BUF = 1024 + 32  # per-warp id buffer (RS_BUF)
-RW = 256  # words per warp of the per-query refine (kernels.cu RW)
+RW = 256  # words per warp of the per-query refine (refine.cu RW)
 REFINE_WARPS = 8  # warps per block of the per-query refine
 STREAMS = ("per_query", "shared")
 SHARED_FILE = CSRC / "refine_shared.cu"
@@ -178,7 +178,7 @@ class RefineLaunch:
     tau: object
 
     def per_query(self, qlist, surv, out: RecordBuffer) -> None:
-        """kernels.cu refine_mt*: survivors of surv[t] (uint32 [Qn, NW]) for t in qlist
+        """refine.cu refine_mt*: survivors of surv[t] (uint32 [Qn, NW]) for t in qlist
         (int32) → out.rec[t], out.cnt[t]."""
         b = self.b
         gx = (b.NW + REFINE_WARPS * RW - 1) // (REFINE_WARPS * RW)

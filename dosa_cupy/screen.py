@@ -3,7 +3,7 @@ written as a survivor bitmask (one uint32 word per 32 keys).
 
 Screen kernels (``screen=``): "fp64" (screen_mt*), "fast32" (the same kernels built with an
 fp32 upward-rounded pre-test that skips the fp64 guard for warps whose keys it rejects:
-kernels.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
+screen.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
 queries per 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "auto" chooses
 between "pair" and "fp64" per chunk (``auto_screen``).  With certificate seeds the screen
 also records (U, id) of every survivor (screen_cert_mt*).
@@ -43,7 +43,7 @@ PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile
 AUTO_PAIR_SHARE = 0.95
 SCREEN_THREADS = 256
 
-# Paired screen tile (kernels.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
+# Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
 # query 2p + PAIR_ROWS[i][0], from mts = 1 plans (retained rows 0..5, aux rows 7 and 15).
 PAIR_ROWS = (
     [(0, j) for j in range(6)]
@@ -113,7 +113,7 @@ def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
 class ScreenLaunch:
     """One screening launch, built once per chunk (``of``): the kernel, its build defines,
     grid, dynamic shared memory and its leading arguments in the kernel's parameter order
-    (kernels.cu screen_mt* / screen_cert_mt* / screen_pair: rows, om, sig, Cq, eps_raw,
+    (screen.cu screen_mt* / screen_cert_mt* / screen_pair: rows, om, sig, Cq, eps_raw,
     eps_out, tau, kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG); the call adds
     the outputs (surv, Uout[, ucnt, urec, ucap])."""
 

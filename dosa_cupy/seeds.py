@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 SEED_WARPS = 8  # warps per block of seed_score / seed_ids
-SEEDW = 256  # seed slots per warp (kernels.cu SEEDW)
+SEEDW = 256  # seed slots per warp (seeds.cu SEEDW)
 
 
 @dataclass

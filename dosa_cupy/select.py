@@ -2,7 +2,7 @@
 selection over seed records ∪ compact records with the exact overflow extension, and the
 query-level recovery of the dense route.
 
-A record is the uint64 ``code(s) << 32 | ~id`` of the selection kernel (kernels.cu,
+A record is the uint64 ``code(s) << 32 | ~id`` of the selection kernel (select.cu,
 ``emulate.record_order``): its order is score descending, id ascending.
 """
 

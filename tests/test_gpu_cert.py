@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types
+from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 
 import dosa_cupy.screen as scr
@@ -27,7 +27,7 @@ import dosa_cupy.select as sel
 from dosa_cupy.options import check_options
 from dosa_ref.stages import cert_clear_below_tau
 
-SRC = (Path(sd.__file__).parent / "csrc" / "kernels.cu").read_text().replace("\\\n", " ")
+SRC = read_source(Path(sd.__file__).parent / "csrc" / "kernels.cu").replace("\\\n", " ")
 
 
 def _sig(pattern: str) -> list:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types
+from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu
 
 from dosa_cupy import refine as rs_mod
@@ -40,7 +40,7 @@ from dosa_cupy.refine import GROUP, split_shared
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
 SHARED_SRC = (CSRC / "refine_shared.cu").read_text()
-KERNELS_SRC = (CSRC / "kernels.cu").read_text()
+KERNELS_SRC = read_source(CSRC / "kernels.cu")
 
 # ---------------------------------------------------------------------------------------
 # Random survivor masks with visible ranges (as the screen writes them: bits only for keys
@@ -158,7 +158,7 @@ def test_popcount_rows():
 
 
 # ---------------------------------------------------------------------------------------
-# The kernels' loop decomposition, emulated (refine_shared.cu, kernels.cu refine_impl)
+# The kernels' loop decomposition, emulated (refine_shared.cu, refine.cu refine_impl)
 # ---------------------------------------------------------------------------------------
 
 
@@ -261,7 +261,7 @@ def emulate_refine_shared(grid, Qn, N, ks, ke, glist, shared, surv, on_pair):
 
 
 def emulate_refine(grid, N, ks, ke, qlist, surv, on_pair):
-    """kernels.cu refine_impl's blocks and warps: on_pair(t, id) for every refined pair."""
+    """refine.cu refine_impl's blocks and warps: on_pair(t, id) for every refined pair."""
     W, RW = 8, rs_mod.RW
     gx, gy = grid
     assert gx == len(qlist)

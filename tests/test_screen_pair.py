@@ -1,10 +1,10 @@
-"""The paired screen (``screen="pair"``, kernels.cu ``screen_pair``, screen.pair_plan).
+"""The paired screen (``screen="pair"``, screen.cu ``screen_pair``, screen.pair_plan).
 
 Two queries share one 16-row MMA tile (r ≤ 6 retained rows + 2 aux rows each), so each
 query costs half the MMAs and ReLU-weighted products of ``screen_mt1``.  Soundness rests on
 (1) the gather ``pair_plan`` putting every nonzero row of a query's mts = 1 plan into the
 tile, at the lane the kernel weighs it on, and (2) the evaluation depth staying within the
-plan's screening allowance (kernels.cu comment).  CPU tests: a lane-by-lane emulation of
+plan's screening allowance (screen.cu comment).  CPU tests: a lane-by-lane emulation of
 the kernel's epilogue (exact float64 dots) equals the unpaired Û of docs/method.md §8 exactly,
 and with plans from ``plan.build_plans`` (r ≤ 6) the paired U dominates every float64
 score.  GPU tests (marked ``gpu``): ids == ``dense_topk``, 0 guard violations with
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import params
+from cuda_signatures import params, read_source
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 from hypothesis import given
 from hypothesis import strategies as st
@@ -186,7 +186,7 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
 
 def test_screen_pair_signature_is_screen_mt1s():
     """The pipeline passes screen_pair the screen's argument tuple (paired rows, ω)."""
-    src = KERNELS.read_text()
+    src = read_source(KERNELS)
     pair = params(src, r"screen_pair")
     mt1 = params(src, r"screen_mt##MTS")
     assert [t for t, _ in pair] == [t for t, _ in mt1] and pair[2:] == mt1[2:]
