@@ -1,5 +1,5 @@
-"""Numerical certificate for FP8 keys (docs/method.md §8, Appendix C): error model, outward
-rounding, screening rows, the guard C, U^num, and Algorithm 1 on FP8 keys.
+"""Numerical certificate for FP8 keys (docs/method.md §8, Appendix C): the FP8 screening
+plan (screening rows and the guard C, ε), the screening value Û and the bound U^num.
 
 What must hold.  Keys are ``k_i = α_i k̄_i`` (fp32 scale, e4m3 payload).  The scorer that
 defines the result computes s^ref_i ≈ s_i = Σ_h w_h [q_h·k_i]_+ with its own rounding; the
@@ -33,11 +33,9 @@ base form and ½w̃_j in the absolute-value form, exact reals throughout):
     ≤ (Σ_g [E_g^+ + ‖J^(g)‖]²)^{1/2} ‖k̄‖ ≤ ρ_i C   (Cauchy–Schwarz twice, ρ_i√D ≥ ‖k̄‖).
  Adding 1–6 and multiplying by α_i > 0 (ReLU is positively homogeneous) gives (★).
 
-Outward rounding.  numpy cannot switch the FPU rounding mode, so every quantity of the guard
-is evaluated with correctly rounded operations whose results are widened by one ulp with
-``np.nextafter`` (``add_up``, ``mul_down``, ``sqrt_up`` …); BLAS dot products and numpy
-sums (unknown order, maybe FMA) are never trusted: they are bounded with γ_n = nu/(1−nu)
-(any order, docs/numerics.md).  Products that may underflow carry an absolute term.
+Outward rounding.  Every quantity of the guard is evaluated with the directed rounding of
+``rounding`` (``add_up``, ``mul_down``, ``sqrt_up`` …); the arithmetic the guard must cover
+is an ``error_model.ErrorModel``.
 
 Recovery.  A non-finite or non-positive scale, a non-finite summary or a NaN payload code
 makes that key's bound +inf (it survives and is scored); a non-finite C, ω, aux scale or ε
@@ -47,505 +45,50 @@ non-finite passes silently.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from .certificate import KeySummary, upper_bound
-from .fp8 import E4M3_MAX, dequantize, e4m3_bits, e4m3_values, key_rms, nan_codes
+from .error_model import DEFAULT_MODEL, Arithmetic, ErrorModel, simulate_dot
+from .fp8 import E4M3_MAX, e4m3_bits, e4m3_values, key_rms, nan_codes
 from .plan import Plan, PlanOptions, activation_frequency, build_plan
-from .scorer import topk_of
-from .select import (
-    DosaResult,
-    DosaStats,
-    SelectOptions,
-    _Buffer,
-    _certificate_seeds,
-    _full_topk,
-    _initial_seeds,
-    _per_query,
-    _record_plan,
-    _screen_and_refine,
-    _seed_sources,
-    _stride_sample,
-    choose_r,
+from .prepare import check_fp8_inputs
+from .rounding import (
+    INF,
+    add_down,
+    add_up,
+    down,
+    f32_up,
+    iv_abs,
+    iv_add,
+    iv_mag,
+    iv_mul,
+    iv_sub,
+    matmul_abs_up,
+    matmul_enclose,
+    mul_down,
+    mul_up,
+    norm_up,
+    sqrt_up,
+    sub_down,
+    sub_up,
+    sum_down,
+    sum_up,
+    up,
 )
-from .validate import as_float_array, check_K, check_qwk_shapes, check_ranges
+from .seeds import stride_sample
+from .validate import check_ranges
 
 __all__ = [
-    "ACCUMULATORS",
-    "EPILOGUES",
-    "Arithmetic",
-    "ErrorModel",
     "FP8Bounds",
-    "FP8Result",
     "FP8ScreenPlan",
-    "FP8Stats",
-    "add_down",
-    "add_up",
     "build_fp8_plan",
-    "div_up",
-    "f32_up",
+    "default_plan",
     "fp8_bounds",
-    "fp8_topk",
-    "gamma_up",
-    "matmul_abs_up",
-    "matmul_enclose",
-    "mul_down",
-    "mul_up",
-    "norm_up",
     "screen_bound",
     "screen_values",
-    "simulate_dot",
-    "sqrt_up",
-    "sub_down",
-    "sub_up",
-    "sum_down",
-    "sum_up",
+    "simulate_screen",
 ]
-
-_INF = np.inf
-_TINY64 = 2.0**-1074  # smallest positive float64 (subnormal)
-
-# --------------------------------------------------------------------------------------
-# Outward-rounded float64 primitives.  Each correctly rounded operation is widened by one
-# ulp toward ±inf, which encloses the exact result (also in the subnormal range, and an
-# overflow gives ±inf / ±max, still a valid bound).  Named by rounding direction.
-# --------------------------------------------------------------------------------------
-
-
-def up(x):
-    """Next float64 toward +inf (x itself may be the exact value: one ulp of slack)."""
-    return np.nextafter(x, _INF)
-
-
-def down(x):
-    """Next float64 toward −inf."""
-    return np.nextafter(x, -_INF)
-
-
-def add_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return up(np.add(a, b))
-
-
-def add_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return down(np.add(a, b))
-
-
-def sub_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return up(np.subtract(a, b))
-
-
-def sub_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore"):
-        return down(np.subtract(a, b))
-
-
-def mul_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        return up(np.multiply(a, b))
-
-
-def mul_down(a, b):
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        return down(np.multiply(a, b))
-
-
-def div_up(a, b):
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return up(np.divide(a, b))
-
-
-def sqrt_up(x):
-    """Upper bound of sqrt(x) for x ≥ 0 (NaN for negative x)."""
-    with np.errstate(invalid="ignore"):
-        return up(np.sqrt(x))
-
-
-def f32_up(x) -> np.ndarray:
-    """Smallest-or-next float32 ≥ x (float64 in, float32 out; NaN stays NaN)."""
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = x.astype(np.float32)
-        low = y.astype(np.float64) < x
-        y = np.where(low, np.nextafter(y, np.float32(_INF)), y).astype(np.float32)
-    return y
-
-
-def gamma_up(n, u: float) -> float:
-    """Upper bound of γ_n = n·u/(1 − n·u) (inf when n·u ≥ 1)."""
-    if u == 0.0 or n <= 0:
-        return 0.0
-    nu = float(mul_up(float(n), u))
-    if nu >= 1.0:
-        return _INF
-    return float(div_up(nu, sub_down(1.0, nu)))
-
-
-def sum_up(x, axis=None):
-    """Upper bound of the exact Σ x (any signs) from numpy's sum: + γ_n Σ|x|.
-
-    Additions never incur underflow error (a subnormal sum is exact), so no absolute
-    term is needed.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[axis] if axis is not None else x.size
-    g = gamma_up(max(n, 1), 2.0**-53)
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = np.sum(x, axis=axis)
-        a = np.sum(np.abs(x), axis=axis)
-    err = mul_up(mul_up(a, 1.0 + 2.0 * g), g)
-    return add_up(s, err)
-
-
-def sum_down(x, axis=None):
-    """Lower bound of the exact Σ x."""
-    return -sum_up(-np.asarray(x, dtype=np.float64), axis=axis)
-
-
-def matmul_abs_up(A, B):
-    """Upper bound of the exact A @ B for nonnegative A [.., n], B [n, ..] (BLAS result
-    bounded with γ_n, plus 2^-1073 per product for underflow)."""
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    n = A.shape[-1]
-    g = gamma_up(max(n, 1), 2.0**-53)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        p = A @ B
-    return add_up(mul_up(p, add_up(1.0, 2.0 * g)), n * 2.0**-1073)
-
-
-def matmul_enclose(A, B) -> tuple[np.ndarray, np.ndarray]:
-    """Interval (lo, hi) enclosing the exact A @ B (any signs): BLAS ± γ_n Σ|a||b|."""
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    n = A.shape[-1]
-    g = gamma_up(max(n, 1), 2.0**-53)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        p = A @ B
-    rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1073)
-    return sub_down(p, rad), add_up(p, rad)
-
-
-def norm_up(m, axis=-1):
-    """Upper bound of the Euclidean norm of nonnegative upper bounds ``m`` along ``axis``.
-
-    Each row is scaled by a power of two first (squares neither underflow nor overflow);
-    a downscaled element is widened upward, so the result stays an upper bound.
-    """
-    m = np.asarray(m, dtype=np.float64)
-    if m.shape[axis] == 0:
-        return np.zeros(np.delete(m.shape, axis % m.ndim)) if m.ndim > 1 else np.float64(0.0)
-    mx = np.max(m, axis=axis, keepdims=True)
-    e = np.frexp(mx)[1]
-    e = np.where(np.isfinite(mx) & (mx > 0), e, 0)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        ms = np.ldexp(m, -e)
-        ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact
-        r = sqrt_up(sum_up(mul_up(ms, ms), axis=axis))
-        out = up(np.ldexp(r, np.squeeze(e, axis)))
-    return out
-
-
-# Intervals are (lo, hi) pairs of float64 arrays.
-
-
-def _iv_add(a, b):
-    return add_down(a[0], b[0]), add_up(a[1], b[1])
-
-
-def _iv_sub(a, b):
-    return sub_down(a[0], b[1]), sub_up(a[1], b[0])
-
-
-def _iv_mul(a, b):
-    """Interval product (a may be an interval of scalars, b of arrays)."""
-    lo_c = [mul_down(x, y) for x in a for y in b]
-    hi_c = [mul_up(x, y) for x in a for y in b]
-    return np.minimum.reduce(lo_c), np.maximum.reduce(hi_c)
-
-
-def _iv_mag(a):
-    return np.maximum(np.abs(a[0]), np.abs(a[1]))
-
-
-def _iv_abs(a):
-    """Interval of |x| for x in a."""
-    lo, hi = a
-    mag = np.maximum(np.abs(lo), np.abs(hi))
-    mig = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
-    return mig, mag
-
-
-# --------------------------------------------------------------------------------------
-# Error model
-# --------------------------------------------------------------------------------------
-
-ACCUMULATORS = ("truncating", "ieee_fp32_rn", "ieee_fp64_rn", "exact")
-EPILOGUES = ("ieee_fp32_rn", "ieee_fp64_rn", "exact")
-_UNIT = {"ieee_fp32_rn": 2.0**-24, "ieee_fp64_rn": 2.0**-53, "exact": 0.0}
-
-
-@dataclass(frozen=True)
-class Arithmetic:
-    """How one kernel evaluates its dot products and the scalar operations after them.
-
-    dot_length: products per dot product (None = the head dimension D; must be ≥ D).
-    accumulator: ``"truncating"`` (Hopper FP8 tensor-core sum, see ``ErrorModel``),
-        ``"ieee_fp32_rn"`` / ``"ieee_fp64_rn"`` (IEEE round-to-nearest, any order, FMA
-        allowed: γ_n) or ``"exact"`` (for experiments; unsound for any real kernel).
-    kept_bits: truncating only — W, the bits kept below the leading bit of the largest
-        term of one MMA step; every term loses less than 2^(E−W) where 2^E ≤ max|term|.
-    k_step: truncating only — products added per MMA instruction (m16n8k32 e4m3: 32).
-    exact_products: products are exact in the accumulator (e4m3 × e4m3 always is in
-        fp32); otherwise each product is rounded once more.
-    epilogue: format of the scalar operations after the dots (scales, weights, ReLU,
-        head sums, aux combination): ``"ieee_fp32_rn"``, ``"ieee_fp64_rn"`` or ``"exact"``.
-    underflow: absolute error allowed per rounded operation whose result lies below the
-        normal range (fp32 with flush-to-zero, as CuPy compiles: 2^-126).
-    """
-
-    dot_length: int | None = None
-    accumulator: str = "truncating"
-    kept_bits: int = 17
-    k_step: int = 32
-    exact_products: bool = True
-    epilogue: str = "ieee_fp32_rn"
-    underflow: float = 2.0**-126
-
-    def __post_init__(self):
-        if self.accumulator not in ACCUMULATORS:
-            raise ValueError(f"accumulator: expected one of {ACCUMULATORS}")
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue: expected one of {EPILOGUES}")
-        if int(self.kept_bits) < 1 or int(self.k_step) < 1:
-            raise ValueError("kept_bits, k_step: expected positive integers")
-        if self.dot_length is not None and int(self.dot_length) < 1:
-            raise ValueError("dot_length: expected None or a positive integer")
-        if not (np.isfinite(self.underflow) and self.underflow >= 0):
-            raise ValueError("underflow: expected a finite nonnegative number")
-        if self.accumulator == "exact" and not self.exact_products:
-            raise ValueError("exact_products: an exact accumulator needs exact products")
-
-    def length(self, D: int) -> int:
-        n = D if self.dot_length is None else int(self.dot_length)
-        if n < D:
-            raise ValueError(f"dot_length: {n} is shorter than the head dimension D={D}")
-        return n
-
-    def step_theta(self) -> float:
-        """Truncating accumulator: θ with |step error| ≤ θ(|c| + Σ_t|p_t|) (rounded up)."""
-        W, k = int(self.kept_bits), int(self.k_step)
-        uf = 2.0**-23  # write-back to fp32, truncation or rounding: relative < 2^-23
-        drop = mul_up(float(k + 1), 2.0**-W)
-        return float(add_up(mul_up(drop, add_up(1.0, uf)), uf))
-
-    def dot_relative_error(self, n: int) -> float:
-        """γ with |fl(Σ a_d b_d) − Σ a_d b_d| ≤ γ Σ|a_d b_d| + ``dot_absolute_error``."""
-        if self.accumulator == "exact":
-            return 0.0
-        if self.accumulator == "truncating":
-            S = -(-n // int(self.k_step))
-            St = float(mul_up(float(S), self.step_theta()))
-            g = _INF if St >= 1.0 else float(div_up(St, sub_down(1.0, St)))
-            if not self.exact_products:
-                g = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, 2.0**-23)), 1.0))
-            return g
-        u = _UNIT[self.accumulator]
-        return gamma_up(n + (0 if self.exact_products else 1), u)
-
-    def dot_absolute_error(self, n: int) -> float:
-        """Absolute underflow allowance of one dot (2n operations, each ≤ underflow)."""
-        g = self.dot_relative_error(n)
-        return float(mul_up(mul_up(2.0 * n, self.underflow), add_up(1.0, g)))
-
-    def epilogue_gamma(self, m: int) -> float:
-        """γ^e_m for a chain of m epilogue operations."""
-        return gamma_up(m, _UNIT[self.epilogue])
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# The CPU reference evaluates both the screening value and the original scorer in float64
-# (FP8 dot products are exact there).  Its arithmetic is covered explicitly so that the
-# CPU bound is valid whatever model the user picks for the GPU.
-_CPU_FP64 = Arithmetic(
-    accumulator="ieee_fp64_rn", epilogue="ieee_fp64_rn", underflow=_TINY64, exact_products=False
-)
-
-
-@dataclass(frozen=True)
-class ErrorModel:
-    """The arithmetic the guard must cover: ``screen`` (the screening kernel's dot products
-    q̂_j·k̄, p_m·k̄ and its epilogue) and ``scorer`` (the original indexer score, whose
-    computed value defines the selection).  Users may read and change every field; the
-    default is the conservative Hopper FP8 tensor-core model, derived here.
-
-    Default (``ErrorModel.hopper_fp8()``): both kernels use FP8 e4m3 MMA with fp32
-    accumulators (m16n8k32, k = 32 products per step), exact products (e4m3 × e4m3 has 8
-    significant bits), a truncating sum, and an fp32 round-to-nearest epilogue with
-    flush-to-zero (underflow 2^-126 per operation).
-
-    Truncating accumulator, worst case per MMA step (docs/numerics.md; not a fit to random
-    data).  A step adds k exact products p_t to the running fp32 value c: the k + 1 terms
-    are aligned to the exponent E of the largest (2^E ≤ m = max|term|), bits below
-    2^(E−W) are dropped, the kept parts are added exactly and the result is written back
-    to fp32 (relative error < 2^-23).  Each of the k + 1 terms loses less than
-    2^(E−W) ≤ 2^-W m ≤ 2^-W (|c| + Σ|p_t|), so
-
-        |c' − (c + Σ_t p_t)| ≤ θ (|c| + Σ_t |p_t|),  θ = (k+1) 2^-W (1 + 2^-23) + 2^-23.
-
-    With A = Σ_d |a_d b_d| and S = ⌈n/k⌉ steps, induction gives |c_s| ≤ (1+θ)^s A and a
-    total error ≤ ((1+θ)^S − 1) A ≤ Sθ/(1 − Sθ) A, independent of the order of the steps.
-    (The per-step bound is nearly attained: k products just below the window beside a
-    large term all vanish; see proofs/numerical_dominance.py.)
-
-    Kept bits W (default 17).  Evidence, all on H200 ``mma.sync`` e4m3 m16n8k32:
-      * docs/numerics.md: 31 × 2^-10 beside a product 2^8 vanished, and 256 + 2^-9 gave
-        256 + 2^-10 — both losses are below 2^(E−17), and W = 18 would not cover the first:
-        W = 17 is the largest window consistent with every recorded observation.
-      * this module's probe (2026-11-30, 20,000 random wide-range dots per regime, 1 and 4
-        chained steps, plus crafted cases): products are exact (subnormal operands
-        included); beside C = 256 every product down to fp32's ulp was kept; the largest
-        loss beyond fp32 write-back rounding was 2^-21.3 of the largest term, i.e. ≤ 0.05
-        units of 2^(E−17) — the W = 17 model has ≥ 4 bits of margin on this hardware.
-    Public bit-accurate models and DeepSeek-V3's report (≈ 14 bits) describe ``wgmma``
-    GEMMs: a kernel built on wgmma must use ``ErrorModel.hopper_fp8(13)``.  The guard's
-    cost grows by 2^(17−W): on a DSA-like workload (H = 32, D = 128) it measured 0.9 pp
-    at W = 20, 4.6 pp at W = 17 and 42 pp at W = 13 (the fp32 / float64 floor: 0.4 pp).
-    For D = 128: S = 4, θ ≈ 33·2^-17, γ ≈ 1.0e-3 (W = 13: γ ≈ 0.0164).
-
-    Epilogue: the screening value is a sum of r + 1 products plus the aux combination
-    (chains of ≤ r + 3 operations: γ^e_{r+3}); the scorer multiplies by α_i and w_h and
-    sums H heads (≤ H + 2 operations: γ^e_{H+2}); γ_m = m u/(1 − m u), u = 2^-24.
-
-    The CPU reference's own float64 arithmetic (exact FP8 dots, float64 BLAS scorer) is
-    always added on top (componentwise maximum), so ``fp8_topk`` is valid for any model.
-    """
-
-    screen: Arithmetic = field(default_factory=Arithmetic)
-    scorer: Arithmetic = field(default_factory=Arithmetic)
-
-    @classmethod
-    def hopper_fp8(cls, kept_bits: int = 17, k_step: int = 32) -> ErrorModel:
-        a = Arithmetic(accumulator="truncating", kept_bits=kept_bits, k_step=k_step)
-        return cls(screen=a, scorer=a)
-
-    @classmethod
-    def ieee_fp32(cls) -> ErrorModel:
-        a = Arithmetic(accumulator="ieee_fp32_rn")
-        return cls(screen=a, scorer=a)
-
-    @classmethod
-    def cpu_fp64(cls) -> ErrorModel:
-        """Only the CPU reference's float64 arithmetic (not valid for GPU kernels)."""
-        return cls(screen=_CPU_FP64, scorer=_CPU_FP64)
-
-    @classmethod
-    def exact(cls) -> ErrorModel:
-        """Exact arithmetic everywhere: UNSOUND for real kernels (tests use it to show the
-        fuzzers catch a missing allowance).  The CPU float64 term is still added."""
-        a = Arithmetic(accumulator="exact", epilogue="exact", underflow=0.0)
-        return cls(screen=a, scorer=a)
-
-    def to_dict(self) -> dict:
-        return {"screen": self.screen.to_dict(), "scorer": self.scorer.to_dict()}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ErrorModel:
-        return cls(screen=Arithmetic(**d["screen"]), scorer=Arithmetic(**d["scorer"]))
-
-    # Combined coefficients (model ∨ CPU float64), see the module docstring, steps 4–5.
-    def screen_coefficients(self, D: int, r: int) -> tuple[float, float, float]:
-        """(ε_s, dot_abs, epi_abs): |Û − exact| ≤ ε_s·M + dot_abs·W1 + epi_abs with
-        M = Σ_j|ω_j|X_j + Σ_m σ_m Y_m and W1 = Σ_j|ω_j| + Σ_m σ_m."""
-        out = []
-        for a in (self.screen, _CPU_FP64):
-            n = a.length(D)
-            g = a.dot_relative_error(n)
-            ge = a.epilogue_gamma(r + 3)
-            eps = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, ge)), 1.0))
-            dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))
-            eabs = float(mul_up(mul_up(2.0 * r + 4.0, a.underflow), add_up(1.0, ge)))
-            out.append((eps, dabs, eabs))
-        return tuple(max(x, y) for x, y in zip(*out, strict=True))
-
-    def scorer_coefficients(self, D: int, H: int) -> tuple[float, float, float]:
-        """(ε_r, dot_abs, epi_abs): |s^ref − s| ≤ α(ε_r Σ_h|w_h|X_h + dot_abs Σ_h|w_h|)
-        + epi_abs·(Σ_h|w_h| + 2H + 1)."""
-        out = []
-        for cpu, a in ((False, self.scorer), (True, _CPU_FP64)):
-            n = a.length(D)
-            g = a.dot_relative_error(n)
-            ge = a.epilogue_gamma(H + 2)
-            eps = float(sub_up(mul_up(add_up(1.0, g), add_up(1.0, ge)), 1.0))
-            dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))
-            if cpu:
-                # The CPU scorer works on dequantized keys (score units): its product
-                # underflow is absolute in score units, 2D per head.
-                eabs = float(mul_up(mul_up(2.0 * n + 2.0, a.underflow), add_up(1.0, ge)))
-                dabs = 0.0
-            else:
-                eabs = float(mul_up(a.underflow, add_up(1.0, ge)))
-            out.append((eps, dabs, eabs))
-        return tuple(max(x, y) for x, y in zip(*out, strict=True))
-
-
-DEFAULT_MODEL = ErrorModel.hopper_fp8()
-
-
-# --------------------------------------------------------------------------------------
-# Faithful simulation of the truncating accumulator (for fuzzing and GPU checks)
-# --------------------------------------------------------------------------------------
-
-
-def simulate_dot(a, B, arith: Arithmetic, c0: float = 0.0) -> np.ndarray:
-    """Simulate ``arith`` on Σ_d a_d B[i, d] for each row i (float64 [n] out).
-
-    truncating: per step of k products, align the k+1 terms to the largest term's
-    exponent E, truncate each toward zero to a multiple of 2^(E−W), add exactly, and
-    truncate the sum to fp32 — one admissible behaviour of the model (worse than the
-    H200's by 4 bits at the default W).  ieee_*: sequential round-to-nearest.
-    Products must be exact in float64 (e.g. e4m3 × e4m3).
-    """
-    a = np.asarray(a, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    P = B * a[None, :]
-    n = P.shape[0]
-    acc = np.full(n, c0, dtype=np.float64)
-    if arith.accumulator == "exact":
-        return acc + P.sum(axis=1)
-    if arith.accumulator.startswith("ieee"):
-        dt = np.float32 if arith.accumulator == "ieee_fp32_rn" else np.float64
-        acc = acc.astype(dt)
-        for d in range(P.shape[1]):
-            acc = (acc + P[:, d].astype(dt)).astype(dt)
-        return acc.astype(np.float64)
-    k, W = int(arith.k_step), int(arith.kept_bits)
-    for s0 in range(0, P.shape[1], k):
-        terms = np.concatenate([acc[:, None], P[:, s0 : s0 + k]], axis=1)
-        m = np.max(np.abs(terms), axis=1)
-        E = np.frexp(m)[1] - 1  # 2^E ≤ m < 2^(E+1)
-        unit = np.ldexp(1.0, E - W)[:, None]
-        with np.errstate(invalid="ignore"):
-            kept = np.where(m[:, None] > 0, np.trunc(terms / unit) * unit, 0.0)
-        acc = _trunc_f32(kept.sum(axis=1))
-    return acc
-
-
-def _trunc_f32(x: np.ndarray) -> np.ndarray:
-    """Truncate float64 toward zero to float32 precision (24 significant bits)."""
-    m, e = np.frexp(x)
-    return np.ldexp(np.trunc(np.ldexp(m, 24)), e - 24)
-
 
 # --------------------------------------------------------------------------------------
 # Screening plan (the contract the GPU kernels consume)
@@ -648,11 +191,11 @@ def _row_rounding_envelope(c_lo, c_hi, q_row, omega, qhat_vals):
     """Σ-term of step 2 for one row: upper bound of | |c| q_d − |ω| q̂_d | per d [D]."""
     om = float(omega)
     same = (c_lo >= 0.0 and om >= 0.0) or (c_hi <= 0.0 and om <= 0.0)
-    ca = _iv_abs((np.float64(c_lo), np.float64(c_hi)))
+    ca = iv_abs((np.float64(c_lo), np.float64(c_hi)))
     aq = np.abs(om) * qhat_vals  # exact: fp32 × e4m3 fits float64
     if same:
-        prod = _iv_mul(ca, (q_row, q_row))
-        return _iv_mag(_iv_sub(prod, (aq, aq)))
+        prod = iv_mul(ca, (q_row, q_row))
+        return iv_mag(iv_sub(prod, (aq, aq)))
     return add_up(mul_up(ca[1], np.abs(q_row)), np.abs(aq))
 
 
@@ -697,14 +240,14 @@ def _joint_up(u_lo: np.ndarray, u_hi: np.ndarray) -> float:
     if mx == 0.0:
         return 0.0
     if not np.isfinite(mx):
-        return _INF
+        return INF
     e = int(np.frexp(mx)[1])
     with np.errstate(under="ignore"):
         lo, hi = np.ldexp(u_lo, -e), np.ldexp(u_hi, -e)
         if e > 0:  # downscaling may round: widen
             lo, hi = down(lo), up(hi)
     S = (sum_down(lo, axis=0), sum_up(hi, axis=0))
-    nS = norm_up(_iv_mag(S))
+    nS = norm_up(iv_mag(S))
     m = 0.5 * (lo + hi)
     rad = np.maximum(sub_up(hi, m), sub_up(m, lo))
     am = np.abs(m)
@@ -725,8 +268,8 @@ def _positive_enclosure(plan: Plan, q_t: np.ndarray, w_t: np.ndarray):
         return np.zeros(G), gb
     d_lo, d_hi = _d_enclosure(plan, q_t)
     wP = w_t[plan.P]
-    dmag = _iv_mag((d_lo, d_hi))
-    u = _iv_mul((wP[:, None], wP[:, None]), (d_lo, d_hi))
+    dmag = iv_mag((d_lo, d_hi))
+    u = iv_mul((wP[:, None], wP[:, None]), (d_lo, d_hi))
     opt = plan.options.allowance
     E = np.zeros(G)
     for g in range(G):
@@ -795,12 +338,12 @@ def build_fp8_plan(
     # Aux target: a_A (base) or V = a_A − Σ_j c_j q_j (abs; c_j = ½ w̃_j), enclosed.
     t_lo, t_hi = np.zeros(D), np.zeros(D)
     for h in plan.A:
-        t = _iv_mul((np.abs(w_t[h]), np.abs(w_t[h])), (q_t[h], q_t[h]))
-        t_lo, t_hi = _iv_add((t_lo, t_hi), t)
+        t = iv_mul((np.abs(w_t[h]), np.abs(w_t[h])), (q_t[h], q_t[h]))
+        t_lo, t_hi = iv_add((t_lo, t_hi), t)
     if form == "abs":
         for j in range(r):
-            t = _iv_mul((c_lo[j], c_hi[j]), (q_t[R[j]], q_t[R[j]]))
-            t_lo, t_hi = _iv_sub((t_lo, t_hi), t)
+            t = iv_mul((c_lo[j], c_hi[j]), (q_t[R[j]], q_t[R[j]]))
+            t_lo, t_hi = iv_sub((t_lo, t_hi), t)
     target = 0.5 * (t_lo + t_hi)
     aux_payload = np.zeros((2, D), dtype=np.uint8)
     aux_scale = np.ones(2, dtype=np.float32)
@@ -815,7 +358,7 @@ def build_fp8_plan(
         e_lo, e_hi = sub_down(e_lo, v), sub_up(e_hi, v)
         with np.errstate(over="ignore", invalid="ignore"):
             resid = resid - v
-    J_aux = _iv_mag((e_lo, e_hi))
+    J_aux = iv_mag((e_lo, e_hi))
 
     # Screening arithmetic (payload units).
     eps_s, dabs_s, eabs_s = model.screen_coefficients(D, r)
@@ -921,7 +464,7 @@ def screen_bound(
     """
     n = kbar.shape[0]
     if not fplan.valid:
-        return np.full(n, _INF)
+        return np.full(n, INF)
     if Uhat is None:
         Uhat = screen_values(fplan, kbar)
     a = np.asarray(scale, dtype=np.float64)
@@ -931,35 +474,12 @@ def screen_bound(
     U = add_up(mul_up(a, t), fplan.eps_out)
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(a) & (a > 0) & np.isfinite(rh) & (rh >= 0) & np.isfinite(U)
-    return np.where(ok, U, _INF)
+    return np.where(ok, U, INF)
 
 
 # --------------------------------------------------------------------------------------
 # Public entry points
 # --------------------------------------------------------------------------------------
-
-
-def _check_fp8_inputs(q, w, payload, scale, strict: bool):
-    q = as_float_array(q, "q", 3)
-    w = as_float_array(w, "w", 2)
-    p = np.asarray(payload)
-    if p.dtype != np.uint8 or p.ndim != 2:
-        raise ValueError(f"payload: expected uint8 e4m3 bits [N, D], got {p.dtype} {p.shape}")
-    s = np.asarray(scale)
-    if s.dtype.kind != "f" or s.shape != (p.shape[0],):
-        raise ValueError(f"scale: expected float [N={p.shape[0]}], got {s.dtype} {s.shape}")
-    check_qwk_shapes(q.shape, w.shape, p.shape, "payload")
-    if strict:
-        if np.any(nan_codes(p)):
-            raise ValueError("payload: contains e4m3 NaN codes (0x7F/0xFF)")
-        if not np.all(np.isfinite(s)):
-            raise ValueError("scale: contains non-finite values (nan or inf)")
-    return (
-        np.ascontiguousarray(q, dtype=np.float64),
-        np.ascontiguousarray(w, dtype=np.float64),
-        p,
-        s.astype(np.float32),
-    )
 
 
 @dataclass
@@ -1010,7 +530,7 @@ def fp8_bounds(
         rho: optional fp32 [N] summaries (default ``key_rms(payload)``).
     Invalid scales / summaries / NaN codes give +inf for that key (no pruning).
     """
-    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=False)
+    q, w, payload, scale = check_fp8_inputs(q, w, payload, scale, strict=False)
     Qn, H, D = q.shape
     N = payload.shape[0]
     ks, ke = check_ranges(ks, ke, Qn, N)
@@ -1021,7 +541,7 @@ def fp8_bounds(
     rho = np.asarray(rho, dtype=np.float32)
     if rho.shape != (N,):
         raise ValueError(f"rho: expected shape ({N},), got {rho.shape}")
-    U = np.full((Qn, N), -_INF)
+    U = np.full((Qn, N), -INF)
     Uhat = np.full((Qn, N), np.nan)
     out_plans = []
     for t in range(Qn):
@@ -1030,7 +550,7 @@ def fp8_bounds(
         if isinstance(fp, Plan):
             fp = build_fp8_plan(fp, q[t], w[t], model, form)
         if fp is None:
-            smp = kbar[_stride_sample(a, b, sample)] if b > a else kbar[:0]
+            smp = kbar[stride_sample(a, b, sample)] if b > a else kbar[:0]
             smp = np.nan_to_num(smp)
             fp = build_fp8_plan(
                 default_plan(q[t], w[t], smp, r, plan_options), q[t], w[t], model, form
@@ -1042,195 +562,8 @@ def fp8_bounds(
             Uhat[t, a:b] = uh
             U[t, a:b] = screen_bound(fp, kb, scale[a:b], rho[a:b], uh)
             bad = np.any(nan_codes(payload[a:b]), axis=1)
-            U[t, a:b][bad] = _INF
+            U[t, a:b][bad] = INF
     return FP8Bounds(U=U, Uhat=Uhat, plans=out_plans, rho=rho)
-
-
-@dataclass
-class FP8Stats(DosaStats):
-    """``DosaStats`` plus the guard's cost: survivors_exact — keys (outside the seeds)
-    with exact-arithmetic certificate U ≥ τ for the same plan and τ; invalid_keys — keys
-    whose bound was +inf (invalid scale/summary)."""
-
-    survivors_exact: np.ndarray = None
-    invalid_keys: np.ndarray = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.survivors_exact = np.zeros(self.Qn, dtype=np.int64)
-        self.invalid_keys = np.zeros(self.Qn, dtype=np.int64)
-
-    @property
-    def survival_exact(self) -> float:
-        n = int(self.screened.sum())
-        return float(self.survivors_exact.sum()) / n if n else float("nan")
-
-    def totals(self) -> dict:
-        d = super().totals()
-        d.update(
-            survivors_exact=int(self.survivors_exact.sum()),
-            survival_exact=self.survival_exact,
-            guard_cost_pp=100.0 * (self.survival - self.survival_exact),
-            invalid_keys=int(self.invalid_keys.sum()),
-        )
-        return d
-
-
-@dataclass
-class FP8Result(DosaResult):
-    """``DosaResult`` plus ``plans`` (FP8ScreenPlan or None per query) and ``tau``
-    (float64 [Qn], the seed threshold used for screening; −inf when not screened)."""
-
-    plans: list = None
-    tau: np.ndarray = None
-
-
-_FP8_ONLY = ("error_model", "guard_stats")
-
-
-def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options) -> FP8Result:
-    """Exact Top-K on FP8 keys with the numerical certificate (Algorithm 1, docs/method.md §8).
-
-    Args:
-        q [Qn, H, D], w [Qn, H]: query heads and weights (float; for FP8 queries pass
-            ``e4m3_values(q_payload)`` and the folded weights of ``quantize_queries``).
-        payload uint8 [N, D], scale float32 [N]: FP8 keys (``quantize_keys``).
-        K ≥ 1; ks, ke: visible ranges.  progress: callable per finished query.
-        **options: ``SelectOptions`` fields, plus ``error_model`` (ErrorModel, default
-            ``ErrorModel.hopper_fp8()``) and ``guard_stats`` (count exact-certificate
-            survivors for the guard's cost; default True).
-    Returns:
-        FP8Result with ``ids`` == ``topk_ids(index_scores(q, w, dequantize(payload,
-        scale)), K)`` (score desc, id asc, −1 padding), ``stats`` (FP8Stats), ``plans``.
-    Raises ValueError for NaN payload codes or non-finite scales (the reference scorer is
-    undefined there); a non-positive scale only disables pruning for that key.
-    """
-    q, w, payload, scale = _check_fp8_inputs(q, w, payload, scale, strict=True)
-    K = check_K(K)
-    Qn, H, D = q.shape
-    N = payload.shape[0]
-    ks, ke = check_ranges(ks, ke, Qn, N)
-    extra = {k_: options.pop(k_) for k_ in _FP8_ONLY if k_ in options}
-    model = extra.get("error_model") or DEFAULT_MODEL
-    if not isinstance(model, ErrorModel):
-        raise ValueError("error_model: expected an ErrorModel")
-    guard_stats = bool(extra.get("guard_stats", True))
-    opt = SelectOptions.from_kwargs(options)
-    popt = opt.plan_options()
-    k = dequantize(payload, scale)  # exact float64 keys: the reference scorer's input
-    kbar = e4m3_values(payload)
-    rho = key_rms(payload)
-    strategies, seed_ids, pool = _seed_sources(q, w, k, ks, ke, K, opt)
-    st = FP8Stats(Qn)
-    plans: list = [None] * Qn
-    taus = np.full(Qn, -_INF)
-    ksum = None
-
-    def screened(t, a, b):
-        nonlocal ksum
-        if ksum is None and guard_stats:
-            ksum = KeySummary(k)
-        top, sc, plans[t], taus[t] = _fp8_query(
-            t,
-            q[t],
-            w[t],
-            k,
-            kbar,
-            scale,
-            rho,
-            a,
-            b,
-            K,
-            opt,
-            popt,
-            strategies,
-            seed_ids,
-            pool,
-            st,
-            model,
-            ksum if guard_stats else None,
-        )
-        return top, sc
-
-    ids_out = _per_query(q, w, k, K, ks, ke, opt, st, screened, progress)
-    return FP8Result(ids=ids_out, stats=st, plans=plans, tau=taus)
-
-
-def _fp8_query(
-    t,
-    q_t,
-    w_t,
-    k,
-    kbar,
-    scale,
-    rho,
-    a,
-    b,
-    K,
-    opt,
-    popt,
-    strategies,
-    seed_ids,
-    pool,
-    st,
-    model,
-    ksum,
-):
-    # Steps 1–2: seeds and τ (Prop. 4) — exactly as Algorithm 1 in select.py.
-    S, s_S, tau0, p = _initial_seeds(t, q_t, w_t, k, a, b, K, opt, strategies, seed_ids, pool)
-
-    # Step 3: plan (float64 choices) and its FP8 screening rows + guard.
-    if opt.r == "auto":
-        r = choose_r(q_t, w_t, p, tau0, k[_stride_sample(a, b, 512)], popt, opt.form)
-    else:
-        r = int(opt.r)
-    plan = build_plan(q_t, w_t, p, r, popt)
-    fplan = build_fp8_plan(plan, q_t, w_t, model, opt.form)
-    _record_plan(t, plan, st)
-
-    U = screen_bound(fplan, kbar[a:b], scale[a:b], rho[a:b])
-    if not fplan.valid:
-        # C.3: an invalid plan proves nothing; full-domain recovery.
-        st.recovered[t] = True
-        top, sc = _full_topk(q_t, w_t, k, a, b, K)
-        return top, sc, fplan, -_INF
-    st.invalid_keys[t] = int(np.sum(U == _INF))
-
-    if "certificate" in strategies and opt.cert_seeds > 0:
-        S, s_S = _certificate_seeds(U, a, b, S, s_S, q_t, w_t, k, opt.cert_seeds)
-    st.seeds[t] = S.size
-    if S.size < K:
-        st.full[t] = True
-        top, sc = _full_topk(q_t, w_t, k, a, b, K)
-        return top, sc, fplan, -_INF
-
-    buf = _Buffer(K, opt.buffer, S, s_S)
-    tau = buf.tau
-    st.tau[t] = tau
-    if ksum is not None:
-        # Guard cost: survivors of the exact-arithmetic certificate at the same τ.
-        Ue = upper_bound(plan, k[a:b], opt.form, "none", ksum=ksum.slice(a, b))
-        ae = Ue >= tau
-        ae[S - a] = False
-        st.survivors_exact[t] = int(ae.sum())
-    # Steps 4–6 with U^num (strict rejection U^num < τ; equality survives).
-    _screen_and_refine(t, U, buf, S, a, b, q_t, w_t, k, opt, st)
-    top, sc = buf.result()
-    return top, sc, fplan, tau
-
-
-def _model_fields() -> list[str]:
-    return [f.name for f in fields(Arithmetic)]
-
-
-def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
-    """Reference ids: full float64 scoring of the dequantized keys (for tests)."""
-    from .scorer import index_scores, topk_ids
-
-    return topk_ids(index_scores(q, w, dequantize(payload, scale), ks, ke), K)
-
-
-__all__ += ["DEFAULT_MODEL", "default_plan", "topk_check", "topk_of"]
 
 
 def simulate_screen(fplan: FP8ScreenPlan, kbar: np.ndarray, arith: Arithmetic | None = None):
@@ -1255,22 +588,3 @@ def simulate_screen(fplan: FP8ScreenPlan, kbar: np.ndarray, arith: Arithmetic | 
     if fplan.form == "base":
         z = np.maximum(z, f32(0))
     return (acc - z).astype(f32).astype(np.float64)
-
-
-def simulate_scorer(q_t, w_t, kbar, alpha, arith: Arithmetic | None = None):
-    """The original score of FP8 keys computed like a GPU dense kernel following
-    ``arith`` (default: the Hopper model): per head ``simulate_dot`` in payload units,
-    × α, ReLU, × w_h, summed over heads in fp32.  ``q_t`` must be e4m3-valued (exact
-    products).  float64 [n]."""
-    arith = arith or DEFAULT_MODEL.scorer
-    f32 = np.float32
-    al = np.asarray(alpha, dtype=f32)
-    s = np.zeros(kbar.shape[0], dtype=f32)
-    for h in range(q_t.shape[0]):
-        x = simulate_dot(q_t[h], kbar, arith).astype(f32)
-        y = np.maximum((al * x).astype(f32), f32(0))
-        s = (s + (f32(w_t[h]) * y).astype(f32)).astype(f32)
-    return s.astype(np.float64)
-
-
-__all__ += ["simulate_scorer", "simulate_screen"]

@@ -4,7 +4,7 @@ Any set S of distinct visible keys scored exactly gives τ = τ_K(S) ≤ τ_K(Ω
 change only efficiency; each rule here returns candidate key ids for one query, and the
 selector scores them with the original scorer.
 
-Strategies:
+Strategies (names in ``options.STRATEGIES``):
   explicit     — caller-given ids per query (e.g. the previous chunk's selections).
   local        — the ``window`` most recent visible keys plus ``sinks`` first keys.
   anchor       — the union of the exact Top-K of ``n_anchors`` queries of the chunk.
@@ -14,34 +14,27 @@ Strategies:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .scorer import score_keys, topk_of
 
+if TYPE_CHECKING:
+    from .prepare import QueryContext
+
 __all__ = [
-    "STRATEGIES",
+    "SeedSet",
+    "add_certificate_seeds",
     "anchor_pool",
+    "anchor_queries",
     "explicit_seeds",
     "kth_score",
     "local_seeds",
-    "parse_strategies",
+    "seed_set",
+    "stride_sample",
 ]
-
-STRATEGIES = ("explicit", "local", "anchor", "certificate")
-
-
-def parse_strategies(seeds) -> tuple[str, ...]:
-    """Accept "local+anchor", ["local", "anchor"], ...; validate names."""
-    if isinstance(seeds, str):
-        names = tuple(s for s in seeds.replace(",", "+").split("+") if s)
-    else:
-        names = tuple(seeds)
-    if not names:
-        raise ValueError("seeds: need at least one strategy")
-    for s in names:
-        if s not in STRATEGIES:
-            raise ValueError(f"seeds: unknown strategy {s!r}; expected some of {STRATEGIES}")
-    return names
 
 
 def local_seeds(ks_t: int, ke_t: int, window: int, sinks: int) -> np.ndarray:
@@ -58,6 +51,13 @@ def explicit_seeds(ids_t, ks_t: int, ke_t: int) -> np.ndarray:
     return np.unique(a)
 
 
+def anchor_queries(Qn: int, n: int) -> np.ndarray:
+    """The ``n`` anchor queries spread evenly over a chunk of ``Qn`` (int64, sorted)."""
+    if n <= 0 or Qn == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.linspace(0, Qn - 1, min(n, Qn)).round().astype(np.int64))
+
+
 def anchor_pool(
     q: np.ndarray, w: np.ndarray, k: np.ndarray, ks: np.ndarray, ke: np.ndarray, K: int, n: int
 ) -> np.ndarray:
@@ -65,12 +65,8 @@ def anchor_pool(
 
     Anchors are scored fully (the fraction f of the cost model, docs/method.md §6).
     """
-    Qn = q.shape[0]
-    if n <= 0 or Qn == 0:
-        return np.zeros(0, dtype=np.int64)
-    anchors = np.unique(np.linspace(0, Qn - 1, min(n, Qn)).round().astype(np.int64))
     pool = []
-    for t in anchors:
+    for t in anchor_queries(q.shape[0], n):
         a, b = int(ks[t]), int(ke[t])
         ids = np.arange(a, b, dtype=np.int64)
         top, _ = topk_of(score_keys(q[t], w[t], k[a:b]), ids, K)
@@ -83,3 +79,59 @@ def kth_score(scores: np.ndarray, K: int) -> float:
     if scores.shape[0] < K:
         return -np.inf
     return float(np.partition(scores, scores.shape[0] - K)[scores.shape[0] - K])
+
+
+def stride_sample(a: int, b: int, m: int) -> np.ndarray:
+    """At most ``m`` ids spread evenly over [a, b) (all of them when b − a ≤ m): int64."""
+    n = b - a
+    if n <= m:
+        return np.arange(a, b, dtype=np.int64)
+    return (a + (np.arange(m, dtype=np.int64) * n) // m).astype(np.int64)
+
+
+@dataclass
+class SeedSet:
+    """Distinct visible keys of one query scored exactly: ``ids`` int64 [S], ``scores``
+    float64 [S]; ``explicit`` counts the ids that came only from ``seed_ids``."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    explicit: int = 0
+
+    def tau(self, K: int) -> float:
+        """τ_K(S) ≤ τ_K(Ω) (Prop. 4)."""
+        return kth_score(self.scores, K)
+
+
+def seed_set(ctx: QueryContext) -> SeedSet:
+    """Steps 1–2 of Algorithm 1 (docs/method.md §7): the query's seeds from its strategies
+    (explicit ∪ local ∪ anchor pool; "certificate" alone starts from the local seeds),
+    scored with the original scorer."""
+    c = ctx.chunk
+    default = []
+    if "local" in c.strategies or c.strategies == ("certificate",):
+        default.append(local_seeds(ctx.a, ctx.b, c.window, c.opt.sinks))
+    if "anchor" in c.strategies:
+        default.append(c.pool[(c.pool >= ctx.a) & (c.pool < ctx.b)])
+    S = np.unique(np.concatenate(default)) if default else np.zeros(0, dtype=np.int64)
+    n_explicit = 0
+    if "explicit" in c.strategies:
+        extra = np.setdiff1d(explicit_seeds(c.seed_ids[ctx.t], ctx.a, ctx.b), S)
+        n_explicit = int(extra.size)
+        S = np.union1d(S, extra)
+    return SeedSet(S, score_keys(ctx.q_t, ctx.w_t, c.k[S]), n_explicit)
+
+
+def add_certificate_seeds(ctx: QueryContext, U: np.ndarray, seeds: SeedSet, m: int) -> SeedSet:
+    """Certificate-guided seeds (docs/method.md §2): score the ``m`` visible keys of largest
+    bound ``U`` float64 [b − a] that are not seeds yet (any exact score of a visible key
+    is a valid witness, so τ can only rise)."""
+    m = min(m, ctx.b - ctx.a)
+    if m <= 0:
+        return seeds
+    cand = ctx.a + np.argpartition(-U, m - 1)[:m]
+    extra = np.setdiff1d(cand, seeds.ids)
+    scores = score_keys(ctx.q_t, ctx.w_t, ctx.chunk.k[extra])
+    return SeedSet(
+        np.concatenate([seeds.ids, extra]), np.concatenate([seeds.scores, scores]), seeds.explicit
+    )

@@ -80,8 +80,11 @@ def check_ranges(ks, ke, Qn: int, N: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_K(K) -> int:
-    """Validate the selection size ``K >= 1``."""
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)):
+    """Validate the selection size ``K >= 1``: a Python or numpy integer, or a 0-d integer
+    array (e.g. ``np.asarray(8)``); a float, a bool or any other shape raises."""
+    if isinstance(K, np.ndarray) and K.ndim == 0 and K.dtype.kind in "iu":
+        K = K[()]
+    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)):
         raise ValueError(f"K: expected a positive integer, got {K!r}")
     if K < 1:
         raise ValueError(f"K: must be >= 1, got {K}")

@@ -373,7 +373,8 @@ def calibration_table(
     ``layers`` workloads (seeds ``seed, seed+1, …`` — each seed draws new head roles,
     weights and keys, like another indexer layer) are pooled, as the paper's figures
     pool 21 layers: survival = Σ survivors / Σ screened over all of them.  Each variant
-    is ``dosa_topk(q, w, k, K, ks, ke, seeds="local+anchor", neg_aggregate=…, **options)``
+    is ``dosa_topk(q, w, k, K, ks, ke, seeds="local+anchor", auto_dense=False,
+    neg_aggregate=…, **options)`` (screening even where the cost model would score densely)
     (majority = the default certificate, none, all); ``options`` may override anything,
     e.g. ``r=16`` for the paper's fixed H=32 budget.
 
@@ -383,11 +384,11 @@ def calibration_table(
     dozen queries cannot resolve the paper's 0.42%); ``within_50pct`` reports whichever
     criterion the row has.
     """
-    from .select import dosa_topk
+    from .pipeline import dosa_topk
 
     if isinstance(layers, bool) or not isinstance(layers, (int, np.integer)) or layers < 1:
         raise ValueError(f"layers: expected a positive integer, got {layers!r}")
-    opts = {"seeds": "local+anchor"}
+    opts = {"seeds": "local+anchor", "auto_dense": False}  # measure the certificate
     opts.update(options)
     variants = ("majority", "none", "all")
     surv = {v: [0, 0] for v in variants}

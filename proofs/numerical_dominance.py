@@ -18,7 +18,7 @@ error bounds; two Cauchy–Schwarz steps and ρ√D ≥ ‖k̄‖; positive homo
 What ``check`` verifies, exactly (fractions; e4m3 and fp32 values are dyadic):
   1. the dominance margin m = α(Ŝ − err_scr + ρC + ε_raw) + ε_out − (s + err_ref) ≥ 0
      for every key, with Ŝ and s the exact screening value and score and err_* the
-     model's worst-case errors for that pair (``dosa_ref.audit.exact_margin``, its own
+     model's worst-case errors for that pair (``dosa_ref.margins.exact_margin``, its own
      implementation of the model's coefficients);
   2. the CPU evaluation: the float U^num ≥ the float64 score of the dequantized key;
   3. for e4m3-valued queries, a simulated GPU (truncating tensor-core sums, fp32
@@ -42,18 +42,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from dosa_ref.audit import exact_margin
+from dosa_ref.error_model import Arithmetic, ErrorModel, simulate_dot, simulate_scorer
 from dosa_ref.fp8 import dequantize, e4m3_values, key_rms, quantize_keys, quantize_queries
-from dosa_ref.numeric import (
-    Arithmetic,
-    ErrorModel,
-    build_fp8_plan,
-    default_plan,
-    screen_bound,
-    simulate_dot,
-    simulate_scorer,
-    simulate_screen,
-)
+from dosa_ref.margins import exact_margin
+from dosa_ref.numeric import build_fp8_plan, default_plan, screen_bound, simulate_screen
 from dosa_ref.plan import PlanOptions
 from dosa_ref.scorer import score_keys
 

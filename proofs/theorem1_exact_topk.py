@@ -79,7 +79,7 @@ def check(q, w, k, K, ks=None, ke=None, options=None, selector=None, context="")
                     f"query {t}: min(sel) ≥ max(unsel)",
                 )
         st = getattr(res, "stats", None)
-        if st is not None and b - a > K and not st.full[t] and not st.recovered[t]:
+        if st is not None and b - a > K and not st.dense[t] and not st.recovered[t]:
             vis = scores[t, a:b]
             if np.all(vis == vis[0]):
                 # all ties: every bound is ≥ s = τ, so every non-seed key survives

@@ -8,9 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from dosa_ref.audit import audit, audit_replay, exact_margin, interval_margins, main
+from dosa_ref.audit import audit, audit_replay, main
+from dosa_ref.error_model import ErrorModel
 from dosa_ref.fp8 import e4m3_values, key_rms, quantize_keys, quantize_queries
-from dosa_ref.numeric import ErrorModel, build_fp8_plan, default_plan
+from dosa_ref.margins import exact_margin, interval_margins
+from dosa_ref.numeric import build_fp8_plan, default_plan
 
 
 def small_workload(seed=0, Qn=3, H=8, D=32, N=1500, fp8q=True):

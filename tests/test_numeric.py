@@ -10,33 +10,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import problems
 
-from dosa_ref.audit import exact_margin, model_coefficients_exact
+from dosa_ref.error_model import Arithmetic, ErrorModel, simulate_dot, simulate_scorer
 from dosa_ref.fp8 import dequantize, e4m3_values, key_rms, quantize_keys, quantize_queries
+from dosa_ref.margins import exact_margin, model_coefficients_exact
 from dosa_ref.numeric import (
-    Arithmetic,
-    ErrorModel,
-    add_down,
-    add_up,
     build_fp8_plan,
     default_plan,
+    fp8_bounds,
+    screen_bound,
+    screen_values,
+    simulate_screen,
+)
+from dosa_ref.pipeline import fp8_topk, topk_check
+from dosa_ref.plan import PlanOptions
+from dosa_ref.rounding import (
+    add_down,
+    add_up,
     div_up,
     f32_up,
-    fp8_bounds,
-    fp8_topk,
     matmul_enclose,
     mul_down,
     mul_up,
     norm_up,
-    screen_bound,
-    screen_values,
-    simulate_dot,
-    simulate_scorer,
-    simulate_screen,
     sqrt_up,
     sum_up,
-    topk_check,
 )
-from dosa_ref.plan import PlanOptions
 from dosa_ref.scorer import score_keys
 
 F = Fraction
@@ -355,6 +353,9 @@ def test_fp8_topk_prunes_and_reports_guard_cost():
     np.testing.assert_array_equal(res.ids, topk_check(q, w, payload, scale, K))
     T = res.stats.totals()
     assert T["survival"] < 1.0 and T["survival"] >= T["survival_exact"]
+    st_ = res.stats  # the shared work accounting (dosa_ref.options.STATS)
+    np.testing.assert_array_equal(st_.scored, st_.seeds + st_.cert_seeds + st_.refined)
+    assert 0.0 < T["scored_fraction"] < T["work_ratio"]
     assert "guard_cost_pp" in T
     fp = res.plans[0]
     ka = fp.kernel_arrays()

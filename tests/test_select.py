@@ -19,6 +19,7 @@ OPTS = st.fixed_dictionaries(
         "n_anchors": st.integers(0, 3),
         "cert_seeds": st.integers(0, 40),
         "r": st.one_of(st.just("auto"), st.integers(1, 7)),
+        "auto_dense": st.booleans(),
         "form": st.sampled_from(("base", "abs")),
         "buffer": st.integers(1, 80),
         "refine_batch": st.integers(1, 50),
@@ -41,13 +42,20 @@ def test_dosa_equals_brute_force(prob, opts):
 
 @given(problems(max_n=200), st.integers(0, 2**31))
 def test_explicit_seeds_any_ids(prob, seed):
-    """Any explicit seed list (duplicates, invisible ids, −1 pads) is safe."""
+    """Any explicit seed list (duplicates, ids outside the visible range, −1 pads) is safe,
+    with or without other strategies; ids outside [−1, N) are rejected (``seed_ids``)."""
     q, w, k, K, ks, ke = prob
     N = k.shape[0]
     rng = np.random.default_rng(seed)
-    ids = rng.integers(-1, N + 3, size=(q.shape[0], 3 * K))
+    ids = rng.integers(-1, N, size=(q.shape[0], 3 * K))
+    ref = topk_ids(index_scores(q, w, k, ks, ke), K)
     res = dosa_topk(q, w, k, K, ks, ke, seeds="explicit", seed_ids=ids, buffer=K)
-    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k, ks, ke), K))
+    np.testing.assert_array_equal(res.ids, ref)
+    res = dosa_topk(q, w, k, K, ks, ke, seeds="local", seed_ids=ids, window=3, r=1)
+    np.testing.assert_array_equal(res.ids, ref)
+    for bad in (N, -2):
+        with pytest.raises(ValueError, match="seed_ids"):
+            dosa_topk(q, w, k, K, ks, ke, seed_ids=np.full((q.shape[0], 1), bad))
 
 
 def _problem(seed=0, Qn=4, H=8, D=16, N=3000, neg=0.85):
@@ -72,14 +80,16 @@ def test_screening_prunes_and_stays_exact():
 
 
 def test_all_ties_keep_tied_keys_by_id():
-    """All scores equal: every key survives (equality survives), ids ascending win."""
+    """All scores equal: every key survives (equality survives), ids ascending win.  With
+    r="auto" the cost model sees m = 1 and scores densely; a fixed r screens."""
     q = np.ones((2, 3, 4))
     w = np.array([[1.0, -0.5, 0.25], [-1.0, -1.0, 1.0]])
     k = np.ones((100, 4))
-    for buf in (1, 7, 10, 1000):
-        res = dosa_topk(q, w, k, 10, seeds="local", buffer=buf, window=12)
-        np.testing.assert_array_equal(res.ids, np.tile(np.arange(10), (2, 1)))
-    assert res.stats.survivors.sum() > 0
+    for r in ("auto", 1):
+        for buf in (1, 7, 10, 1000):
+            res = dosa_topk(q, w, k, 10, seeds="local", buffer=buf, window=12, r=r)
+            np.testing.assert_array_equal(res.ids, np.tile(np.arange(10), (2, 1)))
+    assert res.stats.survivors.sum() == res.stats.screened.sum() == 2 * (100 - 12 - 16)
 
 
 def test_overflow_merges_exactly():
@@ -105,7 +115,7 @@ def test_short_and_empty_rows_pad():
 def test_no_screening_cases_score_fully(H, r):
     q, w, k = _problem(H=H, N=500)
     res = dosa_topk(q, w, k, 16, r=r)
-    assert res.stats.full.all()
+    assert res.stats.dense.all()
     np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 16))
 
 
@@ -148,3 +158,53 @@ def test_stats_are_consistent():
     assert set(st_.slack) == {"positive", "missed_negative", "cancellation", "total"}
     t = st_.totals()
     assert 0.0 <= t["pruning"] <= 1.0
+
+
+def test_cost_model_scores_densely_when_screening_cannot_pay():
+    """All scores tie, so every bound survives (m = 1): r="auto" scores densely
+    (docs/method.md §6 "Cost") and says why; ids stay exact."""
+    q = np.ones((2, 8, 4))
+    w = -np.ones((2, 8))
+    k = np.ones((300, 4))
+    res = dosa_topk(q, w, k, 10, seeds="local", window=20, sinks=0)
+    st_ = res.stats
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 10))
+    assert st_.dense.all() and np.all(st_.est_work >= 1.0) and np.all(st_.est_survival == 1.0)
+    assert np.all(st_.screened == 0) and np.all(st_.r == 0)
+    np.testing.assert_array_equal(st_.scored, st_.visible)  # seeds are not scored twice
+    res = dosa_topk(q, w, k, 10, seeds="local", window=20, sinks=0, auto_dense=False)
+    assert not res.stats.dense.any() and np.all(res.stats.survivors == res.stats.screened)
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 10))
+
+
+def test_work_accounting():
+    """The fully scored fraction counts seeds, certificate seeds, refinement and the anchor
+    queries' full scoring; the cost model's estimate says screening pays where it ran."""
+    q, w, k = _problem(seed=3, Qn=6, N=4000)
+    res = dosa_topk(q, w, k, 32, window=64, cert_seeds=64, n_anchors=2)
+    st_ = res.stats
+    np.testing.assert_array_equal(res.ids, topk_ids(index_scores(q, w, k), 32))
+    np.testing.assert_array_equal(st_.visible, 4000)
+    assert st_.anchor_scored == 2 * 4000
+    screened = ~st_.dense
+    assert screened.any()
+    np.testing.assert_array_equal(
+        st_.scored[screened], (st_.seeds + st_.cert_seeds + st_.refined)[screened]
+    )
+    np.testing.assert_array_equal(st_.refined[screened], st_.survivors[screened])
+    assert np.all(st_.est_work[screened] < 1.0) and np.all(st_.bound_work[screened] > 0)
+    t = st_.totals()
+    expect = (st_.scored.sum() + st_.anchor_scored) / st_.visible.sum()
+    assert t["scored_fraction"] == pytest.approx(expect)
+    assert t["work_ratio"] == pytest.approx(expect + st_.bound_work.sum() / st_.visible.sum())
+
+
+def test_default_seeds_scale_with_K():
+    from dosa_ref.options import SelectOptions, default_cert_seeds, default_window
+
+    assert default_window(16) == 2048 and default_window(4096) == 8192
+    assert default_window(4096, "local+anchor") == 2048
+    assert default_cert_seeds(16) == 2048 and default_cert_seeds(4096) == 4096
+    assert SelectOptions(seeds="local").window_for(2048) == 4096
+    assert SelectOptions(seeds="local", window=5).window_for(2048) == 5
+    assert SelectOptions().cert_seeds_for(8192) == 8192

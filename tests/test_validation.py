@@ -21,6 +21,12 @@ k = np.ones((10, 4))
         (dict(k=np.full((10, 4), -np.inf)), "k"),
         (dict(K=0), "K"),
         (dict(K=2.5), "K"),
+        (dict(K=3.0), "K"),
+        (dict(K=True), "K"),
+        (dict(K=np.bool_(True)), "K"),
+        (dict(K=np.asarray(3.0)), "K"),
+        (dict(K=np.asarray(True)), "K"),
+        (dict(K=np.asarray([3])), "K"),
         (dict(ks=np.array([3, 0]), ke=np.array([2, 10])), "ks"),
         (dict(ke=np.array([5, 11])), "ke"),
         (dict(ks=np.array([-1, 0])), "ks"),
@@ -52,11 +58,25 @@ def test_bad_input_names_argument(kwargs, name):
         (dict(allowance="x"), "allowance"),
         (dict(bogus=1), "bogus"),
         (dict(window=-1), "window"),
+        (dict(window=2.0), "window"),
+        (dict(cert_seeds=-1), "cert_seeds"),
+        (dict(auto_dense=1), "auto_dense"),
+        (dict(seed_ids=np.zeros((3, 2), np.int64)), "seed_ids"),
+        (dict(seed_ids=np.zeros((2, 2))), "seed_ids"),
+        (dict(seed_ids=np.full((2, 2), 10)), "seed_ids"),
     ],
 )
 def test_bad_options_name_option(opt, name):
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         dosa_topk(q, w, k, 3, **opt)
+
+
+@pytest.mark.parametrize("K", [np.asarray(3), np.asarray(3, dtype=np.uint8), np.int32(3)])
+def test_K_as_numpy_integer_or_0d_array(K):
+    """K given as a numpy integer or a 0-d integer array means that integer."""
+    ref = topk_ids(index_scores(q, w, k), 3)
+    np.testing.assert_array_equal(dosa_topk(q, w, k, K).ids, ref)
+    np.testing.assert_array_equal(topk_ids(index_scores(q, w, k), K), ref)
 
 
 def test_topk_ids_rejects_nan_and_bad_K():
