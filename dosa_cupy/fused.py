@@ -49,9 +49,9 @@ class FusedLaunch:
 
 def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     """The fused route: same contract as ``dosa_topk`` (int64 [Qn, K] ids; ids equal
-    ``dense_topk``).  Options: window, sinks, n_anchors, seeds (explicit seed ids, as in
-    ``dosa_topk``), buffer, return_stats, timing (cert_seeds and the plan options are
-    accepted and ignored: the fused route has no screen)."""
+    ``dense_topk``).  Options: seeds, seed_ids, window, sinks, n_anchors (as in
+    ``dosa_topk``), buffer, return_stats, timing (cert_seeds, the "certificate" strategy
+    and the plan options are accepted and ignored: the fused route has no screen)."""
     cp = cupy_or_raise()
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
@@ -69,19 +69,19 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
     recs = extend_overflow(first, rescore)
     tm.mark("score+filter")
-    ids = select_ids(b.K, seeds.default, recs)
+    ids, kth = select_ids(b.K, seeds.default, recs, want_kth=o["return_stats"])
     tm.mark("select")
     bad = invalid_scale_queries(b)
     recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
-    if o["return_stats"]:
-        st.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64)
-        st.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
-        st.tau = cp.asnumpy(seeds.tau)
-        st.kept = cp.asnumpy(first.cnt).astype(np.int64)
-        st.overflowed = cp.asnumpy(recs.over)
-        st.recovered = cp.asnumpy(bad)
-        st.stage_ms = dict(tm.ms)
-        return ids, st
-    return ids
+    if not o["return_stats"]:
+        return ids
+    st.fill_common(b, seeds, recs, kth, bad)
+    vis = st.visible
+    st.tau = cp.asnumpy(seeds.tau)
+    st.refined = vis - (st.seeds - st.explicit_seeds)  # every visible non-default-seed key
+    st.scored = st.seeds + st.refined * (1 + st.overflows) + vis * st.recovered
+    st.dense[:] = True  # dense after seeding: no screen
+    st.stage_ms = dict(tm.ms)
+    return ids, st

@@ -40,23 +40,26 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         q: e4m3 [Qn, H, 128] (uint8 bits or fp8 dtype); w: fp32 [Qn, H] with the query
         scales folded in; k_payload: e4m3 [N, 128]; k_scale: fp32 [N]; K ≤ 4096;
         ks, ke: int32 [Qn] visible ranges [ks, ke) (default: every key).
-    Options: window, sinks, n_anchors (seeds, docs/method.md §2); seeds (explicit seed ids, any
-        integer dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's
-        visible range are ignored, repeats count once; they only raise τ); cert_seeds
-        (0 = off; m ≤ 4096: after screening, score the m survivors of largest U, raise τ
-        and drop survivors with U below it — docs/method.md §2's certificate-guided seeds;
-        slower than without at the benched shapes) with cert_cap (recorded survivors per
-        query); r (retained heads, ≤ 30); buffer (compact records per query before an exact
-        extension); mma_bits (accumulator bits of the MMA error model, plan.py); stream
-        ("per_query", default, or "shared": the shared refinement stream of query groups,
-        docs/method.md §9, refine.py; slower than per_query at the benched shapes); planner
-        ("fused", default: one kernel per chunk, plan_fused.py, or "cupy": the batched CuPy
-        planner plan.py, ~10× slower); screen ("fp64", default, or "fast32": an fp32
-        upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py; survivors ⊆
-        the fp64 screen's; not faster; or "pair": two queries per 16-row MMA tile, needs
-        r ≤ 6, screen.cu screen_pair; or "auto": "pair" with r ≤ 6 when ≥ 95 % of the
-        queries have ≤ 6 positive heads, else "fp64" — ``screen.auto_screen``);
-        return_stats, timing, debug_bounds.
+    Options (the shared ones mean what dosa_ref.options.OPTIONS says; defaults
+        options.OPTIONS): seeds (strategies, "local+anchor" by default: the local window
+        and sinks, the anchor pool; docs/method.md §2), window (None: dosa_ref's
+        default_window(K, seeds)), sinks, n_anchors; seed_ids (explicit seed ids, any integer
+        dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's visible
+        range are ignored, repeats count once; they only raise τ); cert_seeds (0 = off;
+        m ≤ 4096 turns the "certificate" strategy on: after screening, score the m survivors
+        of largest U, raise τ and drop survivors with U below it; None with "certificate"
+        in seeds: default_cert_seeds(K); slower than without at the benched shapes) with
+        cert_cap (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact
+        records per query before an exact extension); mma_bits (accumulator bits of the
+        MMA error model, plan.py); stream ("per_query", default, or "shared": the shared
+        refinement stream of query groups, docs/method.md §9, refine.py; slower than
+        per_query at the benched shapes); planner ("fused", default: one kernel per chunk,
+        plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower); screen
+        ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the fp64
+        guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; not faster; or
+        "pair": two queries per 16-row MMA tile, needs r ≤ 6, screen.cu screen_pair; or
+        "auto": "pair" with r ≤ 6 when ≥ 95 % of the queries have ≤ 6 positive heads, else
+        "fp64" — ``screen.auto_screen``); return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
@@ -64,6 +67,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
         return empty
+    stats = o["return_stats"] or o["debug_bounds"]
 
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
@@ -75,40 +79,46 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")
-    tau = seeds.tau
+    tau, cert_scored = seeds.tau, None
     if screened.cert is not None:  # certificate-guided seeds (§2): raise τ, drop survivors
-        tau, cid = certificate_seeds(b, seeds, screened.cert, int(o["cert_seeds"]),
-                                     screened.surv)  # fmt: skip
-        if o["return_stats"] or o["debug_bounds"]:
-            st.cert_seeds = cp.asnumpy((cid >= 0).sum(axis=1)).astype(np.int64)
+        tau, cert_scored = certificate_seeds(b, seeds, screened.cert, int(o["cert_seeds"]),
+                                             screened.surv)  # fmt: skip
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
     recs, shared = refine_stage(b, tau, screened.surv, int(o["buffer"]), o["stream"])
     tm.mark("refine")
-    ids = select_ids(b.K, seeds.default, recs)  # exact selection (§7, §9)
+    ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
     bad = invalid_scale_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
     recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
 
-    if not (o["return_stats"] or o["debug_bounds"]):
+    if not stats:
         return ids
-    st.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64)
-    st.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
+    st.fill_common(b, seeds, recs, kth, bad)
+    vis, rec = st.visible, st.recovered
+    default = st.seeds - st.explicit_seeds
     st.tau = cp.asnumpy(tau)
-    st.screened = cp.asnumpy((b.ke - b.ks).astype(cp.int64)) - st.seeds
+    st.screened = vis - default
     st.survivors = cp.asnumpy(popcount_rows(screened.surv, cp))
-    st.kept = cp.asnumpy(recs.cnt).astype(np.int64)
-    st.overflowed = cp.asnumpy(recs.over)
+    st.refined = np.where(rec, vis - default, st.survivors)
+    # every scoring with all heads: seeds, the certificate pass (explicit seeds again), the
+    # survivors (again in an overflow extension), every visible key of a recovered query
+    st.scored = st.seeds + st.survivors * (1 + st.overflows) + vis * rec
+    if cert_scored is not None:
+        cert_pass = cp.asnumpy(cert_scored).astype(np.int64)
+        st.cert_seeds = cert_pass - st.explicit_seeds
+        st.scored += cert_pass
     if shared is not None:
         g = cp.arange(b.Qn) // GROUP
         st.shared_keys = cp.asnumpy(popcount_rows(shared, cp)[g])
         st.shared_survivors = cp.asnumpy(popcount_rows(shared[g] & screened.surv, cp))
-    st.recovered = cp.asnumpy(bad)
-    st.r = cp.asnumpy(plan.r)
-    st.omitted_positive = cp.asnumpy(plan.omitted_positive)
-    st.aggregated = cp.asnumpy(plan.aggregated)
+    r_plan = cp.asnumpy(plan.r).astype(np.int64)
+    st.bound_work = vis * (r_plan + 2) / b.heads  # two aux rows per bound evaluation
+    st.r = np.where(rec, 0, r_plan)  # 0 when dense (dosa_ref.options.STATS)
+    st.omitted_positive = np.where(rec, 0, cp.asnumpy(plan.omitted_positive))
+    st.aggregated = np.where(rec, 0, cp.asnumpy(plan.aggregated))
     st.stage_ms = dict(tm.ms)
     st.bounds = screened.bounds
     return ids, st

@@ -140,8 +140,8 @@ class Batch:
     """The checked, head-padded inputs of one call (``pad_batch``), passed to every stage.
 
     q uint8 [Qn, Hp, 128] with Hp = 16·mth, w fp32 [Qn, Hp], kp uint8 [N, 128], ksc fp32
-    [N], ks / ke int32 [Qn] (visible ranges [ks, ke)), K the selection size.  Device
-    arrays (numpy in the CPU tests).
+    [N], ks / ke int32 [Qn] (visible ranges [ks, ke)), K the selection size, H the heads
+    before padding (None: Hp).  Device arrays (numpy in the CPU tests).
     """
 
     q: object
@@ -151,6 +151,12 @@ class Batch:
     K: int
     ks: object
     ke: object
+    H: int | None = None
+
+    @property
+    def heads(self) -> int:
+        """Heads of the problem before padding (the statistics' unit of work)."""
+        return self.q.shape[1] if self.H is None else self.H
 
     @property
     def Qn(self) -> int:
@@ -174,14 +180,15 @@ class Batch:
         """The sub-problem of queries ``idx`` (same keys; the overflow extension, recovery,
         anchors)."""
         return Batch(self.q[idx], self.w[idx], self.kp, self.ksc, self.K, self.ks[idx],
-                     self.ke[idx])  # fmt: skip
+                     self.ke[idx], self.H)  # fmt: skip
 
 
 def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None) -> Batch:
     """``check_inputs`` then ``pad_heads``: the ``Batch`` of one call."""
     q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    H = q.shape[1]
     q, w = pad_heads(q, w)
-    return Batch(q, w, kp, ksc, K, ks, ke)
+    return Batch(q, w, kp, ksc, K, ks, ke, H)
 
 
 def _launch_tokens(name, N, *args):

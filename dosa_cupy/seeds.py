@@ -2,8 +2,9 @@
 explicit seeds scored by the canonical scorer, τ = the K-th seed record, and the
 certificate-guided seeds that raise τ after screening.
 
-Default seeds are excluded from screening and are part of the final selection.  Explicit
-seeds (``seeds=`` [Qn, S] key ids, e.g. the previous chunk's selections) only raise τ:
+Default seeds (the "local" and "anchor" strategies, dosa_ref.options) are excluded from
+screening and are part of the final selection.  Explicit seeds (``seed_ids=`` [Qn, S] key
+ids, e.g. the previous chunk's selections) only raise τ:
 they are scored by the ``seed_ids`` kernel and τ is the K-th record of default ∪ explicit
 seeds (distinct keys only); they are screened and refined like any other key, so the final
 candidate set is unchanged.
@@ -24,8 +25,8 @@ __all__ = [
     "Seeds",
     "cert_clear",
     "certificate_seeds",
-    "check_seeds",
-    "device_seeds",
+    "check_seed_ids",
+    "device_seed_ids",
     "explicit_seed_table",
     "score_seed_ids",
     "seed_stage",
@@ -39,13 +40,15 @@ SEEDW = 256  # seed slots per warp (seeds.cu SEEDW)
 class Seeds:
     """The seed stage's output.
 
-    pool int32 [P] (sorted anchor-pool ids), poolmask uint32 [NW] (bit i = key i in the
+    anchors: int64 [n_anchors] (the anchor queries) or None, pool int32 [P] (sorted
+    anchor-pool ids), poolmask uint32 [NW] (bit i = key i in the
     pool), default: the default seed records (``RecordBuffer`` [Qn, sinks + window + P]),
     xcnt uint32 [Qn] (explicit seed records), tau fp32 [Qn] (K-th record of default ∪
     explicit seeds), xtable int32 [Qn, S'] (the explicit seeds that were scored, or None),
     sinks, window: the default seeds' geometry.
     """
 
+    anchors: object
     pool: object
     poolmask: object
     default: RecordBuffer
@@ -64,13 +67,14 @@ class Seeds:
 def seed_stage(b: Batch, o: dict) -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
-    Options ``o``: n_anchors (the anchor pool is the union of the exact Top-K of n_anchors
-    evenly spaced queries), sinks, window, seeds (validated device ids or None,
-    ``device_seeds``).
+    Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
+    union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
+    (validated device ids or None, ``device_seed_ids``).
     """
     cp = cupy_or_raise()
     Qn = b.Qn
     na = min(o["n_anchors"], Qn)
+    anchors = None
     if na > 0:
         anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
         aid = dense_ids(b.rows(anchors))
@@ -100,13 +104,15 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
     # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
     xcnt = cp.zeros(Qn, dtype=cp.uint32)
     xrec = xtable = None
-    if o["seeds"] is not None:
-        table = explicit_seed_table(o["seeds"], b.ks, b.ke, o["sinks"], o["window"], poolmask, cp)
+    if o["seed_ids"] is not None:
+        table = explicit_seed_table(
+            o["seed_ids"], b.ks, b.ke, o["sinks"], o["window"], poolmask, cp
+        )
         xrec, xcnt = score_seed_ids(b, table)
         if xrec is not None:
             xtable = table  # the certificate seeds are deduplicated against these
     tau = tau_of_seeds(b.K, default, xrec, xcnt)
-    return Seeds(pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"])
+    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"])
 
 
 def score_seed_ids(b: Batch, table):
@@ -147,7 +153,7 @@ def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
     ``cert``, written by ``screen_cert_mt*``), τ' = K-th record of default ∪ explicit ∪
     these seeds (≥ τ: a superset), then clear the survivor bit of every recorded key with
     U < τ' (``cert_clear``, in place on surv uint32 [Qn, NW]).  Returns (τ' fp32 [Qn],
-    the chosen ids int32 [Qn, m], −1 padding).
+    the keys scored uint32 [Qn]: explicit ∪ certificate seeds, distinct).
 
     Exactness: the certificate seeds are survivors, hence visible, not default seeds, and
     distinct (one bitmask bit each); together with explicit seeds they are deduplicated by
@@ -167,21 +173,21 @@ def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
     xrec, xcnt = score_seed_ids(b, table)
     tau1 = tau_of_seeds(b.K, seeds.default, xrec, xcnt)
     cert_clear(cert, tau1, surv)
-    return tau1, cid
+    return tau1, xcnt
 
 
-def check_seeds(seeds, Qn: int, N: int, xp=np):
+def check_seed_ids(seeds, Qn: int, N: int, xp=np):
     """Validate explicit seed ids (docs/method.md §2) → int32 [Qn, S] (xp array), −1 = padding.
 
     ``seeds``: an integer array [Qn, S] (xp array; ``dosa_topk`` first converts CuPy,
     DLPack or numpy input with ``as_device``).  Every entry must be −1 or a key id in
     [0, N); ids outside a query's visible range are legal (they are ignored later).
-    ValueError naming ``seeds`` otherwise.
+    ValueError naming ``seed_ids`` otherwise (the option's name, dosa_ref.options).
     """
     if seeds.dtype.kind not in "iu":
-        raise ValueError(f"seeds: expected an integer array, got dtype {seeds.dtype}")
+        raise ValueError(f"seed_ids: expected an integer array, got dtype {seeds.dtype}")
     if seeds.ndim != 2 or seeds.shape[0] != Qn:
-        raise ValueError(f"seeds: expected shape [Qn={Qn}, S], got {tuple(seeds.shape)}")
+        raise ValueError(f"seed_ids: expected shape [Qn={Qn}, S], got {tuple(seeds.shape)}")
     if seeds.size:
         # compare in the input dtype first: an uint64 id ≥ 2^63 would wrap to a negative
         # int64 (−1 would look like padding); after this check every id is < N < 2^31.
@@ -191,7 +197,7 @@ def check_seeds(seeds, Qn: int, N: int, xp=np):
             a = seeds.astype(xp.int64)
             bad = bool(xp.any((a < -1) | (a >= N)))
         if bad:
-            raise ValueError(f"seeds: ids must be -1 (padding) or lie in [0, N={N})")
+            raise ValueError(f"seed_ids: ids must be -1 (padding) or lie in [0, N={N})")
     return seeds.astype(xp.int32)
 
 
@@ -204,7 +210,7 @@ def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np)
     ke − window)), or in the anchor pool (bit i of ``poolmask`` uint32 [ceil(N/32)]) — the
     same predicate as the screen's and seed_score's; repeats are dropped.  Every key then
     appears at most once in default ∪ explicit seeds, as τ_K(S) ≤ τ_K(Ω) requires
-    (docs/method.md §2).  seeds: validated ids [Qn, S] (``check_seeds``); ks, ke: int [Qn].
+    (docs/method.md §2).  seeds: validated ids [Qn, S] (``check_seed_ids``); ks, ke: int [Qn].
     """
     Qn = seeds.shape[0]
     a = seeds.astype(xp.int64)
@@ -227,9 +233,9 @@ def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np)
     return xp.where(s == big, -1, s).astype(xp.int32)
 
 
-def device_seeds(seeds, Qn: int, N: int):
-    """``seeds`` option → validated CuPy int32 [Qn, S] (or None)."""
-    if seeds is None:
+def device_seed_ids(seed_ids, Qn: int, N: int):
+    """``seed_ids`` option → validated CuPy int32 [Qn, S] (or None)."""
+    if seed_ids is None:
         return None
     cp = cupy_or_raise()
-    return check_seeds(as_device(seeds, "seeds"), Qn, N, cp)
+    return check_seed_ids(as_device(seed_ids, "seed_ids"), Qn, N, cp)

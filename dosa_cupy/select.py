@@ -101,14 +101,18 @@ def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt):
     return tau
 
 
-def select_ids(K: int, seeds: RecordBuffer, recs: Records):
-    """Exact Top-K ids int32 [Qn, K] of seed records ∪ compact records (docs/method.md §7, §9);
-    the overflowed rows are selected again from their complete lists (``recs.ext``)."""
-    ids, _ = select_records(K, seeds.rec, seeds.cnt, recs.rec, recs.cnt)
+def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = False):
+    """Exact Top-K of seed records ∪ compact records (docs/method.md §7, §9): (ids int32
+    [Qn, K], the K-th record uint64 [Qn] (0: fewer than K) or None); the overflowed rows are
+    selected again from their complete lists (``recs.ext``)."""
+    ids, kth = select_records(K, seeds.rec, seeds.cnt, recs.rec, recs.cnt, want_kth=want_kth)
     if recs.ext is not None:
         oq, rec2, cnt2 = recs.ext
-        ids[oq], _ = select_records(K, seeds.rec[oq], seeds.cnt[oq], rec2, cnt2)
-    return ids
+        ids[oq], k2 = select_records(K, seeds.rec[oq], seeds.cnt[oq], rec2, cnt2,
+                                     want_kth=want_kth)  # fmt: skip
+        if want_kth:
+            kth[oq] = k2
+    return ids, kth
 
 
 def invalid_scale_queries(b: Batch):

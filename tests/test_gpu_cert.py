@@ -209,7 +209,7 @@ def test_cert_seeds_with_explicit_seeds_and_bounds():
     a = _args(wl, K)
     dense = dosa_cupy.dense_topk(*a)
     seeds = cp.asarray(np.random.default_rng(1).integers(-1, 8192, (32, 600)), dtype=cp.int32)
-    ids, st = dosa_cupy.dosa_topk(*a, seeds=seeds, cert_seeds=K, return_stats=True,
+    ids, st = dosa_cupy.dosa_topk(*a, seed_ids=seeds, cert_seeds=K, return_stats=True,
                                   debug_bounds=True)  # fmt: skip
     assert cp.array_equal(ids, dense)
     lg = _logits(wl)

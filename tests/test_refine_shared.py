@@ -555,7 +555,7 @@ def test_gpu_shared_stream_equals_dense(case):
         f"\n[shared] {regime} Qn={Qn} N={N} H={H} {opt}: survivors/query="
         f"{st_s.survivors.mean():.0f} shared keys/query={st_s.shared_keys.mean():.0f} "
         f"shared survivors/query={st_s.shared_survivors.mean():.0f} "
-        f"overflowed={int(st_s.overflowed.sum())}"
+        f"overflows={int(st_s.overflows.sum())}"
     )
     assert np.array_equal(cp.asnumpy(ids_s), dense)
     assert np.array_equal(cp.asnumpy(ids_q), dense)
@@ -564,7 +564,7 @@ def test_gpu_shared_stream_equals_dense(case):
     assert np.array_equal(st_s.survivors, st_q.survivors)
     assert np.all(st_s.shared_survivors <= st_s.survivors)
     if opt.get("buffer") == 16:
-        assert st_s.overflowed.any()
+        assert st_s.overflows.any()
 
 
 @pytest.mark.parametrize("H", [32, 64])
@@ -576,7 +576,7 @@ def test_gpu_shared_stream_with_explicit_seeds(H):
     rng = np.random.default_rng(H)
     seeds = np.concatenate([cp.asnumpy(dense)[:, : K // 2], rng.integers(-1, N, (Qn, 64))], 1)
     for opt in ({}, {"buffer": 16}):
-        opt = dict(opt, seeds=seeds, return_stats=True, r=14 if H == 32 else 30)
+        opt = dict(opt, seed_ids=seeds, return_stats=True, r=14 if H == 32 else 30)
         ids, st = dosa_cupy.dosa_topk(*_args(wl, K), stream="shared", **opt)
         _, stq = dosa_cupy.dosa_topk(*_args(wl, K), **opt)
         assert cp.array_equal(ids, dense)
