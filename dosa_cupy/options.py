@@ -87,6 +87,11 @@ class DosaGpuStats(SelectStats):
     shared_keys: np.ndarray = None
     shared_survivors: np.ndarray = None
 
+    @property
+    def overflowed(self) -> np.ndarray:
+        """bool [Qn]: overflows > 0 (the name dosa_cupy.bench reads; prefer ``overflows``)."""
+        return self.overflows > 0
+
     def fill_common(self, b, seeds, recs, kth, bad) -> None:
         """The fields both routes fill alike, from the ``Batch`` b, the ``seeds.Seeds``,
         the compact ``select.Records``, the K-th selected records kth uint64 [Qn] and the
