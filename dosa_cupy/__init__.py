@@ -18,7 +18,9 @@ docs/records/notes.md.
 """
 
 from .dense import dense_logits, dense_topk, select_records, select_rows
-from .pipeline import DosaGpuStats, dosa_topk, fused_topk
+from .fused import fused_topk
+from .options import DosaGpuStats
+from .pipeline import dosa_topk
 from .prepare import key_rho, quantize_keys
 
 __all__ = [

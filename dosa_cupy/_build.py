@@ -8,6 +8,7 @@ upward is therefore done in fp64 with ``__d*_ru`` intrinsics (docs/method.md §8
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -63,7 +64,17 @@ def module(tile_n: int = 128, defines: tuple = ()):
         raise ValueError(f"DOSA_SCREEN_UNROLL: expected 1, 2 or 4, got {unroll!r}")
     opts = OPTIONS + (f"-DDOSA_TILE_N={int(tile_n)}", f"-DDOSA_SCREEN_UNROLL={unroll}")
     opts += tuple(f"-D{d}" for d in defines)
-    return cp.RawModule(code=KERNEL_FILE.read_text(), options=opts, backend="nvrtc")
+    return cp.RawModule(code=source_text(KERNEL_FILE), options=opts, backend="nvrtc")
+
+
+def source_text(path: Path) -> str:
+    """The text of a .cu file plus a comment holding the hash of every file in csrc/: CuPy's
+    kernel cache is keyed by the code string and the options only, so without it an edited
+    included stage file (screen.cu, common.cuh, ...) would reuse a stale cached build."""
+    h = hashlib.sha256()
+    for f in sorted(CSRC.glob("*.cu*")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return Path(path).read_text() + f"\n// csrc sha256 {h.hexdigest()}\n"
 
 
 def kernel(name: str, smem: int = 0, defines: tuple = ()):
@@ -80,7 +91,7 @@ def source_module(path: Path):
     """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu, refine_shared.cu)
     with the package's NVRTC options."""
     cp = cupy_or_raise()
-    return cp.RawModule(code=Path(path).read_text(), options=OPTIONS, backend="nvrtc")
+    return cp.RawModule(code=source_text(path), options=OPTIONS, backend="nvrtc")
 
 
 def raise_smem_limit(f, smem: int, *key):

@@ -12,7 +12,7 @@ Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/common.cuh
 ``csrc/decode.cu``, so a key's score is the prefill dense route's value, bit for bit):
 
     paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)
-    dense_decode_topk(..., K)    paged logits + the exact selection kernel (kernels.cu)
+    dense_decode_topk(..., K)    paged logits + the exact selection kernel (select.cu)
     DecodeSelectorGPU(K).step()  fused DoSA decode: witnesses → τ, one scan that scores
                                  every visible key and compacts only s ≥ τ, exact
                                  selection of the compact records; ids == dense bitwise
@@ -30,8 +30,8 @@ overflow extension) is written once for numpy and CuPy (``xp``); ``backend="nump
 the selector's step with float64 scores of the dequantized cache (``dosa_ref.scorer``) as
 a CPU emulation (tests/test_gpu_decode.py compares it with ``dosa_ref.decode``).
 
-Verified on the H200 (docs/records/gpu_tests.md, 2026-11-30 04:51: tests/test_gpu_decode.py,
-compute-sanitizer).
+Run records on the H200 (tests/test_gpu_decode.py, compute-sanitizer):
+docs/records/gpu_tests.md.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ D = 128
 WARPS = 8  # warps per block of the decode kernels (256 threads)
 WARP_KEYS = 256  # csrc/decode.cu DEC_WARP_KEYS
 WIT_KEYS = 256  # csrc/decode.cu DEC_WIT_KEYS
-KMAX = 4096  # selection kernel limit (kernels.cu SEL_KMAX)
+KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 
 
@@ -163,7 +163,7 @@ def _int_arr(a, name: str):
     return a
 
 
-def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=np,
+def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
                         check_values: bool = True) -> dict:  # fmt: skip
     """Validate the paged decode layout (see the module docstring); returns a dict of
     contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
@@ -290,12 +290,12 @@ def _logits_raw(d):
     return out
 
 
-def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, check_values=True):
+def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_values=True):
     """Canonical FP8 logits of every key of each request: fp32 [B, next_n, max_blocks·64],
     −inf where the key is not visible to the query."""
     cp = cupy_or_raise()
-    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, cp,
-                            check_values)  # fmt: skip
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, xp=cp,
+                            check_values=check_values)  # fmt: skip
     return _logits_raw(d).reshape(d["B"], d["n"], d["L"])
 
 
@@ -309,12 +309,13 @@ def _dense_ids_raw(d):
     return ids.astype(cp.int64).reshape(d["B"], d["n"], d["K"])
 
 
-def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, check_values=True):
+def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
+                      check_values=True):  # fmt: skip
     """The dense decode route: paged logits + exact selection → int64 [B, next_n, K]
     (score desc, id asc, −1 padding; ids are logical token positions)."""
     cp = cupy_or_raise()
-    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, cp,
-                            check_values)  # fmt: skip
+    d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=cp,
+                            check_values=check_values)  # fmt: skip
     return _dense_ids_raw(d)
 
 
@@ -524,7 +525,7 @@ class DecodeSelectorGPU:
 
     # -- one step ------------------------------------------------------------------------
 
-    def step(self, q, w, kv_payload, kv_scale, block_table, lengths,
+    def step(self, q, w, kv_payload, kv_scale, block_table, lengths, *,
              return_stats: bool = True) -> DecodeStep:  # fmt: skip
         """Exact Top-K of every query row of one decode step (paged layout, module doc).
 
@@ -533,8 +534,8 @@ class DecodeSelectorGPU:
         (``dosa_ref.decode.DecodeStats``, numpy) when ``return_stats``, else None.
         """
         xp, ops, K = self.xp, self._ops, self.K
-        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp,
-                                self.check_values)  # fmt: skip
+        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
+                                check_values=self.check_values)  # fmt: skip
         B, n = d["B"], d["n"]
         wit = witness_table(list(self._hist), B, xp) if self.history > 0 else None
         tau, wcnt = ops.tau(d, wit)

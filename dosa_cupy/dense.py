@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._build import cupy_or_raise, kernel, tile
-from .prepare import check_inputs, pad_heads
+from .prepare import Batch, check_inputs, pad_heads
 
-__all__ = ["dense_logits", "dense_topk", "select_records", "select_rows"]
+__all__ = ["dense_ids", "dense_logits", "dense_topk", "select_records", "select_rows"]
 
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
@@ -132,3 +132,9 @@ def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
         out[a:b] = select_rows(lg, K, ks[a:b], ke[a:b])
         del lg
     return out
+
+
+def dense_ids(b: Batch):
+    """``_dense_topk_raw`` of a ``Batch`` → int32 [Qn, K] (the pipeline's anchors and
+    query-level recovery)."""
+    return _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke)

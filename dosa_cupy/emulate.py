@@ -10,7 +10,15 @@ import numpy as np
 
 from dosa_ref.fp8 import E4M3, e4m3_bits, e4m3_values
 
-__all__ = ["E4M3", "e4m3_bits", "e4m3_values", "record_order", "score_code", "screen_survival"]
+__all__ = [
+    "E4M3",
+    "e4m3_bits",
+    "e4m3_values",
+    "record_order",
+    "record_score",
+    "score_code",
+    "screen_survival",
+]
 
 
 def score_code(s: np.ndarray) -> np.ndarray:
@@ -23,6 +31,15 @@ def score_code(s: np.ndarray) -> np.ndarray:
     return code
 
 
+def record_score(rec: np.ndarray) -> np.ndarray:
+    """fp32 score of uint64 records (code << 32 | ~id), −inf for the empty record 0: the
+    host mirror of select.cu tau_from_kth (common.cuh code_score)."""
+    rec = np.asarray(rec, dtype=np.uint64)
+    c = (rec >> np.uint64(32)).astype(np.uint32)
+    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
+    return np.where(rec == 0, np.float32(-np.inf), b.view(np.float32))
+
+
 def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
     """The first K ids under (score desc, id asc) by the device's code order."""
     code = score_code(scores).astype(np.int64)
@@ -30,7 +47,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
     return ids[order[:K]]
 
 
-def screen_survival(q, w, k_payload, k_scale, K, ks, ke, r=14, mma_bits=17, window=2048,
+def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 

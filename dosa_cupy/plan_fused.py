@@ -13,11 +13,9 @@ p_h uses one fixed fp32 summation order.  Why: ``build_plans`` costs 7–9 ms at
 CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries (docs/records/notes.md);
 the kernel reads q once and writes only the plan.
 
-The pipeline's default planner (``dosa_topk(..., planner="fused")``) since its first H200
-run (2026-11-30, 190845a: kernel == emulation bitwise, ids == dense_topk, 0 guard
-violations, racecheck clean; 0.53 ms vs 5.34 ms for build_plans at Qn = 4096, H = 32).
-``tests/test_plan_fused.py`` runs this host code on the CPU against a numpy emulation of
-the kernel (``emulate_plan_kernel``).
+The pipeline's default planner (``dosa_topk(..., planner="fused")``; run records and timings:
+docs/records/gpu_tests.md, docs/records/notes.md).  ``tests/test_plan_fused.py`` runs this
+host code on the CPU against a numpy emulation of the kernel (``emulate_plan_kernel``).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ def _kernel(name: str, smem: int):
 
     Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
     the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
-    48 KB of dynamic memory and would fail to launch (review of 2026-11-30)."""
+    48 KB of dynamic memory and would fail to launch otherwise."""
     return raise_smem_limit(source_module(PLAN_FILE).get_function(name), smem, "plan", name)
 
 

@@ -5,11 +5,22 @@ to ``dosa_ref.fp8.quantize_keys``, and the conservative RMS summary ρ per key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ._build import cupy_or_raise, kernel
 
-__all__ = ["D", "as_device", "check_inputs", "key_rho", "pad_heads", "quantize_keys"]
+__all__ = [
+    "D",
+    "Batch",
+    "as_device",
+    "check_inputs",
+    "key_rho",
+    "pad_batch",
+    "pad_heads",
+    "quantize_keys",
+]
 
 D = 128  # head dimension of the kernels (DSA indexers: D = 128)
 
@@ -122,6 +133,62 @@ def pad_heads(q, w):
     wp = cp.zeros((Qn, Hp), dtype=cp.float32)
     wp[:, :H] = w
     return qp, wp
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The checked, head-padded inputs of one call (``pad_batch``), passed to every stage.
+
+    q uint8 [Qn, Hp, 128] with Hp = 16·mth, w fp32 [Qn, Hp], kp uint8 [N, 128], ksc fp32
+    [N], ks / ke int32 [Qn] (visible ranges [ks, ke)), K the selection size, H the heads
+    before padding (None: Hp).  Device arrays (numpy in the CPU tests).
+    """
+
+    q: object
+    w: object
+    kp: object
+    ksc: object
+    K: int
+    ks: object
+    ke: object
+    H: int | None = None
+
+    @property
+    def heads(self) -> int:
+        """Heads of the problem before padding (the statistics' unit of work)."""
+        return self.q.shape[1] if self.H is None else self.H
+
+    @property
+    def Qn(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def mth(self) -> int:
+        """Head tiles of 16 (the ``_mt{mth}`` instance of the full-head kernels)."""
+        return self.q.shape[1] // 16
+
+    @property
+    def N(self) -> int:
+        return self.kp.shape[0]
+
+    @property
+    def NW(self) -> int:
+        """uint32 words of a key bitmask row."""
+        return (self.N + 31) // 32
+
+    def rows(self, idx) -> Batch:
+        """The sub-problem of queries ``idx`` (same keys; the overflow extension, recovery,
+        anchors)."""
+        return Batch(self.q[idx], self.w[idx], self.kp, self.ksc, self.K, self.ks[idx],
+                     self.ke[idx], self.H)  # fmt: skip
+
+
+def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None) -> Batch:
+    """``check_inputs`` then ``pad_heads``: the ``Batch`` of one call."""
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    H = q.shape[1]
+    q, w = pad_heads(q, w)
+    return Batch(q, w, kp, ksc, K, ks, ke, H)
 
 
 def _launch_tokens(name, N, *args):

@@ -84,9 +84,6 @@ def make_gpu_workload(regime, Qn, N, H, seed=0, causal=True, scale_fmt="amax"):
     return dict(q=q, w=w, k_payload=kp, k_scale=ksc, ks=ks, ke=ke, kf=kf, qf=qf, wf=wf)
 
 
-_ = np
-
-
 def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
     """A ``dosa_ref.workloads`` regime, quantized on the GPU (docs/method.md §8)."""
     cupy_or_raise()

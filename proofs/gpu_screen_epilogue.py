@@ -12,7 +12,7 @@ The kernels evaluate Û in fp32 with round-to-nearest: per lane g (rows g and g 
 sum fmaf(1, x_15, x_7) on the aux lane, one or two fmaf products, then ``reduce8``'s fixed
 pairing tree ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7)) — unpaired (``screen_mt1``) or with
 two queries per tile (``screen_pair``: rows 0..5 = a's retained rows, 6 = b's v0, 7 = a's
-v0, 8..13 = b's, 14 = b's v1, 15 = a's v1; pipeline.PAIR_ROWS).  Then, for results in
+v0, 8..13 = b's, 14 = b's v1, 15 = a's v1; screen.PAIR_ROWS).  Then, for results in
 fp32's normal range,
 
     |Û_fl − Û(x)| ≤ γ_5 · T(x) ≤ γ_{2·mts+6} · T(x)   (γ_n = n u / (1 − n u), u = 2^-24),
@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dosa_cupy.pipeline import PAIR_ROWS  # the tile layout the kernel reads (no GPU needed)
+from dosa_cupy.screen import PAIR_ROWS  # the tile layout the kernel reads (no GPU needed)
 
 from ._audit import Audit, Result
 from .fp32_pretest import round_f32

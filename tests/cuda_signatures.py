@@ -1,9 +1,10 @@
-"""Shared CPU-test support: kernel parameter lists parsed from the .cu sources, and the
-check that a host launch passes arguments of exactly those types (count, dtypes — int vs
-long long, float vs double — and C-contiguous arrays), as the kernels' numpy emulations
-in the CPU tests do before they run."""
+"""Shared CPU-test support: .cu sources with their local includes inlined, kernel parameter
+lists parsed from them, and the check that a host launch passes arguments of exactly those
+types (count, dtypes — int vs long long, float vs double — and C-contiguous arrays), as the
+kernels' numpy emulations in the CPU tests do before they run."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -12,6 +13,23 @@ CTYPES = {
     "unsigned int*": np.uint32, "uint32_t*": np.uint32, "unsigned long long*": np.uint64,
     "int": np.int32, "long long": np.int64, "double": np.float64,
 }  # fmt: skip
+
+
+def read_source(path: Path, _seen: set | None = None) -> str:
+    """The text of ``path`` with every ``#include "name"`` of a file next to it replaced by
+    that file's text (recursively, each file once: kernels.cu is a list of includes of its
+    stage files)."""
+    seen = set() if _seen is None else _seen
+    path = Path(path)
+    seen.add(path.name)
+
+    def inline(m):
+        name = m.group(1)
+        if name in seen or not (path.parent / name).exists():
+            return "" if name in seen else m.group(0)
+        return read_source(path.parent / name, seen)
+
+    return re.sub(r'^#include "([^"]+)"[^\n]*$', inline, path.read_text(), flags=re.M)
 
 
 def params(src: str, pattern: str) -> list[tuple[type, str]]:

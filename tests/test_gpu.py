@@ -78,7 +78,7 @@ def test_dense_scores_within_error_model(regime, H):
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     qs = np.arange(64)
     s, mass = _ref_scores(wl, qs)
-    bits = dosa_cupy.pipeline.OPTIONS["mma_bits"]
+    bits = dosa_cupy.options.OPTIONS["mma_bits"]
     g_ref = gamma_mma(bits) + gamma(2 * (H // 16) + 5) * (1 + gamma_mma(bits))
     bound = g_ref * mass + 2.0**-120
     err = np.abs(lg.astype(np.float64) - s)
@@ -190,11 +190,11 @@ def test_dosa_equals_dense(case):
     dense, ids, st = _run_both(wl, K, **opt)
     print(
         f"\n[dosa] {regime} Qn={Qn} N={N} H={H} K={K} {opt}: survival={_survival(st):.4f} "
-        f"overflowed={int(st.overflowed.sum())} recovered={int(st.recovered.sum())}"
+        f"overflows={int(st.overflows.sum())} recovered={int(st.recovered.sum())}"
     )
     assert np.array_equal(dense, ids)
     if opt.get("buffer") == 16:
-        assert st.overflowed.any()
+        assert st.overflows.any()
 
 
 @gpu
@@ -274,7 +274,7 @@ def test_realistic_size(H, regime):
     dense, ids, st = _run_both(wl, 2048, r=14 if H == 32 else 30)
     print(
         f"\n[realistic] {regime} H={H}: survival={_survival(st):.4f} "
-        f"kept/query={st.kept.mean():.0f} overflowed={int(st.overflowed.sum())} "
+        f"kept/query={st.kept.mean():.0f} overflows={int(st.overflows.sum())} "
         f"recovered={int(st.recovered.sum())}"
     )
     assert np.array_equal(dense, ids)
@@ -384,8 +384,8 @@ def test_explicit_seeds_equal_dense(case, H):
     dense = dosa_cupy.dense_topk(*args)
     seeds, opt = _explicit_seed_cases(case, cp.asnumpy(dense), ks, ke, N, K, rs)
     seeds_dev = cp.asarray(seeds) if case in ("true_topk", "messy") else seeds  # numpy too
-    ids, st = dosa_cupy.dosa_topk(*args, seeds=seeds_dev, return_stats=True, **opt)
-    fused, fst = dosa_cupy.fused_topk(*args, seeds=seeds_dev, return_stats=True, **opt)
+    ids, st = dosa_cupy.dosa_topk(*args, seed_ids=seeds_dev, return_stats=True, **opt)
+    fused, fst = dosa_cupy.fused_topk(*args, seed_ids=seeds_dev, return_stats=True, **opt)
     _, st0 = dosa_cupy.dosa_topk(*args, return_stats=True, **opt)
     assert ids.dtype == cp.int64 and fused.dtype == cp.int64
     assert cp.array_equal(ids, dense) and cp.array_equal(fused, dense)
@@ -399,7 +399,7 @@ def test_explicit_seeds_equal_dense(case, H):
     print(
         f"\n[explicit] {case} H={H}: explicit/query={st.explicit_seeds.mean():.0f} "
         f"survival {_survival(st0):.4f} -> {_survival(st):.4f} "
-        f"overflowed={int(st.overflowed.sum())}"
+        f"overflows={int(st.overflows.sum())}"
     )
     distinct = [
         np.unique(r[(r >= a) & (r < b)]).size for r, a, b in zip(seeds, ks, ke, strict=True)
@@ -409,11 +409,11 @@ def test_explicit_seeds_equal_dense(case, H):
         assert np.array_equal(st.tau[full], kth[full])  # == : the score code folds −0 to +0
         assert st.survivors.sum() < st0.survivors.sum()
     if case == "only_explicit":
-        assert np.all(st.seeds == 0) and np.all(st.explicit_seeds > 0)
+        assert np.all(st.seeds == st.explicit_seeds) and np.all(st.explicit_seeds > 0)
     if case == "fewer_than_K":
         assert np.all(np.isneginf(st.tau))
     if case == "overflow":  # both routes took the exact extension of the overflowed rows
-        assert st.overflowed.any() and fst.overflowed.any()
+        assert st.overflows.any() and fst.overflows.any()
 
 
 @gpu
@@ -430,11 +430,11 @@ def test_explicit_seeds_bad_input_raises():
     }
     for f in (dosa_cupy.dosa_topk, dosa_cupy.fused_topk):
         for name, s in bad.items():
-            with pytest.raises(ValueError, match="seeds"):
-                f(*args, seeds=s)
+            with pytest.raises(ValueError, match="seed_ids"):
+                f(*args, seed_ids=s)
                 pytest.fail(f"{f.__name__}: no ValueError for seeds case {name!r}")
-        assert f(*args, seeds=good).dtype == cp.int64
-        assert cp.array_equal(f(*args, seeds=cp.zeros((8, 0), cp.int32)), f(*args))
+        assert f(*args, seed_ids=good).dtype == cp.int64
+        assert cp.array_equal(f(*args, seed_ids=cp.zeros((8, 0), cp.int32)), f(*args))
 
 
 @gpu
@@ -466,7 +466,7 @@ def test_mma_crafted_worst_case():
     exact = kv @ qv  # products exact, float64 sum exact at these magnitudes
     mass = np.abs(kv) @ np.abs(qv)
     err = np.abs(lg.astype(np.float64) - exact)
-    bits = dosa_cupy.pipeline.OPTIONS["mma_bits"]
+    bits = dosa_cupy.options.OPTIONS["mma_bits"]
     r13 = float(np.max(err / (gamma_mma(13) * mass)))
     r17 = float(np.max(err / (gamma_mma(17) * mass)))
     rel = max(float(np.max(err / mass)), 1e-300)
@@ -558,9 +558,9 @@ def test_bench_report_from_recorded_run(tmp_path):
     assert files and all(f.stat().st_size > 0 for f in files)
 
 
-def test_check_seeds_cpu():
-    """Validation of ``seeds`` (numpy stands in for CuPy): ValueError naming ``seeds``."""
-    from dosa_cupy.pipeline import check_seeds
+def test_check_seed_ids_cpu():
+    """Validation of ``seed_ids`` (numpy stands in for CuPy): ValueError naming ``seed_ids``."""
+    from dosa_cupy.seeds import check_seed_ids as check_seeds
 
     good = np.array([[0, -1, 99], [5, 5, -1]], dtype=np.int64)
     out = check_seeds(good, 2, 100)
@@ -578,16 +578,48 @@ def test_check_seeds_cpu():
         np.full((2, 1), 2**32 + 3, np.int64),  # would wrap into range as int32
     ]
     for a in bad:
-        with pytest.raises(ValueError, match="seeds"):
+        with pytest.raises(ValueError, match="seed_ids"):
             check_seeds(a, 2, 100)
-    with pytest.raises(ValueError, match="seeds"):
+    with pytest.raises(ValueError, match="seed_ids"):
         check_seeds(np.zeros((2, 1), np.int32), 2, 0)
+
+
+def test_seed_options_cpu():
+    """The shared vocabulary (dosa_ref.options): ``seeds`` names strategies, key ids given
+    as ``seeds`` raise a ValueError that points to ``seed_ids``; the GPU defaults resolve to
+    the counts the stages always used (window 2048, sinks 16, 4 anchors, no certificate)."""
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_ref.options import default_cert_seeds
+
+    for bad in (np.zeros((2, 3), np.int32), [[1, 2]], [1, 2]):
+        with pytest.raises(ValueError, match="^seeds:.*seed_ids"):
+            check_options({"seeds": bad})
+    with pytest.raises(ValueError, match="^seeds:"):
+        check_options({"seeds": "local+bogus"})
+    with pytest.raises(ValueError, match="^seed_ids:"):
+        check_options({"seeds": "explicit"})
+    with pytest.raises(ValueError, match="^screen:"):
+        check_options({"screen": "pair", "r": 6, "seeds": "local+certificate"})
+    o = resolve_options(check_options({}), 512)
+    assert (o["window"], o["sinks"], o["n_anchors"], o["cert_seeds"]) == (2048, 16, 4, 0)
+    assert o["strategies"] == ("local", "anchor")
+    o = resolve_options(check_options({"seeds": "anchor", "window": 99}), 512)
+    assert (o["window"], o["sinks"], o["n_anchors"]) == (0, 0, 4)
+    o = resolve_options(check_options({"seeds": ["local"]}), 4096)
+    assert (o["window"], o["n_anchors"]) == (8192, 0)
+    assert resolve_options(check_options({"cert_seeds": 64}), 512)["cert_seeds"] == 64
+    o = resolve_options(check_options({"seeds": "local+anchor+certificate"}), 512)
+    assert o["cert_seeds"] == default_cert_seeds(512)
+    o = resolve_options(check_options({"seeds": "local+certificate", "cert_seeds": 0}), 512)
+    assert o["cert_seeds"] == 0
+    o = resolve_options(check_options({"seed_ids": np.zeros((2, 1), np.int32)}), 512)
+    assert o["strategies"] == ("explicit", "local", "anchor")
 
 
 def test_explicit_seed_table_cpu():
     """The dedup/filter of explicit seeds (numpy stands in for CuPy) against a per-query
     set computation: visible, not a sink / local-window / anchor-pool seed, distinct."""
-    from dosa_cupy.pipeline import explicit_seed_table
+    from dosa_cupy.seeds import explicit_seed_table
 
     rs = np.random.default_rng(3)
     Qn, N = 40, 700
@@ -629,13 +661,16 @@ def test_public_ids_int64_cpu(monkeypatch):
     import types
 
     import dosa_cupy.dense as dense_mod
+    import dosa_cupy.fused as fused_mod
+    import dosa_cupy.options as options_mod
     import dosa_cupy.pipeline as pipe_mod
     import dosa_cupy.prepare as prep_mod
+    import dosa_cupy.seeds as seeds_mod
     from dosa_ref.fp8 import e4m3_values as ev
 
     shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
     shim.asnumpy = np.asarray
-    for mod in (dense_mod, pipe_mod, prep_mod):
+    for mod in (dense_mod, fused_mod, options_mod, pipe_mod, prep_mod, seeds_mod):
         monkeypatch.setattr(mod, "cupy_or_raise", lambda: shim)
 
     def logits(q, w, kp, ksc, ks, ke):
@@ -659,10 +694,10 @@ def test_public_ids_int64_cpu(monkeypatch):
     ids = dense_mod.dense_topk(q, w, kp, ksc, 8, None, ke)
     assert ids.dtype == np.int64 and ids.shape == (4, 8)
     assert np.all(ids[2, 5:] == -1) and np.all(ids[3] == -1) and np.all(ids[2, :5] >= 0)
-    for f in (pipe_mod.dosa_topk, pipe_mod.fused_topk):
+    for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):
         out = f(q[:0], w[:0], kp, ksc, 8)
         assert out.dtype == np.int64 and out.shape == (0, 8)
-        out, _ = f(q, w, kp[:0], ksc[:0], 8, return_stats=True, seeds=np.full((4, 2), -1))
+        out, _ = f(q, w, kp[:0], ksc[:0], 8, return_stats=True, seed_ids=np.full((4, 2), -1))
         assert out.dtype == np.int64 and np.all(out == -1)
 
 

@@ -6,7 +6,7 @@ survivors (``screen_cert_mt*``), the m survivors of largest U are scored exactly
 CPU tests: the kernels' C signatures against the host code's launch arguments, and the
 clear kernel's host wrapper with a numpy emulation of the kernel against the reference
 stage ``dosa_ref.stages.cert_clear_below_tau``.  GPU tests (marked ``gpu``, skipped
-without a GPU; written 2026-11-30 when no device time was left — NOT YET RUN): ids equal
+without a GPU; run records: docs/records/gpu_tests.md): ids equal
 the dense route's bitwise, τ never above the true K-th score, survivors never more than
 without certificate seeds.
 """
@@ -18,13 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types
+from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 
-import dosa_cupy.pipeline as pl
+import dosa_cupy.screen as scr
+import dosa_cupy.seeds as sd
+import dosa_cupy.select as sel
+from dosa_cupy.options import check_options
 from dosa_ref.stages import cert_clear_below_tau
 
-SRC = (Path(pl.__file__).parent / "csrc" / "kernels.cu").read_text().replace("\\\n", " ")
+SRC = read_source(Path(sd.__file__).parent / "csrc" / "kernels.cu").replace("\\\n", " ")
 
 
 def _sig(pattern: str) -> list:
@@ -33,18 +36,18 @@ def _sig(pattern: str) -> list:
 
 def test_screen_cert_signature_extends_screen():
     """screen_cert_mt* takes the screen's arguments plus (ucnt, urec, ucap), and the
-    host's _CertBuffers.args() has exactly those types."""
+    host's record buffer (select.RecordBuffer.args()) has exactly those types."""
     base = _sig(r"void __launch_bounds__\(256\) screen_mt##MTS")
     cert = _sig(r"void __launch_bounds__\(256\) screen_cert_mt##MTS")
     assert cert[: len(base)] == base
     tail = cert[len(base) :]
     assert tail == [np.uint32, np.uint64, np.int64]
-    old = pl.cupy_or_raise
+    old = sel.cupy_or_raise
     try:
-        pl.cupy_or_raise = lambda: np
-        args = pl._CertBuffers(5, 7).args()
+        sel.cupy_or_raise = lambda: np
+        args = sel.RecordBuffer(5, 7).args()
     finally:
-        pl.cupy_or_raise = old
+        sel.cupy_or_raise = old
     assert [np.asarray(a).dtype.type for a in args] == tail
     assert re.findall(r"SCREEN_INST\((\d)\)", SRC) == ["1", "2"]
 
@@ -103,20 +106,20 @@ def test_cert_clear_matches_reference(cap):
     for t in range(Qn):
         for i in np.flatnonzero(alive[t]):
             words[t, i >> 5] |= np.uint32(1 << (i & 31))
-    old_cp, old_kernel = pl.cupy_or_raise, pl.kernel
+    old_cp, old_kernel = sel.cupy_or_raise, sd.kernel
     fake = _FakeClear()
     try:
-        pl.cupy_or_raise = lambda: np
-        pl.kernel = fake
-        cert = pl._CertBuffers(Qn, cap)
+        sel.cupy_or_raise = lambda: np
+        sd.kernel = fake
+        cert = sel.RecordBuffer(Qn, cap)
         for t in range(Qn):
             ids = rng.permutation(np.flatnonzero(alive[t]))  # record order is arbitrary
             cert.cnt[t] = ids.size
             m = min(cap, ids.size)
             cert.rec[t, :m] = _record(U[t, ids[:m]], ids[:m])
-        pl._cert_clear(cert, tau, words)
+        sd.cert_clear(cert, tau, words)
     finally:
-        pl.cupy_or_raise, pl.kernel = old_cp, old_kernel
+        sel.cupy_or_raise, sd.kernel = old_cp, old_kernel
     assert fake.calls == 1
     for t in range(Qn):
         got = np.flatnonzero(np.unpackbits(words[t].view(np.uint8), bitorder="little")[:N])
@@ -134,11 +137,11 @@ def test_cert_clear_matches_reference(cap):
 
 def test_cert_options_validated():
     with pytest.raises(ValueError, match="cert_seeds"):
-        pl._opts({"cert_seeds": 5000})
+        check_options({"cert_seeds": 5000})
     with pytest.raises(ValueError, match="cert_seeds"):
-        pl._opts({"cert_seeds": -1})
+        check_options({"cert_seeds": -1})
     with pytest.raises(ValueError, match="cert_cap"):
-        pl._opts({"cert_cap": 0})
+        check_options({"cert_cap": 0})
 
 
 if HAVE_GPU:
@@ -206,7 +209,7 @@ def test_cert_seeds_with_explicit_seeds_and_bounds():
     a = _args(wl, K)
     dense = dosa_cupy.dense_topk(*a)
     seeds = cp.asarray(np.random.default_rng(1).integers(-1, 8192, (32, 600)), dtype=cp.int32)
-    ids, st = dosa_cupy.dosa_topk(*a, seeds=seeds, cert_seeds=K, return_stats=True,
+    ids, st = dosa_cupy.dosa_topk(*a, seed_ids=seeds, cert_seeds=K, return_stats=True,
                                   debug_bounds=True)  # fmt: skip
     assert cp.array_equal(ids, dense)
     lg = _logits(wl)
@@ -219,9 +222,9 @@ def test_cert_seeds_with_explicit_seeds_and_bounds():
 
 
 def test_screen_option_validated():
-    assert pl._opts({"screen": "fast32"})["screen"] == "fast32"
+    assert check_options({"screen": "fast32"})["screen"] == "fast32"
     with pytest.raises(ValueError, match="screen"):
-        pl._opts({"screen": "fp32"})
+        check_options({"screen": "fp32"})
 
 
 def test_fast32_kernel_source_matches_the_proof():
@@ -235,8 +238,8 @@ def test_fast32_kernel_source_matches_the_proof():
         assert s in body, s
     # the fast module is one define away: the default build never sees the pre-test
     assert "#define DOSA_SCREEN_FAST32 0" in SRC
-    assert pl.SCREENS["fast32"] == ("DOSA_SCREEN_FAST32=1",)
-    assert all(d == () for k, d in pl.SCREENS.items() if k != "fast32")  # the others: default
+    assert scr.SCREENS["fast32"] == ("DOSA_SCREEN_FAST32=1",)
+    assert all(d == () for k, d in scr.SCREENS.items() if k != "fast32")  # the others: default
 
 
 @pytest.mark.parametrize("regime,H", [("structured", 32), ("calibrated", 32), ("structured", 64)])

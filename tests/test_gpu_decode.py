@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types
+from cuda_signatures import check_args, param_types, read_source
 from gpu_support import cp, gpu
 
 from dosa_cupy import decode as dec
@@ -539,7 +539,7 @@ def test_witness_decomposition_emits_each_visible_witness_once():
 # ---------------------------------------------------------------------------------------
 # CPU: the cupy backend's host code, run with numpy standing in for CuPy and the kernels
 # replaced by numpy emulations that first check every argument against the kernel's
-# signature in decode.cu / kernels.cu (count, pointer dtypes, int vs long long).
+# signature in decode.cu / select.cu (count, pointer dtypes, int vs long long).
 # ---------------------------------------------------------------------------------------
 
 
@@ -547,7 +547,7 @@ def _signatures():
     src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text().replace("\\\n", " ")
     out = {n: param_types(src, rf"\b{n}_mt##MT") for n in
            re.findall(r"(decode_\w+)_mt##MT\(", src)}  # fmt: skip
-    k = (Path(dec.__file__).parent / "csrc" / "kernels.cu").read_text()
+    k = read_source(Path(dec.__file__).parent / "csrc" / "kernels.cu")
     out["tau_from_kth"] = param_types(k, r"void tau_from_kth")
     return out
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from gpu_support import HAVE_GPU, cp, gpu
 
-from dosa_cupy import pipeline, sm90a
+from dosa_cupy import sm90a
+from dosa_cupy.options import check_options
 
 
 def test_build_command_targets_sm90a_with_cupys_flags():
@@ -37,10 +38,10 @@ def test_smem_holds_two_panels_and_the_alignment_slack():
 
 def test_wg_option_validation():
     with pytest.raises(ValueError, match="screen"):
-        pipeline._opts({"screen": "wg", "r": 30})
+        check_options({"screen": "wg", "r": 30})
     with pytest.raises(ValueError, match="screen"):
-        pipeline._opts({"screen": "wg", "cert_seeds": 64})
-    assert pipeline._opts({"screen": "wg"})["screen"] == "wg"
+        check_options({"screen": "wg", "cert_seeds": 64})
+    assert check_options({"screen": "wg"})["screen"] == "wg"
 
 
 needs_sm90a = pytest.mark.skipif(

@@ -444,12 +444,12 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
 
 
 def test_pipeline_planner_option():
-    from dosa_cupy.pipeline import OPTIONS, _opts
+    from dosa_cupy.options import OPTIONS, check_options
 
     assert OPTIONS["planner"] == "fused"
-    assert _opts({"planner": "cupy"})["planner"] == "cupy"
+    assert check_options({"planner": "cupy"})["planner"] == "cupy"
     with pytest.raises(ValueError, match="planner"):
-        _opts({"planner": "fast"})
+        check_options({"planner": "fast"})
 
 
 # ---------------------------------------------------------------------------------------

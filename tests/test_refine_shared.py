@@ -1,4 +1,4 @@
-"""The shared refinement stream (docs/method.md §9; dosa_cupy.refine_stream, csrc/refine_shared.cu).
+"""The shared refinement stream (docs/method.md §9; dosa_cupy.refine, csrc/refine_shared.cu).
 
 CPU tests (run anywhere):
   * the split: for random survivor masks and visible ranges (partial first / last words,
@@ -29,16 +29,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types
+from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu
 
-from dosa_cupy import refine_stream as rs_mod
+from dosa_cupy import refine as rs_mod
+from dosa_cupy import select as select_mod
 from dosa_cupy.emulate import score_code
-from dosa_cupy.refine_stream import GROUP, split_shared
+from dosa_cupy.prepare import Batch
+from dosa_cupy.refine import GROUP, split_shared
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
 SHARED_SRC = (CSRC / "refine_shared.cu").read_text()
-KERNELS_SRC = (CSRC / "kernels.cu").read_text()
+KERNELS_SRC = read_source(CSRC / "kernels.cu")
 
 # ---------------------------------------------------------------------------------------
 # Random survivor masks with visible ranges (as the screen writes them: bits only for keys
@@ -156,7 +158,7 @@ def test_popcount_rows():
 
 
 # ---------------------------------------------------------------------------------------
-# The kernels' loop decomposition, emulated (refine_shared.cu, kernels.cu refine_impl)
+# The kernels' loop decomposition, emulated (refine_shared.cu, refine.cu refine_impl)
 # ---------------------------------------------------------------------------------------
 
 
@@ -259,7 +261,7 @@ def emulate_refine_shared(grid, Qn, N, ks, ke, glist, shared, surv, on_pair):
 
 
 def emulate_refine(grid, N, ks, ke, qlist, surv, on_pair):
-    """kernels.cu refine_impl's blocks and warps: on_pair(t, id) for every refined pair."""
+    """refine.cu refine_impl's blocks and warps: on_pair(t, id) for every refined pair."""
     W, RW = 8, rs_mod.RW
     gx, gy = grid
     assert gx == len(qlist)
@@ -429,6 +431,7 @@ def fake_refine(monkeypatch):
     def install(S):
         fk = _FakeRefine(S)
         monkeypatch.setattr(rs_mod, "cupy_or_raise", lambda: np)
+        monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
         monkeypatch.setattr(rs_mod, "kernel", lambda name, smem=0: fk.get(name))
         monkeypatch.setattr(rs_mod, "_shared_kernel", fk.get)
         holder["fk"] = fk
@@ -463,7 +466,8 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap):
     out = {}
     for stream in ("per_query", "shared"):
         fk = fake_refine(S)
-        recs, shared = rs_mod.refine_stage(mt, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream)
+        b = Batch(q, w, kp, ksc, 1, ks, ke)
+        recs, shared = rs_mod.refine_stage(b, tau, surv, cap, stream)
         assert (shared is None) == (stream == "per_query")
         names = {re.sub(r"_mt\d$", "", c) for c in fk.calls}
         assert names == ({"refine", "refine_shared"} if stream == "shared" else {"refine"})
@@ -492,16 +496,16 @@ def test_refine_stage_rejects_bad_stream(fake_refine):
     fake_refine(np.zeros((1, 1), np.float32))
     z = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="stream"):
-        rs_mod.refine_stage(1, None, None, None, None, None, z, z, 1, None, 1, "both")
+        rs_mod.refine_stage(Batch(None, None, None, None, 1, z, z), None, None, 1, "both")
 
 
 def test_pipeline_option_validation():
-    from dosa_cupy import pipeline
+    from dosa_cupy.options import OPTIONS, check_options
 
-    assert pipeline.OPTIONS["stream"] == "per_query"
-    assert pipeline._opts({"stream": "shared"})["stream"] == "shared"
+    assert OPTIONS["stream"] == "per_query"
+    assert check_options({"stream": "shared"})["stream"] == "shared"
     with pytest.raises(ValueError, match="stream"):
-        pipeline._opts({"stream": "groups"})
+        check_options({"stream": "groups"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -551,7 +555,7 @@ def test_gpu_shared_stream_equals_dense(case):
         f"\n[shared] {regime} Qn={Qn} N={N} H={H} {opt}: survivors/query="
         f"{st_s.survivors.mean():.0f} shared keys/query={st_s.shared_keys.mean():.0f} "
         f"shared survivors/query={st_s.shared_survivors.mean():.0f} "
-        f"overflowed={int(st_s.overflowed.sum())}"
+        f"overflows={int(st_s.overflows.sum())}"
     )
     assert np.array_equal(cp.asnumpy(ids_s), dense)
     assert np.array_equal(cp.asnumpy(ids_q), dense)
@@ -560,7 +564,7 @@ def test_gpu_shared_stream_equals_dense(case):
     assert np.array_equal(st_s.survivors, st_q.survivors)
     assert np.all(st_s.shared_survivors <= st_s.survivors)
     if opt.get("buffer") == 16:
-        assert st_s.overflowed.any()
+        assert st_s.overflows.any()
 
 
 @pytest.mark.parametrize("H", [32, 64])
@@ -572,7 +576,7 @@ def test_gpu_shared_stream_with_explicit_seeds(H):
     rng = np.random.default_rng(H)
     seeds = np.concatenate([cp.asnumpy(dense)[:, : K // 2], rng.integers(-1, N, (Qn, 64))], 1)
     for opt in ({}, {"buffer": 16}):
-        opt = dict(opt, seeds=seeds, return_stats=True, r=14 if H == 32 else 30)
+        opt = dict(opt, seed_ids=seeds, return_stats=True, r=14 if H == 32 else 30)
         ids, st = dosa_cupy.dosa_topk(*_args(wl, K), stream="shared", **opt)
         _, stq = dosa_cupy.dosa_topk(*_args(wl, K), **opt)
         assert cp.array_equal(ids, dense)

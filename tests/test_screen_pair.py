@@ -1,10 +1,10 @@
-"""The paired screen (``screen="pair"``, kernels.cu ``screen_pair``, pipeline.pair_plan).
+"""The paired screen (``screen="pair"``, screen.cu ``screen_pair``, screen.pair_plan).
 
 Two queries share one 16-row MMA tile (r ≤ 6 retained rows + 2 aux rows each), so each
 query costs half the MMAs and ReLU-weighted products of ``screen_mt1``.  Soundness rests on
 (1) the gather ``pair_plan`` putting every nonzero row of a query's mts = 1 plan into the
 tile, at the lane the kernel weighs it on, and (2) the evaluation depth staying within the
-plan's screening allowance (kernels.cu comment).  CPU tests: a lane-by-lane emulation of
+plan's screening allowance (screen.cu comment).  CPU tests: a lane-by-lane emulation of
 the kernel's epilogue (exact float64 dots) equals the unpaired Û of docs/method.md §8 exactly,
 and with plans from ``plan.build_plans`` (r ≤ 6) the paired U dominates every float64
 score.  GPU tests (marked ``gpu``): ids == ``dense_topk``, 0 guard violations with
@@ -17,16 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import params
+from cuda_signatures import params, read_source
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dosa_cupy import pipeline
 from dosa_cupy import plan as plan_mod
+from dosa_cupy import screen
+from dosa_cupy.options import check_options
 from dosa_ref.fp8 import e4m3_values, key_rms
 
-KERNELS = Path(pipeline.__file__).parent / "csrc" / "kernels.cu"
+KERNELS = Path(screen.__file__).parent / "csrc" / "kernels.cu"
 
 
 def _unpaired_uhat(rows, omega, sigma, kv):
@@ -81,7 +82,7 @@ def test_pair_tile_equals_unpaired(Qn, r):
     rng = np.random.default_rng(Qn * 10 + r)
     rows, omega, sigma = _random_plans(rng, Qn, r)
     kv = e4m3_values(rng.integers(0, 0x7E, (300, 128), dtype=np.uint8))
-    rows_p, omega_p = pipeline.pair_plan(rows, omega, np.ones(Qn, bool), np)
+    rows_p, omega_p = screen.pair_plan(rows, omega, np.ones(Qn, bool), np)
     P = (Qn + 1) // 2
     assert rows_p.shape == (P, 16, 128) and rows_p.dtype == np.uint8
     assert omega_p.shape == (P, 16) and omega_p.dtype == np.float32
@@ -102,9 +103,9 @@ def test_invalid_partner_cannot_lower_a_bound():
     valid = np.array([True, False, True, True])
     kv = e4m3_values(rng.integers(0, 0x7E, (200, 128), dtype=np.uint8))
     want = _unpaired_uhat(rows[[0]], omega[[0]], sigma[[0]], kv)[0]
-    raw_p, raw_o = pipeline.pair_plan(rows, omega, np.ones(4, bool), np)  # as if valid
+    raw_p, raw_o = screen.pair_plan(rows, omega, np.ones(4, bool), np)  # as if valid
     assert not np.array_equal(_kernel_uhat_f32(raw_p, raw_o, sigma, 4, kv)[0], want)
-    rows_p, omega_p = pipeline.pair_plan(rows, omega, valid, np)
+    rows_p, omega_p = screen.pair_plan(rows, omega, valid, np)
     got = _kernel_uhat_f32(rows_p, omega_p, sigma, 4, kv)
     assert np.array_equal(got[0], want) and np.all(np.isfinite(got))
 
@@ -113,7 +114,7 @@ def test_pair_plan_rejects_more_than_six_rows():
     rows, omega, _ = _random_plans(np.random.default_rng(1), 2, 6)
     rows[1, 9] = 0x38  # a retained row in slot 8 (row 9): r > 6
     with pytest.raises(ValueError, match="^rows:"):
-        pipeline.pair_plan(rows, omega, np.ones(2, bool), np)
+        screen.pair_plan(rows, omega, np.ones(2, bool), np)
 
 
 @given(
@@ -133,7 +134,7 @@ def test_property_pair_tile_is_the_unpaired_bound(Qn, r, seed, nan_query):
         rows[nan_query, rng.integers(0, 16), rng.integers(0, 128)] = 0x7F
         valid[nan_query] = False
     kv = e4m3_values(rng.integers(0, 0x7E, (40, 128), dtype=np.uint8))
-    rows_p, omega_p = pipeline.pair_plan(rows, omega, valid, np)
+    rows_p, omega_p = screen.pair_plan(rows, omega, valid, np)
     got = _kernel_uhat_f32(rows_p, omega_p, sigma, Qn, kv)
     with np.errstate(invalid="ignore"):
         want = _unpaired_uhat(rows, omega, sigma, kv)
@@ -144,17 +145,17 @@ def test_property_pair_tile_is_the_unpaired_bound(Qn, r, seed, nan_query):
 def test_pair_rows_table():
     """Every plan row that can be nonzero (slots 0..5, aux rows 7 and 15) of both queries
     appears exactly once; aux rows of one query share a lane (rows g and g + 8)."""
-    got = sorted(pipeline.PAIR_ROWS)
+    got = sorted(screen.PAIR_ROWS)
     want = sorted([(w, j) for w in (0, 1) for j in (*range(6), 7, 15)])
-    assert got == want and len(pipeline.PAIR_ROWS) == 16
-    pr = pipeline.PAIR_ROWS
+    assert got == want and len(screen.PAIR_ROWS) == 16
+    pr = screen.PAIR_ROWS
     assert (pr[7], pr[15]) == ((0, 7), (0, 15)) and (pr[6], pr[14]) == ((1, 7), (1, 15))
     assert all(pr[g][0] == 0 and pr[g + 8][0] == 1 for g in range(6))
 
 
 def test_pair_plan_rejects_other_shapes():
     with pytest.raises(ValueError, match="rows"):
-        pipeline.pair_plan(
+        screen.pair_plan(
             np.zeros((2, 32, 128), np.uint8), np.zeros((2, 32), np.float32), np.ones(2, bool), np
         )
 
@@ -174,7 +175,7 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
     pl = plan_mod.build_plans(q, w, kp, np.arange(0, 4096, 16), r, 1, xp=np)
     empty = [6, 8, 9, 10, 11, 12, 13, 14]
     assert np.all(pl.rows[:, empty] == 0) and np.all(pl.omega[:, empty] == 0)
-    rows_p, omega_p = pipeline.pair_plan(pl.rows, pl.omega, pl.valid, np)
+    rows_p, omega_p = screen.pair_plan(pl.rows, pl.omega, pl.valid, np)
     kv = e4m3_values(kp)
     uh = _kernel_uhat_f32(rows_p, omega_p, pl.sigma, q.shape[0], kv)
     rho = key_rms(kp).astype(np.float64)
@@ -185,7 +186,7 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
 
 def test_screen_pair_signature_is_screen_mt1s():
     """The pipeline passes screen_pair the screen's argument tuple (paired rows, ω)."""
-    src = KERNELS.read_text()
+    src = read_source(KERNELS)
     pair = params(src, r"screen_pair")
     mt1 = params(src, r"screen_mt##MTS")
     assert [t for t, _ in pair] == [t for t, _ in mt1] and pair[2:] == mt1[2:]
@@ -193,11 +194,11 @@ def test_screen_pair_signature_is_screen_mt1s():
 
 
 def test_pair_option_validation():
-    assert pipeline._opts({"screen": "pair", "r": 6})["screen"] == "pair"
+    assert check_options({"screen": "pair", "r": 6})["screen"] == "pair"
     with pytest.raises(ValueError, match="^screen:"):
-        pipeline._opts({"screen": "pair"})  # default r = 14
+        check_options({"screen": "pair"})  # default r = 14
     with pytest.raises(ValueError, match="^screen:"):
-        pipeline._opts({"screen": "pair", "r": 6, "cert_seeds": 64})
+        check_options({"screen": "pair", "r": 6, "cert_seeds": 64})
 
 
 def test_auto_screen_rule():
@@ -205,17 +206,17 @@ def test_auto_screen_rule():
     certificate seeds are off; other screens pass through unchanged."""
     w = -np.ones((40, 32), np.float32)
     w[:, :6] = 1.0  # |H+| = 6 everywhere
-    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
-    assert pipeline.auto_screen("auto", 4, 0, w, np) == ("pair", 4)
-    assert pipeline.auto_screen("auto", 14, 64, w, np) == ("fp64", 14)
+    assert screen.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
+    assert screen.auto_screen("auto", 4, 0, w, np) == ("pair", 4)
+    assert screen.auto_screen("auto", 14, 64, w, np) == ("fp64", 14)
     w[:2, 6] = 1.0  # 38 / 40 = 95 % still pair
-    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
+    assert screen.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
     w[2, 6] = 1.0  # 37 / 40 < 95 %
-    assert pipeline.auto_screen("auto", 14, 0, w, np) == ("fp64", 14)
-    assert pipeline.auto_screen("auto", 14, 0, w[:0], np) == ("fp64", 14)
+    assert screen.auto_screen("auto", 14, 0, w, np) == ("fp64", 14)
+    assert screen.auto_screen("auto", 14, 0, w[:0], np) == ("fp64", 14)
     for scr in ("fp64", "fast32", "pair"):
-        assert pipeline.auto_screen(scr, 6, 0, w, np) == (scr, 6)
-    assert pipeline._opts({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds
+        assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
+    assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds
 
 
 def test_auto_screen_on_the_reference_regimes():
@@ -227,7 +228,7 @@ def test_auto_screen_on_the_reference_regimes():
     for regime, H, want in (("calibrated", 32, "pair"), ("h64", 64, "fp64")):
         wl = workloads.make_workload(regime, 64, 4096, H=H, seed=7)
         _, w = quantize_queries(wl.q, wl.w)
-        assert pipeline.auto_screen("auto", 14, 0, w, np)[0] == want, regime
+        assert screen.auto_screen("auto", 14, 0, w, np)[0] == want, regime
 
 
 # ---------------------------------------------------------------------------------------

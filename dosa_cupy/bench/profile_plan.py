@@ -3,7 +3,7 @@
 ``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64]``
 
 For ``plan.build_plans``, the opt-in ``plan_fused.build_plans_fused`` and
-``pipeline._seed_stage`` on the calibrated regime: CUDA-event
+``seeds.seed_stage`` on the calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
 per-source-line split taken with a device synchronization after every line (a trace
@@ -72,8 +72,9 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from dosa_cupy import pipeline, plan, plan_fused
-    from dosa_cupy.prepare import check_inputs, pad_heads
+    from dosa_cupy import plan, plan_fused, seeds
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
     from dosa_cupy.workload import make_gpu_workload
 
     ap = argparse.ArgumentParser(prog="dosa bench --profile-plan")
@@ -83,23 +84,22 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     for H in (int(x) for x in a.H.split(",")):
         wl = make_gpu_workload("calibrated", a.Qn, a.N, H, seed=5)
-        q, w, kp, ksc, K, ks, ke = check_inputs(
-            wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"]
-        )
-        q, w = pad_heads(q, w)
-        o = pipeline._opts({})
+        b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
+        o = resolve_options(check_options({}), b.K)
         print(f"== H={H} Qn={a.Qn} N={a.N}")
-        src = inspect.getsource(sys.modules[pipeline.__name__]).splitlines()
-        _report("seeds (_seed_stage)", pipeline._seed_stage, (q, w, kp, ksc, K, ks, ke, o), cp, src)
-        pool = pipeline._seed_stage(q, w, kp, ksc, K, ks, ke, o)[0]
+        src = inspect.getsource(sys.modules[seeds.__name__]).splitlines()
+        _report("seeds (seed_stage)", seeds.seed_stage, (b, o), cp, src)
+        pool = seeds.seed_stage(b, o).pool
         ns = min(o["p_sample"], int(pool.size))
         sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
         src = inspect.getsource(sys.modules[plan.__name__]).splitlines()
-        _report("plan (build_plans)", plan.build_plans, (q, w, kp, sample, 14, 1, 17), cp, src)
+        _report(
+            "plan (build_plans)", plan.build_plans, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src
+        )
         # the opt-in fused planner (planner="fused", one kernel per query), same method
         src = inspect.getsource(sys.modules[plan_fused.__name__]).splitlines()
         fused = plan_fused.build_plans_fused
-        _report("plan (build_plans_fused)", fused, (q, w, kp, sample, 14, 1, 17), cp, src)
+        _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src)
     return 0
 
 

@@ -47,9 +47,9 @@ def _median_ms(cp, fn, reps: int = 10) -> float:
 def capture_screen(args_, cp):
     """(kernel, grid, block, args, shared_mem) of the screen launch of one DoSA call."""
     import dosa_cupy
-    from dosa_cupy import pipeline
+    from dosa_cupy import screen
 
-    cap, orig = {}, pipeline.kernel
+    cap, orig = {}, screen.kernel
 
     def recording(name, smem=0, defines=()):
         f = orig(name, smem, defines)
@@ -61,11 +61,11 @@ def capture_screen(args_, cp):
 
         return run
 
-    pipeline.kernel = recording
+    screen.kernel = recording
     try:
         dosa_cupy.dosa_topk(*args_)
     finally:
-        pipeline.kernel = orig
+        screen.kernel = orig
     return cap["screen"]
 
 

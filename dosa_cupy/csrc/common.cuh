@@ -125,7 +125,7 @@ struct KeysReg {
 };
 
 // Key fragments of 32 arbitrary keys: lane g loads key my[u] (= ids[8u + g]) of group u.
-// (Used by kernels.cu and refine_shared.cu.)
+// (Used by seed_ids.cu, refine.cu and refine_shared.cu.)
 __device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, const int (&my)[4], int lane,
                                             KeysReg& K) {
 #pragma unroll

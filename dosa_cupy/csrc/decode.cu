@@ -14,7 +14,7 @@
 //   decode_witness_mt{MT}  score the (distinct) witnesses of each row, records of the
 //                          visible ones (τ is then their K-th record, select_kernel)
 // Built by CuPy (RawModule, NVRTC, plain sm_90, -ftz=true) from dosa_cupy/decode.py and
-// in CI by nvcc -arch=sm_90 (tests/test_cuda_build.py).  NOT YET RUN ON A GPU.
+// in CI by nvcc -arch=sm_90 (tests/test_cuda_build.py).
 #include "common.cuh"
 
 #define DEC_NEG_INF __int_as_float(0xff800000)
@@ -32,7 +32,7 @@ __device__ __forceinline__ long long dec_phys(const int* __restrict__ bt_row, in
 
 // Key fragments of 32 logical keys through the block table: lane (g, c) loads bytes
 // [32c, 32c+32) of key my[u] of group u (my[u] < 0: zero payload, an exact +0 column).
-// Same register layout as kernels.cu gather_keys (candidate for common.cuh, with the
+// Same register layout as common.cuh gather_keys (candidate for common.cuh, with the
 // address computation as a parameter).
 __device__ __forceinline__ void dec_gather(const uint8_t* __restrict__ kv, const int* __restrict__ bt_row,
                                            const int (&my)[4], int lane, KeysReg& K) {

@@ -65,7 +65,7 @@ __device__ __forceinline__ float e4m3_val(uint32_t b) {
   return (b & 0x80u) ? -v : v;
 }
 
-// plan.py's e4m3 rounding (kernels.cu e4m3_round_f64): double → float (RN) → e4m3
+// plan.py's e4m3 rounding (e4m3_round.cu e4m3_round_f64): double → float (RN) → e4m3
 // satfinite RN.
 __device__ __forceinline__ uint8_t e4m3_round(double x) {
   return (uint8_t)__nv_cvt_float_to_fp8((float)x, __NV_SATFINITE, __NV_E4M3);

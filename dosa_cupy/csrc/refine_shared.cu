@@ -1,18 +1,18 @@
 // The shared refinement stream (docs/method.md §9): within a group of 4 consecutive queries
 // t = 4g..4g+3 (the last group may be short), every key of the group's shared set — inside
 // the group's common visible range [max ks, min ke) and a survivor for ≥ 2 of its queries
-// (dosa_cupy/refine_stream.py split_shared computes the set on the host) — is gathered
+// (dosa_cupy/refine.py split_shared computes the set on the host) — is gathered
 // from global memory ONCE and scored for every query of the group whose survivor bit is
 // set, by the canonical scorer dosa::score_batch (common.cuh), so each score is bit for bit
 // the dense route's value.  A record is written for query t iff the key's survivor bit of
-// t is set and s ≥ τ_t: the per-query stream (kernels.cu refine_mt*) then refines only the
+// t is set and s ≥ τ_t: the per-query stream (refine.cu refine_mt*) then refines only the
 // residual masks surv[t] & ~shared[g], so every (query, surviving key) pair is refined by
 // exactly one stream and no record can be written twice (tests/test_refine_shared.py).
 // Records and counters are the per-query buffers of refine_mt* (same overflow semantics:
 // the counter counts every qualifying record, entries at ≥ cap are not written, the host
 // re-runs with the exact count as capacity).
 //
-// Separate module (built like decode.cu, dosa_cupy/refine_stream.py `_module`), compiled
+// Separate module (built like decode.cu, dosa_cupy/refine.py `_shared_kernel`), compiled
 // with the same options as kernels.cu (CuPy appends -ftz=true to both).
 #include "common.cuh"
 
@@ -20,7 +20,7 @@ using namespace dosa;
 
 #define RS_G 4              // queries per group (docs/method.md §9)
 #define RS_WARPS 8          // warps per block (256 threads)
-#define RS_W 256            // shared-mask words per warp (= kernels.cu RW)
+#define RS_W 256            // shared-mask words per warp (= refine.cu RW)
 #define RS_BUF (1024 + 32)  // per-warp id buffer: one 32-word step + < 32 carried ids
 
 // The A fragments of one query in shared memory, in fragment order [mt][s'][lane] (one
@@ -40,7 +40,7 @@ struct QFragSmem {
 
 // Dynamic shared memory (bytes) of refine_shared_mt<MT>: A fragments [RS_G][MT][8][32]
 // uint4, weights [RS_G][MT*16] fp32, id buffers [RS_WARPS][RS_BUF] int32
-// (refine_stream.shared_smem_bytes mirrors this).
+// (refine.shared_smem_bytes mirrors this).
 #define RS_SMEM(MT) (RS_G * (MT) * 8 * 32 * 16 + RS_G * (MT) * 16 * 4 + RS_WARPS * RS_BUF * 4)
 
 // grid (glist size, ceil(NW / (RS_WARPS·RS_W))), block 256 threads, RS_SMEM(MT) bytes of
@@ -105,7 +105,7 @@ __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* _
   const int g = lane >> 2, pos = batch_pos(lane);
   int have = 0;  // ids carried over in buf[0 .. have)
   for (long long wb = w0; wb < w1; wb += 32) {
-    // Compact the set bits of 32 words into ids (the loop of kernels.cu refine_impl).
+    // Compact the set bits of 32 words into ids (the loop of refine.cu refine_impl).
     const long long wi = wb + lane;
     const uint32_t m = (wi < w1) ? srow[wi] : 0u;
     const int n = __popc(m);

@@ -1,10 +1,9 @@
-"""Refinement (docs/method.md §9): the per-query stream and the shared stream of query groups.
+"""The refine stage (docs/method.md §9): the per-query stream and the shared stream of query
+groups, with compact writeback and the exact overflow extension (``refine_stage``).
 
-``refine_stage`` runs refinement with compact writeback and the exact overflow extension
-for ``dosa_topk``:
-
-* ``stream="per_query"`` (default): ``refine_mt*`` (kernels.cu) scores every survivor of
-  ``surv[t]`` for query t.
+* ``stream="per_query"`` (default): ``refine_mt*`` (refine.cu) scores every survivor of
+  ``surv[t]`` for query t.  Blocks take (query, word chunk) with the query index fastest,
+  so gathered keys are shared through L2 by the queries that refine them.
 * ``stream="shared"``: ``split_shared`` splits the survivor masks into the groups' shared
   sets (groups of 4 consecutive queries; a key is shared iff it lies in the group's common
   visible range [max ks, min ke) and survives for ≥ 2 of the group's queries) and residual
@@ -21,12 +20,10 @@ equals the dense route's bit for bit.  Overflow: the counters count every qualif
 record (shared + residual); the rows with count > capacity are refined again by the
 per-query stream over their whole survivor rows (the union of the shared and residual
 bits, so the same record set whichever stream ran first) as a sub-problem of those rows
-only, into a [rows, max count] buffer (``Records.ext``).  A [Qn, max count] table would
-not fit: at Qn = 32K, N = 1M, one row with 500K records made it 131 GB (H200, 2026-11-30).
+only (``select.extend_overflow``).
 
 The split is written once for numpy and CuPy (``xp``); tests/test_refine_shared.py checks
-its properties and emulates the kernel's loop decomposition on the CPU; its GPU tests ran
-on the H200 (2026-11-30, 190845a).
+its properties and emulates the kernels' loop decomposition on the CPU.
 """
 
 from __future__ import annotations
@@ -36,11 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
+from .prepare import Batch
+from .select import RecordBuffer, extend_overflow
 
 __all__ = [
     "GROUP",
     "STREAMS",
-    "Records",
+    "RefineLaunch",
     "common_range_masks",
     "group_majority",
     "popcount_rows",
@@ -53,7 +52,8 @@ GROUP = 4  # queries per group (refine_shared.cu RS_G)
 RS_WARPS = 8  # warps per block of refine_shared (RS_WARPS)
 RS_W = 256  # shared-mask words per warp (RS_W)
 RS_BUF = 1024 + 32  # per-warp id buffer (RS_BUF)
-RW = 256  # words per warp of the per-query refine (kernels.cu RW)
+RW = 256  # words per warp of the per-query refine (refine.cu RW)
+REFINE_WARPS = 8  # warps per block of the per-query refine
 STREAMS = ("per_query", "shared")
 SHARED_FILE = CSRC / "refine_shared.cu"
 
@@ -168,93 +168,65 @@ def _shared_kernel(name: str, smem: int):
     return raise_smem_limit(f, smem, "refine_shared", name)
 
 
-def refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
-    """kernels.cu refine_mt*: survivors of surv[t] for t in qlist → rec[t], cnt[t]."""
-    NW = (N + 31) // 32
-    warps = 8
-    gx = (NW + warps * RW - 1) // (warps * RW)
-    kernel(f"refine_mt{mth}")(
-        (int(qlist.size), gx),
-        (32 * warps,),
-        (q, w, kp, ksc, tau, ks, ke, qlist, np.int64(N), surv, cnt, rec, np.int64(cap)),
-    )
+@dataclass(frozen=True)
+class RefineLaunch:
+    """Refinement launches of one batch ``b`` against τ (fp32 [Qn]): each method passes its
+    kernel the arguments in the kernel's parameter order and appends the records s ≥ τ of
+    the refined (query, key) pairs to ``out`` (rows of ``b``)."""
+
+    b: Batch
+    tau: object
+
+    def per_query(self, qlist, surv, out: RecordBuffer) -> None:
+        """refine.cu refine_mt*: survivors of surv[t] (uint32 [Qn, NW]) for t in qlist
+        (int32) → out.rec[t], out.cnt[t]."""
+        b = self.b
+        gx = (b.NW + REFINE_WARPS * RW - 1) // (REFINE_WARPS * RW)
+        kernel(f"refine_mt{b.mth}")(
+            (int(qlist.size), gx),
+            (32 * REFINE_WARPS,),
+            (b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, qlist, np.int64(b.N), surv) + out.args(),
+        )
+
+    def shared(self, glist, shared, surv, out: RecordBuffer) -> None:
+        """refine_shared.cu refine_shared_mt*: shared sets (uint32 [NG, NW]) of the groups
+        in glist (int32) → out.rec[t], out.cnt[t] for the group's queries t whose survivor
+        bit is set."""
+        b = self.b
+        gy = (b.NW + RS_WARPS * RS_W - 1) // (RS_WARPS * RS_W)
+        smem = shared_smem_bytes(b.mth)
+        _shared_kernel(f"refine_shared_mt{b.mth}", smem)(
+            (int(glist.size), gy),
+            (32 * RS_WARPS,),
+            (
+                b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, np.int32(b.Qn), glist,
+                np.int64(b.N), shared, surv,
+            ) + out.args(),
+            shared_mem=smem,
+        )  # fmt: skip
 
 
-def refine_shared(mth, q, w, kp, ksc, tau, ks, ke, glist, N, shared, surv, cnt, rec, cap):
-    """refine_shared.cu refine_shared_mt*: shared sets of the groups in glist → rec[t],
-    cnt[t] for the group's queries t whose survivor bit is set."""
-    NW = (N + 31) // 32
-    gy = (NW + RS_WARPS * RS_W - 1) // (RS_WARPS * RS_W)
-    smem = shared_smem_bytes(mth)
-    Qn = q.shape[0]
-    _shared_kernel(f"refine_shared_mt{mth}", smem)(
-        (int(glist.size), gy),
-        (32 * RS_WARPS,),
-        (
-            q, w, kp, ksc, tau, ks, ke, np.int32(Qn), glist, np.int64(N), shared, surv, cnt,
-            rec, np.int64(cap),
-        ),
-        shared_mem=smem,
-    )  # fmt: skip
-
-
-@dataclass
-class Records:
-    """Compact records of every query (docs/method.md §9), with the exact overflow extension.
-
-    rec uint64 [Qn, cap], cnt uint32 [Qn] (the number of records of the first pass, also
-    past cap), over bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2], cnt2
-    uint32 [n]) or None: the complete lists of the overflowed rows, counted by the pass
-    that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]; cnt2 = cnt[rows] whenever
-    both passes score the same survivors, which the tests check).
-    """
-
-    rec: object
-    cnt: object
-    over: object
-    ext: tuple | None = None
-
-    def row(self, t: int):
-        """Query t's records (host or device array; for tests and diagnostics)."""
-        if self.ext is not None and bool(self.over[t]):
-            rows, rec2, cnt2 = self.ext
-            j = int(np.flatnonzero(_host(rows) == t)[0])
-            return rec2[j, : int(cnt2[j])]
-        return self.rec[t, : int(self.cnt[t])]
-
-
-def _host(a):
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def refine_stage(mth, q, w, kp, ksc, tau, ks, ke, N, surv, cap, stream="per_query"):
-    """Refinement with compact writeback and the exact extension on overflow (docs/method.md §7
-    C.3, §9).  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query
-    t (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
+def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query"):
+    """Refinement with compact writeback and the exact extension on overflow (docs/method.md
+    §7 C.3, §9): τ fp32 [Qn], surv uint32 [Qn, NW], ``cap`` records per query in the first
+    pass.  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query t
+    (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
     if stream not in STREAMS:
         raise ValueError(f"stream: expected one of {STREAMS}, got {stream!r}")
     xp = cupy_or_raise()
-    Qn = q.shape[0]
-    rec = xp.empty((Qn, cap), dtype=xp.uint64)
-    cnt = xp.zeros(Qn, dtype=xp.uint32)
-    allq = xp.arange(Qn, dtype=xp.int32)
+    first = RecordBuffer(b.Qn, cap)
+    launch = RefineLaunch(b, tau)
     shared = None
     resid = surv
     if stream == "shared":
-        shared, resid = split_shared(surv, ks, ke, xp)
-        allg = xp.arange(shared.shape[0], dtype=xp.int32)
-        refine_shared(mth, q, w, kp, ksc, tau, ks, ke, allg, N, shared, surv, cnt, rec, cap)
-    refine_per_query(mth, q, w, kp, ksc, tau, ks, ke, allq, N, resid, cnt, rec, cap)
-    over = cnt > cap
-    out = Records(rec, cnt, over)
-    if int(over.sum()):
-        oq = xp.flatnonzero(over).astype(xp.int32)
-        n = int(oq.size)
-        cap2 = int(cnt[oq].max())
-        rec2 = xp.empty((n, cap2), dtype=xp.uint64)
-        cnt2 = xp.zeros(n, dtype=xp.uint32)
-        sub = [a[oq] for a in (q, w, tau, ks, ke)]
-        refine_per_query(mth, sub[0], sub[1], kp, ksc, sub[2], sub[3], sub[4],
-                         xp.arange(n, dtype=xp.int32), N, surv[oq], cnt2, rec2, cap2)  # fmt: skip
-        out.ext = (oq, rec2, cnt2)
-    return out, shared
+        shared, resid = split_shared(surv, b.ks, b.ke, xp)
+        launch.shared(xp.arange(shared.shape[0], dtype=xp.int32), shared, surv, first)
+    launch.per_query(xp.arange(b.Qn, dtype=xp.int32), resid, first)
+
+    def rescore(oq, cap2):
+        out = RecordBuffer(int(oq.size), cap2)
+        sub = RefineLaunch(b.rows(oq), tau[oq])
+        sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
+        return out
+
+    return extend_overflow(first, rescore), shared

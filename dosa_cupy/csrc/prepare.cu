@@ -1,0 +1,78 @@
+#ifndef DOSA_PREPARE_CU
+#define DOSA_PREPARE_CU
+#include "stage.cuh"
+
+// ---------------------------------------------------------------------------------------
+// Prepare (docs/method.md §8): e4m3 payload + fp32 scale per token, and the RMS summary ρ.
+// ---------------------------------------------------------------------------------------
+
+// Conservative RMS summary: ρ ≥ ‖k̄‖/√D, rounded up to fp32.  Squares of e4m3 values are
+// multiples of 2^-18 below 2^18 and 128 of them sum exactly in fp64; sqrt/div round up.
+__device__ __forceinline__ double e4m3_value(uint32_t b) {
+  const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  double v = e ? ldexp((double)(8u + m), (int)e - 10) : ldexp((double)m, -9);
+  return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ float rho_of_sumsq(double ss) {
+  return __double2float_ru(__dsqrt_ru(__ddiv_ru(ss, (double)DOSA_D)));
+}
+
+// One warp per token; lane holds 4 coordinates.  fmt 0: s = max(amax, 1e-4)/448 (fp32
+// division); fmt 1: s = 2^ceil(log2(max(amax, 1e-4)/448)) (ue8m0).  Payload =
+// e4m3_satfinite_rn(x / s) (fp32 division).  Mirrors dosa_cupy.emulate.quantize_keys.
+extern "C" __global__ void quantize_keys_kernel(const float* __restrict__ k, long long N, int fmt,
+                                                uint8_t* __restrict__ payload,
+                                                float* __restrict__ scale,
+                                                float* __restrict__ rho) {
+  const int lane = threadIdx.x & 31;
+  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (tok >= N) return;
+  float4 x = reinterpret_cast<const float4*>(k + tok * DOSA_D)[lane];
+  float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  amax = fmaxf(amax, 1e-4f);
+  float s = amax / 448.f;
+  if (fmt == 1) {
+    int e;
+    float m = frexpf(s, &e);  // s = m 2^e, m in [0.5, 1)
+    s = ldexpf(1.f, m == 0.5f ? e - 1 : e);
+  }
+  uint32_t b0 = __nv_cvt_float_to_fp8(x.x / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b1 = __nv_cvt_float_to_fp8(x.y / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b2 = __nv_cvt_float_to_fp8(x.z / s, __NV_SATFINITE, __NV_E4M3);
+  uint32_t b3 = __nv_cvt_float_to_fp8(x.w / s, __NV_SATFINITE, __NV_E4M3);
+  reinterpret_cast<uint32_t*>(payload + tok * DOSA_D)[lane] = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+  double ss = 0.0;
+  ss += e4m3_value(b0) * e4m3_value(b0);
+  ss += e4m3_value(b1) * e4m3_value(b1);
+  ss += e4m3_value(b2) * e4m3_value(b2);
+  ss += e4m3_value(b3) * e4m3_value(b3);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) {
+    scale[tok] = s;
+    rho[tok] = rho_of_sumsq(ss);
+  }
+}
+
+// ρ of given payloads (dosa_topk takes quantized keys).
+extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, long long N,
+                                          float* __restrict__ rho) {
+  const int lane = threadIdx.x & 31;
+  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (tok >= N) return;
+  uint32_t v = reinterpret_cast<const uint32_t*>(payload + tok * DOSA_D)[lane];
+  double ss = 0.0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    double e = e4m3_value((v >> (8 * i)) & 0xffu);
+    ss += e * e;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) rho[tok] = rho_of_sumsq(ss);
+}
+
+#endif  // DOSA_PREPARE_CU

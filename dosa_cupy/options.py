@@ -1,0 +1,235 @@
+"""Options, statistics and the common start of ``dosa_topk`` and ``fused_topk``.
+
+The shared names mean what ``dosa_ref.options`` says (``OPTIONS``, ``STATS``): ``seeds``
+names seed strategies ("local", "anchor", "certificate", "explicit"), ``seed_ids`` carries
+explicit key ids, and ``DosaGpuStats`` is a ``dosa_ref.options.SelectStats`` with the GPU's
+own fields added.  GPU defaults: seeds="local+anchor" (certificate seeds are slower at the
+benched shapes); giving ``cert_seeds`` > 0 turns "certificate" on, as giving ``seed_ids``
+turns "explicit" on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dosa_ref.options import (
+    STRATEGIES,
+    SelectStats,
+    check_count,
+    default_cert_seeds,
+    default_window,
+    parse_strategies,
+)
+
+from ._build import cupy_or_raise
+from .emulate import record_score
+from .prepare import pad_batch
+from .refine import STREAMS
+from .screen import PAIR_MAX_R, SCREENS
+from .seeds import device_seed_ids
+
+__all__ = [
+    "OPTIONS",
+    "PLANNERS",
+    "DosaGpuStats",
+    "StageTimer",
+    "check_options",
+    "resolve_options",
+    "start",
+    "strategies",
+]
+
+OPTIONS = {
+    "seeds": "local+anchor",
+    "seed_ids": None,
+    "window": None,
+    "sinks": 16,
+    "n_anchors": 4,
+    "r": 14,
+    "buffer": 65536,
+    "mma_bits": 17,
+    "p_sample": 256,
+    "cert_seeds": None,
+    "cert_cap": 16384,
+    "return_stats": False,
+    "debug_bounds": False,
+    "timing": False,
+    "stream": "per_query",
+    "screen": "fp64",
+    "planner": "fused",
+}
+PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
+CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
+
+
+@dataclass
+class DosaGpuStats(SelectStats):
+    """``dosa_ref.options.SelectStats`` (per-query numpy arrays; ``dosa_ref.options.STATS``
+    gives each shared field's meaning) with the GPU's own fields.
+
+    On the GPU: explicit seeds are screened and refined like any other key (they only
+    raise τ), so ``screened`` = visible − default seeds; ``scored`` counts every scoring
+    with all heads, re-scorings included (explicit seeds again in the certificate pass,
+    survivors again in an overflow extension, every visible key again in a recovery);
+    ``bound_work`` is visible·(r + 2)/H (two aux rows); ``tau_final`` is NaN for recovered
+    queries; ``est_survival`` / ``est_work`` stay NaN (no cost model: r is an option).
+    ``dense`` marks recovered queries (dosa_topk) or every query (fused_topk: no screen).
+    """
+
+    screen: str = None  # the screen kernel that ran ("fp64", "fast32", "pair"; auto's pick)
+    stage_ms: dict = None  # CUDA-event time per stage (timing=True)
+    bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
+    # stream="shared" (docs/method.md §9): keys of the query's group shared set (the shared
+    # stream scores each for every query of the group whose bit is set) and the query's
+    # survivors refined there (the rest, survivors − shared_survivors, per query).
+    shared_keys: np.ndarray = None
+    shared_survivors: np.ndarray = None
+
+    @property
+    def overflowed(self) -> np.ndarray:
+        """bool [Qn]: overflows > 0 (the name dosa_cupy.bench reads; prefer ``overflows``)."""
+        return self.overflows > 0
+
+    def fill_common(self, b, seeds, recs, kth, bad) -> None:
+        """The fields both routes fill alike, from the ``Batch`` b, the ``seeds.Seeds``,
+        the compact ``select.Records``, the K-th selected records kth uint64 [Qn] and the
+        recovered queries bad bool [Qn] (device arrays; one host copy each)."""
+        cp = cupy_or_raise()
+        vis = b.ke.astype(cp.int64) - b.ks.astype(cp.int64)
+        self.visible = cp.asnumpy(vis)
+        self.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
+        self.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64) + self.explicit_seeds
+        self.kept = cp.asnumpy(recs.cnt).astype(np.int64)
+        self.overflows = cp.asnumpy(recs.over).astype(np.int64)
+        self.recovered = cp.asnumpy(bad).astype(bool)
+        self.dense = self.recovered.copy()
+        self.tau_final = np.where(self.recovered, np.nan, record_score(cp.asnumpy(kth)))
+        if seeds.anchors is not None:
+            self.anchor_scored = int(cp.asnumpy(vis[seeds.anchors]).sum())
+
+
+def strategies(seeds, seed_ids) -> tuple[str, ...]:
+    """Seed strategy names of the ``seeds`` option (``dosa_ref.options.parse_strategies``);
+    ``seed_ids`` turns "explicit" on.  ValueError naming ``seeds`` for key ids given as
+    ``seeds`` (they go to ``seed_ids``) and naming ``seed_ids`` for "explicit" without ids."""
+    names_only = isinstance(seeds, str) or (
+        isinstance(seeds, (list, tuple)) and all(isinstance(x, str) for x in seeds)
+    )
+    if not names_only:
+        raise ValueError(
+            f"seeds: expected seed strategy names from {STRATEGIES} (e.g. 'local+anchor'), "
+            f"got {type(seeds).__name__}; explicit key ids go to seed_ids="
+        )
+    names = parse_strategies(seeds)
+    if seed_ids is not None and "explicit" not in names:
+        names = ("explicit", *names)
+    if "explicit" in names and seed_ids is None:
+        raise ValueError("seed_ids: the 'explicit' seed strategy needs seed_ids")
+    return names
+
+
+def _certificate_on(o: dict, names: tuple) -> bool:
+    cs = o["cert_seeds"]
+    return cs > 0 if cs is not None else "certificate" in names
+
+
+def check_options(kw: dict) -> dict:
+    """The options of ``dosa_topk`` / ``fused_topk`` over the defaults ``OPTIONS``;
+    ValueError naming the option for an unknown name or a bad value.  Defaults that
+    depend on K (window, cert_seeds) stay None until ``resolve_options``."""
+    for k in kw:
+        if k not in OPTIONS:
+            raise ValueError(f"{k}: unknown option; expected one of {sorted(OPTIONS)}")
+    o = dict(OPTIONS)
+    o.update(kw)
+    names = strategies(o["seeds"], o["seed_ids"])
+    for k in ("sinks", "n_anchors", "p_sample"):
+        check_count(k, o[k])
+    for k in ("buffer", "cert_cap"):
+        check_count(k, o[k], 1)
+    if o["window"] is not None:
+        check_count("window", o["window"])
+    if o["cert_seeds"] is not None:
+        check_count("cert_seeds", o["cert_seeds"], 0, CERT_MAX)
+    rr = check_count("r", o["r"], 1, 30)
+    check_count("mma_bits", o["mma_bits"], 8, 24)
+    if o["stream"] not in STREAMS:
+        raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
+    if o["screen"] not in SCREENS:
+        raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
+    if o["planner"] not in PLANNERS:
+        raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
+    if o["screen"] == "wg" and (rr > 14 or _certificate_on(o, names)):
+        raise ValueError(
+            f"screen: 'wg' needs r <= 14 and no certificate seeds, got r={rr}, "
+            f"cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
+        )
+    if o["screen"] == "pair" and (rr > PAIR_MAX_R or _certificate_on(o, names)):
+        raise ValueError(
+            f"screen: 'pair' needs r <= {PAIR_MAX_R} and no certificate seeds, got r={rr}, "
+            f"cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
+        )
+    return o
+
+
+def resolve_options(o: dict, K: int) -> dict:
+    """Checked options → the counts the stages read: the strategies off give no seeds of
+    their kind (no "local": window = sinks = 0; no "anchor": n_anchors = 0); window None →
+    ``default_window(K, strategies)``; cert_seeds (0 = off) None →
+    ``default_cert_seeds(K)`` with "certificate", else 0; ``o["strategies"]``."""
+    o = dict(o)
+    names = strategies(o["seeds"], o["seed_ids"])
+    o["strategies"] = names
+    if o["window"] is None:
+        o["window"] = default_window(K, names)
+    if "local" not in names:
+        o["window"] = o["sinks"] = 0
+    if "anchor" not in names:
+        o["n_anchors"] = 0
+    cert = _certificate_on(o, names)
+    cs = o["cert_seeds"]
+    o["cert_seeds"] = (default_cert_seeds(K) if cs is None else cs) if cert else 0
+    return o
+
+
+class StageTimer:
+    """CUDA-event time of each stage (``timing=True``; one synchronization per mark)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self.ms = {}
+        self.cp = cupy_or_raise()
+        self.last = None
+        if on:
+            self.last = self.cp.cuda.Event()
+            self.last.record()
+
+    def mark(self, name: str) -> None:
+        if not self.on:
+            return
+        e = self.cp.cuda.Event()
+        e.record()
+        e.synchronize()
+        self.ms[name] = self.ms.get(name, 0.0) + self.cp.cuda.get_elapsed_time(self.last, e)
+        self.last = e
+
+
+def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
+    """The common start of ``dosa_topk`` and ``fused_topk``: (resolved options with the
+    explicit seed ids validated on the device, stage timer, stats, ``Batch`` with heads
+    padded to 16·MT, empty); ``empty`` is the finished result (−1 ids) when there is no
+    query or no key, else None."""
+    cp = cupy_or_raise()
+    o = check_options(options)
+    tm = StageTimer(o["timing"])
+    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke)
+    o = resolve_options(o, b.K)
+    o["seed_ids"] = device_seed_ids(o["seed_ids"], b.Qn, b.N)
+    st = DosaGpuStats(b.Qn, stage_ms={})
+    empty = None
+    if b.Qn == 0 or b.N == 0:
+        ids = cp.full((b.Qn, b.K), -1, dtype=cp.int64)
+        empty = (ids, st) if o["return_stats"] else ids
+    return o, tm, st, b, empty

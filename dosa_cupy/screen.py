@@ -1,0 +1,181 @@
+"""The screen stage (docs/method.md §8–§9): U^num of every visible non-seed key against τ,
+written as a survivor bitmask (one uint32 word per 32 keys).
+
+Screen kernels (``screen=``): "fp64" (screen_mt*), "fast32" (the same kernels built with an
+fp32 upward-rounded pre-test that skips the fp64 guard for warps whose keys it rejects:
+screen.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
+queries per 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
+screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
+bit for bit, r ≤ 14); "auto" chooses between "pair" and "fp64" per chunk (``auto_screen``).  With certificate seeds the screen
+also records (U, id) of every survivor (screen_cert_mt*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import sm90a
+from ._build import cupy_or_raise, kernel, tile
+from .dense import QG, ROWB
+from .plan import DevicePlan
+from .prepare import Batch, D
+from .seeds import Seeds
+from .select import RecordBuffer
+
+__all__ = [
+    "AUTO_PAIR_SHARE",
+    "PAIR_MAX_R",
+    "PAIR_ROWS",
+    "SCREENS",
+    "ScreenLaunch",
+    "auto_screen",
+    "pair_plan",
+    "screen_stage",
+]
+
+# screen kernel → build defines of kernels.cu (one cached module per combination, _build.py)
+SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": (), "wg": ()}
+PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (screen_pair)
+# screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
+# positive heads (all of them retained at r = 6; docs/records/notes.md "Paired screen":
+# calibrated H=32 has |H+| ≤ 4 and pairs at +0.2 pp survival, h64 has |H+| > 6 in a third
+# of its queries)
+AUTO_PAIR_SHARE = 0.95
+SCREEN_THREADS = 256
+
+# Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
+# query 2p + PAIR_ROWS[i][0], from mts = 1 plans (retained rows 0..5, aux rows 7 and 15).
+PAIR_ROWS = (
+    [(0, j) for j in range(6)]
+    + [(1, 7), (0, 7)]
+    + [(1, j) for j in range(6)]
+    + [
+        (1, 15),
+        (0, 15),
+    ]
+)
+
+
+PAIR_EMPTY = [6, 8, 9, 10, 11, 12, 13, 14]  # mts = 1 plan rows a plan with r ≤ 6 leaves empty
+
+
+def pair_plan(rows, omega, valid, xp):
+    """Plans of queries (2p, 2p+1) gathered into one 16-row tile per pair (screen_pair).
+
+    rows uint8 [Qn, 16, 128], omega fp32 [Qn, 16] and valid bool [Qn] of an mts = 1 plan
+    with r ≤ 6 → rows_p uint8 [P, 16, 128], omega_p fp32 [P, 16] (P = ⌈Qn/2⌉; an odd Qn's
+    missing partner is a zero plan).  ω of the aux positions (6, 7, 14, 15) is 0: the
+    kernel weighs them by −σ itself.  Invalid plans (recovered later, docs/method.md §7 C.3)
+    become zero plans: they are the only plans whose rows can hold NaN codes, and a NaN
+    row would erase its partner's terms in the kernel's fmaf(0, y, x).  A plan with a
+    nonzero row outside slots 0..5 and the aux rows (r > 6) raises ValueError: the tile
+    has no place for it.  xp: numpy or CuPy.
+    """
+    Qn = rows.shape[0]
+    if rows.shape[1:] != (16, D) or omega.shape != (Qn, 16):
+        raise ValueError(f"rows: expected an mts = 1 plan [Qn, 16, {D}], got {rows.shape}")
+    ok = xp.asarray(valid, dtype=bool)
+    rows = xp.where(ok[:, None, None], rows, 0).astype(xp.uint8)
+    omega = xp.where(ok[:, None], omega, 0).astype(xp.float32)
+    if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
+        raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
+    P = (Qn + 1) // 2
+    if Qn % 2:
+        rows = xp.concatenate([rows, xp.zeros((1, 16, D), dtype=rows.dtype)])
+        omega = xp.concatenate([omega, xp.zeros((1, 16), dtype=omega.dtype)])
+    r2, o2 = rows.reshape(P, 2, 16, D), omega.reshape(P, 2, 16)
+    who = np.array([w for w, _ in PAIR_ROWS])
+    row = np.array([j for _, j in PAIR_ROWS])
+    rows_p = xp.ascontiguousarray(r2[:, who, row])
+    keep = xp.asarray(row < 6)
+    omega_p = xp.ascontiguousarray(xp.where(keep[None, :], o2[:, who, row], 0).astype(xp.float32))
+    return rows_p, omega_p
+
+
+def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
+    """(screen kernel, r) for a chunk.  ``screen="auto"``: "pair" with r = min(r, 6) when
+    certificate seeds are off and at least AUTO_PAIR_SHARE of the queries have at most
+    PAIR_MAX_R positive weights (w fp32 [Qn, Hp]; one device reduction, one sync), else
+    "fp64" with r.  Any other screen passes through.  Both choices are exact; this only
+    picks the faster one by the rule of docs/records/notes.md "Paired screen"."""
+    if screen != "auto":
+        return screen, r
+    Qn = w.shape[0]
+    if cert_seeds or Qn == 0:
+        return "fp64", r
+    few = int(xp.sum(xp.sum(w > 0, axis=1) <= PAIR_MAX_R))
+    if few >= AUTO_PAIR_SHARE * Qn:
+        return "pair", min(r, PAIR_MAX_R)
+    return "fp64", r
+
+
+@dataclass(frozen=True)
+class ScreenLaunch:
+    """One screening launch, built once per chunk (``of``): the kernel, its build defines,
+    grid, dynamic shared memory and its leading arguments in the kernel's parameter order
+    (screen.cu screen_mt* / screen_cert_mt* / screen_pair: rows, om, sig, Cq, eps_raw,
+    eps_out, tau, kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG); the call adds
+    the outputs (surv, Uout[, ucnt, urec, ucap])."""
+
+    name: str
+    defines: tuple
+    grid: tuple
+    smem: int
+    args: tuple
+    threads: int = SCREEN_THREADS  # sm90a.THREADS for "wg"
+
+    @classmethod
+    def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, cert: bool):
+        """The launch screening ``b``'s keys with ``plan`` (mts rows per query; for "pair"
+        an mts = 1 plan with r ≤ 6) against τ = ``seeds.tau``; ρ fp32 [N]; ``cert``: the
+        screen_cert variant (not with "pair")."""
+        T = tile()
+        grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
+        rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{plan.mts}"
+        if screen == "pair":  # two queries per 16-row tile (r <= 6 checked by the options)
+            rows, omega = pair_plan(plan.rows, plan.omega, plan.valid, cupy_or_raise())
+            grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
+        qg = sm90a.QG if screen == "wg" else QG
+        args = (
+            rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out), seeds.tau,
+            b.kp, b.ksc, rho, b.ks, b.ke,
+        ) + seeds.default_args() + (np.int32(b.Qn), np.int64(b.N), np.int32(qg))  # fmt: skip
+        if screen == "wg":  # screen_mt1's arguments and bounds, 3 warpgroups per block
+            grid = (grid[0], (b.Qn + qg - 1) // qg)
+            return cls("screen_wg_mt1", (), grid, sm90a.smem_bytes(T), args, sm90a.THREADS)
+        return cls(name, SCREENS[screen], grid, T * ROWB + T * 8, args)
+
+    def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None) -> None:
+        """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
+        (U, id) records of the survivors (screen_cert only)."""
+        out = (surv, bounds if bounds is not None else np.uint64(0))
+        launch = sm90a.kernel(self.name) if self.name.endswith("_wg_mt1") else None
+        (launch or kernel(self.name, self.smem, self.defines))(
+            self.grid,
+            (self.threads,),
+            self.args + out + (cert.args() if cert is not None else ()),
+            shared_mem=self.smem,
+        )
+
+
+@dataclass
+class Screened:
+    """The screen's output: surv uint32 [Qn, NW] (survivor bits), bounds fp64 [Qn, N] U^num
+    (NaN where not screened) or None, cert: the survivors' (U, id) records or None."""
+
+    surv: object
+    bounds: object
+    cert: RecordBuffer | None
+
+
+def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict) -> Screened:
+    """Screen every visible non-seed key (options ``o``: screen — already resolved by
+    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds)."""
+    cp = cupy_or_raise()
+    surv = cp.empty((b.Qn, b.NW), dtype=cp.uint32)
+    bounds = cp.full((b.Qn, b.N), np.nan) if o["debug_bounds"] else None
+    cert = RecordBuffer(b.Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
+    ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert is not None)(surv, bounds, cert)
+    return Screened(surv, bounds, cert)

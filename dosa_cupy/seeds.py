@@ -1,0 +1,241 @@
+"""The seed stage (docs/method.md §2): default seeds (sinks, local window, anchor pool) and
+explicit seeds scored by the canonical scorer, τ = the K-th seed record, and the
+certificate-guided seeds that raise τ after screening.
+
+Default seeds (the "local" and "anchor" strategies, dosa_ref.options) are excluded from
+screening and are part of the final selection.  Explicit seeds (``seed_ids=`` [Qn, S] key
+ids, e.g. the previous chunk's selections) only raise τ:
+they are scored by the ``seed_ids`` kernel and τ is the K-th record of default ∪ explicit
+seeds (distinct keys only); they are screened and refined like any other key, so the final
+candidate set is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel
+from .dense import dense_ids, select_records
+from .prepare import Batch, as_device
+from .select import RecordBuffer, tau_of_seeds
+
+__all__ = [
+    "Seeds",
+    "cert_clear",
+    "certificate_seeds",
+    "check_seed_ids",
+    "device_seed_ids",
+    "explicit_seed_table",
+    "score_seed_ids",
+    "seed_stage",
+]
+
+SEED_WARPS = 8  # warps per block of seed_score / seed_ids
+SEEDW = 256  # seed slots per warp (seeds.cu SEEDW)
+
+
+@dataclass
+class Seeds:
+    """The seed stage's output.
+
+    anchors: int64 [n_anchors] (the anchor queries) or None, pool int32 [P] (sorted
+    anchor-pool ids), poolmask uint32 [NW] (bit i = key i in the
+    pool), default: the default seed records (``RecordBuffer`` [Qn, sinks + window + P]),
+    xcnt uint32 [Qn] (explicit seed records), tau fp32 [Qn] (K-th record of default ∪
+    explicit seeds), xtable int32 [Qn, S'] (the explicit seeds that were scored, or None),
+    sinks, window: the default seeds' geometry.
+    """
+
+    anchors: object
+    pool: object
+    poolmask: object
+    default: RecordBuffer
+    xcnt: object
+    tau: object
+    xtable: object
+    sinks: int
+    window: int
+
+    def default_args(self) -> tuple:
+        """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
+        seed (the predicate of seed_score and ``explicit_seed_table``)."""
+        return (np.int32(self.sinks), np.int32(self.window), self.poolmask)
+
+
+def seed_stage(b: Batch, o: dict) -> Seeds:
+    """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
+
+    Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
+    union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
+    (validated device ids or None, ``device_seed_ids``).
+    """
+    cp = cupy_or_raise()
+    Qn = b.Qn
+    na = min(o["n_anchors"], Qn)
+    anchors = None
+    if na > 0:
+        anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
+        aid = dense_ids(b.rows(anchors))
+        pool = cp.unique(aid[aid >= 0]).astype(cp.int32)
+    else:
+        pool = cp.zeros(0, dtype=cp.int32)
+    poolmask = cp.zeros(b.NW, dtype=cp.uint32)
+    if pool.size:
+        import cupyx
+
+        cupyx.scatter_add(poolmask, pool >> 5, (cp.uint32(1) << (pool & 31).astype(cp.uint32)))
+    pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
+    plo = cp.searchsorted(pool, b.ks).astype(cp.int32)
+    phi = cp.searchsorted(pool, b.ke).astype(cp.int32)
+    scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
+    default = RecordBuffer(Qn, scap)
+    gx = (scap + SEED_WARPS * SEEDW - 1) // (SEED_WARPS * SEEDW)
+    kernel(f"seed_score_mt{b.mth}")(
+        (gx, Qn),
+        (32 * SEED_WARPS,),
+        (
+            b.q, b.w, b.kp, b.ksc, b.ks, b.ke, np.int32(o["sinks"]), np.int32(o["window"]),
+            pool_arg, plo, phi,
+        ) + default.args(),
+    )  # fmt: skip
+    # Explicit seeds (docs/method.md §2): distinct visible ids that are not default seeds, so
+    # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
+    xcnt = cp.zeros(Qn, dtype=cp.uint32)
+    xrec = xtable = None
+    if o["seed_ids"] is not None:
+        table = explicit_seed_table(
+            o["seed_ids"], b.ks, b.ke, o["sinks"], o["window"], poolmask, cp
+        )
+        xrec, xcnt = score_seed_ids(b, table)
+        if xrec is not None:
+            xtable = table  # the certificate seeds are deduplicated against these
+    tau = tau_of_seeds(b.K, default, xrec, xcnt)
+    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"])
+
+
+def score_seed_ids(b: Batch, table):
+    """Records of explicit / certificate seeds ``table`` int32 [Qn, S] (distinct, not default
+    seeds, −1 padding) by the canonical scorer (``seed_ids`` kernel): (rec uint64 [Qn, S] or
+    None when S = 0, count uint32 [Qn])."""
+    cp = cupy_or_raise()
+    S = int(table.shape[1])
+    if S == 0:
+        return None, cp.zeros(b.Qn, dtype=cp.uint32)
+    table = cp.ascontiguousarray(table)
+    out = RecordBuffer(b.Qn, S)
+    gx = (S + SEED_WARPS * SEEDW - 1) // (SEED_WARPS * SEEDW)
+    kernel(f"seed_ids_mt{b.mth}")(
+        (gx, b.Qn),
+        (32 * SEED_WARPS,),
+        (b.q, b.w, b.kp, b.ksc, b.ks, b.ke, table, np.int64(S), out.cnt, out.rec),
+    )
+    return out.rec, out.cnt
+
+
+def cert_clear(cert: RecordBuffer, tau, surv) -> None:
+    """Clear the bitmask bit of every recorded survivor with U < τ (kernel
+    ``cert_clear_below_tau``; reference ``dosa_ref.stages.cert_clear_below_tau``).
+    cert: the (U, id) records of ``screen_cert_mt*``; tau fp32 [Qn]; surv uint32 [Qn, NW]."""
+    Qn, NW = surv.shape
+    gx = max(1, min(64, (cert.cap + 255) // 256))
+    kernel("cert_clear_below_tau")(
+        (gx, min(Qn, 65535)),
+        (256,),
+        (cert.rec, cert.cnt, np.int64(cert.cap), tau, np.int32(Qn), np.int64(NW), surv),
+    )
+
+
+def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
+    """Certificate-guided seeds on the GPU (docs/method.md §2; dosa_ref.select's "certificate"
+    strategy): score the ``m`` survivors of largest U exactly (their (U, id) records
+    ``cert``, written by ``screen_cert_mt*``), τ' = K-th record of default ∪ explicit ∪
+    these seeds (≥ τ: a superset), then clear the survivor bit of every recorded key with
+    U < τ' (``cert_clear``, in place on surv uint32 [Qn, NW]).  Returns (τ' fp32 [Qn],
+    the keys scored uint32 [Qn]: explicit ∪ certificate seeds, distinct).
+
+    Exactness: the certificate seeds are survivors, hence visible, not default seeds, and
+    distinct (one bitmask bit each); together with explicit seeds they are deduplicated by
+    ``explicit_seed_table``, so no key is counted twice in τ'.  A cleared key has
+    s ≤ U < τ' ≤ τ_K(Ω).  The seeds are not added to the final candidate set: like explicit
+    seeds they only raise τ; a seed with s ≥ τ' has U ≥ τ', keeps its bit, and refinement
+    re-scores it into the compact records.  Survivors whose record did not fit
+    (count > cap) keep their bit.
+    """
+    cp = cupy_or_raise()
+    cid, _ = select_records(m, cert.rec, cert.cnt)  # largest (U, id) first, −1 padding
+    table = cid
+    if seeds.xtable is not None:
+        both = cp.concatenate([seeds.xtable, cid], axis=1)
+        table = explicit_seed_table(both, b.ks, b.ke, seeds.sinks, seeds.window, seeds.poolmask,
+                                    cp)  # fmt: skip
+    xrec, xcnt = score_seed_ids(b, table)
+    tau1 = tau_of_seeds(b.K, seeds.default, xrec, xcnt)
+    cert_clear(cert, tau1, surv)
+    return tau1, xcnt
+
+
+def check_seed_ids(seeds, Qn: int, N: int, xp=np):
+    """Validate explicit seed ids (docs/method.md §2) → int32 [Qn, S] (xp array), −1 = padding.
+
+    ``seeds``: an integer array [Qn, S] (xp array; ``dosa_topk`` first converts CuPy,
+    DLPack or numpy input with ``as_device``).  Every entry must be −1 or a key id in
+    [0, N); ids outside a query's visible range are legal (they are ignored later).
+    ValueError naming ``seed_ids`` otherwise (the option's name, dosa_ref.options).
+    """
+    if seeds.dtype.kind not in "iu":
+        raise ValueError(f"seed_ids: expected an integer array, got dtype {seeds.dtype}")
+    if seeds.ndim != 2 or seeds.shape[0] != Qn:
+        raise ValueError(f"seed_ids: expected shape [Qn={Qn}, S], got {tuple(seeds.shape)}")
+    if seeds.size:
+        # compare in the input dtype first: an uint64 id ≥ 2^63 would wrap to a negative
+        # int64 (−1 would look like padding); after this check every id is < N < 2^31.
+        if seeds.dtype.kind == "u":
+            bad = bool(xp.any(seeds >= np.uint64(N))) if N else True
+        else:
+            a = seeds.astype(xp.int64)
+            bad = bool(xp.any((a < -1) | (a >= N)))
+        if bad:
+            raise ValueError(f"seed_ids: ids must be -1 (padding) or lie in [0, N={N})")
+    return seeds.astype(xp.int32)
+
+
+def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np):
+    """Explicit seeds that can add to τ: int32 [Qn, S'] (xp array), each row sorted,
+    distinct, −1 padded at the end; S' = the largest row count (0 columns when none).
+
+    Keeps id i of row t iff ks[t] ≤ i < ke[t] (visible) and i is not a default seed of
+    query t — a sink (i < ks + min(sinks, ke − ks)), in the local window (i ≥ max(that,
+    ke − window)), or in the anchor pool (bit i of ``poolmask`` uint32 [ceil(N/32)]) — the
+    same predicate as the screen's and seed_score's; repeats are dropped.  Every key then
+    appears at most once in default ∪ explicit seeds, as τ_K(S) ≤ τ_K(Ω) requires
+    (docs/method.md §2).  seeds: validated ids [Qn, S] (``check_seed_ids``); ks, ke: int [Qn].
+    """
+    Qn = seeds.shape[0]
+    a = seeds.astype(xp.int64)
+    lo = ks.astype(xp.int64)[:, None]
+    hi = ke.astype(xp.int64)[:, None]
+    s_hi = lo + xp.minimum(int(sinks), hi - lo)
+    loc_lo = xp.maximum(s_hi, hi - int(window))
+    safe = xp.where((a >= 0) & (a < 32 * poolmask.shape[0]), a, 0)
+    inpool = ((poolmask[safe >> 5].astype(xp.int64) >> (safe & 31)) & 1) != 0
+    visible = (a >= lo) & (a < hi)
+    default = (a < s_hi) | (a >= loc_lo) | inpool
+    keep = visible & ~default
+    big = np.iinfo(np.int64).max
+    s = xp.sort(xp.where(keep, a, big), axis=1)
+    dup = xp.zeros(s.shape, dtype=bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    s = xp.sort(xp.where(dup, big, s), axis=1)  # distinct ids first, then padding
+    width = int((s != big).sum(axis=1).max()) if Qn and s.shape[1] else 0
+    s = s[:, :width]
+    return xp.where(s == big, -1, s).astype(xp.int32)
+
+
+def device_seed_ids(seed_ids, Qn: int, N: int):
+    """``seed_ids`` option → validated CuPy int32 [Qn, S] (or None)."""
+    if seed_ids is None:
+        return None
+    cp = cupy_or_raise()
+    return check_seed_ids(as_device(seed_ids, "seed_ids"), Qn, N, cp)

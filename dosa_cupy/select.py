@@ -1,0 +1,133 @@
+"""The selection stage (docs/method.md §7, §9): record buffers, τ of the seed records, exact
+selection over seed records ∪ compact records with the exact overflow extension, and the
+query-level recovery of the dense route.
+
+A record is the uint64 ``code(s) << 32 | ~id`` of the selection kernel (select.cu,
+``emulate.record_order``): its order is score descending, id ascending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel
+from .dense import dense_ids, select_records
+from .prepare import Batch
+
+__all__ = [
+    "RecordBuffer",
+    "Records",
+    "extend_overflow",
+    "invalid_scale_queries",
+    "recover",
+    "select_ids",
+    "tau_of_seeds",
+]
+
+
+class RecordBuffer:
+    """Per-query record lists written by a kernel: rec uint64 [Qn, cap], cnt uint32 [Qn]
+    (zeroed; a kernel counts every qualifying record, also past ``cap``, so a full buffer
+    is detected and nothing is silently lost — docs/method.md §9)."""
+
+    def __init__(self, Qn: int, cap: int):
+        cp = cupy_or_raise()
+        self.cap = int(cap)
+        self.cnt = cp.zeros(Qn, dtype=cp.uint32)
+        self.rec = cp.empty((Qn, self.cap), dtype=cp.uint64)
+
+    def args(self) -> tuple:
+        """(cnt, rec, cap): the trailing parameters of every kernel that appends records
+        (seed_score, fused, refine, refine_shared, screen_cert)."""
+        return (self.cnt, self.rec, np.int64(self.cap))
+
+
+@dataclass
+class Records:
+    """Compact records of every query (docs/method.md §9), with the exact overflow extension.
+
+    rec uint64 [Qn, cap], cnt uint32 [Qn] (the number of records of the first pass, also
+    past cap), over bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2], cnt2
+    uint32 [n]) or None: the complete lists of the overflowed rows, counted by the pass
+    that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]; cnt2 = cnt[rows] whenever
+    both passes score the same survivors, which the tests check).
+    """
+
+    rec: object
+    cnt: object
+    over: object
+    ext: tuple | None = None
+
+    def row(self, t: int):
+        """Query t's records (host or device array; for tests and diagnostics)."""
+        if self.ext is not None and bool(self.over[t]):
+            rows, rec2, cnt2 = self.ext
+            j = int(np.flatnonzero(_host(rows) == t)[0])
+            return rec2[j, : int(cnt2[j])]
+        return self.rec[t, : int(self.cnt[t])]
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def extend_overflow(first: RecordBuffer, rescore) -> Records:
+    """``Records`` of a first pass, extended exactly (docs/method.md §7 C.3): the rows with
+    count > cap are scored again as a sub-problem of those rows only, into a [rows, max
+    count] buffer — ``rescore(rows int32 [n], cap2) → RecordBuffer [n, cap2]``.  A [Qn,
+    max count] table would not fit (one row with 500K records at Qn = 32K, N = 1M: 131 GB)."""
+    xp = cupy_or_raise()
+    over = first.cnt > first.cap
+    out = Records(first.rec, first.cnt, over)
+    if int(over.sum()):
+        oq = xp.flatnonzero(over).astype(xp.int32)
+        second = rescore(oq, int(first.cnt[oq].max()))
+        out.ext = (oq, second.rec, second.cnt)
+    return out
+
+
+def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt):
+    """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
+    fewer than K.  The two lists must not share a key (docs/method.md §2).  xrec uint64
+    [Qn, S] or None, xcnt uint32 [Qn]."""
+    cp = cupy_or_raise()
+    Qn = seeds.rec.shape[0]
+    xc = xcnt if xrec is not None else None
+    _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
+    tau = cp.empty(Qn, dtype=cp.float32)
+    kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
+    return tau
+
+
+def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = False):
+    """Exact Top-K of seed records ∪ compact records (docs/method.md §7, §9): (ids int32
+    [Qn, K], the K-th record uint64 [Qn] (0: fewer than K) or None); the overflowed rows are
+    selected again from their complete lists (``recs.ext``)."""
+    ids, kth = select_records(K, seeds.rec, seeds.cnt, recs.rec, recs.cnt, want_kth=want_kth)
+    if recs.ext is not None:
+        oq, rec2, cnt2 = recs.ext
+        ids[oq], k2 = select_records(K, seeds.rec[oq], seeds.cnt[oq], rec2, cnt2,
+                                     want_kth=want_kth)  # fmt: skip
+        if want_kth:
+            kth[oq] = k2
+    return ids, kth
+
+
+def invalid_scale_queries(b: Batch):
+    """Queries that see a key with an invalid scale (α < 0, NaN, inf): bool [Qn]."""
+    cp = cupy_or_raise()
+    bad = ~((b.ksc >= 0) & cp.isfinite(b.ksc))
+    pre = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(bad.astype(cp.int64))])
+    return (pre[b.ke.astype(cp.int64)] - pre[b.ks.astype(cp.int64)]) > 0
+
+
+def recover(b: Batch, ids, bad) -> None:
+    """Query-level recovery (docs/method.md §7 C.3): the rows ``bad`` (bool [Qn]) of ids
+    int32 [Qn, K] are replaced by the dense route's ids, in place."""
+    cp = cupy_or_raise()
+    if not bool(bad.any()):
+        return
+    bq = cp.flatnonzero(bad)
+    ids[bq] = dense_ids(b.rows(bq))
