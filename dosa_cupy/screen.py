@@ -6,8 +6,9 @@ fp32 upward-rounded pre-test that skips the fp64 guard for warps whose keys it r
 screen.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
 queries per 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
-bit for bit, r ≤ 14); "auto" chooses between "pair" and "fp64" per chunk (``auto_screen``).  With certificate seeds the screen
-also records (U, id) of every survivor (screen_cert_mt*).
+bit for bit, r ≤ 14); "auto" chooses between "pair" and "fp64" per chunk
+(``auto_screen``).  With certificate seeds the screen also records (U, id) of every
+survivor (screen_cert_mt*).
 """
 
 from __future__ import annotations
