@@ -590,12 +590,12 @@ def test_gpu_refine_stage_records_exact(H, cap):
     """τ = −inf, random survivor masks: each stream's records are exactly the dense
     route's records of the surviving keys (bit-identical scores; no duplicate, none
     missing), MT = H/16 = 1..4, with and without the overflow extension."""
-    from dosa_cupy.prepare import pad_heads
+    from dosa_cupy.prepare import pad_batch
 
     Qn, N = 203, 20000
     wl = make_gpu_workload("structured", Qn, N, H, seed=35)
-    q, w = pad_heads(wl["q"], wl["w"])
     ks, ke = wl["ks"], wl["ke"]
+    batch = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 1, ks, ke)
     lg = cp.asnumpy(
         dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], ks, ke)
     )
@@ -608,10 +608,7 @@ def test_gpu_refine_stage_records_exact(H, cap):
     B = _bits(surv)
     res = {}
     for stream in ("per_query", "shared"):
-        recs, _ = rs_mod.refine_stage(
-            H // 16, q, w, wl["k_payload"], wl["k_scale"], tau, ks, ke, N, cp.asarray(surv),
-            cap, stream,
-        )  # fmt: skip
+        recs, _ = rs_mod.refine_stage(batch, tau, cp.asarray(surv), cap, stream)
         cnt = cp.asnumpy(recs.cnt)
         for t in range(Qn):
             ids = np.flatnonzero(B[t, :N])

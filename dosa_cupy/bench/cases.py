@@ -30,12 +30,12 @@ def sanitizer() -> int:
         a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 256, wl["ks"], wl["ke"])
         dense = dosa_cupy.dense_topk(*a)
         seeds = cp.random.RandomState(3).randint(-1, 4096, (16, 300)).astype(cp.int32)
-        for kw in ({}, {"seeds": seeds}):
+        for kw in ({}, {"seed_ids": seeds}):
             ids = dosa_cupy.dosa_topk(*a, buffer=16, **kw)
             fused = dosa_cupy.fused_topk(*a, **kw)
             same = bool(cp.array_equal(dense, ids) and cp.array_equal(dense, fused))
             ok &= same
-            print(f"sanitizer-case H={H} {regime} seeds={'seeds' in kw}: ids equal {same}")
+            print(f"sanitizer-case H={H} {regime} seed_ids={'seed_ids' in kw}: ids equal {same}")
     return 0 if ok else 1
 
 
