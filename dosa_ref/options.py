@@ -76,7 +76,7 @@ STATS = {
     "tie-aware rule, not rejected by it either)",
     "tie_rejected": "int [Qn]: screened keys with U >= tau that the tie-aware rule rejected "
     "(U = tau with id above the K-th seed record's, or a certified zero plateau bound "
-    "0 below that record; docs/method.md §7 \"Tie-aware rejection and zero plateaus\")",
+    '0 below that record; docs/method.md §7 "Tie-aware rejection and zero plateaus")',
     "refined": "int [Qn]: keys scored with all H heads after the seeds: the survivors, or "
     "every visible non-seed key when dense after seeding",
     "kept": "int [Qn]: candidate records written (s >= tau when written; with the "

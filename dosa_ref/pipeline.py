@@ -25,7 +25,7 @@ from .options import SelectStats
 from .plan import Plan, activation_frequency, build_plan
 from .prepare import Chunk, QueryContext, prepare_chunk, prepare_fp8
 from .refine import refine
-from .scorer import index_scores, topk_ids
+from .scorer import index_scores, topk_ids, topk_of
 from .screen import Float64Bound, FP8Bound, ScreenRule, zero_plateau
 from .seeds import SeedSet, add_certificate_seeds, seed_set, stride_sample
 from .select import CandidateBuffer, full_topk
@@ -192,8 +192,16 @@ def _pick_r(ctx: QueryContext, p: np.ndarray, tau: float, seeds: SeedSet) -> RCh
     f = seeds.ids.size / ctx.visible
     if opt.r != "auto":
         return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 0.0)
-    sample = c.k[stride_sample(ctx.a, ctx.b, 512)]
-    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.opt.plan, opt.form, f)
+    ids = stride_sample(ctx.a, ctx.b, 512)
+    sample = c.k[ids]
+    survive = None
+    if opt.tie_reject and np.isfinite(tau):
+        # m under the rule the screen will apply (docs/method.md §7 "Tie-aware rejection
+        # and zero plateaus"): on a plateau with τ = 0 the plain U ≥ τ keeps every key
+        rule = ScreenRule(tau, seeds.ids, ctx.a, int(topk_of(seeds.scores, seeds.ids, c.K)[0][-1]))
+        plateau = zero_plateau(ctx.q_t, ctx.w_t, sample)
+        survive = lambda plan, U: rule.alive(U, ids, plateau if plan.P.size == 0 else None)  # noqa: E731
+    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.opt.plan, opt.form, f, survive)
     ctx.st.bound_work[ctx.t] += ch.sample_work
     return ch if opt.auto_dense else replace(ch, dense=False)
 

@@ -102,15 +102,18 @@ class ScreenRule:
         self.tau, self.seed_ids, self.a = tau, seed_ids, a
         self.kth_id, self.plateau = kth_id, plateau
 
+    def alive(self, U: np.ndarray, ids: np.ndarray, plateau: np.ndarray | None) -> np.ndarray:
+        """bool [n]: keys ``ids`` int64 [n] with bounds ``U`` float64 [n] that the rule
+        keeps (seeds not excluded); ``plateau`` bool [n] or None as in the class."""
+        if plateau is not None:
+            U = np.where(plateau, np.minimum(U, 0.0), U)
+        if self.kth_id is None:
+            return U >= self.tau
+        return (U > self.tau) | ((U == self.tau) & (ids < self.kth_id))
+
     def survivors(self, U: np.ndarray) -> np.ndarray:
         """Survivors int64 (sorted) of keys a, a+1, … with bounds ``U`` float64 [n]."""
-        if self.plateau is not None:
-            U = np.where(self.plateau, np.minimum(U, 0.0), U)
-        if self.kth_id is None:
-            alive = U >= self.tau
-        else:
-            ids = self.a + np.arange(U.size, dtype=np.int64)
-            alive = (U > self.tau) | ((U == self.tau) & (ids < self.kth_id))
+        alive = self.alive(U, self.a + np.arange(U.size, dtype=np.int64), self.plateau)
         alive[self.seed_ids - self.a] = False
         return self.a + np.flatnonzero(alive)
 
