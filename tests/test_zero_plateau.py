@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dosa_ref.pipeline as pipeline
-from dosa_ref import dosa_topk, index_scores, topk_ids
+from dosa_ref import dosa_topk, fp8_topk, index_scores, topk_ids
+from dosa_ref.fp8 import quantize_keys
+from dosa_ref.pipeline import topk_check
 from dosa_ref.screen import ScreenRule, zero_plateau
 from proofs import _gen
 from proofs import zero_plateau as proof
@@ -162,6 +164,24 @@ def test_rule_rejects_most_plateau_keys():
     assert surv[16][1] > 0.8 and surv[128][1] > 0.8
     assert surv[16][0] < 0.6 * surv[16][1]
     assert surv[128][0] < 0.05
+
+
+def test_fp8_path_on_plateaus():
+    """fp8_topk uses the same rule (the canonical scorer reads the dequantized keys):
+    ids equal brute force on and off; the guard's exact-arithmetic survivors follow it."""
+    rng = np.random.default_rng(3)
+    q, w, k = proof.plateau_problem(rng, 3, 6, 8, 1500, 0.02)
+    payload, scale = quantize_keys(k)
+    K = 40
+    ref = topk_check(q, w, payload, scale, K)
+    opt = dict(seeds="local", window=64, sinks=48, r=4)  # sinks put j low (§7)
+    on = fp8_topk(q, w, payload, scale, K, **opt)
+    off = fp8_topk(q, w, payload, scale, K, tie_reject=False, **opt)
+    np.testing.assert_array_equal(on.ids, ref)
+    np.testing.assert_array_equal(off.ids, ref)
+    assert on.stats.tie_rejected.sum() > 0
+    assert np.all(on.stats.survivors_exact <= off.stats.survivors_exact)
+    assert on.stats.survival < off.stats.survival
 
 
 def test_option_validation():
