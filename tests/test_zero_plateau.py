@@ -133,13 +133,18 @@ def test_all_keys_zero():
 
 
 def test_k_above_visible_pads():
-    """K > |Ω|: the dense route pads with −1, with and without the rule."""
+    """K > |Ω|: the dense route pads with −1, with and without the rule; fewer seeds than
+    K: the dense route after seeding uses the tie-aware buffer, still exact."""
     q, w, k = _two_heads(np.ones(12))
     ks, ke = np.array([2]), np.array([9])
     for tie in (True, False):
         res = dosa_topk(q, w, k, 10, ks, ke, tie_reject=tie)
         np.testing.assert_array_equal(res.ids, _ref(q, w, k, 10, ks, ke))
         assert res.ids[0, 7:].tolist() == [-1, -1, -1]
+        kw = dict(seeds="explicit", seed_ids=np.array([[7, 8]]), r=1, buffer=1, tie_reject=tie)
+        res = dosa_topk(q, w, k, 4, ks, ke, **kw)
+        assert res.stats.dense[0]
+        np.testing.assert_array_equal(res.ids[0], [2, 3, 4, 5])
 
 
 def test_rule_rejects_most_plateau_keys():
