@@ -51,12 +51,15 @@ def choose_r(
     plan_options: PlanOptions,
     form: str = "base",
     f: float = 0.0,
+    survive=None,
 ) -> RChoice:
     """Per-query r from the cost model, or dense scoring when screening would not pay.
 
     q_t float64 [H, D], w_t float64 [H], p float64 [H] activation frequencies, tau the
     seed threshold, k_sample float64 [n, D] a stride sample of visible keys, f the seed
-    fraction.  m(r) is the share of the sample with bound U ≥ τ for the plan with r heads;
+    fraction.  m(r) is the share of the sample with bound U ≥ τ for the plan with r heads
+    (or, with ``survive(plan, U) -> bool [n]``, the share the screen's rule keeps: the
+    tie-aware rule of docs/method.md §7 "Tie-aware rejection and zero plateaus");
     r runs over 1..H−1 (stride ⌈H/16⌉) and ties go to the smaller r.  Without a finite τ
     or a sample there is nothing to estimate: r = ⌊H/2⌋, screened, nan estimates.
     """
@@ -69,7 +72,7 @@ def choose_r(
     for r in range(1, H, max(1, -(-H // 16))):
         plan = build_plan(q_t, w_t, p, r, plan_options)
         U = upper_bound(plan, k_sample, form, "up", q_t, w_t, ksum)
-        m = float(np.mean(U >= tau))
+        m = float(np.mean(U >= tau if survive is None else survive(plan, U)))
         work += k_sample.shape[0] * (r + d_a) / H
         cost = (r + d_a) / H + m
         if cost < best_cost:

@@ -72,10 +72,15 @@ STATS = {
     "tau": "float [Qn]: the threshold the screen compared against (-inf: none)",
     "tau_final": "float [Qn]: the K-th selected score tau* (-inf: fewer than K visible)",
     "screened": "int [Qn]: visible keys the bound could reject (not kept as seeds)",
-    "survivors": "int [Qn]: screened keys with U >= tau",
+    "survivors": "int [Qn]: screened keys that passed the screen (U >= tau; with the "
+    "tie-aware rule, not rejected by it either)",
+    "tie_rejected": "int [Qn]: screened keys with U >= tau that the tie-aware rule rejected "
+    "(U = tau with id above the K-th seed record's, or a certified zero plateau bound "
+    '0 below that record; docs/method.md §7 "Tie-aware rejection and zero plateaus")',
     "refined": "int [Qn]: keys scored with all H heads after the seeds: the survivors, or "
     "every visible non-seed key when dense after seeding",
-    "kept": "int [Qn]: candidate records written (s >= tau when written)",
+    "kept": "int [Qn]: candidate records written (s >= tau when written; with the "
+    "tie-aware rule, not (tau, id) with id above the K-th record's)",
     "overflows": "int [Qn]: times a full candidate buffer was reduced or extended exactly",
     "scored": "int [Qn]: key scorings with all H heads for this query (seeds, certificate "
     "seeds, refinement; every visible key when dense)",
@@ -161,6 +166,7 @@ _INT_FIELDS = (
     "cert_seeds",
     "screened",
     "survivors",
+    "tie_rejected",
     "refined",
     "kept",
     "overflows",
@@ -186,6 +192,7 @@ class SelectStats:
     tau_final: np.ndarray = None
     screened: np.ndarray = None
     survivors: np.ndarray = None
+    tie_rejected: np.ndarray = None
     refined: np.ndarray = None
     kept: np.ndarray = None
     overflows: np.ndarray = None
@@ -286,6 +293,8 @@ class SelectOptions:
     buffer: candidate-buffer capacity in records (≥ 1); overflow merges exactly.
     refine_batch: survivors scored per batch.  slack_sample: keys per query on which the
     Prop. 6 slack components are averaged for ``stats`` (0 = off).
+    tie_reject: the tie-aware screen and buffer (docs/method.md §7 "Tie-aware rejection and
+    zero plateaus"; exact, on by default; False gives the plain rule U < τ for A/B tests).
     plan: the plan switches (``plan.PlanOptions``: neg_aggregate, neg_priority,
     pos_projection, allowance, groups), given to ``dosa_topk`` as flat keywords.
     """
@@ -302,6 +311,7 @@ class SelectOptions:
     buffer: int = 65536
     refine_batch: int = 16384
     slack_sample: int = 0
+    tie_reject: bool = True
     plan: PlanOptions = PlanOptions()
 
     def __post_init__(self):
@@ -315,8 +325,9 @@ class SelectOptions:
             check_count(name, getattr(self, name), 1)
         if self.r != "auto":
             check_count("r", self.r, 1)
-        if not isinstance(self.auto_dense, (bool, np.bool_)):
-            raise ValueError(f"auto_dense: expected a bool, got {self.auto_dense!r}")
+        for name in ("auto_dense", "tie_reject"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.form not in FORMS:
             raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
         if not isinstance(self.plan, PlanOptions):

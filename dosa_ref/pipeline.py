@@ -25,8 +25,8 @@ from .options import SelectStats
 from .plan import Plan, activation_frequency, build_plan
 from .prepare import Chunk, QueryContext, prepare_chunk, prepare_fp8
 from .refine import refine
-from .scorer import index_scores, topk_ids
-from .screen import Float64Bound, FP8Bound, screen
+from .scorer import index_scores, topk_ids, topk_of
+from .screen import Float64Bound, FP8Bound, ScreenRule, zero_plateau
 from .seeds import SeedSet, add_certificate_seeds, seed_set, stride_sample
 from .select import CandidateBuffer, full_topk
 
@@ -192,8 +192,16 @@ def _pick_r(ctx: QueryContext, p: np.ndarray, tau: float, seeds: SeedSet) -> RCh
     f = seeds.ids.size / ctx.visible
     if opt.r != "auto":
         return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 0.0)
-    sample = c.k[stride_sample(ctx.a, ctx.b, 512)]
-    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.opt.plan, opt.form, f)
+    ids = stride_sample(ctx.a, ctx.b, 512)
+    sample = c.k[ids]
+    survive = None
+    if opt.tie_reject and np.isfinite(tau):
+        # m under the rule the screen will apply (docs/method.md §7 "Tie-aware rejection
+        # and zero plateaus"): on a plateau with τ = 0 the plain U ≥ τ keeps every key
+        rule = ScreenRule(tau, seeds.ids, ctx.a, int(topk_of(seeds.scores, seeds.ids, c.K)[0][-1]))
+        plateau = zero_plateau(ctx.q_t, ctx.w_t, sample)
+        survive = lambda plan, U: rule.alive(U, ids, plateau if plan.P.size == 0 else None)  # noqa: E731
+    ch = choose_r(ctx.q_t, ctx.w_t, p, tau, sample, c.opt.plan, opt.form, f, survive)
     ctx.st.bound_work[ctx.t] += ch.sample_work
     return ch if opt.auto_dense else replace(ch, dense=False)
 
@@ -238,17 +246,33 @@ def _screened_query(ctx: QueryContext, bound, slack_acc: dict):
     if choice.dense or seeds.ids.size < K:
         return _dense_rest(ctx, seeds)
 
-    buf = CandidateBuffer(K, c.opt.buffer, seeds.ids, seeds.scores)
+    buf = CandidateBuffer(K, c.opt.buffer, seeds.ids, seeds.scores, c.opt.tie_reject)
     st.tau[t] = buf.tau
-    bound.screened(ctx, plan, seeds, buf.tau)
-    V = screen(U, buf.tau, seeds.ids, ctx.a)
+    rule = _screen_rule(ctx, plan, seeds, buf)
+    bound.screened(ctx, plan, seeds, rule)
+    V = rule.survivors(U)
     st.screened[t] = ctx.visible - seeds.ids.size
     st.survivors[t] = V.size
+    if rule.kth_id is not None:
+        st.tie_rejected[t] = ScreenRule(buf.tau, seeds.ids, ctx.a).survivors(U).size - V.size
     refine(ctx, V, buf)
     _finish(ctx, seeds, V, buf)
     if c.opt.slack_sample:
         _slack_sample(ctx, plan, slack_acc)
     return buf.result()
+
+
+def _screen_rule(ctx: QueryContext, plan: Plan, seeds: SeedSet, buf: CandidateBuffer):
+    """Step 4's rule: plain (U < τ rejects) or, with ``tie_reject``, tie-aware at the K-th
+    seed record (τ, j), with the zero plateau bound where every positive head is retained
+    (P = ∅, so the retained dots certify them; docs/method.md §3, §7 "Tie-aware rejection
+    and zero plateaus")."""
+    if not ctx.chunk.opt.tie_reject:
+        return ScreenRule(buf.tau, seeds.ids, ctx.a)
+    plateau = None
+    if plan.P.size == 0:
+        plateau = zero_plateau(ctx.q_t, ctx.w_t, ctx.chunk.k[ctx.a : ctx.b])
+    return ScreenRule(buf.tau, seeds.ids, ctx.a, buf.kth_id, plateau)
 
 
 def _finish(ctx: QueryContext, seeds: SeedSet, refined: np.ndarray, buf: CandidateBuffer):
@@ -264,7 +288,8 @@ def _dense_rest(ctx: QueryContext, seeds: SeedSet):
     st, t = ctx.st, ctx.t
     st.dense[t] = True
     st.r[t] = st.omitted_positive[t] = st.aggregated[t] = 0
-    buf = CandidateBuffer(ctx.chunk.K, ctx.chunk.opt.buffer, seeds.ids, seeds.scores)
+    opt = ctx.chunk.opt
+    buf = CandidateBuffer(ctx.chunk.K, opt.buffer, seeds.ids, seeds.scores, opt.tie_reject)
     rest = np.setdiff1d(np.arange(ctx.a, ctx.b, dtype=np.int64), seeds.ids)
     refine(ctx, rest, buf)
     _finish(ctx, seeds, rest, buf)

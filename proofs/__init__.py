@@ -40,6 +40,7 @@ MODULES = [
     "numerical_dominance",
     "fp32_pretest",
     "gpu_screen_epilogue",
+    "zero_plateau",
 ]
 
 

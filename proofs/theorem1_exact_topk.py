@@ -82,10 +82,12 @@ def check(q, w, k, K, ks=None, ke=None, options=None, selector=None, context="")
         if st is not None and b - a > K and not st.dense[t] and not st.recovered[t]:
             vis = scores[t, a:b]
             if np.all(vis == vis[0]):
-                # all ties: every bound is ≥ s = τ, so every non-seed key survives
+                # all ties: every bound is ≥ s = τ, so every non-seed key passes U ≥ τ
+                # (the tie-aware rule may still reject some: proofs/zero_plateau.py)
+                passed = int(st.survivors[t]) + int(st.tie_rejected[t])
                 kept = au.claim(
-                    int(st.survivors[t]) == int(st.screened[t]),
-                    f"query {t}: all ties but only {st.survivors[t]} of {st.screened[t]} survived",
+                    passed == int(st.screened[t]),
+                    f"query {t}: all ties but only {passed} of {st.screened[t]} passed U ≥ τ",
                 )
                 au.tight(kept)
     return au.result()
