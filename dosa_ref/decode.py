@@ -51,7 +51,7 @@ import numpy as np
 
 from .scorer import score_keys, topk_of
 from .seeds import kth_score
-from .validate import as_float_array, check_K
+from .validate import as_float_array, check_K, int_array
 
 __all__ = ["DecodeSelector", "DecodeStats", "DecodeStep"]
 
@@ -101,18 +101,6 @@ class DecodeStep:
     stats: DecodeStats
 
 
-def _int_array(name: str, v, shape: tuple) -> np.ndarray:
-    a = np.asarray(v)
-    if a.dtype.kind not in "iu":
-        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
-            a = a.astype(np.int64)
-        else:
-            raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
-    return a.astype(np.int64)
-
-
 def _check_keys(k, B: int, D: int) -> tuple[list[np.ndarray], bool]:
     """``k`` [N, D] shared by all requests, or a list of B per-request arrays [N_b, D]."""
     if isinstance(k, (list, tuple)):
@@ -136,16 +124,16 @@ def _check_ranges(lengths, ks, ke, B: int, n: int, N: np.ndarray):
     if lengths is not None:
         if ke is not None:
             raise ValueError("ke: give lengths or ke, not both")
-        L = _int_array("lengths", lengths, (B,))
+        L = int_array("lengths", lengths, (B,))
         if np.any(L < 0) or np.any(L > N):
             b = int(np.flatnonzero((L < 0) | (L > N))[0])
             raise ValueError(f"lengths: lengths[{b}]={L[b]} outside [0, N={N[b]}]")
         ke_a = np.maximum(0, L[:, None] - n + 1 + np.arange(n)[None, :])
     elif ke is not None:
-        ke_a = _int_array("ke", ke, (B, n))
+        ke_a = int_array("ke", ke, (B, n))
     else:
         ke_a = np.repeat(N[:, None], n, axis=1)
-    ks_a = np.zeros((B, n), dtype=np.int64) if ks is None else _int_array("ks", ks, (B, n))
+    ks_a = np.zeros((B, n), dtype=np.int64) if ks is None else int_array("ks", ks, (B, n))
     for name, a in (("ks", ks_a), ("ke", ke_a)):
         bad = (a < 0) | (a > N[:, None])
         if np.any(bad):

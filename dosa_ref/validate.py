@@ -53,6 +53,20 @@ def check_qwk_shapes(q_shape, w_shape, k_shape, k_name: str = "k") -> None:
         raise ValueError(f"{k_name}: expected shape (N, {D}) to match q, got {tuple(k_shape)}")
 
 
+def int_array(name: str, v, shape: tuple) -> np.ndarray:
+    """``v`` as int64 of ``shape``: integer dtypes, or floats that are all finite integers;
+    a ValueError naming ``name`` otherwise."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "iu":
+        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+        else:
+            raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {a.shape}")
+    return a.astype(np.int64)
+
+
 def check_ranges(ks, ke, Qn: int, N: int) -> tuple[np.ndarray, np.ndarray]:
     """Validate visible ranges ``[ks[t], ke[t])``; defaults make every key visible."""
     out = []
@@ -60,15 +74,7 @@ def check_ranges(ks, ke, Qn: int, N: int) -> tuple[np.ndarray, np.ndarray]:
         if v is None:
             out.append(np.full(Qn, default, dtype=np.int64))
             continue
-        a = np.asarray(v)
-        if a.dtype.kind not in "iu":
-            if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
-                a = a.astype(np.int64)
-            else:
-                raise ValueError(f"{name}: expected integer indices, got dtype {a.dtype}")
-        if a.shape != (Qn,):
-            raise ValueError(f"{name}: expected shape ({Qn},), got {a.shape}")
-        a = a.astype(np.int64)
+        a = int_array(name, v, (Qn,))
         if np.any(a < 0) or np.any(a > N):
             raise ValueError(f"{name}: entries must lie in [0, N={N}]")
         out.append(a)

@@ -278,4 +278,52 @@ __device__ __forceinline__ void warp_emit(bool p, float s, int id, int lane, uns
   }
 }
 
+// Survivor ids of one query's bitmask words [w0, w1), in key order, in batches of 32 (both
+// refinement streams, docs/method.md §9).  The warp compacts the set bits of 32 words at a
+// time into buf (room for 32 · 32 + 32 ids) and calls body(my, id) for every full batch and
+// the last partial one: my[u] = the id of key g of group u (this lane gathers it), id = the
+// key at batch_pos(lane), −1 padding.  Fewer than 32 ids carry over to the next 32 words.
+template <class Body>
+__device__ __forceinline__ void for_each_survivor_batch(const uint32_t* __restrict__ srow,
+                                                        long long w0, long long w1, int* buf,
+                                                        int lane, Body&& body) {
+  const int g = lane >> 2, pos = batch_pos(lane);
+  int have = 0;  // ids carried over in buf[0 .. have)
+  for (long long wb = w0; wb < w1; wb += 32) {
+    const long long wi = wb + lane;
+    const uint32_t m = (wi < w1) ? srow[wi] : 0u;
+    const int n = __popc(m);
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int total = have + __shfl_sync(0xffffffffu, incl, 31);
+    int at = have + incl - n;
+    uint32_t mm = m;
+    while (mm) {
+      const int bit = __ffs(mm) - 1;
+      mm &= mm - 1u;
+      buf[at++] = (int)(wi * 32 + bit);
+    }
+    __syncwarp();
+    const bool last = wb + 32 >= w1;
+    const int full = last ? total : (total & ~31);
+    for (int j = 0; j < full; j += 32) {
+      int my[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) my[u] = (j + 8 * u + g < total) ? buf[j + 8 * u + g] : -1;
+      const int id = (j + pos < total) ? buf[j + pos] : -1;
+      body(my, id);
+    }
+    __syncwarp();
+    have = total - full;  // < 32 ids left: move them to the front
+    const int src = (lane < have) ? buf[full + lane] : 0;
+    __syncwarp();
+    if (lane < have) buf[lane] = src;
+    __syncwarp();
+  }
+}
+
 }  // namespace dosa

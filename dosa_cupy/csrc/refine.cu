@@ -37,45 +37,10 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
   A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);
   const float tq = tau[t];
-  int* buf = sid[warp];
-  const int g = lane >> 2, pos = batch_pos(lane);
-  int have = 0;  // ids carried over in buf[0 .. have)
-  for (long long wb = w0; wb < w1; wb += 32) {
-    const long long wi = wb + lane;
-    const uint32_t m = (wi < w1) ? srow[wi] : 0u;
-    const int n = __popc(m);
-    int incl = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    const int total = have + __shfl_sync(0xffffffffu, incl, 31);
-    int at = have + incl - n;
-    uint32_t mm = m;
-    while (mm) {
-      const int bit = __ffs(mm) - 1;
-      mm &= mm - 1u;
-      buf[at++] = (int)(wi * 32 + bit);
-    }
-    __syncwarp();
-    const bool last = wb + 32 >= w1;
-    const int full = last ? total : (total & ~31);
-    for (int j = 0; j < full; j += 32) {
-      int my[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) my[u] = (j + 8 * u + g < total) ? buf[j + 8 * u + g] : -1;
-      const int id = (j + pos < total) ? buf[j + pos] : -1;
-      score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, id, tq, lane, count + t,
-                             rec + (long long)t * cap, cap);
-    }
-    __syncwarp();
-    have = total - full;  // < 32 ids left: move them to the front
-    const int src = (lane < have) ? buf[full + lane] : 0;
-    __syncwarp();
-    if (lane < have) buf[lane] = src;
-    __syncwarp();
-  }
+  for_each_survivor_batch(srow, w0, w1, sid[warp], lane, [&](const int (&my)[4], int id) {
+    score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, id, tq, lane, count + t,
+                           rec + (long long)t * cap, cap);
+  });
 }
 
 #define REFINE_INST(MT)                                                                        \

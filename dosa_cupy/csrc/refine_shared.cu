@@ -101,63 +101,28 @@ __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* _
   bool anyw = false;
   for (long long wi = w0 + lane; wi < w1; wi += 32) anyw |= srow[wi] != 0u;
   if (!__any_sync(0xffffffffu, anyw)) return;
-  int* buf = sid + warp * RS_BUF;
-  const int g = lane >> 2, pos = batch_pos(lane);
-  int have = 0;  // ids carried over in buf[0 .. have)
-  for (long long wb = w0; wb < w1; wb += 32) {
-    // Compact the set bits of 32 words into ids (the loop of refine.cu refine_impl).
-    const long long wi = wb + lane;
-    const uint32_t m = (wi < w1) ? srow[wi] : 0u;
-    const int n = __popc(m);
-    int incl = n;
+  const int g = lane >> 2;
+  for_each_survivor_batch(srow, w0, w1, sid + warp * RS_BUF, lane, [&](const int (&my)[4], int id) {
+    KeysReg B;
+    gather_keys(kp, my, lane, B);  // once for the whole group
+    const float al = (id >= 0) ? __ldg(alpha + id) : 0.f;
+    for (int qi = 0; qi < nq; ++qi) {
+      const int t = t0 + qi;
+      const bool sv = id >= 0 && ((__ldg(surv + (long long)t * NW + (id >> 5)) >> (id & 31)) & 1u);
+      if (!__any_sync(0xffffffffu, sv)) continue;  // warp-uniform: no survivor of t here
+      float wl[MT], wh[MT];
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    const int total = have + __shfl_sync(0xffffffffu, incl, 31);
-    int at = have + incl - n;
-    uint32_t mm = m;
-    while (mm) {
-      const int bit = __ffs(mm) - 1;
-      mm &= mm - 1u;
-      buf[at++] = (int)(wi * 32 + bit);
-    }
-    __syncwarp();
-    const bool last = wb + 32 >= w1;
-    const int full = last ? total : (total & ~31);
-    for (int j = 0; j < full; j += 32) {
-      int my[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) my[u] = (j + 8 * u + g < total) ? buf[j + 8 * u + g] : -1;
-      const int id = (j + pos < total) ? buf[j + pos] : -1;
-      KeysReg B;
-      gather_keys(kp, my, lane, B);  // once for the whole group
-      const float al = (id >= 0) ? __ldg(alpha + id) : 0.f;
-      for (int qi = 0; qi < nq; ++qi) {
-        const int t = t0 + qi;
-        const bool sv = id >= 0 && ((__ldg(surv + (long long)t * NW + (id >> 5)) >> (id & 31)) & 1u);
-        if (!__any_sync(0xffffffffu, sv)) continue;  // warp-uniform: no survivor of t here
-        float wl[MT], wh[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          wl[mt] = sw[qi * (MT * 16) + mt * 16 + g];
-          wh[mt] = sw[qi * (MT * 16) + mt * 16 + g + 8];
-        }
-        const QFragSmem<MT> A{sA + qi * (MT * 8 * 32) + lane};
-        float s = score_batch<MT, KeysReg, QFragSmem<MT>>(A, B, wl, wh, lane);
-        s = (id >= 0) ? s * al : 0.f;  // = score_ids_and_emit's s · α (one fp32 multiply)
-        warp_emit(sv && s >= __ldg(tau + t), s, id, lane, count + t, rec + (long long)t * cap,
-                  cap);
+      for (int mt = 0; mt < MT; ++mt) {
+        wl[mt] = sw[qi * (MT * 16) + mt * 16 + g];
+        wh[mt] = sw[qi * (MT * 16) + mt * 16 + g + 8];
       }
+      const QFragSmem<MT> A{sA + qi * (MT * 8 * 32) + lane};
+      float s = score_batch<MT, KeysReg, QFragSmem<MT>>(A, B, wl, wh, lane);
+      s = (id >= 0) ? s * al : 0.f;  // = score_ids_and_emit's s · α (one fp32 multiply)
+      warp_emit(sv && s >= __ldg(tau + t), s, id, lane, count + t, rec + (long long)t * cap,
+                cap);
     }
-    __syncwarp();
-    have = total - full;  // < 32 ids left: move them to the front
-    const int src = (lane < have) ? buf[full + lane] : 0;
-    __syncwarp();
-    if (lane < have) buf[lane] = src;
-    __syncwarp();
-  }
+  });
 }
 
 #define REFINE_SHARED_INST(MT)                                                                  \
