@@ -1,0 +1,241 @@
+"""The numerical certificate's assembly checked on the values the functions return, in
+exact rationals (docs/mutation.md, clusters 2 and 6).
+
+``screen_bound`` must return an upper bound of α(Û + ρC + ε_raw) + ε_out for the very
+Û, ρ, α it is given (every term, every rounding direction): the dominance tests elsewhere
+rebuild this sum from the kernel arrays, so a term dropped inside ``screen_bound`` would
+only show through pruning.  The error model's float coefficients must dominate their
+exact values and stay within a few ulps of them; the outward primitives must stay
+outward on long sums and on float32 input.  All inputs are fixed (no luck involved).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+
+from dosa_ref.audit import model_coefficients_exact
+from dosa_ref.fp8 import e4m3_values, key_rms, quantize_keys, quantize_queries
+from dosa_ref.numeric import (
+    Arithmetic,
+    ErrorModel,
+    build_fp8_plan,
+    default_plan,
+    gamma_up,
+    matmul_abs_up,
+    matmul_enclose,
+    norm_up,
+    screen_bound,
+    screen_values,
+    sum_up,
+)
+from dosa_ref.plan import PlanOptions
+
+MODELS = {
+    "hopper": ErrorModel(),
+    "hopper13": ErrorModel.hopper_fp8(13),
+    "fp32": ErrorModel.ieee_fp32(),
+    "cpu": ErrorModel.cpu_fp64(),
+    "exact": ErrorModel.exact(),
+}
+
+
+def _query(seed=1, H=6, D=48, scale_fmt="amax"):
+    rs = np.random.default_rng(seed)
+    q = rs.standard_normal((1, H, D)) + rs.standard_normal(D)
+    w = -np.abs(rs.standard_normal((1, H)))
+    w[0, :2] *= -1
+    qp, wf = quantize_queries(q, w, scale_fmt)
+    return e4m3_values(qp[0]), wf[0].astype(np.float64)
+
+
+def _keys(D, seed=2):
+    rs = np.random.default_rng(seed)
+    k = rs.standard_normal((12, D)) * 10.0 ** rs.integers(-6, 4, (12, 1))
+    k[0] = 0.0  # ρ = 0, Û = 0: U = α ε_raw + ε_out only
+    k[1] *= 1e-9  # amax below the 1e-4 clamp: tiny α
+    payload, scale = quantize_keys(k)
+    return e4m3_values(payload), scale, key_rms(payload)
+
+
+def _plan(model, form, seed=1):
+    q, w = _query(seed)
+    kb, _, _ = _keys(q.shape[1])
+    plan = default_plan(q, w, kb, 3, PlanOptions(neg_aggregate="all"))
+    return build_fp8_plan(plan, q, w, model, form), q, w
+
+
+@pytest.mark.parametrize("form", ["base", "abs"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_screen_bound_assembles_every_term(name, form):
+    """U^num ≥ α(Û + ρC + ε_raw) + ε_out exactly, and by no more than a few ulps (each
+    of the four operations widens by one ulp), on zero, clamped and ordinary keys."""
+    fplan, q, w = _plan(MODELS[name], form)
+    assert fplan.valid
+    kb, alpha, rho = _keys(q.shape[1])
+    uh = screen_values(fplan, kb)
+    U = screen_bound(fplan, kb, alpha, rho)
+    assert np.array_equal(U, screen_bound(fplan, kb, alpha, rho, Uhat=uh))
+    # An arbitrary supplied Û (e.g. a GPU kernel's) is used as given.
+    shifted = uh + np.linspace(-3.0, 3.0, uh.size)
+    U2 = screen_bound(fplan, kb, alpha, rho, Uhat=shifted)
+    for Uv, Uh in ((U, uh), (U2, shifted)):
+        for i in range(kb.shape[0]):
+            a, r = F(float(alpha[i])), F(float(rho[i]))
+            inner = F(float(Uh[i])) + r * F(float(fplan.C)) + F(fplan.eps_raw)
+            exact = a * inner + F(fplan.eps_out)
+            got = F(float(Uv[i]))
+            assert got >= exact, (name, form, i)
+            slack = (
+                8
+                * 2.0**-52
+                * (
+                    abs(a) * (abs(F(float(Uh[i]))) + r * F(float(fplan.C)) + F(fplan.eps_raw))
+                    + F(fplan.eps_out)
+                )
+            )
+            assert got - exact <= slack + F(2.0**-1070), (name, form, i)
+    # the zero key: only the absolute terms remain, both of them
+    assert uh[0] == 0.0 and rho[0] <= 2.0**-140
+    assert F(float(U[0])) >= F(float(alpha[0])) * F(fplan.eps_raw) + F(fplan.eps_out)
+    if name in ("hopper", "fp32"):
+        assert fplan.eps_raw > 0 and fplan.eps_out > 0  # flush-to-zero model: both matter
+
+
+def test_screen_bound_invalid_keys_and_plans_never_prune():
+    fplan, q, w = _plan(MODELS["hopper"], "base")
+    kb, alpha, rho = _keys(q.shape[1])
+    alpha = alpha.copy()
+    rho = rho.copy()
+    alpha[2], alpha[3], alpha[4], alpha[5] = 0.0, -1.0, np.nan, np.inf
+    rho[6], rho[7], rho[9] = np.nan, -1.0, 0.0
+    uh = screen_values(fplan, kb)
+    uh[8] = np.nan
+    with np.errstate(invalid="ignore"):
+        U = screen_bound(fplan, kb, alpha, rho, Uhat=uh)
+    assert np.all(U[2:9] == np.inf)
+    assert np.all(np.isfinite(U[[0, 1, 9, 10, 11]]))  # ρ = 0 and tiny α are valid keys
+    bad = build_fp8_plan(fplan.plan, q, w * 1e45, MODELS["hopper"], "base")
+    assert not bad.valid
+    assert np.all(screen_bound(bad, kb, alpha, rho) == np.inf)
+
+
+# ------------------------------------------------------------------ primitives
+
+
+def test_gamma_up_definition_and_edges():
+    """γ_n = nu/(1 − nu) rounded up; γ_0 = 0 (no operation, no error); inf once nu ≥ 1."""
+    assert gamma_up(0, 2.0**-53) == 0.0 and gamma_up(-3, 2.0**-24) == 0.0
+    assert gamma_up(5, 0.0) == 0.0
+    assert gamma_up(2**24, 2.0**-24) == np.inf and gamma_up(2**25, 2.0**-24) == np.inf
+    for n in (1, 2, 3, 7, 100, 4097, 2**23):
+        for u in (2.0**-24, 2.0**-53, 3.0 * 2.0**-30):
+            g = F(gamma_up(n, u))
+            ex = n * F(u) / (1 - n * F(u))
+            assert ex <= g <= ex * (1 + F(1, 2**48)), (n, u)
+
+
+def test_dot_error_coefficients_dominate_their_definitions():
+    """Arithmetic.step_theta ≥ θ = (k+1)2^-W(1+2^-23) + 2^-23 and dot_relative_error ≥
+    Sθ/(1 − Sθ) (S = ⌈n/k⌉), exactly, over a grid of W, k and n."""
+    for W in (10, 13, 17, 20, 24):
+        for k in (16, 32):
+            a = Arithmetic(kept_bits=W, k_step=k)
+            th = F(a.step_theta())
+            ex_th = (k + 1) * F(1, 2**W) * (1 + F(1, 2**23)) + F(1, 2**23)
+            assert ex_th <= th <= ex_th * (1 + F(1, 2**48))
+            for n in (1, 7, 32, 33, 100, 128, 129, 1000, 4096):
+                S = -(-n // k)
+                if S * th >= 1:
+                    assert a.dot_relative_error(n) == np.inf
+                    continue
+                g = F(a.dot_relative_error(n))
+                assert g >= S * th / (1 - S * th), (W, k, n)
+                assert g <= S * ex_th / (1 - S * ex_th) * (1 + F(1, 2**44)), (W, k, n)
+                d = F(a.dot_absolute_error(n))
+                assert d >= 2 * n * F(a.underflow) * (1 + g)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_float_coefficients_are_tight(name):
+    """The float coefficients dominate the exact ones (test_numeric) and stay close to
+    them: within 2^-26 for the GPU models (the float64 evaluation of the same formula),
+    within a factor 2 for the CPU float64 model (whose exact version is written tighter),
+    and a zero exact coefficient stays (sub)zero, so no term is counted twice."""
+    model = MODELS[name]
+    rel = F(1, 2**26) if name in ("hopper", "hopper13", "fp32") else F(1)
+    for D, H, r in ((128, 32, 16), (7, 3, 1), (48, 6, 3)):
+        ex = model_coefficients_exact(model, D, H, r)
+        for fl, exact in ((model.screen_coefficients(D, r), ex["screen"]),
+                          (model.scorer_coefficients(D, H), ex["scorer"])):  # fmt: skip
+            for a, b in zip(fl, exact, strict=True):
+                assert b <= F(a) <= b * (1 + rel) + F(2.0**-1072), (name, D, H, r)
+
+
+def test_matmul_bounds_on_long_sums_and_float32_input():
+    """BLAS sums that lose a little on every addition (1 + many half-ulp terms) and float32
+    operands: matmul_abs_up stays above and matmul_enclose around the exact product."""
+    n = 2000
+    a = np.full(n, 0.75 * 2.0**-53)
+    a[0] = 1.0
+    b = np.ones(n)
+    ex = sum(F(float(x)) for x in a)
+    assert F(float(matmul_abs_up(a[None, :], b[:, None])[0, 0])) >= ex
+    lo, hi = matmul_enclose(a[None, :], b[:, None])
+    assert F(float(lo[0, 0])) <= ex <= F(float(hi[0, 0]))
+    lo, hi = matmul_enclose(-a[None, :], b[:, None])
+    assert F(float(lo[0, 0])) <= -ex <= F(float(hi[0, 0]))
+    rs = np.random.default_rng(0)
+    A32 = (rs.random((3, 300)) + 1.0).astype(np.float32)
+    B32 = (rs.random((300, 2)) / 3.0).astype(np.float32)
+    up_ = matmul_abs_up(A32, B32)
+    lo, hi = matmul_enclose(A32, -B32)
+    assert up_.dtype == np.float64 and lo.dtype == np.float64
+    for i in range(3):
+        for j in range(2):
+            ex = sum(F(float(x)) * F(float(y)) for x, y in zip(A32[i], B32[:, j], strict=True))
+            assert F(float(up_[i, j])) >= ex
+            assert F(float(lo[i, j])) <= -ex <= F(float(hi[i, j]))
+    assert F(float(sum_up(a))) >= ex * 0 + sum(F(float(x)) for x in a)
+
+
+def test_norm_up_at_extreme_magnitudes():
+    """norm_up scales by a power of two: squares of 2^±600 neither underflow nor overflow
+    (exact: ‖(3, 4)·2^e‖ = 5·2^e)."""
+    for e in (-1074, -1070, -700, -600, -300, 0, 300, 600, 1000):
+        m = np.ldexp(np.array([3.0, 4.0, 0.0]), e) if e > -1074 else np.array([2**-1074] * 3)
+        got = F(float(norm_up(m)))
+        ex2 = sum(F(float(x)) ** 2 for x in m)
+        assert got**2 >= ex2, e
+        assert got**2 <= ex2 * (1 + F(1, 2**40)) + F(2.0**-1070) ** 2 * 64, e
+    M = np.ldexp(np.array([[3.0, 4.0], [5.0, 12.0]]), 700)
+    got = norm_up(M, axis=1)
+    assert F(float(got[0])) >= 5 * F(2**700) and F(float(got[1])) >= 13 * F(2**700)
+    assert np.all(got <= np.array([5.0, 13.0]) * 2.0**700 * (1 + 1e-12))
+
+
+def test_aux_scales_are_the_documented_powers_of_two():
+    """σ_0 of the aux rows: a power of two with max|target|/σ in (224, 448] (the target
+    is a_A for the base form), so the first row uses e4m3's full range."""
+    for seed in range(6):
+        for mag in (1e-30, 1e-3, 1.0, 7.0, 1e20):
+            q, w = _query(seed)
+            kb, _, _ = _keys(q.shape[1])
+            plan = default_plan(q, w * mag, kb, 2, PlanOptions(neg_aggregate="all"))
+            fp = build_fp8_plan(plan, q, w * mag, MODELS["hopper"], "base")
+            amax = float(np.max(np.abs(plan.a_A)))
+            if amax == 0:
+                continue
+            s = float(fp.aux_scale[0])
+            assert np.frexp(s)[0] == 0.5  # a power of two
+            assert 224.0 < amax / s <= 448.0 * (1 + 1e-12), (seed, mag, amax / s)
+    # exact powers of two: 448·2^e maps to exactly 448
+    q = np.zeros((3, 8))
+    q[1, 0] = 448.0
+    q[2, 0] = 1.0
+    w = np.array([1.0, -1.0, 0.0])
+    plan = default_plan(q, w, np.ones((4, 8)), 1, PlanOptions(neg_aggregate="all"))
+    fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
+    assert fp.aux_scale[0] == 1.0 and e4m3_values(fp.aux_payload[0])[0] == 448.0
