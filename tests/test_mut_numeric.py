@@ -239,3 +239,181 @@ def test_aux_scales_are_the_documented_powers_of_two():
     plan = default_plan(q, w, np.ones((4, 8)), 1, PlanOptions(neg_aggregate="all"))
     fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
     assert fp.aux_scale[0] == 1.0 and e4m3_values(fp.aux_payload[0])[0] == 448.0
+
+
+def _exact_allowances(plan, q, w, gb):
+    """Per group: the exact triangle Σ_h w_h‖d_h^(g)‖ and joint ½(‖Σu^(g)‖ +
+    sqrt(Σ|u_h^(g)·u_l^(g)|)) allowances, d_h = q_h − β_h q_j* with the plan's β taken as
+    exact numbers (mpmath, 120 digits: far below any float64 rounding)."""
+    import mpmath
+
+    mp = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.mp
+    mp.dps = 120
+    D = q.shape[1]
+    ds = []
+    for i, h in enumerate(plan.P):
+        a = int(plan.anchor[i])
+        b = mp.mpf(float(plan.beta[i]))
+        ds.append([mp.mpf(float(q[h, d])) - (b * mp.mpf(float(q[a, d])) if a >= 0 else 0)
+                   for d in range(D)])  # fmt: skip
+    wP = [mp.mpf(float(w[h])) for h in plan.P]
+    tri, joint = [], []
+    for g in range(gb.size - 1):
+        sl = range(int(gb[g]), int(gb[g + 1]))
+        tri.append(sum(wP[i] * mp.sqrt(sum(ds[i][d] ** 2 for d in sl)) for i in range(len(ds))))
+        u = [[wP[i] * ds[i][d] for d in sl] for i in range(len(ds))]
+        S = mp.sqrt(sum(sum(u[i][j] for i in range(len(u))) ** 2 for j in range(len(sl))))
+        G = sum(abs(sum(u[i][j] * u[m][j] for j in range(len(sl))))
+                for i in range(len(u)) for m in range(len(u)))  # fmt: skip
+        joint.append((S + mp.sqrt(G)) / 2)
+    return tri, joint
+
+
+@pytest.mark.parametrize("e", [-1068, -1060, -1040, -1000, -600, 0, 400])
+@pytest.mark.parametrize("allowance", ["triangle", "joint", "grouped"])
+def test_positive_enclosure_dominates_exact_allowance(e, allowance):
+    """E_g^+ (FP8ScreenPlan.E_plus) ≥ the exact allowance at every magnitude, including
+    heads whose residuals and allowances are subnormal (where a rounding in the wrong
+    direction loses a whole quantum) and nearly parallel heads (cancellation in d_h)."""
+    import mpmath
+
+    rs = np.random.default_rng(abs(e))
+    H, D = 6, 8
+    base = rs.standard_normal(D)
+    q = rs.standard_normal((H, D)) * 0.3 + base
+    q[2] = 0.75 * q[0] + 1e-9 * rs.standard_normal(D)  # nearly parallel: cancellation
+    q = np.ldexp(q, e)
+    w = np.abs(rs.standard_normal(H))
+    w[5] *= -1
+    for groups in (1, 3):
+        opt = PlanOptions(allowance=allowance, groups=groups)
+        plan = default_plan(q, w, np.ldexp(rs.standard_normal((5, D)), -e // 2), 2, opt)
+        fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
+        gb = plan.allowance_groups()
+        tri, joint = _exact_allowances(plan, q, w, gb)
+        for g in range(gb.size - 1):
+            want = tri[g] if allowance == "triangle" else min(tri[g], joint[g])
+            assert mpmath.mpf(float(fp.E_plus[g])) >= want, (e, allowance, groups, g)
+
+
+@pytest.mark.parametrize("allowance", ["joint", "grouped"])
+def test_joint_enclosure_at_subnormal_scale(allowance):
+    """Two omitted positive heads with orthogonal residuals (joint = sqrt(Σ w_h²‖q_h‖²) <
+    triangle) scaled into the subnormal range, where the final widening of E_g^+ is worth a
+    whole quantum 2^-1074: E_g^+ ≥ the exact joint allowance for every scale and weight."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    for e in range(-1074 + 8, -1030, 3):
+        for w1, w2 in ((1.0, 1.0), (0.7, 1.3), (1.1, 0.35)):
+            q = np.zeros((3, 4))
+            q[0, 0] = 1.0
+            q[1, 1], q[1, 2] = np.ldexp(3.0, e), np.ldexp(1.0, e)
+            q[2, 3] = np.ldexp(5.0, e)
+            w = np.array([1.0, w1, w2])
+            plan = default_plan(
+                q, w, np.ones((2, 4)), 1, PlanOptions(allowance=allowance, groups=1)
+            )
+            assert list(plan.P) == [1, 2]
+            fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
+            n1 = mpmath.sqrt(mpmath.mpf(float(q[1, 1])) ** 2 + mpmath.mpf(float(q[1, 2])) ** 2)
+            n2 = mpmath.mpf(float(q[2, 3]))
+            joint = mpmath.sqrt((w1 * n1) ** 2 + (w2 * n2) ** 2)
+            assert mpmath.mpf(float(fp.E_plus[0])) >= joint, (e, w1, w2)
+
+
+def test_residual_enclosure_under_cancellation():
+    """An omitted head parallel to its anchor up to a few ulps: d_h = q_h − β q_j* is a
+    difference of nearly equal numbers, and its enclosure must still contain it (E_g^+ ≥
+    w_h‖d_h‖ exactly, with the plan's β as an exact number)."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    rs = np.random.default_rng(11)
+    for trial in range(40):
+        D = 4
+        q0 = rs.standard_normal(D)
+        beta = [0.75, 0.3, 1.7, 0.1][trial % 4]
+        noise = rs.integers(-6, 7, D) * 2.0**-52
+        q = np.stack([q0, beta * q0 * (1.0 + noise)])
+        w = np.array([1.0, 0.5 + trial / 40])
+        for allowance in ("triangle", "joint"):
+            plan = default_plan(q, w, np.ones((2, D)), 1, PlanOptions(allowance=allowance))
+            if plan.P.size != 1 or plan.anchor[0] != 0:
+                continue
+            fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
+            b = mpmath.mpf(float(plan.beta[0]))
+            d = [mpmath.mpf(float(q[1, j])) - b * mpmath.mpf(float(q0[j])) for j in range(D)]
+            ex = mpmath.mpf(float(w[1])) * mpmath.sqrt(sum(x * x for x in d))
+            assert mpmath.mpf(float(fp.E_plus[0])) >= ex, (trial, allowance)
+
+
+def test_matmul_bounds_accept_array_likes():
+    """Nested lists are array-likes: converted, not assumed to be arrays."""
+    a = [[1.0, 2.0, 3.0]]
+    b = [[1.0], [0.5], [0.25]]
+    assert matmul_abs_up(a, b)[0, 0] >= 2.75
+    lo, hi = matmul_enclose(a, b)
+    assert lo[0, 0] <= 2.75 <= hi[0, 0]
+
+
+def test_fp8_topk_counts_exact_certificate_survivors():
+    """guard_stats (default on): survivors of the exact-arithmetic certificate at the same
+    plan and τ are counted, never more than the U^num survivors; off: nothing counted."""
+    from dosa_ref.numeric import fp8_topk, topk_check
+
+    rs = np.random.default_rng(4)
+    Qn, H, D, N, K = 2, 8, 32, 600, 8
+    base = rs.standard_normal(D)
+    q = 0.6 * base + rs.standard_normal((Qn, H, D))
+    w = -np.abs(rs.standard_normal((Qn, H)))
+    w[:, :2] *= -1
+    qp, wf = quantize_queries(q, w)
+    q, w = e4m3_values(qp), wf.astype(np.float64)
+    payload, scale = quantize_keys(rs.standard_normal((N, D)) + base)
+    res = fp8_topk(q, w, payload, scale, K, r=3, seeds="local", window=64)
+    np.testing.assert_array_equal(res.ids, topk_check(q, w, payload, scale, K))
+    st = res.stats
+    assert np.all(st.survivors_exact > 0) and np.all(st.survivors_exact <= st.survivors)
+    assert np.all(st.screened > st.survivors)
+    off = fp8_topk(q, w, payload, scale, K, r=3, seeds="local", window=64, guard_stats=False)
+    np.testing.assert_array_equal(off.ids, res.ids)
+    assert np.all(off.stats.survivors_exact == 0)
+
+
+def _random_plan_cases(n, seed=0):
+    """Fixed pseudo-random plans (docs/records/mutation_contract_check.py draws the same):
+    2–5 heads, D ≤ 6, heads at 2^-1070 … 2^300, nearly parallel and sparse heads."""
+    rs = np.random.default_rng(seed)
+    for _ in range(n):
+        H, D = int(rs.integers(2, 6)), int(rs.integers(1, 7))
+        q = rs.standard_normal((H, D))
+        if rs.random() < 0.5:
+            q[2 % H] = rs.uniform(0.1, 2) * q[0] * (1 + rs.integers(-4, 5, D) * 2.0**-52)
+        if rs.random() < 0.3:
+            q[:, 1:] *= rs.random(H)[:, None] < 0.5
+        e = int(rs.choice([-1070, -1066, -1060, -1050, -1030, -900, -600, 0, 0, 0, 300]))
+        q = np.ldexp(q, e)
+        w = np.abs(rs.standard_normal(H)) * rs.choice([1.0, 0.5, 3.0])
+        opt = PlanOptions(
+            allowance=str(rs.choice(["triangle", "joint", "grouped"])),
+            groups=int(rs.integers(1, 4)),
+            pos_projection=bool(rs.random() < 0.8),
+        )
+        yield q, w, opt
+
+
+def test_positive_enclosure_on_fixed_random_plans():
+    """E_g^+ ≥ the exact allowance on 260 fixed plans, many of them with subnormal
+    residuals: there one outward widening is worth a whole quantum and cannot be spared
+    (the last widening of the joint form, the triangle products, the scaling exponent)."""
+    import mpmath
+
+    for i, (q, w, opt) in enumerate(_random_plan_cases(260)):
+        plan = default_plan(q, w, np.ones((2, q.shape[1])), 1, opt)
+        fp = build_fp8_plan(plan, q, w, MODELS["hopper"], "base")
+        gb = plan.allowance_groups()
+        tri, joint = _exact_allowances(plan, q, w, gb)
+        for g in range(gb.size - 1):
+            want = tri[g] if opt.allowance == "triangle" else min(tri[g], joint[g])
+            assert mpmath.mpf(float(fp.E_plus[g])) >= want, (i, g)

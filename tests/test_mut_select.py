@@ -191,3 +191,15 @@ def test_choose_r_follows_the_cost_model(H, form):
     want = [_reference_r(q_t, w_t, p, t, ks, popt, form) for t in taus]
     assert got == want
     assert select_mod.choose_r(q_t, w_t, p, 1.0, ks[:0], popt, form) == max(1, H // 2)
+
+
+def test_topk_ids_rejects_nan_and_plus_inf():
+    s = np.array([[1.0, -np.inf, 2.0]])
+    np.testing.assert_array_equal(topk_ids(s, 2), [[2, 0]])
+    for bad in (np.nan, np.inf):
+        s2 = s.copy()
+        s2[0, 1] = bad
+        with pytest.raises(ValueError, match="scores"):
+            topk_ids(s2, 2)
+    with pytest.raises(ValueError, match="scores"):
+        topk_ids(np.array([[np.nan, np.inf]]), 1)
