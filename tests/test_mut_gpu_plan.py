@@ -215,10 +215,11 @@ def test_e4m3_kernel_launch_covers_every_element(monkeypatch):
         return launch
 
     monkeypatch.setattr(build, "kernel", fake_kernel)
-    q, w, kp = _workload(Qn=5)
-    dev = plan_mod.build_plans(q, w, kp, np.arange(0, 512, 8), 14, 1, xp=_NotNumpy())
-    host = plan_mod.build_plans(q, w, kp, np.arange(0, 512, 8), 14, 1, xp=np)
+    # 520 queries: n = 520·128 = 66,560 aux values, more than 256 blocks of 256 threads
+    q, w, kp = _workload(Qn=520, H=16, N=64)
+    dev = plan_mod.build_plans(q, w, kp, np.arange(0, 64, 2), 14, 1, xp=_NotNumpy())
+    host = plan_mod.build_plans(q, w, kp, np.arange(0, 64, 2), 14, 1, xp=np)
     assert len(launches) == 2 and all(t >= n for t, n in launches)
-    assert all(t - n < 256 for t, n in launches)  # ⌈n/256⌉ blocks of 256
+    assert all(t == -(-n // 256) * 256 for t, n in launches)  # ⌈n/256⌉ blocks of 256
     assert np.array_equal(dev.rows, host.rows)
     assert np.array_equal(dev.C, host.C) and np.array_equal(dev.sigma, host.sigma)
