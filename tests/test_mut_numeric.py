@@ -23,6 +23,7 @@ from dosa_ref.numeric import (
     ErrorModel,
     build_fp8_plan,
     default_plan,
+    f32_up,
     gamma_up,
     matmul_abs_up,
     matmul_enclose,
@@ -162,11 +163,11 @@ def test_dot_error_coefficients_dominate_their_definitions():
 def test_float_coefficients_are_tight(name):
     """The float coefficients dominate the exact ones (test_numeric) and stay close to
     them: within 2^-26 for the GPU models (the float64 evaluation of the same formula),
-    within a factor 2 for the CPU float64 model (whose exact version is written tighter),
+    within 60 % for the CPU float64 model (whose exact version is written tighter),
     and a zero exact coefficient stays (sub)zero, so no term is counted twice."""
     model = MODELS[name]
-    rel = F(1, 2**26) if name in ("hopper", "hopper13", "fp32") else F(1)
-    for D, H, r in ((128, 32, 16), (7, 3, 1), (48, 6, 3)):
+    rel = F(1, 2**26) if name in ("hopper", "hopper13", "fp32") else F(3, 5)
+    for D, H, r in [(D, H, r) for D, H in ((128, 32), (7, 3), (48, 6)) for r in (1, 3, 5, 16)]:
         ex = model_coefficients_exact(model, D, H, r)
         for fl, exact in ((model.screen_coefficients(D, r), ex["screen"]),
                           (model.scorer_coefficients(D, H), ex["scorer"])):  # fmt: skip
@@ -417,3 +418,84 @@ def test_positive_enclosure_on_fixed_random_plans():
         for g in range(gb.size - 1):
             want = tri[g] if opt.allowance == "triangle" else min(tri[g], joint[g])
             assert mpmath.mpf(float(fp.E_plus[g])) >= want, (i, g)
+
+
+def test_f32_up_is_the_smallest_float32_above():
+    """f32_up(x) = x for fp32-representable x, else the next fp32 above (never two up)."""
+    for v in (1.0, -1.0, 0.0, 3.0 * 2.0**-149, 2.0**-126, 448.0, 3.4e38, -2.5, 0.1):
+        x = np.float64(np.float32(v))
+        assert f32_up(x) == np.float32(v)
+        y = np.float64(x) + abs(x) * 2.0**-40 + 2.0**-160  # just above, not representable
+        got = f32_up(y)
+        assert F(float(got)) >= F(float(y))
+        assert F(float(np.nextafter(got, np.float32(-np.inf)))) < F(float(y))
+    assert f32_up(np.array([np.nan]))[0] != f32_up(np.array([np.nan]))[0]
+
+
+def test_norm_up_of_empty_rows():
+    np.testing.assert_array_equal(norm_up(np.zeros((3, 0)), axis=1), np.zeros(3))
+    assert norm_up(np.zeros((2, 0)), axis=1).shape == (2,)
+    assert norm_up(np.zeros(0)) == 0.0
+
+
+def test_aux_scales_stay_in_the_fp32_normal_range():
+    """σ_m are stored as fp32 and read by a flush-to-zero kernel: they must be normal fp32
+    powers of two (≥ 2^-126) even when the aggregate is far smaller (docs/numerics.md)."""
+    for mag in (1e-30, 1e-38, 1e-42, 1e-60, 1e-200):
+        q = np.array([[1.0, 0.5, 0.0, 0.0], [0.3, -1.0, 0.7, 0.1], [0.2, 0.1, -0.4, 1.0]])
+        w = np.array([1.0, -mag, -mag * 0.3])
+        plan = default_plan(q, w, np.ones((2, 4)), 1, PlanOptions(neg_aggregate="all"))
+        for form in ("base", "abs"):
+            fp = build_fp8_plan(plan, q, w, MODELS["hopper"], form)
+            for s in fp.aux_scale:
+                assert s >= np.float32(2.0**-126) and np.frexp(float(s))[0] == 0.5, (mag, form)
+
+
+def _exact_envelopes(fp, plan, q, w, form):
+    """Exact reconstruction errors the envelope must cover (Fractions): aux |t − v0 − v1|
+    per coordinate with t = a_A (base) or V = a_A − ½Σ w̃_j q_j (abs), and the row term
+    Σ_j | |c_j| q_jd − |ω_j| q̂_jd | (same signs) with c_j = w̃_j or ½w̃_j, w̃ exact."""
+    D = q.shape[1]
+    Fq = [[F(float(x)) for x in row] for row in q]
+    wt = {int(j): F(float(w[j])) for j in plan.R}
+    for i, h in enumerate(plan.P):
+        if plan.anchor[i] >= 0 and plan.beta[i] != 0:
+            wt[int(plan.anchor[i])] += F(float(w[h])) * F(float(plan.beta[i]))
+    half = F(1, 2) if form == "abs" else F(1)
+    t = [sum((abs(F(float(w[h]))) * Fq[h][d] for h in plan.A), F(0)) for d in range(D)]
+    if form == "abs":
+        t = [t[d] - sum(half * wt[int(j)] * Fq[j][d] for j in plan.R) for d in range(D)]
+    pv = e4m3_values(fp.aux_payload)
+    aux = [abs(t[d] - sum(F(float(fp.aux_scale[m])) * F(float(pv[m, d])) for m in range(2)))
+           for d in range(D)]  # fmt: skip
+    qv = e4m3_values(fp.q_payload)
+    row = [F(0)] * D
+    for jj, j in enumerate(plan.R):
+        c, om = half * wt[int(j)], F(float(fp.omega[jj]))
+        for d in range(D):
+            if (c >= 0) == (om >= 0):
+                row[d] += abs(abs(c) * Fq[j][d] - abs(om) * F(float(qv[jj, d])))
+            else:
+                row[d] += abs(c) * abs(Fq[j][d]) + abs(om) * abs(F(float(qv[jj, d])))
+    return aux, row
+
+
+@pytest.mark.parametrize("form", ["base", "abs"])
+def test_envelope_parts_cover_the_exact_errors(form):
+    """J_parts["aux"] ≥ the exact aux reconstruction error and J_parts["omega"] ≥ the exact
+    row/weight rounding error, coordinate by coordinate (interval arithmetic checked in
+    rationals, with projected heads so that w̃ ≠ w)."""
+    for seed in range(4):
+        rs = np.random.default_rng(seed)
+        H, D = 6, 8
+        base = rs.standard_normal(D)
+        q = rs.standard_normal((H, D)) * 0.4 + base
+        w = np.array([1.3, 0.7, 0.45, -0.8, -1.1, -0.25]) * (1 + rs.random(H))
+        for opt in (PlanOptions(neg_aggregate="all"), PlanOptions(allowance="triangle")):
+            plan = default_plan(q, w, rs.standard_normal((6, D)), 2, opt)
+            assert np.any(plan.beta > 0)
+            fp = build_fp8_plan(plan, q, w, MODELS["hopper"], form)
+            aux, row = _exact_envelopes(fp, plan, q, w, form)
+            for d in range(D):
+                assert F(float(fp.J_parts["aux"][d])) >= aux[d], (seed, form, d)
+                assert F(float(fp.J_parts["omega"][d])) >= row[d], (seed, form, d)
