@@ -376,7 +376,7 @@ _SWAP_NAMES = {
     "sum_down": "sum_up",
 }
 # Calls whose removal keeps the program well-typed: f(x, ...) -> x (outward widening,
-# absolute values, float32 rounding of a value, norms made safe).
+# absolute values, float32 rounding of a value, contiguity).
 _UNWRAP = {"nextafter", "up", "down", "abs", "f32_up", "float32", "ascontiguousarray"}
 _UNWRAP_METHODS = {"astype", "copy"}
 
