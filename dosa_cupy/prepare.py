@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dosa_ref.validate import check_K
+
 from ._build import cupy_or_raise, kernel
 
 __all__ = [
@@ -66,8 +68,9 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke):
     recovery (docs/method.md §7 C.3).  NaN payload codes and non-finite weights are rejected.
     """
     cp = cupy_or_raise()
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-        raise ValueError(f"K: expected a positive integer, got {K!r}")
+    # K as the reference takes it (an int, a numpy integer or a 0-d integer array; a 0-d
+    # device array is read back first); a float or a bool raises (dosa_ref.validate.check_K)
+    K = check_K(K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K)
     if K > 4096:
         raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
     q = cp.ascontiguousarray(as_device(q, "q", np.uint8))

@@ -312,6 +312,13 @@ def test_bad_input_raises():
         dosa_cupy.dosa_topk(*bad)
     with pytest.raises(ValueError, match="window"):
         dosa_cupy.dosa_topk(*args, window=-1)
+    # K as a 0-d integer array (host or device) is K; a float or a bool K is refused
+    ref = dosa_cupy.dosa_topk(*args)
+    for k0 in (np.asarray(64), cp.asarray(64, dtype=cp.int32)):
+        assert cp.array_equal(dosa_cupy.dosa_topk(*args[:4], k0, *args[5:]), ref)
+    for bad_k in (64.0, True, np.asarray([64])):
+        with pytest.raises(ValueError, match="K"):
+            dosa_cupy.dosa_topk(*args[:4], bad_k, *args[5:])
 
 
 @gpu
