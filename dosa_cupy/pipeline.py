@@ -3,7 +3,7 @@ stage:
 
     prepare  ρ per key                                    (prepare.key_rho)
     seeds    default + explicit seeds scored, τ           (seeds.seed_stage)
-    plan     per-query screening plans                    (plan.plan_stage)
+    plan     per-query screening plans                    (plan_stage below)
     screen   U^num vs τ → survivor bitmask                (screen.screen_stage)
              [certificate seeds raise τ, drop survivors]  (seeds.certificate_seeds)
     refine   survivors scored, compact records s ≥ τ      (refine.refine_stage)
@@ -22,7 +22,8 @@ import numpy as np
 
 from ._build import cupy_or_raise
 from .options import start
-from .plan import plan_stage
+from .plan import DevicePlan, build_plans
+from .plan_fused import build_plans_fused
 from .prepare import key_rho
 from .refine import GROUP, popcount_rows, refine_stage
 from .screen import auto_screen, screen_stage
@@ -30,6 +31,20 @@ from .seeds import certificate_seeds, seed_stage
 from .select import invalid_scale_queries, recover, select_ids
 
 __all__ = ["dosa_topk"]
+
+
+def plan_stage(b, pool, r: int, o: dict) -> DevicePlan:
+    """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
+    (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
+    evenly spaced anchor-pool keys (pool int32 [P], sorted), by the planner ``o["planner"]``
+    ("fused": plan_fused.build_plans_fused, one kernel per chunk; "cupy":
+    plan.build_plans) with ``o["mma_bits"]``."""
+    cp = cupy_or_raise()
+    mts = 1 if r <= 14 else 2
+    ns = min(o["p_sample"], int(pool.size))
+    sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    planner = build_plans_fused if o["planner"] == "fused" else build_plans
+    return planner(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
 
 
 def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):

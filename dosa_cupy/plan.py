@@ -42,7 +42,7 @@ from dosa_ref.fp8 import e4m3_bits, e4m3_values
 from ._build import cupy_or_raise
 from .prepare import D
 
-__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "plan_stage", "row_slots"]
+__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "row_slots"]
 
 U32 = 2.0**-24
 MU = 2.0**-30
@@ -115,22 +115,6 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     order = xp.argsort(-key, axis=1, kind="stable")
     nR = xp.minimum((prim > 0).sum(axis=1), r)
     return order, nR
-
-
-def plan_stage(b, pool, r: int, o: dict) -> DevicePlan:
-    """The plan stage of ``dosa_topk``: plans of batch ``b`` (``prepare.Batch``) with r
-    retained heads (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from
-    ``o["p_sample"]`` evenly spaced anchor-pool keys (pool int32 [P], sorted), by the
-    planner ``o["planner"]`` ("fused": plan_fused.build_plans_fused, one kernel per chunk;
-    "cupy": ``build_plans``) with ``o["mma_bits"]``."""
-    from .plan_fused import build_plans_fused  # plan_fused imports this module
-
-    cp = cupy_or_raise()
-    mts = 1 if r <= 14 else 2
-    ns = min(o["p_sample"], int(pool.size))
-    sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
-    planner = build_plans_fused if o["planner"] == "fused" else build_plans
-    return planner(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
 
 
 def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):

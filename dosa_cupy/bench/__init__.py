@@ -62,8 +62,6 @@ from .memplan import (
 from .plots import plots
 from .prefill import bench_shape
 from .report import (
-    DOSA_STAGES,
-    FUSED_STAGES,
     ids_equal,
     load_rows,
     markdown,
@@ -74,6 +72,8 @@ from .report import (
 from .shapes import (
     CHUNKS,
     CONTEXTS,
+    DOSA_STAGES,
+    FUSED_STAGES,
     build_jobs,
     filter_shapes,
     input_groups,

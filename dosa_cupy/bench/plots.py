@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from .memplan import FP8_PEAK, HBM, ROUTES, x_floor
-from .report import DOSA_STAGES, sort_key
+from .shapes import DOSA_STAGES, sort_key
 
 SPEED_TICKS = (0.25, 0.5, 1.0, 2.0, 4.0)
 ROUTE_LABEL = {

@@ -12,11 +12,8 @@ from pathlib import Path
 
 from . import peers
 from .memplan import FP8_PEAK, HBM, row_floors, x_floor
-from .shapes import shape_name
+from .shapes import DOSA_STAGES, FUSED_STAGES, shape_name, sort_key
 from .timing import WARM
-
-DOSA_STAGES = ("prepare", "seeds", "plan", "screen", "refine", "select", "recover")
-FUSED_STAGES = ("seeds", "score+filter", "select", "recover")
 
 
 def git_commit(cwd=None) -> str:
@@ -45,10 +42,6 @@ def utc_now() -> str:
 
 def cell(v, fmt="{:.2f}"):
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
-
-
-def sort_key(r):
-    return (str(r.get("regime", "")), int(r.get("tile", 0)), r["H"], r["Qn"], r["N"])
 
 
 def _shape_cols(r) -> str:

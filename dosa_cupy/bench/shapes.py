@@ -11,6 +11,16 @@ from pathlib import Path
 
 from .memplan import estimate_seconds
 
+# the stage names of the stage-split tables and plots (dosa_topk / fused_topk timing=True)
+DOSA_STAGES = ("prepare", "seeds", "plan", "screen", "refine", "select", "recover")
+FUSED_STAGES = ("seeds", "score+filter", "select", "recover")
+
+
+def sort_key(r):
+    """Order of result rows: regime, tile, H, Qn, N."""
+    return (str(r.get("regime", "")), int(r.get("tile", 0)), r["H"], r["Qn"], r["N"])
+
+
 CONTEXTS = (131072, 262144, 524288, 786432, 1048576)
 CHUNKS = (4096, 8192, 16384, 32768)
 HEADS = (32, 64)
