@@ -17,10 +17,7 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
   const long long n0 = (long long)blockIdx.x * TILE_N;
   load_key_tile(kp, alpha, N, n0, sk, sa);
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int pos = batch_pos(lane);
-  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
-  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  DOSA_TILE_QUERIES(Qn, QG, N, n0);
   for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
     const long long lo = max((long long)ks[t], n0), hi = min((long long)ke[t], n0 + tile_n);
     float* orow = out + (long long)t * N + n0;

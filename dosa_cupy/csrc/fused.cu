@@ -24,10 +24,7 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
   load_key_tile(kp, alpha, N, n0, sk, sa);
   if (threadIdx.x < TILE_N / 32) spm[threadIdx.x] = (n0 + 32 * threadIdx.x < N) ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int pos = batch_pos(lane);
-  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
-  const int tile_n = (int)min((long long)TILE_N, N - n0);
+  DOSA_TILE_QUERIES(Qn, QG, N, n0);
   for (int t = blockIdx.y * QG + warp; t < tend; t += nw) {
     const int ks = ks_[t], ke = ke_[t];
     const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);

@@ -32,6 +32,16 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
   for (int i = threadIdx.x; i < TILE_N; i += blockDim.x) sa[i] = (n0 + i < N) ? __ldg(alpha + n0 + i) : 0.f;
 }
 
+// How the warps of a key-tile block (dense logits, fused route) walk its queries: warp w
+// takes t = blockIdx.y·QG + w, + nw, … < tend; tile_n = the keys of the tile (the last tile
+// of N may be short); pos = the key a lane owns after reduce8 (batch_pos).  A macro, not a
+// function: the declarations stay the kernels' own (their cubins are unchanged by it).
+#define DOSA_TILE_QUERIES(Qn, QG, N, n0)                                         \
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5; \
+  const int pos = batch_pos(lane);                                                 \
+  const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);                            \
+  const int tile_n = (int)min((long long)TILE_N, N - n0)
+
 // ---------------------------------------------------------------------------------------
 // Score a batch of 32 arbitrary keys (ids, −1 = empty) for one query and append the
 // records with s ≥ τ to the query's buffer (compact writeback, docs/method.md §9).  my[u] =
