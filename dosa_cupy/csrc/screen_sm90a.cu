@@ -26,6 +26,12 @@ namespace wg {
 #ifndef DOSA_WG_MINB
 #define DOSA_WG_MINB 1  // blocks per multiprocessor asked of the register allocator
 #endif
+#ifndef DOSA_WG_DIAG
+// Diagnostic builds that give up exactness to time one part of the kernel (dosa bench
+// --screen-variants reports them, never used by dosa_topk): 1 = no fp64 guard (U := Û), 2 =
+// no epilogue, 3 = no MMA, 4 = no reduce8 (each lane keeps its own partial).
+#define DOSA_WG_DIAG 0
+#endif
 #ifndef DOSA_SCREEN_FAST32
 #define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py)
 #endif
@@ -137,7 +143,7 @@ __device__ __forceinline__ void issue_chunk(float (&d)[kAcc], const QRows<1>& A,
     A.frag(0, sp, a0, a1, a2, a3);
     // + (byte offset >> 4) in the start-address field (no carry: the tile is < 256 KB)
     const uint32_t off = (sp >> 2) * kPanel + (sp & 3) * 32;
-    mma_m64n64k16(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
+    if (DOSA_WG_DIAG != 3) mma_m64n64k16(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
   }
   commit();
 }
@@ -189,14 +195,16 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0
     }
   float uh[NB];
 #pragma unroll
-  for (int k = 0; k < NB; ++k) uh[k] = reduce8(x[k], lane);
+  for (int k = 0; k < NB; ++k) uh[k] = DOSA_WG_DIAG == 4 ? x[k][0] : reduce8(x[k], lane);
   const int pos = batch_pos(lane);
 #pragma unroll
   for (int k = 0; k < NB; ++k) {
     const int b = b0 + k, i = b * 32 + pos;
     const bool vis = i >= Q.lo_i && i < Q.hi_i;
     const bool seed = i < Q.shi_i || i >= Q.llo_i || ((K.spm[b] >> pos) & 1u);
-#if DOSA_SCREEN_FAST32
+#if DOSA_WG_DIAG == 1
+    const bool p = vis && !seed && !(uh[k] < Q.tq);
+#elif DOSA_SCREEN_FAST32
     // screen_impl's pre-test (proofs/fp32_pretest.py): u32 < τ − 2^-59 proves U^num < τ
     // under its preconditions; the fp64 guard runs only in warps with a key it could not
     // reject.
@@ -225,13 +233,15 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0
 }
 
 // One chunk step of the ping-pong: issue chunk c + 1 into `nxt` (unless c is the last),
-// wait for chunk c in `cur`, run its epilogue while the tensor cores work on c + 1.
+// wait for chunk c in `cur`, run its epilogue while the tensor cores work on c + 1.  The
+// epilogue runs for every batch of every warp, whatever its query sees (a key outside the
+// visible span only clears its bit): no branch between a wgmma and its wait, so ptxas does
+// not serialize the wgmma behind a divergent path (its warning C7518).
 template <int C>
 __device__ __forceinline__ void chunk_step(float (&cur)[kAcc], float (&nxt)[kAcc], const QRows<1>& A,
-                                           uint32_t sk_addr, bool run, int b0, int b1,
-                                           const Query& Q, const TileKeys& K, long long tN,
-                                           long long n0, double* __restrict__ Uout, int lane,
-                                           uint32_t& myword) {
+                                           uint32_t sk_addr, const Query& Q, const TileKeys& K,
+                                           long long tN, long long n0, double* __restrict__ Uout,
+                                           int lane, uint32_t& myword) {
   if constexpr (C + 1 < kChunks) {
     issue_chunk(nxt, A, sk_addr, C + 1);
     wait<1>();
@@ -239,27 +249,18 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kAcc], float (&nxt)[kAcc
     wait<0>();
   }
   pin(cur);
-  if (run) {
-    constexpr int bf = kBatches * C;  // the chunk's first batch in the tile
-    if (bf >= b0 && bf + kBatches <= b1) {  // the whole chunk is in the visible span
-      epilogue<kBatches>(cur, 0, bf, Q, K, tN, n0, Uout, lane, myword);
-    } else {
-#pragma unroll
-      for (int bb = 0; bb < kBatches; ++bb)
-        if (bf + bb >= b0 && bf + bb < b1)
-          epilogue<1>(cur, bb, bf + bb, Q, K, tN, n0, Uout, lane, myword);
-    }
-  }
+  if constexpr (DOSA_WG_DIAG != 2)
+    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, lane, myword);
 }
 
 template <int C>
 __device__ __forceinline__ void chunks(float (&a)[kAcc], float (&b)[kAcc], const QRows<1>& A,
-                                       uint32_t sk_addr, bool run, int b0, int b1, const Query& Q,
-                                       const TileKeys& K, long long tN, long long n0,
-                                       double* __restrict__ Uout, int lane, uint32_t& myword) {
+                                       uint32_t sk_addr, const Query& Q, const TileKeys& K,
+                                       long long tN, long long n0, double* __restrict__ Uout,
+                                       int lane, uint32_t& myword) {
   if constexpr (C < kChunks) {
-    chunk_step<C>(a, b, A, sk_addr, run, b0, b1, Q, K, tN, n0, Uout, lane, myword);
-    chunks<C + 1>(b, a, A, sk_addr, run, b0, b1, Q, K, tN, n0, Uout, lane, myword);
+    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
+    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
   }
 }
 
@@ -314,62 +315,45 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) s
   const int tile_n = (int)min((long long)kTileN, N - n0), nb = (tile_n + 31) >> 5;
   const int qend = min(Qn, (int)(blockIdx.y + 1) * QG);
   for (int t0 = blockIdx.y * QG + 4 * wgi; t0 < qend; t0 += 4 * nwg) {
-    // Warpgroup-uniform: does any of the 4 queries see a key of this tile?
-    bool any = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int tj = t0 + j;
-      if (tj < qend) any |= max((long long)ks_[tj], n0) < min((long long)ke_[tj], n0 + tile_n);
-    }
+    // Branch-free per warp: a warp past the block's last query screens that query again
+    // (valid rows for its share of the wgmma) with an empty span and writes nothing.
     const int t = t0 + wq;
     const bool live = t < qend;
-    uint32_t myword = 0u;
-    if (any) {
-      Query Q{};
-      bool run = false;
-      int b0 = 0, b1 = 0;
-      QRows<1> A;
-      if (live) {
-        const int ks = ks_[t], ke = ke_[t];
-        const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
-        run = lo < hi;
-        Q.lo_i = (int)(max(lo, n0) - n0);
-        Q.hi_i = (int)(max(hi, lo) - n0);
-        const int ns = min(sinks, ke - ks);
-        const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-        Q.shi_i = (int)min(max(s_hi - n0, 0LL), (long long)kTileN);
-        Q.llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)kTileN);
-        b0 = Q.lo_i >> 5;
-        b1 = (Q.hi_i + 31) >> 5;
-        A.load(rows + (long long)t * 16 * DOSA_D, lane);
-        const bool aux_lane = g == 7;  // rows 7 and 15: the two aux rows (screen_impl)
-        const float sg = sig[t];
-        Q.wlo = aux_lane ? -sg : __ldg(om + (long long)t * 16 + g);
-        Q.whi = aux_lane ? 0.f : __ldg(om + (long long)t * 16 + g + 8);
-        Q.aux_add = aux_lane ? 1.f : 0.f;
-        Q.tq = tau[t];
-        Q.C = Cq[t];
-        Q.er = eps_raw[t];
-        Q.eo = eps_out;
+    const int tl = live ? t : qend - 1;
+    const int ks = ks_[tl], ke = ke_[tl];
+    const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
+    Query Q;
+    Q.lo_i = live ? (int)(lo - n0) : 0;
+    Q.hi_i = live ? (int)(max(hi, lo) - n0) : 0;
+    const int ns = min(sinks, ke - ks);
+    const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
+    Q.shi_i = (int)min(max(s_hi - n0, 0LL), (long long)kTileN);
+    Q.llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)kTileN);
+    QRows<1> A;
+    A.load(rows + (long long)tl * 16 * DOSA_D, lane);
+    const bool aux_lane = g == 7;  // rows 7 and 15: the two aux rows (screen_impl)
+    const float sg = sig[tl];
+    Q.wlo = aux_lane ? -sg : __ldg(om + (long long)tl * 16 + g);
+    Q.whi = aux_lane ? 0.f : __ldg(om + (long long)tl * 16 + g + 8);
+    Q.aux_add = aux_lane ? 1.f : 0.f;
+    Q.tq = tau[tl];
+    Q.C = Cq[tl];
+    Q.er = eps_raw[tl];
+    Q.eo = eps_out;
 #if DOSA_SCREEN_FAST32
-        const float f32_inf = __int_as_float(0x7f800000), f32_min = 0x1p-126f;
-        Q.Cf = __double2float_ru(Q.C);
-        Q.ef = __double2float_ru(Q.er);
-        Q.of = __double2float_ru(eps_out);
-        const bool q_fast = Q.Cf >= f32_min && Q.Cf < f32_inf && Q.ef >= f32_min &&
-                            Q.ef < f32_inf && Q.of >= f32_min && Q.of < f32_inf &&
-                            Q.tq > -f32_inf && Q.tq < f32_inf;
-        Q.tq_fast = q_fast ? __fsub_rd(Q.tq, 0x1p-59f) : -f32_inf;
+    const float f32_inf = __int_as_float(0x7f800000), f32_min = 0x1p-126f;
+    Q.Cf = __double2float_ru(Q.C);
+    Q.ef = __double2float_ru(Q.er);
+    Q.of = __double2float_ru(eps_out);
+    const bool q_fast = Q.Cf >= f32_min && Q.Cf < f32_inf && Q.ef >= f32_min &&
+                        Q.ef < f32_inf && Q.of >= f32_min && Q.of < f32_inf &&
+                        Q.tq > -f32_inf && Q.tq < f32_inf;
+    Q.tq_fast = q_fast ? __fsub_rd(Q.tq, 0x1p-59f) : -f32_inf;
 #endif
-      } else {
-#pragma unroll
-        for (int sp = 0; sp < 8; ++sp) A.h[0][sp][0] = A.h[0][sp][1] = A.h[0][sp][2] = A.h[0][sp][3] = 0u;
-      }
-      float acc0[kAcc], acc1[kAcc];
-      issue_chunk(acc0, A, sk_addr, 0);
-      chunks<0>(acc0, acc1, A, sk_addr, run, b0, b1, Q, K, (long long)t * N, n0, Uout, lane,
-                myword);
-    }
+    uint32_t myword = 0u;
+    float acc0[kAcc], acc1[kAcc];
+    issue_chunk(acc0, A, sk_addr, 0);
+    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, lane, myword);
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
   }
 #endif
