@@ -57,50 +57,53 @@ class Target:
     skip: tuple[str, ...] = ()
 
 
-_SELECT_TESTS = ("tests/test_mut_select.py", "tests/test_select.py")
+_SELECT_TESTS = ("tests/test_mut_select.py", "tests/test_select.py", "tests/test_zero_plateau.py")
+_NUM_TESTS = ("tests/test_mut_numeric.py", "tests/test_numeric.py")
+_CERT_TESTS = ("tests/test_mut_certificate.py", "tests/test_certificate.py")
 TARGETS: tuple[Target, ...] = (
+    Target("dosa_ref/certificate.py", (*_CERT_TESTS, *_SELECT_TESTS)),
+    Target("dosa_ref/plan.py", (*_CERT_TESTS, *_SELECT_TESTS), skip=("PlanOptions",)),
+    Target("dosa_ref/seeds.py", _SELECT_TESTS),
+    Target("dosa_ref/select.py", (*_SELECT_TESTS, "tests/test_numeric.py")),
+    Target("dosa_ref/screen.py", (*_SELECT_TESTS, *_NUM_TESTS)),
+    Target("dosa_ref/cost.py", _SELECT_TESTS),
     Target(
-        "dosa_ref/certificate.py",
-        ("tests/test_mut_certificate.py", "tests/test_certificate.py", *_SELECT_TESTS),
+        "dosa_ref/pipeline.py",
+        (*_SELECT_TESTS, *_NUM_TESTS),
+        skip=("DosaStats", "FP8Stats", "DosaResult", "FP8Result", "topk_check", "_slack_sample"),
     ),
     Target(
-        "dosa_ref/plan.py",
-        ("tests/test_mut_certificate.py", "tests/test_certificate.py", *_SELECT_TESTS),
-        skip=("PlanOptions",),
+        "dosa_ref/prepare.py",
+        (*_SELECT_TESTS, "tests/test_numeric.py", "tests/test_validation.py"),
+        skip=("Chunk",),
     ),
-    Target("dosa_ref/seeds.py", _SELECT_TESTS, skip=("parse_strategies",)),
-    Target(
-        "dosa_ref/select.py",
-        (*_SELECT_TESTS, "tests/test_numeric.py"),
-        skip=("SelectOptions", "DosaStats", "DosaResult"),
-    ),
+    Target("dosa_ref/refine.py", _SELECT_TESTS),
     Target(
         "dosa_ref/scorer.py",
         ("tests/test_mut_select.py", "tests/test_select.py", "tests/test_certificate.py"),
     ),
     Target(
-        "dosa_ref/fp8.py",
-        ("tests/test_mut_fp8.py", "tests/test_fp8.py", "tests/test_numeric.py"),
+        "dosa_ref/fp8.py", ("tests/test_mut_fp8.py", "tests/test_fp8.py", "tests/test_numeric.py")
     ),
+    Target("dosa_ref/rounding.py", _NUM_TESTS),
     Target(
-        "dosa_ref/numeric.py",
-        ("tests/test_mut_numeric.py", "tests/test_numeric.py"),
+        "dosa_ref/error_model.py",
+        _NUM_TESTS,
         skip=(
-            "FP8Stats",
-            "FP8Result",
-            "FP8Bounds",
-            "FP8ScreenPlan",
             "ErrorModel.to_dict",
             "ErrorModel.to_json",
             "ErrorModel.from_dict",
             "Arithmetic.to_dict",
             "_model_fields",
-            "topk_check",
             "simulate_dot",
             "_trunc_f32",
-            "simulate_screen",
             "simulate_scorer",
         ),
+    ),
+    Target(
+        "dosa_ref/numeric.py",
+        _NUM_TESTS,
+        skip=("FP8Bounds", "FP8ScreenPlan", "simulate_screen"),
     ),
     Target(
         "dosa_cupy/plan.py",
@@ -135,6 +138,8 @@ class Equivalent:
 
 
 _NUM = "dosa_ref/numeric.py"
+_ROUND = "dosa_ref/rounding.py"
+_EMODEL = "dosa_ref/error_model.py"
 _CPLAN = "dosa_cupy/plan.py"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
@@ -160,9 +165,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     ),
     Equivalent(
         _NUM,
-        "smp = kbar[_stride_sample(a, b, sample)] if b > a else kbar[:0]",
-        "smp = kbar[_stride_sample(a, b, sample)] if b >= a else kbar[:0]",
-        "for b == a, _stride_sample(a, a, m) is empty and kbar[empty] equals kbar[:0]",
+        "smp = kbar[stride_sample(a, b, sample)] if b > a else kbar[:0]",
+        "smp = kbar[stride_sample(a, b, sample)] if b >= a else kbar[:0]",
+        "for b == a, stride_sample(a, a, m) is empty and kbar[empty] equals kbar[:0]",
     ),
     Equivalent(
         _NUM,
@@ -172,7 +177,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "max(|u_lo|, u_hi) = max(|u_lo|, |u_hi|)",
     ),
     Equivalent(
-        _NUM,
+        _ROUND,
         "mag = np.maximum(np.abs(lo), np.abs(hi))",
         "mag = np.maximum(np.abs(lo), (hi))",
         "intervals have lo <= hi, so a negative hi has |hi| <= |lo|: same maximum",
@@ -205,13 +210,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "empty int64 array is returned",
     ),
     Equivalent(
-        "dosa_ref/select.py",
-        'if opt.r == "auto" and tau1 > tau0 and (r1 := pick_r(tau1)) != plan.r:',
-        'if opt.r == "auto" and tau1 >= tau0 and (r1 := pick_r(tau1)) != plan.r:',
-        "tau1 >= tau0 always (seeds are only added); for tau1 == tau0, pick_r(tau1) is the "
-        "same deterministic call that chose plan.r, so r1 == plan.r and nothing is re-planned",
-    ),
-    Equivalent(
         _CPLAN,
         "key = prim + sec / (1.0 + sec)",
         "key = prim + sec / (2.0 + sec)",
@@ -222,7 +220,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "contract",
     ),
     Equivalent(
-        _NUM,
+        _ROUND,
         "ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact",
         "ms = np.where(e > 1, up(ms), ms)  # downscaling may round; upscaling is exact",
         "e = 1 halves the row: exact except for elements below 2^-1021, whose squares "
@@ -231,9 +229,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "contract",
     ),
     Equivalent(
-        _NUM,
-        "g = _INF if St >= 1.0 else float(div_up(St, sub_down(1.0, St)))",
-        "g = _INF if St >= 1.0 else float(div_up(St, sub_up(1.0, St)))",
+        _EMODEL,
+        "g = INF if St >= 1.0 else float(div_up(St, sub_down(1.0, St)))",
+        "g = INF if St >= 1.0 else float(div_up(St, sub_up(1.0, St)))",
         "one ulp less in the denominator's widening; S*theta already carries >= 3 upward "
         "ulps, and over W 8..24, k 8..64 and 43,444 step counts the mutant's gamma exceeds "
         "the exact S*theta/(1 - S*theta) by >= 6.6e-16 relative (docs/mutation.md)",
@@ -257,7 +255,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "contract",
     ),
     Equivalent(
-        _NUM,
+        _ROUND,
         "ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact",
         "ms = np.where(e > 0, down(ms), ms)  # downscaling may round; upscaling is exact",
         "halving rows with max >= 1 is exact in the normal range; the one-ulp inward step "
@@ -266,12 +264,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "contract",
     ),
     Equivalent(
-        _NUM,
+        _EMODEL,
         "dabs = float(mul_up(a.dot_absolute_error(n), add_up(1.0, ge)))",
         "dabs = float(mul_down(a.dot_absolute_error(n), add_up(1.0, ge)))",
         "dot_absolute_error already carries two upward roundings; over 8 models, D 1..512 "
         "and r 1..64 (2,816 cases) the mutant still dominates the exact coefficient "
-        "(audit.model_coefficients_exact)",
+        "(margins.model_coefficients_exact)",
         "contract",
     ),
     Equivalent(

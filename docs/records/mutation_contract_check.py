@@ -64,7 +64,7 @@ def coefficient_sweep(mod):
     coefficients ≥ audit.model_coefficients_exact, over W, k, step counts, D and r."""
     from fractions import Fraction as F
 
-    from dosa_ref.audit import model_coefficients_exact
+    from dosa_ref.margins import model_coefficients_exact
 
     bad = n = 0
     for W in range(8, 25):
