@@ -57,8 +57,13 @@ class Target:
     skip: tuple[str, ...] = ()
 
 
-_SELECT_TESTS = ("tests/test_mut_select.py", "tests/test_select.py", "tests/test_zero_plateau.py")
-_NUM_TESTS = ("tests/test_mut_numeric.py", "tests/test_numeric.py")
+_SELECT_TESTS = (
+    "tests/test_mut_select.py",
+    "tests/test_mut_stages.py",
+    "tests/test_select.py",
+    "tests/test_zero_plateau.py",
+)
+_NUM_TESTS = ("tests/test_mut_numeric.py", "tests/test_mut_stages.py", "tests/test_numeric.py")
 _CERT_TESTS = ("tests/test_mut_certificate.py", "tests/test_certificate.py")
 TARGETS: tuple[Target, ...] = (
     Target("dosa_ref/certificate.py", (*_CERT_TESTS, *_SELECT_TESTS)),
@@ -80,10 +85,21 @@ TARGETS: tuple[Target, ...] = (
     Target("dosa_ref/refine.py", _SELECT_TESTS),
     Target(
         "dosa_ref/scorer.py",
-        ("tests/test_mut_select.py", "tests/test_select.py", "tests/test_certificate.py"),
+        (
+            "tests/test_mut_select.py",
+            "tests/test_mut_stages.py",
+            "tests/test_select.py",
+            "tests/test_certificate.py",
+        ),
     ),
     Target(
-        "dosa_ref/fp8.py", ("tests/test_mut_fp8.py", "tests/test_fp8.py", "tests/test_numeric.py")
+        "dosa_ref/fp8.py",
+        (
+            "tests/test_mut_fp8.py",
+            "tests/test_mut_stages.py",
+            "tests/test_fp8.py",
+            "tests/test_numeric.py",
+        ),
     ),
     Target("dosa_ref/rounding.py", _NUM_TESTS),
     Target(
@@ -142,6 +158,53 @@ _ROUND = "dosa_ref/rounding.py"
 _EMODEL = "dosa_ref/error_model.py"
 _CPLAN = "dosa_cupy/plan.py"
 EQUIVALENT: tuple[Equivalent, ...] = (
+    Equivalent(
+        _CPLAN,
+        "mth = Hp // 16",
+        "mth = Hp / 16",
+        "Hp is padded to a multiple of 16 (build_plans' contract: heads padded to 16*MT_H), "
+        "so Hp / 16 is the same integer as a float, and mth only enters arithmetic "
+        "(gamma(2 * mth + 5), the eps_raw count) where the float gives the same value",
+    ),
+    Equivalent(
+        "dosa_ref/seeds.py",
+        "if n <= m:",
+        "if n < m:",
+        "for n == m the other branch gives a + (arange(m) * n) // m = a + arange(m), the "
+        "same int64 array",
+    ),
+    Equivalent(
+        "dosa_ref/scorer.py",
+        "logits = np.matmul(kp.reshape(-1, SCORE_TILE, D), q_t.T).reshape(m, -1)[:n]  # [n, H]",
+        "logits = np.matmul(kp.reshape(-2, SCORE_TILE, D), q_t.T).reshape(m, -1)[:n]  # [n, H]",
+        "NumPy 2.4 (the version in use) takes any negative entry of a reshape as the one "
+        "inferred dimension, so -2 and -1 give the same shape",
+    ),
+    Equivalent(
+        _NUM,
+        "if e > 0:  # downscaling may round: widen",
+        "if e >= 0:  # downscaling may round: widen",
+        "at e = 0 the scaling is the identity; the mutant only adds one outward step "
+        "(down(lo), up(hi)) to an enclosure that is already valid: E_g^+ can only grow",
+        "contract",
+    ),
+    Equivalent(
+        _ROUND,
+        "err = mul_up(mul_up(a, 1.0 + 2.0 * g), g)",
+        "err = mul_up(mul_up(a, 1.0 + 4.0 * g), g)",
+        "a larger error term: sum_up only rises and sum_down only falls, both stay bounds "
+        "(the factor 1 + 2g already covers the rounding of the computed |sum|)",
+        "contract",
+    ),
+    Equivalent(
+        _ROUND,
+        "e = np.where(np.isfinite(mx) & (mx > 0), e, 0)",
+        "e = np.where(np.isfinite(mx) & (mx > 0), e, 1)",
+        "only rows whose maximum is 0 or not finite are affected: a zero row's tiny upper "
+        "bound (up(0) squared and summed, about 2^-537) is doubled, still an upper bound of "
+        "0; inf and NaN rows give inf and NaN either way",
+        "contract",
+    ),
     Equivalent(
         "dosa_ref/certificate.py",
         "cuts = zip(key[:-1], key[1:], strict=True)",
