@@ -159,6 +159,45 @@ _EMODEL = "dosa_ref/error_model.py"
 _CPLAN = "dosa_cupy/plan.py"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        _NUM,
+        "z = y @ fplan.aux_scale.astype(np.float64)",
+        "z = y @ (fplan.aux_scale)",
+        "y is float64, so float64 @ float32 promotes to float64; float32 -> float64 is "
+        "exact, and the product is the same float64 matmul",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "ratio = np.where(nR > 0, dots / np.where(nR > 0, nR, 1.0), 0.0)",
+        "ratio = np.where(nR > 0, dots / np.where(nR >= 0, nR, 1.0), 0.0)",
+        "the inner where only changes entries with nR == 0, which the outer where replaces "
+        "by 0.0 (the division warning is silenced by the surrounding errstate)",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "if not (np.isfinite(b) and b >= np.finfo(np.float64).tiny):",
+        "if not (np.isfinite(b) and b > np.finfo(np.float64).tiny):",
+        "only beta == 2^-1022 exactly is no longer projected; Prop. 1 holds for any "
+        "beta >= 0 including beta = 0 (no projection), so the plan stays valid "
+        "(docs/method.md §3); only the allowance of that head can grow",
+        "contract",
+    ),
+    Equivalent(
+        "dosa_ref/screen.py",
+        "ok = (hi <= 0.0) & (m <= 2.0**1000)",
+        "ok = (hi < 0.0) & (m <= 2.0**1000)",
+        "certifies fewer keys (those with hi == 0 exactly lose the plateau bound and keep "
+        "their U): every key still has a valid bound and ids never change",
+        "contract",
+    ),
+    Equivalent(
+        _ROUND,
+        "return p, n, gamma_up(max(n, 1), 2.0**-53)",
+        "return p, n, gamma_up(max(n, 2), 2.0**-53)",
+        "gamma_2 >= gamma_1 and, for n = 0, p = 0: the matmul bounds only widen "
+        "(matmul_abs_up rises, matmul_enclose's interval grows)",
+        "contract",
+    ),
+    Equivalent(
         _CPLAN,
         "mth = Hp // 16",
         "mth = Hp / 16",

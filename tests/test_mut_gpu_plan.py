@@ -249,3 +249,16 @@ def test_anchor_is_always_a_retained_head():
     )
     E_want = min(ref.E_P, ref.E_P_joint) * (1 + float(MU)) + float(MU) * mplan
     assert E_want > 0 and pl.E[0] == pytest.approx(E_want, rel=1e-12, abs=1e-300)
+
+
+def test_one_key_sample_is_a_sample():
+    """A sample of one key gives p ∈ {0, 1}: the negative heads aggregated into A are then
+    exactly the omitted negative heads active on that key (p ≥ 1/2), not all of them."""
+    q, w, kp = _workload(Qn=2, H=32, N=64)
+    pl = plan_mod.build_plans(q, w, kp, np.array([5]), 6, 1, 17, xp=np)
+    kv = e4m3_values(kp[5]).astype(np.float32)
+    for t in range(q.shape[0]):
+        x = e4m3_values(q[t]).astype(np.float32) @ kv
+        want = (w[t] < 0) & ~pl.inR[t] & (x > 0)
+        np.testing.assert_array_equal(pl.inA[t], want)
+        assert 0 < want.sum() < ((w[t] < 0) & ~pl.inR[t]).sum()

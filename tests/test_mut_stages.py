@@ -230,3 +230,119 @@ def test_plan_screens_only_with_omitted_heads():
     assert not build_plan(q, np.array([1.0, -1.0, 0.0]), p, 2).screens
     assert build_plan(q, np.array([1.0, -1.0, 0.5]), p, 2).screens
     assert build_plan(q, np.array([1.0, -1.0, -0.5]), p, 2).screens
+
+
+def test_choose_r_goes_dense_when_the_cost_is_exactly_one():
+    """H = 4, base form, r = 1: (1 + 2)/4 + m with m = 1/4 (one sample key of four at
+    U ≥ τ) is exactly 1: screening would not pay, so the query is scored densely."""
+    from dosa_ref.plan import choose_retained  # noqa: F401  (plan rules used below)
+
+    rng = np.random.default_rng(8)
+    q_t = rng.standard_normal((4, 6))
+    w_t = np.array([1.0, -0.5, 0.7, -0.3])
+    ks = rng.standard_normal((4, 6))
+    p, popt = activation_frequency(q_t, ks), PlanOptions()
+    costs = {}
+    for r in (1, 2, 3):
+        U = upper_bound(build_plan(q_t, w_t, p, r, popt), ks, "base", "up", q_t, w_t)
+        costs[r] = U
+    tau = float(np.max(costs[1]))
+    assert np.sum(costs[1] >= tau) == 1
+    ch = cost_mod.choose_r(q_t, w_t, p, tau, ks, popt, "base", 0.5)
+    assert ch.r == 1 and ch.est_survival == 0.25 and ch.dense
+    assert ch.est_work == 0.5 + 0.5 * 1.0
+
+
+def test_fp8_inputs_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="keys|k"):
+        quantize_keys(np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="w"):
+        quantize_queries(np.ones((2, 3, 4)), np.ones((2, 4)))
+
+
+def test_retained_rows_and_folded_weights_are_stored_exactly():
+    """Rows that are e4m3 values already are stored exactly (the power-of-two scale wins,
+    residual 0), and ω_j = fl32(c_j·q_scale_j) with c_j = w_j (base) or ½w_j (abs) when
+    nothing is folded into row j (no projection)."""
+    rs = np.random.default_rng(4)
+    H, D = 6, 16
+    qp, wf = quantize_queries(rs.standard_normal((1, H, D)), rs.standard_normal((1, H)))
+    q, w = e4m3_values(qp[0]), wf[0].astype(np.float64)
+    opt = PlanOptions(pos_projection=False, neg_aggregate="all")
+    plan = default_plan(q, w, rs.standard_normal((8, D)), 3, opt)
+    assert np.all(plan.anchor < 0)
+    for form, half in (("base", 1.0), ("abs", 0.5)):
+        fp = build_fp8_plan(plan, q, w, ErrorModel(), form)
+        for j, h in enumerate(plan.R):
+            rec = e4m3_values(fp.q_payload[j]) * fp.q_scale[j]
+            np.testing.assert_array_equal(rec, q[h])
+            assert fp.omega[j] == np.float32(half * w[h] * fp.q_scale[j]), (form, j)
+
+
+def test_choose_retained_keeps_positive_heads_once_and_ranks_by_min_p():
+    """Positive heads with weights below 1 are positive heads (kept once); a negative head
+    is ranked by |w|‖q‖·min(p, 1 − p), so p = 0.9 ranks below p = 0.3."""
+    from dosa_ref.plan import choose_retained
+
+    q = np.eye(4, 5)
+    w = np.array([0.9, -0.1, 0.5, -0.2])
+    p = np.full(4, 0.5)
+    np.testing.assert_array_equal(choose_retained(q, w, p, 3), [0, 2, 3])
+    w2 = np.array([1.0, -1.0, -1.0])
+    p2 = np.array([0.5, 0.9, 0.3])
+    np.testing.assert_array_equal(choose_retained(np.eye(3, 4), w2, p2, 2), [0, 2])
+
+
+def test_subnormal_beta_means_no_projection():
+    """An omitted head parallel to a retained one but 2^-1100 times smaller: β would be
+    subnormal (or 0), so it is not projected (anchor −1, β = 0) and its allowance stays
+    its own norm (docs/method.md §3; plan.py keeps β only where it is normal)."""
+    q = np.zeros((3, 4))
+    q[0] = np.ldexp(np.array([1.0, 2.0, 0.0, 0.0]), 40)
+    q[1] = np.ldexp(np.array([1.0, 2.0, 0.0, 0.0]), -1060)
+    q[2] = [0.0, 0.0, 1.0, 0.0]
+    w = np.array([1.0, 1.0, -1.0])
+    plan = build_plan(q, w, np.full(3, 0.5), 1, PlanOptions(allowance="triangle"), R=[0])
+    assert list(plan.P) == [1]
+    assert plan.anchor[0] == -1 and plan.beta[0] == 0.0
+    assert F(plan.E_P) ** 2 >= sum(F(float(x)) ** 2 for x in q[1]) > 0
+
+
+def test_auto_r_is_picked_again_at_the_raised_threshold(monkeypatch):
+    """Certificate seeds raise τ; with r = "auto" the cost model is asked again at the new
+    τ (docs/method.md §7), and the last τ it saw is the screening threshold."""
+    taus = []
+    orig = pipeline_mod.choose_r
+
+    def spy(q_t, w_t, p, tau, *a, **kw):
+        taus.append(tau)
+        return orig(q_t, w_t, p, tau, *a, **kw)
+
+    monkeypatch.setattr(pipeline_mod, "choose_r", spy)
+    rng = np.random.default_rng(6)
+    H, D, N = 8, 16, 600
+    base = rng.standard_normal(D)
+    q = 0.5 * base + rng.standard_normal((1, H, D))
+    w = -np.abs(rng.standard_normal((1, H)))
+    w[:, :3] *= -1
+    k = rng.standard_normal((N, D)) + base
+    res = pipeline_mod.dosa_topk(q, w, k, 4, seeds="local,certificate", window=8, sinks=0)
+    st = res.stats
+    assert st.cert_seeds[0] > 0 and not st.dense[0]
+    assert len(taus) == 2 and taus[1] > taus[0] and taus[1] == st.tau[0]
+
+
+def test_no_explicit_seeds_are_counted_without_the_explicit_strategy():
+    rng = np.random.default_rng(9)
+    q, w, k = (
+        rng.standard_normal((2, 4, 6)),
+        rng.standard_normal((2, 4)),
+        rng.standard_normal((90, 6)),
+    )
+    st = pipeline_mod.dosa_topk(q, w, k, 3, seeds="local", window=6, r=2).stats
+    assert np.all(st.explicit_seeds == 0)
+    ids = np.array([[40, 41, 89], [50, 51, 52]])  # 89 is a local seed already
+    st = pipeline_mod.dosa_topk(
+        q, w, k, 3, seeds="local,explicit", seed_ids=ids, window=6, r=2
+    ).stats
+    np.testing.assert_array_equal(st.explicit_seeds, [2, 3])
