@@ -102,7 +102,7 @@ def test_fp8_topk_rejects_a_scale_of_the_wrong_shape():
     payload, scale = quantize_keys(rs.standard_normal((6, 4)))
     q, w = np.ones((1, 2, 4)), np.ones((1, 2))
     for bad in (scale[:5], scale[:, None], scale.astype(np.float64)[:4]):
-        with pytest.raises(ValueError, match="scale"):
+        with pytest.raises(ValueError, match=r"scale: expected float \[N=6\]"):
             pipeline_mod.fp8_topk(q, w, payload, bad, 2)
 
 
@@ -254,9 +254,13 @@ def test_choose_r_goes_dense_when_the_cost_is_exactly_one():
 
 
 def test_fp8_inputs_of_the_wrong_shape():
-    with pytest.raises(ValueError, match="keys|k"):
+    """Each shape error is reported by the check that names it (ValueError naming the
+    argument and what was expected)."""
+    with pytest.raises(ValueError, match="k: expected 2 dimensions"):
         quantize_keys(np.zeros((2, 3, 4)))
-    with pytest.raises(ValueError, match="w"):
+    with pytest.raises(ValueError, match="w: expected 2 dimensions"):
+        quantize_queries(np.ones((2, 3, 4)), np.ones((2, 3, 1)))
+    with pytest.raises(ValueError, match=r"w: expected shape \(2, 3\) to match q"):
         quantize_queries(np.ones((2, 3, 4)), np.ones((2, 4)))
 
 
@@ -346,3 +350,43 @@ def test_no_explicit_seeds_are_counted_without_the_explicit_strategy():
         q, w, k, 3, seeds="local,explicit", seed_ids=ids, window=6, r=2
     ).stats
     np.testing.assert_array_equal(st.explicit_seeds, [2, 3])
+
+
+def test_rows_of_constant_magnitude_keep_the_power_of_two_scale():
+    """|q_jd| = 3 for every d: both candidate scales (2^-7 and 3/448) reproduce the row,
+    with residual 0; the tie goes to the power of two, which keeps ω_j's product exact."""
+    q = np.array([[3.0, -3.0, 3.0, 3.0], [1.0, 0.5, -0.25, 2.0], [0.0, 1.0, 0.0, -1.0]])
+    w = np.array([2.0, 0.5, -0.5])
+    plan = default_plan(q, w, np.ones((2, 4)), 2, PlanOptions(pos_projection=False))
+    assert 0 in plan.R
+    fp = build_fp8_plan(plan, q, w, ErrorModel(), "base")
+    j = int(np.flatnonzero(plan.R == 0)[0])
+    assert fp.q_scale[j] == 2.0**-7
+    np.testing.assert_array_equal(e4m3_values(fp.q_payload[j]) * fp.q_scale[j], q[0])
+
+
+def test_zero_residual_group_has_zero_allowance():
+    """An omitted positive head that is zero on the second half of the coordinates: in
+    that group there is nothing to allow for: E_g^+ is at most a few subnormal quanta
+    (outward steps of 2^-1074), not the ~2^-536 of a triangle term over a zero row."""
+    q = np.array([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.3, 0.7, 0.2, 0.0, 0.0, 0.0]])
+    w = np.array([2.0, 1.0])
+    opt = PlanOptions(allowance="grouped", groups=2, pos_projection=False)
+    plan = build_plan(q, w, np.full(2, 0.5), 1, opt, R=[0])
+    fp = build_fp8_plan(plan, q, w, ErrorModel(), "base")
+    assert list(plan.allowance_groups()) == [0, 3, 6]
+    assert fp.E_plus[0] > 0 and fp.E_plus[1] <= 2.0**-1000
+
+
+def test_fp8_scales_are_float32_after_preparation():
+    """A float64 scale array is accepted and rounded to the float32 scales the keys are
+    defined by (docs/numerics.md: k_i = α_i k̄_i with α_i fp32)."""
+    from dosa_ref.prepare import prepare_fp8
+
+    rs = np.random.default_rng(3)
+    payload, scale = quantize_keys(rs.standard_normal((6, 4)))
+    s64 = scale.astype(np.float64) * (1.0 + 2.0**-40)  # not float32 values
+    q, w = np.ones((1, 2, 4)), np.ones((1, 2))
+    chunk, keys = prepare_fp8(q, w, payload, s64, 2, None, None, {})
+    assert keys.scale.dtype == np.float32
+    np.testing.assert_array_equal(keys.scale, s64.astype(np.float32))

@@ -115,8 +115,8 @@ def norm_sweep(mod, cases=30000):
 
 SWEEPS = {
     "error_model:96:swap-call:73": coefficient_sweep,
-    "error_model:218:swap-call:110": coefficient_sweep,
-    "error_model:232:swap-call:135": coefficient_sweep,
+    "error_model:217:swap-call:103": coefficient_sweep,
+    "error_model:231:swap-call:128": coefficient_sweep,
     "rounding:168:constant:102": norm_sweep,
     "rounding:168:swap-call:103": norm_sweep,
 }
