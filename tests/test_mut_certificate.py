@@ -227,8 +227,9 @@ def test_rounding_allowance_is_the_documented_formula():
         q, w, k = _problem(seed)
         k[0] = np.ldexp(k[0], -1050)  # the absolute term dominates here
         H, D = q.shape
-        for opt in ALL_OPTIONS[::4]:
-            plan = build_plan(q, w, activation_frequency(q, k), 2, opt)
+        for opt, r in [(o, 2) for o in ALL_OPTIONS[::4]] + [(ALL_OPTIONS[0], H - 1)]:
+            # r = H − 1 retains negative heads too: w̃ has negative entries, Σ|w̃| ≠ Σw̃
+            plan = build_plan(q, w, activation_frequency(q, k), r, opt)
             c = plan.positive_coefficients()
             G = c.size
             n_op = D + H + G + 8

@@ -223,3 +223,42 @@ def test_e4m3_kernel_launch_covers_every_element(monkeypatch):
     assert all(t == -(-n // 256) * 256 for t, n in launches)  # ⌈n/256⌉ blocks of 256
     assert np.array_equal(dev.rows, host.rows)
     assert np.array_equal(dev.C, host.C) and np.array_equal(dev.sigma, host.sigma)
+
+
+def test_anchor_is_always_a_retained_head():
+    """Omitted positive heads nearly orthogonal to every retained head (ratios
+    [q_h·q_j]_+/‖q_j‖ < 1): the anchor j* is still chosen among R only (Prop. 1), so E
+    equals the reference planner's for the same R and A."""
+    Hp, D = 16, 128
+    x = np.full((1, Hp, D), 0.125)
+    for h in range(Hp):
+        x[0, h, h] = 8.0
+    q = e4m3_bits(x.astype(np.float32))
+    w = np.linspace(1.0, 2.0, Hp).astype(np.float32)[None, :]
+    kp, _ = quantize_keys(np.random.default_rng(0).standard_normal((32, D)))
+    pl = plan_mod.build_plans(q, w, kp, None, 4, 1, 17, xp=np)
+    qv, wf = e4m3_values(q[0]), w[0].astype(np.float64)
+    R, A = np.flatnonzero(pl.inR[0]), np.flatnonzero(pl.inA[0])
+    assert R.size == 4 and pl.omitted_positive[0] == Hp - 4
+    ref = build_plan(qv, wf, np.full(Hp, 0.5), 4, PlanOptions(allowance="joint"), R=R, A=A)
+    assert np.all(np.isin(ref.anchor[ref.anchor >= 0], R))
+    qn = np.linalg.norm(qv, axis=1)
+    mplan = sum(
+        wf[h] * (qn[h] + (ref.beta[i] * qn[ref.anchor[i]] if ref.anchor[i] >= 0 else 0.0))
+        for i, h in enumerate(ref.P)
+    )
+    E_want = min(ref.E_P, ref.E_P_joint) * (1 + float(MU)) + float(MU) * mplan
+    assert E_want > 0 and pl.E[0] == pytest.approx(E_want, rel=1e-12, abs=1e-300)
+
+
+def test_one_key_sample_is_a_sample():
+    """A sample of one key gives p ∈ {0, 1}: the negative heads aggregated into A are then
+    exactly the omitted negative heads active on that key (p ≥ 1/2), not all of them."""
+    q, w, kp = _workload(Qn=2, H=32, N=64)
+    pl = plan_mod.build_plans(q, w, kp, np.array([5]), 6, 1, 17, xp=np)
+    kv = e4m3_values(kp[5]).astype(np.float32)
+    for t in range(q.shape[0]):
+        x = e4m3_values(q[t]).astype(np.float32) @ kv
+        want = (w[t] < 0) & ~pl.inR[t] & (x > 0)
+        np.testing.assert_array_equal(pl.inA[t], want)
+        assert 0 < want.sum() < ((w[t] < 0) & ~pl.inR[t]).sum()

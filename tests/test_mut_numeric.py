@@ -16,23 +16,12 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from dosa_ref.audit import model_coefficients_exact
+from dosa_ref.error_model import Arithmetic, ErrorModel
 from dosa_ref.fp8 import e4m3_values, key_rms, quantize_keys, quantize_queries
-from dosa_ref.numeric import (
-    Arithmetic,
-    ErrorModel,
-    build_fp8_plan,
-    default_plan,
-    f32_up,
-    gamma_up,
-    matmul_abs_up,
-    matmul_enclose,
-    norm_up,
-    screen_bound,
-    screen_values,
-    sum_up,
-)
+from dosa_ref.margins import model_coefficients_exact
+from dosa_ref.numeric import build_fp8_plan, default_plan, screen_bound, screen_values
 from dosa_ref.plan import PlanOptions
+from dosa_ref.rounding import f32_up, gamma_up, matmul_abs_up, matmul_enclose, norm_up, sum_up
 
 MODELS = {
     "hopper": ErrorModel(),
@@ -361,7 +350,7 @@ def test_matmul_bounds_accept_array_likes():
 def test_fp8_topk_counts_exact_certificate_survivors():
     """guard_stats (default on): survivors of the exact-arithmetic certificate at the same
     plan and τ are counted, never more than the U^num survivors; off: nothing counted."""
-    from dosa_ref.numeric import fp8_topk, topk_check
+    from dosa_ref.pipeline import fp8_topk, topk_check
 
     rs = np.random.default_rng(4)
     Qn, H, D, N, K = 2, 8, 32, 600, 8

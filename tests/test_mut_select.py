@@ -6,7 +6,13 @@ happens on real inputs and ``U < τ`` (reject) cannot be told from ``U ≤ τ``.
 bound is replaced (pytest's monkeypatch) by the exact computed score itself — the tightest
 valid certificate, U_i = s_i — so a key tied with τ has U = τ exactly and must survive
 (docs/method.md §7: strict rejection, equality survives; selection order score desc, id
-asc).
+asc).  The tie-aware rule (option ``tie_reject``, docs/method.md §7 "Tie-aware rejection
+and zero plateaus") rejects a key at U = τ only when its id is above the K-th seed
+record's; every tie below is checked with the rule on and off.
+
+The bound is patched where the per-query loop looks it up: ``dosa_ref.screen`` (the
+float64 ``upper_bound`` of ``Float64Bound`` and the FP8 ``screen_bound`` of ``FP8Bound``)
+and ``dosa_ref.cost`` (the cost model's ``upper_bound``).
 """
 
 from __future__ import annotations
@@ -14,13 +20,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dosa_ref import dosa_topk, index_scores, score_keys, topk_ids, topk_of
-from dosa_ref import numeric as numeric_mod
+from dosa_ref import cost as cost_mod
+from dosa_ref import index_scores, score_keys, topk_ids, topk_of
+from dosa_ref import pipeline as pipeline_mod
+from dosa_ref import screen as screen_mod
 from dosa_ref import select as select_mod
 from dosa_ref.certificate import upper_bound
 from dosa_ref.fp8 import dequantize, e4m3_values
+from dosa_ref.pipeline import DosaStats, dosa_topk
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan
-from dosa_ref.seeds import anchor_pool, explicit_seeds, kth_score, local_seeds
+from dosa_ref.prepare import QueryContext, prepare_chunk
+from dosa_ref.seeds import (
+    SeedSet,
+    add_certificate_seeds,
+    anchor_pool,
+    explicit_seeds,
+    kth_score,
+    local_seeds,
+)
 
 # Scores s_i = [k_i,0]_+ (head 0, weight 1; head 1 has weight 0): key 0 ties with the
 # local seeds 9 and 10 at τ = 2 and beats them on id.
@@ -38,32 +55,39 @@ def _exact_bound(plan, k, form="base", rounding="up", q_t=None, w_t=None, ksum=N
     return score_keys(q_t, w_t, k)
 
 
+@pytest.mark.parametrize("tie_reject", [False, True])
 @pytest.mark.parametrize("buffer", [1, 2, 100])
-def test_key_tied_with_tau_survives_screening(monkeypatch, buffer):
-    monkeypatch.setattr(select_mod, "upper_bound", _exact_bound)
+def test_key_tied_with_tau_survives_screening(monkeypatch, buffer, tie_reject):
+    """Key 0 (s = τ = 2, id 0 below the K-th seed record (2, 10)) survives either rule."""
+    monkeypatch.setattr(screen_mod, "upper_bound", _exact_bound)
     q, w, k = _tie_problem()
     K = 3
-    res = dosa_topk(q, w, k, K, seeds="local", window=3, sinks=0, r=1, buffer=buffer)
+    res = dosa_topk(
+        q, w, k, K, seeds="local", window=3, sinks=0, r=1, buffer=buffer, tie_reject=tie_reject
+    )
     want = topk_ids(index_scores(q, w, k), K)
     np.testing.assert_array_equal(want, [[11, 0, 9]])
     np.testing.assert_array_equal(res.ids, want)
     st = res.stats
     assert st.tau[0] == 2.0 and st.tau_final[0] == 2.0
     assert st.survivors[0] == 1 and st.screened[0] == 9  # only key 0 has U ≥ τ
-    assert st.kept[0] == 1 and not st.full[0] and not st.recovered[0]
+    assert st.kept[0] == 1 and not st.dense[0] and not st.recovered[0]
+    assert st.tie_rejected[0] == 0
 
 
-def test_keys_below_tau_are_rejected(monkeypatch):
+@pytest.mark.parametrize("tie_reject", [False, True])
+def test_keys_below_tau_are_rejected(monkeypatch, tie_reject):
     """With U = s, every key strictly below τ is pruned (the rejection is not vacuous)."""
-    monkeypatch.setattr(select_mod, "upper_bound", _exact_bound)
+    monkeypatch.setattr(screen_mod, "upper_bound", _exact_bound)
     q, w, k = _tie_problem()
-    res = dosa_topk(q, w, k, 2, seeds="local", window=2, sinks=0, r=1)
+    res = dosa_topk(q, w, k, 2, seeds="local", window=2, sinks=0, r=1, tie_reject=tie_reject)
     np.testing.assert_array_equal(res.ids, [[11, 0]])
     assert res.stats.tau[0] == 2.0 and res.stats.survivors[0] == 2  # keys 0 and 9
 
 
-def test_fp8_key_tied_with_tau_survives(monkeypatch):
-    """The FP8 route (numeric.fp8_topk) with U^num replaced by the exact score."""
+@pytest.mark.parametrize("tie_reject", [False, True])
+def test_fp8_key_tied_with_tau_survives(monkeypatch, tie_reject):
+    """The FP8 route (pipeline.fp8_topk) with U^num replaced by the exact score."""
     q, w, k = _tie_problem()
     payload = np.zeros(k.shape, np.uint8)
     payload[:, 0] = np.array([0x40, 0x38, 0, 0xB8, 0x30, 0, 0x3C, 0, 0x38, 0x40, 0x40, 0x4A])
@@ -74,17 +98,22 @@ def test_fp8_key_tied_with_tau_survives(monkeypatch):
     def exact_num(fplan, kbar, scale_, rho, Uhat=None):
         return score_keys(q[0], w[0], kbar * scale_[:, None].astype(np.float64))
 
-    monkeypatch.setattr(numeric_mod, "screen_bound", exact_num)
-    res = numeric_mod.fp8_topk(q, w, payload, scale, 3, seeds="local", window=3, sinks=0, r=1)
+    monkeypatch.setattr(screen_mod, "screen_bound", exact_num)
+    res = pipeline_mod.fp8_topk(
+        q, w, payload, scale, 3, seeds="local", window=3, sinks=0, r=1, tie_reject=tie_reject
+    )
     np.testing.assert_array_equal(res.ids, [[11, 0, 9]])
     assert res.tau[0] == 2.0 and res.stats.survivors[0] == 1
     assert np.array_equal(e4m3_values(payload)[:, 0], SCORES)
 
 
-def test_buffer_keeps_records_tied_with_tau():
-    """_Buffer.offer writes s ≥ τ (ties included) and merges exactly when full."""
+@pytest.mark.parametrize("tie_reject", [False, True])
+def test_buffer_keeps_records_tied_with_tau(tie_reject):
+    """CandidateBuffer.offer writes s ≥ τ (ties included; with ``tie_reject`` only ties
+    below the K-th record's id) and merges exactly when full."""
     seeds_ids = np.array([9, 10, 11])
-    buf = select_mod._Buffer(3, 1, seeds_ids, SCORES[seeds_ids])
+    buf = select_mod.CandidateBuffer(3, 1, seeds_ids, SCORES[seeds_ids], tie_reject)
+    assert buf.kth_id == 10
     assert buf.tau == 2.0
     buf.offer(np.array([0, 1, 6]), SCORES[[0, 1, 6]])
     assert buf.kept == 1 and buf.overflows == 0 and buf.size == 1
@@ -92,9 +121,10 @@ def test_buffer_keeps_records_tied_with_tau():
     np.testing.assert_array_equal(ids, [11, 0, 9])
     np.testing.assert_array_equal(sc, [5.0, 2.0, 2.0])
     # capacity 1 and two tied records: one overflow merge, still exact
-    buf = select_mod._Buffer(2, 1, np.array([11, 10]), np.array([5.0, 2.0]))
+    buf = select_mod.CandidateBuffer(2, 1, np.array([11, 10]), np.array([5.0, 2.0]), tie_reject)
     buf.offer(np.array([0, 9]), np.array([2.0, 2.0]))
-    assert buf.overflows == 1 and buf.kept == 2
+    # after the merge the K-th record is (2, 0): the tie-aware buffer drops (2, 9)
+    assert buf.overflows == 1 and buf.kept == (1 if tie_reject else 2)
     ids, _ = buf.result()
     np.testing.assert_array_equal(ids, [11, 0])
 
@@ -148,27 +178,34 @@ def test_certificate_seeds_score_the_largest_bounds():
     w = rng.standard_normal(H)
     k = rng.standard_normal((N, D))
     a, b = 5, 25
+    chunk = prepare_chunk(q[None], w[None], k, 3, [a], [b], {})
+    ctx = QueryContext(0, a, b, chunk.q[0], chunk.w[0], chunk, DosaStats(1))
     U = np.arange(b - a, dtype=np.float64)[::-1] * 1.0  # key a has the largest bound
     S = np.array([5, 7])
-    S2, s2 = select_mod._certificate_seeds(U, a, b, S, score_keys(q, w, k[S]), q, w, k, 4)
+    seeds = SeedSet(S, score_keys(q, w, k[S]), 1)
+    got = add_certificate_seeds(ctx, U, seeds, 4)
+    S2, s2 = got.ids, got.scores
     np.testing.assert_array_equal(np.sort(S2), [5, 6, 7, 8])
     np.testing.assert_array_equal(s2, score_keys(q, w, k[S2]))
-    S3, _ = select_mod._certificate_seeds(U, a, b, S, score_keys(q, w, k[S]), q, w, k, 100)
+    assert got.explicit == 1
+    S3 = add_certificate_seeds(ctx, U, seeds, 100).ids
     np.testing.assert_array_equal(np.sort(S3), np.arange(a, b))
 
 
 def _reference_r(q_t, w_t, p, tau, ks, popt, form):
     """docs/method.md §6 cost model: argmin over r = 1, 1+s, ... < H (s = ⌈H/16⌉) of
-    (r + d_a)/H + mean(U ≥ τ), ties to the smaller r; ⌊H/2⌋ without a finite τ."""
+    (r + d_a)/H + mean(U ≥ τ), ties to the smaller r; ⌊H/2⌋ without a finite τ.
+    Returns (r, dense): dense when the best cost is ≥ 1 (screening would not pay)."""
     H = q_t.shape[0]
     if not np.isfinite(tau) or ks.shape[0] == 0:
-        return max(1, H // 2)
+        return max(1, H // 2), False
     d_a = 2 if form == "base" else 1
     costs = []
     for r in range(1, H, max(1, -(-H // 16))):
         U = upper_bound(build_plan(q_t, w_t, p, r, popt), ks, form, "up", q_t, w_t)
         costs.append(((r + d_a) / H + float(np.mean(U >= tau)), r))
-    return min(costs)[1]
+    best = min(costs)
+    return best[1], best[0] >= 1.0
 
 
 @pytest.mark.parametrize("H", [5, 20, 40])
@@ -187,10 +224,11 @@ def test_choose_r_follows_the_cost_model(H, form):
     for r in (1, 2, 3, H // 2):
         U = upper_bound(build_plan(q_t, w_t, p, r, popt), ks, form, "up", q_t, w_t)
         taus += list(np.sort(U)[[8, 32, 56]])
-    got = [select_mod.choose_r(q_t, w_t, p, t, ks, popt, form) for t in taus]
+    got = [cost_mod.choose_r(q_t, w_t, p, t, ks, popt, form) for t in taus]
     want = [_reference_r(q_t, w_t, p, t, ks, popt, form) for t in taus]
-    assert got == want
-    assert select_mod.choose_r(q_t, w_t, p, 1.0, ks[:0], popt, form) == max(1, H // 2)
+    assert [(c.r, c.dense) for c in got] == want
+    empty = cost_mod.choose_r(q_t, w_t, p, 1.0, ks[:0], popt, form)
+    assert empty.r == max(1, H // 2) and not empty.dense
 
 
 def test_topk_ids_rejects_nan_and_plus_inf():

@@ -1,5 +1,6 @@
 """Search for inputs on which a 'contract-equivalent' mutant of dosa_ref/numeric.py breaks
-its contract E_g^+ ≥ exact positive allowance (docs/mutation.md, "Equivalent mutants").
+its contract E_g^+ ≥ exact positive allowance (docs/mutation.md, "Equivalent mutants"), and
+sweeps for the mutants of rounding.py (norm_up) and error_model.py (the coefficients).
 
 Each mutant (ids of ``dosa mutate --list``) is loaded as a separate module from its mutated
 source; the fixed pseudo-random plans of tests/test_mut_numeric.py (heads at 2^-1070 …
@@ -22,21 +23,24 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from test_mut_numeric import _exact_allowances, _random_plan_cases  # noqa: E402
 
+# ids of `dosa mutate --list` on the layout of dosa_ref after the restructure (norm_up
+# in rounding.py, the coefficients in error_model.py); the first run of this script used
+# the ids of the single numeric.py (docs/records/mutation_2026-12-01.md).
 DEFAULT_IDS = [
-    "numeric:706:swap-call:418",
-    "numeric:713:swap-call:433",
-    "numeric:714:swap-call:435",
-    "numeric:717:swap-call:442",
-    "numeric:734:swap-call:452",
-    "numeric:248:constant:125",
-    "numeric:696:remove-call:400",
+    "numeric:249:swap-call:100",
+    "numeric:256:swap-call:115",
+    "numeric:257:swap-call:117",
+    "numeric:260:swap-call:124",
+    "numeric:277:swap-call:134",
+    "numeric:239:remove-call:82",
 ]
 
 
 def load(mid):
-    t = next(t for t in mutate.TARGETS if t.path == "dosa_ref/numeric.py")
+    path = f"dosa_ref/{mid.split(':')[0]}.py"
+    t = next(t for t in mutate.TARGETS if t.path == path)
     m = next(m for m in mutate.generate(ROOT, t) if m.id == mid)
-    name = "dosa_ref._mutant_" + mid.split(":")[-1]
+    name = "dosa_ref._mutant_" + mid.replace(":", "_").replace("-", "_")
     mod = types.ModuleType(name)
     mod.__package__ = "dosa_ref"
     sys.modules[name] = mod  # dataclasses look their module up
@@ -60,11 +64,12 @@ def search(mod, cases):
 
 
 def coefficient_sweep(mod):
-    """Violations of dot_relative_error ≥ Sθ/(1 − Sθ) (exact θ) and of the screen
-    coefficients ≥ audit.model_coefficients_exact, over W, k, step counts, D and r."""
+    """Violations of dot_relative_error ≥ Sθ/(1 − Sθ) (exact θ) and of the screen and
+    scorer coefficients ≥ margins.model_coefficients_exact, over W, k, step counts, D, H
+    and r."""
     from fractions import Fraction as F
 
-    from dosa_ref.audit import model_coefficients_exact
+    from dosa_ref.margins import model_coefficients_exact
 
     bad = n = 0
     for W in range(8, 25):
@@ -85,6 +90,11 @@ def coefficient_sweep(mod):
                 n += 1
                 got = model.screen_coefficients(D, r)
                 bad += any(F(x) < y for x, y in zip(got, ex, strict=True))
+            for H in (1, 2, 4, 8, 32, 64, 128):
+                ex = model_coefficients_exact(model, D, H, 1)["scorer"]
+                n += 1
+                got = model.scorer_coefficients(D, H)
+                bad += any(F(x) < y for x, y in zip(got, ex, strict=True))
     return bad, n
 
 
@@ -104,9 +114,11 @@ def norm_sweep(mod, cases=30000):
 
 
 SWEEPS = {
-    "numeric:354:swap-call:235": coefficient_sweep,
-    "numeric:476:swap-call:272": coefficient_sweep,
-    "numeric:248:swap-call:126": norm_sweep,
+    "error_model:96:swap-call:73": coefficient_sweep,
+    "error_model:217:swap-call:103": coefficient_sweep,
+    "error_model:231:swap-call:128": coefficient_sweep,
+    "rounding:168:constant:102": norm_sweep,
+    "rounding:168:swap-call:103": norm_sweep,
 }
 
 
