@@ -1,4 +1,4 @@
-"""``dosa mutate`` itself (dosa_ref/mutate.py, docs/mutation.md): mutants are valid
+"""``dosa mutate`` itself (dosa_ref/mutate/, docs/mutation.md): mutants are valid
 single-point edits, the sample is a deterministic function of the seed, the module table
 points at existing files and every equivalent-mutant entry still matches a mutant (an
 entry left behind by a refactor is reported, not silently ignored)."""
@@ -26,17 +26,17 @@ def pools():
 def test_targets_exist_and_have_tests():
     for t in mutate.TARGETS:
         assert (ROOT / t.path).is_file(), t.path
-        assert mutate._tests_for(ROOT, t), t.path
+        assert mutate.tests_for(ROOT, t), t.path
     t = mutate.Target("dosa_ref/seeds.py", ("tests/test_select.py", "tests/nosuch.py"))
-    assert mutate._tests_for(ROOT, t) == ["tests/test_select.py"]
-    by_name = mutate._select_targets("cupy_plan,seeds,dosa_ref/fp8.py,dosa_ref.numeric")
+    assert mutate.tests_for(ROOT, t) == ["tests/test_select.py"]
+    by_name = mutate.select_targets("cupy_plan,seeds,dosa_ref/fp8.py,dosa_ref.numeric")
     assert [x.path for x in by_name] == [
         "dosa_cupy/plan.py",
         "dosa_ref/seeds.py",
         "dosa_ref/fp8.py",
         "dosa_ref/numeric.py",
     ]
-    assert mutate._select_targets(None) == list(mutate.TARGETS)
+    assert mutate.select_targets(None) == list(mutate.TARGETS)
 
 
 def test_mutants_are_valid_single_point_edits(pools):

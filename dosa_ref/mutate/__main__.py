@@ -1,0 +1,7 @@
+"""``python -m dosa_ref.mutate`` = ``dosa mutate``."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main(sys.argv[1:]))
