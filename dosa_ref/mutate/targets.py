@@ -24,10 +24,16 @@ class Target:
 _SELECT_TESTS = (
     "tests/test_mut_select.py",
     "tests/test_mut_stages.py",
+    "tests/test_mut_fresh.py",
     "tests/test_select.py",
     "tests/test_zero_plateau.py",
 )
-_NUM_TESTS = ("tests/test_mut_numeric.py", "tests/test_mut_stages.py", "tests/test_numeric.py")
+_NUM_TESTS = (
+    "tests/test_mut_numeric.py",
+    "tests/test_mut_stages.py",
+    "tests/test_mut_fresh.py",
+    "tests/test_numeric.py",
+)
 _CERT_TESTS = ("tests/test_mut_certificate.py", "tests/test_certificate.py")
 TARGETS: tuple[Target, ...] = (
     Target("dosa_ref/certificate.py", (*_CERT_TESTS, *_SELECT_TESTS)),
@@ -61,6 +67,7 @@ TARGETS: tuple[Target, ...] = (
         (
             "tests/test_mut_fp8.py",
             "tests/test_mut_stages.py",
+            "tests/test_mut_fresh.py",
             "tests/test_fp8.py",
             "tests/test_numeric.py",
         ),
