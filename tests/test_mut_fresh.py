@@ -4,13 +4,17 @@
 
 from __future__ import annotations
 
+from fractions import Fraction as F
+
 import numpy as np
 import pytest
 
 from dosa_ref import cost as cost_mod
 from dosa_ref import pipeline as pipeline_mod
 from dosa_ref.certificate import upper_bound
+from dosa_ref.error_model import ErrorModel
 from dosa_ref.fp8 import quantize_rows
+from dosa_ref.numeric import build_fp8_plan, default_plan
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan, choose_retained
 from dosa_ref.rounding import iv_abs
 
@@ -110,3 +114,22 @@ def test_auto_r_is_not_picked_again_when_tau_did_not_rise(monkeypatch):
     assert len(taus) == 1 and taus[0] == st.tau[0]
     plan_work = N * (st.r[0] + 2) / H
     assert st.bound_work[0] == pytest.approx(works[0] + plan_work, rel=1e-12)
+
+
+def test_subnormal_scorer_term_is_rounded_up():
+    """ε_raw^ref = dabs_ref·Σ|w_h| (docs/numerics.md) must bound the exact product.  With
+    the float64 CPU model dabs_ref is subnormal (a few multiples of 2^-1074), so the product
+    is a subnormal too, and rounding it down loses whole 2^-1074 steps (here 35 · 4.75 =
+    166.25 steps would become 165), far more than the upward margin of Σ|w| covers."""
+    rs = np.random.default_rng(12)
+    H, D = 4, 16
+    q = rs.standard_normal((H, D))
+    w = np.array([1.25, -1.5, 1.125, -0.875])
+    model = ErrorModel.cpu_fp64()
+    _, dabs_r, _ = model.scorer_coefficients(D, H)
+    assert 0 < dabs_r < np.finfo(np.float64).tiny
+    sw = sum(abs(F(float(x))) for x in w)
+    for form in ("base", "abs"):
+        plan = default_plan(q, w, rs.standard_normal((8, D)), 2, PlanOptions(neg_aggregate="all"))
+        fp = build_fp8_plan(plan, q, w, model, form)
+        assert F(fp.eps_parts["raw_scorer"]) >= F(dabs_r) * sw, form
