@@ -13,7 +13,7 @@ from dosa_ref import cost as cost_mod
 from dosa_ref import pipeline as pipeline_mod
 from dosa_ref.certificate import upper_bound
 from dosa_ref.error_model import ErrorModel
-from dosa_ref.fp8 import quantize_rows
+from dosa_ref.fp8 import E4M3_MAX, e4m3_bits, e4m3_values, quantize_rows
 from dosa_ref.numeric import build_fp8_plan, default_plan
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan, choose_retained
 from dosa_ref.rounding import iv_abs
@@ -133,3 +133,37 @@ def test_subnormal_scorer_term_is_rounded_up():
         plan = default_plan(q, w, rs.standard_normal((8, D)), 2, PlanOptions(neg_aggregate="all"))
         fp = build_fp8_plan(plan, q, w, model, form)
         assert F(fp.eps_parts["raw_scorer"]) >= F(dabs_r) * sw, form
+
+
+def _l1_residual(row: np.ndarray, sigma: float) -> float:
+    """Σ_d |q_d − σ·e4m3(q_d/σ)| with the saturating RNE encoding via float32."""
+    pay = e4m3_bits((row / sigma).astype(np.float32))
+    return float(np.sum(np.abs(row - sigma * e4m3_values(pay))))
+
+
+def test_retained_rows_take_the_scale_with_the_smaller_l1_residual():
+    """Each retained row q_j is stored as σ_j·e4m3 with σ_j the candidate (the power of two
+    with amax/σ in (224, 448], or amax/448) whose reconstruction Σ_d|q_d − σ q̂_d| is smaller
+    (docs/method.md §8).  The rounding envelope J_ω grows with that
+    residual, so the pick keeps the guard tight; a signed residual would let errors of
+    opposite signs cancel and pick the worse scale.  Ties go to the power of two."""
+    rs = np.random.default_rng(21)
+    H, D = 8, 16
+    picked_amax = picked_pow2 = 0
+    for _ in range(6):
+        q = rs.standard_normal((H, D)) * np.exp(rs.standard_normal((H, 1)))
+        w = rs.standard_normal(H)
+        w[0] = abs(w[0])
+        plan = default_plan(q, w, rs.standard_normal((8, D)), 4, PlanOptions(neg_aggregate="all"))
+        fp = build_fp8_plan(plan, q, w, ErrorModel(), "base")
+        for j, h in enumerate(plan.R):
+            amax = float(np.max(np.abs(q[h])))
+            m, e = np.frexp(amax / E4M3_MAX)
+            pow2 = float(np.ldexp(1.0, int(e - 1) if m == 0.5 else int(e)))
+            r_pow2, r_amax = _l1_residual(q[h], pow2), _l1_residual(q[h], amax / E4M3_MAX)
+            got = float(np.sum(np.abs(q[h] - fp.q_scale[j] * e4m3_values(fp.q_payload[j]))))
+            assert got == min(r_pow2, r_amax), (h, got, r_pow2, r_amax)
+            assert fp.q_scale[j] == (pow2 if r_pow2 <= r_amax else amax / E4M3_MAX)
+            picked_pow2 += r_pow2 <= r_amax
+            picked_amax += r_pow2 > r_amax
+    assert picked_pow2 > 0 and picked_amax > 0
