@@ -167,3 +167,27 @@ def test_retained_rows_take_the_scale_with_the_smaller_l1_residual():
             picked_pow2 += r_pow2 <= r_amax
             picked_amax += r_pow2 > r_amax
     assert picked_pow2 > 0 and picked_amax > 0
+
+
+def test_cost_model_sees_the_zero_plateau_when_every_positive_head_is_retained():
+    """Every key scores exactly 0 (the one positive head and all negative heads have
+    negative dots), the sinks make the K-th seed record (τ = 0, id K − 1), so the screen's
+    tie-aware rule with the zero plateau (applied when P = ∅, docs/method.md §7
+    "Tie-aware rejection and zero plateaus") keeps only ids below K − 1.  The cost model
+    must estimate m under that same rule: m = (K − 1)/512 on the stride sample, so
+    screening pays; without the plateau every key would look alive and the query would
+    be scored densely."""
+    rng = np.random.default_rng(3)
+    H, D, N, K = 8, 16, 600, 4
+    base = rng.standard_normal(D)
+    base /= np.linalg.norm(base)
+    q = -base + 0.1 * rng.standard_normal((1, H, D))
+    w = -np.abs(rng.standard_normal((1, H)))
+    w[0, 0] = 1.0
+    k = 3.0 * base + 0.1 * rng.standard_normal((N, D))
+    assert np.all(pipeline_mod.index_scores(q, w, k) == 0.0)
+    res = pipeline_mod.dosa_topk(q, w, k, K, seeds="local", window=8, sinks=K, tie_reject=True)
+    st = res.stats
+    assert st.tau[0] == 0.0 and not st.dense[0] and st.survivors[0] == 0
+    assert st.est_survival[0] == (K - 1) / 512
+    np.testing.assert_array_equal(res.ids[0], np.arange(K))
