@@ -16,7 +16,7 @@ from dosa_ref.error_model import ErrorModel
 from dosa_ref.fp8 import E4M3_MAX, e4m3_bits, e4m3_values, quantize_rows
 from dosa_ref.numeric import build_fp8_plan, default_plan
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan, choose_retained
-from dosa_ref.rounding import iv_abs
+from dosa_ref.rounding import iv_abs, matmul_enclose
 
 
 def test_iv_abs_of_an_interval_around_zero_starts_at_zero():
@@ -191,3 +191,20 @@ def test_cost_model_sees_the_zero_plateau_when_every_positive_head_is_retained()
     assert st.tau[0] == 0.0 and not st.dense[0] and st.survivors[0] == 0
     assert st.est_survival[0] == (K - 1) / 512
     np.testing.assert_array_equal(res.ids[0], np.arange(K))
+
+
+def test_matmul_enclose_covers_underflow_of_every_product():
+    """Each product 3·2^-538 · 2^-537 = 1.5·2^-1074 is a tie between subnormals and rounds
+    to 2·2^-1074: eight of them make the float64 dot 16·2^-1074 while the exact value is
+    12·2^-1074.  The relative term γ_n Σ|a||b| is negligible there, so only the absolute
+    underflow term (docs/numerics.md "Rounding without rounding modes") can cover the
+    gap: the interval must still hold the exact product (rationals)."""
+    for n in (1, 3, 8, 64):
+        A = np.full((2, n), 3.0 * 2.0**-538)
+        A[1, ::2] *= -1.0
+        B = np.full((n, 1), 2.0**-537)
+        lo, hi = matmul_enclose(A, B)
+        for i in range(2):
+            exact = sum(F(float(A[i, t])) * F(float(B[t, 0])) for t in range(n))
+            assert F(float(lo[i, 0])) <= exact <= F(float(hi[i, 0])), (n, i)
+    assert F(float((A @ B)[0, 0])) == F(2) ** -1074 * 2 * 64  # every product rounded up
