@@ -208,3 +208,23 @@ def test_matmul_enclose_covers_underflow_of_every_product():
             exact = sum(F(float(A[i, t])) * F(float(B[t, 0])) for t in range(n))
             assert F(float(lo[i, 0])) <= exact <= F(float(hi[i, 0])), (n, i)
     assert F(float((A @ B)[0, 0])) == F(2) ** -1074 * 2 * 64  # every product rounded up
+
+
+@pytest.mark.parametrize("allowance", ["joint", "grouped"])
+def test_joint_enclosure_with_largest_entry_exactly_one(allowance):
+    """One omitted positive head, w = 1 and q_h = (1 − 2^-53, 0, 0, 0), not projected:
+    the enclosure of u_h = w_h d_h has upper end up(1 − 2^-53) = 1.0 exactly.  E^+ of the
+    group holding coordinate 0 must still cover the exact allowance ‖u_h‖ = 1 − 2^-53
+    (docs/method.md §3, Prop. 3): an enclosure whose largest entry is 1 is not empty."""
+    q = np.zeros((3, 4))
+    q[0] = [0.0, 1.0, 0.0, 0.0]
+    q[1] = [1.0 - 2.0**-53, 0.0, 0.0, 0.0]
+    q[2] = [0.0, 0.0, 1.0, 0.0]
+    w = np.array([1.0, 1.0, -1.0])
+    opt = PlanOptions(allowance=allowance, pos_projection=False)
+    plan = build_plan(q, w, np.full(3, 0.5), 1, opt, R=[0])
+    assert list(plan.P) == [1]
+    fp = build_fp8_plan(plan, q, w, ErrorModel(), "base")
+    gb = plan.allowance_groups()
+    g0 = int(np.searchsorted(gb, 0, side="right")) - 1
+    assert F(float(fp.E_plus[g0])) >= F(1) - F(2) ** -53
