@@ -13,7 +13,7 @@ from dosa_ref import cost as cost_mod
 from dosa_ref import pipeline as pipeline_mod
 from dosa_ref.certificate import upper_bound
 from dosa_ref.error_model import ErrorModel
-from dosa_ref.fp8 import E4M3_MAX, e4m3_bits, e4m3_values, quantize_rows
+from dosa_ref.fp8 import E4M3_MAX, e4m3_bits, e4m3_values, quantize_keys, quantize_rows
 from dosa_ref.numeric import build_fp8_plan, default_plan
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan, choose_retained
 from dosa_ref.rounding import iv_abs, matmul_enclose
@@ -228,3 +228,46 @@ def test_joint_enclosure_with_largest_entry_exactly_one(allowance):
     gb = plan.allowance_groups()
     g0 = int(np.searchsorted(gb, 0, side="right")) - 1
     assert F(float(fp.E_plus[g0])) >= F(1) - F(2) ** -53
+
+
+def _fp8_problem(seed=5, Qn=2, H=6, D=16, N=300):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(D)
+    q = 0.5 * base + rng.standard_normal((Qn, H, D))
+    w = -np.abs(rng.standard_normal((Qn, H)))
+    w[:, :2] *= -1
+    payload, scale = quantize_keys(rng.standard_normal((N, D)) + base)
+    return q, w, payload, scale
+
+
+def test_fp8_topk_validates_q_and_w():
+    """fp8_topk checks q [Qn, H, D] and w [Qn, H] like dosa_topk (ValueError naming the
+    argument): non-finite entries make the reference scorer undefined, and array-likes
+    (nested lists) are accepted as arrays."""
+    q, w, payload, scale = _fp8_problem()
+    ref = pipeline_mod.fp8_topk(q, w, payload, scale, 4).ids
+    np.testing.assert_array_equal(
+        pipeline_mod.fp8_topk(q.tolist(), w.tolist(), payload, scale, 4).ids, ref
+    )
+    bad_q = q.copy()
+    bad_q[1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match="q: contains non-finite"):
+        pipeline_mod.fp8_topk(bad_q, w, payload, scale, 4)
+    bad_w = w.copy()
+    bad_w[0, 1] = np.inf
+    with pytest.raises(ValueError, match="w: contains non-finite"):
+        pipeline_mod.fp8_topk(q, bad_w, payload, scale, 4)
+
+
+def test_fp8_topk_counts_keys_with_an_invalid_scale():
+    """A key with scale α ≤ 0 has no valid FP8 bound (U = +inf, docs/method.md §8): it is
+    never pruned, the result stays exact, and stats.invalid_keys counts it for every
+    screened query."""
+    q, w, payload, scale = _fp8_problem()
+    scale = scale.copy()
+    scale[[3, 7, 11]] = [0.0, -1.0, 0.0]
+    res = pipeline_mod.fp8_topk(q, w, payload, scale, 4, r=2)
+    np.testing.assert_array_equal(res.ids, pipeline_mod.topk_check(q, w, payload, scale, 4))
+    st = res.stats
+    assert not np.any(st.dense)
+    np.testing.assert_array_equal(st.invalid_keys, [3, 3])
