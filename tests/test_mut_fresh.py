@@ -17,6 +17,7 @@ from dosa_ref.fp8 import E4M3_MAX, e4m3_bits, e4m3_values, quantize_keys, quanti
 from dosa_ref.numeric import build_fp8_plan, default_plan
 from dosa_ref.plan import PlanOptions, activation_frequency, build_plan, choose_retained
 from dosa_ref.rounding import iv_abs, matmul_enclose
+from dosa_ref.scorer import topk_ids
 
 
 def test_iv_abs_of_an_interval_around_zero_starts_at_zero():
@@ -271,3 +272,44 @@ def test_fp8_topk_counts_keys_with_an_invalid_scale():
     st = res.stats
     assert not np.any(st.dense)
     np.testing.assert_array_equal(st.invalid_keys, [3, 3])
+
+
+@pytest.mark.parametrize("seed", [9, 14])
+def test_screen_uses_the_plan_of_the_re_picked_r(monkeypatch, seed):
+    """When the raised τ makes the cost model pick another r (and screening), the query is
+    re-planned with that r (docs/method.md §7): the stored r is the second choice, the
+    result is exact, and bound_work holds both sample works and both plans' work."""
+    calls = []
+    orig = pipeline_mod.choose_r
+
+    def spy(*a, **kw):
+        calls.append(orig(*a, **kw))
+        return calls[-1]
+
+    monkeypatch.setattr(pipeline_mod, "choose_r", spy)
+    rng = np.random.default_rng(seed)
+    H, D, N = 8, 16, 600
+    base = rng.standard_normal(D)
+    q = 0.5 * base + rng.standard_normal((1, H, D))
+    w = -np.abs(rng.standard_normal((1, H)))
+    w[:, :3] *= -1
+    k = rng.standard_normal((N, D)) + base
+    res = pipeline_mod.dosa_topk(q, w, k, 4, seeds="local,certificate", window=8, sinks=0)
+    st = res.stats
+    assert len(calls) == 2 and not calls[1].dense and calls[1].r != calls[0].r
+    assert st.r[0] == calls[1].r and not st.dense[0]
+    np.testing.assert_array_equal(res.ids, topk_ids(pipeline_mod.index_scores(q, w, k), 4))
+    plans = N * (calls[0].r + 2) / H + N * (calls[1].r + 2) / H
+    assert st.bound_work[0] == pytest.approx(calls[0].sample_work + calls[1].sample_work + plans)
+
+
+def test_default_plan_retains_half_the_heads():
+    """default_plan (the deterministic plan of the audits and bounds) retains r = ⌊H/2⌋
+    heads unless r is given (its documented default; at least one head)."""
+    rng = np.random.default_rng(2)
+    for H in (1, 2, 3, 6, 7):
+        q = rng.standard_normal((H, 8))
+        w = np.abs(rng.standard_normal(H)) + 0.1  # every head positive: |R| = r exactly
+        plan = default_plan(q, w, rng.standard_normal((16, 8)))
+        assert plan.R.size == max(1, H // 2), H
+        assert default_plan(q, w, rng.standard_normal((16, 8)), 1).R.size == 1
