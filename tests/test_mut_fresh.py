@@ -313,3 +313,24 @@ def test_default_plan_retains_half_the_heads():
         plan = default_plan(q, w, rng.standard_normal((16, 8)))
         assert plan.R.size == max(1, H // 2), H
         assert default_plan(q, w, rng.standard_normal((16, 8)), 1).R.size == 1
+
+
+@pytest.mark.parametrize("e", [0, -1000, -1040])
+def test_scorer_envelope_dominates_its_formula_at_tiny_scales(e):
+    """J_scorer,d = ε_ref·Σ_h |w_h||q_hd| (docs/method.md §8) must bound the exact value
+    for every coordinate, also when the heads are so small (2^e) that the product with
+    ε_ref is subnormal: there a downward rounding would lose a whole 2^-1074 step, which
+    the relative margin of the inner sum cannot cover."""
+    rs = np.random.default_rng(13)
+    H, D = 5, 8
+    q = np.ldexp(rs.standard_normal((H, D)), e)
+    w = rs.standard_normal(H)
+    w[0] = abs(w[0]) + 0.5
+    model = ErrorModel()
+    plan = default_plan(q, w, rs.standard_normal((8, D)), 2, PlanOptions(neg_aggregate="all"))
+    fp = build_fp8_plan(plan, q, w, model, "base")
+    eps_r = F(model.scorer_coefficients(D, H)[0])
+    J = fp.J_parts["scorer"]
+    for d in range(D):
+        exact = eps_r * sum(abs(F(float(w[h])) * F(float(q[h, d]))) for h in range(H))
+        assert F(float(J[d])) >= exact, (e, d)
