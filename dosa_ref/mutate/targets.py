@@ -410,6 +410,84 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "as the previous entry (the symmetric cross term)",
         "contract",
     ),
+    Equivalent(
+        "dosa_ref/fp8.py",
+        "return np.clip(x32, np.float32(-E4M3_MAX), np.float32(E4M3_MAX))"
+        ".astype(E4M3).view(np.uint8)",
+        "return np.clip(x32, np.float32(-E4M3_MAX), (E4M3_MAX)).astype(E4M3).view(np.uint8)",
+        "E4M3_MAX = 448.0 is a Python float: numpy 2 treats it as a weak scalar, so the clip "
+        "of the float32 array is float32 either way, and 448 is exact in float32",
+    ),
+    Equivalent(
+        "dosa_ref/fp8.py",
+        "return np.clip(x32, np.float32(-E4M3_MAX), np.float32(E4M3_MAX))"
+        ".astype(E4M3).view(np.uint8)",
+        "return np.clip(x32, (-E4M3_MAX), np.float32(E4M3_MAX)).astype(E4M3).view(np.uint8)",
+        "as the previous entry (the lower end −448.0)",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "return np.sort(R).astype(np.int64)",
+        "return (np.sort(R))",
+        "R is built from np.flatnonzero indices (dtype intp) by indexing, concatenate and "
+        "sort, which keep intp; intp is int64 on the 64-bit platforms numpy 2 supports "
+        "(Windows included), so the cast only copies an int64 array np.sort already copied",
+    ),
+    Equivalent(
+        "dosa_ref/pipeline.py",
+        'return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 0.0)',
+        'return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 1.0)',
+        "sample_work of the fixed-r choice: its only reader (bound_work += ch.sample_work) is "
+        "in the r = 'auto' branch of _pick_r, after this return; _screened_query reads r, "
+        "dense and the estimates only",
+    ),
+    Equivalent(
+        "dosa_ref/pipeline.py",
+        "return FP8Result(ids=ids, stats=st, plans=bound.plans, tau=st.tau.copy())",
+        "return FP8Result(ids=ids, stats=st, plans=bound.plans, tau=(st.tau))",
+        "FP8Result.tau gets the same float64 [Qn] values as stats.tau; no library code writes "
+        "either array after fp8_topk returns (only a caller writing into one of them would "
+        "see the other change)",
+    ),
+    Equivalent(
+        "dosa_ref/certificate.py",
+        "if key == (0, self.k.shape[1]):",
+        "if key == (1, self.k.shape[1]):",
+        "the shortcut self.norm = safe_norm(k, axis=1) equals the general branch's "
+        "safe_norm(k[:, 0:D], axis=1) (same function, same input); group cuts start at 0 "
+        "(allowance_groups), so the key (1, D) never occurs",
+    ),
+    Equivalent(
+        _NUM,
+        "and np.all(np.isfinite(aux_scale))",
+        "and np.any(np.isfinite(aux_scale))",
+        "both aux scales are np.float32 of _pow2_scale(amax, -126, 127), a power of two in "
+        "[2^-126, 2^127] (or 1.0): always finite, so all() and any() are both True",
+    ),
+    Equivalent(
+        _ROUND,
+        "e = np.where(np.isfinite(mx) & (mx > 0), e, 0)",
+        "e = np.where(np.isfinite(mx) & (mx >= 0), e, 0)",
+        "differs only where mx == 0 (a zero row), and np.frexp(0.0) already gives exponent 0",
+    ),
+    Equivalent(
+        _CPLAN,
+        "beta = cp.where(use, gj / (cp.where(qj > 0, qj, 1.0) ** 2), 0.0)",
+        "beta = cp.where(use, gj / (cp.where(qj >= 0, qj, 1.0) ** 2), 0.0)",
+        "where use holds, rmax > 0 needs ratio > 0 at j*, and ratio is −1 unless qn > 0 "
+        "there, so qj > 0 and both divisors agree; elsewhere β is 0.0 in both",
+    ),
+    Equivalent(
+        _ROUND,
+        "rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1073)",
+        "rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1074)",
+        "matmul_enclose's underflow term halved: a product that underflows is off by at most "
+        "2^-1075 (half a subnormal step; sums of subnormals and FMAs round once), so the "
+        "underflow part of an n-term dot is at most n·2^-1075·(1 + γ_n) and n·2^-1074 still "
+        "covers it; test_mut_fresh's worst case (every product a subnormal tie rounded the "
+        "same way) stays enclosed",
+        "contract",
+    ),
 )
 
 
