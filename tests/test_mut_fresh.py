@@ -118,8 +118,9 @@ def test_auto_r_is_not_picked_again_when_tau_did_not_rise(monkeypatch):
 
 
 def test_subnormal_scorer_term_is_rounded_up():
-    """ε_raw^ref = dabs_ref·Σ|w_h| (docs/numerics.md) must bound the exact product.  With
-    the float64 CPU model dabs_ref is subnormal (a few multiples of 2^-1074), so the product
+    """ε_raw^ref = dabs_ref·Σ|w_h| and ε_out = eabs_ref·(Σ|w_h| + 2H + 1) (docs/numerics.md)
+    must bound the exact products.  With the float64 CPU model dabs_ref (and eabs_ref) is
+    subnormal (a few multiples of 2^-1074), so the product
     is a subnormal too, and rounding it down loses whole 2^-1074 steps (here 35 · 4.75 =
     166.25 steps would become 165), far more than the upward margin of Σ|w| covers."""
     rs = np.random.default_rng(12)
@@ -127,13 +128,14 @@ def test_subnormal_scorer_term_is_rounded_up():
     q = rs.standard_normal((H, D))
     w = np.array([1.25, -1.5, 1.125, -0.875])
     model = ErrorModel.cpu_fp64()
-    _, dabs_r, _ = model.scorer_coefficients(D, H)
-    assert 0 < dabs_r < np.finfo(np.float64).tiny
+    _, dabs_r, eabs_r = model.scorer_coefficients(D, H)
+    assert 0 < dabs_r < np.finfo(np.float64).tiny and 0 < eabs_r < np.finfo(np.float64).tiny
     sw = sum(abs(F(float(x))) for x in w)
     for form in ("base", "abs"):
         plan = default_plan(q, w, rs.standard_normal((8, D)), 2, PlanOptions(neg_aggregate="all"))
         fp = build_fp8_plan(plan, q, w, model, form)
         assert F(fp.eps_parts["raw_scorer"]) >= F(dabs_r) * sw, form
+        assert F(fp.eps_out) >= F(eabs_r) * (sw + 2 * H + 1), form
 
 
 def _l1_residual(row: np.ndarray, sigma: float) -> float:
@@ -334,3 +336,97 @@ def test_scorer_envelope_dominates_its_formula_at_tiny_scales(e):
     for d in range(D):
         exact = eps_r * sum(abs(F(float(w[h])) * F(float(q[h, d]))) for h in range(H))
         assert F(float(J[d])) >= exact, (e, d)
+
+
+def test_choose_r_with_one_head_keeps_one_head():
+    """With H = 1 there is no r in 1..H−1 to try: the choice is r = max(1, ⌊H/2⌋) = 1 (a
+    plan retains at least one head), at infinite estimated cost, hence dense."""
+    rng = np.random.default_rng(1)
+    q_t, w_t, ks = rng.standard_normal((1, 4)), np.array([1.0]), rng.standard_normal((8, 4))
+    ch = cost_mod.choose_r(q_t, w_t, np.array([0.5]), 0.0, ks, PlanOptions(), "base", 0.5)
+    assert ch.r == 1 and ch.dense and ch.sample_work == 0.0
+
+
+def test_fp8_quantizers_reject_non_numeric_arrays():
+    """Boolean, string and object arrays are not key or query values: a ValueError naming
+    the argument, instead of a silent cast of True to 1.0 (docs/design.md: bad input gets
+    a ValueError naming the argument)."""
+    for bad in (np.array([[True, False]]), np.array([["1.0", "2.0"]])):
+        with pytest.raises(ValueError, match="k: expected a real numeric array"):
+            quantize_keys(bad)
+        with pytest.raises(ValueError, match="x: expected a real numeric array"):
+            quantize_rows(bad)
+
+
+def test_build_fp8_plan_accepts_array_likes():
+    """build_fp8_plan takes q_t [H, D] and w_t [H] as any array-like (nested lists,
+    float32): the FP8 plan is the one of the float64 arrays of the same values."""
+    rs = np.random.default_rng(4)
+    H, D = 5, 8
+    q = rs.standard_normal((H, D)).astype(np.float32).astype(np.float64)
+    w = rs.standard_normal(H)
+    w[0] = abs(w[0])
+    plan = default_plan(q, w, rs.standard_normal((8, D)), 2)
+    ref = build_fp8_plan(plan, q, w, ErrorModel(), "base")
+    for qq in (q.tolist(), q.astype(np.float32)):
+        got = build_fp8_plan(plan, qq, w.tolist(), ErrorModel(), "base")
+        np.testing.assert_array_equal(got.q_payload, ref.q_payload)
+        np.testing.assert_array_equal(got.E_plus, ref.E_plus)
+        assert got.C == ref.C and got.eps_raw == ref.eps_raw and got.eps_out == ref.eps_out
+
+
+def test_anchor_work_counts_each_anchor_querys_visible_keys():
+    """anchor_scored is the work of scoring the anchor queries densely: Σ (ke − ks) over the
+    anchor queries (their visible key counts, docs/method.md §2), here with ranges that do
+    not start at key 0."""
+    from dosa_ref.seeds import anchor_queries
+
+    rng = np.random.default_rng(8)
+    Qn, H, D, N = 6, 4, 8, 200
+    q = rng.standard_normal((Qn, H, D))
+    w = rng.standard_normal((Qn, H))
+    k = rng.standard_normal((N, D))
+    ks = np.array([10, 20, 30, 40, 50, 60])
+    ke = np.array([150, 160, 170, 180, 190, 200])
+    res = pipeline_mod.dosa_topk(q, w, k, 4, ks, ke, seeds="local,anchor", n_anchors=3)
+    anchors = anchor_queries(Qn, 3)
+    assert res.stats.anchor_scored == int(np.sum(ke[anchors] - ks[anchors])) > 0
+    np.testing.assert_array_equal(res.ids, topk_ids(pipeline_mod.index_scores(q, w, k, ks, ke), 4))
+
+
+def test_anchor_strategy_seeds_from_the_anchor_pool():
+    """With seeds = "anchor" alone the seeds of a query are the anchor pool's keys visible
+    to it (docs/method.md §2): a non-empty seed set, and the result is exact."""
+    rng = np.random.default_rng(8)
+    Qn, H, D, N = 4, 4, 8, 300
+    q = rng.standard_normal((Qn, H, D))
+    w = rng.standard_normal((Qn, H))
+    k = rng.standard_normal((N, D))
+    res = pipeline_mod.dosa_topk(q, w, k, 4, seeds="anchor", n_anchors=2)
+    st = res.stats
+    screened = ~st.dense
+    assert np.any(screened) and np.all(st.seeds[screened] >= 4)
+    np.testing.assert_array_equal(res.ids, topk_ids(pipeline_mod.index_scores(q, w, k), 4))
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_certificate_seeds_are_the_m_largest_bounds(m):
+    """add_certificate_seeds scores the m visible keys of largest U (docs/method.md §2),
+    exactly those, for 2000 bounds in a scrambled order (no seed among them); m = 1 (one
+    certificate seed) is where a partition at the wrong rank picks an arbitrary key."""
+    from dosa_ref.pipeline import DosaStats
+    from dosa_ref.prepare import QueryContext, prepare_chunk
+    from dosa_ref.scorer import score_keys
+    from dosa_ref.seeds import SeedSet, add_certificate_seeds
+
+    rng = np.random.default_rng(m)
+    H, D, N = 3, 4, 2000
+    q, w, k = rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((N, D))
+    chunk = prepare_chunk(q[None], w[None], k, 3, [0], [N], {})
+    ctx = QueryContext(0, 0, N, chunk.q[0], chunk.w[0], chunk, DosaStats(1))
+    for trial in range(5):
+        U = rng.permutation(N).astype(np.float64)
+        S = np.array([int(np.argmin(U))])
+        got = add_certificate_seeds(ctx, U, SeedSet(S, score_keys(q, w, k[S]), 0), m)
+        want = np.union1d(S, np.argsort(-U)[:m])
+        np.testing.assert_array_equal(np.sort(got.ids), want, err_msg=str(trial))
