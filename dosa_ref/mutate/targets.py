@@ -488,6 +488,32 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "same way) stays enclosed",
         "contract",
     ),
+    Equivalent(
+        _NUM,
+        "if u_lo.shape[0] == 0:",
+        "if u_lo.shape[1] == 0:",
+        "_joint_up is only called by _positive_enclosure after its P.size == 0 return (so "
+        "shape[0] = |P| >= 1) on a group slice of coordinate_groups, whose G' = min(G, D) "
+        "groups are never empty (shape[1] >= 1): neither test is ever true",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "if options.pos_projection and R.size > 0 and P.size > 0:",
+        "if options.pos_projection and R.size > 0 and P.size >= 0:",
+        "with P empty the block only builds [0, r] arrays (argmax over the non-empty r axis "
+        "is an empty array) and its loop over P runs zero times: anchor, beta, d_s and "
+        "w_fold are unchanged",
+    ),
+    Equivalent(
+        _ROUND,
+        "ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact",
+        "pass  # downscaling may round; upscaling is exact",
+        "norm_up without the widening of downscaled elements: the row maximum scales exactly "
+        "into [0.5, 1), and an element can only round when it lands below 2^-1022; its "
+        "square then loses < 2^-2094, while sum_up's margin over its own error is at least "
+        "(γ_n − γ_{n−1})·0.25 ≥ 2^-55, so the bound still holds for any n",
+        "contract",
+    ),
 )
 
 
