@@ -147,9 +147,10 @@ def _l1_residual(row: np.ndarray, sigma: float) -> float:
 def test_retained_rows_take_the_scale_with_the_smaller_l1_residual():
     """Each retained row q_j is stored as σ_j·e4m3 with σ_j the candidate (the power of two
     with amax/σ in (224, 448], or amax/448) whose reconstruction Σ_d|q_d − σ q̂_d| is smaller
-    (docs/method.md §8).  The rounding envelope J_ω grows with that
-    residual, so the pick keeps the guard tight; a signed residual would let errors of
-    opposite signs cancel and pick the worse scale.  Ties go to the power of two."""
+    (docs/method.md §8).  The rounding envelope J_ω grows with that residual, so the pick
+    keeps the guard tight (a tightness rule, not a soundness one: either scale is
+    enclosed); a signed residual would let errors of opposite signs cancel and pick the
+    worse scale.  Ties go to the power of two."""
     rs = np.random.default_rng(21)
     H, D = 8, 16
     picked_amax = picked_pow2 = 0
