@@ -24,10 +24,16 @@ class Target:
 _SELECT_TESTS = (
     "tests/test_mut_select.py",
     "tests/test_mut_stages.py",
+    "tests/test_mut_fresh.py",
     "tests/test_select.py",
     "tests/test_zero_plateau.py",
 )
-_NUM_TESTS = ("tests/test_mut_numeric.py", "tests/test_mut_stages.py", "tests/test_numeric.py")
+_NUM_TESTS = (
+    "tests/test_mut_numeric.py",
+    "tests/test_mut_stages.py",
+    "tests/test_mut_fresh.py",
+    "tests/test_numeric.py",
+)
 _CERT_TESTS = ("tests/test_mut_certificate.py", "tests/test_certificate.py")
 TARGETS: tuple[Target, ...] = (
     Target("dosa_ref/certificate.py", (*_CERT_TESTS, *_SELECT_TESTS)),
@@ -61,6 +67,7 @@ TARGETS: tuple[Target, ...] = (
         (
             "tests/test_mut_fp8.py",
             "tests/test_mut_stages.py",
+            "tests/test_mut_fresh.py",
             "tests/test_fp8.py",
             "tests/test_numeric.py",
         ),
@@ -401,6 +408,110 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "G = add_up(G, matmul_abs_up(rad, am.T))",
         "G = add_down(G, matmul_abs_up(rad, am.T))",
         "as the previous entry (the symmetric cross term)",
+        "contract",
+    ),
+    Equivalent(
+        "dosa_ref/fp8.py",
+        "return np.clip(x32, np.float32(-E4M3_MAX), np.float32(E4M3_MAX))"
+        ".astype(E4M3).view(np.uint8)",
+        "return np.clip(x32, np.float32(-E4M3_MAX), (E4M3_MAX)).astype(E4M3).view(np.uint8)",
+        "E4M3_MAX = 448.0 is a Python float: numpy 2 treats it as a weak scalar, so the clip "
+        "of the float32 array is float32 either way, and 448 is exact in float32",
+    ),
+    Equivalent(
+        "dosa_ref/fp8.py",
+        "return np.clip(x32, np.float32(-E4M3_MAX), np.float32(E4M3_MAX))"
+        ".astype(E4M3).view(np.uint8)",
+        "return np.clip(x32, (-E4M3_MAX), np.float32(E4M3_MAX)).astype(E4M3).view(np.uint8)",
+        "as the previous entry (the lower end −448.0)",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "return np.sort(R).astype(np.int64)",
+        "return (np.sort(R))",
+        "R is built from np.flatnonzero indices (dtype intp) by indexing, concatenate and "
+        "sort, which keep intp; intp is int64 on the 64-bit platforms numpy 2 supports "
+        "(Windows included), so the cast only copies an int64 array np.sort already copied",
+    ),
+    Equivalent(
+        "dosa_ref/pipeline.py",
+        'return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 0.0)',
+        'return RChoice(int(opt.r), False, f, float("nan"), float("nan"), 1.0)',
+        "sample_work of the fixed-r choice: its only reader (bound_work += ch.sample_work) is "
+        "in the r = 'auto' branch of _pick_r, after this return; _screened_query reads r, "
+        "dense and the estimates only",
+    ),
+    Equivalent(
+        "dosa_ref/pipeline.py",
+        "return FP8Result(ids=ids, stats=st, plans=bound.plans, tau=st.tau.copy())",
+        "return FP8Result(ids=ids, stats=st, plans=bound.plans, tau=(st.tau))",
+        "FP8Result.tau gets the same float64 [Qn] values as stats.tau; no library code writes "
+        "either array after fp8_topk returns (only a caller writing into one of them would "
+        "see the other change)",
+    ),
+    Equivalent(
+        "dosa_ref/certificate.py",
+        "if key == (0, self.k.shape[1]):",
+        "if key == (1, self.k.shape[1]):",
+        "the shortcut self.norm = safe_norm(k, axis=1) equals the general branch's "
+        "safe_norm(k[:, 0:D], axis=1) (same function, same input); group cuts start at 0 "
+        "(allowance_groups), so the key (1, D) never occurs",
+    ),
+    Equivalent(
+        _NUM,
+        "and np.all(np.isfinite(aux_scale))",
+        "and np.any(np.isfinite(aux_scale))",
+        "both aux scales are np.float32 of _pow2_scale(amax, -126, 127), a power of two in "
+        "[2^-126, 2^127] (or 1.0): always finite, so all() and any() are both True",
+    ),
+    Equivalent(
+        _ROUND,
+        "e = np.where(np.isfinite(mx) & (mx > 0), e, 0)",
+        "e = np.where(np.isfinite(mx) & (mx >= 0), e, 0)",
+        "differs only where mx == 0 (a zero row), and np.frexp(0.0) already gives exponent 0",
+    ),
+    Equivalent(
+        _CPLAN,
+        "beta = cp.where(use, gj / (cp.where(qj > 0, qj, 1.0) ** 2), 0.0)",
+        "beta = cp.where(use, gj / (cp.where(qj >= 0, qj, 1.0) ** 2), 0.0)",
+        "where use holds, rmax > 0 needs ratio > 0 at j*, and ratio is −1 unless qn > 0 "
+        "there, so qj > 0 and both divisors agree; elsewhere β is 0.0 in both",
+    ),
+    Equivalent(
+        _ROUND,
+        "rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1073)",
+        "rad = add_up(mul_up(matmul_abs_up(np.abs(A), np.abs(B)), g), n * 2.0**-1074)",
+        "matmul_enclose's underflow term halved: a product that underflows is off by at most "
+        "2^-1075 (half a subnormal step; sums of subnormals and FMAs round once), so the "
+        "underflow part of an n-term dot is at most n·2^-1075·(1 + γ_n) and n·2^-1074 still "
+        "covers it; test_mut_fresh's worst case (every product a subnormal tie rounded the "
+        "same way) stays enclosed",
+        "contract",
+    ),
+    Equivalent(
+        _NUM,
+        "if u_lo.shape[0] == 0:",
+        "if u_lo.shape[1] == 0:",
+        "_joint_up is only called by _positive_enclosure after its P.size == 0 return (so "
+        "shape[0] = |P| >= 1) on a group slice of coordinate_groups, whose G' = min(G, D) "
+        "groups are never empty (shape[1] >= 1): neither test is ever true",
+    ),
+    Equivalent(
+        "dosa_ref/plan.py",
+        "if options.pos_projection and R.size > 0 and P.size > 0:",
+        "if options.pos_projection and R.size > 0 and P.size >= 0:",
+        "with P empty the block only builds [0, r] arrays (argmax over the non-empty r axis "
+        "is an empty array) and its loop over P runs zero times: anchor, beta, d_s and "
+        "w_fold are unchanged",
+    ),
+    Equivalent(
+        _ROUND,
+        "ms = np.where(e > 0, up(ms), ms)  # downscaling may round; upscaling is exact",
+        "pass  # downscaling may round; upscaling is exact",
+        "norm_up without the widening of downscaled elements: the row maximum scales exactly "
+        "into [0.5, 1), and an element can only round when it lands below 2^-1022; its "
+        "square then loses < 2^-2094, while sum_up's margin over its own error is at least "
+        "(γ_n − γ_{n−1})·0.25 ≥ 2^-55, so the bound still holds for any n",
         "contract",
     ),
 )
