@@ -1,4 +1,5 @@
-"""Hypothesis strategies for indexer problems: small shapes, adversarial values."""
+"""Hypothesis strategies for indexer problems (small shapes, adversarial values) and fixed
+problems shared by several test files."""
 
 from __future__ import annotations
 
@@ -66,3 +67,16 @@ def problems(draw, max_q=3, max_h=6, max_d=6, max_n=120, max_k=40):
         b = rng.integers(0, N + 1, size=Qn)
         ks, ke = np.minimum(a, b).astype(np.int64), np.maximum(a, b).astype(np.int64)
     return q, w, k, K, ks, ke
+
+
+def repick_problem(seed: int):
+    """One query (H = 8, D = 16, 600 keys, 3 positive heads) whose certificate seeds raise τ
+    enough for r = "auto" to be chosen again: (q [1, 8, 16], w [1, 8], k [600, 16])."""
+    rng = np.random.default_rng(seed)
+    H, D, N = 8, 16, 600
+    base = rng.standard_normal(D)
+    q = 0.5 * base + rng.standard_normal((1, H, D))
+    w = -np.abs(rng.standard_normal((1, H)))
+    w[:, :3] *= -1
+    k = rng.standard_normal((N, D)) + base
+    return q, w, k

@@ -8,6 +8,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
+from strategies import repick_problem
 
 from dosa_ref import cost as cost_mod
 from dosa_ref import pipeline as pipeline_mod
@@ -290,13 +291,8 @@ def test_screen_uses_the_plan_of_the_re_picked_r(monkeypatch, seed):
         return calls[-1]
 
     monkeypatch.setattr(pipeline_mod, "choose_r", spy)
-    rng = np.random.default_rng(seed)
-    H, D, N = 8, 16, 600
-    base = rng.standard_normal(D)
-    q = 0.5 * base + rng.standard_normal((1, H, D))
-    w = -np.abs(rng.standard_normal((1, H)))
-    w[:, :3] *= -1
-    k = rng.standard_normal((N, D)) + base
+    q, w, k = repick_problem(seed)
+    H, N = q.shape[1], k.shape[0]
     res = pipeline_mod.dosa_topk(q, w, k, 4, seeds="local,certificate", window=8, sinks=0)
     st = res.stats
     assert len(calls) == 2 and not calls[1].dense and calls[1].r != calls[0].r

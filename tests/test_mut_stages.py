@@ -9,6 +9,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
+from strategies import repick_problem
 
 from dosa_ref import cost as cost_mod
 from dosa_ref import pipeline as pipeline_mod
@@ -323,13 +324,7 @@ def test_auto_r_is_picked_again_at_the_raised_threshold(monkeypatch):
         return orig(q_t, w_t, p, tau, *a, **kw)
 
     monkeypatch.setattr(pipeline_mod, "choose_r", spy)
-    rng = np.random.default_rng(6)
-    H, D, N = 8, 16, 600
-    base = rng.standard_normal(D)
-    q = 0.5 * base + rng.standard_normal((1, H, D))
-    w = -np.abs(rng.standard_normal((1, H)))
-    w[:, :3] *= -1
-    k = rng.standard_normal((N, D)) + base
+    q, w, k = repick_problem(6)
     res = pipeline_mod.dosa_topk(q, w, k, 4, seeds="local,certificate", window=8, sinks=0)
     st = res.stats
     assert st.cert_seeds[0] > 0 and not st.dense[0]

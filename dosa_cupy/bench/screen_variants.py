@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from .timing import median_ms
+
 # name → the build's defines (screen_sm90a.cu's knobs; DOSA_WG_GROUPS always given)
 VARIANTS = {
     "g2": ("DOSA_WG_GROUPS=2",),
@@ -34,19 +36,9 @@ def groups_of(defines) -> int:
     return int(next(d for d in defines if d.startswith("DOSA_WG_GROUPS=")).split("=")[1])
 
 
-def _median_ms(cp, fn, reps: int = 10) -> float:
-    for _ in range(2):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(e0, e1))
-    return float(np.median(ts))
+def _median_ms(cp, launch) -> float:
+    """Median of 10 timed launches after 2 warm-ups (the bench's own ``timing.median_ms``)."""
+    return median_ms(cp, lambda _: launch(), reps=10)[0]
 
 
 def capture_screen(args_, cp):
