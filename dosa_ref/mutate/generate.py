@@ -59,7 +59,12 @@ _CMP = {
     ast.Eq: ("==", "!="),
     ast.NotEq: ("!=", "=="),
 }
-_AUG = {ast.Add: ("+=", "-="), ast.Sub: ("-=", "+="), ast.Mult: ("*=", "/="), ast.Div: ("/=", "*=")}
+# augmented assignments: the same swaps as _BINOP for + - * /
+_AUG = {
+    op: (a + "=", b + "=")
+    for op, (a, b) in _BINOP.items()
+    if op in (ast.Add, ast.Sub, ast.Mult, ast.Div)
+}
 _SWAP_NAMES = {
     "min": "max",
     "max": "min",
