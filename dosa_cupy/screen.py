@@ -125,7 +125,7 @@ class ScreenLaunch:
     grid: tuple
     smem: int
     args: tuple
-    threads: int = SCREEN_THREADS  # sm90a.THREADS for "wg"
+    hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
 
     @classmethod
     def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, cert: bool):
@@ -145,17 +145,19 @@ class ScreenLaunch:
         ) + seeds.default_args() + (np.int32(b.Qn), np.int64(b.N), np.int32(qg))  # fmt: skip
         if screen == "wg":  # screen_mt1's arguments and bounds, 3 warpgroups per block
             grid = (grid[0], (b.Qn + qg - 1) // qg)
-            return cls("screen_wg_mt1", (), grid, sm90a.smem_bytes(T), args, sm90a.THREADS)
+            return cls("screen_wg_mt1", (), grid, sm90a.smem_bytes(T), args, hopper=True)
         return cls(name, SCREENS[screen], grid, T * ROWB + T * 8, args)
 
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None) -> None:
         """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
         (U, id) records of the survivors (screen_cert only)."""
         out = (surv, bounds if bounds is not None else np.uint64(0))
-        launch = sm90a.kernel(self.name) if self.name.endswith("_wg_mt1") else None
-        (launch or kernel(self.name, self.smem, self.defines))(
+        launch = (
+            sm90a.kernel(self.name) if self.hopper else kernel(self.name, self.smem, self.defines)
+        )
+        launch(
             self.grid,
-            (self.threads,),
+            (sm90a.THREADS if self.hopper else SCREEN_THREADS,),
             self.args + out + (cert.args() if cert is not None else ()),
             shared_mem=self.smem,
         )
