@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dosa_ref.options import check_seed_ids as check_ref_seed_ids
+
 from ._build import cupy_or_raise, kernel
 from .dense import dense_ids, select_records
 from .prepare import Batch, as_device
@@ -177,28 +179,12 @@ def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
 
 
 def check_seed_ids(seeds, Qn: int, N: int, xp=np):
-    """Validate explicit seed ids (docs/method.md §2) → int32 [Qn, S] (xp array), −1 = padding.
-
-    ``seeds``: an integer array [Qn, S] (xp array; ``dosa_topk`` first converts CuPy,
-    DLPack or numpy input with ``as_device``).  Every entry must be −1 or a key id in
-    [0, N); ids outside a query's visible range are legal (they are ignored later).
-    ValueError naming ``seed_ids`` otherwise (the option's name, dosa_ref.options).
-    """
-    if seeds.dtype.kind not in "iu":
-        raise ValueError(f"seed_ids: expected an integer array, got dtype {seeds.dtype}")
-    if seeds.ndim != 2 or seeds.shape[0] != Qn:
-        raise ValueError(f"seed_ids: expected shape [Qn={Qn}, S], got {tuple(seeds.shape)}")
-    if seeds.size:
-        # compare in the input dtype first: an uint64 id ≥ 2^63 would wrap to a negative
-        # int64 (−1 would look like padding); after this check every id is < N < 2^31.
-        if seeds.dtype.kind == "u":
-            bad = bool(xp.any(seeds >= np.uint64(N))) if N else True
-        else:
-            a = seeds.astype(xp.int64)
-            bad = bool(xp.any((a < -1) | (a >= N)))
-        if bad:
-            raise ValueError(f"seed_ids: ids must be -1 (padding) or lie in [0, N={N})")
-    return seeds.astype(xp.int32)
+    """Explicit seed ids validated as the reference validates them
+    (``dosa_ref.options.check_seed_ids``) → int32 [Qn, S] (xp array), −1 = padding.
+    ``seeds``: an integer xp array [Qn, S] (``dosa_topk`` first converts CuPy, DLPack or
+    numpy input with ``as_device``); ids outside a query's visible range are legal (they are
+    ignored later)."""
+    return check_ref_seed_ids(seeds, Qn, N, xp).astype(xp.int32)
 
 
 def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np):

@@ -125,17 +125,27 @@ def check_count(name: str, v, minimum: int = 0, maximum: int | None = None) -> i
     raise ValueError(f"{name}: expected an integer of at least {minimum}{hi}, got {v!r}")
 
 
-def check_seed_ids(seed_ids, Qn: int, N: int) -> np.ndarray:
-    """Validate explicit seed ids (numpy): int64 [Qn, S], each −1 or in [0, N)."""
-    a = np.asarray(seed_ids)
+def check_seed_ids(seed_ids, Qn: int, N: int, xp=np):
+    """Validate explicit seed ids (docs/method.md §2) → int64 [Qn, S] (an ``xp`` array: numpy
+    here, CuPy for ``dosa_cupy``), each −1 (padding) or a key id in [0, N).
+
+    ValueError naming ``seed_ids`` otherwise.  Unsigned ids are compared in their own dtype
+    first: an uint64 id ≥ 2^63 would wrap to a negative int64 and −1 would pass as padding.
+    """
+    a = np.asarray(seed_ids) if xp is np else seed_ids
     if a.ndim != 2 or a.shape[0] != Qn or a.dtype.kind not in "iu":
         raise ValueError(
-            f"seed_ids: expected an integer array [Qn={Qn}, S], got {a.dtype} {a.shape}"
+            f"seed_ids: expected an integer array [Qn={Qn}, S], got {a.dtype} {tuple(a.shape)}"
         )
-    a = a.astype(np.int64)
-    if a.size and (a.min() < -1 or a.max() >= N):
-        raise ValueError(f"seed_ids: every id must be -1 or lie in [0, N={N})")
-    return a
+    if a.size:
+        if a.dtype.kind == "u":
+            bad = bool(xp.any(a >= np.uint64(N))) if N else True
+        else:
+            b = a.astype(xp.int64)
+            bad = bool(xp.any((b < -1) | (b >= N)))
+        if bad:
+            raise ValueError(f"seed_ids: every id must be -1 or lie in [0, N={N})")
+    return a.astype(xp.int64)
 
 
 # The seeds set τ = τ_K(S) (docs/method.md §2, Prop. 4).  The local window alone gives the

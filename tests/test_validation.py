@@ -90,3 +90,20 @@ def test_topk_ids_contract():
     s = np.array([[1.0, 3.0, 3.0, -np.inf, 2.0], [-np.inf] * 5])
     np.testing.assert_array_equal(topk_ids(s, 4), [[1, 2, 4, 0], [-1, -1, -1, -1]])
     np.testing.assert_array_equal(topk_ids(s, 1), [[1], [-1]])
+
+
+def test_check_seed_ids_does_not_wrap_unsigned_ids():
+    """An uint64 id ≥ 2^63 must be refused, not cast to a negative int64 that passes as the
+    padding −1 (or into [0, N)); the GPU package validates with the same function."""
+    from dosa_ref.options import check_seed_ids
+
+    good = np.array([[0, -1, 9]], dtype=np.int64)
+    np.testing.assert_array_equal(check_seed_ids(good, 1, 10), good)
+    for bad, n in (
+        (np.full((1, 2), 2**64 - 1, np.uint64), 10),  # would wrap to −1 (padding)
+        (np.full((1, 2), 2**63 + 3, np.uint64), 10),  # would wrap to a negative id
+        (np.full((1, 1), 10, np.uint8), 10),  # = N
+        (np.ones((1, 1), np.uint32), 0),  # N = 0: no id is valid
+    ):
+        with pytest.raises(ValueError, match="seed_ids"):
+            check_seed_ids(bad, 1, n)
