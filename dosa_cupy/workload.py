@@ -10,9 +10,10 @@ Regimes (all causal prefill chunks: query t of the chunk sees keys [0, N − Qn 
   adversarial structured keys plus a wide-dynamic-range coordinate pattern (one huge
               coordinate, many tiny ones) that stresses the MMA accumulator.
 
-Any other name is looked up in ``dosa_ref.workloads.REGIMES`` (the calibrated regime and
-its variants): generated on the host by ``dosa_ref.workloads.make_workload`` (float32,
-causal ranges), uploaded, and quantized on the GPU like the regimes above.
+Any other name is looked up in ``dosa_ref.workloads.regime_names()`` (the calibrated regime
+and its variants): generated on the host by ``dosa_ref.workloads.make_workload`` (float32,
+causal ranges), uploaded, and quantized on the GPU like the regimes above; "trained" (a
+real encoder over real text, dosa_ref/trained.py) is generated on the GPU.
 
 Files: ``load_gpu_workload(path)`` reads a .npz / .safetensors workload written by
 ``dosa_ref.workloads.save_workload`` (float tensors q, w, k and ranges ks, ke; validated
@@ -85,16 +86,20 @@ def make_gpu_workload(regime, Qn, N, H, seed=0, causal=True, scale_fmt="amax"):
 
 
 def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
-    """A ``dosa_ref.workloads`` regime, quantized on the GPU (docs/method.md §8)."""
-    cupy_or_raise()
-    try:
-        from dosa_ref.workloads import REGIMES as REF_REGIMES
-        from dosa_ref.workloads import make_workload
-    except ImportError as e:
-        raise ValueError(f"regime: {regime!r} is not one of {REGIMES} ({e})") from e
-    if regime not in REF_REGIMES:
+    """A ``dosa_ref.workloads`` regime, quantized on the GPU (docs/method.md §8); the
+    trained regime's encoder and indexer run on the GPU (docs/workloads.md §1)."""
+    cp = cupy_or_raise()
+    from dosa_ref.workloads import TRAINED, Workload, make_workload, regime_names
+
+    if regime == TRAINED:
+        from dosa_ref.trained import make_trained_workload
+
+        d = make_trained_workload(int(Qn), int(N), int(H), seed, xp=cp)
+        wl = Workload(d["q"], d["w"], d["k"], d["ks"], d["ke"], name=TRAINED, params=d["params"])
+        return _upload(wl, causal, scale_fmt)
+    if regime not in regime_names():
         raise ValueError(
-            f"regime: expected one of {REGIMES + tuple(sorted(REF_REGIMES))}, got {regime!r}"
+            f"regime: expected one of {REGIMES + tuple(regime_names())}, got {regime!r}"
         )
     return _upload(make_workload(regime, Qn, N, H=H, seed=seed), causal, scale_fmt)
 

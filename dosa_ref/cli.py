@@ -150,9 +150,13 @@ def calibrate(argv: list[str]) -> int:
     ap.add_argument("--queries", type=int, default=None)
     ap.add_argument("--keys", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--regime", default="calibrated", help="a dosa_ref.workloads regime")
+    ap.add_argument("--heads", type=int, default=None, help="H (default: the regime's)")
+    ap.add_argument("--layers", type=int, default=4, help="workloads (seeds) pooled")
     a = ap.parse_args(argv)
     kw = {k: v for k, v in (("Qn", a.queries), ("N", a.keys)) if v is not None}
-    rows = calibration_table(seed=a.seed, **kw)
+    rows = calibration_table(seed=a.seed, name=a.regime, H=a.heads, layers=a.layers, **kw)
+    print(f"regime {a.regime}" + (f", H={a.heads}" if a.heads else ""))
     print(format_calibration(rows))
     return 0
 

