@@ -57,7 +57,7 @@ OPTIONS = {
     "debug_bounds": False,
     "timing": False,
     "stream": "per_query",
-    "screen": "fp64",
+    "screen": "auto",
     "planner": "fused",
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused

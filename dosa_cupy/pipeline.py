@@ -69,11 +69,14 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         refinement stream of query groups, docs/method.md §9, refine.py; slower than
         per_query at the benched shapes); planner ("fused", default: one kernel per chunk,
         plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower); screen
-        ("fp64", default, or "fast32": an fp32 upward-rounded pre-test before the fp64
-        guard, proofs/fp32_pretest.py; survivors ⊆ the fp64 screen's; not faster; or
-        "pair": two queries per 16-row MMA tile, needs r ≤ 6, screen.cu screen_pair; or
-        "auto": "pair" with r ≤ 6 when ≥ 95 % of the queries have ≤ 6 positive heads, else
-        "fp64" — ``screen.auto_screen``); return_stats, timing, debug_bounds.
+        ("auto", default: per chunk, from the positive heads per query, "pair" with
+        r ≤ 6, "fp64" with r = 30, or "wg" where it runs / "fp64" with r —
+        ``screen.auto_screen``; "fp64": the mma.sync screen; "fast32": an fp32
+        upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py, survivors ⊆
+        the fp64 screen's, not faster; "pair": two queries per 16-row MMA tile, needs
+        r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a, r ≤
+        14, screen_sm90a.cu, bounds bitwise equal to "fp64"'s); return_stats, timing,
+        debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """

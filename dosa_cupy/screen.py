@@ -44,6 +44,14 @@ PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile
 # calibrated H=32 has |H+| ≤ 4 and pairs at +0.2 pp survival, h64 has |H+| > 6 in a third
 # of its queries)
 AUTO_PAIR_SHARE = 0.95
+# screen="auto" widens the plan to R_WIDE retained heads (two 16-row MMA tiles) when the
+# median query has more than AUTO_WIDE_MEDIAN positive heads: at r = 14 the positive
+# projection (docs/method.md §3) then omits so many heads that nearly every key survives.
+# Set between the two trained-regime points measured so far (docs/records/benchmarks.md
+# "Trained regime"): median |H+| = 15 (H = 32), r = 14 faster; median 26 (H = 64), r = 30
+# 2.1× faster.  A cost model fitted to stage times is still to come.
+R_WIDE = 30
+AUTO_WIDE_MEDIAN = 20
 SCREEN_THREADS = 256
 
 # Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
@@ -95,21 +103,33 @@ def pair_plan(rows, omega, valid, xp):
     return rows_p, omega_p
 
 
-def auto_screen(screen: str, r: int, cert_seeds: int, w, xp) -> tuple[str, int]:
-    """(screen kernel, r) for a chunk.  ``screen="auto"``: "pair" with r = min(r, 6) when
-    certificate seeds are off and at least AUTO_PAIR_SHARE of the queries have at most
-    PAIR_MAX_R positive weights (w fp32 [Qn, Hp]; one device reduction, one sync), else
-    "fp64" with r.  Any other screen passes through.  Both choices are exact; this only
-    picks the faster one by the rule of docs/records/notes.md "Paired screen"."""
+def auto_screen(
+    screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None
+) -> tuple[str, int]:
+    """(screen kernel, r) for a chunk from the positive heads per query (w fp32 [Qn, Hp];
+    one device histogram, one sync).  ``screen="auto"``, certificate seeds off:
+    - "pair" with r = min(r, 6) when at least AUTO_PAIR_SHARE of the queries have at most
+      PAIR_MAX_R positive weights (docs/records/notes.md "Paired screen");
+    - "fp64" with r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN;
+    - else the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``)
+      and r ≤ 14, otherwise "fp64", with r.
+    With certificate seeds "fp64" with r; any other screen passes through.  Every choice is
+    exact; this only picks the faster one."""
     if screen != "auto":
         return screen, r
     Qn = w.shape[0]
     if cert_seeds or Qn == 0:
         return "fp64", r
-    few = int(xp.sum(xp.sum(w > 0, axis=1) <= PAIR_MAX_R))
-    if few >= AUTO_PAIR_SHARE * Qn:
+    hist = xp.bincount(xp.sum(w > 0, axis=1).ravel(), minlength=w.shape[1] + 1)
+    hist = np.asarray(hist.get() if hasattr(hist, "get") else hist)
+    if hist[: PAIR_MAX_R + 1].sum() >= AUTO_PAIR_SHARE * Qn:
         return "pair", min(r, PAIR_MAX_R)
-    return "fp64", r
+    median = int(np.searchsorted(np.cumsum(hist), (Qn + 1) // 2))
+    if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
+        return "fp64", R_WIDE
+    if hopper is None:
+        hopper = sm90a.available()
+    return ("wg" if hopper and r <= 14 else "fp64"), r
 
 
 @dataclass(frozen=True)

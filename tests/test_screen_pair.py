@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dosa_cupy import plan as plan_mod
-from dosa_cupy import screen
+from dosa_cupy import screen, sm90a
 from dosa_cupy.options import check_options
 from dosa_ref.fp8 import e4m3_values, key_rms
 
@@ -203,20 +203,31 @@ def test_pair_option_validation():
 
 def test_auto_screen_rule():
     """screen="auto": pair (r ≤ 6) iff ≥ 95 % of the queries have ≤ 6 positive weights and
-    certificate seeds are off; other screens pass through unchanged."""
+    certificate seeds are off; r = 30 when the median query has > 20 positive weights;
+    else the Hopper screen where it runs (r ≤ 14), fp64 otherwise; other screens pass
+    through unchanged."""
     w = -np.ones((40, 32), np.float32)
     w[:, :6] = 1.0  # |H+| = 6 everywhere
-    assert screen.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
-    assert screen.auto_screen("auto", 4, 0, w, np) == ("pair", 4)
-    assert screen.auto_screen("auto", 14, 64, w, np) == ("fp64", 14)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
+    assert screen.auto_screen("auto", 4, 0, w, np, hopper=False) == ("pair", 4)
+    assert screen.auto_screen("auto", 14, 64, w, np, hopper=True) == ("fp64", 14)
     w[:2, 6] = 1.0  # 38 / 40 = 95 % still pair
-    assert screen.auto_screen("auto", 14, 0, w, np) == ("pair", 6)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
     w[2, 6] = 1.0  # 37 / 40 < 95 %
-    assert screen.auto_screen("auto", 14, 0, w, np) == ("fp64", 14)
-    assert screen.auto_screen("auto", 14, 0, w[:0], np) == ("fp64", 14)
-    for scr in ("fp64", "fast32", "pair"):
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("fp64", 14)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wg", 14)
+    assert screen.auto_screen("auto", 16, 0, w, np, hopper=True) == ("fp64", 16)
+    assert screen.auto_screen("auto", 14, 0, w[:0], np, hopper=True) == ("fp64", 14)
+    wide = -np.ones((41, 32), np.float32)
+    wide[:, :20] = 1.0  # median |H+| = 20: not above AUTO_WIDE_MEDIAN
+    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 14)
+    wide[:21, 20] = 1.0  # 21 of 41 queries with 21: the median is 21
+    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("fp64", 30)
+    assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("fp64", 30)
+    for scr in ("fp64", "fast32", "pair", "wg"):
         assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
     assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds
+    assert check_options({})["screen"] == "auto"  # the default
 
 
 def test_auto_screen_on_the_reference_regimes():
@@ -228,7 +239,7 @@ def test_auto_screen_on_the_reference_regimes():
     for regime, H, want in (("calibrated", 32, "pair"), ("h64", 64, "fp64")):
         wl = workloads.make_workload(regime, 64, 4096, H=H, seed=7)
         _, w = quantize_queries(wl.q, wl.w)
-        assert screen.auto_screen("auto", 14, 0, w, np)[0] == want, regime
+        assert screen.auto_screen("auto", 14, 0, w, np, hopper=False)[0] == want, regime
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,7 +265,7 @@ def test_gpu_pair_equals_dense_and_unpaired(case):
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
     dense = dosa_cupy.dense_topk(*args)
     ids, st = dosa_cupy.dosa_topk(*args, r=r, screen="pair", return_stats=True, debug_bounds=True)
-    ids1, st1 = dosa_cupy.dosa_topk(*args, r=r, return_stats=True)
+    ids1, st1 = dosa_cupy.dosa_topk(*args, r=r, screen="fp64", return_stats=True)
     assert cp.array_equal(ids, dense) and cp.array_equal(ids1, dense)
     lg = dosa_cupy.dense_logits(*args[:4], wl["ks"], wl["ke"])
     viol, slack = guard_violations(lg, st.bounds)
@@ -273,5 +284,7 @@ def test_gpu_auto_screen(regime, H, want):
     wl = make_gpu_workload(regime, 96, 16384, H, seed=23)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
     ids, st = dosa_cupy.dosa_topk(*args, screen="auto", return_stats=True)
+    if want == "fp64" and sm90a.available():
+        want = "wg"  # r = 14 on an sm_90a GPU: the Hopper screen
     assert st.screen == want
     assert cp.array_equal(ids, dosa_cupy.dense_topk(*args))

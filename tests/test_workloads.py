@@ -248,11 +248,17 @@ def test_bad_suffix_and_save_validates(tmp_path):
 
 def test_calibration_smoke():
     rows = calibration_table(Qn=2, N=600, seed=0, progress=False, layers=1, K=16, window=32)
-    assert [r["statistic"] for r in rows] == list(CALIBRATION_TARGETS)
+    paper = [r for r in rows if r["criterion"] != "-"]
+    assert [r["statistic"] for r in paper] == list(CALIBRATION_TARGETS)
     for r in rows:
         assert set(r) >= {"statistic", "target", "measured", "within_50pct"}
-        assert 0.0 <= r["measured"] <= 1.0
         assert isinstance(r["within_50pct"], bool)
+    for r in paper:
+        assert 0.0 <= r["measured"] <= 1.0
+    observed = {r["statistic"]: r["measured"] for r in rows if r["criterion"] == "-"}
+    assert observed["fully scored fraction (full certificate)"] > 0.0  # anchors can pass 1
+    assert 0.0 <= observed["visible keys scoring exactly 0"] <= 1.0
+    assert 0.0 <= observed["positive heads per query (mean)"] <= 32
     table = format_calibration(rows)
     assert table.count("\n") == len(rows) + 1
     assert "2.65%" in table and "95.06%" in table
