@@ -2,12 +2,13 @@
 
 dosa demo [--large] [--queries Q --keys N --heads H --regime NAME]
 dosa fuzz [--profile ci|nightly] [-- pytest args]
-dosa calibrate [--queries Q --keys N]
+dosa calibrate [--queries Q --keys N --regime NAME --heads H]
 dosa audit ...            (dosa_ref.audit; see ``dosa audit --help``)
 dosa proofs               (python -m proofs)
 dosa mutate ...           (dosa_ref.mutate)
 dosa bench ...            (the GPU benchmark; needs CuPy and an NVIDIA GPU)
 dosa bench --decode ...   (its decode mode)
+dosa train-indexer ...    (the trained regime's indexers; GPU, PyTorch)
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def fuzz(argv: list[str]) -> int:
 
 
 def calibrate(argv: list[str]) -> int:
-    """Print the calibrated regime's statistics beside the paper's targets."""
+    """Print a regime's certificate statistics (default: calibrated) beside the paper's."""
     from .workloads import calibration_table, format_calibration
 
     ap = argparse.ArgumentParser(prog="dosa calibrate", description=calibrate.__doc__)
@@ -183,9 +184,14 @@ PLUGINS = {
     "audit": "dosa_ref.audit:main",
     "bench": "dosa_cupy.bench.cli:main",
     "mutate": "dosa_ref.mutate:main",
+    "train-indexer": "dosa_cupy.train_indexer:main",
 }
 GPU_HINT = "pip install 'dosa[gpu]' (CuPy) and run on a machine with an NVIDIA GPU"
-HINTS = {"bench": GPU_HINT}
+HINTS = {
+    "bench": GPU_HINT,
+    "train-indexer": "pip install 'dosa[gpu,train]' (CuPy, PyTorch) and run on a machine with "
+    "an NVIDIA GPU",
+}
 
 
 def plugin_target(name: str) -> str | None:

@@ -121,3 +121,13 @@ def test_installed_package_finds_its_own_sources(wheel, tmp_path):
     found = sorted(Path(p).relative_to(csrc.parents[1]).as_posix() for p in got["sources"])
     assert found == _sources()
     assert all(Path(p).stat().st_size > 0 for p in got["sources"])
+
+
+def test_wheel_carries_the_trained_indexers(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = sorted(
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "dosa_ref" / "data").glob("*.safetensors")
+    )
+    assert shipped, "dosa_ref/data holds no trained indexer"
+    missing = [s for s in shipped if s not in names]
+    assert not missing, f"{wheel.name} lacks {missing} (pyproject package-data)"
