@@ -42,7 +42,7 @@ def kth_ids(kth, xp=np):
     kth = xp.asarray(kth, dtype=xp.uint64)
     low = (kth & xp.uint64(0xFFFFFFFF)).astype(xp.uint32)
     ids = (~low).astype(xp.int64)
-    return xp.where(kth == 0, NO_KTH_ID, ids).astype(xp.int32)
+    return xp.where(kth == 0, int(NO_KTH_ID), ids).astype(xp.int32)
 
 
 class RecordBuffer:

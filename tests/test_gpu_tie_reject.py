@@ -126,7 +126,7 @@ def plateau_workload(Qn: int = 16, N: int = 8192, H: int = 16, hot: float = 0.02
     kf = 0.25 * rs.standard_normal((N, 128))
     kf[:, 0] = -rs.uniform(1.0, 3.0, N)
     kf[rs.random(N) < hot, 0] = rs.uniform(1.0, 3.0)
-    qf = 0.25 * rs.standard_normal((Qn, H, 128))
+    qf = 0.1 * rs.standard_normal((Qn, H, 128))
     qf[:, :5, 0] = rs.uniform(1.5, 3.0, (Qn, 5))
     wf = np.zeros((Qn, H))
     wf[:, :2] = rs.uniform(2.0, 3.0, (Qn, 2))
