@@ -169,9 +169,9 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"tie_reject: expected a bool, got {o['tie_reject']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
-    if o["screen"] == "wg" and (rr > 14 or _certificate_on(o, names)):
+    if o["screen"] == "wg" and _certificate_on(o, names):
         raise ValueError(
-            f"screen: 'wg' needs r <= 14 and no certificate seeds, got r={rr}, "
+            f"screen: 'wg' needs no certificate seeds, got r={rr}, "
             f"cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
         )
     if o["screen"] == "pair" and (rr > PAIR_MAX_R or _certificate_on(o, names)):

@@ -71,12 +71,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         per_query at the benched shapes); planner ("fused", default: one kernel per chunk,
         plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower); screen
         ("auto", default: per chunk, from the positive heads per query, "pair" with
-        r ≤ 6, "fp64" with r = 30, or "wg" where it runs / "fp64" with r —
+        r ≤ 6, else r or 30 on "wg" where it runs, on "fp64" elsewhere —
         ``screen.auto_screen``; "fp64": the mma.sync screen; "fast32": an fp32
         upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py, survivors ⊆
         the fp64 screen's, not faster; "pair": two queries per 16-row MMA tile, needs
-        r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a, r ≤
-        14, screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True,
+        r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a,
+        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True,
         default: the screen, the certificate-seed clear and the refinement's records use
         the tie-aware rule against the K-th seed record (τ, j) and the zero plateau bound,
         docs/method.md §7 "Tie-aware rejection and zero plateaus"; False: the plain rule

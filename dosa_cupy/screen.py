@@ -6,9 +6,9 @@ fp32 upward-rounded pre-test that skips the fp64 guard for warps whose keys it r
 screen.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
 queries per 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
-bit for bit, r ≤ 14); "auto" chooses between "pair" and "fp64" per chunk
-(``auto_screen``).  With certificate seeds the screen also records (U, id) of every
-survivor (screen_cert_mt*).
+bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "auto" (the default) chooses the
+kernel and r per chunk (``auto_screen``).  With certificate seeds the screen also records
+(U, id) of every survivor (screen_cert_mt*).
 
 Every kernel applies the tie-aware rule against the K-th seed record (τ, j) and the zero
 plateau bound min(U^num, 0) of the keys whose positive rows it certifies inactive
@@ -180,9 +180,9 @@ def auto_screen(
     one device histogram, one sync).  ``screen="auto"``, certificate seeds off:
     - "pair" with r = min(r, 6) when at least AUTO_PAIR_SHARE of the queries have at most
       PAIR_MAX_R positive weights (docs/records/notes.md "Paired screen");
-    - "fp64" with r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN;
-    - else the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``)
-      and r ≤ 14, otherwise "fp64", with r.
+    - else r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN, r otherwise,
+      on the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``),
+      otherwise on "fp64".
     With certificate seeds "fp64" with r; any other screen passes through.  Every choice is
     exact; this only picks the faster one."""
     if screen != "auto":
@@ -195,11 +195,11 @@ def auto_screen(
     if hist[: PAIR_MAX_R + 1].sum() >= AUTO_PAIR_SHARE * Qn:
         return "pair", min(r, PAIR_MAX_R)
     median = int(np.searchsorted(np.cumsum(hist), (Qn + 1) // 2))
-    if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
-        return "fp64", R_WIDE
     if hopper is None:
         hopper = sm90a.available()
-    return ("wg" if hopper and r <= 14 else "fp64"), r
+    if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
+        r = R_WIDE
+    return ("wg" if hopper else "fp64"), r
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,7 @@ class ScreenLaunch:
     smem: int
     args: tuple
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
+    mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
 
     @classmethod
     def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, *, cert: bool, zrow):
@@ -235,9 +236,10 @@ class ScreenLaunch:
             rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out), seeds.tau,
             seeds.kth_id, zrow, b.kp, b.ksc, rho, b.ks, b.ke,
         ) + seeds.default_args() + (np.int32(b.Qn), np.int64(b.N), np.int32(qg))  # fmt: skip
-        if screen == "wg":  # screen_mt1's arguments and bounds, 3 warpgroups per block
+        if screen == "wg":  # screen_mt{mts}'s arguments and bounds (sm90a.BUILDS)
             grid = (grid[0], (b.Qn + qg - 1) // qg)
-            return cls("screen_wg_mt1", (), grid, sm90a.smem_bytes(T), args, hopper=True)
+            name = f"screen_wg_mt{plan.mts}"
+            return cls(name, (), grid, sm90a.smem_bytes(T), args, hopper=True, mts=plan.mts)
         return cls(name, SCREENS[screen], grid, T * ROWB + T * 8, args)
 
     def __call__(self, surv, bounds=None, tcnt=None, cert: RecordBuffer | None = None) -> None:
@@ -247,11 +249,13 @@ class ScreenLaunch:
         null = np.uint64(0)
         out = (surv, bounds if bounds is not None else null, tcnt if tcnt is not None else null)
         launch = (
-            sm90a.kernel(self.name) if self.hopper else kernel(self.name, self.smem, self.defines)
+            sm90a.kernel(self.name, self.mts)
+            if self.hopper
+            else kernel(self.name, self.smem, self.defines)
         )
         launch(
             self.grid,
-            (sm90a.THREADS if self.hopper else SCREEN_THREADS,),
+            (sm90a.threads(self.mts) if self.hopper else SCREEN_THREADS,),
             self.args + out + (cert.args() if cert is not None else ()),
             shared_mem=self.smem,
         )

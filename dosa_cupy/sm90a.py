@@ -19,8 +19,17 @@ from ._build import CSRC, cupy_or_raise, raise_smem_limit, tile
 
 SOURCE = CSRC / "screen_sm90a.cu"
 DEPENDS = (SOURCE, CSRC / "common.cuh")
-THREADS = 384  # three warpgroups per block (screen_sm90a.cu kThreads)
+THREADS = 384  # three warpgroups per block (screen_sm90a.cu kThreads) in the mts = 1 build
 QG = 96  # queries per block (a multiple of 4 per warpgroup): the tile is converted once for QG
+# Builds per plan width (head tiles per query): their defines and threads per block.  Two
+# tiles hold twice the A fragments: two warpgroups at ≤ 255 registers instead of three at
+# ≤ 168 (which spills; tests/test_gpu_sm90a.py builds both without spills).
+BUILDS = {1: ((), THREADS), 2: (("DOSA_WG_MTS=2", "DOSA_WG_GROUPS=2"), 256)}
+
+
+def threads(mts: int = 1) -> int:
+    """Threads per block of the ``mts`` build."""
+    return BUILDS[mts][1]
 
 
 def smem_bytes(tile_n: int) -> int:
@@ -83,8 +92,8 @@ def module(tile_n: int, defines: tuple = ()):
     return cp.RawModule(path=str(out))
 
 
-def kernel(name: str):
-    """Kernel ``name`` of the sm_90a module for the current tile size, with its dynamic
-    shared-memory limit raised to ``smem_bytes(tile())``."""
-    f = module(tile()).get_function(name)
+def kernel(name: str, mts: int = 1):
+    """Kernel ``name`` of the sm_90a module of the ``mts`` build (BUILDS) for the current
+    tile size, with its dynamic shared-memory limit raised to ``smem_bytes(tile())``."""
+    f = module(tile(), BUILDS[mts][0]).get_function(name)
     return raise_smem_limit(f, smem_bytes(tile()), "sm90a", name, tile())

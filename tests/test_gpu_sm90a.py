@@ -17,8 +17,12 @@ def test_build_command_targets_sm90a_with_cupys_flags():
     assert "-DDOSA_TILE_N=256" in cmd and str(sm90a.SOURCE) in cmd
 
 
+BUILD_CASES = [(), ("DOSA_WG_GROUPS=2",), ("DOSA_SCREEN_FAST32=1",), sm90a.BUILDS[2][0],
+               sm90a.BUILDS[2][0] + ("DOSA_SCREEN_FAST32=1",)]  # fmt: skip
+
+
 @pytest.mark.skipif(sm90a.nvcc() is None, reason="nvcc not found on this machine")
-@pytest.mark.parametrize("defines", [(), ("DOSA_WG_GROUPS=2",), ("DOSA_SCREEN_FAST32=1",)])
+@pytest.mark.parametrize("defines", BUILD_CASES)
 def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     """CI (no GPU) builds the wgmma code itself: for sm_90 the file compiles to an empty
     module (tests/test_cuda_build.py), so only this build sees a wgmma error."""
@@ -28,8 +32,10 @@ def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     cmd = sm90a.build_command(256, out, defines)
     res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
     assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
-    screen = res.stderr.split("entry function 'screen_wg_mt1'")[1].split("Compiling")[0]
+    mts = 2 if "DOSA_WG_MTS=2" in defines else 1
+    screen = res.stderr.split(f"entry function 'screen_wg_mt{mts}'")[1].split("Compiling")[0]
     assert "0 bytes spill stores" in screen, screen
+    assert "C7518" not in res.stderr, res.stderr  # no wgmma serialized by ptxas
 
 
 def test_smem_holds_two_panels_and_the_alignment_slack():
@@ -37,8 +43,8 @@ def test_smem_holds_two_panels_and_the_alignment_slack():
 
 
 def test_wg_option_validation():
-    with pytest.raises(ValueError, match="screen"):
-        check_options({"screen": "wg", "r": 30})
+    assert check_options({"screen": "wg", "r": 30})["r"] == 30  # two tiles: screen_wg_mt2
+    assert sm90a.threads(1) == sm90a.THREADS and sm90a.threads(2) == 256
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "wg", "cert_seeds": 64})
     assert check_options({"screen": "wg"})["screen"] == "wg"
@@ -103,20 +109,23 @@ CASES = [("calibrated", 32, 256, 65536), ("h64", 64, 131, 32768), ("structured",
          ("equal", 32, 9, 4100)]  # fmt: skip
 
 
+@pytest.mark.parametrize("r", [14, 30])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-H{c[1]}-Q{c[2]}-N{c[3]}" for c in CASES])
 @needs_sm90a
 @gpu
-def test_gpu_wg_screen_equals_screen_mt1_and_dense(case):
+def test_gpu_wg_screen_equals_screen_mt1_and_dense(case, r):
+    """r = 14: screen_wg_mt1 against screen_mt1; r = 30: screen_wg_mt2 against screen_mt2."""
     regime, H, Qn, N = case
     wl = make_gpu_workload(regime, Qn, N, H, seed=29)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
     dense = dosa_cupy.dense_topk(*args)
-    ids, st = dosa_cupy.dosa_topk(*args, screen="wg", return_stats=True, debug_bounds=True)
-    ids1, st1 = dosa_cupy.dosa_topk(*args, screen="fp64", return_stats=True, debug_bounds=True)
+    kw = dict(r=r, return_stats=True, debug_bounds=True)
+    ids, st = dosa_cupy.dosa_topk(*args, screen="wg", **kw)
+    ids1, st1 = dosa_cupy.dosa_topk(*args, screen="fp64", **kw)
     assert cp.array_equal(ids, dense) and cp.array_equal(ids1, dense)
     u, u1 = cp.asnumpy(st.bounds), cp.asnumpy(st1.bounds)
     same = (u.view(np.uint64) == u1.view(np.uint64)) | (np.isnan(u) & np.isnan(u1))
-    print(f"\n[wg screen] {regime} H={H} Qn={Qn} N={N}: {int((~same).sum())} bounds differ, "
+    print(f"\n[wg screen] {regime} H={H} r={r} Qn={Qn} N={N}: {int((~same).sum())} bounds differ, "
           f"survivors wg={int(st.survivors.sum())} mt1={int(st1.survivors.sum())}")  # fmt: skip
     assert same.all()
     assert np.array_equal(np.asarray(st.survivors), np.asarray(st1.survivors))

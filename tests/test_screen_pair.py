@@ -204,8 +204,8 @@ def test_pair_option_validation():
 def test_auto_screen_rule():
     """screen="auto": pair (r ≤ 6) iff ≥ 95 % of the queries have ≤ 6 positive weights and
     certificate seeds are off; r = 30 when the median query has > 20 positive weights;
-    else the Hopper screen where it runs (r ≤ 14), fp64 otherwise; other screens pass
-    through unchanged."""
+    on the Hopper screen where it runs, fp64 otherwise; other screens pass through
+    unchanged."""
     w = -np.ones((40, 32), np.float32)
     w[:, :6] = 1.0  # |H+| = 6 everywhere
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
@@ -216,14 +216,16 @@ def test_auto_screen_rule():
     w[2, 6] = 1.0  # 37 / 40 < 95 %
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("fp64", 14)
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wg", 14)
-    assert screen.auto_screen("auto", 16, 0, w, np, hopper=True) == ("fp64", 16)
+    assert screen.auto_screen("auto", 16, 0, w, np, hopper=True) == ("wg", 16)
+    assert screen.auto_screen("auto", 16, 0, w, np, hopper=False) == ("fp64", 16)
     assert screen.auto_screen("auto", 14, 0, w[:0], np, hopper=True) == ("fp64", 14)
     wide = -np.ones((41, 32), np.float32)
     wide[:, :20] = 1.0  # median |H+| = 20: not above AUTO_WIDE_MEDIAN
     assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 14)
     wide[:21, 20] = 1.0  # 21 of 41 queries with 21: the median is 21
-    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("fp64", 30)
-    assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("fp64", 30)
+    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("wg", 30)
+    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 30)
+    assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("wg", 30)
     for scr in ("fp64", "fast32", "pair", "wg"):
         assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
     assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds

@@ -1,6 +1,8 @@
-// Hopper screening (docs/method.md §8–§9): the screen of screen_mt1 with the head tile's
-// MMA issued as warpgroup MMA (wgmma, sm_90a) on an f16 key tile in swizzled shared memory,
-// overlapped with the epilogue of the previous key chunk.  Built by nvcc as an sm_90a cubin
+// Hopper screening (docs/method.md §8–§9): the screen of screen_mt1 / screen_mt2 with the
+// head tiles' MMA issued as warpgroup MMA (wgmma, sm_90a) on an f16 key tile in swizzled
+// shared memory, overlapped with the epilogue of the previous key chunk.  One build per
+// plan width: DOSA_WG_MTS = 1 (r ≤ 14, m64n64k16, kernel screen_wg_mt1) or 2 (r ≤ 30, two
+// m64n32k16 per k-step — one per 16-row tile of the query — kernel screen_wg_mt2).  Built by nvcc as an sm_90a cubin
 // (dosa_cupy/sm90a.py) and loaded with cupy.RawModule; every other target compiles this
 // file to an empty module (tests/test_cuda_build.py builds it for sm_90 and sm_90a).
 //
@@ -8,7 +10,7 @@
 // is QRows<1>'s register fragment (the m16n8k16 A layout, which is also wgmma's register-A
 // layout), and the key tile stores every key's 128 dims in the canonical k-order of
 // common.cuh, so wgmma step s' multiplies exactly the dims that mma.sync step s' does, in
-// the same positions, chained from +0 in the same order s' = 0..7.  The accumulator of a
+// the same positions, chained from +0 in the same order s' = 0..7 (per tile).  The accumulator of a
 // wgmma column chunk is laid out like four m16n8 accumulators per 32 keys (warp w holds rows
 // 16w + g, 16w + g + 8), so the epilogue below is screen_impl's, per query = per warp.
 #include "common.cuh"
@@ -20,6 +22,9 @@
 namespace dosa {
 namespace wg {
 
+#ifndef DOSA_WG_MTS
+#define DOSA_WG_MTS 1  // 16-row head tiles per query (the plan's mts)
+#endif
 #ifndef DOSA_WG_GROUPS
 #define DOSA_WG_GROUPS 3  // warpgroups per block (3: 12 warps per SM at ≤ 168 registers)
 #endif
@@ -36,7 +41,9 @@ namespace wg {
 #define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py)
 #endif
 constexpr int kTileN = DOSA_TILE_N;      // keys per block tile
-constexpr int kChunk = 64;               // keys per wgmma (m64n64k16)
+constexpr int kMts = DOSA_WG_MTS;        // head tiles per query
+// keys per wgmma: m64n64k16 for one tile; m64n32k16 for two (the same accumulator registers)
+constexpr int kChunk = kMts == 1 ? 64 : 32;
 constexpr int kAcc = kChunk / 2;         // fp32 accumulators per thread of one chunk
 constexpr int kBatches = kChunk / 32;    // 32-key batches (bitmask words) per chunk
 constexpr int kChunks = kTileN / kChunk;
@@ -48,6 +55,7 @@ constexpr int kThreads = 128 * DOSA_WG_GROUPS;
 namespace dosa {
 namespace wg {
 static_assert(kTileN % kChunk == 0, "tile must be a multiple of the chunk");
+static_assert(kMts == 1 || kMts == 2, "DOSA_WG_MTS: 1 or 2");
 
 // Shared-memory layout of the key tile: two 128-byte-swizzled K-major panels (logical k
 // 0..63 and 64..127), kTileN rows of 128 bytes each; then α, ρ and the anchor-pool words.
@@ -75,6 +83,11 @@ __device__ __forceinline__ void pin(float (&d)[M]) {
 #pragma unroll
   for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int T, int M>
+__device__ __forceinline__ void pin(float (&d)[T][M]) {
+#pragma unroll
+  for (int j = 0; j < T; ++j) pin(d[j]);
+}
 
 // D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint32_t a1,
@@ -90,6 +103,24 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint3
         "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
         "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+// D (64 × 32, fp32) += A (64 × 16, f16, registers) · B (16 × 32, f16, shared via desc).
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+template <int N>
+__device__ __forceinline__ void mma_chunk(float (&d)[N], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint64_t desc) {
+  if constexpr (N == 32) mma_m64n64k16(d, a0, a1, a2, a3, desc);
+  else mma_m64n32k16(d, a0, a1, a2, a3, desc);
 }
 // e4m3 keys [n0, n0 + kTileN) → f16 in the canonical k-order: logical position 16s' + κ of
 // a key holds dim 32c + 4s' + e with (κ < 8: c = κ/2, e = κ%2; κ ≥ 8: c = (κ−8)/2,
@@ -125,11 +156,14 @@ __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long l
   }
 }
 
-// The 8 chained k16 steps of one 64-key chunk for the warpgroup's 64 rows.
-__device__ __forceinline__ void issue_chunk(float (&d)[kAcc], const QRows<1>& A,
+// The 8 chained k16 steps of one key chunk for the warpgroup's 64 rows, per head tile mt
+// (each tile's chain runs s' = 0..7 from +0 in its own accumulator, as mma_batch's does).
+__device__ __forceinline__ void issue_chunk(float (&d)[kMts][kAcc], const QRows<kMts>& A,
                                             uint32_t sk_addr, int chunk) {
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) d[i] = 0.f;
+  for (int mt = 0; mt < kMts; ++mt)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) d[mt][i] = 0.f;
   pin(d);
   // An opaque copy of the tile address: the 8 · kChunks descriptors are recomputed (two
   // integer adds each) instead of being hoisted out of the query loop into 64-bit registers.
@@ -139,11 +173,14 @@ __device__ __forceinline__ void issue_chunk(float (&d)[kAcc], const QRows<1>& A,
   fence();
 #pragma unroll
   for (int sp = 0; sp < 8; ++sp) {
-    uint32_t a0, a1, a2, a3;
-    A.frag(0, sp, a0, a1, a2, a3);
     // + (byte offset >> 4) in the start-address field (no carry: the tile is < 256 KB)
     const uint32_t off = (sp >> 2) * kPanel + (sp & 3) * 32;
-    if (DOSA_WG_DIAG != 3) mma_m64n64k16(d, a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
+#pragma unroll
+    for (int mt = 0; mt < kMts; ++mt) {
+      uint32_t a0, a1, a2, a3;
+      A.frag(mt, sp, a0, a1, a2, a3);
+      if (DOSA_WG_DIAG != 3) mma_chunk(d[mt], a0, a1, a2, a3, desc0 + (uint64_t)(off >> 4));
+    }
   }
   commit();
 }
@@ -160,7 +197,8 @@ __device__ __forceinline__ unsigned int* tie_slot() {
 struct Query {
   int lo_i, hi_i, shi_i, llo_i;  // visible span, sink end, local-window start (tile offsets)
   int kj;                        // id j of the K-th seed record (τ, j) (kNoKthId: plain rule)
-  float wlo, whi, tq;            // weights of rows g / g + 8 (aux lane: −σ_a and 0), τ
+  float wlo, whi, tq;            // last tile: weights of rows g / g + 8 (aux lane: −σ_a, 0); τ
+  float w0lo, w0hi;              // the first of two tiles: weights of rows g / g + 8
   // zero plateau (warp-uniform): −1 when off, else the offset of row g's coefficient in zrow
   // (rows g / g + 8 read there when needed: registers are the kernel's budget)
   int zoff;
@@ -189,7 +227,7 @@ struct TileKeys {
 // word (kept by lane b); with tcnt (stats) the warp's shared slot tie_slot() counts the keys
 // the plain rule keeps and this one rejects (in shared memory: no register for it).
 template <int NB>
-__device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0, const Query& Q,
+__device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, int b0, const Query& Q,
                                          const TileKeys& K, long long tN, long long n0,
                                          const float* __restrict__ zrow, double* __restrict__ Uout,
                                          unsigned int* __restrict__ tcnt, int lane,
@@ -199,8 +237,15 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0
   for (int k = 0; k < NB; ++k)
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const float* c = d + 4 * (4 * (bb0 + k) + u);
       float a0 = 0.f, a1 = 0.f;
+      if constexpr (kMts == 2) {  // screen_impl's tile 0: both rows weighed by their ω
+        const float* c0 = d[0] + 4 * (4 * (bb0 + k) + u);
+        a0 = fmaf(Q.w0lo, fmaxf(c0[0], 0.f), a0);
+        a1 = fmaf(Q.w0lo, fmaxf(c0[1], 0.f), a1);
+        a0 = fmaf(Q.w0hi, fmaxf(c0[2], 0.f), a0);
+        a1 = fmaf(Q.w0hi, fmaxf(c0[3], 0.f), a1);
+      }
+      const float* c = d[kMts - 1] + 4 * (4 * (bb0 + k) + u);  // the last tile (aux rows)
       a0 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[2], c[0]), 0.f), a0);
       a1 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[3], c[1]), 0.f), a1);
       a0 = fmaf(Q.whi, fmaxf(c[2], 0.f), a0);
@@ -217,18 +262,22 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0
     const int b = b0 + k, i = b * 32 + pos;
     bool plat = false;  // screen_impl's zero-plateau test: every positive row certified inactive
     if (Q.zoff >= 0) {
-      const float zlo = __ldg(zrow + Q.zoff), zhi = __ldg(zrow + Q.zoff + 8);
       float miss[8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float* c = d + 4 * (4 * (bb0 + k) + u);
+      for (int u = 0; u < 4; ++u)
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
           const double rk = K.dsr[b * 32 + 8 * u + 2 * c4 + v];
-          miss[2 * u + v] = plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
+          float m = 0.f;
+#pragma unroll
+          for (int mt = 0; mt < kMts; ++mt) {  // rows g, g + 8 of tile mt (zrow: 16 per tile)
+            const float* c = d[mt] + 4 * (4 * (bb0 + k) + u);
+            const float zlo = __ldg(zrow + Q.zoff + 16 * mt), zhi = __ldg(zrow + Q.zoff + 16 * mt + 8);
+            m += plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
+          }
+          miss[2 * u + v] = m;
         }
-      }
-      plat = reduce8(miss, lane) == 0.f;
+      plat = reduce8(miss, lane) == 0.f;  // small integers: exact
     }
     const bool vis = i >= Q.lo_i && i < Q.hi_i;
     const bool seed = i < Q.shi_i || i >= Q.llo_i || ((K.spm[b] >> pos) & 1u);
@@ -274,7 +323,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAcc], int bb0, int b0
 // visible span only clears its bit): no branch between a wgmma and its wait, so ptxas does
 // not serialize the wgmma behind a divergent path (its warning C7518).
 template <int C>
-__device__ __forceinline__ void chunk_step(float (&cur)[kAcc], float (&nxt)[kAcc], const QRows<1>& A,
+__device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const QRows<kMts>& A,
                                            uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                            long long tN, long long n0, const float* __restrict__ zrow,
                                            double* __restrict__ Uout,
@@ -292,7 +341,7 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kAcc], float (&nxt)[kAcc
 }
 
 template <int C>
-__device__ __forceinline__ void chunks(float (&a)[kAcc], float (&b)[kAcc], const QRows<1>& A,
+__device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const QRows<kMts>& A,
                                        uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                        long long tN, long long n0, const float* __restrict__ zrow,
                                        double* __restrict__ Uout,
@@ -313,11 +362,15 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 }  // namespace dosa
 #endif
 
-// screen_mt1's contract (kernels.cu): arguments, grid (ceil(N / DOSA_TILE_N), ceil(Qn / QG)),
+#define DOSA_WG_CAT2(a, b) a##b
+#define DOSA_WG_CAT(a, b) DOSA_WG_CAT2(a, b)
+// screen_mt1's / screen_mt2's contract (kernels.cu) as screen_wg_mt1 / screen_wg_mt2 (the
+// DOSA_WG_MTS of the build): arguments, grid (ceil(N / DOSA_TILE_N), ceil(Qn / QG)),
 // outputs (the survivor words of every query t < Qn for the block's tile; U^num in Uout
 // where given; tie-rejected counts in tcnt where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
 // per warp, rows 16w..16w+15 of its wgmma), QG a multiple of 4.
-extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) screen_wg_mt1(
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
+DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
     const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
     const float* __restrict__ tau, const int* __restrict__ kj, const float* __restrict__ zrow,
@@ -370,18 +423,22 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) s
     const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
     Q.shi_i = (int)min(max(s_hi - n0, 0LL), (long long)kTileN);
     Q.llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)kTileN);
-    QRows<1> A;
-    A.load(rows + (long long)tl * 16 * DOSA_D, lane);
-    const bool aux_lane = g == 7;  // rows 7 and 15: the two aux rows (screen_impl)
+    QRows<kMts> A;
+    A.load(rows + (long long)tl * (16 * kMts) * DOSA_D, lane);
+    const bool aux_lane = g == 7;  // rows 7 and 15 of the last tile: the two aux rows
     const float sg = sig[tl];
-    Q.wlo = aux_lane ? -sg : __ldg(om + (long long)tl * 16 + g);
-    Q.whi = aux_lane ? 0.f : __ldg(om + (long long)tl * 16 + g + 8);
+    const float* oq = om + (long long)tl * (16 * kMts);
+    Q.wlo = aux_lane ? -sg : __ldg(oq + 16 * (kMts - 1) + g);
+    Q.whi = aux_lane ? 0.f : __ldg(oq + 16 * (kMts - 1) + g + 8);
+    Q.w0lo = __ldg(oq + g);
+    Q.w0hi = __ldg(oq + g + 8);
     Q.aux_add = aux_lane ? 1.f : 0.f;
     Q.tq = tau[tl];
     Q.kj = kj[tl];
     // Zero plateau (screen_impl): rows g, g + 8 of the query's zrow (−1 on the aux lane).
-    const bool zp = zrow[(long long)tl * 16] == zrow[(long long)tl * 16] && Q.tq >= 0.f;
-    Q.zoff = zp ? tl * 16 + g : -1;
+    const float z0 = zrow[(long long)tl * (16 * kMts)];
+    const bool zp = z0 == z0 && Q.tq >= 0.f;
+    Q.zoff = zp ? tl * (16 * kMts) + g : -1;
     Q.C = Cq[tl];
     Q.er = eps_raw[tl];
     Q.eo = eps_out;
@@ -397,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) s
 #endif
     uint32_t myword = 0u;
     if (tcnt != nullptr && lane == 0) *tie_slot() = 0u;
-    float acc0[kAcc], acc1[kAcc];
+    float acc0[kMts][kAcc], acc1[kMts][kAcc];
     issue_chunk(acc0, A, sk_addr, 0);
     chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, zrow, Uout, tcnt, lane, myword);
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
@@ -411,6 +468,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB) s
 // canonical chain (8 k16 steps from +0, QRows<1> fragments) computed once by wgmma on the
 // swizzled key tile and once by mma.sync on keys gathered from global memory:
 // out_wg[row, key], out_mma[row, key].  One block of kThreads; warp w owns rows 16w..16w+15.
+#if DOSA_WG_MTS == 1
 extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma(
     const uint8_t* __restrict__ rows, const uint8_t* __restrict__ keys, float* __restrict__ out_wg,
     float* __restrict__ out_mma) {
@@ -426,7 +484,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   QRows<1> A;
   A.load(rows + (long long)warp * 16 * DOSA_D, lane);
-  float acc[kAcc];
+  float acc[1][kAcc];
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
     issue_chunk(acc, A, sk_addr, ch);
@@ -437,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = 16 * warp + g + 8 * (r >> 1), col = ch * kChunk + 8 * j + 2 * c + (r & 1);
-        out_wg[row * kTileN + col] = acc[4 * j + r];
+        out_wg[row * kTileN + col] = acc[0][4 * j + r];
       }
   }
   for (int b = 0; b < kTileN / 32; ++b) {
@@ -456,3 +514,4 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
   }
 #endif
 }
+#endif  // DOSA_WG_MTS == 1
