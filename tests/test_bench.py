@@ -535,6 +535,9 @@ def test_parse_variants():
     v = B.parse_variants(["cert:cert_seeds=2048", "fp:planner=fused,r=14,window=-1"])
     assert v == {"cert": {"cert_seeds": 2048}, "fp": {"planner": "fused", "r": 14, "window": -1}}
     assert B.parse_variants(None) == {} and B.parse_variants([]) == {}
+    assert B.parse_variants(["p:tie_reject=False,screen=wg"]) == {
+        "p": {"tie_reject": False, "screen": "wg"}
+    }
     for bad in (["nocolon"], [":a=1"], ["x:a"], ["x:=1"], ["a b:c=1"], ["x:a=1", "x:b=2"]):
         with pytest.raises(ValueError, match="--variant"):
             B.parse_variants(bad)

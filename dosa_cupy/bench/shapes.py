@@ -115,7 +115,10 @@ def parse_variants(specs) -> dict[str, dict]:
             k, eq, v = kv.partition("=")
             if not eq or not k:
                 raise ValueError(f"--variant: expected key=value in {spec!r}, got {kv!r}")
-            opts[k] = int(v) if re.fullmatch(r"-?\d+", v) else v
+            if v in ("True", "False"):  # tie_reject=False and the other switches
+                opts[k] = v == "True"
+            else:
+                opts[k] = int(v) if re.fullmatch(r"-?\d+", v) else v
         out[name] = opts
     return out
 
