@@ -128,7 +128,7 @@ def corpus() -> Corpus:
 def save_corpus(path) -> Path:
     """Write ``corpus()`` as an ``.npz`` that ``$DOSA_CORPUS`` can name."""
     c = corpus()
-    np.savez(path, ids=c.ids, text_sha256=np.array(c.text_sha256))
+    np.savez_compressed(path, ids=c.ids, text_sha256=np.array(c.text_sha256))
     return Path(path)
 
 
