@@ -59,7 +59,6 @@ OPTIONS = {
     "stream": "per_query",
     "screen": "auto",
     "planner": "fused",
-    "tie_reject": True,
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
@@ -76,11 +75,6 @@ class DosaGpuStats(SelectStats):
     survivors again in an overflow extension, every visible key again in a recovery);
     ``bound_work`` is visible·(r + 2)/H (two aux rows); ``tau_final`` is NaN for recovered
     queries; ``est_survival`` / ``est_work`` stay NaN (no cost model: r is an option).
-    ``tie_rejected`` (dosa_topk): keys the screen rejected by the tie-aware rule or the zero
-    plateau bound that the plain rule U^num < τ keeps, counted by the screen kernel at the
-    seeds' τ (docs/method.md §7 "Tie-aware rejection and zero plateaus"); without
-    certificate seeds ``survivors + tie_rejected`` = the plain rule's survivors (what
-    ``cert_clear`` drops and the refinement's record filter are not counted).
     ``dense`` marks recovered queries (dosa_topk) or every query (fused_topk: no screen).
     """
 
@@ -165,8 +159,6 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
-    if not isinstance(o["tie_reject"], (bool, np.bool_)):
-        raise ValueError(f"tie_reject: expected a bool, got {o['tie_reject']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     if o["screen"] == "wg" and _certificate_on(o, names):

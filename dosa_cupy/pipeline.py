@@ -7,7 +7,6 @@ stage:
     screen   U^num vs τ → survivor bitmask                (screen.screen_stage)
              [certificate seeds raise τ, drop survivors]  (seeds.certificate_seeds)
     refine   survivors scored, compact records s ≥ τ      (refine.refine_stage)
-             (tie-aware screen and records: K-th seed record (τ, j), docs/method.md §7)
     select   exact Top-K of seed ∪ compact records        (select.select_ids)
              + query-level recovery (dense route) of invalid scales / plans
 
@@ -76,11 +75,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py, survivors ⊆
         the fp64 screen's, not faster; "pair": two queries per 16-row MMA tile, needs
         r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a,
-        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True,
-        default: the screen, the certificate-seed clear and the refinement's records use
-        the tie-aware rule against the K-th seed record (τ, j) and the zero plateau bound,
-        docs/method.md §7 "Tie-aware rejection and zero plateaus"; False: the plain rule
-        U < τ, for A/B runs); return_stats, timing, debug_bounds.
+        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); return_stats, timing,
+        debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
@@ -100,14 +96,13 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")
-    tau, kth_id, cert_scored = seeds.tau, seeds.kth_id, None
+    tau, cert_scored = seeds.tau, None
     if screened.cert is not None:  # certificate-guided seeds (§2): raise τ, drop survivors
-        m = int(o["cert_seeds"])
-        tau, kth_id, cert_scored = certificate_seeds(b, seeds, screened.cert, m, screened.surv)
+        tau, cert_scored = certificate_seeds(b, seeds, screened.cert, int(o["cert_seeds"]),
+                                             screened.surv)  # fmt: skip
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
-    recs, shared = refine_stage(b, tau, screened.surv, int(o["buffer"]), o["stream"],
-                                kth_id=kth_id)  # fmt: skip
+    recs, shared = refine_stage(b, tau, screened.surv, int(o["buffer"]), o["stream"])
     tm.mark("refine")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
@@ -124,7 +119,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     st.tau = cp.asnumpy(tau)
     st.screened = vis - default
     st.survivors = cp.asnumpy(popcount_rows(screened.surv, cp))
-    st.tie_rejected = cp.asnumpy(screened.tie_rejected).astype(np.int64)
     st.refined = np.where(rec, vis - default, st.survivors)
     # every scoring with all heads: seeds, the certificate pass (explicit seeds again), the
     # survivors (again in an overflow extension), every visible key of a recovered query

@@ -16,13 +16,11 @@ groups, with compact writeback and the exact overflow extension (``refine_stage`
   are the same set as with the per-query stream.
 
 Both kernels call the canonical scorer ``dosa::score_batch`` (common.cuh), so every score
-equals the dense route's bit for bit.  A record is written when s ≥ τ and it is not below
-the K-th seed record (τ, j): a record (τ, i) with i > j is not needed (docs/method.md §7
-"Tie-aware rejection and zero plateaus"); j = ``select.NO_KTH_ID`` writes every s ≥ τ.
-Overflow: the counters count every qualifying record (shared + residual); the rows with
-count > capacity are refined again by the per-query stream over their whole survivor rows
-(the union of the shared and residual bits, so the same record set whichever stream ran
-first) as a sub-problem of those rows only (``select.extend_overflow``).
+equals the dense route's bit for bit.  Overflow: the counters count every qualifying
+record (shared + residual); the rows with count > capacity are refined again by the
+per-query stream over their whole survivor rows (the union of the shared and residual
+bits, so the same record set whichever stream ran first) as a sub-problem of those rows
+only (``select.extend_overflow``).
 
 The split is written once for numpy and CuPy (``xp``); tests/test_refine_shared.py checks
 its properties and emulates the kernels' loop decomposition on the CPU.
@@ -36,7 +34,7 @@ import numpy as np
 
 from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
 from .prepare import Batch
-from .select import NO_KTH_ID, RecordBuffer, extend_overflow
+from .select import RecordBuffer, extend_overflow
 
 __all__ = [
     "GROUP",
@@ -172,14 +170,12 @@ def _shared_kernel(name: str, smem: int):
 
 @dataclass(frozen=True)
 class RefineLaunch:
-    """Refinement launches of one batch ``b`` against the K-th seed records (τ fp32 [Qn],
-    kth_id int32 [Qn]): each method passes its kernel the arguments in the kernel's
-    parameter order and appends the records s ≥ τ (less those below (τ, j)) of the refined
-    (query, key) pairs to ``out`` (rows of ``b``)."""
+    """Refinement launches of one batch ``b`` against τ (fp32 [Qn]): each method passes its
+    kernel the arguments in the kernel's parameter order and appends the records s ≥ τ of
+    the refined (query, key) pairs to ``out`` (rows of ``b``)."""
 
     b: Batch
     tau: object
-    kth_id: object
 
     def per_query(self, qlist, surv, out: RecordBuffer) -> None:
         """refine.cu refine_mt*: survivors of surv[t] (uint32 [Qn, NW]) for t in qlist
@@ -189,8 +185,7 @@ class RefineLaunch:
         kernel(f"refine_mt{b.mth}")(
             (int(qlist.size), gx),
             (32 * REFINE_WARPS,),
-            (b.q, b.w, b.kp, b.ksc, self.tau, self.kth_id, b.ks, b.ke, qlist, np.int64(b.N), surv)
-            + out.args(),
+            (b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, qlist, np.int64(b.N), surv) + out.args(),
         )
 
     def shared(self, glist, shared, surv, out: RecordBuffer) -> None:
@@ -204,27 +199,23 @@ class RefineLaunch:
             (int(glist.size), gy),
             (32 * RS_WARPS,),
             (
-                b.q, b.w, b.kp, b.ksc, self.tau, self.kth_id, b.ks, b.ke, np.int32(b.Qn), glist,
+                b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, np.int32(b.Qn), glist,
                 np.int64(b.N), shared, surv,
             ) + out.args(),
             shared_mem=smem,
         )  # fmt: skip
 
 
-def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query", *, kth_id=None):
+def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query"):
     """Refinement with compact writeback and the exact extension on overflow (docs/method.md
     §7 C.3, §9): τ fp32 [Qn], surv uint32 [Qn, NW], ``cap`` records per query in the first
-    pass, kth_id int32 [Qn] (j of the K-th seed record (τ, j); None: ``NO_KTH_ID``, every
-    s ≥ τ).  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query t
-    (s ≥ τ_t and not below (τ_t, j_t), one per surviving key, whichever stream) are
-    ``Records.row(t)``."""
+    pass.  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query t
+    (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
     if stream not in STREAMS:
         raise ValueError(f"stream: expected one of {STREAMS}, got {stream!r}")
     xp = cupy_or_raise()
-    if kth_id is None:
-        kth_id = xp.full(b.Qn, NO_KTH_ID, dtype=xp.int32)
     first = RecordBuffer(b.Qn, cap)
-    launch = RefineLaunch(b, tau, kth_id)
+    launch = RefineLaunch(b, tau)
     shared = None
     resid = surv
     if stream == "shared":
@@ -234,7 +225,7 @@ def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query", *, kt
 
     def rescore(oq, cap2):
         out = RecordBuffer(int(oq.size), cap2)
-        sub = RefineLaunch(b.rows(oq), tau[oq], kth_id[oq])
+        sub = RefineLaunch(b.rows(oq), tau[oq])
         sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
         return out
 

@@ -9,12 +9,6 @@ screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the 
 bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "auto" (the default) chooses the
 kernel and r per chunk (``auto_screen``).  With certificate seeds the screen also records
 (U, id) of every survivor (screen_cert_mt*).
-
-Every kernel applies the tie-aware rule against the K-th seed record (τ, j) and the zero
-plateau bound min(U^num, 0) of the keys whose positive rows it certifies inactive
-(docs/method.md §7 "Tie-aware rejection and zero plateaus", proofs/gpu_zero_plateau.py);
-``plateau_rows`` gives the per-row coefficients, j is ``Seeds.kth_id``.  With
-``tie_reject=False`` j = ``select.NO_KTH_ID`` and no row qualifies: the plain rule U^num < τ.
 """
 
 from __future__ import annotations
@@ -23,12 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dosa_ref.fp8 import e4m3_values
-
 from . import sm90a
 from ._build import cupy_or_raise, kernel, tile
 from .dense import QG, ROWB
-from .plan import MU, DevicePlan, gamma_mma, row_slots
+from .plan import DevicePlan
 from .prepare import Batch, D
 from .seeds import Seeds
 from .select import RecordBuffer
@@ -40,9 +32,7 @@ __all__ = [
     "SCREENS",
     "ScreenLaunch",
     "auto_screen",
-    "pair_gather",
     "pair_plan",
-    "plateau_rows",
     "screen_stage",
 ]
 
@@ -113,66 +103,6 @@ def pair_plan(rows, omega, valid, xp):
     return rows_p, omega_p
 
 
-def pair_gather(x, fill: float, xp):
-    """Per-row values x [Qn, 16] of mts = 1 plans gathered like ``pair_plan``'s rows: [P, 16]
-    with row i of pair p ← x[2p + PAIR_ROWS[i][0], PAIR_ROWS[i][1]]; an odd Qn's missing
-    partner has ``fill`` in every row.  xp: numpy or CuPy."""
-    Qn = x.shape[0]
-    if x.shape[1:] != (16,):
-        raise ValueError(f"x: expected per-row values of an mts = 1 plan [Qn, 16], got {x.shape}")
-    if Qn % 2:
-        x = xp.concatenate([x, xp.full((1, 16), fill, dtype=x.dtype)])
-    who = np.array([w for w, _ in PAIR_ROWS])
-    row = np.array([j for _, j in PAIR_ROWS])
-    return xp.ascontiguousarray(x.reshape(-1, 2, 16)[:, who, row])
-
-
-_QCHUNK = 2048  # queries per step of plateau_rows (a float64 [chunk, 16·mts, 128] temporary)
-
-
-def _f32_up(x, xp):
-    """float64 → the least fp32 ≥ x (NaN stays NaN)."""
-    y = x.astype(xp.float32)
-    return xp.where(y.astype(xp.float64) < x, xp.nextafter(y, xp.float32(np.inf)), y)
-
-
-def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
-    """Zero-plateau coefficients of the screen (docs/method.md §7 "Tie-aware rejection and
-    zero plateaus", proofs/gpu_zero_plateau.py): fp32 [Qn, 16·mts].
-
-    A query qualifies when its plan is valid and retains every positive head: no omitted
-    positive head (P = ∅) and as many plan rows with ω_j > 0 as weights w [Qn, Hp] > 0.  With
-    P = ∅ nothing is folded (ω_j = w_h of the head whose e4m3 row q̄_h is plan row j), so the
-    rows with ω_j > 0 are exactly the positive heads.  Their coefficient is
-    z_j = RU32(2·γ_mma·√D·‖q̄_j‖·(1 + MU)): the screen's dot x̂_j and the canonical scorer's
-    logit are each within γ_mma·Σ_d|q̄_jd||k̄_d| ≤ γ_mma·‖q̄_j‖·ρ√D of the exact dot (plan.py's
-    MMA model; ρ√D ≥ ‖k̄‖), so x̂_j + z_j·ρ ≤ 0 certifies the canonical logit ≤ 0
-    (csrc/common.cuh plateau_miss).  Every other row is −1 (no condition: negative heads,
-    empty slots, aux rows); a query that does not qualify is NaN in every row (row 0 NaN
-    switches the plateau off in the kernels).  ‖q̄_j‖² is exact in float64 (≤ 128 squares
-    of multiples of 2^-9 below 2^25); the few float64 roundings of the product are far
-    below MU.  xp: numpy or CuPy; no host synchronization.
-    """
-    Qn, nrow = plan.omega.shape
-    table = xp.asarray(e4m3_values(np.arange(256, dtype=np.uint8)))
-    sq = xp.empty((Qn, nrow), dtype=xp.float64)
-    for a in range(0, Qn, _QCHUNK):
-        v = table[plan.rows[a : a + _QCHUNK]]
-        sq[a : a + _QCHUNK] = xp.sum(v * v, axis=2)
-    slot = xp.zeros(nrow, dtype=bool)
-    slot[xp.asarray(row_slots(plan.mts))] = True
-    pos = slot[None, :] & (plan.omega > 0)
-    npos = xp.sum(xp.asarray(w) > 0, axis=1)
-    ok = (
-        xp.asarray(plan.valid, dtype=bool)
-        & (xp.asarray(plan.omitted_positive) == 0)
-        & (xp.sum(pos, axis=1) == npos)
-    )
-    coef = 2.0 * gamma_mma(mma_bits, D) * np.sqrt(D) * (1.0 + MU)
-    z = xp.where(pos, _f32_up(coef * xp.sqrt(sq) * (1.0 + MU), xp), xp.float32(-1.0))
-    return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
-
-
 def auto_screen(
     screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None
 ) -> tuple[str, int]:
@@ -207,8 +137,8 @@ class ScreenLaunch:
     """One screening launch, built once per chunk (``of``): the kernel, its build defines,
     grid, dynamic shared memory and its leading arguments in the kernel's parameter order
     (screen.cu screen_mt* / screen_cert_mt* / screen_pair: rows, om, sig, Cq, eps_raw,
-    eps_out, tau, kj, zrow, kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG); the
-    call adds the outputs (surv, Uout, tcnt[, ucnt, urec, ucap])."""
+    eps_out, tau, kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG); the call adds
+    the outputs (surv, Uout[, ucnt, urec, ucap])."""
 
     name: str
     defines: tuple
@@ -219,22 +149,20 @@ class ScreenLaunch:
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
 
     @classmethod
-    def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, *, cert: bool, zrow):
+    def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, cert: bool):
         """The launch screening ``b``'s keys with ``plan`` (mts rows per query; for "pair"
-        an mts = 1 plan with r ≤ 6) against the K-th seed record (``seeds.tau``,
-        ``seeds.kth_id``); ρ fp32 [N]; ``cert``: the screen_cert variant (not with "pair");
-        zrow fp32 [Qn, 16·mts]: ``plateau_rows`` (all NaN: no zero plateau)."""
+        an mts = 1 plan with r ≤ 6) against τ = ``seeds.tau``; ρ fp32 [N]; ``cert``: the
+        screen_cert variant (not with "pair")."""
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
         rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{plan.mts}"
         if screen == "pair":  # two queries per 16-row tile (r <= 6 checked by the options)
             rows, omega = pair_plan(plan.rows, plan.omega, plan.valid, cupy_or_raise())
-            zrow = pair_gather(zrow, np.nan, cupy_or_raise())
             grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
         qg = sm90a.QG if screen == "wg" else QG
         args = (
             rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out), seeds.tau,
-            seeds.kth_id, zrow, b.kp, b.ksc, rho, b.ks, b.ke,
+            b.kp, b.ksc, rho, b.ks, b.ke,
         ) + seeds.default_args() + (np.int32(b.Qn), np.int64(b.N), np.int32(qg))  # fmt: skip
         if screen == "wg":  # screen_mt{mts}'s arguments and bounds (sm90a.BUILDS)
             grid = (grid[0], (b.Qn + qg - 1) // qg)
@@ -242,12 +170,10 @@ class ScreenLaunch:
             return cls(name, (), grid, sm90a.smem_bytes(T), args, hopper=True, mts=plan.mts)
         return cls(name, SCREENS[screen], grid, T * ROWB + T * 8, args)
 
-    def __call__(self, surv, bounds=None, tcnt=None, cert: RecordBuffer | None = None) -> None:
-        """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, tcnt uint32
-        [Qn] (zeroed; the kernel adds the keys the plain rule keeps and the tie-aware rule
-        rejects) or None, cert: the (U, id) records of the survivors (screen_cert only)."""
-        null = np.uint64(0)
-        out = (surv, bounds if bounds is not None else null, tcnt if tcnt is not None else null)
+    def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None) -> None:
+        """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
+        (U, id) records of the survivors (screen_cert only)."""
+        out = (surv, bounds if bounds is not None else np.uint64(0))
         launch = (
             sm90a.kernel(self.name, self.mts)
             if self.hopper
@@ -264,29 +190,19 @@ class ScreenLaunch:
 @dataclass
 class Screened:
     """The screen's output: surv uint32 [Qn, NW] (survivor bits), bounds fp64 [Qn, N] U^num
-    (NaN where not screened) or None, cert: the survivors' (U, id) records or None,
-    tie_rejected uint32 [Qn] (with stats) or None: keys the plain rule keeps and the
-    tie-aware rule or the zero plateau bound rejects."""
+    (NaN where not screened) or None, cert: the survivors' (U, id) records or None."""
 
     surv: object
     bounds: object
     cert: RecordBuffer | None
-    tie_rejected: object = None
 
 
 def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict) -> Screened:
     """Screen every visible non-seed key (options ``o``: screen — already resolved by
-    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds, return_stats, mma_bits; the
-    tie-aware rule and zero plateau follow ``seeds.tie_reject``)."""
+    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds)."""
     cp = cupy_or_raise()
     surv = cp.empty((b.Qn, b.NW), dtype=cp.uint32)
     bounds = cp.full((b.Qn, b.N), np.nan) if o["debug_bounds"] else None
     cert = RecordBuffer(b.Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
-    tcnt = cp.zeros(b.Qn, dtype=cp.uint32) if o["return_stats"] or o["debug_bounds"] else None
-    if seeds.tie_reject:
-        zrow = plateau_rows(plan, b.w, int(o["mma_bits"]), cp)
-    else:
-        zrow = cp.full(plan.omega.shape, np.nan, dtype=cp.float32)
-    launch = ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert=cert is not None, zrow=zrow)
-    launch(surv, bounds, tcnt, cert)
-    return Screened(surv, bounds, cert, tcnt)
+    ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert is not None)(surv, bounds, cert)
+    return Screened(surv, bounds, cert)

@@ -21,7 +21,7 @@ from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 from ._build import cupy_or_raise, kernel
 from .dense import dense_ids, select_records
 from .prepare import Batch, as_device
-from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
+from .select import RecordBuffer, tau_of_seeds
 
 __all__ = [
     "Seeds",
@@ -46,11 +46,8 @@ class Seeds:
     anchor-pool ids), poolmask uint32 [NW] (bit i = key i in the
     pool), default: the default seed records (``RecordBuffer`` [Qn, sinks + window + P]),
     xcnt uint32 [Qn] (explicit seed records), tau fp32 [Qn] (K-th record of default ∪
-    explicit seeds), kth_id int32 [Qn] (j of that K-th record (τ, j), the tie-aware rule's
-    id, docs/method.md §7 "Tie-aware rejection and zero plateaus"; ``NO_KTH_ID`` when there
-    is none or the rule is off), xtable int32 [Qn, S'] (the explicit seeds that were
-    scored, or None), sinks, window: the default seeds' geometry; tie_reject: whether the
-    tie-aware rule is on (option ``tie_reject``).
+    explicit seeds), xtable int32 [Qn, S'] (the explicit seeds that were scored, or None),
+    sinks, window: the default seeds' geometry.
     """
 
     anchors: object
@@ -59,11 +56,9 @@ class Seeds:
     default: RecordBuffer
     xcnt: object
     tau: object
-    kth_id: object
     xtable: object
     sinks: int
     window: int
-    tie_reject: bool = True
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -118,16 +113,8 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
         xrec, xcnt = score_seed_ids(b, table)
         if xrec is not None:
             xtable = table  # the certificate seeds are deduplicated against these
-    tie = bool(o["tie_reject"])
-    tau, kid = tau_of_seeds(b.K, default, xrec, xcnt)
-    return Seeds(anchors, pool, poolmask, default, xcnt, tau, _tie_ids(kid, tie, cp), xtable,
-                 o["sinks"], o["window"], tie)  # fmt: skip
-
-
-def _tie_ids(kid, tie: bool, xp):
-    """The K-th record ids the kernels compare with: ``kid`` with the tie-aware rule, else
-    ``NO_KTH_ID`` everywhere (the plain rule, docs/method.md §7)."""
-    return kid if tie else xp.full(kid.shape, NO_KTH_ID, dtype=xp.int32)
+    tau = tau_of_seeds(b.K, default, xrec, xcnt)
+    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"])
 
 
 def score_seed_ids(b: Batch, table):
@@ -149,18 +136,16 @@ def score_seed_ids(b: Batch, table):
     return out.rec, out.cnt
 
 
-def cert_clear(cert: RecordBuffer, tau, kth_id, surv) -> None:
-    """Clear the bitmask bit of every recorded survivor whose record (U, id) is below the K-th
-    seed record (τ, j): U < τ, or U = τ and id > j (kernel ``cert_clear_below_tau``;
-    reference ``dosa_ref.stages.cert_clear_below_tau``; docs/method.md §7 "Tie-aware
-    rejection and zero plateaus").  cert: the (U, id) records of ``screen_cert_mt*``; tau
-    fp32 [Qn]; kth_id int32 [Qn] (``NO_KTH_ID``: plain rule U < τ); surv uint32 [Qn, NW]."""
+def cert_clear(cert: RecordBuffer, tau, surv) -> None:
+    """Clear the bitmask bit of every recorded survivor with U < τ (kernel
+    ``cert_clear_below_tau``; reference ``dosa_ref.stages.cert_clear_below_tau``).
+    cert: the (U, id) records of ``screen_cert_mt*``; tau fp32 [Qn]; surv uint32 [Qn, NW]."""
     Qn, NW = surv.shape
     gx = max(1, min(64, (cert.cap + 255) // 256))
     kernel("cert_clear_below_tau")(
         (gx, min(Qn, 65535)),
         (256,),
-        (cert.rec, cert.cnt, np.int64(cert.cap), tau, kth_id, np.int32(Qn), np.int64(NW), surv),
+        (cert.rec, cert.cnt, np.int64(cert.cap), tau, np.int32(Qn), np.int64(NW), surv),
     )
 
 
@@ -168,20 +153,17 @@ def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
     """Certificate-guided seeds on the GPU (docs/method.md §2; dosa_ref.select's "certificate"
     strategy): score the ``m`` survivors of largest U exactly (their (U, id) records
     ``cert``, written by ``screen_cert_mt*``), τ' = K-th record of default ∪ explicit ∪
-    these seeds (≥ τ: a superset), then clear the survivor bit of every recorded key whose
-    record is below the new K-th record (τ', j') (``cert_clear``, in place on surv uint32
-    [Qn, NW]).  Returns (τ' fp32 [Qn], j' int32 [Qn] (``NO_KTH_ID`` with the plain rule),
+    these seeds (≥ τ: a superset), then clear the survivor bit of every recorded key with
+    U < τ' (``cert_clear``, in place on surv uint32 [Qn, NW]).  Returns (τ' fp32 [Qn],
     the keys scored uint32 [Qn]: explicit ∪ certificate seeds, distinct).
 
     Exactness: the certificate seeds are survivors, hence visible, not default seeds, and
     distinct (one bitmask bit each); together with explicit seeds they are deduplicated by
     ``explicit_seed_table``, so no key is counted twice in τ'.  A cleared key has
-    s ≤ U < τ' ≤ τ_K(Ω), or s ≤ U = τ' with id > j' (its record is below (τ', j'), which has
-    K distinct seed records at or above it).  The seeds are not added to the final
-    candidate set: like explicit seeds they only raise τ; a seed whose record (s, id) is at
-    or above (τ', j') has U ≥ τ' (and id ≤ j' if U = τ' = s), keeps its bit, and refinement
-    re-scores it into the compact records (the seed j' itself included).  Survivors whose
-    record did not fit (count > cap) keep their bit.
+    s ≤ U < τ' ≤ τ_K(Ω).  The seeds are not added to the final candidate set: like explicit
+    seeds they only raise τ; a seed with s ≥ τ' has U ≥ τ', keeps its bit, and refinement
+    re-scores it into the compact records.  Survivors whose record did not fit
+    (count > cap) keep their bit.
     """
     cp = cupy_or_raise()
     cid, _ = select_records(m, cert.rec, cert.cnt)  # largest (U, id) first, −1 padding
@@ -191,10 +173,9 @@ def certificate_seeds(b: Batch, seeds: Seeds, cert: RecordBuffer, m: int, surv):
         table = explicit_seed_table(both, b.ks, b.ke, seeds.sinks, seeds.window, seeds.poolmask,
                                     cp)  # fmt: skip
     xrec, xcnt = score_seed_ids(b, table)
-    tau1, kid1 = tau_of_seeds(b.K, seeds.default, xrec, xcnt)
-    kid1 = _tie_ids(kid1, seeds.tie_reject, cp)
-    cert_clear(cert, tau1, kid1, surv)
-    return tau1, kid1, xcnt
+    tau1 = tau_of_seeds(b.K, seeds.default, xrec, xcnt)
+    cert_clear(cert, tau1, surv)
+    return tau1, xcnt
 
 
 def check_seed_ids(seeds, Qn: int, N: int, xp=np):

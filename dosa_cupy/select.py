@@ -20,29 +20,11 @@ __all__ = [
     "RecordBuffer",
     "Records",
     "extend_overflow",
-    "NO_KTH_ID",
     "invalid_scale_queries",
-    "kth_ids",
     "recover",
     "select_ids",
     "tau_of_seeds",
 ]
-
-
-# "No K-th record": a key id no visible key exceeds (ids < N ≤ 2^31 − 1), so the tie-aware
-# comparison "U = τ and i > j" (docs/method.md §7 "Tie-aware rejection and zero plateaus")
-# never holds and every kernel applies the plain rule U < τ / writes every s ≥ τ.
-NO_KTH_ID = np.iinfo(np.int32).max
-
-
-def kth_ids(kth, xp=np):
-    """Id j of each K-th record (τ, j) (uint64 ``code << 32 | ~id`` [Qn]) as int32 [Qn], or
-    ``NO_KTH_ID`` where there is none (record 0: fewer than K records, τ = −inf).  xp: numpy
-    or CuPy (elementwise, no host synchronization)."""
-    kth = xp.asarray(kth, dtype=xp.uint64)
-    low = (kth & xp.uint64(0xFFFFFFFF)).astype(xp.uint32)
-    ids = (~low).astype(xp.int64)
-    return xp.where(kth == 0, int(NO_KTH_ID), ids).astype(xp.int32)
 
 
 class RecordBuffer:
@@ -107,17 +89,16 @@ def extend_overflow(first: RecordBuffer, rescore) -> Records:
 
 
 def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt):
-    """The K-th record (τ, j) of default ∪ extra seed records (Prop. 4): (τ fp32 [Qn], −inf
-    when fewer than K; j int32 [Qn], ``kth_ids``: ``NO_KTH_ID`` when fewer than K).  The two
-    lists must not share a key (docs/method.md §2).  xrec uint64 [Qn, S] or None, xcnt
-    uint32 [Qn]."""
+    """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
+    fewer than K.  The two lists must not share a key (docs/method.md §2).  xrec uint64
+    [Qn, S] or None, xcnt uint32 [Qn]."""
     cp = cupy_or_raise()
     Qn = seeds.rec.shape[0]
     xc = xcnt if xrec is not None else None
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = cp.empty(Qn, dtype=cp.float32)
     kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
-    return tau, kth_ids(kth, cp)
+    return tau
 
 
 def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = False):

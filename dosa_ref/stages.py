@@ -80,19 +80,13 @@ def screen(fplan: FP8ScreenPlan, payload, scale, rho, tau: float) -> np.ndarray:
     return screen_bound(fplan, e4m3_values(payload), scale, rho) >= tau
 
 
-def cert_clear_below_tau(survivor_ids, bounds, tau: float, kth_id: int | None = None) -> np.ndarray:
+def cert_clear_below_tau(survivor_ids, bounds, tau: float) -> np.ndarray:
     """Survivors kept after certificate-guided seeds raised τ (kernel
     ``cert_clear_below_tau``; docs/method.md §2): ids int64 of ``survivor_ids`` whose bound
     ``bounds`` (U^num, rounded up) is not below τ.  A dropped key has s ≤ U^num < τ ≤ τ_K(Ω)
-    (strict rejection, as in ``screen``); NaN bounds are kept.  With ``kth_id`` (j of the
-    K-th seed record (τ, j)) a key with U^num = τ and id > j is dropped too (docs/method.md
-    §7 "Tie-aware rejection and zero plateaus")."""
+    (strict rejection, as in ``screen``); NaN bounds are kept."""
     ids = np.asarray(survivor_ids, dtype=np.int64)
-    U = np.asarray(bounds, np.float64)
-    drop = U < tau
-    if kth_id is not None:
-        drop |= (U == tau) & (ids > kth_id)
-    return ids[~drop]
+    return ids[~(np.asarray(bounds, np.float64) < tau)]
 
 
 def refine(q_t, w_t, k, survivor_ids, tau: float) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ def test_smem_holds_two_panels_and_the_alignment_slack():
 
 def test_wg_option_validation():
     assert check_options({"screen": "wg", "r": 30})["r"] == 30  # two tiles: screen_wg_mt2
-    assert sm90a.threads(1) == sm90a.THREADS and sm90a.threads(2) == 256
+    assert sm90a.threads(1) == sm90a.THREADS and sm90a.threads(2) == sm90a.THREADS
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "wg", "cert_seeds": 64})
     assert check_options({"screen": "wg"})["screen"] == "wg"

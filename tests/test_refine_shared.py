@@ -352,10 +352,9 @@ def test_constants_match_source():
 
 def test_signatures_parse():
     t = _param_types(SHARED_SRC, "refine_shared")
-    assert len(t) == 16 and t[8] == np.int32 and t[10] == np.int64 and t[15] == np.int64
-    assert t[5] == np.int32  # kj: the K-th seed record's id (docs/method.md §7)
+    assert len(t) == 15 and t[7] == np.int32 and t[9] == np.int64 and t[14] == np.int64
     r = _param_types(KERNELS_SRC, "refine")
-    assert len(r) == 14 and r[5] == np.int32 and r[9] == np.int64
+    assert len(r) == 13 and r[8] == np.int64
 
 
 # ---------------------------------------------------------------------------------------
@@ -400,14 +399,14 @@ class _FakeRefine:
 
         return launch
 
-    def _emit(self, q, cnt, rec, cap, tau, kj):
+    def _emit(self, q, cnt, rec, cap, tau):
         # the score table is indexed by the query's identity, which the test writes into
         # q[t, 0, :4] (_tag_queries): the overflow extension launches on q[rows] sub-arrays
         qid = np.ascontiguousarray(q[:, 0, :4]).view(np.uint32)[:, 0]
 
         def on_pair(t, i):
             s = self.S[qid[t], i]
-            if s > tau[t] or (s == tau[t] and i <= kj[t]):  # score_ids_and_emit's rule
+            if s >= tau[t]:
                 at = int(cnt[t])
                 cnt[t] += 1  # counts past the capacity
                 if at < cap:
@@ -415,15 +414,14 @@ class _FakeRefine:
 
         return on_pair
 
-    def refine(self, grid, q, w, kp, ksc, tau, kj, ks, ke, qlist, N, surv, cnt, rec, cap):
-        emit = self._emit(q, cnt, rec, int(cap), tau, kj)
-        emulate_refine(grid, int(N), ks, ke, qlist, surv, emit)
+    def refine(self, grid, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
+        emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(q, cnt, rec, int(cap), tau))
 
-    def refine_shared(self, grid, q, w, kp, ksc, tau, kj, ks, ke, Qn, glist, N, shared, surv,
-                      cnt, rec, cap):  # fmt: skip
+    def refine_shared(self, grid, q, w, kp, ksc, tau, ks, ke, Qn, glist, N, shared, surv, cnt,
+                      rec, cap):  # fmt: skip
         assert int(Qn) == q.shape[0]
         emulate_refine_shared(grid, int(Qn), int(N), ks, ke, glist, shared, surv,
-                              self._emit(q, cnt, rec, int(cap), tau, kj))  # fmt: skip
+                              self._emit(q, cnt, rec, int(cap), tau))  # fmt: skip
 
 
 @pytest.fixture
@@ -453,20 +451,13 @@ def _tag_queries(q):
     (13, 333, 0.6, "causal", 4096), (13, 333, 0.6, "causal", 3),
     (30, 777, 0.3, "window", 1), (5, 1000, 0.2, "arbitrary", 50), (9, 31, 0.9, "arbitrary", 2),
 ])  # fmt: skip
-@pytest.mark.parametrize("tie", [False, True])
-def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap, tie):
-    """Both streams write the same records: s ≥ τ, and with the tie-aware rule (``tie``:
-    kth_id = j of the K-th seed record, docs/method.md §7) no (τ, i) with i > j."""
+def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap):
     rng = np.random.default_rng(Qn + N + mt)
     surv, ks, ke = _random_case(rng, Qn, N, density, kind)
     S = rng.standard_normal((Qn, N)).astype(np.float32)
     S[:, ::7] = 0.5  # ties
     tau = np.quantile(S, 0.4, axis=1).astype(np.float32)
     tau[0] = -np.inf
-    kj = np.full(Qn, select_mod.NO_KTH_ID, dtype=np.int32)
-    if tie:
-        tau[1:] = 0.5  # a τ that many scores tie with
-        kj[1:] = rng.integers(0, N, size=Qn - 1)
     Hp = 16 * mt
     q = _tag_queries(np.zeros((Qn, Hp, 128), np.uint8))
     w = np.zeros((Qn, Hp), np.float32)
@@ -476,17 +467,14 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap, 
     for stream in ("per_query", "shared"):
         fk = fake_refine(S)
         b = Batch(q, w, kp, ksc, 1, ks, ke)
-        kth = kj if tie else None
-        recs, shared = rs_mod.refine_stage(b, tau, surv, cap, stream, kth_id=kth)
+        recs, shared = rs_mod.refine_stage(b, tau, surv, cap, stream)
         assert (shared is None) == (stream == "per_query")
         names = {re.sub(r"_mt\d$", "", c) for c in fk.calls}
         assert names == ({"refine", "refine_shared"} if stream == "shared" else {"refine"})
         assert all(c.endswith(f"_mt{mt}") for c in fk.calls)
         out[stream] = recs
     B = _bits(surv)
-    ids_n = np.arange(N)
-    keep = (S > tau[:, None]) | ((S == tau[:, None]) & (ids_n[None] <= kj[:, None]))
-    want_cnt = np.array([int(np.sum(B[t, :N] & keep[t])) for t in range(Qn)])
+    want_cnt = np.array([int(np.sum(B[t, :N] & (S[t] >= tau[t]))) for t in range(Qn)])
     for stream, recs in out.items():
         assert recs.cnt.tolist() == want_cnt.tolist(), stream
         assert recs.rec.shape == (Qn, cap)
@@ -499,7 +487,7 @@ def test_refine_stage_streams_agree(fake_refine, mt, Qn, N, density, kind, cap, 
         else:
             assert recs.ext is None
         for t in range(Qn):
-            ids = np.flatnonzero(B[t, :N] & keep[t])
+            ids = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))
             row = np.sort(recs.row(t))
             assert np.array_equal(row, np.sort(_record(S[t, ids], ids))), (stream, t)
 

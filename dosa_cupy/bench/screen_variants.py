@@ -29,7 +29,7 @@ VARIANTS = {
     "diag_nomma": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=3"),
     "diag_noreduce": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=4"),
 }
-SURV, QG_ARG = 20, 19  # positions of surv and QG in the screen kernels' arguments
+SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
 
 
 def groups_of(defines) -> int:

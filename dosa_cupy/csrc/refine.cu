@@ -4,8 +4,7 @@
 
 // ---------------------------------------------------------------------------------------
 // Refinement (docs/method.md §9): score every surviving key of the bitmask with all H heads
-// through score_batch (bit-identical to the dense route) and write records with s ≥ τ, less
-// those below the K-th seed record (τ, kj[t]) (score_ids_and_emit, docs/method.md §7).
+// through score_batch (bit-identical to the dense route) and write records with s ≥ τ.
 // Per-query stream: block = (query qlist[x], word chunk y); each warp takes RW words.  The
 // query index varies fastest, so concurrently resident blocks work on the same key chunk
 // for many queries and the gathered keys are served from L2 (a key that survives for
@@ -15,8 +14,7 @@
 template <int MT>
 __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
                             const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-                            const float* __restrict__ tau, const int* __restrict__ kj,
-                            const int* __restrict__ ks_,
+                            const float* __restrict__ tau, const int* __restrict__ ks_,
                             const int* __restrict__ ke_, const int* __restrict__ qlist,
                             long long N, const uint32_t* __restrict__ surv,
                             unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
@@ -39,9 +37,8 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
   A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);
   const float tq = tau[t];
-  const int kjq = kj[t];
   for_each_survivor_batch(srow, w0, w1, sid[warp], lane, [&](const int (&my)[4], int id) {
-    score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, id, tq, kjq, lane, count + t,
+    score_ids_and_emit<MT>(A, wl, wh, kp, alpha, my, id, tq, lane, count + t,
                            rec + (long long)t * cap, cap);
   });
 }
@@ -49,9 +46,9 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
 #define REFINE_INST(MT)                                                                        \
   extern "C" __global__ void __launch_bounds__(256) refine_mt##MT(                              \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
-      const int* kj, const int* ks, const int* ke, const int* qlist, long long N,               \
-      const uint32_t* surv, unsigned int* count, unsigned long long* rec, long long cap) {      \
-    refine_impl<MT>(q, w, kp, alpha, tau, kj, ks, ke, qlist, N, surv, count, rec, cap);        \
+      const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,       \
+      unsigned int* count, unsigned long long* rec, long long cap) {                           \
+    refine_impl<MT>(q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count, rec, cap);            \
   }
 REFINE_INST(1)
 REFINE_INST(2)

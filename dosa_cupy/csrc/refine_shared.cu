@@ -5,8 +5,7 @@
 // from global memory ONCE and scored for every query of the group whose survivor bit is
 // set, by the canonical scorer dosa::score_batch (common.cuh), so each score is bit for bit
 // the dense route's value.  A record is written for query t iff the key's survivor bit of
-// t is set and s ≥ τ_t, less the records below the K-th seed record (τ_t, kj[t]) (refine.cu,
-// docs/method.md §7 "Tie-aware rejection and zero plateaus"): the per-query stream (refine.cu refine_mt*) then refines only the
+// t is set and s ≥ τ_t: the per-query stream (refine.cu refine_mt*) then refines only the
 // residual masks surv[t] & ~shared[g], so every (query, surviving key) pair is refined by
 // exactly one stream and no record can be written twice (tests/test_refine_shared.py).
 // Records and counters are the per-query buffers of refine_mt* (same overflow semantics:
@@ -51,8 +50,7 @@ struct QFragSmem {
 template <int MT>
 __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                    const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-                                   const float* __restrict__ tau, const int* __restrict__ kj,
-                                   const int* __restrict__ ks_,
+                                   const float* __restrict__ tau, const int* __restrict__ ks_,
                                    const int* __restrict__ ke_, int Qn, const int* __restrict__ glist,
                                    long long N, const uint32_t* __restrict__ shared,
                                    const uint32_t* __restrict__ surv, unsigned int* __restrict__ count,
@@ -121,9 +119,8 @@ __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* _
       const QFragSmem<MT> A{sA + qi * (MT * 8 * 32) + lane};
       float s = score_batch<MT, KeysReg, QFragSmem<MT>>(A, B, wl, wh, lane);
       s = (id >= 0) ? s * al : 0.f;  // = score_ids_and_emit's s · α (one fp32 multiply)
-      const float tq = __ldg(tau + t);
-      const bool keep = s > tq || (s == tq && id <= __ldg(kj + t));  // score_ids_and_emit's
-      warp_emit(sv && keep, s, id, lane, count + t, rec + (long long)t * cap, cap);
+      warp_emit(sv && s >= __ldg(tau + t), s, id, lane, count + t, rec + (long long)t * cap,
+                cap);
     }
   });
 }
@@ -131,10 +128,10 @@ __device__ void refine_shared_impl(const uint8_t* __restrict__ q, const float* _
 #define REFINE_SHARED_INST(MT)                                                                  \
   extern "C" __global__ void __launch_bounds__(256) refine_shared_mt##MT(                        \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
-      const int* kj, const int* ks, const int* ke, int Qn, const int* glist, long long N,       \
+      const int* ks, const int* ke, int Qn, const int* glist, long long N,                      \
       const uint32_t* shared, const uint32_t* surv, unsigned int* count,                        \
       unsigned long long* rec, long long cap) {                                                 \
-    refine_shared_impl<MT>(q, w, kp, alpha, tau, kj, ks, ke, Qn, glist, N, shared, surv, count,\
+    refine_shared_impl<MT>(q, w, kp, alpha, tau, ks, ke, Qn, glist, N, shared, surv, count,    \
                            rec, cap);                                                           \
   }
 REFINE_SHARED_INST(1)

@@ -33,17 +33,11 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 // Screening (docs/method.md §8, §9): for every visible non-seed key,
 //   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
 //   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
-// survives unless its record (U^num, i) is below the K-th seed record (τ, j): U^num < τ, or
-// U^num = τ and i > j (docs/method.md §7 "Tie-aware rejection and zero plateaus"; j = kj[t],
-// kNoKthId gives the plain strict rule U^num < τ).  Zero plateau: when the query's plan
-// retains every positive head (zrow[t, 0] not NaN, screen.plateau_rows) and τ ≥ 0, a key
-// whose every positive row passes plateau_miss's test has canonical score ≤ 0 (or NaN),
-// so min(U^num, 0) bounds it (proofs/gpu_zero_plateau.py).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
+// survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
 // the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
 // retained heads (zero rows where r is smaller).  One batch of 32 keys = one bitmask word:
 // after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
-// packs the survivors; tcnt[t] (when given) counts the keys the plain rule keeps and the
-// tie-aware rule / plateau bound rejects (stat tie_rejected).  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
+// packs the survivors.  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
 // found on the host by a prefix count (select.invalid_scale_queries) and recovered
 // (docs/method.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
@@ -62,19 +56,18 @@ template <int MTS, bool CERT>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
                             const double* __restrict__ eps_raw, double eps_out,
-                            const float* __restrict__ tau, const int* __restrict__ kj,
-                            const float* __restrict__ zrow, const uint8_t* __restrict__ kp,
+                            const float* __restrict__ tau, const uint8_t* __restrict__ kp,
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
                             int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout,
-                            unsigned int* __restrict__ tcnt, unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
+                            unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
                             long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
-            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
+            g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
@@ -89,7 +82,6 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
     uint32_t* srow = surv + (long long)t * NW + (n0 >> 5);
     uint32_t myword = 0u;  // lane b < nb ends with word b of this tile
-    unsigned int tie = 0u;  // keys of this tile the plain rule keeps and the tie rule rejects
     if (lo < hi) {
       // Visible span and seed spans as offsets in [0, TILE_N] (clamped, so int32 is exact).
       const int lo_i = (int)(lo - n0), hi_i = (int)(hi - n0);
@@ -102,12 +94,6 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
       load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
       const float sg = sig[t], tq = tau[t];
-      const int kjq = kj[t];
-      // Zero plateau (docs/method.md §7): warp-uniform, only where min(U, 0) can reject.
-      const float* zq = zrow + (long long)t * (MTS * 16);
-      const bool zp = zq[0] == zq[0] && tq >= 0.f;
-      float zlo[MTS], zhi[MTS];  // the rows g, g + 8 of each tile, as ω (load_weights)
-      load_weights<MTS>(zq, zlo, zhi, lane);
       // Last tile: lane g = 7 weighs [x_7 + x_15]_+ by −σ_a and row 15 by 0 (fmaf(0, x, a)
       // adds an exact zero), the other lanes weigh both rows by their ω — the values of a
       // per-lane branch, without its divergence.
@@ -152,23 +138,6 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
           x[2 * u + 1] = a1;
         }
         const float uh = reduce8(x, lane);
-        bool plat = false;  // every positive row of the key certified inactive
-        if (zp) {
-          float miss[8];
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int v = 0; v < 2; ++v) {
-              // elements v, 2 + v of tile mt: rows g, g + 8 for key 8u + 2c + v of the batch
-              const double rk = (double)sr[b * 32 + 8 * u + 2 * c + v];
-              float m = 0.f;
-#pragma unroll
-              for (int mt = 0; mt < MTS; ++mt)
-                m += plateau_miss(Cm[u][mt][v], zlo[mt], rk) + plateau_miss(Cm[u][mt][2 + v], zhi[mt], rk);
-              miss[2 * u + v] = m;
-            }
-          plat = reduce8(miss, lane) == 0.f;  // small integers: exact
-        }
         const int i = b * 32 + pos;
         const bool vis = i >= lo_i && i < hi_i;
         const float al = sa[i];
@@ -185,26 +154,23 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         float u32 = __fadd_ru(__fadd_ru(uh, __fmul_ru(sri, Cf)), ef);
         u32 = __fadd_ru(__fmul_ru(al, u32), of);
         const bool need = vis && !seed && !(k_fast && u32 < tq_fast);
-        bool p = false, plain = false;
+        bool p = false;
         double U = 0.0;  // computed wherever p can be true (read by CERT for survivors)
         if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
           U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
           U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
           if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
-          plain = need && !(U < (double)tq);
-          p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
+          p = need && !(U < (double)tq);
         }
 #else
         double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-        const bool plain = vis && !seed && !(U < (double)tq);
-        const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
+        const bool p = vis && !seed && !(U < (double)tq);
 #endif
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
-        if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
         if constexpr (CERT) {
           if (word) {  // warp-aggregated append of the survivors' (U, id) records
             // u ≥ U: cvt.rp.ftz flushes a positive U < 2^-126 to +0 < U, so raise it to 2^-126
@@ -216,31 +182,26 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       }
     }
     if (lane < nb) srow[lane] = myword;
-    if (tcnt != nullptr && lane == 0 && tie) atomicAdd(tcnt + t, tie);
   }
 }
 
 #define SCREEN_INST(MTS)                                                                         \
   extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
-      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
-      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
-      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt) {                               \
-    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,  \
-                            ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt,        \
-                            nullptr, nullptr, 0);                                                \
+      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {    \
+    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,    \
+                            sinks, window, poolmask, Qn, N, QG, surv, Uout, nullptr, nullptr, 0); \
   }                                                                                              \
   extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
-      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
-      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
-      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt, unsigned int* ucnt,             \
-      unsigned long long* urec, long long ucap) {                                                \
-    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,   \
-                           ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt, ucnt,   \
-                           urec, ucap);                                                          \
+      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout,       \
+      unsigned int* ucnt, unsigned long long* urec, long long ucap) {                            \
+    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,     \
+                           sinks, window, poolmask, Qn, N, QG, surv, Uout, ucnt, urec, ucap);    \
   }
 SCREEN_INST(1)
 SCREEN_INST(2)
@@ -260,34 +221,24 @@ SCREEN_INST(2)
 // within the γ_{2·mts+6} = γ_8 screening allowance of the mts = 1 plan (plan.py g_scr), so
 // the same plan, C and ε stay valid (the plan does not depend on the evaluation layout
 // beyond that depth; the MMA of each row is the same m16n8k16 chain as screen_mt1's).
-// The rest (guard, tie-aware rule and zero plateau, seeds, visibility, bitmask words) is
-// screen_impl's, once per query; zrow_p is zrow gathered like the rows (screen.pair_zrow):
-// query a's plateau rows are the lanes' rows g < 6, query b's the rows g + 8, g < 6.
+// The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
 // grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
 // ---------------------------------------------------------------------------------------
 struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl's, per query)
-  int t, lo_i, hi_i, shi_i, llo_i, kj;
-  float sg, tq, z;  // z: this lane's plateau coefficient of the query's row (plateau_miss)
-  bool zp;          // zero plateau on (warp-uniform)
+  int t, lo_i, hi_i, shi_i, llo_i;
+  float sg, tq;
   double C, er;
   uint32_t word;
-  unsigned int tie;  // keys the plain rule keeps and the tie-aware rule rejects
-  // zr: the query's first plateau coefficient in the paired tile (NaN: no plateau).
   __device__ __forceinline__ void init(int t_, bool exists, const int* __restrict__ ks_,
                                        const int* __restrict__ ke_, const float* __restrict__ sig,
-                                       const float* __restrict__ tau, const int* __restrict__ kj_,
-                                       const double* __restrict__ Cq,
+                                       const float* __restrict__ tau, const double* __restrict__ Cq,
                                        const double* __restrict__ eps_raw, int sinks, int window,
-                                       long long n0, int tile_n, float zr, float z_lane) {
+                                       long long n0, int tile_n) {
     t = t_;
     word = 0u;
-    tie = 0u;
     lo_i = hi_i = shi_i = llo_i = 0;
-    kj = kNoKthId;
     sg = 0.f;
     tq = 0.f;
-    z = -1.f;
-    zp = false;
     C = er = 0.0;
     if (!exists) return;
     const int ks = ks_[t], ke = ke_[t];
@@ -301,40 +252,21 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
     llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
     sg = sig[t];
     tq = tau[t];
-    kj = kj_[t];
-    zp = zr == zr && tq >= 0.f;
-    z = z_lane;
     C = Cq[t];
     er = eps_raw[t];
   }
   // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation.
-  // Whether every positive row of each of the lane's 8 keys passes (screen_impl's plateau
-  // test; xs[u][v] = this query's logit of key 8u + 2c + v on the lane's row).
-  __device__ __forceinline__ bool plateau(const float (&xs)[4][2], const float* sr, int b, int c,
-                                          int lane) const {
-    float miss[8];
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-        miss[2 * u + v] = plateau_miss(xs[u][v], z, (double)sr[b * 32 + 8 * u + 2 * c + v]);
-    return reduce8(miss, lane) == 0.f;
-  }
-  // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation and rule.
-  __device__ __forceinline__ void test(float uh, bool plat, int b, int i, int pos, int lane,
-                                       float al, float sri, double eps_out, const uint32_t* spm,
-                                       double* __restrict__ Uout, unsigned int* __restrict__ tcnt,
-                                       long long N, long long n0) {
+  __device__ __forceinline__ void test(float uh, int b, int i, int pos, int lane, float al,
+                                       float sri, double eps_out, const uint32_t* spm,
+                                       double* __restrict__ Uout, long long N, long long n0) {
     double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
     U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
     const bool vis = i >= lo_i && i < hi_i;
     if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
     const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-    const bool plain = vis && !seed && !(U < (double)tq);
-    const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kj);
+    const bool p = vis && !seed && !(U < (double)tq);
     const uint32_t w = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) word = w;
-    if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
   }
 };
 
@@ -342,18 +274,16 @@ template <int UNUSED>  // a template, like the other kernels' bodies (one `smem`
 __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float* __restrict__ om_p,
                 const float* __restrict__ sig, const double* __restrict__ Cq,
                 const double* __restrict__ eps_raw, double eps_out,
-                const float* __restrict__ tau, const int* __restrict__ kj,
-                const float* __restrict__ zrow_p, const uint8_t* __restrict__ kp,
+                const float* __restrict__ tau, const uint8_t* __restrict__ kp,
                 const float* __restrict__ alpha, const float* __restrict__ rho,
                 const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window,
                 const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-                uint32_t* __restrict__ surv, double* __restrict__ Uout,
-                unsigned int* __restrict__ tcnt) {
+                uint32_t* __restrict__ surv, double* __restrict__ Uout) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
-            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
+            g = lane >> 2, pos = batch_pos(lane);
   const long long NW = (N + 31) >> 5;
   const int P = (Qn + 1) >> 1;
   const int pend = min(P, (int)(blockIdx.y + 1) * QG);
@@ -362,11 +292,8 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
   const float aux_a = g == 7 ? 1.f : 0.f, aux_b = g == 6 ? 1.f : 0.f;
   for (int p = blockIdx.y * QG + warp; p < pend; p += nw) {
     PairQuery qa, qb;
-    const float* zp_ = zrow_p + (long long)p * 16;  // a's rows: lanes g < 6, row g; b's: g + 8
-    qa.init(2 * p, true, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0, tile_n, zp_[0],
-            g < 6 ? zp_[g] : -1.f);
-    qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0,
-            tile_n, zp_[8], g < 6 ? zp_[g + 8] : -1.f);
+    qa.init(2 * p, true, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
+    qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
     const bool va = qa.lo_i < qa.hi_i, vb = qb.lo_i < qb.hi_i;
     if (va || vb) {
       QRows<1> A;
@@ -400,67 +327,46 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
           }
         }
         const float uha = reduce8(xa, lane), uhb = reduce8(xb, lane);
-        // Zero plateau (screen_impl): a's logits are the rows g (elements v), b's the rows
-        // g + 8 (elements 2 + v); lanes g ≥ 6 hold aux rows (z = −1: no condition).
-        bool pa = false, pb = false;
-        if (qa.zp) {
-          float xs[4][2];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][0], xs[u][1] = Cm[u][0][1];
-          pa = qa.plateau(xs, sr, b, c, lane);
-        }
-        if (qb.zp) {
-          float xs[4][2];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][2], xs[u][1] = Cm[u][0][3];
-          pb = qb.plateau(xs, sr, b, c, lane);
-        }
         const int i = b * 32 + pos;
         const float al = sa[i], sri = sr[i];
-        qa.test(uha, pa, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
-        qb.test(uhb, pb, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
+        qa.test(uha, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
+        qb.test(uhb, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
       }
     }
     if (lane < nb) surv[(long long)qa.t * NW + (n0 >> 5) + lane] = qa.word;
     if (lane < nb && 2 * p + 1 < Qn) surv[(long long)qb.t * NW + (n0 >> 5) + lane] = qb.word;
-    if (tcnt != nullptr && lane == 0 && qa.tie) atomicAdd(tcnt + qa.t, qa.tie);
-    if (tcnt != nullptr && lane == 0 && qb.tie) atomicAdd(tcnt + qb.t, qb.tie);
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256) screen_pair(
     const uint8_t* rows_p, const float* om_p, const float* sig, const double* Cq,
-    const double* eps_raw, double eps_out, const float* tau, const int* kj, const float* zrow,
-    const uint8_t* kp, const float* alpha, const float* rho, const int* ks, const int* ke,
-    int sinks, int window, const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,
-    double* Uout, unsigned int* tcnt) {
-  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho, ks,
-                      ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt);
+    const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,
+    const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window,
+    const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {
+  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,
+                      window, poolmask, Qn, N, QG, surv, Uout);
 }
 
 // Certificate-guided seeds, second half (docs/method.md §2, §7): after the certificate seeds
-// raised the K-th seed record to (tau[t], kj[t]), clear the survivor bit of every recorded key
-// whose record (u, id) is below it: u < τ, or u = τ and id > j (docs/method.md §7
-// "Tie-aware rejection and zero plateaus"; kj = kNoKthId: u < τ only).  u = fp32(U^num)
-// rounded up ≥ U^num ≥ s (the guard), so the key's record (s, id) is below (τ, j): it can
-// be in no Top-K and refinement need not score it.  Keys whose
+// raised τ to tau[t], clear the survivor bit of every recorded key whose bound is below it.
+// u = fp32(U^num) rounded up ≥ U^num ≥ s (the guard), so u < τ proves s < τ: the key can be
+// in no Top-K (strict, as in the screen) and refinement need not score it.  Keys whose
 // record was dropped (count > ucap) keep their bit.  grid (x, min(Qn, 65535)); rows
 // t = blockIdx.y, blockIdx.y + gridDim.y, ... (grid y is capped at 65535).
 extern "C" __global__ void cert_clear_below_tau(const unsigned long long* __restrict__ urec,
                                                 const unsigned int* __restrict__ ucnt,
                                                 long long ucap, const float* __restrict__ tau,
-                                                const int* __restrict__ kj, int Qn, long long NW,
+                                                int Qn, long long NW,
                                                 uint32_t* __restrict__ surv) {
   for (int t = blockIdx.y; t < Qn; t += gridDim.y) {
     const long long n = min((long long)ucnt[t], ucap);
     const float tq = tau[t];
-    const int kjq = kj[t];
     for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n;
          j += (long long)gridDim.x * blockDim.x) {
       const unsigned long long r = urec[(long long)t * ucap + j];
       const float u = code_score((uint32_t)(r >> 32));  // NaN (code 0) never clears
-      const uint32_t id = ~(uint32_t)(r & 0xffffffffull);
-      if (below_kth((double)u, (double)tq, (long long)id, kjq)) {
+      if (u < tq) {
+        const uint32_t id = ~(uint32_t)(r & 0xffffffffull);
         atomicAnd(surv + (long long)t * NW + (id >> 5), ~(1u << (id & 31u)));
       }
     }

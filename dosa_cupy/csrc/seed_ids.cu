@@ -48,7 +48,7 @@ __device__ void seed_ids_impl(const uint8_t* __restrict__ q, const float* __rest
     int id = (jb + pos < j1) ? row[jb + pos] : -1;
     if (id < ks || id >= ke) id = -1;
     if (!__any_sync(0xffffffffu, id >= 0)) continue;  // warp-uniform: padding only
-    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, kNoKthId, lane, count + t,
+    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, lane, count + t,
                            rec + (long long)t * S, S);
   }
 }

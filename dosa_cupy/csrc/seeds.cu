@@ -48,7 +48,7 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
     for (int u = 0; u < 4; ++u)
       my[u] = (jb + 8 * u + g < j1) ? seed_id(jb + 8 * u + g, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
     const int id = (jb + pos < j1) ? seed_id(jb + pos, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, kNoKthId, lane, count + t,
+    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, lane, count + t,
                            rec + (long long)t * cap, cap);
   }
 }

@@ -44,10 +44,7 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
 
 // ---------------------------------------------------------------------------------------
 // Score a batch of 32 arbitrary keys (ids, −1 = empty) for one query and append the
-// records not below the K-th seed record (τ, kj): s > τ, or s = τ and id ≤ kj (compact
-// writeback, docs/method.md §9; a record (τ, id) with id > kj has K distinct seed records
-// above it, docs/method.md §7 "Tie-aware rejection and zero plateaus"; kj = kNoKthId keeps
-// every s ≥ τ).  my[u] =
+// records with s ≥ τ to the query's buffer (compact writeback, docs/method.md §9).  my[u] =
 // id of key g of group u (this lane loads it); id = the key at batch_pos(lane).  The
 // counter counts every qualifying record, so a full buffer is detected (count > cap) and
 // nothing is silently lost.
@@ -57,13 +54,12 @@ __device__ __forceinline__ void score_ids_and_emit(const QRows<MT>& A, const flo
                                                    const float (&whi)[MT],
                                                    const uint8_t* __restrict__ kp,
                                                    const float* __restrict__ alpha,
-                                                   const int (&my)[4], int id, float tau, int kj,
-                                                   int lane,
+                                                   const int (&my)[4], int id, float tau, int lane,
                                                    unsigned int* count, unsigned long long* rec,
                                                    long long cap) {
   KeysReg B;
   gather_keys(kp, my, lane, B);
   float s = score_batch<MT>(A, B, wlo, whi, lane);
   s = (id >= 0) ? s * __ldg(alpha + id) : 0.f;
-  warp_emit(id >= 0 && (s > tau || (s == tau && id <= kj)), s, id, lane, count, rec, cap);
+  warp_emit(id >= 0 && s >= tau, s, id, lane, count, rec, cap);
 }
