@@ -59,6 +59,7 @@ OPTIONS = {
     "stream": "per_query",
     "screen": "auto",
     "planner": "fused",
+    "tie_reject": True,
 }
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
@@ -76,6 +77,10 @@ class DosaGpuStats(SelectStats):
     ``bound_work`` is visible·(r + 2)/H (two aux rows); ``tau_final`` is NaN for recovered
     queries; ``est_survival`` / ``est_work`` stay NaN (no cost model: r is an option).
     ``dense`` marks recovered queries (dosa_topk) or every query (fused_topk: no screen).
+    ``tie_rejected``: keys that the plain rule U^num < τ keeps and the tie-aware screen
+    rejects (docs/method.md §7 "Tie-aware rejection and zero plateaus"), counted by the
+    screen where it ran (chunks with a query at τ = 0, ``screen.tie_screen_wanted``); 0
+    elsewhere.
     """
 
     screen: str = None  # the screen kernel that ran ("fp64", "fast32", "pair"; auto's pick)
@@ -159,6 +164,8 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
+    if not isinstance(o["tie_reject"], (bool, np.bool_)):
+        raise ValueError(f"tie_reject: expected a bool, got {o['tie_reject']!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     if o["screen"] == "wg" and _certificate_on(o, names):

@@ -75,8 +75,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py, survivors ⊆
         the fp64 screen's, not faster; "pair": two queries per 16-row MMA tile, needs
         r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a,
-        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); return_stats, timing,
-        debug_bounds.
+        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True, default:
+        chunks with a query at τ = 0 are screened by the tie-aware build — the rule against
+        the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7 "Tie-aware
+        rejection and zero plateaus"; False: the plain rule U < τ everywhere); return_stats,
+        timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
     """
@@ -119,6 +122,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     st.tau = cp.asnumpy(tau)
     st.screened = vis - default
     st.survivors = cp.asnumpy(popcount_rows(screened.surv, cp))
+    tie = screened.tie_rejected  # the tie-aware screen's count (screen.tie_screen_wanted)
+    st.tie_rejected = np.zeros(b.Qn, np.int64) if tie is None else cp.asnumpy(tie).astype(np.int64)
     st.refined = np.where(rec, vis - default, st.survivors)
     # every scoring with all heads: seeds, the certificate pass (explicit seeds again), the
     # survivors (again in an overflow extension), every visible key of a recovered query

@@ -47,7 +47,8 @@ class Seeds:
     pool), default: the default seed records (``RecordBuffer`` [Qn, sinks + window + P]),
     xcnt uint32 [Qn] (explicit seed records), tau fp32 [Qn] (K-th record of default ∪
     explicit seeds), xtable int32 [Qn, S'] (the explicit seeds that were scored, or None),
-    sinks, window: the default seeds' geometry.
+    sinks, window: the default seeds' geometry; kth_id int32 [Qn]: the id j of the K-th
+    record (τ, j) (``select.kth_ids``; the tie-aware screen, docs/method.md §7).
     """
 
     anchors: object
@@ -59,6 +60,7 @@ class Seeds:
     xtable: object
     sinks: int
     window: int
+    kth_id: object = None
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -113,8 +115,9 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
         xrec, xcnt = score_seed_ids(b, table)
         if xrec is not None:
             xtable = table  # the certificate seeds are deduplicated against these
-    tau = tau_of_seeds(b.K, default, xrec, xcnt)
-    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"])
+    tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
+    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
+                 kid)  # fmt: skip
 
 
 def score_seed_ids(b: Batch, table):

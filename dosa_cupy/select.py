@@ -20,7 +20,9 @@ __all__ = [
     "RecordBuffer",
     "Records",
     "extend_overflow",
+    "NO_KTH_ID",
     "invalid_scale_queries",
+    "kth_ids",
     "recover",
     "select_ids",
     "tau_of_seeds",
@@ -88,17 +90,32 @@ def extend_overflow(first: RecordBuffer, rescore) -> Records:
     return out
 
 
-def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt):
+# "No K-th record": an id no visible key exceeds (ids < N ≤ 2^31 − 1), so "U = τ and i > j"
+# (docs/method.md §7 "Tie-aware rejection and zero plateaus") never holds.
+NO_KTH_ID = np.iinfo(np.int32).max
+
+
+def kth_ids(kth, xp=np):
+    """Id j of each K-th record (τ, j) (uint64 ``code << 32 | ~id`` [Qn]) as int32 [Qn], or
+    ``NO_KTH_ID`` where there is none (record 0: fewer than K records, τ = −inf).  xp: numpy
+    or CuPy (elementwise, no host synchronization)."""
+    kth = xp.asarray(kth, dtype=xp.uint64)
+    ids = (~(kth & xp.uint64(0xFFFFFFFF)).astype(xp.uint32)).astype(xp.int64)
+    return xp.where(kth == 0, int(NO_KTH_ID), ids).astype(xp.int32)
+
+
+def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False):
     """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
-    fewer than K.  The two lists must not share a key (docs/method.md §2).  xrec uint64
-    [Qn, S] or None, xcnt uint32 [Qn]."""
+    fewer than K; with ``want_id`` also its id j int32 [Qn] (``kth_ids``).  The two lists
+    must not share a key (docs/method.md §2).  xrec uint64 [Qn, S] or None, xcnt uint32
+    [Qn]."""
     cp = cupy_or_raise()
     Qn = seeds.rec.shape[0]
     xc = xcnt if xrec is not None else None
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = cp.empty(Qn, dtype=cp.float32)
     kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
-    return tau
+    return (tau, kth_ids(kth, cp)) if want_id else tau
 
 
 def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = False):

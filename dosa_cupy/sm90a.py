@@ -91,8 +91,9 @@ def module(tile_n: int, defines: tuple = ()):
     return cp.RawModule(path=str(out))
 
 
-def kernel(name: str, mts: int = 1):
-    """Kernel ``name`` of the sm_90a module of the ``mts`` build (BUILDS) for the current
-    tile size, with its dynamic shared-memory limit raised to ``smem_bytes(tile())``."""
-    f = module(tile(), BUILDS[mts][0]).get_function(name)
+def kernel(name: str, mts: int = 1, extra: tuple = ()):
+    """Kernel ``name`` of the sm_90a module of the ``mts`` build (BUILDS) plus the ``extra``
+    defines (the tie-aware build: "DOSA_TIE_RULE=1") for the current tile size, with its
+    dynamic shared-memory limit raised to ``smem_bytes(tile())``."""
+    f = module(tile(), BUILDS[mts][0] + tuple(extra)).get_function(name)
     return raise_smem_limit(f, smem_bytes(tile()), "sm90a", name, tile())

@@ -41,6 +41,7 @@ MODULES = [
     "fp32_pretest",
     "gpu_screen_epilogue",
     "zero_plateau",
+    "gpu_zero_plateau",
 ]
 
 

@@ -15,7 +15,28 @@ CTYPES = {
 }  # fmt: skip
 
 
-def read_source(path: Path, _seen: set | None = None) -> str:
+TOGGLE = "DOSA_TIE_RULE"  # the one build switch whose blocks change kernel signatures
+
+
+def select_build(src: str, tie: bool = False) -> str:
+    """``src`` with the blocks of ``#ifdef`` / ``#ifndef DOSA_TIE_RULE`` (and their
+    ``#else`` / ``#endif /* DOSA_TIE_RULE */``) resolved for the plain (``tie=False``) or
+    the tie-aware build; every other directive is left as it is."""
+    out, keep = [], None
+    for line in src.splitlines(keepends=True):
+        t = line.strip()
+        if t in (f"#ifdef {TOGGLE}", f"#ifndef {TOGGLE}"):
+            keep = tie if t.startswith("#ifdef") else not tie
+        elif t == f"#else /* {TOGGLE} */" and keep is not None:
+            keep = not keep
+        elif t == f"#endif /* {TOGGLE} */" and keep is not None:
+            keep = None
+        elif keep is None or keep:
+            out.append(line)
+    return "".join(out)
+
+
+def read_source(path: Path, _seen: set | None = None, tie: bool = False) -> str:
     """The text of ``path`` with every ``#include "name"`` of a file next to it replaced by
     that file's text (recursively, each file once: kernels.cu is a list of includes of its
     stage files)."""
@@ -29,7 +50,8 @@ def read_source(path: Path, _seen: set | None = None) -> str:
             return "" if name in seen else m.group(0)
         return read_source(path.parent / name, seen)
 
-    return re.sub(r'^#include "([^"]+)"[^\n]*$', inline, path.read_text(), flags=re.M)
+    text = re.sub(r'^#include "([^"]+)"[^\n]*$', inline, path.read_text(), flags=re.M)
+    return select_build(text, tie)
 
 
 def params(src: str, pattern: str) -> list[tuple[type, str]]:

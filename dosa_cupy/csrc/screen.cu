@@ -33,11 +33,25 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 // Screening (docs/method.md §8, §9): for every visible non-seed key,
 //   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
 //   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
+#ifndef DOSA_TIE_RULE
 // survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
+#else /* DOSA_TIE_RULE */
+// survives unless its record (U^num, i) is below the K-th seed record (τ, j): U^num < τ, or
+// U^num = τ and i > j (docs/method.md §7 "Tie-aware rejection and zero plateaus"; j = kj[t],
+// kNoKthId gives the plain strict rule U^num < τ).  Zero plateau: when the query's plan
+// retains every positive head (zrow[t, 0] not NaN, screen.plateau_rows) and τ ≥ 0, a key
+// whose every positive row passes plateau_miss's test has canonical score ≤ 0 (or NaN),
+// so min(U^num, 0) bounds it (proofs/gpu_zero_plateau.py).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
+#endif /* DOSA_TIE_RULE */
 // the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
 // retained heads (zero rows where r is smaller).  One batch of 32 keys = one bitmask word:
 // after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
+#ifndef DOSA_TIE_RULE
 // packs the survivors.  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
+#else /* DOSA_TIE_RULE */
+// packs the survivors; tcnt[t] (when given) counts the keys the plain rule keeps and the
+// tie-aware rule / plateau bound rejects (stat tie_rejected).  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
+#endif /* DOSA_TIE_RULE */
 // found on the host by a prefix count (select.invalid_scale_queries) and recovered
 // (docs/method.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
@@ -56,18 +70,31 @@ template <int MTS, bool CERT>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
                             const double* __restrict__ eps_raw, double eps_out,
+#ifndef DOSA_TIE_RULE
                             const float* __restrict__ tau, const uint8_t* __restrict__ kp,
+#else /* DOSA_TIE_RULE */
+                            const float* __restrict__ tau, const int* __restrict__ kj,
+                            const float* __restrict__ zrow, const uint8_t* __restrict__ kp,
+#endif /* DOSA_TIE_RULE */
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
                             int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout,
+#ifndef DOSA_TIE_RULE
                             unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
+#else /* DOSA_TIE_RULE */
+                            unsigned int* __restrict__ tcnt, unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
+#endif /* DOSA_TIE_RULE */
                             long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
+#ifndef DOSA_TIE_RULE
             g = lane >> 2, pos = batch_pos(lane);
+#else /* DOSA_TIE_RULE */
+            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
+#endif /* DOSA_TIE_RULE */
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
@@ -82,6 +109,9 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
     uint32_t* srow = surv + (long long)t * NW + (n0 >> 5);
     uint32_t myword = 0u;  // lane b < nb ends with word b of this tile
+#ifdef DOSA_TIE_RULE
+    unsigned int tie = 0u;  // keys of this tile the plain rule keeps and the tie rule rejects
+#endif /* DOSA_TIE_RULE */
     if (lo < hi) {
       // Visible span and seed spans as offsets in [0, TILE_N] (clamped, so int32 is exact).
       const int lo_i = (int)(lo - n0), hi_i = (int)(hi - n0);
@@ -94,6 +124,14 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
       load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
       const float sg = sig[t], tq = tau[t];
+#ifdef DOSA_TIE_RULE
+      const int kjq = kj[t];
+      // Zero plateau (docs/method.md §7): warp-uniform, only where min(U, 0) can reject.
+      const float* zq = zrow + (long long)t * (MTS * 16);
+      const bool zp = zq[0] == zq[0] && tq >= 0.f;
+      float zlo[MTS], zhi[MTS];  // the rows g, g + 8 of each tile, as ω (load_weights)
+      load_weights<MTS>(zq, zlo, zhi, lane);
+#endif /* DOSA_TIE_RULE */
       // Last tile: lane g = 7 weighs [x_7 + x_15]_+ by −σ_a and row 15 by 0 (fmaf(0, x, a)
       // adds an exact zero), the other lanes weigh both rows by their ω — the values of a
       // per-lane branch, without its divergence.
@@ -138,6 +176,25 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
           x[2 * u + 1] = a1;
         }
         const float uh = reduce8(x, lane);
+#ifdef DOSA_TIE_RULE
+        bool plat = false;  // every positive row of the key certified inactive
+        if (zp) {
+          float miss[8];
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+              // elements v, 2 + v of tile mt: rows g, g + 8 for key 8u + 2c + v of the batch
+              const double rk = (double)sr[b * 32 + 8 * u + 2 * c + v];
+              float m = 0.f;
+#pragma unroll
+              for (int mt = 0; mt < MTS; ++mt)
+                m += plateau_miss(Cm[u][mt][v], zlo[mt], rk) + plateau_miss(Cm[u][mt][2 + v], zhi[mt], rk);
+              miss[2 * u + v] = m;
+            }
+          plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+        }
+#endif /* DOSA_TIE_RULE */
         const int i = b * 32 + pos;
         const bool vis = i >= lo_i && i < hi_i;
         const float al = sa[i];
@@ -154,23 +211,40 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         float u32 = __fadd_ru(__fadd_ru(uh, __fmul_ru(sri, Cf)), ef);
         u32 = __fadd_ru(__fmul_ru(al, u32), of);
         const bool need = vis && !seed && !(k_fast && u32 < tq_fast);
+#ifndef DOSA_TIE_RULE
         bool p = false;
+#else /* DOSA_TIE_RULE */
+        bool p = false, plain = false;
+#endif /* DOSA_TIE_RULE */
         double U = 0.0;  // computed wherever p can be true (read by CERT for survivors)
         if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
           U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
           U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
           if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
+#ifndef DOSA_TIE_RULE
           p = need && !(U < (double)tq);
+#else /* DOSA_TIE_RULE */
+          plain = need && !(U < (double)tq);
+          p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
+#endif /* DOSA_TIE_RULE */
         }
 #else
         double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
+#ifndef DOSA_TIE_RULE
         const bool p = vis && !seed && !(U < (double)tq);
+#else /* DOSA_TIE_RULE */
+        const bool plain = vis && !seed && !(U < (double)tq);
+        const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
+#endif /* DOSA_TIE_RULE */
 #endif
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
+#ifdef DOSA_TIE_RULE
+        if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
+#endif /* DOSA_TIE_RULE */
         if constexpr (CERT) {
           if (word) {  // warp-aggregated append of the survivors' (U, id) records
             // u ≥ U: cvt.rp.ftz flushes a positive U < 2^-126 to +0 < U, so raise it to 2^-126
@@ -182,9 +256,13 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       }
     }
     if (lane < nb) srow[lane] = myword;
+#ifdef DOSA_TIE_RULE
+    if (tcnt != nullptr && lane == 0 && tie) atomicAdd(tcnt + t, tie);
+#endif /* DOSA_TIE_RULE */
   }
 }
 
+#ifndef DOSA_TIE_RULE
 #define SCREEN_INST(MTS)                                                                         \
   extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
@@ -203,6 +281,30 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,     \
                            sinks, window, poolmask, Qn, N, QG, surv, Uout, ucnt, urec, ucap);    \
   }
+#else /* DOSA_TIE_RULE */
+#define SCREEN_INST(MTS)                                                                         \
+  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
+      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
+      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
+      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
+      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
+      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt) {                               \
+    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,  \
+                            ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt,        \
+                            nullptr, nullptr, 0);                                                \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
+      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
+      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
+      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
+      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
+      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt, unsigned int* ucnt,             \
+      unsigned long long* urec, long long ucap) {                                                \
+    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,   \
+                           ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt, ucnt,   \
+                           urec, ucap);                                                          \
+  }
+#endif /* DOSA_TIE_RULE */
 SCREEN_INST(1)
 SCREEN_INST(2)
 
@@ -221,24 +323,59 @@ SCREEN_INST(2)
 // within the γ_{2·mts+6} = γ_8 screening allowance of the mts = 1 plan (plan.py g_scr), so
 // the same plan, C and ε stay valid (the plan does not depend on the evaluation layout
 // beyond that depth; the MMA of each row is the same m16n8k16 chain as screen_mt1's).
+#ifndef DOSA_TIE_RULE
 // The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
+#else /* DOSA_TIE_RULE */
+// The rest (guard, tie-aware rule and zero plateau, seeds, visibility, bitmask words) is
+// screen_impl's, once per query; zrow_p is zrow gathered like the rows (screen.pair_zrow):
+// query a's plateau rows are the lanes' rows g < 6, query b's the rows g + 8, g < 6.
+#endif /* DOSA_TIE_RULE */
 // grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
 // ---------------------------------------------------------------------------------------
 struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl's, per query)
+#ifndef DOSA_TIE_RULE
   int t, lo_i, hi_i, shi_i, llo_i;
   float sg, tq;
+#else /* DOSA_TIE_RULE */
+  int t, lo_i, hi_i, shi_i, llo_i, kj;
+  float sg, tq, z;  // z: this lane's plateau coefficient of the query's row (plateau_miss)
+  bool zp;          // zero plateau on (warp-uniform)
+#endif /* DOSA_TIE_RULE */
   double C, er;
   uint32_t word;
+#ifdef DOSA_TIE_RULE
+  unsigned int tie;  // keys the plain rule keeps and the tie-aware rule rejects
+  // zr: the query's first plateau coefficient in the paired tile (NaN: no plateau).
+#endif /* DOSA_TIE_RULE */
   __device__ __forceinline__ void init(int t_, bool exists, const int* __restrict__ ks_,
                                        const int* __restrict__ ke_, const float* __restrict__ sig,
+#ifndef DOSA_TIE_RULE
                                        const float* __restrict__ tau, const double* __restrict__ Cq,
+#else /* DOSA_TIE_RULE */
+                                       const float* __restrict__ tau, const int* __restrict__ kj_,
+                                       const double* __restrict__ Cq,
+#endif /* DOSA_TIE_RULE */
                                        const double* __restrict__ eps_raw, int sinks, int window,
+#ifndef DOSA_TIE_RULE
                                        long long n0, int tile_n) {
+#else /* DOSA_TIE_RULE */
+                                       long long n0, int tile_n, float zr, float z_lane) {
+#endif /* DOSA_TIE_RULE */
     t = t_;
     word = 0u;
+#ifdef DOSA_TIE_RULE
+    tie = 0u;
+#endif /* DOSA_TIE_RULE */
     lo_i = hi_i = shi_i = llo_i = 0;
+#ifdef DOSA_TIE_RULE
+    kj = kNoKthId;
+#endif /* DOSA_TIE_RULE */
     sg = 0.f;
     tq = 0.f;
+#ifdef DOSA_TIE_RULE
+    z = -1.f;
+    zp = false;
+#endif /* DOSA_TIE_RULE */
     C = er = 0.0;
     if (!exists) return;
     const int ks = ks_[t], ke = ke_[t];
@@ -252,21 +389,54 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
     llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
     sg = sig[t];
     tq = tau[t];
+#ifdef DOSA_TIE_RULE
+    kj = kj_[t];
+    zp = zr == zr && tq >= 0.f;
+    z = z_lane;
+#endif /* DOSA_TIE_RULE */
     C = Cq[t];
     er = eps_raw[t];
   }
   // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation.
+#ifndef DOSA_TIE_RULE
   __device__ __forceinline__ void test(float uh, int b, int i, int pos, int lane, float al,
                                        float sri, double eps_out, const uint32_t* spm,
                                        double* __restrict__ Uout, long long N, long long n0) {
+#else /* DOSA_TIE_RULE */
+  // Whether every positive row of each of the lane's 8 keys passes (screen_impl's plateau
+  // test; xs[u][v] = this query's logit of key 8u + 2c + v on the lane's row).
+  __device__ __forceinline__ bool plateau(const float (&xs)[4][2], const float* sr, int b, int c,
+                                          int lane) const {
+    float miss[8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+        miss[2 * u + v] = plateau_miss(xs[u][v], z, (double)sr[b * 32 + 8 * u + 2 * c + v]);
+    return reduce8(miss, lane) == 0.f;
+  }
+  // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation and rule.
+  __device__ __forceinline__ void test(float uh, bool plat, int b, int i, int pos, int lane,
+                                       float al, float sri, double eps_out, const uint32_t* spm,
+                                       double* __restrict__ Uout, unsigned int* __restrict__ tcnt,
+                                       long long N, long long n0) {
+#endif /* DOSA_TIE_RULE */
     double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
     U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
     const bool vis = i >= lo_i && i < hi_i;
     if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
     const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
+#ifndef DOSA_TIE_RULE
     const bool p = vis && !seed && !(U < (double)tq);
+#else /* DOSA_TIE_RULE */
+    const bool plain = vis && !seed && !(U < (double)tq);
+    const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kj);
+#endif /* DOSA_TIE_RULE */
     const uint32_t w = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) word = w;
+#ifdef DOSA_TIE_RULE
+    if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
+#endif /* DOSA_TIE_RULE */
   }
 };
 
@@ -274,16 +444,30 @@ template <int UNUSED>  // a template, like the other kernels' bodies (one `smem`
 __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float* __restrict__ om_p,
                 const float* __restrict__ sig, const double* __restrict__ Cq,
                 const double* __restrict__ eps_raw, double eps_out,
+#ifndef DOSA_TIE_RULE
                 const float* __restrict__ tau, const uint8_t* __restrict__ kp,
+#else /* DOSA_TIE_RULE */
+                const float* __restrict__ tau, const int* __restrict__ kj,
+                const float* __restrict__ zrow_p, const uint8_t* __restrict__ kp,
+#endif /* DOSA_TIE_RULE */
                 const float* __restrict__ alpha, const float* __restrict__ rho,
                 const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window,
                 const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
+#ifndef DOSA_TIE_RULE
                 uint32_t* __restrict__ surv, double* __restrict__ Uout) {
+#else /* DOSA_TIE_RULE */
+                uint32_t* __restrict__ surv, double* __restrict__ Uout,
+                unsigned int* __restrict__ tcnt) {
+#endif /* DOSA_TIE_RULE */
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
+#ifndef DOSA_TIE_RULE
             g = lane >> 2, pos = batch_pos(lane);
+#else /* DOSA_TIE_RULE */
+            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
+#endif /* DOSA_TIE_RULE */
   const long long NW = (N + 31) >> 5;
   const int P = (Qn + 1) >> 1;
   const int pend = min(P, (int)(blockIdx.y + 1) * QG);
@@ -292,8 +476,16 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
   const float aux_a = g == 7 ? 1.f : 0.f, aux_b = g == 6 ? 1.f : 0.f;
   for (int p = blockIdx.y * QG + warp; p < pend; p += nw) {
     PairQuery qa, qb;
+#ifndef DOSA_TIE_RULE
     qa.init(2 * p, true, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
     qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
+#else /* DOSA_TIE_RULE */
+    const float* zp_ = zrow_p + (long long)p * 16;  // a's rows: lanes g < 6, row g; b's: g + 8
+    qa.init(2 * p, true, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0, tile_n, zp_[0],
+            g < 6 ? zp_[g] : -1.f);
+    qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0,
+            tile_n, zp_[8], g < 6 ? zp_[g + 8] : -1.f);
+#endif /* DOSA_TIE_RULE */
     const bool va = qa.lo_i < qa.hi_i, vb = qb.lo_i < qb.hi_i;
     if (va || vb) {
       QRows<1> A;
@@ -327,24 +519,59 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
           }
         }
         const float uha = reduce8(xa, lane), uhb = reduce8(xb, lane);
+#ifdef DOSA_TIE_RULE
+        // Zero plateau (screen_impl): a's logits are the rows g (elements v), b's the rows
+        // g + 8 (elements 2 + v); lanes g ≥ 6 hold aux rows (z = −1: no condition).
+        bool pa = false, pb = false;
+        if (qa.zp) {
+          float xs[4][2];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][0], xs[u][1] = Cm[u][0][1];
+          pa = qa.plateau(xs, sr, b, c, lane);
+        }
+        if (qb.zp) {
+          float xs[4][2];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][2], xs[u][1] = Cm[u][0][3];
+          pb = qb.plateau(xs, sr, b, c, lane);
+        }
+#endif /* DOSA_TIE_RULE */
         const int i = b * 32 + pos;
         const float al = sa[i], sri = sr[i];
+#ifndef DOSA_TIE_RULE
         qa.test(uha, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
         qb.test(uhb, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
+#else /* DOSA_TIE_RULE */
+        qa.test(uha, pa, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
+        qb.test(uhb, pb, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
+#endif /* DOSA_TIE_RULE */
       }
     }
     if (lane < nb) surv[(long long)qa.t * NW + (n0 >> 5) + lane] = qa.word;
     if (lane < nb && 2 * p + 1 < Qn) surv[(long long)qb.t * NW + (n0 >> 5) + lane] = qb.word;
+#ifdef DOSA_TIE_RULE
+    if (tcnt != nullptr && lane == 0 && qa.tie) atomicAdd(tcnt + qa.t, qa.tie);
+    if (tcnt != nullptr && lane == 0 && qb.tie) atomicAdd(tcnt + qb.t, qb.tie);
+#endif /* DOSA_TIE_RULE */
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256) screen_pair(
     const uint8_t* rows_p, const float* om_p, const float* sig, const double* Cq,
+#ifndef DOSA_TIE_RULE
     const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,
     const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window,
     const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {
   screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,
                       window, poolmask, Qn, N, QG, surv, Uout);
+#else /* DOSA_TIE_RULE */
+    const double* eps_raw, double eps_out, const float* tau, const int* kj, const float* zrow,
+    const uint8_t* kp, const float* alpha, const float* rho, const int* ks, const int* ke,
+    int sinks, int window, const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,
+    double* Uout, unsigned int* tcnt) {
+  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho, ks,
+                      ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt);
+#endif /* DOSA_TIE_RULE */
 }
 
 // Certificate-guided seeds, second half (docs/method.md §2, §7): after the certificate seeds

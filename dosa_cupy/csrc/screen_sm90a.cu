@@ -186,12 +186,28 @@ __device__ __forceinline__ void issue_chunk(float (&d)[kMts][kAcc], const QRows<
 }
 
 
+#ifdef DOSA_TIE_RULE
+// The calling warp's tie-rejected counter of its current query (stats only; lane 0 writes).
+__device__ __forceinline__ unsigned int* tie_slot() {
+  __shared__ unsigned int s_tie[kThreads / 32];
+  return s_tie + (threadIdx.x >> 5);
+}
+
+#endif /* DOSA_TIE_RULE */
 // Per-query constants of the screen (screen_impl's, for one 16-row tile): spans as offsets
 // in the tile, the weights of the lane's two rows, and the guard's constants.
 struct Query {
   int lo_i, hi_i, shi_i, llo_i;  // visible span, sink end, local-window start (tile offsets)
+#ifdef DOSA_TIE_RULE
+  int kj;                        // id j of the K-th seed record (τ, j) (kNoKthId: plain rule)
+#endif /* DOSA_TIE_RULE */
   float wlo, whi, tq;            // last tile: weights of rows g / g + 8 (aux lane: −σ_a, 0); τ
   float w0lo, w0hi;              // the first of two tiles: weights of rows g / g + 8
+#ifdef DOSA_TIE_RULE
+  // zero plateau (warp-uniform): −1 when off, else the offset of row g's coefficient in zrow
+  // (rows g / g + 8 read there when needed: registers are the kernel's budget)
+  int zoff;
+#endif /* DOSA_TIE_RULE */
   float aux_add;                 // 1 on the aux lane g = 7 (rows 7 + 15 summed), else 0
   double C, er, eo;
 #if DOSA_SCREEN_FAST32
@@ -212,11 +228,24 @@ struct TileKeys {
 // screen_impl's epilogue for NB consecutive batches bb0 .. bb0 + NB − 1 of a chunk (b0 = the
 // first one's index in the tile), written as NB independent chains so that their shuffles
 // and fp64 latencies overlap: Û per key (fmaf chain of the lane's rows, reduce8), U^num in
+#ifndef DOSA_TIE_RULE
 // fp64 rounded up, strict test against τ, and each batch's survivor word (kept by lane b).
+#else /* DOSA_TIE_RULE */
+// fp64 rounded up, screen_impl's tie-aware test against (τ, j) with its zero-plateau bound
+// (docs/method.md §7 "Tie-aware rejection and zero plateaus"), and each batch's survivor
+// word (kept by lane b); with tcnt (stats) the warp's shared slot tie_slot() counts the keys
+// the plain rule keeps and this one rejects (in shared memory: no register for it).
+#endif /* DOSA_TIE_RULE */
 template <int NB>
 __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, int b0, const Query& Q,
                                          const TileKeys& K, long long tN, long long n0,
+#ifndef DOSA_TIE_RULE
                                          double* __restrict__ Uout, int lane, uint32_t& myword) {
+#else /* DOSA_TIE_RULE */
+                                         const float* __restrict__ zrow, double* __restrict__ Uout,
+                                         unsigned int* __restrict__ tcnt, int lane,
+                                         uint32_t& myword) {
+#endif /* DOSA_TIE_RULE */
   float x[NB][8];
 #pragma unroll
   for (int k = 0; k < NB; ++k)
@@ -241,14 +270,43 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
   float uh[NB];
 #pragma unroll
   for (int k = 0; k < NB; ++k) uh[k] = DOSA_WG_DIAG == 4 ? x[k][0] : reduce8(x[k], lane);
+#ifndef DOSA_TIE_RULE
   const int pos = batch_pos(lane);
+#else /* DOSA_TIE_RULE */
+  const int pos = batch_pos(lane), c4 = lane & 3;
+#endif /* DOSA_TIE_RULE */
 #pragma unroll
   for (int k = 0; k < NB; ++k) {
     const int b = b0 + k, i = b * 32 + pos;
+#ifdef DOSA_TIE_RULE
+    bool plat = false;  // screen_impl's zero-plateau test: every positive row certified inactive
+    if (Q.zoff >= 0) {
+      float miss[8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const double rk = K.dsr[b * 32 + 8 * u + 2 * c4 + v];
+          float m = 0.f;
+#pragma unroll
+          for (int mt = 0; mt < kMts; ++mt) {  // rows g, g + 8 of tile mt (zrow: 16 per tile)
+            const float* c = d[mt] + 4 * (4 * (bb0 + k) + u);
+            const float zlo = __ldg(zrow + Q.zoff + 16 * mt), zhi = __ldg(zrow + Q.zoff + 16 * mt + 8);
+            m += plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
+          }
+          miss[2 * u + v] = m;
+        }
+      plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+    }
+#endif /* DOSA_TIE_RULE */
     const bool vis = i >= Q.lo_i && i < Q.hi_i;
     const bool seed = i < Q.shi_i || i >= Q.llo_i || ((K.spm[b] >> pos) & 1u);
 #if DOSA_WG_DIAG == 1
+#ifndef DOSA_TIE_RULE
     const bool p = vis && !seed && !(uh[k] < Q.tq);
+#else /* DOSA_TIE_RULE */
+    const bool plain = vis && !seed && !(uh[k] < Q.tq), p = plain;
+#endif /* DOSA_TIE_RULE */
 #elif DOSA_SCREEN_FAST32
     // screen_impl's pre-test (proofs/fp32_pretest.py): u32 < τ − 2^-59 proves U^num < τ
     // under its preconditions; the fp64 guard runs only in warps with a key it could not
@@ -259,21 +317,41 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
     float u32 = __fadd_ru(__fadd_ru(uh[k], __fmul_ru(sri, Q.Cf)), Q.ef);
     u32 = __fadd_ru(__fmul_ru(al, u32), Q.of);
     const bool need = vis && !seed && !(k_fast && u32 < Q.tq_fast);
+#ifndef DOSA_TIE_RULE
     bool p = false;
+#else /* DOSA_TIE_RULE */
+    bool p = false, plain = false;
+#endif /* DOSA_TIE_RULE */
     if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
       double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
       U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
       if (Uout && vis) Uout[tN + n0 + i] = U;
+#ifndef DOSA_TIE_RULE
       p = need && !(U < (double)Q.tq);
+#else /* DOSA_TIE_RULE */
+      plain = need && !(U < (double)Q.tq);
+      p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)Q.tq, n0 + i, Q.kj);
+#endif /* DOSA_TIE_RULE */
     }
 #else
     double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
     U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
     if (Uout && vis) Uout[tN + n0 + i] = U;
+#ifndef DOSA_TIE_RULE
     const bool p = vis && !seed && !(U < (double)Q.tq);
+#else /* DOSA_TIE_RULE */
+    const bool plain = vis && !seed && !(U < (double)Q.tq);
+    const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)Q.tq, n0 + i, Q.kj);
+#endif /* DOSA_TIE_RULE */
 #endif
     const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) myword = word;
+#ifdef DOSA_TIE_RULE
+    if (tcnt != nullptr) {
+      const unsigned int n = __popc(__ballot_sync(0xffffffffu, plain && !p));
+      if (lane == 0) *tie_slot() += n;
+    }
+#endif /* DOSA_TIE_RULE */
   }
 }
 
@@ -285,8 +363,15 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 template <int C>
 __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const QRows<kMts>& A,
                                            uint32_t sk_addr, const Query& Q, const TileKeys& K,
+#ifndef DOSA_TIE_RULE
                                            long long tN, long long n0, double* __restrict__ Uout,
                                            int lane, uint32_t& myword) {
+#else /* DOSA_TIE_RULE */
+                                           long long tN, long long n0, const float* __restrict__ zrow,
+                                           double* __restrict__ Uout,
+                                           unsigned int* __restrict__ tcnt, int lane,
+                                           uint32_t& myword) {
+#endif /* DOSA_TIE_RULE */
   if constexpr (C + 1 < kChunks) {
     issue_chunk(nxt, A, sk_addr, C + 1);
     wait<1>();
@@ -295,17 +380,33 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt
   }
   pin(cur);
   if constexpr (DOSA_WG_DIAG != 2)
+#ifndef DOSA_TIE_RULE
     epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, lane, myword);
+#else /* DOSA_TIE_RULE */
+    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
+#endif /* DOSA_TIE_RULE */
 }
 
 template <int C>
 __device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const QRows<kMts>& A,
                                        uint32_t sk_addr, const Query& Q, const TileKeys& K,
+#ifndef DOSA_TIE_RULE
                                        long long tN, long long n0, double* __restrict__ Uout,
                                        int lane, uint32_t& myword) {
+#else /* DOSA_TIE_RULE */
+                                       long long tN, long long n0, const float* __restrict__ zrow,
+                                       double* __restrict__ Uout,
+                                       unsigned int* __restrict__ tcnt, int lane,
+                                       uint32_t& myword) {
+#endif /* DOSA_TIE_RULE */
   if constexpr (C < kChunks) {
+#ifndef DOSA_TIE_RULE
     chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
     chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
+#else /* DOSA_TIE_RULE */
+    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
+    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
+#endif /* DOSA_TIE_RULE */
   }
 }
 
@@ -323,16 +424,29 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // screen_mt1's / screen_mt2's contract (kernels.cu) as screen_wg_mt1 / screen_wg_mt2 (the
 // DOSA_WG_MTS of the build): arguments, grid (ceil(N / DOSA_TILE_N), ceil(Qn / QG)),
 // outputs (the survivor words of every query t < Qn for the block's tile; U^num in Uout
+#ifndef DOSA_TIE_RULE
 // where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
+#else /* DOSA_TIE_RULE */
+// where given; tie-rejected counts in tcnt where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
+#endif /* DOSA_TIE_RULE */
 // per warp, rows 16w..16w+15 of its wgmma), QG a multiple of 4.
 extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
 DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
     const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
+#ifndef DOSA_TIE_RULE
     const float* __restrict__ tau, const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+#else /* DOSA_TIE_RULE */
+    const float* __restrict__ tau, const int* __restrict__ kj, const float* __restrict__ zrow,
+    const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+#endif /* DOSA_TIE_RULE */
     const float* __restrict__ rho, const int* __restrict__ ks_, const int* __restrict__ ke_,
     int sinks, int window, const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
+#ifndef DOSA_TIE_RULE
     uint32_t* __restrict__ surv, double* __restrict__ Uout) {
+#else /* DOSA_TIE_RULE */
+    uint32_t* __restrict__ surv, double* __restrict__ Uout, unsigned int* __restrict__ tcnt) {
+#endif /* DOSA_TIE_RULE */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace dosa;
   using namespace dosa::wg;
@@ -389,6 +503,13 @@ DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     Q.w0hi = __ldg(oq + g + 8);
     Q.aux_add = aux_lane ? 1.f : 0.f;
     Q.tq = tau[tl];
+#ifdef DOSA_TIE_RULE
+    Q.kj = kj[tl];
+    // Zero plateau (screen_impl): rows g, g + 8 of the query's zrow (−1 on the aux lane).
+    const float z0 = zrow[(long long)tl * (16 * kMts)];
+    const bool zp = z0 == z0 && Q.tq >= 0.f;
+    Q.zoff = zp ? tl * (16 * kMts) + g : -1;
+#endif /* DOSA_TIE_RULE */
     Q.C = Cq[tl];
     Q.er = eps_raw[tl];
     Q.eo = eps_out;
@@ -403,10 +524,20 @@ DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     Q.tq_fast = q_fast ? __fsub_rd(Q.tq, 0x1p-59f) : -f32_inf;
 #endif
     uint32_t myword = 0u;
+#ifdef DOSA_TIE_RULE
+    if (tcnt != nullptr && lane == 0) *tie_slot() = 0u;
+#endif /* DOSA_TIE_RULE */
     float acc0[kMts][kAcc], acc1[kMts][kAcc];
     issue_chunk(acc0, A, sk_addr, 0);
+#ifndef DOSA_TIE_RULE
     chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, lane, myword);
+#else /* DOSA_TIE_RULE */
+    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, zrow, Uout, tcnt, lane, myword);
+#endif /* DOSA_TIE_RULE */
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
+#ifdef DOSA_TIE_RULE
+    if (live && tcnt != nullptr && lane == 0 && *tie_slot()) atomicAdd(tcnt + t, *tie_slot());
+#endif /* DOSA_TIE_RULE */
   }
 #endif
 }
