@@ -95,5 +95,7 @@ def kernel(name: str, mts: int = 1, extra: tuple = ()):
     """Kernel ``name`` of the sm_90a module of the ``mts`` build (BUILDS) plus the ``extra``
     defines (the tie-aware build: "DOSA_TIE_RULE=1") for the current tile size, with its
     dynamic shared-memory limit raised to ``smem_bytes(tile())``."""
-    f = module(tile(), BUILDS[mts][0] + tuple(extra)).get_function(name)
-    return raise_smem_limit(f, smem_bytes(tile()), "sm90a", name, tile())
+    defines = BUILDS[mts][0] + tuple(extra)
+    f = module(tile(), defines).get_function(name)
+    # keyed by the build too: each build's function object needs its own opt-in
+    return raise_smem_limit(f, smem_bytes(tile()), "sm90a", name, tile(), defines)
