@@ -89,6 +89,11 @@ __device__ __forceinline__ void pin(float (&d)[T][M]) {
   for (int j = 0; j < T; ++j) pin(d[j]);
 }
 
+// Eight fp32 accumulator operands d[i..i+7] of a wgmma (read and written).
+#define DOSA_WG_ACC8(d, i)                                                                  \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+
 // D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint32_t a1,
                                               uint32_t a2, uint32_t a3, uint64_t desc) {
@@ -97,23 +102,18 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint3
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24)
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
 }
-// D (64 × 32, fp32) += A (64 × 16, f16, registers) · B (16 × 32, f16, shared via desc).
+// D (64 × 32, fp32) += A (64 × 16, f16, registers) · B (16 × 32, f16, shared via desc): the
+// two-tile build's chunk (same k-steps, half the keys).
 __device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
                                               uint32_t a2, uint32_t a3, uint64_t desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
       "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8)
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
 }
 template <int N>
