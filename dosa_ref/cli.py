@@ -145,7 +145,7 @@ def fuzz(argv: list[str]) -> int:
 
 def calibrate(argv: list[str]) -> int:
     """Print a regime's certificate statistics (default: calibrated) beside the paper's."""
-    from .workloads import calibration_table, format_calibration
+    from .calibration import calibration_table, format_calibration
 
     ap = argparse.ArgumentParser(prog="dosa calibrate", description=calibrate.__doc__)
     ap.add_argument("--queries", type=int, default=None)

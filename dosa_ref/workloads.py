@@ -58,9 +58,9 @@ none survival in %):
       (correlation between positive heads): the cost model projects a positive head only
       when that is cheap, i.e. when it is weak or nearly collinear with a retained head.
 
-Measured (``calibration_table()`` defaults: 4 layers × Qn=32 × N=65536, H=32, D=128,
-K=2048; 2 s per variant and layer, 4 s for "none" (every key refined); 33 s wall
-in all on 2 cores):
+Measured (``dosa_ref.calibration.calibration_table()`` defaults: 4 layers × Qn=32 ×
+N=65536, H=32, D=128, K=2048; 2 s per variant and layer, 4 s for "none" (every key
+refined); 33 s wall in all on 2 cores):
 
   statistic                        paper    measured   per layer (seeds 0..3)
   survival, full certificate       2.65%    2.74%      1.61 / 4.21 / 2.45 / 2.69
@@ -83,8 +83,6 @@ ke, optional metadata name/params/K), validated on load.
 from __future__ import annotations
 
 import json
-import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -93,14 +91,13 @@ import numpy as np
 from .validate import check_qwk_shapes
 
 __all__ = [
-    "CALIBRATION_TARGETS",
     "REGIMES",
+    "TRAINED",
     "Regime",
     "Workload",
-    "calibration_table",
-    "format_calibration",
     "load_workload",
     "make_workload",
+    "regime_names",
     "save_workload",
     "validate_workload",
 ]
@@ -368,164 +365,6 @@ def _trained_workload(Qn: int, N: int, H: int, D: int, seed: int) -> Workload:
         raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
     d = trained.make_trained_workload(int(Qn), int(N), int(H), seed)
     return Workload(d["q"], d["w"], d["k"], d["ks"], d["ke"], name=TRAINED, params=d["params"])
-
-
-# --------------------------------------------------------------------------- calibration
-
-# statistic -> (paper value, criterion); survival values from docs/method.md §9 / the paper's
-# Figure 9, the projection fraction from its Appendix D.2 text (0.42% of query-layer rows).
-CALIBRATION_TARGETS = {
-    "survival (full certificate)": (0.0265, "±50%"),
-    "survival (neg_aggregate=none)": (0.9506, "±50%"),
-    "survival (neg_aggregate=all)": (0.0406, "±50%"),
-    "positive projection rows": (0.0042, "< 1%"),
-}
-
-
-def calibration_table(
-    Qn: int = 32,
-    N: int = 65536,
-    seed: int = 0,
-    progress: bool = True,
-    *,
-    layers: int = 4,
-    K: int = 2048,
-    name: str = "calibrated",
-    H: int | None = None,
-    **options,
-) -> list[dict]:
-    """Run the three certificate variants on regime ``name`` and compare with the paper.
-
-    ``layers`` workloads (seeds ``seed, seed+1, …`` — each seed draws new head roles,
-    weights and keys, like another indexer layer) are pooled, as the paper's figures
-    pool 21 layers: survival = Σ survivors / Σ screened over all of them.  Each variant
-    is ``dosa_topk(q, w, k, K, ks, ke, seeds="local+anchor", auto_dense=False,
-    neg_aggregate=…, **options)`` (screening even where the cost model would score densely)
-    (majority = the default certificate, none, all); ``options`` may override anything,
-    e.g. ``r=16`` for the paper's fixed H=32 budget.
-
-    Four more rows have no paper value (target nan, criterion "-"), to compare regimes: the
-    fully-scored fraction and the median τ gap of the full certificate, positive heads per
-    query, and the share of visible keys whose exact score is 0 (zero plateaus).
-
-    Returns rows {statistic, target, measured, within_50pct, criterion, seconds}
-    (fractions, not percent; seconds = wall time of that variant over all layers).  For
-    the positive-projection row the criterion is the brief's "< 1% of query rows" (a few
-    dozen queries cannot resolve the paper's 0.42%); ``within_50pct`` reports whichever
-    criterion the row has.
-    """
-    from .pipeline import dosa_topk
-
-    if isinstance(layers, bool) or not isinstance(layers, (int, np.integer)) or layers < 1:
-        raise ValueError(f"layers: expected a positive integer, got {layers!r}")
-    opts = {"seeds": "local+anchor", "auto_dense": False}  # measure the certificate
-    opts.update(options)
-    variants = ("majority", "none", "all")
-    surv = {v: [0, 0] for v in variants}
-    seconds = dict.fromkeys(variants, 0.0)
-    proj_rows, rows_total = 0, 0
-    extra = {"scored": [0.0, 0.0], "gap": [], "pos": [], "zero": [0.0, 0.0]}
-    for layer in range(int(layers)):
-        wl = make_workload(name, Qn, N, H=H, seed=int(seed) + layer)
-        _plateau_counts(wl, extra)
-        for v in variants:
-            t0 = time.perf_counter()
-            res = dosa_topk(wl.q, wl.w, wl.k, K, wl.ks, wl.ke, **dict(opts, neg_aggregate=v))
-            dt = time.perf_counter() - t0
-            st = res.stats
-            surv[v][0] += int(st.survivors.sum())
-            surv[v][1] += int(st.screened.sum())
-            seconds[v] += dt
-            if v == "majority":
-                proj_rows += int(np.sum(st.omitted_positive > 0))
-                rows_total += st.Qn
-                extra["scored"][0] += float(st.scored.sum() + st.anchor_scored)
-                extra["scored"][1] += float(st.visible.sum())
-                extra["gap"] += list(st.tau_gap[~np.isnan(st.tau_gap)])
-            if progress:
-                print(
-                    f"calibrate: {name} layer {layer + 1}/{layers} (seed {int(seed) + layer}) "
-                    f"Qn={Qn} N={N} neg_aggregate={v}: survival "
-                    f"{100 * st.survival:.2f}% ({dt:.1f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-
-    def frac(v):
-        a, b = surv[v]
-        return a / b if b else float("nan")
-
-    values = {
-        "survival (full certificate)": (frac("majority"), seconds["majority"]),
-        "survival (neg_aggregate=none)": (frac("none"), seconds["none"]),
-        "survival (neg_aggregate=all)": (frac("all"), seconds["all"]),
-        "positive projection rows": (proj_rows / max(rows_total, 1), seconds["majority"]),
-    }
-    rows = []
-    for stat, (target, crit) in CALIBRATION_TARGETS.items():
-        m, dt = values[stat]
-        ok = (m < 0.01) if crit == "< 1%" else bool(0.5 * target <= m <= 1.5 * target)
-        rows.append(
-            {
-                "statistic": stat,
-                "target": target,
-                "measured": float(m),
-                "within_50pct": bool(ok),
-                "criterion": crit,
-                "seconds": round(dt, 2),
-            }
-        )
-    observed = {
-        "fully scored fraction (full certificate)": extra["scored"][0] / max(extra["scored"][1], 1),
-        "tau gap (tau* - tau)/|tau*|, median": float(np.median(extra["gap"]))
-        if extra["gap"]
-        else float("nan"),
-        "positive heads per query (mean)": float(np.mean(extra["pos"])),
-        "visible keys scoring exactly 0": extra["zero"][0] / max(extra["zero"][1], 1),
-    }
-    for stat, m in observed.items():
-        rows.append(
-            {
-                "statistic": stat,
-                "target": float("nan"),
-                "measured": float(m),
-                "within_50pct": True,
-                "criterion": "-",
-                "seconds": 0.0,
-            }
-        )
-    return rows
-
-
-def _plateau_counts(wl: Workload, extra: dict) -> None:
-    """Positive heads per query and exact-zero scores of a workload (canonical scorer)."""
-    from .scorer import index_scores
-
-    extra["pos"] += list(np.sum(wl.w > 0, axis=1))
-    for t in range(wl.q.shape[0]):
-        s = index_scores(wl.q[t : t + 1], wl.w[t : t + 1], wl.k, wl.ks[t : t + 1], wl.ke[t : t + 1])
-        vis = s[0, wl.ks[t] : wl.ke[t]]
-        extra["zero"][0] += float(np.sum(vis == 0))
-        extra["zero"][1] += float(vis.size)
-
-
-def format_calibration(rows: list[dict]) -> str:
-    """Markdown table of ``calibration_table`` rows (percentages)."""
-    lines = [
-        "| statistic | paper | measured | criterion | ok |",
-        "|---|---:|---:|---|---|",
-    ]
-    for r in rows:
-        if r.get("criterion") == "-":  # an observed statistic without a paper value
-            pct = "heads" not in r["statistic"]
-            m = f"{100 * r['measured']:.2f}%" if pct else f"{r['measured']:.2f}"
-            lines.append(f"| {r['statistic']} | - | {m} | - | - |")
-            continue
-        lines.append(
-            f"| {r['statistic']} | {100 * r['target']:.2f}% | {100 * r['measured']:.2f}% "
-            f"| {r.get('criterion', '±50%')} | {'yes' if r['within_50pct'] else 'NO'} |"
-        )
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- save / load

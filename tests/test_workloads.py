@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 
 from dosa_ref import dosa_topk, index_scores, topk_ids
+from dosa_ref.calibration import CALIBRATION_TARGETS, calibration_table, format_calibration
 from dosa_ref.workloads import (
-    CALIBRATION_TARGETS,
     REGIMES,
     Workload,
-    calibration_table,
-    format_calibration,
     load_workload,
     make_workload,
     save_workload,
