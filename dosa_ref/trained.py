@@ -49,6 +49,7 @@ __all__ = [
     "encoder_weights",
     "indexer_path",
     "load_indexer",
+    "make_trained_decode",
     "make_trained_workload",
     "save_corpus",
     "trim_encoder",
@@ -368,3 +369,39 @@ def make_trained_workload(Qn: int, N: int, H: int = 64, seed: int = 0, xp=np) ->
         indexer_steps=ix.meta.get("steps", "?"),
     )  # fmt: skip
     return dict(q=q, w=w, k=k, ks=ks, ke=ke, params=params)
+
+
+def make_trained_decode(
+    B: int, ctx: int, steps: int, next_n: int = 1, H: int = 64, seed: int = 0, xp=np
+) -> dict:
+    """A decode walk of the trained regime in DeepGEMM's decode layout: B requests, each a
+    context of held-out corpus tokens (its own start, drawn from ``seed`` and b), advanced
+    by ``next_n`` tokens per step.  Returns k: a list of B arrays [ctx + steps·next_n, D]
+    (every key a request will see), q [steps, B, next_n, H, D], w [steps, B, next_n, H]
+    float32 and lengths int32 [steps, B] (step i: ctx + (i + 1)·next_n; query j of request
+    b at position lengths − next_n + j sees keys [0, lengths − next_n + j + 1), the
+    ``dosa_ref.decode.DecodeSelector.step`` rule), plus ``params``."""
+    for arg, v, lo in (("B", B, 1), ("ctx", ctx, 0), ("steps", steps, 1), ("next_n", next_n, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{arg}: expected an integer >= {lo}, got {v!r}")
+    ix = load_indexer(H)
+    c = corpus()
+    total = ctx + steps * next_n
+    n_tok = -(-total // WINDOW) * WINDOW
+    held = c.ids.size - c.split
+    if n_tok > held:
+        raise ValueError(f"ctx: the held-out corpus has {held} tokens, asked for {total}")
+    slots = (held - n_tok) // WINDOW + 1
+    starts = c.split + np.random.default_rng([int(seed), total, B]).integers(0, slots, B) * WINDOW
+    ks, qs, ws = [], [], []
+    for st in starts:
+        h = encode(c.ids[st : st + n_tok], ix.layer, xp)[:total]
+        ks.append(ix.keys(h, xp))
+        q, w = ix.queries(h[ctx:], xp)  # the tokens the walk decodes
+        qs.append(q.reshape(steps, next_n, ix.H, D))
+        ws.append(w.reshape(steps, next_n, ix.H))
+    lengths = np.array([[ctx + (i + 1) * next_n] * B for i in range(steps)], dtype=np.int32)
+    params = dict(B=B, ctx=ctx, steps=steps, next_n=next_n, H=H, seed=int(seed), layer=ix.layer,
+                  starts=[int(x) for x in starts], corpus_sha256=c.text_sha256)  # fmt: skip
+    return dict(k=ks, q=xp.stack(qs, axis=1), w=xp.stack(ws, axis=1),
+                lengths=xp.asarray(lengths), params=params)  # fmt: skip

@@ -103,6 +103,31 @@ def test_dosa_is_exact_on_the_trained_regime(H, K):
     assert res.stats.Qn == 12
 
 
+def test_trained_decode_walk_is_exact_with_witnesses():
+    """A decode walk of the trained regime: the witness selector's ids equal full Top-K at
+    every step (dosa_ref/decode.py), and the walk's layout is DeepGEMM's."""
+    from dosa_ref.decode import DecodeSelector
+
+    K, steps, n = 64, 4, 2
+    d = T.make_trained_decode(B=2, ctx=700, steps=steps, next_n=n, H=32, seed=4)
+    assert d["q"].shape == (steps, 2, n, 32, T.D) and d["w"].shape == (steps, 2, n, 32)
+    assert [k.shape for k in d["k"]] == [(700 + steps * n, T.D)] * 2
+    assert np.array_equal(d["lengths"][:, 0], 700 + n * np.arange(1, steps + 1))
+    sel = DecodeSelector(K, history=2)
+    for i in range(steps):
+        got = sel.step(d["q"][i], d["w"][i], d["k"], d["lengths"][i]).ids
+        for b in range(2):
+            for j in range(n):
+                end = int(d["lengths"][i, b]) - n + j + 1
+                want = topk_ids(index_scores(d["q"][i, b, j][None], d["w"][i, b, j][None],
+                                             d["k"][b][:end]), K)[0]  # fmt: skip
+                assert np.array_equal(got[b, j], want), (i, b, j)
+    with pytest.raises(ValueError, match="^ctx:"):
+        T.make_trained_decode(B=1, ctx=1 << 30, steps=1, H=32)
+    with pytest.raises(ValueError, match="^steps:"):
+        T.make_trained_decode(B=1, ctx=10, steps=0, H=32)
+
+
 @gpu
 @pytest.mark.parametrize("H", [32, 64])
 def test_gpu_trained_regime_exact(H):
