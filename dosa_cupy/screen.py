@@ -169,10 +169,12 @@ def tie_screen_wanted(seeds: Seeds, o: dict) -> bool:
     """Whether this chunk is screened by the tie-aware build (``DOSA_TIE_RULE``: the rule
     against the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7
     "Tie-aware rejection and zero plateaus"): with ``tie_reject`` when some query's τ is
-    exactly 0, the only τ at which min(U, 0) can reject a key the plain rule keeps (one
-    device reduction, one sync).  The build costs 1.8–1.9× the plain screen's time
-    (docs/records/benchmarks.md "A measured regression, reverted"), so chunks without a
-    zero threshold keep the plain kernels."""
+    exactly 0 — zero plateaus, where the plain rule keeps every key at U ≥ 0 (one device
+    reduction, one sync).  The build costs 1.8–1.9× the plain screen's time
+    (docs/records/benchmarks.md "A measured regression, reverted"), so the other chunks
+    keep the plain kernels; a small τ > 0 could also gain from min(U, 0) (a plateau key
+    whose allowances lift U above τ), which this choice forgoes — efficiency, not
+    exactness."""
     cp = cupy_or_raise()
     return bool(o["tie_reject"]) and bool(cp.any(seeds.tau == 0))
 

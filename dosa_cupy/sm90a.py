@@ -22,7 +22,9 @@ DEPENDS = (SOURCE, CSRC / "common.cuh")
 THREADS = 384  # three warpgroups per block (screen_sm90a.cu kThreads) in the mts = 1 build
 QG = 96  # queries per block (a multiple of 4 per warpgroup): the tile is converted once for QG
 # Builds per plan width (head tiles per query): their defines and threads per block; both
-# fit three warpgroups in 168 registers without spills (tests/test_gpu_sm90a.py).
+# fit three warpgroups in 168 registers without spills (tests/test_gpu_sm90a.py).  Their
+# tie-aware builds (+ "DOSA_TIE_RULE=1", screen.tie_screen_wanted) run only on chunks with a
+# query at τ = 0; the two-tile one spills (108 bytes at nvcc 13.0).
 BUILDS = {1: ((), THREADS), 2: (("DOSA_WG_MTS=2",), THREADS)}
 
 

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory for weights and log")
     ap.add_argument("--H", default="32,64", help="head counts of the shipped indexers")
     ap.add_argument("--layer", type=int, default=3, help="encoder layer of the shipped indexers")
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--study-layers", default="1,2,4", help="more layers, H=64, for the study")
     ap.add_argument("--study-steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=32, help="windows per step")
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True  # training precision; inference is e4m3
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    logf = open(out / "train_log.jsonl", "w")
+    logf = open(out / "train_log.jsonl", "w")  # noqa: SIM115 — closed at the end of main
 
     def log(rec):
         line = json.dumps(rec)
@@ -251,6 +251,7 @@ def main(argv=None) -> int:
         )
     (out / "train_summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    logf.close()
     return 0
 
 

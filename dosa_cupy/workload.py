@@ -94,7 +94,7 @@ def _from_reference(regime, Qn, N, H, seed, causal, scale_fmt):
     if regime == TRAINED:
         from dosa_ref.trained import make_trained_workload
 
-        d = make_trained_workload(int(Qn), int(N), int(H), seed, xp=cp)
+        d = make_trained_workload(Qn, N, H, seed, xp=cp)  # checks the counts
         wl = Workload(d["q"], d["w"], d["k"], d["ks"], d["ke"], name=TRAINED, params=d["params"])
         return _upload(wl, causal, scale_fmt)
     if regime not in regime_names():

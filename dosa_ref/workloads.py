@@ -356,14 +356,9 @@ def _trained_workload(Qn: int, N: int, H: int, D: int, seed: int) -> Workload:
     """The trained regime on the host (numpy; dosa_ref/trained.py, docs/workloads.md §1)."""
     from . import trained
 
-    for arg, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{arg}: expected an integer >= {lo}, got {v!r}")
     if D != trained.D:
         raise ValueError(f"D: the trained indexers have D = {trained.D}, got {D}")
-    if Qn > N:
-        raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
-    d = trained.make_trained_workload(int(Qn), int(N), int(H), seed)
+    d = trained.make_trained_workload(Qn, N, H, seed)  # checks the counts
     return Workload(d["q"], d["w"], d["k"], d["ks"], d["ke"], name=TRAINED, params=d["params"])
 
 

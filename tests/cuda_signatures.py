@@ -48,7 +48,7 @@ def read_source(path: Path, _seen: set | None = None, tie: bool = False) -> str:
         name = m.group(1)
         if name in seen or not (path.parent / name).exists():
             return "" if name in seen else m.group(0)
-        return read_source(path.parent / name, seen)
+        return read_source(path.parent / name, seen, tie)
 
     text = re.sub(r'^#include "([^"]+)"[^\n]*$', inline, path.read_text(), flags=re.M)
     return select_build(text, tie)

@@ -38,6 +38,23 @@ def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     assert "C7518" not in res.stderr, res.stderr  # no wgmma serialized by ptxas
 
 
+@pytest.mark.skipif(sm90a.nvcc() is None, reason="nvcc not found on this machine")
+@pytest.mark.parametrize("mts", [1, 2])
+def test_sm90a_tie_builds_compile(mts, tmp_path):
+    """The tie-aware builds (DOSA_TIE_RULE) compile for sm_90a without a serialized wgmma;
+    the one-tile build also without spills (the two-tile one spills: sm90a.BUILDS)."""
+    import subprocess
+
+    out = tmp_path / "t.cubin"
+    cmd = sm90a.build_command(256, out, sm90a.BUILDS[mts][0] + ("DOSA_TIE_RULE=1",))
+    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
+    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    assert "C7518" not in res.stderr, res.stderr
+    screen = res.stderr.split(f"entry function 'screen_wg_mt{mts}'")[1].split("Compiling")[0]
+    if mts == 1:
+        assert "0 bytes spill stores" in screen, screen
+
+
 def test_smem_holds_two_panels_and_the_alignment_slack():
     assert sm90a.smem_bytes(256) == 2 * 256 * 128 + 256 * (8 + 8 + 4 + 4) + 8 * 4 + 1024
 

@@ -64,9 +64,50 @@ def test_staged_files_give_the_same_model(tmp_path, monkeypatch):
         assert np.array_equal(T.encode(ids, 3), want)  # float16 weights either way
         with pytest.raises(ValueError, match="^layer:"):
             T.encode(ids, 5)  # the trimmed copy holds 3 layers
+        other = c.ids[c.split : c.split + 4 * T.WINDOW]
+        assert not np.isin(other, ids).all()  # tokens the trimmed copy was not written with
+        with pytest.raises(ValueError, match="^tokens:"):
+            T.encode(other, 3)
     finally:
         T._weights_host.cache_clear()
         T.corpus.cache_clear()
+
+
+def test_malformed_staged_corpus_is_refused(tmp_path, monkeypatch):
+    bad_ids = {
+        "wide": np.array([1, 2, T.VOCAB], dtype=np.int64),  # would wrap as uint16 ids
+        "negative": np.array([1, -2], dtype=np.int64),
+        "float": np.array([1.0, 2.0]),
+        "empty": np.array([], dtype=np.int64),
+    }
+    try:
+        for name, ids in bad_ids.items():
+            path = tmp_path / f"{name}.npz"
+            np.savez(path, ids=ids, text_sha256=np.array("x"))
+            monkeypatch.setenv("DOSA_CORPUS", str(path))
+            T.corpus.cache_clear()
+            with pytest.raises(ValueError, match="^DOSA_CORPUS:"):
+                T.corpus()
+        np.savez(tmp_path / "noids.npz", text_sha256=np.array("x"))
+        monkeypatch.setenv("DOSA_CORPUS", str(tmp_path / "noids.npz"))
+        T.corpus.cache_clear()
+        with pytest.raises(ValueError, match="^DOSA_CORPUS:"):
+            T.corpus()
+    finally:
+        T.corpus.cache_clear()
+
+
+def test_make_trained_workload_checks_its_arguments():
+    for kw, arg in ((dict(Qn=300, N=256), "Qn"), (dict(Qn=2, N=0), "N"), (dict(Qn=2.0, N=8), "Qn"),
+                    (dict(Qn=2, N=8, H=32.7), "H"), (dict(Qn=2, N=8, seed=-1), "seed"),
+                    (dict(Qn=True, N=8), "Qn")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{arg}:"):
+            T.make_trained_workload(**{"H": 32, **kw})
+    d = T.make_trained_workload(4, 600, 32, seed=2)
+    assert d["q"].shape == (4, 32, T.D) and d["ke"].tolist() == [597, 598, 599, 600]
+    assert d["params"]["corpus_matches_training"] is (
+        T.load_indexer(32).meta["corpus_sha256"] == T.corpus().text_sha256
+    )
 
 
 @pytest.mark.parametrize("H", [32, 64])

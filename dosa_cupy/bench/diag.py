@@ -24,7 +24,9 @@ def main(argv=None) -> int:
             dense = dosa_cupy.dense_topk(*a)
             for r in (14, 30):
                 for bits in (13, 17, 24):
-                    ids, st = dosa_cupy.dosa_topk(*a, r=r, mma_bits=bits, return_stats=True)
+                    ids, st = dosa_cupy.dosa_topk(
+                        *a, r=r, mma_bits=bits, screen="fp64", return_stats=True
+                    )  # r as given, not auto's
                     sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
                     eq = bool(cp.array_equal(ids, dense))
                     print(

@@ -327,7 +327,7 @@ SCREEN_INST(2)
 // The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
 #else /* DOSA_TIE_RULE */
 // The rest (guard, tie-aware rule and zero plateau, seeds, visibility, bitmask words) is
-// screen_impl's, once per query; zrow_p is zrow gathered like the rows (screen.pair_zrow):
+// screen_impl's, once per query; zrow_p is zrow gathered like the rows (screen.pair_gather):
 // query a's plateau rows are the lanes' rows g < 6, query b's the rows g + 8, g < 6.
 #endif /* DOSA_TIE_RULE */
 // grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
@@ -345,7 +345,6 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
   uint32_t word;
 #ifdef DOSA_TIE_RULE
   unsigned int tie;  // keys the plain rule keeps and the tie-aware rule rejects
-  // zr: the query's first plateau coefficient in the paired tile (NaN: no plateau).
 #endif /* DOSA_TIE_RULE */
   __device__ __forceinline__ void init(int t_, bool exists, const int* __restrict__ ks_,
                                        const int* __restrict__ ke_, const float* __restrict__ sig,
