@@ -136,7 +136,8 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
     positive head (P = ∅) and as many plan rows with ω_j > 0 as weights w [Qn, Hp] > 0.  With
     P = ∅ nothing is folded (ω_j = w_h of the head whose e4m3 row q̄_h is plan row j), so the
     rows with ω_j > 0 are exactly the positive heads.  Their coefficient is
-    z_j = RU32(2·γ_mma·√D·‖q̄_j‖·(1 + MU)): the screen's dot x̂_j and the canonical scorer's
+    z_j = RU32(2·γ_mma·√D·‖q̄_j‖·(1 + MU)) (evaluated in fp64): the screen's dot x̂_j and the
+    canonical scorer's
     logit are each within γ_mma·Σ_d|q̄_jd||k̄_d| ≤ γ_mma·‖q̄_j‖·ρ√D of the exact dot (plan.py's
     MMA model; ρ√D ≥ ‖k̄‖), so x̂_j + z_j·ρ ≤ 0 certifies the canonical logit ≤ 0
     (csrc/common.cuh plateau_miss).  Every other row is −1 (no condition: negative heads,
@@ -160,7 +161,9 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
         & (xp.asarray(plan.omitted_positive) == 0)
         & (xp.sum(pos, axis=1) == npos)
     )
-    coef = 2.0 * gamma_mma(mma_bits, D) * np.sqrt(D) * (1.0 + MU)
+    # 2γ√D‖q̄‖ in fp64 (a few roundings of 2^-53 each) lifted by one (1 + MU) = 1 + 2^-30,
+    # then rounded up to fp32: z ≥ the exact 2γ√D‖q̄‖ (proofs/gpu_zero_plateau.py checks it)
+    coef = 2.0 * gamma_mma(mma_bits, D) * np.sqrt(D)
     z = xp.where(pos, _f32_up(coef * xp.sqrt(sq) * (1.0 + MU), xp), xp.float32(-1.0))
     return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
 

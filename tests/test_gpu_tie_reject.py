@@ -52,6 +52,9 @@ def test_pair_gather_follows_pair_rows(Qn):
             t = 2 * p + who
             want = x[t, j] if t < Qn else np.nan
             assert got[p, i] == want or (np.isnan(want) and np.isnan(got[p, i]))
+    assert got.flags.c_contiguous  # a kernel argument
+    with pytest.raises(ValueError, match="^x:"):
+        pair_gather(np.zeros((Qn, 15), np.float32), np.nan, np)
 
 
 def _e4m3_problem(rng, Qn, Hp, n_pos, n_neg):
@@ -85,6 +88,23 @@ def test_plateau_rows(n_pos, r):
     assert (pos.sum(axis=1) == n_pos).all()
     assert (z[~pos] == -1).all()
     need = 2 * gamma_mma(17) * np.sqrt(128) * norm
+    assert (z[pos] >= need[pos]).all()
+    # and no looser than that (every unit of z costs pruning): fp32 round-up plus (1 + MU)²
+    assert (z[pos] <= need[pos] * (1 + 2.0**-22)).all()
+
+
+def test_plateau_rows_margin_holds_on_many_rows():
+    """z ≥ 2γ_mma√D‖q̄‖ on thousands of rows: the fp64 evaluation's (1 + MU) margins are
+    what keep the fp32 round-up above the bound when an fp32 value lies just below it
+    (about 2 % of rows lie within 2^-29 of one)."""
+    rng = np.random.default_rng(7)
+    q, w, kp = _e4m3_problem(rng, 768, 16, 6, 4)
+    plan = build_plans(q, w, kp, None, 14, 1, 17, xp=np)
+    z = plateau_rows(plan, w, 17, np)
+    rows = e4m3_values(plan.rows)
+    need = 2 * gamma_mma(17) * np.sqrt(128) * np.sqrt((rows * rows).sum(axis=2))
+    pos = plan.omega > 0
+    assert pos.sum() == 768 * 6
     assert (z[pos] >= need[pos]).all()
 
 

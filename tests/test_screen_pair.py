@@ -226,6 +226,18 @@ def test_auto_screen_rule():
     assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("wg", 30)
     assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 30)
     assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("wg", 30)
+    pad = np.concatenate([wide, np.zeros((41, 16), np.float32)], axis=1)  # padded heads: w = 0
+    assert screen.auto_screen("auto", 14, 0, pad, np, hopper=True) == ("wg", 30)
+    even = -np.ones((40, 32), np.float32)
+    even[:, :20] = 1.0
+    even[:20, 20] = 1.0  # 20 queries with 21, 20 with 20: the lower median is 20
+    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wg", 14)
+    even[20, 20] = 1.0  # 21 of 40 with 21: the lower median is 21
+    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wg", 30)
+    zeros = np.zeros((41, 48), np.float32)
+    zeros[:, :6] = 1.0  # 6 positive, 42 zero weights: zeros are not positive heads
+    zeros[:3, 6] = 1.0  # 38 of 41 ≤ 6 (92.7 %): not paired; median 6: not widened
+    assert screen.auto_screen("auto", 14, 0, zeros, np, hopper=True) == ("wg", 14)
     for scr in ("fp64", "fast32", "pair", "wg"):
         assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
     assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds

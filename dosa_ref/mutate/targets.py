@@ -102,6 +102,16 @@ TARGETS: tuple[Target, ...] = (
         ),
         skip=("DevicePlan",),
     ),
+    Target(
+        "dosa_cupy/screen.py",
+        (
+            "tests/test_gpu_tie_reject.py",
+            "tests/test_screen_pair.py",
+            "tests/test_gpu_sm90a.py",
+        ),
+        # device launches and the per-chunk driver: GPU-only, tested on the H200
+        skip=("ScreenLaunch", "Screened", "screen_stage", "tie_screen_wanted"),
+    ),
 )
 
 
