@@ -225,6 +225,16 @@ struct TileKeys {
   const uint32_t* spm;
 };
 
+// The tie-aware build's operands (docs/method.md §7 "Tie-aware rejection and zero
+// plateaus"): the plateau coefficients and the tie-rejected counters; empty in the plain
+// build, so the functions below have one signature for both.
+struct TieArgs {
+#ifdef DOSA_TIE_RULE
+  const float* __restrict__ zrow;
+  unsigned int* __restrict__ tcnt;
+#endif
+};
+
 // screen_impl's epilogue for NB consecutive batches bb0 .. bb0 + NB − 1 of a chunk (b0 = the
 // first one's index in the tile), written as NB independent chains so that their shuffles
 // and fp64 latencies overlap: Û per key (fmaf chain of the lane's rows, reduce8), U^num in
@@ -239,13 +249,8 @@ struct TileKeys {
 template <int NB>
 __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, int b0, const Query& Q,
                                          const TileKeys& K, long long tN, long long n0,
-#ifndef DOSA_TIE_RULE
-                                         double* __restrict__ Uout, int lane, uint32_t& myword) {
-#else /* DOSA_TIE_RULE */
-                                         const float* __restrict__ zrow, double* __restrict__ Uout,
-                                         unsigned int* __restrict__ tcnt, int lane,
+                                         double* __restrict__ Uout, const TieArgs& X, int lane,
                                          uint32_t& myword) {
-#endif /* DOSA_TIE_RULE */
   float x[NB][8];
 #pragma unroll
   for (int k = 0; k < NB; ++k)
@@ -291,7 +296,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 #pragma unroll
           for (int mt = 0; mt < kMts; ++mt) {  // rows g, g + 8 of tile mt (zrow: 16 per tile)
             const float* c = d[mt] + 4 * (4 * (bb0 + k) + u);
-            const float zlo = __ldg(zrow + Q.zoff + 16 * mt), zhi = __ldg(zrow + Q.zoff + 16 * mt + 8);
+            const float zlo = __ldg(X.zrow + Q.zoff + 16 * mt);
+            const float zhi = __ldg(X.zrow + Q.zoff + 16 * mt + 8);
             m += plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
           }
           miss[2 * u + v] = m;
@@ -347,7 +353,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
     const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) myword = word;
 #ifdef DOSA_TIE_RULE
-    if (tcnt != nullptr) {
+    if (X.tcnt != nullptr) {
       const unsigned int n = __popc(__ballot_sync(0xffffffffu, plain && !p));
       if (lane == 0) *tie_slot() += n;
     }
@@ -363,15 +369,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 template <int C>
 __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const QRows<kMts>& A,
                                            uint32_t sk_addr, const Query& Q, const TileKeys& K,
-#ifndef DOSA_TIE_RULE
                                            long long tN, long long n0, double* __restrict__ Uout,
-                                           int lane, uint32_t& myword) {
-#else /* DOSA_TIE_RULE */
-                                           long long tN, long long n0, const float* __restrict__ zrow,
-                                           double* __restrict__ Uout,
-                                           unsigned int* __restrict__ tcnt, int lane,
-                                           uint32_t& myword) {
-#endif /* DOSA_TIE_RULE */
+                                           const TieArgs& X, int lane, uint32_t& myword) {
   if constexpr (C + 1 < kChunks) {
     issue_chunk(nxt, A, sk_addr, C + 1);
     wait<1>();
@@ -380,33 +379,17 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt
   }
   pin(cur);
   if constexpr (DOSA_WG_DIAG != 2)
-#ifndef DOSA_TIE_RULE
-    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, lane, myword);
-#else /* DOSA_TIE_RULE */
-    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
-#endif /* DOSA_TIE_RULE */
+    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, X, lane, myword);
 }
 
 template <int C>
 __device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const QRows<kMts>& A,
                                        uint32_t sk_addr, const Query& Q, const TileKeys& K,
-#ifndef DOSA_TIE_RULE
                                        long long tN, long long n0, double* __restrict__ Uout,
-                                       int lane, uint32_t& myword) {
-#else /* DOSA_TIE_RULE */
-                                       long long tN, long long n0, const float* __restrict__ zrow,
-                                       double* __restrict__ Uout,
-                                       unsigned int* __restrict__ tcnt, int lane,
-                                       uint32_t& myword) {
-#endif /* DOSA_TIE_RULE */
+                                       const TieArgs& X, int lane, uint32_t& myword) {
   if constexpr (C < kChunks) {
-#ifndef DOSA_TIE_RULE
-    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
-    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, lane, myword);
-#else /* DOSA_TIE_RULE */
-    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
-    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, zrow, Uout, tcnt, lane, myword);
-#endif /* DOSA_TIE_RULE */
+    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
+    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
   }
 }
 
@@ -529,11 +512,12 @@ DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
 #endif /* DOSA_TIE_RULE */
     float acc0[kMts][kAcc], acc1[kMts][kAcc];
     issue_chunk(acc0, A, sk_addr, 0);
-#ifndef DOSA_TIE_RULE
-    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, lane, myword);
-#else /* DOSA_TIE_RULE */
-    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, zrow, Uout, tcnt, lane, myword);
-#endif /* DOSA_TIE_RULE */
+#ifdef DOSA_TIE_RULE
+    const TieArgs X{zrow, tcnt};
+#else
+    const TieArgs X{};
+#endif
+    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, X, lane, myword);
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
 #ifdef DOSA_TIE_RULE
     if (live && tcnt != nullptr && lane == 0 && *tie_slot()) atomicAdd(tcnt + t, *tie_slot());
