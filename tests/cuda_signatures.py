@@ -33,7 +33,13 @@ def select_build(src: str, tie: bool = False) -> str:
             keep = None
         elif keep is None or keep:
             out.append(line)
-    return "".join(out)
+    text = "".join(out)
+    # the build's parameter macros (#define DOSA_TIE_IN ..., screen.cu), expanded in place
+    defs = dict(re.findall(r"^#define (DOSA_TIE_\w+)[ \t]*(.*)$", text, flags=re.M))
+    text = re.sub(r"^#define DOSA_TIE_\w+.*\n?", "", text, flags=re.M)
+    for name, body in defs.items():
+        text = re.sub(rf"\b{name}\b", body, text)
+    return text
 
 
 def read_source(path: Path, _seen: set | None = None, tie: bool = False) -> str:

@@ -62,6 +62,26 @@ constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
 #ifndef DOSA_SCREEN_FAST32
 #define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py); opt-in
 #endif
+// The tie-aware build's parameters (docs/method.md §7 "Tie-aware rejection and zero
+// plateaus"): the K-th seed record ids kj and the plateau coefficients zrow after tau, the
+// tie-rejected counters tcnt after Uout; nothing in the plain build, whose signatures stay
+// what they were.
+// (_K: the kernels' own parameter lists, which carry no __restrict__, like the others.)
+#ifdef DOSA_TIE_RULE
+#define DOSA_TIE_IN , const int* __restrict__ kj, const float* __restrict__ zrow
+#define DOSA_TIE_OUT , unsigned int* __restrict__ tcnt
+#define DOSA_TIE_IN_K , const int* kj, const float* zrow
+#define DOSA_TIE_OUT_K , unsigned int* tcnt
+#define DOSA_TIE_IN_ARGS , kj, zrow
+#define DOSA_TIE_OUT_ARGS , tcnt
+#else /* DOSA_TIE_RULE */
+#define DOSA_TIE_IN
+#define DOSA_TIE_OUT
+#define DOSA_TIE_IN_K
+#define DOSA_TIE_OUT_K
+#define DOSA_TIE_IN_ARGS
+#define DOSA_TIE_OUT_ARGS
+#endif /* DOSA_TIE_RULE */
 // CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
 // fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
 // capacity are dropped — they only feed the choice of certificate seeds, docs/method.md §2,
@@ -70,21 +90,14 @@ template <int MTS, bool CERT>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
                             const double* __restrict__ eps_raw, double eps_out,
-#ifndef DOSA_TIE_RULE
-                            const float* __restrict__ tau, const uint8_t* __restrict__ kp,
-#else /* DOSA_TIE_RULE */
-                            const float* __restrict__ tau, const int* __restrict__ kj,
-                            const float* __restrict__ zrow, const uint8_t* __restrict__ kp,
-#endif /* DOSA_TIE_RULE */
+                            const float* __restrict__ tau DOSA_TIE_IN,
+                            const uint8_t* __restrict__ kp,
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
-                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout,
-#ifndef DOSA_TIE_RULE
-                            unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
-#else /* DOSA_TIE_RULE */
-                            unsigned int* __restrict__ tcnt, unsigned int* __restrict__ ucnt, unsigned long long* __restrict__ urec,
-#endif /* DOSA_TIE_RULE */
+                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout DOSA_TIE_OUT,
+                            unsigned int* __restrict__ ucnt,
+                            unsigned long long* __restrict__ urec,
                             long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
@@ -262,49 +275,27 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   }
 }
 
-#ifndef DOSA_TIE_RULE
 #define SCREEN_INST(MTS)                                                                         \
   extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,  \
       const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
-      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {    \
-    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,    \
-                            sinks, window, poolmask, Qn, N, QG, surv, Uout, nullptr, nullptr, 0); \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,                     \
+      double* Uout DOSA_TIE_OUT_K) {                                                             \
+    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha, \
+                            rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,               \
+                            Uout DOSA_TIE_OUT_ARGS, nullptr, nullptr, 0);                        \
   }                                                                                              \
   extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
       const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,                \
+      const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,  \
       const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
-      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout,       \
-      unsigned int* ucnt, unsigned long long* urec, long long ucap) {                            \
-    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke,     \
-                           sinks, window, poolmask, Qn, N, QG, surv, Uout, ucnt, urec, ucap);    \
+      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,                     \
+      double* Uout DOSA_TIE_OUT_K, unsigned int* ucnt, unsigned long long* urec, long long ucap) {\
+    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha,  \
+                           rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,                \
+                           Uout DOSA_TIE_OUT_ARGS, ucnt, urec, ucap);                            \
   }
-#else /* DOSA_TIE_RULE */
-#define SCREEN_INST(MTS)                                                                         \
-  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
-      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
-      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
-      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
-      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt) {                               \
-    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,  \
-                            ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt,        \
-                            nullptr, nullptr, 0);                                                \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
-      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau, const int* kj,                  \
-      const float* zrow, const uint8_t* kp, const float* alpha, const float* rho, const int* ks, \
-      const int* ke, int sinks, int window, const uint32_t* poolmask, int Qn, long long N,      \
-      int QG, uint32_t* surv, double* Uout, unsigned int* tcnt, unsigned int* ucnt,             \
-      unsigned long long* urec, long long ucap) {                                                \
-    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho,   \
-                           ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt, ucnt,   \
-                           urec, ucap);                                                          \
-  }
-#endif /* DOSA_TIE_RULE */
 SCREEN_INST(1)
 SCREEN_INST(2)
 
@@ -327,7 +318,7 @@ SCREEN_INST(2)
 // The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
 #else /* DOSA_TIE_RULE */
 // The rest (guard, tie-aware rule and zero plateau, seeds, visibility, bitmask words) is
-// screen_impl's, once per query; zrow_p is zrow gathered like the rows (screen.pair_gather):
+// screen_impl's, once per query; zrow is gathered like the rows here (screen.pair_gather):
 // query a's plateau rows are the lanes' rows g < 6, query b's the rows g + 8, g < 6.
 #endif /* DOSA_TIE_RULE */
 // grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
@@ -443,21 +434,11 @@ template <int UNUSED>  // a template, like the other kernels' bodies (one `smem`
 __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float* __restrict__ om_p,
                 const float* __restrict__ sig, const double* __restrict__ Cq,
                 const double* __restrict__ eps_raw, double eps_out,
-#ifndef DOSA_TIE_RULE
-                const float* __restrict__ tau, const uint8_t* __restrict__ kp,
-#else /* DOSA_TIE_RULE */
-                const float* __restrict__ tau, const int* __restrict__ kj,
-                const float* __restrict__ zrow_p, const uint8_t* __restrict__ kp,
-#endif /* DOSA_TIE_RULE */
+                const float* __restrict__ tau DOSA_TIE_IN, const uint8_t* __restrict__ kp,
                 const float* __restrict__ alpha, const float* __restrict__ rho,
                 const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window,
                 const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-#ifndef DOSA_TIE_RULE
-                uint32_t* __restrict__ surv, double* __restrict__ Uout) {
-#else /* DOSA_TIE_RULE */
-                uint32_t* __restrict__ surv, double* __restrict__ Uout,
-                unsigned int* __restrict__ tcnt) {
-#endif /* DOSA_TIE_RULE */
+                uint32_t* __restrict__ surv, double* __restrict__ Uout DOSA_TIE_OUT) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
@@ -479,7 +460,7 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
     qa.init(2 * p, true, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
     qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
 #else /* DOSA_TIE_RULE */
-    const float* zp_ = zrow_p + (long long)p * 16;  // a's rows: lanes g < 6, row g; b's: g + 8
+    const float* zp_ = zrow + (long long)p * 16;  // a's rows: lanes g < 6, row g; b's: g + 8
     qa.init(2 * p, true, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0, tile_n, zp_[0],
             g < 6 ? zp_[g] : -1.f);
     qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0,
@@ -557,20 +538,13 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
 
 extern "C" __global__ void __launch_bounds__(256) screen_pair(
     const uint8_t* rows_p, const float* om_p, const float* sig, const double* Cq,
-#ifndef DOSA_TIE_RULE
-    const double* eps_raw, double eps_out, const float* tau, const uint8_t* kp,
+    const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,
     const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window,
-    const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv, double* Uout) {
-  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kp, alpha, rho, ks, ke, sinks,
-                      window, poolmask, Qn, N, QG, surv, Uout);
-#else /* DOSA_TIE_RULE */
-    const double* eps_raw, double eps_out, const float* tau, const int* kj, const float* zrow,
-    const uint8_t* kp, const float* alpha, const float* rho, const int* ks, const int* ke,
-    int sinks, int window, const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,
-    double* Uout, unsigned int* tcnt) {
-  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau, kj, zrow, kp, alpha, rho, ks,
-                      ke, sinks, window, poolmask, Qn, N, QG, surv, Uout, tcnt);
-#endif /* DOSA_TIE_RULE */
+    const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,
+    double* Uout DOSA_TIE_OUT_K) {
+  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha,
+                      rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,
+                      Uout DOSA_TIE_OUT_ARGS);
 }
 
 // Certificate-guided seeds, second half (docs/method.md §2, §7): after the certificate seeds

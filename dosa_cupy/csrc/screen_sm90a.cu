@@ -232,7 +232,7 @@ struct TieArgs {
 #ifdef DOSA_TIE_RULE
   const float* __restrict__ zrow;
   unsigned int* __restrict__ tcnt;
-#endif
+#endif /* DOSA_TIE_RULE */
 };
 
 // screen_impl's epilogue for NB consecutive batches bb0 .. bb0 + NB − 1 of a chunk (b0 = the
@@ -514,9 +514,9 @@ DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     issue_chunk(acc0, A, sk_addr, 0);
 #ifdef DOSA_TIE_RULE
     const TieArgs X{zrow, tcnt};
-#else
+#else /* DOSA_TIE_RULE */
     const TieArgs X{};
-#endif
+#endif /* DOSA_TIE_RULE */
     chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, X, lane, myword);
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
 #ifdef DOSA_TIE_RULE
