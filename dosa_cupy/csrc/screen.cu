@@ -103,11 +103,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
-#ifndef DOSA_TIE_RULE
             g = lane >> 2, pos = batch_pos(lane);
-#else /* DOSA_TIE_RULE */
-            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
-#endif /* DOSA_TIE_RULE */
   const long long NW = (N + 31) >> 5;
   const int tend = min(Qn, (int)(blockIdx.y + 1) * QG);
   const int tile_n = (int)min((long long)TILE_N, N - n0);
@@ -198,7 +194,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
 #pragma unroll
             for (int v = 0; v < 2; ++v) {
               // elements v, 2 + v of tile mt: rows g, g + 8 for key 8u + 2c + v of the batch
-              const double rk = (double)sr[b * 32 + 8 * u + 2 * c + v];
+              const double rk = (double)sr[b * 32 + 8 * u + 2 * (lane & 3) + v];
               float m = 0.f;
 #pragma unroll
               for (int mt = 0; mt < MTS; ++mt)
@@ -443,11 +439,7 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
   __shared__ uint32_t spm[TILE_N / 32];
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5,
-#ifndef DOSA_TIE_RULE
             g = lane >> 2, pos = batch_pos(lane);
-#else /* DOSA_TIE_RULE */
-            g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
-#endif /* DOSA_TIE_RULE */
   const long long NW = (N + 31) >> 5;
   const int P = (Qn + 1) >> 1;
   const int pend = min(P, (int)(blockIdx.y + 1) * QG);
@@ -507,13 +499,13 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
           float xs[4][2];
 #pragma unroll
           for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][0], xs[u][1] = Cm[u][0][1];
-          pa = qa.plateau(xs, sr, b, c, lane);
+          pa = qa.plateau(xs, sr, b, lane & 3, lane);
         }
         if (qb.zp) {
           float xs[4][2];
 #pragma unroll
           for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][2], xs[u][1] = Cm[u][0][3];
-          pb = qb.plateau(xs, sr, b, c, lane);
+          pb = qb.plateau(xs, sr, b, lane & 3, lane);
         }
 #endif /* DOSA_TIE_RULE */
         const int i = b * 32 + pos;
