@@ -82,6 +82,17 @@ constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
 #define DOSA_TIE_IN_ARGS
 #define DOSA_TIE_OUT_ARGS
 #endif /* DOSA_TIE_RULE */
+// The screen's rule for a visible non-seed key (cand) with bound U against τ (tq): keep iff
+// U ≥ τ (p); the tie-aware build also rejects a record below the K-th seed record (τ, j)
+// and, for a certified plateau key (plat), uses min(U, 0) (docs/method.md §7), and keeps
+// the plain rule's answer in `plain` for the tie-rejected count.
+#ifdef DOSA_TIE_RULE
+#define DOSA_SCREEN_RULE(cand, U, tq, plat, i, kj) \
+  const bool plain = (cand) && !((U) < (double)(tq));  \
+  const bool p = plain && !below_kth((plat) ? fmin((U), 0.0) : (U), (double)(tq), (i), (kj))
+#else /* DOSA_TIE_RULE */
+#define DOSA_SCREEN_RULE(cand, U, tq, plat, i, kj) const bool p = (cand) && !((U) < (double)(tq))
+#endif /* DOSA_TIE_RULE */
 // CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
 // fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
 // capacity are dropped — they only feed the choice of certificate seeds, docs/method.md §2,
@@ -242,12 +253,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
         U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-#ifndef DOSA_TIE_RULE
-        const bool p = vis && !seed && !(U < (double)tq);
-#else /* DOSA_TIE_RULE */
-        const bool plain = vis && !seed && !(U < (double)tq);
-        const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
-#endif /* DOSA_TIE_RULE */
+        DOSA_SCREEN_RULE(vis && !seed, U, tq, plat, n0 + i, kjq);
 #endif
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
@@ -412,12 +418,7 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
     const bool vis = i >= lo_i && i < hi_i;
     if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
     const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-#ifndef DOSA_TIE_RULE
-    const bool p = vis && !seed && !(U < (double)tq);
-#else /* DOSA_TIE_RULE */
-    const bool plain = vis && !seed && !(U < (double)tq);
-    const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kj);
-#endif /* DOSA_TIE_RULE */
+    DOSA_SCREEN_RULE(vis && !seed, U, tq, plat, n0 + i, kj);
     const uint32_t w = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) word = w;
 #ifdef DOSA_TIE_RULE
