@@ -204,6 +204,28 @@ __device__ __forceinline__ int batch_pos(int lane) {
   return 8 * (g >> 1) + 2 * c + (g & 1);
 }
 
+// One 16-row tile's share of the lane's two fmaf chains (keys 2c, 2c + 1 of a group): c is
+// the tile's m16n8 accumulator (c[0], c[1]: row g; c[2], c[3]: row g + 8), wlo / whi the
+// rows' weights; row g before row g + 8, as score_batch orders the canonical sum.
+__device__ __forceinline__ void weigh_tile(const float* c, float wlo, float whi, float& a0,
+                                           float& a1) {
+  a0 = fmaf(wlo, fmaxf(c[0], 0.f), a0);
+  a1 = fmaf(wlo, fmaxf(c[1], 0.f), a1);
+  a0 = fmaf(whi, fmaxf(c[2], 0.f), a0);
+  a1 = fmaf(whi, fmaxf(c[3], 0.f), a1);
+}
+
+// The screen's last tile (docs/method.md §9): the aux lane (aux_add = 1, g = 7) weighs
+// [x_7 + x_15]_+ by lo = −σ_a and row 15 by hi = 0, the other lanes (aux_add = 0) weigh both
+// rows by their ω — fmaf(1, c2, c0) = c0 + c2 (one rounding), fmaf(0, c2, c0) = c0 exactly.
+__device__ __forceinline__ void weigh_last_tile(const float* c, float lo, float hi,
+                                                float aux_add, float& a0, float& a1) {
+  a0 = fmaf(lo, fmaxf(fmaf(aux_add, c[2], c[0]), 0.f), a0);
+  a1 = fmaf(lo, fmaxf(fmaf(aux_add, c[3], c[1]), 0.f), a1);
+  a0 = fmaf(hi, fmaxf(c[2], 0.f), a0);
+  a1 = fmaf(hi, fmaxf(c[3], 0.f), a1);
+}
+
 // THE canonical scorer of one batch of 32 keys (see the header comment): per lane,
 // x[2u+v] = fmaf chain over tiles mt of w'[16mt+g]·[C_row g]_+ then w'[16mt+g+8]·[C_row g+8]_+
 // for key 2c+v of group u; then reduce8.  Returns the payload-unit sum Σ_h w'_h[x_h]_+
@@ -218,12 +240,7 @@ __device__ __forceinline__ float score_batch(const AR& A, const KS& keys, const 
   for (int u = 0; u < 4; ++u) {
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      a0 = fmaf(wlo[mt], fmaxf(C[u][mt][0], 0.f), a0);
-      a1 = fmaf(wlo[mt], fmaxf(C[u][mt][1], 0.f), a1);
-      a0 = fmaf(whi[mt], fmaxf(C[u][mt][2], 0.f), a0);
-      a1 = fmaf(whi[mt], fmaxf(C[u][mt][3], 0.f), a1);
-    }
+    for (int mt = 0; mt < MT; ++mt) weigh_tile(C[u][mt], wlo[mt], whi[mt], a0, a1);
     x[2 * u] = a0;
     x[2 * u + 1] = a1;
   }

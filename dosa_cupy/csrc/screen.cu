@@ -179,18 +179,10 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
           float a0 = 0.f, a1 = 0.f;
 #pragma unroll
           for (int mt = 0; mt < MTS; ++mt) {
-            if (mt == MTS - 1) {
-              // fmaf(1, C2, C0) = C0 + C2 (one rounding); fmaf(0, C2, C0) = C0 exactly.
-              a0 = fmaf(last_lo, fmaxf(fmaf(aux_add, Cm[u][mt][2], Cm[u][mt][0]), 0.f), a0);
-              a1 = fmaf(last_lo, fmaxf(fmaf(aux_add, Cm[u][mt][3], Cm[u][mt][1]), 0.f), a1);
-              a0 = fmaf(last_hi, fmaxf(Cm[u][mt][2], 0.f), a0);
-              a1 = fmaf(last_hi, fmaxf(Cm[u][mt][3], 0.f), a1);
-            } else {
-              a0 = fmaf(olo[mt], fmaxf(Cm[u][mt][0], 0.f), a0);
-              a1 = fmaf(olo[mt], fmaxf(Cm[u][mt][1], 0.f), a1);
-              a0 = fmaf(ohi[mt], fmaxf(Cm[u][mt][2], 0.f), a0);
-              a1 = fmaf(ohi[mt], fmaxf(Cm[u][mt][3], 0.f), a1);
-            }
+            if (mt == MTS - 1)
+              weigh_last_tile(Cm[u][mt], last_lo, last_hi, aux_add, a0, a1);
+            else
+              weigh_tile(Cm[u][mt], olo[mt], ohi[mt], a0, a1);
           }
           x[2 * u] = a0;
           x[2 * u + 1] = a1;

@@ -257,18 +257,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       float a0 = 0.f, a1 = 0.f;
-      if constexpr (kMts == 2) {  // screen_impl's tile 0: both rows weighed by their ω
-        const float* c0 = d[0] + 4 * (4 * (bb0 + k) + u);
-        a0 = fmaf(Q.w0lo, fmaxf(c0[0], 0.f), a0);
-        a1 = fmaf(Q.w0lo, fmaxf(c0[1], 0.f), a1);
-        a0 = fmaf(Q.w0hi, fmaxf(c0[2], 0.f), a0);
-        a1 = fmaf(Q.w0hi, fmaxf(c0[3], 0.f), a1);
-      }
-      const float* c = d[kMts - 1] + 4 * (4 * (bb0 + k) + u);  // the last tile (aux rows)
-      a0 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[2], c[0]), 0.f), a0);
-      a1 = fmaf(Q.wlo, fmaxf(fmaf(Q.aux_add, c[3], c[1]), 0.f), a1);
-      a0 = fmaf(Q.whi, fmaxf(c[2], 0.f), a0);
-      a1 = fmaf(Q.whi, fmaxf(c[3], 0.f), a1);
+      if constexpr (kMts == 2)  // screen_impl's tile 0: both rows weighed by their ω
+        weigh_tile(d[0] + 4 * (4 * (bb0 + k) + u), Q.w0lo, Q.w0hi, a0, a1);
+      weigh_last_tile(d[kMts - 1] + 4 * (4 * (bb0 + k) + u), Q.wlo, Q.whi, Q.aux_add, a0, a1);
       x[k][2 * u] = a0;
       x[k][2 * u + 1] = a1;
     }
