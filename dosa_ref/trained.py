@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .options import check_count
+
 __all__ = [
     "D",
     "WINDOW",
@@ -382,13 +384,6 @@ def load_indexer(H: int = 64) -> Indexer:
     return Indexer(t["wq"], t["ww"], t["wk"], t["k_gamma"], t["k_beta"], int(meta["layer"]), meta)
 
 
-def _check_counts(**counts: tuple) -> None:
-    """name=(value, least): an integer (not bool) ≥ least, else a ValueError naming it."""
-    for name, (v, lo) in counts.items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-
-
 def _held_out_start(c: Corpus, n_tok: int, what: str, key: list) -> int:
     """A window boundary of the held-out half with n_tok tokens after it, drawn from key."""
     held = c.ids.size - c.split
@@ -414,7 +409,8 @@ def make_trained_workload(Qn: int, N: int, H: int = 64, seed: int = 0, xp=np) ->
     held-out corpus tokens, as arrays of ``xp``: q [Qn, H, D], w [Qn, H], k [N, D] float32,
     ks / ke int32 [Qn] (query t sees keys [0, N − Qn + t + 1)), plus ``params``.  The
     context starts at a window boundary of the held-out half chosen by ``seed``."""
-    _check_counts(Qn=(Qn, 1), N=(N, 1), H=(H, 1), seed=(seed, 0))
+    for name, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1), ("seed", seed, 0)):
+        check_count(name, v, lo)
     if Qn > N:
         raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
     ix = load_indexer(H)
@@ -440,8 +436,9 @@ def make_trained_decode(
     float32 and lengths int32 [steps, B] (step i: ctx + (i + 1)·next_n; query j of request
     b at position lengths − next_n + j sees keys [0, lengths − next_n + j + 1), the
     ``dosa_ref.decode.DecodeSelector.step`` rule), plus ``params``."""
-    _check_counts(B=(B, 1), ctx=(ctx, 0), steps=(steps, 1), next_n=(next_n, 1), H=(H, 1),
-                  seed=(seed, 0))  # fmt: skip
+    for name, v, lo in (("B", B, 1), ("ctx", ctx, 0), ("steps", steps, 1), ("next_n", next_n, 1),
+                        ("H", H, 1), ("seed", seed, 0)):  # fmt: skip
+        check_count(name, v, lo)
     ix = load_indexer(H)
     c = corpus()
     total = ctx + steps * next_n

@@ -88,6 +88,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .options import check_count
 from .validate import check_qwk_shapes
 
 __all__ = [
@@ -278,8 +279,7 @@ def make_workload(
     reg = REGIMES[name]
     H = reg.H if H is None else H
     for arg, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1), ("D", D, 2)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{arg}: expected an integer >= {lo}, got {v!r}")
+        check_count(arg, v, lo)
     if Qn > N:
         raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
     Qn, N, H, D = int(Qn), int(N), int(H), int(D)

@@ -23,8 +23,13 @@ def test_erf_is_the_gelu_erf_to_float32_accuracy():
     assert np.max(np.abs(T._erf(x, np) - ref)) < 1.5e-7  # A&S 7.1.26's stated bound
 
 
-def test_corpus_is_deterministic_and_split():
+def test_corpus_is_deterministic_and_split(monkeypatch):
+    monkeypatch.delenv("DOSA_CORPUS", raising=False)
+    T.corpus.cache_clear()
     c = T.corpus()
+    T.corpus.cache_clear()
+    again = T.corpus()  # built from the text a second time
+    assert np.array_equal(again.ids, c.ids) and again.text_sha256 == c.text_sha256
     assert c.ids.dtype == np.uint16 and c.ids.size > 2 * (1 << 20) + T.WINDOW
     assert len(c.text_sha256) == 64 and c.split % T.WINDOW == 0
     assert 0 < c.split < c.ids.size
