@@ -92,31 +92,29 @@ def pair_plan(rows, omega, valid, xp):
     omega = xp.where(ok[:, None], omega, 0).astype(xp.float32)
     if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
         raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
-    P = (Qn + 1) // 2
-    if Qn % 2:
-        rows = xp.concatenate([rows, xp.zeros((1, 16, D), dtype=rows.dtype)])
-        omega = xp.concatenate([omega, xp.zeros((1, 16), dtype=omega.dtype)])
-    r2, o2 = rows.reshape(P, 2, 16, D), omega.reshape(P, 2, 16)
-    who = np.array([w for w, _ in PAIR_ROWS])
-    row = np.array([j for _, j in PAIR_ROWS])
-    rows_p = xp.ascontiguousarray(r2[:, who, row])
-    keep = xp.asarray(row < 6)
-    omega_p = xp.ascontiguousarray(xp.where(keep[None, :], o2[:, who, row], 0).astype(xp.float32))
-    return rows_p, omega_p
+    rows_p = pair_gather(rows, 0, xp)
+    keep = xp.asarray(_PAIR_ROW < 6)
+    omega_p = xp.where(keep[None, :], pair_gather(omega, 0, xp), 0).astype(xp.float32)
+    return rows_p, xp.ascontiguousarray(omega_p)
+
+
+_PAIR_WHO = np.array([w for w, _ in PAIR_ROWS])  # which query of the pair (0: 2p, 1: 2p + 1)
+_PAIR_ROW = np.array([j for _, j in PAIR_ROWS])  # its plan row
 
 
 def pair_gather(x, fill: float, xp):
-    """Per-row values x [Qn, 16] of mts = 1 plans gathered like ``pair_plan``'s rows: [P, 16]
-    with row i of pair p ← x[2p + PAIR_ROWS[i][0], PAIR_ROWS[i][1]]; an odd Qn's missing
-    partner has ``fill`` in every row.  xp: numpy or CuPy."""
+    """Per-row values x [Qn, 16, ...] of mts = 1 plans (rows, ω, plateau coefficients)
+    gathered into the paired tiles: [P, 16, ...] with row i of pair p ←
+    x[2p + PAIR_ROWS[i][0], PAIR_ROWS[i][1]]; an odd Qn's missing partner is ``fill``
+    everywhere.  xp: numpy or CuPy."""
     Qn = x.shape[0]
-    if x.shape[1:] != (16,):
-        raise ValueError(f"x: expected per-row values of an mts = 1 plan [Qn, 16], got {x.shape}")
+    if x.ndim < 2 or x.shape[1] != 16:
+        raise ValueError(
+            f"x: expected per-row values of an mts = 1 plan [Qn, 16, ...], got {x.shape}"
+        )
     if Qn % 2:
-        x = xp.concatenate([x, xp.full((1, 16), fill, dtype=x.dtype)])
-    who = np.array([w for w, _ in PAIR_ROWS])
-    row = np.array([j for _, j in PAIR_ROWS])
-    return xp.ascontiguousarray(x.reshape(-1, 2, 16)[:, who, row])
+        x = xp.concatenate([x, xp.full((1, *x.shape[1:]), fill, dtype=x.dtype)])
+    return xp.ascontiguousarray(x.reshape(-1, 2, *x.shape[1:])[:, _PAIR_WHO, _PAIR_ROW])
 
 
 _QCHUNK = 2048  # queries per step of plateau_rows (a float64 [chunk, 16·mts, 128] temporary)
