@@ -13,6 +13,11 @@ step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter
 
 Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
 Measured on the H200: docs/records/benchmarks.md ("Decode", "Decode grid").
+
+Beside each time, the key-read floor (``key_floor_ms``: every request's visible keys read
+once, 132 bytes each, at the H200's 4.24 TB/s) and time / floor.  Peers (``--peers``, on by
+default; decode_peers.py): DeepGEMM's paged logits alone and + torch.topk, and torch.topk
+vs the project's selection on the project's own decode logits, on the same steps.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .memplan import HBM, KEY_BYTES
 
 CTXS = (131072, 262144, 524288, 1048576)
 DEFAULT_SHAPES = ",".join(f"{H}x{B}x{c}" for H in (32, 64) for B in (1, 8, 64) for c in CTXS)
@@ -90,10 +97,45 @@ def query_walk(cp, B, n, H, steps, topics, seed):
     return out
 
 
-def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log):
+def key_floor_ms(visible, bw=HBM, key_bytes=KEY_BYTES) -> float:
+    """The key-read floor of one decode step in ms: ``visible`` int [B] (each request's
+    visible keys, its context length) read once per request (not per query row),
+    ``key_bytes`` (128 e4m3 + a fp32 scale) each, at ``bw`` bytes/s."""
+    return float(np.sum(np.asarray(visible, dtype=np.int64))) * key_bytes / bw * 1e3
+
+
+def x_floors(res: dict, floor: float) -> dict:
+    """Time / floor of the dense route, DoSA, DeepGEMM logits and DeepGEMM + topk (None
+    where a route did not run or the floor is 0)."""
+    keys = {"dense": "dense_ms", "dosa": "dosa_ms", "dg_logits": "dg_logits_ms",
+            "dg_topk": "dg_topk_ms"}  # fmt: skip
+    return {k: (res[v] / floor if res.get(v) is not None and floor else None)
+            for k, v in keys.items()}  # fmt: skip
+
+
+def timed(cp, fn, idx):
+    """CUDA-event ms of ``fn(i)`` for each step ``i`` of ``idx`` (synchronised after each):
+    (times, outputs)."""
+    ts, outs = [], []
+    for i in idx:
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        r = fn(i)
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b))
+        outs.append(r)
+    return ts, outs
+
+
+def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=None):
+    """One decode shape: the project's routes, then the peers (``decode_peers.discover()``;
+    None: none run) on the same steps; returns the JSON row."""
     import cupy as cp
 
     from dosa_cupy.decode import DecodeSelectorGPU, dense_decode_topk
+
+    from . import decode_peers
 
     t0 = time.time()
     kv, sc, bt, topics = make_cache(cp, B, ctx, seed)
@@ -112,17 +154,8 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log):
     dense_decode_topk(*args(0), K, check_values=True)
     sel = DecodeSelectorGPU(K, history=history, buffer=buffer, check_values=False)
 
-    def timed(fn, idx):
-        ts, outs = [], []
-        for i in idx:
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            r = fn(i)
-            b.record()
-            b.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(a, b))
-            outs.append(r)
-        return ts, outs
+    def tm(fn, idx):
+        return timed(cp, fn, idx)
 
     def dosa(i):
         return sel.step(*args(i), return_stats=False).ids
@@ -130,17 +163,17 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log):
     def dense(i):
         return dense_decode_topk(*args(i), K, check_values=False)
 
-    timed(dosa, range(warm))  # warm-up: builds the witnesses of the walk
-    timed(dense, range(warm))
+    tm(dosa, range(warm))  # warm-up: builds the witnesses of the walk
+    tm(dense, range(warm))
     idx = range(warm, steps)
     over = 0
     ts_dosa, ids_dosa = [], []
     for i in idx:  # DoSA in walk order (witnesses from the previous step)
-        t, o = timed(dosa, [i])
+        t, o = tm(dosa, [i])
         ts_dosa += t
         ids_dosa += o
         over += sel.last_overflow
-    ts_dense, ids_dense = timed(dense, idx)
+    ts_dense, ids_dense = tm(dense, idx)
     equal = all(bool(cp.array_equal(a, b)) for a, b in zip(ids_dosa, ids_dense, strict=True))
     # one more step (untimed) for the compaction statistics
     last = sel.step(*args(steps - 1), return_stats=True).stats
@@ -156,22 +189,79 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log):
     )  # fmt: skip
     res["speedup"] = res["dense_ms"] / res["dosa_ms"]
     res["dense_keys_per_s"] = vis / (res["dense_ms"] * 1e-3)
+    dense_ids = dict(zip(idx, ids_dense, strict=True))
+    peer_ctx = dict(cp=cp, B=B, n=n, H=H, K=K, warm=warm, idx=idx, walk=walk, lengths=lengths,
+                    kv=kv, sc=sc, bt=bt, dense_ids=dense_ids)  # fmt: skip
+    res.update(decode_peers.run(peers, peer_ctx, tm, log))
+    res["key_floor_ms"] = statistics.median(key_floor_ms(cp.asnumpy(lengths[i])) for i in idx)
+    res["x_floor"] = x_floors(res, res["key_floor_ms"])
     log(json.dumps({k: v for k, v in res.items() if not k.endswith("_all")}))
     return res
 
 
+def _cell(v, fmt="{:.3f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
 def markdown(rows) -> str:
+    """The decode table (the key-read floor and time / floor after the original columns)
+    and, for rows with peer fields, the peers table and the reasons peers did not run."""
     head = (
         "| H | B | ctx | next_n | dense ms | DoSA ms | speedup | step ratio | compaction "
-        "| overflow steps | ids equal |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| overflow steps | ids equal | key floor ms | dense ×floor | DoSA ×floor |\n"
+        "|" + "---|" * 14 + "\n"
     )
     body = "".join(
         f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} | {r['dense_ms']:.3f} "
         f"| {r['dosa_ms']:.3f} | {r['speedup']:.2f}× | {r['step_ratio_median']:.2f}× "
-        f"| {r['compaction']:.4f} | {r['overflow_steps']} | {r['ids_equal']} |\n"
+        f"| {r['compaction']:.4f} | {r['overflow_steps']} | {r['ids_equal']} "
+        f"| {_cell(r.get('key_floor_ms'), '{:.4f}')} "
+        f"| {_cell((r.get('x_floor') or {}).get('dense'), '{:.2f}×')} "
+        f"| {_cell((r.get('x_floor') or {}).get('dosa'), '{:.2f}×')} |\n"
         for r in rows
     )
-    return head + body
+    return head + body + peers_markdown(rows)
+
+
+def _peer_ran(r) -> bool:
+    return any(r.get(k) is not None for k in ("dg_logits_ms", "dg_topk_ms", "own_select_ms"))
+
+
+def peers_markdown(rows) -> str:
+    """The peers table and the notes / errors ("" when no row has a peer time, note or
+    error: rows of older runs, or of ``--no-peers``)."""
+    rows = [r for r in rows if "peer_notes" in r]
+    if not any(r["peer_notes"] or r.get("peer_errors") or _peer_ran(r) for r in rows):
+        return ""
+    out = [
+        "\nPeers (same steps, same inputs; `--peers`): DeepGEMM paged logits (metadata timed "
+        "apart, outside the logits' time), DeepGEMM + tail mask + torch.topk, and torch.topk "
+        "vs own select on the project's own decode logits; DG ids in dense = the fraction of "
+        "DeepGEMM+topk ids that the dense route also returned, worst row of all steps (sets, "
+        "not bits: DeepGEMM's low bits differ).\n\n| H | B | ctx | next_n | DG meta ms "
+        "| DG logits ms | DG logits ×floor | DG+topk ms | DG+topk ×floor | DG ids in dense "
+        "| own select ms | torch.topk ms (own logits) | torch.topk / select |\n|"
+        + "---|" * 13
+        + "\n"
+    ]
+    notes: list[str] = []
+    for r in rows:
+        xf = r.get("x_floor") or {}
+        sel, tk = r.get("own_select_ms"), r.get("own_torch_topk_ms")
+        ratio = tk / sel if sel and tk is not None else None
+        out.append(
+            f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} "
+            f"| {_cell(r.get('dg_meta_ms'))} | {_cell(r.get('dg_logits_ms'))} "
+            f"| {_cell(xf.get('dg_logits'), '{:.2f}×')} | {_cell(r.get('dg_topk_ms'))} "
+            f"| {_cell(xf.get('dg_topk'), '{:.2f}×')} | {_cell(r.get('dg_overlap_min'), '{:.4f}')} "
+            f"| {_cell(sel)} | {_cell(tk)} | {_cell(ratio, '{:.2f}×')} |\n"
+        )
+        shape = f"{r['H']}x{r['B']}x{r['ctx']} next_n={r['next_n']}"
+        errs = [f"{shape}: {k} failed ({v})" for k, v in (r.get("peer_errors") or {}).items()]
+        notes += [x for x in r["peer_notes"] + errs if x not in notes]
+    if notes:
+        out.append("\nPeers not timed: " + "; ".join(notes) + ".\n")
+    return "".join(out)
 
 
 def main(argv=None) -> int:
@@ -186,6 +276,13 @@ def main(argv=None) -> int:
     ap.add_argument("--buffer", type=int, default=None, help="records per row (default 4K)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
+    ap.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time DeepGEMM's paged logits (+ torch.topk) and torch.topk vs own select "
+        "on the same steps, when torch / deep_gemm are importable (decode_peers.py)",
+    )
     a = ap.parse_args(argv)
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")
@@ -200,6 +297,11 @@ def main(argv=None) -> int:
     rc = no_gpu_exit("dosa bench --decode")
     if rc is not None:
         return rc
+    from .decode_peers import discover
+
+    peers = discover(a.peers)
+    for note in peers.notes if peers else ():
+        print(f"# peers: {note}", flush=True)
     rows = []
     for H, B, ctx in shapes:
         for n in nns:
@@ -217,6 +319,7 @@ def main(argv=None) -> int:
                     a.buffer,
                     a.seed,
                     lambda s: print(s, flush=True),
+                    peers=peers,
                 )  # fmt: skip
             )
             print(f"# {H}x{B}x{ctx} next_n={n} done in {time.time() - t0:.1f}s", flush=True)
