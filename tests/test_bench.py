@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from dosa_cupy import bench as B
+from dosa_cupy.bench import decode as BD
+from dosa_cupy.bench import decode_peers as DP
 from dosa_cupy.bench import peers as P
 from dosa_cupy.bench.timing import spans
 
@@ -790,3 +792,227 @@ def test_peers_flag(capsys):
     for flag in ("--peers", "--no-peers"):
         assert B.main(["--dry-run", flag, "--regime", "structured"]) == 0
     capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- decode peers
+# `dosa bench --decode` with numpy stand-ins for CuPy, the project's decode routes, torch
+# and deep_gemm (bench/decode.py, bench/decode_peers.py): the DeepGEMM cache layout, the
+# key-read floor, the tail mask before torch.topk, notes when a peer is absent.
+
+
+def test_decode_key_floor_and_x_floor():
+    fl = BD.key_floor_ms(np.array([1000, 3000], np.int32))
+    assert fl == pytest.approx(4000 * 132 / 4.24e12 * 1e3)  # each request's keys read once
+    assert BD.key_floor_ms([0, 0]) == 0.0
+    xf = BD.x_floors({"dense_ms": 2 * fl, "dosa_ms": fl, "dg_logits_ms": None}, fl)
+    assert xf == {"dense": pytest.approx(2.0), "dosa": pytest.approx(1.0), "dg_logits": None,
+                  "dg_topk": None}  # fmt: skip
+    assert BD.x_floors({"dense_ms": 1.0}, 0.0)["dense"] is None
+
+
+def test_pack_deepgemm_kv_layout():
+    rs = np.random.default_rng(0)
+    kv = rs.integers(0, 256, (3, 64, 128), dtype=np.uint8)
+    sc = rs.uniform(0.1, 2.0, (3, 64)).astype(np.float32)
+    out = DP.pack_deepgemm_kv(kv, sc, np)
+    assert out.shape == (3, 64, 1, 132) and out.dtype == np.uint8 and out.flags.c_contiguous
+    flat = out.reshape(3, 64 * 132)
+    for b in range(3):  # per block: the 64×128 payload bytes, then the 64 fp32 scales
+        assert np.array_equal(flat[b, : 64 * 128], kv[b].ravel())
+        assert flat[b, 64 * 128 :].tobytes() == sc[b].astype("<f4").tobytes()
+    assert flat[1, 64 * 128 + 4 * 5 : 64 * 128 + 4 * 6].tobytes() == np.float32(sc[1, 5]).tobytes()
+    assert flat[2, 128 * 7 + 3] == kv[2, 7, 3]  # token 7's payload at 7·128, not 7·132
+    with pytest.raises(ValueError, match="expected"):
+        DP.pack_deepgemm_kv(kv[:, :32], sc[:, :32], np)
+
+
+def _dec_scores(q, w, kv, sc, bt):
+    """The fakes' decode scorer: fp32 [B, n, L] = Σ_h w·relu(q_h·k)·scale, nothing masked."""
+    from dosa_cupy.decode import physical_rows
+
+    B, L = bt.shape[0], bt.shape[1] * 64
+    rows = physical_rows(bt, np.broadcast_to(np.arange(L), (B, L)))
+    k = kv.reshape(-1, 128)[rows].astype(np.float64) * sc.reshape(-1)[rows][..., None]
+    s = np.maximum(np.einsum("bjhd,bld->bjhl", q.astype(np.float64), k), 0)
+    return np.einsum("bjh,bjhl->bjl", w.astype(np.float64), s).astype(np.float32)
+
+
+class _TorchT(np.ndarray):
+    """A numpy array with the one in-place torch method the decode peers call."""
+
+    def masked_fill_(self, mask, v):
+        np.copyto(self, v, where=np.broadcast_to(np.asarray(mask), self.shape))
+        return self
+
+
+def _fake_torch():
+    import ml_dtypes
+
+    t = types.ModuleType("torch")
+    as_t = lambda x, device=None: np.asarray(x).view(_TorchT)
+    t.as_tensor, t.from_dlpack = as_t, as_t
+    t.float32, t.int32, t.float8_e4m3fn = np.float32, np.int32, ml_dtypes.float8_e4m3fn
+    t.arange = lambda n, device=None, dtype=None: np.arange(n, dtype=dtype).view(_TorchT)
+    t.topk = lambda x, K, dim=-1: types.SimpleNamespace(
+        indices=np.argsort(-np.asarray(x), axis=dim, kind="stable")[..., :K].astype(np.int64)
+    )
+    t.cuda = types.SimpleNamespace(empty_cache=lambda: None)
+    return t
+
+
+def _fake_deep_gemm(calls, fail=False):
+    """DeepGEMM's two paged calls over numpy: checks the arguments as the C++ host does,
+    unpacks the fused cache, and leaves 1e30 garbage past each row's visible end."""
+    import ml_dtypes
+
+    dg = types.ModuleType("deep_gemm")
+    dg.get_num_sms = lambda: 4
+
+    def meta(context_lens, block_kv, num_sms):
+        assert context_lens.ndim == 2 and context_lens.dtype == np.int32 and block_kv == 64
+        calls["meta"] += 1
+        return np.zeros((num_sms + 1, 2), np.int32)
+
+    def logits(*, q, kv_cache, weights, context_lens, block_table, schedule_meta,
+               max_context_len, clean_logits, logits_dtype):  # fmt: skip
+        if fail:
+            raise RuntimeError("Assertion error: num_heads == 32 or num_heads == 64")
+        calls["logits"] += 1
+        q8, q_sf = q
+        assert q_sf is None and q8.dtype == ml_dtypes.float8_e4m3fn and q8.ndim == 4
+        B, n, H, _ = q8.shape
+        assert not clean_logits and logits_dtype is np.float32  # 2-D lengths: no cleaning
+        assert context_lens.shape == (B, n) and weights.shape == (B * n, H)
+        assert schedule_meta.shape == (5, 2) and block_table.dtype == np.int32
+        nb = kv_cache.shape[0]
+        assert kv_cache.shape == (nb, 64, 1, 132) and kv_cache.dtype == np.uint8
+        flat = np.asarray(kv_cache).reshape(nb, -1)
+        kv, sc = flat[:, : 64 * 128].reshape(nb, 64, 128), flat[:, 64 * 128 :].copy()
+        s = _dec_scores(q8.view(np.uint8), weights.reshape(B, n, H), kv, sc.view(np.float32),
+                        block_table).reshape(B * n, -1)  # fmt: skip
+        out = np.full((B * n, max_context_len + 256), 1e30, np.float32)  # row-padded buffer
+        cols = np.arange(s.shape[1])[None, :]
+        out[:, : s.shape[1]] = np.where(cols < context_lens.reshape(-1, 1), s, 1e30)
+        return out[:, :max_context_len].view(_TorchT)
+
+    dg.get_paged_mqa_logits_metadata, dg.fp8_fp4_paged_mqa_logits = meta, logits
+    return dg
+
+
+def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
+    """A numpy CuPy (``_fake_gpu``'s) and numpy stand-ins for the project's decode routes;
+    torch / deep_gemm: fake modules, or None (not importable)."""
+    import dosa_cupy.decode as dec
+    from dosa_cupy import dense
+
+    _fake_gpu(monkeypatch)
+    cp = sys.modules["cupy"]
+    for name in ("zeros", "empty", "arange", "ascontiguousarray", "uint8", "float32"):
+        setattr(cp, name, getattr(np, name))
+    cp.asnumpy = cp.from_dlpack = np.asarray
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "deep_gemm", deep_gemm)
+
+    def make_cache(cp, B, ctx, seed):
+        rs = np.random.default_rng(seed)
+        mb = -(-ctx // 64)
+        nb = B * mb + 1
+        kv = rs.integers(0, 8, (nb, 64, 128), dtype=np.uint8)
+        sc = rs.uniform(0.5, 1.5, (nb, 64)).astype(np.float32)
+        return kv, sc, rs.permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32), None
+
+    def query_walk(cp, B, n, H, steps, topics, seed):
+        rs = np.random.default_rng(seed + 1)
+        q = [rs.integers(0, 8, (B, n, H, 128), dtype=np.uint8) for _ in range(steps)]
+        return [(x, rs.standard_normal((B, n, H)).astype(np.float32)) for x in q]
+
+    def paged_logits(q, w, kv, sc, bt, lengths, check_values=True):
+        s = _dec_scores(q, w, kv, sc, bt)
+        ke = dec.visible_ends(lengths, q.shape[1])
+        return np.where(np.arange(s.shape[2]) < ke[..., None], s, -np.inf).astype(np.float32)
+
+    def dense_topk(q, w, kv, sc, bt, lengths, K, check_values=True):
+        lg = paged_logits(q, w, kv, sc, bt, lengths)
+        B, n, L = lg.shape
+        return (
+            dense.select_rows(lg.reshape(B * n, L), K, None, None).astype(np.int64).reshape(B, n, K)
+        )
+
+    class Selector:
+        def __init__(self, K, history=2, buffer=None, check_values=True):
+            self.K, self.buffer, self.last_overflow = K, buffer or 4096, 0
+
+        def step(self, *a, return_stats=False):
+            st = types.SimpleNamespace(compaction=0.01, witnesses=np.zeros(4))
+            return types.SimpleNamespace(ids=dense_topk(*a, self.K), stats=st)
+
+    monkeypatch.setattr(BD, "make_cache", make_cache)
+    monkeypatch.setattr(BD, "query_walk", query_walk)
+    monkeypatch.setattr(dec, "paged_logits", paged_logits)
+    monkeypatch.setattr(dec, "dense_decode_topk", dense_topk)
+    monkeypatch.setattr(dec, "DecodeSelectorGPU", Selector)
+
+
+def _decode_row(peers, n=2):
+    return BD.bench_shape(32, 2, 300, n, 16, 3, 1, 2, None, 0, lambda s: None, peers=peers)
+
+
+def test_decode_peers_with_fakes(monkeypatch):
+    calls = {"meta": 0, "logits": 0}
+    _fake_decode(monkeypatch, torch=_fake_torch(), deep_gemm=_fake_deep_gemm(calls))
+    p = DP.discover()
+    assert p.notes == [] and p.deep_gemm is not None
+    r = _decode_row(p)
+    assert r["ids_equal"] and r["peer_errors"] == {} and r["peer_notes"] == []
+    assert calls == {"meta": 4, "logits": 2 * 4}  # warm-up + 3 steps; alone and + topk
+    # the garbage past each row's end was masked: DeepGEMM's set == the dense route's
+    assert r["dg_overlap_min"] == 1.0 and r["dg_overlap_pooled"] == 1.0
+    assert r["own_select_ids_equal"] and r["own_torch_overlap_min"] == 1.0
+    for k in ("dg_meta", "dg_logits", "dg_topk", "own_select", "own_torch_topk"):
+        assert r[f"{k}_ms"] >= 0 and len(r[f"{k}_ms_all"]) == 3
+    assert r["key_floor_ms"] > 0 and all(v is not None for v in r["x_floor"].values())
+    assert r["x_floor"]["dg_topk"] == pytest.approx(r["dg_topk_ms"] / r["key_floor_ms"])
+    md = BD.markdown([r])
+    assert "| DG meta ms |" in md and "| 1.0000 |" in md and "Peers not timed" not in md
+    json.dumps(r)  # the row is JSON
+
+
+def test_decode_peers_absent_or_failing(monkeypatch):
+    _fake_decode(monkeypatch, torch=None)
+    p = DP.discover()
+    assert p.torch is None and "torch" in p.notes[0]
+    r = _decode_row(p, n=1)
+    assert all(r[k] is None for k in DP.PEER_KEYS) and r["ids_equal"]
+    assert r["x_floor"]["dg_logits"] is None and r["x_floor"]["dense"] is not None
+    md = BD.markdown([r])
+    assert "| - | - | - |" in md and "Peers not timed: peers need torch" in md
+
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())  # torch, no deep_gemm
+    p = DP.discover()
+    assert p.deep_gemm is None and p.notes[0].startswith("deep_gemm not importable")
+    r = _decode_row(p)
+    assert r["dg_logits_ms"] is None and r["own_select_ms"] is not None
+    assert "deep_gemm not importable" in BD.markdown([r])
+
+    calls = {"meta": 0, "logits": 0}
+    p.deep_gemm, p.notes = _fake_deep_gemm(calls, fail=True), []
+    r = _decode_row(p)
+    assert "num_heads" in r["peer_errors"]["deepgemm"] and r["own_select_ids_equal"]
+    assert "deepgemm failed" in BD.markdown([r])
+    assert DP.discover(False) is None
+    r = _decode_row(None)
+    assert r["peer_notes"] == [] and r["dg_topk_ms"] is None
+    assert "Peers" not in BD.markdown([r]) and "| key floor ms |" in BD.markdown([r])
+
+
+def test_decode_main_peers_flag(monkeypatch, tmp_path, capsys):
+    _fake_decode(monkeypatch, torch=None)
+    argv = ["--shapes", "32x2x300", "--K", "16", "--warm", "1", "--out", str(tmp_path)]
+    assert BD.main(argv + ["--no-peers"]) == 0
+    rows = json.loads((tmp_path / "bench_decode.json").read_text())
+    assert rows[0]["peer_notes"] == [] and rows[0]["dg_logits_ms"] is None
+    assert "# peers:" not in capsys.readouterr().out
+    assert BD.main(argv) == 0  # --peers (default): torch absent → a note, same exit code
+    assert "# peers: peers need torch" in capsys.readouterr().out
+    md = (tmp_path / "bench_decode.md").read_text()
+    assert "| key floor ms |" in md and "Peers not timed: peers need torch" in md
