@@ -34,6 +34,18 @@ def cupy_or_raise():
     return cupy
 
 
+def num_sms() -> int:
+    """Streaming multiprocessors of the current device (cached per device): the grid of the
+    persistent kernels."""
+    cp = cupy_or_raise()
+    dev = cp.cuda.Device()
+    if dev.id not in _SMS:
+        _SMS[dev.id] = int(dev.attributes["MultiProcessorCount"])
+    return _SMS[dev.id]
+
+
+_SMS: dict = {}
+
 TILES = (128, 256)
 _state = {"tile": int(os.environ.get("DOSA_TILE_N", "256"))}  # 256: +8–12% (BENCHMARKS v6)
 

@@ -42,8 +42,7 @@ import numpy as np
 
 from dosa_ref.decode import DecodeStats, DecodeStep
 
-from ._build import CSRC, cupy_or_raise, source_module
-from ._build import kernel as prefill_kernel
+from ._build import CSRC, cupy_or_raise, num_sms, raise_smem_limit, source_module
 
 __all__ = [
     "PAGE",
@@ -60,14 +59,36 @@ __all__ = [
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
 WARPS = 8  # warps per block of the decode kernels (256 threads)
-WARP_KEYS = 256  # csrc/decode.cu DEC_WARP_KEYS
-WIT_KEYS = 256  # csrc/decode.cu DEC_WIT_KEYS
+WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
+SCAN_TILE = 256  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
+SCAN_SMEM = 4 * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
 KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 
 
-def _kernel(name: str):
-    return source_module(DECODE_FILE).get_function(name)
+def _kernel(name: str, smem: int = 0):
+    f = source_module(DECODE_FILE).get_function(name)
+    if smem > 48 * 1024:
+        raise_smem_limit(f, smem, "decode", name)
+    return f
+
+
+def _scan(d, fused: bool, tail: tuple):
+    """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
+    (request, tile) items, ``tail`` = the route's last arguments (out) or (tau, cnt, rec, cap)."""
+    T = -(-d["L"] // SCAN_TILE)
+    total = d["B"] * T
+    grid = max(1, min(total, num_sms()))
+    per = -(-total // grid)
+    name = f"decode_{'fused' if fused else 'logits'}_mt{d['Hp'] // 16}"
+    _kernel(name, SCAN_SMEM)(
+        (grid,), (32 * WARPS,),
+        (
+            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+            d["ke"], np.int32(d["n"]), np.int64(d["L"]), np.int32(d["B"]), np.int64(per), *tail,
+        ),
+        shared_mem=SCAN_SMEM,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,15 +184,41 @@ def _int_arr(a, name: str):
     return a
 
 
+def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
+    """lengths within [0, max_blocks·64] and the block-table entries of every used block
+    within [0, num_blocks): computed on the device, read back with one transfer."""
+    Lh = L.astype(xp.int64)
+    bad = (Lh < 0) | (Lh > mb * PAGE)
+    used = (
+        xp.arange(mb, dtype=xp.int64)[None, :]
+        < ((xp.clip(Lh, 0, mb * PAGE) + PAGE - 1) // PAGE)[:, None]
+    )
+    btl = bt.astype(xp.int64)
+    badb = used & ((btl < 0) | (btl >= nb))
+    flags = xp.stack([bad.any(), badb.any()])
+    flags = flags.get() if hasattr(flags, "get") else flags  # the one host sync of the check
+    if flags[0]:
+        b = int(xp.argmax(bad))
+        raise ValueError(f"lengths: lengths[{b}]={int(Lh[b])} outside [0, {mb * PAGE}]")
+    if flags[1]:
+        b, i = divmod(int(xp.argmax(badb.ravel())), mb)
+        raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
+
+
 def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
-                        check_values: bool = True) -> dict:  # fmt: skip
+                        check_values: bool = False, check_layout: bool = True) -> dict:  # fmt: skip
     """Validate the paged decode layout (see the module docstring); returns a dict of
     contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
     kv [rows, 128], scale [rows], block_table int32 [B, max_blocks], lengths int32 [B],
     ke int32 [R], and B, n, H, Hp, K, L (= max_blocks·64), num_blocks.
 
-    ``check_values`` also scans values (e4m3 NaN codes in q and the cache blocks, non-finite
-    w, block-table entries of the used blocks): one pass over the used cache per call.
+    ``check_layout`` (default) checks lengths and the block-table entries of the used blocks
+    on the device, with one host synchronization; a caller that built them itself may pass
+    False (an out-of-range entry would then read outside the cache).  ``check_values``
+    (opt-in) also scans values: e4m3 NaN codes in q and in the used cache blocks, non-finite
+    w — one pass over the cache per call.  Unscanned values cannot make the result differ
+    from the dense route's: both score with the same function, and a NaN score has the
+    lowest record code on both (docs/method.md §10).
     """
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
         raise ValueError(f"K: expected a positive integer, got {K!r}")
@@ -224,19 +271,14 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         raise ValueError(f"block_table: max_blocks={mb} too large for int32 token ids")
     if nb * PAGE >= 2**31:
         raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")
-    Lh = L.astype(xp.int64)
-    bad = (Lh < 0) | (Lh > mb * PAGE)
-    if bool(bad.any()):
-        b = int(xp.argmax(bad))
-        raise ValueError(f"lengths: lengths[{b}]={int(Lh[b])} outside [0, {mb * PAGE}]")
-    # Block-table entries of the blocks a request uses must name a cache block.
-    used = xp.arange(mb, dtype=xp.int64)[None, :] < ((Lh + PAGE - 1) // PAGE)[:, None]
-    btl = bt.astype(xp.int64)
-    badb = used & ((btl < 0) | (btl >= nb))
-    if bool(badb.any()):
-        b, i = divmod(int(xp.argmax(badb.ravel())), mb)
-        raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
+    if check_layout:
+        _check_layout(xp, L, bt, mb, nb)
     if check_values:
+        used = (
+            xp.arange(mb, dtype=xp.int64)[None, :]
+            < ((L.astype(xp.int64) + PAGE - 1) // PAGE)[:, None]
+        )
+        btl = bt.astype(xp.int64)
         if bool(((q & 0x7F) == 0x7F).any()):
             raise ValueError("q: contains e4m3 NaN codes")
         if not bool(xp.isfinite(w).all()):
@@ -279,23 +321,17 @@ def _logits_raw(d):
     cp = cupy_or_raise()
     R, L = d["B"] * d["n"], d["L"]
     out = cp.empty((R, L), dtype=cp.float32)
-    _kernel(f"decode_logits_mt{d['Hp'] // 16}")(
-        (_grid_x(L, WARP_KEYS), R),
-        (32 * WARPS,),
-        (
-            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
-            d["ke"], np.int32(d["n"]), np.int64(L), out,
-        ),
-    )  # fmt: skip
+    _scan(d, False, (out,))
     return out
 
 
-def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_values=True):
+def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_values=False,
+                 check_layout=True):  # fmt: skip
     """Canonical FP8 logits of every key of each request: fp32 [B, next_n, max_blocks·64],
     −inf where the key is not visible to the query."""
     cp = cupy_or_raise()
     d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, xp=cp,
-                            check_values=check_values)  # fmt: skip
+                            check_values=check_values, check_layout=check_layout)  # fmt: skip
     return _logits_raw(d).reshape(d["B"], d["n"], d["L"])
 
 
@@ -310,12 +346,12 @@ def _dense_ids_raw(d):
 
 
 def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
-                      check_values=True):  # fmt: skip
+                      check_values=False, check_layout=True):  # fmt: skip
     """The dense decode route: paged logits + exact selection → int64 [B, next_n, K]
     (score desc, id asc, −1 padding; ids are logical token positions)."""
     cp = cupy_or_raise()
     d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=cp,
-                            check_values=check_values)  # fmt: skip
+                            check_values=check_values, check_layout=check_layout)  # fmt: skip
     return _dense_ids_raw(d)
 
 
@@ -325,8 +361,9 @@ def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
 
 
 class _CupyOps:
-    """Device operations: witness records → τ (select_kernel kth + tau_from_kth), fused
-    scan with compact writeback, exact selection of the records."""
+    """Device operations: witness records → the threshold record (their K-th, select_kernel
+    kth; 0 when fewer than K), fused scan with compact writeback of the records at or above
+    it, exact selection of the records."""
 
     def __init__(self):
         self.cp = cupy_or_raise()
@@ -335,7 +372,7 @@ class _CupyOps:
         cp = self.cp
         R = d["B"] * d["n"]
         if wit is None:
-            return cp.full(R, -np.inf, dtype=cp.float32), cp.zeros(R, dtype=cp.uint32)
+            return cp.zeros(R, dtype=cp.uint64), cp.zeros(R, dtype=cp.uint32)
         from .dense import select_records
 
         Wc = int(wit.shape[1])
@@ -351,24 +388,14 @@ class _CupyOps:
             ),
         )  # fmt: skip
         _, kth = select_records(d["K"], rec, cnt, want_ids=False, want_kth=True)
-        tau = cp.empty(R, dtype=cp.float32)
-        prefill_kernel("tau_from_kth")(((R + 255) // 256,), (256,), (kth, np.int32(R), tau))
-        return tau, cnt
+        return kth, cnt
 
-    def scan(self, d, tau, cap):
+    def scan(self, d, thr, cap):
         cp = self.cp
         R = d["B"] * d["n"]
         rec = cp.empty((R, cap), dtype=cp.uint64)
         cnt = cp.zeros(R, dtype=cp.uint32)
-        _kernel(f"decode_fused_mt{d['Hp'] // 16}")(
-            (_grid_x(d["L"], WARP_KEYS), R),
-            (32 * WARPS,),
-            (
-                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
-                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]), np.int64(d["L"]),
-                tau, cnt, rec, np.int64(cap),
-            ),
-        )  # fmt: skip
+        _scan(d, True, (thr, cnt, rec, np.int64(cap)))
         return rec, cnt
 
     def select(self, d, rec, cnt, want_kth):
@@ -384,6 +411,11 @@ class _CupyOps:
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
 
+    def thr_score(self, thr) -> np.ndarray:
+        """τ (float64, host) of threshold records: the score of each, −inf for 0."""
+        k = self.cp.asnumpy(thr)
+        return np.where(k != 0, _code_score((k >> np.uint64(32)).astype(np.uint32)), -np.inf)
+
 
 def _code_score(code: np.ndarray) -> np.ndarray:
     """Inverse of the monotone score code (common.cuh code_score), float32 → float64."""
@@ -395,9 +427,10 @@ def _code_score(code: np.ndarray) -> np.ndarray:
 class _NumpyOps:
     """CPU emulation of the device operations with float64 scores of the dequantized cache
     (``dosa_ref.scorer.score_keys``; per key independent of the other keys, as
-    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, τ =
-    K-th (−inf when fewer than K), compact s ≥ τ with a counter that counts past ``cap``,
-    selection by (score desc, id asc)."""
+    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, the
+    threshold = the K-th of them as (τ, id) (τ = −inf when fewer than K), compact every key
+    at or above it in the order (score desc, id asc) with a counter that counts past
+    ``cap``, selection by (score desc, id asc).  Inputs without NaN codes."""
 
     def __init__(self):
         from dosa_ref.fp8 import e4m3_values
@@ -414,27 +447,30 @@ class _NumpyOps:
         return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
 
     def tau(self, d, wit):
-        from dosa_ref.seeds import kth_score
-
         R = d["B"] * d["n"]
         tau = np.full(R, -np.inf)
+        kid = np.full(R, np.iinfo(np.int64).max)
         cnt = np.zeros(R, dtype=np.int64)
         if wit is None:
-            return tau, cnt
+            return (tau, kid), cnt
         for r in range(R):
             row = wit[r // d["n"]]
             W = row[(row >= 0) & (row < d["ke"][r])].astype(np.int64)
             cnt[r] = W.size
-            tau[r] = kth_score(self._scores(d, r, W), d["K"])
-        return tau, cnt
+            if W.size >= d["K"]:
+                s = self._scores(d, r, W)
+                o = np.lexsort((W, -s))[d["K"] - 1]  # the K-th in (score desc, id asc)
+                tau[r], kid[r] = s[o], W[o]
+        return (tau, kid), cnt
 
-    def scan(self, d, tau, cap):
+    def scan(self, d, thr, cap):
+        tau, kid = thr
         R = d["B"] * d["n"]
         rec, cnt = [], np.zeros(R, dtype=np.int64)
         for r in range(R):
             ids = np.arange(int(d["ke"][r]), dtype=np.int64)
             s = self._scores(d, r, ids)
-            keep = s >= tau[r]
+            keep = (s > tau[r]) | ((s == tau[r]) & (ids <= kid[r]))
             cnt[r] = int(keep.sum())
             rec.append((s[keep][:cap], ids[keep][:cap]))  # the device keeps the first cap
         return rec, cnt
@@ -453,6 +489,9 @@ class _NumpyOps:
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
 
+    def thr_score(self, thr) -> np.ndarray:
+        return np.asarray(thr[0], dtype=np.float64)
+
 
 # ---------------------------------------------------------------------------------------
 # The selector
@@ -467,8 +506,16 @@ class DecodeSelectorGPU:
         K: selection size (1 ≤ K ≤ 4096).
         history: recent steps whose selections are witnesses (≥ 0; 0: τ = −inf always).
         within_step: must be False (the next_n queries of a step are scanned together).
-        buffer: compact records per query row before the exact extension (default 4·K).
-        check_values: scan inputs for NaN codes / bad block-table entries every step.
+        buffer: compact records per query row.  None (default): room for every visible key
+            (8 bytes per key and row, like a logits buffer of twice the size), so a step
+            never overflows and needs no host synchronization.  An integer bounds it; a row
+            with more qualifying keys is then scanned again with the exact count (one host
+            synchronization per step to learn it).
+        check_layout: check lengths and the used block-table entries every step (one host
+            synchronization); False for a caller that built them.
+        check_values: also scan q, w and the used cache for NaN codes / non-finite weights
+            (one pass over the cache per step; opt-in: the result equals the dense route's
+            without it, see ``check_decode_inputs``).
         backend: "cupy" (the kernels) or "numpy" (CPU emulation, float64 scores).
 
     Witness state lives on the device: the last ``history`` steps' selections (int32
@@ -478,7 +525,8 @@ class DecodeSelectorGPU:
     """
 
     def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,
-                 check_values: bool = True, backend: str = "cupy"):  # fmt: skip
+                 check_values: bool = False, backend: str = "cupy",
+                 check_layout: bool = True):  # fmt: skip
         if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
             raise ValueError(f"K: expected a positive integer, got {K!r}")
         if K > KMAX:
@@ -489,14 +537,16 @@ class DecodeSelectorGPU:
             raise ValueError(f"history: must be >= 0, got {history}")
         if within_step is not False:
             raise ValueError(f"within_step: not supported on the GPU, got {within_step!r}")
-        if buffer is None:
-            buffer = 4 * int(K)
-        if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
-            raise ValueError(f"buffer: expected a positive integer, got {buffer!r}")
+        if buffer is not None and (
+            isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1
+        ):
+            raise ValueError(f"buffer: expected None or a positive integer, got {buffer!r}")
         if backend not in ("cupy", "numpy"):
             raise ValueError(f"backend: expected 'cupy' or 'numpy', got {backend!r}")
         self.K, self.history, self.within_step = int(K), int(history), False
-        self.buffer, self.check_values, self.backend = int(buffer), bool(check_values), backend
+        self.buffer = None if buffer is None else int(buffer)
+        self.check_values, self.check_layout = bool(check_values), bool(check_layout)
+        self.backend = backend
         self.xp = np if backend == "numpy" else cupy_or_raise()
         self._ops = _NumpyOps() if backend == "numpy" else _CupyOps()
         self._hist: deque = deque(maxlen=max(self.history, 1))
@@ -535,16 +585,21 @@ class DecodeSelectorGPU:
         """
         xp, ops, K = self.xp, self._ops, self.K
         d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
-                                check_values=self.check_values)  # fmt: skip
+                                check_values=self.check_values,
+                                check_layout=self.check_layout)  # fmt: skip
         B, n = d["B"], d["n"]
         wit = witness_table(list(self._hist), B, xp) if self.history > 0 else None
-        tau, wcnt = ops.tau(d, wit)
-        cap = self.buffer
-        rec, cnt = ops.scan(d, tau, cap)
-        need = ops.max_count(cnt)  # one host sync per step
-        self.last_overflow = need > cap
-        if self.last_overflow:  # exact extension: re-scan with the exact count (no drops)
-            rec, cnt = ops.scan(d, tau, need)
+        thr, wcnt = ops.tau(d, wit)
+        # buffer None: room for every visible key of a row, so nothing can overflow and the
+        # step needs no host synchronization; a bounded buffer costs one (docs/method.md §10)
+        cap = d["L"] if self.buffer is None else self.buffer
+        rec, cnt = ops.scan(d, thr, cap)
+        self.last_overflow = False
+        if self.buffer is not None:
+            need = ops.max_count(cnt)  # the one host sync of a bounded buffer
+            self.last_overflow = need > cap
+            if self.last_overflow:  # exact extension: re-scan with the exact count
+                rec, cnt = ops.scan(d, thr, need)
         ids, kth = ops.select(d, rec, cnt, return_stats)
         ids = ids.reshape(B, n, K)
         if self.history > 0:
@@ -557,7 +612,7 @@ class DecodeSelectorGPU:
 
             st = DecodeStats(
                 witnesses=host(wcnt).astype(np.int64).reshape(B, n),
-                tau=host(tau).astype(np.float64).reshape(B, n),
+                tau=ops.thr_score(thr).reshape(B, n),
                 compacted=host(cnt).astype(np.int64).reshape(B, n),
                 visible=host(d["ke"]).astype(np.int64).reshape(B, n),
                 tau_final=np.asarray(kth, dtype=np.float64).reshape(B, n),

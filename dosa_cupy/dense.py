@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._build import cupy_or_raise, kernel, tile
+from ._build import cupy_or_raise, kernel, num_sms, tile
 from .prepare import Batch, check_inputs, pad_heads
 
 __all__ = ["dense_ids", "dense_logits", "dense_topk", "select_records", "select_rows"]
@@ -55,13 +55,23 @@ def _scratch(rows):
     return blocks, cp.empty(blocks * SCRATCH, dtype=cp.uint64)
 
 
+WIDE_ROWS = 256  # at most this many rows ...
+WIDE_MIN_N = 1 << 15  # ... of at least this many keys: the wide selection (many blocks per row)
+WIDE_EXTRA = 8192  # records per row beyond K that the wide selection's buffer holds
+WSEL_THREADS = 256  # csrc/select.cu
+NBIN = 2048
+
+
 def select_rows(logits, K, ks, ke):
-    """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range."""
+    """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range [ks, ke)
+    (int32 [Qn] each) of fp32 logits [Qn, N]; order score desc, id asc."""
     cp = cupy_or_raise()
     Qn, N = logits.shape
     ids = cp.empty((Qn, K), dtype=cp.int32)
     if Qn == 0:
         return ids
+    if Qn <= WIDE_ROWS and N >= WIDE_MIN_N:
+        return _select_rows_wide(logits, K, ks, ke, ids)
     blocks, scr = _scratch(Qn)
     kernel("select_kernel")(
         (blocks,),
@@ -69,6 +79,44 @@ def select_rows(logits, K, ks, ke):
         (
             np.int32(0), np.int32(Qn), np.int32(K), logits, np.int64(N), ks, ke,
             _NULL, _NULL, np.int64(0), _NULL, _NULL, np.int64(0),
+            scr, np.int64(SCRATCH), ids, _NULL,
+        ),
+    )  # fmt: skip
+    return ids
+
+
+def _select_rows_wide(logits, K, ks, ke, ids):
+    """select_rows for few long rows (docs/method.md §9 "Few long rows"): a two-level
+    histogram of the score codes with many blocks per row finds a code T such that every
+    key of the Top-K has code >= T; those keys' records are compacted and selected, and a
+    row whose records did not fit is selected from its logits (select_kernel mode 2)."""
+    cp = cupy_or_raise()
+    rows, N = logits.shape
+    cap = K + WIDE_EXTRA
+    xb = max(1, min(-(-N // (8 * WSEL_THREADS)), -(-4 * num_sms() // rows)))
+    hist = cp.zeros((2, rows, NBIN), dtype=cp.uint32)
+    state = cp.empty((rows, 4), dtype=cp.uint32)
+    cnt = cp.empty(rows, dtype=cp.uint32)
+    rec = cp.empty((rows, cap), dtype=cp.uint64)
+    ld = np.int64(N)
+    for level in (0, 1):
+        kernel("select_wide_hist")(
+            (xb, rows), (WSEL_THREADS,),
+            (np.int32(level), logits, ld, ks, ke, state, hist[level]),
+        )  # fmt: skip
+        kernel("select_wide_cut")(
+            (rows,), (1024,), (np.int32(level), np.int32(K), ks, ke, hist[level], state, cnt)
+        )  # fmt: skip
+    kernel("select_wide_compact")(
+        (xb, rows), (WSEL_THREADS,), (logits, ld, ks, ke, state, np.int64(cap), cnt, rec)
+    )  # fmt: skip
+    blocks, scr = _scratch(rows)
+    kernel("select_kernel")(
+        (blocks,),
+        (512,),
+        (
+            np.int32(2), np.int32(rows), np.int32(K), logits, ld, ks, ke,
+            rec, cnt, np.int64(cap), _NULL, _NULL, np.int64(0),
             scr, np.int64(SCRATCH), ids, _NULL,
         ),
     )  # fmt: skip

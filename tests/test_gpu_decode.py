@@ -144,9 +144,11 @@ def test_kernel_names_and_constants_match_source():
     for pre in ("decode_logits_mt", "decode_fused_mt", "decode_witness_mt"):
         assert re.search(rf"{pre}##MT", src), pre
     assert re.findall(r"DEC_INST\((\d)\)", src) == ["1", "2", "3", "4"]
-    for name, val in (("DEC_PAGE", dec.PAGE), ("DEC_WARP_KEYS", dec.WARP_KEYS),
+    for name, val in (("DEC_PAGE", dec.PAGE), ("DEC_TILE", dec.SCAN_TILE),
                       ("DEC_WIT_KEYS", dec.WIT_KEYS)):  # fmt: skip
         assert re.search(rf"#define {name} {val}\b", src), name
+    stages = int(re.search(r"#define DEC_STAGES (\d+)", src).group(1))
+    assert dec.SCAN_SMEM == stages * (dec.SCAN_TILE * 128 + dec.SCAN_TILE * 4)
     assert '#include "common.cuh"' in src and "score_batch<MT>" in src
 
 
@@ -236,16 +238,18 @@ def _bad_cases():
         ("lengths", dict(lengths=np.array([70], np.int32))),
         ("lengths", dict(lengths=np.array([70.0, 1.0]))),
     ]
+    return cases
+
+
+def _bad_values():
+    g = _good()
     q = g["q"].copy()
     q[1, 0, 3, 5] = 0x7F
-    cases.append(("q", dict(q=q)))
     w = g["w"].copy()
     w[0, 0, 0] = np.nan
-    cases.append(("w", dict(w=w)))
     kv = g["kv_payload"].copy()
     kv[g["block_table"][1, 1], 5, 0] = 0xFF
-    cases.append(("kv_payload", dict(kv_payload=kv)))
-    return cases
+    return [("q", dict(q=q)), ("w", dict(w=w)), ("kv_payload", dict(kv_payload=kv))]
 
 
 @pytest.mark.parametrize("name,change", _bad_cases())
@@ -256,6 +260,25 @@ def test_validation_names_the_argument(name, change):
     sel = dec.DecodeSelectorGPU(4, backend="numpy")
     with pytest.raises(ValueError, match=rf"^{name}:"):
         sel.step(**args)
+
+
+@pytest.mark.parametrize("name,change", _bad_values())
+def test_value_scan_is_opt_in_and_names_the_argument(name, change):
+    args = {**_good(), **change}
+    dec.check_decode_inputs(K=4, xp=np, **args)  # default: no value scan
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        dec.check_decode_inputs(K=4, xp=np, check_values=True, **args)
+    sel = dec.DecodeSelectorGPU(4, backend="numpy", check_values=True)
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        sel.step(**args)
+
+
+def test_layout_check_can_be_skipped_but_is_on_by_default():
+    args = {**_good(), "lengths": np.array([70, 129], np.int32)}
+    with pytest.raises(ValueError, match="^lengths:"):
+        dec.check_decode_inputs(K=4, xp=np, **args)
+    d = dec.check_decode_inputs(K=4, xp=np, check_layout=False, **args)
+    assert d["lengths"].tolist() == [70, 129]
 
 
 def test_validation_accepts_good_and_unused_blocks():
@@ -420,6 +443,112 @@ def test_gpu_overflow_and_history(history, buffer):
         assert over == 4
 
 
+@pytest.mark.parametrize("H,n", [(64, 2), (32, 1)])
+@gpu
+def test_gpu_long_context_scan_and_wide_select(H, n):
+    """Contexts of 40K–70K keys: the persistent scan runs several (request, tile) items per
+    block through its cp.async ring, crossing requests inside a block, and the dense route's
+    selection takes the wide (many blocks per row) path.  Paged logits == prefill logits
+    bitwise; fused ids == dense ids every step; the dense ids == a host sort of the logits."""
+    import dosa_cupy
+
+    B, K = 3, 2048
+    cache = PagedCache(B, 72 * 1024, seed=H + n, topics=True)
+    rs = cache.rs
+    L = np.array([72 * 1024 - 16, 40_000, 65_537], dtype=np.int32)
+    assert B * -(-cache.max_blocks * 64 // dec.SCAN_TILE) > 4 * 132  # > 4 items per block
+    dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
+    sel = dec.DecodeSelectorGPU(K)
+    qf = rs.standard_normal((B, n, H, 128))
+    for step in range(3):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        dense = dec.dense_decode_topk(*args, K)
+        assert cp.array_equal(sel.step(*args, return_stats=False).ids, dense), f"step {step}"
+        lg = dec.paged_logits(*args)
+        ke = dec.visible_ends(L, n)
+        rows = cp.asnumpy(lg.reshape(B * n, -1))
+        want = np.stack([_host_topk(x, int(e), K) for x, e in zip(rows, ke.ravel(), strict=True)])
+        assert np.array_equal(cp.asnumpy(dense).reshape(B * n, K), want)
+        L = L + n
+    b = 2  # one request's logits against the prefill dense route on its gathered keys
+    p, s_ = dec.gather_request_keys(cache.kv, cache.scale, cache.block_table, L)[b]
+    keb = cp.asarray(dec.visible_ends(L, n)[b])
+    ref = dosa_cupy.dense_logits(cp.asarray(qp[b]), cp.asarray(wq[b]), cp.asarray(p),
+                                 cp.asarray(s_), ke=keb)  # fmt: skip
+    got = dec.paged_logits(cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))[b, :, : p.shape[0]]
+    assert cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32))
+
+
+def _host_topk(row, e, K):
+    """(score desc, id asc) Top-K ids of row[:e] by records, −1 padded (the selection's
+    contract, NaN lowest)."""
+    rec = _FakeKernels._record(row[:e].astype(np.float32), np.arange(e))
+    top = np.sort(rec)[::-1][:K]
+    ids = np.full(K, -1, dtype=np.int64)
+    ids[: top.size] = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "equal", "nan", "short"])
+@gpu
+def test_gpu_wide_select_equals_host_sort(kind):
+    """select_rows on few long rows (the wide path, and the one-block path forced) equals a
+    host sort by records: plain values, heavy ties at the K-th, one value everywhere (the
+    compacted records overflow: the row is selected from its logits), NaN scattered, and a
+    row shorter than K."""
+    from dosa_cupy import dense as dm
+
+    rs = np.random.default_rng(7)
+    R, N, K = 5, 1 << 16, 2048
+    x = rs.standard_normal((R, N)).astype(np.float32)
+    if kind == "ties":
+        x = np.round(x * 4) / 4
+    elif kind == "equal":
+        x[:] = 1.5
+    elif kind == "nan":
+        x[rs.random((R, N)) < 0.3] = np.nan
+    ks = np.array([0, 3, 100, 0, 7], dtype=np.int32)
+    ke = np.array([N, N - 1, 40_000, 1000 if kind == "short" else N, N - 5], dtype=np.int32)
+    assert R <= dm.WIDE_ROWS and N >= dm.WIDE_MIN_N
+    got = cp.asnumpy(dm.select_rows(cp.asarray(x), K, cp.asarray(ks), cp.asarray(ke)))
+    for r in range(R):
+        rec = _FakeKernels._record(x[r, ks[r] : ke[r]], np.arange(ks[r], ke[r]))
+        top = np.sort(rec)[::-1][:K]
+        want = np.full(K, -1, dtype=np.int64)
+        want[: top.size] = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+        assert np.array_equal(got[r], want), f"row {r}"
+    old = dm.WIDE_ROWS
+    try:
+        dm.WIDE_ROWS = 0  # the one-block-per-row path on the same rows
+        one = cp.asnumpy(dm.select_rows(cp.asarray(x), K, cp.asarray(ks), cp.asarray(ke)))
+    finally:
+        dm.WIDE_ROWS = old
+    assert np.array_equal(one, got)
+
+
+@gpu
+def test_gpu_nan_codes_unchecked_fused_equals_dense():
+    """Without the (opt-in) value scan, NaN codes in the cache and in q give NaN scores; the
+    fused route compares records, not scores, so it still equals the dense route bitwise."""
+    B, n, H, K = 2, 2, 64, 64
+    cache = PagedCache(B, 8 * 64, seed=3)
+    rs = cache.rs
+    kv = cache.kv.copy()
+    kv.reshape(-1, 128)[rs.random(kv.shape[0] * 64) < 0.5, 3] = 0x7F  # half the keys NaN
+    L = np.array([8 * 64, 100], dtype=np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2)
+    qf = rs.standard_normal((B, n, H, 128))
+    for step in range(3):
+        qp, wq = _queries(rs, qf, n, H)
+        if step == 2:
+            qp[1, 0, 5, 9] = 0xFF  # every score of that row is NaN
+        args = (cp.asarray(qp), cp.asarray(wq), cp.asarray(kv), cp.asarray(cache.scale),
+                cp.asarray(cache.block_table), cp.asarray(L))  # fmt: skip
+        dense = dec.dense_decode_topk(*args, K)
+        assert cp.array_equal(sel.step(*args, return_stats=False).ids, dense), f"step {step}"
+
+
 @gpu
 def test_gpu_validation_on_device_arrays():
     g = {k: cp.asarray(v) for k, v in _good().items()}
@@ -476,42 +605,58 @@ def _batch_pos(lane):
     return 8 * (g >> 1) + 2 * c + (g & 1)
 
 
-def _emulate_scan(L, ke, fused):
-    """(written positions, scored ids) of one row by dec_scan_impl's loops."""
+def _emulate_scan(L, ke, n, fused, sms):
+    """(written (row, id), scored (row, id)) of dec_scan_impl's loops: the persistent grid
+    over (request, tile) items, the copies of an item (ids < the request's last row's end)
+    and each warp's row and batches.  ``ke`` int [B·n] row ends (non-decreasing in j)."""
+    B = len(ke) // n
+    T = -(-L // dec.SCAN_TILE)
+    total = B * T
+    grid = max(1, min(total, sms))
+    per = -(-total // grid)
     writes, scored = [], []
-    for bx in range(dec._grid_x(L, dec.WARP_KEYS)):
-        for warp in range(dec.WARPS):
-            c0 = (bx * dec.WARPS + warp) * dec.WARP_KEYS
-            c1 = min(c0 + dec.WARP_KEYS, L)
-            if c0 >= c1:
-                continue
-            hi = min(ke, c1)
-            if c0 >= hi:
-                writes += [] if fused else list(range(c0, c1))
-                continue
-            for i0 in range(c0, c1, 32):
-                for lane in range(32):
-                    i = i0 + _batch_pos(lane)
-                    if i0 >= hi:
-                        if not fused and i < c1:
-                            writes.append(i)
+    for bx in range(grid):
+        for it in range(bx * per, min(bx * per + per, total)):
+            b, t = divmod(it, T)
+            base = t * dec.SCAN_TILE
+            kmax = ke[b * n + n - 1]
+            loaded = {base + k for k in range(dec.SCAN_TILE) if base + k < kmax}
+            for warp in range(dec.WARPS):
+                r = b * n + warp % n
+                hi = ke[r]
+                for x in range(n):
+                    i0 = base + ((warp // n) * n + x) * 32
+                    if i0 >= L:
                         continue
-                    loaded = [i0 + 8 * u + (lane >> 2) for u in range(4)]
-                    assert all(x < hi for x in loaded if x < hi)
-                    if i < hi:
-                        scored.append(i)
-                    if not fused and i < c1:
-                        writes.append(i)
+                    for lane in range(32):
+                        i = i0 + _batch_pos(lane)
+                        if i0 >= hi:
+                            writes += [] if fused else [(r, i)]
+                            continue
+                        for u in range(4):  # a key a visible result depends on was loaded
+                            k = i0 + 8 * u + (lane >> 2)
+                            assert k >= hi or k in loaded
+                        if i < hi:
+                            scored.append((r, i))
+                        writes += [] if fused else [(r, i)]
     return writes, scored
 
 
-@pytest.mark.parametrize("L,ke", [(64, 0), (64, 1), (320, 200), (4096, 4096), (4160, 3000)])
-def test_scan_decomposition_covers_each_key_once(L, ke):
-    writes, scored = _emulate_scan(L, ke, fused=False)
-    assert sorted(writes) == list(range(L))  # every logits column written exactly once
-    assert sorted(scored) == list(range(ke))  # every visible key scored exactly once
-    _, scored_f = _emulate_scan(L, ke, fused=True)
-    assert sorted(scored_f) == list(range(ke))
+@pytest.mark.parametrize(
+    "L,ke,n,sms",
+    [(64, [0], 1, 3), (64, [1], 1, 3), (320, [200], 1, 1), (4096, [4096], 1, 5),
+     (4160, [3000], 1, 4), (4160, [2999, 3000, 10, 11, 0, 1], 2, 4), (1024, [5, 1024], 1, 132),
+     (768, [700, 701, 767, 768], 2, 3)],
+)  # fmt: skip
+def test_scan_decomposition_covers_each_key_once(L, ke, n, sms):
+    R = len(ke)
+    writes, scored = _emulate_scan(L, ke, n, fused=False, sms=sms)
+    # every logits column of every row written exactly once
+    assert sorted(writes) == [(r, i) for r in range(R) for i in range(L)]
+    want = [(r, i) for r in range(R) for i in range(ke[r])]
+    assert sorted(scored) == want  # every visible key of every row scored exactly once
+    _, scored_f = _emulate_scan(L, ke, n, fused=True, sms=sms)
+    assert sorted(scored_f) == want
     # batch_pos is a permutation of the 32 batch positions (one result per key)
     assert sorted(_batch_pos(x) for x in range(32)) == list(range(32))
 
@@ -585,17 +730,17 @@ class _FakeKernels:
         low = (~ids.astype(np.int64)) & 0xFFFFFFFF
         return (score_code(s).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
 
-    def decode_logits(self, q, w, kv, ksc, bt, mb, ke, n, ld, out):
+    def decode_logits(self, q, w, kv, ksc, bt, mb, ke, n, ld, nreq, per, out):
         for r in range(out.shape[0]):
             e = int(ke[r])
             out[r] = -np.inf
             out[r, :e] = self._scores(q, w, kv, ksc, bt, r, int(n), np.arange(e))
 
-    def decode_fused(self, q, w, kv, ksc, bt, mb, ke, n, ld, tau, cnt, rec, cap):
+    def decode_fused(self, q, w, kv, ksc, bt, mb, ke, n, ld, nreq, per, thr, cnt, rec, cap):
         for r in range(cnt.shape[0]):
             ids = np.arange(int(ke[r]))
             s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
-            keep = s >= tau[r]
+            keep = self._record(s, ids) >= thr[r]
             cnt[r] = keep.sum()
             m = min(int(cap), int(keep.sum()))
             rec[r, :m] = self._record(s[keep], ids[keep])[:m]
@@ -652,7 +797,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(dec, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(prep, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(dec, "_kernel", fk.get)
-    monkeypatch.setattr(dec, "prefill_kernel", fk.get)
+    monkeypatch.setattr(dec, "num_sms", lambda: 3)
     monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
     monkeypatch.setattr(dense_mod, "select_rows", _fake_select_rows)
     return fk
@@ -681,8 +826,25 @@ def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer):
         assert lg.shape == (B, n, cache.max_blocks * 64)
         L = np.minimum(L + rs.integers(1, 80, B), cache.max_blocks * 64).astype(np.int32)
     names = {re.sub(r"\d$", "", c) for c in fake_cupy.calls}
-    assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt", "tau_from_kth"} <= names
+    assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt"} <= names
     assert f"decode_fused_mt{-(-H // 16)}" in fake_cupy.calls
+
+
+def test_cupy_host_code_nan_codes_without_value_scan(fake_cupy):
+    """The host code of the fused step with NaN codes in the cache (no value scan): the
+    threshold and the compaction compare records, so NaN scores (lowest) are handled as
+    the dense route handles them."""
+    B, n, H, K = 2, 1, 32, 16
+    cache = PagedCache(B, 4 * 64, seed=4)
+    kv = cache.kv.copy()
+    kv.reshape(-1, 128)[cache.rs.random(kv.shape[0] * 64) < 0.7, 0] = 0x7F
+    L = np.array([4 * 64, 30], dtype=np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=1)
+    qf = cache.rs.standard_normal((B, n, H, 128))
+    for _ in range(3):
+        qp, wq = _queries(cache.rs, qf, n, H)
+        args = (qp, wq, kv, cache.scale, cache.block_table, L)
+        assert np.array_equal(sel.step(*args).ids, dec.dense_decode_topk(*args, K))
 
 
 def test_reference_comparison_helper_on_cpu(fake_cupy):

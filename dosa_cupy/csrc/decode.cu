@@ -10,17 +10,17 @@
 //
 // Kernels (MT = head tiles of 16; heads padded to 16·MT with zero payload and weight):
 //   decode_logits_mt{MT}   dense paged logits out[r, i] (−inf where i ≥ ke[r])
-//   decode_fused_mt{MT}    score every visible key, compact records with s ≥ tau[r]
+//   decode_fused_mt{MT}    score every visible key, compact the records at or above the
+//                          row's threshold record thr[r]
 //   decode_witness_mt{MT}  score the (distinct) witnesses of each row, records of the
-//                          visible ones (τ is then their K-th record, select_kernel)
+//                          visible ones (thr is then their K-th record, select_kernel)
 // Built by CuPy (RawModule, NVRTC, plain sm_90, -ftz=true) from dosa_cupy/decode.py and
 // in CI by nvcc -arch=sm_90 (tests/test_cuda_build.py).
 #include "common.cuh"
 
 #define DEC_NEG_INF __int_as_float(0xff800000)
 #define DEC_PAGE 64         // tokens per KV block (DeepGEMM paged layout)
-#define DEC_WARP_KEYS 256   // logical keys per warp per row in the scans (8 batches of 32)
-#define DEC_WIT_KEYS 256    // witness entries per warp per row
+#define DEC_WIT_KEYS 64     // witness entries per warp per row (2 batches: many warps per row)
 
 using namespace dosa;
 
@@ -49,61 +49,138 @@ __device__ __forceinline__ void dec_gather(const uint8_t* __restrict__ kv, const
 }
 
 // ---------------------------------------------------------------------------------------
-// Scan of every visible key of a row.  grid (ceil(L / (warps·DEC_WARP_KEYS)), rows);
-// warp w of block x takes logical keys [c0, c0 + DEC_WARP_KEYS), c0 = (x·warps + w)·256.
+// Scan of every visible key (docs/method.md §10 "The scan at the memory floor").
+//
+// Work items are (request b, tile t) pairs, tile = DEC_TILE logical keys (4 pages), item
+// i = b·T + t with T = ceil(ld / DEC_TILE).  The grid is persistent: block x takes the
+// contiguous items [x·per, (x+1)·per).  The block streams each item's payload and scales into
+// shared memory with cp.async through a ring of DEC_STAGES stages, so up to DEC_STAGES − 1
+// tiles are in flight while the warps score the current one; the bytes in flight, not the
+// registers, hide the HBM latency.  A tile is loaded once for all next_n query rows of its
+// request: warp w scores row j = w % n, batches (w / n)·n .. +n of the tile (8 / n warps per
+// row, n batches of 32 keys each).  Keys at or past the request's last row's visible end are
+// not loaded; their columns are never used.
+//
+// The arithmetic is score_batch on the same KeysReg fragments as before (lane (g, c) holds
+// bytes [32c, 32c+32) of key g of each group), only read from shared memory: a key's score
+// is unchanged.  Shared layout per stage: key k's 16-byte chunk c16 at k·128 + (c16 ^ (k&7))·16
+// (the XOR swizzle makes a quarter warp's two LDS.128 conflict-free: lanes g = 2p, 2p+1 of a
+// quarter read chunks 2c ^ g, which cover 8 distinct bank groups), then DEC_TILE fp32 scales.
 // FUSED = false: dense logits, out[r·ld + i] for i < ld (−inf where i ≥ ke[r]).
-// FUSED = true: records (code << 32 | ~id) of keys with s ≥ tau[r] to rec[r·cap + ·].
+// FUSED = true: records (code << 32 | ~id) at or above the row's threshold record thr[r] (the
+// K-th witness record; 0 = every key) to rec[r·cap + ·].  Comparing records, not scores,
+// keeps the rule exact for any score bits, NaN included (docs/method.md §10).
 // ---------------------------------------------------------------------------------------
+#define DEC_TILE 256
+#define DEC_STAGES 4
+#define DEC_TILE_BYTES (DEC_TILE * DOSA_D)
+#define DEC_STAGE_BYTES (DEC_TILE_BYTES + DEC_TILE * 4)
+
+__device__ __forceinline__ void dec_cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void dec_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void dec_wait_ring() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(DEC_STAGES - 2));
+}
+
+// Copies of item `it` (< it1) into stage `st`; always commits one group (possibly empty) so
+// that the ring's group count stays in step with the items.
+__device__ __forceinline__ void dec_issue(long long it, long long it1, int T, uint32_t dst,
+                                          const uint8_t* __restrict__ kv,
+                                          const float* __restrict__ ksc,
+                                          const int* __restrict__ bt, int max_blocks,
+                                          const int* __restrict__ ke_, int next_n) {
+  if (it < it1) {
+    const int b = (int)(it / T);
+    const long long base = (it % T) * (long long)DEC_TILE;
+    const int kmax = __ldg(ke_ + (long long)b * next_n + next_n - 1);
+    const int* bt_row = bt + (long long)b * max_blocks;
+    for (int ci = threadIdx.x; ci < DEC_TILE * 8; ci += blockDim.x) {
+      const int k = ci >> 3, c16 = ci & 7;
+      if (base + k < kmax)
+        dec_cp16(dst + k * DOSA_D + ((c16 ^ (k & 7)) << 4),
+                 kv + dec_phys(bt_row, (int)(base + k)) * DOSA_D + c16 * 16);
+    }
+    // scales: 4 per copy, never across a page (k is a multiple of 4)
+    for (int k = 4 * threadIdx.x; k < DEC_TILE; k += 4 * blockDim.x)
+      if (base + k < kmax) dec_cp16(dst + DEC_TILE_BYTES + 4 * k, ksc + dec_phys(bt_row, (int)(base + k)));
+  }
+  dec_commit();
+}
+
 template <int MT, bool FUSED>
 __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
                               const uint8_t* __restrict__ kv, const float* __restrict__ ksc,
                               const int* __restrict__ bt, int max_blocks, const int* __restrict__ ke_,
-                              int next_n, long long ld, float* __restrict__ out,
-                              const float* __restrict__ tau, unsigned int* __restrict__ count,
-                              unsigned long long* __restrict__ rec, long long cap) {
-  const int r = blockIdx.y;
-  const int b = r / next_n;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const long long c0 = ((long long)blockIdx.x * nw + warp) * DEC_WARP_KEYS;
-  const long long c1 = min(c0 + DEC_WARP_KEYS, ld);
-  if (c0 >= c1) return;
-  const long long hi = min((long long)ke_[r], c1);  // visible part of the span: [c0, hi)
-  float* orow = FUSED ? nullptr : out + (long long)r * ld;
-  if (c0 >= hi) {
-    if (!FUSED)
-      for (long long i = c0 + lane; i < c1; i += 32) orow[i] = DEC_NEG_INF;
-    return;
-  }
-  const int* bt_row = bt + (long long)b * max_blocks;
+                              int next_n, long long ld, int nreq, long long per,
+                              float* __restrict__ out, const unsigned long long* __restrict__ thr,
+                              unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
+                              long long cap) {
+  extern __shared__ __align__(128) uint8_t dec_smem[];
+  const int T = (int)((ld + DEC_TILE - 1) / DEC_TILE);
+  const long long it0 = (long long)blockIdx.x * per;
+  const long long it1 = min(it0 + per, (long long)nreq * T);
+  if (it0 >= it1) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
+  const int n = next_n, j = warp % n, bi0 = (warp / n) * n;
+  const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(dec_smem);
+#pragma unroll 1
+  for (int s = 0; s < DEC_STAGES - 1; ++s)
+    dec_issue(it0 + s, it1, T, sbase + s * DEC_STAGE_BYTES, kv, ksc, bt, max_blocks, ke_, n);
   QRows<MT> A;
   float wlo[MT], whi[MT];
-  A.load(q + (long long)r * (MT * 16) * DOSA_D, lane);
-  load_weights<MT>(w + (long long)r * (MT * 16), wlo, whi, lane);
-  const float tq = FUSED ? tau[r] : 0.f;
-  const int g = lane >> 2, pos = batch_pos(lane);
-  for (long long i0 = c0; i0 < c1; i0 += 32) {
-    const long long id = i0 + pos;
-    if (i0 >= hi) {  // warp-uniform: the rest of the span is not visible
-      if (!FUSED && id < c1) orow[id] = DEC_NEG_INF;
-      continue;
+  int cur_b = -1, hi = 0;
+  long long r = 0;
+  unsigned long long tq = 0ull;
+#pragma unroll 1
+  for (long long it = it0; it < it1; ++it) {
+    const int st = (int)((it - it0) % DEC_STAGES);
+    dec_wait_ring();
+    __syncthreads();  // item it's copies are visible; every warp is done with stage st − 1
+    dec_issue(it + DEC_STAGES - 1, it1, T,
+              sbase + (int)((it - it0 + DEC_STAGES - 1) % DEC_STAGES) * DEC_STAGE_BYTES, kv, ksc,
+              bt, max_blocks, ke_, n);
+    const int b = (int)(it / T);
+    if (b != cur_b) {  // warp-uniform: a new request's query row
+      cur_b = b;
+      r = (long long)b * n + j;
+      A.load(q + r * (MT * 16) * DOSA_D, lane);
+      load_weights<MT>(w + r * (MT * 16), wlo, whi, lane);
+      hi = __ldg(ke_ + r);
+      if (FUSED) tq = thr[r];
     }
-    int my[4];
+    const uint8_t* sk = dec_smem + st * DEC_STAGE_BYTES;
+    const float* ssc = reinterpret_cast<const float*>(sk + DEC_TILE_BYTES);
+#pragma unroll 1
+    for (int x = 0; x < n; ++x) {
+      const int bi = bi0 + x;
+      const long long i0 = (it % T) * (long long)DEC_TILE + bi * 32;
+      if (i0 >= ld) continue;  // ld is a multiple of 64: the whole batch is past the row
+      const long long id = i0 + pos;
+      if (i0 >= hi) {  // warp-uniform: nothing of the batch is visible to row r
+        if (!FUSED) out[r * ld + id] = DEC_NEG_INF;
+        continue;
+      }
+      KeysReg Kr;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const long long x = i0 + 8 * u + g;
-      my[u] = x < hi ? (int)x : -1;
-    }
-    KeysReg Kr;
-    dec_gather(kv, bt_row, my, lane, Kr);
-    const float sc = score_batch<MT>(A, Kr, wlo, whi, lane);
-    const bool vis = id < hi;
-    const float s = vis ? sc * __ldg(ksc + dec_phys(bt_row, (int)id)) : DEC_NEG_INF;
-    if constexpr (FUSED) {
-      warp_emit(vis && s >= tq, s, (int)id, lane, count + r, rec + (long long)r * cap, cap);
-    } else {
-      if (id < c1) orow[id] = s;
+      for (int u = 0; u < 4; ++u) {
+        const uint8_t* row = sk + (bi * 32 + u * 8 + g) * DOSA_D;  // key index ≡ g (mod 8)
+        Kr.v[u][0] = *reinterpret_cast<const uint4*>(row + (((2 * c) ^ g) << 4));
+        Kr.v[u][1] = *reinterpret_cast<const uint4*>(row + (((2 * c + 1) ^ g) << 4));
+      }
+      const float sc = score_batch<MT>(A, Kr, wlo, whi, lane);
+      const bool vis = id < hi;
+      const float s = vis ? sc * ssc[bi * 32 + pos] : DEC_NEG_INF;
+      if constexpr (FUSED) {
+        warp_emit(vis && make_record(s, (int)id) >= tq, s, (int)id, lane, count + r, rec + r * cap, cap);
+      } else {
+        out[r * ld + id] = s;
+      }
     }
   }
+  asm volatile("cp.async.wait_all;\n" ::);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -160,18 +237,19 @@ __device__ void dec_witness_impl(const uint8_t* __restrict__ q, const float* __r
 }
 
 #define DEC_INST(MT)                                                                            \
-  extern "C" __global__ void __launch_bounds__(256) decode_logits_mt##MT(                       \
+  extern "C" __global__ void __launch_bounds__(256, 1) decode_logits_mt##MT(                       \
       const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
-      int max_blocks, const int* ke, int next_n, long long ld, float* out) {                    \
-    dec_scan_impl<MT, false>(q, w, kv, ksc, bt, max_blocks, ke, next_n, ld, out, nullptr,      \
-                             nullptr, nullptr, 0);                                              \
+      int max_blocks, const int* ke, int next_n, long long ld, int nreq, long long per,        \
+      float* out) {                                                                             \
+    dec_scan_impl<MT, false>(q, w, kv, ksc, bt, max_blocks, ke, next_n, ld, nreq, per, out,    \
+                             nullptr, nullptr, nullptr, 0);                                     \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(256) decode_fused_mt##MT(                        \
+  extern "C" __global__ void __launch_bounds__(256, 1) decode_fused_mt##MT(                        \
       const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
-      int max_blocks, const int* ke, int next_n, long long ld, const float* tau,               \
-      unsigned int* count, unsigned long long* rec, long long cap) {                            \
-    dec_scan_impl<MT, true>(q, w, kv, ksc, bt, max_blocks, ke, next_n, ld, nullptr, tau, count, \
-                            rec, cap);                                                          \
+      int max_blocks, const int* ke, int next_n, long long ld, int nreq, long long per,        \
+      const unsigned long long* thr, unsigned int* count, unsigned long long* rec, long long cap) {\
+    dec_scan_impl<MT, true>(q, w, kv, ksc, bt, max_blocks, ke, next_n, ld, nreq, per, nullptr, \
+                            thr, count, rec, cap);                                              \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256) decode_witness_mt##MT(                      \
       const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \

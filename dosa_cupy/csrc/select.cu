@@ -7,8 +7,9 @@
 // i.e. order score desc, id asc — by radix select over the 64-bit records (11-bit digits;
 // records are distinct, so the K-th is unique and ties need no special case), candidates
 // compacted into a per-block scratch buffer once they fit; then a bitonic sort of the K
-// selected records.  Sources: a dense logits row [ks, ke) (mode 0) or two record lists
-// (mode 1: seeds + compact records).  Outputs (each optional): ids int32 [rows, K] (−1
+// selected records.  Sources: a dense logits row [ks, ke) (mode 0), two record lists
+// (mode 1: seeds + compact records), or per row either of them (mode 2: the wide selection's
+// records of recA when cntA[row] <= capA, else the logits row).  Outputs (each optional): ids int32 [rows, K] (−1
 // pads), kth[row] = the K-th record (0 when fewer than K).
 // ---------------------------------------------------------------------------------------
 #define SEL_THREADS 512
@@ -48,8 +49,10 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
     SelSource src;
-    src.mode = mode;
-    if (mode == 0) {
+    // mode 2 (wide selection, below): the row's compacted records when they all fit, else
+    // the logits row itself — exact either way, decided per row on the device
+    src.mode = mode == 2 ? (cntA[row] <= capA ? 1 : 0) : mode;
+    if (src.mode == 0) {
       src.logits = logits + (long long)row * ld;
       src.ks = ks_[row];
       src.ke = ke_[row];
@@ -172,6 +175,131 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     }
     if (kth_out && tid == 0) kth_out[row] = (m >= K) ? sel[K - 1] : 0ull;
     __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Wide selection of few long logits rows (docs/method.md §9 "Few long rows").  One block per
+// row (select_kernel alone) leaves most SMs idle when rows are few, so the threshold is found
+// by many blocks per row first:
+//   select_wide_hist(level 0): histogram of the top 11 bits of the score code (d1 = code >> 21);
+//   select_wide_cut(level 0):  d1* = the largest d1 with #(d1 >= d1*) >= K (all-in when the
+//                              row has at most K keys), above = #(d1 > d1*) < K;
+//   select_wide_hist(level 1): histogram of the next 11 bits (code >> 10 & 2047) of d1 == d1*;
+//   select_wide_cut(level 1):  d2* the same way for K − above; T = d1* << 21 | d2* << 10;
+//   select_wide_compact:       records of every key with code >= T (warp-aggregated, counted
+//                              past cap);
+//   select_kernel(mode 2):     exact Top-K of those records, or of the logits row when they
+//                              did not fit.
+// Every key of the Top-K has code >= T (at least K keys do, and they outrank every code < T),
+// so selecting from the compacted records is exact; #records < K + the size of one 22-bit
+// code bucket.  state[row] = {d1*, above, T, done} (done: the row has at most K keys).
+// ---------------------------------------------------------------------------------------
+#define WSEL_THREADS 256
+#define WCUT_THREADS 1024
+
+__device__ __forceinline__ void wsel_count(int level, uint32_t d1, float v, unsigned* h) {
+  const uint32_t c = score_code(v);
+  if (level == 0) atomicAdd(&h[c >> 21], 1u);
+  else if ((c >> 21) == d1) atomicAdd(&h[(c >> 10) & (NBIN - 1)], 1u);
+}
+
+extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_hist(
+    int level, const float* __restrict__ logits, long long ld, const int* __restrict__ ks_,
+    const int* __restrict__ ke_, const unsigned* __restrict__ state, unsigned* __restrict__ hist) {
+  __shared__ unsigned h[NBIN];
+  const int row = blockIdx.y, tid = threadIdx.x;
+  if (level == 1 && state[4 * row + 3]) return;
+  for (int i = tid; i < NBIN; i += WSEL_THREADS) h[i] = 0u;
+  __syncthreads();
+  const long long a = ks_[row], e = ke_[row];
+  const float* lr = logits + (long long)row * ld;
+  const uint32_t d1 = level ? state[4 * row] : 0u;
+  const long long stride = (long long)gridDim.x * WSEL_THREADS;
+  if ((ld & 3) == 0 && (reinterpret_cast<unsigned long long>(logits) & 15ull) == 0) {
+    // float4 loads over the 16-byte words that meet [a, e)
+    const float4* l4 = reinterpret_cast<const float4*>(lr);
+    for (long long v = (a >> 2) + (long long)blockIdx.x * WSEL_THREADS + tid; 4 * v < e; v += stride) {
+      const float4 x = __ldg(l4 + v);
+      const long long i = 4 * v;
+      if (i >= a) wsel_count(level, d1, x.x, h);
+      if (i + 1 >= a && i + 1 < e) wsel_count(level, d1, x.y, h);
+      if (i + 2 >= a && i + 2 < e) wsel_count(level, d1, x.z, h);
+      if (i + 3 >= a && i + 3 < e) wsel_count(level, d1, x.w, h);
+    }
+  } else {
+    for (long long i = a + (long long)blockIdx.x * WSEL_THREADS + tid; i < e; i += stride)
+      wsel_count(level, d1, __ldg(lr + i), h);
+  }
+  __syncthreads();
+  for (int i = tid; i < NBIN; i += WSEL_THREADS)
+    if (h[i]) atomicAdd(&hist[(long long)row * NBIN + i], h[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(WCUT_THREADS) select_wide_cut(
+    int level, int K, const int* __restrict__ ks_, const int* __restrict__ ke_,
+    const unsigned* __restrict__ hist, unsigned* __restrict__ state, unsigned* __restrict__ cnt) {
+  __shared__ unsigned wsum[WCUT_THREADS / 32];
+  const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  unsigned* st = state + 4 * row;
+  if (level == 0 && tid == 0) cnt[row] = 0u;
+  if (level == 0 && (long long)ke_[row] - ks_[row] <= K) {  // every key is selected
+    if (tid == 0) { st[0] = 0u; st[1] = 0u; st[2] = 0u; st[3] = 1u; }
+    return;
+  }
+  if (level == 1 && st[3]) return;
+  const unsigned kk = level ? (unsigned)K - st[1] : (unsigned)K;
+  const unsigned* hr = hist + (long long)row * NBIN;
+  // thread t owns bins 2047 − 2t and 2046 − 2t (from the top); inclusive scan of their sums
+  const unsigned b0 = hr[NBIN - 1 - 2 * tid], b1 = hr[NBIN - 2 - 2 * tid];
+  const unsigned loc = b0 + b1;
+  unsigned incl = loc;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned x = wsum[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    wsum[lane] = x;
+  }
+  __syncthreads();
+  incl += warp ? wsum[warp - 1] : 0u;
+  const unsigned excl = incl - loc;
+  if (excl < kk && incl >= kk) {  // exactly one thread: the K-th from the top is in its bins
+    const bool first = excl + b0 >= kk;
+    const unsigned d = first ? NBIN - 1 - 2 * tid : NBIN - 2 - 2 * tid;
+    const unsigned above = first ? excl : excl + b0;
+    if (level == 0) {
+      st[0] = d; st[1] = above; st[3] = 0u;
+    } else {
+      st[2] = (st[0] << 21) | (d << 10);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_compact(
+    const float* __restrict__ logits, long long ld, const int* __restrict__ ks_,
+    const int* __restrict__ ke_, const unsigned* __restrict__ state, long long cap,
+    unsigned int* __restrict__ cnt, unsigned long long* __restrict__ rec) {
+  const int row = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long a = ks_[row], e = ke_[row];
+  const unsigned* st = state + 4 * row;
+  const uint32_t T = st[3] ? 0u : st[2];
+  const float* lr = logits + (long long)row * ld;
+  const long long stride = (long long)gridDim.x * WSEL_THREADS;
+  for (long long i0 = a + (long long)blockIdx.x * WSEL_THREADS + 32 * warp; i0 < e; i0 += stride) {
+    const long long i = i0 + lane;  // i0 is warp-uniform: every lane reaches warp_emit
+    const float v = i < e ? __ldg(lr + i) : 0.f;
+    warp_emit(i < e && score_code(v) >= T, v, (int)i, lane, cnt + row,
+              rec + (long long)row * cap, cap);
   }
 }
 
