@@ -99,11 +99,12 @@ def kernel(name: str, smem: int = 0, defines: tuple = ()):
 
 
 @functools.cache
-def source_module(path: Path):
+def source_module(path: Path, defines: tuple = ()):
     """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu, refine_shared.cu)
-    with the package's NVRTC options."""
+    with the package's NVRTC options plus ``defines`` ("NAME=VALUE")."""
     cp = cupy_or_raise()
-    return cp.RawModule(code=source_text(path), options=OPTIONS, backend="nvrtc")
+    opts = OPTIONS + tuple(f"-D{d}" for d in defines)
+    return cp.RawModule(code=source_text(path), options=opts, backend="nvrtc")
 
 
 def raise_smem_limit(f, smem: int, *key):

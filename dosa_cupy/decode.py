@@ -36,6 +36,7 @@ docs/records/gpu_tests.md.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import numpy as np
@@ -60,34 +61,52 @@ PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
 WARPS = 8  # warps per block of the decode kernels (256 threads)
 WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
-SCAN_TILE = 256  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
-SCAN_SMEM = 4 * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
+SCAN_TILE = 512  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
+SCAN_STAGES = 2  # csrc/decode.cu DEC_STAGES
+SCAN_SMEM = SCAN_STAGES * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
+# A tuning experiment (docs/records/notes.md): DOSA_DECODE_TUNE="TILE,STAGES[,F16MAX]" builds
+# decode.cu with other ring shapes; scheduling only, a key's score is unchanged.
+_TUNE = tuple(int(x) for x in os.environ.get("DOSA_DECODE_TUNE", "").split(",") if x)
 KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 
 
+def _tune() -> tuple[int, int, tuple]:
+    """(tile, stages, defines) of the scan build: the defaults or DOSA_DECODE_TUNE."""
+    if not _TUNE:
+        return SCAN_TILE, SCAN_STAGES, ()
+    t, s = _TUNE[0], _TUNE[1]
+    defs = (f"DEC_TILE={t}", f"DEC_STAGES={s}")
+    if len(_TUNE) > 2:
+        defs += (f"DOSA_QROWS_F16_MAX={_TUNE[2]}",)
+    return t, s, defs
+
+
 def _kernel(name: str, smem: int = 0):
-    f = source_module(DECODE_FILE).get_function(name)
+    defs = _tune()[2]
+    f = source_module(DECODE_FILE, defs).get_function(name)
     if smem > 48 * 1024:
-        raise_smem_limit(f, smem, "decode", name)
+        raise_smem_limit(f, smem, "decode", name, defs)
     return f
 
 
 def _scan(d, fused: bool, tail: tuple):
     """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
     (request, tile) items, ``tail`` = the route's last arguments (out) or (tau, cnt, rec, cap)."""
-    T = -(-d["L"] // SCAN_TILE)
+    tile, stages, _ = _tune()
+    smem = stages * (tile * D + tile * 4)
+    T = -(-d["L"] // tile)
     total = d["B"] * T
     grid = max(1, min(total, num_sms()))
     per = -(-total // grid)
     name = f"decode_{'fused' if fused else 'logits'}_mt{d['Hp'] // 16}"
-    _kernel(name, SCAN_SMEM)(
+    _kernel(name, smem)(
         (grid,), (32 * WARPS,),
         (
             d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
             d["ke"], np.int32(d["n"]), np.int64(d["L"]), np.int32(d["B"]), np.int64(per), *tail,
         ),
-        shared_mem=SCAN_SMEM,
+        shared_mem=smem,
     )  # fmt: skip
 
 
@@ -131,6 +150,25 @@ def gather_request_keys(kv_payload, kv_scale, block_table, lengths):
     return out
 
 
+DEDUP_MAX = 1 << 15  # witnesses per request that decode_witness_dedup sorts in shared memory
+
+
+def _witness_table_device(entries, B: int):
+    """witness_table on the device: one concatenation and one sort-and-blank kernel
+    (decode_witness_dedup), the same table; None when it does not apply."""
+    cp = cupy_or_raise()
+    if not entries or any(e.ndim != 2 or e.shape[0] != B for e in entries):
+        return None
+    Wc = sum(int(e.shape[1]) for e in entries)
+    if Wc == 0 or Wc > DEDUP_MAX:
+        return None
+    a = cp.concatenate([e.astype(cp.int32, copy=False) for e in entries], axis=1)
+    P2 = 1 << (Wc - 1).bit_length()
+    _kernel("decode_witness_dedup", 4 * P2)((B,), (1024,), (a, np.int32(Wc), np.int32(P2)),
+                                            shared_mem=4 * P2)  # fmt: skip
+    return a
+
+
 def witness_table(entries, B: int, xp=np):
     """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
 
@@ -138,6 +176,10 @@ def witness_table(entries, B: int, xp=np):
     are empty.  Sorting each row and blanking repeats gives *distinct* witnesses, which
     the proof of τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).
     """
+    if xp is not np:
+        fast = _witness_table_device(list(entries), B)
+        if fast is not None:
+            return fast
     cols = []
     for e in entries:
         e = xp.asarray(e).astype(xp.int32)
@@ -203,6 +245,31 @@ def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
     if flags[1]:
         b, i = divmod(int(xp.argmax(badb.ravel())), mb)
         raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
+
+
+def _layout_device(L, bt, mb: int, nb: int, n: int, check: bool):
+    """ke int32 [B·n] by the decode_layout kernel and, when ``check``, its layout verdict
+    read back in one transfer (ValueError naming the argument, as ``_check_layout``)."""
+    cp = cupy_or_raise()
+    L, bt = cp.ascontiguousarray(L), cp.ascontiguousarray(bt)
+    B = int(L.shape[0])
+    ke = cp.empty(B * n, dtype=cp.int32)
+    none = 2**31 - 1
+    bad = cp.full(2, none, dtype=cp.int32)
+    _kernel("decode_layout")(
+        (max(1, -(-mb // 256)), B), (256,),
+        (L, bt, np.int32(mb), np.int32(nb), np.int32(n), np.int32(bool(check)), ke, bad),
+    )  # fmt: skip
+    if check:
+        b0, b1 = (int(x) for x in cp.asnumpy(bad))  # the one host sync of the check
+        if b0 != none:
+            raise ValueError(f"lengths: lengths[{b0}]={int(L[b0])} outside [0, {mb * PAGE}]")
+        if b1 != none:
+            b, i = divmod(b1, mb)
+            raise ValueError(
+                f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})"
+            )
+    return ke
 
 
 def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
@@ -271,8 +338,13 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         raise ValueError(f"block_table: max_blocks={mb} too large for int32 token ids")
     if nb * PAGE >= 2**31:
         raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")
-    if check_layout:
-        _check_layout(xp, L, bt, mb, nb)
+    R = B * n
+    if xp is not np and L.dtype == np.int32 and bt.dtype == np.int32:
+        ke = _layout_device(L, bt, mb, nb, n, check_layout)  # one launch (+ one sync)
+    else:
+        if check_layout:
+            _check_layout(xp, L, bt, mb, nb)
+        ke = visible_ends(L, n, xp).reshape(R)
     if check_values:
         used = (
             xp.arange(mb, dtype=xp.int64)[None, :]
@@ -288,7 +360,6 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         if bool((used & blk_bad[xp.clip(btl, 0, nb - 1)]).any()):
             raise ValueError("kv_payload: contains e4m3 NaN codes in a used block")
     Hp = -(-H // 16) * 16
-    R = B * n
     qf = q.reshape(R, H, D)
     wf = w.reshape(R, H)
     if Hp != H:
@@ -301,9 +372,9 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         q=xp.ascontiguousarray(qf), w=xp.ascontiguousarray(wf),
         kv=xp.ascontiguousarray(kv.reshape(nb * PAGE, D)),
         scale=xp.ascontiguousarray(sc.reshape(nb * PAGE)),
-        block_table=xp.ascontiguousarray(bt.astype(xp.int32)),
-        lengths=xp.ascontiguousarray(L.astype(xp.int32)),
-        ke=xp.ascontiguousarray(visible_ends(L, n, xp).reshape(R)),
+        block_table=xp.ascontiguousarray(bt.astype(xp.int32, copy=False)),
+        lengths=xp.ascontiguousarray(L.astype(xp.int32, copy=False)),
+        ke=xp.ascontiguousarray(ke),
         B=B, n=n, H=H, Hp=Hp, K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
     )  # fmt: skip
 
@@ -406,7 +477,7 @@ class _CupyOps:
             k = self.cp.asnumpy(kth)
             code = (k >> np.uint64(32)).astype(np.uint32)
             kth = np.where(k != 0, _code_score(code), -np.inf)
-        return ids.astype(self.cp.int64), kth
+        return ids, kth  # int32: the history keeps it as is, the caller widens it
 
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
@@ -601,9 +672,9 @@ class DecodeSelectorGPU:
             if self.last_overflow:  # exact extension: re-scan with the exact count
                 rec, cnt = ops.scan(d, thr, need)
         ids, kth = ops.select(d, rec, cnt, return_stats)
-        ids = ids.reshape(B, n, K)
-        if self.history > 0:
-            self._hist.append(ids.reshape(B, n * K).astype(xp.int32))
+        if self.history > 0:  # witnesses of the next steps (int32, no copy when it is)
+            self._hist.append(ids.reshape(B, n * K).astype(xp.int32, copy=False))
+        ids = ids.reshape(B, n, K).astype(xp.int64)
         st = None
         if return_stats:
 

@@ -456,7 +456,7 @@ def test_gpu_long_context_scan_and_wide_select(H, n):
     cache = PagedCache(B, 72 * 1024, seed=H + n, topics=True)
     rs = cache.rs
     L = np.array([72 * 1024 - 16, 40_000, 65_537], dtype=np.int32)
-    assert B * -(-cache.max_blocks * 64 // dec.SCAN_TILE) > 4 * 132  # > 4 items per block
+    assert B * -(-cache.max_blocks * 64 // dec.SCAN_TILE) > 2 * 132  # > 2 items per block
     dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
     sel = dec.DecodeSelectorGPU(K)
     qf = rs.standard_normal((B, n, H, 128))
@@ -549,6 +549,20 @@ def test_gpu_nan_codes_unchecked_fused_equals_dense():
         assert cp.array_equal(sel.step(*args, return_stats=False).ids, dense), f"step {step}"
 
 
+@pytest.mark.parametrize(
+    "widths,B", [([8], 1), ([5, 7], 3), ([4096, 4096], 2), ([300, 1, 9000], 4)]
+)
+@gpu
+def test_gpu_witness_dedup_equals_host(widths, B):
+    """decode_witness_dedup gives witness_table's numpy table: sorted distinct ids, −1 for
+    repeats and empty slots (repeats within and across entries, −1 padding)."""
+    rs = np.random.default_rng(sum(widths) + B)
+    entries = [rs.integers(-1, 3 * max(widths), (B, m)).astype(np.int32) for m in widths]
+    want = dec.witness_table(entries, B, np)
+    got = dec.witness_table([cp.asarray(e) for e in entries], B, cp)
+    assert np.array_equal(cp.asnumpy(got), want)
+
+
 @gpu
 def test_gpu_validation_on_device_arrays():
     g = {k: cp.asarray(v) for k, v in _good().items()}
@@ -621,11 +635,12 @@ def _emulate_scan(L, ke, n, fused, sms):
             base = t * dec.SCAN_TILE
             kmax = ke[b * n + n - 1]
             loaded = {base + k for k in range(dec.SCAN_TILE) if base + k < kmax}
+            nbw = dec.SCAN_TILE // 256 * n  # batches per warp (DEC_WARP_BATCHES · n)
             for warp in range(dec.WARPS):
                 r = b * n + warp % n
                 hi = ke[r]
-                for x in range(n):
-                    i0 = base + ((warp // n) * n + x) * 32
+                for x in range(nbw):
+                    i0 = base + ((warp // n) * nbw + x) * 32
                     if i0 >= L:
                         continue
                     for lane in range(32):
@@ -646,7 +661,7 @@ def _emulate_scan(L, ke, n, fused, sms):
     "L,ke,n,sms",
     [(64, [0], 1, 3), (64, [1], 1, 3), (320, [200], 1, 1), (4096, [4096], 1, 5),
      (4160, [3000], 1, 4), (4160, [2999, 3000, 10, 11, 0, 1], 2, 4), (1024, [5, 1024], 1, 132),
-     (768, [700, 701, 767, 768], 2, 3)],
+     (768, [700, 701, 767, 768], 2, 3), (2048, [1500, 2048, 0, 513], 1, 3)],
 )  # fmt: skip
 def test_scan_decomposition_covers_each_key_once(L, ke, n, sms):
     R = len(ke)
@@ -692,6 +707,8 @@ def _signatures():
     src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text().replace("\\\n", " ")
     out = {n: param_types(src, rf"\b{n}_mt##MT") for n in
            re.findall(r"(decode_\w+)_mt##MT\(", src)}  # fmt: skip
+    for name in ("decode_layout", "decode_witness_dedup"):
+        out[name] = param_types(src, rf"\b{name}")
     k = read_source(Path(dec.__file__).parent / "csrc" / "kernels.cu")
     out["tau_from_kth"] = param_types(k, r"void tau_from_kth")
     return out
@@ -710,7 +727,8 @@ class _FakeKernels:
 
         def launch(grid, block, args, **kw):
             check_args(name, args, types)
-            assert len(grid) in (1, 2) and block == (256,) or base == "tau_from_kth"
+            want = (1024,) if base == "decode_witness_dedup" else (256,)
+            assert len(grid) in (1, 2) and block == want or base == "tau_from_kth"
             self.calls.append(name)
             getattr(self, base)(*args)
 
@@ -751,6 +769,20 @@ class _FakeKernels:
             ids = row[(row >= 0) & (row < ke[r])].astype(np.int64)
             cnt[r] = ids.size
             rec[r, : ids.size] = self._record(self._scores(q, w, kv, ksc, bt, r, int(n), ids), ids)
+
+    def decode_layout(self, L, bt, mb, nb, n, check, ke, bad):
+        ke[:] = dec.visible_ends(L, int(n)).reshape(-1)
+        if check:
+            Lh = L.astype(np.int64)
+            badl = np.flatnonzero((Lh < 0) | (Lh > int(mb) * dec.PAGE))
+            used = np.arange(int(mb))[None, :] < ((np.clip(Lh, 0, None) + 63) // 64)[:, None]
+            badb = np.flatnonzero((used & ((bt < 0) | (bt >= int(nb)))).ravel())
+            bad[0] = min(bad[0], badl[0]) if badl.size else bad[0]
+            bad[1] = min(bad[1], badb[0]) if badb.size else bad[1]
+
+    def decode_witness_dedup(self, a, Wc, P2):
+        assert int(P2) >= int(Wc) and int(P2) & (int(P2) - 1) == 0
+        a[:] = dec.witness_table([a.copy()], a.shape[0], np)
 
     def tau_from_kth(self, kth, rows, tau):
         k = kth[: int(rows)]
@@ -845,6 +877,23 @@ def test_cupy_host_code_nan_codes_without_value_scan(fake_cupy):
         qp, wq = _queries(cache.rs, qf, n, H)
         args = (qp, wq, kv, cache.scale, cache.block_table, L)
         assert np.array_equal(sel.step(*args).ids, dec.dense_decode_topk(*args, K))
+
+
+@pytest.mark.parametrize(
+    "field,value,name", [("block_table", [[0, 9], [1, 2]], "block_table"),
+                         ("lengths", [70, 129], "lengths"), ("lengths", [-1, 5], "lengths")],
+)  # fmt: skip
+def test_cupy_host_code_layout_check_names_the_argument(fake_cupy, field, value, name):
+    args = {**_good(), field: np.array(value, np.int32)}
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        dec.check_decode_inputs(K=4, xp=fake_cupy_shim(), **args)
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        dec.DecodeSelectorGPU(4).step(**args)
+    dec.check_decode_inputs(K=4, xp=fake_cupy_shim(), check_layout=False, **args)
+
+
+def fake_cupy_shim():
+    return dec.cupy_or_raise()
 
 
 def test_reference_comparison_helper_on_cpu(fake_cupy):

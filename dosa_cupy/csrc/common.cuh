@@ -62,9 +62,12 @@ __device__ __forceinline__ uint32_t f16x2_hi(uint32_t w) {
 // Query rows (MT tiles of 16 rows, payload [MT*16, 128] e4m3).  For MT ≤ 4 the f16
 // fragments are kept in registers (converted once per query); for larger MT the e4m3
 // words are kept and converted at each use (register budget).
+#ifndef DOSA_QROWS_F16_MAX
+#define DOSA_QROWS_F16_MAX 4  // f16 fragments in registers up to this MT (a tuning knob)
+#endif
 template <int MT>
 struct QRows {
-  static constexpr bool kF16 = MT <= 4;  // all supported H (≤ 64): 240 regs at MT=4, no spills
+  static constexpr bool kF16 = MT <= DOSA_QROWS_F16_MAX;  // all H ≤ 64: 240 regs at MT=4
   uint32_t w8[kF16 ? 1 : MT][kF16 ? 1 : 2][8];     // [mt][row g / g+8][word]
   uint32_t h[kF16 ? MT : 1][8][4];                  // [mt][s'][a0..a3]
   __device__ __forceinline__ void load(const uint8_t* __restrict__ rows, int lane) {

@@ -71,10 +71,15 @@ __device__ __forceinline__ void dec_gather(const uint8_t* __restrict__ kv, const
 // K-th witness record; 0 = every key) to rec[r·cap + ·].  Comparing records, not scores,
 // keeps the rule exact for any score bits, NaN included (docs/method.md §10).
 // ---------------------------------------------------------------------------------------
-#define DEC_TILE 256
-#define DEC_STAGES 4
+#ifndef DEC_TILE
+#define DEC_TILE 512  // a multiple of 256 (8 warps × 32 keys); 512: docs/records/notes.md
+#endif
+#ifndef DEC_STAGES
+#define DEC_STAGES 2
+#endif
 #define DEC_TILE_BYTES (DEC_TILE * DOSA_D)
 #define DEC_STAGE_BYTES (DEC_TILE_BYTES + DEC_TILE * 4)
+#define DEC_WARP_BATCHES (DEC_TILE / 256)  // batches of 32 keys per warp per tile and row
 
 __device__ __forceinline__ void dec_cp16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
@@ -84,27 +89,42 @@ __device__ __forceinline__ void dec_wait_ring() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(DEC_STAGES - 2));
 }
 
-// Copies of item `it` (< it1) into stage `st`; always commits one group (possibly empty) so
-// that the ring's group count stays in step with the items.
-__device__ __forceinline__ void dec_issue(long long it, long long it1, int T, uint32_t dst,
+// One (request, tile) work item's copies into a stage; always commits one group (possibly
+// empty), so the ring's group count stays in step with the items.  Thread t copies chunk
+// c16 = t & 7 of keys k = (t >> 3) + 32m: c16 and the swizzle are fixed per thread, and the
+// page of k changes every second m (pages are 64 keys), so the block table is read once per
+// two copies and the offsets stay 32-bit inside a page.
+struct DecItem {
+  int b, t;  // request, tile
+  __device__ __forceinline__ void next(int T) {
+    if (++t == T) { t = 0; ++b; }
+  }
+};
+
+__device__ __forceinline__ void dec_issue(bool live, DecItem it, uint32_t dst,
                                           const uint8_t* __restrict__ kv,
                                           const float* __restrict__ ksc,
                                           const int* __restrict__ bt, int max_blocks,
                                           const int* __restrict__ ke_, int next_n) {
-  if (it < it1) {
-    const int b = (int)(it / T);
-    const long long base = (it % T) * (long long)DEC_TILE;
-    const int kmax = __ldg(ke_ + (long long)b * next_n + next_n - 1);
-    const int* bt_row = bt + (long long)b * max_blocks;
-    for (int ci = threadIdx.x; ci < DEC_TILE * 8; ci += blockDim.x) {
-      const int k = ci >> 3, c16 = ci & 7;
-      if (base + k < kmax)
-        dec_cp16(dst + k * DOSA_D + ((c16 ^ (k & 7)) << 4),
-                 kv + dec_phys(bt_row, (int)(base + k)) * DOSA_D + c16 * 16);
+  if (live) {
+    const int base = it.t * DEC_TILE;
+    const int kmax = __ldg(ke_ + (long long)it.b * next_n + next_n - 1) - base;  // keys to load
+    const int* pages = bt + (long long)it.b * max_blocks + (base >> 6);
+    const int k0 = threadIdx.x >> 3, c16 = threadIdx.x & 7;
+    const uint32_t d0 = dst + k0 * DOSA_D + ((c16 ^ (k0 & 7)) << 4);
+#pragma unroll
+    for (int m = 0; m < DEC_TILE / 32; m += 2) {
+      if (32 * m + k0 >= kmax) break;  // keys are loaded in order: the rest is not visible
+      const uint8_t* page = kv + (long long)__ldg(pages + (m >> 1)) * (DEC_PAGE * DOSA_D) + c16 * 16;
+      dec_cp16(d0 + 32 * m * DOSA_D, page + k0 * DOSA_D);
+      if (32 * m + 32 + k0 < kmax) dec_cp16(d0 + (32 * m + 32) * DOSA_D, page + (k0 + 32) * DOSA_D);
     }
-    // scales: 4 per copy, never across a page (k is a multiple of 4)
-    for (int k = 4 * threadIdx.x; k < DEC_TILE; k += 4 * blockDim.x)
-      if (base + k < kmax) dec_cp16(dst + DEC_TILE_BYTES + 4 * k, ksc + dec_phys(bt_row, (int)(base + k)));
+    // scales: 4 per copy (16 per page), thread t < DEC_TILE / 4 copies keys 4t .. 4t + 3
+    if (threadIdx.x < DEC_TILE / 4 && 4 * (int)threadIdx.x < kmax) {
+      const int k = 4 * threadIdx.x;
+      dec_cp16(dst + DEC_TILE_BYTES + 4 * k,
+               ksc + (long long)__ldg(pages + (k >> 6)) * DEC_PAGE + (k & (DEC_PAGE - 1)));
+    }
   }
   dec_commit();
 }
@@ -122,30 +142,35 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
   const long long it0 = (long long)blockIdx.x * per;
   const long long it1 = min(it0 + per, (long long)nreq * T);
   if (it0 >= it1) return;
+  const int items = (int)(it1 - it0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3, pos = batch_pos(lane);
-  const int n = next_n, j = warp % n, bi0 = (warp / n) * n;
+  // warp w: row j = w % n, batches (w / n)·NB .. +NB of the tile, NB = DEC_WARP_BATCHES · n
+  const int n = next_n, j = warp % n, nbw = DEC_WARP_BATCHES * n, bi0 = (warp / n) * nbw;
   const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(dec_smem);
+  DecItem cur{(int)(it0 / T), (int)(it0 % T)}, iss = cur;
 #pragma unroll 1
-  for (int s = 0; s < DEC_STAGES - 1; ++s)
-    dec_issue(it0 + s, it1, T, sbase + s * DEC_STAGE_BYTES, kv, ksc, bt, max_blocks, ke_, n);
+  for (int s = 0; s < DEC_STAGES - 1; ++s) {
+    dec_issue(s < items, iss, sbase + s * DEC_STAGE_BYTES, kv, ksc, bt, max_blocks, ke_, n);
+    iss.next(T);
+  }
   QRows<MT> A;
   float wlo[MT], whi[MT];
   int cur_b = -1, hi = 0;
   long long r = 0;
   unsigned long long tq = 0ull;
 #pragma unroll 1
-  for (long long it = it0; it < it1; ++it) {
-    const int st = (int)((it - it0) % DEC_STAGES);
+  for (int x0 = 0; x0 < items; ++x0, cur.next(T)) {
+    const int st = x0 % DEC_STAGES;
     dec_wait_ring();
-    __syncthreads();  // item it's copies are visible; every warp is done with stage st − 1
-    dec_issue(it + DEC_STAGES - 1, it1, T,
-              sbase + (int)((it - it0 + DEC_STAGES - 1) % DEC_STAGES) * DEC_STAGE_BYTES, kv, ksc,
-              bt, max_blocks, ke_, n);
-    const int b = (int)(it / T);
-    if (b != cur_b) {  // warp-uniform: a new request's query row
-      cur_b = b;
-      r = (long long)b * n + j;
+    __syncthreads();  // item x0's copies are visible; every warp is done with stage x0 − 1
+    dec_issue(x0 + DEC_STAGES - 1 < items, iss,
+              sbase + ((x0 + DEC_STAGES - 1) % DEC_STAGES) * DEC_STAGE_BYTES, kv, ksc, bt,
+              max_blocks, ke_, n);
+    iss.next(T);
+    if (cur.b != cur_b) {  // warp-uniform: a new request's query row
+      cur_b = cur.b;
+      r = (long long)cur.b * n + j;
       A.load(q + r * (MT * 16) * DOSA_D, lane);
       load_weights<MT>(w + r * (MT * 16), wlo, whi, lane);
       hi = __ldg(ke_ + r);
@@ -154,11 +179,11 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
     const uint8_t* sk = dec_smem + st * DEC_STAGE_BYTES;
     const float* ssc = reinterpret_cast<const float*>(sk + DEC_TILE_BYTES);
 #pragma unroll 1
-    for (int x = 0; x < n; ++x) {
+    for (int x = 0; x < nbw; ++x) {
       const int bi = bi0 + x;
-      const long long i0 = (it % T) * (long long)DEC_TILE + bi * 32;
+      const int i0 = cur.t * DEC_TILE + bi * 32;
       if (i0 >= ld) continue;  // ld is a multiple of 64: the whole batch is past the row
-      const long long id = i0 + pos;
+      const int id = i0 + pos;
       if (i0 >= hi) {  // warp-uniform: nothing of the batch is visible to row r
         if (!FUSED) out[r * ld + id] = DEC_NEG_INF;
         continue;
@@ -174,7 +199,7 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
       const bool vis = id < hi;
       const float s = vis ? sc * ssc[bi * 32 + pos] : DEC_NEG_INF;
       if constexpr (FUSED) {
-        warp_emit(vis && make_record(s, (int)id) >= tq, s, (int)id, lane, count + r, rec + r * cap, cap);
+        warp_emit(vis && make_record(s, id) >= tq, s, id, lane, count + r, rec + r * cap, cap);
       } else {
         out[r * ld + id] = s;
       }
@@ -261,3 +286,69 @@ DEC_INST(1)
 DEC_INST(2)
 DEC_INST(3)
 DEC_INST(4)
+
+// ---------------------------------------------------------------------------------------
+// Per-step bookkeeping on the device (docs/method.md §10 "No per-step host work"): one launch
+// each instead of a chain of array operations.
+// ---------------------------------------------------------------------------------------
+
+// Visible ends ke[b·n + j] = max(0, lengths[b] − n + j + 1) (dosa_cupy.decode.visible_ends),
+// and the layout check: bad[0] = the least b with lengths[b] outside [0, max_blocks·64],
+// bad[1] = the least b·max_blocks + i with block i used by request b (i < ceil(lengths[b]/64))
+// and block_table[b, i] outside [0, num_blocks).  bad[] starts at INT_MAX (no violation).
+// grid (ceil(max_blocks / 256), B), 256 threads.
+extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
+                                         const int* __restrict__ bt, int max_blocks,
+                                         int num_blocks, int next_n, int check,
+                                         int* __restrict__ ke, int* __restrict__ bad) {
+  const int b = blockIdx.y;
+  const int L = lengths[b];
+  const long long Lmax = (long long)max_blocks * DEC_PAGE;
+  if (blockIdx.x == 0 && threadIdx.x < next_n) {
+    const int j = threadIdx.x;
+    ke[b * next_n + j] = max(0, L - next_n + j + 1);
+    if (check && j == 0 && (L < 0 || (long long)L > Lmax)) atomicMin(bad, b);
+  }
+  if (!check) return;
+  const int used = (int)((min(max((long long)L, 0ll), Lmax) + DEC_PAGE - 1) / DEC_PAGE);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < used) {
+    const int e = bt[(long long)b * max_blocks + i];
+    if (e < 0 || e >= num_blocks) atomicMin(bad + 1, b * max_blocks + i);
+  }
+}
+
+// Distinct witnesses per request (dosa_cupy.decode.witness_table): row b of a [B, Wc] int32
+// (−1 = empty) sorted ascending in shared memory (bitonic, P2 = the power of two ≥ Wc,
+// padded with INT_MAX) and written back in place with every repeat and empty slot as −1.
+// One block of DEC_DEDUP_THREADS per row; dynamic shared memory 4·P2 bytes.
+#define DEC_DEDUP_THREADS 1024
+extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
+    int* __restrict__ a, int Wc, int P2) {
+  extern __shared__ int dd[];
+  int* row = a + (long long)blockIdx.x * Wc;
+  const int big = 0x7fffffff;
+  for (int i = threadIdx.x; i < P2; i += blockDim.x) {
+    const int v = i < Wc ? row[i] : big;
+    dd[i] = v < 0 ? big : v;
+  }
+  __syncthreads();
+  for (int k = 2; k <= P2; k <<= 1)
+    for (int jj = k >> 1; jj > 0; jj >>= 1) {
+      for (int i = threadIdx.x; i < P2; i += blockDim.x) {
+        const int ixj = i ^ jj;
+        if (ixj > i) {
+          const int x = dd[i], y = dd[ixj];
+          if (((i & k) == 0) == (x > y)) {  // ascending where (i & k) == 0
+            dd[i] = y;
+            dd[ixj] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  for (int i = threadIdx.x; i < Wc; i += blockDim.x) {
+    const int v = dd[i];
+    row[i] = (v == big || (i > 0 && dd[i - 1] == v)) ? -1 : v;
+  }
+}
