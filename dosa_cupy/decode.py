@@ -36,14 +36,22 @@ docs/records/gpu_tests.md.
 
 from __future__ import annotations
 
-import os
-from collections import deque
-
 import numpy as np
 
 from dosa_ref.decode import DecodeStats, DecodeStep
 
-from ._build import CSRC, cupy_or_raise, num_sms, raise_smem_limit, source_module
+from ._build import cupy_or_raise
+from .decode_ops import (
+    DEDUP_MAX,
+    KMAX,
+    PAGE,
+    D,
+    DeviceOps,
+    NumpyOps,
+    layout_device,
+    scan,
+    witness_table_device,
+)  # fmt: skip
 
 __all__ = [
     "PAGE",
@@ -56,63 +64,6 @@ __all__ = [
     "visible_ends",
     "witness_table",
 ]
-
-PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
-D = 128
-WARPS = 8  # warps per block of the decode kernels (256 threads)
-WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
-SCAN_TILE = 512  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
-SCAN_STAGES = 2  # csrc/decode.cu DEC_STAGES
-SCAN_SMEM = SCAN_STAGES * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
-# A tuning experiment (docs/records/notes.md): DOSA_DECODE_TUNE="TILE,STAGES[,F16MAX]" builds
-# decode.cu with other ring shapes; scheduling only, a key's score is unchanged.
-_TUNE = tuple(int(x) for x in os.environ.get("DOSA_DECODE_TUNE", "").split(",") if x)
-KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
-DECODE_FILE = CSRC / "decode.cu"
-
-
-def _tune() -> tuple[int, int, tuple]:
-    """(tile, stages, defines) of the scan build: the defaults or DOSA_DECODE_TUNE."""
-    if not _TUNE:
-        return SCAN_TILE, SCAN_STAGES, ()
-    t, s = _TUNE[0], _TUNE[1]
-    defs = (f"DEC_TILE={t}", f"DEC_STAGES={s}")
-    if len(_TUNE) > 2:
-        defs += (f"DOSA_QROWS_F16_MAX={_TUNE[2]}",)
-    return t, s, defs
-
-
-def _kernel(name: str, smem: int = 0):
-    defs = _tune()[2]
-    f = source_module(DECODE_FILE, defs).get_function(name)
-    if smem > 48 * 1024:
-        raise_smem_limit(f, smem, "decode", name, defs)
-    return f
-
-
-def _scan(d, fused: bool, tail: tuple):
-    """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
-    (request, tile) items, ``tail`` = the route's last arguments (out) or (tau, cnt, rec, cap)."""
-    tile, stages, _ = _tune()
-    smem = stages * (tile * D + tile * 4)
-    T = -(-d["L"] // tile)
-    total = d["B"] * T
-    grid = max(1, min(total, num_sms()))
-    per = -(-total // grid)
-    name = f"decode_{'fused' if fused else 'logits'}_mt{d['Hp'] // 16}"
-    _kernel(name, smem)(
-        (grid,), (32 * WARPS,),
-        (
-            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
-            d["ke"], np.int32(d["n"]), np.int64(d["L"]), np.int32(d["B"]), np.int64(per), *tail,
-        ),
-        shared_mem=smem,
-    )  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------
-# Index arithmetic (numpy or CuPy)
-# ---------------------------------------------------------------------------------------
 
 
 def visible_ends(lengths, next_n: int, xp=np):
@@ -150,25 +101,6 @@ def gather_request_keys(kv_payload, kv_scale, block_table, lengths):
     return out
 
 
-DEDUP_MAX = 1 << 15  # witnesses per request that decode_witness_dedup sorts in shared memory
-
-
-def _witness_table_device(entries, B: int):
-    """witness_table on the device: one concatenation and one sort-and-blank kernel
-    (decode_witness_dedup), the same table; None when it does not apply."""
-    cp = cupy_or_raise()
-    if not entries or any(e.ndim != 2 or e.shape[0] != B for e in entries):
-        return None
-    Wc = sum(int(e.shape[1]) for e in entries)
-    if Wc == 0 or Wc > DEDUP_MAX:
-        return None
-    a = cp.concatenate([e.astype(cp.int32, copy=False) for e in entries], axis=1)
-    P2 = 1 << (Wc - 1).bit_length()
-    _kernel("decode_witness_dedup", 4 * P2)((B,), (1024,), (a, np.int32(Wc), np.int32(P2)),
-                                            shared_mem=4 * P2)  # fmt: skip
-    return a
-
-
 def witness_table(entries, B: int, xp=np):
     """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
 
@@ -177,7 +109,7 @@ def witness_table(entries, B: int, xp=np):
     the proof of τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).
     """
     if xp is not np:
-        fast = _witness_table_device(list(entries), B)
+        fast = witness_table_device(list(entries), B)
         if fast is not None:
             return fast
     cols = []
@@ -247,33 +179,9 @@ def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
         raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
 
 
-def _layout_device(L, bt, mb: int, nb: int, n: int, check: bool):
-    """ke int32 [B·n] by the decode_layout kernel and, when ``check``, its layout verdict
-    read back in one transfer (ValueError naming the argument, as ``_check_layout``)."""
-    cp = cupy_or_raise()
-    L, bt = cp.ascontiguousarray(L), cp.ascontiguousarray(bt)
-    B = int(L.shape[0])
-    ke = cp.empty(B * n, dtype=cp.int32)
-    none = 2**31 - 1
-    bad = cp.full(2, none, dtype=cp.int32)
-    _kernel("decode_layout")(
-        (max(1, -(-mb // 256)), B), (256,),
-        (L, bt, np.int32(mb), np.int32(nb), np.int32(n), np.int32(bool(check)), ke, bad),
-    )  # fmt: skip
-    if check:
-        b0, b1 = (int(x) for x in cp.asnumpy(bad))  # the one host sync of the check
-        if b0 != none:
-            raise ValueError(f"lengths: lengths[{b0}]={int(L[b0])} outside [0, {mb * PAGE}]")
-        if b1 != none:
-            b, i = divmod(b1, mb)
-            raise ValueError(
-                f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})"
-            )
-    return ke
-
-
 def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
-                        check_values: bool = False, check_layout: bool = True) -> dict:  # fmt: skip
+                        check_values: bool = False, check_layout: bool = True,
+                        bufs=None) -> dict:  # fmt: skip
     """Validate the paged decode layout (see the module docstring); returns a dict of
     contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
     kv [rows, 128], scale [rows], block_table int32 [B, max_blocks], lengths int32 [B],
@@ -286,7 +194,18 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
     w — one pass over the cache per call.  Unscanned values cannot make the result differ
     from the dense route's: both score with the same function, and a NaN score has the
     lowest record code on both (docs/method.md §10).
+
+    ``bufs`` (device): an object whose ``ke``, ``bad`` (int32 [R], [2]) and, when heads are
+    padded, ``q``, ``w`` buffers are used instead of new arrays (the selector's workspace:
+    a call with it allocates nothing unless ``check_values``).
     """
+    part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp)
+    return complete_inputs(part, check_values=check_values, check_layout=check_layout, bufs=bufs)
+
+
+def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np) -> dict:
+    """The host half of ``check_decode_inputs``: dtypes, shapes and limits (no device work
+    beyond views); returns the arrays and sizes that ``complete_inputs`` finishes."""
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
         raise ValueError(f"K: expected a positive integer, got {K!r}")
     if K > KMAX:
@@ -338,9 +257,22 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         raise ValueError(f"block_table: max_blocks={mb} too large for int32 token ids")
     if nb * PAGE >= 2**31:
         raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")
+    return dict(
+        q=q, w=w, kv=kv, scale=sc, block_table=bt, lengths=L, B=B, n=n, H=H,
+        Hp=-(-H // 16) * 16, K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
+    )  # fmt: skip
+
+
+def complete_inputs(part: dict, *, check_values: bool = False, check_layout: bool = True,
+                    bufs=None) -> dict:  # fmt: skip
+    """The device half of ``check_decode_inputs``: visible ends, the layout check, the
+    opt-in value scan and the head padding, in the buffers of ``bufs`` when given."""
+    xp, q, w, kv, sc = part["xp"], part["q"], part["w"], part["kv"], part["scale"]
+    bt, L, B, n, H, Hp = (part[k] for k in ("block_table", "lengths", "B", "n", "H", "Hp"))
+    mb, nb = part["max_blocks"], part["num_blocks"]
     R = B * n
     if xp is not np and L.dtype == np.int32 and bt.dtype == np.int32:
-        ke = _layout_device(L, bt, mb, nb, n, check_layout)  # one launch (+ one sync)
+        ke = layout_device(L, bt, mb, nb, n, check_layout, bufs)  # one launch (+ one sync)
     else:
         if check_layout:
             _check_layout(xp, L, bt, mb, nb)
@@ -359,23 +291,21 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
         blk_bad = ((kv & 0x7F) == 0x7F).reshape(nb, -1).any(axis=1)
         if bool((used & blk_bad[xp.clip(btl, 0, nb - 1)]).any()):
             raise ValueError("kv_payload: contains e4m3 NaN codes in a used block")
-    Hp = -(-H // 16) * 16
     qf = q.reshape(R, H, D)
     wf = w.reshape(R, H)
     if Hp != H:
-        qp = xp.zeros((R, Hp, D), dtype=xp.uint8)
+        qp = bufs.q if bufs is not None else xp.zeros((R, Hp, D), dtype=xp.uint8)
         qp[:, :H] = qf
-        wp = xp.zeros((R, Hp), dtype=xp.float32)
+        wp = bufs.w if bufs is not None else xp.zeros((R, Hp), dtype=xp.float32)
         wp[:, :H] = wf
         qf, wf = qp, wp
     return dict(
-        q=xp.ascontiguousarray(qf), w=xp.ascontiguousarray(wf),
+        part, q=xp.ascontiguousarray(qf), w=xp.ascontiguousarray(wf),
         kv=xp.ascontiguousarray(kv.reshape(nb * PAGE, D)),
         scale=xp.ascontiguousarray(sc.reshape(nb * PAGE)),
         block_table=xp.ascontiguousarray(bt.astype(xp.int32, copy=False)),
         lengths=xp.ascontiguousarray(L.astype(xp.int32, copy=False)),
         ke=xp.ascontiguousarray(ke),
-        B=B, n=n, H=H, Hp=Hp, K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
     )  # fmt: skip
 
 
@@ -384,15 +314,11 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
 # ---------------------------------------------------------------------------------------
 
 
-def _grid_x(n_keys: int, per_warp: int) -> int:
-    return max(1, -(-n_keys // (WARPS * per_warp)))
-
-
 def _logits_raw(d):
     cp = cupy_or_raise()
     R, L = d["B"] * d["n"], d["L"]
     out = cp.empty((R, L), dtype=cp.float32)
-    _scan(d, False, (out,))
+    scan(d, False, (out,))
     return out
 
 
@@ -429,139 +355,6 @@ def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
 # ---------------------------------------------------------------------------------------
 # Backends of the fused step: the three device operations and their numpy emulation
 # ---------------------------------------------------------------------------------------
-
-
-class _CupyOps:
-    """Device operations: witness records → the threshold record (their K-th, select_kernel
-    kth; 0 when fewer than K), fused scan with compact writeback of the records at or above
-    it, exact selection of the records."""
-
-    def __init__(self):
-        self.cp = cupy_or_raise()
-
-    def tau(self, d, wit):
-        cp = self.cp
-        R = d["B"] * d["n"]
-        if wit is None:
-            return cp.zeros(R, dtype=cp.uint64), cp.zeros(R, dtype=cp.uint32)
-        from .dense import select_records
-
-        Wc = int(wit.shape[1])
-        rec = cp.empty((R, Wc), dtype=cp.uint64)
-        cnt = cp.zeros(R, dtype=cp.uint32)
-        _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
-            (_grid_x(Wc, WIT_KEYS), R),
-            (32 * WARPS,),
-            (
-                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
-                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]),
-                cp.ascontiguousarray(wit), np.int32(Wc), cnt, rec,
-            ),
-        )  # fmt: skip
-        _, kth = select_records(d["K"], rec, cnt, want_ids=False, want_kth=True)
-        return kth, cnt
-
-    def scan(self, d, thr, cap):
-        cp = self.cp
-        R = d["B"] * d["n"]
-        rec = cp.empty((R, cap), dtype=cp.uint64)
-        cnt = cp.zeros(R, dtype=cp.uint32)
-        _scan(d, True, (thr, cnt, rec, np.int64(cap)))
-        return rec, cnt
-
-    def select(self, d, rec, cnt, want_kth):
-        from .dense import select_records
-
-        ids, kth = select_records(d["K"], rec, cnt, want_kth=want_kth)
-        if want_kth:
-            k = self.cp.asnumpy(kth)
-            code = (k >> np.uint64(32)).astype(np.uint32)
-            kth = np.where(k != 0, _code_score(code), -np.inf)
-        return ids, kth  # int32: the history keeps it as is, the caller widens it
-
-    def max_count(self, cnt):
-        return int(cnt.max()) if cnt.size else 0
-
-    def thr_score(self, thr) -> np.ndarray:
-        """τ (float64, host) of threshold records: the score of each, −inf for 0."""
-        k = self.cp.asnumpy(thr)
-        return np.where(k != 0, _code_score((k >> np.uint64(32)).astype(np.uint32)), -np.inf)
-
-
-def _code_score(code: np.ndarray) -> np.ndarray:
-    """Inverse of the monotone score code (common.cuh code_score), float32 → float64."""
-    c = np.asarray(code, dtype=np.uint32)
-    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
-    return b.view(np.float32).astype(np.float64)
-
-
-class _NumpyOps:
-    """CPU emulation of the device operations with float64 scores of the dequantized cache
-    (``dosa_ref.scorer.score_keys``; per key independent of the other keys, as
-    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, the
-    threshold = the K-th of them as (τ, id) (τ = −inf when fewer than K), compact every key
-    at or above it in the order (score desc, id asc) with a counter that counts past
-    ``cap``, selection by (score desc, id asc).  Inputs without NaN codes."""
-
-    def __init__(self):
-        from dosa_ref.fp8 import e4m3_values
-        from dosa_ref.scorer import score_keys, topk_of
-
-        self.e4m3_values, self.score_keys, self.topk_of = e4m3_values, score_keys, topk_of
-
-    def _scores(self, d, r, ids):
-        b = r // d["n"]
-        rows = physical_rows(d["block_table"][b : b + 1], np.asarray(ids)[None, :])[0]
-        k = self.e4m3_values(d["kv"][rows]) * d["scale"][rows].astype(np.float64)[:, None]
-        H = d["H"]
-        q = self.e4m3_values(d["q"][r, :H])
-        return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
-
-    def tau(self, d, wit):
-        R = d["B"] * d["n"]
-        tau = np.full(R, -np.inf)
-        kid = np.full(R, np.iinfo(np.int64).max)
-        cnt = np.zeros(R, dtype=np.int64)
-        if wit is None:
-            return (tau, kid), cnt
-        for r in range(R):
-            row = wit[r // d["n"]]
-            W = row[(row >= 0) & (row < d["ke"][r])].astype(np.int64)
-            cnt[r] = W.size
-            if W.size >= d["K"]:
-                s = self._scores(d, r, W)
-                o = np.lexsort((W, -s))[d["K"] - 1]  # the K-th in (score desc, id asc)
-                tau[r], kid[r] = s[o], W[o]
-        return (tau, kid), cnt
-
-    def scan(self, d, thr, cap):
-        tau, kid = thr
-        R = d["B"] * d["n"]
-        rec, cnt = [], np.zeros(R, dtype=np.int64)
-        for r in range(R):
-            ids = np.arange(int(d["ke"][r]), dtype=np.int64)
-            s = self._scores(d, r, ids)
-            keep = (s > tau[r]) | ((s == tau[r]) & (ids <= kid[r]))
-            cnt[r] = int(keep.sum())
-            rec.append((s[keep][:cap], ids[keep][:cap]))  # the device keeps the first cap
-        return rec, cnt
-
-    def select(self, d, rec, cnt, want_kth):
-        R, K = d["B"] * d["n"], d["K"]
-        ids = np.full((R, K), -1, dtype=np.int64)
-        kth = np.full(R, -np.inf)
-        for r, (s, i) in enumerate(rec):
-            sel, sc = self.topk_of(s, i, K)
-            ids[r, : sel.size] = sel
-            if sel.size == K:
-                kth[r] = sc[-1]
-        return ids, kth
-
-    def max_count(self, cnt):
-        return int(cnt.max()) if cnt.size else 0
-
-    def thr_score(self, thr) -> np.ndarray:
-        return np.asarray(thr[0], dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------
@@ -619,62 +412,76 @@ class DecodeSelectorGPU:
         self.check_values, self.check_layout = bool(check_values), bool(check_layout)
         self.backend = backend
         self.xp = np if backend == "numpy" else cupy_or_raise()
-        self._ops = _NumpyOps() if backend == "numpy" else _CupyOps()
-        self._hist: deque = deque(maxlen=max(self.history, 1))
+        self._ops = NumpyOps() if backend == "numpy" else DeviceOps()
+        self._ws = None  # the workspace of the last step's shape (decode_ops.Workspace)
         self.last_overflow = False  # whether the last step needed the exact extension
 
     # -- witness state -------------------------------------------------------------------
 
     def witnesses(self, b: int) -> np.ndarray:
         """Witness ids of request slot ``b`` (host): sorted, distinct int64."""
-        xp = self.xp
-        rows = [e[b] for e in self._hist if 0 <= b < e.shape[0]]
-        if not rows:
-            return np.zeros(0, dtype=np.int64)
-        a = xp.concatenate(rows)
-        a = np.asarray(a.get() if hasattr(a, "get") else a).astype(np.int64)
-        return np.unique(a[a >= 0])
+        return self._ws.witnesses(b) if self._ws is not None else np.zeros(0, dtype=np.int64)
 
     def reset(self, b: int | None = None) -> None:
         """Forget the witnesses of slot ``b`` (all slots when ``b`` is None)."""
-        if b is None:
-            self._hist.clear()
-            return
-        for e in self._hist:
-            if 0 <= b < e.shape[0]:
-                e[b] = -1
+        if self._ws is not None:
+            self._ws.reset(b)
+
+    def _workspace(self, part: dict):
+        """The workspace of this step's shape; a new shape (B, next_n, H, context blocks)
+        starts a new one, and with it an empty witness history (on the device backend)."""
+        cap = part["L"] if self.buffer is None else self.buffer
+        key = (part["B"], part["n"], part["H"], self.K, part["L"], self.history, cap)
+        if self._ws is None or getattr(self._ws, "key", key) != key:
+            if self.history * part["n"] * self.K > DEDUP_MAX and self.backend == "cupy":
+                raise ValueError(
+                    f"history: history·next_n·K = {self.history * part['n'] * self.K} "
+                    f"witnesses per request exceed {DEDUP_MAX} (the device table's limit)"
+                )
+            self._ws = self._ops.workspace(*key)
+        return self._ws
 
     # -- one step ------------------------------------------------------------------------
 
     def step(self, q, w, kv_payload, kv_scale, block_table, lengths, *,
-             return_stats: bool = True) -> DecodeStep:  # fmt: skip
+             return_stats: bool = True, out=None) -> DecodeStep:  # fmt: skip
         """Exact Top-K of every query row of one decode step (paged layout, module doc).
 
         Returns ``DecodeStep``: ``ids`` int64 [B, next_n, K] (device array for the cupy
         backend; score desc, id asc, −1 padding), equal to ``dense_decode_topk``; ``stats``
         (``dosa_ref.decode.DecodeStats``, numpy) when ``return_stats``, else None.
+        ``out``: an int64 [B, next_n, K] array to write the ids into (returned as ``ids``).
+
+        On the device backend a step with ``return_stats=False``, ``check_layout=False``,
+        the default buffer and ``out`` issues kernels only — no allocation, no host
+        synchronization — so it can be captured in a CUDA graph and replayed on new inputs
+        in the same buffers (docs/method.md §10).
         """
         xp, ops, K = self.xp, self._ops, self.K
-        d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
-                                check_values=self.check_values,
-                                check_layout=self.check_layout)  # fmt: skip
+        part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp)
+        ws = self._workspace(part)
+        d = complete_inputs(part, check_values=self.check_values, check_layout=self.check_layout,
+                            bufs=ws if self.backend == "cupy" else None)  # fmt: skip
         B, n = d["B"], d["n"]
-        wit = witness_table(list(self._hist), B, xp) if self.history > 0 else None
-        thr, wcnt = ops.tau(d, wit)
+        thr, wcnt = ops.tau(d, ws)
         # buffer None: room for every visible key of a row, so nothing can overflow and the
         # step needs no host synchronization; a bounded buffer costs one (docs/method.md §10)
         cap = d["L"] if self.buffer is None else self.buffer
-        rec, cnt = ops.scan(d, thr, cap)
+        rec, cnt = ops.scan(d, thr, cap, ws)
         self.last_overflow = False
         if self.buffer is not None:
             need = ops.max_count(cnt)  # the one host sync of a bounded buffer
             self.last_overflow = need > cap
             if self.last_overflow:  # exact extension: re-scan with the exact count
-                rec, cnt = ops.scan(d, thr, need)
-        ids, kth = ops.select(d, rec, cnt, return_stats)
-        if self.history > 0:  # witnesses of the next steps (int32, no copy when it is)
-            self._hist.append(ids.reshape(B, n * K).astype(xp.int32, copy=False))
-        ids = ids.reshape(B, n, K).astype(xp.int64)
+                rec, cnt = ops.scan(d, thr, need, ws)
+        ids, kth = ops.select(d, rec, cnt, return_stats, ws)
+        ops.push(d, ws, ids)  # witnesses of the next steps
+        if out is None:
+            out = ids.reshape(B, n, K).astype(xp.int64)
+        else:
+            if tuple(out.shape) != (B, n, K) or out.dtype != np.int64:
+                raise ValueError(f"out: expected int64 {(B, n, K)}, got {out.dtype} {out.shape}")
+            out[...] = ids.reshape(B, n, K)
         st = None
         if return_stats:
 
@@ -688,4 +495,4 @@ class DecodeSelectorGPU:
                 visible=host(d["ke"]).astype(np.int64).reshape(B, n),
                 tau_final=np.asarray(kth, dtype=np.float64).reshape(B, n),
             )
-        return DecodeStep(ids=ids, stats=st)
+        return DecodeStep(ids=out, stats=st)

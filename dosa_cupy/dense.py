@@ -49,7 +49,8 @@ def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
     return _dense_logits_raw(q, w, kp, ksc, ks, ke)
 
 
-def _scratch(rows):
+def scratch(rows):
+    """(blocks, candidate buffer) of the selection kernel for ``rows`` rows."""
     cp = cupy_or_raise()
     blocks = max(1, min(rows, SEL_BLOCKS))
     return blocks, cp.empty(blocks * SCRATCH, dtype=cp.uint64)
@@ -72,7 +73,7 @@ def select_rows(logits, K, ks, ke):
         return ids
     if Qn <= WIDE_ROWS and N >= WIDE_MIN_N:
         return _select_rows_wide(logits, K, ks, ke, ids)
-    blocks, scr = _scratch(Qn)
+    blocks, scr = scratch(Qn)
     kernel("select_kernel")(
         (blocks,),
         (512,),
@@ -110,7 +111,7 @@ def _select_rows_wide(logits, K, ks, ke, ids):
     kernel("select_wide_compact")(
         (xb, rows), (WSEL_THREADS,), (logits, ld, ks, ke, state, np.int64(cap), cnt, rec)
     )  # fmt: skip
-    blocks, scr = _scratch(rows)
+    blocks, scr = scratch(rows)
     kernel("select_kernel")(
         (blocks,),
         (512,),
@@ -131,13 +132,22 @@ def select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=
     kth uint64 [rows] or None): kth is the K-th record (0 when a row has fewer than K).
     """
     cp = cupy_or_raise()
-    rows, capA = recA.shape
+    rows = recA.shape[0]
     ids = cp.empty((rows, K), dtype=cp.int32) if want_ids else None
     kth = cp.empty(rows, dtype=cp.uint64) if want_kth else None
     if rows == 0:
         return ids, kth
+    select_records_into(K, recA, cntA, ids, kth, scratch(rows), recB, cntB)
+    return ids, kth
+
+
+def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> None:
+    """``select_records`` into given buffers: ids int32 [rows, K] and kth uint64 [rows]
+    (either may be None) with the selection scratch ``scr`` = ``scratch(rows)``; launches
+    one kernel and allocates nothing (a CUDA-graph capturable step uses it)."""
+    rows, capA = recA.shape
     capB = recB.shape[1] if recB is not None else 0
-    blocks, scr = _scratch(rows)
+    blocks, buf = scr
     kernel("select_kernel")(
         (blocks,),
         (512,),
@@ -145,11 +155,10 @@ def select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=
             np.int32(1), np.int32(rows), np.int32(K), _NULL, np.int64(0), _NULL, _NULL,
             recA, cntA, np.int64(capA),
             recB if recB is not None else _NULL, cntB if cntB is not None else _NULL,
-            np.int64(capB), scr, np.int64(SCRATCH),
+            np.int64(capB), buf, np.int64(SCRATCH),
             ids if ids is not None else _NULL, kth if kth is not None else _NULL,
         ),
     )  # fmt: skip
-    return ids, kth
 
 
 def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):

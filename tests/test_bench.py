@@ -806,7 +806,7 @@ def test_decode_key_floor_and_x_floor():
     assert BD.key_floor_ms([0, 0]) == 0.0
     xf = BD.x_floors({"dense_ms": 2 * fl, "dosa_ms": fl, "dg_logits_ms": None}, fl)
     assert xf == {"dense": pytest.approx(2.0), "dosa": pytest.approx(1.0), "dg_logits": None,
-                  "dg_topk": None}  # fmt: skip
+                  "dg_topk": None, "dosa_graph": None, "dg_graph": None}  # fmt: skip
     assert BD.x_floors({"dense_ms": 1.0}, 0.0)["dense"] is None
 
 
@@ -842,6 +842,13 @@ class _TorchT(np.ndarray):
 
     def masked_fill_(self, mask, v):
         np.copyto(self, v, where=np.broadcast_to(np.asarray(mask), self.shape))
+        return self
+
+    def clone(self):
+        return self.copy()
+
+    def copy_(self, src):
+        np.copyto(self, np.asarray(src))
         return self
 
 
@@ -939,18 +946,28 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
         )
 
     class Selector:
-        def __init__(self, K, history=2, buffer=None, check_values=True):
-            self.K, self.buffer, self.last_overflow = K, buffer or 4096, 0
+        def __init__(self, K, history=2, buffer=None, check_values=False, check_layout=True):
+            self.K, self.buffer, self.last_overflow = K, buffer, 0
 
-        def step(self, *a, return_stats=False):
+        def step(self, *a, return_stats=False, out=None):
             st = types.SimpleNamespace(compaction=0.01, witnesses=np.zeros(4))
-            return types.SimpleNamespace(ids=dense_topk(*a, self.K), stats=st)
+            ids = dense_topk(*a, self.K)
+            if out is not None:
+                out[...] = ids
+            return types.SimpleNamespace(ids=ids if out is None else out, stats=st)
 
     monkeypatch.setattr(BD, "make_cache", make_cache)
     monkeypatch.setattr(BD, "query_walk", query_walk)
     monkeypatch.setattr(dec, "paged_logits", paged_logits)
     monkeypatch.setattr(dec, "dense_decode_topk", dense_topk)
     monkeypatch.setattr(dec, "DecodeSelectorGPU", Selector)
+    monkeypatch.setattr(BD, "capture", lambda cp, fn: fn)  # a "graph" that re-runs fn
+
+    def torch_capture(torch, fn):  # a "graph" whose replay re-runs fn into the same output
+        out = np.asarray(fn()).copy().view(_TorchT)
+        return (lambda: np.copyto(out, np.asarray(fn()))), out
+
+    monkeypatch.setattr(DP, "torch_capture", torch_capture)
 
 
 def _decode_row(peers, n=2):
@@ -964,11 +981,14 @@ def test_decode_peers_with_fakes(monkeypatch):
     assert p.notes == [] and p.deep_gemm is not None
     r = _decode_row(p)
     assert r["ids_equal"] and r["peer_errors"] == {} and r["peer_notes"] == []
-    assert calls == {"meta": 4, "logits": 2 * 4}  # warm-up + 3 steps; alone and + topk
+    # warm-up + 3 steps, alone and + topk; the graph: warm-up, capture, 3 replays
+    assert calls == {"meta": 4 + 5, "logits": 2 * 4 + 5}
+    assert r["dg_graph_overlap_min"] == 1.0 and r["dosa_graph_ids_equal"]
     # the garbage past each row's end was masked: DeepGEMM's set == the dense route's
     assert r["dg_overlap_min"] == 1.0 and r["dg_overlap_pooled"] == 1.0
     assert r["own_select_ids_equal"] and r["own_torch_overlap_min"] == 1.0
-    for k in ("dg_meta", "dg_logits", "dg_topk", "own_select", "own_torch_topk"):
+    for k in ("dg_meta", "dg_logits", "dg_topk", "own_select", "own_torch_topk", "dg_graph",
+              "dosa_graph"):  # fmt: skip
         assert r[f"{k}_ms"] >= 0 and len(r[f"{k}_ms_all"]) == 3
     assert r["key_floor_ms"] > 0 and all(v is not None for v in r["x_floor"].values())
     assert r["x_floor"]["dg_topk"] == pytest.approx(r["dg_topk_ms"] / r["key_floor_ms"])

@@ -28,6 +28,7 @@ from cuda_signatures import check_args, param_types, read_source
 from gpu_support import cp, gpu
 
 from dosa_cupy import decode as dec
+from dosa_cupy import decode_ops as dops
 from dosa_ref.decode import DecodeSelector
 from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
 
@@ -135,7 +136,7 @@ def test_code_score_inverse():
     from dosa_cupy.emulate import score_code
 
     x = np.array([-np.inf, -3.5, -0.0, 0.0, 1e-30, 2.0, 3e38, np.inf], dtype=np.float32)
-    back = dec._code_score(score_code(x))
+    back = dops.code_score(score_code(x))
     assert np.array_equal(back, np.where(x == 0, 0.0, x).astype(np.float64))
 
 
@@ -144,11 +145,11 @@ def test_kernel_names_and_constants_match_source():
     for pre in ("decode_logits_mt", "decode_fused_mt", "decode_witness_mt"):
         assert re.search(rf"{pre}##MT", src), pre
     assert re.findall(r"DEC_INST\((\d)\)", src) == ["1", "2", "3", "4"]
-    for name, val in (("DEC_PAGE", dec.PAGE), ("DEC_TILE", dec.SCAN_TILE),
-                      ("DEC_WIT_KEYS", dec.WIT_KEYS)):  # fmt: skip
+    for name, val in (("DEC_PAGE", dec.PAGE), ("DEC_TILE", dops.SCAN_TILE),
+                      ("DEC_WIT_KEYS", dops.WIT_KEYS)):  # fmt: skip
         assert re.search(rf"#define {name} {val}\b", src), name
     stages = int(re.search(r"#define DEC_STAGES (\d+)", src).group(1))
-    assert dec.SCAN_SMEM == stages * (dec.SCAN_TILE * 128 + dec.SCAN_TILE * 4)
+    assert dops.SCAN_SMEM == stages * (dops.SCAN_TILE * 128 + dops.SCAN_TILE * 4)
     assert '#include "common.cuh"' in src and "score_batch<MT>" in src
 
 
@@ -456,7 +457,7 @@ def test_gpu_long_context_scan_and_wide_select(H, n):
     cache = PagedCache(B, 72 * 1024, seed=H + n, topics=True)
     rs = cache.rs
     L = np.array([72 * 1024 - 16, 40_000, 65_537], dtype=np.int32)
-    assert B * -(-cache.max_blocks * 64 // dec.SCAN_TILE) > 2 * 132  # > 2 items per block
+    assert B * -(-cache.max_blocks * 64 // dops.SCAN_TILE) > 2 * 132  # > 2 items per block
     dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
     sel = dec.DecodeSelectorGPU(K)
     qf = rs.standard_normal((B, n, H, 128))
@@ -563,6 +564,79 @@ def test_gpu_witness_dedup_equals_host(widths, B):
     assert np.array_equal(cp.asnumpy(got), want)
 
 
+def _graph_walk_inputs(B, n, H, seed, steps):
+    cache = PagedCache(B, 12 * 64, seed=seed)
+    rs = cache.rs
+    qf = rs.standard_normal((B, n, H, 128))
+    L0 = rs.integers(300, 10 * 64, B)
+    walk = []
+    for t in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        walk.append((cp.asarray(qp), cp.asarray(wq), cp.asarray((L0 + t).astype(np.int32))))
+    dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
+    return walk, dev
+
+
+@pytest.mark.parametrize("B,n,H", [(2, 1, 64), (3, 2, 32), (1, 2, 20)])
+@gpu
+def test_gpu_step_captured_in_a_cupy_graph(B, n, H):
+    """The step with check_layout=False, the default buffer, return_stats=False and out=
+    allocates nothing and never synchronizes: captured once in a CuPy stream graph and
+    replayed on new inputs copied into the same buffers, its ids equal an eager selector's
+    and the dense route's at every step (the ring advances on the device)."""
+    K, steps = 128, 6
+    walk, dev = _graph_walk_inputs(B, n, H, seed=B + n + H, steps=steps)
+    static = [x.copy() for x in walk[0]]
+    out = cp.empty((B, n, K), dtype=cp.int64)
+    sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
+    sel_e = dec.DecodeSelectorGPU(K)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # step 0, eager
+        stream.begin_capture()
+        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)
+        graph = stream.end_capture()
+    stream.synchronize()
+    first = sel_e.step(*walk[0][:2], *dev, walk[0][2], return_stats=False).ids
+    assert cp.array_equal(first, out)
+    for t in range(1, steps):
+        for dst, src in zip(static, walk[t], strict=True):
+            dst[...] = src
+        graph.launch(stream)
+        stream.synchronize()
+        eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
+        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
+        assert cp.array_equal(out, eager), f"step {t}: replay != eager"
+        assert cp.array_equal(out, dense), f"step {t}: replay != dense"
+    assert int(sel_g._ws.ctr[0]) == steps  # one push per step, eager and replays
+
+
+@gpu
+def test_gpu_step_captured_in_a_torch_graph():
+    """The same capture through torch.cuda.CUDAGraph (CuPy launching on torch's capture
+    stream), as a torch serving stack would record it."""
+    torch = pytest.importorskip("torch")
+    B, n, H, K, steps = 2, 2, 64, 256, 5
+    walk, dev = _graph_walk_inputs(B, n, H, seed=9, steps=steps)
+    static = [x.copy() for x in walk[0]]
+    out = cp.empty((B, n, K), dtype=cp.int64)
+    sel = dec.DecodeSelectorGPU(K, check_layout=False)
+    sel.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # eager step 0
+    cp.cuda.Device().synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            sel.step(*static[:2], *dev, static[2], return_stats=False, out=out)
+    for t in range(1, steps):
+        for dst, src in zip(static, walk[t], strict=True):
+            dst[...] = src
+        cp.cuda.Device().synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
+        assert cp.array_equal(out, dense), f"step {t}"
+
+
 @gpu
 def test_gpu_validation_on_device_arrays():
     g = {k: cp.asarray(v) for k, v in _good().items()}
@@ -624,7 +698,7 @@ def _emulate_scan(L, ke, n, fused, sms):
     over (request, tile) items, the copies of an item (ids < the request's last row's end)
     and each warp's row and batches.  ``ke`` int [B·n] row ends (non-decreasing in j)."""
     B = len(ke) // n
-    T = -(-L // dec.SCAN_TILE)
+    T = -(-L // dops.SCAN_TILE)
     total = B * T
     grid = max(1, min(total, sms))
     per = -(-total // grid)
@@ -632,11 +706,11 @@ def _emulate_scan(L, ke, n, fused, sms):
     for bx in range(grid):
         for it in range(bx * per, min(bx * per + per, total)):
             b, t = divmod(it, T)
-            base = t * dec.SCAN_TILE
+            base = t * dops.SCAN_TILE
             kmax = ke[b * n + n - 1]
-            loaded = {base + k for k in range(dec.SCAN_TILE) if base + k < kmax}
-            nbw = dec.SCAN_TILE // 256 * n  # batches per warp (DEC_WARP_BATCHES · n)
-            for warp in range(dec.WARPS):
+            loaded = {base + k for k in range(dops.SCAN_TILE) if base + k < kmax}
+            nbw = dops.SCAN_TILE // 256 * n  # batches per warp (DEC_WARP_BATCHES · n)
+            for warp in range(dops.WARPS):
                 r = b * n + warp % n
                 hi = ke[r]
                 for x in range(nbw):
@@ -682,10 +756,10 @@ def test_witness_decomposition_emits_each_visible_witness_once():
     row = rs.permutation(2000)[:Wc].astype(np.int32)
     row[rs.random(Wc) < 0.3] = -1
     emitted = []
-    for bx in range(dec._grid_x(Wc, dec.WIT_KEYS)):
-        for warp in range(dec.WARPS):
-            j0 = (bx * dec.WARPS + warp) * dec.WIT_KEYS
-            j1 = min(j0 + dec.WIT_KEYS, Wc)
+    for bx in range(dops._grid_x(Wc, dops.WIT_KEYS)):
+        for warp in range(dops.WARPS):
+            j0 = (bx * dops.WARPS + warp) * dops.WIT_KEYS
+            j1 = min(j0 + dops.WIT_KEYS, Wc)
             for x0 in range(j0, j1, 32):
                 for lane in range(32):
                     xp_ = x0 + _batch_pos(lane)
@@ -707,7 +781,8 @@ def _signatures():
     src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text().replace("\\\n", " ")
     out = {n: param_types(src, rf"\b{n}_mt##MT") for n in
            re.findall(r"(decode_\w+)_mt##MT\(", src)}  # fmt: skip
-    for name in ("decode_layout", "decode_witness_dedup"):
+    for name in ("decode_layout", "decode_witness_dedup", "decode_ring_push",
+                 "decode_ring_advance"):  # fmt: skip
         out[name] = param_types(src, rf"\b{name}")
     k = read_source(Path(dec.__file__).parent / "csrc" / "kernels.cu")
     out["tau_from_kth"] = param_types(k, r"void tau_from_kth")
@@ -727,7 +802,7 @@ class _FakeKernels:
 
         def launch(grid, block, args, **kw):
             check_args(name, args, types)
-            want = (1024,) if base == "decode_witness_dedup" else (256,)
+            want = {"decode_witness_dedup": (1024,), "decode_ring_advance": (32,)}.get(base, (256,))
             assert len(grid) in (1, 2) and block == want or base == "tau_from_kth"
             self.calls.append(name)
             getattr(self, base)(*args)
@@ -780,13 +855,20 @@ class _FakeKernels:
             bad[0] = min(bad[0], badl[0]) if badl.size else bad[0]
             bad[1] = min(bad[1], badb[0]) if badb.size else bad[1]
 
-    def decode_witness_dedup(self, a, Wc, P2):
-        assert int(P2) >= int(Wc) and int(P2) & (int(P2) - 1) == 0
-        a[:] = dec.witness_table([a.copy()], a.shape[0], np)
+    def decode_witness_dedup(self, src, dst, Wc, P2):
+        assert int(P2) >= int(Wc) == src.shape[1] and int(P2) & (int(P2) - 1) == 0
+        dst[:] = dec.witness_table([src.copy()], src.shape[0], np)
+
+    def decode_ring_push(self, ids, ring, ctr, B, nK, h):
+        slot = int(ctr[0]) % int(h)
+        ring.reshape(int(B), int(h), int(nK))[:, slot] = ids.reshape(int(B), int(nK))
+
+    def decode_ring_advance(self, ctr):
+        ctr[0] += 1
 
     def tau_from_kth(self, kth, rows, tau):
         k = kth[: int(rows)]
-        tau[: int(rows)] = np.where(k != 0, dec._code_score((k >> np.uint64(32)).astype(np.uint32)),
+        tau[: int(rows)] = np.where(k != 0, dops.code_score((k >> np.uint64(32)).astype(np.uint32)),
                                     -np.inf)  # fmt: skip
 
 
@@ -803,6 +885,14 @@ def _fake_select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, wan
         if want_kth and top.size == K:
             kth[r] = top[-1]
     return ids, kth
+
+
+def _fake_select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None):
+    i, k = _fake_select_records(K, recA, cntA, recB, cntB, ids is not None, kth is not None)
+    if ids is not None:
+        ids[...] = i
+    if kth is not None:
+        kth[...] = k
 
 
 def _fake_select_rows(logits, K, ks, ke):
@@ -827,9 +917,12 @@ def fake_cupy(monkeypatch):
     shim.asnumpy = np.asarray
     fk = _FakeKernels()
     monkeypatch.setattr(dec, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(dops, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(prep, "cupy_or_raise", lambda: shim)
-    monkeypatch.setattr(dec, "_kernel", fk.get)
-    monkeypatch.setattr(dec, "num_sms", lambda: 3)
+    monkeypatch.setattr(dops, "_kernel", fk.get)
+    monkeypatch.setattr(dops, "num_sms", lambda: 3)
+    monkeypatch.setattr(dense_mod, "select_records_into", _fake_select_records_into)
+    monkeypatch.setattr(dense_mod, "scratch", lambda rows: (1, None))
     monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
     monkeypatch.setattr(dense_mod, "select_rows", _fake_select_rows)
     return fk

@@ -108,7 +108,8 @@ def x_floors(res: dict, floor: float) -> dict:
     """Time / floor of the dense route, DoSA, DeepGEMM logits and DeepGEMM + topk (None
     where a route did not run or the floor is 0)."""
     keys = {"dense": "dense_ms", "dosa": "dosa_ms", "dg_logits": "dg_logits_ms",
-            "dg_topk": "dg_topk_ms"}  # fmt: skip
+            "dg_topk": "dg_topk_ms", "dosa_graph": "dosa_graph_ms",
+            "dg_graph": "dg_graph_ms"}  # fmt: skip
     return {k: (res[v] / floor if res.get(v) is not None and floor else None)
             for k, v in keys.items()}  # fmt: skip
 
@@ -187,6 +188,9 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
         overflow_steps=int(over), compaction=last.compaction,
         witnesses_mean=float(last.witnesses.mean()), ids_equal=equal, gen_s=gen_s,
     )  # fmt: skip
+    res.update(_dosa_graph(cp, sel_args=(K, history, buffer), c=dict(
+        walk=walk, lengths=lengths, kv=kv, sc=sc, bt=bt, B=B, n=n, K=K, warm=warm, idx=idx,
+        dense_ids=dict(zip(idx, ids_dense, strict=True))), tm=tm))  # fmt: skip
     res["speedup"] = res["dense_ms"] / res["dosa_ms"]
     res["dense_keys_per_s"] = vis / (res["dense_ms"] * 1e-3)
     dense_ids = dict(zip(idx, ids_dense, strict=True))
@@ -197,6 +201,55 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
     res["x_floor"] = x_floors(res, res["key_floor_ms"])
     log(json.dumps({k: v for k, v in res.items() if not k.endswith("_all")}))
     return res
+
+
+def capture(cp, fn):
+    """``fn``'s kernels captured once in a CUDA graph (a CuPy stream capture); returns the
+    graph's launch on the current stream."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with stream:
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+    return graph.launch
+
+
+def _dosa_graph(cp, sel_args, c, tm) -> dict:
+    """The DoSA step captured once in a CUDA graph (``check_layout=False``, default buffer,
+    ``out=``; docs/method.md §10) and replayed per step after copying the step's q, w and
+    lengths into the captured arrays (copies timed): dosa_graph_ms (+ ``_all``),
+    dosa_graph_ids_equal (== the dense ids at every timed step).  Not run with a buffer."""
+    from dosa_cupy.decode import DecodeSelectorGPU
+
+    K, history, buffer = sel_args
+    if buffer is not None:
+        return {"dosa_graph_ms": None, "dosa_graph_ids_equal": None}
+    sel = DecodeSelectorGPU(K, history=history, check_layout=False)
+    (q0, w0), L0 = c["walk"][0], c["lengths"][0]
+    st = [q0.copy(), w0.copy(), L0.copy()]
+    out = cp.empty((c["B"], c["n"], K), dtype=cp.int64)
+
+    def put(i):
+        (q, w), L = c["walk"][i], c["lengths"][i]
+        st[0][...], st[1][...], st[2][...] = q, w, L
+
+    def step():
+        sel.step(st[0], st[1], c["kv"], c["sc"], c["bt"], st[2], return_stats=False, out=out)
+
+    for i in range(c["warm"]):  # eager steps: the same witnesses as the eager route
+        put(i)
+        step()
+    launch = capture(cp, step)
+    ts, equal = [], True
+    for i in c["idx"]:
+        (t,), _ = tm(lambda j: (put(j), launch()), [i])
+        ts.append(t)
+        equal = equal and bool(cp.array_equal(out, c["dense_ids"][i]))
+    return {
+        "dosa_graph_ms": statistics.median(ts), "dosa_graph_ms_all": ts,
+        "dosa_graph_ids_equal": equal,
+    }  # fmt: skip
 
 
 def _cell(v, fmt="{:.3f}") -> str:
@@ -220,7 +273,33 @@ def markdown(rows) -> str:
         f"| {_cell((r.get('x_floor') or {}).get('dosa'), '{:.2f}×')} |\n"
         for r in rows
     )
-    return head + body + peers_markdown(rows)
+    return head + body + peers_markdown(rows) + graph_markdown(rows)
+
+
+def graph_markdown(rows) -> str:
+    """Both steps as a serving stack runs them: captured once in a CUDA graph, replayed per
+    step (input copies included); "" when no row has a graph time."""
+    rows = [r for r in rows if r.get("dosa_graph_ms") is not None]
+    if not rows:
+        return ""
+    out = [
+        "\nCaptured in CUDA graphs, replayed per step (copies of q, w, lengths into the "
+        "captured buffers timed): DoSA (`check_layout=False`, default buffer, `out=`) and "
+        "DeepGEMM metadata + logits + tail mask + torch.topk (torch.cuda.CUDAGraph).\n\n"
+        "| H | B | ctx | next_n | DoSA graph ms | ×floor | DG+topk graph ms | ×floor "
+        "| DG graph / DoSA graph | DoSA graph ids == dense |\n|" + "---|" * 10 + "\n"
+    ]
+    for r in rows:
+        xf = r.get("x_floor") or {}
+        a, b = r.get("dosa_graph_ms"), r.get("dg_graph_ms")
+        out.append(
+            f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} | {_cell(a)} "
+            f"| {_cell(xf.get('dosa_graph'), '{:.2f}×')} | {_cell(b)} "
+            f"| {_cell(xf.get('dg_graph'), '{:.2f}×')} "
+            f"| {_cell(b / a if a and b is not None else None, '{:.2f}×')} "
+            f"| {r.get('dosa_graph_ids_equal')} |\n"
+        )
+    return "".join(out)
 
 
 def _peer_ran(r) -> bool:
@@ -333,7 +412,8 @@ def main(argv=None) -> int:
             cp.get_default_memory_pool().free_all_blocks()
             _write(a.out, rows)  # after every shape: a call cut short keeps what finished
     print(markdown(rows))
-    return 0 if all(r["ids_equal"] for r in rows) else 1
+    ok = all(r["ids_equal"] and r.get("dosa_graph_ids_equal") is not False for r in rows)
+    return 0 if ok else 1
 
 
 def _write(out, rows) -> None:

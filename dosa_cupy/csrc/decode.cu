@@ -318,18 +318,20 @@ extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
   }
 }
 
-// Distinct witnesses per request (dosa_cupy.decode.witness_table): row b of a [B, Wc] int32
+// Distinct witnesses per request (dosa_cupy.decode.witness_table): row b of src [B, Wc] int32
 // (−1 = empty) sorted ascending in shared memory (bitonic, P2 = the power of two ≥ Wc,
-// padded with INT_MAX) and written back in place with every repeat and empty slot as −1.
-// One block of DEC_DEDUP_THREADS per row; dynamic shared memory 4·P2 bytes.
+// padded with INT_MAX) and written to dst (may be src: the row is read whole first) with
+// every repeat and empty slot as −1.  One block of DEC_DEDUP_THREADS per row; dynamic
+// shared memory 4·P2 bytes.
 #define DEC_DEDUP_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
-    int* __restrict__ a, int Wc, int P2) {
+    const int* src, int* dst, int Wc, int P2) {
   extern __shared__ int dd[];
-  int* row = a + (long long)blockIdx.x * Wc;
+  const int* in = src + (long long)blockIdx.x * Wc;
+  int* row = dst + (long long)blockIdx.x * Wc;
   const int big = 0x7fffffff;
   for (int i = threadIdx.x; i < P2; i += blockDim.x) {
-    const int v = i < Wc ? row[i] : big;
+    const int v = i < Wc ? in[i] : big;
     dd[i] = v < 0 ? big : v;
   }
   __syncthreads();
@@ -351,4 +353,21 @@ extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_d
     const int v = dd[i];
     row[i] = (v == big || (i > 0 && dd[i - 1] == v)) ? -1 : v;
   }
+}
+
+// The witness ring (dosa_cupy/decode_ops.py): ring [B, h·nK] int32, slot s = ctr % h holds a
+// step's selection ids [B, nK].  decode_ring_push writes the step's ids into the slot;
+// decode_ring_advance moves the counter in a launch of its own, after every block of the
+// push has read it.
+extern "C" __global__ void decode_ring_push(const int* __restrict__ ids, int* __restrict__ ring,
+                                            const int* __restrict__ ctr, int B, int nK, int h) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long long)B * nK) return;
+  const long long b = i / nK, x = i % nK;
+  const unsigned slot = (unsigned)ctr[0] % (unsigned)h;
+  ring[b * h * nK + (long long)slot * nK + x] = ids[i];
+}
+
+extern "C" __global__ void decode_ring_advance(int* ctr) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) ctr[0] = (int)((unsigned)ctr[0] + 1u);
 }

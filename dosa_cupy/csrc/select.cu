@@ -64,9 +64,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     }
     const long long n = src.size();
     unsigned long long T = 0ull;  // select every record >= T
-    // A row of at most SEL_KMAX records is sorted whole below (T = 0: all of them); the
-    // radix passes only cut longer rows down to exactly K.
-    if (n > K && n > SEL_KMAX) {
+    if (n > K) {
       unsigned long long prefix = 0ull, mask = 0ull;
       int kk = K;
       bool in_buf = false;
@@ -139,8 +137,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
         }
       }
     }
-    // collect every record >= T (exactly K of them after the radix passes, else all n ≤
-    // SEL_KMAX), sort them descending and keep the first K
+    // collect every record >= T (exactly min(K, n) of them)
     if (tid == 0) s_n = 0;
     __syncthreads();
     for (long long i = tid; i < n; i += SEL_THREADS) {

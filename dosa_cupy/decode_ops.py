@@ -1,0 +1,376 @@
+"""The device side of DoSA decode (docs/method.md §10): launches of csrc/decode.cu, the
+fused step's workspace and its two backends (the kernels, and a numpy emulation).
+
+``Workspace`` holds every device buffer of one step shape — visible ends, the witness ring
+and table, witness records, the threshold records, the compact records (room for every
+visible key by default), the selected ids and the selection scratch — so that a step on it
+issues kernels only: no allocation and, with ``check_layout=False`` and the default buffer,
+no host synchronization, which is what a CUDA graph capture needs (docs/method.md §10 "No
+per-step host work").
+
+The witness ring: ``ring`` int32 [B, history·next_n·K] holds the last ``history`` steps'
+selections, slot ``ctr % history`` the newest; ``decode_ring_push`` writes a step's ids
+into the slot and ``decode_ring_advance`` moves the counter, both on the device, so a
+replayed graph rotates the slots by itself.  ``decode_witness_dedup`` turns the ring into
+the table of distinct witnesses (``dosa_cupy.decode.witness_table``'s table).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+import numpy as np
+
+from ._build import CSRC, cupy_or_raise, num_sms, raise_smem_limit, source_module
+
+PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
+D = 128
+WARPS = 8  # warps per block of the decode kernels (256 threads)
+WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
+SCAN_TILE = 512  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
+SCAN_STAGES = 2  # csrc/decode.cu DEC_STAGES
+SCAN_SMEM = SCAN_STAGES * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
+DEDUP_MAX = 1 << 15  # witnesses per request that decode_witness_dedup sorts in shared memory
+KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
+DECODE_FILE = CSRC / "decode.cu"
+NONE = 2**31 - 1  # decode_layout: no violation
+# A tuning experiment (docs/records/notes.md): DOSA_DECODE_TUNE="TILE,STAGES[,F16MAX]" builds
+# decode.cu with other ring shapes; scheduling only, a key's score is unchanged.
+_TUNE = tuple(int(x) for x in os.environ.get("DOSA_DECODE_TUNE", "").split(",") if x)
+
+
+# ---------------------------------------------------------------------------------------
+# Launches
+# ---------------------------------------------------------------------------------------
+
+
+def _tune() -> tuple[int, int, tuple]:
+    """(tile, stages, defines) of the scan build: the defaults or DOSA_DECODE_TUNE."""
+    if not _TUNE:
+        return SCAN_TILE, SCAN_STAGES, ()
+    t, s = _TUNE[0], _TUNE[1]
+    defs = (f"DEC_TILE={t}", f"DEC_STAGES={s}")
+    if len(_TUNE) > 2:
+        defs += (f"DOSA_QROWS_F16_MAX={_TUNE[2]}",)
+    return t, s, defs
+
+
+def _kernel(name: str, smem: int = 0):
+    defs = _tune()[2]
+    f = source_module(DECODE_FILE, defs).get_function(name)
+    if smem > 48 * 1024:
+        raise_smem_limit(f, smem, "decode", name, defs)
+    return f
+
+
+def scan(d, fused: bool, tail: tuple) -> None:
+    """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
+    (request, tile) items; ``tail`` = the route's last arguments: (out,) for the logits,
+    (thr, cnt, rec, cap) for the fused route."""
+    tile, stages, _ = _tune()
+    smem = stages * (tile * D + tile * 4)
+    T = -(-d["L"] // tile)
+    total = d["B"] * T
+    grid = max(1, min(total, num_sms()))
+    per = -(-total // grid)
+    name = f"decode_{'fused' if fused else 'logits'}_mt{d['Hp'] // 16}"
+    _kernel(name, smem)(
+        (grid,), (32 * WARPS,),
+        (
+            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+            d["ke"], np.int32(d["n"]), np.int64(d["L"]), np.int32(d["B"]), np.int64(per), *tail,
+        ),
+        shared_mem=smem,
+    )  # fmt: skip
+
+
+def layout_device(L, bt, mb: int, nb: int, n: int, check: bool, bufs=None):
+    """ke int32 [B·n] by the decode_layout kernel and, when ``check``, its layout verdict
+    read back in one transfer (ValueError naming the argument, as the host check).
+    ``bufs``: an object with ``ke`` and ``bad`` buffers to use (else new arrays)."""
+    cp = cupy_or_raise()
+    L, bt = cp.ascontiguousarray(L), cp.ascontiguousarray(bt)
+    B = int(L.shape[0])
+    ke = bufs.ke if bufs is not None else cp.empty(B * n, dtype=cp.int32)
+    bad = bufs.bad if bufs is not None else cp.empty(2, dtype=cp.int32)
+    if check:
+        bad.fill(NONE)
+    _kernel("decode_layout")(
+        (max(1, -(-mb // 256)), B), (256,),
+        (L, bt, np.int32(mb), np.int32(nb), np.int32(n), np.int32(bool(check)), ke, bad),
+    )  # fmt: skip
+    if check:
+        b0, b1 = (int(x) for x in cp.asnumpy(bad))  # the one host sync of the check
+        if b0 != NONE:
+            raise ValueError(f"lengths: lengths[{b0}]={int(L[b0])} outside [0, {mb * PAGE}]")
+        if b1 != NONE:
+            b, i = divmod(b1, mb)
+            raise ValueError(
+                f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})"
+            )
+    return ke
+
+
+def dedup(src, dst) -> None:
+    """decode_witness_dedup: each row of src int32 [B, Wc] (−1 = empty) sorted, with every
+    repeat and empty slot −1, into dst (may be src)."""
+    B, Wc = (int(x) for x in src.shape)
+    P2 = 1 << (Wc - 1).bit_length()
+    _kernel("decode_witness_dedup", 4 * P2)(
+        (B,), (1024,), (src, dst, np.int32(Wc), np.int32(P2)), shared_mem=4 * P2
+    )
+
+
+def witness_table_device(entries, B: int):
+    """``witness_table`` on the device: one concatenation and one dedup kernel; None when
+    it does not apply (an entry of another B, or more than DEDUP_MAX witnesses)."""
+    cp = cupy_or_raise()
+    if not entries or any(e.ndim != 2 or e.shape[0] != B for e in entries):
+        return None
+    Wc = sum(int(e.shape[1]) for e in entries)
+    if Wc == 0 or Wc > DEDUP_MAX:
+        return None
+    a = cp.concatenate([e.astype(cp.int32, copy=False) for e in entries], axis=1)
+    dedup(a, a)
+    return a
+
+
+def _grid_x(n_keys: int, per_warp: int) -> int:
+    return max(1, -(-n_keys // (WARPS * per_warp)))
+
+
+def code_score(code: np.ndarray) -> np.ndarray:
+    """Inverse of the monotone score code (common.cuh code_score), float32 → float64."""
+    c = np.asarray(code, dtype=np.uint32)
+    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
+    return b.view(np.float32).astype(np.float64)
+
+
+def record_scores(rec) -> np.ndarray:
+    """τ (float64, host) of records (uint64): the score of each, −inf for 0."""
+    k = np.asarray(rec.get() if hasattr(rec, "get") else rec)
+    return np.where(k != 0, code_score((k >> np.uint64(32)).astype(np.uint32)), -np.inf)
+
+
+# ---------------------------------------------------------------------------------------
+# The workspace and the device backend
+# ---------------------------------------------------------------------------------------
+
+
+class Workspace:
+    """Every device buffer of the fused step for one shape (module docstring).
+
+    ``key`` = (B, next_n, H, K, L, history, cap); ``cap`` = compact records per row.
+    Memory: about 8·cap bytes per query row (cap = L by default) plus 20·history·next_n·K
+    bytes per request.
+    """
+
+    def __init__(self, B: int, n: int, H: int, K: int, L: int, history: int, cap: int):
+        from .dense import scratch
+
+        cp = cupy_or_raise()
+        R, Hp, Wc = B * n, -(-H // 16) * 16, history * n * K
+        self.key = (B, n, H, K, L, history, cap)
+        self.ke = cp.empty(R, dtype=cp.int32)
+        self.bad = cp.empty(2, dtype=cp.int32)
+        self.q = cp.zeros((R, Hp, D), dtype=cp.uint8) if Hp != H else None
+        self.w = cp.zeros((R, Hp), dtype=cp.float32) if Hp != H else None
+        self.ring = cp.full((B, Wc), -1, dtype=cp.int32) if Wc else None
+        self.ctr = cp.zeros(1, dtype=cp.int32)
+        self.wit = cp.empty((B, Wc), dtype=cp.int32) if Wc else None
+        self.wrec = cp.empty((R, Wc), dtype=cp.uint64) if Wc else None
+        self.wcnt = cp.zeros(R, dtype=cp.uint32)
+        self.thr = cp.zeros(R, dtype=cp.uint64)  # stays 0 (every key) without history
+        self.rec = cp.empty((R, cap), dtype=cp.uint64)
+        self.cnt = cp.empty(R, dtype=cp.uint32)
+        self.ids = cp.empty((R, K), dtype=cp.int32)
+        self.kth = cp.empty(R, dtype=cp.uint64)
+        self.scratch = scratch(R)
+        self.n, self.K = n, K
+
+    def witnesses(self, b: int) -> np.ndarray:
+        if self.ring is None or not 0 <= b < self.ring.shape[0]:
+            return np.zeros(0, dtype=np.int64)
+        a = self.ring[b].get().astype(np.int64)
+        return np.unique(a[a >= 0])
+
+    def reset(self, b: int | None = None) -> None:
+        if self.ring is None:
+            return
+        if b is None:
+            self.ring.fill(-1)
+        elif 0 <= b < self.ring.shape[0]:
+            self.ring[b] = -1
+
+
+class DeviceOps:
+    """The fused step's device operations on a ``Workspace``: witnesses → threshold record
+    (their K-th; 0 when fewer than K), scan with compact writeback at or above it, exact
+    selection, and the ring update."""
+
+    def __init__(self):
+        self.cp = cupy_or_raise()
+
+    @staticmethod
+    def workspace(B, n, H, K, L, history, cap):
+        return Workspace(B, n, H, K, L, history, cap)
+
+    def tau(self, d, ws):
+        from .dense import select_records_into
+
+        if ws.ring is None:
+            return ws.thr, ws.wcnt
+        Wc = int(ws.ring.shape[1])
+        dedup(ws.ring, ws.wit)
+        ws.wcnt.fill(0)
+        _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
+            (_grid_x(Wc, WIT_KEYS), d["B"] * d["n"]),
+            (32 * WARPS,),
+            (
+                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
+                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]), ws.wit, np.int32(Wc),
+                ws.wcnt, ws.wrec,
+            ),
+        )  # fmt: skip
+        select_records_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
+        return ws.thr, ws.wcnt
+
+    def scan(self, d, thr, cap, ws):
+        R = d["B"] * d["n"]
+        rec = ws.rec if cap == ws.rec.shape[1] else self.cp.empty((R, cap), dtype=self.cp.uint64)
+        ws.cnt.fill(0)
+        scan(d, True, (thr, ws.cnt, rec, np.int64(cap)))
+        return rec, ws.cnt
+
+    def select(self, d, rec, cnt, want_kth, ws):
+        from .dense import select_records_into
+
+        select_records_into(d["K"], rec, cnt, ws.ids, ws.kth if want_kth else None, ws.scratch)
+        return ws.ids, (record_scores(ws.kth) if want_kth else None)
+
+    def push(self, d, ws, ids) -> None:
+        if ws.ring is None:
+            return
+        B, Wc = (int(x) for x in ws.ring.shape)
+        nK = ws.n * ws.K
+        _kernel("decode_ring_push")(
+            (-(-B * nK // 256),), (256,),
+            (ids, ws.ring, ws.ctr, np.int32(B), np.int32(nK), np.int32(Wc // nK)),
+        )  # fmt: skip
+        _kernel("decode_ring_advance")((1,), (32,), (ws.ctr,))
+
+    def max_count(self, cnt):
+        return int(cnt.max()) if cnt.size else 0
+
+    def thr_score(self, thr) -> np.ndarray:
+        return record_scores(thr)
+
+
+class NumpyOps:
+    """CPU emulation of the device operations with float64 scores of the dequantized cache
+    (``dosa_ref.scorer.score_keys``; per key independent of the other keys, as
+    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, the
+    threshold = the K-th of them as (τ, id) (τ = −inf when fewer than K), compact every key
+    at or above it in the order (score desc, id asc) with a counter that counts past
+    ``cap``, selection by (score desc, id asc).  Inputs without NaN codes."""
+
+    def __init__(self):
+        from dosa_ref.fp8 import e4m3_values
+        from dosa_ref.scorer import score_keys, topk_of
+
+        self.e4m3_values, self.score_keys, self.topk_of = e4m3_values, score_keys, topk_of
+        self._ws = None
+
+    def workspace(self, B, n, H, K, L, history, cap):
+        """One persistent history for every shape (the deque of past selections; a slot
+        beyond a step's B is empty for that step, as in dosa_ref.decode)."""
+        if self._ws is None:
+            self._ws = NumpyWorkspace(history)
+        return self._ws
+
+    def _scores(self, d, r, ids):
+        from .decode import physical_rows
+
+        b = r // d["n"]
+        rows = physical_rows(d["block_table"][b : b + 1], np.asarray(ids)[None, :])[0]
+        k = self.e4m3_values(d["kv"][rows]) * d["scale"][rows].astype(np.float64)[:, None]
+        H = d["H"]
+        q = self.e4m3_values(d["q"][r, :H])
+        return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
+
+    def tau(self, d, ws):
+        from .decode import witness_table
+
+        wit = witness_table(list(ws.hist), d["B"], np) if ws.history > 0 else None
+        R = d["B"] * d["n"]
+        tau = np.full(R, -np.inf)
+        kid = np.full(R, np.iinfo(np.int64).max)
+        cnt = np.zeros(R, dtype=np.int64)
+        if wit is None:
+            return (tau, kid), cnt
+        for r in range(R):
+            row = wit[r // d["n"]]
+            W = row[(row >= 0) & (row < d["ke"][r])].astype(np.int64)
+            cnt[r] = W.size
+            if W.size >= d["K"]:
+                s = self._scores(d, r, W)
+                o = np.lexsort((W, -s))[d["K"] - 1]  # the K-th in (score desc, id asc)
+                tau[r], kid[r] = s[o], W[o]
+        return (tau, kid), cnt
+
+    def scan(self, d, thr, cap, ws):
+        tau, kid = thr
+        R = d["B"] * d["n"]
+        rec, cnt = [], np.zeros(R, dtype=np.int64)
+        for r in range(R):
+            ids = np.arange(int(d["ke"][r]), dtype=np.int64)
+            s = self._scores(d, r, ids)
+            keep = (s > tau[r]) | ((s == tau[r]) & (ids <= kid[r]))
+            cnt[r] = int(keep.sum())
+            rec.append((s[keep][:cap], ids[keep][:cap]))  # the device keeps the first cap
+        return rec, cnt
+
+    def select(self, d, rec, cnt, want_kth, ws):
+        R, K = d["B"] * d["n"], d["K"]
+        ids = np.full((R, K), -1, dtype=np.int64)
+        kth = np.full(R, -np.inf)
+        for r, (s, i) in enumerate(rec):
+            sel, sc = self.topk_of(s, i, K)
+            ids[r, : sel.size] = sel
+            if sel.size == K:
+                kth[r] = sc[-1]
+        return ids, kth
+
+    def max_count(self, cnt):
+        return int(cnt.max()) if cnt.size else 0
+
+    def thr_score(self, thr) -> np.ndarray:
+        return np.asarray(thr[0], dtype=np.float64)
+
+    def push(self, d, ws, ids) -> None:
+        if ws.history > 0:
+            ws.hist.append(np.asarray(ids).reshape(d["B"], -1).astype(np.int32))
+
+
+class NumpyWorkspace:
+    """The numpy backend's state: the last ``history`` selections (int32 [B_t, n·K])."""
+
+    def __init__(self, history: int):
+        self.history = history
+        self.hist: deque = deque(maxlen=max(history, 1))
+
+    def witnesses(self, b: int) -> np.ndarray:
+        rows = [e[b] for e in self.hist if 0 <= b < e.shape[0]]
+        if not rows:
+            return np.zeros(0, dtype=np.int64)
+        a = np.concatenate(rows).astype(np.int64)
+        return np.unique(a[a >= 0])
+
+    def reset(self, b: int | None = None) -> None:
+        if b is None:
+            self.hist.clear()
+            return
+        for e in self.hist:
+            if 0 <= b < e.shape[0]:
+                e[b] = -1
