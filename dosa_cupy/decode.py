@@ -13,17 +13,20 @@ Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/common.cuh
 
     paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)
     dense_decode_topk(..., K)    paged logits + the exact selection kernel (select.cu)
-    DecodeSelectorGPU(K).step()  fused DoSA decode: witnesses → τ, one scan that scores
-                                 every visible key and compacts only s ≥ τ, exact
-                                 selection of the compact records; ids == dense bitwise
+    DecodeSelectorGPU(K).step()  fused DoSA decode: witnesses → threshold record, one scan
+                                 that scores every visible key and compacts the records
+                                 at or above it, exact selection of the compact records;
+                                 ids == dense bitwise
 
 Exactness of the fused route is ``dosa_ref.decode``'s argument with the GPU scorer as the
-original scorer: the witnesses of a row are *distinct* (sorted + deduplicated on the
-device) and *visible* (id < ke, checked in the witness kernel), and each witness score is
-computed by the same device function on the same key fragments as in the scan, so
-τ = τ_K(W) ≤ τ_K(Ω); every key of Top-K(Ω) has s ≥ τ and is compacted (s ≥ τ is not
-strict); a full record buffer is detected (the counter counts every qualifying record)
-and the scan is re-run with the exact count as capacity (never dropping).
+original scorer, in record form (docs/method.md §10): the witnesses of a row are *distinct*
+(deduplicated on the device) and *visible* (id < ke, checked in the witness kernel), and
+each witness score is computed by the same device function on the same key fragments as in
+the scan, so the K-th witness record is at or below the K-th record of Ω; every record of
+Top-K(Ω) is at or above it and is compacted; a full record buffer is detected (the counter
+counts every qualifying record) and the scan is re-run with the exact count as capacity
+(never dropping).  The device part (launches, the step's workspace, the numpy emulation)
+is ``dosa_cupy.decode_ops``.
 
 Host logic (visible ranges, block-table → cache-row mapping, witness bookkeeping, τ,
 overflow extension) is written once for numpy and CuPy (``xp``); ``backend="numpy"`` runs
@@ -105,8 +108,10 @@ def witness_table(entries, B: int, xp=np):
     """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
 
     ``entries`` are past selections, each int [B_t, m_t] (−1 = padding); rows beyond B_t
-    are empty.  Sorting each row and blanking repeats gives *distinct* witnesses, which
-    the proof of τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).
+    are empty.  Blanking repeats gives *distinct* witnesses, which the proof of
+    τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).  numpy: each row
+    sorted, repeats −1; CuPy (``decode_ops.witness_table_device``): the same ids per row,
+    one copy kept in place, when every entry has B rows and there are at most DEDUP_MAX.
     """
     if xp is not np:
         fast = witness_table_device(list(entries), B)
@@ -382,10 +387,11 @@ class DecodeSelectorGPU:
             without it, see ``check_decode_inputs``).
         backend: "cupy" (the kernels) or "numpy" (CPU emulation, float64 scores).
 
-    Witness state lives on the device: the last ``history`` steps' selections (int32
-    [B_t, next_n·K] each); at a step they are merged per request, sorted and deduplicated
-    (``witness_table``).  Slots beyond a step's B are empty for that step (a B that changes
-    between steps only affects efficiency; ``dosa_ref.decode`` keeps per-slot histories).
+    Witness state lives on the device: a ring of the last ``history`` steps' selections
+    per request, deduplicated at each step (``decode_ops.Workspace``); a new step shape
+    starts an empty history (efficiency only).  The numpy backend keeps the selections of
+    any B (rows beyond a step's B are empty for that step), as ``dosa_ref.decode``.
+    history·next_n·K is at most DEDUP_MAX (16,384) on the device.
     """
 
     def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,

@@ -12,7 +12,7 @@ The witness ring: ``ring`` int32 [B, history·next_n·K] holds the last ``histor
 selections, slot ``ctr % history`` the newest; ``decode_ring_push`` writes a step's ids
 into the slot and ``decode_ring_advance`` moves the counter, both on the device, so a
 replayed graph rotates the slots by itself.  ``decode_witness_dedup`` turns the ring into
-the table of distinct witnesses (``dosa_cupy.decode.witness_table``'s table).
+a table of distinct witnesses (``dosa_cupy.decode.witness_table``'s ids per row).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
 SCAN_TILE = 512  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
 SCAN_STAGES = 2  # csrc/decode.cu DEC_STAGES
 SCAN_SMEM = SCAN_STAGES * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
-DEDUP_MAX = 1 << 15  # witnesses per request that decode_witness_dedup sorts in shared memory
+DEDUP_MAX = 1 << 14  # witnesses per request that decode_witness_dedup hashes in shared memory
 KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
 NONE = 2**31 - 1  # decode_layout: no violation
@@ -113,18 +113,19 @@ def layout_device(L, bt, mb: int, nb: int, n: int, check: bool, bufs=None):
 
 
 def dedup(src, dst) -> None:
-    """decode_witness_dedup: each row of src int32 [B, Wc] (−1 = empty) sorted, with every
-    repeat and empty slot −1, into dst (may be src)."""
+    """decode_witness_dedup: each row of src int32 [B, Wc] (−1 = empty) into dst (may be
+    src) with one copy of every id kept in place and every other copy and empty slot −1."""
     B, Wc = (int(x) for x in src.shape)
-    P2 = 1 << (Wc - 1).bit_length()
+    P2 = 1 << (2 * Wc - 1).bit_length()  # hash slots: a power of two ≥ 2·Wc
     _kernel("decode_witness_dedup", 4 * P2)(
         (B,), (1024,), (src, dst, np.int32(Wc), np.int32(P2)), shared_mem=4 * P2
     )
 
 
 def witness_table_device(entries, B: int):
-    """``witness_table`` on the device: one concatenation and one dedup kernel; None when
-    it does not apply (an entry of another B, or more than DEDUP_MAX witnesses)."""
+    """``witness_table`` on the device: one concatenation and one dedup kernel — the same
+    set of ids per row, kept in place instead of sorted; None when it does not apply (an
+    entry of another B, or more than DEDUP_MAX witnesses)."""
     cp = cupy_or_raise()
     if not entries or any(e.ndim != 2 or e.shape[0] != B for e in entries):
         return None

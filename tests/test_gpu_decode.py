@@ -551,17 +551,23 @@ def test_gpu_nan_codes_unchecked_fused_equals_dense():
 
 
 @pytest.mark.parametrize(
-    "widths,B", [([8], 1), ([5, 7], 3), ([4096, 4096], 2), ([300, 1, 9000], 4)]
+    "widths,B", [([8], 1), ([5, 7], 3), ([4096, 4096], 2), ([300, 1, 9000], 4), ([16384], 2)]
 )
 @gpu
 def test_gpu_witness_dedup_equals_host(widths, B):
-    """decode_witness_dedup gives witness_table's numpy table: sorted distinct ids, −1 for
-    repeats and empty slots (repeats within and across entries, −1 padding)."""
+    """decode_witness_dedup keeps one copy of every id of a row in place and blanks the
+    other copies and the empty slots: per row the ids of witness_table's numpy table, each
+    once (repeats within and across entries, −1 padding)."""
     rs = np.random.default_rng(sum(widths) + B)
     entries = [rs.integers(-1, 3 * max(widths), (B, m)).astype(np.int32) for m in widths]
     want = dec.witness_table(entries, B, np)
-    got = dec.witness_table([cp.asarray(e) for e in entries], B, cp)
-    assert np.array_equal(cp.asnumpy(got), want)
+    got = cp.asnumpy(dec.witness_table([cp.asarray(e) for e in entries], B, cp))
+    cat = np.concatenate(entries, axis=1)
+    for b in range(B):
+        kept = got[b][got[b] >= 0]
+        assert kept.size == np.unique(kept).size  # each id once
+        assert np.array_equal(np.sort(kept), want[b][want[b] >= 0])  # the same ids
+        assert np.all((got[b] == cat[b]) | (got[b] == -1))  # in place
 
 
 def _graph_walk_inputs(B, n, H, seed, steps):
@@ -856,8 +862,15 @@ class _FakeKernels:
             bad[1] = min(bad[1], badb[0]) if badb.size else bad[1]
 
     def decode_witness_dedup(self, src, dst, Wc, P2):
-        assert int(P2) >= int(Wc) == src.shape[1] and int(P2) & (int(P2) - 1) == 0
-        dst[:] = dec.witness_table([src.copy()], src.shape[0], np)
+        assert int(P2) >= 2 * int(Wc) and int(Wc) == src.shape[1] and int(P2) & (int(P2) - 1) == 0
+        a = src.copy()
+        for row in a:  # one copy of each id kept in place (here: the last), others −1
+            seen = set()
+            for i in range(row.size - 1, -1, -1):
+                v = int(row[i])
+                row[i] = v if v >= 0 and v not in seen else -1
+                seen.add(v)
+        dst[:] = a
 
     def decode_ring_push(self, ids, ring, ctr, B, nK, h):
         slot = int(ctr[0]) % int(h)

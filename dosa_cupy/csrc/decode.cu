@@ -318,10 +318,13 @@ extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
   }
 }
 
-// Distinct witnesses per request (dosa_cupy.decode.witness_table): row b of src [B, Wc] int32
-// (−1 = empty) sorted ascending in shared memory (bitonic, P2 = the power of two ≥ Wc,
-// padded with INT_MAX) and written to dst (may be src: the row is read whole first) with
-// every repeat and empty slot as −1.  One block of DEC_DEDUP_THREADS per row; dynamic
+// Distinct witnesses per request (dosa_cupy.decode.witness_table): every id of row b of src
+// [B, Wc] int32 (−1 = empty) is inserted into an open-addressing hash set in shared memory
+// (P2 slots, a power of two ≥ 2·Wc: load factor ≤ ½; atomicCAS, linear probing); the copy
+// whose insertion succeeds is written to dst at its own position, every other copy and every
+// empty slot as −1.  Which copy survives may vary between runs; the set of ids in the row does
+// not, and that set is all the threshold depends on (its K-th record).  dst may be src: a
+// thread reads its entry before writing it.  One block of DEC_DEDUP_THREADS per row; dynamic
 // shared memory 4·P2 bytes.
 #define DEC_DEDUP_THREADS 1024
 extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
@@ -329,29 +332,24 @@ extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_d
   extern __shared__ int dd[];
   const int* in = src + (long long)blockIdx.x * Wc;
   int* row = dst + (long long)blockIdx.x * Wc;
-  const int big = 0x7fffffff;
-  for (int i = threadIdx.x; i < P2; i += blockDim.x) {
-    const int v = i < Wc ? in[i] : big;
-    dd[i] = v < 0 ? big : v;
-  }
+  for (int i = threadIdx.x; i < P2; i += blockDim.x) dd[i] = -1;
   __syncthreads();
-  for (int k = 2; k <= P2; k <<= 1)
-    for (int jj = k >> 1; jj > 0; jj >>= 1) {
-      for (int i = threadIdx.x; i < P2; i += blockDim.x) {
-        const int ixj = i ^ jj;
-        if (ixj > i) {
-          const int x = dd[i], y = dd[ixj];
-          if (((i & k) == 0) == (x > y)) {  // ascending where (i & k) == 0
-            dd[i] = y;
-            dd[ixj] = x;
-          }
-        }
-      }
-      __syncthreads();
-    }
   for (int i = threadIdx.x; i < Wc; i += blockDim.x) {
-    const int v = dd[i];
-    row[i] = (v == big || (i > 0 && dd[i - 1] == v)) ? -1 : v;
+    const int v = in[i];
+    int keep = -1;
+    if (v >= 0) {
+      unsigned h = ((unsigned)v * 2654435761u) & (unsigned)(P2 - 1);
+      while (true) {
+        const int old = atomicCAS(dd + h, -1, v);
+        if (old == -1) {  // inserted: this copy is the row's witness v
+          keep = v;
+          break;
+        }
+        if (old == v) break;  // another copy of v is in
+        h = (h + 1u) & (unsigned)(P2 - 1);
+      }
+    }
+    row[i] = keep;
   }
 }
 

@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     unsigned long long* __restrict__ kth_out) {
   __shared__ unsigned int hist[NBIN];
   __shared__ unsigned long long sel[SEL_KMAX];
-  __shared__ unsigned int wsum[SEL_THREADS];
+  __shared__ unsigned int wsum[SEL_THREADS / 32];
   __shared__ int s_bin, s_above, s_cnt, s_n;
   const int tid = threadIdx.x;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
@@ -86,19 +86,32 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
           }
         }
         __syncthreads();
-        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
+        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid; inclusive scan of
+        // their sums over the threads: shuffles within each warp, then the warp totals
         unsigned loc = 0;
 #pragma unroll
         for (int qd = 0; qd < 4; ++qd) loc += hist[NBIN - 1 - 4 * tid - qd];
-        wsum[tid] = loc;
-        __syncthreads();
-        for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
-          const unsigned y = tid >= o ? wsum[tid - o] : 0u;
-          __syncthreads();
-          wsum[tid] += y;
-          __syncthreads();
+        const int lane = tid & 31, wid = tid >> 5;
+        unsigned incl = loc;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += y;
         }
-        const unsigned incl = wsum[tid], excl = incl - loc;
+        if (lane == 31) wsum[wid] = incl;
+        __syncthreads();
+        if (wid == 0) {
+          unsigned x = lane < SEL_THREADS / 32 ? wsum[lane] : 0u;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+          }
+          if (lane < SEL_THREADS / 32) wsum[lane] = x;
+        }
+        __syncthreads();
+        incl += wid ? wsum[wid - 1] : 0u;
+        const unsigned excl = incl - loc;
         if (excl < (unsigned)kk && incl >= (unsigned)kk) {
           unsigned acc = excl;
 #pragma unroll
@@ -153,8 +166,12 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     while (P2 < m) P2 <<= 1;
     for (int i = m + tid; i < P2; i += SEL_THREADS) sel[i] = 0ull;
     __syncthreads();
+    // bitonic sort, descending: strides j ≥ 32 through shared memory (a barrier each); the
+    // strides below 32 pair element i with i ^ j of the same warp (i = base + tid), so they
+    // run in registers with shuffles, one barrier for all of them
     for (int k2 = 2; k2 <= P2; k2 <<= 1) {
-      for (int j = k2 >> 1; j > 0; j >>= 1) {
+      int j = k2 >> 1;
+      for (; j >= 32; j >>= 1) {
         for (int i = tid; i < P2; i += SEL_THREADS) {
           const int ixj = i ^ j;
           if (ixj > i) {
@@ -168,6 +185,17 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
         }
         __syncthreads();
       }
+      for (int base = 0; base + (tid & ~31) < P2; base += SEL_THREADS) {  // warp-uniform
+        const int i = base + tid;  // < SEL_KMAX; lanes at or past P2 (P2 < 32) pair only
+        unsigned long long x = sel[i];  // among themselves and are never read out
+        const bool desc = (i & k2) == 0;
+        for (int jj = j; jj > 0; jj >>= 1) {
+          const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, jj);
+          x = (desc == ((i & jj) == 0)) ? (x > y ? x : y) : (x < y ? x : y);
+        }
+        sel[i] = x;
+      }
+      __syncthreads();
     }
     if (ids_out) {
       for (int i = tid; i < K; i += SEL_THREADS)
