@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     unsigned long long* __restrict__ kth_out) {
   __shared__ unsigned int hist[NBIN];
   __shared__ unsigned long long sel[SEL_KMAX];
-  __shared__ unsigned int wsum[SEL_THREADS / 32];
+  __shared__ unsigned int wsum[SEL_THREADS];
   __shared__ int s_bin, s_above, s_cnt, s_n;
   const int tid = threadIdx.x;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
@@ -86,32 +86,19 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
           }
         }
         __syncthreads();
-        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid; inclusive scan of
-        // their sums over the threads: shuffles within each warp, then the warp totals
+        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
         unsigned loc = 0;
 #pragma unroll
         for (int qd = 0; qd < 4; ++qd) loc += hist[NBIN - 1 - 4 * tid - qd];
-        const int lane = tid & 31, wid = tid >> 5;
-        unsigned incl = loc;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
-          if (lane >= o) incl += y;
-        }
-        if (lane == 31) wsum[wid] = incl;
+        wsum[tid] = loc;
         __syncthreads();
-        if (wid == 0) {
-          unsigned x = lane < SEL_THREADS / 32 ? wsum[lane] : 0u;
-#pragma unroll
-          for (int o = 1; o < 32; o <<= 1) {
-            const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-          }
-          if (lane < SEL_THREADS / 32) wsum[lane] = x;
+        for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
+          const unsigned y = tid >= o ? wsum[tid - o] : 0u;
+          __syncthreads();
+          wsum[tid] += y;
+          __syncthreads();
         }
-        __syncthreads();
-        incl += wid ? wsum[wid - 1] : 0u;
-        const unsigned excl = incl - loc;
+        const unsigned incl = wsum[tid], excl = incl - loc;
         if (excl < (unsigned)kk && incl >= (unsigned)kk) {
           unsigned acc = excl;
 #pragma unroll
