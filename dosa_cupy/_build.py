@@ -108,14 +108,16 @@ def source_module(path: Path, defines: tuple = ()):
 
 
 def raise_smem_limit(f, smem: int, *key):
-    """Raise kernel ``f``'s dynamic shared-memory limit to ``smem`` bytes, once per device
-    and ``key`` (the attribute belongs to the loaded function, i.e. to each device's copy;
-    the default limit of 48 KB counts static and dynamic shared memory together)."""
-    k = (cupy_or_raise().cuda.Device().id, *key, smem)
-    if k not in _opted:
+    """Raise kernel ``f``'s dynamic shared-memory limit to at least ``smem`` bytes (the
+    attribute belongs to the loaded function, i.e. to each device's copy, named by the
+    device and ``key``; the default limit of 48 KB counts static and dynamic shared memory
+    together).  The limit only ever grows: one value per function serves every launch of
+    it, so a smaller request never lowers what a larger launch of the same function needs."""
+    k = (cupy_or_raise().cuda.Device().id, *key)
+    if _opted.get(k, 0) < smem:
         f.max_dynamic_shared_size_bytes = int(smem)  # RawKernel → cuFuncSetAttribute
-        _opted.add(k)
+        _opted[k] = int(smem)
     return f
 
 
-_opted: set = set()
+_opted: dict = {}

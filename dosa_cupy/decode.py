@@ -45,7 +45,6 @@ from dosa_ref.decode import DecodeStats, DecodeStep
 
 from ._build import cupy_or_raise
 from .decode_ops import (
-    DEDUP_MAX,
     KMAX,
     PAGE,
     D,
@@ -391,7 +390,8 @@ class DecodeSelectorGPU:
     per request, deduplicated at each step (``decode_ops.Workspace``); a new step shape
     starts an empty history (efficiency only).  The numpy backend keeps the selections of
     any B (rows beyond a step's B are empty for that step), as ``dosa_ref.decode``.
-    history·next_n·K is at most DEDUP_MAX (16,384) on the device.
+    Above DEDUP_MAX (16,384) witnesses per request (history·next_n·K) the device table is
+    built by sorting instead (allocates: such a step cannot be captured in a graph).
     """
 
     def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,
@@ -419,7 +419,8 @@ class DecodeSelectorGPU:
         self.backend = backend
         self.xp = np if backend == "numpy" else cupy_or_raise()
         self._ops = NumpyOps() if backend == "numpy" else DeviceOps()
-        self._ws = None  # the workspace of the last step's shape (decode_ops.Workspace)
+        self._wss: dict = {}  # one workspace per step shape (decode_ops.Workspace)
+        self._ws = None  # the last step's
         self.last_overflow = False  # whether the last step needed the exact extension
 
     # -- witness state -------------------------------------------------------------------
@@ -429,22 +430,27 @@ class DecodeSelectorGPU:
         return self._ws.witnesses(b) if self._ws is not None else np.zeros(0, dtype=np.int64)
 
     def reset(self, b: int | None = None) -> None:
-        """Forget the witnesses of slot ``b`` (all slots when ``b`` is None)."""
-        if self._ws is not None:
-            self._ws.reset(b)
+        """Forget the witnesses of slot ``b`` (all slots when ``b`` is None), in the
+        workspace of every step shape."""
+        for ws in {id(w): w for w in (*self._wss.values(), self._ws) if w is not None}.values():
+            ws.reset(b)
+
+    def release(self) -> None:
+        """Free every workspace (and with them the witness histories).  CUDA graphs that
+        captured a step of this selector must not be replayed afterwards."""
+        self._wss.clear()
+        self._ws = None
 
     def _workspace(self, part: dict):
-        """The workspace of this step's shape; a new shape (B, next_n, H, context blocks)
-        starts a new one, and with it an empty witness history (on the device backend)."""
+        """The workspace of this step's shape (B, next_n, H, context blocks).  Each shape
+        keeps its own, for the selector's life (or until ``release``): a CUDA graph captured
+        at one shape holds that workspace's addresses, and a serving stack captures one graph
+        per batch size.  A shape seen for the first time starts with an empty history."""
         cap = part["L"] if self.buffer is None else self.buffer
         key = (part["B"], part["n"], part["H"], self.K, part["L"], self.history, cap)
-        if self._ws is None or getattr(self._ws, "key", key) != key:
-            if self.history * part["n"] * self.K > DEDUP_MAX and self.backend == "cupy":
-                raise ValueError(
-                    f"history: history·next_n·K = {self.history * part['n'] * self.K} "
-                    f"witnesses per request exceed {DEDUP_MAX} (the device table's limit)"
-                )
-            self._ws = self._ops.workspace(*key)
+        if key not in self._wss:
+            self._wss[key] = self._ops.workspace(*key)
+        self._ws = self._wss[key]
         return self._ws
 
     # -- one step ------------------------------------------------------------------------

@@ -223,7 +223,12 @@ class DeviceOps:
         if ws.ring is None:
             return ws.thr, ws.wcnt
         Wc = int(ws.ring.shape[1])
-        dedup(ws.ring, ws.wit)
+        if Wc <= DEDUP_MAX:
+            dedup(ws.ring, ws.wit)
+        else:  # beyond the shared-memory hash set: sort on the device (allocates)
+            from .decode import witness_table
+
+            ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
         ws.wcnt.fill(0)
         _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
             (_grid_x(Wc, WIT_KEYS), d["B"] * d["n"]),

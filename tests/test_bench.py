@@ -1036,3 +1036,29 @@ def test_decode_main_peers_flag(monkeypatch, tmp_path, capsys):
     assert "# peers: peers need torch" in capsys.readouterr().out
     md = (tmp_path / "bench_decode.md").read_text()
     assert "| key floor ms |" in md and "Peers not timed: peers need torch" in md
+
+
+@pytest.mark.parametrize("wrong", ["eager", "graph"])
+def test_decode_ids_checks_can_fail(monkeypatch, tmp_path, wrong):
+    """The bench's ids checks see a wrong id: a selector that swaps two ids at one step
+    (eager) or only when replayed from the graph (``out=``) makes that check False and the
+    command exit 1."""
+    import dosa_cupy.decode as dec
+
+    _fake_decode(monkeypatch, torch=None)
+    Good = dec.DecodeSelectorGPU
+
+    class Bad(Good):
+        def step(self, *a, return_stats=False, out=None):
+            r = super().step(*a, return_stats=return_stats, out=out)
+            if (out is None) == (wrong == "eager"):
+                r.ids[0, 0, [0, 1]] = r.ids[0, 0, [1, 0]]
+            return r
+
+    monkeypatch.setattr(dec, "DecodeSelectorGPU", Bad)
+    r = _decode_row(None)
+    key = "ids_equal" if wrong == "eager" else "dosa_graph_ids_equal"
+    other = "dosa_graph_ids_equal" if wrong == "eager" else "ids_equal"
+    assert r[key] is False and r[other] is True
+    argv = ["--shapes", "32x2x300", "--K", "16", "--warm", "1", "--no-peers"]
+    assert BD.main(argv + ["--out", str(tmp_path)]) == 1

@@ -454,10 +454,13 @@ def test_gpu_long_context_scan_and_wide_select(H, n):
     import dosa_cupy
 
     B, K = 3, 2048
-    cache = PagedCache(B, 72 * 1024, seed=H + n, topics=True)
+    cache = PagedCache(B, 72 * 1024 + 512, seed=H + n, topics=True)  # 145 tiles per request
     rs = cache.rs
     L = np.array([72 * 1024 - 16, 40_000, 65_537], dtype=np.int32)
-    assert B * -(-cache.max_blocks * 64 // dops.SCAN_TILE) > 2 * 132  # > 2 items per block
+    T = -(-cache.max_blocks * 64 // dops.SCAN_TILE)
+    grid = min(B * T, dops.num_sms())
+    per = -(-B * T // grid)
+    assert per >= 2 and T % per != 0  # several items per block, and a block spans 2 requests
     dev = [cp.asarray(cache.kv), cp.asarray(cache.scale), cp.asarray(cache.block_table)]
     sel = dec.DecodeSelectorGPU(K)
     qf = rs.standard_normal((B, n, H, 128))
@@ -530,21 +533,27 @@ def test_gpu_wide_select_equals_host_sort(kind):
 
 @gpu
 def test_gpu_nan_codes_unchecked_fused_equals_dense():
-    """Without the (opt-in) value scan, NaN codes in the cache and in q give NaN scores; the
-    fused route compares records, not scores, so it still equals the dense route bitwise."""
+    """Without the (opt-in) value scan: NaN codes in the cache and in q (the scorer's ReLU,
+    fmaxf, maps a NaN logit to 0, so such keys tie at finite scores) and NaN key scales and
+    weights (NaN scores, record code 0 on every route); the fused route compares records,
+    not scores, so it still equals the dense route bitwise."""
     B, n, H, K = 2, 2, 64, 64
     cache = PagedCache(B, 8 * 64, seed=3)
     rs = cache.rs
     kv = cache.kv.copy()
-    kv.reshape(-1, 128)[rs.random(kv.shape[0] * 64) < 0.5, 3] = 0x7F  # half the keys NaN
+    kv.reshape(-1, 128)[rs.random(kv.shape[0] * 64) < 0.5, 3] = 0x7F  # half the keys
+    scale = cache.scale.copy()
+    scale.reshape(-1)[rs.random(scale.size) < 0.3] = np.nan  # NaN scores
     L = np.array([8 * 64, 100], dtype=np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2)
     qf = rs.standard_normal((B, n, H, 128))
-    for step in range(3):
+    for step in range(4):
         qp, wq = _queries(rs, qf, n, H)
         if step == 2:
-            qp[1, 0, 5, 9] = 0xFF  # every score of that row is NaN
-        args = (cp.asarray(qp), cp.asarray(wq), cp.asarray(kv), cp.asarray(cache.scale),
+            qp[1, 0, 5, 9] = 0xFF
+        if step == 3:
+            wq[0, 1, 0] = np.nan  # every score of that row is NaN
+        args = (cp.asarray(qp), cp.asarray(wq), cp.asarray(kv), cp.asarray(scale),
                 cp.asarray(cache.block_table), cp.asarray(L))  # fmt: skip
         dense = dec.dense_decode_topk(*args, K)
         assert cp.array_equal(sel.step(*args, return_stats=False).ids, dense), f"step {step}"
@@ -597,6 +606,7 @@ def test_gpu_step_captured_in_a_cupy_graph(B, n, H):
     sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
     sel_e = dec.DecodeSelectorGPU(K)
     stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()  # the copies (legacy stream) before the capture stream
     with stream:
         sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # step 0, eager
         stream.begin_capture()
@@ -608,6 +618,7 @@ def test_gpu_step_captured_in_a_cupy_graph(B, n, H):
     for t in range(1, steps):
         for dst, src in zip(static, walk[t], strict=True):
             dst[...] = src
+        cp.cuda.Device().synchronize()  # the non-blocking stream does not wait for them
         graph.launch(stream)
         stream.synchronize()
         eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
@@ -1000,6 +1011,45 @@ def test_cupy_host_code_layout_check_names_the_argument(fake_cupy, field, value,
 
 def fake_cupy_shim():
     return dec.cupy_or_raise()
+
+
+def test_smem_limit_only_grows(monkeypatch):
+    """One dynamic shared-memory limit per loaded function: a smaller request after a larger
+    one must not lower it (the dedup kernel's size follows history·next_n·K)."""
+    import types
+
+    from dosa_cupy import _build
+
+    dev = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setattr(_build, "cupy_or_raise", lambda: types.SimpleNamespace(cuda=dev))
+    monkeypatch.setattr(_build, "_opted", {})
+    f = types.SimpleNamespace(max_dynamic_shared_size_bytes=0)
+    for smem in (131072, 65536, 131072, 98304):
+        _build.raise_smem_limit(f, smem, "decode", "decode_witness_dedup")
+        assert f.max_dynamic_shared_size_bytes >= smem
+    assert f.max_dynamic_shared_size_bytes == 131072
+
+
+def test_cupy_host_code_large_witness_table_and_shape_changes(fake_cupy):
+    """history·next_n·K above DEDUP_MAX falls back to the sorted table; steps of another B
+    keep each shape's workspace (a graph captured at a shape keeps its buffers) and history."""
+    B, n, H, K = 2, 2, 32, 4096
+    assert 3 * n * K > dops.DEDUP_MAX
+    cache = PagedCache(B, 80 * 64, seed=8)
+    rs = cache.rs
+    sel = dec.DecodeSelectorGPU(K, history=3)
+    qf = rs.standard_normal((B, n, H, 128))
+    for t in range(4):
+        b = 1 if t == 2 else B  # one step of one request between steps of two
+        qp, wq = _queries(rs, qf, n, H)
+        L = (np.array([80 * 64 - 3, 4500]) - t).astype(np.int32)[:b]
+        args = (qp[:b], wq[:b], cache.kv, cache.scale, cache.block_table[:b], L)
+        assert np.array_equal(sel.step(*args).ids, dec.dense_decode_topk(*args, K))
+    assert len(sel._wss) == 2
+    L2 = cache.max_blocks * 64
+    assert int(sel._wss[(B, n, H, K, L2, 3, L2)].ctr[0]) == 3  # its three steps, one ring
+    sel.release()
+    assert sel._wss == {} and sel.witnesses(0).size == 0
 
 
 def test_reference_comparison_helper_on_cpu(fake_cupy):

@@ -51,8 +51,8 @@ __device__ __forceinline__ void dec_gather(const uint8_t* __restrict__ kv, const
 // ---------------------------------------------------------------------------------------
 // Scan of every visible key (docs/method.md §10 "The scan at the memory floor").
 //
-// Work items are (request b, tile t) pairs, tile = DEC_TILE logical keys (4 pages), item
-// i = b·T + t with T = ceil(ld / DEC_TILE).  The grid is persistent: block x takes the
+// Work items are (request b, tile t) pairs, tile = DEC_TILE logical keys (DEC_TILE / 64
+// pages), item i = b·T + t with T = ceil(ld / DEC_TILE).  The grid is persistent: block x takes the
 // contiguous items [x·per, (x+1)·per).  The block streams each item's payload and scales into
 // shared memory with cp.async through a ring of DEC_STAGES stages, so up to DEC_STAGES − 1
 // tiles are in flight while the warps score the current one; the bytes in flight, not the
