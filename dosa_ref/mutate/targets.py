@@ -112,6 +112,14 @@ TARGETS: tuple[Target, ...] = (
         # device launches and the per-chunk driver: GPU-only, tested on the H200
         skip=("ScreenLaunch", "Screened", "screen_stage", "tie_screen_wanted"),
     ),
+    # the decode step's host side: run on the CPU through numpy stand-ins for CuPy and the
+    # kernels (tests/test_gpu_decode.py's fake_cupy) and the numpy emulation of the step
+    Target(
+        "dosa_cupy/decode_ops.py",
+        ("tests/test_gpu_decode.py", "tests/test_decode.py"),
+        skip=("_tune", "_kernel"),  # the NVRTC build and its tuning knob: GPU-only
+    ),
+    Target("dosa_cupy/decode.py", ("tests/test_gpu_decode.py", "tests/test_decode.py")),
 )
 
 
