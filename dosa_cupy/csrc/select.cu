@@ -153,12 +153,8 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     while (P2 < m) P2 <<= 1;
     for (int i = m + tid; i < P2; i += SEL_THREADS) sel[i] = 0ull;
     __syncthreads();
-    // bitonic sort, descending: strides j ≥ 32 through shared memory (a barrier each); the
-    // strides below 32 pair element i with i ^ j of the same warp (i = base + tid), so they
-    // run in registers with shuffles, one barrier for all of them
     for (int k2 = 2; k2 <= P2; k2 <<= 1) {
-      int j = k2 >> 1;
-      for (; j >= 32; j >>= 1) {
+      for (int j = k2 >> 1; j > 0; j >>= 1) {
         for (int i = tid; i < P2; i += SEL_THREADS) {
           const int ixj = i ^ j;
           if (ixj > i) {
@@ -172,17 +168,6 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
         }
         __syncthreads();
       }
-      for (int base = 0; base + (tid & ~31) < P2; base += SEL_THREADS) {  // warp-uniform
-        const int i = base + tid;  // < SEL_KMAX; lanes at or past P2 (P2 < 32) pair only
-        unsigned long long x = sel[i];  // among themselves and are never read out
-        const bool desc = (i & k2) == 0;
-        for (int jj = j; jj > 0; jj >>= 1) {
-          const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, jj);
-          x = (desc == ((i & jj) == 0)) ? (x > y ? x : y) : (x < y ? x : y);
-        }
-        sel[i] = x;
-      }
-      __syncthreads();
     }
     if (ids_out) {
       for (int i = tid; i < K; i += SEL_THREADS)
