@@ -806,6 +806,34 @@ def _signatures():
     return out
 
 
+def _check_geometry(base, grid, args, kw):
+    """The launch geometry each decode.cu kernel assumes (its loops' coverage): the fakes
+    compute every result whatever the grid, so without this a grid that leaves work undone
+    would pass on the CPU."""
+    if base in ("decode_logits", "decode_fused"):
+        ld, nreq, per = int(args[8]), int(args[9]), int(args[10])
+        total = nreq * -(-ld // dops.SCAN_TILE)  # (request, tile) items
+        assert len(grid) == 1 and 1 <= grid[0] <= max(1, total)
+        assert grid[0] * per >= total  # every item has a block
+        assert grid[0] <= dops.num_sms()  # persistent: at most one block per SM
+        assert kw.get("shared_mem") == dops.SCAN_SMEM  # the ring: stages · (tile · 132)
+    elif base == "decode_witness":
+        R, Wc = int(args[6].shape[0]), int(args[9])
+        assert grid[1] == R and grid[0] * dops.WARPS * dops.WIT_KEYS >= Wc
+        assert (grid[0] - 1) * dops.WARPS * dops.WIT_KEYS < Wc
+    elif base == "decode_layout":
+        B, mb = int(args[0].shape[0]), int(args[2])
+        assert grid[1] == B and grid[0] * 256 >= mb and (grid[0] - 1) * 256 < max(mb, 1)
+    elif base == "decode_witness_dedup":
+        Wc, P2 = int(args[2]), int(args[3])
+        assert grid == (args[0].shape[0],) and kw.get("shared_mem") == 4 * P2
+        assert P2 >= 2 * Wc > P2 // 2 and P2 & (P2 - 1) == 0  # load ≤ ½, no larger than needed
+    elif base == "decode_ring_push":
+        B, nK, h = int(args[3]), int(args[4]), int(args[5])
+        assert grid[0] * 256 >= B * nK > (grid[0] - 1) * 256
+        assert args[1].shape == (B, h * nK)
+
+
 class _FakeKernels:
     """decode.cu / tau_from_kth emulated in numpy on float32-rounded float64 scores."""
 
@@ -821,6 +849,7 @@ class _FakeKernels:
             check_args(name, args, types)
             want = {"decode_witness_dedup": (1024,), "decode_ring_advance": (32,)}.get(base, (256,))
             assert len(grid) in (1, 2) and block == want or base == "tau_from_kth"
+            _check_geometry(base, grid, args, kw)
             self.calls.append(name)
             getattr(self, base)(*args)
 
