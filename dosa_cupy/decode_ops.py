@@ -193,7 +193,7 @@ class Workspace:
     def witnesses(self, b: int) -> np.ndarray:
         if self.ring is None or not 0 <= b < self.ring.shape[0]:
             return np.zeros(0, dtype=np.int64)
-        a = self.ring[b].get().astype(np.int64)
+        a = cupy_or_raise().asnumpy(self.ring[b]).astype(np.int64)
         return np.unique(a[a >= 0])
 
     def reset(self, b: int | None = None) -> None:

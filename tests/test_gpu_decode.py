@@ -186,18 +186,31 @@ def test_numpy_emulation_equals_reference(B, n, H, K, history, buffer):
         assert overflowed > 0  # the exact extension was exercised
 
 
-def test_numpy_emulation_reset():
-    cache = PagedCache(2, 128, seed=3)
+def _witness_reset_walk(sel):
+    cache = PagedCache(3, 128, seed=3)
     rs = cache.rs
-    sel = dec.DecodeSelectorGPU(4, backend="numpy")
-    qp, wq = _queries(rs, rs.standard_normal((2, 1, 16, 128)), 1, 16)
-    L = np.array([100, 128], dtype=np.int32)
-    sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L)
-    assert sel.witnesses(0).size == 4 and sel.witnesses(1).size == 4
+    qp, wq = _queries(rs, rs.standard_normal((3, 1, 16, 128)), 1, 16)
+    L = np.array([100, 128, 90], dtype=np.int32)
+    ids = np.asarray(sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L).ids)
+    for b in range(3):  # exactly the step's ids: nothing else in a fresh history
+        assert np.array_equal(sel.witnesses(b), np.unique(ids[b, 0][ids[b, 0] >= 0]))
+    assert sel.witnesses(3).size == 0 and sel.witnesses(-1).size == 0  # no such slot
     sel.reset(0)
     assert sel.witnesses(0).size == 0 and sel.witnesses(1).size == 4
+    sel.reset(2)
+    assert sel.witnesses(2).size == 0 and sel.witnesses(1).size == 4
+    sel.reset(7)  # no such slot: nothing happens
+    assert sel.witnesses(1).size == 4
     sel.reset()
-    assert sel.witnesses(1).size == 0
+    assert all(sel.witnesses(b).size == 0 for b in range(3))
+
+
+def test_numpy_emulation_reset():
+    _witness_reset_walk(dec.DecodeSelectorGPU(4, backend="numpy"))
+
+
+def test_cupy_host_code_reset(fake_cupy):
+    _witness_reset_walk(dec.DecodeSelectorGPU(4))
 
 
 # ---------------------------------------------------------------------------------------
@@ -810,12 +823,13 @@ def _check_geometry(base, grid, args, kw):
     """The launch geometry each decode.cu kernel assumes (its loops' coverage): the fakes
     compute every result whatever the grid, so without this a grid that leaves work undone
     would pass on the CPU."""
+    assert all(isinstance(g, int) for g in grid), grid
     if base in ("decode_logits", "decode_fused"):
         ld, nreq, per = int(args[8]), int(args[9]), int(args[10])
         total = nreq * -(-ld // dops.SCAN_TILE)  # (request, tile) items
         assert len(grid) == 1 and 1 <= grid[0] <= max(1, total)
         assert grid[0] * per >= total  # every item has a block
-        assert grid[0] <= dops.num_sms()  # persistent: at most one block per SM
+        assert grid[0] == min(total, dops.num_sms())  # persistent: one block per SM
         assert kw.get("shared_mem") == dops.SCAN_SMEM  # the ring: stages · (tile · 132)
     elif base == "decode_witness":
         R, Wc = int(args[6].shape[0]), int(args[9])
@@ -828,6 +842,8 @@ def _check_geometry(base, grid, args, kw):
         Wc, P2 = int(args[2]), int(args[3])
         assert grid == (args[0].shape[0],) and kw.get("shared_mem") == 4 * P2
         assert P2 >= 2 * Wc > P2 // 2 and P2 & (P2 - 1) == 0  # load ≤ ½, no larger than needed
+    elif base == "decode_ring_advance":
+        assert grid == (1,)
     elif base == "decode_ring_push":
         B, nK, h = int(args[3]), int(args[4]), int(args[5])
         assert grid[0] * 256 >= B * nK > (grid[0] - 1) * 256
@@ -968,6 +984,9 @@ def fake_cupy(monkeypatch):
 
     shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
     shim.asnumpy = np.asarray
+    # device memory is not zeroed: "empty" buffers hold 3 (a valid id, a tiny record), so a
+    # buffer read before the step writes it is seen
+    shim.empty = lambda shape, dtype=np.float64: np.full(shape, 3, dtype=dtype)
     fk = _FakeKernels()
     monkeypatch.setattr(dec, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(dops, "cupy_or_raise", lambda: shim)
@@ -981,9 +1000,11 @@ def fake_cupy(monkeypatch):
     return fk
 
 
-@pytest.mark.parametrize("B,n,H,buffer", [(1, 1, 32, None), (3, 2, 20, 40), (2, 2, 64, 1)])
-def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer):
-    K = 16
+@pytest.mark.parametrize(
+    "B,n,H,buffer,K",
+    [(1, 1, 32, None, 16), (3, 2, 20, 40, 16), (2, 2, 64, 1, 16), (2, 1, 33, None, 257)],
+)
+def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer, K):
     cache = PagedCache(B, 8 * 64, seed=B + n + H)
     rs = cache.rs
     L = rs.integers(1, 200, B).astype(np.int32)
@@ -1036,6 +1057,52 @@ def test_cupy_host_code_layout_check_names_the_argument(fake_cupy, field, value,
     with pytest.raises(ValueError, match=rf"^{name}:"):
         dec.DecodeSelectorGPU(4).step(**args)
     dec.check_decode_inputs(K=4, xp=fake_cupy_shim(), check_layout=False, **args)
+
+
+def test_cupy_host_code_layout_check_far_entries(fake_cupy):
+    """A bad block-table entry far into the table (flat index ≥ 61, and a table of 513
+    blocks: more than two launch rows of 256) is still found and named."""
+    B, mb, nb = 2, 513, 2 * 513 + 1
+    g = _good(B=B, nb=nb, mb=mb)
+    g["kv_payload"] = np.zeros((nb, 64, 128), np.uint8)
+    g["kv_scale"] = np.ones((nb, 64), np.float32)
+    g["block_table"] = np.arange(B * mb, dtype=np.int32).reshape(B, mb)
+    g["lengths"] = np.full(B, mb * 64, np.int32)
+    dec.check_decode_inputs(K=4, xp=fake_cupy_shim(), **g)
+    g["block_table"][1, 600 - mb] = nb  # flat index 600
+    with pytest.raises(ValueError, match=r"^block_table: block_table\[1, 87\]"):
+        dec.check_decode_inputs(K=4, xp=fake_cupy_shim(), **g)
+
+
+@pytest.mark.parametrize("K", [4097, 0])
+def test_k_limits(K):
+    with pytest.raises(ValueError, match="^K:"):
+        dec.DecodeSelectorGPU(K)
+    with pytest.raises(ValueError, match="^K:"):
+        dec.check_decode_inputs(K=K, xp=np, **_good())
+
+
+@pytest.mark.parametrize("widths,Bs", [([7, 5], [3, 3]), ([4, 4], [3, 2]), ([16384], [2]),
+                                       ([16384, 1], [2, 2]), ([], [])])  # fmt: skip
+def test_cupy_host_code_witness_table(fake_cupy, widths, Bs):
+    """witness_table on the (emulated) device: each row's distinct ids, each once, the same
+    set as the numpy table — through the dedup kernel when every entry has B rows and there
+    are at most DEDUP_MAX witnesses, else through the sort."""
+    rs = np.random.default_rng(len(widths) + sum(widths))
+    B = 3 if not Bs else max(Bs)
+    entries = [rs.integers(-1, 2 * max(widths), (b, m)).astype(np.int32)
+               for m, b in zip(widths, Bs, strict=True)]  # fmt: skip
+    want = dec.witness_table(entries, B, np)
+    got = dec.witness_table(entries, B, fake_cupy_shim())
+    if want is None:
+        assert got is None
+        return
+    fast = all(b == B for b in Bs) and sum(widths) <= dops.DEDUP_MAX
+    assert ("decode_witness_dedup" in fake_cupy.calls) == fast
+    for b in range(B):
+        kept = got[b][got[b] >= 0]
+        assert kept.size == np.unique(kept).size
+        assert np.array_equal(np.sort(kept), want[b][want[b] >= 0])
 
 
 def fake_cupy_shim():
