@@ -190,13 +190,14 @@ def _witness_reset_walk(sel):
     cache = PagedCache(3, 128, seed=3)
     rs = cache.rs
     qp, wq = _queries(rs, rs.standard_normal((3, 1, 16, 128)), 1, 16)
-    L = np.array([100, 128, 90], dtype=np.int32)
+    L = np.array([100, 128, 3], dtype=np.int32)  # request 2: every key a witness, id 0 too
     ids = np.asarray(sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L).ids)
     for b in range(3):  # exactly the step's ids: nothing else in a fresh history
         assert np.array_equal(sel.witnesses(b), np.unique(ids[b, 0][ids[b, 0] >= 0]))
     assert sel.witnesses(3).size == 0 and sel.witnesses(-1).size == 0  # no such slot
     sel.reset(0)
     assert sel.witnesses(0).size == 0 and sel.witnesses(1).size == 4
+    assert sel.witnesses(2).tolist() == [0, 1, 2]
     sel.reset(2)
     assert sel.witnesses(2).size == 0 and sel.witnesses(1).size == 4
     sel.reset(7)  # no such slot: nothing happens
@@ -1019,6 +1020,12 @@ def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer, K):
         out = sel.step(*args)
         assert np.array_equal(out.ids, dense)
         st = out.stats
+        # τ is the score of a visible key (the K-th witness) or −inf: the same float
+        lg = dec.paged_logits(*args)
+        for b in range(B):
+            for j in range(n):
+                t = st.tau[b, j]
+                assert t == -np.inf or np.any(lg[b, j].astype(np.float64) == t), (b, j, t)
         assert np.all(st.compacted >= np.minimum(K, st.visible))
         assert np.all(st.tau <= st.tau_final)
         lg = dec.paged_logits(*args)
