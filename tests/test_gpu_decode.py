@@ -249,6 +249,14 @@ def _bad_cases():
         ("block_table", dict(block_table=np.array([[0, 9], [1, 2]], np.int32))),
         ("block_table", dict(block_table=np.array([[0, 1], [-1, 2]], np.int32))),
         ("lengths", dict(lengths=np.array([70, 129], np.int32))),
+        # the last used block of a length 64k + 1 (blocks 0 and 1 of request 1 are used)
+        (
+            "block_table",
+            dict(
+                lengths=np.array([70, 65], np.int32),
+                block_table=np.array([[0, 1], [2, 9]], np.int32),
+            ),
+        ),
         ("lengths", dict(lengths=np.array([70, -1], np.int32))),
         ("lengths", dict(lengths=np.array([70], np.int32))),
         ("lengths", dict(lengths=np.array([70.0, 1.0]))),
@@ -275,6 +283,79 @@ def test_validation_names_the_argument(name, change):
     sel = dec.DecodeSelectorGPU(4, backend="numpy")
     with pytest.raises(ValueError, match=rf"^{name}:"):
         sel.step(**args)
+
+
+def test_validation_messages_name_the_entry():
+    args = {**_good(), "lengths": np.array([70, 129], np.int32)}
+    with pytest.raises(ValueError, match=r"^lengths: lengths\[1\]=129 outside"):
+        dec.check_decode_inputs(K=4, xp=np, **args)
+    with pytest.raises(ValueError, match=r"^q: missing"):
+        dec.check_decode_inputs(K=4, xp=np, **{**_good(), "q": None})
+
+
+def test_validation_accepts_the_edge_layouts():
+    """A trailing unit axis on the scales (DeepGEMM's [blocks, 64, 1]), a block table of one
+    column, and an int64 block table give the same arrays as the plain layout."""
+    g = _good(mb=1)
+    g["lengths"] = np.full(2, 64, np.int32)
+    base = dec.check_decode_inputs(K=4, xp=np, **g)
+    g2 = {**g, "kv_scale": g["kv_scale"][..., None]}
+    g2["block_table"] = g["block_table"].astype(np.int64)
+    alt = dec.check_decode_inputs(K=4, xp=np, **g2)
+    for k in ("scale", "block_table", "ke", "kv"):
+        assert np.array_equal(base[k], alt[k]) and base[k].dtype == alt[k].dtype, k
+
+
+def test_validation_rejects_a_cache_too_large_for_int32_rows():
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (2**25, 64, 128), (0, 0, 0))
+    sc = np.lib.stride_tricks.as_strided(np.ones(1, np.float32), (2**25, 64), (0, 0))
+    with pytest.raises(ValueError, match="^kv_payload: num_blocks"):
+        dec.check_decode_inputs(K=4, xp=np, **{**_good(), "kv_payload": big, "kv_scale": sc})
+
+
+def test_numpy_backend_refuses_device_tensors():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="^q: the numpy backend takes host arrays"):
+        dec.DecodeSelectorGPU(4, backend="numpy").step(
+            **{**_good(), "q": torch.zeros(2, 1, 16, 128)}
+        )
+
+
+def test_value_scan_ignores_unused_blocks():
+    """A NaN code in a block no request uses (length 64: one block each) is not an error."""
+    g = {**_good(), "lengths": np.full(2, 64, np.int32)}
+    g["kv_payload"] = g["kv_payload"].copy()
+    g["kv_payload"][g["block_table"][1, 1], 5, 0] = 0x7F
+    dec.check_decode_inputs(K=4, xp=np, check_values=True, **g)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cupy"])
+def test_fresh_selector_state(backend, request):
+    if backend == "cupy":
+        request.getfixturevalue("fake_cupy")
+    sel = dec.DecodeSelectorGPU(4, backend=backend)
+    assert sel.last_overflow is False and sel.witnesses(0).size == 0
+    sel.reset()
+
+
+def test_cupy_host_code_out_and_layouts(fake_cupy):
+    """out= receives the ids (and is what the step returns); a non-contiguous q and an int64
+    block table give the same ids as contiguous int32 inputs."""
+    B, n, H, K = 2, 2, 32, 8
+    cache = PagedCache(B, 4 * 64, seed=12)
+    qp, wq = _queries(cache.rs, cache.rs.standard_normal((B, n, H, 128)), n, H)
+    L = np.array([200, 77], dtype=np.int32)
+    args = (qp, wq, cache.kv, cache.scale, cache.block_table, L)
+    want = dec.DecodeSelectorGPU(K).step(*args).ids
+    out = np.full((B, n, K), -7, np.int64)
+    got = dec.DecodeSelectorGPU(K).step(*args, out=out)
+    assert got.ids is out and np.array_equal(out, want)
+    qnc = np.ascontiguousarray(qp[:, :, ::-1])[:, :, ::-1]  # the same values, negative strides
+    assert not qnc.flags.c_contiguous
+    alt = (qnc, wq, cache.kv, cache.scale, cache.block_table.astype(np.int64), L)
+    assert np.array_equal(dec.DecodeSelectorGPU(K).step(*alt).ids, want)
+    with pytest.raises(ValueError, match="^out:"):
+        dec.DecodeSelectorGPU(K).step(*args, out=np.zeros((B, n, K), np.int32))
 
 
 @pytest.mark.parametrize("name,change", _bad_values())
@@ -864,6 +945,8 @@ class _FakeKernels:
 
         def launch(grid, block, args, **kw):
             check_args(name, args, types)
+            # a kernel reads its arrays as dense row-major buffers
+            assert all(a.flags.c_contiguous for a in args if isinstance(a, np.ndarray)), name
             want = {"decode_witness_dedup": (1024,), "decode_ring_advance": (32,)}.get(base, (256,))
             assert len(grid) in (1, 2) and block == want or base == "tau_from_kth"
             _check_geometry(base, grid, args, kw)
