@@ -23,6 +23,7 @@ from collections import deque
 import numpy as np
 
 from ._build import CSRC, cupy_or_raise, num_sms, raise_smem_limit, source_module
+from .emulate import record_score
 
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
@@ -141,17 +142,11 @@ def _grid_x(n_keys: int, per_warp: int) -> int:
     return max(1, -(-n_keys // (WARPS * per_warp)))
 
 
-def code_score(code: np.ndarray) -> np.ndarray:
-    """Inverse of the monotone score code (common.cuh code_score), float32 → float64."""
-    c = np.asarray(code, dtype=np.uint32)
-    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
-    return b.view(np.float32).astype(np.float64)
-
-
 def record_scores(rec) -> np.ndarray:
-    """τ (float64, host) of records (uint64): the score of each, −inf for 0."""
+    """τ (float64, host) of records (uint64): the score of each, −inf for 0
+    (``emulate.record_score``, widened)."""
     k = np.asarray(rec.get() if hasattr(rec, "get") else rec)
-    return np.where(k != 0, code_score((k >> np.uint64(32)).astype(np.uint32)), -np.inf)
+    return record_score(k).astype(np.float64)
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_signatures import check_args, param_types, read_source
+from cuda_signatures import check_args, param_types
 from gpu_support import cp, gpu
 
 from dosa_cupy import decode as dec
@@ -132,12 +132,14 @@ def test_witness_table_distinct_union():
     assert dec.witness_table([np.zeros((2, 0), np.int32)], 2) is None
 
 
-def test_code_score_inverse():
+def test_record_scores_inverse():
     from dosa_cupy.emulate import score_code
 
     x = np.array([-np.inf, -3.5, -0.0, 0.0, 1e-30, 2.0, 3e38, np.inf], dtype=np.float32)
-    back = dops.code_score(score_code(x))
+    rec = (score_code(x).astype(np.uint64) << np.uint64(32)) | np.uint64(0xFFFFFFFF)
+    back = dops.record_scores(rec)
     assert np.array_equal(back, np.where(x == 0, 0.0, x).astype(np.float64))
+    assert dops.record_scores(np.zeros(2, np.uint64)).tolist() == [-np.inf, -np.inf]
 
 
 def test_kernel_names_and_constants_match_source():
@@ -896,8 +898,6 @@ def _signatures():
     for name in ("decode_layout", "decode_witness_dedup", "decode_ring_push",
                  "decode_ring_advance"):  # fmt: skip
         out[name] = param_types(src, rf"\b{name}")
-    k = read_source(Path(dec.__file__).parent / "csrc" / "kernels.cu")
-    out["tau_from_kth"] = param_types(k, r"void tau_from_kth")
     return out
 
 
@@ -933,7 +933,7 @@ def _check_geometry(base, grid, args, kw):
 
 
 class _FakeKernels:
-    """decode.cu / tau_from_kth emulated in numpy on float32-rounded float64 scores."""
+    """decode.cu emulated in numpy on float32-rounded float64 scores."""
 
     def __init__(self):
         self.sig = _signatures()
@@ -948,7 +948,7 @@ class _FakeKernels:
             # a kernel reads its arrays as dense row-major buffers
             assert all(a.flags.c_contiguous for a in args if isinstance(a, np.ndarray)), name
             want = {"decode_witness_dedup": (1024,), "decode_ring_advance": (32,)}.get(base, (256,))
-            assert len(grid) in (1, 2) and block == want or base == "tau_from_kth"
+            assert len(grid) in (1, 2) and block == want
             _check_geometry(base, grid, args, kw)
             self.calls.append(name)
             getattr(self, base)(*args)
@@ -1018,11 +1018,6 @@ class _FakeKernels:
 
     def decode_ring_advance(self, ctr):
         ctr[0] += 1
-
-    def tau_from_kth(self, kth, rows, tau):
-        k = kth[: int(rows)]
-        tau[: int(rows)] = np.where(k != 0, dops.code_score((k >> np.uint64(32)).astype(np.uint32)),
-                                    -np.inf)  # fmt: skip
 
 
 def _fake_select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=False):
