@@ -51,6 +51,7 @@ from .decode_ops import (
     DeviceOps,
     NumpyOps,
     layout_device,
+    raise_layout,
     scan,
     witness_table_device,
 )  # fmt: skip
@@ -175,12 +176,9 @@ def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
     badb = used & ((btl < 0) | (btl >= nb))
     flags = xp.stack([bad.any(), badb.any()])
     flags = flags.get() if hasattr(flags, "get") else flags  # the one host sync of the check
-    if flags[0]:
-        b = int(xp.argmax(bad))
-        raise ValueError(f"lengths: lengths[{b}]={int(Lh[b])} outside [0, {mb * PAGE}]")
-    if flags[1]:
-        b, i = divmod(int(xp.argmax(badb.ravel())), mb)
-        raise ValueError(f"block_table: block_table[{b}, {i}]={int(btl[b, i])} outside [0, {nb})")
+    b_len = int(xp.argmax(bad)) if flags[0] else None
+    flat = int(xp.argmax(badb.ravel())) if flags[1] else None
+    raise_layout(b_len, flat, Lh, btl, mb, nb)
 
 
 def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,

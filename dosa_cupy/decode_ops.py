@@ -103,14 +103,19 @@ def layout_device(L, bt, mb: int, nb: int, n: int, check: bool, bufs=None):
     )  # fmt: skip
     if check:
         b0, b1 = (int(x) for x in cp.asnumpy(bad))  # the one host sync of the check
-        if b0 != NONE:
-            raise ValueError(f"lengths: lengths[{b0}]={int(L[b0])} outside [0, {mb * PAGE}]")
-        if b1 != NONE:
-            b, i = divmod(b1, mb)
-            raise ValueError(
-                f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})"
-            )
+        raise_layout(None if b0 == NONE else b0, None if b1 == NONE else b1, L, bt, mb, nb)
     return ke
+
+
+def raise_layout(b_len, flat, L, bt, mb: int, nb: int) -> None:
+    """The layout check's ValueError (host and device checks): ``b_len`` the first request
+    whose length is outside [0, max_blocks·64], ``flat`` = b·max_blocks + i of the first used
+    block-table entry outside [0, num_blocks); None where there is none."""
+    if b_len is not None:
+        raise ValueError(f"lengths: lengths[{b_len}]={int(L[b_len])} outside [0, {mb * PAGE}]")
+    if flat is not None:
+        b, i = divmod(flat, mb)
+        raise ValueError(f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})")
 
 
 def dedup(src, dst) -> None:
