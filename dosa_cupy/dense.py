@@ -73,17 +73,34 @@ def select_rows(logits, K, ks, ke):
         return ids
     if Qn <= WIDE_ROWS and N >= WIDE_MIN_N:
         return _select_rows_wide(logits, K, ks, ke, ids)
-    blocks, scr = scratch(Qn)
+    _select_kernel(0, K, scratch(Qn), ids, None, rows=(logits, ks, ke))
+    return ids
+
+
+def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> None:
+    """One launch of select_kernel (csrc/select.cu; ``mode`` 0: logits rows, 1: record
+    lists, 2: per row either).  ``rows`` = (logits fp32 [R, N], ks, ke int32 [R]); ``recA``,
+    ``recB`` = (records uint64 [R, cap], counts uint32 [R]); ``scr`` = ``scratch(R)``; ids
+    int32 [R, K] and kth uint64 [R] may be None."""
+    logits, ks, ke = rows if rows is not None else (None, None, None)
+    R = (logits if logits is not None else recA[0]).shape[0]
+
+    def lst(r):  # a record list: (records, counts, capacity)
+        return (_NULL, _NULL, np.int64(0)) if r is None else (*r, np.int64(r[0].shape[1]))
+
+    def opt(a):
+        return _NULL if a is None else a
+
+    blocks, buf = scr
     kernel("select_kernel")(
         (blocks,),
         (512,),
         (
-            np.int32(0), np.int32(Qn), np.int32(K), logits, np.int64(N), ks, ke,
-            _NULL, _NULL, np.int64(0), _NULL, _NULL, np.int64(0),
-            scr, np.int64(SCRATCH), ids, _NULL,
+            np.int32(mode), np.int32(R), np.int32(K), opt(logits),
+            np.int64(logits.shape[1] if logits is not None else 0), opt(ks), opt(ke),
+            *lst(recA), *lst(recB), buf, np.int64(SCRATCH), opt(ids), opt(kth),
         ),
     )  # fmt: skip
-    return ids
 
 
 def _select_rows_wide(logits, K, ks, ke, ids):
@@ -111,16 +128,7 @@ def _select_rows_wide(logits, K, ks, ke, ids):
     kernel("select_wide_compact")(
         (xb, rows), (WSEL_THREADS,), (logits, ld, ks, ke, state, np.int64(cap), cnt, rec)
     )  # fmt: skip
-    blocks, scr = scratch(rows)
-    kernel("select_kernel")(
-        (blocks,),
-        (512,),
-        (
-            np.int32(2), np.int32(rows), np.int32(K), logits, ld, ks, ke,
-            rec, cnt, np.int64(cap), _NULL, _NULL, np.int64(0),
-            scr, np.int64(SCRATCH), ids, _NULL,
-        ),
-    )  # fmt: skip
+    _select_kernel(2, K, scratch(rows), ids, None, rows=(logits, ks, ke), recA=(rec, cnt))
     return ids
 
 
@@ -145,20 +153,8 @@ def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> N
     """``select_records`` into given buffers: ids int32 [rows, K] and kth uint64 [rows]
     (either may be None) with the selection scratch ``scr`` = ``scratch(rows)``; launches
     one kernel and allocates nothing (a CUDA-graph capturable step uses it)."""
-    rows, capA = recA.shape
-    capB = recB.shape[1] if recB is not None else 0
-    blocks, buf = scr
-    kernel("select_kernel")(
-        (blocks,),
-        (512,),
-        (
-            np.int32(1), np.int32(rows), np.int32(K), _NULL, np.int64(0), _NULL, _NULL,
-            recA, cntA, np.int64(capA),
-            recB if recB is not None else _NULL, cntB if cntB is not None else _NULL,
-            np.int64(capB), buf, np.int64(SCRATCH),
-            ids if ids is not None else _NULL, kth if kth is not None else _NULL,
-        ),
-    )  # fmt: skip
+    _select_kernel(1, K, scr, ids, kth, recA=(recA, cntA),
+                   recB=(recB, cntB) if recB is not None else None)  # fmt: skip
 
 
 def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):

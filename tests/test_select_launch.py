@@ -1,0 +1,74 @@
+"""CPU: the three host launches of select_kernel (dense.py: logits rows, record lists, the
+wide selection's per-row choice) pass the kernel the arguments its signature in select.cu
+names, in order — one helper builds them (`dense._select_kernel`)."""
+
+import types
+
+import numpy as np
+import pytest
+from cuda_signatures import params, read_source
+
+from dosa_cupy import dense
+from dosa_cupy._build import CSRC
+
+SIG = [n for _, n in params(read_source(CSRC / "select.cu"), r"select_kernel")]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+
+    def kernel(name, *_):
+        def launch(grid, block, args, **kw):
+            named = dict(zip(SIG, args, strict=True)) if name == "select_kernel" else args
+            calls.append((name, grid, named))
+
+        return launch
+
+    monkeypatch.setattr(dense, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(dense, "kernel", kernel)
+    monkeypatch.setattr(dense, "scratch", lambda rows: (5, np.zeros(8, np.uint64)))
+    monkeypatch.setattr(dense, "num_sms", lambda: 4)
+    return calls
+
+
+def _sel(calls):
+    (a,) = [c[2] for c in calls if c[0] == "select_kernel"]
+    return a
+
+
+def test_logits_rows(launches):
+    lg = np.zeros((3, 100), np.float32)
+    ks, ke = np.zeros(3, np.int32), np.full(3, 100, np.int32)
+    ids = dense.select_rows(lg, 7, ks, ke)
+    a = _sel(launches)
+    assert a["mode"] == 0 and a["rows"] == 3 and a["K"] == 7 and a["ld"] == 100
+    assert a["logits"] is lg and a["ks_"] is ks and a["ke_"] is ke and a["ids_out"] is ids
+    assert a["capA"] == 0 and a["capB"] == 0 and a["recA"] == 0 and a["kth_out"] == 0
+    assert a["scap"] == dense.SCRATCH and launches[0][1] == (5,)
+
+
+def test_record_lists(launches):
+    ra, ca = np.zeros((2, 9), np.uint64), np.zeros(2, np.uint32)
+    rb, cb = np.zeros((2, 4), np.uint64), np.zeros(2, np.uint32)
+    ids, kth = dense.select_records(6, ra, ca, rb, cb, want_kth=True)
+    a = _sel(launches)
+    assert a["mode"] == 1 and a["rows"] == 2 and a["logits"] == 0 and a["ld"] == 0
+    assert a["recA"] is ra and a["cntA"] is ca and a["capA"] == 9
+    assert a["recB"] is rb and a["cntB"] is cb and a["capB"] == 4
+    assert a["ids_out"] is ids and a["kth_out"] is kth
+    launches.clear()
+    dense.select_records(6, ra, ca, want_ids=False, want_kth=True)
+    a = _sel(launches)
+    assert a["recB"] == 0 and a["capB"] == 0 and a["ids_out"] == 0
+
+
+def test_wide_rows(launches):
+    lg = np.zeros((2, dense.WIDE_MIN_N), np.float32)
+    ks, ke = np.zeros(2, np.int32), np.full(2, dense.WIDE_MIN_N, np.int32)
+    ids = dense.select_rows(lg, 5, ks, ke)
+    a = _sel(launches)
+    assert a["mode"] == 2 and a["logits"] is lg and a["ld"] == dense.WIDE_MIN_N
+    assert a["capA"] == 5 + dense.WIDE_EXTRA and a["recA"].shape == (2, a["capA"])
+    assert a["capB"] == 0 and a["ids_out"] is ids
