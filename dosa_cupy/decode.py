@@ -430,7 +430,7 @@ class DecodeSelectorGPU:
     def reset(self, b: int | None = None) -> None:
         """Forget the witnesses of slot ``b`` (all slots when ``b`` is None), in the
         workspace of every step shape."""
-        for ws in {id(w): w for w in (*self._wss.values(), self._ws) if w is not None}.values():
+        for ws in {id(w): w for w in self._wss.values()}.values():  # numpy: one, shared
             ws.reset(b)
 
     def release(self) -> None:

@@ -188,7 +188,6 @@ class Workspace:
         self.ids = cp.empty((R, K), dtype=cp.int32)
         self.kth = cp.empty(R, dtype=cp.uint64)
         self.scratch = scratch(R)
-        self.n, self.K = n, K
 
     def witnesses(self, b: int) -> np.ndarray:
         if self.ring is None or not 0 <= b < self.ring.shape[0]:
@@ -259,7 +258,7 @@ class DeviceOps:
         if ws.ring is None:
             return
         B, Wc = (int(x) for x in ws.ring.shape)
-        nK = ws.n * ws.K
+        nK = d["n"] * d["K"]
         _kernel("decode_ring_push")(
             (-(-B * nK // 256),), (256,),
             (ids, ws.ring, ws.ctr, np.int32(B), np.int32(nK), np.int32(Wc // nK)),

@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from dosa_cupy.decode_ops import PAGE, D  # PAGE is also DeepGEMM's block_kv on SM90
+
 from .peers import _why, set_overlap
 from .timing import free
-
-PAGE = 64  # tokens per KV block (dosa_cupy.decode.PAGE; DeepGEMM's block_kv on SM90)
-D = 128  # head dimension
 
 
 @dataclass
