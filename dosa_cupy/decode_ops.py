@@ -31,7 +31,15 @@ WARPS = 8  # warps per block of the decode kernels (256 threads)
 WIT_KEYS = 64  # csrc/decode.cu DEC_WIT_KEYS
 SCAN_TILE = 512  # csrc/decode.cu DEC_TILE: logical keys per work item of the scan
 SCAN_STAGES = 2  # csrc/decode.cu DEC_STAGES
-SCAN_SMEM = SCAN_STAGES * (SCAN_TILE * D + SCAN_TILE * 4)  # DEC_STAGES · DEC_STAGE_BYTES
+
+
+def scan_smem(tile: int, stages: int) -> int:
+    """Shared memory of the scan's ring: stages × (tile keys × (128 payload + 4 scale) bytes)
+    (csrc/decode.cu DEC_STAGES · DEC_STAGE_BYTES)."""
+    return stages * tile * (D + 4)
+
+
+SCAN_SMEM = scan_smem(SCAN_TILE, SCAN_STAGES)
 DEDUP_MAX = 1 << 14  # witnesses per request that decode_witness_dedup hashes in shared memory
 KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
 DECODE_FILE = CSRC / "decode.cu"
@@ -70,7 +78,7 @@ def scan(d, fused: bool, tail: tuple) -> None:
     (request, tile) items; ``tail`` = the route's last arguments: (out,) for the logits,
     (thr, cnt, rec, cap) for the fused route."""
     tile, stages, _ = _tune()
-    smem = stages * (tile * D + tile * 4)
+    smem = scan_smem(tile, stages)
     T = -(-d["L"] // tile)
     total = d["B"] * T
     grid = max(1, min(total, num_sms()))
