@@ -16,23 +16,159 @@
 #define SEL_KMAX 4096
 #define NBIN 2048
 
+// One row's source.  SRC is a template argument so that the passes over a long logits row
+// carry no per-element branch on the source kind: with the kind read per row (mode 2) the
+// compiler kept that branch in the hot loop, and the dense route's selection ran 40 % slower
+// (docs/records/notes.md "The selection's source kind").
+template <int SRC>
 struct SelSource {
-  int mode;
-  // mode 0
+  // SRC 0: a logits row [ks, ke)
   const float* logits;
-  long long ld;
   int ks, ke;
-  // mode 1
+  // SRC 1: two record lists
   const unsigned long long* ra;
   long long na;
   const unsigned long long* rb;
   long long nb;
-  __device__ __forceinline__ long long size() const { return mode == 0 ? (long long)(ke - ks) : na + nb; }
+  __device__ __forceinline__ long long size() const {
+    return SRC == 0 ? (long long)(ke - ks) : na + nb;
+  }
   __device__ __forceinline__ unsigned long long get(long long i) const {
-    if (mode == 0) return make_record(logits[i + ks], (int)(ks + i));
+    if (SRC == 0) return make_record(logits[i + ks], (int)(ks + i));
     return i < na ? ra[i] : rb[i - na];
   }
 };
+
+// Shared memory of one select_kernel block.
+struct SelShared {
+  unsigned int hist[NBIN];
+  unsigned long long sel[SEL_KMAX];
+  unsigned int wsum[SEL_THREADS];
+  int bin, above, cnt, n;
+};
+
+// Exact Top-K of one row's records into ids_row (K ids, −1 pads) and *kth (either may be
+// null); buf: the block's candidate scratch of scap records.
+template <int SRC>
+__device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, SelShared& sh,
+                                           unsigned long long* __restrict__ buf, long long scap,
+                                           int* __restrict__ ids_row,
+                                           unsigned long long* __restrict__ kth) {
+  const int tid = threadIdx.x;
+  const long long n = src.size();
+  unsigned long long T = 0ull;  // select every record >= T
+  if (n > K) {
+    unsigned long long prefix = 0ull, mask = 0ull;
+    int kk = K;
+    bool in_buf = false;
+    long long nbuf = 0;
+    for (int d = 0; d < 6; ++d) {
+      const int shf = d < 5 ? 53 - 11 * d : 0;
+      const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
+      for (int i = tid; i < NBIN; i += SEL_THREADS) sh.hist[i] = 0u;
+      __syncthreads();
+      if (in_buf) {
+        for (long long i = tid; i < nbuf; i += SEL_THREADS) {
+          const unsigned long long r = buf[i];
+          if ((r & mask) == prefix) atomicAdd(&sh.hist[(r >> shf) & bm], 1u);
+        }
+      } else {
+        for (long long i = tid; i < n; i += SEL_THREADS) {
+          const unsigned long long r = src.get(i);
+          if ((r & mask) == prefix) atomicAdd(&sh.hist[(r >> shf) & bm], 1u);
+        }
+      }
+      __syncthreads();
+      // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
+      unsigned loc = 0;
+#pragma unroll
+      for (int qd = 0; qd < 4; ++qd) loc += sh.hist[NBIN - 1 - 4 * tid - qd];
+      sh.wsum[tid] = loc;
+      __syncthreads();
+      for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
+        const unsigned y = tid >= o ? sh.wsum[tid - o] : 0u;
+        __syncthreads();
+        sh.wsum[tid] += y;
+        __syncthreads();
+      }
+      const unsigned incl = sh.wsum[tid], excl = incl - loc;
+      if (excl < (unsigned)kk && incl >= (unsigned)kk) {
+        unsigned acc = excl;
+#pragma unroll
+        for (int qd = 0; qd < 4; ++qd) {
+          const int b = NBIN - 1 - 4 * tid - qd;
+          if (acc + sh.hist[b] >= (unsigned)kk) {
+            sh.bin = b;
+            sh.above = (int)acc;
+            sh.cnt = (int)sh.hist[b];
+            break;
+          }
+          acc += sh.hist[b];
+        }
+      }
+      __syncthreads();
+      kk -= sh.above;
+      prefix |= (unsigned long long)sh.bin << shf;
+      mask |= (unsigned long long)bm << shf;
+      const int cnt = sh.cnt;
+      __syncthreads();
+      if (cnt == kk) {
+        T = prefix;
+        break;
+      }
+      if (!in_buf && cnt <= scap) {
+        if (tid == 0) sh.n = 0;
+        __syncthreads();
+        for (long long i = tid; i < n; i += SEL_THREADS) {
+          const unsigned long long r = src.get(i);
+          if ((r & mask) == prefix) buf[atomicAdd(&sh.n, 1)] = r;
+        }
+        __syncthreads();
+        nbuf = sh.n;
+        in_buf = true;
+        __syncthreads();
+      }
+    }
+  }
+  // collect every record >= T (exactly min(K, n) of them)
+  if (tid == 0) sh.n = 0;
+  __syncthreads();
+  for (long long i = tid; i < n; i += SEL_THREADS) {
+    const unsigned long long r = src.get(i);
+    if (r >= T) {
+      const int p = atomicAdd(&sh.n, 1);
+      if (p < SEL_KMAX) sh.sel[p] = r;
+    }
+  }
+  __syncthreads();
+  const int m = min(sh.n, SEL_KMAX);
+  int P2 = 1;
+  while (P2 < m) P2 <<= 1;
+  for (int i = m + tid; i < P2; i += SEL_THREADS) sh.sel[i] = 0ull;
+  __syncthreads();
+  for (int k2 = 2; k2 <= P2; k2 <<= 1) {
+    for (int j = k2 >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < P2; i += SEL_THREADS) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const unsigned long long a = sh.sel[i], b = sh.sel[ixj];
+          const bool desc = (i & k2) == 0;
+          if (desc ? (a < b) : (a > b)) {
+            sh.sel[i] = b;
+            sh.sel[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (ids_row) {
+    for (int i = tid; i < K; i += SEL_THREADS)
+      ids_row[i] = i < m ? (int)(~(uint32_t)(sh.sel[i] & 0xffffffffull)) : -1;
+  }
+  if (kth && tid == 0) *kth = (m >= K) ? sh.sel[K - 1] : 0ull;
+  __syncthreads();
+}
 
 extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     int mode, int rows, int K, const float* __restrict__ logits, long long ld,
@@ -41,140 +177,28 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
     unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
     unsigned long long* __restrict__ kth_out) {
-  __shared__ unsigned int hist[NBIN];
-  __shared__ unsigned long long sel[SEL_KMAX];
-  __shared__ unsigned int wsum[SEL_THREADS];
-  __shared__ int s_bin, s_above, s_cnt, s_n;
-  const int tid = threadIdx.x;
+  __shared__ SelShared sh;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-    SelSource src;
+    int* ids_row = ids_out ? ids_out + (long long)row * K : nullptr;
+    unsigned long long* kth = kth_out ? kth_out + row : nullptr;
     // mode 2 (wide selection, below): the row's compacted records when they all fit, else
     // the logits row itself — exact either way, decided per row on the device
-    src.mode = mode == 2 ? (cntA[row] <= capA ? 1 : 0) : mode;
-    if (src.mode == 0) {
+    const int src_mode = mode == 2 ? (cntA[row] <= capA ? 1 : 0) : mode;
+    if (src_mode == 0) {
+      SelSource<0> src;
       src.logits = logits + (long long)row * ld;
       src.ks = ks_[row];
       src.ke = ke_[row];
+      select_row(src, K, sh, buf, scap, ids_row, kth);
     } else {
+      SelSource<1> src;
       src.ra = recA + (long long)row * capA;
       src.na = min((long long)cntA[row], capA);
       src.rb = recB ? recB + (long long)row * capB : nullptr;
       src.nb = recB ? min((long long)cntB[row], capB) : 0;
+      select_row(src, K, sh, buf, scap, ids_row, kth);
     }
-    const long long n = src.size();
-    unsigned long long T = 0ull;  // select every record >= T
-    if (n > K) {
-      unsigned long long prefix = 0ull, mask = 0ull;
-      int kk = K;
-      bool in_buf = false;
-      long long nbuf = 0;
-      for (int d = 0; d < 6; ++d) {
-        const int sh = d < 5 ? 53 - 11 * d : 0;
-        const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
-        for (int i = tid; i < NBIN; i += SEL_THREADS) hist[i] = 0u;
-        __syncthreads();
-        if (in_buf) {
-          for (long long i = tid; i < nbuf; i += SEL_THREADS) {
-            const unsigned long long r = buf[i];
-            if ((r & mask) == prefix) atomicAdd(&hist[(r >> sh) & bm], 1u);
-          }
-        } else {
-          for (long long i = tid; i < n; i += SEL_THREADS) {
-            const unsigned long long r = src.get(i);
-            if ((r & mask) == prefix) atomicAdd(&hist[(r >> sh) & bm], 1u);
-          }
-        }
-        __syncthreads();
-        // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
-        unsigned loc = 0;
-#pragma unroll
-        for (int qd = 0; qd < 4; ++qd) loc += hist[NBIN - 1 - 4 * tid - qd];
-        wsum[tid] = loc;
-        __syncthreads();
-        for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
-          const unsigned y = tid >= o ? wsum[tid - o] : 0u;
-          __syncthreads();
-          wsum[tid] += y;
-          __syncthreads();
-        }
-        const unsigned incl = wsum[tid], excl = incl - loc;
-        if (excl < (unsigned)kk && incl >= (unsigned)kk) {
-          unsigned acc = excl;
-#pragma unroll
-          for (int qd = 0; qd < 4; ++qd) {
-            const int b = NBIN - 1 - 4 * tid - qd;
-            if (acc + hist[b] >= (unsigned)kk) {
-              s_bin = b;
-              s_above = (int)acc;
-              s_cnt = (int)hist[b];
-              break;
-            }
-            acc += hist[b];
-          }
-        }
-        __syncthreads();
-        kk -= s_above;
-        prefix |= (unsigned long long)s_bin << sh;
-        mask |= (unsigned long long)bm << sh;
-        const int cnt = s_cnt;
-        __syncthreads();
-        if (cnt == kk) {
-          T = prefix;
-          break;
-        }
-        if (!in_buf && cnt <= scap) {
-          if (tid == 0) s_n = 0;
-          __syncthreads();
-          for (long long i = tid; i < n; i += SEL_THREADS) {
-            const unsigned long long r = src.get(i);
-            if ((r & mask) == prefix) buf[atomicAdd(&s_n, 1)] = r;
-          }
-          __syncthreads();
-          nbuf = s_n;
-          in_buf = true;
-          __syncthreads();
-        }
-      }
-    }
-    // collect every record >= T (exactly min(K, n) of them)
-    if (tid == 0) s_n = 0;
-    __syncthreads();
-    for (long long i = tid; i < n; i += SEL_THREADS) {
-      const unsigned long long r = src.get(i);
-      if (r >= T) {
-        const int p = atomicAdd(&s_n, 1);
-        if (p < SEL_KMAX) sel[p] = r;
-      }
-    }
-    __syncthreads();
-    const int m = min(s_n, SEL_KMAX);
-    int P2 = 1;
-    while (P2 < m) P2 <<= 1;
-    for (int i = m + tid; i < P2; i += SEL_THREADS) sel[i] = 0ull;
-    __syncthreads();
-    for (int k2 = 2; k2 <= P2; k2 <<= 1) {
-      for (int j = k2 >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < P2; i += SEL_THREADS) {
-          const int ixj = i ^ j;
-          if (ixj > i) {
-            const unsigned long long a = sel[i], b = sel[ixj];
-            const bool desc = (i & k2) == 0;
-            if (desc ? (a < b) : (a > b)) {
-              sel[i] = b;
-              sel[ixj] = a;
-            }
-          }
-        }
-        __syncthreads();
-      }
-    }
-    if (ids_out) {
-      for (int i = tid; i < K; i += SEL_THREADS)
-        ids_out[(long long)row * K + i] = i < m ? (int)(~(uint32_t)(sel[i] & 0xffffffffull)) : -1;
-    }
-    if (kth_out && tid == 0) kth_out[row] = (m >= K) ? sel[K - 1] : 0ull;
-    __syncthreads();
   }
 }
 
