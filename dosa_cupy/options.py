@@ -60,7 +60,9 @@ OPTIONS = {
     "screen": "auto",
     "planner": "fused",
     "tie_reject": True,
+    "route": "auto",
 }
+ROUTES = ("auto", "dosa", "dense")  # cost.py: the route choice (docs/method.md §9)
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
 
@@ -84,6 +86,7 @@ class DosaGpuStats(SelectStats):
     """
 
     screen: str = None  # the screen kernel that ran ("fp64", "fast32", "pair"; auto's pick)
+    route: object = None  # cost.RouteChoice: the route taken, why, and the predicted times
     stage_ms: dict = None  # CUDA-event time per stage (timing=True)
     bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
     # stream="shared" (docs/method.md §9): keys of the query's group shared set (the shared
@@ -164,6 +167,8 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
+    if not isinstance(o["route"], str) or o["route"] not in ROUTES:
+        raise ValueError(f"route: expected one of {ROUTES}, got {o['route']!r}")
     if not isinstance(o["tie_reject"], (bool, np.bool_)):
         raise ValueError(f"tie_reject: expected a bool, got {o['tie_reject']!r}")
     if o["planner"] not in PLANNERS:

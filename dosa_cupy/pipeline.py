@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._build import cupy_or_raise
+from .cost import H200, RouteChoice, early_route, sample_route
+from .dense import dense_ids
 from .options import start
 from .plan import DevicePlan, build_plans
 from .plan_fused import build_plans_fused
@@ -78,10 +80,15 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True, default:
         chunks with a query at τ = 0 are screened by the tie-aware build — the rule against
         the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7 "Tie-aware
-        rejection and zero plateaus"; False: the plain rule U < τ everywhere); return_stats,
-        timing, debug_bounds.
+        rejection and zero plateaus"; False: the plain rule U < τ everywhere); route
+        ("auto", default: the dense route when the cost model predicts it faster — before
+        any work for small chunks, else after the seeds from a timed sample screen of each
+        screen candidate, which also picks r = 14 or 30; cost.py, docs/method.md §9 "Route
+        choice"; "dosa": always screen, with ``screen``'s pick; "dense": the dense route);
+        return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
-    contract), equal to ``dense_topk``; with return_stats=True, (ids, DosaGpuStats).
+    contract), equal to ``dense_topk`` whichever route ran; with return_stats=True, (ids,
+    DosaGpuStats; ``stats.route`` is the ``cost.RouteChoice``).
     """
     cp = cupy_or_raise()
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
@@ -89,12 +96,26 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         return empty
     stats = o["return_stats"] or o["debug_bounds"]
 
+    # the route choice (docs/method.md §9 "Route choice"; cost.py): decision 1, no device work
+    if o["route"] == "dense" or (o["route"] == "auto" and early_route(H200, b.Qn, b.N, b.heads)):
+        reason = "option" if o["route"] == "dense" else "early"
+        pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
+        return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
+                            stats)  # fmt: skip
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
-    o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-    st.screen = o["screen"]
+    if o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
+        route = sample_route(b, seeds, rho, o, plan_stage)
+        tm.mark("route")
+        if route.route == "dense":
+            return _dense_route(b, st, tm, route, seeds, stats)
+        o["screen"], r = route.screen, route.r
+    else:
+        o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        route = RouteChoice("dosa", "option", o["screen"], r)
+    st.screen, st.route = o["screen"], route
     plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
@@ -141,6 +162,46 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     st.r = np.where(rec, 0, r_plan)  # 0 when dense (dosa_ref.options.STATS)
     st.omitted_positive = np.where(rec, 0, cp.asnumpy(plan.omitted_positive))
     st.aggregated = np.where(rec, 0, cp.asnumpy(plan.aggregated))
+    _route_stats(st, route, b.heads)
     st.stage_ms = dict(tm.ms)
     st.bounds = screened.bounds
+    return ids, st
+
+
+def _route_stats(st, route: RouteChoice, heads: int) -> None:
+    """The route choice in the statistics: the samples' bound work (docs/method.md §6
+    "Cost") and, for DoSA, the sampled survival of the screen that ran and the work estimate
+    f + (1 − f)((r + 2)/H + m)."""
+    if route.bound_work is not None:
+        st.bound_work = st.bound_work + route.bound_work
+    key = f"{route.screen}/{route.r}"
+    if route.route == "dosa" and key in route.survival:
+        m = route.survival[key]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(st.visible > 0, st.seeds / np.maximum(st.visible, 1), 0.0)
+        st.est_survival = np.full(st.Qn, m)
+        st.est_work = f + (1.0 - f) * ((route.r + 2) / heads + m)
+
+
+def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):
+    """The chunk by the dense route (``dense.dense_ids``; exact like every route); with
+    ``seeds`` (decision 2) their scoring and the anchors' count in the statistics."""
+    cp = cupy_or_raise()
+    ids = dense_ids(b).astype(cp.int64)
+    tm.mark("dense")
+    if not stats:
+        return ids
+    vis = cp.asnumpy(b.ke.astype(cp.int64) - b.ks.astype(cp.int64))
+    st.visible, st.route, st.screen = vis, route, None
+    st.dense[:] = True
+    st.tau_final = np.full(b.Qn, np.nan)  # the dense route keeps no K-th record
+    if seeds is not None:
+        st.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
+        st.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64) + st.explicit_seeds
+        st.tau = cp.asnumpy(seeds.tau)
+        if seeds.anchors is not None:
+            st.anchor_scored = int(vis[cp.asnumpy(seeds.anchors)].sum())
+    st.scored = st.seeds + vis  # the seeds were scored before the route was chosen
+    _route_stats(st, route, b.heads)
+    st.stage_ms = dict(tm.ms)
     return ids, st

@@ -255,6 +255,13 @@ class ScreenLaunch:
             return cls(name, extra, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
         return cls(name, SCREENS[screen] + extra, grid, T * ROWB + T * 8, args, tie=tie)
 
+    def function(self):
+        """The compiled kernel (built and loaded on first use; cost.sample_route calls it
+        before timing a launch)."""
+        if self.hopper:
+            return sm90a.kernel(self.name, self.mts, self.defines)
+        return kernel(self.name, self.smem, self.defines)
+
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None, tcnt=None) -> None:
         """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
         (U, id) records of the survivors (screen_cert only), tcnt uint32 [Qn] (zeroed; the
@@ -263,12 +270,7 @@ class ScreenLaunch:
         out = (surv, bounds if bounds is not None else null)
         if self.tie:
             out += (tcnt if tcnt is not None else null,)
-        launch = (
-            sm90a.kernel(self.name, self.mts, self.defines)
-            if self.hopper
-            else kernel(self.name, self.smem, self.defines)
-        )
-        launch(
+        self.function()(
             self.grid,
             (sm90a.threads(self.mts) if self.hopper else SCREEN_THREADS,),
             self.args + out + (cert.args() if cert is not None else ()),

@@ -16,3 +16,23 @@ settings.register_profile("ci", derandomize=True, max_examples=60, print_blob=Tr
 settings.register_profile("dev", max_examples=200, print_blob=True, **_common)
 settings.register_profile("nightly", max_examples=20000, print_blob=True, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _screening_route(request, monkeypatch):
+    """GPU tests of the screening pipeline run DoSA's stages: the route choice
+    (dosa_cupy/cost.py, docs/method.md §9 "Route choice") would send their small chunks to
+    the dense route before any screen ran, and each test would then check the dense route
+    against itself.  So the default route is "dosa" in tests marked ``gpu``; tests of the
+    route choice are marked ``route_choice`` and see the library's default ("auto")."""
+    if request.node.get_closest_marker("gpu") and not request.node.get_closest_marker(
+        "route_choice"
+    ):
+        try:
+            from dosa_cupy import options
+        except ImportError:  # pragma: no cover - dosa_cupy always imports (no CuPy needed)
+            return
+        monkeypatch.setitem(options.OPTIONS, "route", "dosa")

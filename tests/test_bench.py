@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dosa_cupy import bench as B
+from dosa_cupy import cost
 from dosa_cupy.bench import decode as BD
 from dosa_cupy.bench import decode_peers as DP
 from dosa_cupy.bench import peers as P
@@ -470,6 +471,10 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
                 survivors=np.arange(n) % 7, screened=np.full(n, 100), kept=np.full(n, K),
                 overflowed=np.zeros(n, bool), recovered=np.zeros(n, bool),
                 stage_ms={s: 1.0 for s in (B.DOSA_STAGES if name == "dosa" else B.FUSED_STAGES)},
+                visible=np.full(n, 100), scored=np.full(n, 5), anchor_scored=10,
+                route=cost.RouteChoice("dosa", "sampled", "pair", 6,
+                                       predicted_ms={"dense": 2.0, "pair/6": 1.5},
+                                       survival={"pair/6": 0.03}) if name == "dosa" else None,
             )  # fmt: skip
             return ids, st
 
@@ -509,6 +514,14 @@ def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
     assert (r["dosa_subchunk"], r["stats_subchunk"], r["fused_subchunk"]) == (32, 8, 64)
     assert set(calls["dosa_rows"]) == {32, 8} and set(calls["fused_rows"]) == {64}
     assert r["dosa_stage_ms"]["screen"] == Qn // 8  # 1 ms per stats sub-chunk, summed
+    # the route choice of each stats sub-chunk, and Σ scored + anchors over Σ visible
+    assert len(r["dosa_routes"]) == Qn // 8
+    assert r["dosa_routes"][0] == {"route": "dosa", "reason": "sampled", "screen": "pair",
+                                   "r": 6, "predicted_ms": {"dense": 2.0, "pair/6": 1.5},
+                                   "survival": {"pair/6": 0.03}}  # fmt: skip
+    assert r["scored_fraction"] == pytest.approx((5 * Qn + 10 * (Qn // 8)) / (100 * Qn))
+    table = B.route_table([r])
+    assert "| dosa (sampled, pair/6) | 16.00 |" in table  # 8 sub-chunks × 2 ms predicted
     for k in ("logits", "dense_route", "fused", "dosa"):
         assert r[f"{k}_floor_ms"] > 0 and r["x_floor"][k] is not None
     assert r["device"] == "fake GPU" and json.loads(logs[-1])["N"] == N

@@ -66,6 +66,7 @@ from .report import (
     load_rows,
     markdown,
     merge_rows,
+    route_table,
     run_meta,
     write_outputs,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "part_index",
     "plots",
     "row_floors",
+    "route_table",
     "run_meta",
     "select_part",
     "sweep_shapes",

@@ -31,7 +31,7 @@ def sanitizer() -> int:
         dense = dosa_cupy.dense_topk(*a)
         seeds = cp.random.RandomState(3).randint(-1, 4096, (16, 300)).astype(cp.int32)
         for kw in ({}, {"seed_ids": seeds}):
-            ids = dosa_cupy.dosa_topk(*a, buffer=16, **kw)
+            ids = dosa_cupy.dosa_topk(*a, buffer=16, route="dosa", **kw)  # the screen, not dense
             fused = dosa_cupy.fused_topk(*a, **kw)
             same = bool(cp.array_equal(dense, ids) and cp.array_equal(dense, fused))
             ok &= same
@@ -47,7 +47,15 @@ def screen() -> int:
 
     wl = make_gpu_workload("calibrated", 1024, 262144, 32, seed=1)
     dosa_cupy.dosa_topk(
-        wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"], r=14
+        wl["q"],
+        wl["w"],
+        wl["k_payload"],
+        wl["k_scale"],
+        2048,
+        wl["ks"],
+        wl["ke"],
+        r=14,
+        route="dosa",
     )
     cp.cuda.Device().synchronize()
     return 0

@@ -25,8 +25,8 @@ def main(argv=None) -> int:
             for r in (14, 30):
                 for bits in (13, 17, 24):
                     ids, st = dosa_cupy.dosa_topk(
-                        *a, r=r, mma_bits=bits, screen="fp64", return_stats=True
-                    )  # r as given, not auto's
+                        *a, r=r, mma_bits=bits, screen="fp64", route="dosa", return_stats=True
+                    )  # r as given, not auto's; screened, never the dense route
                     sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
                     eq = bool(cp.array_equal(ids, dense))
                     print(

@@ -26,9 +26,9 @@ def dump(path: str) -> int:
         a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 512, wl["ks"], wl["ke"])
         key = f"{regime}_{H}_{Qn}_{N}"
         out[key + "_dense"] = cp.asnumpy(dosa_cupy.dense_topk(*a))
-        out[key + "_dosa"] = cp.asnumpy(dosa_cupy.dosa_topk(*a))
+        out[key + "_dosa"] = cp.asnumpy(dosa_cupy.dosa_topk(*a, route="dosa"))
         out[key + "_fused"] = cp.asnumpy(dosa_cupy.fused_topk(*a))
-        out[key + "_pair"] = cp.asnumpy(dosa_cupy.dosa_topk(*a, screen="pair", r=6))
+        out[key + "_pair"] = cp.asnumpy(dosa_cupy.dosa_topk(*a, screen="pair", r=6, route="dosa"))
         out[key + "_logits"] = cp.asnumpy(dosa_cupy.dense_logits(*a[:4], wl["ks"], wl["ke"]))
     np.savez(path, **out)
     print(f"dumped {len(out)} arrays to {path}")

@@ -29,9 +29,24 @@ def _survival(survivors, screened) -> dict:
     }
 
 
+def _route_record(rc) -> dict:
+    """A ``cost.RouteChoice`` as JSON: route, reason, screen, r, predicted ms, survival."""
+    return {"route": rc.route, "reason": rc.reason, "screen": rc.screen, "r": rc.r,
+            "predicted_ms": dict(rc.predicted_ms), "survival": dict(rc.survival)}  # fmt: skip
+
+
+def _scored_fraction(parts) -> float:
+    """Σ fully scored keys (seeds, anchors, refinement, dense queries) / Σ visible over the
+    sub-chunks' statistics (``SelectStats.scored_fraction`` pooled)."""
+    vis = sum(int(p.visible.sum()) for p in parts)
+    done = sum(int(p.scored.sum()) + int(p.anchor_scored) for p in parts)
+    return done / vis if vis else float("nan")
+
+
 def _stats_run(fn, s, sub, K, opts):
     """ids and stats of one route over sub-chunks of set ``s`` (per-query arrays
-    concatenated, stage times summed)."""
+    concatenated, the route choices listed, the scored fraction pooled; stage times
+    summed)."""
     import cupy as cp
 
     ids, parts, stage = [], [], {}
@@ -42,7 +57,11 @@ def _stats_run(fn, s, sub, K, opts):
         parts.append(st)
         for k, v in st.stage_ms.items():
             stage[k] = stage.get(k, 0.0) + v
-    cat = {}
+    cat = {
+        # the route choice of each sub-chunk (dosa_cupy/cost.py) and the work accounting
+        "routes": [_route_record(p.route) for p in parts if getattr(p, "route", None)],
+        "scored_fraction": _scored_fraction(parts),
+    }
     for k in ("survivors", "screened", "kept", "overflowed", "recovered"):
         vals = [getattr(p, k) for p in parts]
         cat[k] = None if any(v is None for v in vals) else np.concatenate(vals)
@@ -211,6 +230,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
             continue
         v["ids_equal_dense"] = bool(cp.array_equal(vids, dense_ids))
         v["stage_ms"] = vstage
+        v["routes"], v["scored_fraction"] = vst["routes"], vst["scored_fraction"]
         v["survival_pooled"] = _survival(vst["survivors"], vst["screened"])["survival_pooled"]
         v["speedup_vs_dense"] = res["dense_route_ms"] / v["ms"]
         v["speedup_vs_fused"] = res["fused_ms"] / v["ms"]
@@ -219,6 +239,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)
     res["dosa_ids_equal_dense"] = bool(cp.array_equal(ids, dense_ids))
     res["dosa_stage_ms"] = stage
+    res["dosa_routes"], res["scored_fraction"] = st["routes"], st["scored_fraction"]
     del ids
     res.update(_survival(st["survivors"], st["screened"]))
     res["kept_mean"] = float(st["kept"].mean())

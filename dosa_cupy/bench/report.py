@@ -169,6 +169,7 @@ def markdown(rows, meta=None) -> str:
                 + " | ".join(cell(fs.get(s)) for s in FUSED_STAGES)
                 + " |\n"
             )
+        out.append(route_table(done))
         out.append(
             "\nSurvival per query (survivors / screened keys; pooled = Σ survivors / "
             "Σ screened):\n\n| regime | H | Qn | N | pooled | mean | p10 | p50 | p90 | max "
@@ -253,6 +254,42 @@ def write_outputs(rows, out: Path, meta, with_plots=False) -> list[Path]:
     from .plots import plots  # matplotlib only when figures are asked for
 
     return plots(rows, out)
+
+
+def route_table(rows) -> str:
+    """The route choice beside the measurements (dosa_cupy/cost.py): per shape, the route
+    of each sub-chunk (reason, screen/r), the model's dense-route time against the measured
+    one, DoSA's predicted time (its stages up to the choice, measured, plus the chosen
+    candidate's predicted rest; the dense time when dense was chosen) against the measured
+    DoSA time, and the fraction of visible keys fully scored."""
+    done = [r for r in rows if r.get("dosa_routes")]
+    if not done:
+        return ""
+    out = [
+        "\nRoute choice (dosa_cupy/cost.py; predictions of the committed model, ms):\n\n"
+        "| regime | H | Qn | N | route | dense predicted | dense measured | DoSA predicted "
+        "| DoSA measured | fully scored |\n|" + "---|" * 10 + "\n"
+    ]
+    for r in done:
+        rs, st = r["dosa_routes"], r.get("dosa_stage_ms") or {}
+        names = sorted(
+            f"{x['route']} ({x['reason']}" + (f", {x['screen']}/{x['r']})" if x["screen"] else ")")
+            for x in rs
+        )
+        names = sorted(set(names))
+        nan = float("nan")
+        dense = sum(x["predicted_ms"].get("dense", nan) for x in rs)
+        before = sum(st.get(k, 0.0) for k in ("prepare", "seeds", "route"))
+        rest = sum(
+            x["predicted_ms"].get(f"{x['screen']}/{x['r']}", x["predicted_ms"].get("dense", nan))
+            for x in rs
+        )
+        out.append(
+            f"| {r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']} | {'; '.join(names)} | "
+            f"{cell(dense)} | {cell(r.get('dense_route_ms'))} | {cell(before + rest)} | "
+            f"{cell(r.get('dosa_ms'))} | {cell(r.get('scored_fraction'), '{:.4f}')} |\n"
+        )
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------- GPU part

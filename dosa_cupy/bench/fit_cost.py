@@ -1,0 +1,102 @@
+"""Fit the route choice's cost model (dosa_cupy/cost.py, docs/method.md §9 "Route choice")
+to measured stage times: ``python -m dosa_cupy.bench.fit_cost FILE.json ...`` prints the
+constants of a ``cost.CostModel``.
+
+Each file is a ``dosa bench`` JSON (a list of shape rows); every row gives
+- the dense route's logits time and selection time (``logits_ms``, ``select_ms``) at its
+  visible pairs and heads,
+- DoSA's stage split (``dosa_stage_ms``) with its pooled survival, and each variant's.
+The fits are least squares of non-negative linear models (docs/method.md §9 lists them):
+logits = l0 + flop / R (one R per head count), selection = s0 + s1 · rows · N,
+refinement = f0 · Qn · N + f1 · survivors · H (the survivor bitmask is read whole), DoSA's
+selection and recovery = g0 + g1 · kept records.
+The early test's floor is the smallest DoSA call measured (``dosa_ms``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+__all__ = ["fit", "main"]
+
+
+def _nnls2(x, y):
+    """(a, b) ≥ 0 minimizing Σ (a + b x − y)², by least squares clipped to the boundary."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    A = np.stack([np.ones_like(x), x], axis=1)
+    a, b = np.linalg.lstsq(A, y, rcond=None)[0]
+    if a < 0:
+        a, b = 0.0, float(x @ y / (x @ x))
+    if b < 0:
+        a, b = float(y.mean()), 0.0
+    return float(a), float(b)
+
+
+def _nnls_through0(X, y):
+    """c ≥ 0 minimizing ‖X c − y‖ (no intercept): least squares, refitted without the
+    columns whose coefficient came out negative."""
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    keep = list(range(X.shape[1]))
+    while True:
+        c = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
+        if (c >= 0).all():
+            out = np.zeros(X.shape[1])
+            out[keep] = c
+            return [float(v) for v in out]
+        keep = [k for k, v in zip(keep, c, strict=True) if v >= 0]
+
+
+def _dosa_points(row):
+    """(H, visible, survival, kept, stage_ms) of the row's DoSA runs (default and variants)."""
+    out = []
+    if row.get("dosa_stage_ms"):
+        out.append((row["survival_pooled"], row.get("kept_mean", 0.0), row["dosa_stage_ms"]))
+    for v in (row.get("variants") or {}).values():
+        if v.get("stage_ms") and v.get("survival_pooled") is not None:
+            out.append((v["survival_pooled"], None, v["stage_ms"]))
+    return [(row["H"], row["visible_pairs"], *p, row["Qn"] * row["N"]) for p in out]
+
+
+def fit(rows: list) -> dict:
+    """The cost model's constants (ms, FLOP) fitted to bench rows."""
+    rates, l0s = {}, []
+    for H in sorted({r["H"] for r in rows}):
+        sub = [r for r in rows if r["H"] == H and r.get("logits_ms")]
+        flop = [2.0 * 128 * H * r["visible_pairs"] for r in sub]
+        l0, inv = _nnls2(flop, [r["logits_ms"] for r in sub])
+        rates[H] = 1.0 / inv if inv > 0 else float("inf")
+        l0s.append(l0)
+    sel = [r for r in rows if r.get("select_ms")]
+    s0, s1 = _nnls2([r["Qn"] * r["N"] for r in sel], [r["select_ms"] for r in sel])
+    pts = [p for r in rows for p in _dosa_points(r)]
+    f0, f1 = _nnls_through0([[p[5], p[2] * p[1] * p[0]] for p in pts],
+                            [p[4]["refine"] for p in pts])  # fmt: skip
+    kept = [(r, p) for r in rows for p in _dosa_points(r) if p[3] is not None]
+    g0, g1 = _nnls2([p[3] * r["Qn"] for r, p in kept],
+                    [p[4]["select"] + p[4].get("recover", 0.0) for r, p in kept])  # fmt: skip
+    return {
+        "logits_flop_per_ms": {int(h): v for h, v in rates.items()},
+        "logits_fixed_ms": float(np.median(l0s)),
+        "select_fixed_ms": s0,
+        "select_ms_per_key": s1,
+        "refine_ms_per_key": f0,
+        "refine_ms_per_key_head": f1,
+        "finish_fixed_ms": g0,
+        "finish_ms_per_record": g1,
+        "dosa_floor_ms": float(min(r["dosa_ms"] for r in rows if r.get("dosa_ms"))),
+    }
+
+
+def main(argv=None) -> None:
+    rows = []
+    for path in argv if argv is not None else sys.argv[1:]:
+        rows += [r for r in json.load(open(path)) if isinstance(r, dict) and "H" in r]
+    for k, v in fit(rows).items():
+        print(f"{k} = {v!r}")
+
+
+if __name__ == "__main__":
+    main()

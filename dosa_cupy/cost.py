@@ -1,0 +1,193 @@
+"""The route choice of ``dosa_topk`` on the GPU (docs/method.md §9 "Route choice"): per call
+(chunk), the dense route or DoSA with one of its screens, from a cost model of the H200 and
+a measured sample of the chunk.
+
+Every route returns the same ids (each is exact); the choice only decides the time.  Two
+decisions, both before the expensive work:
+
+1. **Early** (no device work): when even the dense route's predicted time at every key
+   visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``: the fixed
+   costs of prepare, seeds, plan and the launches), the chunk goes dense.
+2. **Sampled** (after seeds, before the plan of the whole chunk): the screen candidates
+   (``candidates``) each plan and screen one block row of evenly spaced queries, timed with
+   CUDA events; their survival and time, scaled to the chunk, plus the fitted refinement and
+   finishing costs, predict DoSA's remaining time per candidate; the dense route's is
+   predicted from the fitted logits and selection rates.  The cheapest wins.
+
+The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
+scoring, in units of work rather than milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from . import sm90a
+from ._build import cupy_or_raise
+from .dense import QG
+from .refine import popcount_rows
+from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_wanted
+
+__all__ = ["H200", "CostModel", "RouteChoice", "candidates", "early_route", "sample_route"]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Milliseconds of the stages on one GPU, linear in the work (docs/method.md §9 "Route
+    choice"; fitted by ``dosa_cupy.bench.fit_cost``).
+
+    logits = logits_fixed_ms + 256·H·pairs / logits_flop_per_ms[H] (nearest fitted H);
+    dense selection = select_fixed_ms + select_ms_per_key · Qn · N;
+    refinement = refine_ms_per_key · Qn · N + refine_ms_per_key_head · survivors · H;
+    DoSA's selection and recovery = finish_fixed_ms + finish_ms_per_record · records;
+    dosa_floor_ms: the smallest DoSA call measured (the early decision).
+    """
+
+    logits_flop_per_ms: dict
+    logits_fixed_ms: float
+    select_fixed_ms: float
+    select_ms_per_key: float
+    refine_ms_per_key: float
+    refine_ms_per_key_head: float
+    finish_fixed_ms: float
+    finish_ms_per_record: float
+    dosa_floor_ms: float
+    fitted_on: str = ""
+
+    def dense_ms(self, Qn: int, N: int, pairs: float, H: int) -> float:
+        """The dense route's predicted time: logits of ``pairs`` visible (query, key) pairs
+        with H heads, then the selection of Qn rows of N."""
+        h = min(self.logits_flop_per_ms, key=lambda x: (abs(x - H), x))
+        logits = self.logits_fixed_ms + 256.0 * H * pairs / self.logits_flop_per_ms[h]
+        return logits + self.select_fixed_ms + self.select_ms_per_key * Qn * N
+
+    def rest_ms(self, Qn: int, N: int, K: int, survivors: float, H: int, screen_ms: float):
+        """DoSA's predicted time after its plan: the screen (``screen_ms``, measured on a
+        sample and scaled), refinement of ``survivors`` and the finish (records bounded by
+        the survivors and by 16·K per query)."""
+        refine = self.refine_ms_per_key * Qn * N + self.refine_ms_per_key_head * survivors * H
+        records = min(survivors, 16.0 * K * Qn)
+        return screen_ms + refine + self.finish_fixed_ms + self.finish_ms_per_record * records
+
+
+# Fitted by `python -m dosa_cupy.bench.fit_cost` on docs/records/results/2026-12-01_00406f8/
+# (bench_prefill.json, bench_iso_many.json, bench_small_qn.json: H200, commit 00406f8).
+H200 = CostModel(
+    logits_flop_per_ms={32: 409314952870.3138, 64: 367592850279.1628},
+    logits_fixed_ms=0.029360919619065062,
+    select_fixed_ms=0.16003952187393025,
+    select_ms_per_key=8.669729647330647e-09,
+    refine_ms_per_key=3.0614518122289503e-09,
+    refine_ms_per_key_head=1.1961580291805044e-09,
+    finish_fixed_ms=1.694305378625485,
+    finish_ms_per_record=1.5755722196898893e-08,
+    dosa_floor_ms=6.120543956756592,
+    fitted_on="00406f8: results/2026-12-01_00406f8/bench_{prefill,iso_many,small_qn}.json",
+)
+
+
+@dataclass
+class RouteChoice:
+    """The route taken and why (``DosaGpuStats.route``).
+
+    route: "dense" or "dosa"; reason: "option", "early" (decision 1), "sampled" (decision 2)
+    or "small" (too few queries to sample: DoSA with ``auto_screen``'s pick); screen, r: the
+    screen that ran (None when dense); predicted_ms: the model's time per candidate
+    ("dense", "pair/6", "wg/14", ...; for "dosa/*" the time after the plan); survival: the
+    sampled survival per candidate; sample: the sampled queries per candidate.
+    """
+
+    route: str
+    reason: str
+    screen: str | None = None
+    r: int | None = None
+    predicted_ms: dict = field(default_factory=dict)
+    survival: dict = field(default_factory=dict)
+    sample: dict = field(default_factory=dict)
+    # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
+    # work accounting of docs/method.md §6 "Cost" counts them)
+    bound_work: object = None
+
+
+def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:
+    """Decision 1: True when the dense route, even with every key visible to every query,
+    is predicted faster than the smallest DoSA call measured."""
+    return model.dense_ms(Qn, N, float(Qn) * N, H) <= model.dosa_floor_ms
+
+
+def candidates(screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None) -> list:
+    """The (screen, r) pairs the sampled decision compares: with ``screen="auto"``, the
+    paired screen alone when ``auto_screen`` picks it, else auto's kernel with r and with
+    R_WIDE (one and two MMA tiles); any other screen: that screen with r.  w fp32 [Qn, Hp]
+    (an ``xp`` array); ``hopper`` as in ``auto_screen``."""
+    pick, rr = auto_screen(screen, r, cert_seeds, w, xp, hopper)
+    if screen != "auto" or pick == "pair" or cert_seeds:
+        return [(pick, rr)]
+    alt = R_WIDE if rr != R_WIDE else r
+    return [(pick, rr)] if alt == rr else [(pick, rr), (pick, alt)]
+
+
+def sample_size(screen: str) -> int:
+    """Queries of one block row of the screen (QG; pairs: two queries per plan row)."""
+    if screen == "wg":
+        return sm90a.QG
+    return 2 * QG if screen == "pair" else QG
+
+
+def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) -> RouteChoice:
+    """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: plan and screen
+    a sample of evenly spaced queries with each candidate (``candidates``), timed; predict
+    each candidate's remaining time and the dense route's; return the cheapest.
+    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage)."""
+    cp = cupy_or_raise()
+    cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
+        return RouteChoice("dosa", "small", *cands[0])
+    vis = (b.ke.astype(cp.int64) - b.ks.astype(cp.int64)).sum()
+    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
+    pairs, screened = (float(x) for x in cp.asnumpy(cp.stack([vis, screened])))
+    tie = tie_screen_wanted(seeds, o)
+    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
+    choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, pairs, b.heads)
+    best = choice.predicted_ms["dense"]
+    for screen, r in cands:
+        n = sample_size(screen)
+        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
+        ms, m, vis_s = _sample(b.rows(idx), seeds, idx, rho, dict(o, screen=screen, r=r),
+                               plan_stage, tie)  # fmt: skip
+        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * (r + 2) / b.heads)
+        key = f"{screen}/{r}"
+        scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
+        choice.predicted_ms[key] = model.rest_ms(b.Qn, b.N, b.K, m * screened, b.heads, ms * scale)
+        choice.survival[key], choice.sample[key] = m, n
+        if choice.predicted_ms[key] < best:
+            best = choice.predicted_ms[key]
+            choice.route, choice.screen, choice.r = "dosa", screen, r
+    return choice
+
+
+def _sample(bs, seeds, idx, rho, o: dict, plan_stage, tie: bool):
+    """(screen ms, survival, visible int64 [n] numpy) of the sampled queries ``idx``
+    (sub-batch ``bs``) with the screen ``o["screen"]`` and r ``o["r"]``; ``tie``: the whole
+    chunk's build choice."""
+    cp = cupy_or_raise()
+    plan = plan_stage(bs, seeds.pool, int(o["r"]), o)
+    kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
+    ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
+    zrow = plateau_rows(plan, bs.w, int(o["mma_bits"]), cp) if tie else None
+    launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
+    surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
+    tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
+    launch.function()  # compiled and loaded before the timed launch
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    launch(surv, None, None, tcnt)
+    end.record()
+    end.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, end)
+    vis = bs.ke.astype(cp.int64) - bs.ks.astype(cp.int64)
+    scr = vis - seeds.default.cnt[idx].astype(cp.int64)
+    s, n = (float(x) for x in cp.asnumpy(cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])))
+    return ms, (s / n if n > 0 else 0.0), cp.asnumpy(vis)

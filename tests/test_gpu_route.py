@@ -1,0 +1,88 @@
+"""The route choice on the GPU (dosa_cupy/cost.py, docs/method.md §9 "Route choice"): every
+branch returns the dense route's ids bitwise, the sampled survival is the full screen's on
+the sampled queries, and the statistics say which route ran and why.
+
+The cost model's constants decide which branch a shape takes; these tests replace them
+(``pipeline.H200``) to drive each branch at small shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from gpu_support import cp, gpu
+
+import dosa_cupy
+from dosa_cupy import cost, pipeline
+from dosa_cupy.workload import make_gpu_workload
+
+pytestmark = pytest.mark.route_choice
+
+SAMPLED = dataclasses.replace(cost.H200, dosa_floor_ms=0.0)  # never decision 1
+NEVER_DENSE = dataclasses.replace(SAMPLED, logits_flop_per_ms={32: 1.0, 64: 1.0})
+ALWAYS_DENSE = dataclasses.replace(
+    SAMPLED, logits_flop_per_ms={32: np.inf, 64: np.inf}, logits_fixed_ms=0.0,
+    select_fixed_ms=0.0, select_ms_per_key=0.0,
+)  # fmt: skip
+
+
+def _args(regime, Qn, N, H, K=256, seed=7):
+    wl = make_gpu_workload(regime, Qn, N, H, seed=seed)
+    return (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+
+
+@gpu
+def test_gpu_small_chunk_takes_the_dense_route_early():
+    a = _args("calibrated", 16, 16384, 64)
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+    assert (st.route.route, st.route.reason) == ("dense", "early")
+    assert st.screen is None and st.dense.all() and (st.seeds == 0).all()
+    assert (st.scored == st.visible).all() and st.scored_fraction == 1.0
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a))
+    ids2, st2 = dosa_cupy.dosa_topk(*a, route="dense", return_stats=True)
+    assert st2.route.reason == "option" and cp.array_equal(ids2, ids)
+
+
+@pytest.mark.parametrize("regime", ["calibrated", "isotropic", "many_positive", "ties", "equal"])
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
+    a = _args(regime, 520, 24000, H)
+    dense = dosa_cupy.dense_topk(*a)
+    seen = {}
+    for name, model in (("sampled", SAMPLED), ("dosa", NEVER_DENSE), ("dense", ALWAYS_DENSE)):
+        monkeypatch.setattr(pipeline, "H200", model)
+        ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+        assert cp.array_equal(ids, dense), name
+        assert st.route.reason == "sampled", name
+        seen[name] = st
+    st = seen["dosa"]
+    assert st.route.route == "dosa" and st.screen == st.route.screen
+    assert (st.dense == st.recovered).all()  # only query-level recovery is dense
+    key = f"{st.route.screen}/{st.route.r}"
+    assert np.isfinite(st.est_survival).all() and (st.est_survival == st.route.survival[key]).all()
+    assert set(st.route.predicted_ms) >= {"dense", key}
+    assert st.bound_work.sum() > 0
+    st = seen["dense"]
+    assert st.route.route == "dense" and st.dense.all() and st.screen is None
+    # the seeds were scored before the route was chosen: counted
+    assert (st.seeds > 0).any() and (st.scored == st.seeds + st.visible).all()
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 32), ("many_positive", 64), ("ties", 32),
+                                      ("isotropic", 64)])  # fmt: skip
+@gpu
+def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
+    """The sample screens the sampled queries exactly as the whole chunk's screen does
+    (same plans, same τ, same build): its survival equals theirs in the full run."""
+    monkeypatch.setattr(pipeline, "H200", NEVER_DENSE)
+    a = _args(regime, 520, 24000, H, seed=11)
+    _, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+    for key, m in st.route.survival.items():
+        screen, r = key.split("/")
+        _, full = dosa_cupy.dosa_topk(*a, route="dosa", screen=screen, r=int(r),
+                                      return_stats=True)  # fmt: skip
+        idx = cp.asnumpy(cp.linspace(0, 519, st.route.sample[key]).astype(cp.int64))
+        s, n = full.survivors[idx].sum(), full.screened[idx].sum()
+        assert m == (s / n if n else 0.0), key
