@@ -20,15 +20,16 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from . import sm90a
 from ._build import cupy_or_raise
 from .dense import QG
+from .plan import DevicePlan
 from .refine import popcount_rows
-from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_wanted
+from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
 __all__ = ["H200", "CostModel", "RouteChoice", "candidates", "early_route", "sample_route"]
 
@@ -109,6 +110,7 @@ class RouteChoice:
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
+    plan: object = None  # the winner's plans of the whole chunk when already built
 
 
 def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:
@@ -137,43 +139,61 @@ def sample_size(screen: str) -> int:
 
 
 def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) -> RouteChoice:
-    """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: plan and screen
-    a sample of evenly spaced queries with each candidate (``candidates``), timed; predict
-    each candidate's remaining time and the dense route's; return the cheapest.
-    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage)."""
+    """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
+    of evenly spaced queries with each candidate (``candidates``), timed; predict each
+    candidate's remaining time and the dense route's; return the cheapest.
+    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage).  The first candidate
+    is planned for the whole chunk (its sample uses those plans' rows, and the pipeline
+    reuses them when it wins: ``RouteChoice.plan``); the others only for their sample."""
     cp = cupy_or_raise()
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
         return RouteChoice("dosa", "small", *cands[0])
     vis = (b.ke.astype(cp.int64) - b.ks.astype(cp.int64)).sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
-    pairs, screened = (float(x) for x in cp.asnumpy(cp.stack([vis, screened])))
-    tie = tie_screen_wanted(seeds, o)
+    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
+    pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
-    choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, pairs, b.heads)
+    choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    for screen, r in cands:
+    full = plan_stage(b, seeds.pool, cands[0][1], o)
+    for i, (screen, r) in enumerate(cands):
         n = sample_size(screen)
         idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
-        ms, m, vis_s = _sample(b.rows(idx), seeds, idx, rho, dict(o, screen=screen, r=r),
-                               plan_stage, tie)  # fmt: skip
+        bs = b.rows(idx)
+        plan = plan_rows(full, idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
+        ms, m, vis_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * (r + 2) / b.heads)
         key = f"{screen}/{r}"
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
-        choice.predicted_ms[key] = model.rest_ms(b.Qn, b.N, b.K, m * screened, b.heads, ms * scale)
+        choice.predicted_ms[key] = model.rest_ms(
+            b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
+        )
         choice.survival[key], choice.sample[key] = m, n
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", screen, r
+            choice.plan = full if i == 0 else None
     return choice
 
 
-def _sample(bs, seeds, idx, rho, o: dict, plan_stage, tie: bool):
+def plan_rows(plan: DevicePlan, idx) -> DevicePlan:
+    """The plans of queries ``idx`` (every per-query field indexed; the same rows, so the
+    same bounds as in the whole chunk)."""
+    qn = plan.rows.shape[0]
+    per_query = {
+        f.name: getattr(plan, f.name)[idx]
+        for f in fields(plan)
+        if getattr(getattr(plan, f.name), "shape", ())[:1] == (qn,)
+    }
+    return replace(plan, **per_query)
+
+
+def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     """(screen ms, survival, visible int64 [n] numpy) of the sampled queries ``idx``
-    (sub-batch ``bs``) with the screen ``o["screen"]`` and r ``o["r"]``; ``tie``: the whole
-    chunk's build choice."""
+    (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
+    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
     cp = cupy_or_raise()
-    plan = plan_stage(bs, seeds.pool, int(o["r"]), o)
     kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
     ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
     zrow = plateau_rows(plan, bs.w, int(o["mma_bits"]), cp) if tie else None
@@ -185,9 +205,9 @@ def _sample(bs, seeds, idx, rho, o: dict, plan_stage, tie: bool):
     start.record()
     launch(surv, None, None, tcnt)
     end.record()
-    end.synchronize()
-    ms = cp.cuda.get_elapsed_time(start, end)
     vis = bs.ke.astype(cp.int64) - bs.ks.astype(cp.int64)
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
-    s, n = (float(x) for x in cp.asnumpy(cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])))
-    return ms, (s / n if n > 0 else 0.0), cp.asnumpy(vis)
+    out = cp.concatenate([cp.stack([popcount_rows(surv, cp).sum(), scr.sum()]), vis])
+    out = cp.asnumpy(out)  # synchronizes the stream: the end event has completed
+    s, n = float(out[0]), float(out[1])
+    return cp.cuda.get_elapsed_time(start, end), (s / n if n > 0 else 0.0), out[2:]

@@ -157,15 +157,16 @@ def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> N
                    recB=(recB, cntB) if recB is not None else None)  # fmt: skip
 
 
-def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None):
+def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=True):
     """The dense route: canonical logits of every visible key, then exact selection.
 
     Returns int64 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
     keys) — the ``dosa_ref.topk_ids`` contract (docs/design.md).  ``chunk`` limits queries per
-    logits buffer (memory: chunk·N·4 bytes).
+    logits buffer (memory: chunk·N·4 bytes); ``check=False`` skips the value checks of
+    ``prepare.check_inputs`` (a caller that validated its inputs; no synchronization).
     """
     cp = cupy_or_raise()
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke)
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, bool(check))
     q, w = pad_heads(q, w)
     return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
 

@@ -61,6 +61,7 @@ OPTIONS = {
     "planner": "fused",
     "tie_reject": True,
     "route": "auto",
+    "check": True,
 }
 ROUTES = ("auto", "dosa", "dense")  # cost.py: the route choice (docs/method.md §9)
 PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
@@ -169,8 +170,9 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:
         raise ValueError(f"route: expected one of {ROUTES}, got {o['route']!r}")
-    if not isinstance(o["tie_reject"], (bool, np.bool_)):
-        raise ValueError(f"tie_reject: expected a bool, got {o['tie_reject']!r}")
+    for k in ("tie_reject", "check"):
+        if not isinstance(o[k], (bool, np.bool_)):
+            raise ValueError(f"{k}: expected a bool, got {o[k]!r}")
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     if o["screen"] == "wg" and _certificate_on(o, names):
@@ -236,7 +238,7 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     cp = cupy_or_raise()
     o = check_options(options)
     tm = StageTimer(o["timing"])
-    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke)
+    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]))
     o = resolve_options(o, b.K)
     o["seed_ids"] = device_seed_ids(o["seed_ids"], b.Qn, b.N)
     st = DosaGpuStats(b.Qn, stage_ms={})

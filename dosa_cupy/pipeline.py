@@ -85,7 +85,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         any work for small chunks, else after the seeds from a timed sample screen of each
         screen candidate, which also picks r = 14 or 30; cost.py, docs/method.md §9 "Route
         choice"; "dosa": always screen, with ``screen``'s pick; "dense": the dense route);
-        return_stats, timing, debug_bounds.
+        check (True, default: the inputs' values are checked on the device with one
+        synchronization; False: only shapes and dtypes — for callers that validated them,
+        ``prepare.check_inputs``); return_stats, timing, debug_bounds.
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk`` whichever route ran; with return_stats=True, (ids,
     DosaGpuStats; ``stats.route`` is the ``cost.RouteChoice``).
@@ -116,7 +118,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
         route = RouteChoice("dosa", "option", o["screen"], r)
     st.screen, st.route = o["screen"], route
-    plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
+    plan = route.plan if route.plan is not None else plan_stage(b, seeds.pool, r, o)
+    route.plan = None  # the statistics keep the choice, not the chunk's plans  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")

@@ -176,8 +176,14 @@ def tie_screen_wanted(seeds: Seeds, o: dict) -> bool:
     keep the plain kernels; a small τ > 0 could also gain from min(U, 0) (a plateau key
     whose allowances lift U above τ), which this choice forgoes — efficiency, not
     exactness."""
-    cp = cupy_or_raise()
-    return bool(o["tie_reject"]) and bool(cp.any(seeds.tau == 0))
+    return bool(tie_screen_flag(seeds, o, cupy_or_raise()))
+
+
+def tie_screen_flag(seeds: Seeds, o: dict, xp):
+    """``tie_screen_wanted`` as a 0-d device bool (no synchronization)."""
+    if not o["tie_reject"]:
+        return xp.zeros((), dtype=bool)
+    return xp.any(seeds.tau == 0)
 
 
 def auto_screen(

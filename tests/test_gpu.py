@@ -322,6 +322,34 @@ def test_bad_input_raises():
 
 
 @gpu
+def test_value_checks_name_the_argument_and_can_be_skipped():
+    """prepare.check_inputs reads every value check back in one synchronization and still
+    names the argument of the first failing one; ``check=False`` skips them and returns
+    the same ids on valid inputs."""
+    wl = make_gpu_workload("structured", 8, 1024, 32, seed=2)
+    args = [wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"]]
+    q_nan, kp_nan, w_inf = wl["q"].copy(), wl["k_payload"].copy(), wl["w"].copy()
+    q_nan[3, 5, 7], kp_nan[1000, 0], w_inf[7, 31] = 0xFF, 0x7F, np.inf
+    ks_lo, ke_hi, ks_hi, ke_lo = (wl[k].copy() for k in ("ks", "ke", "ks", "ke"))
+    ks_lo[2], ke_hi[6], ks_hi[4], ke_lo[4] = -1, 1025, 10, 5  # the last: in range, ks > ke
+    cases = [
+        ({0: q_nan}, "q: contains"), ({2: kp_nan}, "k_payload: contains"),
+        ({1: w_inf}, "w: contains"), ({5: ks_lo}, "ks: entries"), ({6: ke_hi}, "ke: entries"),
+        ({5: ks_hi, 6: ke_lo}, r"ks: ks\[4\] > ke\[4\]"),
+    ]  # fmt: skip
+    for f in (dosa_cupy.dosa_topk, dosa_cupy.dense_topk, dosa_cupy.fused_topk):
+        for repl, msg in cases:
+            bad = list(args)
+            for i, v in repl.items():
+                bad[i] = v
+            with pytest.raises(ValueError, match=msg):
+                f(*bad)
+        assert cp.array_equal(f(*args, check=False), f(*args))
+    with pytest.raises(ValueError, match="check"):
+        dosa_cupy.dosa_topk(*args, check=1)
+
+
+@gpu
 def test_public_ids_int64():
     """docs/design.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
     contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""

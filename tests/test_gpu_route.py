@@ -22,9 +22,13 @@ pytestmark = pytest.mark.route_choice
 SAMPLED = dataclasses.replace(cost.H200, dosa_floor_ms=0.0)  # never decision 1
 NEVER_DENSE = dataclasses.replace(SAMPLED, logits_flop_per_ms={32: 1.0, 64: 1.0})
 ALWAYS_DENSE = dataclasses.replace(
-    SAMPLED, logits_flop_per_ms={32: np.inf, 64: np.inf}, logits_fixed_ms=0.0,
-    select_fixed_ms=0.0, select_ms_per_key=0.0,
-)  # fmt: skip
+    SAMPLED,
+    logits_flop_per_ms={32: np.inf, 64: np.inf},
+    logits_fixed_ms=0.0,
+    select_fixed_ms=0.0,
+    select_ms_per_key=0.0,
+    dosa_floor_ms=-1.0,
+)  # fmt: skip  (dense predicted at 0 ms; a floor below it keeps decision 1 out)
 
 
 def _args(regime, Qn, N, H, K=256, seed=7):
