@@ -6,6 +6,8 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     dosa_topk(q, w, k_payload, k_scale, K, ks, ke, **o) DoSA; ids == dense_topk bitwise
                                                         (int64 ids, −1 padding, as dosa_ref)
     fused_topk(...)                                     fused scoring + online τ filter
+    RouteMemo(refresh)                                  route choices kept across chunks
+                                                        (dosa_topk(..., route_memo=memo))
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ
     bench.main(argv)                                    `dosa bench` (routes in one run)
@@ -17,6 +19,7 @@ Records of runs and figures: docs/records/gpu_tests.md, docs/records/benchmarks.
 docs/records/notes.md.
 """
 
+from .cost import RouteMemo
 from .dense import dense_logits, dense_topk, select_records, select_rows
 from .fused import fused_topk
 from .options import DosaGpuStats
@@ -25,6 +28,7 @@ from .prepare import key_rho, quantize_keys
 
 __all__ = [
     "DosaGpuStats",
+    "RouteMemo",
     "dense_logits",
     "dense_topk",
     "dosa_topk",

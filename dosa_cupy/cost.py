@@ -31,7 +31,15 @@ from .plan import DevicePlan
 from .refine import popcount_rows
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
-__all__ = ["H200", "CostModel", "RouteChoice", "candidates", "early_route", "sample_route"]
+__all__ = [
+    "H200",
+    "CostModel",
+    "RouteChoice",
+    "RouteMemo",
+    "candidates",
+    "early_route",
+    "sample_route",
+]
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,9 @@ H200 = CostModel(
 class RouteChoice:
     """The route taken and why (``DosaGpuStats.route``).
 
-    route: "dense" or "dosa"; reason: "option", "early" (decision 1), "sampled" (decision 2)
-    or "small" (too few queries to sample: DoSA with ``auto_screen``'s pick); screen, r: the
+    route: "dense" or "dosa"; reason: "option", "early" (decision 1), "sampled" (decision 2),
+    "memo" (a ``RouteMemo``'s earlier choice) or "small" (too few queries to sample: DoSA
+    with ``auto_screen``'s pick); screen, r: the
     screen that ran (None when dense); predicted_ms: the model's time per candidate
     ("dense", "pair/6", "wg/14", ...; for "dosa/*" the time after the plan); survival: the
     sampled survival per candidate; sample: the sampled queries per candidate.
@@ -111,6 +120,48 @@ class RouteChoice:
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
     plan: object = None  # the winner's plans of the whole chunk when already built
+
+
+class RouteMemo:
+    """The route choices of earlier calls, for a caller that runs one indexer layer over
+    many chunks (``dosa_topk(..., route_memo=memo)``): a chunk of the same kind as a recent
+    one takes that one's route without preparing, seeding or sampling — the dense route at
+    once, or DoSA with the remembered screen and r — and every ``refresh``-th call of a
+    kind samples again, so the choice follows the data.  The kind of a chunk is its shape
+    (Qn and N rounded up to powers of two, H, K) and the options the choice depends on.
+    Only the time depends on the memo: every route is exact (docs/method.md §9 "Route
+    choice").  Not thread-safe; one memo per layer (queries of different layers differ)."""
+
+    def __init__(self, refresh: int = 16):
+        if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
+            raise ValueError(f"refresh: expected an integer >= 1, got {refresh!r}")
+        self.refresh = refresh
+        self._seen: dict = {}  # kind → [RouteChoice, calls since it was sampled]
+
+    @staticmethod
+    def kind(b, o: dict) -> tuple:
+        """The memo key of batch ``b`` with options ``o``."""
+        p2 = lambda n: 1 << max(0, int(n) - 1).bit_length()  # noqa: E731
+        return (p2(b.Qn), p2(b.N), b.heads, b.K, o["screen"], int(o["r"]), int(o["cert_seeds"]))
+
+    def recall(self, key) -> RouteChoice | None:
+        """The remembered choice for ``key`` (counted as one use), or None when there is
+        none or it is due to be sampled again."""
+        hit = self._seen.get(key)
+        if hit is None or hit[1] >= self.refresh - 1:
+            return None
+        hit[1] += 1
+        c = hit[0]
+        return RouteChoice(c.route, "memo", c.screen, c.r, dict(c.predicted_ms), dict(c.survival))
+
+    def store(self, key, choice: RouteChoice) -> None:
+        """Remember a sampled choice (its statistics, not its plans)."""
+        c = choice
+        kept = RouteChoice(c.route, c.reason, c.screen, c.r, dict(c.predicted_ms), dict(c.survival))
+        self._seen[key] = [kept, 0]
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:

@@ -24,6 +24,7 @@ from dosa_ref.options import (
 )
 
 from ._build import cupy_or_raise
+from .cost import RouteMemo
 from .emulate import record_score
 from .prepare import pad_batch
 from .refine import STREAMS
@@ -61,6 +62,7 @@ OPTIONS = {
     "planner": "fused",
     "tie_reject": True,
     "route": "auto",
+    "route_memo": None,
     "check": True,
 }
 ROUTES = ("auto", "dosa", "dense")  # cost.py: the route choice (docs/method.md §9)
@@ -170,6 +172,9 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:
         raise ValueError(f"route: expected one of {ROUTES}, got {o['route']!r}")
+    memo = o["route_memo"]
+    if memo is not None and not isinstance(memo, RouteMemo):
+        raise ValueError(f"route_memo: expected None or a cost.RouteMemo, got {memo!r}")
     for k in ("tie_reject", "check"):
         if not isinstance(o[k], (bool, np.bool_)):
             raise ValueError(f"{k}: expected a bool, got {o[k]!r}")

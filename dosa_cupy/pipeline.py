@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._build import cupy_or_raise
-from .cost import H200, RouteChoice, early_route, sample_route
+from .cost import H200, RouteChoice, RouteMemo, early_route, sample_route
 from .dense import dense_ids
 from .options import start
 from .plan import DevicePlan, build_plans
@@ -85,6 +85,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         any work for small chunks, else after the seeds from a timed sample screen of each
         screen candidate, which also picks r = 14 or 30; cost.py, docs/method.md §9 "Route
         choice"; "dosa": always screen, with ``screen``'s pick; "dense": the dense route);
+        route_memo (None, default; a ``cost.RouteMemo``: chunks of a kind seen recently take
+        its remembered route without seeding or sampling, every refresh-th call samples
+        again — for a caller running one layer over many chunks);
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds.
@@ -104,13 +107,23 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
         return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
                             stats)  # fmt: skip
+    memo, key = o["route_memo"], None
+    if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
+        key = RouteMemo.kind(b, o)
+        route = memo.recall(key)
+        if route is not None and route.route == "dense":
+            return _dense_route(b, st, tm, route, None, stats)
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
-    if o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
-        route = sample_route(b, seeds, rho, o, plan_stage)
+    if o["route"] == "auto" and key is not None and route is not None:
+        o["screen"], r = route.screen, route.r
+    elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
+        route = sample_route(b, seeds, rho, o, plan_stage, H200)
         tm.mark("route")
+        if memo is not None:
+            memo.store(key, route)
         if route.route == "dense":
             return _dense_route(b, st, tm, route, seeds, stats)
         o["screen"], r = route.screen, route.r
@@ -119,7 +132,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         route = RouteChoice("dosa", "option", o["screen"], r)
     st.screen, st.route = o["screen"], route
     plan = route.plan if route.plan is not None else plan_stage(b, seeds.pool, r, o)
-    route.plan = None  # the statistics keep the choice, not the chunk's plans  # §3–§5, §8
+    route.plan = None  # the statistics keep the choice, not the chunk's plans (§3–§5, §8)
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")

@@ -117,3 +117,43 @@ def test_plan_rows_indexes_every_per_query_field():
     assert sub.mts == 1 and sub.eps_out == 0.5 and sub.inR is None
     for f in ("rows", "omega", "sigma", "C", "eps_raw", "valid", "r", "omitted_positive"):
         assert np.array_equal(getattr(sub, f), getattr(plan, f)[idx]), f
+
+
+def _batch(Qn, N, H=64, K=2048):
+    import types
+
+    return types.SimpleNamespace(Qn=Qn, N=N, heads=H, K=K)
+
+
+OPTS = {"screen": "auto", "r": 14, "cert_seeds": 0}
+
+
+def test_route_memo_remembers_per_kind_and_samples_again():
+    memo = cost.RouteMemo(refresh=3)
+    k1 = cost.RouteMemo.kind(_batch(4096, 1 << 20), OPTS)
+    assert k1 == cost.RouteMemo.kind(_batch(3000, (1 << 19) + 1), OPTS)  # powers of two up
+    assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20, H=32), OPTS)
+    assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20), dict(OPTS, r=30))
+    assert memo.recall(k1) is None and len(memo) == 0
+    plan = object()
+    memo.store(k1, cost.RouteChoice("dosa", "sampled", "wg", 30, {"dense": 9.0}, {"wg/30": 0.1},
+                                    plan=plan))  # fmt: skip
+    got = [memo.recall(k1) for _ in range(3)]
+    assert [g is not None for g in got] == [True, True, False]  # the 3rd call samples again
+    assert (got[0].route, got[0].reason, got[0].screen, got[0].r) == ("dosa", "memo", "wg", 30)
+    assert got[0].plan is None and got[0].predicted_ms == {"dense": 9.0}  # no plans kept
+    memo.store(k1, cost.RouteChoice("dense", "sampled"))
+    assert memo.recall(k1).route == "dense"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "8"])
+def test_route_memo_refresh_is_checked(bad):
+    with pytest.raises(ValueError, match="refresh"):
+        cost.RouteMemo(bad)
+
+
+def test_route_memo_option_is_checked():
+    assert check_options({"route_memo": cost.RouteMemo()})["route_memo"] is not None
+    for bad in (1, {}, "memo"):
+        with pytest.raises(ValueError, match="route_memo"):
+            check_options({"route_memo": bad})

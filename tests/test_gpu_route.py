@@ -90,3 +90,22 @@ def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
         idx = cp.asnumpy(cp.linspace(0, 519, st.route.sample[key]).astype(cp.int64))
         s, n = full.survivors[idx].sum(), full.screened[idx].sum()
         assert m == (s / n if n else 0.0), key
+
+
+@pytest.mark.parametrize("model,want", [(NEVER_DENSE, "dosa"), (ALWAYS_DENSE, "dense")])
+@gpu
+def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
+    """A second chunk of the same kind takes the remembered route without sampling (and,
+    when dense, without seeds); ids stay the dense route's; the refresh samples again."""
+    monkeypatch.setattr(pipeline, "H200", model)
+    memo = dosa_cupy.RouteMemo(refresh=3)
+    reasons = []
+    for seed in (1, 2, 3, 4):
+        a = _args("many_positive", 520, 24000, 32, seed=seed)
+        ids, st = dosa_cupy.dosa_topk(*a, route_memo=memo, return_stats=True)
+        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), seed
+        assert st.route.route == want
+        reasons.append(st.route.reason)
+        if st.route.reason == "memo" and want == "dense":
+            assert (st.seeds == 0).all() and "seeds" not in st.stage_ms
+    assert reasons == ["sampled", "memo", "memo", "sampled"]

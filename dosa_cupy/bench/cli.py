@@ -182,7 +182,8 @@ def main(argv=None) -> int:
         default=None,
         metavar="NAME:k=v,...",
         help="another DoSA route with these options, timed in the same run "
-        "(e.g. cert:cert_seeds=2048); repeatable",
+        "(e.g. cert:cert_seeds=2048; route_memo=1: one RouteMemo shared by the variant's "
+        "calls); repeatable",
     )
     ap.add_argument(
         "--peers",

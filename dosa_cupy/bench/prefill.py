@@ -213,6 +213,8 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     # Variants: more DoSA routes (other options) on the same inputs, same run.
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
+        if vo.get("route_memo") == 1:  # `--variant NAME:route_memo=1`: one memo per variant
+            vo["route_memo"] = dosa_cupy.RouteMemo()
         v = {"options": vopts}
         res.setdefault("variants", {})[name] = v
         try:
