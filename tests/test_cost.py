@@ -157,3 +157,60 @@ def test_route_memo_option_is_checked():
     for bad in (1, {}, "memo"):
         with pytest.raises(ValueError, match="route_memo"):
             check_options({"route_memo": bad})
+
+
+def _model(**kw):
+    base = dict(
+        logits_flop_per_ms={32: np.inf}, logits_fixed_ms=0.0, select_fixed_ms=0.0,
+        select_ms_per_key=0.0, refine_ms_per_key=2.0, refine_ms_per_key_head=3.0,
+        finish_fixed_ms=5.0, finish_ms_per_record=7.0, dosa_floor_ms=1.0,
+    )  # fmt: skip
+    return cost.CostModel(**{**base, **kw})
+
+
+def test_rest_ms_is_the_documented_sum():
+    m = _model()
+    # screen + 2·Qn·N + 3·survivors·H + 5 + 7·min(survivors, 16·K·Qn)
+    assert m.rest_ms(2, 10, 2, 100.0, 4, 11.0) == 11 + 2 * 2 * 10 + 3 * 100 * 4 + 5 + 7 * 64
+    assert m.rest_ms(2, 10, 1, 10.0, 4, 0.0) == 2 * 2 * 10 + 3 * 10 * 4 + 5 + 7 * 10
+
+
+def test_dense_ms_is_the_documented_sum():
+    m = _model(logits_flop_per_ms={32: 256.0, 64: 512.0}, logits_fixed_ms=1.0,
+               select_fixed_ms=2.0, select_ms_per_key=0.5)  # fmt: skip
+    # l0 + 256·H·pairs / R_H (nearest fitted H; ties to the smaller) + s0 + s1·Qn·N
+    assert m.dense_ms(3, 4, 5.0, 32) == 1.0 + 32 * 5.0 + 2.0 + 0.5 * 12
+    assert m.dense_ms(3, 4, 5.0, 64) == 1.0 + 32 * 5.0 + 2.0 + 0.5 * 12
+    assert m.dense_ms(3, 4, 5.0, 48) == 1.0 + 48 * 5.0 + 2.0 + 0.5 * 12  # 48: tie → 32
+
+
+def test_early_decision_at_the_floor_goes_dense():
+    m = _model(select_fixed_ms=1.0)  # dense predicted 1.0 ms, floor 1.0 ms
+    assert cost.early_route(m, 4, 8, 32)
+    assert not cost.early_route(_model(select_fixed_ms=1.0 + 1e-9), 4, 8, 32)
+
+
+def test_model_refinement_and_finish_within_2x_of_the_fitted_rows():
+    # DoSA's stages after the screen (refine + select + recover) against the model's rest
+    # without the screen: a two-parameter line through survivals from 0.7 % to 74 %, so the
+    # model is coarse — within 2× on every fitted row (0.78–1.88× at 00406f8)
+    for r in _rows():
+        st = r["dosa_stage_ms"]
+        S = r["survival_pooled"] * r["visible_pairs"]
+        pred = cost.H200.rest_ms(r["Qn"], r["N"], r["K"], S, r["H"], 0.0)
+        meas = st["refine"] + st["select"] + st["recover"]
+        assert 0.5 < pred / meas < 2.0, (r["regime"], r["H"], r["Qn"])
+
+
+def test_route_memo_kind_rounds_up_to_powers_of_two():
+    kind = cost.RouteMemo.kind
+    assert kind(_batch(1, 1), OPTS)[:2] == (1, 1)
+    assert kind(_batch(2, 3), OPTS)[:2] == (2, 4)
+    assert kind(_batch(5, 1024), OPTS)[:2] == (8, 1024)
+    assert kind(_batch(4096, 1025), OPTS)[:2] == (4096, 2048)
+
+
+def test_route_memo_refresh_one_samples_every_call():
+    memo = cost.RouteMemo(refresh=1)
+    memo.store("k", cost.RouteChoice("dense", "sampled"))
+    assert memo.recall("k") is None and memo.recall("k") is None

@@ -120,6 +120,9 @@ TARGETS: tuple[Target, ...] = (
         skip=("_tune", "_kernel"),  # the NVRTC build and its tuning knob: GPU-only
     ),
     Target("dosa_cupy/decode.py", ("tests/test_gpu_decode.py", "tests/test_decode.py")),
+    # the route choice's cost model and memo (the sampled decision launches kernels: GPU-only,
+    # tests/test_gpu_route.py on the H200)
+    Target("dosa_cupy/cost.py", ("tests/test_cost.py",), skip=("sample_route", "_sample")),
 )
 
 
