@@ -1,0 +1,123 @@
+"""PyTorch custom operators (``torch.library``) for serving stacks: ``torch.ops.dosa.
+prefill_topk`` and ``torch.ops.dosa.decode_topk``, each with a fake implementation (shapes
+and dtypes only), so that ``torch.compile`` traces through them and a graph-captured model
+can hold them as opaque nodes (docs/serving.md).
+
+Importing this module registers the operators (it needs torch; CuPy is needed only when an
+operator runs).  The tensors go to CuPy through DLPack without copies, and CuPy launches on
+torch's current stream of the tensors' device, so the operators order with the surrounding
+torch work and can be captured in a ``torch.cuda.CUDAGraph`` where the wrapped call can
+(the decode step with a layout the caller built; not the prefill call, which synchronizes).
+"""
+
+import torch
+
+from ._build import cupy_or_raise
+
+__all__ = ["decode_selector", "decode_topk", "prefill_topk", "release_selector"]
+
+_SELECTORS: dict = {}  # handle → (DecodeSelectorGPU, K)
+
+
+def _on_stream(t: torch.Tensor):
+    """CuPy's device and stream context for torch tensor ``t``'s device and current stream."""
+    if t.device.type != "cuda":
+        raise ValueError(f"q: expected a CUDA tensor, got device {t.device}")
+    cp = cupy_or_raise()
+
+    class _Ctx:
+        def __enter__(self):
+            self.dev = cp.cuda.Device(t.device.index)
+            self.dev.__enter__()
+            self.stream = cp.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream)
+            self.stream.__enter__()
+
+        def __exit__(self, *exc):
+            self.stream.__exit__(*exc)
+            self.dev.__exit__(*exc)
+
+    return _Ctx()
+
+
+@torch.library.custom_op("dosa::prefill_topk", mutates_args=())
+def prefill_topk(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    k_payload: torch.Tensor,
+    k_scale: torch.Tensor,
+    K: int,
+    ks: torch.Tensor | None = None,
+    ke: torch.Tensor | None = None,
+    route: str = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """``dosa_cupy.dosa_topk`` as an operator: q e4m3 [Qn, H, 128] (float8_e4m3fn or uint8
+    bits), w fp32 [Qn, H], k_payload e4m3 [N, 128], k_scale fp32 [N], ks / ke int32 [Qn]
+    → int64 [Qn, K] ids (score desc, id asc, −1 padding), equal to the dense route's."""
+    from .pipeline import dosa_topk
+
+    with _on_stream(q):
+        ids = dosa_topk(q, w, k_payload, k_scale, K, ks, ke, route=route, check=check)
+    return torch.from_dlpack(ids)
+
+
+@prefill_topk.register_fake
+def _prefill_topk_fake(q, w, k_payload, k_scale, K, ks=None, ke=None, route="auto", check=True):
+    return q.new_empty((q.shape[0], K), dtype=torch.int64)
+
+
+def decode_selector(K: int, history: int = 2, check_layout: bool = False) -> int:
+    """A ``decode.DecodeSelectorGPU`` for ``decode_topk``, returned as an integer handle
+    (one per indexer layer).  Its witness history is state kept between steps: it makes
+    steps faster, never changes their ids (docs/method.md §10)."""
+    from .decode import DecodeSelectorGPU
+
+    sel = DecodeSelectorGPU(K=K, history=history, check_layout=check_layout)
+    handle = max(_SELECTORS, default=0) + 1
+    _SELECTORS[handle] = (sel, int(K))
+    return handle
+
+
+def release_selector(handle: int) -> None:
+    """Free a selector's workspaces and forget its handle."""
+    sel, _ = _lookup(handle)
+    sel.release()
+    del _SELECTORS[handle]
+
+
+def _lookup(handle: int):
+    if handle not in _SELECTORS:
+        raise ValueError(f"handle: no decode selector {handle!r} (decode_selector makes one)")
+    return _SELECTORS[handle]
+
+
+@torch.library.custom_op("dosa::decode_topk", mutates_args=())
+def decode_topk(
+    handle: int,
+    K: int,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kv_payload: torch.Tensor,
+    kv_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of selector ``handle`` (``decode_selector``; K must be its K): q e4m3
+    [B, next_n, H, 128], w fp32 [B, next_n, H], the paged cache kv_payload e4m3 [blocks, 64,
+    128] with kv_scale fp32 [blocks, 64], block_table int32 [B, max_blocks], lengths int32
+    [B] → int64 [B, next_n, K] ids, equal to ``decode.dense_decode_topk``'s."""
+    sel, k = _lookup(handle)
+    if K != k:
+        raise ValueError(f"K: selector {handle} selects {k}, got {K}")
+    ctx = _on_stream(q)
+    cp = cupy_or_raise()
+    out = torch.empty((q.shape[0], q.shape[1], K), dtype=torch.int64, device=q.device)
+    with ctx:
+        sel.step(q, w, kv_payload, kv_scale, block_table, lengths, return_stats=False,
+                 out=cp.from_dlpack(out))  # fmt: skip
+    return out
+
+
+@decode_topk.register_fake
+def _decode_topk_fake(handle, K, q, w, kv_payload, kv_scale, block_table, lengths):
+    return q.new_empty((q.shape[0], q.shape[1], K), dtype=torch.int64)
