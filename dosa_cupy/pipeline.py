@@ -90,7 +90,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         again — for a caller running one layer over many chunks);
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
-        ``prepare.check_inputs``); return_stats, timing, debug_bounds.
+        ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is
+        screened: the route choice is off).
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk`` whichever route ran; with return_stats=True, (ids,
     DosaGpuStats; ``stats.route`` is the ``cost.RouteChoice``).
@@ -100,6 +101,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if empty is not None:
         return empty
     stats = o["return_stats"] or o["debug_bounds"]
+    if o["debug_bounds"] and o["route"] == "auto":
+        o["route"] = "dosa"  # the bounds asked for exist only where the chunk is screened
 
     # the route choice (docs/method.md §9 "Route choice"; cost.py): decision 1, no device work
     if o["route"] == "dense" or (o["route"] == "auto" and early_route(H200, b.Qn, b.N, b.heads)):

@@ -109,3 +109,11 @@ def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
         if st.route.reason == "memo" and want == "dense":
             assert (st.seeds == 0).all() and "seeds" not in st.stage_ms
     assert reasons == ["sampled", "memo", "memo", "sampled"]
+
+
+@gpu
+def test_gpu_debug_bounds_turn_the_route_choice_off():
+    a = _args("calibrated", 16, 16384, 64)  # a chunk the early decision would send dense
+    ids, st = dosa_cupy.dosa_topk(*a, debug_bounds=True)
+    assert st.route.route == "dosa" and st.route.reason == "option" and st.bounds is not None
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a))
