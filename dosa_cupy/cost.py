@@ -105,7 +105,8 @@ class RouteChoice:
     "memo" (a ``RouteMemo``'s earlier choice) or "small" (too few queries to sample: DoSA
     with ``auto_screen``'s pick); screen, r: the
     screen that ran (None when dense); predicted_ms: the model's time per candidate
-    ("dense", "pair/6", "wg/14", ...; for "dosa/*" the time after the plan); survival: the
+    ("dense", and "screen/r" such as "pair/6" or "wg/14": the time after the plan);
+    survival: the
     sampled survival per candidate; sample: the sampled queries per candidate.
     """
 
@@ -213,8 +214,8 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) ->
         idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
         bs = b.rows(idx)
         plan = plan_rows(full, idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
-        ms, m, vis_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
-        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * (r + 2) / b.heads)
+        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
+        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * (r_s + 2) / b.heads)
         key = f"{screen}/{r}"
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
         choice.predicted_ms[key] = model.rest_ms(
@@ -241,7 +242,8 @@ def plan_rows(plan: DevicePlan, idx) -> DevicePlan:
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
-    """(screen ms, survival, visible int64 [n] numpy) of the sampled queries ``idx``
+    """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
+    queries ``idx``
     (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
     chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
     cp = cupy_or_raise()
@@ -258,7 +260,8 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     end.record()
     vis = bs.ke.astype(cp.int64) - bs.ks.astype(cp.int64)
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
-    out = cp.concatenate([cp.stack([popcount_rows(surv, cp).sum(), scr.sum()]), vis])
-    out = cp.asnumpy(out)  # synchronizes the stream: the end event has completed
-    s, n = float(out[0]), float(out[1])
-    return cp.cuda.get_elapsed_time(start, end), (s / n if n > 0 else 0.0), out[2:]
+    head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
+    out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
+    s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
+    ms = cp.cuda.get_elapsed_time(start, end)
+    return ms, (s / n if n > 0 else 0.0), out[2 : 2 + q], out[2 + q :]

@@ -166,6 +166,8 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     ``prepare.check_inputs`` (a caller that validated its inputs; no synchronization).
     """
     cp = cupy_or_raise()
+    if not isinstance(check, (bool, np.bool_)):
+        raise ValueError(f"check: expected a bool, got {check!r}")
     q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, bool(check))
     q, w = pad_heads(q, w)
     return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)

@@ -79,9 +79,14 @@ class DosaGpuStats(SelectStats):
     raise τ), so ``screened`` = visible − default seeds; ``scored`` counts every scoring
     with all heads, re-scorings included (explicit seeds again in the certificate pass,
     survivors again in an overflow extension, every visible key again in a recovery);
-    ``bound_work`` is visible·(r + 2)/H (two aux rows); ``tau_final`` is NaN for recovered
-    queries; ``est_survival`` / ``est_work`` stay NaN (no cost model: r is an option).
-    ``dense`` marks recovered queries (dosa_topk) or every query (fused_topk: no screen).
+    ``bound_work`` is visible·(r + 2)/H (two aux rows) plus, for the sampled queries, the
+    route choice's sample screens; ``tau_final`` is NaN for recovered queries and for every
+    query of a chunk that took the dense route (that route keeps no K-th record);
+    ``est_survival`` / ``est_work``: the route choice's sampled survival of the screen that
+    ran (or a ``RouteMemo``'s, from an earlier chunk) and f + (1 − f)((r + 2)/H + m) with
+    it, NaN where nothing was sampled (``cost.py``). ``dense`` marks recovered queries and
+    every query of a chunk that took the dense route (dosa_topk), or every query
+    (fused_topk: no screen); ``refined`` is then every visible key not a default seed.
     ``tie_rejected``: keys that the plain rule U^num < τ keeps and the tie-aware screen
     rejects (docs/method.md §7 "Tie-aware rejection and zero plateaus"), counted by the
     screen where it ran (chunks with a query at τ = 0, ``screen.tie_screen_wanted``); 0
@@ -175,6 +180,10 @@ def check_options(kw: dict) -> dict:
     memo = o["route_memo"]
     if memo is not None and not isinstance(memo, RouteMemo):
         raise ValueError(f"route_memo: expected None or a cost.RouteMemo, got {memo!r}")
+    if memo is not None and o["route"] != "auto":
+        raise ValueError(f"route_memo: needs route='auto', got route={o['route']!r}")
+    if o["route"] == "dense" and o["debug_bounds"]:
+        raise ValueError("debug_bounds: the dense route computes no bounds (route='dense')")
     for k in ("tie_reject", "check"):
         if not isinstance(o[k], (bool, np.bool_)):
             raise ValueError(f"{k}: expected a bool, got {o[k]!r}")

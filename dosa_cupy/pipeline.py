@@ -83,11 +83,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         rejection and zero plateaus"; False: the plain rule U < τ everywhere); route
         ("auto", default: the dense route when the cost model predicts it faster — before
         any work for small chunks, else after the seeds from a timed sample screen of each
-        screen candidate, which also picks r = 14 or 30; cost.py, docs/method.md §9 "Route
-        choice"; "dosa": always screen, with ``screen``'s pick; "dense": the dense route);
-        route_memo (None, default; a ``cost.RouteMemo``: chunks of a kind seen recently take
-        its remembered route without seeding or sampling, every refresh-th call samples
-        again — for a caller running one layer over many chunks);
+        screen candidate, which also picks r: 14 or 30, 6 for the paired screen; cost.py,
+        docs/method.md §9 "Route choice"); "dosa": always screen, with ``screen``'s pick;
+        "dense": the dense route); route_memo (None, default; a ``cost.RouteMemo``, with
+        route="auto" only: chunks of a kind seen recently take its remembered route without
+        seeding or sampling, every refresh-th call samples again — for a caller running one
+        layer over many chunks);
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is
@@ -112,7 +113,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
                             stats)  # fmt: skip
     memo, key = o["route_memo"], None
     if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
-        key = RouteMemo.kind(b, o)
+        key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
         route = memo.recall(key)
         if route is not None and route.route == "dense":
             return _dense_route(b, st, tm, route, None, stats)
@@ -220,6 +221,7 @@ def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):
         st.tau = cp.asnumpy(seeds.tau)
         if seeds.anchors is not None:
             st.anchor_scored = int(vis[cp.asnumpy(seeds.anchors)].sum())
+    st.refined = vis - (st.seeds - st.explicit_seeds)  # every visible non-default-seed key
     st.scored = st.seeds + vis  # the seeds were scored before the route was chosen
     _route_stats(st, route, b.heads)
     st.stage_ms = dict(tm.ms)

@@ -10,6 +10,8 @@ torch work and can be captured in a ``torch.cuda.CUDAGraph`` where the wrapped c
 (the decode step with a layout the caller built; not the prefill call, which synchronizes).
 """
 
+import itertools
+
 import torch
 
 from ._build import cupy_or_raise
@@ -17,6 +19,7 @@ from ._build import cupy_or_raise
 __all__ = ["decode_selector", "decode_topk", "prefill_topk", "release_selector"]
 
 _SELECTORS: dict = {}  # handle → (DecodeSelectorGPU, K)
+_HANDLES = itertools.count(1)
 
 
 def _on_stream(t: torch.Tensor):
@@ -73,7 +76,7 @@ def decode_selector(K: int, history: int = 2, check_layout: bool = False) -> int
     from .decode import DecodeSelectorGPU
 
     sel = DecodeSelectorGPU(K=K, history=history, check_layout=check_layout)
-    handle = max(_SELECTORS, default=0) + 1
+    handle = next(_HANDLES)  # never reused: a graph holding a released handle fails loudly
     _SELECTORS[handle] = (sel, int(K))
     return handle
 

@@ -58,7 +58,6 @@ def test_early_decision(Qn, N, H, dense):
 
 def test_predictions_grow_with_the_work():
     m = cost.H200
-    assert m.dense_ms(64, 1 << 17, 64 << 17, 64) < m.dense_ms(64, 1 << 17, 64 << 17, 64) * 2
     assert m.dense_ms(128, 1 << 17, 128 << 17, 64) > m.dense_ms(64, 1 << 17, 64 << 17, 64)
     assert m.dense_ms(64, 1 << 17, 64 << 17, 64) > m.dense_ms(64, 1 << 17, 64 << 17, 32)
     a = m.rest_ms(4096, 1 << 20, 2048, 1e7, 64, 10.0)
@@ -100,6 +99,12 @@ def test_route_option_is_checked(bad):
         check_options({"route": bad})
     for ok in ("auto", "dosa", "dense"):
         assert check_options({"route": ok})["route"] == ok
+    # options that contradict the route are refused, not ignored
+    with pytest.raises(ValueError, match="route_memo: needs route='auto'"):
+        check_options({"route": "dosa", "route_memo": cost.RouteMemo()})
+    with pytest.raises(ValueError, match="debug_bounds"):
+        check_options({"route": "dense", "debug_bounds": True})
+    assert check_options({"debug_bounds": True})["debug_bounds"]
 
 
 def test_plan_rows_indexes_every_per_query_field():

@@ -345,8 +345,9 @@ def test_value_checks_name_the_argument_and_can_be_skipped():
             with pytest.raises(ValueError, match=msg):
                 f(*bad)
         assert cp.array_equal(f(*args, check=False), f(*args))
-    with pytest.raises(ValueError, match="check"):
-        dosa_cupy.dosa_topk(*args, check=1)
+    for f in (dosa_cupy.dosa_topk, dosa_cupy.dense_topk, dosa_cupy.fused_topk):
+        with pytest.raises(ValueError, match="check"):
+            f(*args, check=1)
 
 
 @gpu

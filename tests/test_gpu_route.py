@@ -70,6 +70,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     assert st.bound_work.sum() > 0
     st = seen["dense"]
     assert st.route.route == "dense" and st.dense.all() and st.screen is None
+    assert (st.refined == st.visible - (st.seeds - st.explicit_seeds)).all()
     # the seeds were scored before the route was chosen: counted
     assert (st.seeds > 0).any() and (st.scored == st.seeds + st.visible).all()
 
@@ -102,12 +103,14 @@ def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
     reasons = []
     for seed in (1, 2, 3, 4):
         a = _args("many_positive", 520, 24000, 32, seed=seed)
-        ids, st = dosa_cupy.dosa_topk(*a, route_memo=memo, return_stats=True)
+        ids, st = dosa_cupy.dosa_topk(*a, route_memo=memo, return_stats=True, timing=True)
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), seed
         assert st.route.route == want
         reasons.append(st.route.reason)
-        if st.route.reason == "memo" and want == "dense":
-            assert (st.seeds == 0).all() and "seeds" not in st.stage_ms
+        if st.route.reason == "memo" and want == "dense":  # no prepare, no seeds
+            assert (st.seeds == 0).all() and set(st.stage_ms) == {"dense"}
+        if st.route.reason == "memo" and want == "dosa":  # seeds, no sample
+            assert "seeds" in st.stage_ms and "route" not in st.stage_ms
     assert reasons == ["sampled", "memo", "memo", "sampled"]
 
 

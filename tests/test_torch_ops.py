@@ -25,7 +25,7 @@ def test_schemas():
 def test_fake_implementations_give_shapes_and_dtypes():
     m = dict(device="meta")
     q = torch.empty((5, 32, 128), dtype=torch.uint8, **m)
-    w, kp, ksc = torch.empty((5, 32), **m), torch.empty((99, 128), dtype=torch.uint8, **m), None
+    w, kp = torch.empty((5, 32), **m), torch.empty((99, 128), dtype=torch.uint8, **m)
     ksc = torch.empty(99, **m)
     ids = torch.ops.dosa.prefill_topk(q, w, kp, ksc, 7)
     assert ids.shape == (5, 7) and ids.dtype == torch.int64
@@ -57,6 +57,30 @@ def test_unknown_selector_and_cpu_tensors_are_refused():
     with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
         T.prefill_topk(torch.zeros((2, 16, 128), dtype=torch.uint8), torch.zeros(2, 16),
                        torch.zeros((4, 128), dtype=torch.uint8), torch.zeros(4), 2)  # fmt: skip
+
+
+def test_selector_handles_are_never_reused(monkeypatch):
+    from dosa_cupy import decode
+
+    class Stub:
+        def __init__(self, K, history, check_layout):
+            self.K, self.released = K, False
+
+        def release(self):
+            self.released = True
+
+    monkeypatch.setattr(decode, "DecodeSelectorGPU", Stub)
+    a, b = T.decode_selector(8), T.decode_selector(16)
+    assert a != b and T._SELECTORS[b][1] == 16
+    sel = T._SELECTORS[b][0]
+    T.release_selector(b)
+    assert sel.released and b not in T._SELECTORS
+    c = T.decode_selector(8)
+    assert c not in (a, b)  # a graph still holding b cannot reach c's state
+    with pytest.raises(ValueError, match="K: selector"):
+        T.decode_topk(c, 9, *(torch.zeros(1, 1, 16, 128, dtype=torch.uint8),) * 6)
+    T.release_selector(a)
+    T.release_selector(c)
 
 
 @gpu
