@@ -19,7 +19,8 @@ from dosa_cupy.workload import make_gpu_workload
 
 pytestmark = pytest.mark.route_choice
 
-SAMPLED = dataclasses.replace(cost.H200, dosa_floor_ms=0.0)  # never decision 1
+# never decision 1; at these sizes the committed rates then choose dense after sampling
+SAMPLED = dataclasses.replace(cost.H200, dosa_floor_ms=0.0)
 NEVER_DENSE = dataclasses.replace(SAMPLED, logits_flop_per_ms={32: 1.0, 64: 1.0})
 ALWAYS_DENSE = dataclasses.replace(
     SAMPLED,
