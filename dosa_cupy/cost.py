@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from dosa_ref.options import check_count
+
 from . import sm90a
 from ._build import cupy_or_raise
 from .dense import QG
@@ -134,9 +136,7 @@ class RouteMemo:
     choice").  Not thread-safe; one memo per layer (queries of different layers differ)."""
 
     def __init__(self, refresh: int = 16):
-        if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
-            raise ValueError(f"refresh: expected an integer >= 1, got {refresh!r}")
-        self.refresh = refresh
+        self.refresh = check_count("refresh", refresh, 1)
         self._seen: dict = {}  # kind → [RouteChoice, calls since it was sampled]
 
     @staticmethod

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dosa_ref.options import check_flag
+
 from ._build import cupy_or_raise, kernel, num_sms, tile
 from .prepare import Batch, check_inputs, pad_heads
 
@@ -166,9 +168,8 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     ``prepare.check_inputs`` (a caller that validated its inputs; no synchronization).
     """
     cp = cupy_or_raise()
-    if not isinstance(check, (bool, np.bool_)):
-        raise ValueError(f"check: expected a bool, got {check!r}")
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, bool(check))
+    check = check_flag("check", check)
+    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check)
     q, w = pad_heads(q, w)
     return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
 

@@ -18,6 +18,7 @@ from dosa_ref.options import (
     STRATEGIES,
     SelectStats,
     check_count,
+    check_flag,
     default_cert_seeds,
     default_window,
     parse_strategies,
@@ -185,8 +186,7 @@ def check_options(kw: dict) -> dict:
     if o["route"] == "dense" and o["debug_bounds"]:
         raise ValueError("debug_bounds: the dense route computes no bounds (route='dense')")
     for k in ("tie_reject", "check"):
-        if not isinstance(o[k], (bool, np.bool_)):
-            raise ValueError(f"{k}: expected a bool, got {o[k]!r}")
+        check_flag(k, o[k])
     if o["planner"] not in PLANNERS:
         raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     if o["screen"] == "wg" and _certificate_on(o, names):

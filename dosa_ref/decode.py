@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .options import check_flag
 from .scorer import score_keys, topk_of
 from .seeds import kth_score
 from .validate import as_float_array, check_K, int_array
@@ -167,8 +168,7 @@ class DecodeSelector:
             raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
         if history < 0:
             raise ValueError(f"history: must be >= 0, got {history}")
-        if not isinstance(within_step, (bool, np.bool_)):
-            raise ValueError(f"within_step: expected a bool, got {within_step!r}")
+        check_flag("within_step", within_step)
         self.history = int(history)
         self.within_step = bool(within_step)
         self._hist: list[deque] = []

@@ -34,6 +34,7 @@ __all__ = [
     "SelectOptions",
     "SelectStats",
     "check_count",
+    "check_flag",
     "check_seed_ids",
     "default_cert_seeds",
     "default_window",
@@ -123,6 +124,13 @@ def check_count(name: str, v, minimum: int = 0, maximum: int | None = None) -> i
         return int(v)
     hi = "" if maximum is None else f", at most {maximum}"
     raise ValueError(f"{name}: expected an integer of at least {minimum}{hi}, got {v!r}")
+
+
+def check_flag(name: str, v) -> bool:
+    """A switch option: a bool (numpy bools too; 0, 1 and None rejected)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise ValueError(f"{name}: expected a bool, got {v!r}")
 
 
 def check_seed_ids(seed_ids, Qn: int, N: int, xp=np):
@@ -336,8 +344,7 @@ class SelectOptions:
         if self.r != "auto":
             check_count("r", self.r, 1)
         for name in ("auto_dense", "tie_reject"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+            check_flag(name, getattr(self, name))
         if self.form not in FORMS:
             raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
         if not isinstance(self.plan, PlanOptions):
