@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from dosa_ref.cost import bound_fraction
 from dosa_ref.options import check_count
 
 from . import sm90a
@@ -215,7 +216,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) ->
         bs = b.rows(idx)
         plan = plan_rows(full, idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
         ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
-        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * (r_s + 2) / b.heads)
+        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = f"{screen}/{r}"
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
         choice.predicted_ms[key] = model.rest_ms(

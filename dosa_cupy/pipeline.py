@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dosa_ref.cost import bound_fraction, work_estimate
+
 from ._build import cupy_or_raise
 from .cost import H200, RouteChoice, RouteMemo, early_route, sample_route
 from .dense import dense_ids
@@ -178,7 +180,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         st.shared_keys = cp.asnumpy(popcount_rows(shared, cp)[g])
         st.shared_survivors = cp.asnumpy(popcount_rows(shared[g] & screened.surv, cp))
     r_plan = cp.asnumpy(plan.r).astype(np.int64)
-    st.bound_work = vis * (r_plan + 2) / b.heads  # two aux rows per bound evaluation
+    st.bound_work = vis * bound_fraction(r_plan, b.heads)  # two aux rows per evaluation
     st.r = np.where(rec, 0, r_plan)  # 0 when dense (dosa_ref.options.STATS)
     st.omitted_positive = np.where(rec, 0, cp.asnumpy(plan.omitted_positive))
     st.aggregated = np.where(rec, 0, cp.asnumpy(plan.aggregated))
@@ -190,8 +192,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
 def _route_stats(st, route: RouteChoice, heads: int) -> None:
     """The route choice in the statistics: the samples' bound work (docs/method.md §6
-    "Cost") and, for DoSA, the sampled survival of the screen that ran and the work estimate
-    f + (1 − f)((r + 2)/H + m)."""
+    "Cost") and, for DoSA, the sampled survival of the screen that ran and
+    ``dosa_ref.cost.work_estimate`` with it."""
     if route.bound_work is not None:
         st.bound_work = st.bound_work + route.bound_work
     key = f"{route.screen}/{route.r}"
@@ -200,7 +202,7 @@ def _route_stats(st, route: RouteChoice, heads: int) -> None:
         with np.errstate(divide="ignore", invalid="ignore"):
             f = np.where(st.visible > 0, st.seeds / np.maximum(st.visible, 1), 0.0)
         st.est_survival = np.full(st.Qn, m)
-        st.est_work = f + (1.0 - f) * ((route.r + 2) / heads + m)
+        st.est_work = work_estimate(f, route.r, heads, m)
 
 
 def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):

@@ -16,12 +16,22 @@ import numpy as np
 from .certificate import KeySummary, upper_bound
 from .plan import PlanOptions, build_plan
 
-__all__ = ["RChoice", "aux_rows", "choose_r"]
+__all__ = ["RChoice", "aux_rows", "bound_fraction", "choose_r", "work_estimate"]
 
 
 def aux_rows(form: str) -> int:
     """d_a: auxiliary rows of one bound evaluation (base: v0 + v1; abs: V)."""
     return 2 if form == "base" else 1
+
+
+def bound_fraction(r, H: int, form: str = "base"):
+    """One bound evaluation's cost in full key scorings: (r + d_a)/H (r an int or an array)."""
+    return (r + aux_rows(form)) / H
+
+
+def work_estimate(f, r, H: int, m, form: str = "base"):
+    """work_DoSA / work_dense ≈ f + (1 − f)((r + d_a)/H + m) (module doc)."""
+    return f + (1.0 - f) * (bound_fraction(r, H, form) + m)
 
 
 @dataclass(frozen=True)
@@ -66,15 +76,14 @@ def choose_r(
     H = q_t.shape[0]
     if not np.isfinite(tau) or k_sample.shape[0] == 0:
         return RChoice(max(1, H // 2), False, f, float("nan"), float("nan"), 0.0)
-    d_a = aux_rows(form)
     best, best_cost, best_m, work = max(1, H // 2), np.inf, float("nan"), 0.0
     ksum = KeySummary(k_sample)
     for r in range(1, H, max(1, -(-H // 16))):
         plan = build_plan(q_t, w_t, p, r, plan_options)
         U = upper_bound(plan, k_sample, form, "up", q_t, w_t, ksum)
         m = float(np.mean(U >= tau if survive is None else survive(plan, U)))
-        work += k_sample.shape[0] * (r + d_a) / H
-        cost = (r + d_a) / H + m
+        work += k_sample.shape[0] * bound_fraction(r, H, form)
+        cost = bound_fraction(r, H, form) + m
         if cost < best_cost:
             best, best_cost, best_m = r, cost, m
     est = f + (1.0 - f) * best_cost
