@@ -114,17 +114,24 @@ class DosaGpuStats(SelectStats):
         the compact ``select.Records``, the K-th selected records kth uint64 [Qn] and the
         recovered queries bad bool [Qn] (device arrays; one host copy each)."""
         cp = cupy_or_raise()
-        vis = b.ke.astype(cp.int64) - b.ks.astype(cp.int64)
-        self.visible = cp.asnumpy(vis)
-        self.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
-        self.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64) + self.explicit_seeds
+        self.fill_seeds(b, seeds)
         self.kept = cp.asnumpy(recs.cnt).astype(np.int64)
         self.overflows = cp.asnumpy(recs.over).astype(np.int64)
         self.recovered = cp.asnumpy(bad).astype(bool)
         self.dense = self.recovered.copy()
         self.tau_final = np.where(self.recovered, np.nan, record_score(cp.asnumpy(kth)))
+
+    def fill_seeds(self, b, seeds) -> None:
+        """``visible`` from the ``Batch`` b and, with the ``seeds.Seeds`` (None: no seed
+        stage ran), ``explicit_seeds``, ``seeds`` and ``anchor_scored``."""
+        cp = cupy_or_raise()
+        self.visible = cp.asnumpy(b.ke.astype(cp.int64) - b.ks.astype(cp.int64))
+        if seeds is None:
+            return
+        self.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
+        self.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64) + self.explicit_seeds
         if seeds.anchors is not None:
-            self.anchor_scored = int(cp.asnumpy(vis[seeds.anchors]).sum())
+            self.anchor_scored = int(self.visible[cp.asnumpy(seeds.anchors)].sum())
 
 
 def strategies(seeds, seed_ids) -> tuple[str, ...]:

@@ -213,16 +213,12 @@ def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):
     tm.mark("dense")
     if not stats:
         return ids
-    vis = cp.asnumpy(b.ke.astype(cp.int64) - b.ks.astype(cp.int64))
-    st.visible, st.route, st.screen = vis, route, None
+    st.fill_seeds(b, seeds)
+    vis, st.route, st.screen = st.visible, route, None
     st.dense[:] = True
     st.tau_final = np.full(b.Qn, np.nan)  # the dense route keeps no K-th record
     if seeds is not None:
-        st.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)
-        st.seeds = cp.asnumpy(seeds.default.cnt).astype(np.int64) + st.explicit_seeds
         st.tau = cp.asnumpy(seeds.tau)
-        if seeds.anchors is not None:
-            st.anchor_scored = int(vis[cp.asnumpy(seeds.anchors)].sum())
     st.refined = vis - (st.seeds - st.explicit_seeds)  # every visible non-default-seed key
     st.scored = st.seeds + vis  # the seeds were scored before the route was chosen
     _route_stats(st, route, b.heads)
