@@ -20,7 +20,7 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -30,7 +30,6 @@ from dosa_ref.options import check_count
 from . import sm90a
 from ._build import cupy_or_raise
 from .dense import QG
-from .plan import DevicePlan
 from .refine import popcount_rows
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
@@ -123,7 +122,13 @@ class RouteChoice:
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
-    plan: object = None  # the winner's plans of the whole chunk when already built
+
+    def summary(self, reason: str | None = None) -> RouteChoice:
+        """The decision, its predictions and survivals without the per-query arrays (what a
+        ``RouteMemo`` keeps), with ``reason`` replaced when given."""
+        c = self
+        return RouteChoice(c.route, reason or c.reason, c.screen, c.r, dict(c.predicted_ms),
+                           dict(c.survival))  # fmt: skip
 
 
 class RouteMemo:
@@ -153,14 +158,11 @@ class RouteMemo:
         if hit is None or hit[1] >= self.refresh - 1:
             return None
         hit[1] += 1
-        c = hit[0]
-        return RouteChoice(c.route, "memo", c.screen, c.r, dict(c.predicted_ms), dict(c.survival))
+        return hit[0].summary("memo")
 
     def store(self, key, choice: RouteChoice) -> None:
-        """Remember a sampled choice (its statistics, not its plans)."""
-        c = choice
-        kept = RouteChoice(c.route, c.reason, c.screen, c.r, dict(c.predicted_ms), dict(c.survival))
-        self._seen[key] = [kept, 0]
+        """Remember a sampled choice (``RouteChoice.summary``)."""
+        self._seen[key] = [choice.summary(), 0]
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -191,17 +193,18 @@ def sample_size(screen: str) -> int:
     return 2 * QG if screen == "pair" else QG
 
 
-def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) -> RouteChoice:
+def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
     of evenly spaced queries with each candidate (``candidates``), timed; predict each
-    candidate's remaining time and the dense route's; return the cheapest.
-    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage).  The first candidate
-    is planned for the whole chunk (its sample uses those plans' rows, and the pipeline
-    reuses them when it wins: ``RouteChoice.plan``); the others only for their sample."""
+    candidate's remaining time and the dense route's; the cheapest wins.
+    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage).  Returns
+    (``RouteChoice``, the winner's ``DevicePlan`` of the whole chunk or None): the first
+    candidate is planned for the whole chunk (its sample screens those plans' rows, and
+    they are returned when it wins); the others only for their sample."""
     cp = cupy_or_raise()
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0])
+        return RouteChoice("dosa", "small", *cands[0]), None
     vis = (b.ke.astype(cp.int64) - b.ks.astype(cp.int64)).sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
     tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
@@ -209,12 +212,12 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) ->
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    full = plan_stage(b, seeds.pool, cands[0][1], o)
+    full, won = plan_stage(b, seeds.pool, cands[0][1], o), None
     for i, (screen, r) in enumerate(cands):
         n = sample_size(screen)
         idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
         bs = b.rows(idx)
-        plan = plan_rows(full, idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
+        plan = full.take(idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
         ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = f"{screen}/{r}"
@@ -226,20 +229,8 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200) ->
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", screen, r
-            choice.plan = full if i == 0 else None
-    return choice
-
-
-def plan_rows(plan: DevicePlan, idx) -> DevicePlan:
-    """The plans of queries ``idx`` (every per-query field indexed; the same rows, so the
-    same bounds as in the whole chunk)."""
-    qn = plan.rows.shape[0]
-    per_query = {
-        f.name: getattr(plan, f.name)[idx]
-        for f in fields(plan)
-        if getattr(getattr(plan, f.name), "shape", ())[:1] == (qn,)
-    }
-    return replace(plan, **per_query)
+            won = full if i == 0 else None
+    return choice, won
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

@@ -107,7 +107,7 @@ def test_route_option_is_checked(bad):
     assert check_options({"debug_bounds": True})["debug_bounds"]
 
 
-def test_plan_rows_indexes_every_per_query_field():
+def test_plan_take_indexes_every_per_query_field():
     from dosa_cupy.plan import DevicePlan
 
     Qn = 5
@@ -118,7 +118,7 @@ def test_plan_rows_indexes_every_per_query_field():
         aggregated=np.ones(Qn),
     )  # fmt: skip
     idx = np.array([4, 0, 2])
-    sub = cost.plan_rows(plan, idx)
+    sub = plan.take(idx)
     assert sub.mts == 1 and sub.eps_out == 0.5 and sub.inR is None
     for f in ("rows", "omega", "sigma", "C", "eps_raw", "valid", "r", "omitted_positive"):
         assert np.array_equal(getattr(sub, f), getattr(plan, f)[idx]), f
@@ -140,13 +140,12 @@ def test_route_memo_remembers_per_kind_and_samples_again():
     assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20, H=32), OPTS)
     assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20), dict(OPTS, r=30))
     assert memo.recall(k1) is None and len(memo) == 0
-    plan = object()
     memo.store(k1, cost.RouteChoice("dosa", "sampled", "wg", 30, {"dense": 9.0}, {"wg/30": 0.1},
-                                    plan=plan))  # fmt: skip
+                                    bound_work=np.ones(4)))  # fmt: skip
     got = [memo.recall(k1) for _ in range(3)]
     assert [g is not None for g in got] == [True, True, False]  # the 3rd call samples again
     assert (got[0].route, got[0].reason, got[0].screen, got[0].r) == ("dosa", "memo", "wg", 30)
-    assert got[0].plan is None and got[0].predicted_ms == {"dense": 9.0}  # no plans kept
+    assert got[0].bound_work is None and got[0].predicted_ms == {"dense": 9.0}  # no arrays
     memo.store(k1, cost.RouteChoice("dense", "sampled"))
     assert memo.recall(k1).route == "dense"
 
