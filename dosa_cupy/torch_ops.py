@@ -10,6 +10,7 @@ torch work and can be captured in a ``torch.cuda.CUDAGraph`` where the wrapped c
 (the decode step with a layout the caller built; not the prefill call, which synchronizes).
 """
 
+import contextlib
 import itertools
 
 import torch
@@ -22,24 +23,15 @@ _SELECTORS: dict = {}  # handle → (DecodeSelectorGPU, K)
 _HANDLES = itertools.count(1)
 
 
+@contextlib.contextmanager
 def _on_stream(t: torch.Tensor):
-    """CuPy's device and stream context for torch tensor ``t``'s device and current stream."""
+    """CuPy (yielded), on torch tensor ``t``'s device and current stream."""
     if t.device.type != "cuda":
         raise ValueError(f"q: expected a CUDA tensor, got device {t.device}")
     cp = cupy_or_raise()
-
-    class _Ctx:
-        def __enter__(self):
-            self.dev = cp.cuda.Device(t.device.index)
-            self.dev.__enter__()
-            self.stream = cp.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream)
-            self.stream.__enter__()
-
-        def __exit__(self, *exc):
-            self.stream.__exit__(*exc)
-            self.dev.__exit__(*exc)
-
-    return _Ctx()
+    stream = torch.cuda.current_stream(t.device).cuda_stream
+    with cp.cuda.Device(t.device.index), cp.cuda.ExternalStream(stream):
+        yield cp
 
 
 @torch.library.custom_op("dosa::prefill_topk", mutates_args=())
@@ -112,10 +104,8 @@ def decode_topk(
     sel, k = _lookup(handle)
     if K != k:
         raise ValueError(f"K: selector {handle} selects {k}, got {K}")
-    ctx = _on_stream(q)
-    cp = cupy_or_raise()
-    out = torch.empty((q.shape[0], q.shape[1], K), dtype=torch.int64, device=q.device)
-    with ctx:
+    with _on_stream(q) as cp:
+        out = torch.empty((q.shape[0], q.shape[1], K), dtype=torch.int64, device=q.device)
         sel.step(q, w, kv_payload, kv_scale, block_table, lengths, return_stats=False,
                  out=cp.from_dlpack(out))  # fmt: skip
     return out
