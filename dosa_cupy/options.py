@@ -213,7 +213,8 @@ def resolve_options(o: dict, K: int) -> dict:
     """Checked options → the counts the stages read: the strategies off give no seeds of
     their kind (no "local": window = sinks = 0; no "anchor": n_anchors = 0); window None →
     ``default_window(K, strategies)``; cert_seeds (0 = off) None →
-    ``default_cert_seeds(K)`` with "certificate", else 0; ``o["strategies"]``."""
+    ``default_cert_seeds(K)`` with "certificate", else 0; route "auto" → "dosa" with
+    debug_bounds (bounds exist only where a chunk is screened); ``o["strategies"]``."""
     o = dict(o)
     names = strategies(o["seeds"], o["seed_ids"])
     o["strategies"] = names
@@ -223,6 +224,8 @@ def resolve_options(o: dict, K: int) -> dict:
         o["window"] = o["sinks"] = 0
     if "anchor" not in names:
         o["n_anchors"] = 0
+    if o["debug_bounds"] and o["route"] == "auto":
+        o["route"] = "dosa"  # the bounds asked for exist only where the chunk is screened
     cert = _certificate_on(o, names)
     cs = o["cert_seeds"]
     o["cert_seeds"] = (default_cert_seeds(K) if cs is None else cs) if cert else 0

@@ -104,8 +104,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if empty is not None:
         return empty
     stats = o["return_stats"] or o["debug_bounds"]
-    if o["debug_bounds"] and o["route"] == "auto":
-        o["route"] = "dosa"  # the bounds asked for exist only where the chunk is screened
 
     # the route choice (docs/method.md §9 "Route choice"; cost.py): decision 1, no device work
     if o["route"] == "dense" or (o["route"] == "auto" and early_route(H200, b.Qn, b.N, b.heads)):

@@ -13,7 +13,7 @@ import pytest
 
 from dosa_cupy import cost
 from dosa_cupy.bench import fit_cost
-from dosa_cupy.options import check_options
+from dosa_cupy.options import check_options, resolve_options
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs/records/results/2026-12-01_00406f8"
 FILES = ("bench_prefill.json", "bench_iso_many.json", "bench_small_qn.json")
@@ -105,6 +105,9 @@ def test_route_option_is_checked(bad):
     with pytest.raises(ValueError, match="debug_bounds"):
         check_options({"route": "dense", "debug_bounds": True})
     assert check_options({"debug_bounds": True})["debug_bounds"]
+    # debug bounds exist only where a chunk is screened: they turn the choice off
+    assert resolve_options(check_options({"debug_bounds": True}), 64)["route"] == "dosa"
+    assert resolve_options(check_options({}), 64)["route"] == "auto"
 
 
 def test_plan_take_indexes_every_per_query_field():
