@@ -272,11 +272,10 @@ def route_table(rows) -> str:
     ]
     for r in done:
         rs, st = r["dosa_routes"], r.get("dosa_stage_ms") or {}
-        names = sorted(
+        names = sorted({
             f"{x['route']} ({x['reason']}" + (f", {x['screen']}/{x['r']})" if x["screen"] else ")")
             for x in rs
-        )
-        names = sorted(set(names))
+        })  # fmt: skip
         nan = float("nan")
         dense = sum(x["predicted_ms"].get("dense", nan) for x in rs)
         before = sum(st.get(k, 0.0) for k in ("prepare", "seeds", "route"))
