@@ -24,18 +24,12 @@ __all__ = ["fit", "main"]
 
 
 def _nnls2(x, y):
-    """(a, b) ≥ 0 minimizing Σ (a + b x − y)², by least squares clipped to the boundary."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    A = np.stack([np.ones_like(x), x], axis=1)
-    a, b = np.linalg.lstsq(A, y, rcond=None)[0]
-    if a < 0:
-        a, b = 0.0, float(x @ y / (x @ x))
-    if b < 0:
-        a, b = float(y.mean()), 0.0
-    return float(a), float(b)
+    """(a, b) ≥ 0 minimizing Σ (a + b x − y)²: ``_nnls`` with an intercept column."""
+    x = np.asarray(x, float)
+    return tuple(_nnls(np.stack([np.ones_like(x), x], axis=1), y))
 
 
-def _nnls_through0(X, y):
+def _nnls(X, y):
     """c ≥ 0 minimizing ‖X c − y‖ (no intercept): least squares, refitted without the
     columns whose coefficient came out negative."""
     X, y = np.asarray(X, float), np.asarray(y, float)
@@ -50,7 +44,8 @@ def _nnls_through0(X, y):
 
 
 def _dosa_points(row):
-    """(H, visible, survival, kept, stage_ms) of the row's DoSA runs (default and variants)."""
+    """(H, visible, survival, kept, stage_ms, Qn·N) of the row's DoSA runs (default and
+    variants)."""
     out = []
     if row.get("dosa_stage_ms"):
         out.append((row["survival_pooled"], row.get("kept_mean", 0.0), row["dosa_stage_ms"]))
@@ -72,7 +67,7 @@ def fit(rows: list) -> dict:
     sel = [r for r in rows if r.get("select_ms")]
     s0, s1 = _nnls2([r["Qn"] * r["N"] for r in sel], [r["select_ms"] for r in sel])
     pts = [p for r in rows for p in _dosa_points(r)]
-    f0, f1 = _nnls_through0([[p[5], p[2] * p[1] * p[0]] for p in pts],
+    f0, f1 = _nnls([[p[5], p[2] * p[1] * p[0]] for p in pts],
                             [p[4]["refine"] for p in pts])  # fmt: skip
     kept = [(r, p) for r in rows for p in _dosa_points(r) if p[3] is not None]
     g0, g1 = _nnls2([p[3] * r["Qn"] for r, p in kept],
