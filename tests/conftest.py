@@ -31,8 +31,6 @@ def _screening_route(request, monkeypatch):
     if request.node.get_closest_marker("gpu") and not request.node.get_closest_marker(
         "route_choice"
     ):
-        try:
-            from dosa_cupy import options
-        except ImportError:  # pragma: no cover - dosa_cupy always imports (no CuPy needed)
-            return
+        from dosa_cupy import options  # imports without CuPy
+
         monkeypatch.setitem(options.OPTIONS, "route", "dosa")
