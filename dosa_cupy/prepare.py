@@ -18,6 +18,7 @@ __all__ = [
     "Batch",
     "as_device",
     "check_inputs",
+    "check_values",
     "key_rho",
     "pad_batch",
     "pad_heads",
@@ -67,6 +68,7 @@ _VALUE_ERRORS = (
     "ks: entries must lie in [0, N={N}]",
     "ke: entries must lie in [0, N={N}]",
 )
+CHECK_ORDER = 1 << len(_VALUE_ERRORS)  # check_values' bit for "some ks > ke"
 
 
 def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
@@ -123,20 +125,39 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
             raise ValueError(f"{name}: expected shape ({Qn},), got {tuple(a.shape)}")
         out.append(a)
     if check:
-        # every value check on the device, read back once (one synchronization per call)
-        flags = [cp.any((q & 0x7F) == 0x7F), cp.any((kp & 0x7F) == 0x7F),
-                 ~cp.all(cp.isfinite(w))]  # fmt: skip
-        flags += [cp.any((a < 0) | (a > N)) for a in out]  # in the given dtype
-        order = out[0].astype(cp.int64) > out[1].astype(cp.int64)  # read only if in range
-        bad = cp.asnumpy(cp.stack(flags + [cp.any(order)]))
-        for hit, msg in zip(bad[:-1], _VALUE_ERRORS, strict=True):
-            if hit:
+        bad = check_values(q, w, kp, out[0], out[1], N)
+        for bit, msg in enumerate(_VALUE_ERRORS):
+            if bad >> bit & 1:
                 raise ValueError(msg.format(N=N))
-        if bad[-1]:
-            t = int(cp.argmax(order))
+        if bad & CHECK_ORDER:
+            t = int(cp.argmax(out[0].astype(cp.int64) > out[1].astype(cp.int64)))
             raise ValueError(f"ks: ks[{t}] > ke[{t}]")
     ks_, ke_ = (cp.ascontiguousarray(a.astype(cp.int32)) for a in out)
     return q, w, kp, ksc, int(K), ks_, ke_
+
+
+def check_values(q, w, kp, ks, ke, N: int) -> int:
+    """The value checks of ``check_inputs`` in one kernel (``check_values``, csrc/prepare.cu;
+    reference ``dosa_ref.stages.check_values``) and one read back: an int whose bit i is
+    set when check i of ``_VALUE_ERRORS`` fails, and ``CHECK_ORDER`` when some ks > ke.
+
+    q uint8 [Qn, H, 128], w fp32 [Qn, H], kp uint8 [N, 128] (C-contiguous CuPy arrays);
+    ks, ke integer [Qn] in any integer dtype (compared as int64; a uint64 entry ≥ 2^63
+    becomes negative and fails the range check, as it lies above N anyway).
+    """
+    cp = cupy_or_raise()
+    ks64, ke64 = ks.astype(cp.int64), ke.astype(cp.int64)
+    flags = cp.zeros(1, dtype=cp.uint32)
+    # the kernel reads q and kp as 16-byte vectors: a view at an odd offset is copied first
+    q, kp = (a if a.data.ptr % 16 == 0 else a.copy() for a in (q, kp))
+    n = max(q.size // 16, kp.size // 16, w.size, ks64.size, 1)
+    blocks = min(-(-n // 256), 8 * 132)
+    kernel("check_values")(
+        (blocks,), (256,),
+        (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks64,
+         ke64, np.int64(ks64.size), np.int64(N), flags),
+    )  # fmt: skip
+    return int(flags.get()[0])
 
 
 def pad_heads(q, w):

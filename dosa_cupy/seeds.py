@@ -25,6 +25,7 @@ from .select import RecordBuffer, tau_of_seeds
 
 __all__ = [
     "Seeds",
+    "anchor_pool",
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
@@ -82,17 +83,10 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
     if na > 0:
         anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
         aid = dense_ids(b.rows(anchors))
-        pool = cp.unique(aid[aid >= 0]).astype(cp.int32)
     else:
-        pool = cp.zeros(0, dtype=cp.int32)
-    poolmask = cp.zeros(b.NW, dtype=cp.uint32)
-    if pool.size:
-        import cupyx
-
-        cupyx.scatter_add(poolmask, pool >> 5, (cp.uint32(1) << (pool & 31).astype(cp.uint32)))
+        aid = cp.zeros(0, dtype=cp.int32)
+    pool, poolmask, plo, phi = anchor_pool(aid, b.NW, b.ks, b.ke)
     pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
-    plo = cp.searchsorted(pool, b.ks).astype(cp.int32)
-    phi = cp.searchsorted(pool, b.ke).astype(cp.int32)
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
     default = RecordBuffer(Qn, scap)
     gx = (scap + SEED_WARPS * SEEDW - 1) // (SEED_WARPS * SEEDW)
@@ -118,6 +112,34 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
                  kid)  # fmt: skip
+
+
+def anchor_pool(aid, NW: int, ks, ke):
+    """The anchor pool of the anchors' Top-K ids ``aid`` int32 (any shape, −1 padding) over
+    keys [0, 32·NW): (pool int32 [P], the sorted distinct ids; poolmask uint32 [NW], bit i
+    = key i in the pool; plo, phi int32 [Qn]: the pool's index range of the ids in [ks, ke),
+    numpy's searchsorted(pool, ks / ke)).  Kernels pool_mark, pool_count, pool_ids,
+    pool_ranges (csrc/seeds.cu: a bitmask and prefix counts instead of a sort); references
+    ``dosa_ref.stages.pool_ids`` / ``pool_ranges``.  Reads P back (one synchronization)."""
+    cp = cupy_or_raise()
+    T = 256
+    poolmask = cp.zeros(NW, dtype=cp.uint32)
+    n = int(aid.size)
+    if n:
+        kernel("pool_mark")((min(-(-n // T), 1024),), (T,), (aid, np.int64(n), poolmask))
+    cnt = cp.zeros(NW + 1, dtype=cp.int64)
+    g = (max(1, -(-NW // T)),)
+    kernel("pool_count")(g, (T,), (poolmask, np.int64(NW), cnt))
+    offs = cp.cumsum(cnt)  # offs[w] = pool ids below key 32·w; offs[NW] = P
+    pool = cp.empty(int(offs[-1]), dtype=cp.int32)
+    if pool.size:
+        kernel("pool_ids")(g, (T,), (poolmask, offs, np.int64(NW), pool))
+    Qn = int(ks.shape[0])
+    plo, phi = cp.empty(Qn, dtype=cp.int32), cp.empty(Qn, dtype=cp.int32)
+    if Qn:
+        args = (poolmask, offs, np.int64(NW), ks, ke, np.int32(Qn), plo, phi)
+        kernel("pool_ranges")((-(-Qn // T),), (T,), args)
+    return pool, poolmask, plo, phi
 
 
 def score_seed_ids(b: Batch, table):

@@ -4,8 +4,11 @@ stage of docs/method.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be che
 
   quantize_keys (prepare)  → ``dosa_ref.fp8.quantize_keys``
   key_rho (prepare)        → ρ_i with ρ_i√D ≥ ‖k̄_i‖, fp32 rounded up
+  check_values (prepare)   → the input value checks as one flag word
   dense_logits             → original scores of every visible key (the dense route)
   seed_score               → exact seed scores and τ = τ_K(S) (Prop. 4)
+  pool_ids, pool_ranges    → the anchor pool: sorted distinct anchor ids, and each query's
+                             index range of pool ids in [ks, ke)
   seed_ids                 → explicit seeds: exact scores of caller ids that are visible,
                              distinct and not default seeds; τ_K of the union (they only
                              raise τ: screened and refined like any other key)
@@ -31,8 +34,11 @@ from .scorer import index_scores, score_keys, topk_of
 from .seeds import explicit_seeds, kth_score
 
 __all__ = [
+    "check_values",
     "dense_logits",
     "key_rho",
+    "pool_ids",
+    "pool_ranges",
     "quantize_keys",
     "refine",
     "screen",
@@ -48,9 +54,40 @@ def key_rho(payload: np.ndarray) -> np.ndarray:
     return key_rms(payload)
 
 
+def check_values(q, w, payload, ks, ke, N: int) -> int:
+    """Flag word of the input value checks (bit 0: an e4m3 NaN code in q, 1: in payload,
+    2: a non-finite w, 3: a ks entry outside [0, N], 4: a ke entry outside it, 5: some
+    ks > ke).  q, payload: uint8 e4m3 codes (any shape); w: float32; ks, ke: integers [Qn]."""
+    ks = np.asarray(ks).astype(np.int64)
+    ke = np.asarray(ke).astype(np.int64)
+    flags = (
+        np.any((np.asarray(q) & 0x7F) == 0x7F),
+        np.any((np.asarray(payload) & 0x7F) == 0x7F),
+        not np.all(np.isfinite(np.asarray(w, np.float32))),
+        np.any((ks < 0) | (ks > N)),
+        np.any((ke < 0) | (ke > N)),
+        np.any(ks > ke),
+    )
+    return sum(int(bool(f)) << i for i, f in enumerate(flags))
+
+
 def dense_logits(q, w, payload, scale, ks=None, ke=None) -> np.ndarray:
     """float64 [Qn, N] original scores of the dequantized keys; −inf outside [ks, ke)."""
     return index_scores(q, w, dequantize(payload, scale), ks, ke)
+
+
+def pool_ids(anchor_ids) -> np.ndarray:
+    """The anchor pool (§2): sorted distinct ids int32 [P] of the anchors' Top-K ids (any
+    shape, −1 padding)."""
+    a = np.asarray(anchor_ids).ravel()
+    return np.unique(a[a >= 0]).astype(np.int32)
+
+
+def pool_ranges(pool, ks, ke) -> tuple[np.ndarray, np.ndarray]:
+    """(plo, phi) int32 [Qn]: pool[plo[t]:phi[t]] are the pool ids in [ks[t], ke[t])."""
+    pool = np.asarray(pool)
+    return (np.searchsorted(pool, ks).astype(np.int32),
+            np.searchsorted(pool, ke).astype(np.int32))  # fmt: skip
 
 
 def seed_score(q_t, w_t, k, seed_ids, K: int) -> tuple[np.ndarray, float]:

@@ -351,6 +351,84 @@ def test_value_checks_name_the_argument_and_can_be_skipped():
 
 
 @gpu
+def test_check_values_kernel_equals_reference():
+    """The one-pass check kernel (csrc/prepare.cu check_values) sets exactly the flag word
+    of ``dosa_ref.stages.check_values``: each failure alone, all together, none, a NaN code
+    in the last byte of the arrays (the vector tail), ranges in unsigned and int64 dtypes
+    and a key array at an odd address (copied before the 16-byte reads)."""
+    from dosa_cupy.prepare import check_values
+    from dosa_ref import stages
+
+    rng = np.random.default_rng(5)
+    Qn, H, N = 37, 32, 3001
+    q = rng.integers(0, 0x7F, (Qn, H, 128), dtype=np.uint8)  # no NaN code: < 0x7F
+    kp = rng.integers(0, 0x7F, (N, 128), dtype=np.uint8) | 0x80 * (rng.random((N, 128)) < 0.5)
+    kp = kp.astype(np.uint8) & ~np.uint8(0x01)  # clear bit 0: no 0x7F / 0xFF code
+    w = rng.standard_normal((Qn, H)).astype(np.float32)
+    ks = rng.integers(0, N // 2, Qn)
+    ke = ks + rng.integers(0, N // 2, Qn)
+    edits = [
+        lambda a: a["q"].__setitem__((Qn - 1, H - 1, 127), 0xFF),
+        lambda a: a["kp"].__setitem__((N - 1, 127), 0x7F),
+        lambda a: a["kp"].__setitem__((5, 3), 0xFF),
+        lambda a: a["w"].__setitem__((0, 0), np.nan),
+        lambda a: a["w"].__setitem__((Qn - 1, H - 1), -np.inf),
+        lambda a: a["ks"].__setitem__(3, -1),
+        lambda a: a["ke"].__setitem__(Qn - 1, N + 1),
+        lambda a: (a["ks"].__setitem__(4, 10), a["ke"].__setitem__(4, 9)),
+    ]
+    for chosen in [[], *([e] for e in edits), edits]:
+        a = {"q": q.copy(), "kp": kp.copy(), "w": w.copy(), "ks": ks.copy(), "ke": ke.copy()}
+        for e in chosen:
+            e(a)
+        want = stages.check_values(a["q"], a["w"], a["kp"], a["ks"], a["ke"], N)
+        assert want == 0 or chosen
+        dev = {k: cp.asarray(v) for k, v in a.items()}
+        for dt in (cp.int32, cp.int64):
+            got = check_values(dev["q"], dev["w"], dev["kp"], dev["ks"].astype(dt),
+                               dev["ke"].astype(dt), N)  # fmt: skip
+            assert got == want, (chosen, got, want)
+        odd = cp.empty(N * 128 + 1, dtype=cp.uint8)[1:].reshape(N, 128)
+        odd[...] = dev["kp"]
+        assert odd.data.ptr % 16 == 1
+        assert check_values(dev["q"], dev["w"], odd, dev["ks"], dev["ke"], N) == want
+    big = cp.full(Qn, 2**63 + 5, dtype=cp.uint64)  # above N; wraps negative as int64
+    assert check_values(cp.asarray(q), cp.asarray(w), cp.asarray(kp), big, big, N) & 0b11000
+
+
+@pytest.mark.parametrize("N", [1, 31, 32, 4096, 5000])
+@gpu
+def test_anchor_pool_kernels_equal_reference(N):
+    """seeds.anchor_pool (bitmask + prefix counts, csrc/seeds.cu) equals the sort-based
+    references: the sorted distinct ids, the bitmask, and searchsorted ranges — with repeats,
+    −1 padding, ids 0 and N − 1, ranges ending at N, and no anchor id at all."""
+    from dosa_cupy.seeds import anchor_pool
+    from dosa_ref import stages
+
+    rng = np.random.default_rng(N)
+    NW = -(-N // 32)
+    for aid in (
+        rng.integers(-1, N, (4, 64)),
+        np.array([[0, N - 1, N - 1, -1, 0]]),
+        np.full((2, 3), -1),
+        np.zeros((0,), dtype=np.int64),
+    ):
+        ks = rng.integers(0, N + 1, 50)
+        ke = np.maximum(ks, rng.integers(0, N + 1, 50))
+        ks[:2], ke[:2] = (0, N), (N, N)
+        pool, mask, plo, phi = anchor_pool(cp.asarray(aid, dtype=cp.int32), NW,
+                                           cp.asarray(ks, dtype=cp.int32),
+                                           cp.asarray(ke, dtype=cp.int32))  # fmt: skip
+        want = stages.pool_ids(aid)
+        assert pool.dtype == cp.int32 and np.array_equal(cp.asnumpy(pool), want)
+        want_mask = np.zeros(NW, dtype=np.uint32)
+        np.bitwise_or.at(want_mask, want >> 5, np.left_shift(1, want & 31).astype(np.uint32))
+        assert np.array_equal(cp.asnumpy(mask), want_mask.ravel())
+        wlo, whi = stages.pool_ranges(want, ks, ke)
+        assert np.array_equal(cp.asnumpy(plo), wlo) and np.array_equal(cp.asnumpy(phi), whi)
+
+
+@gpu
 def test_public_ids_int64():
     """docs/design.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
     contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""

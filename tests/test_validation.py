@@ -107,3 +107,18 @@ def test_check_seed_ids_does_not_wrap_unsigned_ids():
     ):
         with pytest.raises(ValueError, match="seed_ids"):
             check_seed_ids(bad, 1, n)
+
+
+def test_nan_code_word_predicate():
+    """csrc/prepare.cu check_values tests four e4m3 codes at once: a word has a NaN code
+    (byte & 0x7F == 0x7F) iff ((x & 0x7F7F7F7F) + 0x01010101) & 0x80808080 != 0 — checked
+    for every byte value in every lane against the per-byte rule."""
+    rng = np.random.default_rng(0)
+    for lane in range(4):
+        for b in range(256):
+            other = rng.integers(0, 256, (64, 4), dtype=np.uint64)
+            other[:, lane] = b
+            x = (other << (8 * np.arange(4, dtype=np.uint64))).sum(axis=1)
+            word = (((x & 0x7F7F7F7F) + 0x01010101) & 0x80808080) != 0
+            per_byte = ((other & 0x7F) == 0x7F).any(axis=1)
+            assert np.array_equal(word, per_byte)

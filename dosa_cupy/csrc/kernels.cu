@@ -4,10 +4,10 @@
 // score goes through dosa::score_batch (common.cuh): one arithmetic for every route.  The
 // include order is the definition order of the kernels in the module (it fixes the layout
 // of the built cubin).
-#include "prepare.cu"     // quantize_keys_kernel, key_rho_kernel: payload, scale, ρ (§8)
+#include "prepare.cu"     // quantize_keys_kernel, key_rho_kernel, check_values: payload, scale, ρ (§8), input checks
 #include "dense.cu"       // dense_logits_mt*: the canonical scorer over every visible key
 #include "fused.cu"       // fused_mt*: the fused route (full-head scoring, online τ filter)
-#include "seeds.cu"       // seed_score_mt*: default seed records (§2)
+#include "seeds.cu"       // seed_score_mt*, pool_*: default seed records, the anchor pool (§2)
 #include "screen.cu"      // screen_mt*, screen_cert_mt*, screen_pair, cert_clear_below_tau
 #include "refine.cu"      // refine_mt*: the per-query refinement stream (§9)
 #include "select.cu"      // select_kernel, tau_from_kth: exact selection (§7, §9)

@@ -75,4 +75,45 @@ extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, l
   if (lane == 0) rho[tok] = rho_of_sumsq(ss);
 }
 
+// ---------------------------------------------------------------------------------------
+// The value checks of prepare.check_inputs (docs/design.md "Bad input") in one pass, so a
+// call reads them back with one synchronization.  Bits of *flags:
+// 1 q has an e4m3 NaN code, 2 k_payload has one, 4 w is not finite, 8 ks outside [0, N],
+// 16 ke outside [0, N], 32 some ks > ke (the order of prepare._VALUE_ERRORS, then
+// prepare.CHECK_ORDER).  q and kp are read as uint4 (16 codes); a byte b is
+// a NaN code iff b & 0x7F == 0x7F, i.e. iff (b & 0x7F) + 1 carries into bit 7 — per byte of
+// a word, without carries between bytes (at most 0x7F + 1 = 0x80).  Reference:
+// dosa_ref.stages.check_values.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ bool has_nan_code(uint32_t x) {
+  return (((x & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0u;
+}
+
+__device__ __forceinline__ bool has_nan_code4(uint4 v) {
+  return has_nan_code(v.x) | has_nan_code(v.y) | has_nan_code(v.z) | has_nan_code(v.w);
+}
+
+extern "C" __global__ void __launch_bounds__(256) check_values(
+    const uint4* __restrict__ q, long long nq, const float* __restrict__ w, long long nw,
+    const uint4* __restrict__ kp, long long nk, const long long* __restrict__ ks,
+    const long long* __restrict__ ke, long long Qn, long long N, unsigned int* __restrict__ flags) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned int f = 0u;
+  for (long long i = t0; i < nq; i += stride)
+    if (has_nan_code4(__ldg(q + i))) f |= 1u;
+  for (long long i = t0; i < nk; i += stride)
+    if (has_nan_code4(__ldg(kp + i))) f |= 2u;
+  for (long long i = t0; i < nw; i += stride)
+    if ((__float_as_uint(__ldg(w + i)) & 0x7f800000u) == 0x7f800000u) f |= 4u;
+  for (long long i = t0; i < Qn; i += stride) {
+    const long long a = ks[i], b = ke[i];
+    if (a < 0 || a > N) f |= 8u;
+    if (b < 0 || b > N) f |= 16u;
+    if (a > b) f |= 32u;
+  }
+  f = __reduce_or_sync(0xffffffffu, f);
+  if ((threadIdx.x & 31) == 0 && f) atomicOr(flags, f);
+}
+
 #endif  // DOSA_PREPARE_CU

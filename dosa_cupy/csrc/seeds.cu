@@ -65,4 +65,58 @@ SEED_INST(2)
 SEED_INST(3)
 SEED_INST(4)
 
+// ---------------------------------------------------------------------------------------
+// The anchor pool (docs/method.md §2) without a sort: the anchors' Top-K ids mark bits of a
+// key bitmask (pool_mark; a repeated id sets its bit once), the bits' exclusive prefix
+// counts (pool_count, then a scan on the host side) place every set bit at its rank
+// (pool_ids: the sorted distinct ids), and the rank of a key id x — the number of pool ids
+// below x, numpy's searchsorted(pool, x) — is offs[x/32] + popc(bits of word x/32 below x)
+// (pool_ranges).  References: dosa_ref.stages.pool_ids / pool_ranges.
+// ---------------------------------------------------------------------------------------
+extern "C" __global__ void pool_mark(const int* __restrict__ ids, long long n,
+                                     unsigned int* __restrict__ mask) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int id = ids[i];
+    if (id >= 0) atomicOr(mask + (id >> 5), 1u << (id & 31));
+  }
+}
+
+// cnt[w + 1] = set bits of word w (cnt[0] = 0 is the caller's): its inclusive scan is offs.
+extern "C" __global__ void pool_count(const unsigned int* __restrict__ mask, long long NW,
+                                      long long* __restrict__ cnt) {
+  const long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (w < NW) cnt[w + 1] = __popc(mask[w]);
+}
+
+extern "C" __global__ void pool_ids(const unsigned int* __restrict__ mask,
+                                    const long long* __restrict__ offs, long long NW,
+                                    int* __restrict__ pool) {
+  const long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (w >= NW) return;
+  unsigned int m = mask[w];
+  long long o = offs[w];
+  while (m) {
+    pool[o++] = (int)(32 * w) + (__ffs(m) - 1);
+    m &= m - 1u;
+  }
+}
+
+__device__ __forceinline__ int pool_rank(const unsigned int* mask, const long long* offs,
+                                         long long NW, int x) {
+  const long long w = x >> 5;
+  const unsigned int below = (1u << (x & 31)) - 1u;
+  return (int)(offs[w] + (w < NW ? __popc(mask[w] & below) : 0));
+}
+
+extern "C" __global__ void pool_ranges(const unsigned int* __restrict__ mask,
+                                       const long long* __restrict__ offs, long long NW,
+                                       const int* __restrict__ ks, const int* __restrict__ ke,
+                                       int Qn, int* __restrict__ plo, int* __restrict__ phi) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= Qn) return;
+  plo[t] = pool_rank(mask, offs, NW, ks[t]);
+  phi[t] = pool_rank(mask, offs, NW, ke[t]);
+}
+
 #endif  // DOSA_SEEDS_CU
