@@ -8,6 +8,9 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     fused_topk(...)                                     fused scoring + online τ filter
     RouteMemo(refresh)                                  route choices kept across chunks
                                                         (dosa_topk(..., route_memo=memo))
+    ragged_topk(q, w, k_payload, k_scale, K, cu_q, cu_k) B requests in one call (serving.py)
+    paged_prefill_topk(q, w, kv, kv_scale, block_table, lengths, cu_q, K)
+                                                        prefill over the paged FP8 cache
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ
     bench.main(argv)                                    `dosa bench` (routes in one run)
@@ -25,6 +28,7 @@ from .fused import fused_topk
 from .options import DosaGpuStats
 from .pipeline import dosa_topk
 from .prepare import key_rho, quantize_keys
+from .serving import paged_prefill_topk, ragged_topk
 
 __all__ = [
     "DosaGpuStats",
@@ -34,7 +38,9 @@ __all__ = [
     "dosa_topk",
     "fused_topk",
     "key_rho",
+    "paged_prefill_topk",
     "quantize_keys",
+    "ragged_topk",
     "select_records",
     "select_rows",
 ]
