@@ -1075,3 +1075,68 @@ def test_decode_ids_checks_can_fail(monkeypatch, tmp_path, wrong):
     assert r[key] is False and r[other] is True
     argv = ["--shapes", "32x2x300", "--K", "16", "--warm", "1", "--no-peers"]
     assert BD.main(argv + ["--out", str(tmp_path)]) == 1
+
+
+# --------------------------------------------------------------------------- serving mode
+# `dosa bench --serving` (bench/serving.py) without a GPU: arguments, the hint to install
+# CuPy, the ragged batch's sizes, and the report of a synthetic run.
+
+
+def test_serving_mode_arguments():
+    from dosa_cupy.bench import serving as BS
+
+    a = BS.parse_args([])
+    assert a.parts == list(BS.PARTS) and a.heads == [32, 64] and a.out == "out/serving"
+    a = BS.parse_args(["--parts", "small,decode", "--heads", "64", "--keys", "65536"])
+    assert a.parts == ["small", "decode"] and a.heads == [64] and a.keys == 65536
+    for argv, name in ((["--parts", "small,prefill"], "parts"), (["--heads", "32,x"], "heads"),
+                       (["--heads", "65"], "heads"), (["--reps", "3"], "reps"),
+                       (["--warm", "0"], "warm"), (["--rotate", "0"], "rotate"),
+                       (["--K", "5000"], "K"), (["--keys", "100"], "keys")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            BS.parse_args(argv)
+    for total in (131072, 1000, 1 << 20):
+        n = BS.ragged_lengths(total)
+        assert sum(n) == total and all(x >= q for x, q in zip(n, BS.RAGGED_QN, strict=True))
+
+
+def test_serving_mode_without_cupy(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` → ImportError
+    assert B.main(["--serving", "--parts", "small"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dosa bench --serving: CuPy is not importable")
+    assert "pip install 'dosa[gpu]'" in err and "NVIDIA GPU" in err
+    with pytest.raises(ValueError, match="^parts:"):  # arguments are checked first
+        B.main(["--serving", "--parts", "nope"])
+
+
+def test_serving_report_of_a_synthetic_run(tmp_path):
+    from dosa_cupy.bench import serving as BS
+
+    small = dict(H=32, Qn=16, N=131072, dosa_ms=0.5, dosa_nocheck_ms=0.4, dense_ms=0.25,
+                 dense_nocheck_ms=0.2, dosa_over_dense=2.0, dosa_over_dense_nocheck=2.0,
+                 ids_equal=True)  # fmt: skip
+    base = dict(H=64, B=8, queries=360, keys=131072)
+    res = {
+        "meta": {"date_utc": "2026-12-02 00:00:00Z", "commit": "abc1234"},
+        "device": "NVIDIA H200",
+        "small": [small],
+        "ragged": [dict(base, ragged_ms=3.0, separate_ms=6.0, separate_over_ragged=2.0,
+                        ids_equal=True)],
+        "paged": [dict(base, paged_ms=3.5, physical_ms=3.6, contiguous_ms=3.0,
+                       paged_over_contiguous=3.5 / 3.0, ids_equal=True,
+                       physical_ids_equal=False)],
+        "decode": [],
+    }  # fmt: skip
+    md = BS.markdown(res)
+    assert "commit abc1234, NVIDIA H200" in md and "| 32 | 16 | 131,072 | 0.500 |" in md
+    assert "| 2.00× | 2.00× | True |" in md and "| 64 | 8 | 360 | 131,072 | 3.000 |" in md
+    assert "(d) Decode" not in md  # a part that did not run is left out
+    assert not BS.all_equal(res)
+    res["paged"][0]["physical_ids_equal"] = True
+    assert BS.all_equal(res)
+    BS._write(tmp_path / "o", res)
+    assert (
+        json.loads((tmp_path / "o" / "bench_serving.json").read_text())["device"] == "NVIDIA H200"
+    )
+    assert (tmp_path / "o" / "bench_serving.md").read_text() == BS.markdown(res)

@@ -2,7 +2,8 @@
 
 Without a mode flag: the prefill routes (``--shapes`` / ``--sweep`` / ``--inputs``, and the
 GPU-free ``--dry-run`` and ``--merge``).  A mode flag anywhere in the arguments hands the
-other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--profile-plan``
+other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--serving``
+(serving.py: the serving API's calls, docs/serving.md), ``--profile-plan``
 (profile_plan.py), ``--diag`` (diag.py), ``--screen-variants`` (screen_variants.py),
 ``--case NAME`` (cases.py: small runs to put under compute-sanitizer or Nsight Compute;
 docs/running_on_gpu.md).
@@ -85,9 +86,10 @@ def _merge(a) -> int:
 
 
 # mode flag → (module of this package, whether to check for a GPU before handing over; the
-# decode mode checks its own arguments first)
+# decode and serving modes check their own arguments first)
 MODES = {
     "--decode": ("decode", False),
+    "--serving": ("serving", False),
     "--profile-plan": ("profile_plan", True),
     "--diag": ("diag", True),
     "--case": ("cases", True),

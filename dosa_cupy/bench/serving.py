@@ -1,0 +1,367 @@
+"""``dosa bench --serving``: the serving API's calls in one run on the GPU (docs/serving.md
+"Benchmark: dosa bench --serving").
+
+    (a) small  small prefill chunks (Qn 1, 16, 64 × H) at N keys (default 128K): dosa_topk
+               and dense_topk, each with check=True (default) and check=False; DoSA / dense
+               for like-for-like check settings
+    (b) ragged a ragged batch of 8 requests (Σ N_b = N, a few hundred queries) in one
+               ``serving.ragged_topk`` call against 8 separate ``dosa_topk`` calls
+    (c) paged  ``serving.paged_prefill_topk`` (gather + ragged call) against the contiguous
+               ``ragged_topk``, and with physical=True
+    (d) decode eager DoSA decode, DoSA captured in a CUDA graph and replayed, the dense
+               decode route (``bench.decode.bench_shape``, without peers)
+
+CUDA events, warm-up, medians over replays of rotated input sets (``timing.median_ms``,
+docs/benchmark_method.md); ids compared in every part.  Writes ``bench_serving.json`` and
+``bench_serving.md`` under ``--out`` (default ``out/serving``) with date, commit
+(``--commit`` > $DOSA_COMMIT > git) and device.
+
+    dosa bench --serving [--parts small,ragged,paged,decode] [--heads 32,64] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .report import cell, run_meta
+from .timing import free, median_ms, no_gpu_exit
+
+PARTS = ("small", "ragged", "paged", "decode")
+SMALL_QN = (1, 16, 64)
+# a ragged batch: 8 requests, Σ N_b = 131072 keys, Σ Qn_b = 360 queries (default --keys)
+RAGGED_N = (4096, 8192, 12288, 16384, 20480, 24576, 16384, 28672)
+RAGGED_QN = (16, 32, 48, 64, 8, 96, 40, 56)
+DECODE_SHAPES = ((1, 131072), (8, 131072))  # (B, ctx), next_n = 1
+
+
+def _ints(spec: str, name: str) -> list[int]:
+    try:
+        out = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or any(x < 1 for x in out):
+        raise ValueError(f"{name}: expected positive integers separated by commas, got {spec!r}")
+    return out
+
+
+def parse_args(argv) -> argparse.Namespace:
+    """The mode's arguments, validated (ValueError naming the argument); no GPU needed."""
+    ap = argparse.ArgumentParser(prog="dosa bench --serving", description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
+    ap.add_argument("--heads", default="32,64", help="H values, e.g. 32,64")
+    ap.add_argument("--keys", type=int, default=131072, help="N of (a); Σ N_b of (b), (c)")
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument("--regime", default="calibrated", help="dosa_cupy.workload regime")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warm", type=int, default=2)
+    ap.add_argument("--rotate", type=int, default=2, help="input sets replayed in turn")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="out/serving", help="bench_serving.json / .md go here")
+    ap.add_argument("--commit", default=None, help="commit recorded (default $DOSA_COMMIT)")
+    a = ap.parse_args(argv)
+    a.parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    bad = [p for p in a.parts if p not in PARTS]
+    if bad or not a.parts:
+        raise ValueError(f"parts: expected a comma list of {PARTS}, got {bad or a.parts}")
+    a.heads = _ints(a.heads, "heads")
+    if any(not 1 <= h <= 64 for h in a.heads):
+        raise ValueError(f"heads: expected values in [1, 64], got {a.heads}")
+    if a.reps < 10:
+        raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    if a.warm < 1:
+        raise ValueError(f"warm: at least 1 warm-up call, got {a.warm}")
+    if a.rotate < 1:
+        raise ValueError(f"rotate: expected at least 1 input set, got {a.rotate}")
+    if not 1 <= a.K <= 4096:
+        raise ValueError(f"K: expected an integer in [1, 4096], got {a.K}")
+    if a.keys < sum(RAGGED_QN) or a.keys < max(SMALL_QN):
+        raise ValueError(f"keys: expected at least {sum(RAGGED_QN)}, got {a.keys}")
+    return a
+
+
+def ragged_lengths(total: int) -> list[int]:
+    """The 8 requests' key counts, RAGGED_N scaled to sum to ``total`` (each ≥ its Qn)."""
+    n = [max(q, int(x * total // sum(RAGGED_N))) for x, q in zip(RAGGED_N, RAGGED_QN, strict=True)]
+    n[-1] += total - sum(n)
+    return n
+
+
+# ---------------------------------------------------------------------------------------
+# (a) small prefill chunks
+# ---------------------------------------------------------------------------------------
+
+
+def _small(cp, a, H, Qn, log) -> dict:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+    sets = [make_gpu_workload(a.regime, Qn, a.keys, H, seed=a.seed + i) for i in range(a.rotate)]
+    names = ("q", "w", "k_payload", "k_scale")
+
+    def args(s):
+        return (*(s[k] for k in names), a.K, s["ks"], s["ke"])
+
+    routes = {
+        "dosa": lambda s: dosa_cupy.dosa_topk(*args(s)),
+        "dosa_nocheck": lambda s: dosa_cupy.dosa_topk(*args(s), check=False),
+        "dense": lambda s: dosa_cupy.dense_topk(*args(s)),
+        "dense_nocheck": lambda s: dosa_cupy.dense_topk(*args(s), check=False),
+    }
+    row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime)
+    for name, fn in routes.items():
+        row[f"{name}_ms"], row[f"{name}_ms_all"] = median_ms(cp, fn, a.reps, a.warm, sets)
+    row["ids_equal"] = all(
+        bool(cp.array_equal(routes[r](s), routes["dense"](s))) for s in sets for r in routes
+    )
+    row["dosa_over_dense"] = row["dosa_ms"] / row["dense_ms"]
+    row["dosa_over_dense_nocheck"] = row["dosa_nocheck_ms"] / row["dense_nocheck_ms"]
+    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}))
+    del sets
+    free(cp)
+    return row
+
+
+# ---------------------------------------------------------------------------------------
+# (b) ragged batch, (c) paged prefill
+# ---------------------------------------------------------------------------------------
+
+
+def _ragged_set(cp, a, H, seed) -> dict:
+    """One input set of the ragged batch: the 8 requests' workloads concatenated, their
+    offsets, and a paged cache of the same keys behind a shuffled block table."""
+    from dosa_cupy.decode import PAGE
+    from dosa_cupy.serving import page_rows
+    from dosa_cupy.workload import make_gpu_workload
+
+    nk = ragged_lengths(a.keys)
+    parts = [make_gpu_workload(a.regime, m, n, H, seed=seed + 101 * b)
+             for b, (m, n) in enumerate(zip(RAGGED_QN, nk, strict=True))]  # fmt: skip
+    s = {k: cp.concatenate([p[k] for p in parts]) for k in ("q", "w", "k_payload", "k_scale")}
+    s["parts"] = [{k: p[k] for k in ("q", "w", "k_payload", "k_scale", "ks", "ke")} for p in parts]
+    s["cu_q"] = cp.asarray(np.concatenate([[0], np.cumsum(RAGGED_QN)]).astype(np.int32))
+    cu_k = np.concatenate([[0], np.cumsum(nk)]).astype(np.int64)
+    s["cu_k"] = cp.asarray(cu_k.astype(np.int32))
+    # paged cache (docs/serving.md "Paged prefill"): blocks of each request in a shuffled
+    # order, the keys written to their physical rows
+    nblk = [-(-n // PAGE) for n in nk]
+    mb, nb = max(nblk), sum(nblk) + 1
+    perm = np.random.default_rng(seed).permutation(nb)
+    bt = np.zeros((len(nk), mb), np.int32)
+    at = 0
+    for b, c in enumerate(nblk):
+        bt[b, :c] = perm[at : at + c]
+        at += c
+    s["bt"] = cp.asarray(bt)
+    s["lengths"] = cp.asarray(np.asarray(nk, np.int32))
+    req = cp.asarray(np.repeat(np.arange(len(nk)), nk))
+    pos = cp.arange(int(cu_k[-1]), dtype=cp.int64) - cp.asarray(cu_k)[req]
+    rows = page_rows(s["bt"], req, pos[:, None], cp)[:, 0]
+    kv = cp.zeros((nb * PAGE, 128), dtype=cp.uint8)
+    sc = cp.ones(nb * PAGE, dtype=cp.float32)
+    kv[rows], sc[rows] = s["k_payload"], s["k_scale"]
+    s["kv"], s["kv_scale"] = kv.reshape(nb, PAGE, 128), sc.reshape(nb, PAGE)
+    return s
+
+
+def _ragged_calls(a):
+    """The timed calls of (b) and (c) on one input set."""
+    import dosa_cupy
+    from dosa_cupy.serving import paged_prefill_topk, ragged_topk
+
+    def ragged(s):
+        return ragged_topk(s["q"], s["w"], s["k_payload"], s["k_scale"], a.K, s["cu_q"], s["cu_k"])
+
+    def separate(s):
+        return [dosa_cupy.dosa_topk(p["q"], p["w"], p["k_payload"], p["k_scale"], a.K,
+                                    p["ks"], p["ke"]) for p in s["parts"]]  # fmt: skip
+
+    def paged(s, physical=False):
+        return paged_prefill_topk(s["q"], s["w"], s["kv"], s["kv_scale"], s["bt"],
+                                  s["lengths"], s["cu_q"], a.K, physical=physical)  # fmt: skip
+
+    return ragged, separate, paged
+
+
+def _ragged_rows(cp, a, H, log) -> tuple[dict, dict]:
+    from dosa_cupy.serving import page_rows
+
+    sets = [_ragged_set(cp, a, H, a.seed + 7 * i) for i in range(a.rotate)]
+    ragged, separate, paged = _ragged_calls(a)
+    base = dict(H=H, B=len(RAGGED_QN), queries=sum(RAGGED_QN), keys=a.keys, K=a.K,
+                regime=a.regime, qn=list(RAGGED_QN), nk=ragged_lengths(a.keys))  # fmt: skip
+    rb = dict(base)
+    rb["ragged_ms"], rb["ragged_ms_all"] = median_ms(cp, ragged, a.reps, a.warm, sets)
+    rb["separate_ms"], rb["separate_ms_all"] = median_ms(cp, separate, a.reps, a.warm, sets)
+    rb["separate_over_ragged"] = rb["separate_ms"] / rb["ragged_ms"]
+    rb["ids_equal"] = all(
+        bool(cp.array_equal(ragged(s), cp.concatenate(separate(s)))) for s in sets
+    )
+    rc = dict(base)
+    rc["paged_ms"], rc["paged_ms_all"] = median_ms(cp, paged, a.reps, a.warm, sets)
+    rc["contiguous_ms"], rc["contiguous_ms_all"] = median_ms(cp, ragged, a.reps, a.warm, sets)
+
+    def phys(s):
+        return paged(s, True)
+
+    rc["physical_ms"], rc["physical_ms_all"] = median_ms(cp, phys, a.reps, a.warm, sets)
+    rc["paged_over_contiguous"] = rc["paged_ms"] / rc["contiguous_ms"]
+    eq, peq = True, True
+    for s in sets:
+        want = ragged(s)
+        eq = eq and bool(cp.array_equal(paged(s), want))
+        req = cp.asarray(np.repeat(np.arange(len(RAGGED_QN)), RAGGED_QN))
+        peq = peq and bool(cp.array_equal(phys(s), page_rows(s["bt"], req, want, cp)))
+    rc["ids_equal"], rc["physical_ids_equal"] = eq, peq
+    for r in (rb, rc):
+        log(json.dumps({k: v for k, v in r.items() if not k.endswith("_all")}))
+    del sets
+    free(cp)
+    return rb, rc
+
+
+# ---------------------------------------------------------------------------------------
+# (d) decode
+# ---------------------------------------------------------------------------------------
+
+
+def _decode(cp, a, H, log) -> list[dict]:
+    """``bench.decode.bench_shape`` (eager DoSA, dense decode, DoSA captured in a CUDA graph
+    and replayed) at DECODE_SHAPES, next_n = 1, without peers."""
+    from .decode import bench_shape
+
+    rows = []
+    for B, ctx in DECODE_SHAPES:
+        r = bench_shape(H, B, ctx, 1, a.K, a.reps, max(a.warm, 1), 2, None, a.seed, log, None)
+        rows.append({k: v for k, v in r.items() if k in DECODE_KEYS})
+        free(cp)
+    return rows
+
+
+DECODE_KEYS = ("H", "B", "ctx", "next_n", "K", "dosa_ms", "dense_ms", "dosa_graph_ms",
+               "ids_equal", "dosa_graph_ids_equal", "key_floor_ms", "dosa_ms_all",
+               "dense_ms_all", "dosa_graph_ms_all")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------
+
+
+def markdown(res: dict) -> str:
+    """The four tables of a run (parts not run are left out)."""
+    m = res["meta"]
+    out = [f"# dosa bench --serving\n\n{m['date_utc']}, commit {m['commit']}, "
+           f"{res.get('device') or 'unknown device'}\n"]  # fmt: skip
+    if res.get("small"):
+        out.append(
+            "\n## (a) Small prefill chunks\n\n| H | Qn | N | DoSA ms | DoSA check=False ms "
+            "| dense ms | dense check=False ms | DoSA / dense | DoSA / dense (check=False) "
+            "| ids equal |\n|" + "---|" * 10 + "\n"
+        )
+        for r in res["small"]:
+            out.append(
+                f"| {r['H']} | {r['Qn']} | {r['N']:,} | {cell(r['dosa_ms'], '{:.3f}')} "
+                f"| {cell(r['dosa_nocheck_ms'], '{:.3f}')} | {cell(r['dense_ms'], '{:.3f}')} "
+                f"| {cell(r['dense_nocheck_ms'], '{:.3f}')} | {cell(r['dosa_over_dense'])}× "
+                f"| {cell(r['dosa_over_dense_nocheck'])}× | {r['ids_equal']} |\n"
+            )
+    if res.get("ragged"):
+        out.append(
+            "\n## (b) Ragged batch: one call vs separate calls\n\n| H | B | queries | keys "
+            "| ragged ms | 8 calls ms | 8 calls / ragged | ids equal |\n|" + "---|" * 8 + "\n"
+        )
+        for r in res["ragged"]:
+            out.append(
+                f"| {r['H']} | {r['B']} | {r['queries']} | {r['keys']:,} "
+                f"| {cell(r['ragged_ms'], '{:.3f}')} | {cell(r['separate_ms'], '{:.3f}')} "
+                f"| {cell(r['separate_over_ragged'])}× | {r['ids_equal']} |\n"
+            )
+    if res.get("paged"):
+        out.append(
+            "\n## (c) Paged prefill vs contiguous\n\n| H | B | queries | keys | paged ms "
+            "| paged physical ms | contiguous ms | paged / contiguous | ids equal "
+            "| physical ids equal |\n|" + "---|" * 10 + "\n"
+        )
+        for r in res["paged"]:
+            out.append(
+                f"| {r['H']} | {r['B']} | {r['queries']} | {r['keys']:,} "
+                f"| {cell(r['paged_ms'], '{:.3f}')} | {cell(r['physical_ms'], '{:.3f}')} "
+                f"| {cell(r['contiguous_ms'], '{:.3f}')} | {cell(r['paged_over_contiguous'])}× "
+                f"| {r['ids_equal']} | {r['physical_ids_equal']} |\n"
+            )
+    if res.get("decode"):
+        out.append(
+            "\n## (d) Decode: captured replay vs eager vs dense (next_n = 1)\n\n| H | B | ctx "
+            "| DoSA graph ms | DoSA eager ms | dense ms | ids equal | graph ids equal "
+            "|\n|" + "---|" * 8 + "\n"
+        )
+        for r in res["decode"]:
+            out.append(
+                f"| {r['H']} | {r['B']} | {r['ctx']:,} | {cell(r['dosa_graph_ms'], '{:.3f}')} "
+                f"| {cell(r['dosa_ms'], '{:.3f}')} | {cell(r['dense_ms'], '{:.3f}')} "
+                f"| {r['ids_equal']} | {r['dosa_graph_ids_equal']} |\n"
+            )
+    return "".join(out)
+
+
+def all_equal(res: dict) -> bool:
+    """Every part's ids equal (the run's exit status)."""
+    rows = [r for p in PARTS for r in res.get(p) or []]
+    keys = ("ids_equal", "physical_ids_equal", "dosa_graph_ids_equal")
+    return all(r.get(k) is not False for r in rows for k in keys)
+
+
+def _write(out, res) -> None:
+    p = Path(out)
+    p.mkdir(parents=True, exist_ok=True)
+    (p / "bench_serving.json").write_text(json.dumps(res, indent=1))
+    (p / "bench_serving.md").write_text(markdown(res))
+
+
+def main(argv=None) -> int:
+    a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    rc = no_gpu_exit("dosa bench --serving")
+    if rc is not None:
+        return rc
+    import cupy as cp
+
+    def log(s):
+        print(s, flush=True)
+
+    res = {"meta": run_meta(a.commit), "args": dict(vars(a))}
+    try:
+        res["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # the name is decoration; never fail a measurement for it
+        res["device"] = None
+    for p in PARTS:
+        res[p] = []
+    t0 = time.time()
+    for H in a.heads:
+        if "small" in a.parts:
+            res["small"] += [_small(cp, a, H, Qn, log) for Qn in SMALL_QN]
+            _write(a.out, res)  # after every part: a run cut short keeps what finished
+        if "ragged" in a.parts or "paged" in a.parts:
+            rb, rc_ = _ragged_rows(cp, a, H, log)
+            res["ragged"] += [rb] if "ragged" in a.parts else []
+            res["paged"] += [rc_] if "paged" in a.parts else []
+            _write(a.out, res)
+        if "decode" in a.parts:
+            res["decode"] += _decode(cp, a, H, log)
+            _write(a.out, res)
+        log(f"# H={H} done ({time.time() - t0:.0f} s)")
+    res["ids_equal"] = all_equal(res)
+    _write(a.out, res)
+    md = markdown(res)
+    print(md)
+    print(f"# wrote {Path(a.out) / 'bench_serving.json'}, {Path(a.out) / 'bench_serving.md'}")
+    return 0 if res["ids_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
