@@ -18,8 +18,8 @@ import numpy as np
 
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
-from ._build import cupy_or_raise, kernel
-from .dense import dense_ids, select_records
+from ._build import cupy_or_raise, kernel, tile
+from .dense import _NULL, QG, ROWB, dense_ids, select_records
 from .prepare import Batch, as_device
 from .select import RecordBuffer, tau_of_seeds
 
@@ -85,19 +85,17 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
         aid = dense_ids(b.rows(anchors))
     else:
         aid = cp.zeros(0, dtype=cp.int32)
-    pool, poolmask, plo, phi = anchor_pool(aid, b.NW, b.ks, b.ke)
-    pool_arg = pool if pool.size else cp.zeros(1, dtype=cp.int32)
+    pool, poolmask, offs = anchor_pool(aid, b.NW)
+    rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
     default = RecordBuffer(Qn, scap)
-    gx = (scap + SEED_WARPS * SEEDW - 1) // (SEED_WARPS * SEEDW)
-    kernel(f"seed_score_mt{b.mth}")(
-        (gx, Qn),
-        (32 * SEED_WARPS,),
-        (
-            b.q, b.w, b.kp, b.ksc, b.ks, b.ke, np.int32(o["sinks"]), np.int32(o["window"]),
-            pool_arg, plo, phi,
-        ) + default.args(),
-    )  # fmt: skip
+    # three tiled launches, one per kind of default seed: sinks, local window, anchor pool
+    # (seeds.cu seed_score); the pool's keys are gathered once for every query
+    keys = (b.kp, b.ksc, None)
+    score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
+    score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default)
+    if pool.size:
+        score_seed_tiles(b, (b.kp[pool], b.ksc[pool], pool), (rg[4], rg[5]), pool.size, default)
     # Explicit seeds (docs/method.md §2): distinct visible ids that are not default seeds, so
     # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
     xcnt = cp.zeros(Qn, dtype=cp.uint32)
@@ -114,32 +112,65 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
                  kid)  # fmt: skip
 
 
-def anchor_pool(aid, NW: int, ks, ke):
+def anchor_pool(aid, NW: int):
     """The anchor pool of the anchors' Top-K ids ``aid`` int32 (any shape, −1 padding) over
     keys [0, 32·NW): (pool int32 [P], the sorted distinct ids; poolmask uint32 [NW], bit i
-    = key i in the pool; plo, phi int32 [Qn]: the pool's index range of the ids in [ks, ke),
-    numpy's searchsorted(pool, ks / ke)).  Kernels pool_mark, pool_count, pool_ids,
-    pool_ranges (csrc/seeds.cu: a bitmask and prefix counts instead of a sort); references
-    ``dosa_ref.stages.pool_ids`` / ``pool_ranges``.  Reads P back (one synchronization)."""
+    = key i in the pool; offs int64 [NW + 1], offs[w] = pool ids below key 32·w).  Kernels
+    pool_mark, pool_count, pool_ids (csrc/seeds.cu: a bitmask and prefix counts instead of
+    a sort); reference ``dosa_ref.stages.pool_ids``.  Reads P back (one synchronization)."""
     cp = cupy_or_raise()
-    T = 256
     poolmask = cp.zeros(NW, dtype=cp.uint32)
     n = int(aid.size)
     if n:
-        kernel("pool_mark")((min(-(-n // T), 1024),), (T,), (aid, np.int64(n), poolmask))
+        kernel("pool_mark")((min(-(-n // 256), 1024),), (256,), (aid, np.int64(n), poolmask))
     cnt = cp.zeros(NW + 1, dtype=cp.int64)
-    g = (max(1, -(-NW // T)),)
-    kernel("pool_count")(g, (T,), (poolmask, np.int64(NW), cnt))
-    offs = cp.cumsum(cnt)  # offs[w] = pool ids below key 32·w; offs[NW] = P
+    g = (max(1, -(-NW // 256)),)
+    kernel("pool_count")(g, (256,), (poolmask, np.int64(NW), cnt))
+    offs = cp.cumsum(cnt)
     pool = cp.empty(int(offs[-1]), dtype=cp.int32)
     if pool.size:
-        kernel("pool_ids")(g, (T,), (poolmask, offs, np.int64(NW), pool))
+        kernel("pool_ids")(g, (256,), (poolmask, offs, np.int64(NW), pool))
+    return pool, poolmask, offs
+
+
+def seed_ranges(poolmask, offs, ks, ke, sinks: int, window: int):
+    """The default seeds of each query as three index ranges, int32 [6, Qn]: the sinks
+    [rg0, rg1) and the local window [rg2, rg3) of the key array, and [rg4, rg5) of the
+    anchor pool's indices — its ids that are visible and neither sinks nor local seeds
+    (kernel seed_ranges; reference ``dosa_ref.stages.seed_ranges``).  ``poolmask``,
+    ``offs``: ``anchor_pool``'s; ks, ke int32 [Qn]."""
+    cp = cupy_or_raise()
     Qn = int(ks.shape[0])
-    plo, phi = cp.empty(Qn, dtype=cp.int32), cp.empty(Qn, dtype=cp.int32)
+    rg = cp.empty((6, Qn), dtype=cp.int32)
     if Qn:
-        args = (poolmask, offs, np.int64(NW), ks, ke, np.int32(Qn), plo, phi)
-        kernel("pool_ranges")((-(-Qn // T),), (T,), args)
-    return pool, poolmask, plo, phi
+        NW = np.int64(poolmask.shape[0])
+        args = (poolmask, offs, NW, ks, ke, np.int32(sinks), np.int32(window), np.int32(Qn), rg)
+        kernel("seed_ranges")((-(-Qn // 256),), (256,), args)
+    return rg
+
+
+def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer) -> None:
+    """Append to ``out`` the records of keys [lo[t], hi[t]) (``rg`` = (lo, hi) int32 [Qn])
+    of the key array ``keys`` = (payload uint8 [n, 128], scale fp32 [n], idmap int32 [n] or
+    None) for every query t of ``b``; a record's id is idmap[i], or i without an idmap
+    (kernel seed_score_mt*: key tiles shared by QG queries; the canonical scorer's scores).
+    ``width`` ≥ every range's length sizes the grid: QG consecutive causal queries span
+    at most width + QG − 1 keys; wider spans are still covered (the kernel loops)."""
+    kp, ksc, idmap = keys
+    lo, hi = rg
+    n = int(kp.shape[0])
+    if n == 0 or b.Qn == 0:
+        return
+    T = tile()
+    gx = max(1, -(-min(n, int(width) + QG) // T))
+    smem = T * ROWB + T * 4
+    kernel(f"seed_score_mt{b.mth}", smem)(
+        (gx, -(-b.Qn // QG)),
+        (256,),
+        (b.q, b.w, kp, ksc, np.int64(n), lo, hi, _NULL if idmap is None else idmap,
+         np.int32(b.Qn), np.int32(QG)) + out.args(),
+        shared_mem=smem,
+    )  # fmt: skip
 
 
 def score_seed_ids(b: Batch, table):

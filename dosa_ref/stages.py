@@ -7,8 +7,9 @@ stage of docs/method.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be che
   check_values (prepare)   → the input value checks as one flag word
   dense_logits             → original scores of every visible key (the dense route)
   seed_score               → exact seed scores and τ = τ_K(S) (Prop. 4)
-  pool_ids, pool_ranges    → the anchor pool: sorted distinct anchor ids, and each query's
-                             index range of pool ids in [ks, ke)
+  pool_ids                 → the anchor pool: the sorted distinct ids of the anchors' Top-K
+  seed_ranges              → each query's default seeds as index ranges: sinks, local
+                             window, and the pool ids that are neither
   seed_ids                 → explicit seeds: exact scores of caller ids that are visible,
                              distinct and not default seeds; τ_K of the union (they only
                              raise τ: screened and refined like any other key)
@@ -38,12 +39,12 @@ __all__ = [
     "dense_logits",
     "key_rho",
     "pool_ids",
-    "pool_ranges",
     "quantize_keys",
     "refine",
     "screen",
     "cert_clear_below_tau",
     "seed_ids",
+    "seed_ranges",
     "seed_score",
     "select",
 ]
@@ -83,11 +84,18 @@ def pool_ids(anchor_ids) -> np.ndarray:
     return np.unique(a[a >= 0]).astype(np.int32)
 
 
-def pool_ranges(pool, ks, ke) -> tuple[np.ndarray, np.ndarray]:
-    """(plo, phi) int32 [Qn]: pool[plo[t]:phi[t]] are the pool ids in [ks[t], ke[t])."""
+def seed_ranges(pool, ks, ke, sinks: int, window: int) -> np.ndarray:
+    """The default seeds of each query as index ranges, int32 [6, Qn] (§2): the sinks
+    [ks, ks + ns) and the local window [loc_lo, ke) of the keys (ns = min(sinks, ke − ks),
+    loc_lo = max(ks + ns, ke − window)), and [rg4, rg5) of the sorted ``pool``'s indices:
+    its ids in [ks + ns, loc_lo), the visible pool ids that are neither sinks nor local."""
     pool = np.asarray(pool)
-    return (np.searchsorted(pool, ks).astype(np.int32),
-            np.searchsorted(pool, ke).astype(np.int32))  # fmt: skip
+    ks = np.asarray(ks).astype(np.int64)
+    ke = np.asarray(ke).astype(np.int64)
+    s_hi = ks + np.minimum(int(sinks), ke - ks)
+    loc_lo = np.maximum(s_hi, ke - int(window))
+    p = [np.searchsorted(pool, x) for x in (s_hi, loc_lo)]
+    return np.stack([ks, s_hi, loc_lo, ke, *p]).astype(np.int32)
 
 
 def seed_score(q_t, w_t, k, seed_ids, K: int) -> tuple[np.ndarray, float]:

@@ -399,10 +399,10 @@ def test_check_values_kernel_equals_reference():
 @pytest.mark.parametrize("N", [1, 31, 32, 4096, 5000])
 @gpu
 def test_anchor_pool_kernels_equal_reference(N):
-    """seeds.anchor_pool (bitmask + prefix counts, csrc/seeds.cu) equals the sort-based
-    references: the sorted distinct ids, the bitmask, and searchsorted ranges — with repeats,
-    −1 padding, ids 0 and N − 1, ranges ending at N, and no anchor id at all."""
-    from dosa_cupy.seeds import anchor_pool
+    """seeds.anchor_pool and seed_ranges (bitmask + prefix counts, csrc/seeds.cu) equal the
+    sort-based references: the sorted distinct ids, the bitmask, and the seed ranges — with
+    repeats, −1 padding, ids 0 and N − 1, ranges ending at N, and no anchor id at all."""
+    from dosa_cupy.seeds import anchor_pool, seed_ranges
     from dosa_ref import stages
 
     rng = np.random.default_rng(N)
@@ -416,16 +416,57 @@ def test_anchor_pool_kernels_equal_reference(N):
         ks = rng.integers(0, N + 1, 50)
         ke = np.maximum(ks, rng.integers(0, N + 1, 50))
         ks[:2], ke[:2] = (0, N), (N, N)
-        pool, mask, plo, phi = anchor_pool(cp.asarray(aid, dtype=cp.int32), NW,
-                                           cp.asarray(ks, dtype=cp.int32),
-                                           cp.asarray(ke, dtype=cp.int32))  # fmt: skip
+        pool, mask, offs = anchor_pool(cp.asarray(aid, dtype=cp.int32), NW)
         want = stages.pool_ids(aid)
         assert pool.dtype == cp.int32 and np.array_equal(cp.asnumpy(pool), want)
         want_mask = np.zeros(NW, dtype=np.uint32)
         np.bitwise_or.at(want_mask, want >> 5, np.left_shift(1, want & 31).astype(np.uint32))
-        assert np.array_equal(cp.asnumpy(mask), want_mask.ravel())
-        wlo, whi = stages.pool_ranges(want, ks, ke)
-        assert np.array_equal(cp.asnumpy(plo), wlo) and np.array_equal(cp.asnumpy(phi), whi)
+        assert np.array_equal(cp.asnumpy(mask), want_mask)
+        for sinks, window in ((0, 0), (3, 7), (16, 2048)):
+            rg = seed_ranges(mask, offs, cp.asarray(ks, dtype=cp.int32),
+                             cp.asarray(ke, dtype=cp.int32), sinks, window)  # fmt: skip
+            assert np.array_equal(cp.asnumpy(rg), stages.seed_ranges(want, ks, ke, sinks, window))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_seed_records_are_the_default_seeds_with_dense_scores(causal, H):
+    """The tiled seed kernel (seeds.cu seed_score) writes, for every query, exactly one record
+    per default seed — the sinks, the local window and the visible anchor-pool ids that are
+    neither (the reference sets of dosa_ref.stages.seed_ranges) — each with the dense
+    route's logit bit for bit; with causal ranges and with random ones (wide block spans)."""
+    from dosa_cupy.emulate import score_code
+    from dosa_cupy.options import start
+    from dosa_cupy.seeds import seed_stage
+    from dosa_ref import stages
+
+    Qn, N, K = 150, 9000, 256
+    wl = make_gpu_workload("calibrated", Qn, N, H, seed=23)
+    if not causal:
+        rs = np.random.default_rng(3)
+        ks = rs.integers(0, N // 2, Qn)
+        ke = ks + rs.integers(0, N // 2, Qn)
+        ks[:3], ke[:3] = (0, 5, 9), (N, 5, 30)
+        wl["ks"], wl["ke"] = cp.asarray(ks, dtype=cp.int32), cp.asarray(ke, dtype=cp.int32)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+    o, _, _, b, _ = start(*args, {"window": 700})
+    seeds = seed_stage(b, o)
+    lg = cp.asnumpy(dosa_cupy.dense_logits(*args[:4], wl["ks"], wl["ke"]))
+    pool = cp.asnumpy(seeds.pool)
+    ks, ke = cp.asnumpy(wl["ks"]), cp.asnumpy(wl["ke"])
+    rg = stages.seed_ranges(pool, ks, ke, o["sinks"], o["window"])
+    cnt = cp.asnumpy(seeds.default.cnt)
+    rec = cp.asnumpy(seeds.default.rec)
+    for t in range(Qn):
+        want = np.concatenate([np.arange(rg[0, t], rg[1, t]), np.arange(rg[2, t], rg[3, t]),
+                               pool[rg[4, t] : rg[5, t]]])  # fmt: skip
+        r = rec[t, : cnt[t]]
+        ids = (~(r & np.uint64(0xFFFFFFFF))).astype(np.uint32).astype(np.int64)
+        order = np.argsort(ids)
+        assert np.array_equal(ids[order], np.sort(want)), t
+        codes = (r >> np.uint64(32)).astype(np.uint32)[order]
+        assert np.array_equal(codes, score_code(lg[t, ids[order]])), t
 
 
 @gpu

@@ -1,7 +1,9 @@
 #ifndef DOSA_SEED_IDS_CU
 #define DOSA_SEED_IDS_CU
 #include "stage.cuh"
-#include "seeds.cu"  // SEEDW, the seed stage this one extends
+#include "seeds.cu"  // the seed stage this one extends
+
+#define SEEDW 256  // seed slots per warp (seeds.py SEEDW)
 
 // ---------------------------------------------------------------------------------------
 // Explicit seeds (docs/method.md §2, Prop. 4; reference: dosa_ref.stages.seed_ids).  Caller-given

@@ -3,75 +3,12 @@
 #include "stage.cuh"
 
 // ---------------------------------------------------------------------------------------
-// Seed scoring (docs/method.md §2): S_t = sinks [ks, ks+sinks) ∪ local [max(ks+ns, ke−W), ke)
-// ∪ (anchor pool ∩ [ks, ke)).  All seed records go to seed_rec[t, :]; τ is then the K-th
-// largest (selection kernel).  grid (ceil(Smax / (8 warps·SEEDW)), Qn).
-// ---------------------------------------------------------------------------------------
-#define SEEDW 256
-__device__ __forceinline__ int seed_id(long long j, int ks, int ns, int loc_lo, int nloc,
-                                       const int* __restrict__ pool, int plo, int phi) {
-  if (j < ns) return ks + (int)j;
-  j -= ns;
-  if (j < nloc) return loc_lo + (int)j;
-  j -= nloc;
-  if (plo + j >= phi) return -1;
-  const int id = __ldg(pool + plo + j);
-  if (id < ks + ns || id >= loc_lo) return -1;  // already a sink / local seed
-  return id;
-}
-
-template <int MT>
-__device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
-                                const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-                                const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
-                                int window, const int* __restrict__ pool,
-                                const int* __restrict__ plo_, const int* __restrict__ phi_,
-                                unsigned int* __restrict__ count, unsigned long long* __restrict__ rec,
-                                long long cap) {
-  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int ks = ks_[t], ke = ke_[t];
-  const int ns = min(sinks, ke - ks);
-  const int loc_lo = max(ks + ns, ke - window), nloc = ke - loc_lo;
-  const int plo = plo_[t], phi = phi_[t];
-  const long long total = (long long)ns + nloc + (phi - plo);
-  const long long j0 = ((long long)blockIdx.x * (blockDim.x >> 5) + warp) * SEEDW;
-  if (j0 >= total) return;
-  QRows<MT> A;
-  float wlo[MT], whi[MT];
-  A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
-  load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
-  const long long j1 = min(total, j0 + SEEDW);
-  const int g = lane >> 2, pos = batch_pos(lane);
-  for (long long jb = j0; jb < j1; jb += 32) {
-    int my[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      my[u] = (jb + 8 * u + g < j1) ? seed_id(jb + 8 * u + g, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    const int id = (jb + pos < j1) ? seed_id(jb + pos, ks, ns, loc_lo, nloc, pool, plo, phi) : -1;
-    score_ids_and_emit<MT>(A, wlo, whi, kp, alpha, my, id, NEG_INF, lane, count + t,
-                           rec + (long long)t * cap, cap);
-  }
-}
-
-#define SEED_INST(MT)                                                                           \
-  extern "C" __global__ void __launch_bounds__(256) seed_score_mt##MT(                           \
-      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks,   \
-      const int* ke, int sinks, int window, const int* pool, const int* plo, const int* phi,    \
-      unsigned int* count, unsigned long long* rec, long long cap) {                            \
-    seed_score_impl<MT>(q, w, kp, alpha, ks, ke, sinks, window, pool, plo, phi, count, rec, cap); \
-  }
-SEED_INST(1)
-SEED_INST(2)
-SEED_INST(3)
-SEED_INST(4)
-
-// ---------------------------------------------------------------------------------------
 // The anchor pool (docs/method.md §2) without a sort: the anchors' Top-K ids mark bits of a
 // key bitmask (pool_mark; a repeated id sets its bit once), the bits' exclusive prefix
 // counts (pool_count, then a scan on the host side) place every set bit at its rank
 // (pool_ids: the sorted distinct ids), and the rank of a key id x — the number of pool ids
 // below x, numpy's searchsorted(pool, x) — is offs[x/32] + popc(bits of word x/32 below x)
-// (pool_ranges).  References: dosa_ref.stages.pool_ids / pool_ranges.
+// (pool_rank, seed_ranges).  Reference: dosa_ref.stages.pool_ids.
 // ---------------------------------------------------------------------------------------
 extern "C" __global__ void pool_mark(const int* __restrict__ ids, long long n,
                                      unsigned int* __restrict__ mask) {
@@ -109,14 +46,103 @@ __device__ __forceinline__ int pool_rank(const unsigned int* mask, const long lo
   return (int)(offs[w] + (w < NW ? __popc(mask[w] & below) : 0));
 }
 
-extern "C" __global__ void pool_ranges(const unsigned int* __restrict__ mask,
+// The default seeds of query t as three index ranges (docs/method.md §2): rg[0..1] the sinks
+// [ks, ks + ns), rg[2..3] the local window [loc_lo, ke), rg[4..5] the anchor pool's indices
+// of its ids in [ks + ns, loc_lo) — pool ids below are sinks or not visible, above are local
+// seeds, so no key appears in two ranges.  rg int32 [6, Qn].  Reference:
+// dosa_ref.stages.seed_ranges.
+extern "C" __global__ void seed_ranges(const unsigned int* __restrict__ mask,
                                        const long long* __restrict__ offs, long long NW,
-                                       const int* __restrict__ ks, const int* __restrict__ ke,
-                                       int Qn, int* __restrict__ plo, int* __restrict__ phi) {
+                                       const int* __restrict__ ks_, const int* __restrict__ ke_,
+                                       int sinks, int window, int Qn, int* __restrict__ rg) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= Qn) return;
-  plo[t] = pool_rank(mask, offs, NW, ks[t]);
-  phi[t] = pool_rank(mask, offs, NW, ke[t]);
+  const int ks = ks_[t], ke = ke_[t];
+  const int ns = min(sinks, ke - ks);
+  const int loc_lo = max(ks + ns, ke - window);
+  rg[t] = ks;
+  rg[Qn + t] = ks + ns;
+  rg[2 * Qn + t] = loc_lo;
+  rg[3 * Qn + t] = ke;
+  rg[4 * Qn + t] = pool_rank(mask, offs, NW, ks + ns);
+  rg[5 * Qn + t] = pool_rank(mask, offs, NW, loc_lo);
 }
+
+// ---------------------------------------------------------------------------------------
+// Seed records from key tiles (docs/method.md §2, §9): query t's seeds in one launch are the
+// keys [lo[t], hi[t]) of a contiguous key array — the sinks or the local window of the key
+// array itself, or a range of the gathered anchor-pool keys, whose ids are idmap[i].  As in
+// the dense route, a block loads a key tile into shared memory once for its QG queries and
+// scores it with dosa::score_batch (the canonical scorer: a record's score is the dense
+// route's logit bit for bit).  The block walks the tiles of its queries' span [min lo, max hi) from
+// gridDim.x interleaved starts, so any ranges are covered; consecutive causal queries share
+// most of their windows and pool ranges, which is what the tiles reuse.  Every record goes
+// to rec[t, :] (the counter counts every record, so a full buffer would be detected; the
+// caller sizes it for every seed).
+// grid (G, ceil(Qn / QG)), 256 threads, shared memory TILE_N·(ROWH + 4) bytes.
+// ---------------------------------------------------------------------------------------
+template <int MT>
+__device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                               const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
+                               long long n_keys, const int* __restrict__ lo_,
+                               const int* __restrict__ hi_, const int* __restrict__ idmap, int Qn,
+                               int QG, unsigned int* __restrict__ count,
+                               unsigned long long* __restrict__ rec, long long cap) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sk = smem;
+  float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
+  __shared__ int span[2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int pos = batch_pos(lane);
+  const int t0 = blockIdx.y * QG, tend = min(Qn, t0 + QG);
+  if (threadIdx.x == 0) {
+    span[0] = 0x7fffffff;
+    span[1] = -0x7fffffff - 1;
+  }
+  __syncthreads();
+  for (int t = t0 + threadIdx.x; t < tend; t += blockDim.x) {
+    const int a = lo_[t], b = hi_[t];
+    if (a < b) {
+      atomicMin(span, a);
+      atomicMax(span + 1, b);
+    }
+  }
+  __syncthreads();
+  const long long s0 = span[0], s1 = span[1];
+  for (long long n0 = s0 + (long long)blockIdx.x * TILE_N; n0 < s1;
+       n0 += (long long)gridDim.x * TILE_N) {
+    __syncthreads();  // every warp is done with the previous tile
+    load_key_tile(kp, alpha, n_keys, n0, sk, sa);
+    __syncthreads();
+    for (int t = t0 + warp; t < tend; t += nw) {
+      const long long lo = max((long long)lo_[t], n0), hi = min((long long)hi_[t], n0 + TILE_N);
+      if (lo >= hi) continue;
+      QRows<MT> A;
+      float wlo[MT], whi[MT];
+      A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
+      load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
+      const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
+      for (int bt = blo; bt < bhi; ++bt) {
+        const float sc = score_batch<MT>(A, KeysSmem{sk + bt * 32 * ROWH}, wlo, whi, lane);
+        const long long i = n0 + bt * 32 + pos;
+        const bool in = i >= lo && i < hi;
+        const int id = in ? (idmap ? __ldg(idmap + i) : (int)i) : -1;
+        warp_emit(in, sc * sa[bt * 32 + pos], id, lane, count + t, rec + (long long)t * cap, cap);
+      }
+    }
+  }
+}
+
+#define SEED_INST(MT)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256) seed_score_mt##MT(                            \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
+      const int* lo, const int* hi, const int* idmap, int Qn, int QG, unsigned int* count,       \
+      unsigned long long* rec, long long cap) {                                                  \
+    seed_score_impl<MT>(q, w, kp, alpha, n_keys, lo, hi, idmap, Qn, QG, count, rec, cap);         \
+  }
+SEED_INST(1)
+SEED_INST(2)
+SEED_INST(3)
+SEED_INST(4)
 
 #endif  // DOSA_SEEDS_CU
