@@ -1,13 +1,13 @@
 """PyTorch custom operators (``torch.library``) for serving stacks: ``torch.ops.dosa.
-prefill_topk`` and ``torch.ops.dosa.decode_topk``, each with a fake implementation (shapes
-and dtypes only), so that ``torch.compile`` traces through them and a graph-captured model
-can hold them as opaque nodes (docs/serving.md).
+prefill_topk``, ``torch.ops.dosa.ragged_topk`` and ``torch.ops.dosa.decode_topk``, each with
+a fake implementation (shapes and dtypes only), so that ``torch.compile`` traces through
+them and a graph-captured model can hold them as opaque nodes (docs/serving.md).
 
 Importing this module registers the operators (it needs torch; CuPy is needed only when an
 operator runs).  The tensors go to CuPy through DLPack without copies, and CuPy launches on
 torch's current stream of the tensors' device, so the operators order with the surrounding
 torch work and can be captured in a ``torch.cuda.CUDAGraph`` where the wrapped call can
-(the decode step with a layout the caller built; not the prefill call, which synchronizes).
+(the decode step with a layout the caller built; not the prefill calls, which synchronize).
 """
 
 import contextlib
@@ -17,7 +17,7 @@ import torch
 
 from ._build import cupy_or_raise
 
-__all__ = ["decode_selector", "decode_topk", "prefill_topk", "release_selector"]
+__all__ = ["decode_selector", "decode_topk", "prefill_topk", "ragged_topk", "release_selector"]
 
 _SELECTORS: dict = {}  # handle → (DecodeSelectorGPU, K)
 _HANDLES = itertools.count(1)
@@ -59,6 +59,44 @@ def prefill_topk(
 @prefill_topk.register_fake
 def _prefill_topk_fake(q, w, k_payload, k_scale, K, ks=None, ke=None, route="auto", check=True):
     return q.new_empty((q.shape[0], K), dtype=torch.int64)
+
+
+@torch.library.custom_op("dosa::ragged_topk", mutates_args=())
+def ragged_topk(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    k_payload: torch.Tensor,
+    k_scale: torch.Tensor,
+    K: int,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = True,
+    ids_dtype: str = "int64",
+    page_table: torch.Tensor | None = None,
+    route: str = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """``dosa_cupy.serving.ragged_topk`` as an operator: B requests' queries q e4m3
+    [sum Qn_b, H, 128] / w fp32 [sum Qn_b, H] and keys k_payload e4m3 [sum N_b, 128] / k_scale
+    fp32 [sum N_b] concatenated, offsets cu_seqlens_q / cu_seqlens_k int [B + 1] → ids
+    [sum Qn_b, K] of ``ids_dtype`` relative to each request's first key (physical cache rows
+    with ``page_table``), −1 padding; equal to the requests' own dense routes."""
+    from .serving import ragged_topk as ragged
+
+    with _on_stream(q):
+        ids = ragged(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                     ids_dtype=ids_dtype, page_table=page_table, route=route,
+                     check=check)  # fmt: skip
+    return torch.from_dlpack(ids)
+
+
+@ragged_topk.register_fake
+def _ragged_topk_fake(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, causal=True,
+                      ids_dtype="int64", page_table=None, route="auto", check=True):  # fmt: skip
+    dt = {"int64": torch.int64, "int32": torch.int32}.get(ids_dtype)
+    if dt is None:
+        raise ValueError(f"ids_dtype: expected 'int64' or 'int32', got {ids_dtype!r}")
+    return q.new_empty((q.shape[0], K), dtype=dt)
 
 
 def decode_selector(K: int, history: int = 2, check_layout: bool = False) -> int:

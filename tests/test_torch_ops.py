@@ -34,6 +34,29 @@ def test_fake_implementations_give_shapes_and_dtypes():
     assert out.shape == (3, 2, 11) and out.dtype == torch.int64
 
 
+def test_ragged_schema_and_fake():
+    sch = str(torch.ops.dosa.ragged_topk.default._schema)
+    assert sch == (
+        "dosa::ragged_topk(Tensor q, Tensor w, Tensor k_payload, Tensor k_scale, SymInt K, "
+        'Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=True, str ids_dtype="int64", '
+        'Tensor? page_table=None, str route="auto", bool check=True) -> Tensor'
+    )
+    m = dict(device="meta")
+    q = torch.empty((9, 64, 128), dtype=torch.uint8, **m)
+    w, kp = torch.empty((9, 64), **m), torch.empty((99, 128), dtype=torch.uint8, **m)
+    ksc, cu = torch.empty(99, **m), torch.empty(3, dtype=torch.int32, **m)
+    ids = torch.ops.dosa.ragged_topk(q, w, kp, ksc, 5, cu, cu)
+    assert ids.shape == (9, 5) and ids.dtype == torch.int64
+    ids = torch.ops.dosa.ragged_topk(q, w, kp, ksc, 5, cu, cu, ids_dtype="int32", page_table=cu)
+    assert ids.shape == (9, 5) and ids.dtype == torch.int32
+    with pytest.raises(ValueError, match="^ids_dtype:"):
+        torch.ops.dosa.ragged_topk(q, w, kp, ksc, 5, cu, cu, ids_dtype="int16")
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        T.ragged_topk(torch.zeros((2, 16, 128), dtype=torch.uint8), torch.zeros(2, 16),
+                      torch.zeros((4, 128), dtype=torch.uint8), torch.zeros(4), 2,
+                      torch.tensor([0, 2]), torch.tensor([0, 4]))  # fmt: skip
+
+
 def test_traced_graph_holds_the_operator():
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -138,3 +161,23 @@ def test_gpu_decode_operator_in_a_torch_graph():
     with pytest.raises(ValueError, match="handle"):
         T.release_selector(h)
     assert np.all(np.asarray(cp.asnumpy(dense)) >= -1)
+
+
+@gpu
+def test_gpu_ragged_operator_equals_the_serving_call():
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+    qn, nk = [5, 40, 1], [3000, 9000, 4100]
+    parts = [make_gpu_workload("calibrated", m, n, 32, seed=b)
+             for b, (m, n) in enumerate(zip(qn, nk, strict=True))]  # fmt: skip
+    names = ("q", "w", "k_payload", "k_scale")
+    cat = [cp.concatenate([p[k] for p in parts]) for k in names]
+    cu_q = cp.asarray(np.concatenate([[0], np.cumsum(qn)]).astype(np.int32))
+    cu_k = cp.asarray(np.concatenate([[0], np.cumsum(nk)]).astype(np.int32))
+    want = dosa_cupy.ragged_topk(*cat, 256, cu_q, cu_k)
+    t = [torch.from_dlpack(x) for x in (*cat, cu_q, cu_k)]
+    for dt in ("int64", "int32"):
+        ids = torch.ops.dosa.ragged_topk(*t[:4], 256, *t[4:], ids_dtype=dt)
+        assert ids.is_cuda and str(ids.dtype) == f"torch.{dt}"
+        assert cp.array_equal(cp.from_dlpack(ids).astype(cp.int64), want), dt
