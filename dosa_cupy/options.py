@@ -256,7 +256,8 @@ class StageTimer:
 
 def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     """The common start of ``dosa_topk`` and ``fused_topk``: (resolved options with the
-    explicit seed ids validated on the device, stage timer, stats, ``Batch`` with heads
+    explicit seed ids validated on the device, stage timer, stats (None unless
+    return_stats or debug_bounds), ``Batch`` with heads
     padded to 16·MT, empty); ``empty`` is the finished result (−1 ids) when there is no
     query or no key, else None."""
     cp = cupy_or_raise()
@@ -265,7 +266,9 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]))
     o = resolve_options(o, b.K)
     o["seed_ids"] = device_seed_ids(o["seed_ids"], b.Qn, b.N)
-    st = DosaGpuStats(b.Qn, stage_ms={})
+    # the statistics only when asked for: a small chunk's call is mostly host time
+    want = o["return_stats"] or o["debug_bounds"]
+    st = DosaGpuStats(b.Qn, stage_ms={}) if want else None
     empty = None
     if b.Qn == 0 or b.N == 0:
         ids = cp.full((b.Qn, b.K), -1, dtype=cp.int64)

@@ -134,7 +134,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     else:
         o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
         route = RouteChoice("dosa", "option", o["screen"], r)
-    st.screen, st.route = o["screen"], route
     if plan is None:  # the sampled decision built it when its first candidate won
         plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
@@ -157,6 +156,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
     if not stats:
         return ids
+    st.screen, st.route = o["screen"], route
     st.fill_common(b, seeds, recs, kth, bad)
     vis, rec = st.visible, st.recovered
     default = st.seeds - st.explicit_seeds

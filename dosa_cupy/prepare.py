@@ -132,7 +132,7 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
         if bad & CHECK_ORDER:
             t = int(cp.argmax(out[0].astype(cp.int64) > out[1].astype(cp.int64)))
             raise ValueError(f"ks: ks[{t}] > ke[{t}]")
-    ks_, ke_ = (cp.ascontiguousarray(a.astype(cp.int32)) for a in out)
+    ks_, ke_ = (cp.ascontiguousarray(a.astype(cp.int32, copy=False)) for a in out)
     return q, w, kp, ksc, int(K), ks_, ke_
 
 

@@ -76,7 +76,7 @@ extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, l
 }
 
 // ---------------------------------------------------------------------------------------
-// The value checks of prepare.check_inputs (docs/design.md "Bad input") in one pass, so a
+// The value checks of prepare.check_inputs (docs/design.md "Public contract") in one pass, so a
 // call reads them back with one synchronization.  Bits of *flags:
 // 1 q has an e4m3 NaN code, 2 k_payload has one, 4 w is not finite, 8 ks outside [0, N],
 // 16 ke outside [0, N], 32 some ks > ke (the order of prepare._VALUE_ERRORS, then
