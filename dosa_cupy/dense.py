@@ -169,9 +169,13 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     """
     cp = cupy_or_raise()
     check = check_flag("check", check)
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check)
+    q, w, kp, ksc, K, ks, ke, vc = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check,
+                                                defer=True)  # fmt: skip
     q, w = pad_heads(q, w)
-    return _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
+    ids = _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
+    if vc is not None:  # read back after the launches (the ranges were clamped for them)
+        vc.raise_if_bad()
+    return ids
 
 
 def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):

@@ -56,6 +56,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
         return empty
+    b.raise_if_bad()
     seeds = seed_stage(b, o)
     tm.mark("seeds")
 

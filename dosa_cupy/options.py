@@ -257,13 +257,16 @@ class StageTimer:
 def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     """The common start of ``dosa_topk`` and ``fused_topk``: (resolved options with the
     explicit seed ids validated on the device, stage timer, stats (None unless
-    return_stats or debug_bounds), ``Batch`` with heads
+    return_stats or debug_bounds), ``Batch`` (its value checks deferred: the caller calls
+    ``b.raise_if_bad()`` before its result leaves) with heads
     padded to 16·MT, empty); ``empty`` is the finished result (−1 ids) when there is no
     query or no key, else None."""
     cp = cupy_or_raise()
     o = check_options(options)
     tm = StageTimer(o["timing"])
-    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]))
+    # the value checks are read back by the caller (Batch.raise_if_bad): a chunk that goes
+    # to the dense route at once reads them after its launches, not before
+    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]), defer=True)
     o = resolve_options(o, b.K)
     o["seed_ids"] = device_seed_ids(o["seed_ids"], b.Qn, b.N)
     # the statistics only when asked for: a small chunk's call is mostly host time
@@ -271,6 +274,7 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     st = DosaGpuStats(b.Qn, stage_ms={}) if want else None
     empty = None
     if b.Qn == 0 or b.N == 0:
+        b.raise_if_bad()
         ids = cp.full((b.Qn, b.K), -1, dtype=cp.int64)
         empty = (ids, st) if o["return_stats"] else ids
     return o, tm, st, b, empty

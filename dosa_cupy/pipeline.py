@@ -117,6 +117,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         route = memo.recall(key)
         if route is not None and route.route == "dense":
             return _dense_route(b, st, tm, route, None, stats)
+    b.raise_if_bad()  # bad input raises before the screening stages
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
@@ -208,6 +209,7 @@ def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):
     ``seeds`` (decision 2) their scoring and the anchors' count in the statistics."""
     cp = cupy_or_raise()
     ids = dense_ids(b).astype(cp.int64)
+    b.raise_if_bad()  # deferred value checks: launched before, read after the dense launches
     tm.mark("dense")
     if not stats:
         return ids

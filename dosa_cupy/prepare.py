@@ -19,6 +19,7 @@ __all__ = [
     "as_device",
     "check_inputs",
     "check_values",
+    "ValueCheck",
     "key_rho",
     "pad_batch",
     "pad_heads",
@@ -71,7 +72,7 @@ _VALUE_ERRORS = (
 CHECK_ORDER = 1 << len(_VALUE_ERRORS)  # check_values' bit for "some ks > ke"
 
 
-def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
+def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer: bool = False):
     """Validate and convert the DeepGEMM/SGLang layout; returns contiguous CuPy arrays.
 
     q: e4m3 payload [Qn, H, D] (uint8 bits or an fp8 tensor); w: fp32 [Qn, H] (query scale
@@ -81,7 +82,11 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
     Shapes and dtypes are always checked on the host; ``check=False`` skips the value checks
     (NaN codes, finite weights, ranges in [0, N], ks ≤ ke) for a caller that validated its
     inputs — then the call neither synchronizes nor checks them, and invalid values are
-    undefined behaviour (a range outside [0, N] reads out of bounds).
+    undefined behaviour (a range outside [0, N] reads out of bounds).  With ``defer`` the
+    value checks are launched but not read back: the result has an eighth element, the
+    ``ValueCheck`` (None without ``check``), whose ``raise_if_bad`` the caller must call
+    before it returns; the ranges returned are then clamped into [0, N] (ks ≤ ke), so work
+    launched before that stays in bounds.
     """
     cp = cupy_or_raise()
     # K as the reference takes it (an int, a numpy integer or a 0-d integer array; a 0-d
@@ -124,40 +129,73 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True):
         if a.shape != (Qn,):
             raise ValueError(f"{name}: expected shape ({Qn},), got {tuple(a.shape)}")
         out.append(a)
+    vc = None
     if check:
-        bad = check_values(q, w, kp, out[0], out[1], N)
+        vc = ValueCheck(q, w, kp, out[0], out[1], N)
+        ks_, ke_ = vc.ks, vc.ke
+        if not defer:
+            vc.raise_if_bad()
+    else:
+        ks_, ke_ = (cp.ascontiguousarray(a.astype(cp.int32, copy=False)) for a in out)
+    res = (q, w, kp, ksc, int(K), ks_, ke_)
+    return (*res, vc) if defer else res
+
+
+class ValueCheck:
+    """The value checks of one call (``check_inputs``), launched in one kernel
+    (``check_values_i32`` / ``_i64``, csrc/prepare.cu; reference
+    ``dosa_ref.stages.check_values``) and read back once, by ``flags`` or
+    ``raise_if_bad``.
+
+    q uint8 [Qn, H, 128], w fp32 [Qn, H], kp uint8 [N, 128] (C-contiguous CuPy arrays);
+    ks, ke integer [Qn] in any integer dtype (other than int32 compared as int64: a uint64
+    entry ≥ 2^63 becomes negative and fails the range check, as it lies above N anyway).
+    ``self.ks``, ``self.ke``: int32 [Qn], the ranges clamped into [0, N] with ks ≤ ke.
+    """
+
+    def __init__(self, q, w, kp, ks, ke, N: int):
+        cp = cupy_or_raise()
+        self._given, self._N, self._bad = (ks, ke), int(N), None
+        if not (ks.dtype == ke.dtype == np.int32):
+            ks, ke = ks.astype(cp.int64), ke.astype(cp.int64)
+        name = "check_values_i32" if ks.dtype == np.int32 else "check_values_i64"
+        ks, ke = cp.ascontiguousarray(ks), cp.ascontiguousarray(ke)
+        self._flags = cp.zeros(1, dtype=cp.uint32)
+        self.ks, self.ke = cp.empty(ks.shape, cp.int32), cp.empty(ke.shape, cp.int32)
+        # the kernel reads q and kp as 16-byte vectors: a view at an odd offset is copied
+        q, kp = (a if a.data.ptr % 16 == 0 else a.copy() for a in (q, kp))
+        n = max(q.size // 16, kp.size // 16, w.size, ks.size, 1)
+        kernel(name)(
+            (min(-(-n // 256), 8 * 132),), (256,),
+            (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks,
+             ke, np.int64(ks.size), np.int64(N), self._flags, self.ks, self.ke),
+        )  # fmt: skip
+
+    @property
+    def flags(self) -> int:
+        """Bit i set when check i of ``_VALUE_ERRORS`` fails, ``CHECK_ORDER`` when some
+        ks > ke (one synchronization, the first time)."""
+        if self._bad is None:
+            self._bad = int(self._flags.get()[0])
+        return self._bad
+
+    def raise_if_bad(self) -> None:
+        """ValueError naming the argument of the first failing check, in the order of
+        ``_VALUE_ERRORS``, then ks > ke with its first row."""
+        bad = self.flags
         for bit, msg in enumerate(_VALUE_ERRORS):
             if bad >> bit & 1:
-                raise ValueError(msg.format(N=N))
+                raise ValueError(msg.format(N=self._N))
         if bad & CHECK_ORDER:
-            t = int(cp.argmax(out[0].astype(cp.int64) > out[1].astype(cp.int64)))
+            cp = cupy_or_raise()
+            ks, ke = (a.astype(cp.int64) for a in self._given)
+            t = int(cp.argmax(ks > ke))
             raise ValueError(f"ks: ks[{t}] > ke[{t}]")
-    ks_, ke_ = (cp.ascontiguousarray(a.astype(cp.int32, copy=False)) for a in out)
-    return q, w, kp, ksc, int(K), ks_, ke_
 
 
 def check_values(q, w, kp, ks, ke, N: int) -> int:
-    """The value checks of ``check_inputs`` in one kernel (``check_values``, csrc/prepare.cu;
-    reference ``dosa_ref.stages.check_values``) and one read back: an int whose bit i is
-    set when check i of ``_VALUE_ERRORS`` fails, and ``CHECK_ORDER`` when some ks > ke.
-
-    q uint8 [Qn, H, 128], w fp32 [Qn, H], kp uint8 [N, 128] (C-contiguous CuPy arrays);
-    ks, ke integer [Qn] in any integer dtype (compared as int64; a uint64 entry ≥ 2^63
-    becomes negative and fails the range check, as it lies above N anyway).
-    """
-    cp = cupy_or_raise()
-    ks64, ke64 = ks.astype(cp.int64), ke.astype(cp.int64)
-    flags = cp.zeros(1, dtype=cp.uint32)
-    # the kernel reads q and kp as 16-byte vectors: a view at an odd offset is copied first
-    q, kp = (a if a.data.ptr % 16 == 0 else a.copy() for a in (q, kp))
-    n = max(q.size // 16, kp.size // 16, w.size, ks64.size, 1)
-    blocks = min(-(-n // 256), 8 * 132)
-    kernel("check_values")(
-        (blocks,), (256,),
-        (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks64,
-         ke64, np.int64(ks64.size), np.int64(N), flags),
-    )  # fmt: skip
-    return int(flags.get()[0])
+    """``ValueCheck(...).flags``: the value checks' flag word (see ``ValueCheck``)."""
+    return ValueCheck(q, w, kp, ks, ke, N).flags
 
 
 def pad_heads(q, w):
@@ -192,6 +230,13 @@ class Batch:
     ks: object
     ke: object
     H: int | None = None
+    pending: ValueCheck | None = None  # value checks not yet read back (pad_batch's defer)
+
+    def raise_if_bad(self) -> None:
+        """Read back the deferred value checks (one synchronization) and raise on bad
+        input; nothing when the checks were off or already read."""
+        if self.pending is not None:
+            self.pending.raise_if_bad()
 
     @property
     def heads(self) -> int:
@@ -223,13 +268,18 @@ class Batch:
                      self.ke[idx], self.H)  # fmt: skip
 
 
-def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None, check: bool = True) -> Batch:
-    """``check_inputs`` (``check``: with the value checks) then ``pad_heads``: the
+def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None, check: bool = True,
+              defer: bool = False) -> Batch:  # fmt: skip
+    """``check_inputs`` (``check``: with the value checks; ``defer``: not yet read back —
+    the caller calls ``Batch.raise_if_bad`` before it returns) then ``pad_heads``: the
     ``Batch`` of one call."""
-    q, w, kp, ksc, K, ks, ke = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check)
+    *inputs, vc = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check, defer=True)
+    if vc is not None and not defer:
+        vc.raise_if_bad()
+    q, w, kp, ksc, K, ks, ke = inputs
     H = q.shape[1]
     q, w = pad_heads(q, w)
-    return Batch(q, w, kp, ksc, K, ks, ke, H)
+    return Batch(q, w, kp, ksc, K, ks, ke, H, vc if defer else None)
 
 
 def _launch_tokens(name, N, *args):

@@ -354,9 +354,11 @@ def test_value_checks_name_the_argument_and_can_be_skipped():
 def test_check_values_kernel_equals_reference():
     """The one-pass check kernel (csrc/prepare.cu check_values) sets exactly the flag word
     of ``dosa_ref.stages.check_values``: each failure alone, all together, none, a NaN code
-    in the last byte of the arrays (the vector tail), ranges in unsigned and int64 dtypes
-    and a key array at an odd address (copied before the 16-byte reads)."""
-    from dosa_cupy.prepare import check_values
+    in the last byte of the arrays (the vector tail), ranges in int32, int64 and unsigned
+    dtypes, the ranges clamped into [0, N] with ks ≤ ke (work launched before the flags are
+    read stays in bounds), and a key array at an odd address (copied before the 16-byte
+    reads)."""
+    from dosa_cupy.prepare import ValueCheck, check_values
     from dosa_ref import stages
 
     rng = np.random.default_rng(5)
@@ -384,10 +386,17 @@ def test_check_values_kernel_equals_reference():
         want = stages.check_values(a["q"], a["w"], a["kp"], a["ks"], a["ke"], N)
         assert want == 0 or chosen
         dev = {k: cp.asarray(v) for k, v in a.items()}
-        for dt in (cp.int32, cp.int64):
-            got = check_values(dev["q"], dev["w"], dev["kp"], dev["ks"].astype(dt),
-                               dev["ke"].astype(dt), N)  # fmt: skip
-            assert got == want, (chosen, got, want)
+        lo = np.clip(a["ks"], 0, N)
+        hi = np.clip(a["ke"], lo, N)
+        for dt in (cp.int32, cp.int64, cp.uint32):
+            vc = ValueCheck(dev["q"], dev["w"], dev["kp"], dev["ks"].astype(dt),
+                            dev["ke"].astype(dt), N)  # fmt: skip
+            if dt != cp.uint32:  # (a −1 entry wraps to 2^32 − 1 as uint32: still flagged)
+                assert vc.flags == want, (chosen, vc.flags, want)
+                assert np.array_equal(cp.asnumpy(vc.ks), lo)
+                assert np.array_equal(cp.asnumpy(vc.ke), hi)
+            else:
+                assert (vc.flags != 0) == (want != 0)
         odd = cp.empty(N * 128 + 1, dtype=cp.uint8)[1:].reshape(N, 128)
         odd[...] = dev["kp"]
         assert odd.data.ptr % 16 == 1

@@ -93,10 +93,15 @@ __device__ __forceinline__ bool has_nan_code4(uint4 v) {
   return has_nan_code(v.x) | has_nan_code(v.y) | has_nan_code(v.z) | has_nan_code(v.w);
 }
 
-extern "C" __global__ void __launch_bounds__(256) check_values(
+// The ranges are also written clamped to int32 (ks' = clamp(ks, 0, N), ke' = clamp(ke, ks', N)):
+// a call may launch its work on them before it reads the flags back (prepare.ValueCheck), and
+// clamped ranges keep every kernel in bounds until the call raises.
+template <typename I>
+__device__ __forceinline__ void check_values_impl(
     const uint4* __restrict__ q, long long nq, const float* __restrict__ w, long long nw,
-    const uint4* __restrict__ kp, long long nk, const long long* __restrict__ ks,
-    const long long* __restrict__ ke, long long Qn, long long N, unsigned int* __restrict__ flags) {
+    const uint4* __restrict__ kp, long long nk, const I* __restrict__ ks, const I* __restrict__ ke,
+    long long Qn, long long N, unsigned int* __restrict__ flags, int* __restrict__ ks_out,
+    int* __restrict__ ke_out) {
   const long long stride = (long long)gridDim.x * blockDim.x;
   const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   unsigned int f = 0u;
@@ -111,9 +116,22 @@ extern "C" __global__ void __launch_bounds__(256) check_values(
     if (a < 0 || a > N) f |= 8u;
     if (b < 0 || b > N) f |= 16u;
     if (a > b) f |= 32u;
+    const long long a1 = min(max(a, 0ll), N);
+    ks_out[i] = (int)a1;
+    ke_out[i] = (int)min(max(b, a1), N);
   }
   f = __reduce_or_sync(0xffffffffu, f);
   if ((threadIdx.x & 31) == 0 && f) atomicOr(flags, f);
 }
+
+#define CHECK_INST(NAME, I)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256) NAME(                                          \
+      const uint4* q, long long nq, const float* w, long long nw, const uint4* kp, long long nk,   \
+      const I* ks, const I* ke, long long Qn, long long N, unsigned int* flags, int* ks_out,       \
+      int* ke_out) {                                                                               \
+    check_values_impl<I>(q, nq, w, nw, kp, nk, ks, ke, Qn, N, flags, ks_out, ke_out);              \
+  }
+CHECK_INST(check_values_i32, int)
+CHECK_INST(check_values_i64, long long)
 
 #endif  // DOSA_PREPARE_CU
