@@ -479,6 +479,36 @@ def test_seed_records_are_the_default_seeds_with_dense_scores(causal, H):
 
 
 @gpu
+def test_select_kth_only_equals_sorted_selection():
+    """select_kernel without ids (the seeds' τ, the decode threshold) returns the least
+    record at or above the radix threshold instead of sorting: the same K-th record as the
+    sorted path, for rows with fewer than, exactly and more than K records, tied score codes,
+    a second record list, and K from 1 to 4096."""
+    from dosa_cupy.dense import select_records
+
+    rng = np.random.default_rng(11)
+    for K in (1, 7, 2048, 4096):
+        rows, cap = 40, 9000
+        cnt = rng.integers(0, cap + 1, rows)
+        cnt[:3] = (K - 1, K, K + 1)
+        cnt = np.minimum(cnt, cap)
+        code = rng.integers(0, 50, (rows, cap)).astype(np.uint64) + np.uint64(0x80000000)
+        ids = np.stack([rng.permutation(1 << 20)[:cap] for _ in range(rows)]).astype(np.uint64)
+        rec = (code << np.uint64(32)) | (~ids & np.uint64(0xFFFFFFFF))
+        cntB = rng.integers(0, 300, rows).astype(np.uint32)
+        recB = (np.uint64(0x80000010) << np.uint64(32)) | (
+            ~np.arange(1 << 21, (1 << 21) + rows * 300, dtype=np.uint64).reshape(rows, 300)
+            & np.uint64(0xFFFFFFFF)
+        )
+        for extra in (False, True):
+            args = (K, cp.asarray(rec), cp.asarray(cnt.astype(np.uint32)))
+            more = (cp.asarray(recB), cp.asarray(cntB)) if extra else ()
+            _, k_sorted = select_records(*args, *more, want_kth=True)
+            none, k_only = select_records(*args, *more, want_ids=False, want_kth=True)
+            assert none is None and cp.array_equal(k_only, k_sorted), (K, extra)
+
+
+@gpu
 def test_public_ids_int64():
     """docs/design.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
     contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""

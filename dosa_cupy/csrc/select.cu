@@ -7,7 +7,7 @@
 // i.e. order score desc, id asc — by radix select over the 64-bit records (11-bit digits;
 // records are distinct, so the K-th is unique and ties need no special case), candidates
 // compacted into a per-block scratch buffer once they fit; then a bitonic sort of the K
-// selected records.  Sources: a dense logits row [ks, ke) (mode 0), two record lists
+// selected records — or, without ids, only their least (the K-th record: τ of the seeds).  Sources: a dense logits row [ks, ke) (mode 0), two record lists
 // (mode 1: seeds + compact records), or per row either of them (mode 2: the wide selection's
 // records of recA when cntA[row] <= capA, else the logits row).  Outputs (each optional): ids int32 [rows, K] (−1
 // pads), kth[row] = the K-th record (0 when fewer than K).
@@ -129,6 +129,26 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
         __syncthreads();
       }
     }
+  }
+  if (!ids_row) {
+    // only the K-th record (τ of the seeds): the least record >= T, no sort
+    if (tid == 0) sh.sel[0] = ~0ull;
+    __syncthreads();
+    unsigned long long mn = ~0ull;
+    for (long long i = tid; i < n; i += SEL_THREADS) {
+      const unsigned long long r = src.get(i);
+      if (r >= T && r < mn) mn = r;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long y = __shfl_xor_sync(0xffffffffu, mn, o);
+      mn = y < mn ? y : mn;
+    }
+    if ((tid & 31) == 0) atomicMin(&sh.sel[0], mn);
+    __syncthreads();
+    if (kth && tid == 0) *kth = (n >= K) ? sh.sel[0] : 0ull;
+    __syncthreads();
+    return;
   }
   // collect every record >= T (exactly min(K, n) of them)
   if (tid == 0) sh.n = 0;
