@@ -109,3 +109,61 @@ def test_certificate_seeds_clear_survivors():
         assert kept.size < surv.size / 4  # here τ0 = −inf (68 seeds < K): all from U
         rec_ids, rec_s = refine(q[t], w[t], k, kept, tau)
         np.testing.assert_array_equal(select(S, s_S, rec_ids, rec_s, K), ref[t])
+
+
+def test_seed_ranges_cover_exactly_the_screens_default_seeds():
+    """The GPU seed kernel scores each query's default seeds as three index ranges
+    (``stages.seed_ranges``); the screen excludes the keys of the default-seed predicate
+    (``dosa_cupy.seeds.explicit_seed_table``'s, run here with numpy).  The ranges must be
+    disjoint and their union must be exactly that predicate's keys: a key excluded from
+    screening but never scored would be lost, a key scored twice could lift τ (§2)."""
+    from dosa_cupy.seeds import explicit_seed_table
+    from dosa_ref.stages import pool_ids, seed_ranges
+
+    rng = np.random.default_rng(4)
+    for N in (1, 33, 300, 2048):
+        NW = -(-N // 32)
+        pool = pool_ids(rng.integers(-1, N, (3, rng.integers(0, 60))))
+        mask = np.zeros(NW, dtype=np.uint32)
+        np.bitwise_or.at(mask, pool >> 5, np.left_shift(1, pool & 31).astype(np.uint32))
+        Qn = 40
+        ks = rng.integers(0, N + 1, Qn)
+        ke = np.maximum(ks, rng.integers(0, N + 1, Qn))
+        for sinks, window in ((0, 0), (4, 9), (16, 100), (N, N)):
+            rg = seed_ranges(pool, ks, ke, sinks, window)
+            all_ids = np.tile(np.arange(N), (Qn, 1))
+            # the screen's complement: visible keys that are NOT default seeds
+            rest = explicit_seed_table(all_ids, ks, ke, sinks, window, mask, np)
+            for t in range(Qn):
+                parts = [np.arange(rg[0, t], rg[1, t]), np.arange(rg[2, t], rg[3, t]),
+                         pool[rg[4, t] : rg[5, t]]]  # fmt: skip
+                got = np.concatenate(parts)
+                assert np.unique(got).size == got.size, "a key in two ranges"
+                vis = set(range(ks[t], ke[t]))
+                screened = set(int(i) for i in rest[t] if i >= 0)
+                assert set(got.tolist()) == vis - screened, (N, sinks, window, t)
+                assert set(got.tolist()) <= vis
+
+
+def test_check_values_reference_flags():
+    """``stages.check_values`` (the reference of csrc/prepare.cu check_values_*): one bit per
+    failing check, in the order of prepare's error messages, none for valid input."""
+    from dosa_ref.stages import check_values
+
+    q = np.zeros((2, 3, 128), np.uint8)
+    kp = np.full((5, 128), 0x7E, np.uint8)
+    w = np.ones((2, 3), np.float32)
+    ks, ke = np.array([0, 2]), np.array([5, 3])
+    assert check_values(q, w, kp, ks, ke, 5) == 0
+    cases = [
+        (0, lambda a: a["q"].__setitem__((1, 2, 127), 0xFF)),
+        (1, lambda a: a["kp"].__setitem__((4, 0), 0x7F)),
+        (2, lambda a: a["w"].__setitem__((0, 1), np.inf)),
+        (3, lambda a: a["ks"].__setitem__(0, -1)),
+        (4, lambda a: a["ke"].__setitem__(1, 6)),
+        (5, lambda a: (a["ks"].__setitem__(1, 3), a["ke"].__setitem__(1, 2))),
+    ]
+    for bit, edit in cases:
+        a = {"q": q.copy(), "kp": kp.copy(), "w": w.copy(), "ks": ks.copy(), "ke": ke.copy()}
+        edit(a)
+        assert check_values(a["q"], a["w"], a["kp"], a["ks"], a["ke"], 5) == 1 << bit
