@@ -28,7 +28,7 @@ from .shapes import (
     rotate_of,
     shape_name,
 )
-from .timing import free, is_oom, no_gpu_exit
+from .timing import check_run_args, free, is_oom, no_gpu_exit
 
 
 def _positive(name, v, lo=0.0, strict=True):
@@ -205,12 +205,7 @@ def main(argv=None) -> int:
     if a.merge:
         return _merge(a)
     variants = parse_variants(a.variant)
-    if a.reps < 10:
-        raise ValueError(f"reps: at least 10 replays, got {a.reps}")
-    if a.rotate < 1:
-        raise ValueError(f"rotate: expected at least 1 input set, got {a.rotate}")
-    if not 1 <= a.K <= 4096:
-        raise ValueError(f"K: expected an integer in [1, 4096], got {a.K}")
+    check_run_args(a.reps, a.rotate, a.K)
     _positive("logits-gib", a.logits_gib)
     if a.max_seconds is not None:
         _positive("max-seconds", a.max_seconds, strict=False)

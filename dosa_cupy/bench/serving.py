@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .report import cell, run_meta
-from .timing import free, median_ms, no_gpu_exit
+from .timing import check_run_args, free, median_ms, no_gpu_exit
 
 PARTS = ("small", "ragged", "paged", "decode")
 SMALL_QN = (1, 16, 64)
@@ -72,14 +72,9 @@ def parse_args(argv) -> argparse.Namespace:
     a.heads = _ints(a.heads, "heads")
     if any(not 1 <= h <= 64 for h in a.heads):
         raise ValueError(f"heads: expected values in [1, 64], got {a.heads}")
-    if a.reps < 10:
-        raise ValueError(f"reps: at least 10 replays, got {a.reps}")
+    check_run_args(a.reps, a.rotate, a.K)
     if a.warm < 1:
         raise ValueError(f"warm: at least 1 warm-up call, got {a.warm}")
-    if a.rotate < 1:
-        raise ValueError(f"rotate: expected at least 1 input set, got {a.rotate}")
-    if not 1 <= a.K <= 4096:
-        raise ValueError(f"K: expected an integer in [1, 4096], got {a.K}")
     if a.keys < sum(RAGGED_QN) or a.keys < max(SMALL_QN):
         raise ValueError(f"keys: expected at least {sum(RAGGED_QN)}, got {a.keys}")
     return a

@@ -24,6 +24,17 @@ def median_ms(cp, fn, reps, warm=WARM, rotate=None):
     return statistics.median(ts), ts
 
 
+def check_run_args(reps: int, rotate: int, K: int) -> None:
+    """The timing arguments every bench mode shares: ValueError naming the argument for
+    fewer than 10 replays, no input set, or K outside the selection kernel's [1, 4096]."""
+    if reps < 10:
+        raise ValueError(f"reps: at least 10 replays, got {reps}")
+    if rotate < 1:
+        raise ValueError(f"rotate: expected at least 1 input set, got {rotate}")
+    if not 1 <= K <= 4096:
+        raise ValueError(f"K: expected an integer in [1, 4096], got {K}")
+
+
 def spans(Qn, sub):
     return [(a, min(Qn, a + sub)) for a in range(0, Qn, max(1, sub))]
 
