@@ -176,7 +176,7 @@ class ValueCheck:
         """Bit i set when check i of ``_VALUE_ERRORS`` fails, ``CHECK_ORDER`` when some
         ks > ke (one synchronization, the first time)."""
         if self._bad is None:
-            self._bad = int(self._flags.get()[0])
+            self._bad = int(cupy_or_raise().asnumpy(self._flags)[0])
         return self._bad
 
     def raise_if_bad(self) -> None:

@@ -860,6 +860,7 @@ def test_public_ids_int64_cpu(monkeypatch):
     import dosa_cupy.pipeline as pipe_mod
     import dosa_cupy.prepare as prep_mod
     import dosa_cupy.seeds as seeds_mod
+    from dosa_ref import stages
     from dosa_ref.fp8 import e4m3_values as ev
 
     shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
@@ -881,6 +882,14 @@ def test_public_ids_int64_cpu(monkeypatch):
             out[t, : top.size] = top
         return out
 
+    class EmulatedCheck(prep_mod.ValueCheck):  # the check kernel: its reference + clamps
+        def __init__(self, q, w, kp, ks, ke, N):
+            self._given, self._N, self._bad = (ks, ke), int(N), None
+            self._flags = np.array([stages.check_values(q, w, kp, ks, ke, N)], np.uint32)
+            self.ks = np.clip(ks, 0, N).astype(np.int32)
+            self.ke = np.clip(ke, self.ks, N).astype(np.int32)
+
+    monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
     monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
     monkeypatch.setattr(dense_mod, "select_rows", select)
     q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
@@ -888,6 +897,12 @@ def test_public_ids_int64_cpu(monkeypatch):
     ids = dense_mod.dense_topk(q, w, kp, ksc, 8, None, ke)
     assert ids.dtype == np.int64 and ids.shape == (4, 8)
     assert np.all(ids[2, 5:] == -1) and np.all(ids[3] == -1) and np.all(ids[2, :5] >= 0)
+    # the deferred checks still raise: after the launches, on the clamped ranges
+    with pytest.raises(ValueError, match="ke: entries"):
+        dense_mod.dense_topk(q, w, kp, ksc, 8, None, np.array([301, 100, 5, 0], np.int32))
+    for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):  # and so does the empty return
+        with pytest.raises(ValueError, match="ke: entries"):
+            f(q[:2], w[:2], kp[:0], ksc[:0], 8, np.array([0, 0]), np.array([0, 1]))
     for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):
         out = f(q[:0], w[:0], kp, ksc, 8)
         assert out.dtype == np.int64 and out.shape == (0, 8)
