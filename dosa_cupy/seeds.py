@@ -35,8 +35,8 @@ __all__ = [
     "seed_stage",
 ]
 
-SEED_WARPS = 8  # warps per block of seed_score / seed_ids
-SEEDW = 256  # seed slots per warp (seeds.cu SEEDW)
+SEED_WARPS = 8  # warps per block of seed_ids
+SEEDW = 256  # seed slots per warp (seed_ids.cu SEEDW)
 
 
 @dataclass

@@ -1092,7 +1092,8 @@ def test_serving_mode_arguments():
     for argv, name in ((["--parts", "small,prefill"], "parts"), (["--heads", "32,x"], "heads"),
                        (["--heads", "65"], "heads"), (["--reps", "3"], "reps"),
                        (["--warm", "0"], "warm"), (["--rotate", "0"], "rotate"),
-                       (["--K", "5000"], "K"), (["--keys", "100"], "keys")):  # fmt: skip
+                       (["--K", "5000"], "K"), (["--keys", "100"], "keys"),
+                       (["--keys", "360"], "keys")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}:"):
             BS.parse_args(argv)
     for total in (131072, 1000, 1 << 20):

@@ -9,6 +9,8 @@ the screen emulation).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
@@ -337,7 +339,10 @@ def test_value_checks_name_the_argument_and_can_be_skipped():
         ({1: w_inf}, "w: contains"), ({5: ks_lo}, "ks: entries"), ({6: ke_hi}, "ke: entries"),
         ({5: ks_hi, 6: ke_lo}, r"ks: ks\[4\] > ke\[4\]"),
     ]  # fmt: skip
-    for f in (dosa_cupy.dosa_topk, dosa_cupy.dense_topk, dosa_cupy.fused_topk):
+    # route="auto": this small chunk goes to the dense route at once, which reads the checks
+    # after its launches (the GPU tests' default route is "dosa", tests/conftest.py)
+    early = functools.partial(dosa_cupy.dosa_topk, route="auto")
+    for f in (dosa_cupy.dosa_topk, early, dosa_cupy.dense_topk, dosa_cupy.fused_topk):
         for repl, msg in cases:
             bad = list(args)
             for i, v in repl.items():
@@ -506,6 +511,12 @@ def test_select_kth_only_equals_sorted_selection():
             _, k_sorted = select_records(*args, *more, want_kth=True)
             none, k_only = select_records(*args, *more, want_ids=False, want_kth=True)
             assert none is None and cp.array_equal(k_only, k_sorted), (K, extra)
+            for r in range(rows):  # numpy: the K-th largest record, 0 below K records
+                rr = rec[r, : cnt[r]]
+                if extra:
+                    rr = np.concatenate([rr, recB[r, : cntB[r]]])
+                want = np.sort(rr)[-K] if rr.size >= K else 0
+                assert int(k_only[r]) == int(want), (K, extra, r)
 
 
 @gpu

@@ -231,6 +231,75 @@ def test_ragged_seed_ids_are_request_relative(numpy_gpu):
     assert np.array_equal(_exact_topk.seen["seed_ids"], want)
 
 
+def test_ragged_keeps_position_zero_and_pads(numpy_gpu):
+    """K above a request's visible keys: every position is selected — position 0 of the
+    first request (global id 0) included — and the rest is −1."""
+    q, w, kp, ksc, cu_q, cu_k = _ragged_host([2, 3], [5, 20], seed=10)
+    got = S.ragged_topk(q, w, kp, ksc, 8, cu_q, cu_k)
+    assert np.array_equal(got, np.concatenate(_per_request(q, w, kp, ksc, 8, cu_q, cu_k)))
+    assert sorted(got[0][got[0] >= 0].tolist()) == [0, 1, 2, 3] and (got[0][4:] == -1).all()
+    assert sorted(got[1][got[1] >= 0].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_ragged_seed_ids_outside_their_request_raise(numpy_gpu):
+    """A relative seed id at or above its own request's N_b names another request's key:
+    ValueError naming seed_ids (also for the second request, whose keys start at 10)."""
+    q, w, kp, ksc, cu_q, cu_k = _ragged_host([2, 3], [10, 20], seed=5)
+    for row, val in ((0, 10), (2, 20), (4, -2)):
+        seeds = np.full((5, 2), -1)
+        seeds[row, 1] = val
+        with pytest.raises(ValueError, match="seed_ids"):
+            S.ragged_topk(q, w, kp, ksc, 4, cu_q, cu_k, seed_ids=seeds)
+    seeds = np.full((5, 2), -1)
+    seeds[2, 1] = 19  # the last key of request 1: legal
+    S.ragged_topk(q, w, kp, ksc, 4, cu_q, cu_k, seed_ids=seeds)
+    assert _exact_topk.seen["seed_ids"][2, 1] == 29
+
+
+def test_host_offsets_edge_cases(numpy_gpu):
+    """Offsets: None is missing, a CuPy-like array (``.get()``) is read back, a uint64 entry
+    beyond int64 is refused; a page table needs ceil(N_b / 64) blocks per request (64
+    tokens fit one), and block ids of any size are accepted when num_blocks is not known."""
+    g = _good()
+    with pytest.raises(ValueError, match="cu_seqlens_q: missing"):
+        S.ragged_topk(**dict(g, cu_seqlens_q=None))
+
+    class Dev:  # the host read-back of a device array
+        def __init__(self, a):
+            self.a, self.shape, self.dtype = a, a.shape, a.dtype
+
+        def get(self):
+            return self.a
+
+    want = S.ragged_topk(**g)
+    assert np.array_equal(S.ragged_topk(**dict(g, cu_seqlens_k=Dev(g["cu_seqlens_k"]))), want)
+    huge = np.array([0, 2, 2, 2**64 - 1], np.uint64)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        S.ragged_topk(**dict(g, cu_seqlens_q=huge))
+    n = np.diff(g["cu_seqlens_k"])  # 5, 4, 70 tokens: 1, 1, 2 blocks of 64
+    table = np.array([[500, -1], [7, -1], [900, 901]], np.int32)
+    S.ragged_topk(**g, page_table=table)  # block ids of any size (no num_blocks here)
+    with pytest.raises(ValueError, match="page_table"):
+        S.ragged_topk(**g, page_table=table[:, :1])  # request 2's 70 tokens need two blocks
+    assert n.tolist() == [5, 4, 70]
+    q, w, kp, ksc, cu_q, cu_k = _ragged_host([1], [64], seed=11)  # 64 tokens in one block
+    S.ragged_topk(q, w, kp, ksc, 4, cu_q, cu_k, page_table=np.array([[3]], np.int32))
+
+
+def test_too_many_keys_for_int32_ids():
+    """Σ N_b at the int32 id limit is refused before any device work (shapes only)."""
+
+    class Shaped:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, np.dtype(dtype)
+
+    g = _good()
+    big = 2**31 - 64
+    with pytest.raises(ValueError, match="k_payload: .* too many"):
+        S.ragged_topk(**dict(g, k_payload=Shaped((big, 128), np.uint8),
+                             k_scale=Shaped((big,), np.float32)))  # fmt: skip
+
+
 def test_paged_prefill_equals_contiguous(numpy_gpu):
     qn, nk = [4, 1, 0, 9], [100, 64, 3, 200]
     q, w, kp, ksc, cu_q, cu_k = _ragged_host(qn, nk, seed=6)

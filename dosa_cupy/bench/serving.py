@@ -75,8 +75,11 @@ def parse_args(argv) -> argparse.Namespace:
     check_run_args(a.reps, a.rotate, a.K)
     if a.warm < 1:
         raise ValueError(f"warm: at least 1 warm-up call, got {a.warm}")
-    if a.keys < sum(RAGGED_QN) or a.keys < max(SMALL_QN):
-        raise ValueError(f"keys: expected at least {sum(RAGGED_QN)}, got {a.keys}")
+    short = a.keys < sum(RAGGED_QN) or any(
+        n < q for n, q in zip(ragged_lengths(a.keys), RAGGED_QN, strict=True)
+    )  # every ragged request needs at least as many keys as queries (causal chunks)
+    if short or a.keys < max(SMALL_QN):
+        raise ValueError(f"keys: too few for the ragged batch's requests, got {a.keys}")
     return a
 
 

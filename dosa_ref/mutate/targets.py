@@ -123,6 +123,9 @@ TARGETS: tuple[Target, ...] = (
     # the route choice's cost model and memo (the sampled decision launches kernels: GPU-only,
     # tests/test_gpu_route.py on the H200)
     Target("dosa_cupy/cost.py", ("tests/test_cost.py",), skip=("sample_route", "_sample")),
+    # the serving layouts' host logic (offsets, visible ranges, relative ids, page rows; the
+    # CPU tests run it with numpy for CuPy and an exact Top-K for dosa_topk)
+    Target("dosa_cupy/serving.py", ("tests/test_serving.py",)),
 )
 
 
