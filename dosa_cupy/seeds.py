@@ -122,7 +122,8 @@ def anchor_pool(aid, NW: int):
     poolmask = cp.zeros(NW, dtype=cp.uint32)
     n = int(aid.size)
     if n:
-        kernel("pool_mark")((min(-(-n // 256), 1024),), (256,), (aid, np.int64(n), poolmask))
+        args = (aid, np.int64(n), np.int64(NW), poolmask)
+        kernel("pool_mark")((min(-(-n // 256), 1024),), (256,), args)
     cnt = cp.zeros(NW + 1, dtype=cp.int64)
     g = (max(1, -(-NW // 256)),)
     kernel("pool_count")(g, (256,), (poolmask, np.int64(NW), cnt))

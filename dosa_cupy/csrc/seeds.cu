@@ -10,12 +10,12 @@
 // below x, numpy's searchsorted(pool, x) — is offs[x/32] + popc(bits of word x/32 below x)
 // (pool_rank, seed_ranges).  Reference: dosa_ref.stages.pool_ids.
 // ---------------------------------------------------------------------------------------
-extern "C" __global__ void pool_mark(const int* __restrict__ ids, long long n,
+extern "C" __global__ void pool_mark(const int* __restrict__ ids, long long n, long long NW,
                                      unsigned int* __restrict__ mask) {
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    const int id = ids[i];
-    if (id >= 0) atomicOr(mask + (id >> 5), 1u << (id & 31));
+    const int id = ids[i];  // −1 padding; an id past the mask is not a key (never written)
+    if (id >= 0 && (id >> 5) < NW) atomicOr(mask + (id >> 5), 1u << (id & 31));
   }
 }
 
@@ -111,7 +111,13 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
   const long long s0 = span[0], s1 = span[1];
   for (long long n0 = s0 + (long long)blockIdx.x * TILE_N; n0 < s1;
        n0 += (long long)gridDim.x * TILE_N) {
-    __syncthreads();  // every warp is done with the previous tile
+    // skip a tile no query of the block needs (its queries' ranges can be far apart, e.g. a
+    // block whose queries belong to several requests of a ragged batch); the vote is also
+    // the barrier after which the previous tile may be overwritten
+    bool need = false;
+    for (int t = t0 + threadIdx.x; t < tend; t += blockDim.x)
+      need |= max((long long)lo_[t], n0) < min((long long)hi_[t], n0 + TILE_N);
+    if (!__syncthreads_or(need)) continue;
     load_key_tile(kp, alpha, n_keys, n0, sk, sa);
     __syncthreads();
     for (int t = t0 + warp; t < tend; t += nw) {
