@@ -167,3 +167,29 @@ def test_check_values_reference_flags():
         a = {"q": q.copy(), "kp": kp.copy(), "w": w.copy(), "ks": ks.copy(), "ke": ke.copy()}
         edit(a)
         assert check_values(a["q"], a["w"], a["kp"], a["ks"], a["ke"], 5) == 1 << bit
+
+
+def test_reference_boundaries():
+    """The references' boundary cases (what the GPU kernels are compared with): ranges at
+    0, N and ks = ke are valid and a wrapped uint64 is not; the pool keeps id 0 and drops
+    repeats and −1; seed ranges from lists are int32; a bound equal to τ is kept; the
+    selection pads with −1."""
+    from dosa_ref.stages import cert_clear_below_tau, check_values, pool_ids, seed_ranges, select
+
+    q = np.zeros((2, 1, 128), np.uint8)
+    kp = np.zeros((5, 128), np.uint8)
+    w = np.ones((2, 1), np.float32)
+    assert check_values(q, w, kp, [0, 5], [5, 5], 5) == 0  # ks = 0, ke = N, ks = ke = N
+    assert check_values(q, w, kp, [3, 0], [3, 0], 5) == 0  # empty ranges
+    huge = np.array([2**63 + 5, 0], np.uint64)
+    assert check_values(q, w, kp, huge, [5, 5], 5) & 0b1000  # wraps negative: refused
+    assert np.array_equal(pool_ids([[0, -1, 3, 3], [3, 0, -1, 7]]), [0, 3, 7])
+    assert pool_ids([[0, -1, 3]]).dtype == np.int32 and pool_ids([[-1, -1]]).size == 0
+    rg = seed_ranges([1, 4, 6, 9], [0, 2], [10, 8], 2, 3)
+    assert rg.dtype == np.int32
+    # query 0: sinks [0, 2), window [7, 10), pool ids in [2, 7): 4, 6 → indices [1, 3)
+    # query 1: sinks [2, 4), window [5, 8), pool ids in [4, 5): 4 → indices [1, 2)
+    assert np.array_equal(rg, [[0, 2], [2, 4], [7, 5], [10, 8], [1, 1], [3, 2]])
+    kept = cert_clear_below_tau([1, 2, 3, 4], [0.5, 1.0, np.nan, 2.0], 1.0)
+    assert np.array_equal(kept, [2, 3, 4])  # U = τ survives (strict rejection), NaN kept
+    assert np.array_equal(select([5], [1.0], [], [], 3), [5, -1, -1])

@@ -126,6 +126,9 @@ TARGETS: tuple[Target, ...] = (
     # the serving layouts' host logic (offsets, visible ranges, relative ids, page rows; the
     # CPU tests run it with numpy for CuPy and an exact Top-K for dosa_topk)
     Target("dosa_cupy/serving.py", ("tests/test_serving.py",)),
+    # the references named after the kernels (the GPU tests compare each kernel with its
+    # reference; the CPU tests pin the references themselves)
+    Target("dosa_ref/stages.py", ("tests/test_stages.py",)),
 )
 
 
