@@ -193,3 +193,54 @@ def test_reference_boundaries():
     kept = cert_clear_below_tau([1, 2, 3, 4], [0.5, 1.0, np.nan, 2.0], 1.0)
     assert np.array_equal(kept, [2, 3, 4])  # U = τ survives (strict rejection), NaN kept
     assert np.array_equal(select([5], [1.0], [], [], 3), [5, -1, -1])
+
+
+def test_explicit_seed_table_against_brute_force():
+    """``dosa_cupy.seeds.explicit_seed_table`` (numpy here; the GPU runs the same code with
+    CuPy) against a per-row oracle: the visible, distinct ids that are not default seeds
+    (sinks, local window, anchor pool), sorted, −1 padded to the widest row — with −1
+    padding, repeats, ids outside the row's range, ids in every kind of default seed, empty
+    ranges and rows with nothing to keep."""
+    from dosa_cupy.seeds import explicit_seed_table
+
+    rng = np.random.default_rng(12)
+    for N, S, sinks, window in ((1, 3, 0, 0), (40, 12, 2, 5), (333, 40, 16, 64), (64, 8, 64, 64)):
+        NW = -(-N // 32)
+        pool = np.unique(rng.integers(0, N, rng.integers(0, 20)))
+        mask = np.zeros(NW, dtype=np.uint32)
+        np.bitwise_or.at(mask, pool >> 5, np.left_shift(1, pool & 31).astype(np.uint32))
+        Qn = 30
+        ks = rng.integers(0, N + 1, Qn)
+        ke = np.maximum(ks, rng.integers(0, N + 1, Qn))
+        seeds = rng.integers(-1, N, (Qn, S))
+        seeds[:, ::3] = seeds[:, :1]  # repeats
+        seeds[0] = -1  # nothing to keep
+        got = explicit_seed_table(seeds, ks, ke, sinks, window, mask, np)
+        rows = []
+        for t in range(Qn):
+            ns = min(sinks, ke[t] - ks[t])
+            loc_lo = max(ks[t] + ns, ke[t] - window)
+            keep = {int(i) for i in seeds[t] if ks[t] + ns <= i < loc_lo and i not in set(pool)}
+            rows.append(sorted(keep))
+        width = max((len(r) for r in rows), default=0)
+        want = np.full((Qn, width), -1, np.int32)
+        for t, r in enumerate(rows):
+            want[t, : len(r)] = r
+        assert got.dtype == np.int32 and np.array_equal(got, want), (N, S, sinks, window)
+
+
+def test_explicit_seed_table_edges():
+    """Repeats of an id that is not the row's smallest are dropped too; no query or no seed
+    column gives an empty table; validated ids come back as int32."""
+    from dosa_cupy.seeds import check_seed_ids, explicit_seed_table
+
+    mask = np.zeros(1, np.uint32)
+    seeds = np.array([[9, 5, 9, 7, 9, -1, 7]])
+    got = explicit_seed_table(seeds, np.array([0]), np.array([30]), 2, 4, mask, np)
+    assert np.array_equal(got, [[5, 7, 9]])
+    ks, ke = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    assert explicit_seed_table(np.zeros((0, 3), np.int64), ks, ke, 2, 4, mask, np).shape == (0, 0)
+    empty = explicit_seed_table(np.zeros((2, 0), np.int64), np.zeros(2), np.full(2, 30), 2, 4,
+                                mask, np)  # fmt: skip
+    assert empty.shape == (2, 0)
+    assert check_seed_ids(np.array([[3, -1]], np.int64), 1, 10).dtype == np.int32

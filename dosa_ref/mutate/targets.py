@@ -129,6 +129,23 @@ TARGETS: tuple[Target, ...] = (
     # the references named after the kernels (the GPU tests compare each kernel with its
     # reference; the CPU tests pin the references themselves)
     Target("dosa_ref/stages.py", ("tests/test_stages.py",)),
+    # the explicit seeds' table (which ids may join τ: visible, distinct, not default seeds);
+    # the stage functions launch kernels (GPU tests)
+    Target(
+        "dosa_cupy/seeds.py",
+        ("tests/test_stages.py", "tests/test_validation.py"),
+        skip=(
+            "seed_stage",
+            "anchor_pool",
+            "seed_ranges",
+            "score_seed_tiles",
+            "score_seed_ids",
+            "cert_clear",
+            "certificate_seeds",
+            "device_seed_ids",
+            "Seeds",
+        ),
+    ),
 )
 
 
