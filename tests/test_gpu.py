@@ -442,26 +442,36 @@ def test_anchor_pool_kernels_equal_reference(N):
             assert np.array_equal(cp.asnumpy(rg), stages.seed_ranges(want, ks, ke, sinks, window))
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("layout", ["causal", "random", "ragged"])
 @pytest.mark.parametrize("H", [32, 64])
 @gpu
-def test_seed_records_are_the_default_seeds_with_dense_scores(causal, H):
+def test_seed_records_are_the_default_seeds_with_dense_scores(layout, H, tile_n, monkeypatch):
     """The tiled seed kernel (seeds.cu seed_score) writes, for every query, exactly one record
     per default seed — the sinks, the local window and the visible anchor-pool ids that are
     neither (the reference sets of dosa_ref.stages.seed_ranges) — each with the dense
-    route's logit bit for bit; with causal ranges and with random ones (wide block spans)."""
+    route's logit bit for bit; with causal ranges, random ones (wide block spans) and the
+    ranges of a ragged batch whose queries alternate between far-apart requests (tiles no
+    query of a block needs are skipped), at both key-tile sizes."""
+    from dosa_cupy import _build
     from dosa_cupy.emulate import score_code
     from dosa_cupy.options import start
     from dosa_cupy.seeds import seed_stage
     from dosa_ref import stages
 
+    monkeypatch.setitem(_build._state, "tile", tile_n)  # _build.set_tile, undone afterwards
     Qn, N, K = 150, 9000, 256
     wl = make_gpu_workload("calibrated", Qn, N, H, seed=23)
-    if not causal:
-        rs = np.random.default_rng(3)
+    rs = np.random.default_rng(3)
+    if layout == "random":
         ks = rs.integers(0, N // 2, Qn)
         ke = ks + rs.integers(0, N // 2, Qn)
         ks[:3], ke[:3] = (0, 5, 9), (N, 5, 30)
+    if layout == "ragged":  # 5 requests of 1800 keys; query t belongs to request t % 5
+        req = np.arange(Qn) % 5
+        ks = 1800 * req
+        ke = ks + rs.integers(1, 1801, Qn)
+    if layout != "causal":
         wl["ks"], wl["ke"] = cp.asarray(ks, dtype=cp.int32), cp.asarray(ke, dtype=cp.int32)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
     o, _, _, b, _ = start(*args, {"window": 700})
