@@ -353,9 +353,7 @@ def generate(root: Path, target: Target) -> list[Mutant]:
     col = _Collector(target.path, src, target.skip)
     col.visit(ast.parse(src))
     seen, out = set(), []
-    stem = Path(target.path).stem
-    if target.path.startswith("dosa_cupy/"):
-        stem = "cupy_" + stem
+    stem = target.id_stem
     for m in sorted(col.out, key=lambda m: (m.start, m.end, m.kind, m.new)):
         key = (m.start, m.end, m.new)
         if key in seen or src[m.start : m.end] == m.new:

@@ -222,12 +222,12 @@ def select_targets(spec: str | None) -> list[Target]:
     out = []
     for name in spec.split(","):
         name = name.strip()
-        hits = [
-            t
-            for t in TARGETS
-            if name in (t.path, Path(t.path).stem, t.path.replace("/", ".")[:-3])
-            or (name == "cupy_plan" and t.path == "dosa_cupy/plan.py")
-        ]
+        # a path, a dotted module, or the stem of the mutant ids (cupy_<stem> for dosa_cupy's
+        # modules, generate.py); a bare stem names a dosa_cupy module only when no dosa_ref
+        # module has it
+        hits = [t for t in TARGETS if name in (t.path, t.path.replace("/", ".")[:-3], t.id_stem)]
+        if not hits:
+            hits = [t for t in TARGETS if name == Path(t.path).stem]
         if not hits:
             raise ValueError(f"modules: unknown module {name!r}; expected some of "
                              f"{[t.path for t in TARGETS]}")  # fmt: skip
@@ -238,7 +238,11 @@ def select_targets(spec: str | None) -> list[Target]:
 def main(argv: list[str]) -> int:
     """``dosa mutate``: generate, run and report mutants (see the module docstring)."""
     ap = argparse.ArgumentParser(prog="dosa mutate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modules", help="comma list (path, stem or cupy_plan); default all")
+    ap.add_argument(
+        "--modules",
+        help="comma list (path, stem; cupy_<stem> for dosa_cupy's when "
+        "dosa_ref has the stem too); default all",
+    )
     ap.add_argument("--max-mutants", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report", help="write the markdown report here")

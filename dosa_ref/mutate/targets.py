@@ -20,6 +20,13 @@ class Target:
     tests: tuple[str, ...]
     skip: tuple[str, ...] = ()
 
+    @property
+    def id_stem(self) -> str:
+        """The module part of its mutant ids: the file's stem, with ``cupy_`` in front for
+        dosa_cupy's modules (several share a stem with a dosa_ref module)."""
+        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py")
+        return "cupy_" + stem if self.path.startswith("dosa_cupy/") else stem
+
 
 _SELECT_TESTS = (
     "tests/test_mut_select.py",
