@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .memplan import HBM, KEY_BYTES
+from .report import md_table
 
 CTXS = (131072, 262144, 524288, 1048576)
 DEFAULT_SHAPES = ",".join(f"{H}x{B}x{c}" for H in (32, 64) for B in (1, 8, 64) for c in CTXS)
@@ -279,27 +280,28 @@ def markdown(rows) -> str:
 def graph_markdown(rows) -> str:
     """Both steps as a serving stack runs them: captured once in a CUDA graph, replayed per
     step (input copies included); "" when no row has a graph time."""
-    rows = [r for r in rows if r.get("dosa_graph_ms") is not None]
-    if not rows:
-        return ""
-    out = [
+
+    def ratio(r):
+        a, b = r.get("dosa_graph_ms"), r.get("dg_graph_ms")
+        return _cell(b / a if a and b is not None else None, "{:.2f}×")
+
+    def xf(key):
+        return lambda r: _cell((r.get("x_floor") or {}).get(key), "{:.2f}×")
+
+    cols = [
+        ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
+        ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
+        ("DoSA graph ms", lambda r: _cell(r.get("dosa_graph_ms"))), ("×floor", xf("dosa_graph")),
+        ("DG+topk graph ms", lambda r: _cell(r.get("dg_graph_ms"))), ("×floor", xf("dg_graph")),
+        ("DG graph / DoSA graph", ratio),
+        ("DoSA graph ids == dense", lambda r: str(r.get("dosa_graph_ids_equal"))),
+    ]  # fmt: skip
+    intro = (
         "\nCaptured in CUDA graphs, replayed per step (copies of q, w, lengths into the "
         "captured buffers timed): DoSA (`check_layout=False`, default buffer, `out=`) and "
         "DeepGEMM metadata + logits + tail mask + torch.topk (torch.cuda.CUDAGraph).\n\n"
-        "| H | B | ctx | next_n | DoSA graph ms | ×floor | DG+topk graph ms | ×floor "
-        "| DG graph / DoSA graph | DoSA graph ids == dense |\n|" + "---|" * 10 + "\n"
-    ]
-    for r in rows:
-        xf = r.get("x_floor") or {}
-        a, b = r.get("dosa_graph_ms"), r.get("dg_graph_ms")
-        out.append(
-            f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} | {_cell(a)} "
-            f"| {_cell(xf.get('dosa_graph'), '{:.2f}×')} | {_cell(b)} "
-            f"| {_cell(xf.get('dg_graph'), '{:.2f}×')} "
-            f"| {_cell(b / a if a and b is not None else None, '{:.2f}×')} "
-            f"| {r.get('dosa_graph_ids_equal')} |\n"
-        )
-    return "".join(out)
+    )
+    return md_table(intro, cols, [r for r in rows if r.get("dosa_graph_ms") is not None])
 
 
 def _peer_ran(r) -> bool:
@@ -312,35 +314,41 @@ def peers_markdown(rows) -> str:
     rows = [r for r in rows if "peer_notes" in r]
     if not any(r["peer_notes"] or r.get("peer_errors") or _peer_ran(r) for r in rows):
         return ""
-    out = [
+
+    def ms(key):
+        return lambda r: _cell(r.get(key))
+
+    def xf(key):
+        return lambda r: _cell((r.get("x_floor") or {}).get(key), "{:.2f}×")
+
+    def ratio(r):
+        sel, tk = r.get("own_select_ms"), r.get("own_torch_topk_ms")
+        return _cell(tk / sel if sel and tk is not None else None, "{:.2f}×")
+
+    cols = [
+        ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
+        ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
+        ("DG meta ms", ms("dg_meta_ms")), ("DG logits ms", ms("dg_logits_ms")),
+        ("DG logits ×floor", xf("dg_logits")), ("DG+topk ms", ms("dg_topk_ms")),
+        ("DG+topk ×floor", xf("dg_topk")),
+        ("DG ids in dense", lambda r: _cell(r.get("dg_overlap_min"), "{:.4f}")),
+        ("own select ms", ms("own_select_ms")),
+        ("torch.topk ms (own logits)", ms("own_torch_topk_ms")), ("torch.topk / select", ratio),
+    ]  # fmt: skip
+    intro = (
         "\nPeers (same steps, same inputs; `--peers`): DeepGEMM paged logits (metadata timed "
         "apart, outside the logits' time), DeepGEMM + tail mask + torch.topk, and torch.topk "
         "vs own select on the project's own decode logits; DG ids in dense = the fraction of "
         "DeepGEMM+topk ids that the dense route also returned, worst row of all steps (sets, "
-        "not bits: DeepGEMM's low bits differ).\n\n| H | B | ctx | next_n | DG meta ms "
-        "| DG logits ms | DG logits ×floor | DG+topk ms | DG+topk ×floor | DG ids in dense "
-        "| own select ms | torch.topk ms (own logits) | torch.topk / select |\n|"
-        + "---|" * 13
-        + "\n"
-    ]
+        "not bits: DeepGEMM's low bits differ).\n\n"
+    )
     notes: list[str] = []
     for r in rows:
-        xf = r.get("x_floor") or {}
-        sel, tk = r.get("own_select_ms"), r.get("own_torch_topk_ms")
-        ratio = tk / sel if sel and tk is not None else None
-        out.append(
-            f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} "
-            f"| {_cell(r.get('dg_meta_ms'))} | {_cell(r.get('dg_logits_ms'))} "
-            f"| {_cell(xf.get('dg_logits'), '{:.2f}×')} | {_cell(r.get('dg_topk_ms'))} "
-            f"| {_cell(xf.get('dg_topk'), '{:.2f}×')} | {_cell(r.get('dg_overlap_min'), '{:.4f}')} "
-            f"| {_cell(sel)} | {_cell(tk)} | {_cell(ratio, '{:.2f}×')} |\n"
-        )
         shape = f"{r['H']}x{r['B']}x{r['ctx']} next_n={r['next_n']}"
         errs = [f"{shape}: {k} failed ({v})" for k, v in (r.get("peer_errors") or {}).items()]
         notes += [x for x in r["peer_notes"] + errs if x not in notes]
-    if notes:
-        out.append("\nPeers not timed: " + "; ".join(notes) + ".\n")
-    return "".join(out)
+    tail = "\nPeers not timed: " + "; ".join(notes) + ".\n" if notes else ""
+    return md_table(intro, cols, rows) + tail
 
 
 def main(argv=None) -> int:

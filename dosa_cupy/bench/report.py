@@ -44,6 +44,17 @@ def cell(v, fmt="{:.2f}"):
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
+def md_table(intro: str, cols, rows) -> str:
+    """``intro`` (a heading or a paragraph, with its blank lines) and a markdown table of
+    ``rows`` with ``cols`` = (header, row → cell text) pairs; "" when there are no rows
+    (a part that did not run, a run without the data)."""
+    if not rows:
+        return ""
+    head = "| " + " | ".join(h for h, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = "".join("| " + " | ".join(f(r) for _, f in cols) + " |\n" for r in rows)
+    return intro + head + body
+
+
 def _shape_cols(r) -> str:
     return f"{r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']}"
 
@@ -262,33 +273,34 @@ def route_table(rows) -> str:
     one, DoSA's predicted time (its stages up to the choice, measured, plus the chosen
     candidate's predicted rest; the dense time when dense was chosen) against the measured
     DoSA time, and the fraction of visible keys fully scored."""
-    done = [r for r in rows if r.get("dosa_routes")]
-    if not done:
-        return ""
-    out = [
-        "\nRoute choice (dosa_cupy/cost.py; predictions of the committed model, ms):\n\n"
-        "| regime | H | Qn | N | route | dense predicted | dense measured | DoSA predicted "
-        "| DoSA measured | fully scored |\n|" + "---|" * 10 + "\n"
-    ]
-    for r in done:
-        rs, st = r["dosa_routes"], r.get("dosa_stage_ms") or {}
-        names = sorted({
+    nan = float("nan")
+
+    def names(r):
+        return "; ".join(sorted({
             f"{x['route']} ({x['reason']}" + (f", {x['screen']}/{x['r']})" if x["screen"] else ")")
-            for x in rs
-        })  # fmt: skip
-        nan = float("nan")
-        dense = sum(x["predicted_ms"].get("dense", nan) for x in rs)
+            for x in r["dosa_routes"]
+        }))  # fmt: skip
+
+    def dense(r):
+        return sum(x["predicted_ms"].get("dense", nan) for x in r["dosa_routes"])
+
+    def dosa(r):  # the stages before the choice, measured, + the chosen candidate's rest
+        st = r.get("dosa_stage_ms") or {}
         before = sum(st.get(k, 0.0) for k in ("prepare", "seeds", "route"))
         rest = sum(
             x["predicted_ms"].get(f"{x['screen']}/{x['r']}", x["predicted_ms"].get("dense", nan))
-            for x in rs
+            for x in r["dosa_routes"]
         )
-        out.append(
-            f"| {r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']} | {'; '.join(names)} | "
-            f"{cell(dense)} | {cell(r.get('dense_route_ms'))} | {cell(before + rest)} | "
-            f"{cell(r.get('dosa_ms'))} | {cell(r.get('scored_fraction'), '{:.4f}')} |\n"
-        )
-    return "".join(out)
+        return before + rest
 
-
-# --------------------------------------------------------------------------- GPU part
+    cols = [
+        ("regime", lambda r: str(r.get("regime", "-"))), ("H", lambda r: str(r["H"])),
+        ("Qn", lambda r: str(r["Qn"])), ("N", lambda r: str(r["N"])), ("route", names),
+        ("dense predicted", lambda r: cell(dense(r))),
+        ("dense measured", lambda r: cell(r.get("dense_route_ms"))),
+        ("DoSA predicted", lambda r: cell(dosa(r))),
+        ("DoSA measured", lambda r: cell(r.get("dosa_ms"))),
+        ("fully scored", lambda r: cell(r.get("scored_fraction"), "{:.4f}")),
+    ]  # fmt: skip
+    intro = "\nRoute choice (dosa_cupy/cost.py; predictions of the committed model, ms):\n\n"
+    return md_table(intro, cols, [r for r in rows if r.get("dosa_routes")])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import cell, run_meta
+from .report import cell, md_table, run_meta
 from .timing import check_run_args, free, median_ms, no_gpu_exit
 
 PARTS = ("small", "ragged", "paged", "decode")
@@ -251,61 +251,50 @@ DECODE_KEYS = ("H", "B", "ctx", "next_n", "K", "dosa_ms", "dense_ms", "dosa_grap
 # ---------------------------------------------------------------------------------------
 
 
+def _ms(key):
+    return lambda r: cell(r[key], "{:.3f}")
+
+
+def _x(key):
+    return lambda r: f"{cell(r[key])}×"
+
+
+def _v(key, fmt="{}"):
+    return lambda r: fmt.format(r[key])
+
+
+_REQ = [("H", _v("H")), ("B", _v("B")), ("queries", _v("queries")), ("keys", _v("keys", "{:,}"))]
+TABLES = {  # part → (title, columns)
+    "small": ("(a) Small prefill chunks", [
+        ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")), ("DoSA ms", _ms("dosa_ms")),
+        ("DoSA check=False ms", _ms("dosa_nocheck_ms")), ("dense ms", _ms("dense_ms")),
+        ("dense check=False ms", _ms("dense_nocheck_ms")), ("DoSA / dense", _x("dosa_over_dense")),
+        ("DoSA / dense (check=False)", _x("dosa_over_dense_nocheck")),
+        ("ids equal", _v("ids_equal"))]),
+    "ragged": ("(b) Ragged batch: one call vs separate calls", [
+        *_REQ, ("ragged ms", _ms("ragged_ms")), ("8 calls ms", _ms("separate_ms")),
+        ("8 calls / ragged", _x("separate_over_ragged")), ("ids equal", _v("ids_equal"))]),
+    "paged": ("(c) Paged prefill vs contiguous", [
+        *_REQ, ("paged ms", _ms("paged_ms")), ("paged physical ms", _ms("physical_ms")),
+        ("contiguous ms", _ms("contiguous_ms")),
+        ("paged / contiguous", _x("paged_over_contiguous")), ("ids equal", _v("ids_equal")),
+        ("physical ids equal", _v("physical_ids_equal"))]),
+    "decode": ("(d) Decode: captured replay vs eager vs dense (next_n = 1)", [
+        ("H", _v("H")), ("B", _v("B")), ("ctx", _v("ctx", "{:,}")),
+        ("DoSA graph ms", _ms("dosa_graph_ms")), ("DoSA eager ms", _ms("dosa_ms")),
+        ("dense ms", _ms("dense_ms")), ("ids equal", _v("ids_equal")),
+        ("graph ids equal", _v("dosa_graph_ids_equal"))]),
+}  # fmt: skip
+
+
 def markdown(res: dict) -> str:
     """The four tables of a run (parts not run are left out)."""
     m = res["meta"]
-    out = [f"# dosa bench --serving\n\n{m['date_utc']}, commit {m['commit']}, "
-           f"{res.get('device') or 'unknown device'}\n"]  # fmt: skip
-    if res.get("small"):
-        out.append(
-            "\n## (a) Small prefill chunks\n\n| H | Qn | N | DoSA ms | DoSA check=False ms "
-            "| dense ms | dense check=False ms | DoSA / dense | DoSA / dense (check=False) "
-            "| ids equal |\n|" + "---|" * 10 + "\n"
-        )
-        for r in res["small"]:
-            out.append(
-                f"| {r['H']} | {r['Qn']} | {r['N']:,} | {cell(r['dosa_ms'], '{:.3f}')} "
-                f"| {cell(r['dosa_nocheck_ms'], '{:.3f}')} | {cell(r['dense_ms'], '{:.3f}')} "
-                f"| {cell(r['dense_nocheck_ms'], '{:.3f}')} | {cell(r['dosa_over_dense'])}× "
-                f"| {cell(r['dosa_over_dense_nocheck'])}× | {r['ids_equal']} |\n"
-            )
-    if res.get("ragged"):
-        out.append(
-            "\n## (b) Ragged batch: one call vs separate calls\n\n| H | B | queries | keys "
-            "| ragged ms | 8 calls ms | 8 calls / ragged | ids equal |\n|" + "---|" * 8 + "\n"
-        )
-        for r in res["ragged"]:
-            out.append(
-                f"| {r['H']} | {r['B']} | {r['queries']} | {r['keys']:,} "
-                f"| {cell(r['ragged_ms'], '{:.3f}')} | {cell(r['separate_ms'], '{:.3f}')} "
-                f"| {cell(r['separate_over_ragged'])}× | {r['ids_equal']} |\n"
-            )
-    if res.get("paged"):
-        out.append(
-            "\n## (c) Paged prefill vs contiguous\n\n| H | B | queries | keys | paged ms "
-            "| paged physical ms | contiguous ms | paged / contiguous | ids equal "
-            "| physical ids equal |\n|" + "---|" * 10 + "\n"
-        )
-        for r in res["paged"]:
-            out.append(
-                f"| {r['H']} | {r['B']} | {r['queries']} | {r['keys']:,} "
-                f"| {cell(r['paged_ms'], '{:.3f}')} | {cell(r['physical_ms'], '{:.3f}')} "
-                f"| {cell(r['contiguous_ms'], '{:.3f}')} | {cell(r['paged_over_contiguous'])}× "
-                f"| {r['ids_equal']} | {r['physical_ids_equal']} |\n"
-            )
-    if res.get("decode"):
-        out.append(
-            "\n## (d) Decode: captured replay vs eager vs dense (next_n = 1)\n\n| H | B | ctx "
-            "| DoSA graph ms | DoSA eager ms | dense ms | ids equal | graph ids equal "
-            "|\n|" + "---|" * 8 + "\n"
-        )
-        for r in res["decode"]:
-            out.append(
-                f"| {r['H']} | {r['B']} | {r['ctx']:,} | {cell(r['dosa_graph_ms'], '{:.3f}')} "
-                f"| {cell(r['dosa_ms'], '{:.3f}')} | {cell(r['dense_ms'], '{:.3f}')} "
-                f"| {r['ids_equal']} | {r['dosa_graph_ids_equal']} |\n"
-            )
-    return "".join(out)
+    head = (f"# dosa bench --serving\n\n{m['date_utc']}, commit {m['commit']}, "
+            f"{res.get('device') or 'unknown device'}\n")  # fmt: skip
+    return head + "".join(
+        md_table(f"\n## {t}\n\n", cols, res.get(p)) for p, (t, cols) in TABLES.items()
+    )
 
 
 def all_equal(res: dict) -> bool:
