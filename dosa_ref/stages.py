@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp8 import dequantize, e4m3_values, key_rms, quantize_keys
+from .fp8 import dequantize, e4m3_values, key_rms, nan_codes, quantize_keys
 from .numeric import FP8ScreenPlan, screen_bound
 from .scorer import index_scores, score_keys, topk_of
 from .seeds import explicit_seeds, kth_score
@@ -62,8 +62,8 @@ def check_values(q, w, payload, ks, ke, N: int) -> int:
     ks = np.asarray(ks).astype(np.int64)
     ke = np.asarray(ke).astype(np.int64)
     flags = (
-        np.any((np.asarray(q) & 0x7F) == 0x7F),
-        np.any((np.asarray(payload) & 0x7F) == 0x7F),
+        np.any(nan_codes(q)),
+        np.any(nan_codes(payload)),
         not np.all(np.isfinite(np.asarray(w, np.float32))),
         np.any((ks < 0) | (ks > N)),
         np.any((ke < 0) | (ke > N)),

@@ -111,14 +111,24 @@ def test_check_seed_ids_does_not_wrap_unsigned_ids():
 
 def test_nan_code_word_predicate():
     """csrc/prepare.cu check_values tests four e4m3 codes at once: a word has a NaN code
-    (byte & 0x7F == 0x7F) iff ((x & 0x7F7F7F7F) + 0x01010101) & 0x80808080 != 0 — checked
-    for every byte value in every lane against the per-byte rule."""
+    (byte & 0x7F == 0x7F) iff ((x & M) + C) & H != 0 — the three constants read from the
+    kernel's source, checked for every byte value in every lane against the per-byte rule
+    (``dosa_ref.fp8.nan_codes``)."""
+    import re
+    from pathlib import Path
+
+    from dosa_ref.fp8 import nan_codes
+
+    src = (Path(__file__).resolve().parents[1] / "dosa_cupy/csrc/prepare.cu").read_text()
+    m = re.search(r"has_nan_code\(uint32_t x\) \{\s*return \(\(\(x & (0x\w+)u\) \+ "
+                  r"(0x\w+)u\) & (0x\w+)u\) != 0u;", src)  # fmt: skip
+    assert m, "has_nan_code's expression not found in csrc/prepare.cu"
+    M, C, H = (int(g, 16) for g in m.groups())
     rng = np.random.default_rng(0)
     for lane in range(4):
         for b in range(256):
             other = rng.integers(0, 256, (64, 4), dtype=np.uint64)
             other[:, lane] = b
             x = (other << (8 * np.arange(4, dtype=np.uint64))).sum(axis=1)
-            word = (((x & 0x7F7F7F7F) + 0x01010101) & 0x80808080) != 0
-            per_byte = ((other & 0x7F) == 0x7F).any(axis=1)
-            assert np.array_equal(word, per_byte)
+            word = (((x & np.uint64(M)) + np.uint64(C)) & np.uint64(H)) != 0
+            assert np.array_equal(word, nan_codes(other).any(axis=1))
