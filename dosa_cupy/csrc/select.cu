@@ -7,10 +7,11 @@
 // i.e. order score desc, id asc — by radix select over the 64-bit records (11-bit digits;
 // records are distinct, so the K-th is unique and ties need no special case), candidates
 // compacted into a per-block scratch buffer once they fit; then a bitonic sort of the K
-// selected records — or, without ids, only their least (the K-th record: τ of the seeds).  Sources: a dense logits row [ks, ke) (mode 0), two record lists
-// (mode 1: seeds + compact records), or per row either of them (mode 2: the wide selection's
-// records of recA when cntA[row] <= capA, else the logits row).  Outputs (each optional): ids int32 [rows, K] (−1
-// pads), kth[row] = the K-th record (0 when fewer than K).
+// selected records — or, without ids, only their least (the K-th record: τ of the seeds).
+// Sources: a dense logits row [ks, ke) (mode 0), two record lists (mode 1: seeds + compact
+// records), or per row either of them (mode 2: the wide selection's records of recA when
+// cntA[row] <= capA, else the logits row).  Outputs (each optional): ids int32 [rows, K]
+// (−1 pads), kth[row] = the K-th record (0 when fewer than K).
 // ---------------------------------------------------------------------------------------
 #define SEL_THREADS 512
 #define SEL_KMAX 4096
