@@ -62,6 +62,7 @@ __all__ = [
     "check_decode_inputs",
     "dense_decode_topk",
     "gather_request_keys",
+    "page_rows",
     "paged_logits",
     "physical_rows",
     "visible_ends",
@@ -83,11 +84,18 @@ def physical_rows(block_table, ids, xp=np):
     ``block_table`` [B, max_blocks]; ``ids`` int [B, m] logical positions (< max_blocks·64)
     of each request.  Negative ids map to −1.  Mirrors ``dec_phys`` of csrc/decode.cu.
     """
-    bt = xp.asarray(block_table).astype(xp.int64)
+    return page_rows(block_table, xp.arange(int(xp.asarray(ids).shape[0])), ids, xp)
+
+
+def page_rows(block_table, req, ids, xp=np):
+    """``physical_rows`` with a request per row: cache rows of logical positions ``ids`` int
+    [R, m], row r belonging to request ``req[r]`` (int [R]) of ``block_table`` [B,
+    max_blocks]; −1 stays −1 (rows of different requests need no [R, max_blocks] copy of
+    the table: the serving layouts' page-table transform)."""
     ids = xp.asarray(ids).astype(xp.int64)
     ok = ids >= 0
     safe = xp.where(ok, ids, 0)
-    blk = xp.take_along_axis(bt, safe // PAGE, axis=1)
+    blk = xp.asarray(block_table)[xp.asarray(req)[:, None], safe // PAGE].astype(xp.int64)
     return xp.where(ok, blk * PAGE + safe % PAGE, -1)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise
-from .decode import PAGE
+from .decode import PAGE, page_rows
 from .pipeline import dosa_topk
 from .prepare import D, as_device
 
@@ -156,18 +156,6 @@ def _page_table_shape(page_table, name: str, B: int, lengths: np.ndarray) -> int
 # ---------------------------------------------------------------------------------------
 # Device helpers (written for numpy and CuPy: ``xp``)
 # ---------------------------------------------------------------------------------------
-
-
-def page_rows(block_table, req, ids, xp=np):
-    """Physical cache rows (block·64 + offset) of logical positions ``ids`` int [R, m], row
-    r belonging to request ``req[r]`` (int [R]) of ``block_table`` [B, max_blocks]; −1
-    stays −1.  ``decode.physical_rows``'s formula with a request per row, so that rows of
-    different requests need no [R, max_blocks] copy of the table."""
-    ids = xp.asarray(ids).astype(xp.int64)
-    ok = ids >= 0
-    safe = xp.where(ok, ids, 0)
-    blk = xp.asarray(block_table)[xp.asarray(req)[:, None], safe // PAGE].astype(xp.int64)
-    return xp.where(ok, blk * PAGE + safe % PAGE, -1)
 
 
 def _request_of(cu, n: int, xp):
