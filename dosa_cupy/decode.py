@@ -55,6 +55,7 @@ from .decode_ops import (
     scan,
     witness_table_device,
 )  # fmt: skip
+from .prepare import MAX_KEYS
 
 __all__ = [
     "PAGE",
@@ -263,7 +264,7 @@ def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=n
     L = _int_arr(_as(lengths, "lengths", xp), "lengths")
     if tuple(L.shape) != (B,):
         raise ValueError(f"lengths: expected shape ({B},), got {tuple(L.shape)}")
-    if mb * PAGE >= 2**31 - 64:
+    if mb * PAGE >= MAX_KEYS:
         raise ValueError(f"block_table: max_blocks={mb} too large for int32 token ids")
     if nb * PAGE >= 2**31:
         raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")

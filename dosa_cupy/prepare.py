@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 D = 128  # head dimension of the kernels (DSA indexers: D = 128)
+MAX_KEYS = 2**31 - 64  # key ids are int32 in the kernels (ids + a tile's slack stay < 2^31)
 
 
 def as_device(x, name: str, dtype=None):
@@ -114,7 +115,7 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer:
     if kp.ndim != 2 or kp.shape[1] != D:
         raise ValueError(f"k_payload: expected shape [N, {D}], got {tuple(kp.shape)}")
     N = kp.shape[0]
-    if N >= 2**31 - 64:
+    if N >= MAX_KEYS:
         raise ValueError(f"k_payload: N={N} too large for int32 key ids")
     if ksc.shape != (N,):
         raise ValueError(f"k_scale: expected shape ({N},), got {tuple(ksc.shape)}")

@@ -25,13 +25,11 @@ import numpy as np
 from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise
-from .decode import PAGE, page_rows
+from .decode import PAGE, _int_arr, page_rows
 from .pipeline import dosa_topk
-from .prepare import D, as_device
+from .prepare import MAX_KEYS, D, as_device
 
 __all__ = ["paged_prefill_topk", "page_rows", "ragged_topk"]
-
-MAX_KEYS = 2**31 - 64  # key ids are int32 inside the kernels (prepare.check_inputs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -57,9 +55,7 @@ def _host_ints(x, name: str) -> np.ndarray:
         x = x.detach().cpu().numpy()
     elif hasattr(x, "get") and not isinstance(x, np.ndarray):
         x = x.get()  # a CuPy array
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
+    a = _int_arr(np.asarray(x), name)
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-d array, got shape {a.shape}")
     if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
@@ -84,7 +80,8 @@ def _offsets(x, name: str, total: int, what: str, B: int | None = None) -> np.nd
     return cu
 
 
-def _ids_dtype(ids_dtype) -> np.dtype:
+def ids_dtype_of(ids_dtype) -> np.dtype:
+    """The ``ids_dtype`` argument as np.int64 or np.int32 (ValueError naming it otherwise)."""
     try:
         dt = np.dtype(ids_dtype)
     except TypeError:
@@ -229,7 +226,7 @@ def ragged_topk(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, *, caus
     request's first key — a constant shift, which keeps the id-ascending tie order.
     """
     causal = check_flag("causal", causal)
-    dt = _ids_dtype(ids_dtype)
+    dt = ids_dtype_of(ids_dtype)
     Qt, Nt = _query_rows(q, w), _key_rows(k_payload, k_scale)
     cu_q = _offsets(cu_seqlens_q, "cu_seqlens_q", Qt, "q.shape[0]")
     cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k", Nt, "k_payload.shape[0]", cu_q.size - 1)
@@ -298,7 +295,7 @@ def paged_prefill_topk(q, w, kv_payload, kv_scale, block_table, lengths, cu_seql
     fused into the scoring kernels (docs/serving.md "Paged prefill").  The block-table
     entries of used blocks are checked against num_blocks unless check=False.
     """
-    dt = _ids_dtype(ids_dtype)
+    dt = ids_dtype_of(ids_dtype)
     physical = check_flag("physical", physical)
     kvs, scs = _shape(kv_payload, "kv_payload"), _shape(kv_scale, "kv_scale")
     if len(kvs) != 3 or kvs[1:] != (PAGE, D):

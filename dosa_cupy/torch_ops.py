@@ -93,9 +93,9 @@ def ragged_topk(
 @ragged_topk.register_fake
 def _ragged_topk_fake(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, causal=True,
                       ids_dtype="int64", page_table=None, route="auto", check=True):  # fmt: skip
-    dt = {"int64": torch.int64, "int32": torch.int32}.get(ids_dtype)
-    if dt is None:
-        raise ValueError(f"ids_dtype: expected 'int64' or 'int32', got {ids_dtype!r}")
+    from .serving import ids_dtype_of
+
+    dt = getattr(torch, ids_dtype_of(ids_dtype).name)  # the eager call's check and dtype
     return q.new_empty((q.shape[0], K), dtype=dt)
 
 
