@@ -234,33 +234,32 @@ def ragged_topk(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, *, caus
         _causal_fits(cu_q, cu_k)
     if page_table is not None:
         _page_table_shape(page_table, "page_table", cu_q.size - 1, np.diff(cu_k))
-    return _run(q, w, k_payload, k_scale, K, cu_q, cu_k, causal=causal, dt=dt,
-                pages=page_table, pages_checked=False, options=options)  # fmt: skip
-
-
-def _run(q, w, k_payload, k_scale, K, cu_q, cu_k, *, causal, dt, pages, pages_checked,
-         options):  # fmt: skip
-    """``ragged_topk`` after the host checks: global ranges on the device, one ``dosa_topk``
-    call, ids back to request positions (and through ``pages``, already validated when
-    ``pages_checked``)."""
-    cp = cupy_or_raise()
     check = check_flag("check", options.get("check", True))
     bt = None
-    if pages is not None:
-        bt = as_device(pages, "page_table")
-        if check and not pages_checked:
-            _check_pages(bt, np.diff(cu_k), "page_table", cp, None)
+    if page_table is not None:
+        bt = as_device(page_table, "page_table")
+        if check:
+            _check_pages(bt, np.diff(cu_k), "page_table", cupy_or_raise(), None)
+    return _run(q, w, k_payload, k_scale, K, cu_q, cu_k, causal=causal, dt=dt, pages=bt,
+                options=options)  # fmt: skip
+
+
+def _run(q, w, k_payload, k_scale, K, cu_q, cu_k, *, causal, dt, pages, options):
+    """``ragged_topk`` after its checks: global ranges on the device, one ``dosa_topk`` call,
+    ids back to request positions (and through the checked device block table ``pages``)."""
+    cp = cupy_or_raise()
+    bt = pages
     Qt = int(cu_q[-1])
     req = _request_of(cu_q, Qt, cp)
     ck = cp.asarray(cu_k)
     start, end = ck[req], ck[req + 1]
+    n_b = end - start  # the keys of each query's request
     if causal:  # docs/serving.md "Ragged batches": the chunk is the request's last tokens
         i = cp.arange(Qt, dtype=cp.int64) - cp.asarray(cu_q)[req]
         qn = cp.asarray(np.diff(cu_q))[req]
         end = start + cp.maximum(0, end - start - qn + i + 1)
     if options.get("seed_ids") is not None:
-        options = dict(options, seed_ids=_shift_seed_ids(options["seed_ids"], start,
-                                                         ck[req + 1] - start, cp))  # fmt: skip
+        options = dict(options, seed_ids=_shift_seed_ids(options["seed_ids"], start, n_b, cp))
     out = dosa_topk(q, w, k_payload, k_scale, K, start.astype(cp.int32), end.astype(cp.int32),
                     **options)  # fmt: skip
     ids, stats = out if isinstance(out, tuple) else (out, None)
@@ -315,7 +314,7 @@ def paged_prefill_topk(q, w, kv_payload, kv_scale, block_table, lengths, cu_seql
     kp, ksc, bt = _gather(kv_payload, kv_scale, block_table, cu_k,
                           check_flag("check", options.get("check", True)))  # fmt: skip
     return _run(q, w, kp, ksc, K, cu_q, cu_k, causal=True, dt=dt,
-                pages=bt if physical else None, pages_checked=True, options=options)  # fmt: skip
+                pages=bt if physical else None, options=options)  # fmt: skip
 
 
 def _gather(kv_payload, kv_scale, block_table, cu_k: np.ndarray, check: bool):
