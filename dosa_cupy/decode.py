@@ -445,6 +445,7 @@ class DecodeSelectorGPU:
     def release(self) -> None:
         """Free every workspace (and with them the witness histories).  CUDA graphs that
         captured a step of this selector must not be replayed afterwards."""
+        self.reset()  # the numpy backend keeps its one workspace past the dict below
         self._wss.clear()
         self._ws = None
 

@@ -212,6 +212,23 @@ def test_numpy_emulation_reset():
     _witness_reset_walk(dec.DecodeSelectorGPU(4, backend="numpy"))
 
 
+def test_release_forgets_the_witnesses():
+    """After ``release`` a selector starts with an empty history (its docstring), also on
+    the numpy backend, whose one workspace serves every step shape."""
+    cache = PagedCache(3, 128, seed=5)
+    rs = cache.rs
+    L = np.array([100, 128, 60], dtype=np.int32)
+    sel = dec.DecodeSelectorGPU(4, backend="numpy")
+    for step in range(2):
+        qp, wq = _queries(rs, rs.standard_normal((3, 1, 16, 128)), 1, 16)
+        if step == 1:
+            assert any(sel.witnesses(b).size for b in range(3))
+            sel.release()
+        ids = np.asarray(sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L).ids)
+    for b in range(3):  # only the step after the release
+        assert np.array_equal(sel.witnesses(b), np.unique(ids[b, 0][ids[b, 0] >= 0]))
+
+
 def test_cupy_host_code_reset(fake_cupy):
     _witness_reset_walk(dec.DecodeSelectorGPU(4))
 
