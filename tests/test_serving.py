@@ -276,12 +276,11 @@ def test_host_offsets_edge_cases(numpy_gpu):
     huge = np.array([0, 2, 2, 2**64 - 1], np.uint64)
     with pytest.raises(ValueError, match="cu_seqlens_q: entries too large for int64"):
         S.ragged_topk(**dict(g, cu_seqlens_q=huge))
-    n = np.diff(g["cu_seqlens_k"])  # 5, 4, 70 tokens: 1, 1, 2 blocks of 64
+    # the requests hold 5, 4 and 70 tokens (_good): 1, 1 and 2 blocks of 64
     table = np.array([[500, -1], [7, -1], [900, 901]], np.int32)
     S.ragged_topk(**g, page_table=table)  # block ids of any size (no num_blocks here)
     with pytest.raises(ValueError, match="page_table"):
         S.ragged_topk(**g, page_table=table[:, :1])  # request 2's 70 tokens need two blocks
-    assert n.tolist() == [5, 4, 70]
     q, w, kp, ksc, cu_q, cu_k = _ragged_host([1], [64], seed=11)  # 64 tokens in one block
     S.ragged_topk(q, w, kp, ksc, 4, cu_q, cu_k, page_table=np.array([[3]], np.int32))
 

@@ -160,7 +160,6 @@ def test_gpu_decode_operator_in_a_torch_graph():
     T.release_selector(h)
     with pytest.raises(ValueError, match="handle"):
         T.release_selector(h)
-    assert np.all(np.asarray(cp.asnumpy(dense)) >= -1)
 
 
 @gpu
