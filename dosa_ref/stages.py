@@ -7,7 +7,8 @@ stage of docs/method.md §9, on FP8 keys, so a stage of ``dosa_cupy`` can be che
   check_values (prepare)   → the input value checks as one flag word
   dense_logits             → original scores of every visible key (the dense route)
   seed_score               → exact seed scores and τ = τ_K(S) (Prop. 4)
-  pool_ids                 → the anchor pool: the sorted distinct ids of the anchors' Top-K
+  pool_ids, pool_mask      → the anchor pool: the sorted distinct ids of the anchors' Top-K,
+                             and as a key bitmask
   seed_ranges              → each query's default seeds as index ranges: sinks, local
                              window, and the pool ids that are neither
   seed_ids                 → explicit seeds: exact scores of caller ids that are visible,
@@ -39,6 +40,7 @@ __all__ = [
     "dense_logits",
     "key_rho",
     "pool_ids",
+    "pool_mask",
     "quantize_keys",
     "refine",
     "screen",
@@ -82,6 +84,15 @@ def pool_ids(anchor_ids) -> np.ndarray:
     shape, −1 padding)."""
     a = np.asarray(anchor_ids).ravel()
     return np.unique(a[a >= 0]).astype(np.int32)
+
+
+def pool_mask(pool, NW: int) -> np.ndarray:
+    """The pool as a key bitmask uint32 [NW] (bit i of word i // 32: key i in the pool;
+    kernel ``pool_mark``)."""
+    pool = np.asarray(pool, dtype=np.int64)
+    mask = np.zeros(NW, dtype=np.uint32)
+    np.bitwise_or.at(mask, pool >> 5, np.left_shift(1, pool & 31).astype(np.uint32))
+    return mask
 
 
 def seed_ranges(pool, ks, ke, sinks: int, window: int) -> np.ndarray:

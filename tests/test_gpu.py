@@ -433,9 +433,7 @@ def test_anchor_pool_kernels_equal_reference(N):
         pool, mask, offs = anchor_pool(cp.asarray(aid, dtype=cp.int32), NW)
         want = stages.pool_ids(aid)
         assert pool.dtype == cp.int32 and np.array_equal(cp.asnumpy(pool), want)
-        want_mask = np.zeros(NW, dtype=np.uint32)
-        np.bitwise_or.at(want_mask, want >> 5, np.left_shift(1, want & 31).astype(np.uint32))
-        assert np.array_equal(cp.asnumpy(mask), want_mask)
+        assert np.array_equal(cp.asnumpy(mask), stages.pool_mask(want, NW))
         for sinks, window in ((0, 0), (3, 7), (16, 2048)):
             rg = seed_ranges(mask, offs, cp.asarray(ks, dtype=cp.int32),
                              cp.asarray(ke, dtype=cp.int32), sinks, window)  # fmt: skip
@@ -835,6 +833,7 @@ def test_explicit_seed_table_cpu():
     """The dedup/filter of explicit seeds (numpy stands in for CuPy) against a per-query
     set computation: visible, not a sink / local-window / anchor-pool seed, distinct."""
     from dosa_cupy.seeds import explicit_seed_table
+    from dosa_ref.stages import pool_mask
 
     rs = np.random.default_rng(3)
     Qn, N = 40, 700
@@ -843,8 +842,7 @@ def test_explicit_seed_table_cpu():
     ks[0], ke[0] = 0, N
     ks[1], ke[1] = 10, 10  # empty range
     pool = np.unique(rs.integers(0, N, 60))
-    poolmask = np.zeros((N + 31) // 32, np.uint32)
-    np.bitwise_or.at(poolmask, pool >> 5, (np.uint32(1) << (pool & 31)).astype(np.uint32))
+    poolmask = pool_mask(pool, (N + 31) // 32)
     for sinks, window in ((4, 16), (0, 0), (1000, 5), (3, 10**6)):
         seeds = rs.integers(-1, N, (Qn, 90))
         seeds[:, 10:20] = seeds[:, :10]  # repeats

@@ -118,14 +118,14 @@ def test_seed_ranges_cover_exactly_the_screens_default_seeds():
     disjoint and their union must be exactly that predicate's keys: a key excluded from
     screening but never scored would be lost, a key scored twice could lift τ (§2)."""
     from dosa_cupy.seeds import explicit_seed_table
-    from dosa_ref.stages import pool_ids, seed_ranges
+    from dosa_ref.seeds import local_seeds
+    from dosa_ref.stages import pool_ids, pool_mask, seed_ranges
 
     rng = np.random.default_rng(4)
     for N in (1, 33, 300, 2048):
         NW = -(-N // 32)
         pool = pool_ids(rng.integers(-1, N, (3, rng.integers(0, 60))))
-        mask = np.zeros(NW, dtype=np.uint32)
-        np.bitwise_or.at(mask, pool >> 5, np.left_shift(1, pool & 31).astype(np.uint32))
+        mask = pool_mask(pool, NW)
         Qn = 40
         ks = rng.integers(0, N + 1, Qn)
         ke = np.maximum(ks, rng.integers(0, N + 1, Qn))
@@ -142,6 +142,9 @@ def test_seed_ranges_cover_exactly_the_screens_default_seeds():
                 vis = set(range(ks[t], ke[t]))
                 screened = set(int(i) for i in rest[t] if i >= 0)
                 assert set(got.tolist()) == vis - screened, (N, sinks, window, t)
+                # and the reference's own default seeds (dosa_ref.seeds): local ∪ visible pool
+                local = local_seeds(int(ks[t]), int(ke[t]), window, sinks).tolist()
+                assert set(got.tolist()) == set(local) | (set(pool.tolist()) & vis)
 
 
 def test_check_values_reference_flags():
@@ -192,40 +195,6 @@ def test_reference_boundaries():
     kept = cert_clear_below_tau([1, 2, 3, 4], [0.5, 1.0, np.nan, 2.0], 1.0)
     assert np.array_equal(kept, [2, 3, 4])  # U = τ survives (strict rejection), NaN kept
     assert np.array_equal(select([5], [1.0], [], [], 3), [5, -1, -1])
-
-
-def test_explicit_seed_table_against_brute_force():
-    """``dosa_cupy.seeds.explicit_seed_table`` (numpy here; the GPU runs the same code with
-    CuPy) against a per-row oracle: the visible, distinct ids that are not default seeds
-    (sinks, local window, anchor pool), sorted, −1 padded to the widest row — with −1
-    padding, repeats, ids outside the row's range, ids in every kind of default seed, empty
-    ranges and rows with nothing to keep."""
-    from dosa_cupy.seeds import explicit_seed_table
-
-    rng = np.random.default_rng(12)
-    for N, S, sinks, window in ((1, 3, 0, 0), (40, 12, 2, 5), (333, 40, 16, 64), (64, 8, 64, 64)):
-        NW = -(-N // 32)
-        pool = np.unique(rng.integers(0, N, rng.integers(0, 20)))
-        mask = np.zeros(NW, dtype=np.uint32)
-        np.bitwise_or.at(mask, pool >> 5, np.left_shift(1, pool & 31).astype(np.uint32))
-        Qn = 30
-        ks = rng.integers(0, N + 1, Qn)
-        ke = np.maximum(ks, rng.integers(0, N + 1, Qn))
-        seeds = rng.integers(-1, N, (Qn, S))
-        seeds[:, ::3] = seeds[:, :1]  # repeats
-        seeds[0] = -1  # nothing to keep
-        got = explicit_seed_table(seeds, ks, ke, sinks, window, mask, np)
-        rows = []
-        for t in range(Qn):
-            ns = min(sinks, ke[t] - ks[t])
-            loc_lo = max(ks[t] + ns, ke[t] - window)
-            keep = {int(i) for i in seeds[t] if ks[t] + ns <= i < loc_lo and i not in set(pool)}
-            rows.append(sorted(keep))
-        width = max((len(r) for r in rows), default=0)
-        want = np.full((Qn, width), -1, np.int32)
-        for t, r in enumerate(rows):
-            want[t, : len(r)] = r
-        assert got.dtype == np.int32 and np.array_equal(got, want), (N, S, sinks, window)
 
 
 def test_explicit_seed_table_edges():

@@ -140,7 +140,7 @@ TARGETS: tuple[Target, ...] = (
     # the stage functions launch kernels (GPU tests)
     Target(
         "dosa_cupy/seeds.py",
-        ("tests/test_stages.py", "tests/test_validation.py"),
+        ("tests/test_gpu.py", "tests/test_stages.py", "tests/test_validation.py"),
         skip=(
             "seed_stage",
             "anchor_pool",
