@@ -40,8 +40,15 @@ __all__ = [
     "RouteMemo",
     "candidates",
     "early_route",
+    "logits_flop",
     "sample_route",
 ]
+
+
+def logits_flop(pairs: float, H: int) -> float:
+    """FLOP of the dense logits of ``pairs`` visible (query, key) pairs with H heads: one
+    multiply-add per head and coordinate (D = 128)."""
+    return 2.0 * 128 * H * pairs
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class CostModel:
         """The dense route's predicted time: logits of ``pairs`` visible (query, key) pairs
         with H heads, then the selection of Qn rows of N."""
         h = min(self.logits_flop_per_ms, key=lambda x: (abs(x - H), x))
-        logits = self.logits_fixed_ms + 256.0 * H * pairs / self.logits_flop_per_ms[h]
+        logits = self.logits_fixed_ms + logits_flop(pairs, H) / self.logits_flop_per_ms[h]
         return logits + self.select_fixed_ms + self.select_ms_per_key * Qn * N
 
     def rest_ms(self, Qn: int, N: int, K: int, survivors: float, H: int, screen_ms: float):

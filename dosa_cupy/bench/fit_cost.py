@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from ..cost import logits_flop
+
 __all__ = ["fit", "main"]
 
 
@@ -60,7 +62,7 @@ def fit(rows: list) -> dict:
     rates, l0s = {}, []
     for H in sorted({r["H"] for r in rows}):
         sub = [r for r in rows if r["H"] == H and r.get("logits_ms")]
-        flop = [2.0 * 128 * H * r["visible_pairs"] for r in sub]
+        flop = [logits_flop(r["visible_pairs"], H) for r in sub]
         l0, inv = _nnls2(flop, [r["logits_ms"] for r in sub])
         rates[H] = 1.0 / inv if inv > 0 else float("inf")
         l0s.append(l0)
