@@ -1,6 +1,9 @@
 """Shared GPU-test support: CuPy detection and the ``gpu`` decorator (marked ``gpu`` and
 skipped with a reason on machines without CuPy or an NVIDIA GPU)."""
 
+import types
+
+import numpy as np
 import pytest
 
 try:
@@ -26,3 +29,11 @@ def guard_violations(logits, bounds):
     vis = ~cp.isnan(bounds)
     slack = cp.where(vis, bounds - s, cp.inf)
     return int(cp.sum(vis & (s > bounds))), float(slack.min())
+
+
+def numpy_as_cupy():
+    """numpy standing in for CuPy in CPU tests of host code (every numpy name, and
+    ``asnumpy``), to put in place of a module's ``cupy_or_raise``."""
+    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim.asnumpy = np.asarray
+    return shim

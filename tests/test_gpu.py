@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 import pytest
-from gpu_support import HAVE_GPU, cp, gpu, guard_violations
+from gpu_support import HAVE_GPU, cp, gpu, guard_violations, numpy_as_cupy
 
 if HAVE_GPU:
     import dosa_cupy
@@ -871,7 +871,6 @@ def test_public_ids_int64_cpu(monkeypatch):
     """dense_topk's host code returns int64 ids (numpy stands in for CuPy; the logits
     kernel and the selection kernel are emulated); the pipelines' empty early returns
     (no kernel launch) are int64 too."""
-    import types
 
     import dosa_cupy.dense as dense_mod
     import dosa_cupy.fused as fused_mod
@@ -882,8 +881,7 @@ def test_public_ids_int64_cpu(monkeypatch):
     from dosa_ref import stages
     from dosa_ref.fp8 import e4m3_values as ev
 
-    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    shim.asnumpy = np.asarray
+    shim = numpy_as_cupy()
     for mod in (dense_mod, fused_mod, options_mod, pipe_mod, prep_mod, seeds_mod):
         monkeypatch.setattr(mod, "cupy_or_raise", lambda: shim)
 

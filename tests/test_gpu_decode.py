@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda_signatures import check_args, param_types
-from gpu_support import cp, gpu
+from gpu_support import cp, gpu, numpy_as_cupy
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
@@ -1073,13 +1073,11 @@ def _fake_select_rows(logits, K, ks, ke):
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    import types
 
     import dosa_cupy.dense as dense_mod
     import dosa_cupy.prepare as prep
 
-    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    shim.asnumpy = np.asarray
+    shim = numpy_as_cupy()
     # device memory is not zeroed: "empty" buffers hold 3 (a valid id, a tiny record), so a
     # buffer read before the step writes it is seen
     shim.empty = lambda shape, dtype=np.float64: np.full(shape, 3, dtype=dtype)

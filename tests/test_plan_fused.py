@@ -17,13 +17,12 @@ CuPy plan, ``dosa_topk(planner="fused")`` ids == ``dense_topk``, the guard with
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cuda_signatures import check_args, params
-from gpu_support import HAVE_GPU, cp, gpu
+from gpu_support import HAVE_GPU, cp, gpu, numpy_as_cupy
 
 from dosa_cupy import plan as plan_mod
 from dosa_cupy import plan_fused as pf
@@ -251,8 +250,7 @@ class _FakePlanKernel:
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    shim.asnumpy = np.asarray
+    shim = numpy_as_cupy()
     fk = _FakePlanKernel()
     monkeypatch.setattr(pf, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(pf, "_kernel", fk.get)

@@ -2,11 +2,10 @@
 wide selection's per-row choice) pass the kernel the arguments its signature in select.cu
 names, in order — one helper builds them (`dense._select_kernel`)."""
 
-import types
-
 import numpy as np
 import pytest
 from cuda_signatures import params, read_source
+from gpu_support import numpy_as_cupy
 
 from dosa_cupy import dense
 from dosa_cupy._build import CSRC
@@ -17,7 +16,7 @@ SIG = [n for _, n in params(read_source(CSRC / "select.cu"), r"select_kernel")]
 @pytest.fixture
 def launches(monkeypatch):
     calls = []
-    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim = numpy_as_cupy()
 
     def kernel(name, *_):
         def launch(grid, block, args, **kw):

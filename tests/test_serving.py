@@ -8,11 +8,9 @@ contiguous call, and ``physical=True`` equals ``decode.physical_rows`` of its id
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
-from gpu_support import cp, gpu
+from gpu_support import cp, gpu, numpy_as_cupy
 
 from dosa_cupy import decode as dec
 from dosa_cupy import prepare
@@ -50,7 +48,7 @@ def _exact_topk(q, w, kp, ksc, K, ks=None, ke=None, **options):
 @pytest.fixture
 def numpy_gpu(monkeypatch):
     """numpy as CuPy in serving.py / prepare.as_device, and ``_exact_topk`` as dosa_topk."""
-    shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    shim = numpy_as_cupy()
     monkeypatch.setattr(S, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(prepare, "cupy_or_raise", lambda: shim)
     monkeypatch.setattr(S, "dosa_topk", _exact_topk)
