@@ -38,11 +38,17 @@ __all__ = [
     "CostModel",
     "RouteChoice",
     "RouteMemo",
+    "candidate_key",
     "candidates",
     "early_route",
     "logits_flop",
     "sample_route",
 ]
+
+
+def candidate_key(screen: str, r: int) -> str:
+    """The name of a screen candidate in a ``RouteChoice``'s predictions and survivals."""
+    return f"{screen}/{r}"
 
 
 def logits_flop(pairs: float, H: int) -> float:
@@ -227,7 +233,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
         plan = full.take(idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
         ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
-        key = f"{screen}/{r}"
+        key = candidate_key(screen, r)
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
         choice.predicted_ms[key] = model.rest_ms(
             b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale

@@ -23,7 +23,7 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from ._build import cupy_or_raise
-from .cost import H200, RouteChoice, RouteMemo, early_route, sample_route
+from .cost import H200, RouteChoice, RouteMemo, candidate_key, early_route, sample_route
 from .dense import dense_ids
 from .options import start
 from .plan import DevicePlan, build_plans
@@ -103,7 +103,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
         return empty
-    stats = o["return_stats"] or o["debug_bounds"]
+    stats = st is not None  # start() makes statistics only when they are asked for
 
     # the route choice (docs/method.md §9 "Route choice"; cost.py): decision 1, no device work
     if o["route"] == "dense" or (o["route"] == "auto" and early_route(H200, b.Qn, b.N, b.heads)):
@@ -122,7 +122,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("prepare")
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
-    if o["route"] == "auto" and key is not None and route is not None:
+    if key is not None and route is not None:  # the memo's key exists only with "auto"
         o["screen"], r = route.screen, route.r
     elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
         route, plan = sample_route(b, seeds, rho, o, plan_stage, H200)
@@ -195,11 +195,10 @@ def _route_stats(st, route: RouteChoice, heads: int) -> None:
     ``dosa_ref.cost.work_estimate`` with it."""
     if route.bound_work is not None:
         st.bound_work = st.bound_work + route.bound_work
-    key = f"{route.screen}/{route.r}"
+    key = candidate_key(route.screen, route.r)
     if route.route == "dosa" and key in route.survival:
         m = route.survival[key]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            f = np.where(st.visible > 0, st.seeds / np.maximum(st.visible, 1), 0.0)
+        f = st.seeds / np.maximum(st.visible, 1)  # seeds are visible keys: 0 where none is
         st.est_survival = np.full(st.Qn, m)
         st.est_work = work_estimate(f, route.r, heads, m)
 

@@ -65,7 +65,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     st = seen["dosa"]
     assert st.route.route == "dosa" and st.screen == st.route.screen
     assert (st.dense == st.recovered).all()  # only query-level recovery is dense
-    key = f"{st.route.screen}/{st.route.r}"
+    key = cost.candidate_key(st.route.screen, st.route.r)
     assert np.isfinite(st.est_survival).all() and (st.est_survival == st.route.survival[key]).all()
     assert set(st.route.predicted_ms) >= {"dense", key}
     assert st.bound_work.sum() > 0

@@ -10,6 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..cost import candidate_key
 from . import peers
 from .memplan import FP8_PEAK, HBM, row_floors, x_floor
 from .shapes import DOSA_STAGES, FUSED_STAGES, shape_name, sort_key
@@ -277,7 +278,8 @@ def route_table(rows) -> str:
 
     def names(r):
         return "; ".join(sorted({
-            f"{x['route']} ({x['reason']}" + (f", {x['screen']}/{x['r']})" if x["screen"] else ")")
+            f"{x['route']} ({x['reason']}"
+            + (f", {candidate_key(x['screen'], x['r'])})" if x["screen"] else ")")
             for x in r["dosa_routes"]
         }))  # fmt: skip
 
@@ -288,7 +290,9 @@ def route_table(rows) -> str:
         st = r.get("dosa_stage_ms") or {}
         before = sum(st.get(k, 0.0) for k in ("prepare", "seeds", "route"))
         rest = sum(
-            x["predicted_ms"].get(f"{x['screen']}/{x['r']}", x["predicted_ms"].get("dense", nan))
+            x["predicted_ms"].get(
+                candidate_key(x["screen"], x["r"]), x["predicted_ms"].get("dense", nan)
+            )
             for x in r["dosa_routes"]
         )
         return before + rest
