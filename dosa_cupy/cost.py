@@ -218,7 +218,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
         return RouteChoice("dosa", "small", *cands[0]), None
-    vis = (b.ke.astype(cp.int64) - b.ks.astype(cp.int64)).sum()
+    vis = b.visible.sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
     tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
     pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
@@ -263,7 +263,7 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     start.record()
     launch(surv, None, None, tcnt)
     end.record()
-    vis = bs.ke.astype(cp.int64) - bs.ks.astype(cp.int64)
+    vis = bs.visible
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
     head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
     out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the

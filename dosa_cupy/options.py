@@ -125,7 +125,7 @@ class DosaGpuStats(SelectStats):
         """``visible`` from the ``Batch`` b and, with the ``seeds.Seeds`` (None: no seed
         stage ran), ``explicit_seeds``, ``seeds`` and ``anchor_scored``."""
         cp = cupy_or_raise()
-        self.visible = cp.asnumpy(b.ke.astype(cp.int64) - b.ks.astype(cp.int64))
+        self.visible = cp.asnumpy(b.visible)
         if seeds is None:
             return
         self.explicit_seeds = cp.asnumpy(seeds.xcnt).astype(np.int64)

@@ -258,6 +258,11 @@ class Batch:
         return self.kp.shape[0]
 
     @property
+    def visible(self):
+        """Visible keys of each query, int64 [Qn] (a device array): ke − ks."""
+        return self.ke.astype("int64") - self.ks.astype("int64")
+
+    @property
     def NW(self) -> int:
         """uint32 words of a key bitmask row."""
         return (self.N + 31) // 32
