@@ -11,7 +11,7 @@ import numpy as np
 
 from dosa_ref.validate import check_K
 
-from ._build import cupy_or_raise, kernel
+from ._build import cupy_or_raise, kernel, num_sms
 
 __all__ = [
     "D",
@@ -167,7 +167,7 @@ class ValueCheck:
         q, kp = (a if a.data.ptr % 16 == 0 else a.copy() for a in (q, kp))
         n = max(q.size // 16, kp.size // 16, w.size, ks.size, 1)
         kernel(name)(
-            (min(-(-n // 256), 8 * 132),), (256,),
+            (min(-(-n // 256), 8 * num_sms()),), (256,),
             (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks,
              ke, np.int64(ks.size), np.int64(N), self._flags, self.ks, self.ke),
         )  # fmt: skip
