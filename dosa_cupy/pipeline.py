@@ -37,16 +37,24 @@ from .select import invalid_scale_queries, recover, select_ids
 __all__ = ["dosa_topk"]
 
 
-def plan_stage(b, pool, r: int, o: dict) -> DevicePlan:
+def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
     evenly spaced anchor-pool keys (pool int32 [P], sorted), by the planner ``o["planner"]``
     ("fused": plan_fused.build_plans_fused, one kernel per chunk; "cupy":
-    plan.build_plans) with ``o["mma_bits"]``."""
+    plan.build_plans) with ``o["mma_bits"]``.  ``pcount`` (0-d device int64, the pool's P
+    when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
+    sample keys spaced over the first P entries on the device (repeats when P is smaller;
+    key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
+    retains (docs/method.md §4); every plan's bound holds for any sample."""
     cp = cupy_or_raise()
     mts = 1 if r <= 14 else 2
     ns = min(o["p_sample"], int(pool.size))
-    sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    if pcount is None:
+        sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    else:
+        last = cp.maximum(pcount - 1, 0)
+        sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
     planner = build_plans_fused if o["planner"] == "fused" else build_plans
     return planner(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
 

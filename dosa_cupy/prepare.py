@@ -172,6 +172,15 @@ class ValueCheck:
              ke, np.int64(ks.size), np.int64(N), self._flags, self.ks, self.ke),
         )  # fmt: skip
 
+    def flag_word(self):
+        """The flag word on the device (uint32 0-d; ``flags`` without the read-back)."""
+        return self._flags[0]
+
+    def forget(self) -> None:
+        """Read the flags again on the next ``flags`` (a captured step's replay wrote them
+        anew, capture.py)."""
+        self._bad = None
+
     @property
     def flags(self) -> int:
         """Bit i set when check i of ``_VALUE_ERRORS`` fails, ``CHECK_ORDER`` when some

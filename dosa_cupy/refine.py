@@ -34,7 +34,7 @@ import numpy as np
 
 from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
 from .prepare import Batch
-from .select import RecordBuffer, extend_overflow
+from .select import RecordBuffer, Records, extend_overflow
 
 __all__ = [
     "GROUP",
@@ -206,11 +206,15 @@ class RefineLaunch:
         )  # fmt: skip
 
 
-def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query"):
+def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query",
+                 extend: bool = True):  # fmt: skip
     """Refinement with compact writeback and the exact extension on overflow (docs/method.md
     §7 C.3, §9): τ fp32 [Qn], surv uint32 [Qn, NW], ``cap`` records per query in the first
     pass.  Returns (``Records``, shared uint32 [NG, NW] or None); the records of query t
-    (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``."""
+    (s ≥ τ_t, one per surviving key, whichever stream) are ``Records.row(t)``.  With
+    ``extend=False`` the overflowed rows are only flagged (``Records.over``, no
+    synchronization): their records are incomplete and the caller must finish those
+    queries another way (capture.py re-runs them)."""
     if stream not in STREAMS:
         raise ValueError(f"stream: expected one of {STREAMS}, got {stream!r}")
     xp = cupy_or_raise()
@@ -229,4 +233,6 @@ def refine_stage(b: Batch, tau, surv, cap: int, stream: str = "per_query"):
         sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
         return out
 
+    if not extend:
+        return Records(first.rec, first.cnt, first.cnt > first.cap), shared
     return extend_overflow(first, rescore), shared

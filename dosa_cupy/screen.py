@@ -126,6 +126,22 @@ def _f32_up(x, xp):
     return xp.where(y.astype(xp.float64) < x, xp.nextafter(y, xp.float32(np.inf)), y)
 
 
+_CONSTS: dict = {}
+
+
+def _plateau_consts(xp, mts: int):
+    """(e4m3 value table float64 [256], retained-slot mask bool [16·mts]) as arrays of xp,
+    copied to a device once per device and kept: a captured step (capture.py) may launch
+    kernels but not copy from the host."""
+    dev = xp.cuda.Device().id if hasattr(xp, "cuda") else None  # numpy: None
+    key = (dev, mts)
+    if key not in _CONSTS:
+        slot = np.zeros(16 * mts, dtype=bool)
+        slot[row_slots(mts)] = True
+        _CONSTS[key] = (xp.asarray(e4m3_values(np.arange(256, dtype=np.uint8))), xp.asarray(slot))
+    return _CONSTS[key]
+
+
 def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
     """Zero-plateau coefficients of the screen (docs/method.md §7 "Tie-aware rejection and
     zero plateaus", proofs/gpu_zero_plateau.py): fp32 [Qn, 16·mts].
@@ -145,13 +161,11 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
     below MU.  xp: numpy or CuPy; no host synchronization.
     """
     Qn, nrow = plan.omega.shape
-    table = xp.asarray(e4m3_values(np.arange(256, dtype=np.uint8)))
+    table, slot = _plateau_consts(xp, plan.mts)
     sq = xp.empty((Qn, nrow), dtype=xp.float64)
     for a in range(0, Qn, _QCHUNK):
         v = table[plan.rows[a : a + _QCHUNK]]
         sq[a : a + _QCHUNK] = xp.sum(v * v, axis=2)
-    slot = xp.zeros(nrow, dtype=bool)
-    slot[xp.asarray(row_slots(plan.mts))] = True
     pos = slot[None, :] & (plan.omega > 0)
     npos = xp.sum(xp.asarray(w) > 0, axis=1)
     ok = (
@@ -295,15 +309,20 @@ class Screened:
     tie_rejected: object = None  # uint32 [Qn] where the tie-aware build ran, else None
 
 
-def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict) -> Screened:
+def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict,
+                 tie: bool | None = None) -> Screened:  # fmt: skip
     """Screen every visible non-seed key (options ``o``: screen — already resolved by
-    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds)."""
+    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds).  ``tie``: the tie-aware build
+    or the plain rule as given (both exact), None: ``tie_screen_wanted`` (one
+    synchronization)."""
     cp = cupy_or_raise()
     surv = cp.empty((b.Qn, b.NW), dtype=cp.uint32)
     bounds = cp.full((b.Qn, b.N), np.nan) if o["debug_bounds"] else None
     cert = RecordBuffer(b.Qn, int(o["cert_cap"])) if o["cert_seeds"] else None
     zrow = tcnt = None
-    if tie_screen_wanted(seeds, o):  # docs/method.md §7 "Tie-aware rejection and zero plateaus"
+    if tie is None:
+        tie = tie_screen_wanted(seeds, o)
+    if tie:  # docs/method.md §7 "Tie-aware rejection and zero plateaus"
         zrow = plateau_rows(plan, b.w, int(o["mma_bits"]), cp)
         tcnt = cp.zeros(b.Qn, dtype=cp.uint32)
     launch = ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert is not None, zrow)

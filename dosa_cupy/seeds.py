@@ -26,6 +26,7 @@ from .select import RecordBuffer, tau_of_seeds
 __all__ = [
     "Seeds",
     "anchor_pool",
+    "anchor_queries",
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
@@ -62,6 +63,7 @@ class Seeds:
     sinks: int
     window: int
     kth_id: object = None
+    pcount: object = None  # int64 0-d device array: P, the pool's ids (the rest is padding)
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -69,28 +71,44 @@ class Seeds:
         return (np.int32(self.sinks), np.int32(self.window), self.poolmask)
 
 
-def seed_stage(b: Batch, o: dict) -> Seeds:
+def anchor_queries(Qn: int, n_anchors: int):
+    """The anchor queries: int64 [≤ n_anchors] device array of evenly spaced query rows
+    (distinct, sorted), or None when there are none (docs/method.md §2)."""
+    na = min(n_anchors, Qn)
+    if na <= 0:
+        return None
+    rows = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64))
+    return cupy_or_raise().asarray(rows)
+
+
+def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
     union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
-    (validated device ids or None, ``device_seed_ids``).
+    (validated device ids or None, ``device_seed_ids``).  ``anchors``: "rows" (default:
+    ``anchor_queries``, the pool sized to its P ids, one synchronization) or the anchor rows
+    given (``anchor_queries``'s array or None) — then the pool has its capacity
+    min(anchors · K, N) and P stays on the device (``Seeds.pcount``): the stage issues
+    kernels only, as a captured step needs (capture.py).
     """
     cp = cupy_or_raise()
     Qn = b.Qn
-    na = min(o["n_anchors"], Qn)
-    anchors = None
-    if na > 0:
-        anchors = cp.asarray(np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)))
+    fixed = not isinstance(anchors, str)
+    if not fixed:
+        anchors = anchor_queries(Qn, o["n_anchors"])
+    if anchors is not None:
         aid = dense_ids(b.rows(anchors))
     else:
         aid = cp.zeros(0, dtype=cp.int32)
-    pool, poolmask, offs = anchor_pool(aid, b.NW)
+    cap = min(int(aid.size), b.N) if fixed else None
+    pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
     default = RecordBuffer(Qn, scap)
     # three tiled launches, one per kind of default seed: sinks, local window, anchor pool
-    # (seeds.cu seed_score); the pool's keys are gathered once for every query
+    # (seeds.cu seed_score); the pool's keys are gathered once for every query (with a
+    # capacity, its padding ids are key 0: gathered, never in a query's range [rg4, rg5))
     keys = (b.kp, b.ksc, None)
     score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
     score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default)
@@ -109,15 +127,17 @@ def seed_stage(b: Batch, o: dict) -> Seeds:
             xtable = table  # the certificate seeds are deduplicated against these
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid)  # fmt: skip
+                 kid, offs[-1])  # fmt: skip
 
 
-def anchor_pool(aid, NW: int):
+def anchor_pool(aid, NW: int, cap: int | None = None):
     """The anchor pool of the anchors' Top-K ids ``aid`` int32 (any shape, −1 padding) over
     keys [0, 32·NW): (pool int32 [P], the sorted distinct ids; poolmask uint32 [NW], bit i
     = key i in the pool; offs int64 [NW + 1], offs[w] = pool ids below key 32·w).  Kernels
     pool_mark, pool_count, pool_ids (csrc/seeds.cu: a bitmask and prefix counts instead of
-    a sort); reference ``dosa_ref.stages.pool_ids``.  Reads P back (one synchronization)."""
+    a sort); reference ``dosa_ref.stages.pool_ids``.  Reads P back (one synchronization)
+    unless ``cap`` ≥ P is given (e.g. aid.size, or N): then pool is int32 [max(cap, 1)],
+    its P ids first, zeros after, and P = offs[-1] stays on the device."""
     cp = cupy_or_raise()
     poolmask = cp.zeros(NW, dtype=cp.uint32)
     n = int(aid.size)
@@ -128,7 +148,10 @@ def anchor_pool(aid, NW: int):
     g = (max(1, -(-NW // 256)),)
     kernel("pool_count")(g, (256,), (poolmask, np.int64(NW), cnt))
     offs = cp.cumsum(cnt)
-    pool = cp.empty(int(offs[-1]), dtype=cp.int32)
+    if cap is None:
+        pool = cp.empty(int(offs[-1]), dtype=cp.int32)
+    else:  # P ≤ cap: distinct ids of aid, and ids < 32·NW
+        pool = cp.zeros(max(int(cap), 1), dtype=cp.int32)
     if pool.size:
         kernel("pool_ids")(g, (256,), (poolmask, offs, np.int64(NW), pool))
     return pool, poolmask, offs

@@ -10,13 +10,18 @@
                ``ragged_topk``, and with physical=True
     (d) decode eager DoSA decode, DoSA captured in a CUDA graph and replayed, the dense
                decode route (``bench.decode.bench_shape``, without peers)
+    (e) graph  prefill chunks (Qn 1, 16, 64, 4096) captured in CUDA graphs
+               (``capture.PrefillSelectorGPU``: route "auto", "dosa", "dense"), each
+               replay timed with its ``finish`` (one read, the flagged re-runs), against
+               eager ``dosa_topk`` and ``dense_topk`` with check=False
 
 CUDA events, warm-up, medians over replays of rotated input sets (``timing.median_ms``,
 docs/benchmark_method.md); ids compared in every part.  Writes ``bench_serving.json`` and
 ``bench_serving.md`` under ``--out`` (default ``out/serving``) with date, commit
 (``--commit`` > $DOSA_COMMIT > git) and device.
 
-    dosa bench --serving [--parts small,ragged,paged,decode] [--heads 32,64] [--out DIR]
+    dosa bench --serving [--parts small,ragged,paged,decode,graph] [--heads 32,64]
+                         [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import numpy as np
 from .report import cell, md_table, run_meta
 from .timing import check_run_args, free, median_ms, no_gpu_exit
 
-PARTS = ("small", "ragged", "paged", "decode")
+PARTS = ("small", "ragged", "paged", "decode", "graph")
 SMALL_QN = (1, 16, 64)
+GRAPH_QN = (1, 16, 64, 4096)
+GRAPH_ROUTES = ("auto", "dosa", "dense")
 # a ragged batch: 8 requests, Σ N_b = 131072 keys, Σ Qn_b = 360 queries (default --keys)
 RAGGED_N = (4096, 8192, 12288, 16384, 20480, 24576, 16384, 28672)
 RAGGED_QN = (16, 32, 48, 64, 8, 96, 40, 56)
@@ -249,6 +256,70 @@ DECODE_KEYS = ("H", "B", "ctx", "next_n", "K", "dosa_ms", "dense_ms", "dosa_grap
 
 
 # ---------------------------------------------------------------------------------------
+# (e) captured prefill
+# ---------------------------------------------------------------------------------------
+
+
+def _graph(cp, a, H, Qn, log) -> dict:
+    """Prefill steps captured in CUDA graphs (one graph per input set and route; the sets
+    share a selector, so its graphs share one arena and replay in stream order), each
+    timed as replay + ``finish``; eager ``dosa_topk`` / ``dense_topk`` (check=False) on
+    the same sets."""
+    import dosa_cupy
+    from dosa_cupy.capture import PrefillSelectorGPU
+    from dosa_cupy.workload import make_gpu_workload
+
+    names = ("q", "w", "k_payload", "k_scale", "ks", "ke")
+    sets = [make_gpu_workload(a.regime, Qn, a.keys, H, seed=a.seed + i) for i in range(a.rotate)]
+    row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime)
+    want = [dosa_cupy.dense_topk(*(s[k] for k in names[:4]), a.K, s["ks"], s["ke"]) for s in sets]
+    eq = True
+    stream = cp.cuda.Stream(non_blocking=True)
+    for route in GRAPH_ROUTES:
+        sel = PrefillSelectorGPU(a.K, route=route, check=False)
+        for s in sets:
+            x, out = [s[k] for k in names], cp.empty((Qn, a.K), dtype=cp.int64)
+            with stream:
+                sel.step(*x, out=out).finish()  # the shape's first step (eager), then the
+                sel.step(*x, out=out).finish()  # arena's; neither is in the graph
+                stream.begin_capture()
+                h = sel.step(*x, out=out)
+                s[route] = (stream.end_capture(), h)
+            stream.synchronize()
+
+        def replay(s, route=route):
+            g, h = s[route]
+            g.launch()
+            h.finish()
+
+        row[f"{route}_graph_ms"], row[f"{route}_graph_ms_all"] = median_ms(
+            cp, replay, a.reps, a.warm, sets
+        )
+        row[f"{route}_route"] = next(iter(sel._shapes.values())).route
+        for s, d in zip(sets, want, strict=True):
+            replay(s)
+            eq = eq and bool(cp.array_equal(s[route][1].ids, d))
+        del sel
+        for s in sets:
+            s.pop(route)
+
+    def eager(fn):
+        return lambda s: fn(*(s[k] for k in names[:4]), a.K, s["ks"], s["ke"], check=False)
+
+    for name, fn in (("dosa", dosa_cupy.dosa_topk), ("dense", dosa_cupy.dense_topk)):
+        row[f"{name}_eager_ms"], row[f"{name}_eager_ms_all"] = median_ms(
+            cp, eager(fn), a.reps, a.warm, sets
+        )
+    row["ids_equal"] = eq
+    row["auto_graph_over_dense_graph"] = row["auto_graph_ms"] / row["dense_graph_ms"]
+    row["auto_graph_over_dense_eager"] = row["auto_graph_ms"] / row["dense_eager_ms"]
+    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}))
+    del sets
+    free(cp)
+    return row
+
+
+# ---------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------
 
@@ -286,11 +357,19 @@ TABLES = {  # part → (title, columns)
         ("DoSA graph ms", _ms("dosa_graph_ms")), ("DoSA eager ms", _ms("dosa_ms")),
         ("dense ms", _ms("dense_ms")), ("ids equal", _v("ids_equal")),
         ("graph ids equal", _v("dosa_graph_ids_equal"))]),
+    "graph": ("(e) Prefill captured in CUDA graphs: replay + finish vs eager (check=False)", [
+        ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")),
+        ("auto route", _v("auto_route")), ("auto graph ms", _ms("auto_graph_ms")),
+        ("dosa graph ms", _ms("dosa_graph_ms")), ("dense graph ms", _ms("dense_graph_ms")),
+        ("DoSA eager ms", _ms("dosa_eager_ms")), ("dense eager ms", _ms("dense_eager_ms")),
+        ("auto graph / dense graph", _x("auto_graph_over_dense_graph")),
+        ("auto graph / dense eager", _x("auto_graph_over_dense_eager")),
+        ("ids equal", _v("ids_equal"))]),
 }  # fmt: skip
 
 
 def markdown(res: dict) -> str:
-    """The four tables of a run (parts not run are left out)."""
+    """The tables of a run (parts not run are left out)."""
     m = res["meta"]
     head = (f"# dosa bench --serving\n\n{m['date_utc']}, commit {m['commit']}, "
             f"{res.get('device') or 'unknown device'}\n")  # fmt: skip
@@ -342,6 +421,9 @@ def main(argv=None) -> int:
             _write(a.out, res)
         if "decode" in a.parts:
             res["decode"] += _decode(cp, a, H, log)
+            _write(a.out, res)
+        if "graph" in a.parts:
+            res["graph"] += [_graph(cp, a, H, Qn, log) for Qn in GRAPH_QN if Qn <= a.keys]
             _write(a.out, res)
         log(f"# H={H} done ({time.time() - t0:.0f} s)")
     res["ids_equal"] = all_equal(res)
