@@ -11,6 +11,8 @@ exact certificate-pruned pipeline.  CUDA sources live in ``csrc/``.
     ragged_topk(q, w, k_payload, k_scale, K, cu_q, cu_k) B requests in one call (serving.py)
     paged_prefill_topk(q, w, kv, kv_scale, block_table, lengths, cu_q, K)
                                                         prefill over the paged FP8 cache
+    capture.PrefillSelectorGPU(K, **o)                  a prefill step for CUDA graphs
+                                                        (step(..., out=) → finish())
     quantize_keys(k, scale_fmt)                         GPU e4m3 keys (= dosa_ref.fp8)
     key_rho(k_payload)                                  conservative RMS summaries ρ
     bench.main(argv)                                    `dosa bench` (routes in one run)
