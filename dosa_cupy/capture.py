@@ -39,7 +39,7 @@ from .pipeline import dosa_topk, plan_stage
 from .prepare import Batch, key_rho, pad_batch
 from .refine import refine_stage
 from .screen import screen_stage, tie_screen_wanted
-from .seeds import anchor_queries, anchor_stage, seed_stage
+from .seeds import anchor_queries, seed_stage
 from .select import invalid_scale_queries, select_ids
 
 __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep"]
@@ -243,7 +243,7 @@ class PrefillSelectorGPU:
         tie = False
         anchors = anchor_queries(b.Qn, ro["n_anchors"])
         if route == "dosa" and ro["tie_reject"] and b.Qn and b.N:
-            tie = tie_screen_wanted(seed_stage(b, ro, anchor_stage(b, ro, anchors)), ro)
+            tie = tie_screen_wanted(seed_stage(b, ro, anchors), ro)
         return _Shape(route, screen, r, bool(tie), anchors)
 
     def _run(self, sh: _Shape, q, w, k_payload, k_scale, ks, ke, out) -> PrefillStep:
@@ -264,7 +264,7 @@ class PrefillSelectorGPU:
         o = resolve_options(self._o, b.K)
         o["screen"] = sh.screen
         rho = key_rho(b.kp)
-        seeds = seed_stage(b, o, anchor_stage(b, o, sh.anchors))
+        seeds = seed_stage(b, o, sh.anchors)
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount)
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs, _ = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)

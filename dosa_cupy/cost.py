@@ -8,13 +8,11 @@ decisions, both before the expensive work:
 1. **Early** (no device work): when even the dense route's predicted time at every key
    visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``: the fixed
    costs of prepare, seeds, plan and the launches), the chunk goes dense.
-2. **Sampled** (after the anchors' exact Top-K, before the seeds and plans of the whole
-   chunk): the screen candidates (``candidates``) each seed, plan and screen one block row
-   of evenly spaced queries, timed with CUDA events; their survival and time, scaled to the
-   chunk, plus the fitted refinement and finishing costs, predict DoSA's remaining time per
-   candidate; the dense route's is predicted from the fitted logits and selection rates.
-   The cheapest wins.  When the dense route wins, only the anchors and the sample were
-   spent.
+2. **Sampled** (after seeds, before the plan of the whole chunk): the screen candidates
+   (``candidates``) each plan and screen one block row of evenly spaced queries, timed with
+   CUDA events; their survival and time, scaled to the chunk, plus the fitted refinement and
+   finishing costs, predict DoSA's remaining time per candidate; the dense route's is
+   predicted from the fitted logits and selection rates.  The cheapest wins.
 
 The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
 scoring, in units of work rather than milliseconds).
@@ -22,7 +20,7 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -34,7 +32,6 @@ from ._build import cupy_or_raise
 from .dense import QG
 from .refine import popcount_rows
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
-from .seeds import default_seed_counts
 
 __all__ = [
     "H200",
@@ -138,10 +135,6 @@ class RouteChoice:
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
-    # the seeds the sampled queries scored before the decision: (default, explicit), numpy
-    # int64 [Qn] each, 0 outside the sample (the statistics count them when the chunk then
-    # takes the dense route)
-    seed_work: tuple | None = None
 
     def summary(self, reason: str | None = None) -> RouteChoice:
         """The decision, its predictions and survivals without the per-query arrays (what a
@@ -213,45 +206,32 @@ def sample_size(screen: str) -> int:
     return 2 * QG if screen == "pair" else QG
 
 
-def sample_route(b, ap, rho, o: dict, stages, model: CostModel = H200) -> RouteChoice:
-    """Decision 2 for batch ``b`` (``prepare.Batch``) after the anchors, before the seeds
-    and plans of the whole chunk: each candidate (``candidates``) seeds, plans and screens
-    a sample of evenly spaced queries, timed; predict each candidate's time and the dense
-    route's; the cheapest wins.  ``ap``: the anchor pool (``seeds.anchor_stage``); a
-    sampled query's seeds and plan are the ones the whole chunk would give it (they depend
-    only on the pool and the query), so when DoSA wins nothing of the sample is wrong, and
-    when the dense route wins only the anchors and the sample were spent.  ``stages`` =
-    (seed_stage(b, o, ap), plan_stage(b, pool, r, o)) of the pipeline.  Two
-    synchronizations (the chunk's counts, then one per candidate)."""
+def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
+    """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
+    of evenly spaced queries with each candidate (``candidates``), timed; predict each
+    candidate's remaining time and the dense route's; the cheapest wins.
+    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage).  Returns
+    (``RouteChoice``, the winner's ``DevicePlan`` of the whole chunk or None): the first
+    candidate is planned for the whole chunk (its sample screens those plans' rows, and
+    they are returned when it wins); the others only for their sample."""
     cp = cupy_or_raise()
-    seed_stage, plan_stage = stages
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0])
-    samples = {}  # queries per sample → (rows, sub-batch, its seeds)
-    for n in sorted({sample_size(s) for s, _ in cands}):
-        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
-        xo = o if o["seed_ids"] is None else dict(o, seed_ids=o["seed_ids"][idx])
-        bs = b.rows(idx)
-        samples[n] = (idx, bs, seed_stage(bs, xo, ap))
+        return RouteChoice("dosa", "small", *cands[0]), None
     vis = b.visible.sum()
-    screened = vis - default_seed_counts(ap, b, o).sum()
-    # the build the sample's screens take (the whole chunk decides its own after its seeds)
-    tie = cp.stack([tie_screen_flag(ss, o, cp) for _, _, ss in samples.values()]).any()
+    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
+    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
     pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
-    choice.seed_work = (np.zeros(b.Qn, np.int64), np.zeros(b.Qn, np.int64))
-    for idx, _, ss in samples.values():  # the sample's seeds, scored with every head
-        rows = cp.asnumpy(idx)
-        choice.seed_work[0][rows] = cp.asnumpy(ss.default.cnt)
-        choice.seed_work[1][rows] = cp.asnumpy(ss.xcnt)
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    for screen, r in cands:
+    full, won = plan_stage(b, seeds.pool, cands[0][1], o), None
+    for i, (screen, r) in enumerate(cands):
         n = sample_size(screen)
-        idx, bs, ss = samples[n]
-        plan = plan_stage(bs, ap.pool, r, o)
-        ms, m, vis_s, r_s = _sample(bs, plan, ss, rho, dict(o, screen=screen), bool(tie))
+        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
+        bs = b.rows(idx)
+        plan = full.take(idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
+        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(screen, r)
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
@@ -262,15 +242,18 @@ def sample_route(b, ap, rho, o: dict, stages, model: CostModel = H200) -> RouteC
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", screen, r
-    return choice
+            won = full if i == 0 else None
+    return choice, won
 
 
-def _sample(bs, plan, ss, rho, o: dict, tie: bool):
+def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
-    queries (sub-batch ``bs``, their seeds ``ss`` and ``plan``) with the screen
-    ``o["screen"]``; ``tie``: the tie-aware build (``screen.tie_screen_wanted``).  One
-    synchronization."""
+    queries ``idx``
+    (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
+    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
     cp = cupy_or_raise()
+    kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
+    ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
     zrow = plateau_rows(plan, bs.w, int(o["mma_bits"]), cp) if tie else None
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
@@ -281,7 +264,7 @@ def _sample(bs, plan, ss, rho, o: dict, tie: bool):
     launch(surv, None, None, tcnt)
     end.record()
     vis = bs.visible
-    scr = vis - ss.default.cnt.astype(cp.int64)
+    scr = vis - seeds.default.cnt[idx].astype(cp.int64)
     head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
     out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
     s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it

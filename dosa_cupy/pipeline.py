@@ -31,7 +31,7 @@ from .plan_fused import build_plans_fused
 from .prepare import key_rho
 from .refine import GROUP, popcount_rows, refine_stage
 from .screen import auto_screen, screen_stage
-from .seeds import anchor_stage, certificate_seeds, seed_stage
+from .seeds import certificate_seeds, seed_stage
 from .select import invalid_scale_queries, recover, select_ids
 
 __all__ = ["dosa_topk"]
@@ -92,9 +92,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7 "Tie-aware
         rejection and zero plateaus"; False: the plain rule U < τ everywhere); route
         ("auto", default: the dense route when the cost model predicts it faster — before
-        any work for small chunks, else after the anchors' Top-K from a sample of queries
-        seeded, planned and screened (timed) by each screen candidate, before the seeds
-        and plans of the whole chunk; it also picks r: 14 or 30, 6 for the paired screen; cost.py,
+        any work for small chunks, else after the seeds from a timed sample screen of each
+        screen candidate, which also picks r: 14 or 30, 6 for the paired screen; cost.py,
         docs/method.md §9 "Route choice"); "dosa": always screen, with ``screen``'s pick;
         "dense": the dense route); route_memo (None, default; a ``cost.RouteMemo``, with
         route="auto" only: chunks of a kind seen recently take its remembered route without
@@ -120,7 +119,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
         return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
                             stats)  # fmt: skip
-    memo, key = o["route_memo"], None
+    memo, key, plan = o["route_memo"], None, None
     if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
         key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
         route = memo.recall(key)
@@ -129,24 +128,23 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     b.raise_if_bad()  # bad input raises before the screening stages
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
-    ap = anchor_stage(b, o)  # the anchors' exact Top-K and their pool (§2)
+    seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
     if key is not None and route is not None:  # the memo's key exists only with "auto"
         o["screen"], r = route.screen, route.r
-    elif o["route"] == "auto":  # decision 2: sampled queries seeded, planned and screened
-        route = sample_route(b, ap, rho, o, (seed_stage, plan_stage), H200)
+    elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
+        route, plan = sample_route(b, seeds, rho, o, plan_stage, H200)
         tm.mark("route")
         if memo is not None:
             memo.store(key, route)
         if route.route == "dense":
-            return _dense_route(b, st, tm, route, ap, stats)
+            return _dense_route(b, st, tm, route, seeds, stats)
         o["screen"], r = route.screen, route.r
     else:
         o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
         route = RouteChoice("dosa", "option", o["screen"], r)
-    seeds = seed_stage(b, o, ap)  # default + explicit seeds, τ (§2)
-    tm.mark("seeds")
-    plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
+    if plan is None:  # the sampled decision built it when its first candidate won
+        plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")
@@ -213,27 +211,23 @@ def _route_stats(st, route: RouteChoice, heads: int) -> None:
         st.est_work = work_estimate(f, route.r, heads, m)
 
 
-def _dense_route(b, st, tm, route: RouteChoice, ap, stats: bool):
+def _dense_route(b, st, tm, route: RouteChoice, seeds, stats: bool):
     """The chunk by the dense route (``dense.dense_ids``; exact like every route); with
-    ``ap`` (decision 2, ``seeds.AnchorPool``) the anchors' and the sampled queries' seed
-    scorings in the statistics."""
+    ``seeds`` (decision 2) their scoring and the anchors' count in the statistics."""
     cp = cupy_or_raise()
     ids = dense_ids(b).astype(cp.int64)
     b.raise_if_bad()  # deferred value checks: launched before, read after the dense launches
     tm.mark("dense")
     if not stats:
         return ids
-    st.fill_seeds(b, None)
+    st.fill_seeds(b, seeds)
     vis, st.route, st.screen = st.visible, route, None
     st.dense[:] = True
     st.tau_final = np.full(b.Qn, np.nan)  # the dense route keeps no K-th record
-    if ap is not None and ap.anchors is not None:  # scored before the route was chosen
-        st.anchor_scored = int(vis[cp.asnumpy(ap.anchors)].sum())
-    if route.seed_work is not None:  # the sampled queries' seeds, scored before it too
-        default, st.explicit_seeds = route.seed_work
-        st.seeds = default + st.explicit_seeds
+    if seeds is not None:
+        st.tau = cp.asnumpy(seeds.tau)
     st.refined = vis - (st.seeds - st.explicit_seeds)  # every visible non-default-seed key
-    st.scored = st.seeds + vis
+    st.scored = st.seeds + vis  # the seeds were scored before the route was chosen
     _route_stats(st, route, b.heads)
     st.stage_ms = dict(tm.ms)
     return ids, st

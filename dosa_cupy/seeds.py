@@ -24,12 +24,9 @@ from .prepare import Batch, as_device
 from .select import RecordBuffer, tau_of_seeds
 
 __all__ = [
-    "AnchorPool",
     "Seeds",
     "anchor_pool",
     "anchor_queries",
-    "anchor_stage",
-    "default_seed_counts",
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
@@ -84,62 +81,29 @@ def anchor_queries(Qn: int, n_anchors: int):
     return cupy_or_raise().asarray(rows)
 
 
-@dataclass
-class AnchorPool:
-    """The anchor pool (docs/method.md §2): anchors int64 [na] or None (the anchor query
-    rows), pool int32 [P] (sorted distinct ids of the anchors' exact Top-K; padded with key
-    0 to a capacity when ``pcount`` is the true P), poolmask uint32 [NW], offs int64
-    [NW + 1] (``anchor_pool``'s), pcount int64 0-d device array = P."""
+def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
+    """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
-    anchors: object
-    pool: object
-    poolmask: object
-    offs: object
-    pcount: object
-
-
-def anchor_stage(b: Batch, o: dict, anchors="rows") -> AnchorPool:
-    """The anchors' exact Top-K (the dense route on ``o["n_anchors"]`` evenly spaced
-    queries) and their pool.  ``anchors``: "rows" (default: ``anchor_queries``, the pool
-    sized to its P ids, one synchronization) or the anchor rows given (``anchor_queries``'s
-    array or None) — then the pool has its capacity min(anchors · K, N) and P stays on the
-    device: the stage issues kernels only, as a captured step needs (capture.py)."""
+    Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
+    union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
+    (validated device ids or None, ``device_seed_ids``).  ``anchors``: "rows" (default:
+    ``anchor_queries``, the pool sized to its P ids, one synchronization) or the anchor rows
+    given (``anchor_queries``'s array or None) — then the pool has its capacity
+    min(anchors · K, N) and P stays on the device (``Seeds.pcount``): the stage issues
+    kernels only, as a captured step needs (capture.py).
+    """
     cp = cupy_or_raise()
+    Qn = b.Qn
     fixed = not isinstance(anchors, str)
     if not fixed:
-        anchors = anchor_queries(b.Qn, o["n_anchors"])
+        anchors = anchor_queries(Qn, o["n_anchors"])
     if anchors is not None:
         aid = dense_ids(b.rows(anchors))
     else:
         aid = cp.zeros(0, dtype=cp.int32)
     cap = min(int(aid.size), b.N) if fixed else None
     pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
-    return AnchorPool(anchors, pool, poolmask, offs, offs[-1])
-
-
-def default_seed_counts(ap: AnchorPool, b: Batch, o: dict):
-    """Default seeds of each query of ``b`` (sinks, local window and visible pool ids not
-    among them): int64 [Qn] device array, from ``seed_ranges`` alone (no scoring)."""
-    rg = seed_ranges(ap.poolmask, ap.offs, b.ks, b.ke, o["sinks"], o["window"]).astype("int64")
-    return (rg[1] - rg[0]) + (rg[3] - rg[2]) + (rg[5] - rg[4])
-
-
-def seed_stage(b: Batch, o: dict, ap: AnchorPool | None = None) -> Seeds:
-    """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
-
-    Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
-    union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
-    (validated device ids [Qn, S] or None, ``device_seed_ids``).  ``ap``: the pool of
-    ``anchor_stage`` (None: computed here).  A query's seeds depend only on the pool and its
-    own range, so the seeds of a sub-batch ``b.rows(idx)`` with the whole chunk's pool are
-    the whole chunk's seeds of those rows (the sampled route choice, cost.py).
-    """
-    cp = cupy_or_raise()
-    Qn = b.Qn
-    if ap is None:
-        ap = anchor_stage(b, o)
-    anchors, pool, poolmask = ap.anchors, ap.pool, ap.poolmask
-    rg = seed_ranges(poolmask, ap.offs, b.ks, b.ke, o["sinks"], o["window"])
+    rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
     default = RecordBuffer(Qn, scap)
     # three tiled launches, one per kind of default seed: sinks, local window, anchor pool
@@ -163,7 +127,7 @@ def seed_stage(b: Batch, o: dict, ap: AnchorPool | None = None) -> Seeds:
             xtable = table  # the certificate seeds are deduplicated against these
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid, ap.pcount)  # fmt: skip
+                 kid, offs[-1])  # fmt: skip
 
 
 def anchor_pool(aid, NW: int, cap: int | None = None):

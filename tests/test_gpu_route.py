@@ -72,11 +72,8 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     st = seen["dense"]
     assert st.route.route == "dense" and st.dense.all() and st.screen is None
     assert (st.refined == st.visible - (st.seeds - st.explicit_seeds)).all()
-    # the sampled queries' seeds were scored before the route was chosen: counted; the
-    # other queries' seeds never were (the decision comes before the chunk's seed stage)
+    # the seeds were scored before the route was chosen: counted
     assert (st.seeds > 0).any() and (st.scored == st.seeds + st.visible).all()
-    assert np.count_nonzero(st.seeds) <= sum(st.route.sample.values())
-    assert st.anchor_scored > 0
 
 
 @pytest.mark.parametrize("regime,H", [("calibrated", 32), ("many_positive", 64), ("ties", 32),
