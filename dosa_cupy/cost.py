@@ -9,7 +9,8 @@ decisions, both before the expensive work:
    visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``: the fixed
    costs of prepare, seeds, plan and the launches), the chunk goes dense.
 2. **Sampled** (after seeds, before the plan of the whole chunk): the screen candidates
-   (``candidates``) each plan and screen one block row of evenly spaced queries, timed with
+   (``candidates``) each plan and screen one block row of evenly spaced queries (plans of
+   those queries only: the chunk is planned after the decision), timed with
    CUDA events; their survival and time, scaled to the chunk, plus the fitted refinement and
    finishing costs, predict DoSA's remaining time per candidate; the dense route's is
    predicted from the fitted logits and selection rates.  The cheapest wins.
@@ -210,14 +211,14 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
     of evenly spaced queries with each candidate (``candidates``), timed; predict each
     candidate's remaining time and the dense route's; the cheapest wins.
-    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage).  Returns
-    (``RouteChoice``, the winner's ``DevicePlan`` of the whole chunk or None): the first
-    candidate is planned for the whole chunk (its sample screens those plans' rows, and
-    they are returned when it wins); the others only for their sample."""
+    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage); each candidate plans
+    its sampled queries only (a query's plan does not depend on the other queries), so the
+    whole chunk is planned once, after the decision, and never when the dense route wins.
+    Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0]), None
+        return RouteChoice("dosa", "small", *cands[0])
     vis = b.visible.sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
     tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
@@ -225,12 +226,11 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    full, won = plan_stage(b, seeds.pool, cands[0][1], o), None
-    for i, (screen, r) in enumerate(cands):
+    for screen, r in cands:
         n = sample_size(screen)
         idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
         bs = b.rows(idx)
-        plan = full.take(idx) if i == 0 else plan_stage(bs, seeds.pool, r, o)
+        plan = plan_stage(bs, seeds.pool, r, o)
         ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(screen, r)
@@ -242,8 +242,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", screen, r
-            won = full if i == 0 else None
-    return choice, won
+    return choice
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

@@ -119,7 +119,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
         return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
                             stats)  # fmt: skip
-    memo, key, plan = o["route_memo"], None, None
+    memo, key = o["route_memo"], None
     if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
         key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
         route = memo.recall(key)
@@ -133,7 +133,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if key is not None and route is not None:  # the memo's key exists only with "auto"
         o["screen"], r = route.screen, route.r
     elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
-        route, plan = sample_route(b, seeds, rho, o, plan_stage, H200)
+        route = sample_route(b, seeds, rho, o, plan_stage, H200)
         tm.mark("route")
         if memo is not None:
             memo.store(key, route)
@@ -143,8 +143,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     else:
         o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
         route = RouteChoice("dosa", "option", o["screen"], r)
-    if plan is None:  # the sampled decision built it when its first candidate won
-        plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
+    plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
     tm.mark("screen")

@@ -33,7 +33,7 @@ relative allowance μ = 2^-30 of each quantity's magnitude sum.  CuPy compiles w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,17 +90,6 @@ class DevicePlan:
     w_fold: object = None  # float64 [Qn, Hp] w̃ (folded weights; = w outside R ∪ P)
     a_A: object = None  # float64 [Qn, D] negative aggregate
     E: object = None  # float64 [Qn] positive allowance (outward)
-
-    def take(self, idx) -> DevicePlan:
-        """The plans of queries ``idx`` (every per-query field indexed: the same rows, so the
-        same bounds as in the whole chunk)."""
-        qn = self.rows.shape[0]
-        per_query = {
-            f.name: getattr(self, f.name)[idx]
-            for f in fields(self)
-            if getattr(getattr(self, f.name), "shape", ())[:1] == (qn,)
-        }
-        return replace(self, **per_query)
 
 
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):

@@ -111,23 +111,6 @@ def test_route_option_is_checked(bad):
     assert resolve_options(check_options({}), 64)["route"] == "auto"
 
 
-def test_plan_take_indexes_every_per_query_field():
-    from dosa_cupy.plan import DevicePlan
-
-    Qn = 5
-    plan = DevicePlan(
-        mts=1, rows=np.arange(Qn * 16 * 128).reshape(Qn, 16, 128), omega=np.ones((Qn, 16)),
-        sigma=np.arange(Qn, dtype=float), C=np.arange(Qn) * 2.0, eps_raw=np.arange(Qn) * 3.0,
-        eps_out=0.5, valid=np.arange(Qn) % 2 == 0, r=np.arange(Qn), omitted_positive=np.zeros(Qn),
-        aggregated=np.ones(Qn),
-    )  # fmt: skip
-    idx = np.array([4, 0, 2])
-    sub = plan.take(idx)
-    assert sub.mts == 1 and sub.eps_out == 0.5 and sub.inR is None
-    for f in ("rows", "omega", "sigma", "C", "eps_raw", "valid", "r", "omitted_positive"):
-        assert np.array_equal(getattr(sub, f), getattr(plan, f)[idx]), f
-
-
 def _batch(Qn, N, H=64, K=2048):
     import types
 
