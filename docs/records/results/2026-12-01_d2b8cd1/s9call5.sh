@@ -1,0 +1,11 @@
+# Session 9, call 5: the route choice planning only the sampled queries (d2b8cd1, after reverting the seeds-first variant) — route and capture tests, the regime table at 128K, then the rest of the GPU suite.
+export DOSA_COMMIT=$(cat .dev/commit)
+export PYTHONUNBUFFERED=1 DOSA_CACHE=/tmp/dosa-cubin PYTHONPATH=$PWD
+export DOSA_ENCODER=$PWD/.real/encoder.safetensors DOSA_CORPUS=$PWD/.real/corpus.npz
+L=$OUT/log.txt
+st() { local t=$1; shift; echo "[$(date -u +%T)] $*" >> $L; timeout "$t" "$@" >> $L 2>&1; echo "[$(date -u +%T)] rc=$?" >> $L; }
+st 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_route.py tests/test_capture.py -rs
+st 80 python3 -m dosa_cupy.bench --regime calibrated,h64,many_positive,isotropic,structured,gaussian,ties,equal,trained --shapes 32x4096x131072,64x4096x131072 --variant memo:route_memo=1 --variant dosa:route=dosa --no-peers --out $OUT/r128k
+st 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ -rs --deselect tests/test_gpu_route.py --deselect tests/test_capture.py
+rm -f $OUT/*/*.png
+grep -E "passed|failed|^FAILED|Error|rc=" $L | tail -12
