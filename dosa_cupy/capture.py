@@ -292,12 +292,21 @@ def _shape_key(q, w, kp, ks, ke, out) -> tuple:
     def sig(a):
         if a is None:
             return None
-        ptr = a.data.ptr if hasattr(a, "data") and hasattr(a.data, "ptr") else a.data_ptr()
         # strides and 16-byte alignment decide whether the checks copy an input
-        return (tuple(a.shape), str(a.dtype), tuple(a.strides) if hasattr(a, "strides")
-                else tuple(a.stride()), ptr % 16)  # fmt: skip
+        strides = a.strides if hasattr(a, "strides") else a.stride()  # torch: a method
+        return (tuple(a.shape), str(a.dtype), tuple(strides), _address(a) % 16)
 
     return (sig(q), sig(w), sig(kp), sig(ks), sig(ke), sig(out))
+
+
+def _address(a) -> int:
+    """The first element's address of a CuPy array or CUDA tensor (the CUDA array
+    interface), a torch tensor (``data_ptr``) or a host array (numpy)."""
+    if hasattr(a, "__cuda_array_interface__"):
+        return int(a.__cuda_array_interface__["data"][0])
+    if hasattr(a, "data_ptr"):
+        return int(a.data_ptr())
+    return int(a.ctypes.data) if hasattr(a, "ctypes") else 0
 
 
 def _device_out(out, b: Batch):

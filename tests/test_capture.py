@@ -9,9 +9,11 @@ queries are flagged in the replay and completed by ``finish``; bad input raises 
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
-from gpu_support import cp, gpu
+from gpu_support import cp, gpu, numpy_as_cupy
 
 from dosa_cupy import capture as C
 
@@ -62,6 +64,126 @@ def test_counter_rounds_every_block_up():
         c.malloc(n)
     assert seen == [1, 256, 257, 0, 1000]  # passed through unchanged
     assert c.nbytes == 256 + 256 + 512 + 0 + 1024
+
+
+class _FakeCuda:
+    """cupy.cuda's Memory / MemoryPointer for the arena's arithmetic on the CPU."""
+
+    class Memory:
+        def __init__(self, n):
+            self.size = n
+
+    @staticmethod
+    def MemoryPointer(mem, off):  # noqa: N802 (CuPy's name)
+        return (mem, off)
+
+
+def test_arena_blocks_are_aligned_fixed_and_bounded(monkeypatch):
+    """Block i of a step starts where block i − 1 ended, rounded up to ALIGN; a reset step
+    gets the same offsets; a step asking for more than the arena raises (never writes past
+    it)."""
+    shim = numpy_as_cupy()
+    shim.cuda = _FakeCuda
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    sizes = [1, 300, 0, 256, 4097]
+    c = C._Counter(lambda n: n)
+    for n in sizes:
+        c.malloc(n)
+    a = C.Arena(c.nbytes)
+    first = [a.malloc(n)[1] for n in sizes]
+    assert first == [0, 256, 768, 768, 1024] and a.used == a.nbytes == 1024 + 4352
+    assert all(off % C.ALIGN == 0 for off in first)
+    a.reset()
+    assert [a.malloc(n)[1] for n in sizes] == first  # the same addresses every step
+    a.reset()
+    a.malloc(a.nbytes)
+    with pytest.raises(RuntimeError, match="^arena:"):
+        a.malloc(1)
+
+
+def test_shape_key_separates_what_changes_the_allocations():
+    x = np.zeros((4, 8), np.uint8)
+    base = C._shape_key(x, x, x, None, None, x)
+    assert base == C._shape_key(x.copy(), x, x, None, None, x)  # same layout, same key
+    assert base != C._shape_key(x, x, x, np.zeros(4, np.int32), None, x)  # ranges given
+    assert base != C._shape_key(x.astype(np.int8), x, x, None, None, x)  # dtype
+    assert base != C._shape_key(np.asfortranarray(x), x, x, None, None, x)  # strides
+    buf = np.zeros(4 * 8 + 1, np.uint8)
+    odd = buf[1:].reshape(4, 8)  # 16-byte alignment decides whether the checks copy
+    if buf.ctypes.data % 16 == 0:
+        assert base != C._shape_key(odd, x, x, None, None, x)
+
+
+def test_out_is_checked(monkeypatch):
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    b = types.SimpleNamespace(Qn=3, K=4)
+    ok = np.zeros((3, 4), np.int32)
+    assert C._device_out(ok, b) is ok
+    for bad in (None, [[0] * 4] * 3, np.zeros((3, 5), np.int64), np.zeros((3, 4), np.float32),
+                np.zeros((4, 3), np.int64).T):  # fmt: skip
+        with pytest.raises(ValueError, match="^out:"):
+            C._device_out(bad, b)
+
+
+def _problem(Qn=6, N=40, H=4, K=5, seed=0):
+    from dosa_cupy.prepare import Batch
+    from dosa_ref import index_scores, topk_ids
+    from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
+
+    rs = np.random.default_rng(seed)
+    kp, ksc = quantize_keys(rs.standard_normal((N, 128)).astype(np.float32))
+    q, w = quantize_queries(rs.standard_normal((Qn, H, 128)), rs.standard_normal((Qn, H)))
+    ks, ke = np.zeros(Qn, np.int32), np.arange(N - Qn + 1, N + 1, dtype=np.int32)
+    b = Batch(q, w, kp, ksc, K, ks, ke)
+
+    def exact(bb):  # the dense route's ids of a sub-batch (float64 stand-in)
+        k = e4m3_values(bb.kp) * np.asarray(bb.ksc, np.float64)[:, None]
+        s = index_scores(e4m3_values(bb.q), np.asarray(bb.w, np.float64), k, bb.ks, bb.ke)
+        return topk_ids(s, bb.K).astype(np.int32)
+
+    return b, exact
+
+
+def test_finish_completes_exactly_the_flagged_rows(monkeypatch):
+    """``finish`` reads the status, re-runs the flagged queries on the dense route (here an
+    exact float64 stand-in receiving the sub-batch of those queries) and leaves every other
+    row as the step wrote it."""
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    b, exact = _problem()
+    monkeypatch.setattr(C, "dense_ids", exact)
+    want = exact(b)
+    redo = np.array([False, True, False, False, True, False])
+    ids = np.where(redo[:, None], C.FLAGGED, want).astype(np.int64)
+    ids[0, 0] = 123  # an unflagged row is the step's: finish must not touch it
+    h = C.PrefillStep(ids, np.array([0, redo.sum()]), redo, b)
+    assert h.finish() == 2
+    assert np.array_equal(ids[redo], want[redo]) and ids[0, 0] == 123
+    assert np.array_equal(ids[2:4], want[2:4])
+    h = C.PrefillStep(want.copy(), np.array([0, 0]), None, b)  # nothing flagged: no re-run
+    assert h.finish() == 0
+
+
+def test_finish_raises_on_the_checks_flag_word(monkeypatch):
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    b, _ = _problem()
+
+    class Check:  # a ValueCheck whose replayed flag word says q holds a NaN code
+        forgotten = False
+
+        def forget(self):
+            self.forgotten = True
+
+        def raise_if_bad(self):
+            assert self.forgotten, "the flags must be read again after a replay"
+            raise ValueError("q: contains an e4m3 NaN code")
+
+    chk = Check()
+    h = C.PrefillStep(np.zeros((6, 5), np.int64), np.array([1, 0]), None, b, chk)
+    with pytest.raises(ValueError, match="^q:"):
+        h.finish()
 
 
 # ---------------------------------------------------------------------------------------
