@@ -55,6 +55,21 @@ def test_accepted_options():
     sel = C.PrefillSelectorGPU(np.asarray(16), route="dosa", screen="fp64", seeds="local",
                                check=False)  # fmt: skip
     assert sel.K == 16 and sel.check is False
+    assert C.PrefillSelectorGPU(4096).K == 4096  # the selection kernel's largest K
+
+
+def test_pair_is_refused_even_where_its_r_fits():
+    with pytest.raises(ValueError, match="^screen: 'pair' is not available"):
+        C.PrefillSelectorGPU(64, screen="pair", r=6)
+
+
+def test_K_as_a_0d_device_array():
+    dev = types.SimpleNamespace(ndim=0, get=lambda: np.int64(32))  # a 0-d CuPy array's API
+    assert C.PrefillSelectorGPU(dev).K == 32
+
+
+def test_flagged_is_neither_a_key_id_nor_the_padding():
+    assert C.FLAGGED < 0 and C.FLAGGED != -1
 
 
 def test_counter_rounds_every_block_up():
@@ -90,6 +105,7 @@ def test_arena_blocks_are_aligned_fixed_and_bounded(monkeypatch):
     for n in sizes:
         c.malloc(n)
     a = C.Arena(c.nbytes)
+    assert a._mem.size >= a.nbytes  # one allocation holds every block
     first = [a.malloc(n)[1] for n in sizes]
     assert first == [0, 256, 768, 768, 1024] and a.used == a.nbytes == 1024 + 4352
     assert all(off % C.ALIGN == 0 for off in first)
@@ -114,12 +130,36 @@ def test_shape_key_separates_what_changes_the_allocations():
         assert base != C._shape_key(odd, x, x, None, None, x)
 
 
+def test_addresses():
+    dev = types.SimpleNamespace(__cuda_array_interface__={"data": (1027, False)})
+    assert C._address(dev) == 1027
+    assert C._address(types.SimpleNamespace(data_ptr=lambda: 77)) == 77  # torch
+    x = np.zeros(3)
+    assert C._address(x) == x.ctypes.data
+    assert C._address(object()) == 0
+
+
+class _Tensor:
+    """A DLPack tensor that is not an array (torch's ``out`` reaches CuPy this way)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def test_out_is_checked(monkeypatch):
     shim = numpy_as_cupy()
     monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
     b = types.SimpleNamespace(Qn=3, K=4)
     ok = np.zeros((3, 4), np.int32)
     assert C._device_out(ok, b) is ok
+    view = C._device_out(_Tensor(ok), b)  # viewed, not copied
+    assert isinstance(view, np.ndarray) and np.shares_memory(view, ok)
     for bad in (None, [[0] * 4] * 3, np.zeros((3, 5), np.int64), np.zeros((3, 4), np.float32),
                 np.zeros((4, 3), np.int64).T):  # fmt: skip
         with pytest.raises(ValueError, match="^out:"):
@@ -163,6 +203,22 @@ def test_finish_completes_exactly_the_flagged_rows(monkeypatch):
     assert np.array_equal(ids[2:4], want[2:4])
     h = C.PrefillStep(want.copy(), np.array([0, 0]), None, b)  # nothing flagged: no re-run
     assert h.finish() == 0
+
+
+def test_finish_reads_the_checks_only_when_their_flag_word_is_set(monkeypatch):
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    b, _ = _problem()
+
+    class Check:  # raises if read: the flag word 0 says the values are good
+        def forget(self):
+            raise AssertionError("read although the flag word is 0")
+
+        raise_if_bad = forget
+
+    assert (
+        C.PrefillStep(np.zeros((6, 5), np.int64), np.array([0, 0]), None, b, Check()).finish() == 0
+    )
 
 
 def test_finish_raises_on_the_checks_flag_word(monkeypatch):

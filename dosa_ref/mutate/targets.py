@@ -133,6 +133,20 @@ TARGETS: tuple[Target, ...] = (
     # the serving layouts' host logic (offsets, visible ranges, relative ids, page rows; the
     # CPU tests run it with numpy for CuPy and an exact Top-K for dosa_topk)
     Target("dosa_cupy/serving.py", ("tests/test_serving.py",)),
+    # the captured prefill step's host side: option refusal, the arena's arithmetic, the
+    # shape key, the out check, finish (numpy for CuPy); the step itself launches kernels
+    # (GPU tests in the same file)
+    Target(
+        "dosa_cupy/capture.py",
+        ("tests/test_capture.py",),
+        skip=(
+            "PrefillSelectorGPU.step",
+            "PrefillSelectorGPU._first",
+            "PrefillSelectorGPU._run",
+            "PrefillSelectorGPU.release",
+            "_Shape",
+        ),
+    ),
     # the references named after the kernels (the GPU tests compare each kernel with its
     # reference; the CPU tests pin the references themselves)
     Target("dosa_ref/stages.py", ("tests/test_stages.py",)),
