@@ -36,9 +36,9 @@ from ._build import cupy_or_raise
 from .dense import _dense_topk_raw, dense_ids
 from .options import check_options, resolve_options, strategies
 from .pipeline import dosa_topk, plan_stage
-from .prepare import Batch, key_rho, pad_batch
+from .prepare import Batch, as_device, key_rho, pad_batch
 from .refine import refine_stage
-from .screen import screen_stage, tie_screen_wanted
+from .screen import plateau_constants, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, seed_stage
 from .select import invalid_scale_queries, select_ids
 
@@ -47,15 +47,27 @@ __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep"]
 FLAGGED = -2  # the ids row of a query ``finish`` must still complete (not a key id, not −1)
 ALIGN = 256  # bytes: every arena block starts on this boundary (CuPy's pool uses 512)
 
-# options a captured step cannot honour: each needs a host read or a host copy per call
+# options a captured step cannot honour (each needs a host read or a host copy per call),
+# with the values that mean "off" and are accepted
 _NOT_CAPTURABLE = {
-    "seed_ids": None,  # the explicit-seed table's width is read back
-    "cert_seeds": None,  # certificate seeds size their table from the survivors
-    "return_stats": False,
-    "debug_bounds": False,
-    "timing": False,
-    "route_memo": None,
+    "seed_ids": (None,),  # the explicit-seed table's width is read back
+    "cert_seeds": (None, 0),  # certificate seeds size their table from the survivors
+    "return_stats": (False,),
+    "debug_bounds": (False,),
+    "timing": (False,),
+    "route_memo": (None,),
 }
+
+
+def _is_off(v, off: tuple) -> bool:
+    """``v`` is one of ``off`` (None and False by identity, integers by value; an array
+    never is)."""
+    return any(
+        v is x
+        if x is None or isinstance(x, bool)
+        else (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v == x)
+        for x in off
+    )
 
 
 class Arena:
@@ -112,6 +124,7 @@ class PrefillStep:
     redo: object
     batch: Batch
     check: object = None
+    keep: object = None  # the shape's arena and anchors: alive as long as this step is
 
     def finish(self) -> int:
         """Complete this step or the last replay of the graph that captured it: read the
@@ -165,14 +178,16 @@ class PrefillSelectorGPU:
     step is eager: it decides and measures); capture a later step in a graph, replay it on
     new inputs in the same arrays, then call ``h.finish()`` (``h``: the captured step's
     ``PrefillStep``) with the replay's stream current: one 16-byte read; the flagged rows
-    of ``out`` are completed exactly.  Ids equal ``dense_topk``'s after ``finish``.  Graphs
-    of one shape share its arena: replay them in stream order, each followed by its own
-    step's ``finish``.
+    of ``out`` are completed exactly.  Ids equal ``dense_topk``'s after ``finish``; it
+    reads the inputs as they are when it runs (call it before writing the next chunk).
+    Graphs of one shape share its arena: replay them in stream order, each followed by its
+    own step's ``finish``.  An arena holds all of a step's temporaries (no reuse; an estimated
+    2.5–3 GB at Qn = 4096, 128K keys, default buffer); ``release`` frees them.
     """
 
     def __init__(self, K: int, *, check: bool = True, **options):
-        for name, ok in _NOT_CAPTURABLE.items():
-            if name in options and options[name] is not ok:
+        for name, off in _NOT_CAPTURABLE.items():
+            if name in options and not _is_off(options[name], off):
                 raise ValueError(f"{name}: not available in a captured step, got {options[name]!r}")
         fixed = {"stream": "per_query", "planner": "fused"}
         for name, only in fixed.items():
@@ -195,7 +210,14 @@ class PrefillSelectorGPU:
         DLPack tensor; flagged rows ``FLAGGED`` until ``PrefillStep.finish``).  Layout and
         meaning as ``dosa_topk``.  Issues kernels only once the shape has been seen."""
         cp = cupy_or_raise()
-        key = _shape_key(q, w, k_payload, ks, ke, out)
+        # CuPy views first (no copies of device arrays or DLPack tensors): the key reads
+        # their layouts
+        q, w = as_device(q, "q", np.uint8), as_device(w, "w")
+        k_payload = as_device(k_payload, "k_payload", np.uint8)
+        k_scale = as_device(k_scale, "k_scale")
+        ks, ke = (None if a is None else as_device(a, n) for a, n in ((ks, "ks"), (ke, "ke")))
+        out = _as_out(out)
+        key = (cp.cuda.Device().id, *_shape_key(q, w, k_payload, k_scale, ks, ke, out))
         sh = self._shapes.get(key)
         if sh is None:  # eager: decide, measure the allocations, size the arena
             sh = self._first(q, w, k_payload, k_scale, ks, ke)
@@ -226,6 +248,8 @@ class PrefillSelectorGPU:
         """A shape's decisions (route, screen, r, tie build, anchors) from its first step."""
         o = self._o
         b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check)
+        if b.Qn == 0 or b.N == 0:  # nothing to select: −1 rows, no route to choose
+            return _Shape("dense", None, None, False, None)
         ro = resolve_options(o, b.K)
         route, screen, r = o["route"], o["screen"], int(o["r"])
         if route == "auto" or screen == "auto":
@@ -242,8 +266,10 @@ class PrefillSelectorGPU:
             screen = "wg" if sm90a.available() else "fp64"
         tie = False
         anchors = anchor_queries(b.Qn, ro["n_anchors"])
-        if route == "dosa" and ro["tie_reject"] and b.Qn and b.N:
+        if route == "dosa" and ro["tie_reject"]:
             tie = tie_screen_wanted(seed_stage(b, ro, anchors), ro)
+        if tie:  # device constants copied once, before the allocations are measured
+            plateau_constants(cupy_or_raise(), 1 if r <= 14 else 2)
         return _Shape(route, screen, r, bool(tie), anchors)
 
     def _run(self, sh: _Shape, q, w, k_payload, k_scale, ks, ke, out) -> PrefillStep:
@@ -256,11 +282,11 @@ class PrefillSelectorGPU:
             status[0] = b.pending.flag_word()
         if b.Qn == 0 or b.N == 0:
             out[...] = -1
-            return PrefillStep(out, status, None, b, b.pending)
+            return PrefillStep(out, status, None, b, b.pending, sh)
         if sh.route == "dense":
             ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke)
             out[...] = ids
-            return PrefillStep(out, status, None, b, b.pending)
+            return PrefillStep(out, status, None, b, b.pending, sh)
         o = resolve_options(self._o, b.K)
         o["screen"] = sh.screen
         rho = key_rho(b.kp)
@@ -272,7 +298,7 @@ class PrefillSelectorGPU:
         redo = invalid_scale_queries(b) | ~plan.valid | recs.over
         out[...] = cp.where(redo[:, None], FLAGGED, ids)
         status[1] = cp.count_nonzero(redo)
-        return PrefillStep(out, status, redo, b, b.pending)
+        return PrefillStep(out, status, redo, b, b.pending, sh)
 
 
 def _check_K(K) -> int:
@@ -285,9 +311,9 @@ def _check_K(K) -> int:
     return K
 
 
-def _shape_key(q, w, kp, ks, ke, out) -> tuple:
+def _shape_key(q, w, kp, ksc, ks, ke, out) -> tuple:
     """What fixes a step's allocation sequence: shapes, dtypes, layouts, which ranges are
-    given (CuPy arrays or torch tensors)."""
+    given (CuPy arrays, torch tensors or host arrays)."""
 
     def sig(a):
         if a is None:
@@ -296,7 +322,7 @@ def _shape_key(q, w, kp, ks, ke, out) -> tuple:
         strides = a.strides if hasattr(a, "strides") else a.stride()  # torch: a method
         return (tuple(a.shape), str(a.dtype), tuple(strides), _address(a) % 16)
 
-    return (sig(q), sig(w), sig(kp), sig(ks), sig(ke), sig(out))
+    return (sig(q), sig(w), sig(kp), sig(ksc), sig(ks), sig(ke), sig(out))
 
 
 def _address(a) -> int:
@@ -307,6 +333,15 @@ def _address(a) -> int:
     if hasattr(a, "data_ptr"):
         return int(a.data_ptr())
     return int(a.ctypes.data) if hasattr(a, "ctypes") else 0
+
+
+def _as_out(out):
+    """``out`` as a CuPy array when it is a DLPack tensor (a view, not a copy); anything
+    else as given (``_device_out`` checks it)."""
+    cp = cupy_or_raise()
+    if out is not None and not isinstance(out, cp.ndarray) and hasattr(out, "__dlpack__"):
+        return cp.from_dlpack(out)
+    return out
 
 
 def _device_out(out, b: Batch):

@@ -35,6 +35,7 @@ __all__ = [
     "ScreenLaunch",
     "auto_screen",
     "pair_plan",
+    "plateau_constants",
     "screen_stage",
 ]
 
@@ -129,10 +130,10 @@ def _f32_up(x, xp):
 _CONSTS: dict = {}
 
 
-def _plateau_consts(xp, mts: int):
+def plateau_constants(xp, mts: int):
     """(e4m3 value table float64 [256], retained-slot mask bool [16·mts]) as arrays of xp,
     copied to a device once per device and kept: a captured step (capture.py) may launch
-    kernels but not copy from the host."""
+    kernels but not copy from the host (it loads them before it measures its allocations)."""
     dev = xp.cuda.Device().id if hasattr(xp, "cuda") else None  # numpy: None
     key = (dev, mts)
     if key not in _CONSTS:
@@ -161,7 +162,7 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
     below MU.  xp: numpy or CuPy; no host synchronization.
     """
     Qn, nrow = plan.omega.shape
-    table, slot = _plateau_consts(xp, plan.mts)
+    table, slot = plateau_constants(xp, plan.mts)
     sq = xp.empty((Qn, nrow), dtype=xp.float64)
     for a in range(0, Qn, _QCHUNK):
         v = table[plan.rows[a : a + _QCHUNK]]

@@ -118,16 +118,41 @@ def test_arena_blocks_are_aligned_fixed_and_bounded(monkeypatch):
 
 
 def test_shape_key_separates_what_changes_the_allocations():
-    x = np.zeros((4, 8), np.uint8)
-    base = C._shape_key(x, x, x, None, None, x)
-    assert base == C._shape_key(x.copy(), x, x, None, None, x)  # same layout, same key
-    assert base != C._shape_key(x, x, x, np.zeros(4, np.int32), None, x)  # ranges given
-    assert base != C._shape_key(x.astype(np.int8), x, x, None, None, x)  # dtype
-    assert base != C._shape_key(np.asfortranarray(x), x, x, None, None, x)  # strides
-    buf = np.zeros(4 * 8 + 1, np.uint8)
-    odd = buf[1:].reshape(4, 8)  # 16-byte alignment decides whether the checks copy
-    if buf.ctypes.data % 16 == 0:
-        assert base != C._shape_key(odd, x, x, None, None, x)
+    x, sc = np.zeros((4, 8), np.uint8), np.zeros(4, np.float32)
+    base = C._shape_key(x, x, x, sc, None, None, x)
+    assert base == C._shape_key(x.copy(), x, x, sc.copy(), None, None, x)  # same layout
+    assert base != C._shape_key(x, x, x, sc, np.zeros(4, np.int32), None, x)  # ranges given
+    assert base != C._shape_key(x.astype(np.int8), x, x, sc, None, None, x)  # dtype
+    assert base != C._shape_key(np.asfortranarray(x), x, x, sc, None, None, x)  # strides
+    strided = np.zeros((4, 2), np.float32)[:, 0]  # a scale view the checks would copy
+    assert base != C._shape_key(x, x, x, strided, None, None, x)
+    buf = np.zeros(4 * 8 + 16, np.uint8)
+    at = (-buf.ctypes.data) % 16  # an aligned view and one 1 byte off
+    aligned, odd = (buf[a : a + 32].reshape(4, 8) for a in (at, at + 1))
+    assert C._shape_key(aligned, x, x, sc, None, None, x) == base
+    assert C._shape_key(odd, x, x, sc, None, None, x) != base
+
+
+def test_off_values_of_refused_options_are_accepted():
+    C.PrefillSelectorGPU(8, cert_seeds=0, return_stats=False, timing=False, seed_ids=None)
+    for kw in ({"cert_seeds": 1}, {"return_stats": 0}, {"cert_seeds": True}):
+        with pytest.raises(ValueError, match=f"^{next(iter(kw))}:"):
+            C.PrefillSelectorGPU(8, **kw)
+
+
+def test_an_empty_chunk_takes_no_route(monkeypatch):
+    """Qn = 0 or N = 0: the shape's decisions are the dense route's (−1 rows), without the
+    route choice (which has nothing to choose from)."""
+    from dosa_cupy import prepare
+
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(prepare, "cupy_or_raise", lambda: shim)
+    b, _ = _problem()
+    sel = C.PrefillSelectorGPU(5, check=False)
+    for q, w, kp, ksc in ((b.q[:0], b.w[:0], b.kp, b.ksc), (b.q, b.w, b.kp[:0], b.ksc[:0])):
+        sh = sel._first(q, w, kp, ksc, None, None)
+        assert sh.route == "dense" and sh.anchors is None
 
 
 def test_addresses():
@@ -335,9 +360,73 @@ def test_captured_route_choices(route):
     K = 256
     sel = C.PrefillSelectorGPU(K, route=route)
     sets = _sets("calibrated", 64, 16384, 64, 2, seed=3)
-    for i, out, n, _, static in _replay_cupy(sel, sets, K, out_dtype=np.int32):
-        assert n == 0
+    for i, out, _, _, static in _replay_cupy(sel, sets, K, out_dtype=np.int32):
         assert cp.array_equal(out, _dense(static, K).astype(cp.int32)), f"set {i}"
+
+
+@gpu
+def test_auto_route_choosing_screening_is_kept(monkeypatch):
+    """route="auto" with a cost model under which screening always wins: the shape's first
+    step chooses DoSA (the sampled decision), and the replays screen with that choice."""
+    import dataclasses
+
+    from dosa_cupy import cost, pipeline
+
+    never_dense = dataclasses.replace(cost.H200, dosa_floor_ms=0.0,
+                                      logits_flop_per_ms={32: 1.0, 64: 1.0})  # fmt: skip
+    monkeypatch.setattr(pipeline, "H200", never_dense)
+    K = 256
+    sel = C.PrefillSelectorGPU(K)
+    sets = _sets("calibrated", 512, 16384, 64, 2, seed=4)
+    for i, out, _, _, static in _replay_cupy(sel, sets, K):
+        assert cp.array_equal(out, _dense(static, K)), f"set {i}"
+    (sh,) = sel._shapes.values()
+    assert sh.route == "dosa" and sh.screen in ("wg", "fp64")  # a paired choice is converted
+
+
+@gpu
+@pytest.mark.parametrize("kw", [{"seeds": "local"}, {"n_anchors": 1, "p_sample": 4096}])
+def test_small_or_empty_anchor_pool(kw):
+    """No anchors (the pool is one padding id, the plan's sample key 0) and a pool smaller
+    than the plan's sample (repeats): ids equal the dense route's."""
+    K = 128
+    sel = C.PrefillSelectorGPU(K, route="dosa", **kw)
+    for i, out, _, _, static in _replay_cupy(sel, _sets("calibrated", 256, 8192, 32, 2), K):
+        assert cp.array_equal(out, _dense(static, K)), f"set {i}"
+
+
+@gpu
+def test_unpadded_heads_flagged_rows_use_the_padded_copy():
+    """H = 20 (padded to 32 inside the step) with a small buffer: the flagged rows are
+    re-run from the step's padded copy of q and w, which the replay rewrote."""
+    K = 64
+    sel = C.PrefillSelectorGPU(K, route="dosa", buffer=16)
+    flagged = 0
+    for i, out, n, _, static in _replay_cupy(sel, _sets("ties", 256, 8192, 20, 3, seed=6), K):
+        flagged += n
+        assert cp.array_equal(out, _dense(static, K)), f"set {i}"
+    assert flagged > 0
+
+
+@gpu
+def test_empty_chunks_and_a_strided_scale():
+    """Qn = 0 and N = 0 give −1 rows (Qn = 0: none); a k_scale view that the checks copy
+    is a shape of its own (the arena is measured with the copy)."""
+    K = 32
+    sel = C.PrefillSelectorGPU(K, route="dosa")
+    (x,) = _sets("calibrated", 64, 4096, 32, 1)
+    q, w, kp, ksc, ks, ke = x
+    out = cp.empty((64, K), dtype=cp.int64)
+    for _ in range(2):  # the first step of each shape, then its arena's
+        sel.step(q, w, kp[:0], ksc[:0], cp.zeros(64, cp.int32), cp.zeros(64, cp.int32),
+                 out=out).finish()  # fmt: skip
+        assert bool((out == -1).all())
+        empty = cp.empty((0, K), dtype=cp.int64)
+        sel.step(q[:0], w[:0], kp, ksc, ks[:0], ke[:0], out=empty).finish()
+    wide = cp.stack([ksc, ksc], axis=1)  # ksc as a strided view: column 0
+    for scale in (ksc, wide[:, 0], ksc, wide[:, 0]):
+        sel.step(q, w, kp, scale, ks, ke, out=out).finish()
+        assert cp.array_equal(out, _dense(x, K))
 
 
 @gpu
