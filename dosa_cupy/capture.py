@@ -347,11 +347,9 @@ def _as_out(out):
 def _device_out(out, b: Batch):
     """``out`` as a CuPy array (a DLPack tensor such as torch's is viewed, not copied):
     int64 or int32 [Qn, K], C-contiguous."""
-    cp = cupy_or_raise()
-    if out is None or (not isinstance(out, cp.ndarray) and not hasattr(out, "__dlpack__")):
+    out = _as_out(out)
+    if not isinstance(out, cupy_or_raise().ndarray):
         raise ValueError(f"out: expected a device array int64 or int32 [Qn, K], got {out!r}")
-    if not isinstance(out, cp.ndarray):
-        out = cp.from_dlpack(out)
     if tuple(out.shape) != (b.Qn, b.K) or out.dtype not in (np.int64, np.int32):
         raise ValueError(
             f"out: expected int64 or int32 {(b.Qn, b.K)}, got {out.dtype} {tuple(out.shape)}"

@@ -185,6 +185,9 @@ def test_out_is_checked(monkeypatch):
     assert C._device_out(ok, b) is ok
     view = C._device_out(_Tensor(ok), b)  # viewed, not copied
     assert isinstance(view, np.ndarray) and np.shares_memory(view, ok)
+    assert C._as_out(None) is None and C._as_out(ok) is ok
+    lst = [[0] * 4] * 3
+    assert C._as_out(lst) is lst  # not a DLPack tensor: left to _device_out's check
     for bad in (None, [[0] * 4] * 3, np.zeros((3, 5), np.int64), np.zeros((3, 4), np.float32),
                 np.zeros((4, 3), np.int64).T):  # fmt: skip
         with pytest.raises(ValueError, match="^out:"):
