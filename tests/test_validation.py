@@ -132,3 +132,65 @@ def test_nan_code_word_predicate():
             x = (other << (8 * np.arange(4, dtype=np.uint64))).sum(axis=1)
             word = (((x & np.uint64(M)) + np.uint64(C)) & np.uint64(H)) != 0
             assert np.array_equal(word, nan_codes(other).any(axis=1))
+
+
+# ---------------------------------------------------------------------------------------
+# The GPU package's options (dosa_cupy/options.py: host logic, no GPU needed)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"sinks": -1}, "sinks"),
+        ({"n_anchors": -1}, "n_anchors"),
+        ({"p_sample": -1}, "p_sample"),
+        ({"buffer": 0}, "buffer"),
+        ({"cert_cap": 0}, "cert_cap"),
+        ({"window": -1}, "window"),
+        ({"cert_seeds": 4097}, "cert_seeds"),
+        ({"r": 0}, "r"),
+        ({"r": 31}, "r"),
+        ({"mma_bits": 7}, "mma_bits"),
+        ({"mma_bits": 25}, "mma_bits"),
+        ({"stream": "both"}, "stream"),
+        ({"planner": "numpy"}, "planner"),
+        ({"seeds": ["local", 3]}, "seeds"),
+    ],
+)
+def test_gpu_options_name_the_bad_one(kw, name):
+    from dosa_cupy.options import check_options
+
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        check_options(kw)
+
+
+def test_gpu_options_accept_their_bounds():
+    from dosa_cupy.options import check_options
+
+    for kw in ({"r": 1}, {"r": 30}, {"mma_bits": 8}, {"mma_bits": 24}, {"buffer": 1},
+               {"cert_cap": 1}, {"sinks": 0}, {"n_anchors": 0}, {"p_sample": 0}, {"window": 0},
+               {"cert_seeds": 4096}, {"stream": "shared"}, {"planner": "cupy"}):  # fmt: skip
+        assert check_options(kw)[next(iter(kw))] == next(iter(kw.values()))
+
+
+def test_gpu_options_resolve_certificate_seeds_and_leave_their_input():
+    """cert_seeds = 0 turns the certificate strategy off even when named; m > 0 turns it on
+    (with a default-free count); resolving returns a new dict."""
+    from dosa_cupy.options import check_options, resolve_options
+
+    o = check_options({"seeds": "local+certificate", "cert_seeds": 0})
+    r = resolve_options(o, 64)
+    assert r["cert_seeds"] == 0 and "strategies" not in o and r is not o
+    assert resolve_options(check_options({"cert_seeds": 1}), 64)["cert_seeds"] == 1
+    with pytest.raises(ValueError, match="^screen:"):  # 1 certificate seed is "on"
+        check_options({"cert_seeds": 1, "screen": "wg"})
+
+
+def test_gpu_stats_overflowed_marks_every_extension():
+    from dosa_cupy.options import DosaGpuStats
+
+    st = DosaGpuStats(3, stage_ms={})
+    st.overflows = np.array([0, 1, 2])
+    assert st.overflowed.tolist() == [False, True, True]

@@ -133,6 +133,22 @@ TARGETS: tuple[Target, ...] = (
     # the serving layouts' host logic (offsets, visible ranges, relative ids, page rows; the
     # CPU tests run it with numpy for CuPy and an exact Top-K for dosa_topk)
     Target("dosa_cupy/serving.py", ("tests/test_serving.py",)),
+    # the GPU options' checks and resolution (host logic; the statistics' filling, the
+    # stage timer and start() need CuPy arrays: GPU tests)
+    Target(
+        "dosa_cupy/options.py",
+        (
+            "tests/test_cost.py",
+            "tests/test_gpu.py",
+            "tests/test_gpu_cert.py",
+            "tests/test_gpu_sm90a.py",
+            "tests/test_gpu_tie_reject.py",
+            "tests/test_screen_pair.py",
+            "tests/test_capture.py",
+            "tests/test_validation.py",
+        ),
+        skip=("DosaGpuStats.fill_common", "DosaGpuStats.fill_seeds", "StageTimer", "start"),
+    ),
     # the captured prefill step's host side: option refusal, the arena's arithmetic, the
     # shape key, the out check, finish (numpy for CuPy); the step itself launches kernels
     # (GPU tests in the same file)
