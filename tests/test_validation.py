@@ -186,6 +186,8 @@ def test_gpu_options_resolve_certificate_seeds_and_leave_their_input():
     assert resolve_options(check_options({"cert_seeds": 1}), 64)["cert_seeds"] == 1
     with pytest.raises(ValueError, match="^screen:"):  # 1 certificate seed is "on"
         check_options({"cert_seeds": 1, "screen": "wg"})
+    for screen in ("wg", "pair"):  # 0 is "off": the screens that take none accept it
+        check_options({"cert_seeds": 0, "screen": screen, "r": 6})
 
 
 def test_gpu_stats_overflowed_marks_every_extension():
