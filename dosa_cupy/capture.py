@@ -36,7 +36,7 @@ from ._build import cupy_or_raise
 from .dense import _dense_topk_raw, dense_ids
 from .options import check_options, resolve_options, strategies
 from .pipeline import dosa_topk, plan_stage
-from .prepare import Batch, as_device, key_rho, pad_batch
+from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
 from .screen import plateau_constants, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, seed_stage
@@ -46,6 +46,12 @@ __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep"]
 
 FLAGGED = -2  # the ids row of a query ``finish`` must still complete (not a key id, not −1)
 ALIGN = 256  # bytes: every arena block starts on this boundary (CuPy's pool uses 512)
+
+
+def _aligned(size: int) -> int:
+    """``size`` bytes rounded up to a whole number of ALIGN blocks."""
+    return -(-int(size) // ALIGN) * ALIGN
+
 
 # options a captured step cannot honour (each needs a host read or a host copy per call),
 # with the values that mean "off" and are accepted
@@ -89,7 +95,7 @@ class Arena:
     def malloc(self, size: int):
         cp = cupy_or_raise()
         off = self.used
-        end = off + -(-int(size) // ALIGN) * ALIGN
+        end = off + _aligned(size)
         if end > self.nbytes:
             raise RuntimeError(
                 f"arena: a step asked for more than the {self.nbytes} bytes its shape's first "
@@ -107,7 +113,7 @@ class _Counter:
         self.inner, self.nbytes = inner, 0
 
     def malloc(self, size: int):
-        self.nbytes += -(-int(size) // ALIGN) * ALIGN
+        self.nbytes += _aligned(size)
         return self.inner(size)
 
 
@@ -199,7 +205,7 @@ class PrefillSelectorGPU:
         o = check_options(dict(options, check=self.check))
         if not set(strategies(o["seeds"], None)) <= {"local", "anchor"}:
             raise ValueError(f"seeds: a captured step takes local and anchor, got {o['seeds']!r}")
-        self.K = _check_K(K)
+        self.K = check_selection_K(K)
         self._o = o
         self._shapes: dict = {}
 
@@ -216,7 +222,7 @@ class PrefillSelectorGPU:
         k_payload = as_device(k_payload, "k_payload", np.uint8)
         k_scale = as_device(k_scale, "k_scale")
         ks, ke = (None if a is None else as_device(a, n) for a, n in ((ks, "ks"), (ke, "ke")))
-        out = _as_out(out)
+        out = _device_out(out, q.shape[0] if q.ndim else 0, self.K)  # before any work
         key = (cp.cuda.Device().id, *_shape_key(q, w, k_payload, k_scale, ks, ke, out))
         sh = self._shapes.get(key)
         if sh is None:  # eager: decide, measure the allocations, size the arena
@@ -276,7 +282,6 @@ class PrefillSelectorGPU:
         """The stages with fixed sizes and branches; kernels only (module doc)."""
         cp = cupy_or_raise()
         b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True)
-        out = _device_out(out, b)
         status = cp.zeros(2, dtype=cp.int64)
         if b.pending is not None:
             status[0] = b.pending.flag_word()
@@ -301,37 +306,24 @@ class PrefillSelectorGPU:
         return PrefillStep(out, status, redo, b, b.pending, sh)
 
 
-def _check_K(K) -> int:
-    """K checked as ``prepare.check_inputs`` checks it (the selector's K is fixed)."""
-    from dosa_ref.validate import check_K
-
-    K = check_K(K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K)
-    if K > 4096:
-        raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
-    return K
-
-
 def _shape_key(q, w, kp, ksc, ks, ke, out) -> tuple:
     """What fixes a step's allocation sequence: shapes, dtypes, layouts, which ranges are
-    given (CuPy arrays, torch tensors or host arrays)."""
+    given (the step's CuPy views of its arguments)."""
 
     def sig(a):
         if a is None:
             return None
         # strides and 16-byte alignment decide whether the checks copy an input
-        strides = a.strides if hasattr(a, "strides") else a.stride()  # torch: a method
-        return (tuple(a.shape), str(a.dtype), tuple(strides), _address(a) % 16)
+        return (tuple(a.shape), str(a.dtype), tuple(a.strides), _address(a) % 16)
 
     return (sig(q), sig(w), sig(kp), sig(ksc), sig(ks), sig(ke), sig(out))
 
 
 def _address(a) -> int:
-    """The first element's address of a CuPy array or CUDA tensor (the CUDA array
-    interface), a torch tensor (``data_ptr``) or a host array (numpy)."""
+    """The first element's address of a CuPy array (the CUDA array interface) or a host
+    array (numpy)."""
     if hasattr(a, "__cuda_array_interface__"):
         return int(a.__cuda_array_interface__["data"][0])
-    if hasattr(a, "data_ptr"):
-        return int(a.data_ptr())
     return int(a.ctypes.data) if hasattr(a, "ctypes") else 0
 
 
@@ -344,15 +336,15 @@ def _as_out(out):
     return out
 
 
-def _device_out(out, b: Batch):
+def _device_out(out, Qn: int, K: int):
     """``out`` as a CuPy array (a DLPack tensor such as torch's is viewed, not copied):
     int64 or int32 [Qn, K], C-contiguous."""
     out = _as_out(out)
     if not isinstance(out, cupy_or_raise().ndarray):
         raise ValueError(f"out: expected a device array int64 or int32 [Qn, K], got {out!r}")
-    if tuple(out.shape) != (b.Qn, b.K) or out.dtype not in (np.int64, np.int32):
+    if tuple(out.shape) != (Qn, K) or out.dtype not in (np.int64, np.int32):
         raise ValueError(
-            f"out: expected int64 or int32 {(b.Qn, b.K)}, got {out.dtype} {tuple(out.shape)}"
+            f"out: expected int64 or int32 {(Qn, K)}, got {out.dtype} {tuple(out.shape)}"
         )
     if not out.flags.c_contiguous:
         raise ValueError("out: expected a C-contiguous array")

@@ -214,13 +214,18 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
     return complete_inputs(part, check_values=check_values, check_layout=check_layout, bufs=bufs)
 
 
-def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np) -> dict:
-    """The host half of ``check_decode_inputs``: dtypes, shapes and limits (no device work
-    beyond views); returns the arrays and sizes that ``complete_inputs`` finishes."""
+def _check_K(K) -> None:
+    """A decode step's K: a positive Python or numpy integer, at most KMAX."""
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
         raise ValueError(f"K: expected a positive integer, got {K!r}")
     if K > KMAX:
         raise ValueError(f"K: at most {KMAX} is supported by the selection kernel, got {K}")
+
+
+def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np) -> dict:
+    """The host half of ``check_decode_inputs``: dtypes, shapes and limits (no device work
+    beyond views); returns the arrays and sizes that ``complete_inputs`` finishes."""
+    _check_K(K)
     q = _as(q, "q", xp)
     if q.dtype != np.uint8:
         raise ValueError(f"q: expected e4m3 bits (uint8 or fp8), got dtype {q.dtype}")
@@ -404,10 +409,7 @@ class DecodeSelectorGPU:
     def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,
                  check_values: bool = False, backend: str = "cupy",
                  check_layout: bool = True):  # fmt: skip
-        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-            raise ValueError(f"K: expected a positive integer, got {K!r}")
-        if K > KMAX:
-            raise ValueError(f"K: at most {KMAX} is supported by the selection kernel, got {K}")
+        _check_K(K)
         if isinstance(history, bool) or not isinstance(history, (int, np.integer)):
             raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
         if history < 0:

@@ -18,6 +18,7 @@ __all__ = [
     "Batch",
     "as_device",
     "check_inputs",
+    "check_selection_K",
     "check_values",
     "ValueCheck",
     "key_rho",
@@ -73,6 +74,16 @@ _VALUE_ERRORS = (
 CHECK_ORDER = 1 << len(_VALUE_ERRORS)  # check_values' bit for "some ks > ke"
 
 
+def check_selection_K(K) -> int:
+    """K as the reference takes it (an int, a numpy integer or a 0-d integer array; a 0-d
+    device array is read back first; a float or a bool raises, dosa_ref.validate.check_K),
+    at most 4096 (the selection kernel's limit): int."""
+    K = check_K(K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K)
+    if K > 4096:
+        raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
+    return K
+
+
 def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer: bool = False):
     """Validate and convert the DeepGEMM/SGLang layout; returns contiguous CuPy arrays.
 
@@ -90,11 +101,7 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer:
     launched before that stays in bounds.
     """
     cp = cupy_or_raise()
-    # K as the reference takes it (an int, a numpy integer or a 0-d integer array; a 0-d
-    # device array is read back first); a float or a bool raises (dosa_ref.validate.check_K)
-    K = check_K(K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K)
-    if K > 4096:
-        raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
+    K = check_selection_K(K)
     q = cp.ascontiguousarray(as_device(q, "q", np.uint8))
     w = as_device(w, "w")
     if w.dtype != np.float32:

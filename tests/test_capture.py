@@ -158,7 +158,6 @@ def test_an_empty_chunk_takes_no_route(monkeypatch):
 def test_addresses():
     dev = types.SimpleNamespace(__cuda_array_interface__={"data": (1027, False)})
     assert C._address(dev) == 1027
-    assert C._address(types.SimpleNamespace(data_ptr=lambda: 77)) == 77  # torch
     x = np.zeros(3)
     assert C._address(x) == x.ctypes.data
     assert C._address(object()) == 0
@@ -180,10 +179,9 @@ class _Tensor:
 def test_out_is_checked(monkeypatch):
     shim = numpy_as_cupy()
     monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
-    b = types.SimpleNamespace(Qn=3, K=4)
     ok = np.zeros((3, 4), np.int32)
-    assert C._device_out(ok, b) is ok
-    view = C._device_out(_Tensor(ok), b)  # viewed, not copied
+    assert C._device_out(ok, 3, 4) is ok
+    view = C._device_out(_Tensor(ok), 3, 4)  # viewed, not copied
     assert isinstance(view, np.ndarray) and np.shares_memory(view, ok)
     assert C._as_out(None) is None and C._as_out(ok) is ok
     lst = [[0] * 4] * 3
@@ -191,7 +189,7 @@ def test_out_is_checked(monkeypatch):
     for bad in (None, [[0] * 4] * 3, np.zeros((3, 5), np.int64), np.zeros((3, 4), np.float32),
                 np.zeros((4, 3), np.int64).T):  # fmt: skip
         with pytest.raises(ValueError, match="^out:"):
-            C._device_out(bad, b)
+            C._device_out(bad, 3, 4)
 
 
 def _problem(Qn=6, N=40, H=4, K=5, seed=0):
