@@ -102,15 +102,32 @@ def ragged_lengths(total: int) -> list[int]:
 # ---------------------------------------------------------------------------------------
 
 
-def _small(cp, a, H, Qn, log) -> dict:
-    import dosa_cupy
+def _chunk_sets(a, H, Qn) -> list:
+    """``a.rotate`` input sets of one prefill chunk (Qn queries, ``a.keys`` keys)."""
     from dosa_cupy.workload import make_gpu_workload
 
-    sets = [make_gpu_workload(a.regime, Qn, a.keys, H, seed=a.seed + i) for i in range(a.rotate)]
-    names = ("q", "w", "k_payload", "k_scale")
+    return [make_gpu_workload(a.regime, Qn, a.keys, H, seed=a.seed + i) for i in range(a.rotate)]
+
+
+def _chunk_args(s, K) -> tuple:
+    """A set's positional arguments of ``dosa_topk`` / ``dense_topk``."""
+    return (s["q"], s["w"], s["k_payload"], s["k_scale"], K, s["ks"], s["ke"])
+
+
+def _done(cp, row: dict, log) -> dict:
+    """Log a finished row (without its per-replay lists) and free the pool."""
+    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}))
+    free(cp)
+    return row
+
+
+def _small(cp, a, H, Qn, log) -> dict:
+    import dosa_cupy
+
+    sets = _chunk_sets(a, H, Qn)
 
     def args(s):
-        return (*(s[k] for k in names), a.K, s["ks"], s["ke"])
+        return _chunk_args(s, a.K)
 
     routes = {
         "dosa": lambda s: dosa_cupy.dosa_topk(*args(s)),
@@ -128,10 +145,8 @@ def _small(cp, a, H, Qn, log) -> dict:
     )  # fmt: skip
     row["dosa_over_dense"] = row["dosa_ms"] / row["dense_ms"]
     row["dosa_over_dense_nocheck"] = row["dosa_nocheck_ms"] / row["dense_nocheck_ms"]
-    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}))
     del sets
-    free(cp)
-    return row
+    return _done(cp, row, log)
 
 
 # ---------------------------------------------------------------------------------------
@@ -267,12 +282,11 @@ def _graph(cp, a, H, Qn, log) -> dict:
     the same sets."""
     import dosa_cupy
     from dosa_cupy.capture import PrefillSelectorGPU
-    from dosa_cupy.workload import make_gpu_workload
 
     names = ("q", "w", "k_payload", "k_scale", "ks", "ke")
-    sets = [make_gpu_workload(a.regime, Qn, a.keys, H, seed=a.seed + i) for i in range(a.rotate)]
+    sets = _chunk_sets(a, H, Qn)
     row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime)
-    want = [dosa_cupy.dense_topk(*(s[k] for k in names[:4]), a.K, s["ks"], s["ke"]) for s in sets]
+    want = [dosa_cupy.dense_topk(*_chunk_args(s, a.K)) for s in sets]
     eq = True
     stream = cp.cuda.Stream(non_blocking=True)
     for route in GRAPH_ROUTES:
@@ -304,7 +318,7 @@ def _graph(cp, a, H, Qn, log) -> dict:
             s.pop(route)
 
     def eager(fn):
-        return lambda s: fn(*(s[k] for k in names[:4]), a.K, s["ks"], s["ke"], check=False)
+        return lambda s: fn(*_chunk_args(s, a.K), check=False)
 
     for name, fn in (("dosa", dosa_cupy.dosa_topk), ("dense", dosa_cupy.dense_topk)):
         row[f"{name}_eager_ms"], row[f"{name}_eager_ms_all"] = median_ms(
@@ -313,10 +327,8 @@ def _graph(cp, a, H, Qn, log) -> dict:
     row["ids_equal"] = eq
     row["auto_graph_over_dense_graph"] = row["auto_graph_ms"] / row["dense_graph_ms"]
     row["auto_graph_over_dense_eager"] = row["auto_graph_ms"] / row["dense_eager_ms"]
-    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}))
     del sets
-    free(cp)
-    return row
+    return _done(cp, row, log)
 
 
 # ---------------------------------------------------------------------------------------
