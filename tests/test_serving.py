@@ -307,7 +307,7 @@ def test_paged_prefill_equals_contiguous(numpy_gpu):
     want = S.ragged_topk(q, w, kp, ksc, K, cu_q, cu_k)
     assert got.dtype == np.int32 and np.array_equal(got, want)
     phys = S.paged_prefill_topk(*args, physical=True)
-    ref = S.page_rows(pc.block_table, np.repeat(np.arange(len(qn)), qn), want)
+    ref = _rows_oracle(pc.block_table, np.repeat(np.arange(len(qn)), qn), want)
     assert phys.dtype == np.int64 and np.array_equal(phys, ref)
     # the physical rows hold the keys the logical ids name
     flat = np.asarray(pc.kv).reshape(-1, 128)
@@ -316,14 +316,26 @@ def test_paged_prefill_equals_contiguous(numpy_gpu):
     assert np.array_equal(flat[phys[sel]], kp[want[sel] + start])
 
 
+def _rows_oracle(bt, req, ids):
+    """Cache row of each logical id, element by element: block_table[request, id // 64]·64
+    + id % 64, −1 for −1."""
+    out = np.full(ids.shape, -1, np.int64)
+    for r, i in np.ndindex(*ids.shape):
+        if ids[r, i] >= 0:
+            out[r, i] = int(bt[req[r], ids[r, i] // 64]) * 64 + int(ids[r, i]) % 64
+    return out
+
+
 def test_page_rows_equals_physical_rows():
+    """page_rows and physical_rows (which calls it) against the formula written out."""
     rs = np.random.default_rng(8)
     bt = rs.permutation(40)[:24].reshape(3, 8).astype(np.int32)
     ids = rs.integers(-1, 8 * 64, (3, 50))
     want = dec.physical_rows(bt, ids)
+    assert np.array_equal(want, _rows_oracle(bt, np.arange(3), ids))
     req = np.array([2, 0, 1, 2])
     got = S.page_rows(bt, req, ids[req])
-    assert np.array_equal(got, want[req])
+    assert np.array_equal(got, _rows_oracle(bt, req, ids[req]))
 
 
 def test_empty_batch(numpy_gpu):
