@@ -19,7 +19,7 @@ from ._build import cupy_or_raise
 
 __all__ = ["decode_selector", "decode_topk", "prefill_topk", "ragged_topk", "release_selector"]
 
-_SELECTORS: dict = {}  # handle → (DecodeSelectorGPU, K)
+_SELECTORS: dict = {}  # handle → DecodeSelectorGPU
 _HANDLES = itertools.count(1)
 
 
@@ -107,13 +107,13 @@ def decode_selector(K: int, history: int = 2, check_layout: bool = False) -> int
 
     sel = DecodeSelectorGPU(K=K, history=history, check_layout=check_layout)
     handle = next(_HANDLES)  # never reused: a graph holding a released handle fails loudly
-    _SELECTORS[handle] = (sel, int(K))
+    _SELECTORS[handle] = sel
     return handle
 
 
 def release_selector(handle: int) -> None:
     """Free a selector's workspaces and forget its handle."""
-    sel, _ = _lookup(handle)
+    sel = _lookup(handle)
     sel.release()
     del _SELECTORS[handle]
 
@@ -139,9 +139,9 @@ def decode_topk(
     [B, next_n, H, 128], w fp32 [B, next_n, H], the paged cache kv_payload e4m3 [blocks, 64,
     128] with kv_scale fp32 [blocks, 64], block_table int32 [B, max_blocks], lengths int32
     [B] → int64 [B, next_n, K] ids, equal to ``decode.dense_decode_topk``'s."""
-    sel, k = _lookup(handle)
-    if K != k:
-        raise ValueError(f"K: selector {handle} selects {k}, got {K}")
+    sel = _lookup(handle)
+    if K != sel.K:
+        raise ValueError(f"K: selector {handle} selects {sel.K}, got {K}")
     with _on_stream(q) as cp:
         out = torch.empty((q.shape[0], q.shape[1], K), dtype=torch.int64, device=q.device)
         sel.step(q, w, kv_payload, kv_scale, block_table, lengths, return_stats=False,

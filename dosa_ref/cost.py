@@ -82,8 +82,9 @@ def choose_r(
         plan = build_plan(q_t, w_t, p, r, plan_options)
         U = upper_bound(plan, k_sample, form, "up", q_t, w_t, ksum)
         m = float(np.mean(U >= tau if survive is None else survive(plan, U)))
-        work += k_sample.shape[0] * bound_fraction(r, H, form)
-        cost = bound_fraction(r, H, form) + m
+        frac = bound_fraction(r, H, form)
+        work += k_sample.shape[0] * frac
+        cost = frac + m
         if cost < best_cost:
             best, best_cost, best_m = r, cost, m
     est = f + (1.0 - f) * best_cost

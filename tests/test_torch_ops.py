@@ -94,8 +94,8 @@ def test_selector_handles_are_never_reused(monkeypatch):
 
     monkeypatch.setattr(decode, "DecodeSelectorGPU", Stub)
     a, b = T.decode_selector(8), T.decode_selector(16)
-    assert a != b and T._SELECTORS[b][1] == 16
-    sel = T._SELECTORS[b][0]
+    assert a != b and T._SELECTORS[b].K == 16
+    sel = T._SELECTORS[b]
     T.release_selector(b)
     assert sel.released and b not in T._SELECTORS
     c = T.decode_selector(8)

@@ -257,6 +257,18 @@ def _cell(v, fmt="{:.3f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _xf(key):
+    """A column of a row's time over its floor (``x_floors``)."""
+    return lambda r: _cell((r.get("x_floor") or {}).get(key), "{:.2f}×")
+
+
+# the step's shape, first columns of the graph and peer tables
+_STEP_COLS = [
+    ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
+    ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
+]  # fmt: skip
+
+
 def markdown(rows) -> str:
     """The decode table (the key-read floor and time / floor after the original columns)
     and, for rows with peer fields, the peers table and the reasons peers did not run."""
@@ -285,14 +297,10 @@ def graph_markdown(rows) -> str:
         a, b = r.get("dosa_graph_ms"), r.get("dg_graph_ms")
         return _cell(b / a if a and b is not None else None, "{:.2f}×")
 
-    def xf(key):
-        return lambda r: _cell((r.get("x_floor") or {}).get(key), "{:.2f}×")
-
     cols = [
-        ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
-        ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
-        ("DoSA graph ms", lambda r: _cell(r.get("dosa_graph_ms"))), ("×floor", xf("dosa_graph")),
-        ("DG+topk graph ms", lambda r: _cell(r.get("dg_graph_ms"))), ("×floor", xf("dg_graph")),
+        *_STEP_COLS,
+        ("DoSA graph ms", lambda r: _cell(r.get("dosa_graph_ms"))), ("×floor", _xf("dosa_graph")),
+        ("DG+topk graph ms", lambda r: _cell(r.get("dg_graph_ms"))), ("×floor", _xf("dg_graph")),
         ("DG graph / DoSA graph", ratio),
         ("DoSA graph ids == dense", lambda r: str(r.get("dosa_graph_ids_equal"))),
     ]  # fmt: skip
@@ -318,19 +326,15 @@ def peers_markdown(rows) -> str:
     def ms(key):
         return lambda r: _cell(r.get(key))
 
-    def xf(key):
-        return lambda r: _cell((r.get("x_floor") or {}).get(key), "{:.2f}×")
-
     def ratio(r):
         sel, tk = r.get("own_select_ms"), r.get("own_torch_topk_ms")
         return _cell(tk / sel if sel and tk is not None else None, "{:.2f}×")
 
     cols = [
-        ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
-        ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
+        *_STEP_COLS,
         ("DG meta ms", ms("dg_meta_ms")), ("DG logits ms", ms("dg_logits_ms")),
-        ("DG logits ×floor", xf("dg_logits")), ("DG+topk ms", ms("dg_topk_ms")),
-        ("DG+topk ×floor", xf("dg_topk")),
+        ("DG logits ×floor", _xf("dg_logits")), ("DG+topk ms", ms("dg_topk_ms")),
+        ("DG+topk ×floor", _xf("dg_topk")),
         ("DG ids in dense", lambda r: _cell(r.get("dg_overlap_min"), "{:.4f}")),
         ("own select ms", ms("own_select_ms")),
         ("torch.topk ms (own logits)", ms("own_torch_topk_ms")), ("torch.topk / select", ratio),

@@ -8,9 +8,10 @@ import time
 
 import numpy as np
 
+from ..cost import logits_flop
 from . import peers as peer_routes
-from .memplan import D, floors_ms, memory_plan, x_floor
-from .report import ids_equal
+from .memplan import floors_ms, memory_plan, x_floor
+from .report import device_name, ids_equal
 from .shapes import shape_name
 from .timing import free, is_oom, median_ms, slices
 
@@ -115,7 +116,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         sets = [make_set(sd) for sd in seeds]
     cp.cuda.Device().synchronize()
     vis = float(cp.sum((sets[0]["ke"] - sets[0]["ks"]).astype(cp.float64)))
-    flops = 2.0 * H * D * vis
+    flops = logits_flop(vis, H)
     res = dict(
         H=H, Qn=Qn, N=N, K=K, regime=regime, r=int(opts.get("r", 14)), reps=reps,
         rotate=rot, visible_pairs=vis, dense_flop=flops, setup_s=time.time() - t0,
@@ -123,10 +124,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         stats_subchunk=sub["dosa_stats"], fused_subchunk=sub["fused"],
         memory_budget_gib=mem["budget_gib"], memory_notes=list(mem["notes"]),
     )  # fmt: skip
-    try:
-        res["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    except Exception:  # the name is decoration; never fail a measurement for it
-        res["device"] = None
+    res["device"] = device_name(cp)
     dchunks = [slices(s, sub["dense"]) for s in sets]
 
     # Dense logits alone (each sub-chunk's buffer released before the next is allocated).

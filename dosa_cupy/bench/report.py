@@ -30,6 +30,15 @@ def git_commit(cwd=None) -> str:
         return None
 
 
+def device_name(cp) -> str | None:
+    """The name of GPU 0, or None when the runtime cannot say (decoration only: a
+    measurement never fails for it)."""
+    try:
+        return cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:
+        return None
+
+
 def run_meta(commit=None) -> dict:
     """Date (UTC) and commit: ``commit`` > $DOSA_COMMIT > git > "unknown" (the device copy
     of the tree has no .git, so pass --commit there)."""

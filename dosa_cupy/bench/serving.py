@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import cell, md_table, run_meta
+from .report import cell, device_name, md_table, run_meta
 from .timing import check_run_args, free, median_ms, no_gpu_exit
 
 PARTS = ("small", "ragged", "paged", "decode", "graph")
@@ -434,10 +434,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
 
     res = {"meta": run_meta(a.commit), "args": dict(vars(a))}
-    try:
-        res["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    except Exception:  # the name is decoration; never fail a measurement for it
-        res["device"] = None
+    res["device"] = device_name(cp)
     for p in PARTS:
         res[p] = []
     t0 = time.time()
