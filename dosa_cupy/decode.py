@@ -172,15 +172,18 @@ def _int_arr(a, name: str):
     return a
 
 
+def used_blocks(lengths, mb: int, xp=np):
+    """bool [B, mb]: block j of request b holds some of its lengths[b] tokens (j < ⌈L/64⌉)."""
+    nblk = (xp.asarray(lengths).astype(xp.int64) + PAGE - 1) // PAGE
+    return xp.arange(mb, dtype=xp.int64)[None, :] < nblk[:, None]
+
+
 def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
     """lengths within [0, max_blocks·64] and the block-table entries of every used block
     within [0, num_blocks): computed on the device, read back with one transfer."""
     Lh = L.astype(xp.int64)
     bad = (Lh < 0) | (Lh > mb * PAGE)
-    used = (
-        xp.arange(mb, dtype=xp.int64)[None, :]
-        < ((xp.clip(Lh, 0, mb * PAGE) + PAGE - 1) // PAGE)[:, None]
-    )
+    used = used_blocks(xp.clip(Lh, 0, mb * PAGE), mb, xp)
     btl = bt.astype(xp.int64)
     badb = used & ((btl < 0) | (btl >= nb))
     flags = xp.stack([bad.any(), badb.any()])
@@ -294,10 +297,7 @@ def complete_inputs(part: dict, *, check_values: bool = False, check_layout: boo
             _check_layout(xp, L, bt, mb, nb)
         ke = visible_ends(L, n, xp).reshape(R)
     if check_values:
-        used = (
-            xp.arange(mb, dtype=xp.int64)[None, :]
-            < ((L.astype(xp.int64) + PAGE - 1) // PAGE)[:, None]
-        )
+        used = used_blocks(L, mb, xp)
         btl = bt.astype(xp.int64)
         if bool(((q & 0x7F) == 0x7F).any()):
             raise ValueError("q: contains e4m3 NaN codes")

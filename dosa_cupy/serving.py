@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise
-from .decode import PAGE, _int_arr, page_rows
+from .decode import PAGE, _int_arr, page_rows, used_blocks
 from .pipeline import dosa_topk
 from .prepare import MAX_KEYS, D, as_device
 
@@ -165,8 +165,7 @@ def _check_pages(bt, lengths: np.ndarray, name: str, xp, num_blocks: int | None)
     """Every block-table entry of a used block in [0, num_blocks) (num_blocks None: ≥ 0):
     computed on the device, read back once (the decode layout check, decode.py)."""
     mb = int(bt.shape[1])
-    nblk = xp.asarray((lengths + PAGE - 1) // PAGE)
-    used = xp.arange(mb, dtype=xp.int64)[None, :] < nblk[:, None]
+    used = used_blocks(lengths, mb, xp)
     b64 = bt.astype(xp.int64)
     bad = used & ((b64 < 0) | (b64 >= (num_blocks if num_blocks is not None else 2**62)))
     flat = bad.ravel()
