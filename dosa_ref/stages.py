@@ -37,6 +37,7 @@ from .seeds import explicit_seeds, kth_score
 
 __all__ = [
     "check_values",
+    "clamp_ranges",
     "dense_logits",
     "key_rho",
     "pool_ids",
@@ -72,6 +73,14 @@ def check_values(q, w, payload, ks, ke, N: int) -> int:
         np.any(ks > ke),
     )
     return sum(int(bool(f)) << i for i, f in enumerate(flags))
+
+
+def clamp_ranges(ks, ke, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges the check kernel writes beside its flags (check_values_*): int32 [Qn]
+    each, ks clamped into [0, N] and ke into [ks, N], so launches before the flags are
+    read stay in bounds."""
+    lo = np.clip(np.asarray(ks).astype(np.int64), 0, N)
+    return lo.astype(np.int32), np.clip(np.asarray(ke).astype(np.int64), lo, N).astype(np.int32)
 
 
 def dense_logits(q, w, payload, scale, ks=None, ke=None) -> np.ndarray:

@@ -391,8 +391,7 @@ def test_check_values_kernel_equals_reference():
         want = stages.check_values(a["q"], a["w"], a["kp"], a["ks"], a["ke"], N)
         assert want == 0 or chosen
         dev = {k: cp.asarray(v) for k, v in a.items()}
-        lo = np.clip(a["ks"], 0, N)
-        hi = np.clip(a["ke"], lo, N)
+        lo, hi = stages.clamp_ranges(a["ks"], a["ke"], N)
         for dt in (cp.int32, cp.int64, cp.uint32):
             vc = ValueCheck(dev["q"], dev["w"], dev["kp"], dev["ks"].astype(dt),
                             dev["ke"].astype(dt), N)  # fmt: skip
@@ -903,8 +902,7 @@ def test_public_ids_int64_cpu(monkeypatch):
         def __init__(self, q, w, kp, ks, ke, N):
             self._given, self._N, self._bad = (ks, ke), int(N), None
             self._flags = np.array([stages.check_values(q, w, kp, ks, ke, N)], np.uint32)
-            self.ks = np.clip(ks, 0, N).astype(np.int32)
-            self.ke = np.clip(ke, self.ks, N).astype(np.int32)
+            self.ks, self.ke = stages.clamp_ranges(ks, ke, N)
 
     monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
     monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
