@@ -278,7 +278,7 @@ def _decode(cp, a, H, log) -> list[dict]:
 
     rows = []
     for B, ctx in DECODE_SHAPES:
-        r = bench_shape(H, B, ctx, 1, a.K, a.reps, max(a.warm, 1), 2, None, a.seed, log, None)
+        r = bench_shape(H, B, ctx, 1, a.K, a.reps, a.warm, 2, None, a.seed, log, None)
         rows.append({k: v for k, v in r.items() if k in DECODE_KEYS})
         free(cp)
     return rows
