@@ -4,6 +4,7 @@ equivalent mutants with the argument for each (``dosa mutate``; docs/mutation.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Target:
     def id_stem(self) -> str:
         """The module part of its mutant ids: the file's stem, with ``cupy_`` in front for
         dosa_cupy's modules (several share a stem with a dosa_ref module)."""
-        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py")
+        stem = Path(self.path).stem
         return "cupy_" + stem if self.path.startswith("dosa_cupy/") else stem
 
 
