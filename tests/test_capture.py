@@ -504,3 +504,91 @@ def test_captured_in_a_torch_graph():
         torch.cuda.synchronize()
         h.finish()
         assert cp.array_equal(out, _dense(static, K)), f"set {i + 1}"
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the decode step captured, on every regime of the prefill cases
+# ---------------------------------------------------------------------------------------
+
+
+def _decode_walk(regime, B, n, H, N, steps, seed):
+    """A regime's keys written into a paged cache behind a shuffled block table (each
+    request its own copy of the N keys, the last block partly filled) and its queries as
+    the walk's decode steps (B requests × next_n = n per step); every context starts near
+    N and grows by one token per step.  Returns (steps of (q, w, lengths), [cache payload,
+    cache scale, block table])."""
+    from dosa_cupy.decode import PAGE
+    from dosa_cupy.workload import make_gpu_workload
+
+    try:
+        wl = make_gpu_workload(regime, B * n * steps, N, H, seed=seed)
+    except ModuleNotFoundError as e:  # the trained regime without its encoder and corpus
+        pytest.skip(str(e))
+    rs = np.random.default_rng(seed)
+    mb = -(-N // PAGE)
+    nb = B * mb + 2  # two spare blocks no request uses
+    table = cp.asarray(rs.permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32))
+    kp = cp.zeros((mb * PAGE, 128), dtype=cp.uint8)
+    kp[:N] = wl["k_payload"]
+    ks = cp.zeros(mb * PAGE, dtype=cp.float32)
+    ks[:N] = wl["k_scale"]
+    kv = cp.zeros((nb, PAGE, 128), dtype=cp.uint8)
+    sc = cp.zeros((nb, PAGE), dtype=cp.float32)
+    kv[table.ravel()] = cp.tile(kp.reshape(mb, PAGE, 128), (B, 1, 1))
+    sc[table.ravel()] = cp.tile(ks.reshape(mb, PAGE), (B, 1))
+    L0 = rs.integers(N - 3 * PAGE, N - steps + 1, B)
+    q = wl["q"].reshape(steps, B, n, H, 128)
+    w = wl["w"].reshape(steps, B, n, H)
+    walk = [
+        (
+            cp.ascontiguousarray(q[t]),
+            cp.ascontiguousarray(w[t]),
+            cp.asarray((L0 + t).astype(np.int32)),
+        )
+        for t in range(steps)
+    ]
+    return walk, [kv, sc, table]
+
+
+# every prefill case's regime, N, H and K (the serving K = 2048 included)
+DECODE_CASES = sorted({(c[0], c[2], c[3], c[4]) for c in CASES})
+
+
+@gpu
+@pytest.mark.parametrize("regime,N,H,K", DECODE_CASES)
+def test_decode_step_captured_on_every_regime(regime, N, H, K):
+    """The decode step (check_layout=False, out=) captured once in a CuPy stream graph and
+    replayed on the regime's next steps copied into the same buffers: ids == an eager
+    selector's == ``dense_decode_topk`` bitwise at every step (the witness ring advances on
+    the device in the replays)."""
+    from dosa_cupy import decode as dec
+
+    B, n, steps = 2, 2, 4
+    walk, dev = _decode_walk(regime, B, n, H, N, steps, seed=5)
+    static = [x.copy() for x in walk[0]]
+    out = cp.empty((B, n, K), dtype=cp.int64)
+    sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
+    sel_e = dec.DecodeSelectorGPU(K)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with stream:
+        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # eager step 0
+        stream.begin_capture()
+        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)
+        graph = stream.end_capture()
+    stream.synchronize()
+    first = sel_e.step(*walk[0][:2], *dev, walk[0][2], return_stats=False).ids
+    assert cp.array_equal(first, out), f"{regime}: eager step 0 != the graph selector's"
+    assert cp.array_equal(first, dec.dense_decode_topk(*walk[0][:2], *dev, walk[0][2], K))
+    for t in range(1, steps):
+        for dst, src in zip(static, walk[t], strict=True):
+            dst[...] = src
+        cp.cuda.Device().synchronize()
+        out.fill(7)  # stale ids must not survive a replay
+        cp.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
+        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
+        assert cp.array_equal(eager, dense), f"{regime} step {t}: eager != dense"
+        assert cp.array_equal(out, dense), f"{regime} step {t}: replay != dense"
