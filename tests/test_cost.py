@@ -206,3 +206,142 @@ def test_route_memo_refresh_one_samples_every_call():
     memo = cost.RouteMemo(refresh=1)
     memo.store("k", cost.RouteChoice("dense", "sampled"))
     assert memo.recall("k") is None and memo.recall("k") is None
+
+
+# ---------------------------------------------------------------------------------------
+# The head start (cost.HeadStart): host arithmetic with a stand-in for CuPy's streams
+# ---------------------------------------------------------------------------------------
+
+
+class _FakeStreams:
+    """Enough of ``cupy`` for ``HeadStart`` and ``decision_stream``: streams that record
+    what was asked of them, events, the current stream, numpy arrays."""
+
+    def __init__(self, priority=True):
+        import types
+
+        log = self.log = []
+        fake = self
+
+        class Event:
+            def synchronize(self):
+                log.append("sync")
+
+        class Stream:
+            n = 0
+
+            def __init__(self, non_blocking=False, **kw):
+                if "priority" in kw and not priority:
+                    raise TypeError("priority")
+                Stream.n += 1
+                self.ptr, self.kw = 1000 + Stream.n, kw
+
+            def record(self):
+                log.append(("record", self.ptr))
+                return Event()
+
+            def wait_event(self, e):
+                log.append(("wait", self.ptr))
+
+            def __enter__(self):
+                fake.stack.append(self)
+
+            def __exit__(self, *a):
+                fake.stack.pop()
+
+        self.stack = [Stream()]
+        cuda = types.SimpleNamespace(
+            Stream=Stream,
+            Device=lambda: types.SimpleNamespace(id=0),
+            get_current_stream=lambda: self.stack[-1],
+        )
+        self.cp = types.SimpleNamespace(cuda=cuda, empty=np.empty, int64=np.int64)
+
+
+def _hs_batch(Qn=300, N=5000, H=32, K=8):
+    from dosa_cupy.prepare import Batch
+
+    z = np.zeros
+    return Batch(z((Qn, H, 128), np.uint8), z((Qn, H), np.float32), z((N, 128), np.uint8),
+                 z(N, np.float32), K, z(Qn, np.int32), np.full(Qn, N, np.int32))  # fmt: skip
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    f = _FakeStreams()
+    monkeypatch.setattr(cost, "cupy_or_raise", lambda: f.cp)
+    monkeypatch.setattr(cost, "_STREAMS", {})
+    launched = f.launched = []
+
+    def dense_ids(b):  # each row's ids: its first query's weight sum stands for "done"
+        launched.append((b.Qn, f.stack[-1]))
+        return np.full((b.Qn, b.K), len(launched), np.int32)
+
+    monkeypatch.setattr(cost, "dense_ids", dense_ids)
+    return f
+
+
+def test_head_start_keeps_the_lead_in_blocks_of_rows(fake_streams, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: clock[0])
+    b = _hs_batch()
+    model = cost.H200
+    row_ms = model.dense_ms(300, 5000, 300.0 * 5000, 32) / 300
+    h = cost.HeadStart(b, model, lead_ms=64 * row_ms * 1.5, rows=64)  # 1.5 blocks of lead
+    caller = fake_streams.stack[-1]
+    assert h.h == 128 and fake_streams.launched == [(128, caller)]  # on the caller's stream
+    assert ("wait", h.side.ptr) == fake_streams.log[1]  # the side waits for the caller first
+    assert (h.out[:128] == 1).all()
+    h.top_up()  # no time passed: the lead is still queued
+    assert h.h == 128 and len(fake_streams.launched) == 1
+    clock[0] += 64 * row_ms / 1e3  # one block of rows' time passes
+    h.top_up()
+    assert h.h == 192 and (h.out[128:192] == 2).all()
+    h.drain()  # the host waited for the GPU: the lead restarts
+    assert fake_streams.log[-1] == "sync" and h.queued_ms == 0.0
+    h.top_up()
+    assert h.h == 300  # 2 blocks wanted, 108 rows left
+    h.top_up()
+    assert len(fake_streams.launched) == 3  # nothing left to launch
+    h.join()
+    assert fake_streams.log[-1] == ("wait", caller.ptr)
+
+
+def test_head_start_with_a_free_dense_route_takes_every_row(fake_streams):
+    free = dataclasses.replace(cost.H200, logits_flop_per_ms={32: np.inf}, logits_fixed_ms=0.0,
+                               select_fixed_ms=0.0, select_ms_per_key=0.0)  # fmt: skip
+    h = cost.HeadStart(_hs_batch(Qn=130), free)
+    assert h.h == 130 and fake_streams.launched[0][0] == 130
+
+
+def test_decision_stream_per_caller_stream_with_the_highest_priority(fake_streams, monkeypatch):
+    cp = fake_streams.cp
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    sa = cost.decision_stream(cp, a)
+    assert cost.decision_stream(cp, a) is sa and cost.decision_stream(cp, b) is not sa
+    assert sa.kw == {"priority": -(1 << 20)}  # clamped by CUDA to the greatest priority
+    f = _FakeStreams(priority=False)  # a CuPy without priorities: a plain stream
+    monkeypatch.setattr(cost, "_STREAMS", {})
+    assert f.cp.cuda.Stream is not None and cost.decision_stream(f.cp, a).kw == {}
+
+
+def test_will_sample_is_four_rows_of_the_largest_sample():
+    assert cost.will_sample(4 * 128) and not cost.will_sample(4 * 128 - 1)
+
+
+def test_seed_rows_are_views_of_the_chunks_seeds():
+    from dosa_cupy.seeds import Seeds
+    from dosa_cupy.select import RecordBuffer
+
+    Qn = 10
+    d = RecordBuffer.__new__(RecordBuffer)
+    d.cap, d.cnt, d.rec = 4, np.arange(Qn, dtype=np.uint32), np.zeros((Qn, 4), np.uint64)
+    s = Seeds(anchors=np.array([0, 9]), pool=np.arange(3), poolmask=np.ones(1, np.uint32),
+              default=d, xcnt=np.zeros(Qn, np.uint32), tau=np.arange(Qn, dtype=np.float32),
+              xtable=None, sinks=1, window=2, kth_id=np.arange(Qn, dtype=np.int32))  # fmt: skip
+    r = s.rows(slice(6, None))
+    assert r.anchors is None and r.pool is s.pool and r.xtable is None
+    assert (r.tau == [6, 7, 8, 9]).all() and (r.kth_id == [6, 7, 8, 9]).all()
+    assert r.default.cap == 4 and (r.default.cnt == [6, 7, 8, 9]).all()
+    r.default.rec[0, 0] = 5  # a view: a kernel's appends to the rest land in the chunk's
+    assert s.default.rec[6, 0] == 5 and r.xcnt.shape == (4,)
