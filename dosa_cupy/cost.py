@@ -279,8 +279,8 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool, head=None):
     end.record()
     vis = bs.visible
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
-    sums = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
-    out = cp.asnumpy(cp.concatenate([sums, vis, plan.r.astype(cp.int64)]))  # one sync: the
+    head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
+    out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
     s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
     ms = cp.cuda.get_elapsed_time(start, end)
     if head is not None:
