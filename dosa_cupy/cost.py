@@ -15,20 +15,12 @@ decisions, both before the expensive work:
    finishing costs, predict DoSA's remaining time per candidate; the dense route's is
    predicted from the fitted logits and selection rates.  The cheapest wins.
 
-While decision 2 runs, the GPU would mostly wait for the host (its 5–18 ms are launches and
-read-backs).  ``HeadStart`` fills that time with the dense route of the chunk's first rows,
-on the caller's stream, while the decision's kernels run on a high-priority stream; when
-the decision is made, the rest of the chunk takes the chosen route and the rows already
-done are kept (every route is exact, so rows may come from different routes).
-
 The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
 scoring, in units of work rather than milliseconds).
 """
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -38,14 +30,13 @@ from dosa_ref.options import check_count
 
 from . import sm90a
 from ._build import cupy_or_raise
-from .dense import QG, dense_ids
+from .dense import QG
 from .refine import popcount_rows
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
 __all__ = [
     "H200",
     "CostModel",
-    "HeadStart",
     "RouteChoice",
     "RouteMemo",
     "candidate_key",
@@ -216,15 +207,13 @@ def sample_size(screen: str) -> int:
     return 2 * QG if screen == "pair" else QG
 
 
-def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200, head=None):
+def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
     of evenly spaced queries with each candidate (``candidates``), timed; predict each
     candidate's remaining time and the dense route's; the cheapest wins.
     ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage); each candidate plans
     its sampled queries only (a query's plan does not depend on the other queries), so the
     whole chunk is planned once, after the decision, and never when the dense route wins.
-    ``head``: the chunk's ``HeadStart`` or None (each timed sample then runs on an otherwise
-    idle GPU: the head is drained before it and topped up after it).
     Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
@@ -242,8 +231,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200, he
         idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, r, o)
-        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie),
-                                    head)  # fmt: skip
+        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(screen, r)
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
@@ -257,12 +245,11 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200, he
     return choice
 
 
-def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool, head=None):
+def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
     queries ``idx``
     (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
-    chunk's build choice (``screen.tie_screen_wanted``); ``head``: see ``sample_route``.  One
-    synchronization (two with a head start: its drain)."""
+    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
     cp = cupy_or_raise()
     kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
     ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
@@ -271,8 +258,6 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool, head=None):
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
     tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
     launch.function()  # compiled and loaded before the timed launch
-    if head is not None:  # time the screen alone: a shared GPU would inflate its time
-        head.drain()
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     launch(surv, None, None, tcnt)
@@ -283,76 +268,4 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool, head=None):
     out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
     s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
     ms = cp.cuda.get_elapsed_time(start, end)
-    if head is not None:
-        head.top_up()
     return ms, (s / n if n > 0 else 0.0), out[2 : 2 + q], out[2 + q :]
-
-
-_STREAMS: dict = {}
-
-
-def decision_stream(cp, cur):
-    """The high-priority stream the sampled decision runs on beside the caller's stream
-    ``cur``: one per (device, caller's stream), so that memory the decision frees returns to
-    a pool no other caller's stream shares (CuPy's pool is stream-ordered)."""
-    key = (cp.cuda.Device().id, int(cur.ptr))
-    s = _STREAMS.get(key)
-    if s is None:  # priorities are clamped to the device's range (the greatest here)
-        try:
-            s = cp.cuda.Stream(non_blocking=True, priority=-(1 << 20))
-        except TypeError:  # a CuPy without stream priorities: the same order, shared SMs
-            s = cp.cuda.Stream(non_blocking=True)
-        _STREAMS[key] = s
-    return s
-
-
-def will_sample(Qn: int) -> bool:
-    """True when ``sample_route`` samples a chunk of Qn queries whatever its candidates
-    (it needs four sample block rows of the largest candidate's sample)."""
-    return Qn >= 4 * max(sample_size(s) for s in ("pair", "wg", "fp64"))
-
-
-class HeadStart:
-    """The dense route of a chunk's first rows, run while its route is decided (module doc).
-
-    Created before the decision on the caller's (current) stream ``cur``: ``side`` is the
-    decision's stream (``decision_stream``), made to wait for everything ``cur`` holds so
-    far; ``out`` int64 [Qn, K] receives the ids.  ``top_up`` launches the next rows on
-    ``cur`` so that about ``lead_ms`` of dense work (the model's prediction, every key
-    visible) stays queued ahead of the host's wall clock; ``drain`` waits until the GPU has
-    finished them (before a timed sample); ``join`` makes ``cur`` wait for the decision.
-    Rows ``[0, h)`` are final after ``join`` (exact: the dense route)."""
-
-    def __init__(self, b, model: CostModel, lead_ms: float = 3.0, rows: int = 64):
-        cp = cupy_or_raise()
-        self.cp, self.b, self.lead_ms, self.rows = cp, b, float(lead_ms), int(rows)
-        self.cur = cp.cuda.get_current_stream()
-        self.side = decision_stream(cp, self.cur)
-        self.side.wait_event(self.cur.record())  # the inputs, as the caller left them
-        self.out = cp.empty((b.Qn, b.K), dtype=cp.int64)
-        self.row_ms = model.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads) / max(b.Qn, 1)
-        self.h, self.queued_ms, self.t0, self.done = 0, 0.0, time.perf_counter(), None
-        self.top_up()
-
-    def top_up(self) -> None:
-        """Queue dense rows until ``lead_ms`` of predicted work lies ahead of the host."""
-        need = (time.perf_counter() - self.t0) * 1e3 + self.lead_ms - self.queued_ms
-        if need <= 0 or self.h >= self.b.Qn:
-            return
-        per = self.row_ms * self.rows  # predicted ms of one block of rows
-        n = self.rows * max(1, math.ceil(need / per)) if per > 0 else self.b.Qn
-        a, e = self.h, min(self.b.Qn, self.h + n)
-        with self.cur:
-            self.out[a:e] = dense_ids(self.b.rows(slice(a, e)))
-            self.done = self.cur.record()
-        self.h, self.queued_ms = e, self.queued_ms + (e - a) * self.row_ms
-
-    def drain(self) -> None:
-        """Wait (host) until the rows launched so far are done; the lead restarts from now."""
-        if self.done is not None:
-            self.done.synchronize()
-        self.t0, self.queued_ms = time.perf_counter(), 0.0
-
-    def join(self) -> None:
-        """The caller's stream waits for the decision's work (seeds, ρ, the sample)."""
-        self.cur.wait_event(self.side.record())

@@ -18,23 +18,12 @@ call).
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from ._build import cupy_or_raise
-from .cost import (
-    H200,
-    HeadStart,
-    RouteChoice,
-    RouteMemo,
-    candidate_key,
-    early_route,
-    sample_route,
-    will_sample,
-)
+from .cost import H200, RouteChoice, RouteMemo, candidate_key, early_route, sample_route
 from .dense import dense_ids
 from .options import start
 from .plan import DevicePlan, build_plans
@@ -130,45 +119,30 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
         return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
                             stats)  # fmt: skip
-    memo, key, route = o["route_memo"], None, None
+    memo, key = o["route_memo"], None
     if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
         key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
         route = memo.recall(key)
         if route is not None and route.route == "dense":
             return _dense_route(b, st, tm, route, None, stats)
     b.raise_if_bad()  # bad input raises before the screening stages
-    head = None  # the dense route of the first rows while the route is decided (cost.py)
-    if o["route"] == "auto" and route is None and _head_start_allowed(b, o, stats):
-        head = HeadStart(b, H200)
-        if head.h == b.Qn:  # the whole chunk's dense route fitted in the first lead
-            return head.out
-    with head.side if head is not None else contextlib.nullcontext():
-        rho = key_rho(b.kp)  # prepare (docs/method.md §8)
-        tm.mark("prepare")
-        seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
-        tm.mark("seeds")
-        if route is not None:  # the memo's DoSA route
-            o["screen"], r = route.screen, route.r
-        elif o["route"] == "auto":  # decision 2: sampled screens of each candidate vs dense
-            if head is not None:
-                head.top_up()
-            route = sample_route(b, seeds, rho, o, plan_stage, H200, head)
-            tm.mark("route")
-            if memo is not None:
-                memo.store(key, route)
-            o["screen"], r = route.screen, route.r
-        else:
-            o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w,
-                                         cp)  # fmt: skip
-            route = RouteChoice("dosa", "option", o["screen"], r)
-    if head is not None:  # rows [0, h) are done (dense); the rest takes the chosen route
-        head.join()
-        if head.h == b.Qn:
-            return head.out
-        b, seeds = b.rows(slice(head.h, None)), seeds.rows(slice(head.h, None))
-    if route.route == "dense":
-        ids = _dense_route(b, st, tm, route, seeds, stats)
-        return ids if head is None else _assemble(head, ids)
+    rho = key_rho(b.kp)  # prepare (docs/method.md §8)
+    tm.mark("prepare")
+    seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
+    tm.mark("seeds")
+    if key is not None and route is not None:  # the memo's key exists only with "auto"
+        o["screen"], r = route.screen, route.r
+    elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
+        route = sample_route(b, seeds, rho, o, plan_stage, H200)
+        tm.mark("route")
+        if memo is not None:
+            memo.store(key, route)
+        if route.route == "dense":
+            return _dense_route(b, st, tm, route, seeds, stats)
+        o["screen"], r = route.screen, route.r
+    else:
+        o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        route = RouteChoice("dosa", "option", o["screen"], r)
     plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
@@ -188,8 +162,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
 
-    if head is not None:
-        return _assemble(head, ids)
     if not stats:
         return ids
     st.screen, st.route = o["screen"], route
@@ -222,21 +194,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     st.stage_ms = dict(tm.ms)
     st.bounds = screened.bounds
     return ids, st
-
-
-def _head_start_allowed(b, o: dict, stats: bool) -> bool:
-    """Whether a chunk's decision runs beside a dense head start (cost.HeadStart): only when
-    it will be sampled, without statistics, stage timing or debug bounds (their per-query
-    arrays describe one route for every row), and with the default seeds (no explicit or
-    certificate seeds: the rest of the chunk then needs only ``Seeds.rows``)."""
-    plain = o["seed_ids"] is None and not o["cert_seeds"] and not o["debug_bounds"]
-    return will_sample(b.Qn) and not stats and not o["timing"] and plain
-
-
-def _assemble(head, ids):
-    """Rows [h, Qn) of the chunk's ids from the route that ran after the decision."""
-    head.out[head.h :] = ids
-    return head.out
 
 
 def _route_stats(st, route: RouteChoice, heads: int) -> None:

@@ -12,7 +12,7 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,24 +69,6 @@ class Seeds:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
         seed (the predicate of seed_score and ``explicit_seed_table``)."""
         return (np.int32(self.sinks), np.int32(self.window), self.poolmask)
-
-    def rows(self, sl: slice) -> Seeds:
-        """The seeds of the queries in ``sl`` (a contiguous range; views) for the batch
-        ``Batch.rows(sl)``: the pool is shared, the per-query arrays are sliced.  ``anchors``
-        (rows of the whole batch) becomes None."""
-
-        def cut(x):
-            return None if x is None else x[sl]
-
-        return replace(
-            self,
-            anchors=None,
-            default=self.default.rows(sl),
-            xcnt=cut(self.xcnt),
-            tau=self.tau[sl],
-            xtable=cut(self.xtable),
-            kth_id=cut(self.kth_id),
-        )
 
 
 def anchor_queries(Qn: int, n_anchors: int):

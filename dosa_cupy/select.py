@@ -45,12 +45,6 @@ class RecordBuffer:
         (seed_score, fused, refine, refine_shared, screen_cert)."""
         return (self.cnt, self.rec, np.int64(self.cap))
 
-    def rows(self, sl: slice) -> RecordBuffer:
-        """The lists of the queries in ``sl`` (views: a later kernel's appends land here)."""
-        out = RecordBuffer.__new__(RecordBuffer)
-        out.cap, out.cnt, out.rec = self.cap, self.cnt[sl], self.rec[sl]
-        return out
-
 
 @dataclass
 class Records:

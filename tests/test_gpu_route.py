@@ -76,56 +76,6 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     assert (st.seeds > 0).any() and (st.scored == st.seeds + st.visible).all()
 
 
-@pytest.mark.parametrize("lead_ms", [1e-6, 3.0, 1e9])  # one block of rows, the default, all
-@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("isotropic", 32), ("ties", 32),
-                                      ("equal", 64)])  # fmt: skip
-@gpu
-def test_gpu_head_start_is_exact_on_every_branch(regime, H, lead_ms, monkeypatch):
-    """Without statistics a sampled chunk's first rows take the dense route while the route
-    is decided (cost.HeadStart); whichever route the rest then takes — DoSA, dense, or none
-    when the head covered every row — the ids equal the dense route's, and so do a stats
-    call's (no head start there)."""
-    a = _args(regime, 520, 24000, H, seed=5)
-    dense = dosa_cupy.dense_topk(*a)
-    heads = []
-
-    class Spy(cost.HeadStart):
-        def __init__(self, b, model):
-            super().__init__(b, model, lead_ms=lead_ms)
-            heads.append(self)
-
-    monkeypatch.setattr(pipeline, "HeadStart", Spy)
-    for name, model in (("sampled", SAMPLED), ("dosa", NEVER_DENSE), ("dense", ALWAYS_DENSE)):
-        monkeypatch.setattr(pipeline, "H200", model)
-        n = len(heads)
-        ids = dosa_cupy.dosa_topk(*a)
-        assert len(heads) == n + 1, f"{name}: no head start"
-        h = heads[-1].h
-        assert 64 <= h <= 520 and (h % 64 == 0 or h == 520), (name, h)
-        if lead_ms > 1e6:
-            assert h == 520, name  # the head covered the chunk before the decision ended
-        assert ids.dtype == cp.int64 and cp.array_equal(ids, dense), (name, h)
-        ids_st, st = dosa_cupy.dosa_topk(*a, return_stats=True)
-        assert len(heads) == n + 1, f"{name}: a stats call must not start a head"
-        assert cp.array_equal(ids_st, dense), name
-
-
-@gpu
-def test_gpu_head_start_on_a_side_stream_of_the_callers_stream():
-    """A caller on its own (non-blocking) stream: the head runs there, the decision on a
-    high-priority stream of that caller's stream; the ids are ready after the caller's
-    stream synchronizes."""
-    a = _args("calibrated", 520, 24000, 32, seed=8)
-    dense = dosa_cupy.dense_topk(*a)
-    cp.cuda.Device().synchronize()
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        ids = dosa_cupy.dosa_topk(*a)
-    s.synchronize()
-    assert cp.array_equal(ids, dense)
-    assert cost.decision_stream(cp, s) is not cost.decision_stream(cp, cp.cuda.get_current_stream())
-
-
 @pytest.mark.parametrize("regime,H", [("calibrated", 32), ("many_positive", 64), ("ties", 32),
                                       ("isotropic", 64)])  # fmt: skip
 @gpu
