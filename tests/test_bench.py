@@ -1114,9 +1114,9 @@ def test_serving_mode_without_cupy(monkeypatch, capsys):
 def test_serving_report_of_a_synthetic_run(tmp_path):
     from dosa_cupy.bench import serving as BS
 
-    small = dict(H=32, Qn=16, N=131072, dosa_ms=0.5, dosa_nocheck_ms=0.4, dense_ms=0.25,
-                 dense_nocheck_ms=0.2, dosa_over_dense=2.0, dosa_over_dense_nocheck=2.0,
-                 ids_equal=True)  # fmt: skip
+    small = dict(H=32, Qn=16, N=131072, replays=100, dosa_ms=0.5, dosa_nocheck_ms=0.4,
+                 dense_ms=0.25, dense_nocheck_ms=0.2, dosa_over_dense=2.0,
+                 dosa_over_dense_nocheck=2.0, ids_equal=True)  # fmt: skip
     base = dict(H=64, B=8, queries=360, keys=131072)
     res = {
         "meta": {"date_utc": "2026-12-02 00:00:00Z", "commit": "abc1234"},
@@ -1130,7 +1130,7 @@ def test_serving_report_of_a_synthetic_run(tmp_path):
         "decode": [],
     }  # fmt: skip
     md = BS.markdown(res)
-    assert "commit abc1234, NVIDIA H200" in md and "| 32 | 16 | 131,072 | 0.500 |" in md
+    assert "commit abc1234, NVIDIA H200" in md and "| 32 | 16 | 131,072 | 100 | 0.500 |" in md
     assert "| 2.00× | 2.00× | True |" in md and "| 64 | 8 | 360 | 131,072 | 3.000 |" in md
     assert "(d) Decode" not in md  # a part that did not run is left out
     assert not BS.all_equal(res)
@@ -1141,3 +1141,36 @@ def test_serving_report_of_a_synthetic_run(tmp_path):
         json.loads((tmp_path / "o" / "bench_serving.json").read_text())["device"] == "NVIDIA H200"
     )
     assert (tmp_path / "o" / "bench_serving.md").read_text() == BS.markdown(res)
+
+
+def test_median_ms_interleaved_times_every_call_in_turn_on_the_same_set():
+    """Replay i runs every call on input set i mod len(sets) before replay i + 1; each call
+    gets its own events; the medians are per call."""
+    import types
+
+    from dosa_cupy.bench.timing import median_ms_interleaved
+
+    clock, calls = [0.0], []
+
+    class Event:
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+    cp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: b.t - a.t)
+    )
+
+    def fn(name, ms):
+        def run(s):
+            calls.append((name, s))
+            clock[0] += ms
+
+        return run
+
+    got = median_ms_interleaved(cp, {"a": fn("a", 2.0), "b": fn("b", 1.0)}, 4, 1, ["x", "y"])
+    assert calls[:2] == [("a", "x"), ("b", "x")]  # the warm-up, both calls
+    assert calls[2:] == [(n, s) for s in "xyxy" for n in "ab"]  # in turn, same set
+    assert got["a"] == (2.0, [2.0] * 4) and got["b"] == (1.0, [1.0] * 4)

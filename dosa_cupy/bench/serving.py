@@ -3,7 +3,9 @@
 
     (a) small  small prefill chunks (Qn 1, 16, 64 × H) at N keys (default 128K): dosa_topk
                and dense_topk, each with check=True (default) and check=False; DoSA / dense
-               for like-for-like check settings
+               for like-for-like check settings; the four calls timed in turn in every
+               replay, SMALL_REPLAYS × --reps replays (host-bound calls of ~0.3 ms drift
+               more between blocks of replays than they differ)
     (b) ragged a ragged batch of 8 requests (Σ N_b = N, a few hundred queries) in one
                ``serving.ragged_topk`` call against 8 separate ``dosa_topk`` calls
     (c) paged  ``serving.paged_prefill_topk`` (gather + ragged call) against the contiguous
@@ -35,9 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from .report import cell, device_name, md_table, run_meta
-from .timing import check_run_args, free, median_ms, no_gpu_exit
+from .timing import check_run_args, free, median_ms, median_ms_interleaved, no_gpu_exit
 
 PARTS = ("small", "ragged", "paged", "decode", "graph")
+SMALL_REPLAYS = 10  # part (a)'s replays per --reps: its calls take ~0.2-0.7 ms
 SMALL_QN = (1, 16, 64)
 GRAPH_QN = (1, 16, 64, 4096)
 GRAPH_ROUTES = ("auto", "dosa", "dense")
@@ -135,9 +138,10 @@ def _small(cp, a, H, Qn, log) -> dict:
         "dense": lambda s: dosa_cupy.dense_topk(*args(s)),
         "dense_nocheck": lambda s: dosa_cupy.dense_topk(*args(s), check=False),
     }
-    row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime)
-    for name, fn in routes.items():
-        row[f"{name}_ms"], row[f"{name}_ms_all"] = median_ms(cp, fn, a.reps, a.warm, sets)
+    row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime, replays=SMALL_REPLAYS * a.reps)
+    timed = median_ms_interleaved(cp, routes, SMALL_REPLAYS * a.reps, a.warm, sets)
+    for name, (ms, all_ms) in timed.items():
+        row[f"{name}_ms"], row[f"{name}_ms_all"] = ms, all_ms
     want = [routes["dense"](s) for s in sets]  # every other route against it, once per set
     row["ids_equal"] = all(
         bool(cp.array_equal(routes[r](s), d)) for s, d in zip(sets, want, strict=True)
@@ -370,7 +374,8 @@ def _v(key, fmt="{}"):
 _REQ = [("H", _v("H")), ("B", _v("B")), ("queries", _v("queries")), ("keys", _v("keys", "{:,}"))]
 TABLES = {  # part → (title, columns)
     "small": ("(a) Small prefill chunks", [
-        ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")), ("DoSA ms", _ms("dosa_ms")),
+        ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")),
+        ("replays", lambda r: cell(r.get("replays"), "{}")), ("DoSA ms", _ms("dosa_ms")),
         ("DoSA check=False ms", _ms("dosa_nocheck_ms")), ("dense ms", _ms("dense_ms")),
         ("dense check=False ms", _ms("dense_nocheck_ms")), ("DoSA / dense", _x("dosa_over_dense")),
         ("DoSA / dense (check=False)", _x("dosa_over_dense_nocheck")),

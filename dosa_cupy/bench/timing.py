@@ -24,6 +24,27 @@ def median_ms(cp, fn, reps, warm=WARM, rotate=None):
     return statistics.median(ts), ts
 
 
+def median_ms_interleaved(cp, fns: dict, reps, warm=WARM, rotate=None) -> dict:
+    """``median_ms`` of several calls timed in turn: replay i times every call of ``fns``
+    (name → fn(input set)) on the same input set before replay i + 1 starts, so that slow
+    drifts of the host or the GPU clock fall on every call alike (the fair comparison of
+    host-bound calls, docs/benchmark_method.md).  Returns name → (median ms, all ms)."""
+    for i in range(warm):
+        for fn in fns.values():
+            fn(rotate[i % len(rotate)] if rotate else None)
+    ts = {name: [] for name in fns}
+    for i in range(reps):
+        arg = rotate[i % len(rotate)] if rotate else None
+        for name, fn in fns.items():
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            fn(arg)
+            b.record()
+            b.synchronize()
+            ts[name].append(cp.cuda.get_elapsed_time(a, b))
+    return {name: (statistics.median(v), v) for name, v in ts.items()}
+
+
 def check_run_args(reps: int, rotate: int, K: int) -> None:
     """The timing arguments every bench mode shares: ValueError naming the argument for
     fewer than 10 replays, no input set, or K outside the selection kernel's [1, 4096]."""
