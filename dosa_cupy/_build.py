@@ -34,6 +34,23 @@ def cupy_or_raise():
     return cupy
 
 
+_CONSTS: dict = {}
+
+
+def device_const(xp, name: str, make):
+    """``xp.asarray(make())`` copied to the current device once and kept (per device and
+    ``name``): an index or lookup table used by host code on every call.  A copy from
+    pageable host memory waits for the stream's queued work, so a table copied per call costs
+    a synchronization; a captured step (capture.py) may not copy from the host at all.  With
+    numpy (the CPU tests) it is ``make()`` as an array."""
+    if not hasattr(xp, "cuda"):
+        return xp.asarray(make())
+    key = (xp.cuda.Device().id, name)
+    if key not in _CONSTS:
+        _CONSTS[key] = xp.asarray(make())
+    return _CONSTS[key]
+
+
 def num_sms() -> int:
     """Streaming multiprocessors of the current device (cached per device): the grid of the
     persistent kernels."""

@@ -136,6 +136,9 @@ class RouteChoice:
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
+    # the whole chunk's screen build read with the sample (``screen.tie_screen_wanted``;
+    # None when not sampled): the screen stage takes it instead of reading it again
+    tie: bool | None = None
 
     def summary(self, reason: str | None = None) -> RouteChoice:
         """The decision, its predictions and survivals without the per-query arrays (what a
@@ -223,7 +226,7 @@ def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
     tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
     pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
-    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn))
+    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
     for screen, r in cands:

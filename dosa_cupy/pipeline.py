@@ -145,7 +145,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         route = RouteChoice("dosa", "option", o["screen"], r)
     plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
-    screened = screen_stage(b, plan, seeds, rho, o)  # §8–§9
+    screened = screen_stage(b, plan, seeds, rho, o, route.tie)  # §8–§9
     tm.mark("screen")
     tau, cert_scored = seeds.tau, None
     if screened.cert is not None:  # certificate-guided seeds (§2): raise τ, drop survivors

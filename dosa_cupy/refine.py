@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._build import CSRC, cupy_or_raise, kernel, raise_smem_limit, source_module
+from ._build import CSRC, cupy_or_raise, device_const, kernel, raise_smem_limit, source_module
 from .prepare import Batch
 from .select import RecordBuffer, Records, extend_overflow
 
@@ -145,7 +145,7 @@ def popcount_rows(x, xp=np):
     x = xp.ascontiguousarray(x.astype(xp.uint32, copy=False))
     if x.size == 0:
         return xp.zeros(x.shape[0], dtype=xp.int64)
-    pc = xp.asarray(_PC8)
+    pc = device_const(xp, "popcount8", lambda: _PC8)
     # uint8 counts per byte (as much memory as the bitmask itself; an int64 table would
     # take 8× — 16 GiB for the bench's 16K × 1M statistics run), summed in int64
     return pc[x.view(xp.uint8)].reshape(x.shape[0], -1).sum(axis=1, dtype=xp.int64)

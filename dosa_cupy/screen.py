@@ -20,7 +20,7 @@ import numpy as np
 from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
-from ._build import cupy_or_raise, kernel, tile
+from ._build import cupy_or_raise, device_const, kernel, tile
 from .dense import QG, ROWB
 from .plan import MU, DevicePlan, gamma_mma, row_slots
 from .prepare import Batch, D
@@ -91,10 +91,12 @@ def pair_plan(rows, omega, valid, xp):
     ok = xp.asarray(valid, dtype=bool)
     rows = xp.where(ok[:, None, None], rows, 0).astype(xp.uint8)
     omega = xp.where(ok[:, None], omega, 0).astype(xp.float32)
-    if bool(xp.any(rows[:, PAIR_EMPTY] != 0)) or bool(xp.any(omega[:, PAIR_EMPTY] != 0)):
+    empty = device_const(xp, "pair_empty", lambda: np.array(PAIR_EMPTY))
+    used = xp.any(rows[:, empty] != 0) | xp.any(omega[:, empty] != 0)
+    if bool(used):  # one read-back
         raise ValueError(f"rows: a plan retains more than {PAIR_MAX_R} heads (slots > 5 used)")
     rows_p = pair_gather(rows, 0, xp)
-    keep = xp.asarray(_PAIR_ROW < 6)
+    keep = device_const(xp, "pair_keep", lambda: _PAIR_ROW < 6)
     omega_p = xp.where(keep[None, :], pair_gather(omega, 0, xp), 0).astype(xp.float32)
     return rows_p, xp.ascontiguousarray(omega_p)
 
@@ -115,7 +117,9 @@ def pair_gather(x, fill: float, xp):
         )
     if Qn % 2:
         x = xp.concatenate([x, xp.full((1, *x.shape[1:]), fill, dtype=x.dtype)])
-    return xp.ascontiguousarray(x.reshape(-1, 2, *x.shape[1:])[:, _PAIR_WHO, _PAIR_ROW])
+    who = device_const(xp, "pair_who", lambda: _PAIR_WHO)
+    row = device_const(xp, "pair_row", lambda: _PAIR_ROW)
+    return xp.ascontiguousarray(x.reshape(-1, 2, *x.shape[1:])[:, who, row])
 
 
 _QCHUNK = 2048  # queries per step of plateau_rows (a float64 [chunk, 16·mts, 128] temporary)
@@ -127,20 +131,20 @@ def _f32_up(x, xp):
     return xp.where(y.astype(xp.float64) < x, xp.nextafter(y, xp.float32(np.inf)), y)
 
 
-_CONSTS: dict = {}
-
-
 def plateau_constants(xp, mts: int):
     """(e4m3 value table float64 [256], retained-slot mask bool [16·mts]) as arrays of xp,
-    copied to a device once per device and kept: a captured step (capture.py) may launch
+    copied to a device once and kept (``_build.device_const``): a captured step may launch
     kernels but not copy from the host (it loads them before it measures its allocations)."""
-    dev = xp.cuda.Device().id if hasattr(xp, "cuda") else None  # numpy: None
-    key = (dev, mts)
-    if key not in _CONSTS:
+
+    def slots():
         slot = np.zeros(16 * mts, dtype=bool)
         slot[row_slots(mts)] = True
-        _CONSTS[key] = (xp.asarray(e4m3_values(np.arange(256, dtype=np.uint8))), xp.asarray(slot))
-    return _CONSTS[key]
+        return slot
+
+    return (
+        device_const(xp, "e4m3_values", lambda: e4m3_values(np.arange(256, dtype=np.uint8))),
+        device_const(xp, f"slots_mt{mts}", slots),
+    )
 
 
 def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):

@@ -43,3 +43,31 @@ def test_kernel_variants_compile_sm90(define, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "error" not in res.stderr.lower(), res.stderr
+
+
+def test_device_const_copies_a_table_once_per_device_and_name(monkeypatch):
+    """Host tables reach a device once (a copy from pageable memory per call would wait for
+    the stream); numpy stands for itself."""
+    import types
+
+    import numpy as np
+
+    from dosa_cupy import _build
+
+    monkeypatch.setattr(_build, "_CONSTS", {})
+    dev, copies = [0], []
+
+    def asarray(a):
+        copies.append(np.asarray(a).copy())
+        return copies[-1]
+
+    xp = types.SimpleNamespace(
+        asarray=asarray, cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=dev[0]))
+    )
+    a = _build.device_const(xp, "t", lambda: np.arange(3))
+    assert _build.device_const(xp, "t", lambda: np.arange(5)) is a and len(copies) == 1
+    assert len(_build.device_const(xp, "u", lambda: np.arange(5))) == 5  # another name
+    dev[0] = 1
+    assert _build.device_const(xp, "t", lambda: np.arange(3)) is not a  # another device
+    assert len(copies) == 3
+    assert (_build.device_const(np, "t", lambda: [1, 2]) == [1, 2]).all()
