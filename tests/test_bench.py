@@ -1143,8 +1143,9 @@ def test_serving_report_of_a_synthetic_run(tmp_path):
     assert (tmp_path / "o" / "bench_serving.md").read_text() == BS.markdown(res)
 
 
-def test_median_ms_interleaved_times_every_call_in_turn_on_the_same_set():
-    """Replay i runs every call on input set i mod len(sets) before replay i + 1; each call
+def test_median_ms_interleaved_times_every_call_in_turn():
+    """Replay i runs every call once, starting at call i mod 2, before replay i + 1; the
+    k-th call overall reads set k mod 2 (never the set the call before it read); each call
     gets its own events; the medians are per call."""
     import types
 
@@ -1171,6 +1172,7 @@ def test_median_ms_interleaved_times_every_call_in_turn_on_the_same_set():
         return run
 
     got = median_ms_interleaved(cp, {"a": fn("a", 2.0), "b": fn("b", 1.0)}, 4, 1, ["x", "y"])
-    assert calls[:2] == [("a", "x"), ("b", "x")]  # the warm-up, both calls
-    assert calls[2:] == [(n, s) for s in "xyxy" for n in "ab"]  # in turn, same set
+    assert calls[:2] == [("a", "x"), ("b", "y")]  # the warm-up, both calls
+    assert calls[2:] == [("a", "x"), ("b", "y"), ("b", "x"), ("a", "y")] * 2
+    assert all(p[1] != q[1] for p, q in zip(calls[:-1], calls[1:], strict=True))  # sets alternate
     assert got["a"] == (2.0, [2.0] * 4) and got["b"] == (1.0, [1.0] * 4)

@@ -592,3 +592,4 @@ def test_decode_step_captured_on_every_regime(regime, N, H, K):
         dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
         assert cp.array_equal(eager, dense), f"{regime} step {t}: eager != dense"
         assert cp.array_equal(out, dense), f"{regime} step {t}: replay != dense"
+    assert int(sel_g._ws.ctr[0]) == steps  # one push per step: the ring advanced in replays

@@ -137,6 +137,16 @@ def test_route_memo_remembers_per_kind_and_samples_again():
     assert memo.recall(k1).route == "dense"
 
 
+def test_the_sampled_build_flag_is_not_remembered():
+    """``RouteChoice.tie`` is the sampled chunk's own screen build: a memo's recalled
+    choice (another chunk) has none, so its screen stage reads its own."""
+    c = cost.RouteChoice("dosa", "sampled", "wg", 14, tie=True)
+    assert c.tie is True and c.summary().tie is None
+    memo = cost.RouteMemo(refresh=4)
+    memo.store("k", c)
+    assert memo.recall("k").tie is None
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "8"])
 def test_route_memo_refresh_is_checked(bad):
     with pytest.raises(ValueError, match="refresh"):

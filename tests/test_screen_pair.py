@@ -115,6 +115,12 @@ def test_pair_plan_rejects_more_than_six_rows():
     rows[1, 9] = 0x38  # a retained row in slot 8 (row 9): r > 6
     with pytest.raises(ValueError, match="^rows:"):
         screen.pair_plan(rows, omega, np.ones(2, bool), np)
+    rows, omega, _ = _random_plans(np.random.default_rng(1), 2, 6)
+    for w in (0.5, np.nan):  # a weight alone in an empty slot (the checks read back together)
+        om = omega.copy()
+        om[0, 12] = w
+        with pytest.raises(ValueError, match="^rows:"):
+            screen.pair_plan(rows, om, np.ones(2, bool), np)
 
 
 @given(

@@ -26,19 +26,29 @@ def median_ms(cp, fn, reps, warm=WARM, rotate=None):
 
 def median_ms_interleaved(cp, fns: dict, reps, warm=WARM, rotate=None) -> dict:
     """``median_ms`` of several calls timed in turn: replay i times every call of ``fns``
-    (name → fn(input set)) on the same input set before replay i + 1 starts, so that slow
-    drifts of the host or the GPU clock fall on every call alike (the fair comparison of
-    host-bound calls, docs/benchmark_method.md).  Returns name → (median ms, all ms)."""
+    (name → fn(input set)) once before replay i + 1 starts, so that slow drifts of the host
+    or the GPU clock fall on every call alike (the fair comparison of host-bound calls,
+    docs/benchmark_method.md).  The calls of a replay start at call i mod len(fns), and
+    the k-th timed call overall takes input set k mod len(rotate): no call reads the set
+    the call before it just read (with two or more sets), and none is always first.
+    Returns name → (median ms, all ms)."""
+    names = list(fns)
+    m = len(names)
+
+    def arg(k):
+        return rotate[k % len(rotate)] if rotate else None
+
     for i in range(warm):
-        for fn in fns.values():
-            fn(rotate[i % len(rotate)] if rotate else None)
-    ts = {name: [] for name in fns}
+        for j, name in enumerate(names):
+            fns[name](arg(i * m + j))
+    ts = {name: [] for name in names}
     for i in range(reps):
-        arg = rotate[i % len(rotate)] if rotate else None
-        for name, fn in fns.items():
+        for j in range(m):
+            name = names[(i + j) % m]
             a, b = cp.cuda.Event(), cp.cuda.Event()
+            x = arg(i * m + j)
             a.record()
-            fn(arg)
+            fns[name](x)
             b.record()
             b.synchronize()
             ts[name].append(cp.cuda.get_elapsed_time(a, b))
