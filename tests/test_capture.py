@@ -13,7 +13,7 @@ import types
 
 import numpy as np
 import pytest
-from gpu_support import cp, gpu, numpy_as_cupy
+from gpu_support import cp, gpu, numpy_as_cupy, replay_decode_walk
 
 from dosa_cupy import capture as C
 
@@ -557,39 +557,8 @@ DECODE_CASES = sorted({(c[0], c[2], c[3], c[4]) for c in CASES})
 @gpu
 @pytest.mark.parametrize("regime,N,H,K", DECODE_CASES)
 def test_decode_step_captured_on_every_regime(regime, N, H, K):
-    """The decode step (check_layout=False, out=) captured once in a CuPy stream graph and
-    replayed on the regime's next steps copied into the same buffers: ids == an eager
-    selector's == ``dense_decode_topk`` bitwise at every step (the witness ring advances on
-    the device in the replays)."""
-    from dosa_cupy import decode as dec
-
-    B, n, steps = 2, 2, 4
-    walk, dev = _decode_walk(regime, B, n, H, N, steps, seed=5)
-    static = [x.copy() for x in walk[0]]
-    out = cp.empty((B, n, K), dtype=cp.int64)
-    sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
-    sel_e = dec.DecodeSelectorGPU(K)
-    stream = cp.cuda.Stream(non_blocking=True)
-    cp.cuda.Device().synchronize()
-    with stream:
-        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # eager step 0
-        stream.begin_capture()
-        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)
-        graph = stream.end_capture()
-    stream.synchronize()
-    first = sel_e.step(*walk[0][:2], *dev, walk[0][2], return_stats=False).ids
-    assert cp.array_equal(first, out), f"{regime}: eager step 0 != the graph selector's"
-    assert cp.array_equal(first, dec.dense_decode_topk(*walk[0][:2], *dev, walk[0][2], K))
-    for t in range(1, steps):
-        for dst, src in zip(static, walk[t], strict=True):
-            dst[...] = src
-        cp.cuda.Device().synchronize()
-        out.fill(7)  # stale ids must not survive a replay
-        cp.cuda.Device().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
-        eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
-        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
-        assert cp.array_equal(eager, dense), f"{regime} step {t}: eager != dense"
-        assert cp.array_equal(out, dense), f"{regime} step {t}: replay != dense"
-    assert int(sel_g._ws.ctr[0]) == steps  # one push per step: the ring advanced in replays
+    """The decode step captured once in a CuPy stream graph and replayed on the regime's
+    next steps copied into the same buffers: ids == an eager selector's ==
+    ``dense_decode_topk`` bitwise at every step (``gpu_support.replay_decode_walk``)."""
+    walk, dev = _decode_walk(regime, 2, 2, H, N, 4, seed=5)
+    replay_decode_walk(walk, dev, K, regime)

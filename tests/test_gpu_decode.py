@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda_signatures import check_args, param_types
-from gpu_support import cp, gpu, numpy_as_cupy
+from gpu_support import cp, gpu, numpy_as_cupy, replay_decode_walk
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
@@ -712,34 +712,10 @@ def test_gpu_step_captured_in_a_cupy_graph(B, n, H):
     """The step with check_layout=False, the default buffer, return_stats=False and out=
     allocates nothing and never synchronizes: captured once in a CuPy stream graph and
     replayed on new inputs copied into the same buffers, its ids equal an eager selector's
-    and the dense route's at every step (the ring advances on the device)."""
-    K, steps = 128, 6
-    walk, dev = _graph_walk_inputs(B, n, H, seed=B + n + H, steps=steps)
-    static = [x.copy() for x in walk[0]]
-    out = cp.empty((B, n, K), dtype=cp.int64)
-    sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
-    sel_e = dec.DecodeSelectorGPU(K)
-    stream = cp.cuda.Stream(non_blocking=True)
-    cp.cuda.Device().synchronize()  # the copies (legacy stream) before the capture stream
-    with stream:
-        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)  # step 0, eager
-        stream.begin_capture()
-        sel_g.step(*static[:2], *dev, static[2], return_stats=False, out=out)
-        graph = stream.end_capture()
-    stream.synchronize()
-    first = sel_e.step(*walk[0][:2], *dev, walk[0][2], return_stats=False).ids
-    assert cp.array_equal(first, out)
-    for t in range(1, steps):
-        for dst, src in zip(static, walk[t], strict=True):
-            dst[...] = src
-        cp.cuda.Device().synchronize()  # the non-blocking stream does not wait for them
-        graph.launch(stream)
-        stream.synchronize()
-        eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
-        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
-        assert cp.array_equal(out, eager), f"step {t}: replay != eager"
-        assert cp.array_equal(out, dense), f"step {t}: replay != dense"
-    assert int(sel_g._ws.ctr[0]) == steps  # one push per step, eager and replays
+    and the dense route's at every step (the ring advances on the device;
+    ``gpu_support.replay_decode_walk``)."""
+    walk, dev = _graph_walk_inputs(B, n, H, seed=B + n + H, steps=6)
+    replay_decode_walk(walk, dev, 128, f"B={B} n={n} H={H}")
 
 
 @gpu
