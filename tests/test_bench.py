@@ -1149,7 +1149,7 @@ def test_median_ms_interleaved_times_every_call_in_turn():
     gets its own events; the medians are per call."""
     import types
 
-    from dosa_cupy.bench.timing import median_ms_interleaved
+    from dosa_cupy.bench.timing import median_ms, median_ms_interleaved
 
     clock, calls = [0.0], []
 
@@ -1176,3 +1176,6 @@ def test_median_ms_interleaved_times_every_call_in_turn():
     assert calls[2:] == [("a", "x"), ("b", "y"), ("b", "x"), ("a", "y")] * 2
     assert all(p[1] != q[1] for p, q in zip(calls[:-1], calls[1:], strict=True))  # sets alternate
     assert got["a"] == (2.0, [2.0] * 4) and got["b"] == (1.0, [1.0] * 4)
+    calls.clear()  # one call alone (median_ms): call i on set i mod 2, the warm-up first
+    assert median_ms(cp, fn("c", 3.0), 3, 2, ["x", "y"]) == (3.0, [3.0] * 3)
+    assert [s for _, s in calls] == ["x", "y", "x", "y", "x"]

@@ -139,7 +139,7 @@ def _small(cp, a, H, Qn, log) -> dict:
         "dense_nocheck": lambda s: dosa_cupy.dense_topk(*args(s), check=False),
     }
     row = dict(H=H, Qn=Qn, N=a.keys, K=a.K, regime=a.regime, replays=SMALL_REPLAYS * a.reps)
-    timed = median_ms_interleaved(cp, routes, SMALL_REPLAYS * a.reps, a.warm, sets)
+    timed = median_ms_interleaved(cp, routes, row["replays"], a.warm, sets)
     for name, (ms, all_ms) in timed.items():
         row[f"{name}_ms"], row[f"{name}_ms_all"] = ms, all_ms
     want = [routes["dense"](s) for s in sets]  # every other route against it, once per set

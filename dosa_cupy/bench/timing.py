@@ -10,18 +10,9 @@ WARM = 2
 
 
 def median_ms(cp, fn, reps, warm=WARM, rotate=None):
-    for i in range(warm):
-        fn(rotate[i % len(rotate)] if rotate else None)
-    ts = []
-    for i in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        arg = rotate[i % len(rotate)] if rotate else None
-        a.record()
-        fn(arg)
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(ts), ts
+    """(median ms, all ms) of ``fn(input set)``: ``warm`` untimed calls, then ``reps``
+    calls between CUDA events, call i on set i mod len(rotate) (None without sets)."""
+    return median_ms_interleaved(cp, {"fn": fn}, reps, warm, rotate)["fn"]
 
 
 def median_ms_interleaved(cp, fns: dict, reps, warm=WARM, rotate=None) -> dict:
