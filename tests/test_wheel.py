@@ -2,9 +2,10 @@
 
 Offline and CPU only: the wheel is built from a copy of the sources (the checkout keeps no
 build/ folder), installed without dependencies into a fresh virtual environment that sees
-this interpreter's packages (numpy), and ``dosa_cupy._build.kernel_sources`` is asked from
-a folder outside the repository which files it finds.  Skipped only where venv or pip is
-missing, or no wheel backend is installed (``pip install wheel``; the dev extra has it).
+the running interpreter's packages behind its own (numpy; ``_see_these_packages``), and
+``dosa_cupy._build.kernel_sources`` is asked from a folder outside the repository which
+files it finds.  Skipped only where venv or pip is missing, or no wheel backend is
+installed (``pip install wheel``; the dev extra has it).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -95,15 +98,37 @@ def test_wheel_carries_every_cuda_source(wheel):
     assert not missing, f"{wheel.name} lacks {missing} (pyproject package-data)"
 
 
+def _outer_site_dirs() -> list[str]:
+    """The site-packages folders of the interpreter running the tests (a venv's own when
+    it runs in one), without the checkout."""
+    dirs = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    seen = dict.fromkeys(str(Path(d)) for d in dirs if Path(d).is_dir())
+    return [d for d in seen if not Path(d).resolve().is_relative_to(ROOT)]
+
+
+def _see_these_packages(py: Path, cwd: Path) -> None:
+    """Let the new venv import this interpreter's packages (numpy, ml_dtypes, ...) behind
+    its own: a ``.pth`` listing them.  ``venv --system-site-packages`` would expose the
+    *base* interpreter's packages, which inside a virtual environment are not the ones the
+    suite runs with.  Plain path lines: the outer folders' own ``.pth`` files (an editable
+    install's finder of the checkout) are not run, so ``dosa_cupy`` comes from the wheel."""
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    inner = Path(_run([py, "-c", probe], cwd=cwd).stdout.strip().splitlines()[-1])
+    (inner / "_dosa_test_outer.pth").write_text("".join(d + "\n" for d in _outer_site_dirs()))
+
+
 def test_installed_package_finds_its_own_sources(wheel, tmp_path):
     venv = tmp_path / "venv"
     if importlib.util.find_spec("venv") is None:
         pytest.skip("the venv module is not installed")
     try:
-        _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=tmp_path)
+        _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
     except AssertionError as e:  # no ensurepip (e.g. Debian without python3-venv)
         pytest.skip(f"cannot create a virtual environment with pip: {str(e)[-300:]}")
     py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    _see_these_packages(py, tmp_path)
     _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], cwd=tmp_path)
     probe = (
         "import json, dosa_cupy._build as b; "
