@@ -260,9 +260,7 @@ class DecodeSelector:
         s_W = score_keys(q_t, w_t, kb[W])
         tau = kth_score(s_W, K)
         # 3: full scoring of every visible key, compact writeback of s ≥ τ.
-        s = score_keys(q_t, w_t, kb[a:e])
-        if not np.all(np.isfinite(s)):
-            raise ValueError(f"q: scores of row [{b}, {j}] are not finite (overflow)")
+        s = score_keys(q_t, w_t, kb[a:e])  # raises scorer.SCORE_OVERFLOW, as the brute force
         if not np.array_equal(s[W - a], s_W):
             # The proof needs the witness score to be the full scan's score of that key.
             raise RuntimeError("score_keys is not deterministic per key; τ would be unsafe")

@@ -8,7 +8,9 @@ screening would not pay (docs/method.md §6 "Cost") → plan (R, anchors, A) →
 visible key → certificate-guided seeds (τ rises; re-plan once if the cost model now
 prefers another r) → screen V = {i ∉ S : U_i ≥ τ} → score V with the original scorer,
 keep C = {s ≥ τ} in the buffer → TopK(S ∪ C) (Theorem 1).  A bound that proves nothing
-sends the query to full-domain recovery (C.3).
+sends the query to full-domain recovery (C.3), and so does a query whose scores the
+finiteness envelope cannot prove finite (docs/method.md §1 "The scorer's domain"): full
+scoring then raises the brute force's own error wherever a visible score overflows.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .options import SelectStats
 from .plan import Plan, activation_frequency, build_plan
 from .prepare import Chunk, QueryContext, prepare_chunk, prepare_fp8
 from .refine import refine
-from .scorer import index_scores, topk_ids, topk_of
+from .scorer import finite_envelope, index_scores, topk_ids, topk_of
 from .screen import Float64Bound, FP8Bound, ScreenRule, zero_plateau
 from .seeds import SeedSet, add_certificate_seeds, seed_set, stride_sample
 from .select import CandidateBuffer, full_topk
@@ -160,8 +162,10 @@ def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
 
 def run_queries(chunk: Chunk, st: DosaStats, bound, progress=None) -> np.ndarray:
     """Algorithm 1's outer loop: a query is scored densely when screening cannot pay by
-    rule (|Ω| ≤ K, H = 1, r ≥ H) and otherwise screened with ``bound`` (Float64Bound or
-    FP8Bound).  Returns ids int64 [Qn, K] with −1 padding; fills ``st``."""
+    rule (|Ω| ≤ K, H = 1, r ≥ H) or when its scores are not proven finite (recovered),
+    and otherwise screened with ``bound`` (Float64Bound or FP8Bound).  Returns ids int64
+    [Qn, K] with −1 padding; fills ``st``.  Raises ``scorer.SCORE_OVERFLOW`` where a
+    visible score overflows."""
     Qn, H, K, opt = chunk.Qn, chunk.H, chunk.K, chunk.opt
     ids_out = np.full((Qn, K), -1, dtype=np.int64)
     st.anchor_scored = chunk.anchor_scored
@@ -174,6 +178,12 @@ def run_queries(chunk: Chunk, st: DosaStats, bound, progress=None) -> np.ndarray
         if b - a <= K or no_screen:
             top, sc = full_topk(ctx)
             st.dense[t], st.scored[t] = True, b - a
+        elif not finite_envelope(ctx.q_t, ctx.w_t, chunk.k_amax):
+            # No bound is trusted where a score may overflow: every visible key is scored,
+            # so the call raises exactly where the brute force raises (scorer.SCORE_OVERFLOW).
+            top, sc = full_topk(ctx)
+            st.dense[t] = st.recovered[t] = True
+            st.scored[t] = b - a
         else:
             top, sc = _screened_query(ctx, bound, slack_acc)
         ids_out[t, : top.size] = top

@@ -13,6 +13,7 @@ import numpy as np
 from .certificate import KeySummary
 from .fp8 import dequantize, e4m3_values, key_rms, nan_codes
 from .options import SelectOptions, check_seed_ids
+from .scorer import key_amax
 from .seeds import anchor_pool, anchor_queries
 from .validate import as_float_array, check_K, check_qwk, check_qwk_shapes, check_ranges
 
@@ -27,7 +28,8 @@ class Chunk:
     dequantized keys, the reference scorer's input), ks / ke int64 [Qn], K ≥ 1; ``opt``
     with ``window`` / ``cert_seeds`` resolved for K; ``strategies``; explicit ``seed_ids``
     int64 [Qn, S] or None; the anchor ``pool`` int64 (sorted) and ``anchor_scored``, the
-    key scorings the anchor queries cost.
+    key scorings the anchor queries cost; ``k_amax`` = max |k_ij|, the input of the
+    scorer's finiteness envelope (``scorer.finite_envelope``).
     """
 
     q: np.ndarray
@@ -43,6 +45,7 @@ class Chunk:
     anchor_scored: int
     window: int
     cert_seeds: int
+    k_amax: float = 0.0
     _ksum: KeySummary | None = field(default=None, repr=False)
 
     @property
@@ -112,6 +115,7 @@ def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
         anchor_scored=anchor_scored,
         window=opt.window_for(K),
         cert_seeds=opt.cert_seeds_for(K),
+        k_amax=key_amax(k),
     )
 
 

@@ -42,6 +42,7 @@ MODULES = [
     "gpu_screen_epilogue",
     "zero_plateau",
     "gpu_zero_plateau",
+    "score_envelope",
 ]
 
 
