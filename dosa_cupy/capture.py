@@ -40,7 +40,7 @@ from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
 from .screen import plateau_constants, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, seed_stage
-from .select import invalid_scale_queries, select_ids
+from .select import recovery_queries, select_ids
 
 __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep"]
 
@@ -300,7 +300,7 @@ class PrefillSelectorGPU:
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs, _ = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)
-        redo = invalid_scale_queries(b) | ~plan.valid | recs.over
+        redo = recovery_queries(b) | ~plan.valid | recs.over
         out[...] = cp.where(redo[:, None], FLAGGED, ids)
         status[1] = cp.count_nonzero(redo)
         return PrefillStep(out, status, redo, b, b.pending, sh)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from dosa_ref.decode import DecodeStats, DecodeStep
+from dosa_ref.validate import as_array, check_int_dtype, check_K
 
 from ._build import cupy_or_raise
 from .decode_ops import (
@@ -157,7 +158,7 @@ def _as(x, name: str, xp):
         mod = type(x).__module__
         if mod.startswith("torch") or mod.startswith("cupy"):
             raise ValueError(f"{name}: the numpy backend takes host arrays, got {mod}")
-        a = np.asarray(x)
+        a = as_array(x, name)  # a ragged list: named here, not by numpy
         if a.dtype.kind == "V" or "float8" in str(a.dtype):
             a = a.view(np.uint8)
         return a
@@ -167,8 +168,9 @@ def _as(x, name: str, xp):
 
 
 def _int_arr(a, name: str):
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name}: expected integer entries, got dtype {a.dtype}")
+    """``a`` (numpy or CuPy) when its dtype is an integer dtype: floats are refused even
+    when whole, with the reference's words (dosa_ref.validate.check_int_dtype)."""
+    check_int_dtype(a, name)
     return a
 
 
@@ -218,11 +220,9 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
 
 
 def _check_K(K) -> None:
-    """A decode step's K: a positive Python or numpy integer, at most KMAX."""
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-        raise ValueError(f"K: expected a positive integer, got {K!r}")
-    if K > KMAX:
-        raise ValueError(f"K: at most {KMAX} is supported by the selection kernel, got {K}")
+    """A decode step's K: what the reference takes (dosa_ref.validate.check_K: a Python or
+    numpy integer or a 0-d host integer array, not a float or a bool), 1 <= K <= KMAX."""
+    check_K(K, max_K=KMAX, why="the selection kernel's limit")
 
 
 def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np) -> dict:

@@ -13,7 +13,14 @@ from dosa_ref.options import check_flag
 from ._build import cupy_or_raise, kernel, num_sms, tile
 from .prepare import Batch, check_inputs, pad_heads
 
-__all__ = ["dense_ids", "dense_logits", "dense_topk", "select_records", "select_rows"]
+__all__ = [
+    "dense_ids",
+    "dense_logits",
+    "dense_topk",
+    "overflowing_scores",
+    "select_records",
+    "select_rows",
+]
 
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
@@ -49,6 +56,30 @@ def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
     q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
     q, w = pad_heads(q, w)
     return _dense_logits_raw(q, w, kp, ksc, ks, ke)
+
+
+def overflowing_scores(q, w, kp, ksc, ks, ke, rows) -> bool:
+    """True when a query of ``rows`` (int [n], device) has a visible key with a valid
+    scale (α ≥ 0, finite) whose canonical fp32 score is not finite (docs/method.md §1
+    "The scorer's domain").  q uint8 [Qn, H, 128], w fp32 [Qn, H] (unpadded), kp, ksc,
+    ks / ke int32 [Qn] as ``check_inputs`` returns them.  Scores the rows in full, in
+    blocks of at most 1 GiB of logits: only queries the envelope flags come here."""
+    cp = cupy_or_raise()
+    if rows.size == 0:
+        return False
+    qp, wp = pad_heads(q[rows], w[rows])
+    ks_r, ke_r = ks[rows], ke[rows]
+    N = kp.shape[0]
+    cols = cp.arange(N, dtype=cp.int32)[None, :]
+    valid = ((ksc >= 0) & cp.isfinite(ksc))[None, :]
+    step = max(1, (1 << 30) // max(1, 4 * N))
+    for a in range(0, int(rows.size), step):
+        b = min(int(rows.size), a + step)
+        lg = _dense_logits_raw(qp[a:b], wp[a:b], kp, ksc, ks_r[a:b], ke_r[a:b])
+        vis = (cols >= ks_r[a:b, None]) & (cols < ke_r[a:b, None]) & valid
+        if bool((vis & ~cp.isfinite(lg)).any()):
+            return True
+    return False
 
 
 def scratch(rows):
@@ -166,6 +197,8 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     keys) — the ``dosa_ref.topk_ids`` contract (docs/design.md).  ``chunk`` limits queries per
     logits buffer (memory: chunk·N·4 bytes); ``check=False`` skips the value checks of
     ``prepare.check_inputs`` (a caller that validated its inputs; no synchronization).
+    Raises ``prepare.SCORE_OVERFLOW`` (with the checks on) where a visible score is not
+    finite in fp32, as every other route does (docs/method.md §1 "The scorer's domain").
     """
     cp = cupy_or_raise()
     check = check_flag("check", check)

@@ -15,7 +15,7 @@ from .dense import QG, ROWB
 from .options import start
 from .prepare import Batch
 from .seeds import Seeds, seed_stage
-from .select import RecordBuffer, extend_overflow, invalid_scale_queries, recover, select_ids
+from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 
 __all__ = ["FusedLaunch", "fused_topk"]
 
@@ -72,7 +72,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("score+filter")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=o["return_stats"])
     tm.mark("select")
-    bad = invalid_scale_queries(b)
+    bad = recovery_queries(b)
     recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")

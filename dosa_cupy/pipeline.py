@@ -32,7 +32,7 @@ from .prepare import key_rho
 from .refine import GROUP, popcount_rows, refine_stage
 from .screen import auto_screen, screen_stage
 from .seeds import certificate_seeds, seed_stage
-from .select import invalid_scale_queries, recover, select_ids
+from .select import recover, recovery_queries, select_ids
 
 __all__ = ["dosa_topk"]
 
@@ -157,7 +157,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tm.mark("refine")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
-    bad = invalid_scale_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
+    bad = recovery_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
     recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dosa_ref.validate import check_K
+from dosa_ref.validate import as_array, check_int_dtype, check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
 
@@ -20,6 +20,8 @@ __all__ = [
     "check_inputs",
     "check_selection_K",
     "check_values",
+    "envelope_queries",
+    "SCORE_OVERFLOW",
     "ValueCheck",
     "key_rho",
     "pad_batch",
@@ -54,9 +56,11 @@ def as_device(x, name: str, dtype=None):
     ):
         x = cp.from_dlpack(x) if hasattr(x, "__dlpack__") else cp.asarray(x)
     else:
-        a = np.asarray(x)
+        a = as_array(x, name)  # None, a ragged list: named here, not by numpy
         if a.dtype.kind == "V" or "float8" in str(a.dtype):
             a = a.view(np.uint8)
+        elif a.dtype.kind in "OSU":  # CuPy holds no objects or strings: name it first
+            raise ValueError(f"{name}: expected a numeric array, got dtype {a.dtype}")
         x = cp.asarray(a)
     if dtype is not None and x.dtype != np.dtype(dtype):
         raise ValueError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype}")
@@ -72,16 +76,45 @@ _VALUE_ERRORS = (
     "ke: entries must lie in [0, N={N}]",
 )
 CHECK_ORDER = 1 << len(_VALUE_ERRORS)  # check_values' bit for "some ks > ke"
+CHECK_ENVELOPE = CHECK_ORDER << 1  # some query's scores may overflow fp32 (envelope_queries)
+
+# The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
+# valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.
+SCORE_OVERFLOW = (
+    "w, k_scale: a visible key's score overflows fp32 (|w|·|q|·|k| too large; docs/method.md §1)"
+)
+# |q̄_h·k̄_i| ≤ D·448² = 25,690,112 < 2^25 for e4m3 payloads; a query whose
+# Σ_h |w'_h| · 2^25 · max(1, max α) is at most 2^125 keeps every fp32 intermediate of
+# score_batch (the MMA dot, the head sum, the product by α) below 2^126 < FLT_MAX, as the
+# accumulations' rounding grows a sum by far less than a factor 2 (docs/method.md §1).
+_DOT_BOUND = 2.0**25
+ENVELOPE_MAX = 2.0**125
+
+
+def envelope_queries(w, ksc):
+    """Queries whose fp32 scores the envelope cannot prove finite: bool [Qn] on the device.
+
+    w fp32 [Qn, H] (padded heads have weight 0), ksc fp32 [N]; the largest *valid* scale
+    bounds α (invalid scales are recovered by the dense route, docs/method.md §7 C.3).  No
+    synchronization (capturable).  A flagged query is recovered by the dense route on every
+    route, and with the value checks on, its scores are checked exactly
+    (``ValueCheck.raise_if_bad``)."""
+    cp = cupy_or_raise()
+    wsum = cp.abs(w).astype(cp.float64).sum(axis=1)
+    if ksc.size == 0:  # no key: no score
+        return cp.zeros(wsum.shape, dtype=cp.bool_)
+    valid = (ksc >= 0) & cp.isfinite(ksc)
+    amax = cp.where(valid, ksc, cp.float32(0)).max().astype(cp.float64)
+    return wsum * (_DOT_BOUND * cp.maximum(amax, 1.0)) > ENVELOPE_MAX
 
 
 def check_selection_K(K) -> int:
     """K as the reference takes it (an int, a numpy integer or a 0-d integer array; a 0-d
     device array is read back first; a float or a bool raises, dosa_ref.validate.check_K),
-    at most 4096 (the selection kernel's limit): int."""
-    K = check_K(K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K)
-    if K > 4096:
-        raise ValueError(f"K: at most 4096 is supported by the selection kernel, got {K}")
-    return K
+    at most 4096 (the selection kernel's limit, which takes the place of the reference's
+    K_MAX, so a huge K is told the limit that applies here): int."""
+    K = K.get() if getattr(K, "ndim", None) == 0 and hasattr(K, "get") else K
+    return check_K(K, max_K=4096, why="the selection kernel's limit")
 
 
 def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer: bool = False):
@@ -132,14 +165,13 @@ def check_inputs(q, w, k_payload, k_scale, K, ks, ke, check: bool = True, defer:
             out.append(cp.full(Qn, default, dtype=cp.int32))
             continue
         a = as_device(v, name)
-        if a.dtype.kind not in "iu":
-            raise ValueError(f"{name}: expected integer indices, got dtype {a.dtype}")
+        check_int_dtype(a, name)  # integer dtypes only, as dosa_ref.validate.int_array
         if a.shape != (Qn,):
             raise ValueError(f"{name}: expected shape ({Qn},), got {tuple(a.shape)}")
         out.append(a)
     vc = None
     if check:
-        vc = ValueCheck(q, w, kp, out[0], out[1], N)
+        vc = ValueCheck(q, w, kp, out[0], out[1], N, ksc)
         ks_, ke_ = vc.ks, vc.ke
         if not defer:
             vc.raise_if_bad()
@@ -161,9 +193,10 @@ class ValueCheck:
     ``self.ks``, ``self.ke``: int32 [Qn], the ranges clamped into [0, N] with ks ≤ ke.
     """
 
-    def __init__(self, q, w, kp, ks, ke, N: int):
+    def __init__(self, q, w, kp, ks, ke, N: int, ksc=None):
         cp = cupy_or_raise()
         self._given, self._N, self._bad = (ks, ke), int(N), None
+        self._inputs = (q, w, kp, ksc)
         if not (ks.dtype == ke.dtype == np.int32):
             ks, ke = ks.astype(cp.int64), ke.astype(cp.int64)
         name = "check_values_i32" if ks.dtype == np.int32 else "check_values_i64"
@@ -178,6 +211,9 @@ class ValueCheck:
             (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks,
              ke, np.int64(ks.size), np.int64(N), self._flags, self.ks, self.ke),
         )  # fmt: skip
+        if ksc is not None:  # the score envelope joins the same flag word (one read-back)
+            env = envelope_queries(w, ksc).any()
+            self._flags |= env.astype(cp.uint32) * np.uint32(CHECK_ENVELOPE)
 
     def flag_word(self):
         """The flag word on the device (uint32 0-d; ``flags`` without the read-back)."""
@@ -198,7 +234,8 @@ class ValueCheck:
 
     def raise_if_bad(self) -> None:
         """ValueError naming the argument of the first failing check, in the order of
-        ``_VALUE_ERRORS``, then ks > ke with its first row."""
+        ``_VALUE_ERRORS``, then ks > ke with its first row, then ``SCORE_OVERFLOW`` where a
+        query flagged by the envelope has a visible non-finite score (checked exactly)."""
         bad = self.flags
         for bit, msg in enumerate(_VALUE_ERRORS):
             if bad >> bit & 1:
@@ -208,6 +245,15 @@ class ValueCheck:
             ks, ke = (a.astype(cp.int64) for a in self._given)
             t = int(cp.argmax(ks > ke))
             raise ValueError(f"ks: ks[{t}] > ke[{t}]")
+        if bad & CHECK_ENVELOPE:
+            # The exact check needs the canonical scorer (the dense logits); dense.py
+            # imports this module, so the import waits until a query is flagged.
+            from .dense import overflowing_scores
+
+            q, w, kp, ksc = self._inputs
+            rows = cupy_or_raise().flatnonzero(envelope_queries(w, ksc))
+            if overflowing_scores(q, w, kp, ksc, self.ks, self.ke, rows):
+                raise ValueError(SCORE_OVERFLOW)
 
 
 def check_values(q, w, kp, ks, ke, N: int) -> int:

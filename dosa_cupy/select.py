@@ -14,14 +14,14 @@ import numpy as np
 
 from ._build import cupy_or_raise, kernel
 from .dense import dense_ids, select_records
-from .prepare import Batch
+from .prepare import Batch, envelope_queries
 
 __all__ = [
     "RecordBuffer",
     "Records",
     "extend_overflow",
     "NO_KTH_ID",
-    "invalid_scale_queries",
+    "recovery_queries",
     "kth_ids",
     "recover",
     "select_ids",
@@ -132,12 +132,16 @@ def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = Fals
     return ids, kth
 
 
-def invalid_scale_queries(b: Batch):
-    """Queries that see a key with an invalid scale (α < 0, NaN, inf): bool [Qn]."""
+def recovery_queries(b: Batch):
+    """Queries the dense route must answer (query-level recovery, docs/method.md §7 C.3):
+    those that see a key with an invalid scale (α < 0, NaN, inf) and those whose scores the
+    envelope cannot prove finite in fp32 (``prepare.envelope_queries``; docs/method.md §1
+    "The scorer's domain"): bool [Qn]."""
     cp = cupy_or_raise()
     bad = ~((b.ksc >= 0) & cp.isfinite(b.ksc))
     pre = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(bad.astype(cp.int64))])
-    return (pre[b.ke.astype(cp.int64)] - pre[b.ks.astype(cp.int64)]) > 0
+    sees_bad = (pre[b.ke.astype(cp.int64)] - pre[b.ks.astype(cp.int64)]) > 0
+    return sees_bad | envelope_queries(b.w, b.ksc)
 
 
 def recover(b: Batch, ids, bad) -> None:

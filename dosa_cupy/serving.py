@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from dosa_ref.options import check_flag
+from dosa_ref.validate import as_array
 
 from ._build import cupy_or_raise
 from .decode import PAGE, _int_arr, page_rows, used_blocks
@@ -55,7 +56,7 @@ def _host_ints(x, name: str) -> np.ndarray:
         x = x.detach().cpu().numpy()
     elif hasattr(x, "get") and not isinstance(x, np.ndarray):
         x = x.get()  # a CuPy array
-    a = _int_arr(np.asarray(x), name)
+    a = _int_arr(as_array(x, name), name)  # a ragged list: named here, not by numpy
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-d array, got shape {a.shape}")
     if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:

@@ -231,7 +231,7 @@ class DecodeSelector:
         q = np.ascontiguousarray(q, dtype=np.float64)
         w = np.ascontiguousarray(w, dtype=np.float64)
 
-        K = self.K
+        K = check_K(self.K, rows=B * n)  # the ids array's size, before it is allocated
         ids_out = np.full((B, n, K), -1, dtype=np.int64)
         st = DecodeStats.empty(B, n)
         for b in range(B):

@@ -25,7 +25,7 @@ from .error_model import DEFAULT_MODEL, ErrorModel
 from .fp8 import dequantize
 from .options import SelectStats
 from .plan import Plan, activation_frequency, build_plan
-from .prepare import Chunk, QueryContext, prepare_chunk, prepare_fp8
+from .prepare import Chunk, QueryContext, check_fp8_inputs, prepare_chunk, prepare_fp8
 from .refine import refine
 from .scorer import finite_envelope, index_scores, topk_ids, topk_of
 from .screen import Float64Bound, FP8Bound, ScreenRule, zero_plateau
@@ -157,6 +157,7 @@ def fp8_topk(q, w, payload, scale, K, ks=None, ke=None, progress=None, **options
 
 def topk_check(q, w, payload, scale, K, ks=None, ke=None) -> np.ndarray:
     """Reference ids int64 [Qn, K]: full float64 scoring of the dequantized keys."""
+    q, w, payload, scale = check_fp8_inputs(q, w, payload, scale, strict=True)
     return topk_ids(index_scores(q, w, dequantize(payload, scale), ks, ke), K)
 
 

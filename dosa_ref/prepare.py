@@ -15,7 +15,7 @@ from .fp8 import dequantize, e4m3_values, key_rms, nan_codes
 from .options import SelectOptions, check_seed_ids
 from .scorer import key_amax
 from .seeds import anchor_pool, anchor_queries
-from .validate import as_float_array, check_K, check_qwk, check_qwk_shapes, check_ranges
+from .validate import as_array, as_float_array, check_K, check_qwk, check_qwk_shapes, check_ranges
 
 __all__ = ["Chunk", "FP8Keys", "QueryContext", "check_fp8_inputs", "prepare_chunk", "prepare_fp8"]
 
@@ -88,8 +88,8 @@ def prepare_chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
 
 
 def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
-    K = check_K(K)
     Qn = q.shape[0]
+    K = check_K(K, rows=Qn)
     ks, ke = check_ranges(ks, ke, Qn, k.shape[0])
     opt = SelectOptions.from_kwargs(options)
     strategies = opt.strategies()
@@ -137,10 +137,10 @@ def check_fp8_inputs(q, w, payload, scale, strict: bool):
     non-finite scales (the reference scorer is undefined there)."""
     q = as_float_array(q, "q", 3)
     w = as_float_array(w, "w", 2)
-    p = np.asarray(payload)
+    p = as_array(payload, "payload")
     if p.dtype != np.uint8 or p.ndim != 2:
         raise ValueError(f"payload: expected uint8 e4m3 bits [N, D], got {p.dtype} {p.shape}")
-    s = np.asarray(scale)
+    s = as_array(scale, "scale")
     if s.dtype.kind != "f" or s.shape != (p.shape[0],):
         raise ValueError(f"scale: expected float [N={p.shape[0]}], got {s.dtype} {s.shape}")
     check_qwk_shapes(q.shape, w.shape, p.shape, "payload")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import check_K, check_qwk, check_ranges
+from .validate import check_K, check_qwk, check_ranges, check_scores
 
 __all__ = [
     "ENVELOPE_MAX",
@@ -143,13 +143,9 @@ def topk_ids(scores, K) -> np.ndarray:
 
     ``scores`` float [Qn, N]; ``-inf`` marks keys that are not visible.  NaN is rejected.
     """
-    K = check_K(K)
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 2:
-        raise ValueError(f"scores: expected 2 dimensions, got shape {s.shape}")
-    if np.any(np.isnan(s)) or np.any(s == np.inf):
-        raise ValueError("scores: contains nan or +inf")
+    s = check_scores(scores)
     Qn, N = s.shape
+    K = check_K(K, rows=Qn)
     out = np.full((Qn, K), -1, dtype=np.int64)
     all_ids = np.arange(N, dtype=np.int64)
     for t in range(Qn):

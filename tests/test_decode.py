@@ -397,5 +397,5 @@ def test_bad_selector_options(kw, name):
 def test_score_overflow_is_rejected():
     k = np.full((4, 2), 1e200)
     q = np.full((1, 1, 1, 2), 1e200)
-    with pytest.raises(ValueError, match="^q:"):
+    with pytest.raises(ValueError, match="^q, w, k: a visible key.s score overflows float64"):
         DecodeSelector(1).step(q, np.ones((1, 1, 1)), k, np.array([4]))

@@ -1,9 +1,15 @@
 """Bad input raises ValueError naming the argument (docs/design.md, public contract)."""
 
+import importlib
+import math
+
 import numpy as np
 import pytest
 
-from dosa_ref import dosa_topk, index_scores, topk_ids
+from dosa_ref import DecodeSelector, dosa_topk, fp8_bounds, fp8_topk, index_scores, topk_ids
+from dosa_ref.fp8 import quantize_keys
+from dosa_ref.pipeline import topk_check
+from dosa_ref.validate import IDS_MAX, K_MAX, check_K, check_scores
 
 q = np.ones((2, 3, 4))
 w = -np.ones((2, 3))
@@ -90,6 +96,277 @@ def test_topk_ids_contract():
     s = np.array([[1.0, 3.0, 3.0, -np.inf, 2.0], [-np.inf] * 5])
     np.testing.assert_array_equal(topk_ids(s, 4), [[1, 2, 4, 0], [-1, -1, -1, -1]])
     np.testing.assert_array_equal(topk_ids(s, 1), [[1], [-1]])
+
+
+# ---------------------------------------------------------------------------------------
+# Array arguments of every entry point (dosa_ref/validate.py): a value numpy cannot read
+# or would convert into another problem raises ValueError naming the argument
+# ---------------------------------------------------------------------------------------
+
+PAYLOAD, SCALE = quantize_keys(k)
+KS, KE = np.array([0, 1]), np.array([10, 9])
+# decode layout: q [B, next_n, H, D], w [B, next_n, H], ranges [B, next_n], lengths [B]
+DQ, DW = np.ones((2, 2, 3, 4)), -np.ones((2, 2, 3))
+DKS, DKE, DL = np.array([[0, 0], [1, 1]]), np.array([[9, 10], [8, 9]]), np.array([9, 10])
+
+
+def _decode(K, **kw):
+    return DecodeSelector(K).step(**kw)
+
+
+# Each entry point with valid arguments (by name); the tests replace one of them.
+ENTRIES = {
+    "index_scores": (index_scores, dict(q=q, w=w, k=k, ks=KS, ke=KE)),
+    "dosa_topk": (dosa_topk, dict(q=q, w=w, k=k, K=3, ks=KS, ke=KE)),
+    "fp8_topk": (fp8_topk, dict(q=q, w=w, payload=PAYLOAD, scale=SCALE, K=3, ks=KS, ke=KE)),
+    "topk_check": (topk_check, dict(q=q, w=w, payload=PAYLOAD, scale=SCALE, K=3, ks=KS, ke=KE)),
+    "fp8_bounds": (fp8_bounds, dict(q=q, w=w, payload=PAYLOAD, scale=SCALE, ks=KS, ke=KE)),
+    "topk_ids": (topk_ids, dict(scores=index_scores(q, w, k), K=3)),
+    "decode": (_decode, dict(K=2, q=DQ, w=DW, k=k, ks=DKS, ke=DKE)),
+    "decode_lengths": (_decode, dict(K=2, q=DQ, w=DW, k=k, lengths=DL)),
+}
+INT_ARGS = ("ks", "ke", "lengths")  # index arguments: integer dtypes only; None = default
+REAL_KINDS = ("ragged", "object", "str", "bytes", "complex", "None", "bool")
+INT_KINDS = ("ragged", "object", "str", "bytes", "complex", "bool", "whole_float", "float")
+
+
+def _ragged(good: np.ndarray) -> list:
+    """``good`` as nested lists with its last innermost row one entry short (1-d: the last
+    entry a list), so numpy cannot build an array of it."""
+    lst = good.tolist()
+    if good.ndim == 1:
+        lst[-1] = [lst[-1]]
+        return lst
+    row = lst
+    while isinstance(row[-1], list):
+        row = row[-1]
+    row.pop()
+    return lst
+
+
+def _bad_value(good, kind: str):
+    g = np.asarray(good)
+    return {
+        "ragged": lambda: _ragged(g),
+        "object": lambda: g.astype(object),  # numbers, but in an object array
+        "str": lambda: np.full(g.shape, "1"),  # "1" would convert to 1.0 if allowed
+        "bytes": lambda: np.full(g.shape, b"1"),
+        "complex": lambda: g.astype(np.complex128),
+        "None": lambda: None,
+        "bool": lambda: np.ones(g.shape, dtype=bool),
+        "whole_float": lambda: g.astype(np.float64),  # 1.0: refused like 1.5 (one rule)
+        "float": lambda: g + 0.5,
+    }[kind]()
+
+
+def _array_cases():
+    cases = []
+    for entry, (_, good) in ENTRIES.items():
+        for arg in good:
+            if arg == "K":
+                continue
+            for kind in INT_KINDS if arg in INT_ARGS else REAL_KINDS:
+                cases.append(pytest.param(entry, arg, kind))
+    return cases
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_entry_points_accept_the_good_arguments(entry):
+    """The baseline of the cases below: with every argument valid, each call succeeds."""
+    fn, good = ENTRIES[entry]
+    fn(**good)
+
+
+@pytest.mark.parametrize("entry,arg,kind", _array_cases())
+def test_bad_array_names_argument(entry, arg, kind):
+    """A ragged list, an object array, strings, bytes, complex numbers, None where an array
+    is required, booleans and (for index arguments) floats, whole or not: ValueError whose
+    message starts with the argument's name."""
+    fn, good = ENTRIES[entry]
+    args = dict(good, **{arg: _bad_value(good[arg], kind)})
+    with pytest.raises(ValueError, match=rf"^{arg}\b"):
+        fn(**args)
+
+
+@pytest.mark.parametrize("entry", [e for e, (_, g) in ENTRIES.items() if "ks" in g])
+@pytest.mark.parametrize("value", [np.array([0.0, 1.0]), np.array([1.5, 0.0])])
+def test_float_ranges_say_integers_are_required(entry, value):
+    """One rule for 1.0 and 1.5 (integer dtypes only, as dosa_cupy takes), and a message
+    that says so: not "got dtype float64" alone, which read as if 1.5 were the problem."""
+    fn, good = ENTRIES[entry]
+    v = value if good["ks"].ndim == 1 else np.stack([value, value], axis=1)
+    with pytest.raises(ValueError, match=r"^ks: expected integers .*floats are refused"):
+        fn(**dict(good, ks=v))
+
+
+@pytest.mark.parametrize("entry", [e for e, (_, g) in ENTRIES.items() if "ks" in g])
+@pytest.mark.parametrize("cast", [lambda a: a.tolist(), lambda a: a.astype(np.int32),
+                                  lambda a: a.astype(np.uint8)])  # fmt: skip
+def test_integer_ranges_of_any_integer_dtype_are_accepted(entry, cast):
+    """Python ints (lists) and every numpy integer dtype mean the same ranges."""
+    fn, good = ENTRIES[entry]
+    want = fn(**good)
+    got = fn(**dict(good, ks=cast(good["ks"]), ke=cast(good["ke"])))
+    for name in ("ids", "U") if not isinstance(want, np.ndarray) else ():
+        if hasattr(want, name):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    if isinstance(want, np.ndarray):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_uint64_ranges_above_int64_are_refused_not_wrapped():
+    """2**64 - 1 would wrap to -1 in int64; the message must not report a negative entry."""
+    with pytest.raises(ValueError, match=r"^ke: entries too large for int64"):
+        index_scores(q, w, k, ke=np.array([10, 2**64 - 1], dtype=np.uint64))
+
+
+def test_check_scores_names_the_argument():
+    """``check_scores``, the validation of ``topk_ids``: -inf allowed,
+    everything ``as_float_array`` refuses refused, NaN and +inf refused."""
+    s = index_scores(q, w, k, ks=KS, ke=KE)
+    np.testing.assert_array_equal(check_scores(s), s)
+    assert check_scores(s.astype(np.float32)).dtype == np.float64
+    for kind in REAL_KINDS:
+        with pytest.raises(ValueError, match=r"^scores\b"):
+            check_scores(_bad_value(s, kind))
+    for v in (np.nan, np.inf):
+        with pytest.raises(ValueError, match=r"^scores: contains nan or \+inf"):
+            check_scores(np.where(np.isfinite(s), s, v))
+    with pytest.raises(ValueError, match=r"^scores: expected 2 dimensions"):
+        check_scores(s[0])
+
+
+# ---------------------------------------------------------------------------------------
+# K: 1 <= K <= K_MAX = 2**31 - 1, and the ids array holds at most IDS_MAX = 2**31 - 1 ids
+# ---------------------------------------------------------------------------------------
+
+_K_ENTRIES = [e for e, (_, g) in ENTRIES.items() if "K" in g]
+
+
+def test_check_K_bounds():
+    """K_MAX and IDS_MAX are the stated limits; nothing is allocated to check them."""
+    assert K_MAX == IDS_MAX == 2**31 - 1
+    assert check_K(K_MAX) == K_MAX and check_K(np.int64(K_MAX)) == K_MAX
+    assert check_K(K_MAX, rows=1) == K_MAX and check_K(K_MAX, rows=0) == K_MAX
+    assert check_K(2**30, rows=1) == 2**30
+    for K in (K_MAX + 1, 10**12, np.uint64(2**64 - 1), np.asarray(10**12)):
+        with pytest.raises(ValueError, match=r"^K: at most 2147483647 \(2\*\*31 - 1"):
+            check_K(K)
+    # 2 rows of 2**30 ids: 2**31 ids, 2**34 bytes (16 GiB): the message gives the bytes
+    with pytest.raises(ValueError, match=r"^K: .* 2 rows x K=1073741824 .*17179869184 bytes"):
+        check_K(2**30, rows=2)
+    with pytest.raises(ValueError, match=r"^K: .*at most 2147483647 ids"):
+        check_K(K_MAX, rows=2)
+    # a caller's own, smaller limit (the GPU selection kernel's)
+    with pytest.raises(ValueError, match=r"^K: at most 4096 \(the kernel\), got 4097"):
+        check_K(4097, max_K=4096, why="the kernel")
+
+
+@pytest.mark.parametrize("entry", _K_ENTRIES)
+@pytest.mark.parametrize("K", [10**12, 2**31])
+def test_huge_K_raises_before_allocating(entry, K):
+    """K = 10**12 asked for a 21.8 TiB int64 [Qn, K] array (MemoryError); now ValueError."""
+    fn, good = ENTRIES[entry]
+    with pytest.raises(ValueError, match=r"^K: at most 2147483647"):
+        fn(**dict(good, K=K))
+
+
+@pytest.mark.parametrize("entry", _K_ENTRIES)
+def test_K_above_the_key_count_pads(entry):
+    """K > N is part of the contract (-1 padding), far below the limits."""
+    fn, good = ENTRIES[entry]
+    K = k.shape[0] + 5
+    out = fn(**dict(good, K=K))
+    ids = out if isinstance(out, np.ndarray) else out.ids
+    assert ids.shape[-1] == K and (ids[..., k.shape[0] :] == -1).all()
+
+
+class _GuardedNumpy:
+    """numpy, except that ``full`` refuses more than IDS_MAX entries with MemoryError: an
+    entry point that allocates its ids array before checking its size would otherwise ask
+    for 16 GiB here, and the test must not depend on the machine's memory."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def full(shape, *args, **kwargs):
+        if math.prod(shape if isinstance(shape, tuple) else (shape,)) > IDS_MAX:
+            raise MemoryError(f"test guard: np.full of shape {shape}")
+        return np.full(shape, *args, **kwargs)
+
+
+@pytest.mark.parametrize("entry", _K_ENTRIES)
+def test_ids_larger_than_the_limit_raise_before_allocating(entry, monkeypatch):
+    """K ≤ K_MAX but Qn·K > IDS_MAX (here 2 or 4 rows of 2**30 ids, ≥ 16 GiB): ValueError
+    naming K and the size in bytes, raised before the ids array is allocated."""
+    for mod in ("dosa_ref.scorer", "dosa_ref.pipeline", "dosa_ref.decode"):
+        monkeypatch.setattr(importlib.import_module(mod), "np", _GuardedNumpy())
+    fn, good = ENTRIES[entry]
+    with pytest.raises(ValueError, match=r"^K: the ids array .* bytes"):
+        fn(**dict(good, K=2**30))
+
+
+# ---------------------------------------------------------------------------------------
+# The same rules in the GPU package's host-side validation (no GPU needed)
+# ---------------------------------------------------------------------------------------
+
+
+def test_gpu_K_limit_is_the_selection_kernels():
+    """dosa_cupy's K limit (4096) is the one its messages give, also for K > K_MAX."""
+    from dosa_cupy.decode import check_decode_inputs
+    from dosa_cupy.prepare import check_selection_K
+
+    assert check_selection_K(np.asarray(4096)) == 4096
+    for K in (4097, 10**12):
+        with pytest.raises(ValueError, match=r"^K: at most 4096"):
+            check_selection_K(K)
+        with pytest.raises(ValueError, match=r"^K: at most 4096"):
+            check_decode_inputs(K=K, xp=np, **_gpu_decode_good())
+
+
+def _gpu_decode_good() -> dict:
+    return dict(
+        q=np.zeros((2, 1, 16, 128), np.uint8),
+        w=np.ones((2, 1, 16), np.float32),
+        kv_payload=np.zeros((5, 64, 128), np.uint8),
+        kv_scale=np.ones((5, 64), np.float32),
+        block_table=np.arange(4, dtype=np.int32).reshape(2, 2),
+        lengths=np.full(2, 70, np.int32),
+    )
+
+
+@pytest.mark.parametrize("arg", ["block_table", "lengths", "q", "w", "kv_payload", "kv_scale"])
+@pytest.mark.parametrize("kind", ["ragged", "object", "str", "None", "bool", "whole_float"])
+def test_gpu_decode_inputs_name_the_argument(arg, kind):
+    from dosa_cupy.decode import check_decode_inputs
+
+    good = _gpu_decode_good()
+    if kind == "whole_float" and arg not in ("block_table", "lengths"):
+        pytest.skip("a float dtype is right for the others (or refused by their dtype)")
+    args = dict(good, **{arg: _bad_value(good[arg], kind)})
+    with pytest.raises(ValueError, match=rf"^{arg}:"):
+        check_decode_inputs(K=4, xp=np, **args)
+
+
+@pytest.mark.parametrize("arg", ["cu_seqlens_q", "cu_seqlens_k"])
+@pytest.mark.parametrize("kind", ["ragged", "object", "str", "None", "bool", "whole_float"])
+def test_gpu_ragged_offsets_name_the_argument(arg, kind):
+    """The host checks of ``ragged_topk`` run before any device work (no GPU needed)."""
+    from dosa_cupy.serving import ragged_topk
+
+    good = dict(
+        q=np.zeros((5, 16, 128), np.uint8),
+        w=np.ones((5, 16), np.float32),
+        k_payload=np.zeros((79, 128), np.uint8),
+        k_scale=np.ones(79, np.float32),
+        K=4,
+        cu_seqlens_q=np.array([0, 2, 2, 5]),
+        cu_seqlens_k=np.array([0, 5, 9, 79]),
+    )
+    args = dict(good, **{arg: _bad_value(good[arg], kind)})
+    with pytest.raises(ValueError, match=rf"^{arg}:"):
+        ragged_topk(**args)
 
 
 def test_check_seed_ids_does_not_wrap_unsigned_ids():

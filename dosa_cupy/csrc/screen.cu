@@ -52,7 +52,7 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 // packs the survivors; tcnt[t] (when given) counts the keys the plain rule keeps and the
 // tie-aware rule / plateau bound rejects (stat tie_rejected).  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
 #endif /* DOSA_TIE_RULE */
-// found on the host by a prefix count (select.invalid_scale_queries) and recovered
+// found on the host by a prefix count (select.recovery_queries) and recovered
 // (docs/method.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
 // ---------------------------------------------------------------------------------------
 #ifndef DOSA_SCREEN_UNROLL
