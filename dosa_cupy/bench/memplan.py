@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .timing import WARM
 
-# H200 ceilings measured in /work/shared/NUMERICS.md ("Measured on an H200", 2026-11-30):
+# H200 ceilings measured in docs/numerics.md ("Measured on an H200", 2026-11-30):
 # fp8 GEMM (torch._scaled_mm, 8192³) 1455 TFLOP/s bounds any MMA pass; the device-to-device
 # copy 4.24 TB/s bounds any pass that must write or read the fp32 logits.
 FP8_PEAK = 1455e12  # FLOP/s
