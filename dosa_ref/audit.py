@@ -30,11 +30,12 @@ margin and slack distributions (if matplotlib is installed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
+import tempfile
+import zipfile
 
 import numpy as np
 
@@ -424,39 +425,134 @@ def audit_replay(path: str) -> dict:
     return out
 
 
+AUDIT_OUT = os.path.join(tempfile.gettempdir(), "dosa-audit")
+
+
+def _replay_file_error(path: str) -> str | None:
+    """Why ``path`` is not a violation file of ``audit`` (a reason, one line), or None."""
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            fields = set(d.files) if isinstance(d, np.lib.npyio.NpzFile) else set()
+    except AttributeError:  # a .npy array: np.load returned no context manager
+        fields = set()
+    except OSError as e:
+        return f"cannot read {path!r}: {e}"
+    except (ValueError, EOFError, zipfile.BadZipFile):  # numpy's guesses say little here
+        return f"{path!r} is not a .npz file"
+    if not {"model", "q_t", "w_t", "payload", "key_ids"} <= fields:
+        return f"{path!r} is not a violation_q*.npz written by dosa audit"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``dosa audit``: audit the numerical guard on a workload, or replay a violation."""
-    ap = argparse.ArgumentParser(prog="dosa audit", description=main.__doc__)
-    ap.add_argument("--workload", default="calibrated", help="dosa_ref.workloads regime")
-    ap.add_argument("--load", default=None, help=".npz or .safetensors workload (q, w, k, ks, ke)")
-    ap.add_argument("--queries", type=int, default=16)
-    ap.add_argument("--keys", type=int, default=16384)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--K", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="audit_out")
-    ap.add_argument("--replay", default=None, metavar="FILE")
-    ap.add_argument("--scale-fmt", default="amax", choices=("amax", "ue8m0"))
-    ap.add_argument("--form", default="base", choices=("base", "abs"))
-    ap.add_argument("--kept-bits", type=int, default=None, help="truncating MMA kept bits W")
+    from .cli import (
+        WORKLOAD_FLAGS,
+        CommandParser,
+        existing_file,
+        name_in,
+        nonnegative_int,
+        positive_int,
+    )
+    from .workloads import regime_names
+
+    ap = CommandParser(prog="dosa audit", description=main.__doc__)
+    ap.add_argument(
+        "--workload",
+        type=name_in(regime_names(), "regime"),
+        default="calibrated",
+        metavar="NAME",
+        help=f"dosa_ref.workloads regime: {', '.join(regime_names())} (default calibrated)",
+    )
+    ap.add_argument(
+        "--load",
+        type=existing_file,
+        default=None,
+        metavar="FILE",
+        help=".npz or .safetensors workload (q, w, k, ks, ke; workloads.save_workload) "
+        "instead of --workload",
+    )
+    ap.add_argument(
+        "--queries", type=positive_int, default=16, metavar="Q", help="queries (default 16)"
+    )
+    ap.add_argument(
+        "--keys",
+        type=positive_int,
+        default=16384,
+        metavar="N",
+        help="keys of the context, at least Q (default 16,384)",
+    )
+    ap.add_argument(
+        "--heads",
+        type=positive_int,
+        default=None,
+        metavar="H",
+        help="heads (default: the regime's)",
+    )
+    ap.add_argument("--K", type=positive_int, default=2048, help="selection size (default 2048)")
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="workload seed (default 0)")
+    ap.add_argument(
+        "--out",
+        default=AUDIT_OUT,
+        metavar="DIR",
+        help="directory for audit.json, audit.md, audit.png and violation_q*.npz, created if "
+        f"missing (default {AUDIT_OUT}, under the system temp dir: a run leaves nothing in "
+        "the current directory)",
+    )
+    ap.add_argument(
+        "--replay",
+        type=existing_file,
+        default=None,
+        metavar="FILE",
+        help="re-check a violation_q*.npz of an earlier audit (the other flags are ignored)",
+    )
+    ap.add_argument(
+        "--scale-fmt", default="amax", choices=("amax", "ue8m0"), help="key scales (default amax)"
+    )
+    ap.add_argument(
+        "--form", default="base", choices=("base", "abs"), help="bound form (default base)"
+    )
+    ap.add_argument(
+        "--kept-bits",
+        type=positive_int,
+        default=None,
+        metavar="W",
+        help="truncating MMA kept bits W (default 17, Hopper FP8)",
+    )
     ap.add_argument("--fp8-queries", action="store_true", help="quantize queries (folded)")
-    ap.add_argument("--sample", type=int, default=256)
+    ap.add_argument(
+        "--sample",
+        type=nonnegative_int,
+        default=256,
+        help="random pairs also checked in exact arithmetic (default 256)",
+    )
     a = ap.parse_args(argv)
     if a.replay:
+        why = _replay_file_error(a.replay)
+        if why:
+            ap.error(f"--replay: {why}")
         rep = audit_replay(a.replay)
         print(json.dumps(rep, indent=2))
         return 1 if rep["rebuilt"]["violations"] else 0
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        ap.error(f"--out: {a.out!r} is a file, not a directory")
+    if not a.load and a.queries > a.keys:
+        ap.error(f"--queries: {a.queries} queries cannot exceed the context (--keys {a.keys})")
     if a.load:
         from .workloads import load_workload
 
-        wl = load_workload(a.load)
+        try:
+            wl = load_workload(a.load)
+        except ValueError as e:  # every one is about the file (its format or its tensors)
+            ap.error(f"--load: {str(e).removeprefix('path: ')}")
     else:
         from .workloads import make_workload
 
         kw = {"seed": a.seed}
         if a.heads is not None:
             kw["H"] = a.heads
-        wl = make_workload(a.workload, a.queries, a.keys, **kw)
+        with ap.value_errors(**WORKLOAD_FLAGS, name="--workload"):
+            wl = make_workload(a.workload, a.queries, a.keys, **kw)
     q, w, p, s, ks, ke = _unpack(wl, a.scale_fmt)
     if a.fp8_queries:
         from .fp8 import quantize_queries
@@ -487,4 +583,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .cli import run_command
+
+    sys.exit(run_command("dosa audit", main, sys.argv[1:]))

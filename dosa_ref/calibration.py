@@ -81,14 +81,16 @@ def calibration_table(
             if v == "majority":
                 proj_rows += int(np.sum(st.omitted_positive > 0))
                 rows_total += st.Qn
-                extra["scored"][0] += float(st.scored.sum() + st.anchor_scored)
+                # SelectStats.scored_fraction pooled: keys scored for the selection (the
+                # anchor queries' own full scoring is another statistic), a share in [0, 1]
+                extra["scored"][0] += float(np.minimum(st.scored, st.visible).sum())
                 extra["scored"][1] += float(st.visible.sum())
                 extra["gap"] += list(st.tau_gap[~np.isnan(st.tau_gap)])
             if progress:
                 print(
                     f"calibrate: {name} layer {layer + 1}/{layers} (seed {int(seed) + layer}) "
                     f"Qn={Qn} N={N} neg_aggregate={v}: survival "
-                    f"{100 * st.survival:.2f}% ({dt:.1f} s)",
+                    f"{_pct(st.survival)} ({dt:.1f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -151,8 +153,14 @@ def _plateau_counts(wl: Workload, extra: dict) -> None:
         extra["zero"][1] += float(vis.size)
 
 
+def _pct(x: float) -> str:
+    """A fraction as a percentage; "-" where it is undefined (nan: a 0/0, e.g. survival
+    when no key was screened)."""
+    return f"{100 * x:.2f}%" if np.isfinite(x) else "-"
+
+
 def format_calibration(rows: list[dict]) -> str:
-    """Markdown table of ``calibration_table`` rows (percentages)."""
+    """Markdown table of ``calibration_table`` rows (percentages; "-" where undefined)."""
     lines = [
         "| statistic | paper | measured | criterion | ok |",
         "|---|---:|---:|---|---|",
@@ -160,11 +168,12 @@ def format_calibration(rows: list[dict]) -> str:
     for r in rows:
         if r.get("criterion") == "-":  # an observed statistic without a paper value
             pct = "heads" not in r["statistic"]
-            m = f"{100 * r['measured']:.2f}%" if pct else f"{r['measured']:.2f}"
-            lines.append(f"| {r['statistic']} | - | {m} | - | - |")
+            m = r["measured"]
+            text = _pct(m) if pct else (f"{m:.2f}" if np.isfinite(m) else "-")
+            lines.append(f"| {r['statistic']} | - | {text} | - | - |")
             continue
         lines.append(
-            f"| {r['statistic']} | {100 * r['target']:.2f}% | {100 * r['measured']:.2f}% "
+            f"| {r['statistic']} | {_pct(r['target'])} | {_pct(r['measured'])} "
             f"| {r.get('criterion', '±50%')} | {'yes' if r['within_50pct'] else 'NO'} |"
         )
     return "\n".join(lines)

@@ -1,26 +1,40 @@
-"""``dosa`` command line: demo, fuzz, calibrate, audit, proofs, mutate, bench.
+"""dosa: the command line of the DoSA reference (CPU) and of its GPU package.
 
-dosa demo [--large] [--queries Q --keys N --heads H --regime NAME]
-dosa fuzz [--profile ci|nightly] [-- pytest args]
-dosa calibrate [--queries Q --keys N --regime NAME --heads H]
-dosa audit ...            (dosa_ref.audit; see ``dosa audit --help``)
-dosa proofs               (python -m proofs)
-dosa mutate ...           (dosa_ref.mutate)
-dosa bench ...            (the GPU benchmark; needs CuPy and an NVIDIA GPU)
-dosa bench --decode ...   (its decode mode)
-dosa train-indexer ...    (the trained regime's indexers; GPU, PyTorch)
+    dosa demo            dense scoring vs DoSA per seed strategy on a generated workload;
+                         checks that the ids are identical
+    dosa fuzz            the hypothesis property suite (the tests marked `property`) under a
+                         profile: ci (default; derandomized, 60 examples per property),
+                         dev (200 random examples), nightly (20,000 random examples)
+    dosa calibrate       a regime's certificate statistics beside the paper's values
+    dosa audit           the FP8 numerical guard's dominance audit on a workload, or the
+                         replay of a violation file
+    dosa proofs          every executable proof of the method's statements (python -m proofs)
+    dosa mutate          mutation testing of the soundness-critical code (docs/mutation.md)
+    dosa bench           the GPU benchmark, and its modes --decode, --serving, ... (CuPy,
+                         an NVIDIA GPU; --dry-run plans a run without one)
+    dosa train-indexer   train the trained regime's indexers (GPU, PyTorch)
+
+dosa COMMAND --help lists a command's flags and their defaults.  A bad argument is one
+line on stderr naming the flag, and exit code 2.  fuzz and mutate run the test suite: they
+need the test extra (pip install 'dosa[test]'); bench and train-indexer the GPU extras.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib
 import importlib.metadata
+import importlib.util
+import inspect
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -30,6 +44,268 @@ DEMO_SMALL = dict(queries=24, keys=16384)
 DEMO_LARGE = dict(queries=256, keys=131072)
 DEMO_STRATEGIES = ("local", "anchor", "certificate", "local+anchor+certificate")
 
+# The hypothesis profiles of tests/conftest.py, one line each for the help texts
+# (tests/test_cli.py checks that both name the same profiles).
+FUZZ_PROFILES = {
+    "ci": "the default: derandomized, 60 examples per property (minutes on 2 cores)",
+    "dev": "200 random examples per property (a longer local run)",
+    "nightly": "20,000 random examples per property (long runs; tens of minutes)",
+}
+# tests/conftest.py marks every hypothesis test `property` (pyproject.toml registers it)
+FUZZ_MARK = "property and not gpu"
+TEST_DEPS = ("pytest", "hypothesis")
+TEST_HINT = "pip install 'dosa[test]'"
+
+# The library's argument names (the head of its ``ValueError("name: reason")``) → the flags
+# of the workload commands (demo, calibrate, audit) that carry them.
+WORKLOAD_FLAGS = {"Qn": "--queries", "N": "--keys", "H": "--heads", "seed": "--seed"}
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def one_line(message: object) -> str:
+    """An argparse or library error message as one line: whitespace collapsed, argparse's
+    "argument " prefix dropped (``--K: invalid int value: 'x'``)."""
+    text = " ".join(str(message).split())
+    return text[len("argument ") :] if text.startswith("argument ") else text
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The argument parser of a ``dosa`` command: a bad argument is one line on stderr,
+    ``PROG: --flag: reason``, and exit code 2.  (argparse's own ``error`` prints the usage
+    first: several lines, in which the flag is hard to find.)"""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if _SCOPES:  # inside run_command: remember the flags of this command
+            _SCOPES[-1].append(self)
+        return super().parse_known_args(args, namespace)
+
+    @contextlib.contextmanager
+    def value_errors(self, **names: str) -> Iterator[None]:
+        """Inside: a ``ValueError("name: reason")`` of the library about an argument becomes
+        this parser's one-line error naming the flag.  ``names`` maps the library's names to
+        flags (``Qn="--queries"``); a name that is itself a flag of this parser (``K`` →
+        ``--K``) needs no entry.  Any other ValueError propagates: it is not about an
+        argument, and its traceback is needed."""
+        try:
+            yield
+        except ValueError as e:
+            line = flag_message(e, [self], names)
+            if line is None:
+                raise
+            self.error(line)
+
+
+def _flags(parsers: Iterable[argparse.ArgumentParser]) -> set[str]:
+    # _option_string_actions: argparse's table of every option string (no public accessor)
+    return {f for p in parsers for f in p._option_string_actions}
+
+
+def flag_message(
+    err: ValueError,
+    parsers: Iterable[argparse.ArgumentParser],
+    names: Mapping[str, str] | None = None,
+) -> str | None:
+    """``"--flag: reason"`` for a library ValueError ``"name: reason"`` (or ``"a, b: ..."``)
+    whose names are flags of ``parsers`` (``K`` → ``--K``, ``logits-gib`` →
+    ``--logits-gib``) or keys of ``names``; None when some name is neither."""
+    head, sep, rest = str(err).partition(": ")
+    if not sep or not head.strip():
+        return None
+    flags, names = _flags(parsers), names or {}
+    out = []
+    for name in (h.strip() for h in head.split(",")):
+        found = names.get(name) or next(
+            (f for f in (name, f"--{name}", f"--{name.replace('_', '-')}") if f in flags), None
+        )
+        if found is None or not found.startswith("-"):
+            return None
+        out.append(found)
+    return one_line(f"{', '.join(dict.fromkeys(out))}: {rest}")
+
+
+def _arg_type(fn: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type=``: ``fn``'s ValueError becomes argparse's ArgumentTypeError, whose
+    text argparse prints after the flag (a ValueError would print "invalid fn value")."""
+
+    @functools.wraps(fn)
+    def parse(text: str):
+        try:
+            return fn(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def _int(text: str, minimum: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"expected {what}, got {text!r}") from None
+    if v < minimum:
+        raise ValueError(f"expected {what}, got {text!r}")
+    return v
+
+
+@_arg_type
+def positive_int(text: str) -> int:
+    """An integer ≥ 1 (counts: queries, keys, heads, K, jobs ...)."""
+    return _int(text, 1, "a positive integer")
+
+
+@_arg_type
+def nonnegative_int(text: str) -> int:
+    """An integer ≥ 0 (seeds, sample sizes)."""
+    return _int(text, 0, "an integer >= 0")
+
+
+@_arg_type
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+@_arg_type
+def unit_fraction(text: str) -> float:
+    """A number in [0, 1] (a score threshold)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"expected a number in [0, 1], got {text!r}")
+    return v
+
+
+@_arg_type
+def existing_file(text: str) -> str:
+    """The path of an existing file."""
+    if not os.path.isfile(text):
+        what = "a directory, not a file" if os.path.isdir(text) else "no such file"
+        raise ValueError(f"{what}: {text!r}")
+    return text
+
+
+@_arg_type
+def existing_dir(text: str) -> str:
+    """The path of an existing directory."""
+    if not os.path.isdir(text):
+        raise ValueError(f"no such directory: {text!r}")
+    return text
+
+
+def name_in(names: Iterable[str], what: str) -> Callable[[str], str]:
+    """A ``type=`` accepting one of ``names``: ``unknown regime 'foo' (choose from ...)``."""
+    names = tuple(names)
+
+    @_arg_type
+    def parse(text: str) -> str:
+        if text not in names:
+            raise ValueError(f"unknown {what} {text!r} (choose from {', '.join(names)})")
+        return text
+
+    return parse
+
+
+@_arg_type
+def strategy_list(text: str) -> list[str]:
+    """A comma list of seed strategies, each names joined by '+' (``local,anchor+local``);
+    "explicit" needs seed ids, which no command line gives."""
+    from .options import parse_strategies
+
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    if not out:
+        raise ValueError(f"expected a comma list of seed strategies, got {text!r}")
+    for s in out:
+        try:
+            names = parse_strategies(s)
+        except ValueError as e:  # "seeds: unknown strategy ...": the flag is named already
+            raise ValueError(str(e).partition(": ")[2]) from None
+        if "explicit" in names:
+            raise ValueError(f"'explicit' takes seed ids, which no command line gives: {s!r}")
+    return out
+
+
+def _regime_type(what: str = "regime") -> Callable[[str], str]:
+    from .workloads import regime_names
+
+    return name_in(regime_names(), what)
+
+
+def _regimes() -> str:
+    from .workloads import regime_names
+
+    return ", ".join(regime_names())
+
+
+# The parsers of the running commands (run_command's scopes, innermost last): each
+# CommandParser that parses registers here, so that a library ValueError about an argument
+# can be told by its flag.
+_SCOPES: list[list[argparse.ArgumentParser]] = []
+
+
+@contextlib.contextmanager
+def _command_parsers() -> Iterator[list[argparse.ArgumentParser]]:
+    """The CommandParsers that parse while a command runs (``run_command``)."""
+    parsers: list[argparse.ArgumentParser] = []
+    _SCOPES.append(parsers)
+    try:
+        yield parsers
+    finally:
+        _SCOPES.pop()
+
+
+def run_command(prog: str, fn: Callable[[list[str]], int], argv: list[str]) -> int:
+    """``fn(argv)``, a command's main, with one-line argument errors: argparse's (exit 2)
+    and a library ValueError ``"name: reason"`` whose name is a flag of the command's
+    parsers (one line naming the flag, return 2).  Other exceptions propagate."""
+    with _command_parsers() as parsers:
+        try:
+            return fn(argv)
+        except ValueError as e:
+            line = flag_message(e, parsers)
+            if line is None:
+                raise
+            last = parsers[-1].prog if parsers else prog
+            print(f"{last if last.startswith('dosa') else prog}: {line}", file=sys.stderr)
+            return 2
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:  # None: an import blocked on purpose (tests do this)
+        return sys.modules[name] is not None
+    return importlib.util.find_spec(name) is not None
+
+
+def require_test_deps(prog: str) -> int | None:
+    """2 after one line on stderr when pytest or hypothesis (the ``test`` extra, no longer
+    runtime dependencies) is not importable; None when both are."""
+    missing = [m for m in TEST_DEPS if not _importable(m)]
+    if not missing:
+        return None
+    verb = "is" if len(missing) == 1 else "are"
+    print(f"{prog}: {' and '.join(missing)} {verb} not installed; {TEST_HINT}", file=sys.stderr)
+    return 2
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _pct(x: float) -> str:
+    """A fraction as a percentage; "-" where it is undefined (nan: a 0/0)."""
+    return f"{100 * x:.2f}%" if np.isfinite(x) else "-"
+
 
 def _fmt(x, spec=".3g"):
     if isinstance(x, float) and np.isnan(x):
@@ -37,31 +313,89 @@ def _fmt(x, spec=".3g"):
     return format(x, spec) if isinstance(x, float) else str(x)
 
 
+DEMO_LEGEND = (
+    "survival = Σ keys passing the screen / Σ keys screened; pruning = 1 - survival",
+    "fully scored = Σ keys scored for the selection (seeds, certificate seeds, refined "
+    "keys; every key of a dense query) / Σ visible keys",
+    "anchors scored = the anchor queries' full scoring / Σ visible keys (not in fully scored)",
+    "work ratio = (every scoring + the bounds' cost) / dense scoring; above 1: DoSA did more",
+    "- = undefined (survival, pruning: no key screened, every query dense); definitions: "
+    "dosa_ref.options.SelectStats",
+    "slack = mean Prop. 6 components of U - s on a key sample",
+)
+
+
 def demo(argv: list[str]) -> int:
-    """Dense scoring vs DoSA per seed strategy on a generated workload; checks ids."""
+    """Dense scoring vs DoSA per seed strategy on a generated workload; checks the ids."""
     from . import dosa_topk, index_scores, topk_ids
     from .workloads import make_workload
 
-    ap = argparse.ArgumentParser(prog="dosa demo", description=demo.__doc__)
-    ap.add_argument("--large", action="store_true", help="256 queries x 131,072 keys")
-    ap.add_argument("--queries", type=int)
-    ap.add_argument("--keys", type=int)
-    ap.add_argument("--heads", type=int)
-    ap.add_argument("--regime", default="calibrated")
-    ap.add_argument("--K", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strategies", default=",".join(DEMO_STRATEGIES))
+    small, large = DEMO_SMALL, DEMO_LARGE
+    ap = CommandParser(prog="dosa demo", description=demo.__doc__)
+    ap.add_argument(
+        "--large",
+        action="store_true",
+        help=f"{large['queries']} queries x {large['keys']:,} keys (default size: "
+        f"{small['queries']} x {small['keys']:,})",
+    )
+    ap.add_argument(
+        "--queries",
+        type=positive_int,
+        metavar="Q",
+        help=f"queries of the chunk (default {small['queries']}; {large['queries']} with --large)",
+    )
+    ap.add_argument(
+        "--keys",
+        type=positive_int,
+        metavar="N",
+        help=f"keys of the context, at least Q (default {small['keys']:,}; "
+        f"{large['keys']:,} with --large)",
+    )
+    ap.add_argument(
+        "--heads",
+        type=positive_int,
+        metavar="H",
+        help="indexer heads (default: the regime's, 32; 64 for h64 and trained)",
+    )
+    ap.add_argument(
+        "--regime",
+        type=_regime_type(),
+        default="calibrated",
+        metavar="NAME",
+        help=f"workload regime: {_regimes()} (default calibrated; docs/workloads.md)",
+    )
+    ap.add_argument("--K", type=positive_int, default=2048, help="selection size (default 2048)")
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="workload seed (default 0)")
+    ap.add_argument(
+        "--strategies",
+        type=strategy_list,
+        default=",".join(DEMO_STRATEGIES),
+        metavar="LIST",
+        help="comma list of seed strategies, each names from local, anchor, certificate "
+        f"joined by '+' (default {','.join(DEMO_STRATEGIES)})",
+    )
     a = ap.parse_args(argv)
-    size = dict(DEMO_LARGE if a.large else DEMO_SMALL)
+    size = dict(large if a.large else small)
     for name in ("queries", "keys"):
         if getattr(a, name) is not None:
             size[name] = getattr(a, name)
-    # H: the regime's own head count (h64 has 64) unless --heads overrides it.
-    wl = make_workload(a.regime, size["queries"], size["keys"], H=a.heads, seed=a.seed)
+    if size["queries"] > size["keys"]:
+        ap.error(
+            f"--queries: the chunk ({size['queries']}) cannot be longer than the context "
+            f"(--keys {size['keys']})"
+        )
+    # H: the regime's own head count (h64 has 64) unless --heads overrides it.  No progress
+    # report here: a bad value found by make_workload must stay the only line on stderr.
+    with ap.value_errors(**WORKLOAD_FLAGS, name="--regime"):
+        wl = make_workload(a.regime, size["queries"], size["keys"], H=a.heads, seed=a.seed)
     Qn, H, D = wl.q.shape
     N = wl.k.shape[0]
-    print(f"workload {a.regime}: {Qn} queries x {N} keys, H={H}, D={D}, K={a.K} (causal chunk)")
-    with Progress(Qn, "dense ") as bar:
+    # flushed: with stdout a pipe or a file, the header would otherwise wait for the table
+    print(
+        f"workload {a.regime}: {Qn} queries x {N} keys, H={H}, D={D}, K={a.K} (causal chunk)",
+        flush=True,
+    )
+    with Progress(Qn, "dense") as bar:
         t0 = time.perf_counter()
         scores = np.full((Qn, N), -np.inf)
         for t in range(Qn):
@@ -73,7 +407,7 @@ def demo(argv: list[str]) -> int:
         t_dense = time.perf_counter() - t0
     rows = []
     ok_all = True
-    for strat in a.strategies.split(","):
+    for strat in a.strategies:
         with Progress(Qn, f"{strat:>24}") as bar:
             t0 = time.perf_counter()
             res = dosa_topk(
@@ -88,9 +422,11 @@ def demo(argv: list[str]) -> int:
                 strat,
                 _fmt(float(np.mean(res.stats.r))),
                 _fmt(tot["tau_gap_median"]),
-                f"{100 * tot['survival']:.2f}%",
-                f"{100 * tot['pruning']:.2f}%",
-                f"{100 * tot['scored_fraction']:.2f}%",
+                _pct(tot["survival"]),
+                _pct(tot["pruning"]),
+                _pct(tot["scored_fraction"]),
+                _pct(tot["anchor_scored_fraction"]),
+                _fmt(tot["work_ratio"]),
                 _fmt(tot.get("slack_positive", float("nan"))),
                 _fmt(tot.get("slack_missed_negative", float("nan"))),
                 _fmt(tot.get("slack_cancellation", float("nan"))),
@@ -105,6 +441,8 @@ def demo(argv: list[str]) -> int:
         "survival",
         "pruning",
         "fully scored",
+        "anchors scored",
+        "work ratio",
         "slack +proj",
         "slack missed-neg",
         "slack cancel",
@@ -116,10 +454,7 @@ def demo(argv: list[str]) -> int:
     print("|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    print(
-        "\nsurvival = keys passing screening / keys screened; fully scored = (seeds + "
-        "survivors) / visible keys; slack = mean Prop. 6 components of U - s on a key sample."
-    )
+    print("\n" + "\n".join(DEMO_LEGEND))
     if not ok_all:
         print("ERROR: DoSA ids differ from dense Top-K", file=sys.stderr)
         return 1
@@ -128,18 +463,42 @@ def demo(argv: list[str]) -> int:
 
 
 def fuzz(argv: list[str]) -> int:
-    """Run the hypothesis property suite (CPU) under a profile."""
-    ap = argparse.ArgumentParser(prog="dosa fuzz", description=fuzz.__doc__)
-    ap.add_argument("--profile", default="ci", choices=("ci", "dev", "nightly"))
-    ap.add_argument("pytest_args", nargs="*")
+    """Run the hypothesis property suite on the CPU: the tests marked ``property`` (every
+    hypothesis test; tests/conftest.py marks them) under a hypothesis profile."""
+    ap = CommandParser(
+        prog="dosa fuzz",
+        description=" ".join(fuzz.__doc__.split()),  # raw text below: the profiles' lines
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="profiles (tests/conftest.py):\n"
+        + "\n".join(f"  {k:<8} {v}" for k, v in FUZZ_PROFILES.items())
+        + f"\n\nruns: python -m pytest -q -m '{FUZZ_MARK}' tests/ [PYTEST_ARG ...]",
+    )
+    ap.add_argument(
+        "--profile",
+        default="ci",
+        choices=tuple(FUZZ_PROFILES),
+        help="hypothesis profile (default ci; listed below)",
+    )
+    ap.add_argument(
+        "pytest_args",
+        nargs="*",
+        metavar="PYTEST_ARG",
+        help="more pytest arguments, after --: dosa fuzz -- -x -k select",
+    )
     a = ap.parse_args(argv)
+    rc = require_test_deps("dosa fuzz")
+    if rc is not None:
+        return rc
     tests = Path(__file__).resolve().parents[1] / "tests"
     if not tests.is_dir():
-        print(f"tests folder not found at {tests} (run from a source checkout)", file=sys.stderr)
+        print(
+            f"dosa fuzz: tests folder not found at {tests} (run from a source checkout)",
+            file=sys.stderr,
+        )
         return 2
     env = dict(os.environ, HYPOTHESIS_PROFILE=a.profile)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not gpu", str(tests), *a.pytest_args]
-    print("+", " ".join(cmd), f"(HYPOTHESIS_PROFILE={a.profile})")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", FUZZ_MARK, str(tests), *a.pytest_args]
+    print("+", " ".join(cmd), f"(HYPOTHESIS_PROFILE={a.profile})", flush=True)
     return subprocess.call(cmd, env=env)
 
 
@@ -147,24 +506,65 @@ def calibrate(argv: list[str]) -> int:
     """Print a regime's certificate statistics (default: calibrated) beside the paper's."""
     from .calibration import calibration_table, format_calibration
 
-    ap = argparse.ArgumentParser(prog="dosa calibrate", description=calibrate.__doc__)
-    ap.add_argument("--queries", type=int, default=None)
-    ap.add_argument("--keys", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--regime", default="calibrated", help="a dosa_ref.workloads regime")
-    ap.add_argument("--heads", type=int, default=None, help="H (default: the regime's)")
-    ap.add_argument("--layers", type=int, default=4, help="workloads (seeds) pooled")
+    default = {k: p.default for k, p in inspect.signature(calibration_table).parameters.items()}
+    ap = CommandParser(prog="dosa calibrate", description=calibrate.__doc__)
+    ap.add_argument(
+        "--queries",
+        type=positive_int,
+        default=default["Qn"],
+        metavar="Q",
+        help=f"queries per workload (default {default['Qn']})",
+    )
+    ap.add_argument(
+        "--keys",
+        type=positive_int,
+        default=default["N"],
+        metavar="N",
+        help=f"keys per workload, at least Q (default {default['N']:,})",
+    )
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="first seed (default 0)")
+    ap.add_argument(
+        "--regime",
+        type=_regime_type(),
+        default="calibrated",
+        metavar="NAME",
+        help=f"workload regime: {_regimes()} (default calibrated)",
+    )
+    ap.add_argument(
+        "--heads", type=positive_int, default=None, metavar="H", help="H (default: the regime's)"
+    )
+    ap.add_argument(
+        "--layers",
+        type=positive_int,
+        default=default["layers"],
+        help=f"workloads (seeds) pooled (default {default['layers']})",
+    )
     a = ap.parse_args(argv)
-    kw = {k: v for k, v in (("Qn", a.queries), ("N", a.keys)) if v is not None}
-    rows = calibration_table(seed=a.seed, name=a.regime, H=a.heads, layers=a.layers, **kw)
+    if a.queries > a.keys:
+        ap.error(f"--queries: {a.queries} queries cannot exceed the context (--keys {a.keys})")
+    with ap.value_errors(**WORKLOAD_FLAGS, name="--regime"):
+        rows = calibration_table(
+            Qn=a.queries, N=a.keys, seed=a.seed, name=a.regime, H=a.heads, layers=a.layers
+        )
     print(f"regime {a.regime}" + (f", H={a.heads}" if a.heads else ""))
     print(format_calibration(rows))
     return 0
 
 
 def proofs(argv: list[str]) -> int:
-    """Run every executable proof (python -m proofs)."""
-    return subprocess.call([sys.executable, "-m", "proofs", *argv])
+    """Run every executable proof (``python -m proofs``; ``dosa proofs --help``)."""
+    # In this process, not a subprocess: its argument errors are then one line as well.
+    try:
+        runner = importlib.import_module("proofs.__main__")
+    except ModuleNotFoundError as e:
+        if not _missing(e, "proofs.__main__"):
+            raise
+        print(
+            "dosa proofs: the proofs package is not importable here (it ships with dosa)",
+            file=sys.stderr,
+        )
+        return 2
+    return runner.main(argv, prog="dosa proofs")
 
 
 COMMANDS = {
@@ -241,17 +641,22 @@ def run_plugin(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``dosa COMMAND ARGS``: run the command and return its exit code (``--help``: the
+    module docstring).  Bad arguments exit 2 after one line on stderr (``run_command``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd in COMMANDS:
-        return COMMANDS[cmd](rest)
-    if plugin_target(cmd) is not None:
-        return run_plugin(cmd, rest)
-    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
-    return 2
+        fn = COMMANDS[cmd]
+    elif plugin_target(cmd) is not None:
+        fn = functools.partial(run_plugin, cmd)
+    else:
+        known = ", ".join([*COMMANDS, *PLUGINS])
+        print(f"dosa: unknown command {cmd!r} (choose from {known}; dosa --help)", file=sys.stderr)
+        return 2
+    return run_command(f"dosa {cmd}", fn, rest)
 
 
 if __name__ == "__main__":

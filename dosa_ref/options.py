@@ -26,6 +26,7 @@ import numpy as np
 
 from .certificate import FORMS
 from .plan import PlanOptions
+from .validate import as_array
 
 __all__ = [
     "OPTIONS",
@@ -140,7 +141,7 @@ def check_seed_ids(seed_ids, Qn: int, N: int, xp=np):
     ValueError naming ``seed_ids`` otherwise.  Unsigned ids are compared in their own dtype
     first: an uint64 id ≥ 2^63 would wrap to a negative int64 and −1 would pass as padding.
     """
-    a = np.asarray(seed_ids) if xp is np else seed_ids
+    a = as_array(seed_ids, "seed_ids") if xp is np else seed_ids
     if a.ndim != 2 or a.shape[0] != Qn or a.dtype.kind not in "iu":
         raise ValueError(
             f"seed_ids: expected an integer array [Qn={Qn}, S], got {a.dtype} {tuple(a.shape)}"
@@ -199,7 +200,39 @@ _INT_FIELDS = (
 class SelectStats:
     """Per-query statistics of an exact selection (arrays of length Qn; ``STATS`` gives
     each field's meaning).  Both packages fill these fields with the same meaning; each
-    adds its own (``slack`` here, FP8 guard counts, GPU stage times) in a subclass."""
+    adds its own (``slack`` here, FP8 guard counts, GPU stage times) in a subclass.
+
+    The aggregates (properties and ``totals()`` keys), each defined here and only here
+    (Σ: the sum over the chunk's queries):
+
+        name                      formula                                     range
+        survival                  Σ survivors / Σ screened                    [0, 1]
+        pruning                   1 − survival                                [0, 1]
+        scored_fraction           Σ min(scored, visible) / Σ visible          [0, 1]
+        anchor_scored_fraction    anchor_scored / Σ visible                   [0, 1]
+        work_ratio                (Σ scored + anchor_scored + Σ bound_work)   [0, ∞)
+                                  / Σ visible                                 (a ratio)
+        tau_gap_median            median of tau_gap where it is defined       [0, ∞]
+        positive_projection_rows  share of queries with omitted_positive > 0  [0, 1]
+
+    A 0/0 is nan, never a number (printed "-"): survival and pruning when no key was
+    screened (every query dense), the ones over Σ visible when no key was visible,
+    tau_gap_median when no query has both τ and τ* finite; positive_projection_rows is 0
+    for Qn = 0.
+
+    ``scored_fraction`` is the share of the visible keys fully scored *for the selection*:
+    seeds, certificate seeds and refined keys of screened queries, every visible key of a
+    dense query.  Here each key is scored at most once per query, so min(scored, visible)
+    = scored; ``dosa_cupy``'s ``scored`` also counts re-scorings of a key (an overflow
+    extension, a recovery: ``DosaGpuStats``), which are work, not more keys, so the min
+    keeps the fraction a share of keys.  ``anchor_scored_fraction`` is the anchor queries'
+    full scoring (their exact Top-K, whose union seeds every query): the anchors are
+    distinct queries of the chunk, so it is at most 1.  It is *not* part of
+    ``scored_fraction``: an anchor query is scored twice, once as an anchor and once for
+    its own selection, so the sum of the two can reach 2.  ``work_ratio`` is the measured
+    work_DoSA / work_dense in full key scorings: every scoring, re-scorings and anchors
+    included, plus the bounds' cost; above 1 when DoSA cost more than dense scoring.
+    """
 
     Qn: int
     visible: np.ndarray = None
@@ -255,29 +288,39 @@ class SelectStats:
 
     @property
     def pruning(self) -> float:
-        """1 − survival: the share of screened keys the bound rejected."""
+        """1 − survival: the share of screened keys the bound rejected (nan with survival)."""
         return 1.0 - self.survival
 
     @property
     def scored_fraction(self) -> float:
-        """Fraction of visible keys fully scored: (Σ scored + anchor_scored) / Σ visible.
+        """Share of the visible keys fully scored for the selection, in [0, 1]:
+        Σ min(scored, visible) / Σ visible (the class docstring; nan when none is visible).
 
-        Counts every scoring with all H heads — seeds, the anchor queries' full scoring,
-        certificate seeds, refinement, dense queries — so it is the honest share of the
-        dense scorer's dot products that DoSA still pays (docs/method.md §6 "Cost")."""
+        The anchor queries' own full scoring is ``anchor_scored_fraction``, and every
+        scoring together with the bounds' cost is ``work_ratio`` (docs/method.md §6 "Cost")."""
         n = int(self.visible.sum())
-        return float(self.scored.sum() + self.anchor_scored) / n if n else float("nan")
+        done = int(np.minimum(self.scored, self.visible).sum())
+        return done / n if n else float("nan")
+
+    @property
+    def anchor_scored_fraction(self) -> float:
+        """anchor_scored / Σ visible, in [0, 1]: the anchor queries' full scoring as a share
+        of the chunk's visible keys (nan when none is visible)."""
+        n = int(self.visible.sum())
+        return float(self.anchor_scored) / n if n else float("nan")
 
     @property
     def work_ratio(self) -> float:
         """Measured work_DoSA/work_dense in full key scorings (docs/method.md §6 "Cost"):
-        (Σ scored + anchor_scored + Σ bound_work) / Σ visible."""
+        (Σ scored + anchor_scored + Σ bound_work) / Σ visible, a ratio in [0, ∞) (nan when
+        none is visible)."""
         n = int(self.visible.sum())
         work = float(self.scored.sum()) + self.anchor_scored + float(self.bound_work.sum())
         return work / n if n else float("nan")
 
     def totals(self) -> dict:
-        """Sums of the count fields and the aggregates, as plain Python numbers."""
+        """Sums of the count fields and the aggregates (the class docstring's table), as
+        plain Python numbers; nan where an aggregate is undefined."""
         d = {name: int(getattr(self, name).sum()) for name in _INT_FIELDS if name != "r"}
         gap = self.tau_gap
         d.update(
@@ -288,6 +331,7 @@ class SelectStats:
             survival=self.survival,
             pruning=self.pruning,
             scored_fraction=self.scored_fraction,
+            anchor_scored_fraction=self.anchor_scored_fraction,
             bound_work=float(self.bound_work.sum()),
             work_ratio=self.work_ratio,
             tau_gap_median=float(np.nanmedian(gap)) if np.any(~np.isnan(gap)) else float("nan"),

@@ -3,9 +3,10 @@ exit 1 on any violation (2 on bad arguments)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+
+from dosa_ref.cli import CommandParser
 
 from . import MODULES, load, run_all
 from ._gen import KNOWN_ISSUE_TAG
@@ -41,8 +42,8 @@ def table(results) -> str:
     return "\n".join([line(head), sep, *map(line, rows)])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m proofs", description=__doc__)
+def main(argv=None, prog: str = "python -m proofs") -> int:
+    ap = CommandParser(prog=prog, description=__doc__)
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated cases")
     ap.add_argument("--only", nargs="+", choices=MODULES, help="audit only these statements")
     ap.add_argument("-v", "--verbose", action="store_true", help="statements, notes, statistics")

@@ -34,3 +34,11 @@ def _screening_route(request, monkeypatch):
         from dosa_cupy import options  # imports without CuPy
 
         monkeypatch.setitem(options.OPTIONS, "route", "dosa")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every hypothesis test ``property`` (pyproject.toml registers the marker): ``dosa
+    fuzz`` runs ``-m property``, and a new ``@given`` test joins it without a decorator."""
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)

@@ -514,12 +514,13 @@ def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
     assert (r["dosa_subchunk"], r["stats_subchunk"], r["fused_subchunk"]) == (32, 8, 64)
     assert set(calls["dosa_rows"]) == {32, 8} and set(calls["fused_rows"]) == {64}
     assert r["dosa_stage_ms"]["screen"] == Qn // 8  # 1 ms per stats sub-chunk, summed
-    # the route choice of each stats sub-chunk, and Σ scored + anchors over Σ visible
+    # the route choice of each stats sub-chunk; Σ scored over Σ visible, anchors apart
     assert len(r["dosa_routes"]) == Qn // 8
     assert r["dosa_routes"][0] == {"route": "dosa", "reason": "sampled", "screen": "pair",
                                    "r": 6, "predicted_ms": {"dense": 2.0, "pair/6": 1.5},
                                    "survival": {"pair/6": 0.03}}  # fmt: skip
-    assert r["scored_fraction"] == pytest.approx((5 * Qn + 10 * (Qn // 8)) / (100 * Qn))
+    assert r["scored_fraction"] == pytest.approx(0.05)
+    assert r["anchor_scored_fraction"] == pytest.approx(10 * (Qn // 8) / (100 * Qn))
     table = B.route_table([r])
     assert "| dosa (sampled, pair/6) | 16.00 |" in table  # 8 sub-chunks × 2 ms predicted
     for k in ("logits", "dense_route", "fused", "dosa"):

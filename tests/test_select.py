@@ -178,8 +178,10 @@ def test_cost_model_scores_densely_when_screening_cannot_pay():
 
 
 def test_work_accounting():
-    """The fully scored fraction counts seeds, certificate seeds, refinement and the anchor
-    queries' full scoring; the cost model's estimate says screening pays where it ran."""
+    """The fully scored fraction counts seeds, certificate seeds and refinement (the keys
+    scored for the selection), the anchor queries' full scoring is its own fraction, the
+    work ratio adds both and the bound work; the cost model's estimate says screening pays
+    where it ran."""
     q, w, k = _problem(seed=3, Qn=6, N=4000)
     res = dosa_topk(q, w, k, 32, window=64, cert_seeds=64, n_anchors=2)
     st_ = res.stats
@@ -194,9 +196,11 @@ def test_work_accounting():
     np.testing.assert_array_equal(st_.refined[screened], st_.survivors[screened])
     assert np.all(st_.est_work[screened] < 1.0) and np.all(st_.bound_work[screened] > 0)
     t = st_.totals()
-    expect = (st_.scored.sum() + st_.anchor_scored) / st_.visible.sum()
-    assert t["scored_fraction"] == pytest.approx(expect)
-    assert t["work_ratio"] == pytest.approx(expect + st_.bound_work.sum() / st_.visible.sum())
+    vis = st_.visible.sum()
+    assert t["scored_fraction"] == pytest.approx(np.minimum(st_.scored, st_.visible).sum() / vis)
+    assert t["anchor_scored_fraction"] == pytest.approx(st_.anchor_scored / vis)
+    work = st_.scored.sum() + st_.anchor_scored + st_.bound_work.sum()
+    assert t["work_ratio"] == pytest.approx(work / vis)
 
 
 def test_default_seeds_scale_with_K():

@@ -13,7 +13,7 @@ Commands and the whole device run: docs/running_on_gpu.md.
 
 from __future__ import annotations
 
-import argparse
+from dosa_ref.cli import CommandParser
 
 SANITIZER_SHAPES = ((32, "calibrated"), (64, "structured"))  # (H, regime), Qn=16, N=4096
 
@@ -77,6 +77,6 @@ CASES = {"sanitizer": sanitizer, "screen": screen, "dense-logits": dense_logits}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dosa bench --case", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="dosa bench --case", description=__doc__.split("\n")[0])
     ap.add_argument("name", choices=sorted(CASES))
     return CASES[ap.parse_args(argv).name]()

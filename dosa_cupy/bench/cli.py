@@ -6,7 +6,12 @@ other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--servi
 (serving.py: the serving API's calls, docs/serving.md), ``--profile-plan``
 (profile_plan.py), ``--diag`` (diag.py), ``--screen-variants`` (screen_variants.py),
 ``--case NAME`` (cases.py: small runs to put under compute-sanitizer or Nsight Compute;
-docs/running_on_gpu.md).
+docs/running_on_gpu.md).  ``--dry-run`` also plans ``--serving`` without a GPU (its
+arguments checked, its calls listed); the other modes have no GPU-free plan and say so.
+
+A bad argument is one line on stderr naming the flag, and exit code 2 (``dosa bench``, and
+``python -m dosa_cupy.bench``); ``main(argv)`` called with a list raises the ValueError
+(tests match its text).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+# the shared command-line conventions (one-line argument errors); no GPU, no CuPy
+from dosa_ref.cli import CommandParser, run_command
 
 from .memplan import DEFAULT_LOGITS_GIB, GIB, estimate_seconds, floors_ms, memory_plan
 from .prefill import bench_shape
@@ -74,6 +82,9 @@ def _dry_run(a, jobs):
 def _merge(a) -> int:
     if not a.out:
         raise ValueError("out: --merge needs --out DIR")
+    missing = [f for f in a.merge if not Path(f).is_file()]
+    if missing:
+        raise ValueError(f"merge: no such file: {', '.join(missing)}")
     rows = merge_rows([load_rows(f) for f in a.merge])
     commits = list(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))
     meta = run_meta(a.commit or (", ".join(commits) if commits else None))
@@ -97,13 +108,74 @@ MODES = {
 }
 
 
+def _serving_dry_run(argv: list[str]) -> int:
+    """``--serving --dry-run``: the mode's arguments checked (``serving.parse_args``, which
+    needs no GPU) and the calls each part would time listed; 0."""
+    from . import serving as S
+
+    a = S.parse_args(argv)
+    ints = lambda xs: ", ".join(str(x) for x in xs)
+    print(
+        f"# --serving dry run: parts {','.join(a.parts)}; H {ints(a.heads)}; K {a.K}; "
+        f"keys {a.keys}; regime {a.regime}; reps {a.reps} (small: x{S.SMALL_REPLAYS}), "
+        f"warm {a.warm}, rotate {a.rotate}; no GPU used"
+    )
+    n = S.ragged_lengths(a.keys)
+    for H in a.heads:
+        if "small" in a.parts:
+            print(
+                f"H={H} small: Qn {ints(S.SMALL_QN)} x N {a.keys}: dosa_topk and "
+                "dense_topk, check=True and check=False"
+            )
+        if "ragged" in a.parts:
+            print(
+                f"H={H} ragged: {len(n)} requests (Σ Qn {sum(S.RAGGED_QN)}, N_b {ints(n)}):"
+                f" one ragged_topk call vs {len(n)} dosa_topk calls"
+            )
+        if "paged" in a.parts:
+            print(
+                f"H={H} paged: the ragged batch through paged_prefill_topk (and "
+                "physical=True) vs the contiguous ragged_topk"
+            )
+        if "decode" in a.parts:
+            bc = ", ".join(f"{B}x{c}" for B, c in S.DECODE_SHAPES)
+            print(
+                f"H={H} decode: B x ctx {bc}, next_n 1: DoSA eager, DoSA in a CUDA graph, "
+                "the dense decode route"
+            )
+        if "graph" in a.parts:
+            qn = [q for q in S.GRAPH_QN if q <= a.keys]
+            print(
+                f"H={H} graph: Qn {ints(qn)} captured (routes {', '.join(S.GRAPH_ROUTES)}) "
+                "vs eager dosa_topk and dense_topk, check=False"
+            )
+    print(f"# would write {Path(a.out) / 'bench_serving.json'} and bench_serving.md")
+    return 0
+
+
+# the modes that can plan a run without a GPU under --dry-run (the others say so)
+DRY_RUNS = {"--serving": _serving_dry_run}
+
+
 def run_mode(flag: str, argv: list[str]) -> int:
-    """Hand ``argv`` (without ``flag``) to the mode's ``main``."""
+    """Hand ``argv`` (without ``flag``) to the mode's ``main``; with ``--dry-run``, to the
+    mode's plan (``DRY_RUNS``), or one line saying it has none (2)."""
     import importlib
 
     name, check = MODES[flag]
     rest = [x for x in argv if x != flag]
-    if check and not {"-h", "--help"} & set(rest):
+    helps = {"-h", "--help"} & set(rest)
+    if "--dry-run" in rest and not helps:
+        rest = [x for x in rest if x != "--dry-run"]
+        if flag in DRY_RUNS:
+            return DRY_RUNS[flag](rest)
+        print(
+            f"dosa bench {flag}: --dry-run: not available in this mode (it has no GPU-free "
+            f"plan; the default mode and {', '.join(DRY_RUNS)} have one)",
+            file=sys.stderr,
+        )
+        return 2
+    if check and not helps:
         rc = no_gpu_exit(f"dosa bench {flag}")
         if rc is not None:
             return rc
@@ -111,16 +183,24 @@ def run_mode(flag: str, argv: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    """``dosa bench``: ``argv`` as on the command line (None: sys.argv[1:]); exit code."""
+    """``dosa bench``: ``argv`` as on the command line; exit code.  None: the process's own
+    command line (python -m dosa_cupy.bench), where a bad value is one line and exit code 2
+    (``dosa_ref.cli.run_command``; ``dosa bench`` gets that from ``dosa_ref.cli.main``)."""
+    if argv is None:
+        return run_command("dosa bench", _main, sys.argv[1:])
+    return _main(list(argv))
+
+
+def _main(argv: list[str]) -> int:
     t_start = time.monotonic()
-    argv = list(sys.argv[1:] if argv is None else argv)
     for flag in MODES:
         if flag in argv:
             return run_mode(flag, argv)
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="dosa bench",
         description="the dense route, torch.topk, the fused route and DoSA on the same inputs",
-        epilog="modes: " + ", ".join(MODES) + " (see python -m dosa_cupy.bench.cli's doc)",
+        epilog="modes: " + ", ".join(MODES) + " (see python -m dosa_cupy.bench.cli's doc); "
+        "--dry-run plans the default mode and " + ", ".join(DRY_RUNS) + " without a GPU",
     )
     ap.add_argument("--shapes", default=None, help=f"HxQnxN,... (default {DEFAULT_SHAPES})")
     ap.add_argument("--sweep", action="store_true", help="the issue's N × Qn × H grid")
@@ -144,7 +224,9 @@ def main(argv=None) -> int:
         help="per-route working-set budget (dense logits, DoSA bitmask + records, "
         "fused records); larger routes run over query sub-chunks",
     )
-    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument(
+        "--K", type=int, default=2048, help="selection size in [1, 4096] (default 2048)"
+    )
     ap.add_argument(
         "--regime",
         default="calibrated",
@@ -157,11 +239,15 @@ def main(argv=None) -> int:
         "float q, w, k, int ks, ke) instead of generated shapes; files of one shape are "
         "that job's rotated input sets",
     )
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--rotate", type=int, default=2)
-    ap.add_argument("--r", type=int, default=14, help="retained heads (14: one 16-row tile)")
+    ap.add_argument("--reps", type=int, default=10, help="timed replays, at least 10 (default)")
+    ap.add_argument("--rotate", type=int, default=2, help="input sets replayed in turn (default 2)")
+    ap.add_argument(
+        "--r", type=int, default=14, help="retained heads (default 14: one 16-row tile)"
+    )
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md / PNGs")
-    ap.add_argument("--tile", default="256", help="key tile sizes to run, e.g. 128,256")
+    ap.add_argument(
+        "--tile", default="256", help="key tile sizes to run, e.g. 128,256 (default 256)"
+    )
     ap.add_argument(
         "--serial-setup",
         action="store_true",

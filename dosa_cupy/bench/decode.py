@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dosa_ref.cli import CommandParser
+
 from .memplan import HBM, KEY_BYTES
 from .report import md_table
 
@@ -356,7 +358,7 @@ def peers_markdown(rows) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxCTX,...")
     ap.add_argument("--filter", default=None, help="only shapes whose HxBxCTX contains this")
     ap.add_argument("--next-n", default="1", help="queries per request per step, e.g. 1,2")

@@ -13,10 +13,11 @@ attributes time to lines).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
+
+from dosa_ref.cli import CommandParser
 
 
 def _line_split(fn, args, cp):
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     from dosa_cupy.prepare import pad_batch
     from dosa_cupy.workload import make_gpu_workload
 
-    ap = argparse.ArgumentParser(prog="dosa bench --profile-plan")
+    ap = CommandParser(prog="dosa bench --profile-plan")
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--N", type=int, default=131072)
     ap.add_argument("--H", default="32,64")

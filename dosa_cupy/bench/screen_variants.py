@@ -8,12 +8,13 @@ docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen".
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 
 import numpy as np
+
+from dosa_ref.cli import CommandParser
 
 from .timing import median_ms
 
@@ -68,7 +69,7 @@ def capture_screen(args_, cp):
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="dosa bench --screen-variants", description=__doc__)
+    ap = CommandParser(prog="dosa bench --screen-variants", description=__doc__)
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--N", type=int, default=1048576)
     ap.add_argument("--Qn", type=int, default=4096)

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dosa_ref.cli import CommandParser
+
 from .report import cell, device_name, md_table, run_meta
 from .timing import check_run_args, free, median_ms, median_ms_interleaved, no_gpu_exit
 
@@ -62,7 +64,7 @@ def _ints(spec: str, name: str) -> list[int]:
 
 def parse_args(argv) -> argparse.Namespace:
     """The mode's arguments, validated (ValueError naming the argument); no GPU needed."""
-    ap = argparse.ArgumentParser(prog="dosa bench --serving", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="dosa bench --serving", description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
     ap.add_argument("--heads", default="32,64", help="H values, e.g. 32,64")
     ap.add_argument("--keys", type=int, default=131072, help="N of (a); Σ N_b of (b), (c)")

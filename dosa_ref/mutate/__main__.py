@@ -2,6 +2,8 @@
 
 import sys
 
+from ..cli import run_command
 from .runner import main
 
-sys.exit(main(sys.argv[1:]))
+# run_command: a library ValueError about an argument (--modules, --ids) is one line here too
+sys.exit(run_command("dosa mutate", main, sys.argv[1:]))

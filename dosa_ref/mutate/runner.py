@@ -3,7 +3,6 @@ the score and the report, and the command line (``dosa mutate``; docs/mutation.m
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -237,27 +236,57 @@ def select_targets(spec: str | None) -> list[Target]:
 
 def main(argv: list[str]) -> int:
     """``dosa mutate``: generate, run and report mutants (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="dosa mutate", description=__doc__.split("\n\n")[0])
+    from ..cli import (
+        CommandParser,
+        existing_dir,
+        nonnegative_int,
+        positive_float,
+        positive_int,
+        require_test_deps,
+        unit_fraction,
+    )
+
+    ap = CommandParser(prog="dosa mutate", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--modules",
         help="comma list (path, stem; cupy_<stem> for dosa_cupy's when "
         "dosa_ref has the stem too); default all",
     )
-    ap.add_argument("--max-mutants", type=int, default=80)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--report", help="write the markdown report here")
+    ap.add_argument(
+        "--max-mutants", type=positive_int, default=80, help="mutants sampled (default 80)"
+    )
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="sample seed (default 0)")
+    ap.add_argument("--report", metavar="FILE", help="write the markdown report here")
     ap.add_argument("--list", action="store_true", help="list the sampled mutants, run nothing")
     ap.add_argument("--all", action="store_true", help="every mutant (ignores --max-mutants)")
     ap.add_argument("--ids", help="comma list of mutant ids to run (from --list)")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (min)")
-    ap.add_argument("--min-score", type=float, help="exit 1 when the score (0..1) is lower")
-    ap.add_argument("--root", default=None, help="repository root (default: this checkout)")
+    ap.add_argument("--jobs", type=positive_int, default=2, help="mutants run at once (default 2)")
+    ap.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=120.0,
+        help="seconds per mutant (min; default 120)",
+    )
+    ap.add_argument("--min-score", type=unit_fraction, help="exit 1 when the score (0..1) is lower")
+    ap.add_argument(
+        "--root",
+        type=existing_dir,
+        default=None,
+        help="repository root (default: this checkout)",
+    )
     ap.add_argument("--tests", help="comma list of test paths run for every module (override)")
     a = ap.parse_args(argv)
-    if a.max_mutants < 1 or a.jobs < 1:
-        raise ValueError("max-mutants, jobs: expected positive integers")
     root = Path(a.root) if a.root else Path(__file__).resolve().parents[2]
+    if a.tests:
+        missing = [t for t in a.tests.split(",") if not (root / t).exists()]
+        if missing:
+            ap.error(f"--tests: no such test path under {str(root)!r}: {', '.join(missing)}")
+    if a.report and Path(a.report).is_dir():
+        ap.error(f"--report: {a.report!r} is a directory; give a file name")
+    if not a.list:  # --list runs no test: it needs neither pytest nor hypothesis
+        rc = require_test_deps("dosa mutate")
+        if rc is not None:
+            return rc
     pools = {t.path: generate(root, t) for t in select_targets(a.modules)}
     if a.ids:
         want = set(a.ids.split(","))
