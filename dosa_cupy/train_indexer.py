@@ -18,7 +18,6 @@ weights, metadata), ``train_log.jsonl``, ``train_summary.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dosa_ref import trained as T
+from dosa_ref.cli import CommandParser
 
 CHECKPOINTS = (0, 100, 300, 1000, 2000, 4000, 8000)
 
@@ -174,7 +174,7 @@ def save(model, path, meta):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dosa train-indexer", description=__doc__.split("\n")[0])
+    ap = CommandParser(prog="dosa train-indexer", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for weights and log")
     ap.add_argument("--H", default="32,64", help="head counts of the shipped indexers")
     ap.add_argument("--layer", type=int, default=3, help="encoder layer of the shipped indexers")
