@@ -211,9 +211,13 @@ class ValueCheck:
             (q, np.int64(q.size // 16), w, np.int64(w.size), kp, np.int64(kp.size // 16), ks,
              ke, np.int64(ks.size), np.int64(N), self._flags, self.ks, self.ke),
         )  # fmt: skip
-        if ksc is not None:  # the score envelope joins the same flag word (one read-back)
+        self._flag_envelope(w, ksc)
+
+    def _flag_envelope(self, w, ksc) -> None:
+        """The score envelope joins the same flag word (one read-back; no synchronization)."""
+        if ksc is not None:
             env = envelope_queries(w, ksc).any()
-            self._flags |= env.astype(cp.uint32) * np.uint32(CHECK_ENVELOPE)
+            self._flags |= env.astype(np.uint32) * np.uint32(CHECK_ENVELOPE)
 
     def flag_word(self):
         """The flag word on the device (uint32 0-d; ``flags`` without the read-back)."""

@@ -899,10 +899,12 @@ def test_public_ids_int64_cpu(monkeypatch):
         return out
 
     class EmulatedCheck(prep_mod.ValueCheck):  # the check kernel: its reference + clamps
-        def __init__(self, q, w, kp, ks, ke, N):
+        def __init__(self, q, w, kp, ks, ke, N, ksc=None):
             self._given, self._N, self._bad = (ks, ke), int(N), None
+            self._inputs = (q, w, kp, ksc)
             self._flags = np.array([stages.check_values(q, w, kp, ks, ke, N)], np.uint32)
             self.ks, self.ke = stages.clamp_ranges(ks, ke, N)
+            self._flag_envelope(w, ksc)
 
     monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
     monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
@@ -915,6 +917,16 @@ def test_public_ids_int64_cpu(monkeypatch):
     # the deferred checks still raise: after the launches, on the clamped ranges
     with pytest.raises(ValueError, match="ke: entries"):
         dense_mod.dense_topk(q, w, kp, ksc, 8, None, np.array([301, 100, 5, 0], np.int32))
+    # the scorer's domain (docs/method.md §1): past fp32 the checks raise; a query the
+    # envelope flags whose scores stay finite gets its ids
+    w_big = w.copy()
+    w_big[1] = 3e38
+    with pytest.raises(ValueError, match="overflows fp32"):
+        dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke)
+    w_big[1] = 1e29
+    assert prep_mod.envelope_queries(w_big, ksc).tolist() == [False, True, False, False]
+    assert np.array_equal(dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke),
+                          dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke, check=False))  # fmt: skip
     for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):  # and so does the empty return
         with pytest.raises(ValueError, match="ke: entries"):
             f(q[:2], w[:2], kp[:0], ksc[:0], 8, np.array([0, 0]), np.array([0, 1]))
