@@ -232,6 +232,8 @@ def _screened_query(ctx: QueryContext, bound, slack_acc: dict):
     seeds = seed_set(ctx)
     st.seeds[t], st.explicit_seeds[t] = seeds.ids.size, seeds.explicit
     S = seeds.ids
+    if S.size >= ctx.visible:  # the seeds are every visible key: no bound can save work
+        return _dense_rest(ctx, seeds)
     p = activation_frequency(ctx.q_t, c.k[S[stride_sample(0, S.size, 1024)]])
     tau0 = seeds.tau(K)
     choice = _pick_r(ctx, p, tau0, seeds)
