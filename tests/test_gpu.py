@@ -926,7 +926,8 @@ def test_public_ids_int64_cpu(monkeypatch):
     w_big[1] = 1e29
     assert prep_mod.envelope_queries(w_big, ksc).tolist() == [False, True, False, False]
     checked = dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke)
-    assert np.array_equal(checked, dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke, check=False))
+    unchecked = dense_mod.dense_topk(q, w_big, kp, ksc, 8, None, ke, check=False)
+    assert np.array_equal(checked, unchecked)
     for f in (pipe_mod.dosa_topk, fused_mod.fused_topk):  # and so does the empty return
         with pytest.raises(ValueError, match="ke: entries"):
             f(q[:2], w[:2], kp[:0], ksc[:0], 8, np.array([0, 0]), np.array([0, 1]))
