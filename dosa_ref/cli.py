@@ -29,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -498,7 +499,7 @@ def fuzz(argv: list[str]) -> int:
         return 2
     env = dict(os.environ, HYPOTHESIS_PROFILE=a.profile)
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", FUZZ_MARK, str(tests), *a.pytest_args]
-    print("+", " ".join(cmd), f"(HYPOTHESIS_PROFILE={a.profile})", flush=True)
+    print("+", shlex.join(cmd), f"(HYPOTHESIS_PROFILE={a.profile})", flush=True)
     return subprocess.call(cmd, env=env)
 
 
