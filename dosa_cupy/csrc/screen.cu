@@ -1,5 +1,6 @@
 #ifndef DOSA_SCREEN_CU
 #define DOSA_SCREEN_CU
+#include "epilogue.cuh"
 #include "stage.cuh"
 
 // The key tile of a screening block (screen_impl, screen_pair): keys as f16 (sk) with
@@ -230,8 +231,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
 #endif /* DOSA_TIE_RULE */
         double U = 0.0;  // computed wherever p can be true (read by CERT for survivors)
         if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
-          U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
-          U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+          U = guard_bound_ru(uh, sri, al, C, er, eps_out);
           if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
 #ifndef DOSA_TIE_RULE
           p = need && !(U < (double)tq);
@@ -241,8 +241,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
 #endif /* DOSA_TIE_RULE */
         }
 #else
-        double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sr[i], C)), er);
-        U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+        const double U = guard_bound_ru(uh, sr[i], al, C, er, eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
         DOSA_SCREEN_RULE(vis && !seed, U, tq, plat, n0 + i, kjq);
@@ -405,8 +404,7 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
                                        double* __restrict__ Uout, unsigned int* __restrict__ tcnt,
                                        long long N, long long n0) {
 #endif /* DOSA_TIE_RULE */
-    double U = __dadd_ru(__dadd_ru((double)uh, __dmul_ru((double)sri, C)), er);
-    U = __dadd_ru(__dmul_ru((double)al, U), eps_out);
+    const double U = guard_bound_ru(uh, sri, al, C, er, eps_out);
     const bool vis = i >= lo_i && i < hi_i;
     if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
     const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);

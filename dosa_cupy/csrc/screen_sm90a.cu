@@ -13,7 +13,7 @@
 // the same positions, chained from +0 in the same order s' = 0..7 (per tile).  The accumulator of a
 // wgmma column chunk is laid out like four m16n8 accumulators per 32 keys (warp w holds rows
 // 16w + g, 16w + g + 8), so the epilogue below is screen_impl's, per query = per warp.
-#include "common.cuh"
+#include "epilogue.cuh"
 
 #ifndef DOSA_TILE_N
 #define DOSA_TILE_N 256
@@ -320,6 +320,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
     bool p = false, plain = false;
 #endif /* DOSA_TIE_RULE */
     if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
+      // guard_bound_ru's expression, written out: the call reorders the schedule of this
+      // opt-in build (python -m dosa_cupy.sass), whose pre-test measured slower
+      // (docs/records/notes.md "fp32 pre-test of the screen's guard")
       double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
       U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
       if (Uout && vis) Uout[tN + n0 + i] = U;
@@ -331,8 +334,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 #endif /* DOSA_TIE_RULE */
     }
 #else
-    double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
-    U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
+    const double U = guard_bound_ru(uh[k], K.dsr[i], K.dsa[i], Q.C, Q.er, Q.eo);
     if (Uout && vis) Uout[tN + n0 + i] = U;
 #ifndef DOSA_TIE_RULE
     const bool p = vis && !seed && !(U < (double)Q.tq);

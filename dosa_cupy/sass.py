@@ -1,0 +1,192 @@
+"""SASS digests of every kernel build, without a GPU: the check that a restructuring of
+``csrc/`` changed no instruction of any kernel (docs/design.md "Kernel sources").
+
+Each build (a source, a target, the defines of one variant) is compiled to a cubin with the
+machine's ``nvcc`` and disassembled with ``cuobjdump -sass``; a kernel's digest is the
+SHA-256 of its instructions and their encodings.  Equal digests before and after a change
+mean equal machine code, hence equal values and ids on every input.  The NVRTC builds of
+``_build`` are stood in for by nvcc with the same options (``-arch=sm_90 -ftz=true``):
+what is compared is this tool's output before and after, so the stand-in is the same on
+both sides.
+
+    git archive OLD dosa_cupy/csrc | tar -x -C /tmp/old
+    python -m dosa_cupy.sass --csrc /tmp/old/dosa_cupy/csrc --out before.json
+    python -m dosa_cupy.sass --out after.json       # the working tree
+    python -m dosa_cupy.sass --compare before.json after.json
+
+``cuobjdump`` comes with the CUDA toolkit or the PyPI package ``nvidia-cuda-cuobjdump``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dosa_ref.cli import CommandParser
+
+__all__ = ["BUILDS", "Build", "compare", "digests", "main"]
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+_SM90 = ("-arch=sm_90",)
+_SM90A = ("-gencode=arch=compute_90a,code=sm_90a",)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compilation: ``source`` (a file of csrc/), nvcc target flags, ``defines``."""
+
+    source: str
+    target: tuple[str, ...]
+    defines: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        arch = "sm_90a" if self.target == _SM90A else "sm_90"
+        return " ".join((self.source, arch, *self.defines))
+
+
+def _variants(source: str, target, axes: list[tuple[str, ...]]) -> list[Build]:
+    """Every combination of one define (or none: "") from each axis."""
+    out = [()]
+    for axis in axes:
+        out = [d + ((v,) if v else ()) for d in out for v in axis]
+    return [Build(source, target, d) for d in out]
+
+
+TILES = ("DOSA_TILE_N=128", "DOSA_TILE_N=256")
+BUILDS = (
+    # kernels.cu: the NVRTC module (tile, tie-aware build, fp32 pre-test, unroll)
+    *_variants(
+        "kernels.cu",
+        _SM90,
+        [TILES, ("", "DOSA_TIE_RULE=1"), ("", "DOSA_SCREEN_FAST32=1"),
+         ("", "DOSA_SCREEN_UNROLL=1")],
+    ),
+    # the Hopper screen (sm90a.py): plan width, tie-aware build, fp32 pre-test
+    *_variants(
+        "screen_sm90a.cu",
+        _SM90A,
+        [TILES, ("", "DOSA_WG_MTS=2"), ("", "DOSA_TIE_RULE=1"), ("", "DOSA_SCREEN_FAST32=1")],
+    ),
+    # the other modules (_build.source_module): each on its own
+    *(Build(p.name, _SM90) for p in sorted(CSRC.glob("*.cu")) if p.name not in (
+        "kernels.cu", "screen_sm90a.cu", "prepare.cu", "dense.cu", "fused.cu", "seeds.cu",
+        "screen.cu", "refine.cu", "select.cu", "e4m3_round.cu", "seed_ids.cu")),
+)  # fmt: skip
+
+_FUNC = re.compile(r"^\s*Function : (\S+)\s*$")
+_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*$")
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    if name == "cuobjdump":  # the PyPI package nvidia-cuda-cuobjdump
+        try:
+            import nvidia
+
+            for root in nvidia.__path__:
+                for p in Path(root).glob("*/bin/cuobjdump"):
+                    return str(p)
+        except ImportError:
+            pass
+    raise ValueError(f"{name}: not found (the CUDA toolkit, or pip install nvidia-cuda-cuobjdump)")
+
+
+def _sass_functions(text: str) -> dict[str, str]:
+    """``cuobjdump -sass`` output → {kernel: SHA-256 of its instruction lines}."""
+    out, name, lines = {}, None, []
+
+    def close():
+        if name is not None:
+            out[name] = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+    for raw in text.splitlines():
+        m = _FUNC.match(raw)
+        if m:
+            close()
+            name, lines = m.group(1), []
+        elif name is not None:
+            # whitespace collapsed: cuobjdump pads its columns to the widest line of the dump
+            ins = _INSN.match(raw)
+            if ins:
+                lines.append(" ".join(ins.group(1).split()))
+            elif raw.strip().startswith("/* 0x"):  # the second encoding word of a line
+                lines.append(raw.strip())
+    close()
+    return out
+
+
+def _digest_one(b: Build, nvcc: str, cuobjdump: str, tmp: Path, csrc: Path) -> tuple[str, dict]:
+    cubin = tmp / (hashlib.sha256(b.name.encode()).hexdigest()[:16] + ".cubin")
+    cmd = [nvcc, "-cubin", *b.target, "-std=c++17", "-ftz=true", f"-I{csrc}",
+           *(f"-D{d}" for d in b.defines), "-o", str(cubin), str(csrc / b.source)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{b.name}: nvcc failed\n{res.stderr[-2000:]}")
+    # cuobjdump runs nvdisasm, which the PyPI packages put beside it
+    env = dict(os.environ, PATH=f"{Path(cuobjdump).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    if sass.returncode != 0:
+        raise RuntimeError(f"{b.name}: cuobjdump failed\n{sass.stderr[-2000:]}")
+    return b.name, _sass_functions(sass.stdout)
+
+
+def digests(builds=BUILDS, jobs: int | None = None, csrc: Path = CSRC) -> dict[str, dict[str, str]]:
+    """{build name: {kernel: digest}} for ``builds`` of the sources in ``csrc`` (default:
+    this package's; another commit's ``dosa_cupy/csrc`` from ``git archive``), compiled
+    ``jobs`` at a time."""
+    nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
+    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(jobs or os.cpu_count()) as ex:
+        res = ex.map(lambda b: _digest_one(b, nvcc, cuobjdump, Path(d), Path(csrc)), builds)
+        return dict(sorted(res))
+
+
+def compare(a: dict, b: dict) -> list[str]:
+    """The differences of two digest tables, one line each (empty: the same code)."""
+    lines = []
+    for build in sorted(set(a) | set(b)):
+        ka, kb = a.get(build), b.get(build)
+        if ka is None or kb is None:
+            lines.append(f"{build}: only in {'the second' if ka is None else 'the first'}")
+            continue
+        for k in sorted(set(ka) | set(kb)):
+            if ka.get(k) != kb.get(k):
+                what = "missing" if k not in kb else "added" if k not in ka else "changed"
+                lines.append(f"{build}: {k} {what}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = CommandParser(prog="python -m dosa_cupy.sass", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="write the digests (JSON) here")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two digest files")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc runs (default: cores)")
+    ap.add_argument("--csrc", type=Path, default=CSRC, help="the kernel sources (default: ours)")
+    a = ap.parse_args(argv)
+    if a.compare:
+        tabs = [json.loads(p.read_text()) for p in a.compare]
+        diff = compare(*tabs)
+        n = sum(len(v) for v in tabs[0].values())
+        print("\n".join(diff) if diff else f"identical: {len(tabs[0])} builds, {n} kernels")
+        return 1 if diff else 0
+    if a.out is None:
+        ap.error("--out: give a file to write the digests to (or --compare A B)")
+    table = digests(jobs=a.jobs, csrc=a.csrc)
+    a.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"{len(table)} builds, {sum(len(v) for v in table.values())} kernels → {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
