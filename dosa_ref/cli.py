@@ -165,14 +165,23 @@ def nonnegative_int(text: str) -> int:
     return _int(text, 0, "an integer >= 0")
 
 
-@_arg_type
-def positive_float(text: str) -> float:
-    """A finite number > 0 (seconds)."""
+def _float(text: str, lo: float, hi: float, what: str) -> float:
+    """``text`` as a number in [lo, hi] (nan, an infinite bound excluded), else a
+    ValueError "expected WHAT"."""
     try:
         v = float(text)
     except ValueError:
         v = float("nan")
-    if not (np.isfinite(v) and v > 0):
+    if not (np.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"expected {what}, got {text!r}")
+    return v
+
+
+@_arg_type
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds)."""
+    v = _float(text, 0.0, np.inf, "a number > 0")
+    if v == 0.0:
         raise ValueError(f"expected a number > 0, got {text!r}")
     return v
 
@@ -180,13 +189,7 @@ def positive_float(text: str) -> float:
 @_arg_type
 def unit_fraction(text: str) -> float:
     """A number in [0, 1] (a score threshold)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"expected a number in [0, 1], got {text!r}")
-    return v
+    return _float(text, 0.0, 1.0, "a number in [0, 1]")
 
 
 @_arg_type

@@ -80,3 +80,23 @@ def repick_problem(seed: int):
     w[:, :3] *= -1
     k = rng.standard_normal((N, D)) + base
     return q, w, k
+
+
+def selection_options(window: int, n_anchors: int, cert_seeds: int, **more):
+    """``dosa_topk`` options for property tests: every seed strategy, windows, sinks,
+    anchors and certificate seeds up to the given sizes, r, the dense fallback and tiny
+    buffers (overflow), plus ``more`` (name → strategy)."""
+    seeds = ("local", "anchor", "certificate", "local+anchor", "local+anchor+certificate")
+    return st.fixed_dictionaries(
+        {
+            "seeds": st.sampled_from(seeds),
+            "window": st.integers(0, window),
+            "sinks": st.integers(0, 4),
+            "n_anchors": st.integers(0, n_anchors),
+            "cert_seeds": st.integers(0, cert_seeds),
+            "r": st.one_of(st.just("auto"), st.integers(1, 7)),
+            "auto_dense": st.booleans(),
+            "buffer": st.integers(1, 80),
+            **more,
+        }
+    )

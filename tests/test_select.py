@@ -5,29 +5,20 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import problems
+from strategies import problems, selection_options
 
 from dosa_ref import dosa_topk, index_scores, score_keys, topk_ids
 
-OPTS = st.fixed_dictionaries(
-    {
-        "seeds": st.sampled_from(
-            ("local", "anchor", "certificate", "local+anchor", "local+anchor+certificate")
-        ),
-        "window": st.integers(0, 40),
-        "sinks": st.integers(0, 4),
-        "n_anchors": st.integers(0, 3),
-        "cert_seeds": st.integers(0, 40),
-        "r": st.one_of(st.just("auto"), st.integers(1, 7)),
-        "auto_dense": st.booleans(),
-        "form": st.sampled_from(("base", "abs")),
-        "buffer": st.integers(1, 80),
-        "refine_batch": st.integers(1, 50),
-        "neg_aggregate": st.sampled_from(("majority", "all", "none")),
-        "neg_priority": st.sampled_from(("activation", "strength")),
-        "pos_projection": st.booleans(),
-        "allowance": st.sampled_from(("triangle", "joint", "grouped")),
-    }
+OPTS = selection_options(
+    window=40,
+    n_anchors=3,
+    cert_seeds=40,
+    form=st.sampled_from(("base", "abs")),
+    refine_batch=st.integers(1, 50),
+    neg_aggregate=st.sampled_from(("majority", "all", "none")),
+    neg_priority=st.sampled_from(("activation", "strength")),
+    pos_projection=st.booleans(),
+    allowance=st.sampled_from(("triangle", "joint", "grouped")),
 )
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import problems
+from strategies import problems, selection_options
 
 from dosa_ref import dosa_topk
 from dosa_ref.options import SelectStats
@@ -22,21 +22,8 @@ FRACTIONS = (
     "positive_projection_rows",
 )
 
-OPTS = st.fixed_dictionaries(
-    {
-        "seeds": st.sampled_from(
-            ("local", "anchor", "certificate", "local+anchor", "local+anchor+certificate")
-        ),
-        # small windows and few seeds: most problems screen some keys
-        "window": st.integers(0, 16),
-        "sinks": st.integers(0, 4),
-        "n_anchors": st.integers(0, 4),
-        "cert_seeds": st.integers(0, 16),
-        "r": st.one_of(st.just("auto"), st.integers(1, 7)),
-        "auto_dense": st.booleans(),
-        "buffer": st.integers(1, 80),
-    }
-)
+# small windows and few seeds: most problems screen some keys
+OPTS = selection_options(window=16, n_anchors=4, cert_seeds=16)
 
 
 def check_totals(st_: SelectStats) -> dict:
