@@ -51,10 +51,13 @@ from .decode_ops import (
     D,
     DeviceOps,
     NumpyOps,
+    gather_request_keys,
     layout_device,
+    page_rows,
+    physical_rows,
     raise_layout,
     scan,
-    witness_table_device,
+    witness_table,
 )  # fmt: skip
 from .prepare import MAX_KEYS
 
@@ -78,72 +81,6 @@ def visible_ends(lengths, next_n: int, xp=np):
     L = xp.asarray(lengths).astype(xp.int64)
     j = xp.arange(next_n, dtype=xp.int64)
     return xp.maximum(0, L[:, None] - next_n + 1 + j[None, :]).astype(xp.int32)
-
-
-def physical_rows(block_table, ids, xp=np):
-    """Cache rows (block·64 + offset, into payload.reshape(-1, 128)) of logical ids.
-
-    ``block_table`` [B, max_blocks]; ``ids`` int [B, m] logical positions (< max_blocks·64)
-    of each request.  Negative ids map to −1.  Mirrors ``dec_phys`` of csrc/decode.cu.
-    """
-    return page_rows(block_table, xp.arange(int(xp.asarray(ids).shape[0])), ids, xp)
-
-
-def page_rows(block_table, req, ids, xp=np):
-    """``physical_rows`` with a request per row: cache rows of logical positions ``ids`` int
-    [R, m], row r belonging to request ``req[r]`` (int [R]) of ``block_table`` [B,
-    max_blocks]; −1 stays −1 (rows of different requests need no [R, max_blocks] copy of
-    the table: the serving layouts' page-table transform)."""
-    ids = xp.asarray(ids).astype(xp.int64)
-    ok = ids >= 0
-    safe = xp.where(ok, ids, 0)
-    blk = xp.asarray(block_table)[xp.asarray(req)[:, None], safe // PAGE].astype(xp.int64)
-    return xp.where(ok, blk * PAGE + safe % PAGE, -1)
-
-
-def gather_request_keys(kv_payload, kv_scale, block_table, lengths):
-    """Host (numpy) view of each request's keys in logical order: a list of B pairs
-    (payload uint8 [L_b, 128], scale fp32 [L_b]) — the reference's per-request keys."""
-    kp = np.asarray(kv_payload).reshape(-1, D)
-    ks = np.asarray(kv_scale).reshape(-1)
-    bt = np.asarray(block_table)
-    out = []
-    for b, L in enumerate(np.asarray(lengths).tolist()):
-        rows = physical_rows(bt[b : b + 1], np.arange(int(L))[None, :])[0]
-        out.append((kp[rows], ks[rows]))
-    return out
-
-
-def witness_table(entries, B: int, xp=np):
-    """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
-
-    ``entries`` are past selections, each int [B_t, m_t] (−1 = padding); rows beyond B_t
-    are empty.  Blanking repeats gives *distinct* witnesses, which the proof of
-    τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).  numpy: each row
-    sorted, repeats −1; CuPy (``decode_ops.witness_table_device``): the same ids per row,
-    one copy kept in place, when every entry has B rows and there are at most DEDUP_MAX.
-    """
-    if xp is not np:
-        fast = witness_table_device(list(entries), B)
-        if fast is not None:
-            return fast
-    cols = []
-    for e in entries:
-        e = xp.asarray(e).astype(xp.int32)
-        part = xp.full((B, e.shape[1]), -1, dtype=xp.int32)
-        m = min(B, e.shape[0])
-        part[:m] = e[:m]
-        cols.append(part)
-    if not cols:
-        return None
-    a = xp.concatenate(cols, axis=1)
-    if a.shape[1] == 0:
-        return None
-    big = np.iinfo(np.int32).max
-    s = xp.sort(xp.where(a < 0, big, a), axis=1)
-    dup = xp.zeros(s.shape, dtype=bool)
-    dup[:, 1:] = s[:, 1:] == s[:, :-1]
-    return xp.where(dup | (s == big), -1, s).astype(xp.int32)
 
 
 # ---------------------------------------------------------------------------------------

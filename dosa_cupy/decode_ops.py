@@ -12,7 +12,11 @@ The witness ring: ``ring`` int32 [B, history·next_n·K] holds the last ``histor
 selections, slot ``ctr % history`` the newest; ``decode_ring_push`` writes a step's ids
 into the slot and ``decode_ring_advance`` moves the counter, both on the device, so a
 replayed graph rotates the slots by itself.  ``decode_witness_dedup`` turns the ring into
-a table of distinct witnesses (``dosa_cupy.decode.witness_table``'s ids per row).
+a table of distinct witnesses (``witness_table``'s ids per row).
+
+The paged cache's layout (``physical_rows``, ``page_rows``, ``gather_request_keys``) and the
+witness table live here too, below the selector (``dosa_cupy.decode``, which re-exports
+them): both backends need them, and the selector imports this module, not the reverse.
 """
 
 from __future__ import annotations
@@ -151,6 +155,72 @@ def witness_table_device(entries, B: int):
     return a
 
 
+def physical_rows(block_table, ids, xp=np):
+    """Cache rows (block·64 + offset, into payload.reshape(-1, 128)) of logical ids.
+
+    ``block_table`` [B, max_blocks]; ``ids`` int [B, m] logical positions (< max_blocks·64)
+    of each request.  Negative ids map to −1.  Mirrors ``dec_phys`` of csrc/decode.cu.
+    """
+    return page_rows(block_table, xp.arange(int(xp.asarray(ids).shape[0])), ids, xp)
+
+
+def page_rows(block_table, req, ids, xp=np):
+    """``physical_rows`` with a request per row: cache rows of logical positions ``ids`` int
+    [R, m], row r belonging to request ``req[r]`` (int [R]) of ``block_table`` [B,
+    max_blocks]; −1 stays −1 (rows of different requests need no [R, max_blocks] copy of
+    the table: the serving layouts' page-table transform)."""
+    ids = xp.asarray(ids).astype(xp.int64)
+    ok = ids >= 0
+    safe = xp.where(ok, ids, 0)
+    blk = xp.asarray(block_table)[xp.asarray(req)[:, None], safe // PAGE].astype(xp.int64)
+    return xp.where(ok, blk * PAGE + safe % PAGE, -1)
+
+
+def gather_request_keys(kv_payload, kv_scale, block_table, lengths):
+    """Host (numpy) view of each request's keys in logical order: a list of B pairs
+    (payload uint8 [L_b, 128], scale fp32 [L_b]) — the reference's per-request keys."""
+    kp = np.asarray(kv_payload).reshape(-1, D)
+    ks = np.asarray(kv_scale).reshape(-1)
+    bt = np.asarray(block_table)
+    out = []
+    for b, L in enumerate(np.asarray(lengths).tolist()):
+        rows = physical_rows(bt[b : b + 1], np.arange(int(L))[None, :])[0]
+        out.append((kp[rows], ks[rows]))
+    return out
+
+
+def witness_table(entries, B: int, xp=np):
+    """Distinct witness ids per request: int32 [B, Wc], −1 in unused slots (or None).
+
+    ``entries`` are past selections, each int [B_t, m_t] (−1 = padding); rows beyond B_t
+    are empty.  Blanking repeats gives *distinct* witnesses, which the proof of
+    τ_K(W) ≤ τ_K(Ω) needs (a repeated witness would be counted twice).  numpy: each row
+    sorted, repeats −1; CuPy (``decode_ops.witness_table_device``): the same ids per row,
+    one copy kept in place, when every entry has B rows and there are at most DEDUP_MAX.
+    """
+    if xp is not np:
+        fast = witness_table_device(list(entries), B)
+        if fast is not None:
+            return fast
+    cols = []
+    for e in entries:
+        e = xp.asarray(e).astype(xp.int32)
+        part = xp.full((B, e.shape[1]), -1, dtype=xp.int32)
+        m = min(B, e.shape[0])
+        part[:m] = e[:m]
+        cols.append(part)
+    if not cols:
+        return None
+    a = xp.concatenate(cols, axis=1)
+    if a.shape[1] == 0:
+        return None
+    big = np.iinfo(np.int32).max
+    s = xp.sort(xp.where(a < 0, big, a), axis=1)
+    dup = xp.zeros(s.shape, dtype=bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    return xp.where(dup | (s == big), -1, s).astype(xp.int32)
+
+
 def _grid_x(n_keys: int, per_warp: int) -> int:
     return max(1, -(-n_keys // (WARPS * per_warp)))
 
@@ -233,8 +303,6 @@ class DeviceOps:
         if Wc <= DEDUP_MAX:
             dedup(ws.ring, ws.wit)
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
-            from .decode import witness_table
-
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
         ws.wcnt.fill(0)
         _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
@@ -303,8 +371,6 @@ class NumpyOps:
         return self._ws
 
     def _scores(self, d, r, ids):
-        from .decode import physical_rows
-
         b = r // d["n"]
         rows = physical_rows(d["block_table"][b : b + 1], np.asarray(ids)[None, :])[0]
         k = self.e4m3_values(d["kv"][rows]) * d["scale"][rows].astype(np.float64)[:, None]
@@ -313,8 +379,6 @@ class NumpyOps:
         return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
 
     def tau(self, d, ws):
-        from .decode import witness_table
-
         wit = witness_table(list(ws.hist), d["B"], np) if ws.history > 0 else None
         R = d["B"] * d["n"]
         tau = np.full(R, -np.inf)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 __all__ = ["BUILDS", "Build", "compare", "digests", "main"]
 

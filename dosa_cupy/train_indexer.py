@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from dosa_ref import trained as T
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 CHECKPOINTS = (0, 100, 300, 1000, 2000, 4000, 8000)
 

@@ -446,14 +446,8 @@ def _replay_file_error(path: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``dosa audit``: audit the numerical guard on a workload, or replay a violation."""
-    from .cli import (
-        WORKLOAD_FLAGS,
-        CommandParser,
-        existing_file,
-        name_in,
-        nonnegative_int,
-        positive_int,
-    )
+    from .cli import WORKLOAD_FLAGS
+    from .cmdline import CommandParser, existing_file, name_in, nonnegative_int, positive_int
     from .workloads import regime_names
 
     ap = CommandParser(prog="dosa audit", description=main.__doc__)
@@ -583,6 +577,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import run_command
+    from .cmdline import run_command
 
     sys.exit(run_command("dosa audit", main, sys.argv[1:]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 from . import MODULES, load, run_all
 from ._gen import KNOWN_ISSUE_TAG

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dosa_ref import cli
+from dosa_ref import cli, cmdline
 from dosa_ref.cli import main
 from dosa_ref.progress import Progress
 
@@ -285,7 +285,7 @@ def test_the_parser_scopes_close_after_a_command(capsys):
     parser exits; argparse itself is not touched."""
     before = (argparse.ArgumentParser.error, argparse.ArgumentParser.parse_known_args)
     _run(["proofs", "--only", "nope"], capsys)
-    assert cli._SCOPES == []
+    assert cmdline._SCOPES == []
     assert (argparse.ArgumentParser.error, argparse.ArgumentParser.parse_known_args) == before
 
 
@@ -293,7 +293,7 @@ def test_library_value_errors_name_the_flag(tmp_path, monkeypatch, capsys):
     """A plugin's ValueError "name: reason" becomes one line naming --name when the
     command's parser has that flag; any other ValueError keeps its traceback."""
     body = (
-        "from dosa_ref.cli import CommandParser\n"
+        "from dosa_ref.cmdline import CommandParser\n"
         "def main(argv):\n"
         "    ap = CommandParser(prog='dosa plug')\n"
         "    ap.add_argument('--max-things', type=int)\n"
@@ -313,15 +313,15 @@ def test_library_value_errors_name_the_flag(tmp_path, monkeypatch, capsys):
 
 
 def test_value_errors_map_library_names():
-    ap = cli.CommandParser(prog="dosa t")
+    ap = cmdline.CommandParser(prog="dosa t")
     ap.add_argument("--queries", type=int)
     ap.add_argument("--K", type=int)
-    assert cli.flag_message(ValueError("Qn: too long"), [ap], {"Qn": "--queries"}) == (
+    assert cmdline.flag_message(ValueError("Qn: too long"), [ap], {"Qn": "--queries"}) == (
         "--queries: too long"
     )
-    assert cli.flag_message(ValueError("K: expected 1..4096"), [ap]) == "--K: expected 1..4096"
-    assert cli.flag_message(ValueError("D: no such flag"), [ap]) is None
-    assert cli.flag_message(ValueError("no head here"), [ap]) is None
+    assert cmdline.flag_message(ValueError("K: expected 1..4096"), [ap]) == "--K: expected 1..4096"
+    assert cmdline.flag_message(ValueError("D: no such flag"), [ap]) is None
+    assert cmdline.flag_message(ValueError("no head here"), [ap]) is None
 
 
 @pytest.mark.parametrize(

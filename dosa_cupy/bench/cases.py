@@ -13,7 +13,7 @@ Commands and the whole device run: docs/running_on_gpu.md.
 
 from __future__ import annotations
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 SANITIZER_SHAPES = ((32, "calibrated"), (64, "structured"))  # (H, regime), Qn=16, N=4096
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 # the shared command-line conventions (one-line argument errors); no GPU, no CuPy
-from dosa_ref.cli import CommandParser, run_command
+from dosa_ref.cmdline import CommandParser, run_command
 
 from .memplan import DEFAULT_LOGITS_GIB, GIB, estimate_seconds, floors_ms, memory_plan
 from .prefill import bench_shape
@@ -185,7 +185,7 @@ def run_mode(flag: str, argv: list[str]) -> int:
 def main(argv=None) -> int:
     """``dosa bench``: ``argv`` as on the command line; exit code.  None: the process's own
     command line (python -m dosa_cupy.bench), where a bad value is one line and exit code 2
-    (``dosa_ref.cli.run_command``; ``dosa bench`` gets that from ``dosa_ref.cli.main``)."""
+    (``dosa_ref.cmdline.run_command``; ``dosa bench`` gets that from ``dosa_ref.cli.main``)."""
     if argv is None:
         return run_command("dosa bench", _main, sys.argv[1:])
     return _main(list(argv))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 from .memplan import HBM, KEY_BYTES
 from .report import md_table

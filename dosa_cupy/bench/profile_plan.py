@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 
 def _line_split(fn, args, cp):

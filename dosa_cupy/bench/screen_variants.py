@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 from .timing import median_ms
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dosa_ref.cli import CommandParser
+from dosa_ref.cmdline import CommandParser
 
 from .report import cell, device_name, md_table, run_meta
 from .timing import check_run_args, free, median_ms, median_ms_interleaved, no_gpu_exit

@@ -2,7 +2,7 @@
 
 import sys
 
-from ..cli import run_command
+from ..cmdline import run_command
 from .runner import main
 
 # run_command: a library ValueError about an argument (--modules, --ids) is one line here too

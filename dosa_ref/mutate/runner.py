@@ -236,13 +236,13 @@ def select_targets(spec: str | None) -> list[Target]:
 
 def main(argv: list[str]) -> int:
     """``dosa mutate``: generate, run and report mutants (see the module docstring)."""
-    from ..cli import (
+    from ..cli import require_test_deps
+    from ..cmdline import (
         CommandParser,
         existing_dir,
         nonnegative_int,
         positive_float,
         positive_int,
-        require_test_deps,
         unit_fraction,
     )
 
