@@ -30,8 +30,8 @@ from dosa_ref.options import check_count
 
 from . import sm90a
 from ._build import cupy_or_raise
-from .dense import QG
 from .refine import popcount_rows
+from .scorer import QG
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
 __all__ = [

@@ -10,44 +10,22 @@ import numpy as np
 
 from dosa_ref.options import check_flag
 
-from ._build import cupy_or_raise, kernel, num_sms, tile
+from ._build import cupy_or_raise, kernel, num_sms
 from .prepare import Batch, check_inputs, pad_heads
+from .scorer import _dense_logits_raw
 
 __all__ = [
     "dense_ids",
     "dense_logits",
     "dense_topk",
-    "overflowing_scores",
     "select_records",
     "select_rows",
 ]
 
-ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
-QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
 SEL_BLOCKS = 264
 
 _NULL = np.uint64(0)
-
-
-def _dense_logits_raw(q, w, kp, ksc, ks, ke):
-    """q/w already padded to a multiple of 16 heads; returns fp32 [Qn, N]."""
-    cp = cupy_or_raise()
-    Qn, Hp, _ = q.shape
-    N = kp.shape[0]
-    out = cp.empty((Qn, N), dtype=cp.float32)
-    if Qn == 0 or N == 0:
-        return out
-    T = tile()
-    grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
-    smem = T * ROWB + T * 4
-    kernel(f"dense_logits_mt{Hp // 16}", smem)(
-        grid,
-        (256,),
-        (q, w, kp, ksc, ks, ke, np.int32(Qn), np.int64(N), np.int32(QG), out),
-        shared_mem=smem,
-    )
-    return out
 
 
 def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
@@ -56,30 +34,6 @@ def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
     q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
     q, w = pad_heads(q, w)
     return _dense_logits_raw(q, w, kp, ksc, ks, ke)
-
-
-def overflowing_scores(q, w, kp, ksc, ks, ke, rows) -> bool:
-    """True when a query of ``rows`` (int [n], device) has a visible key with a valid
-    scale (α ≥ 0, finite) whose canonical fp32 score is not finite (docs/method.md §1
-    "The scorer's domain").  q uint8 [Qn, H, 128], w fp32 [Qn, H] (unpadded), kp, ksc,
-    ks / ke int32 [Qn] as ``check_inputs`` returns them.  Scores the rows in full, in
-    blocks of at most 1 GiB of logits: only queries the envelope flags come here."""
-    cp = cupy_or_raise()
-    if rows.size == 0:
-        return False
-    qp, wp = pad_heads(q[rows], w[rows])
-    ks_r, ke_r = ks[rows], ke[rows]
-    N = kp.shape[0]
-    cols = cp.arange(N, dtype=cp.int32)[None, :]
-    valid = ((ksc >= 0) & cp.isfinite(ksc))[None, :]
-    step = max(1, (1 << 30) // max(1, 4 * N))
-    for a in range(0, int(rows.size), step):
-        b = min(int(rows.size), a + step)
-        lg = _dense_logits_raw(qp[a:b], wp[a:b], kp, ksc, ks_r[a:b], ke_r[a:b])
-        vis = (cols >= ks_r[a:b, None]) & (cols < ke_r[a:b, None]) & valid
-        if bool((vis & ~cp.isfinite(lg)).any()):
-            return True
-    return False
 
 
 def scratch(rows):

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import cupy_or_raise, kernel, tile
-from .dense import QG, ROWB
 from .options import start
 from .prepare import Batch
+from .scorer import QG, ROWB
 from .seeds import Seeds, seed_stage
 from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 

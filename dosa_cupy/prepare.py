@@ -12,6 +12,7 @@ import numpy as np
 from dosa_ref.validate import as_array, check_int_dtype, check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
+from .scorer import overflowing_scores
 
 __all__ = [
     "D",
@@ -249,14 +250,11 @@ class ValueCheck:
             ks, ke = (a.astype(cp.int64) for a in self._given)
             t = int(cp.argmax(ks > ke))
             raise ValueError(f"ks: ks[{t}] > ke[{t}]")
-        if bad & CHECK_ENVELOPE:
-            # The exact check needs the canonical scorer (the dense logits); dense.py
-            # imports this module, so the import waits until a query is flagged.
-            from .dense import overflowing_scores
-
+        if bad & CHECK_ENVELOPE:  # the flagged queries scored exactly
             q, w, kp, ksc = self._inputs
             rows = cupy_or_raise().flatnonzero(envelope_queries(w, ksc))
-            if overflowing_scores(q, w, kp, ksc, self.ks, self.ke, rows):
+            qp, wp = pad_heads(q[rows], w[rows])
+            if overflowing_scores(qp, wp, kp, ksc, self.ks[rows], self.ke[rows]):
                 raise ValueError(SCORE_OVERFLOW)
 
 

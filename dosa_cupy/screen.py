@@ -21,9 +21,9 @@ from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
 from ._build import cupy_or_raise, device_const, kernel, tile
-from .dense import QG, ROWB
 from .plan import MU, DevicePlan, gamma_mma, row_slots
 from .prepare import Batch, D
+from .scorer import QG, ROWB
 from .seeds import Seeds
 from .select import RecordBuffer
 

@@ -19,8 +19,9 @@ import numpy as np
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
 from ._build import cupy_or_raise, kernel, tile
-from .dense import _NULL, QG, ROWB, dense_ids, select_records
+from .dense import _NULL, dense_ids, select_records
 from .prepare import Batch, as_device
+from .scorer import QG, ROWB
 from .select import RecordBuffer, tau_of_seeds
 
 __all__ = [

@@ -87,7 +87,7 @@ def test_candidates(hopper, kind):
 
 def test_sample_size_is_one_block_row():
     from dosa_cupy import sm90a
-    from dosa_cupy.dense import QG
+    from dosa_cupy.scorer import QG
 
     assert cost.sample_size("fp64") == QG
     assert cost.sample_size("pair") == 2 * QG

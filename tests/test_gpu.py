@@ -876,12 +876,13 @@ def test_public_ids_int64_cpu(monkeypatch):
     import dosa_cupy.options as options_mod
     import dosa_cupy.pipeline as pipe_mod
     import dosa_cupy.prepare as prep_mod
+    import dosa_cupy.scorer as scorer_mod
     import dosa_cupy.seeds as seeds_mod
     from dosa_ref import stages
     from dosa_ref.fp8 import e4m3_values as ev
 
     shim = numpy_as_cupy()
-    for mod in (dense_mod, fused_mod, options_mod, pipe_mod, prep_mod, seeds_mod):
+    for mod in (dense_mod, fused_mod, options_mod, pipe_mod, prep_mod, seeds_mod, scorer_mod):
         monkeypatch.setattr(mod, "cupy_or_raise", lambda: shim)
 
     def logits(q, w, kp, ksc, ks, ke):
@@ -908,6 +909,7 @@ def test_public_ids_int64_cpu(monkeypatch):
 
     monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
     monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
+    monkeypatch.setattr(scorer_mod, "_dense_logits_raw", logits)  # the overflow check's
     monkeypatch.setattr(dense_mod, "select_rows", select)
     q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
     ke = np.array([300, 100, 5, 0], np.int32)

@@ -6,7 +6,7 @@ recovered); with ``check=False`` a flagged query's ids are the dense route's on 
 route; decode scans every key and equals the dense decode route on overflowing steps.
 
 Weights are driven past fp32 (up to 3e38 per head) on one query of a chunk; the dense
-logits computed by the test decide which case it is (``dense.overflowing_scores``).
+logits computed by the test decide which case it is (``scorer.overflowing_scores``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import dosa_cupy
 from dosa_cupy.prepare import SCORE_OVERFLOW, envelope_queries
 
 try:
-    from dosa_cupy.dense import overflowing_scores
+    from dosa_cupy.prepare import pad_heads
+    from dosa_cupy.scorer import overflowing_scores
     from dosa_cupy.workload import make_gpu_workload
 except Exception:  # pragma: no cover - CPU machines: every test below is skipped
     pass
@@ -50,7 +51,8 @@ def _chunk(case: str, H: int):
 def _overflows(wl, args) -> bool:
     q, w, kp, ksc = args
     ks, ke = wl["ks"].astype(cp.int32), wl["ke"].astype(cp.int32)
-    return overflowing_scores(q, w, kp, ksc, ks, ke, cp.arange(q.shape[0]))
+    qp, wp = pad_heads(q, w)
+    return overflowing_scores(qp, wp, kp, ksc, ks, ke)
 
 
 @pytest.mark.parametrize("H", [32, 64])

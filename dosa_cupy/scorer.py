@@ -1,0 +1,60 @@
+"""The canonical GPU scorer's launch (docs/method.md §1): the dense logits kernel
+(``dense_logits_mt*``, csrc/dense.cu over ``dosa::score_batch``) on head-padded inputs, and
+the exact overflow check of the scorer's domain built on it.  The lowest layer of the
+routes: ``prepare`` (the value checks), ``dense`` and every stage that scores keys import it,
+and it imports only the build.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._build import cupy_or_raise, kernel, tile
+
+__all__ = ["QG", "ROWB", "overflowing_scores"]
+
+ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
+QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
+
+
+def _dense_logits_raw(q, w, kp, ksc, ks, ke):
+    """The canonical logits of every key for queries already padded to a multiple of 16
+    heads (``prepare.pad_heads``): fp32 [Qn, N], −inf where a key is not visible."""
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    N = kp.shape[0]
+    out = cp.empty((Qn, N), dtype=cp.float32)
+    if Qn == 0 or N == 0:
+        return out
+    T = tile()
+    grid = ((N + T - 1) // T, (Qn + QG - 1) // QG)
+    smem = T * ROWB + T * 4
+    kernel(f"dense_logits_mt{Hp // 16}", smem)(
+        grid,
+        (256,),
+        (q, w, kp, ksc, ks, ke, np.int32(Qn), np.int64(N), np.int32(QG), out),
+        shared_mem=smem,
+    )
+    return out
+
+
+def overflowing_scores(q, w, kp, ksc, ks, ke) -> bool:
+    """True when one of the queries has a visible key with a valid scale (α ≥ 0, finite)
+    whose canonical fp32 score is not finite (docs/method.md §1 "The scorer's domain").
+    q uint8 [n, Hp, 128], w fp32 [n, Hp] padded (``prepare.pad_heads``), kp, ksc, ks / ke
+    int32 [n]: the queries the envelope flagged (``prepare.ValueCheck``), scored in full in
+    blocks of at most 1 GiB of logits."""
+    cp = cupy_or_raise()
+    n, N = int(q.shape[0]), int(kp.shape[0])
+    if n == 0:
+        return False
+    cols = cp.arange(N, dtype=cp.int32)[None, :]
+    valid = ((ksc >= 0) & cp.isfinite(ksc))[None, :]
+    step = max(1, (1 << 30) // max(1, 4 * N))
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        lg = _dense_logits_raw(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b])
+        vis = (cols >= ks[a:b, None]) & (cols < ke[a:b, None]) & valid
+        if bool((vis & ~cp.isfinite(lg)).any()):
+            return True
+    return False
