@@ -62,7 +62,7 @@ def _scale(a: np.ndarray, e: int) -> np.ndarray:
 scale_exps = st.tuples(*(st.sampled_from(EXPONENTS) for _ in range(3)))
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=40)
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(exps=scale_exps, seed=st.integers(0, 3), K=st.sampled_from((5, 16)))
 def test_every_route_agrees_with_the_brute_force_past_float64(exps, seed, K):
     q, w, k, ks, ke = _workload(seed)
@@ -77,7 +77,7 @@ def test_every_route_agrees_with_the_brute_force_past_float64(exps, seed, K):
     _same(brute, got, "dosa_topk seed_ids")
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=25)
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(eq=st.sampled_from(EXPONENTS), ew=st.sampled_from(EXPONENTS), seed=st.integers(0, 3))
 def test_fp8_route_agrees_with_full_scoring_past_float64(eq, ew, seed):
     q, w, k, ks, ke = _workload(seed)
@@ -88,7 +88,7 @@ def test_fp8_route_agrees_with_full_scoring_past_float64(eq, ew, seed):
     _same(brute, got, "fp8_topk")
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=25)
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(eq=st.sampled_from(EXPONENTS), ew=st.sampled_from(EXPONENTS), seed=st.integers(0, 3))
 def test_decode_agrees_with_the_brute_force_past_float64(eq, ew, seed):
     q, w, k, _, _ = _workload(seed, Qn=2)
