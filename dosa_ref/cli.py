@@ -96,6 +96,17 @@ def _regime_type(what: str = "regime") -> Callable[[str], str]:
     return name_in(regime_names(), what)
 
 
+def _add_regime(ap: argparse.ArgumentParser) -> None:
+    """The ``--regime`` flag of the workload commands (demo, calibrate)."""
+    ap.add_argument(
+        "--regime",
+        type=_regime_type(),
+        default="calibrated",
+        metavar="NAME",
+        help=f"workload regime: {_regimes()} (default calibrated; docs/workloads.md)",
+    )
+
+
 def _regimes() -> str:
     from .workloads import regime_names
 
@@ -177,13 +188,7 @@ def demo(argv: list[str]) -> int:
         metavar="H",
         help="indexer heads (default: the regime's, 32; 64 for h64 and trained)",
     )
-    ap.add_argument(
-        "--regime",
-        type=_regime_type(),
-        default="calibrated",
-        metavar="NAME",
-        help=f"workload regime: {_regimes()} (default calibrated; docs/workloads.md)",
-    )
+    _add_regime(ap)
     ap.add_argument("--K", type=positive_int, default=2048, help="selection size (default 2048)")
     ap.add_argument("--seed", type=nonnegative_int, default=0, help="workload seed (default 0)")
     ap.add_argument(
@@ -343,13 +348,7 @@ def calibrate(argv: list[str]) -> int:
         help=f"keys per workload, at least Q (default {default['N']:,})",
     )
     ap.add_argument("--seed", type=nonnegative_int, default=0, help="first seed (default 0)")
-    ap.add_argument(
-        "--regime",
-        type=_regime_type(),
-        default="calibrated",
-        metavar="NAME",
-        help=f"workload regime: {_regimes()} (default calibrated)",
-    )
+    _add_regime(ap)
     ap.add_argument(
         "--heads", type=positive_int, default=None, metavar="H", help="H (default: the regime's)"
     )
