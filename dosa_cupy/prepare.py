@@ -12,7 +12,7 @@ import numpy as np
 from dosa_ref.validate import as_array, check_int_dtype, check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
-from .scorer import overflowing_scores
+from .scorer import overflowing_scores, valid_scales
 
 __all__ = [
     "D",
@@ -104,8 +104,7 @@ def envelope_queries(w, ksc):
     wsum = cp.abs(w).astype(cp.float64).sum(axis=1)
     if ksc.size == 0:  # no key: no score
         return cp.zeros(wsum.shape, dtype=cp.bool_)
-    valid = (ksc >= 0) & cp.isfinite(ksc)
-    amax = cp.where(valid, ksc, cp.float32(0)).max().astype(cp.float64)
+    amax = cp.where(valid_scales(ksc), ksc, cp.float32(0)).max().astype(cp.float64)
     return wsum * (_DOT_BOUND * cp.maximum(amax, 1.0)) > ENVELOPE_MAX
 
 

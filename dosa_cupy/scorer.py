@@ -11,7 +11,17 @@ import numpy as np
 
 from ._build import cupy_or_raise, kernel, tile
 
-__all__ = ["QG", "ROWB", "overflowing_scores"]
+__all__ = ["QG", "ROWB", "overflowing_scores", "valid_scales"]
+
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def valid_scales(ksc):
+    """bool [N]: key scales the canonical score is defined on (0 ≤ α ≤ FLT_MAX: not
+    negative, NaN or inf; the others are recovered by the dense route, docs/method.md §7
+    C.3).  Comparisons only, so numpy and CuPy arrays alike."""
+    return (ksc >= 0) & (ksc <= _F32_MAX)
+
 
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
@@ -49,7 +59,7 @@ def overflowing_scores(q, w, kp, ksc, ks, ke) -> bool:
     if n == 0:
         return False
     cols = cp.arange(N, dtype=cp.int32)[None, :]
-    valid = ((ksc >= 0) & cp.isfinite(ksc))[None, :]
+    valid = valid_scales(ksc)[None, :]
     step = max(1, (1 << 30) // max(1, 4 * N))
     for a in range(0, n, step):
         b = min(n, a + step)

@@ -15,6 +15,7 @@ import numpy as np
 from ._build import cupy_or_raise, kernel
 from .dense import dense_ids, select_records
 from .prepare import Batch, envelope_queries
+from .scorer import valid_scales
 
 __all__ = [
     "RecordBuffer",
@@ -138,7 +139,7 @@ def recovery_queries(b: Batch):
     envelope cannot prove finite in fp32 (``prepare.envelope_queries``; docs/method.md §1
     "The scorer's domain"): bool [Qn]."""
     cp = cupy_or_raise()
-    bad = ~((b.ksc >= 0) & cp.isfinite(b.ksc))
+    bad = ~valid_scales(b.ksc)
     pre = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(bad.astype(cp.int64))])
     sees_bad = (pre[b.ke.astype(cp.int64)] - pre[b.ks.astype(cp.int64)]) > 0
     return sees_bad | envelope_queries(b.w, b.ksc)
