@@ -133,14 +133,14 @@ def nonnegative_int(text: str) -> int:
     return _int(text, 0, "an integer >= 0")
 
 
-def _float(text: str, lo: float, hi: float, what: str) -> float:
-    """``text`` as a number in [lo, hi] (nan, an infinite bound excluded), else a
-    ValueError "expected WHAT"."""
+def _float(text: str, ok: Callable[[float], bool], what: str) -> float:
+    """``text`` as a finite number for which ``ok`` holds, else a ValueError "expected
+    WHAT"."""
     try:
         v = float(text)
     except ValueError:
         v = float("nan")
-    if not (np.isfinite(v) and lo <= v <= hi):
+    if not (np.isfinite(v) and ok(v)):
         raise ValueError(f"expected {what}, got {text!r}")
     return v
 
@@ -148,16 +148,13 @@ def _float(text: str, lo: float, hi: float, what: str) -> float:
 @_arg_type
 def positive_float(text: str) -> float:
     """A finite number > 0 (seconds)."""
-    v = _float(text, 0.0, np.inf, "a number > 0")
-    if v == 0.0:
-        raise ValueError(f"expected a number > 0, got {text!r}")
-    return v
+    return _float(text, lambda v: v > 0.0, "a number > 0")
 
 
 @_arg_type
 def unit_fraction(text: str) -> float:
     """A number in [0, 1] (a score threshold)."""
-    return _float(text, 0.0, 1.0, "a number in [0, 1]")
+    return _float(text, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
 @_arg_type
