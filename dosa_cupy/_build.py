@@ -83,8 +83,8 @@ def set_tile(n: int) -> None:
 
 @functools.cache
 def module(tile_n: int = 128, defines: tuple = ()):
-    """kernels.cu built for ``tile_n`` keys per tile, plus ``defines`` ("NAME=VALUE", e.g.
-    the screen's opt-in "DOSA_SCREEN_FAST32=1"): one cached module per combination."""
+    """kernels.cu built for ``tile_n`` keys per tile, plus ``defines`` ("NAME=VALUE"): one
+    cached module per combination."""
     cp = cupy_or_raise()
     # DOSA_SCREEN_UNROLL: batches per trip of the screening loop (a tuning experiment,
     # docs/records/notes.md v8); it changes scheduling only, never a value.
@@ -117,7 +117,7 @@ def kernel(name: str, smem: int = 0, defines: tuple = ()):
 
 @functools.cache
 def source_module(path: Path, defines: tuple = ()):
-    """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu, refine_shared.cu)
+    """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu)
     with the package's NVRTC options plus ``defines`` ("NAME=VALUE")."""
     cp = cupy_or_raise()
     opts = OPTIONS + tuple(f"-D{d}" for d in defines)

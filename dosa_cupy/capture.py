@@ -172,13 +172,13 @@ class PrefillSelectorGPU:
             False: shapes and dtypes only (a caller that validated its inputs).
         options: ``dosa_topk``'s options that fix the method: route ("auto", default: the
             cost model's choice on a shape's first step; "dosa"; "dense"), screen ("auto":
-            decided on the first step; "fp64", "fast32", "wg"; "pair" is not capturable —
+            decided on the first step; "fp64", "wg"; "pair" is not capturable —
             under "auto" its chunks take "wg" where it runs, else "fp64", with the same r),
             r, seeds ("local+anchor", "local", "anchor"), window, sinks, n_anchors, buffer
             (compact records per query: a query with more is flagged and re-run), mma_bits,
-            p_sample, tie_reject (the tie-aware build when the first step has a query at
-            τ = 0).  Options that need host reads per call (seed_ids, cert_seeds, stream
-            "shared", planner "cupy", statistics, route_memo) raise ValueError.
+            p_sample, tie_reject (the tie-aware kernels when the first step has a query at
+            τ = 0).  Options that need host reads per call (seed_ids, cert_seeds, statistics,
+            route_memo) raise ValueError.
 
     Use: ``h = step(..., out=)`` issues kernels only once a shape has been seen (its first
     step is eager: it decides and measures); capture a later step in a graph, replay it on
@@ -195,10 +195,6 @@ class PrefillSelectorGPU:
         for name, off in _NOT_CAPTURABLE.items():
             if name in options and not _is_off(options[name], off):
                 raise ValueError(f"{name}: not available in a captured step, got {options[name]!r}")
-        fixed = {"stream": "per_query", "planner": "fused"}
-        for name, only in fixed.items():
-            if options.get(name, only) != only:
-                raise ValueError(f"{name}: a captured step takes {only!r}, got {options[name]!r}")
         if options.get("screen") == "pair":
             raise ValueError("screen: 'pair' is not available in a captured step (host copies)")
         self.check = check_flag("check", check)
@@ -251,7 +247,8 @@ class PrefillSelectorGPU:
     # -- internals --------------------------------------------------------------------------
 
     def _first(self, q, w, k_payload, k_scale, ks, ke) -> _Shape:
-        """A shape's decisions (route, screen, r, tie build, anchors) from its first step."""
+        """A shape's decisions (route, screen, r, tie-aware kernels, anchors), from its first
+        step."""
         o = self._o
         b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check)
         if b.Qn == 0 or b.N == 0:  # nothing to select: −1 rows, no route to choose
@@ -298,7 +295,7 @@ class PrefillSelectorGPU:
         seeds = seed_stage(b, o, sh.anchors)
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount)
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
-        recs, _ = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
+        recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)
         redo = recovery_queries(b) | ~plan.valid | recs.over
         out[...] = cp.where(redo[:, None], FLAGGED, ids)

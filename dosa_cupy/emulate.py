@@ -52,9 +52,10 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
-    with numpy) and U^num = α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the
-    scores are evaluated in float64 from the e4m3 values instead of the tensor cores, so
-    this predicts survival (not bits).  Returns dict(survival, violations, tau): violations
+    with numpy, the specification of the pipeline's fused planner) and U^num =
+    α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the scores are evaluated in
+    float64 from the e4m3 values instead of the tensor cores, so this predicts survival
+    (not bits).  Returns dict(survival, violations, tau): violations
     counts visible (query, key) with float64 score > U^num (must be 0).
     Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
     """

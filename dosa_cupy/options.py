@@ -28,13 +28,11 @@ from ._build import cupy_or_raise
 from .cost import RouteMemo
 from .emulate import record_score
 from .prepare import pad_batch
-from .refine import STREAMS
 from .screen import PAIR_MAX_R, SCREENS
 from .seeds import device_seed_ids
 
 __all__ = [
     "OPTIONS",
-    "PLANNERS",
     "DosaGpuStats",
     "StageTimer",
     "check_options",
@@ -58,16 +56,13 @@ OPTIONS = {
     "return_stats": False,
     "debug_bounds": False,
     "timing": False,
-    "stream": "per_query",
     "screen": "auto",
-    "planner": "fused",
     "tie_reject": True,
     "route": "auto",
     "route_memo": None,
     "check": True,
 }
 ROUTES = ("auto", "dosa", "dense")  # cost.py: the route choice (docs/method.md §9)
-PLANNERS = ("cupy", "fused")  # plan.build_plans / plan_fused.build_plans_fused
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
 
 
@@ -94,15 +89,10 @@ class DosaGpuStats(SelectStats):
     elsewhere.
     """
 
-    screen: str = None  # the screen kernel that ran ("fp64", "fast32", "pair"; auto's pick)
+    screen: str = None  # the screen kernel that ran ("fp64", "pair", "wg"; auto's pick)
     route: object = None  # cost.RouteChoice: the route taken, why, and the predicted times
     stage_ms: dict = None  # CUDA-event time per stage (timing=True)
     bounds: object = None  # fp64 [Qn, N] U^num (debug_bounds=True), NaN where not visible
-    # stream="shared" (docs/method.md §9): keys of the query's group shared set (the shared
-    # stream scores each for every query of the group whose bit is set) and the query's
-    # survivors refined there (the rest, survivors − shared_survivors, per query).
-    shared_keys: np.ndarray = None
-    shared_survivors: np.ndarray = None
 
     @property
     def overflowed(self) -> np.ndarray:
@@ -179,8 +169,6 @@ def check_options(kw: dict) -> dict:
         check_count("cert_seeds", o["cert_seeds"], 0, CERT_MAX)
     rr = check_count("r", o["r"], 1, 30)
     check_count("mma_bits", o["mma_bits"], 8, 24)
-    if o["stream"] not in STREAMS:
-        raise ValueError(f"stream: expected one of {STREAMS}, got {o['stream']!r}")
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:
@@ -194,8 +182,6 @@ def check_options(kw: dict) -> dict:
         raise ValueError("debug_bounds: the dense route computes no bounds (route='dense')")
     for k in ("tie_reject", "check"):
         check_flag(k, o[k])
-    if o["planner"] not in PLANNERS:
-        raise ValueError(f"planner: expected one of {PLANNERS}, got {o['planner']!r}")
     if o["screen"] == "wg" and _certificate_on(o, names):
         raise ValueError(
             f"screen: 'wg' needs no certificate seeds, got r={rr}, "

@@ -26,10 +26,10 @@ from ._build import cupy_or_raise
 from .cost import H200, RouteChoice, RouteMemo, candidate_key, early_route, sample_route
 from .dense import dense_ids
 from .options import start
-from .plan import DevicePlan, build_plans
+from .plan import DevicePlan
 from .plan_fused import build_plans_fused
 from .prepare import key_rho
-from .refine import GROUP, popcount_rows, refine_stage
+from .refine import popcount_rows, refine_stage
 from .screen import auto_screen, screen_stage
 from .seeds import certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
@@ -40,9 +40,9 @@ __all__ = ["dosa_topk"]
 def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
-    evenly spaced anchor-pool keys (pool int32 [P], sorted), by the planner ``o["planner"]``
-    ("fused": plan_fused.build_plans_fused, one kernel per chunk; "cupy":
-    plan.build_plans) with ``o["mma_bits"]``.  ``pcount`` (0-d device int64, the pool's P
+    evenly spaced anchor-pool keys (pool int32 [P], sorted), by
+    ``plan_fused.build_plans_fused`` (one kernel per chunk; its specification is
+    ``plan.build_plans``) with ``o["mma_bits"]``.  ``pcount`` (0-d device int64, the pool's P
     when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
     sample keys spaced over the first P entries on the device (repeats when P is smaller;
     key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
@@ -55,8 +55,7 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     else:
         last = cp.maximum(pcount - 1, 0)
         sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
-    planner = build_plans_fused if o["planner"] == "fused" else build_plans
-    return planner(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
+    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
 
 
 def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
@@ -77,20 +76,15 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         in seeds: default_cert_seeds(K); slower than without at the benched shapes) with
         cert_cap (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact
         records per query before an exact extension); mma_bits (accumulator bits of the
-        MMA error model, plan.py); stream ("per_query", default, or "shared": the shared
-        refinement stream of query groups, docs/method.md §9, refine.py; slower than
-        per_query at the benched shapes); planner ("fused", default: one kernel per chunk,
-        plan_fused.py, or "cupy": the batched CuPy planner plan.py, ~10× slower); screen
-        ("auto", default: per chunk, from the positive heads per query, "pair" with
-        r ≤ 6, else r or 30 on "wg" where it runs, on "fp64" elsewhere —
-        ``screen.auto_screen``; "fp64": the mma.sync screen; "fast32": an fp32
-        upward-rounded pre-test before the fp64 guard, proofs/fp32_pretest.py, survivors ⊆
-        the fp64 screen's, not faster; "pair": two queries per 16-row MMA tile, needs
-        r ≤ 6, screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a,
-        screen_sm90a.cu, bounds bitwise equal to "fp64"'s); tie_reject (True, default:
-        chunks with a query at τ = 0 are screened by the tie-aware build — the rule against
-        the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7 "Tie-aware
-        rejection and zero plateaus"; False: the plain rule U < τ everywhere); route
+        MMA error model, plan.py); screen ("auto", default: per chunk, from the positive
+        heads per query, "pair" with r ≤ 6, else r or 30 on "wg" where it runs, on "fp64"
+        elsewhere — ``screen.auto_screen``; "fp64": the mma.sync screen; "pair": two
+        queries per 16-row MMA tile, needs r ≤ 6, screen.cu screen_pair; "wg": the Hopper
+        warpgroup-MMA screen, sm_90a, screen_sm90a.cu, bounds bitwise equal to "fp64"'s);
+        tie_reject (True, default: chunks with a query at τ = 0 are screened by the
+        tie-aware kernels — the rule against the K-th seed record (τ, j) and the
+        zero-plateau bound, docs/method.md §7 "Tie-aware rejection and zero plateaus";
+        False: the plain rule U < τ everywhere); route
         ("auto", default: the dense route when the cost model predicts it faster — before
         any work for small chunks, else after the seeds from a timed sample screen of each
         screen candidate, which also picks r: 14 or 30, 6 for the paired screen; cost.py,
@@ -153,7 +147,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
                                              screened.surv)  # fmt: skip
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
-    recs, shared = refine_stage(b, tau, screened.surv, int(o["buffer"]), o["stream"])
+    recs = refine_stage(b, tau, screened.surv, int(o["buffer"]))
     tm.mark("refine")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
@@ -181,10 +175,6 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         cert_pass = cp.asnumpy(cert_scored).astype(np.int64)
         st.cert_seeds = cert_pass - st.explicit_seeds
         st.scored += cert_pass
-    if shared is not None:
-        g = cp.arange(b.Qn) // GROUP
-        st.shared_keys = cp.asnumpy(popcount_rows(shared, cp)[g])
-        st.shared_survivors = cp.asnumpy(popcount_rows(shared[g] & screened.surv, cp))
     r_plan = cp.asnumpy(plan.r).astype(np.int64)
     st.bound_work = vis * bound_fraction(r_plan, b.heads)  # two aux rows per evaluation
     st.r = np.where(rec, 0, r_plan)  # 0 when dense (dosa_ref.options.STATS)

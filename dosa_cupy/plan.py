@@ -5,6 +5,10 @@ operations (float64 for every bound quantity) plus one small kernel for the e4m3
 of the aux rows; nothing is copied to the host.  Choices (R, anchors, A) only affect
 efficiency; the bound is valid for any of them (docs/method.md §3).
 
+The pipeline plans with ``plan_fused.build_plans_fused`` (one kernel per chunk); this
+module is its specification (tests/test_plan_fused.py compares the two plans field by
+field) and holds the constants both use.
+
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
 
     s^ref_i/α_i ≤ Û_i + ρ_i·C + ε_raw ,   U^num_i = α_i(Û_i + ρ_i C + ε_raw) + ε_out (rounded up)

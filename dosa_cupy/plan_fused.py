@@ -6,16 +6,17 @@ threads per query (``csrc/plan.cu``, kernels ``plan_mt1`` … ``plan_mt4`` for H
 heads) decodes the query's e4m3 rows into shared memory once and computes norms,
 activation frequencies, R, the anchor projection and folded weights, E, the negative
 aggregate with its two e4m3 aux rows, the envelope J and C there, in float64 with the
-same outward allowances.  Differences from the CuPy planner, all legal (plan.cu header):
+same outward allowances.  Differences from ``plan.build_plans``, all legal (plan.cu header):
 float64 reductions run in a different order (covered by MU = 2^-30, plan.py docstring);
 ties of the R priority key are broken by head index (as plan._choose_R's stable sort);
 p_h uses one fixed fp32 summation order.  Why: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
 CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries (docs/records/notes.md);
 the kernel reads q once and writes only the plan.
 
-The pipeline's default planner (``dosa_topk(..., planner="fused")``; run records and timings:
+The pipeline's planner (``pipeline.plan_stage``; run records and timings:
 docs/records/gpu_tests.md, docs/records/notes.md).  ``tests/test_plan_fused.py`` runs this
-host code on the CPU against a numpy emulation of the kernel (``emulate_plan_kernel``).
+host code on the CPU against a numpy emulation of the kernel (``emulate_plan_kernel``) and
+compares its plans with those of ``plan.build_plans``.
 """
 
 from __future__ import annotations

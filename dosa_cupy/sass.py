@@ -33,7 +33,7 @@ from pathlib import Path
 
 from dosa_ref.cmdline import CommandParser
 
-__all__ = ["BUILDS", "Build", "compare", "digests", "main"]
+__all__ = ["BUILDS", "Build", "compare", "compare_code", "digests", "main"]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 _SM90 = ("-arch=sm_90",)
@@ -64,19 +64,10 @@ def _variants(source: str, target, axes: list[tuple[str, ...]]) -> list[Build]:
 
 TILES = ("DOSA_TILE_N=128", "DOSA_TILE_N=256")
 BUILDS = (
-    # kernels.cu: the NVRTC module (tile, tie-aware build, fp32 pre-test, unroll)
-    *_variants(
-        "kernels.cu",
-        _SM90,
-        [TILES, ("", "DOSA_TIE_RULE=1"), ("", "DOSA_SCREEN_FAST32=1"),
-         ("", "DOSA_SCREEN_UNROLL=1")],
-    ),
-    # the Hopper screen (sm90a.py): plan width, tie-aware build, fp32 pre-test
-    *_variants(
-        "screen_sm90a.cu",
-        _SM90A,
-        [TILES, ("", "DOSA_WG_MTS=2"), ("", "DOSA_TIE_RULE=1"), ("", "DOSA_SCREEN_FAST32=1")],
-    ),
+    # kernels.cu: the NVRTC module (tile, unroll)
+    *_variants("kernels.cu", _SM90, [TILES, ("", "DOSA_SCREEN_UNROLL=1")]),
+    # the Hopper screen (sm90a.py): tile, plan width
+    *_variants("screen_sm90a.cu", _SM90A, [TILES, ("", "DOSA_WG_MTS=2")]),
     # the other modules (_build.source_module): each on its own
     *(Build(p.name, _SM90) for p in sorted(CSRC.glob("*.cu")) if p.name not in (
         "kernels.cu", "screen_sm90a.cu", "prepare.cu", "dense.cu", "fused.cu", "seeds.cu",
@@ -167,16 +158,38 @@ def compare(a: dict, b: dict) -> list[str]:
     return lines
 
 
+def compare_code(a: dict, b: dict) -> list[str]:
+    """The machine code of two digest tables compared by content, not by name: one line per
+    digest found in only one of them, naming every (build, kernel) that holds it (empty:
+    every kernel of either has its exact instructions in the other).  For restructurings
+    that rename kernels or move a variant from a define into a template parameter."""
+
+    def where(t):
+        out: dict[str, list[str]] = {}
+        for build, ks in t.items():
+            for k, d in ks.items():
+                out.setdefault(d, []).append(f"{build}: {k}")
+        return out
+
+    wa, wb = where(a), where(b)
+    lines = [f"only in the first: {', '.join(sorted(wa[d]))}" for d in sorted(set(wa) - set(wb))]
+    lines += [f"only in the second: {', '.join(sorted(wb[d]))}" for d in sorted(set(wb) - set(wa))]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = CommandParser(prog="python -m dosa_cupy.sass", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="write the digests (JSON) here")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two digest files")
+    ap.add_argument(
+        "--by-code", action="store_true", help="with --compare: match kernels by their code"
+    )
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc runs (default: cores)")
     ap.add_argument("--csrc", type=Path, default=CSRC, help="the kernel sources (default: ours)")
     a = ap.parse_args(argv)
     if a.compare:
         tabs = [json.loads(p.read_text()) for p in a.compare]
-        diff = compare(*tabs)
+        diff = (compare_code if a.by_code else compare)(*tabs)
         n = sum(len(v) for v in tabs[0].values())
         print("\n".join(diff) if diff else f"identical: {len(tabs[0])} builds, {n} kernels")
         return 1 if diff else 0

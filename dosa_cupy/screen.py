@@ -1,14 +1,13 @@
 """The screen stage (docs/method.md §8–§9): U^num of every visible non-seed key against τ,
 written as a survivor bitmask (one uint32 word per 32 keys).
 
-Screen kernels (``screen=``): "fp64" (screen_mt*), "fast32" (the same kernels built with an
-fp32 upward-rounded pre-test that skips the fp64 guard for warps whose keys it rejects:
-screen.cu DOSA_SCREEN_FAST32, proofs/fp32_pretest.py) and "pair" (screen_pair: two
-queries per 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
+Screen kernels (``screen=``): "fp64" (screen_mt*), "pair" (screen_pair: two queries per
+16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
 bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "auto" (the default) chooses the
 kernel and r per chunk (``auto_screen``).  With certificate seeds the screen also records
-(U, id) of every survivor (screen_cert_mt*).
+(U, id) of every survivor (screen_cert_mt*).  Every kernel has a tie-aware variant, the same
+name with ``_tie`` (csrc/screen.cu "The keep rule"), run by ``tie_screen_wanted`` chunks.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ __all__ = [
     "screen_stage",
 ]
 
-# screen kernel → build defines of kernels.cu (one cached module per combination, _build.py)
-SCREENS = {"fp64": (), "fast32": ("DOSA_SCREEN_FAST32=1",), "pair": (), "auto": (), "wg": ()}
+SCREENS = ("fp64", "pair", "auto", "wg")  # the values of the option screen
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (screen_pair)
 # screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
 # positive heads (all of them retained at r = 6; docs/records/notes.md "Paired screen":
@@ -186,11 +184,11 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
 
 
 def tie_screen_wanted(seeds: Seeds, o: dict) -> bool:
-    """Whether this chunk is screened by the tie-aware build (``DOSA_TIE_RULE``: the rule
+    """Whether this chunk is screened by the tie-aware kernels (the ``_tie`` variants: the rule
     against the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7
     "Tie-aware rejection and zero plateaus"): with ``tie_reject`` when some query's τ is
     exactly 0 — zero plateaus, where the plain rule keeps every key at U ≥ 0 (one device
-    reduction, one sync).  The build costs 1.8–1.9× the plain screen's time
+    reduction, one sync).  Those kernels cost 1.8–1.9× the plain screen's time
     (docs/records/benchmarks.md "A measured regression, reverted"), so the other chunks
     keep the plain kernels; a small τ > 0 could also gain from min(U, 0) (a plateau key
     whose allowances lift U above τ), which this choice forgoes — efficiency, not
@@ -236,21 +234,20 @@ def auto_screen(
 
 @dataclass(frozen=True)
 class ScreenLaunch:
-    """One screening launch, built once per chunk (``of``): the kernel, its build defines,
-    grid, dynamic shared memory and its leading arguments in the kernel's parameter order
-    (screen.cu screen_mt* / screen_cert_mt* / screen_pair: rows, om, sig, Cq, eps_raw,
-    eps_out, tau[, kj, zrow], kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG; kj
-    and zrow only in the tie-aware build); the call adds the outputs (surv, Uout[, tcnt][,
-    ucnt, urec, ucap])."""
+    """One screening launch, built once per chunk (``of``): the kernel's name, grid, dynamic
+    shared memory and its leading arguments in the kernel's parameter order (screen.cu
+    screen_mt* / screen_cert_mt* / screen_pair and their ``_tie`` variants: rows, om, sig, Cq,
+    eps_raw, eps_out, tau[, kj, zrow], kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N,
+    QG; kj and zrow only in the ``_tie`` variants); the call adds the outputs (surv, Uout[,
+    tcnt][, ucnt, urec, ucap])."""
 
     name: str
-    defines: tuple
     grid: tuple
     smem: int
     args: tuple
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
-    tie: bool = False  # the tie-aware build (DOSA_TIE_RULE): kj, zrow in, tcnt out
+    tie: bool = False  # the tie-aware variant (name ends in _tie): kj, zrow in, tcnt out
 
     @classmethod
     def of(cls, b: Batch, plan: DevicePlan, seeds: Seeds, rho, screen: str, cert: bool,
@@ -258,10 +255,10 @@ class ScreenLaunch:
         """The launch screening ``b``'s keys with ``plan`` (mts rows per query; for "pair"
         an mts = 1 plan with r ≤ 6) against τ = ``seeds.tau``; ρ fp32 [N]; ``cert``: the
         screen_cert variant (not with "pair"); ``zrow`` fp32 [Qn, 16·mts] (``plateau_rows``):
-        the tie-aware build against the K-th seed record (τ, ``seeds.kth_id``), None: the
-        plain rule."""
+        the tie-aware variant against the K-th seed record (τ, ``seeds.kth_id``), None: the
+        strict rule."""
         tie = zrow is not None
-        extra = ("DOSA_TIE_RULE=1",) if tie else ()
+        suffix = "_tie" if tie else ""
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
         rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{plan.mts}"
@@ -276,21 +273,21 @@ class ScreenLaunch:
         ) + seeds.default_args() + (np.int32(b.Qn), np.int64(b.N), np.int32(qg))  # fmt: skip
         if screen == "wg":  # screen_mt{mts}'s arguments and bounds (sm90a.BUILDS)
             grid = (grid[0], (b.Qn + qg - 1) // qg)
-            name = f"screen_wg_mt{plan.mts}"
-            return cls(name, extra, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
-        return cls(name, SCREENS[screen] + extra, grid, T * ROWB + T * 8, args, tie=tie)
+            name = f"screen_wg_mt{plan.mts}{suffix}"
+            return cls(name, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
+        return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
     def function(self):
         """The compiled kernel (built and loaded on first use; cost.sample_route calls it
         before timing a launch)."""
         if self.hopper:
-            return sm90a.kernel(self.name, self.mts, self.defines)
-        return kernel(self.name, self.smem, self.defines)
+            return sm90a.kernel(self.name, self.mts)
+        return kernel(self.name, self.smem)
 
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None, tcnt=None) -> None:
         """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
         (U, id) records of the survivors (screen_cert only), tcnt uint32 [Qn] (zeroed; the
-        tie-aware build adds the keys the plain rule keeps and it rejects) or None."""
+        tie-aware variant adds the keys the strict rule keeps and it rejects) or None."""
         null = np.uint64(0)
         out = (surv, bounds if bounds is not None else null)
         if self.tie:
@@ -311,14 +308,14 @@ class Screened:
     surv: object
     bounds: object
     cert: RecordBuffer | None
-    tie_rejected: object = None  # uint32 [Qn] where the tie-aware build ran, else None
+    tie_rejected: object = None  # uint32 [Qn] where the tie-aware variant ran, else None
 
 
 def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict,
                  tie: bool | None = None) -> Screened:  # fmt: skip
     """Screen every visible non-seed key (options ``o``: screen — already resolved by
-    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds).  ``tie``: the tie-aware build
-    or the plain rule as given (both exact), None: ``tie_screen_wanted`` (one
+    ``auto_screen`` —, cert_seeds, cert_cap, debug_bounds).  ``tie``: the tie-aware variant
+    or the strict rule as given (both exact), None: ``tie_screen_wanted`` (one
     synchronization)."""
     cp = cupy_or_raise()
     surv = cp.empty((b.Qn, b.NW), dtype=cp.uint32)

@@ -43,7 +43,7 @@ class RecordBuffer:
 
     def args(self) -> tuple:
         """(cnt, rec, cap): the trailing parameters of every kernel that appends records
-        (seed_score, fused, refine, refine_shared, screen_cert)."""
+        (seed_score, fused, refine, screen_cert)."""
         return (self.cnt, self.rec, np.int64(self.cap))
 
 

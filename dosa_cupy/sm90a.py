@@ -22,9 +22,10 @@ DEPENDS = (SOURCE, CSRC / "common.cuh")
 THREADS = 384  # three warpgroups per block (screen_sm90a.cu kThreads) in the mts = 1 build
 QG = 96  # queries per block (a multiple of 4 per warpgroup): the tile is converted once for QG
 # Builds per plan width (head tiles per query): their defines and threads per block; both
-# fit three warpgroups in 168 registers without spills (tests/test_gpu_sm90a.py).  Their
-# tie-aware builds (+ "DOSA_TIE_RULE=1", screen.tie_screen_wanted) run only on chunks with a
-# query at τ = 0; the two-tile one spills (108 bytes at nvcc 13.0).
+# fit three warpgroups in 168 registers without spills (tests/test_gpu_sm90a.py).  Each
+# build holds the kernel and its tie-aware variant (name + "_tie", screen.tie_screen_wanted),
+# which runs only on chunks with a query at τ = 0; the two-tile one spills (108 bytes at
+# nvcc 13.0).
 BUILDS = {1: ((), THREADS), 2: (("DOSA_WG_MTS=2",), THREADS)}
 
 
@@ -93,11 +94,11 @@ def module(tile_n: int, defines: tuple = ()):
     return cp.RawModule(path=str(out))
 
 
-def kernel(name: str, mts: int = 1, extra: tuple = ()):
-    """Kernel ``name`` of the sm_90a module of the ``mts`` build (BUILDS) plus the ``extra``
-    defines (the tie-aware build: "DOSA_TIE_RULE=1") for the current tile size, with its
-    dynamic shared-memory limit raised to ``smem_bytes(tile())``."""
-    defines = BUILDS[mts][0] + tuple(extra)
+def kernel(name: str, mts: int = 1):
+    """Kernel ``name`` (screen_wg_mt{mts}, its ``_tie`` variant, wg_probe_mma) of the sm_90a
+    module of the ``mts`` build (BUILDS) for the current tile size, with its dynamic
+    shared-memory limit raised to ``smem_bytes(tile())``."""
+    defines = BUILDS[mts][0]
     f = module(tile(), defines).get_function(name)
     # keyed by the build too: each build's function object needs its own opt-in
     return raise_smem_limit(f, smem_bytes(tile()), "sm90a", name, tile(), defines)

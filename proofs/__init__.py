@@ -38,7 +38,6 @@ MODULES = [
     "theorem1_exact_topk",
     "b3_margin_identity",
     "numerical_dominance",
-    "fp32_pretest",
     "gpu_screen_epilogue",
     "zero_plateau",
     "gpu_zero_plateau",

@@ -40,7 +40,6 @@ import numpy as np
 from dosa_cupy.screen import PAIR_ROWS  # the tile layout the kernel reads (no GPU needed)
 
 from ._audit import Audit, Result
-from .fp32_pretest import round_f32
 
 NAME = "gpu_screen_epilogue"
 STATEMENT = "fp32 Û of screen_mt1 / screen_pair: |Û_fl − Û| ≤ γ_5 T ≤ γ_8 T (plan g_scr)"
@@ -48,6 +47,41 @@ STATEMENT = "fp32 Û of screen_mt1 / screen_pair: |Û_fl − Û| ≤ γ_5 T ≤ 
 U = Fraction(1, 2**24)
 DEPTH = 5  # roundings per term in both layouts at mts = 1
 PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
+
+
+_F32_MAX = Fraction(float(np.finfo(np.float32).max))
+
+
+def round_f32(x, up: bool) -> float:
+    """The fp32 value next to the exact rational ``x`` in the given direction (±inf
+    beyond the range), as a Python float."""
+    if x > _F32_MAX:
+        return float("inf") if up else float(np.finfo(np.float32).max)
+    if x < -_F32_MAX:
+        return -float(np.finfo(np.float32).max) if up else float("-inf")
+    f = np.float32(float(x))  # nearest-ish; adjusted exactly below
+    if not np.isfinite(f):  # |x| rounded past FLT_MAX in the first rounding
+        f = np.float32(np.finfo(np.float32).max) * np.float32(1 if x > 0 else -1)
+    inf = np.float32(np.inf)
+    if up:
+        while Fraction(float(f)) < x:
+            f = np.nextafter(f, inf)
+        while True:
+            g = np.nextafter(f, -inf)
+            if np.isfinite(g) and Fraction(float(g)) >= x:
+                f = g
+            else:
+                break
+    else:
+        while Fraction(float(f)) > x:
+            f = np.nextafter(f, -inf)
+        while True:
+            g = np.nextafter(f, inf)
+            if np.isfinite(g) and Fraction(float(g)) <= x:
+                f = g
+            else:
+                break
+    return float(f)
 
 
 def gamma(n: int) -> Fraction:

@@ -15,37 +15,31 @@ CTYPES = {
 }  # fmt: skip
 
 
-TOGGLE = "DOSA_TIE_RULE"  # the one build switch whose blocks change kernel signatures
-
-
-def select_build(src: str, tie: bool = False) -> str:
-    """``src`` with the blocks of ``#ifdef`` / ``#ifndef DOSA_TIE_RULE`` (and their
-    ``#else`` / ``#endif /* DOSA_TIE_RULE */``) resolved for the plain (``tie=False``) or
-    the tie-aware build; every other directive is left as it is."""
-    out, keep = [], None
+def expand_object_macros(src: str) -> str:
+    """``src`` with every object-like macro (``#define NAME body``, no parameter list; line
+    continuations joined) removed and its body written in at each later use, so that kernel
+    parameter lists assembled from macros (screen.cu ``SCREEN_PARAMS_IN``) read as written
+    out.  Function-like macros and every other directive are left as they are."""
+    src = src.replace("\\\n", " ")
+    defs = {}
+    out = []
     for line in src.splitlines(keepends=True):
-        t = line.strip()
-        if t in (f"#ifdef {TOGGLE}", f"#ifndef {TOGGLE}"):
-            keep = tie if t.startswith("#ifdef") else not tie
-        elif t == f"#else /* {TOGGLE} */" and keep is not None:
-            keep = not keep
-        elif t == f"#endif /* {TOGGLE} */" and keep is not None:
-            keep = None
-        elif keep is None or keep:
-            out.append(line)
-    text = "".join(out)
-    # the build's parameter macros (#define DOSA_TIE_IN ..., screen.cu), expanded in place
-    defs = dict(re.findall(r"^#define (DOSA_TIE_\w+)[ \t]*(.*)$", text, flags=re.M))
-    text = re.sub(r"^#define DOSA_TIE_\w+.*\n?", "", text, flags=re.M)
-    for name, body in defs.items():
-        text = re.sub(rf"\b{name}\b", body, text)
-    return text
+        m = re.match(r"^#define (\w+)(?:[ \t]+(.*?))?[ \t]*$", line.rstrip("\n"))
+        if m and not re.match(r"^#define \w+\(", line):
+            body = re.sub(r"/\*.*?\*/", " ", m.group(2) or "")
+            defs[m.group(1)] = re.sub(r"//.*$", "", body).strip()  # the comment is not the body
+            continue
+        for name, body in defs.items():
+            if name in line:
+                line = re.sub(rf"\b{name}\b", lambda _m, b=body: b, line)
+        out.append(line)
+    return "".join(out)
 
 
-def read_source(path: Path, _seen: set | None = None, tie: bool = False) -> str:
+def read_source(path: Path, _seen: set | None = None) -> str:
     """The text of ``path`` with every ``#include "name"`` of a file next to it replaced by
     that file's text (recursively, each file once: kernels.cu is a list of includes of its
-    stage files)."""
+    stage files), object-like macros expanded (``expand_object_macros``)."""
     seen = set() if _seen is None else _seen
     path = Path(path)
     seen.add(path.name)
@@ -54,10 +48,10 @@ def read_source(path: Path, _seen: set | None = None, tie: bool = False) -> str:
         name = m.group(1)
         if name in seen or not (path.parent / name).exists():
             return "" if name in seen else m.group(0)
-        return read_source(path.parent / name, seen, tie)
+        return read_source(path.parent / name, seen)
 
     text = re.sub(r'^#include "([^"]+)"[^\n]*$', inline, path.read_text(), flags=re.M)
-    return select_build(text, tie)
+    return expand_object_macros(text) if _seen is None else text
 
 
 def params(src: str, pattern: str) -> list[tuple[type, str]]:

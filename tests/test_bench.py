@@ -548,8 +548,8 @@ def test_main_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
 
 
 def test_parse_variants():
-    v = B.parse_variants(["cert:cert_seeds=2048", "fp:planner=fused,r=14,window=-1"])
-    assert v == {"cert": {"cert_seeds": 2048}, "fp": {"planner": "fused", "r": 14, "window": -1}}
+    v = B.parse_variants(["cert:cert_seeds=2048", "fp:screen=fp64,r=14,window=-1"])
+    assert v == {"cert": {"cert_seeds": 2048}, "fp": {"screen": "fp64", "r": 14, "window": -1}}
     assert B.parse_variants(None) == {} and B.parse_variants([]) == {}
     assert B.parse_variants(["p:tie_reject=False,screen=wg"]) == {
         "p": {"tie_reject": False, "screen": "wg"}
@@ -586,13 +586,13 @@ def test_failing_variant_keeps_the_row(monkeypatch):
     real = dosa_cupy.dosa_topk
 
     def flaky(*a, **kw):
-        if kw.get("planner") == "broken":
+        if kw.get("screen") == "broken":
             raise RuntimeError("kernel not found")
         return real(*a, **kw)
 
     monkeypatch.setattr(dosa_cupy, "dosa_topk", flaky)
     r = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
-                      variants={"bad": {"planner": "broken"}, "ok": {"cert_seeds": 8}})  # fmt: skip
+                      variants={"bad": {"screen": "broken"}, "ok": {"cert_seeds": 8}})  # fmt: skip
     assert "kernel not found" in r["variants"]["bad"]["error"]
     assert r["variants"]["ok"]["ids_equal_dense"] and r["ids_equal"]
     md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])

@@ -32,9 +32,9 @@ def test_compiles_sm90(src, tile, tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
-@pytest.mark.parametrize("define", ["DOSA_SCREEN_FAST32=1", "DOSA_SCREEN_UNROLL=1"])
+@pytest.mark.parametrize("define", ["DOSA_SCREEN_UNROLL=1"])
 def test_kernel_variants_compile_sm90(define, tmp_path):
-    """The opt-in builds of kernels.cu (screen.SCREENS, _build's DOSA_SCREEN_UNROLL)."""
+    """The tuning builds of kernels.cu (_build's DOSA_SCREEN_UNROLL)."""
     src = ROOT / "csrc" / "kernels.cu"
     cmd = [
         NVCC, "-arch=sm_90", "-std=c++17", "-ftz=true", f"-I{src.parent}", "-DDOSA_TILE_N=256",

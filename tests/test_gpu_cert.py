@@ -21,7 +21,6 @@ import pytest
 from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 
-import dosa_cupy.screen as scr
 import dosa_cupy.seeds as sd
 import dosa_cupy.select as sel
 from dosa_cupy.options import check_options
@@ -219,38 +218,10 @@ def test_cert_seeds_with_explicit_seeds_and_bounds():
     assert guard_violations(lg, st.bounds)[0] == 0
 
 
-# --------------------------------------------------------------------------- fp32 pre-test
+# --------------------------------------------------------------------------- screen option
 
 
 def test_screen_option_validated():
-    assert check_options({"screen": "fast32"})["screen"] == "fast32"
+    assert check_options({"screen": "fp64"})["screen"] == "fp64"
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "fp32"})
-
-
-def test_fast32_kernel_source_matches_the_proof():
-    """The kernel's pre-test uses the proof's constants (proofs/fp32_pretest.py): slack
-    2^-59, α ≤ 2^64, the normal-number threshold 2^-126, finite τ only."""
-    from proofs import fp32_pretest as pf
-
-    body = SRC[SRC.index("#if DOSA_SCREEN_FAST32") :]
-    assert pf.SLACK == 2**-59 and pf.ALPHA_MAX == 2**64 and pf.F32_MIN == 2**-126
-    for s in ("__fsub_rd(tq, 0x1p-59f)", "al <= 0x1p64f", "0x1p-126f", "tq < f32_inf"):
-        assert s in body, s
-    # the fast module is one define away: the default build never sees the pre-test
-    assert "#define DOSA_SCREEN_FAST32 0" in SRC
-    assert scr.SCREENS["fast32"] == ("DOSA_SCREEN_FAST32=1",)
-    assert all(d == () for k, d in scr.SCREENS.items() if k != "fast32")  # the others: default
-
-
-@pytest.mark.parametrize("regime,H", [("structured", 32), ("calibrated", 32), ("structured", 64)])
-@gpu
-def test_fast32_screen_equals_dense(regime, H):
-    """screen="fast32": ids == dense ids; survivors never more than the fp64 screen's (its
-    rejections are a superset); with debug_bounds the guard still holds."""
-    K = 512
-    wl, a, st0, st = _base_and_option(regime, H, 17, K, {}, {"screen": "fast32"})
-    assert np.all(st.survivors <= st0.survivors)
-    _, stb = dosa_cupy.dosa_topk(*a, return_stats=True, screen="fast32", debug_bounds=True)
-    assert guard_violations(_logits(wl), stb.bounds)[0] == 0
-    print(f"\n[fast32] {regime} H={H}: survivors {st0.survivors.sum()} → {st.survivors.sum()}")

@@ -30,7 +30,6 @@ ROUTES = (
     dict(route="auto"),
     dict(route="dosa"),
     dict(route="dosa", screen="pair", r=6),
-    dict(route="dosa", planner="cupy"),
     dict(route="dense"),
 )
 # weight of every head of query 3: past fp32 / flagged by the envelope but finite

@@ -6,9 +6,9 @@ CPU tests: the host helpers (``select.kth_ids``, ``screen.pair_gather``,
 GPU tests (marked ``gpu``, skipped without CuPy / a GPU; ``screen="wg"`` also needs sm_90a):
 ids equal ``dense_topk`` bitwise with ``tie_reject`` on and off for every screen on the
 "ties", "equal" and a crafted zero-plateau workload. Only the plateau workload (τ = 0 in
-every query) runs the tie-aware build (``screen.tie_screen_wanted``); there the rule must
+every query) runs the tie-aware variants (``screen.tie_screen_wanted``); there the rule must
 cut the survivors (survivors(on) ⊊ survivors(off), bit for bit, and ``tie_rejected``
-accounts for the difference). Not covered: the tie build of screen_mt2 / screen_cert_mt2
+accounts for the difference). Not covered: the tie variants of screen_mt2 / screen_cert_mt2
 ("fp64" runs at r = 14), a chunk mixing τ = 0 and τ ≠ 0 queries, and U = τ with i > j at
 τ ≠ 0.
 """
@@ -109,32 +109,29 @@ def test_plateau_rows_margin_holds_on_many_rows():
 
 
 @pytest.mark.parametrize(
-    "path,pattern,tcnt_after",
+    "path,plain,tie",
     [
-        ("screen.cu", r"\bscreen_mt##MTS", "Uout"),
-        ("screen.cu", r"\bscreen_cert_mt##MTS", "Uout"),
-        ("screen.cu", r"\bvoid screen_pair_impl", "Uout"),
-        ("screen_sm90a.cu", r"DOSA_WG_CAT\(screen_wg_mt, DOSA_WG_MTS\)", "Uout"),
+        ("screen.cu", r"\bscreen_mt##MTS", r"\bscreen_mt##MTS##_tie"),
+        ("screen.cu", r"\bscreen_cert_mt##MTS", r"\bscreen_cert_mt##MTS##_tie"),
+        ("screen.cu", r"\bscreen_pair", r"\bscreen_pair_tie"),
+        ("screen_sm90a.cu", r"DOSA_WG_CAT\(screen_wg_mt, 1\)",
+         r"DOSA_WG_CAT\(DOSA_WG_CAT\(screen_wg_mt, 1\), _tie\)"),
     ],
-)
-def test_tie_build_signature_is_the_plain_one_plus_kj_zrow_tcnt(path, pattern, tcnt_after):
-    """The tie-aware build (DOSA_TIE_RULE) of each screen kernel takes the plain build's
+)  # fmt: skip
+def test_tie_variant_signature_is_the_plain_one_plus_kj_zrow_tcnt(path, plain, tie):
+    """The tie-aware variant (name + _tie) of each screen kernel takes the plain kernel's
     parameters with kj (int) and zrow (float) after tau and tcnt (uint32) after Uout: the
     order ``ScreenLaunch`` passes them in (screen.py)."""
     from pathlib import Path
 
     from cuda_signatures import params, read_source
 
-    src = Path(__file__).resolve().parents[1] / "dosa_cupy" / "csrc" / path
-    plain = params(read_source(src), pattern)
-    tie = params(read_source(src, tie=True), pattern)
-    names = [n for _, n in plain]
-    i, j = names.index("tau") + 1, names.index(tcnt_after) + 1
-    want = plain[:i] + [(np.int32, "kj"), (np.float32, None)] + plain[i:j]
-    want += [(np.uint32, "tcnt")] + plain[j:]
-    assert [t for t, _ in tie] == [t for t, _ in want]
-    assert [n for _, n in tie][i] == "kj" and "zrow" in [n for _, n in tie][i + 1]
-    assert [n for _, n in tie][j + 2] == "tcnt"
+    src = read_source(Path(__file__).resolve().parents[1] / "dosa_cupy" / "csrc" / path)
+    p, t = params(src, plain), params(src, tie)
+    names = [n for _, n in p]
+    i, j = names.index("tau") + 1, names.index("Uout") + 1
+    want = p[:i] + [(np.int32, "kj"), (np.float32, "zrow")] + p[i:j] + [(np.uint32, "tcnt")] + p[j:]
+    assert t == want
 
 
 def test_tie_reject_option():
@@ -206,11 +203,9 @@ def _workload(regime):
 
 SCREENS = [
     ("fp64", {}),
-    ("fast32", {}),
     ("pair", {"r": 6}),
     ("wg", {}),
     ("wg-r30", {"r": 30}),
-    ("fp64-shared", {"stream": "shared"}),
     ("fp64-cert", {"cert_seeds": 256}),
 ]
 
@@ -235,7 +230,7 @@ def test_gpu_tie_reject_ids_equal_dense(regime, screen, extra, tie):
     assert np.array_equal(ids, dense), f"{int((ids != dense).sum())} ids differ"
     if not tie:
         assert int(st.tie_rejected.sum()) == 0
-    elif regime == "plateau":  # τ = 0 everywhere: the tie build ran and rejected keys
+    elif regime == "plateau":  # τ = 0 everywhere: the tie variant ran and rejected keys
         assert int(st.tie_rejected.sum()) > 0
 
 

@@ -10,8 +10,9 @@ that on the H200).  Every launch is first checked against the kernel's C signatu
 from plan.cu (count, dtypes, contiguity, grid/block/shared memory).
 
 GPU part (marked ``gpu``, skipped without CuPy/GPU): kernel == emulation bitwise, fused vs
-CuPy plan, ``dosa_topk(planner="fused")`` ids == ``dense_topk``, the guard with
-``debug_bounds``.  (Timing of both planners: ``python -m dosa_cupy.profile_plan``.)
+``plan.build_plans`` on the GPU, ``dosa_topk`` (whose plan stage is this planner) ids ==
+``dense_topk``, the guard with ``debug_bounds``.  (Timing of both: ``dosa bench
+--profile-plan``.)
 """
 
 from __future__ import annotations
@@ -283,7 +284,7 @@ def _workload(H, Qn=10, N=4096, seed=0, pos_frac=0.75):
 
 
 def _priority_keys(q, w, kp, sample, r):
-    """The CuPy planner's priority keys (plan._choose_R) with both fp32 dot orders: the
+    """plan.build_plans' priority keys (plan._choose_R) with both fp32 dot orders: the
     einsum's (p_e) and the kernel's sequential one (p_s)."""
     qf = e4m3_values(q)
     qn = np.sqrt(np.sum(qf * qf, axis=2))
@@ -430,7 +431,7 @@ def test_fused_empty_and_bad_shapes(fake_cupy):
 
 def test_emulation_matches_spec_on_ties(fake_cupy):
     """All-equal weights and identical heads (every key tied): any R is valid; the fused
-    plan still dominates the scores, and |R|, σ, C agree with the CuPy plan."""
+    plan still dominates the scores, and |R|, σ, C agree with plan.build_plans'."""
     q, w, kp, _ = _workload(32, Qn=3, seed=5)
     q[:, :] = q[:, :1]
     w[:] = 0.5
@@ -441,13 +442,24 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
     _guard_check(fu, q, w, kp, 1)
 
 
-def test_pipeline_planner_option():
-    from dosa_cupy.options import OPTIONS, check_options
+def test_plan_stage_runs_the_fused_planner(monkeypatch):
+    """pipeline.plan_stage hands the batch, p_sample evenly spaced pool keys, r, the row
+    tiles (1 for r ≤ 14, else 2) and mma_bits to build_plans_fused."""
+    from types import SimpleNamespace
 
-    assert OPTIONS["planner"] == "fused"
-    assert check_options({"planner": "cupy"})["planner"] == "cupy"
-    with pytest.raises(ValueError, match="planner"):
-        check_options({"planner": "fast"})
+    from dosa_cupy import pipeline
+
+    calls = []
+    monkeypatch.setattr(pipeline, "cupy_or_raise", lambda: np)
+    monkeypatch.setattr(pipeline, "build_plans_fused", lambda *a: calls.append(a) or "plan")
+    b = SimpleNamespace(q="q", w="w", kp="kp")
+    pool = np.arange(0, 3000, 3, dtype=np.int32)
+    for r, mts in ((14, 1), (15, 2), (30, 2)):
+        calls.clear()
+        assert pipeline.plan_stage(b, pool, r, {"p_sample": 16, "mma_bits": 13}) == "plan"
+        (args,) = calls
+        assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, 13)
+        assert np.array_equal(args[3], pool[np.linspace(0, pool.size - 1, 16).astype(np.int64)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -472,7 +484,7 @@ GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
 @gpu
 def test_fused_plan_equals_emulation_and_spec(case):
     """On the H200: the kernel equals its numpy emulation bit for bit (every field), and
-    the CuPy planner up to summation order / tie breaking (_compare)."""
+    plan.build_plans (CuPy) up to summation order / tie breaking (_compare)."""
     H, r, mts, regime = case
     _need(regime)
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
@@ -511,10 +523,8 @@ def test_dosa_fused_planner_equals_dense(case):
     wl = make_gpu_workload(regime, 256, 32768, H, seed=13)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 1024, wl["ks"], wl["ke"])
     dense = dosa_cupy.dense_topk(*args)
-    ids, st = dosa_cupy.dosa_topk(*args, r=r, planner="fused", return_stats=True)
-    ids_c, st_c = dosa_cupy.dosa_topk(*args, r=r, return_stats=True)
+    ids, st = dosa_cupy.dosa_topk(*args, r=r, return_stats=True)
     sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
-    svc = float(np.mean(st_c.survivors / np.maximum(st_c.screened, 1)))
-    print(f"\n[dosa fused-plan] {regime} H={H} r={r}: survival fused {sv:.4f} cupy {svc:.4f}")
-    assert cp.array_equal(ids, dense) and cp.array_equal(ids_c, dense)
+    print(f"\n[dosa fused-plan] {regime} H={H} r={r}: survival {sv:.4f}")
+    assert cp.array_equal(ids, dense)
     assert not st.recovered.any()

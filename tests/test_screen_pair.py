@@ -191,12 +191,11 @@ def test_pair_plan_of_planner_dominates_scores(regime, H, r):
 
 
 def test_screen_pair_signature_is_screen_mt1s():
-    """The pipeline passes screen_pair the screen's argument tuple (paired rows, ω)."""
+    """The pipeline passes screen_pair (and screen_pair_tie) the argument tuple of
+    screen_mt1 (and screen_mt1_tie), with the paired rows and ω in the places of rows, om."""
     src = read_source(KERNELS)
-    pair = params(src, r"screen_pair")
-    mt1 = params(src, r"screen_mt##MTS")
-    assert [t for t, _ in pair] == [t for t, _ in mt1] and pair[2:] == mt1[2:]
-    assert [n for _, n in pair[:2]] == ["rows_p", "om_p"]
+    assert params(src, r"\bscreen_pair") == params(src, r"\bscreen_mt##MTS")
+    assert params(src, r"\bscreen_pair_tie") == params(src, r"\bscreen_mt##MTS##_tie")
 
 
 def test_pair_option_validation():
@@ -242,7 +241,7 @@ def test_auto_screen_rule():
     zeros[:, :6] = 1.0  # 6 positive, 42 zero weights: zeros are not positive heads
     zeros[:3, 6] = 1.0  # 38 of 41 ≤ 6 (92.7 %): not paired; median 6: not widened
     assert screen.auto_screen("auto", 14, 0, zeros, np, hopper=True) == ("wg", 14)
-    for scr in ("fp64", "fast32", "pair", "wg"):
+    for scr in ("fp64", "pair", "wg"):
         assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
     assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds
     assert check_options({})["screen"] == "auto"  # the default

@@ -29,6 +29,9 @@ def dump(path: str) -> int:
         out[key + "_dosa"] = cp.asnumpy(dosa_cupy.dosa_topk(*a, route="dosa"))
         out[key + "_fused"] = cp.asnumpy(dosa_cupy.fused_topk(*a))
         out[key + "_pair"] = cp.asnumpy(dosa_cupy.dosa_topk(*a, screen="pair", r=6, route="dosa"))
+        for scr, r in (("fp64", 14), ("fp64", 30), ("wg", 14), ("wg", 30)):  # each screen kernel
+            ids = dosa_cupy.dosa_topk(*a, screen=scr, r=r, route="dosa")
+            out[f"{key}_{scr}{r}"] = cp.asnumpy(ids)
         out[key + "_logits"] = cp.asnumpy(dosa_cupy.dense_logits(*a[:4], wl["ks"], wl["ke"]))
     np.savez(path, **out)
     print(f"dumped {len(out)} arrays to {path}")

@@ -108,7 +108,7 @@ def memory_plan(
     (fp32 logits row, N·4; torch.topk reads the same rows), dosa (survivor bitmask N/8,
     compact records buffer·8, seed records (sinks + window + n_anchors·K)·8, plan
     temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one uint8
-    per bitmask byte, N/8 bytes; refine_stream.popcount_rows), fused (records + seed
+    per bitmask byte, N/8 bytes; refine.popcount_rows), fused (records + seed
     records).  Not counted: the exact extension of an overflowing refine (sized by the
     largest count, unknown in advance) and query-level recovery (dense route over ≤ 8 GiB
     chunks) — both caught at run time.

@@ -2,8 +2,8 @@
 
 ``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64]``
 
-For ``plan.build_plans``, the opt-in ``plan_fused.build_plans_fused`` and
-``seeds.seed_stage`` on the calibrated regime: CUDA-event
+For ``plan.build_plans`` (the specification), ``plan_fused.build_plans_fused`` (the
+pipeline's planner) and ``seeds.seed_stage`` on the calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
 per-source-line split taken with a device synchronization after every line (a trace
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         _report(
             "plan (build_plans)", plan.build_plans, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src
         )
-        # the opt-in fused planner (planner="fused", one kernel per query), same method
+        # the pipeline's planner (one kernel per chunk, one block per query), same method
         src = inspect.getsource(sys.modules[plan_fused.__name__]).splitlines()
         fused = plan_fused.build_plans_fused
         _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src)

@@ -22,7 +22,6 @@ from .timing import median_ms
 VARIANTS = {
     "g2": ("DOSA_WG_GROUPS=2",),
     "g3": ("DOSA_WG_GROUPS=3",),
-    "g3_f32": ("DOSA_WG_GROUPS=3", "DOSA_SCREEN_FAST32=1"),
     "g4": ("DOSA_WG_GROUPS=4",),
     # diagnostic builds (not exact: survivors differ), to split the time of the default
     "diag_noguard": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=1"),

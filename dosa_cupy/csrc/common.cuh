@@ -128,7 +128,7 @@ struct KeysReg {
 };
 
 // Key fragments of 32 arbitrary keys: lane g loads key my[u] (= ids[8u + g]) of group u.
-// (Used by seed_ids.cu, refine.cu and refine_shared.cu.)
+// (Used by seed_ids.cu and refine.cu.)
 __device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, const int (&my)[4], int lane,
                                             KeysReg& K) {
 #pragma unroll
@@ -146,9 +146,9 @@ __device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, cons
 // A batch = 4 key groups = 32 keys.  For every (row tile mt, group u) the accumulator
 // chain runs over s' = 0..7 in order from +0 (the canonical MMA sequence); chains are
 // interleaved for instruction-level parallelism, which does not change their values.
-// AR: where the A fragments come from — QRows<MT> (registers; every route but one) or any
-// type with the same frag(mt, s', a0..a3) interface returning the same f16 words (the
-// shared refinement stream's QFragSmem, refine_shared.cu); the MMA sequence is the same.
+// AR: where the A fragments come from — QRows<MT> (registers; every route today) or any
+// type with the same frag(mt, s', a0..a3) interface returning the same f16 words; the MMA
+// sequence, hence every value, is the same.
 template <int MT, class KS, class AR = QRows<MT>>
 __device__ __forceinline__ void mma_batch(const AR& A, const KS& keys, int lane,
                                           float (&C)[4][MT][4]) {

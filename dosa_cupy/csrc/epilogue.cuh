@@ -2,9 +2,8 @@
 // of a key from its fp32 head sum Û, written once.  Every screen kernel (screen.cu:
 // screen_mt*, screen_cert_mt*, screen_pair; screen_sm90a.cu: screen_wg_mt*) evaluates it
 // through guard_bound_ru, so proofs/numerical_dominance.py and proofs/gpu_screen_epilogue.py
-// check one expression.  The fp32 pre-test and the keep/reject rule are still written per
-// kernel: as functions taking the candidate flag as an argument they change the kernels'
-// schedule (python -m dosa_cupy.sass), which the next restructuring step measures.
+// check one expression; and the keep rule (DOSA_KEEP) of both variants of every screen
+// kernel.
 #pragma once
 #include "common.cuh"
 
@@ -21,5 +20,14 @@ __device__ __forceinline__ double guard_bound_ru(float uh, R rho, R alpha, doubl
   u = __dadd_ru(__dmul_ru((double)alpha, u), eps_out);
   return u;
 }
+
+// The keep rule of a screen kernel's variant TIE (screen.cu "The keep rule"; docs/method.md
+// §7) for a visible non-seed key whose strict-rule answer is `plain` (= candidate and
+// U ≥ τ): TIE = false keeps `plain`; TIE = true also rejects a record (U, i) below the K-th
+// seed record (τ, kj), with min(U, 0) for a certified plateau key (plat).  An expression at
+// each use, not a function: a function call here changes the kernels' schedule (python -m
+// dosa_cupy.sass).
+#define DOSA_KEEP(TIE, plain, U, tq, plat, i, kj) \
+  ((TIE) ? ((plain) && !below_kth((plat) ? fmin((U), 0.0) : (U), (double)(tq), (i), (kj))) : (plain))
 
 }  // namespace dosa

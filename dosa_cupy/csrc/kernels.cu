@@ -11,5 +11,5 @@
 #include "screen.cu"      // screen_mt*, screen_cert_mt*, screen_pair, cert_clear_below_tau
 #include "refine.cu"      // refine_mt*: the per-query refinement stream (§9)
 #include "select.cu"      // select_kernel, tau_from_kth: exact selection (§7, §9)
-#include "e4m3_round.cu"  // e4m3_round_f64: the CuPy planner's aux rows (plan.py)
+#include "e4m3_round.cu"  // e4m3_round_f64: plan.build_plans' aux rows (the planner's specification on CuPy)
 #include "seed_ids.cu"    // seed_ids_mt*: explicit and certificate seeds (§2)

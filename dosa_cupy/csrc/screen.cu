@@ -34,83 +34,48 @@ __device__ __forceinline__ ScreenTile load_screen_tile(uint8_t* smem, uint32_t* 
 // Screening (docs/method.md §8, §9): for every visible non-seed key,
 //   Û = Σ_{rows j} ω_j [x̂_j]_+ − σ_a [x̂_{aux0} + x̂_{aux1}]_+     (fp32, payload units)
 //   U^num = α (Û + ρ C + ε_raw) + ε_out                               (fp64, rounded up)
-#ifndef DOSA_TIE_RULE
-// survives unless U^num < τ (strict).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
-#else /* DOSA_TIE_RULE */
-// survives unless its record (U^num, i) is below the K-th seed record (τ, j): U^num < τ, or
-// U^num = τ and i > j (docs/method.md §7 "Tie-aware rejection and zero plateaus"; j = kj[t],
-// kNoKthId gives the plain strict rule U^num < τ).  Zero plateau: when the query's plan
-// retains every positive head (zrow[t, 0] not NaN, screen.plateau_rows) and τ ≥ 0, a key
-// whose every positive row passes plateau_miss's test has canonical score ≤ 0 (or NaN),
-// so min(U^num, 0) bounds it (proofs/gpu_zero_plateau.py).  Rows: MTS·16 plan rows of the query; rows 7 and 15 of
-#endif /* DOSA_TIE_RULE */
-// the last tile are the two FP8 aux rows (the same lane g = 7 holds both), the other rows are
-// retained heads (zero rows where r is smaller).  One batch of 32 keys = one bitmask word:
-// after reduce8 each lane owns one key, evaluates its U^num once, and a warp OR-reduction
-#ifndef DOSA_TIE_RULE
-// packs the survivors.  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
-#else /* DOSA_TIE_RULE */
-// packs the survivors; tcnt[t] (when given) counts the keys the plain rule keeps and the
-// tie-aware rule / plateau bound rejects (stat tie_rejected).  Queries that see a key with an invalid scale (α < 0, NaN, inf) are
-#endif /* DOSA_TIE_RULE */
-// found on the host by a prefix count (select.recovery_queries) and recovered
-// (docs/method.md §7 C.3); their screen output is discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
+// Rows: MTS·16 plan rows of the query; rows 7 and 15 of the last tile are the two FP8 aux
+// rows (the same lane g = 7 holds both), the other rows are retained heads (zero rows where
+// r is smaller).  One batch of 32 keys = one bitmask word: after reduce8 each lane owns one
+// key, evaluates its U^num once, and a warp OR-reduction packs the survivors.  Queries that
+// see a key with an invalid scale (α < 0, NaN, inf) are found on the host by a prefix count
+// (select.recovery_queries) and recovered (docs/method.md §7 C.3); their screen output is
+// discarded.  grid (ceil(N/TILE_N), ceil(Qn/QG)).
+//
+// The keep rule, a template parameter TIE of every screen kernel (docs/method.md §7
+// "Tie-aware rejection and zero plateaus"):
+//   TIE = false: a key survives unless U^num < τ (strict);
+//   TIE = true (the *_tie kernels): it survives unless its record (U^num, i) is below the
+//   K-th seed record (τ, j): U^num < τ, or U^num = τ and i > j (j = kj[t]; kNoKthId gives
+//   the strict rule).  Zero plateau: when the query's plan retains every positive head
+//   (zrow[t, 0] not NaN, screen.plateau_rows) and τ ≥ 0, a key whose every positive row
+//   passes plateau_miss's test has canonical score ≤ 0 (or NaN), so min(U^num, 0) bounds it
+//   (proofs/gpu_zero_plateau.py).  tcnt[t] (when given) counts the keys the strict rule
+//   keeps and this rule rejects (stat tie_rejected).
+// The TIE = true kernels take kj and zrow after tau and tcnt after Uout; the TIE = false
+// kernels have neither (screen.ScreenLaunch builds both argument lists).
 // ---------------------------------------------------------------------------------------
 #ifndef DOSA_SCREEN_UNROLL
 #define DOSA_SCREEN_UNROLL 2  // batches per loop trip (v8: 2 beat 1 by 8%, docs/records/notes.md)
 #endif
 constexpr int kScreenUnroll = DOSA_SCREEN_UNROLL;
-#ifndef DOSA_SCREEN_FAST32
-#define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py); opt-in
-#endif
-// The tie-aware build's parameters (docs/method.md §7 "Tie-aware rejection and zero
-// plateaus"): the K-th seed record ids kj and the plateau coefficients zrow after tau, the
-// tie-rejected counters tcnt after Uout; nothing in the plain build, whose signatures stay
-// what they were.
-// (_K: the kernels' own parameter lists, which carry no __restrict__, like the others.)
-#ifdef DOSA_TIE_RULE
-#define DOSA_TIE_IN , const int* __restrict__ kj, const float* __restrict__ zrow
-#define DOSA_TIE_OUT , unsigned int* __restrict__ tcnt
-#define DOSA_TIE_IN_K , const int* kj, const float* zrow
-#define DOSA_TIE_OUT_K , unsigned int* tcnt
-#define DOSA_TIE_IN_ARGS , kj, zrow
-#define DOSA_TIE_OUT_ARGS , tcnt
-#else /* DOSA_TIE_RULE */
-#define DOSA_TIE_IN
-#define DOSA_TIE_OUT
-#define DOSA_TIE_IN_K
-#define DOSA_TIE_OUT_K
-#define DOSA_TIE_IN_ARGS
-#define DOSA_TIE_OUT_ARGS
-#endif /* DOSA_TIE_RULE */
-// The screen's rule for a visible non-seed key (cand) with bound U against τ (tq): keep iff
-// U ≥ τ (p); the tie-aware build also rejects a record below the K-th seed record (τ, j)
-// and, for a certified plateau key (plat), uses min(U, 0) (docs/method.md §7), and keeps
-// the plain rule's answer in `plain` for the tie-rejected count.
-#ifdef DOSA_TIE_RULE
-#define DOSA_SCREEN_RULE(cand, U, tq, plat, i, kj) \
-  const bool plain = (cand) && !((U) < (double)(tq));  \
-  const bool p = plain && !below_kth((plat) ? fmin((U), 0.0) : (U), (double)(tq), (i), (kj))
-#else /* DOSA_TIE_RULE */
-#define DOSA_SCREEN_RULE(cand, U, tq, plat, i, kj) const bool p = (cand) && !((U) < (double)(tq))
-#endif /* DOSA_TIE_RULE */
+
 // CERT (screen_cert_mt*): also write, for every survivor, the record (U^num rounded up to
 // fp32, id) to urec[t, :ucap] (counter ucnt[t] counts past ucap; entries beyond the
 // capacity are dropped — they only feed the choice of certificate seeds, docs/method.md §2,
 // for which any subset of the visible keys is valid).  CERT = false is the plain screen.
-template <int MTS, bool CERT>
+template <int MTS, bool CERT, bool TIE>
 __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __restrict__ om,
                             const float* __restrict__ sig, const double* __restrict__ Cq,
                             const double* __restrict__ eps_raw, double eps_out,
-                            const float* __restrict__ tau DOSA_TIE_IN,
-                            const uint8_t* __restrict__ kp,
+                            const float* __restrict__ tau, const int* __restrict__ kj,
+                            const float* __restrict__ zrow, const uint8_t* __restrict__ kp,
                             const float* __restrict__ alpha, const float* __restrict__ rho,
                             const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks,
                             int window, const uint32_t* __restrict__ poolmask, int Qn, long long N,
-                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout DOSA_TIE_OUT,
-                            unsigned int* __restrict__ ucnt,
-                            unsigned long long* __restrict__ urec,
-                            long long ucap) {
+                            int QG, uint32_t* __restrict__ surv, double* __restrict__ Uout,
+                            unsigned int* __restrict__ tcnt, unsigned int* __restrict__ ucnt,
+                            unsigned long long* __restrict__ urec, long long ucap) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];  // anchor-pool bits of the tile (seeds)
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
@@ -130,9 +95,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
     const long long lo = max((long long)ks, n0), hi = min((long long)ke, n0 + tile_n);
     uint32_t* srow = surv + (long long)t * NW + (n0 >> 5);
     uint32_t myword = 0u;  // lane b < nb ends with word b of this tile
-#ifdef DOSA_TIE_RULE
-    unsigned int tie = 0u;  // keys of this tile the plain rule keeps and the tie rule rejects
-#endif /* DOSA_TIE_RULE */
+    unsigned int tie = 0u;  // TIE: keys of this tile the strict rule keeps and TIE rejects
     if (lo < hi) {
       // Visible span and seed spans as offsets in [0, TILE_N] (clamped, so int32 is exact).
       const int lo_i = (int)(lo - n0), hi_i = (int)(hi - n0);
@@ -145,30 +108,22 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
       load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
       const float sg = sig[t], tq = tau[t];
-#ifdef DOSA_TIE_RULE
-      const int kjq = kj[t];
-      // Zero plateau (docs/method.md §7): warp-uniform, only where min(U, 0) can reject.
-      const float* zq = zrow + (long long)t * (MTS * 16);
-      const bool zp = zq[0] == zq[0] && tq >= 0.f;
-      float zlo[MTS], zhi[MTS];  // the rows g, g + 8 of each tile, as ω (load_weights)
-      load_weights<MTS>(zq, zlo, zhi, lane);
-#endif /* DOSA_TIE_RULE */
+      int kjq = kNoKthId;
+      bool zp = false;
+      float zlo[MTS], zhi[MTS];  // TIE: the plateau rows g, g + 8 of each tile, as ω
+      if constexpr (TIE) {
+        kjq = kj[t];
+        // Zero plateau (docs/method.md §7): warp-uniform, only where min(U, 0) can reject.
+        const float* zq = zrow + (long long)t * (MTS * 16);
+        zp = zq[0] == zq[0] && tq >= 0.f;
+        load_weights<MTS>(zq, zlo, zhi, lane);
+      }
       // Last tile: lane g = 7 weighs [x_7 + x_15]_+ by −σ_a and row 15 by 0 (fmaf(0, x, a)
       // adds an exact zero), the other lanes weigh both rows by their ω — the values of a
       // per-lane branch, without its divergence.
       const float last_lo = aux_lane ? -sg : olo[MTS - 1];
       const float last_hi = aux_lane ? 0.f : ohi[MTS - 1];
       const double C = Cq[t], er = eps_raw[t];
-#if DOSA_SCREEN_FAST32
-      // fp32 pre-test (proofs/fp32_pretest.py): its constants rounded up; it may reject
-      // only against a finite τ and when they are normal fp32 numbers (no flush).
-      const float Cf = __double2float_ru(C), ef = __double2float_ru(er);
-      const float of = __double2float_ru(eps_out);
-      const float f32_min = 0x1p-126f, f32_inf = __int_as_float(0x7f800000);
-      const bool q_fast = Cf >= f32_min && Cf < f32_inf && ef >= f32_min && ef < f32_inf &&
-                          of >= f32_min && of < f32_inf && tq > -f32_inf && tq < f32_inf;
-      const float tq_fast = q_fast ? __fsub_rd(tq, 0x1p-59f) : -f32_inf;
-#endif
       const int b0 = lo_i >> 5, b1 = (hi_i + 31) >> 5;
 #pragma unroll kScreenUnroll
       for (int b = b0; b < b1; ++b) {
@@ -189,68 +144,38 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
           x[2 * u + 1] = a1;
         }
         const float uh = reduce8(x, lane);
-#ifdef DOSA_TIE_RULE
-        bool plat = false;  // every positive row of the key certified inactive
-        if (zp) {
-          float miss[8];
+        bool plat = false;  // TIE: every positive row of the key certified inactive
+        if constexpr (TIE) {
+          if (zp) {
+            float miss[8];
 #pragma unroll
-          for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < 4; ++u)
 #pragma unroll
-            for (int v = 0; v < 2; ++v) {
-              // elements v, 2 + v of tile mt: rows g, g + 8 for key 8u + 2c + v of the batch
-              const double rk = (double)sr[b * 32 + 8 * u + 2 * (lane & 3) + v];
-              float m = 0.f;
+              for (int v = 0; v < 2; ++v) {
+                // elements v, 2 + v of tile mt: rows g, g + 8 for key 8u + 2c + v of the batch
+                const double rk = (double)sr[b * 32 + 8 * u + 2 * (lane & 3) + v];
+                float m = 0.f;
 #pragma unroll
-              for (int mt = 0; mt < MTS; ++mt)
-                m += plateau_miss(Cm[u][mt][v], zlo[mt], rk) + plateau_miss(Cm[u][mt][2 + v], zhi[mt], rk);
-              miss[2 * u + v] = m;
-            }
-          plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+                for (int mt = 0; mt < MTS; ++mt)
+                  m += plateau_miss(Cm[u][mt][v], zlo[mt], rk) + plateau_miss(Cm[u][mt][2 + v], zhi[mt], rk);
+                miss[2 * u + v] = m;
+              }
+            plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+          }
         }
-#endif /* DOSA_TIE_RULE */
         const int i = b * 32 + pos;
         const bool vis = i >= lo_i && i < hi_i;
         const float al = sa[i];
-#if DOSA_SCREEN_FAST32
-        const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-        // u32 > V − 2^-59 under round-up and flush-to-zero (α normal ≤ 2^64, ρ 0 or
-        // normal), so u32 < τ − 2^-59 proves V < τ; the fp64 guard runs only for warps with
-        // a key the pre-test could not reject (rejections stay sound; proofs/fp32_pretest).
-        const float sri = sr[i];
-        // ρ exactly zero (a bit test: under FTZ `sri == 0.f` would also accept a denormal
-        // ρ, which the multiply then reads as 0) or normal
-        const bool k_fast = al >= f32_min && al <= 0x1p64f &&
-                            ((__float_as_uint(sri) << 1) == 0u || sri >= f32_min);
-        float u32 = __fadd_ru(__fadd_ru(uh, __fmul_ru(sri, Cf)), ef);
-        u32 = __fadd_ru(__fmul_ru(al, u32), of);
-        const bool need = vis && !seed && !(k_fast && u32 < tq_fast);
-#ifndef DOSA_TIE_RULE
-        bool p = false;
-#else /* DOSA_TIE_RULE */
-        bool p = false, plain = false;
-#endif /* DOSA_TIE_RULE */
-        double U = 0.0;  // computed wherever p can be true (read by CERT for survivors)
-        if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
-          U = guard_bound_ru(uh, sri, al, C, er, eps_out);
-          if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
-#ifndef DOSA_TIE_RULE
-          p = need && !(U < (double)tq);
-#else /* DOSA_TIE_RULE */
-          plain = need && !(U < (double)tq);
-          p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)tq, n0 + i, kjq);
-#endif /* DOSA_TIE_RULE */
-        }
-#else
         const double U = guard_bound_ru(uh, sr[i], al, C, er, eps_out);
         if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
         const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-        DOSA_SCREEN_RULE(vis && !seed, U, tq, plat, n0 + i, kjq);
-#endif
+        const bool plain = (vis && !seed) && !(U < (double)tq);
+        const bool p = DOSA_KEEP(TIE, plain, U, tq, plat, n0 + i, kjq);
         const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
         if (lane == b) myword = word;
-#ifdef DOSA_TIE_RULE
-        if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
-#endif /* DOSA_TIE_RULE */
+        if constexpr (TIE) {
+          if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
+        }
         if constexpr (CERT) {
           if (word) {  // warp-aggregated append of the survivors' (U, id) records
             // u ≥ U: cvt.rp.ftz flushes a positive U < 2^-126 to +0 < U, so raise it to 2^-126
@@ -262,32 +187,48 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       }
     }
     if (lane < nb) srow[lane] = myword;
-#ifdef DOSA_TIE_RULE
-    if (tcnt != nullptr && lane == 0 && tie) atomicAdd(tcnt + t, tie);
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      if (tcnt != nullptr && lane == 0 && tie) atomicAdd(tcnt + t, tie);
+    }
   }
 }
 
-#define SCREEN_INST(MTS)                                                                         \
-  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(                               \
-      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,  \
-      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
-      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,                     \
-      double* Uout DOSA_TIE_OUT_K) {                                                             \
-    screen_impl<MTS, false>(rows, om, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha, \
-                            rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,               \
-                            Uout DOSA_TIE_OUT_ARGS, nullptr, nullptr, 0);                        \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                          \
-      const uint8_t* rows, const float* om, const float* sig, const double* Cq,                  \
-      const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,  \
-      const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window, \
-      const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,                     \
-      double* Uout DOSA_TIE_OUT_K, unsigned int* ucnt, unsigned long long* urec, long long ucap) {\
-    screen_impl<MTS, true>(rows, om, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha,  \
-                           rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,                \
-                           Uout DOSA_TIE_OUT_ARGS, ucnt, urec, ucap);                            \
+// The screen kernels of one plan width: screen_mt<MTS> and screen_cert_mt<MTS> (TIE =
+// false), screen_mt<MTS>_tie and screen_cert_mt<MTS>_tie (TIE = true; the extra arguments
+// kj, zrow after tau and tcnt after Uout).  Parameter lists carry no __restrict__, like the
+// other kernels'.
+#define SCREEN_PARAMS_IN                                                                  \
+  const uint8_t* rows, const float* om, const float* sig, const double* Cq,              \
+      const double* eps_raw, double eps_out, const float* tau
+#define SCREEN_PARAMS_KEYS                                                                \
+  const uint8_t* kp, const float* alpha, const float* rho, const int* ks, const int* ke,  \
+      int sinks, int window, const uint32_t* poolmask, int Qn, long long N, int QG,       \
+      uint32_t* surv, double* Uout
+#define SCREEN_ARGS_IN rows, om, sig, Cq, eps_raw, eps_out, tau
+#define SCREEN_ARGS_KEYS kp, alpha, rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv, Uout
+#define SCREEN_INST(MTS)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS(SCREEN_PARAMS_IN,             \
+                                                                    SCREEN_PARAMS_KEYS) {         \
+    screen_impl<MTS, false, false>(SCREEN_ARGS_IN, nullptr, nullptr, SCREEN_ARGS_KEYS, nullptr, \
+                                   nullptr, nullptr, 0);                                        \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS(                         \
+      SCREEN_PARAMS_IN, SCREEN_PARAMS_KEYS, unsigned int* ucnt, unsigned long long* urec,       \
+      long long ucap) {                                                                         \
+    screen_impl<MTS, true, false>(SCREEN_ARGS_IN, nullptr, nullptr, SCREEN_ARGS_KEYS, nullptr,  \
+                                  ucnt, urec, ucap);                                            \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256) screen_mt##MTS##_tie(                        \
+      SCREEN_PARAMS_IN, const int* kj, const float* zrow, SCREEN_PARAMS_KEYS,                   \
+      unsigned int* tcnt) {                                                                     \
+    screen_impl<MTS, false, true>(SCREEN_ARGS_IN, kj, zrow, SCREEN_ARGS_KEYS, tcnt, nullptr,    \
+                                  nullptr, 0);                                                  \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256) screen_cert_mt##MTS##_tie(                   \
+      SCREEN_PARAMS_IN, const int* kj, const float* zrow, SCREEN_PARAMS_KEYS,                   \
+      unsigned int* tcnt, unsigned int* ucnt, unsigned long long* urec, long long ucap) {       \
+    screen_impl<MTS, true, true>(SCREEN_ARGS_IN, kj, zrow, SCREEN_ARGS_KEYS, tcnt, ucnt, urec,  \
+                                 ucap);                                                         \
   }
 SCREEN_INST(1)
 SCREEN_INST(2)
@@ -307,58 +248,36 @@ SCREEN_INST(2)
 // within the γ_{2·mts+6} = γ_8 screening allowance of the mts = 1 plan (plan.py g_scr), so
 // the same plan, C and ε stay valid (the plan does not depend on the evaluation layout
 // beyond that depth; the MMA of each row is the same m16n8k16 chain as screen_mt1's).
-#ifndef DOSA_TIE_RULE
-// The rest (guard, seeds, visibility, bitmask words) is screen_impl's, once per query.
-#else /* DOSA_TIE_RULE */
-// The rest (guard, tie-aware rule and zero plateau, seeds, visibility, bitmask words) is
-// screen_impl's, once per query; zrow is gathered like the rows here (screen.pair_gather):
-// query a's plateau rows are the lanes' rows g < 6, query b's the rows g + 8, g < 6.
-#endif /* DOSA_TIE_RULE */
-// grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
+// The rest (guard, keep rule of the TIE variant and zero plateau, seeds, visibility,
+// bitmask words) is screen_impl's, once per query; zrow is gathered like the rows here
+// (screen.pair_gather): query a's plateau rows are the lanes' rows g < 6, query b's the rows
+// g + 8, g < 6.  grid (ceil(N/TILE_N), ceil(ceil(Qn/2)/QG)); a missing b (odd Qn) sees nothing.
 // ---------------------------------------------------------------------------------------
+template <bool TIE>
 struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl's, per query)
-#ifndef DOSA_TIE_RULE
-  int t, lo_i, hi_i, shi_i, llo_i;
-  float sg, tq;
-#else /* DOSA_TIE_RULE */
   int t, lo_i, hi_i, shi_i, llo_i, kj;
-  float sg, tq, z;  // z: this lane's plateau coefficient of the query's row (plateau_miss)
-  bool zp;          // zero plateau on (warp-uniform)
-#endif /* DOSA_TIE_RULE */
+  float sg, tq, z;  // TIE: z is this lane's plateau coefficient of the query's row
+  bool zp;          // TIE: zero plateau on (warp-uniform)
   double C, er;
   uint32_t word;
-#ifdef DOSA_TIE_RULE
-  unsigned int tie;  // keys the plain rule keeps and the tie-aware rule rejects
-#endif /* DOSA_TIE_RULE */
+  unsigned int tie;  // TIE: keys the strict rule keeps and the tie-aware rule rejects
   __device__ __forceinline__ void init(int t_, bool exists, const int* __restrict__ ks_,
                                        const int* __restrict__ ke_, const float* __restrict__ sig,
-#ifndef DOSA_TIE_RULE
-                                       const float* __restrict__ tau, const double* __restrict__ Cq,
-#else /* DOSA_TIE_RULE */
                                        const float* __restrict__ tau, const int* __restrict__ kj_,
                                        const double* __restrict__ Cq,
-#endif /* DOSA_TIE_RULE */
                                        const double* __restrict__ eps_raw, int sinks, int window,
-#ifndef DOSA_TIE_RULE
-                                       long long n0, int tile_n) {
-#else /* DOSA_TIE_RULE */
                                        long long n0, int tile_n, float zr, float z_lane) {
-#endif /* DOSA_TIE_RULE */
     t = t_;
     word = 0u;
-#ifdef DOSA_TIE_RULE
-    tie = 0u;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) tie = 0u;
     lo_i = hi_i = shi_i = llo_i = 0;
-#ifdef DOSA_TIE_RULE
-    kj = kNoKthId;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) kj = kNoKthId;
     sg = 0.f;
     tq = 0.f;
-#ifdef DOSA_TIE_RULE
-    z = -1.f;
-    zp = false;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      z = -1.f;
+      zp = false;
+    }
     C = er = 0.0;
     if (!exists) return;
     const int ks = ks_[t], ke = ke_[t];
@@ -372,22 +291,16 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
     llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
     sg = sig[t];
     tq = tau[t];
-#ifdef DOSA_TIE_RULE
-    kj = kj_[t];
-    zp = zr == zr && tq >= 0.f;
-    z = z_lane;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      kj = kj_[t];
+      zp = zr == zr && tq >= 0.f;
+      z = z_lane;
+    }
     C = Cq[t];
     er = eps_raw[t];
   }
-  // Guard and bitmask word b (lane b keeps it): screen_impl's fp64 evaluation.
-#ifndef DOSA_TIE_RULE
-  __device__ __forceinline__ void test(float uh, int b, int i, int pos, int lane, float al,
-                                       float sri, double eps_out, const uint32_t* spm,
-                                       double* __restrict__ Uout, long long N, long long n0) {
-#else /* DOSA_TIE_RULE */
-  // Whether every positive row of each of the lane's 8 keys passes (screen_impl's plateau
-  // test; xs[u][v] = this query's logit of key 8u + 2c + v on the lane's row).
+  // TIE: whether every positive row of each of the lane's 8 keys passes (screen_impl's
+  // plateau test; xs[u][v] = this query's logit of key 8u + 2c + v on the lane's row).
   __device__ __forceinline__ bool plateau(const float (&xs)[4][2], const float* sr, int b, int c,
                                           int lane) const {
     float miss[8];
@@ -403,29 +316,31 @@ struct PairQuery {  // one query's scalars and tile-relative spans (screen_impl'
                                        float al, float sri, double eps_out, const uint32_t* spm,
                                        double* __restrict__ Uout, unsigned int* __restrict__ tcnt,
                                        long long N, long long n0) {
-#endif /* DOSA_TIE_RULE */
     const double U = guard_bound_ru(uh, sri, al, C, er, eps_out);
     const bool vis = i >= lo_i && i < hi_i;
     if (Uout && vis) Uout[(long long)t * N + n0 + i] = U;
     const bool seed = i < shi_i || i >= llo_i || ((spm[b] >> pos) & 1u);
-    DOSA_SCREEN_RULE(vis && !seed, U, tq, plat, n0 + i, kj);
+    const bool plain = (vis && !seed) && !(U < (double)tq);
+    const bool p = DOSA_KEEP(TIE, plain, U, tq, plat, n0 + i, kj);
     const uint32_t w = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) word = w;
-#ifdef DOSA_TIE_RULE
-    if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      if (tcnt != nullptr) tie += __popc(__ballot_sync(0xffffffffu, plain && !p));
+    }
   }
 };
 
-template <int UNUSED>  // a template, like the other kernels' bodies (one `smem` declaration each)
+template <bool TIE>
 __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float* __restrict__ om_p,
                 const float* __restrict__ sig, const double* __restrict__ Cq,
                 const double* __restrict__ eps_raw, double eps_out,
-                const float* __restrict__ tau DOSA_TIE_IN, const uint8_t* __restrict__ kp,
+                const float* __restrict__ tau, const int* __restrict__ kj,
+                const float* __restrict__ zrow, const uint8_t* __restrict__ kp,
                 const float* __restrict__ alpha, const float* __restrict__ rho,
                 const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window,
                 const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-                uint32_t* __restrict__ surv, double* __restrict__ Uout DOSA_TIE_OUT) {
+                uint32_t* __restrict__ surv, double* __restrict__ Uout,
+                unsigned int* __restrict__ tcnt) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t spm[TILE_N / 32];
   const auto [sk, sa, sr, n0] = load_screen_tile(smem, spm, kp, alpha, rho, poolmask, N);
@@ -438,17 +353,13 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
   const int nb = (tile_n + 31) >> 5;
   const float aux_a = g == 7 ? 1.f : 0.f, aux_b = g == 6 ? 1.f : 0.f;
   for (int p = blockIdx.y * QG + warp; p < pend; p += nw) {
-    PairQuery qa, qb;
-#ifndef DOSA_TIE_RULE
-    qa.init(2 * p, true, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
-    qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, Cq, eps_raw, sinks, window, n0, tile_n);
-#else /* DOSA_TIE_RULE */
-    const float* zp_ = zrow + (long long)p * 16;  // a's rows: lanes g < 6, row g; b's: g + 8
-    qa.init(2 * p, true, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0, tile_n, zp_[0],
-            g < 6 ? zp_[g] : -1.f);
+    PairQuery<TIE> qa, qb;
+    // TIE: a's plateau rows are the lanes g < 6, row g; b's rows g + 8
+    const float* zp_ = TIE ? zrow + (long long)p * 16 : nullptr;
+    qa.init(2 * p, true, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0, tile_n,
+            TIE ? zp_[0] : 0.f, TIE && g < 6 ? zp_[g] : -1.f);
     qb.init(2 * p + 1, 2 * p + 1 < Qn, ks_, ke_, sig, tau, kj, Cq, eps_raw, sinks, window, n0,
-            tile_n, zp_[8], g < 6 ? zp_[g + 8] : -1.f);
-#endif /* DOSA_TIE_RULE */
+            tile_n, TIE ? zp_[8] : 0.f, TIE && g < 6 ? zp_[g + 8] : -1.f);
     const bool va = qa.lo_i < qa.hi_i, vb = qb.lo_i < qb.hi_i;
     if (va || vb) {
       QRows<1> A;
@@ -482,52 +393,48 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
           }
         }
         const float uha = reduce8(xa, lane), uhb = reduce8(xb, lane);
-#ifdef DOSA_TIE_RULE
-        // Zero plateau (screen_impl): a's logits are the rows g (elements v), b's the rows
-        // g + 8 (elements 2 + v); lanes g ≥ 6 hold aux rows (z = −1: no condition).
         bool pa = false, pb = false;
-        if (qa.zp) {
-          float xs[4][2];
+        if constexpr (TIE) {
+          // Zero plateau (screen_impl): a's logits are the rows g (elements v), b's the rows
+          // g + 8 (elements 2 + v); lanes g ≥ 6 hold aux rows (z = −1: no condition).
+          if (qa.zp) {
+            float xs[4][2];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][0], xs[u][1] = Cm[u][0][1];
-          pa = qa.plateau(xs, sr, b, lane & 3, lane);
-        }
-        if (qb.zp) {
-          float xs[4][2];
+            for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][0], xs[u][1] = Cm[u][0][1];
+            pa = qa.plateau(xs, sr, b, lane & 3, lane);
+          }
+          if (qb.zp) {
+            float xs[4][2];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][2], xs[u][1] = Cm[u][0][3];
-          pb = qb.plateau(xs, sr, b, lane & 3, lane);
+            for (int u = 0; u < 4; ++u) xs[u][0] = Cm[u][0][2], xs[u][1] = Cm[u][0][3];
+            pb = qb.plateau(xs, sr, b, lane & 3, lane);
+          }
         }
-#endif /* DOSA_TIE_RULE */
         const int i = b * 32 + pos;
         const float al = sa[i], sri = sr[i];
-#ifndef DOSA_TIE_RULE
-        qa.test(uha, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
-        qb.test(uhb, b, i, pos, lane, al, sri, eps_out, spm, Uout, N, n0);
-#else /* DOSA_TIE_RULE */
         qa.test(uha, pa, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
         qb.test(uhb, pb, b, i, pos, lane, al, sri, eps_out, spm, Uout, tcnt, N, n0);
-#endif /* DOSA_TIE_RULE */
       }
     }
     if (lane < nb) surv[(long long)qa.t * NW + (n0 >> 5) + lane] = qa.word;
     if (lane < nb && 2 * p + 1 < Qn) surv[(long long)qb.t * NW + (n0 >> 5) + lane] = qb.word;
-#ifdef DOSA_TIE_RULE
-    if (tcnt != nullptr && lane == 0 && qa.tie) atomicAdd(tcnt + qa.t, qa.tie);
-    if (tcnt != nullptr && lane == 0 && qb.tie) atomicAdd(tcnt + qb.t, qb.tie);
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      if (tcnt != nullptr && lane == 0 && qa.tie) atomicAdd(tcnt + qa.t, qa.tie);
+      if (tcnt != nullptr && lane == 0 && qb.tie) atomicAdd(tcnt + qb.t, qb.tie);
+    }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) screen_pair(
-    const uint8_t* rows_p, const float* om_p, const float* sig, const double* Cq,
-    const double* eps_raw, double eps_out, const float* tau DOSA_TIE_IN_K, const uint8_t* kp,
-    const float* alpha, const float* rho, const int* ks, const int* ke, int sinks, int window,
-    const uint32_t* poolmask, int Qn, long long N, int QG, uint32_t* surv,
-    double* Uout DOSA_TIE_OUT_K) {
-  screen_pair_impl<0>(rows_p, om_p, sig, Cq, eps_raw, eps_out, tau DOSA_TIE_IN_ARGS, kp, alpha,
-                      rho, ks, ke, sinks, window, poolmask, Qn, N, QG, surv,
-                      Uout DOSA_TIE_OUT_ARGS);
+extern "C" __global__ void __launch_bounds__(256) screen_pair(SCREEN_PARAMS_IN,
+                                                              SCREEN_PARAMS_KEYS) {
+  screen_pair_impl<false>(SCREEN_ARGS_IN, nullptr, nullptr, SCREEN_ARGS_KEYS, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(256) screen_pair_tie(SCREEN_PARAMS_IN,
+                                                                  const int* kj,
+                                                                  const float* zrow,
+                                                                  SCREEN_PARAMS_KEYS,
+                                                                  unsigned int* tcnt) {
+  screen_pair_impl<true>(SCREEN_ARGS_IN, kj, zrow, SCREEN_ARGS_KEYS, tcnt);
 }
 
 // Certificate-guided seeds, second half (docs/method.md §2, §7): after the certificate seeds

@@ -37,9 +37,6 @@ namespace wg {
 // no epilogue, 3 = no MMA, 4 = no reduce8 (each lane keeps its own partial).
 #define DOSA_WG_DIAG 0
 #endif
-#ifndef DOSA_SCREEN_FAST32
-#define DOSA_SCREEN_FAST32 0  // fp32 pre-test of the guard (proofs/fp32_pretest.py)
-#endif
 constexpr int kTileN = DOSA_TILE_N;      // keys per block tile
 constexpr int kMts = DOSA_WG_MTS;        // head tiles per query
 // keys per wgmma: m64n64k16 for one tile; m64n32k16 for two (the same accumulator registers)
@@ -186,37 +183,29 @@ __device__ __forceinline__ void issue_chunk(float (&d)[kMts][kAcc], const QRows<
 }
 
 
-#ifdef DOSA_TIE_RULE
-// The calling warp's tie-rejected counter of its current query (stats only; lane 0 writes).
+// The calling warp's tie-rejected counter of its current query (TIE, stats only; lane 0
+// writes).
 __device__ __forceinline__ unsigned int* tie_slot() {
   __shared__ unsigned int s_tie[kThreads / 32];
   return s_tie + (threadIdx.x >> 5);
 }
 
-#endif /* DOSA_TIE_RULE */
 // Per-query constants of the screen (screen_impl's, for one 16-row tile): spans as offsets
 // in the tile, the weights of the lane's two rows, and the guard's constants.
 struct Query {
   int lo_i, hi_i, shi_i, llo_i;  // visible span, sink end, local-window start (tile offsets)
-#ifdef DOSA_TIE_RULE
-  int kj;                        // id j of the K-th seed record (τ, j) (kNoKthId: plain rule)
-#endif /* DOSA_TIE_RULE */
+  int kj;                        // TIE: id j of the K-th seed record (τ, j)
   float wlo, whi, tq;            // last tile: weights of rows g / g + 8 (aux lane: −σ_a, 0); τ
   float w0lo, w0hi;              // the first of two tiles: weights of rows g / g + 8
-#ifdef DOSA_TIE_RULE
-  // zero plateau (warp-uniform): −1 when off, else the offset of row g's coefficient in zrow
-  // (rows g / g + 8 read there when needed: registers are the kernel's budget)
+  // TIE, zero plateau (warp-uniform): −1 when off, else the offset of row g's coefficient in
+  // zrow (rows g / g + 8 read there when needed: registers are the kernel's budget)
   int zoff;
-#endif /* DOSA_TIE_RULE */
   float aux_add;                 // 1 on the aux lane g = 7 (rows 7 + 15 summed), else 0
   double C, er, eo;
-#if DOSA_SCREEN_FAST32
-  float Cf, ef, of, tq_fast;  // the pre-test's constants (screen_impl's)
-#endif
 };
 
-// The key tile's per-key operands of the guard: α and ρ as fp32 (pre-test) and as fp64
-// (converted exactly once per tile instead of once per query), and the anchor-pool words.
+// The key tile's per-key operands of the guard: α and ρ as fp32 and as fp64 (converted
+// exactly once per tile instead of once per query), and the anchor-pool words.
 struct TileKeys {
   const float* sa;
   const float* sr;
@@ -225,28 +214,21 @@ struct TileKeys {
   const uint32_t* spm;
 };
 
-// The tie-aware build's operands (docs/method.md §7 "Tie-aware rejection and zero
-// plateaus"): the plateau coefficients and the tie-rejected counters; empty in the plain
-// build, so the functions below have one signature for both.
+// The operands of the TIE variant (docs/method.md §7 "Tie-aware rejection and zero
+// plateaus"): the plateau coefficients and the tie-rejected counters (null when TIE = false).
 struct TieArgs {
-#ifdef DOSA_TIE_RULE
   const float* __restrict__ zrow;
   unsigned int* __restrict__ tcnt;
-#endif /* DOSA_TIE_RULE */
 };
 
 // screen_impl's epilogue for NB consecutive batches bb0 .. bb0 + NB − 1 of a chunk (b0 = the
 // first one's index in the tile), written as NB independent chains so that their shuffles
 // and fp64 latencies overlap: Û per key (fmaf chain of the lane's rows, reduce8), U^num in
-#ifndef DOSA_TIE_RULE
-// fp64 rounded up, strict test against τ, and each batch's survivor word (kept by lane b).
-#else /* DOSA_TIE_RULE */
-// fp64 rounded up, screen_impl's tie-aware test against (τ, j) with its zero-plateau bound
-// (docs/method.md §7 "Tie-aware rejection and zero plateaus"), and each batch's survivor
-// word (kept by lane b); with tcnt (stats) the warp's shared slot tie_slot() counts the keys
-// the plain rule keeps and this one rejects (in shared memory: no register for it).
-#endif /* DOSA_TIE_RULE */
-template <int NB>
+// fp64 rounded up, the keep rule of the TIE variant (screen.cu DOSA_KEEP) and each batch's
+// survivor word (kept by lane b); with TIE and tcnt (stats) the warp's shared slot
+// tie_slot() counts the keys the strict rule keeps and the tie-aware rule rejects (in shared
+// memory: no register for it).
+template <bool TIE, int NB>
 __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, int b0, const Query& Q,
                                          const TileKeys& K, long long tN, long long n0,
                                          double* __restrict__ Uout, const TieArgs& X, int lane,
@@ -266,91 +248,50 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
   float uh[NB];
 #pragma unroll
   for (int k = 0; k < NB; ++k) uh[k] = DOSA_WG_DIAG == 4 ? x[k][0] : reduce8(x[k], lane);
-#ifndef DOSA_TIE_RULE
-  const int pos = batch_pos(lane);
-#else /* DOSA_TIE_RULE */
   const int pos = batch_pos(lane), c4 = lane & 3;
-#endif /* DOSA_TIE_RULE */
 #pragma unroll
   for (int k = 0; k < NB; ++k) {
     const int b = b0 + k, i = b * 32 + pos;
-#ifdef DOSA_TIE_RULE
-    bool plat = false;  // screen_impl's zero-plateau test: every positive row certified inactive
-    if (Q.zoff >= 0) {
-      float miss[8];
+    bool plat = false;  // TIE: screen_impl's zero-plateau test (every positive row inactive)
+    if constexpr (TIE) {
+      if (Q.zoff >= 0) {
+        float miss[8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const double rk = K.dsr[b * 32 + 8 * u + 2 * c4 + v];
-          float m = 0.f;
+          for (int v = 0; v < 2; ++v) {
+            const double rk = K.dsr[b * 32 + 8 * u + 2 * c4 + v];
+            float m = 0.f;
 #pragma unroll
-          for (int mt = 0; mt < kMts; ++mt) {  // rows g, g + 8 of tile mt (zrow: 16 per tile)
-            const float* c = d[mt] + 4 * (4 * (bb0 + k) + u);
-            const float zlo = __ldg(X.zrow + Q.zoff + 16 * mt);
-            const float zhi = __ldg(X.zrow + Q.zoff + 16 * mt + 8);
-            m += plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
+            for (int mt = 0; mt < kMts; ++mt) {  // rows g, g + 8 of tile mt (zrow: 16 per tile)
+              const float* c = d[mt] + 4 * (4 * (bb0 + k) + u);
+              const float zlo = __ldg(X.zrow + Q.zoff + 16 * mt);
+              const float zhi = __ldg(X.zrow + Q.zoff + 16 * mt + 8);
+              m += plateau_miss(c[v], zlo, rk) + plateau_miss(c[2 + v], zhi, rk);
+            }
+            miss[2 * u + v] = m;
           }
-          miss[2 * u + v] = m;
-        }
-      plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+        plat = reduce8(miss, lane) == 0.f;  // small integers: exact
+      }
     }
-#endif /* DOSA_TIE_RULE */
     const bool vis = i >= Q.lo_i && i < Q.hi_i;
     const bool seed = i < Q.shi_i || i >= Q.llo_i || ((K.spm[b] >> pos) & 1u);
 #if DOSA_WG_DIAG == 1
-#ifndef DOSA_TIE_RULE
-    const bool p = vis && !seed && !(uh[k] < Q.tq);
-#else /* DOSA_TIE_RULE */
     const bool plain = vis && !seed && !(uh[k] < Q.tq), p = plain;
-#endif /* DOSA_TIE_RULE */
-#elif DOSA_SCREEN_FAST32
-    // screen_impl's pre-test (proofs/fp32_pretest.py): u32 < τ − 2^-59 proves U^num < τ
-    // under its preconditions; the fp64 guard runs only in warps with a key it could not
-    // reject.
-    const float al = K.sa[i], sri = K.sr[i], f32_min = 0x1p-126f;
-    const bool k_fast = al >= f32_min && al <= 0x1p64f &&
-                        ((__float_as_uint(sri) << 1) == 0u || sri >= f32_min);
-    float u32 = __fadd_ru(__fadd_ru(uh[k], __fmul_ru(sri, Q.Cf)), Q.ef);
-    u32 = __fadd_ru(__fmul_ru(al, u32), Q.of);
-    const bool need = vis && !seed && !(k_fast && u32 < Q.tq_fast);
-#ifndef DOSA_TIE_RULE
-    bool p = false;
-#else /* DOSA_TIE_RULE */
-    bool p = false, plain = false;
-#endif /* DOSA_TIE_RULE */
-    if (Uout != nullptr || __any_sync(0xffffffffu, need)) {
-      // guard_bound_ru's expression, written out: the call reorders the schedule of this
-      // opt-in build (python -m dosa_cupy.sass), whose pre-test measured slower
-      // (docs/records/notes.md "fp32 pre-test of the screen's guard")
-      double U = __dadd_ru(__dadd_ru((double)uh[k], __dmul_ru(K.dsr[i], Q.C)), Q.er);
-      U = __dadd_ru(__dmul_ru(K.dsa[i], U), Q.eo);
-      if (Uout && vis) Uout[tN + n0 + i] = U;
-#ifndef DOSA_TIE_RULE
-      p = need && !(U < (double)Q.tq);
-#else /* DOSA_TIE_RULE */
-      plain = need && !(U < (double)Q.tq);
-      p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)Q.tq, n0 + i, Q.kj);
-#endif /* DOSA_TIE_RULE */
-    }
 #else
     const double U = guard_bound_ru(uh[k], K.dsr[i], K.dsa[i], Q.C, Q.er, Q.eo);
     if (Uout && vis) Uout[tN + n0 + i] = U;
-#ifndef DOSA_TIE_RULE
-    const bool p = vis && !seed && !(U < (double)Q.tq);
-#else /* DOSA_TIE_RULE */
     const bool plain = vis && !seed && !(U < (double)Q.tq);
-    const bool p = plain && !below_kth(plat ? fmin(U, 0.0) : U, (double)Q.tq, n0 + i, Q.kj);
-#endif /* DOSA_TIE_RULE */
+    const bool p = DOSA_KEEP(TIE, plain, U, Q.tq, plat, n0 + i, Q.kj);
 #endif
     const uint32_t word = __reduce_or_sync(0xffffffffu, p ? (1u << pos) : 0u);
     if (lane == b) myword = word;
-#ifdef DOSA_TIE_RULE
-    if (X.tcnt != nullptr) {
-      const unsigned int n = __popc(__ballot_sync(0xffffffffu, plain && !p));
-      if (lane == 0) *tie_slot() += n;
+    if constexpr (TIE) {
+      if (X.tcnt != nullptr) {
+        const unsigned int n = __popc(__ballot_sync(0xffffffffu, plain && !p));
+        if (lane == 0) *tie_slot() += n;
+      }
     }
-#endif /* DOSA_TIE_RULE */
   }
 }
 
@@ -359,7 +300,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 // epilogue runs for every batch of every warp, whatever its query sees (a key outside the
 // visible span only clears its bit): no branch between a wgmma and its wait, so ptxas does
 // not serialize the wgmma behind a divergent path (its warning C7518).
-template <int C>
+template <bool TIE, int C>
 __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const QRows<kMts>& A,
                                            uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                            long long tN, long long n0, double* __restrict__ Uout,
@@ -372,17 +313,17 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt
   }
   pin(cur);
   if constexpr (DOSA_WG_DIAG != 2)
-    epilogue<kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, X, lane, myword);
+    epilogue<TIE, kBatches>(cur, 0, kBatches * C, Q, K, tN, n0, Uout, X, lane, myword);
 }
 
-template <int C>
+template <bool TIE, int C>
 __device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const QRows<kMts>& A,
                                        uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                        long long tN, long long n0, double* __restrict__ Uout,
                                        const TieArgs& X, int lane, uint32_t& myword) {
   if constexpr (C < kChunks) {
-    chunk_step<C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
-    chunks<C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
+    chunk_step<TIE, C>(a, b, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
+    chunks<TIE, C + 1>(b, a, A, sk_addr, Q, K, tN, n0, Uout, X, lane, myword);
   }
 }
 
@@ -397,37 +338,26 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 
 #define DOSA_WG_CAT2(a, b) a##b
 #define DOSA_WG_CAT(a, b) DOSA_WG_CAT2(a, b)
-// screen_mt1's / screen_mt2's contract (kernels.cu) as screen_wg_mt1 / screen_wg_mt2 (the
-// DOSA_WG_MTS of the build): arguments, grid (ceil(N / DOSA_TILE_N), ceil(Qn / QG)),
-// outputs (the survivor words of every query t < Qn for the block's tile; U^num in Uout
-#ifndef DOSA_TIE_RULE
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// screen_mt1's / screen_mt2's contract (screen.cu) as screen_wg_mt1 / screen_wg_mt2 (the
+// DOSA_WG_MTS of the build) and their TIE variants screen_wg_mt*_tie: arguments, grid
+// (ceil(N / DOSA_TILE_N), ceil(Qn / QG)), outputs (the survivor words of every query t < Qn
+// for the block's tile; U^num in Uout where given; with TIE, tie-rejected counts in tcnt
 // where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
-#else /* DOSA_TIE_RULE */
-// where given; tie-rejected counts in tcnt where given).  Block: warpgroups of 4 warps; a warpgroup screens 4 queries at a time (one
-#endif /* DOSA_TIE_RULE */
 // per warp, rows 16w..16w+15 of its wgmma), QG a multiple of 4.
-extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
-DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
-    const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
+// sk: the kernel's dynamic shared memory aligned to the 1,024-byte swizzle atom (computed in
+// the kernel itself, which keeps its address arithmetic that of a kernel body).
+template <bool TIE>
+__device__ __forceinline__ void screen_wg(
+    uint8_t* sk, const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
     const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
-#ifndef DOSA_TIE_RULE
-    const float* __restrict__ tau, const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-#else /* DOSA_TIE_RULE */
     const float* __restrict__ tau, const int* __restrict__ kj, const float* __restrict__ zrow,
     const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-#endif /* DOSA_TIE_RULE */
     const float* __restrict__ rho, const int* __restrict__ ks_, const int* __restrict__ ke_,
     int sinks, int window, const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-#ifndef DOSA_TIE_RULE
-    uint32_t* __restrict__ surv, double* __restrict__ Uout) {
-#else /* DOSA_TIE_RULE */
     uint32_t* __restrict__ surv, double* __restrict__ Uout, unsigned int* __restrict__ tcnt) {
-#endif /* DOSA_TIE_RULE */
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace dosa;
   using namespace dosa::wg;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* sk = align1024(smem_raw);
   double* dsa = reinterpret_cast<double*>(sk + kKeyBytes);
   double* dsr = dsa + kTileN;
   float* sa = reinterpret_cast<float*>(dsr + kTileN);
@@ -479,44 +409,60 @@ DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(
     Q.w0hi = __ldg(oq + g + 8);
     Q.aux_add = aux_lane ? 1.f : 0.f;
     Q.tq = tau[tl];
-#ifdef DOSA_TIE_RULE
-    Q.kj = kj[tl];
-    // Zero plateau (screen_impl): rows g, g + 8 of the query's zrow (−1 on the aux lane).
-    const float z0 = zrow[(long long)tl * (16 * kMts)];
-    const bool zp = z0 == z0 && Q.tq >= 0.f;
-    Q.zoff = zp ? tl * (16 * kMts) + g : -1;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      Q.kj = kj[tl];
+      // Zero plateau (screen_impl): rows g, g + 8 of the query's zrow (−1 on the aux lane).
+      const float z0 = zrow[(long long)tl * (16 * kMts)];
+      const bool zp = z0 == z0 && Q.tq >= 0.f;
+      Q.zoff = zp ? tl * (16 * kMts) + g : -1;
+    }
     Q.C = Cq[tl];
     Q.er = eps_raw[tl];
     Q.eo = eps_out;
-#if DOSA_SCREEN_FAST32
-    const float f32_inf = __int_as_float(0x7f800000), f32_min = 0x1p-126f;
-    Q.Cf = __double2float_ru(Q.C);
-    Q.ef = __double2float_ru(Q.er);
-    Q.of = __double2float_ru(eps_out);
-    const bool q_fast = Q.Cf >= f32_min && Q.Cf < f32_inf && Q.ef >= f32_min &&
-                        Q.ef < f32_inf && Q.of >= f32_min && Q.of < f32_inf &&
-                        Q.tq > -f32_inf && Q.tq < f32_inf;
-    Q.tq_fast = q_fast ? __fsub_rd(Q.tq, 0x1p-59f) : -f32_inf;
-#endif
     uint32_t myword = 0u;
-#ifdef DOSA_TIE_RULE
-    if (tcnt != nullptr && lane == 0) *tie_slot() = 0u;
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      if (tcnt != nullptr && lane == 0) *tie_slot() = 0u;
+    }
     float acc0[kMts][kAcc], acc1[kMts][kAcc];
     issue_chunk(acc0, A, sk_addr, 0);
-#ifdef DOSA_TIE_RULE
     const TieArgs X{zrow, tcnt};
-#else /* DOSA_TIE_RULE */
-    const TieArgs X{};
-#endif /* DOSA_TIE_RULE */
-    chunks<0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, X, lane, myword);
+    chunks<TIE, 0>(acc0, acc1, A, sk_addr, Q, K, (long long)tl * N, n0, Uout, X, lane, myword);
     if (live && lane < nb) surv[(long long)t * NW + (n0 >> 5) + lane] = myword;
-#ifdef DOSA_TIE_RULE
-    if (live && tcnt != nullptr && lane == 0 && *tie_slot()) atomicAdd(tcnt + t, *tie_slot());
-#endif /* DOSA_TIE_RULE */
+    if constexpr (TIE) {
+      if (live && tcnt != nullptr && lane == 0 && *tie_slot()) atomicAdd(tcnt + t, *tie_slot());
+    }
   }
+}
+#define DOSA_WG_CALL(TIE, ...)               \
+  extern __shared__ uint8_t smem_raw[];      \
+  screen_wg<TIE>(dosa::wg::align1024(smem_raw), __VA_ARGS__)
+#else
+#define DOSA_WG_CALL(TIE, ...)
 #endif
+
+// The kernels (TIE = false: screen_wg_mt<MTS>; TIE = true: screen_wg_mt<MTS>_tie, with kj
+// and zrow after tau and tcnt after Uout).
+#define SCREEN_WG_PARAMS_IN                                                               \
+  const uint8_t* __restrict__ rows, const float* __restrict__ om,                         \
+      const float* __restrict__ sig, const double* __restrict__ Cq,                       \
+      const double* __restrict__ eps_raw, double eps_out, const float* __restrict__ tau
+#define SCREEN_WG_PARAMS_KEYS                                                             \
+  const uint8_t* __restrict__ kp, const float* __restrict__ alpha,                        \
+      const float* __restrict__ rho, const int* __restrict__ ks_,                         \
+      const int* __restrict__ ke_, int sinks, int window,                                 \
+      const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,                 \
+      uint32_t* __restrict__ surv, double* __restrict__ Uout
+#define SCREEN_WG_ARGS_IN rows, om, sig, Cq, eps_raw, eps_out, tau
+#define SCREEN_WG_ARGS_KEYS kp, alpha, rho, ks_, ke_, sinks, window, poolmask, Qn, N, QG, surv, Uout
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
+DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS) {
+  DOSA_WG_CALL(false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
+DOSA_WG_CAT(DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS), _tie)(
+    SCREEN_WG_PARAMS_IN, const int* __restrict__ kj, const float* __restrict__ zrow,
+    SCREEN_WG_PARAMS_KEYS, unsigned int* __restrict__ tcnt) {
+  DOSA_WG_CALL(true, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);
 }
 
 // Accumulator probe (tests/test_gpu_sm90a.py, docs/numerics.md "Warpgroup MMA"): for kThreads/2

@@ -1,0 +1,380 @@
+"""The refine stage (docs/method.md §9; dosa_cupy.refine, csrc/refine.cu).
+
+CPU tests (run anywhere):
+  * the kernel's loop decomposition (blocks, warps, the id-compaction loop with carried
+    ids), emulated step by step: for random survivor masks and visible ranges (partial
+    first / last words, causal chunks, arbitrary ranges) every surviving (query, key) pair
+    is refined exactly once, and nothing else;
+  * refine_stage (the host code and the exact overflow extension) run with numpy standing
+    in for CuPy and the kernel replaced by that emulation, after checking every launch
+    argument against the kernel's C signature parsed from the .cu files: the records and
+    counts are exactly those of the surviving keys with s ≥ τ (also when buffers overflow);
+  * constants in Python equal the .cu source's; popcount_rows.
+GPU test (marked ``gpu``; skipped with a reason without CuPy / a GPU): refine_stage's
+records with τ = −inf equal the dense route's records of exactly the surviving keys
+(bit-identical scores, no duplicate, none missing) for MT = 1..4.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_signatures import check_args, param_types, read_source
+from gpu_support import HAVE_GPU, cp, gpu
+
+from dosa_cupy import refine as rs_mod
+from dosa_cupy import select as select_mod
+from dosa_cupy.emulate import score_code
+from dosa_cupy.prepare import Batch
+
+CSRC = Path(rs_mod.__file__).parent / "csrc"
+KERNELS_SRC = read_source(CSRC / "kernels.cu")
+REFINE_CU = (CSRC / "refine.cu").read_text()  # as written (its #defines included)
+HOT = 4  # consecutive queries that share a "hot" survivor set in the random masks
+
+# ---------------------------------------------------------------------------------------
+# Random survivor masks with visible ranges (as the screen writes them: bits only for keys
+# in [ks, ke))
+# ---------------------------------------------------------------------------------------
+
+
+def _bits(masks):
+    """uint32 [R, NW] → bool [R, 32·NW] (bit i of word j ↔ key 32j + i)."""
+    m = np.ascontiguousarray(masks, dtype=np.uint32)
+    return np.unpackbits(m.view(np.uint8), axis=1, bitorder="little").astype(bool)
+
+
+def _pack(bits):
+    return np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+
+
+def _random_case(rng, Qn, N, density, kind):
+    NW = -(-N // 32)
+    if kind == "causal":  # a causal chunk: ks = 0, ke = N − Qn + t + 1
+        ks = np.zeros(Qn, dtype=np.int32)
+        ke = (N - Qn + np.arange(Qn) + 1).clip(0, N).astype(np.int32)
+    elif kind == "window":  # sliding visible windows (partial words at both ends)
+        ke = np.sort(rng.integers(N // 2, N + 1, Qn)).astype(np.int32)
+        ks = np.maximum(0, ke - rng.integers(1, N // 2 + 1, Qn)).astype(np.int32)
+    else:  # arbitrary ranges, some empty
+        a = rng.integers(0, N + 1, Qn)
+        b = rng.integers(0, N + 1, Qn)
+        ks, ke = np.minimum(a, b).astype(np.int32), np.maximum(a, b).astype(np.int32)
+    key = np.arange(32 * NW)
+    vis = (key[None, :] >= ks[:, None]) & (key[None, :] < ke[:, None])
+    # correlated survivors: a "hot" set per HOT consecutive queries plus independent noise
+    hot = rng.random((-(-Qn // HOT), 32 * NW)) < density
+    bits = (np.repeat(hot, HOT, axis=0)[:Qn] & (rng.random((Qn, 32 * NW)) < 0.7)) | (
+        rng.random((Qn, 32 * NW)) < density / 3
+    )
+    bits &= vis
+    return _pack(bits), ks, ke
+
+
+CASES = [
+    (1, 40, 0.3, "arbitrary"),
+    (3, 100, 0.5, "window"),
+    (4, 64, 0.4, "causal"),
+    (5, 1000, 0.2, "arbitrary"),
+    (7, 2050, 0.1, "window"),
+    (13, 333, 0.6, "causal"),
+    (16, 4096, 0.05, "causal"),
+    (30, 777, 0.3, "window"),
+    (9, 31, 0.9, "arbitrary"),
+]
+
+
+def test_popcount_rows():
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 2**32, (7, 5), dtype=np.uint64).astype(np.uint32)
+    want = [sum(bin(int(v)).count("1") for v in row) for row in x]
+    assert rs_mod.popcount_rows(x, np).tolist() == want
+    assert rs_mod.popcount_rows(np.zeros((3, 0), np.uint32), np).tolist() == [0, 0, 0]
+
+
+# ---------------------------------------------------------------------------------------
+# The kernel's loop decomposition, emulated (refine.cu refine_impl)
+# ---------------------------------------------------------------------------------------
+
+
+def _batch_pos(lane):
+    g, c = lane >> 2, lane & 3
+    return 8 * (g >> 1) + 2 * c + (g & 1)
+
+
+def _compact_batches(row, w0, w1, buf_cap):
+    """The id-compaction loop of one warp over words [w0, w1) of a mask row: yields, per
+    batch, (loaded ids [32 lanes][4 groups], result id [32 lanes]) with −1 = empty."""
+    carried = []
+    wb = w0
+    while wb < w1:
+        new = []
+        for lane in range(32):  # lane order, then bit order (prefix sum + __ffs)
+            wi = wb + lane
+            m = int(row[wi]) if wi < w1 else 0
+            new += [wi * 32 + b for b in range(32) if (m >> b) & 1]
+        buf = carried + new
+        assert len(buf) <= buf_cap  # the per-warp buffer never overflows
+        total = len(buf)
+        last = wb + 32 >= w1
+        full = total if last else total & ~31
+        for j in range(0, full, 32):
+            my = [[buf[j + 8 * u + (ln >> 2)] if j + 8 * u + (ln >> 2) < total else -1
+                   for u in range(4)] for ln in range(32)]  # fmt: skip
+            ids = [buf[j + _batch_pos(ln)] if j + _batch_pos(ln) < total else -1
+                   for ln in range(32)]  # fmt: skip
+            yield my, ids
+        carried = buf[full:]
+        assert len(carried) < 32
+        wb += 32
+    assert not carried
+
+
+def _check_batch(my, ids):
+    """Lane (g, c) loads key my[u] of group u; after the MMA + reduce8 it holds the key at
+    batch_pos: the result ids are exactly the loaded keys, each once."""
+    loaded = sorted({my[ln][u] for ln in range(32) for u in range(4)} - {-1})
+    res = sorted(i for i in ids if i >= 0)
+    assert loaded == res and len(set(res)) == len(res)
+    for ln in range(32):  # key n = 2c + v of group u is loaded by lane g' = n of that group
+        i = ids[ln]
+        if i >= 0:
+            p = _batch_pos(ln)
+            u, n = p // 8, p % 8
+            assert my[4 * n][u] == i  # lanes 4n..4n+3 (g' = n) hold key n of group u
+
+
+def _bit(mask, t, i):
+    return (int(mask[t, i >> 5]) >> (i & 31)) & 1
+
+
+def emulate_refine(grid, N, ks, ke, qlist, surv, on_pair):
+    """refine.cu refine_impl's blocks and warps: on_pair(t, id) for every refined pair."""
+    W, RW = 8, rs_mod.RW
+    gx, gy = grid
+    assert gx == len(qlist)
+    for x in range(gx):
+        t = int(qlist[x])
+        wlo, whi = int(ks[t]) >> 5, (int(ke[t]) + 31) >> 5
+        for y in range(gy):
+            for warp in range(W):
+                w0 = wlo + (y * W + warp) * RW
+                if w0 >= whi:
+                    continue
+                w1 = min(whi, w0 + RW)
+                if not np.any(surv[t, w0:w1]):
+                    continue
+                for my, ids in _compact_batches(surv[t], w0, w1, 1024 + 32):
+                    _check_batch(my, ids)
+                    for i in ids:
+                        if i >= 0:
+                            on_pair(t, i)
+
+
+def _grid(Qn, N):
+    """refine_stage's grid: (queries, word chunks of REFINE_WARPS·RW words)."""
+    NW = -(-N // 32)
+    return Qn, -(-NW // (rs_mod.REFINE_WARPS * rs_mod.RW))
+
+
+@pytest.mark.parametrize(
+    "Qn,N,density,kind", CASES + [(6, 70000, 0.02, "causal"), (8, 9000, 1.0, "causal")]
+)
+def test_loop_decomposition_refines_each_pair_once(Qn, N, density, kind):
+    rng = np.random.default_rng(Qn * 7 + N)
+    surv, ks, ke = _random_case(rng, Qn, N, density, kind)
+    pairs = []
+    emulate_refine(_grid(Qn, N), N, ks, ke, np.arange(Qn), surv, lambda t, i: pairs.append((t, i)))
+    B = _bits(surv)
+    assert len(set(pairs)) == len(pairs)  # no pair twice
+    assert sorted(pairs) == sorted((t, int(i)) for t in range(Qn) for i in np.flatnonzero(B[t]))
+
+
+# ---------------------------------------------------------------------------------------
+# Constants and C signatures
+# ---------------------------------------------------------------------------------------
+
+
+def _param_types(src, name):
+    return param_types(src, rf"\b{name}_mt##MT")
+
+
+def test_constants_match_source():
+    assert re.search(r"#define RW 256\b", REFINE_CU) and rs_mod.RW == 256
+    # REFINE_WARPS warps per block: the kernel's launch bound
+    assert f"__launch_bounds__({32 * rs_mod.REFINE_WARPS}) refine_mt##MT" in REFINE_CU
+
+
+def test_signature_parses():
+    r = _param_types(KERNELS_SRC, "refine")
+    assert len(r) == 13 and r[8] == np.int64
+
+
+# ---------------------------------------------------------------------------------------
+# refine_stage (host code + overflow extension) on the CPU
+# ---------------------------------------------------------------------------------------
+
+
+def _record(s, ids):
+    low = (~np.asarray(ids, dtype=np.int64)) & 0xFFFFFFFF
+    return (score_code(np.asarray(s, np.float32)).astype(np.uint64) << np.uint64(32)) | low.astype(
+        np.uint64
+    )
+
+
+class _FakeRefine:
+    """refine_mt* emulated (loop decomposition above) with a fixed score table S[t, i];
+    every launch argument is checked against the C signature."""
+
+    def __init__(self, S):
+        self.S = S
+        self.sig = _param_types(KERNELS_SRC, "refine")
+        self.calls = []
+
+    def get(self, name):
+        assert re.fullmatch(r"refine_mt\d", name), name
+        mt = int(name[-1])
+
+        def launch(grid, block, args, **kw):
+            check_args(name, args, self.sig)
+            assert block == (256,) and len(grid) == 2 and not kw
+            assert args[0].shape[1] == 16 * mt and args[1].shape[1] == 16 * mt  # q, w: MT
+            self.calls.append(name)
+            self.refine(grid, *args)
+
+        return launch
+
+    def _emit(self, q, cnt, rec, cap, tau):
+        # the score table is indexed by the query's identity, which the test writes into
+        # q[t, 0, :4] (_tag_queries): the overflow extension launches on q[rows] sub-arrays
+        qid = np.ascontiguousarray(q[:, 0, :4]).view(np.uint32)[:, 0]
+
+        def on_pair(t, i):
+            s = self.S[qid[t], i]
+            if s >= tau[t]:
+                at = int(cnt[t])
+                cnt[t] += 1  # counts past the capacity
+                if at < cap:
+                    rec[t, at] = _record(s, i)
+
+        return on_pair
+
+    def refine(self, grid, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
+        emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(q, cnt, rec, int(cap), tau))
+
+
+@pytest.fixture
+def fake_refine(monkeypatch):
+    def install(S):
+        fk = _FakeRefine(S)
+        monkeypatch.setattr(rs_mod, "cupy_or_raise", lambda: np)
+        monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
+        monkeypatch.setattr(rs_mod, "kernel", lambda name: fk.get(name))
+        return fk
+
+    return install
+
+
+def _tag_queries(q):
+    """Write each query's index into q[t, 0, :4] (read back by _FakeRefine._emit)."""
+    q[:, 0, :4] = np.arange(q.shape[0], dtype=np.uint32)[:, None].view(np.uint8)
+    return q
+
+
+@pytest.mark.parametrize("mt", [1, 2, 3, 4])
+@pytest.mark.parametrize("Qn,N,density,kind,cap", [
+    (13, 333, 0.6, "causal", 4096), (13, 333, 0.6, "causal", 3),
+    (30, 777, 0.3, "window", 1), (5, 1000, 0.2, "arbitrary", 50), (9, 31, 0.9, "arbitrary", 2),
+])  # fmt: skip
+def test_refine_stage_records_and_extension(fake_refine, mt, Qn, N, density, kind, cap):
+    rng = np.random.default_rng(Qn + N + mt)
+    surv, ks, ke = _random_case(rng, Qn, N, density, kind)
+    S = rng.standard_normal((Qn, N)).astype(np.float32)
+    S[:, ::7] = 0.5  # ties
+    tau = np.quantile(S, 0.4, axis=1).astype(np.float32)
+    tau[0] = -np.inf
+    Hp = 16 * mt
+    q = _tag_queries(np.zeros((Qn, Hp, 128), np.uint8))
+    w = np.zeros((Qn, Hp), np.float32)
+    kp = np.zeros((N, 128), np.uint8)
+    ksc = np.ones(N, np.float32)
+    fk = fake_refine(S)
+    recs = rs_mod.refine_stage(Batch(q, w, kp, ksc, 1, ks, ke), tau, surv, cap)
+    assert fk.calls and all(c == f"refine_mt{mt}" for c in fk.calls)
+    B = _bits(surv)
+    want_cnt = np.array([int(np.sum(B[t, :N] & (S[t] >= tau[t]))) for t in range(Qn)])
+    assert recs.cnt.tolist() == want_cnt.tolist()
+    assert recs.rec.shape == (Qn, cap)
+    assert recs.over.tolist() == (want_cnt > cap).tolist()
+    if recs.over.any():  # the extension holds exactly the overflowed rows, at exact size
+        rows, rec2, cnt2 = recs.ext
+        assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
+        assert rec2.shape == (rows.size, want_cnt.max())
+        assert cnt2.tolist() == want_cnt[rows].tolist()  # both passes, the same count
+        assert len(fk.calls) == 2  # the first pass and the overflowed rows' pass
+    else:
+        assert recs.ext is None and len(fk.calls) == 1
+    for t in range(Qn):
+        ids = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))
+        row = np.sort(recs.row(t))
+        assert np.array_equal(row, np.sort(_record(S[t, ids], ids))), t
+
+
+def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):
+    rng = np.random.default_rng(11)
+    Qn, N, cap = 13, 333, 3
+    surv, ks, ke = _random_case(rng, Qn, N, 0.6, "causal")
+    S = rng.standard_normal((Qn, N)).astype(np.float32)
+    tau = np.full(Qn, -np.inf, np.float32)
+    q = _tag_queries(np.zeros((Qn, 16, 128), np.uint8))
+    fk = fake_refine(S)
+    b = Batch(q, np.zeros((Qn, 16), np.float32), np.zeros((N, 128), np.uint8),
+              np.ones(N, np.float32), 1, ks, ke)  # fmt: skip
+    recs = rs_mod.refine_stage(b, tau, surv, cap, extend=False)
+    want_cnt = _bits(surv)[:, :N].sum(axis=1)
+    assert recs.cnt.tolist() == want_cnt.tolist() and recs.ext is None
+    assert recs.over.tolist() == (want_cnt > cap).tolist() and recs.over.any()
+    assert len(fk.calls) == 1  # no second pass
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200)
+# ---------------------------------------------------------------------------------------
+
+if HAVE_GPU:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+
+@pytest.mark.parametrize("H", [16, 32, 48, 64])
+@pytest.mark.parametrize("cap", [1 << 16, 5])
+@gpu
+def test_gpu_refine_stage_records_exact(H, cap):
+    """τ = −inf, random survivor masks: the records are exactly the dense route's records
+    of the surviving keys (bit-identical scores; no duplicate, none missing), MT = H/16 =
+    1..4, with and without the overflow extension."""
+    from dosa_cupy.prepare import pad_batch
+
+    Qn, N = 203, 20000
+    wl = make_gpu_workload("structured", Qn, N, H, seed=35)
+    ks, ke = wl["ks"], wl["ke"]
+    batch = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 1, ks, ke)
+    lg = cp.asnumpy(
+        dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], ks, ke)
+    )
+    rng = np.random.default_rng(H + cap)
+    surv, _, _ = _random_case(rng, Qn, N, 0.3, "causal")
+    key = np.arange(surv.shape[1] * 32)
+    vis = (key[None, :] >= cp.asnumpy(ks)[:, None]) & (key[None, :] < cp.asnumpy(ke)[:, None])
+    surv = _pack(_bits(surv) & vis)
+    tau = cp.full(Qn, -np.inf, dtype=cp.float32)
+    B = _bits(surv)
+    recs = rs_mod.refine_stage(batch, tau, cp.asarray(surv), cap)
+    assert cp.asnumpy(recs.cnt).tolist() == B[:, :N].sum(axis=1).tolist()
+    for t in range(Qn):
+        ids = np.flatnonzero(B[t, :N])
+        got = np.sort(cp.asnumpy(recs.row(t)))
+        assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
