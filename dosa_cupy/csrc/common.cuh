@@ -21,6 +21,7 @@
 #if defined(__CUDACC_RTC__)
 typedef unsigned char uint8_t;
 typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
 #else
 #include <stdint.h>
 #endif
