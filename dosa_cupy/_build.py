@@ -1,8 +1,17 @@
-"""Build and cache the CUDA module (``csrc/kernels.cu``) through ``cupy.RawModule``.
+"""The one build path of the CUDA kernels: a ``KernelSpec`` (a source of ``csrc/``, its
+defines, its target) → a module, compiled by NVRTC and cached by the text of every source.
 
-CuPy compiles for the device's own architecture (sm_90 on the H200) and appends
-``-ftz=true`` (docs/numerics.md): every guard computation in the kernels that must round
-upward is therefore done in fp64 with ``__d*_ru`` intrinsics (docs/method.md §8).
+* The portable modules (``kernels.cu``, ``decode.cu``, ``plan.cu``) go through CuPy's NVRTC
+  build (``cupy.RawModule(code=..., backend="nvrtc")``), which compiles for the device's own
+  architecture (sm_90 on the H200) and appends ``-ftz=true`` (docs/numerics.md): every
+  guard computation that must round upward is therefore done in fp64 with ``__d*_ru``
+  intrinsics (docs/method.md §8).
+* The Hopper module (``screen_sm90a.cu``: warpgroup MMA needs the arch-specific target
+  sm_90a, which CuPy's build does not ask for) is compiled by NVRTC here, with CuPy's
+  options plus ``--gpu-architecture=sm_90a``, to a cubin cached under $DOSA_CACHE (default:
+  the temp directory) and loaded with ``cupy.RawModule(path=...)``.  Where the installed
+  NVRTC cannot build it, the machine's nvcc does (``DOSA_NVCC``, PATH, $CUDA_HOME/bin), with
+  the same flags.  No CUDA toolkit is needed beside the NVRTC that CuPy loads.
 """
 
 from __future__ import annotations
@@ -10,11 +19,36 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-KERNEL_FILE = CSRC / "kernels.cu"
 OPTIONS = ("-std=c++17", f"-I{CSRC}")
+UNROLL = 2  # screen batches per loop trip (screen.cu DOSA_SCREEN_UNROLL; v8: 2 beat 1 by 8 %)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One build: ``source`` (a file of csrc/), ``defines`` ("NAME=VALUE"), ``sm90a`` (the
+    file needs the sm_90a target: warpgroup MMA)."""
+
+    source: str
+    defines: tuple[str, ...] = ()
+    sm90a: bool = False
+
+    def options(self) -> tuple[str, ...]:
+        """The compiler options of this build (CuPy adds the target and ``-ftz=true``)."""
+        return OPTIONS + tuple(f"-D{d}" for d in self.defines)
+
+
+def main_spec(tile_n: int | None = None) -> KernelSpec:
+    """The build of kernels.cu (every stage's kernels) for ``tile_n`` keys per tile
+    (default: the current ``tile()``)."""
+    t = tile() if tile_n is None else int(tile_n)
+    return KernelSpec("kernels.cu", (f"DOSA_TILE_N={t}", f"DOSA_SCREEN_UNROLL={UNROLL}"))
 
 
 def kernel_sources() -> list[Path]:
@@ -64,7 +98,7 @@ def num_sms() -> int:
 _SMS: dict = {}
 
 TILES = (128, 256)
-_state = {"tile": int(os.environ.get("DOSA_TILE_N", "256"))}  # 256: +8–12% (BENCHMARKS v6)
+_state = {"tile": 256}  # 256: +8–12 % over 128 (docs/records/notes.md v6); set_tile
 
 
 def tile() -> int:
@@ -81,47 +115,103 @@ def set_tile(n: int) -> None:
     _state["tile"] = int(n)
 
 
-@functools.cache
-def module(tile_n: int = 128, defines: tuple = ()):
-    """kernels.cu built for ``tile_n`` keys per tile, plus ``defines`` ("NAME=VALUE"): one
-    cached module per combination."""
-    cp = cupy_or_raise()
-    # DOSA_SCREEN_UNROLL: batches per trip of the screening loop (a tuning experiment,
-    # docs/records/notes.md v8); it changes scheduling only, never a value.
-    unroll = int(os.environ.get("DOSA_SCREEN_UNROLL", "2"))
-    if unroll not in (1, 2, 4):
-        raise ValueError(f"DOSA_SCREEN_UNROLL: expected 1, 2 or 4, got {unroll!r}")
-    opts = OPTIONS + (f"-DDOSA_TILE_N={int(tile_n)}", f"-DDOSA_SCREEN_UNROLL={unroll}")
-    opts += tuple(f"-D{d}" for d in defines)
-    return cp.RawModule(code=source_text(KERNEL_FILE), options=opts, backend="nvrtc")
-
-
 def source_text(path: Path) -> str:
     """The text of a .cu file plus a comment holding the hash of every file in csrc/: CuPy's
     kernel cache is keyed by the code string and the options only, so without it an edited
     included stage file (screen.cu, common.cuh, ...) would reuse a stale cached build."""
+    return Path(path).read_text() + f"\n// csrc sha256 {_csrc_hash()}\n"
+
+
+def _csrc_hash() -> str:
     h = hashlib.sha256()
     for f in sorted(CSRC.glob("*.cu*")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return Path(path).read_text() + f"\n// csrc sha256 {h.hexdigest()}\n"
-
-
-def kernel(name: str, smem: int = 0, defines: tuple = ()):
-    """Kernel ``name`` of the module built for the current tile size (and ``defines``);
-    raises the dynamic shared-memory limit when a launch needs more than 48 KB."""
-    f = module(tile(), tuple(defines)).get_function(name)
-    if smem > 48 * 1024:
-        raise_smem_limit(f, smem, name, tile(), tuple(defines))
-    return f
+    return h.hexdigest()
 
 
 @functools.cache
-def source_module(path: Path, defines: tuple = ()):
-    """``cupy.RawModule`` of one .cu file of csrc/ (decode.cu, plan.cu)
-    with the package's NVRTC options plus ``defines`` ("NAME=VALUE")."""
+def module(spec: KernelSpec):
+    """The loaded module of ``spec`` (built on first use, one per spec)."""
     cp = cupy_or_raise()
-    opts = OPTIONS + tuple(f"-D{d}" for d in defines)
-    return cp.RawModule(code=source_text(path), options=opts, backend="nvrtc")
+    if not spec.sm90a:
+        return cp.RawModule(
+            code=source_text(CSRC / spec.source), options=spec.options(), backend="nvrtc"
+        )
+    return cp.RawModule(path=str(sm90a_cubin(spec)))
+
+
+def kernel(name: str, smem: int = 0, spec: KernelSpec | None = None):
+    """Kernel ``name`` of ``spec``'s module (default: ``main_spec()``, kernels.cu at the
+    current tile size), its dynamic shared-memory limit raised to ``smem`` when a launch
+    needs more than 48 KB."""
+    spec = main_spec() if spec is None else spec
+    f = module(spec).get_function(name)
+    if smem > 48 * 1024:
+        raise_smem_limit(f, smem, spec, name)
+    return f
+
+
+def nvcc() -> str | None:
+    """The nvcc of the fallback build: $DOSA_NVCC, then PATH, then $CUDA_HOME/bin."""
+    for cand in (
+        os.environ.get("DOSA_NVCC"),
+        shutil.which("nvcc"),
+        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"),
+    ):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def nvcc_command(spec: KernelSpec, out: Path) -> list[str]:
+    """The nvcc command that builds ``spec`` as an sm_90a cubin with the NVRTC build's
+    flags (``-ftz=true``, C++17, the include directory, the defines)."""
+    return [
+        nvcc() or "nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-ftz=true",
+        *spec.options(), "-o", str(out), str(CSRC / spec.source),
+    ]  # fmt: skip
+
+
+SM90A_NVRTC = ("--gpu-architecture=sm_90a", "-ftz=true")  # beside spec.options()
+
+
+def _nvrtc_cubin(spec: KernelSpec) -> bytes:
+    """``spec`` compiled by NVRTC (the library CuPy loads) for sm_90a; raises on failure."""
+    from cupy.cuda import compiler
+
+    nv = compiler.nvrtc
+    src = (CSRC / spec.source).read_text()
+    prog = nv.createProgram(src, spec.source, (), ())
+    try:
+        try:
+            nv.compileProgram(prog, spec.options() + SM90A_NVRTC)
+        except Exception as e:
+            raise RuntimeError(f"NVRTC: {nv.getProgramLog(prog)}") from e
+        return bytes(nv.getCUBIN(prog))
+    finally:
+        nv.destroyProgram(prog)
+
+
+def sm90a_cubin(spec: KernelSpec) -> Path:
+    """The sm_90a cubin of ``spec``, built on first use (NVRTC, else nvcc) and cached under
+    $DOSA_CACHE (default: the temp directory) by the hash of the sources and the flags."""
+    h = hashlib.sha256((_csrc_hash() + " ".join(spec.options() + SM90A_NVRTC)).encode())
+    cache = Path(os.environ.get("DOSA_CACHE", Path(tempfile.gettempdir()) / "dosa-cubin"))
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"{Path(spec.source).stem}_{h.hexdigest()[:20]}.cubin"
+    if out.exists():
+        return out
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(_nvrtc_cubin(spec))
+    except Exception as e:  # an NVRTC without sm_90a: the machine's nvcc, same flags
+        if nvcc() is None:
+            raise RuntimeError(f"{spec.source}: NVRTC failed and no nvcc was found: {e}") from e
+        res = subprocess.run(nvcc_command(spec, tmp), capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{spec.source}: NVRTC ({e}) and nvcc failed:\n{res.stderr}") from e
+    tmp.replace(out)
+    return out
 
 
 def raise_smem_limit(f, smem: int, *key):

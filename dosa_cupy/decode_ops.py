@@ -21,12 +21,11 @@ them): both backends need them, and the selector imports this module, not the re
 
 from __future__ import annotations
 
-import os
 from collections import deque
 
 import numpy as np
 
-from ._build import CSRC, cupy_or_raise, num_sms, raise_smem_limit, source_module
+from ._build import KernelSpec, cupy_or_raise, kernel, num_sms
 from .emulate import record_score
 
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
@@ -46,11 +45,8 @@ def scan_smem(tile: int, stages: int) -> int:
 SCAN_SMEM = scan_smem(SCAN_TILE, SCAN_STAGES)
 DEDUP_MAX = 1 << 14  # witnesses per request that decode_witness_dedup hashes in shared memory
 KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
-DECODE_FILE = CSRC / "decode.cu"
+DECODE = KernelSpec("decode.cu")  # decode.cu's own ring shape (SCAN_TILE, SCAN_STAGES)
 NONE = 2**31 - 1  # decode_layout: no violation
-# A tuning experiment (docs/records/notes.md): DOSA_DECODE_TUNE="TILE,STAGES[,F16MAX]" builds
-# decode.cu with other ring shapes; scheduling only, a key's score is unchanged.
-_TUNE = tuple(int(x) for x in os.environ.get("DOSA_DECODE_TUNE", "").split(",") if x)
 
 
 # ---------------------------------------------------------------------------------------
@@ -58,32 +54,15 @@ _TUNE = tuple(int(x) for x in os.environ.get("DOSA_DECODE_TUNE", "").split(",") 
 # ---------------------------------------------------------------------------------------
 
 
-def _tune() -> tuple[int, int, tuple]:
-    """(tile, stages, defines) of the scan build: the defaults or DOSA_DECODE_TUNE."""
-    if not _TUNE:
-        return SCAN_TILE, SCAN_STAGES, ()
-    t, s = _TUNE[0], _TUNE[1]
-    defs = (f"DEC_TILE={t}", f"DEC_STAGES={s}")
-    if len(_TUNE) > 2:
-        defs += (f"DOSA_QROWS_F16_MAX={_TUNE[2]}",)
-    return t, s, defs
-
-
 def _kernel(name: str, smem: int = 0):
-    defs = _tune()[2]
-    f = source_module(DECODE_FILE, defs).get_function(name)
-    if smem > 48 * 1024:
-        raise_smem_limit(f, smem, "decode", name, defs)
-    return f
+    return kernel(name, smem, DECODE)
 
 
 def scan(d, fused: bool, tail: tuple) -> None:
     """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
     (request, tile) items; ``tail`` = the route's last arguments: (out,) for the logits,
     (thr, cnt, rec, cap) for the fused route."""
-    tile, stages, _ = _tune()
-    smem = scan_smem(tile, stages)
-    T = -(-d["L"] // tile)
+    smem, T = SCAN_SMEM, -(-d["L"] // SCAN_TILE)
     total = d["B"] * T
     grid = max(1, min(total, num_sms()))
     per = -(-total // grid)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._build import CSRC, cupy_or_raise, raise_smem_limit, source_module
+from ._build import KernelSpec, cupy_or_raise, module, raise_smem_limit
 from .plan import TINY, DevicePlan, gamma, gamma_mma
 from .prepare import D
 
 __all__ = ["PLAN_THREADS", "build_plans_fused", "plan_constants", "plan_smem_bytes"]
 
-PLAN_FILE = CSRC / "plan.cu"
+PLAN = KernelSpec("plan.cu")
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)
 
@@ -40,7 +40,8 @@ def _kernel(name: str, smem: int):
     Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
     the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
     48 KB of dynamic memory and would fail to launch otherwise."""
-    return raise_smem_limit(source_module(PLAN_FILE).get_function(name), smem, "plan", name)
+    f = module(PLAN).get_function(name)
+    return raise_smem_limit(f, smem, PLAN, name)
 
 
 def plan_smem_bytes(Hp: int) -> int:

@@ -1,27 +1,34 @@
 """The Hopper (sm_90a, wgmma) screen: its MMA chain equals the canonical mma.sync chain bit
 for bit (docs/numerics.md "Warpgroup MMA"), so ``screen="wg"`` computes exactly the bounds
 of ``screen_mt1`` and DoSA's ids equal the dense route's.  GPU tests need an H200-class GPU
-(compute capability 9.0) and nvcc; the CPU part checks the build command and the options."""
+(compute capability 9.0); the CPU part builds the module (nvcc; NVRTC where libnvrtc is
+installed) and checks the options."""
 
 import numpy as np
 import pytest
 from gpu_support import HAVE_GPU, cp, gpu
 
-from dosa_cupy import sm90a
+from dosa_cupy import _build, sm90a
 from dosa_cupy.options import check_options
 
 
-def test_build_command_targets_sm90a_with_cupys_flags():
-    cmd = sm90a.build_command(256, sm90a.SOURCE.with_suffix(".cubin"))
+def test_build_targets_sm90a_with_cupys_flags(tmp_path):
+    """NVRTC and the nvcc fallback build screen_sm90a.cu for sm_90a with -ftz=true (CuPy's
+    flag for every other module), the include directory and the spec's defines."""
+    spec = sm90a.spec(256)
+    assert spec.sm90a and spec.source == sm90a.SOURCE and "DOSA_TILE_N=256" in spec.defines
+    assert set(_build.SM90A_NVRTC) == {"--gpu-architecture=sm_90a", "-ftz=true"}
+    cmd = _build.nvcc_command(spec, tmp_path / "s.cubin")
     assert "-gencode=arch=compute_90a,code=sm_90a" in cmd and "-ftz=true" in cmd
-    assert "-DDOSA_TILE_N=256" in cmd and str(sm90a.SOURCE) in cmd
+    assert "-DDOSA_TILE_N=256" in cmd and str(_build.CSRC / sm90a.SOURCE) in cmd
+    assert set(spec.options()) <= set(cmd)
 
 
 # the library's builds (sm90a.BUILDS) and the mt1 variants `dosa bench --screen-variants` times
 BUILD_CASES = [(), ("DOSA_WG_GROUPS=2",), sm90a.BUILDS[2][0]]
 
 
-@pytest.mark.skipif(sm90a.nvcc() is None, reason="nvcc not found on this machine")
+@pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
 @pytest.mark.parametrize("defines", BUILD_CASES)
 def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     """CI (no GPU) builds the wgmma code itself: for sm_90 the file compiles to an empty
@@ -29,7 +36,7 @@ def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     import subprocess
 
     out = tmp_path / "s.cubin"
-    cmd = sm90a.build_command(256, out, defines)
+    cmd = _build.nvcc_command(sm90a.spec(256, defines), out)
     res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
     assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
     mts = 2 if "DOSA_WG_MTS=2" in defines else 1
@@ -38,7 +45,7 @@ def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     assert "C7518" not in res.stderr, res.stderr  # no wgmma serialized by ptxas
 
 
-@pytest.mark.skipif(sm90a.nvcc() is None, reason="nvcc not found on this machine")
+@pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
 @pytest.mark.parametrize("mts", [1, 2])
 def test_sm90a_tie_variants_compile(mts, tmp_path):
     """The tie-aware variants (screen_wg_mt*_tie, in every build) compile for sm_90a without
@@ -47,7 +54,7 @@ def test_sm90a_tie_variants_compile(mts, tmp_path):
     import subprocess
 
     out = tmp_path / "t.cubin"
-    cmd = sm90a.build_command(256, out, sm90a.BUILDS[mts][0])
+    cmd = _build.nvcc_command(sm90a.spec(256, sm90a.BUILDS[mts][0]), out)
     res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
     assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
     assert "C7518" not in res.stderr, res.stderr
@@ -69,7 +76,7 @@ def test_wg_option_validation():
 
 
 needs_sm90a = pytest.mark.skipif(
-    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU and nvcc"
+    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU (sm_90a build)"
 )
 
 
@@ -96,9 +103,7 @@ def _crafted(rs, shape):
 @gpu
 def test_wgmma_chain_equals_mma_sync_bitwise(kind, seed):
     T = 256
-    sm90a.module(T)
-    f = sm90a.module(T).get_function("wg_probe_mma")
-    sm90a.raise_smem_limit(f, sm90a.smem_bytes(T), "probe", T)
+    f = sm90a.kernel("wg_probe_mma", 1)
     rs = np.random.RandomState(seed)
     R = sm90a.THREADS // 2  # 16 rows per warp
     if kind == "uniform_codes":

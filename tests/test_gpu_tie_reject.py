@@ -158,7 +158,7 @@ def test_proof_witnesses_and_mutants():
 # ---------------------------------------------------------------------------------------
 
 needs_sm90a = pytest.mark.skipif(
-    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU and nvcc"
+    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU (sm_90a build)"
 )
 
 

@@ -116,3 +116,39 @@ def test_runtime_builds_do_not_spill(name, defines, tmp_path):
         if int(st) > allowed[0] or int(ld) > allowed[1]:
             bad.append(f"{k} ({st} B stored, {ld} B loaded)")
     assert not bad, f"{name} {defines}: register spills in {bad}"
+
+
+def _nvrtc_sm90a_log(spec) -> str:
+    """ptxas's report of ``spec`` built by NVRTC for sm_90a with the library's flags
+    (``_build.SM90A_NVRTC``: the build that runs on the H200)."""
+    from dosa_cupy import _build
+
+    prog = ctypes.c_void_p()
+    text = (_build.CSRC / spec.source).read_bytes()
+    name = spec.source.encode()
+    assert LIB.nvrtcCreateProgram(ctypes.byref(prog), text, name, 0, None, None) == 0
+    opts = [o.encode() for o in spec.options() + _build.SM90A_NVRTC + ("--ptxas-options=-v",)]
+    rc = LIB.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    LIB.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    LIB.nvrtcGetProgramLog(prog, log)
+    assert rc == 0, log.value.decode()[:2000]
+    return log.value.decode()
+
+
+@pytest.mark.skipif(LIB is None, reason="libnvrtc not found on this machine")
+@pytest.mark.parametrize("mts", [1, 2])
+def test_sm90a_nvrtc_builds_without_spills_or_serialized_wgmma(mts):
+    """The Hopper screen as the library builds it (NVRTC, sm_90a): no wgmma serialized in a
+    screen kernel (ptxas's C7512 / C7518 name only the accumulator probe), and no spills in
+    the one-tile kernels (the two-tile tie-aware one spills: sm90a.BUILDS)."""
+    from dosa_cupy import sm90a
+
+    log = _nvrtc_sm90a_log(sm90a.spec(256, sm90a.BUILDS[mts][0]))
+    serialized = re.findall(r"\(C75(?:12|18)\)[^\n]*function '(\w+)'", log)
+    assert set(serialized) <= {"wg_probe_mma"}, log
+    for k in (f"screen_wg_mt{mts}", f"screen_wg_mt{mts}_tie"):
+        props = log.split(f"Function properties for {k}\n")[1].split("\n")[0]
+        if mts == 1 or not k.endswith("_tie"):
+            assert "0 bytes spill stores" in props, (k, props)

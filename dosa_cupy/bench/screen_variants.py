@@ -48,8 +48,8 @@ def capture_screen(args_, cp):
 
     cap, orig = {}, screen.kernel
 
-    def recording(name, smem=0, defines=()):
-        f = orig(name, smem, defines)
+    def recording(name, smem=0, spec=None):
+        f = orig(name, smem, spec)
 
         def run(grid, block, a, shared_mem=0):
             if name.startswith("screen"):
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     import cupy as cp
 
-    from dosa_cupy import sm90a
+    from dosa_cupy import _build, sm90a
     from dosa_cupy._build import tile
     from dosa_cupy.workload import make_gpu_workload
 
@@ -103,8 +103,7 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}")
     for name in names:
         defs = VARIANTS[name]
-        g = sm90a.module(T, defs).get_function("screen_wg_mt1")
-        sm90a.raise_smem_limit(g, sm90a.smem_bytes(T), "variant", name)
+        g = _build.kernel("screen_wg_mt1", sm90a.smem_bytes(T), sm90a.spec(T, defs))
         qg = 96 if groups_of(defs) == 3 else 128  # queries per block (4 per warpgroup)
         ga = list(kargs)
         ga[QG_ARG] = np.int32(qg)
