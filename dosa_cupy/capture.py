@@ -175,9 +175,9 @@ class PrefillSelectorGPU:
             decided on the first step; "fp64", "wg"; "pair" is not capturable —
             under "auto" its chunks take "wg" where it runs, else "fp64", with the same r),
             r, seeds ("local+anchor", "local", "anchor"), window, sinks, n_anchors, buffer
-            (compact records per query: a query with more is flagged and re-run), mma_bits,
-            p_sample, tie_reject (the tie-aware kernels when the first step has a query at
-            τ = 0).  Options that need host reads per call (seed_ids, cert_seeds, statistics,
+            (compact records per query: a query with more is flagged and re-run), p_sample,
+            tie_reject (the tie-aware kernels when the first step has a query at τ = 0).
+            Options that need host reads per call (seed_ids, cert_seeds, statistics,
             route_memo) raise ValueError.
 
     Use: ``h = step(..., out=)`` issues kernels only once a shape has been seen (its first

@@ -31,7 +31,7 @@ from dosa_ref.options import check_count
 from . import sm90a
 from ._build import cupy_or_raise
 from .refine import popcount_rows
-from .scorer import QG
+from .scorer import MMA_BITS, QG
 from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
 
 __all__ = [
@@ -256,7 +256,7 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     cp = cupy_or_raise()
     kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
     ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
-    zrow = plateau_rows(plan, bs.w, int(o["mma_bits"]), cp) if tie else None
+    zrow = plateau_rows(plan, bs.w, MMA_BITS, cp) if tie else None
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
     tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None

@@ -49,7 +49,6 @@ OPTIONS = {
     "n_anchors": 4,
     "r": 14,
     "buffer": 65536,
-    "mma_bits": 17,
     "p_sample": 256,
     "cert_seeds": None,
     "cert_cap": 16384,
@@ -168,7 +167,6 @@ def check_options(kw: dict) -> dict:
     if o["cert_seeds"] is not None:
         check_count("cert_seeds", o["cert_seeds"], 0, CERT_MAX)
     rr = check_count("r", o["r"], 1, 30)
-    check_count("mma_bits", o["mma_bits"], 8, 24)
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:

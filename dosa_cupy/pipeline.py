@@ -30,6 +30,7 @@ from .plan import DevicePlan
 from .plan_fused import build_plans_fused
 from .prepare import key_rho
 from .refine import popcount_rows, refine_stage
+from .scorer import MMA_BITS
 from .screen import auto_screen, screen_stage
 from .seeds import certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
@@ -42,8 +43,8 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
     evenly spaced anchor-pool keys (pool int32 [P], sorted), by
     ``plan_fused.build_plans_fused`` (one kernel per chunk; its specification is
-    ``plan.build_plans``) with ``o["mma_bits"]``.  ``pcount`` (0-d device int64, the pool's P
-    when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
+    ``plan.build_plans``) with the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
+    pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
     sample keys spaced over the first P entries on the device (repeats when P is smaller;
     key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
     retains (docs/method.md §4); every plan's bound holds for any sample."""
@@ -55,7 +56,7 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     else:
         last = cp.maximum(pcount - 1, 0)
         sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
-    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, o["mma_bits"])
+    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS)
 
 
 def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
@@ -75,10 +76,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         of largest U, raise τ and drop survivors with U below it; None with "certificate"
         in seeds: default_cert_seeds(K); slower than without at the benched shapes) with
         cert_cap (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact
-        records per query before an exact extension); mma_bits (accumulator bits of the
-        MMA error model, plan.py); screen ("auto", default: per chunk, from the positive
-        heads per query, "pair" with r ≤ 6, else r or 30 on "wg" where it runs, on "fp64"
-        elsewhere — ``screen.auto_screen``; "fp64": the mma.sync screen; "pair": two
+        records per query before an exact extension); screen ("auto", default: per chunk,
+        from the positive heads per query, "pair" with r ≤ 6, else r or 30 on "wg" where it
+        runs, on "fp64" elsewhere — ``screen.auto_screen``; "fp64": the mma.sync screen; "pair": two
         queries per 16-row MMA tile, needs r ≤ 6, screen.cu screen_pair; "wg": the Hopper
         warpgroup-MMA screen, sm_90a, screen_sm90a.cu, bounds bitwise equal to "fp64"'s);
         tie_reject (True, default: chunks with a query at τ = 0 are screened by the

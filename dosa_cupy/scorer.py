@@ -11,7 +11,7 @@ import numpy as np
 
 from ._build import cupy_or_raise, kernel, tile
 
-__all__ = ["QG", "ROWB", "overflowing_scores", "valid_scales"]
+__all__ = ["MMA_BITS", "QG", "ROWB", "overflowing_scores", "valid_scales"]
 
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -24,6 +24,12 @@ def valid_scales(ksc):
 
 
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)
+# The canonical scorer's error model (docs/error_model.md, docs/numerics.md "The mma.sync
+# accumulator"): the f16 m16n8k16 chain keeps W = 17 bits of each step's aligned sum, the
+# largest window consistent with every crafted probe on the H200.  A property of the scorer
+# that every plan allowance is derived from, not an option: a larger W would make the bound
+# unsound.
+MMA_BITS = 17
 QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 
 

@@ -22,7 +22,7 @@ from . import sm90a
 from ._build import cupy_or_raise, device_const, kernel, tile
 from .plan import MU, DevicePlan, gamma_mma, row_slots
 from .prepare import Batch, D
-from .scorer import QG, ROWB
+from .scorer import MMA_BITS, QG, ROWB
 from .seeds import Seeds
 from .select import RecordBuffer
 
@@ -325,7 +325,7 @@ def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict,
     if tie is None:
         tie = tie_screen_wanted(seeds, o)
     if tie:  # docs/method.md §7 "Tie-aware rejection and zero plateaus"
-        zrow = plateau_rows(plan, b.w, int(o["mma_bits"]), cp)
+        zrow = plateau_rows(plan, b.w, MMA_BITS, cp)
         tcnt = cp.zeros(b.Qn, dtype=cp.uint32)
     launch = ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert is not None, zrow)
     launch(surv, bounds, cert, tcnt)

@@ -80,7 +80,7 @@ def test_dense_scores_within_error_model(regime, H):
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     qs = np.arange(64)
     s, mass = _ref_scores(wl, qs)
-    bits = dosa_cupy.options.OPTIONS["mma_bits"]
+    bits = dosa_cupy.scorer.MMA_BITS
     g_ref = gamma_mma(bits) + gamma(2 * (H // 16) + 5) * (1 + gamma_mma(bits))
     bound = g_ref * mass + 2.0**-120
     err = np.abs(lg.astype(np.float64) - s)
@@ -677,7 +677,7 @@ def test_mma_crafted_worst_case():
     exact = kv @ qv  # products exact, float64 sum exact at these magnitudes
     mass = np.abs(kv) @ np.abs(qv)
     err = np.abs(lg.astype(np.float64) - exact)
-    bits = dosa_cupy.options.OPTIONS["mma_bits"]
+    bits = dosa_cupy.scorer.MMA_BITS
     r13 = float(np.max(err / (gamma_mma(13) * mass)))
     r17 = float(np.max(err / (gamma_mma(17) * mass)))
     rel = max(float(np.max(err / mass)), 1e-300)

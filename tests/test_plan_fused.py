@@ -444,10 +444,11 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
 
 def test_plan_stage_runs_the_fused_planner(monkeypatch):
     """pipeline.plan_stage hands the batch, p_sample evenly spaced pool keys, r, the row
-    tiles (1 for r ≤ 14, else 2) and mma_bits to build_plans_fused."""
+    tiles (1 for r ≤ 14, else 2) and the scorer's accumulator bits to build_plans_fused."""
     from types import SimpleNamespace
 
     from dosa_cupy import pipeline
+    from dosa_cupy.scorer import MMA_BITS
 
     calls = []
     monkeypatch.setattr(pipeline, "cupy_or_raise", lambda: np)
@@ -456,9 +457,9 @@ def test_plan_stage_runs_the_fused_planner(monkeypatch):
     pool = np.arange(0, 3000, 3, dtype=np.int32)
     for r, mts in ((14, 1), (15, 2), (30, 2)):
         calls.clear()
-        assert pipeline.plan_stage(b, pool, r, {"p_sample": 16, "mma_bits": 13}) == "plan"
+        assert pipeline.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
         (args,) = calls
-        assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, 13)
+        assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, MMA_BITS)
         assert np.array_equal(args[3], pool[np.linspace(0, pool.size - 1, 16).astype(np.int64)])
 
 

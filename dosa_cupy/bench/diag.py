@@ -1,5 +1,5 @@
-"""Survival diagnostics: how the MMA error model (kept bits W) and the retained-head budget
-r change screening survival (issue 5 notes).  ``dosa bench --diag``."""
+"""Survival diagnostics: how the retained-head budget r changes screening survival at the
+scorer's error model (``scorer.MMA_BITS``; issue 5 notes).  ``dosa bench --diag``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     import dosa_cupy
+    from dosa_cupy.scorer import MMA_BITS
     from dosa_cupy.workload import make_gpu_workload
 
     Qn, N, K = 256, 65536, 2048
@@ -23,16 +24,15 @@ def main(argv=None) -> int:
             a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
             dense = dosa_cupy.dense_topk(*a)
             for r in (14, 30):
-                for bits in (13, 17, 24):
-                    ids, st = dosa_cupy.dosa_topk(
-                        *a, r=r, mma_bits=bits, screen="fp64", route="dosa", return_stats=True
-                    )  # r as given, not auto's; screened, never the dense route
-                    sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
-                    eq = bool(cp.array_equal(ids, dense))
-                    print(
-                        f"| {regime} | {H} | {r} | {bits} | {sv:.4f} | {st.kept.mean():.0f} |"
-                        f" {eq} |"
-                    )
+                ids, st = dosa_cupy.dosa_topk(
+                    *a, r=r, screen="fp64", route="dosa", return_stats=True
+                )  # r as given, not auto's; screened, never the dense route
+                sv = float(np.mean(st.survivors / np.maximum(st.screened, 1)))
+                eq = bool(cp.array_equal(ids, dense))
+                print(
+                    f"| {regime} | {H} | {r} | {MMA_BITS} | {sv:.4f} | {st.kept.mean():.0f} |"
+                    f" {eq} |"
+                )
     return 0
 
 

@@ -195,7 +195,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         return run
 
     # the fused route has no plan: r (and the plan's other options) are DoSA's alone
-    fused_opts = {k: v for k, v in opts.items() if k not in ("r", "mma_bits", "p_sample")}
+    fused_opts = {k: v for k, v in opts.items() if k not in ("r", "p_sample")}
     dosa_cs = [slices(s, sub["dosa"]) for s in sets]
     res["dosa_ms"], _ = median_ms(cp, route(dosa_cupy.dosa_topk, opts), reps, rotate=dosa_cs)
     free(cp)
