@@ -71,3 +71,16 @@ def test_device_const_copies_a_table_once_per_device_and_name(monkeypatch):
     assert _build.device_const(xp, "t", lambda: np.arange(3)) is not a  # another device
     assert len(copies) == 3
     assert (_build.device_const(np, "t", lambda: [1, 2]) == [1, 2]).all()
+
+
+def test_scorer_error_model_is_one_number():
+    """The canonical scorer's accumulator bits are one property (csrc/scorer.cuh
+    ScorerF16::kMmaBits) that the host's plan allowances read (dosa_cupy.scorer.MMA_BITS)."""
+    import re
+
+    from dosa_cupy import scorer
+
+    src = (ROOT / "csrc" / "scorer.cuh").read_text()
+    (bits,) = re.findall(r"static constexpr int kMmaBits = (\d+);", src)
+    assert int(bits) == scorer.MMA_BITS == 17
+    assert "using Scorer = ScorerF16;" in src

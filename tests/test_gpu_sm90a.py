@@ -24,6 +24,26 @@ def test_build_targets_sm90a_with_cupys_flags(tmp_path):
     assert set(spec.options()) <= set(cmd)
 
 
+def test_sm90a_cubin_needs_no_cuda_toolkit(tmp_path, monkeypatch):
+    """The sm_90a module is built by NVRTC (the library CuPy loads) into the cache: no nvcc
+    on the machine is needed; only where NVRTC fails is nvcc tried, and without it the error
+    names the source."""
+    monkeypatch.setenv("DOSA_CACHE", str(tmp_path))
+    monkeypatch.setattr(_build, "nvcc", lambda: None)
+    monkeypatch.setattr(_build, "_nvrtc_cubin", lambda spec: b"cubin:" + spec.source.encode())
+    out = _build.sm90a_cubin(sm90a.spec(256))
+    assert out.parent == tmp_path and out.read_bytes() == b"cubin:screen_sm90a.cu"
+    assert _build.sm90a_cubin(sm90a.spec(256)) == out  # cached by sources and flags
+    assert _build.sm90a_cubin(sm90a.spec(128)) != out
+
+    def fail(spec):
+        raise RuntimeError("NVRTC: no sm_90a")
+
+    monkeypatch.setattr(_build, "_nvrtc_cubin", fail)
+    with pytest.raises(RuntimeError, match="screen_sm90a.cu: NVRTC failed and no nvcc"):
+        _build.sm90a_cubin(sm90a.spec(64))
+
+
 # the library's builds (sm90a.BUILDS) and the mt1 variants `dosa bench --screen-variants` times
 BUILD_CASES = [(), ("DOSA_WG_GROUPS=2",), sm90a.BUILDS[2][0]]
 

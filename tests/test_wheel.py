@@ -133,7 +133,8 @@ def test_installed_package_finds_its_own_sources(wheel, tmp_path):
     probe = (
         "import json, dosa_cupy._build as b; "
         "print(json.dumps({'module': b.__file__, 'csrc': str(b.CSRC), "
-        "'kernel': str(b.KERNEL_FILE), 'sources': [str(p) for p in b.kernel_sources()]}))"
+        "'kernels': [str(b.CSRC / s.source) for s in (b.main_spec(256), b.KernelSpec("
+        "'screen_sm90a.cu', sm90a=True))], 'sources': [str(p) for p in b.kernel_sources()]}))"
     )
     cwd = tmp_path / "elsewhere"  # not the checkout: the import must come from the venv
     cwd.mkdir()
@@ -142,7 +143,7 @@ def test_installed_package_finds_its_own_sources(wheel, tmp_path):
     assert csrc.is_relative_to(venv.resolve()), f"sources read from {csrc}, not the venv"
     assert not csrc.is_relative_to(ROOT), csrc
     assert Path(got["module"]).resolve().is_relative_to(venv.resolve())
-    assert Path(got["kernel"]).is_file()
+    assert all(Path(k).is_file() for k in got["kernels"])  # the modules' top files
     found = sorted(Path(p).relative_to(csrc.parents[1]).as_posix() for p in got["sources"])
     assert found == _sources()
     assert all(Path(p).stat().st_size > 0 for p in got["sources"])

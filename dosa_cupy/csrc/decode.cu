@@ -154,7 +154,7 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
     dec_issue(s < items, iss, sbase + s * DEC_STAGE_BYTES, kv, ksc, bt, max_blocks, ke_, n);
     iss.next(T);
   }
-  QRows<MT> A;
+  Scorer::Rows<MT> A;
   float wlo[MT], whi[MT];
   int cur_b = -1, hi = 0;
   long long r = 0;
@@ -195,7 +195,7 @@ __device__ void dec_scan_impl(const uint8_t* __restrict__ q, const float* __rest
         Kr.v[u][0] = *reinterpret_cast<const uint4*>(row + (((2 * c) ^ g) << 4));
         Kr.v[u][1] = *reinterpret_cast<const uint4*>(row + (((2 * c + 1) ^ g) << 4));
       }
-      const float sc = score_batch<MT>(A, Kr, wlo, whi, lane);
+      const float sc = Scorer::score<MT>(A, Kr, wlo, whi, lane);
       const bool vis = id < hi;
       const float s = vis ? sc * ssc[bi * 32 + pos] : DEC_NEG_INF;
       if constexpr (FUSED) {
@@ -236,7 +236,7 @@ __device__ void dec_witness_impl(const uint8_t* __restrict__ q, const float* __r
   }
   if (!__any_sync(0xffffffffu, any)) return;
   const int* bt_row = bt + (long long)b * max_blocks;
-  QRows<MT> A;
+  Scorer::Rows<MT> A;
   float wlo[MT], whi[MT];
   A.load(q + (long long)r * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)r * (MT * 16), wlo, whi, lane);
@@ -255,7 +255,7 @@ __device__ void dec_witness_impl(const uint8_t* __restrict__ q, const float* __r
     if (!__any_sync(0xffffffffu, id >= 0)) continue;  // warp-uniform
     KeysReg Kr;
     dec_gather(kv, bt_row, my, lane, Kr);
-    const float sc = score_batch<MT>(A, Kr, wlo, whi, lane);
+    const float sc = Scorer::score<MT>(A, Kr, wlo, whi, lane);
     const float s = id >= 0 ? sc * __ldg(ksc + dec_phys(bt_row, id)) : 0.f;
     warp_emit(id >= 0, s, id, lane, count + r, rec + (long long)r * Wc, (long long)Wc);
   }

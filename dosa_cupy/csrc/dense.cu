@@ -25,7 +25,7 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
       for (int i = lane; i < tile_n; i += 32) orow[i] = NEG_INF;
       continue;
     }
-    QRows<MT> A;
+    Scorer::Rows<MT> A;
     float wlo[MT], whi[MT];
     A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
     load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
@@ -34,7 +34,7 @@ __device__ void dense_logits_impl(const uint8_t* __restrict__ q, const float* __
       const int i = b * 32 + pos;
       float v = NEG_INF;
       if (b >= blo && b < bhi) {
-        const float sc = score_batch<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
+        const float sc = Scorer::score<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
         if (n0 + i >= lo && n0 + i < hi) v = sc * sa[i];
       }
       if (i < tile_n) orow[i] = v;

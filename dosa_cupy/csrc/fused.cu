@@ -31,14 +31,14 @@ __device__ void fused_impl(const uint8_t* __restrict__ q, const float* __restric
     if (lo >= hi) continue;
     const int ns = min(sinks, ke - ks);
     const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-    QRows<MT> A;
+    Scorer::Rows<MT> A;
     float wlo[MT], whi[MT];
     A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
     load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
     const float tq = tau[t];
     const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
     for (int b = blo; b < bhi; ++b) {
-      const float sc = score_batch<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
+      const float sc = Scorer::score<MT>(A, KeysSmem{sk + b * 32 * ROWH}, wlo, whi, lane);
       const int i = b * 32 + pos;
       const long long key = n0 + i;
       const float s = sc * sa[i];

@@ -32,7 +32,7 @@ __device__ void refine_impl(const uint8_t* __restrict__ q, const float* __restri
   bool any = false;
   for (long long wi = w0 + lane; wi < w1; wi += 32) any |= srow[wi] != 0u;
   if (!__any_sync(0xffffffffu, any)) return;
-  QRows<MT> A;
+  Scorer::Rows<MT> A;
   float wl[MT], wh[MT];
   A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wl, wh, lane);

@@ -103,7 +103,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
       const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
       const int shi_i = (int)min(max(s_hi - n0, 0LL), (long long)TILE_N);
       const int llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)TILE_N);
-      QRows<MTS> A;
+      Scorer::Rows<MTS> A;
       float olo[MTS], ohi[MTS];
       A.load(rows + (long long)t * (MTS * 16) * DOSA_D, lane);
       load_weights<MTS>(om + (long long)t * (MTS * 16), olo, ohi, lane);
@@ -128,7 +128,7 @@ __device__ void screen_impl(const uint8_t* __restrict__ rows, const float* __res
 #pragma unroll kScreenUnroll
       for (int b = b0; b < b1; ++b) {
         float Cm[4][MTS][4];
-        mma_batch<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
+        Scorer::mma<MTS>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
         float x[8];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -362,7 +362,7 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
             tile_n, TIE ? zp_[8] : 0.f, TIE && g < 6 ? zp_[g + 8] : -1.f);
     const bool va = qa.lo_i < qa.hi_i, vb = qb.lo_i < qb.hi_i;
     if (va || vb) {
-      QRows<1> A;
+      Scorer::Rows<1> A;
       float olo[1], ohi[1];
       A.load(rows_p + (long long)p * 16 * DOSA_D, lane);
       load_weights<1>(om_p + (long long)p * 16, olo, ohi, lane);
@@ -375,7 +375,7 @@ __device__ void screen_pair_impl(const uint8_t* __restrict__ rows_p, const float
 #pragma unroll kScreenUnroll
       for (int b = b0; b < b1; ++b) {
         float Cm[4][1][4];
-        mma_batch<1>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
+        Scorer::mma<1>(A, KeysSmem{sk + b * 32 * ROWH}, lane, Cm);
         float xa[8], xb[8];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {

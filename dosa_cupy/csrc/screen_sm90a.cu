@@ -7,7 +7,7 @@
 // file to an empty module (tests/test_cuda_build.py builds it for sm_90 and sm_90a).
 //
 // Same values as screen_mt1, bit for bit (docs/numerics.md "Warpgroup MMA"): the A operand
-// is QRows<1>'s register fragment (the m16n8k16 A layout, which is also wgmma's register-A
+// is Scorer::Rows<1>'s register fragment (the m16n8k16 A layout, which is also wgmma's register-A
 // layout), and the key tile stores every key's 128 dims in the canonical k-order of
 // common.cuh, so wgmma step s' multiplies exactly the dims that mma.sync step s' does, in
 // the same positions, chained from +0 in the same order s' = 0..7 (per tile).  The accumulator of a
@@ -155,7 +155,7 @@ __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp, long l
 
 // The 8 chained k16 steps of one key chunk for the warpgroup's 64 rows, per head tile mt
 // (each tile's chain runs s' = 0..7 from +0 in its own accumulator, as mma_batch's does).
-__device__ __forceinline__ void issue_chunk(float (&d)[kMts][kAcc], const QRows<kMts>& A,
+__device__ __forceinline__ void issue_chunk(float (&d)[kMts][kAcc], const Scorer::Rows<kMts>& A,
                                             uint32_t sk_addr, int chunk) {
 #pragma unroll
   for (int mt = 0; mt < kMts; ++mt)
@@ -301,7 +301,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[kMts][kAcc], int bb0, 
 // visible span only clears its bit): no branch between a wgmma and its wait, so ptxas does
 // not serialize the wgmma behind a divergent path (its warning C7518).
 template <bool TIE, int C>
-__device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const QRows<kMts>& A,
+__device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt)[kMts][kAcc], const Scorer::Rows<kMts>& A,
                                            uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                            long long tN, long long n0, double* __restrict__ Uout,
                                            const TieArgs& X, int lane, uint32_t& myword) {
@@ -317,7 +317,7 @@ __device__ __forceinline__ void chunk_step(float (&cur)[kMts][kAcc], float (&nxt
 }
 
 template <bool TIE, int C>
-__device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const QRows<kMts>& A,
+__device__ __forceinline__ void chunks(float (&a)[kMts][kAcc], float (&b)[kMts][kAcc], const Scorer::Rows<kMts>& A,
                                        uint32_t sk_addr, const Query& Q, const TileKeys& K,
                                        long long tN, long long n0, double* __restrict__ Uout,
                                        const TieArgs& X, int lane, uint32_t& myword) {
@@ -398,7 +398,7 @@ __device__ __forceinline__ void screen_wg(
     const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
     Q.shi_i = (int)min(max(s_hi - n0, 0LL), (long long)kTileN);
     Q.llo_i = (int)min(max(loc_lo - n0, 0LL), (long long)kTileN);
-    QRows<kMts> A;
+    Scorer::Rows<kMts> A;
     A.load(rows + (long long)tl * (16 * kMts) * DOSA_D, lane);
     const bool aux_lane = g == 7;  // rows 7 and 15 of the last tile: the two aux rows
     const float sg = sig[tl];
@@ -467,7 +467,7 @@ DOSA_WG_CAT(DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS), _tie)(
 
 // Accumulator probe (tests/test_gpu_sm90a.py, docs/numerics.md "Warpgroup MMA"): for kThreads/2
 // e4m3 rows [kThreads / 2, 128] and kTileN e4m3 keys [kTileN, 128], the raw fp32 accumulators of the
-// canonical chain (8 k16 steps from +0, QRows<1> fragments) computed once by wgmma on the
+// canonical chain (8 k16 steps from +0, Scorer::Rows<1> fragments) computed once by wgmma on the
 // swizzled key tile and once by mma.sync on keys gathered from global memory:
 // out_wg[row, key], out_mma[row, key].  One block of kThreads; warp w owns rows 16w..16w+15.
 #if DOSA_WG_MTS == 1
@@ -484,7 +484,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
   __syncthreads();
   const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  QRows<1> A;
+  Scorer::Rows<1> A;
   A.load(rows + (long long)warp * 16 * DOSA_D, lane);
   float acc[1][kAcc];
 #pragma unroll
@@ -505,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
     KeysReg K;
     gather_keys(keys, my, lane, K);
     float C[4][1][4];
-    mma_batch<1>(A, K, lane, C);
+    Scorer::mma<1>(A, K, lane, C);
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll

@@ -35,7 +35,7 @@ __device__ void seed_ids_impl(const uint8_t* __restrict__ q, const float* __rest
   bool any = false;
   for (long long j = j0 + lane; j < j1; j += 32) any |= row[j] >= 0;
   if (!__any_sync(0xffffffffu, any)) return;
-  QRows<MT> A;
+  Scorer::Rows<MT> A;
   float wlo[MT], whi[MT];
   A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
   load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);

@@ -123,13 +123,13 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
     for (int t = t0 + warp; t < tend; t += nw) {
       const long long lo = max((long long)lo_[t], n0), hi = min((long long)hi_[t], n0 + TILE_N);
       if (lo >= hi) continue;
-      QRows<MT> A;
+      Scorer::Rows<MT> A;
       float wlo[MT], whi[MT];
       A.load(q + (long long)t * (MT * 16) * DOSA_D, lane);
       load_weights<MT>(w + (long long)t * (MT * 16), wlo, whi, lane);
       const int blo = (int)((lo - n0) >> 5), bhi = (int)((hi - n0 + 31) >> 5);
       for (int bt = blo; bt < bhi; ++bt) {
-        const float sc = score_batch<MT>(A, KeysSmem{sk + bt * 32 * ROWH}, wlo, whi, lane);
+        const float sc = Scorer::score<MT>(A, KeysSmem{sk + bt * 32 * ROWH}, wlo, whi, lane);
         const long long i = n0 + bt * 32 + pos;
         const bool in = i >= lo && i < hi;
         const int id = in ? (idmap ? __ldg(idmap + i) : (int)i) : -1;

@@ -50,7 +50,7 @@ __device__ __forceinline__ void load_key_tile(const uint8_t* __restrict__ kp,
 // nothing is silently lost.
 // ---------------------------------------------------------------------------------------
 template <int MT>
-__device__ __forceinline__ void score_ids_and_emit(const QRows<MT>& A, const float (&wlo)[MT],
+__device__ __forceinline__ void score_ids_and_emit(const Scorer::Rows<MT>& A, const float (&wlo)[MT],
                                                    const float (&whi)[MT],
                                                    const uint8_t* __restrict__ kp,
                                                    const float* __restrict__ alpha,
@@ -59,7 +59,7 @@ __device__ __forceinline__ void score_ids_and_emit(const QRows<MT>& A, const flo
                                                    long long cap) {
   KeysReg B;
   gather_keys(kp, my, lane, B);
-  float s = score_batch<MT>(A, B, wlo, whi, lane);
+  float s = Scorer::score<MT>(A, B, wlo, whi, lane);
   s = (id >= 0) ? s * __ldg(alpha + id) : 0.f;
   warp_emit(id >= 0 && s >= tau, s, id, lane, count, rec, cap);
 }
