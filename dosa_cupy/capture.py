@@ -34,7 +34,7 @@ from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise
 from .dense import _dense_topk_raw, dense_ids
-from .options import check_options, resolve_options, strategies
+from .options import check_options, resolve_options, resolved, strategies
 from .pipeline import dosa_topk, plan_stage
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
@@ -289,8 +289,7 @@ class PrefillSelectorGPU:
             ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke)
             out[...] = ids
             return PrefillStep(out, status, None, b, b.pending, sh)
-        o = resolve_options(self._o, b.K)
-        o["screen"] = sh.screen
+        o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
         rho = key_rho(b.kp)
         seeds = seed_stage(b, o, sh.anchors)
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount)

@@ -10,7 +10,9 @@ turns "explicit" on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -37,6 +39,7 @@ __all__ = [
     "StageTimer",
     "check_options",
     "resolve_options",
+    "resolved",
     "start",
     "strategies",
 ]
@@ -193,12 +196,13 @@ def check_options(kw: dict) -> dict:
     return o
 
 
-def resolve_options(o: dict, K: int) -> dict:
-    """Checked options → the counts the stages read: the strategies off give no seeds of
-    their kind (no "local": window = sinks = 0; no "anchor": n_anchors = 0); window None →
-    ``default_window(K, strategies)``; cert_seeds (0 = off) None →
-    ``default_cert_seeds(K)`` with "certificate", else 0; route "auto" → "dosa" with
-    debug_bounds (bounds exist only where a chunk is screened); ``o["strategies"]``."""
+def resolve_options(o: Mapping, K: int) -> Mapping:
+    """Checked options → the counts the stages read, as a read-only mapping (``resolved``):
+    the strategies off give no seeds of their kind (no "local": window = sinks = 0; no
+    "anchor": n_anchors = 0); window None → ``default_window(K, strategies)``; cert_seeds
+    (0 = off) None → ``default_cert_seeds(K)`` with "certificate", else 0; route "auto" →
+    "dosa" with debug_bounds (bounds exist only where a chunk is screened);
+    ``o["strategies"]``."""
     o = dict(o)
     names = strategies(o["seeds"], o["seed_ids"])
     o["strategies"] = names
@@ -213,7 +217,14 @@ def resolve_options(o: dict, K: int) -> dict:
     cert = _certificate_on(o, names)
     cs = o["cert_seeds"]
     o["cert_seeds"] = (default_cert_seeds(K) if cs is None else cs) if cert else 0
-    return o
+    return resolved(o)
+
+
+def resolved(o: Mapping, **changes) -> Mapping:
+    """Resolved options ``o`` with ``changes`` as a new read-only mapping: the one way a
+    decision of a call (the route's screen, the device copy of the seed ids) reaches the
+    stages after it; no stage changes the options it was given."""
+    return MappingProxyType({**o, **changes})
 
 
 class StageTimer:
@@ -252,7 +263,7 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     # to the dense route at once reads them after its launches, not before
     b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]), defer=True)
     o = resolve_options(o, b.K)
-    o["seed_ids"] = device_seed_ids(o["seed_ids"], b.Qn, b.N)
+    o = resolved(o, seed_ids=device_seed_ids(o["seed_ids"], b.Qn, b.N))
     # the statistics only when asked for: a small chunk's call is mostly host time
     want = o["return_stats"] or o["debug_bounds"]
     st = DosaGpuStats(b.Qn, stage_ms={}) if want else None

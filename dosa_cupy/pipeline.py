@@ -25,7 +25,7 @@ from dosa_ref.cost import bound_fraction, work_estimate
 from ._build import cupy_or_raise
 from .cost import H200, RouteChoice, RouteMemo, candidate_key, early_route, sample_route
 from .dense import dense_ids
-from .options import start
+from .options import resolved, start
 from .plan import DevicePlan
 from .plan_fused import build_plans_fused
 from .prepare import key_rho
@@ -125,7 +125,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
     if key is not None and route is not None:  # the memo's key exists only with "auto"
-        o["screen"], r = route.screen, route.r
+        r = route.r
     elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
         route = sample_route(b, seeds, rho, o, plan_stage, H200)
         tm.mark("route")
@@ -133,10 +133,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
             memo.store(key, route)
         if route.route == "dense":
             return _dense_route(b, st, tm, route, seeds, stats)
-        o["screen"], r = route.screen, route.r
+        r = route.r
     else:
-        o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-        route = RouteChoice("dosa", "option", o["screen"], r)
+        screen, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        route = RouteChoice("dosa", "option", screen, r)
+    o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
     plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, route.tie)  # §8–§9

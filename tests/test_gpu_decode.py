@@ -152,7 +152,7 @@ def test_kernel_names_and_constants_match_source():
         assert re.search(rf"#define {name} {val}\b", src), name
     stages = int(re.search(r"#define DEC_STAGES (\d+)", src).group(1))
     assert dops.SCAN_SMEM == stages * (dops.SCAN_TILE * 128 + dops.SCAN_TILE * 4)
-    assert '#include "common.cuh"' in src and "score_batch<MT>" in src
+    assert '#include "common.cuh"' in src and "Scorer::score<MT>" in src  # the canonical scorer
 
 
 # ---------------------------------------------------------------------------------------

@@ -470,3 +470,18 @@ def test_gpu_stats_overflowed_marks_every_extension():
     st = DosaGpuStats(3, stage_ms={})
     st.overflows = np.array([0, 1, 2])
     assert st.overflowed.tolist() == [False, True, True]
+
+
+def test_resolved_gpu_options_are_read_only():
+    """Options are resolved once into a read-only mapping; a decision of the call (the
+    route's screen) reaches the later stages as a new mapping, never by a change."""
+    from dosa_cupy.options import check_options, resolve_options, resolved
+
+    o = resolve_options(check_options({"screen": "auto"}), 2048)
+    with pytest.raises(TypeError):
+        o["screen"] = "fp64"
+    o2 = resolved(o, screen="wg")
+    assert o2["screen"] == "wg" and o["screen"] == "auto"
+    with pytest.raises(TypeError):
+        o2["r"] = 30
+    assert dict(o2, screen="pair")["screen"] == "pair"  # the sample's copies still work
