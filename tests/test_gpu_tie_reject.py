@@ -242,7 +242,7 @@ def test_gpu_plateau_cuts_survivors(screen, extra):
     for bit, and survivors(on) + tie_rejected(on) = survivors(off) per query."""
     if screen == "wg" and not sm90a.available():
         pytest.skip("screen='wg' needs a compute-capability-9.0 GPU and nvcc")
-    from dosa_cupy.options import start
+    from dosa_cupy.options import resolved, start
     from dosa_cupy.pipeline import plan_stage
     from dosa_cupy.prepare import key_rho
     from dosa_cupy.refine import popcount_rows
@@ -258,7 +258,8 @@ def test_gpu_plateau_cuts_survivors(screen, extra):
         o, _, _, b, _ = start(*args, opt)
         seeds = seed_stage(b, o)
         assert np.all(cp.asnumpy(seeds.tau) == 0.0), "the crafted case must have τ = 0"
-        o["screen"], r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        scr, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        o = resolved(o, screen=scr)
         plan = plan_stage(b, seeds.pool, r, o)
         assert int(plan.omitted_positive.sum()) == 0  # P = ∅: the plateau applies
         screened = screen_stage(b, plan, seeds, key_rho(b.kp), o)
