@@ -4,10 +4,13 @@
 Each build (a source, a target, the defines of one variant) is compiled to a cubin with the
 machine's ``nvcc`` and disassembled with ``cuobjdump -sass``; a kernel's digest is the
 SHA-256 of its instructions and their encodings.  Equal digests before and after a change
-mean equal machine code, hence equal values and ids on every input.  The NVRTC builds of
-``_build`` are stood in for by nvcc with the same options (``-arch=sm_90 -ftz=true``):
-what is compared is this tool's output before and after, so the stand-in is the same on
-both sides.
+mean equal machine code, hence equal values and ids on every input.  ``--compiler nvrtc``
+compiles with libnvrtc (the CUDA wheel ``nvidia-cuda-nvrtc`` or the toolkit's) and the
+options the library's builds use — CuPy's for the portable modules (``CUPY_NVRTC``, as
+CuPy 14.2 passes them on the H200: docs/records/gpu_tests.md, a26d777) and
+``_build.SM90A_NVRTC`` for the Hopper one — so its digests are those of the code that runs,
+up to NVRTC's version; the default ``nvcc`` stands in with the same flags.  What is
+compared is one compiler's output before and after.
 
     git archive OLD dosa_cupy/csrc | tar -x -C /tmp/old
     python -m dosa_cupy.sass --csrc /tmp/old/dosa_cupy/csrc --out before.json
@@ -33,7 +36,17 @@ from pathlib import Path
 
 from dosa_ref.cmdline import CommandParser
 
-__all__ = ["BUILDS", "Build", "compare", "compare_code", "digests", "main"]
+__all__ = [
+    "BUILDS",
+    "CUPY_NVRTC",
+    "Build",
+    "compare",
+    "compare_code",
+    "digests",
+    "main",
+    "nvrtc_compile",
+    "nvrtc_library",
+]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 _SM90 = ("-arch=sm_90",)
@@ -118,13 +131,88 @@ def _sass_functions(text: str) -> dict[str, str]:
     return out
 
 
-def _digest_one(b: Build, nvcc: str, cuobjdump: str, tmp: Path, csrc: Path) -> tuple[str, dict]:
+# CuPy 14.2's own NVRTC options beside the caller's (its include folders aside): a cubin
+# for the device's architecture, flush-to-zero, unannotated functions on the device.
+CUPY_NVRTC = ("-ftz=true", "-arch=sm_90", "--device-as-default-execution-space")
+
+
+def nvrtc_library():
+    """libnvrtc as a ctypes library (the CUDA wheel's ``nvidia/cu13``, else the system's),
+    or None.  Its builtins library beside it is loaded first (global symbols), since the
+    wheel's folder is not on the loader's path."""
+    import ctypes
+    import ctypes.util
+
+    names = [ctypes.util.find_library("nvrtc")]
+    for p in sys.path:
+        for lib in Path(p).glob("nvidia/cu1*/lib/libnvrtc.so*"):
+            for b in lib.parent.glob("libnvrtc-builtins.so*"):
+                try:
+                    ctypes.CDLL(str(b), mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass
+            names.append(str(lib))
+    for name in filter(None, names):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def nvrtc_include_dirs() -> list[str]:
+    """CUDA headers for cuda_fp8.h (NVRTC has no default include path)."""
+    dirs = [str(p.parent) for p in Path("/usr/local").glob("cuda*/include/cuda_fp8.h")]
+    for p in sys.path:
+        dirs += [str(x.parent) for x in Path(p).glob("nvidia/cu1*/include/cuda_fp8.h")]
+    return dirs
+
+
+def nvrtc_compile(lib, src: Path, options, get: str = "CUBIN") -> tuple[bytes, str]:
+    """(the ``get`` output — "CUBIN" or "PTX" — and the program log) of ``src`` compiled by
+    the ctypes libnvrtc ``lib`` with ``options``; RuntimeError with the log on failure."""
+    import ctypes
+
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.read_bytes(), src.name.encode(), 0,
+                              None, None) != 0:  # fmt: skip
+        raise RuntimeError(f"{src.name}: nvrtcCreateProgram failed")
+    try:
+        opts = [o.encode() for o in options] + [f"-I{d}".encode() for d in nvrtc_include_dirs()]
+        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if rc != 0:
+            raise RuntimeError(f"{src.name}: NVRTC failed\n{log.value.decode()[-2000:]}")
+        getattr(lib, f"nvrtcGet{get}Size")(prog, ctypes.byref(n))
+        out = ctypes.create_string_buffer(n.value)
+        getattr(lib, f"nvrtcGet{get}")(prog, out)
+        return out.raw, log.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _compile(b: Build, compiler, cubin: Path, csrc: Path) -> None:
+    """``b`` to ``cubin`` with nvcc (``compiler`` its path) or NVRTC (a ctypes library)."""
+    ours = ("-std=c++17", f"-I{csrc}", *(f"-D{d}" for d in b.defines))
+    if isinstance(compiler, str):
+        cmd = [compiler, "-cubin", *b.target, "-ftz=true", *ours, "-o", str(cubin),
+               str(csrc / b.source)]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{b.name}: nvcc failed\n{res.stderr[-2000:]}")
+        return
+    from ._build import SM90A_NVRTC
+
+    extra = SM90A_NVRTC if b.target == _SM90A else CUPY_NVRTC
+    cubin.write_bytes(nvrtc_compile(compiler, csrc / b.source, ours + extra)[0])
+
+
+def _digest_one(b: Build, compiler, cuobjdump: str, tmp: Path, csrc: Path) -> tuple[str, dict]:
     cubin = tmp / (hashlib.sha256(b.name.encode()).hexdigest()[:16] + ".cubin")
-    cmd = [nvcc, "-cubin", *b.target, "-std=c++17", "-ftz=true", f"-I{csrc}",
-           *(f"-D{d}" for d in b.defines), "-o", str(cubin), str(csrc / b.source)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{b.name}: nvcc failed\n{res.stderr[-2000:]}")
+    _compile(b, compiler, cubin, csrc)
     # cuobjdump runs nvdisasm, which the PyPI packages put beside it
     env = dict(os.environ, PATH=f"{Path(cuobjdump).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
@@ -133,13 +221,22 @@ def _digest_one(b: Build, nvcc: str, cuobjdump: str, tmp: Path, csrc: Path) -> t
     return b.name, _sass_functions(sass.stdout)
 
 
-def digests(builds=BUILDS, jobs: int | None = None, csrc: Path = CSRC) -> dict[str, dict[str, str]]:
+def digests(builds=BUILDS, jobs: int | None = None, csrc: Path = CSRC,
+            compiler: str = "nvcc") -> dict[str, dict[str, str]]:  # fmt: skip
     """{build name: {kernel: digest}} for ``builds`` of the sources in ``csrc`` (default:
     this package's; another commit's ``dosa_cupy/csrc`` from ``git archive``), compiled
-    ``jobs`` at a time."""
-    nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
+    ``jobs`` at a time by ``compiler`` ("nvcc" or "nvrtc")."""
+    if compiler == "nvrtc":
+        comp = nvrtc_library()
+        if comp is None:
+            raise ValueError("compiler: libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+    elif compiler == "nvcc":
+        comp = _tool("nvcc")
+    else:
+        raise ValueError(f"compiler: expected nvcc or nvrtc, got {compiler!r}")
+    cuobjdump = _tool("cuobjdump")
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(jobs or os.cpu_count()) as ex:
-        res = ex.map(lambda b: _digest_one(b, nvcc, cuobjdump, Path(d), Path(csrc)), builds)
+        res = ex.map(lambda b: _digest_one(b, comp, cuobjdump, Path(d), Path(csrc)), builds)
         return dict(sorted(res))
 
 
@@ -186,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc runs (default: cores)")
     ap.add_argument("--csrc", type=Path, default=CSRC, help="the kernel sources (default: ours)")
+    ap.add_argument(
+        "--compiler", choices=("nvcc", "nvrtc"), default="nvcc", help="the compiler (nvcc)"
+    )
     a = ap.parse_args(argv)
     if a.compare:
         tabs = [json.loads(p.read_text()) for p in a.compare]
@@ -195,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if diff else 0
     if a.out is None:
         ap.error("--out: give a file to write the digests to (or --compare A B)")
-    table = digests(jobs=a.jobs, csrc=a.csrc)
+    table = digests(jobs=a.jobs, csrc=a.csrc, compiler=a.compiler)
     a.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"{len(table)} builds, {sum(len(v) for v in table.values())} kernels → {a.out}")
     return 0

@@ -9,70 +9,26 @@ commit: 13c8b57").  Skipped, with the reason, where NVRTC or ptxas is not instal
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dosa_cupy._build import CSRC, OPTIONS
+from dosa_cupy.sass import nvrtc_compile, nvrtc_include_dirs, nvrtc_library
 
 PTXAS = shutil.which("ptxas")
 
 
-def _nvrtc():
-    """libnvrtc from the CUDA wheel (nvidia/cu13) or the system, else None.  Its builtins
-    library beside it is loaded first (global symbols), since the wheel's directory is not
-    on the loader's path."""
-    names = [ctypes.util.find_library("nvrtc")]
-    for p in sys.path:
-        for lib in Path(p).glob("nvidia/cu1*/lib/libnvrtc.so*"):
-            for b in lib.parent.glob("libnvrtc-builtins.so*"):
-                try:
-                    ctypes.CDLL(str(b), mode=ctypes.RTLD_GLOBAL)
-                except OSError:
-                    pass
-            names.append(str(lib))
-    for name in filter(None, names):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
-LIB = _nvrtc()
-
-
-def _include_dirs() -> list[str]:
-    """CUDA headers for cuda_fp8.h (NVRTC has no default include path)."""
-    dirs = [str(p.parent) for p in Path("/usr/local").glob("cuda*/include/cuda_fp8.h")]
-    for p in sys.path:
-        dirs += [str(x.parent) for x in Path(p).glob("nvidia/cu1*/include/cuda_fp8.h")]
-    return dirs
+LIB = nvrtc_library()
 
 
 def _ptx(src: Path, defines: tuple[str, ...]) -> bytes:
-    prog = ctypes.c_void_p()
-    text = src.read_bytes()
-    assert LIB.nvrtcCreateProgram(ctypes.byref(prog), text, b"k.cu", 0, None, None) == 0
-    opts = [o.encode() for o in OPTIONS] + [f"-I{d}".encode() for d in _include_dirs()]
-    opts += [b"--gpu-architecture=compute_90"] + [f"-D{d}".encode() for d in defines]
-    rc = LIB.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    n = ctypes.c_size_t()
-    if rc != 0:
-        LIB.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-        log = ctypes.create_string_buffer(n.value)
-        LIB.nvrtcGetProgramLog(prog, log)
-        pytest.fail(f"NVRTC failed on {src.name}: {log.value.decode()[:2000]}")
-    LIB.nvrtcGetPTXSize(prog, ctypes.byref(n))
-    ptx = ctypes.create_string_buffer(n.value)
-    LIB.nvrtcGetPTX(prog, ptx)
-    return ptx.value
+    """``src`` as CuPy's NVRTC build makes it, to PTX (then ptxas reports each kernel)."""
+    opts = OPTIONS + ("--gpu-architecture=compute_90", *(f"-D{d}" for d in defines))
+    return nvrtc_compile(LIB, src, opts, get="PTX")[0].rstrip(b"\0")
 
 
 _MAIN = ("DOSA_TILE_N=256", "DOSA_SCREEN_UNROLL=2")
@@ -101,7 +57,7 @@ BUILDS = [
 @pytest.mark.skipif(PTXAS is None, reason="ptxas not found on this machine")
 @pytest.mark.parametrize("name,defines", BUILDS, ids=[f"{n}:{','.join(d)}" for n, d in BUILDS])
 def test_runtime_builds_do_not_spill(name, defines, tmp_path):
-    if not _include_dirs():
+    if not nvrtc_include_dirs():
         pytest.skip("no CUDA headers (cuda_fp8.h) for NVRTC")
     (tmp_path / "k.ptx").write_bytes(_ptx(CSRC / name, defines))
     res = subprocess.run([PTXAS, "-arch=sm_90", "-v", str(tmp_path / "k.ptx"), "-o",
@@ -123,18 +79,8 @@ def _nvrtc_sm90a_log(spec) -> str:
     (``_build.SM90A_NVRTC``: the build that runs on the H200)."""
     from dosa_cupy import _build
 
-    prog = ctypes.c_void_p()
-    text = (_build.CSRC / spec.source).read_bytes()
-    name = spec.source.encode()
-    assert LIB.nvrtcCreateProgram(ctypes.byref(prog), text, name, 0, None, None) == 0
-    opts = [o.encode() for o in spec.options() + _build.SM90A_NVRTC + ("--ptxas-options=-v",)]
-    rc = LIB.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    n = ctypes.c_size_t()
-    LIB.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    log = ctypes.create_string_buffer(n.value)
-    LIB.nvrtcGetProgramLog(prog, log)
-    assert rc == 0, log.value.decode()[:2000]
-    return log.value.decode()
+    opts = spec.options() + _build.SM90A_NVRTC + ("--ptxas-options=-v",)
+    return nvrtc_compile(LIB, _build.CSRC / spec.source, opts)[1]
 
 
 @pytest.mark.skipif(LIB is None, reason="libnvrtc not found on this machine")

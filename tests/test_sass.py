@@ -61,3 +61,28 @@ def test_a_real_build_is_deterministic():
     build = sass.Build("e4m3_round.cu", sass._SM90)
     one, two = (sass.digests([build], jobs=1) for _ in range(2))
     assert one == two and one[build.name], one
+
+
+def test_compare_by_code_ignores_names():
+    a = {"x.cu sm_90": {"k": "d1", "k2": "d2"}}
+    b = {"x.cu sm_90": {"k": "d1"}, "x.cu sm_90 T": {"k_tie": "d2"}}
+    assert sass.compare_code(a, b) == []
+    lines = sass.compare_code(a, {"x.cu sm_90": {"k": "d1", "k2": "d3"}})
+    assert lines == ["only in the first: x.cu sm_90: k2", "only in the second: x.cu sm_90: k2"]
+
+
+def test_nvrtc_builds_the_code_that_runs():
+    """--compiler nvrtc: the portable modules with CuPy's options, the Hopper one with the
+    library's sm_90a flags (skipped without libnvrtc or cuobjdump)."""
+    if sass.nvrtc_library() is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+    try:
+        sass._tool("cuobjdump")
+    except ValueError as e:
+        pytest.skip(str(e))
+    builds = [sass.Build("e4m3_round.cu", sass._SM90)]
+    t = sass.digests(builds, jobs=1, compiler="nvrtc")
+    assert list(t[builds[0].name]) == ["e4m3_round_f64"]
+    assert "-arch=sm_90" in sass.CUPY_NVRTC and "-ftz=true" in sass.CUPY_NVRTC
+    with pytest.raises(ValueError, match="^compiler:"):
+        sass.digests(builds, compiler="clang")
