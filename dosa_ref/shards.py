@@ -1,0 +1,94 @@
+"""Exact Top-K over a context whose keys are split into contiguous shards (docs/method.md
+§12 "Sharded contexts"): each shard selects the Top-K of the keys it holds, and the Top-K
+of the union of the shards' lists, under (score desc, global id asc), is the Top-K of the
+whole context.  One process here (the shards in a loop); the distributed form hands each
+rank its shard and exchanges the lists.
+
+Why the merge is exact: a key in the context's Top-K has fewer than K keys before it in
+(score desc, id asc) over the whole context, hence fewer than K before it in its own shard
+(a shard's local ids are its global ids minus the shard's start, so the order inside a
+shard is the global one), hence it is in its shard's Top-K; and the merge orders the union
+by the same rule.  A key's score does not depend on which shard scores it
+(``scorer.score_keys`` is a function of the query and that key alone).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .scorer import score_keys, topk_of
+from .validate import as_array, check_K, check_qwk, check_ranges
+
+__all__ = ["local_ranges", "merge_topk", "shard_starts", "sharded_topk"]
+
+
+def shard_starts(N: int, shards: int | None = None, sizes=None) -> np.ndarray:
+    """int64 [R + 1] boundaries of R contiguous shards of N keys: ``shards`` of (nearly)
+    equal size, or the given ``sizes`` (≥ 0 each, summing to N; empty shards allowed)."""
+    if (shards is None) == (sizes is None):
+        raise ValueError("shards: give either shards or sizes")
+    if sizes is None:
+        if int(shards) < 1:
+            raise ValueError(f"shards: expected ≥ 1, got {shards!r}")
+        return np.linspace(0, N, int(shards) + 1).round().astype(np.int64)
+    sz = as_array(sizes, "sizes").astype(np.int64)
+    if sz.ndim != 1 or sz.size < 1 or (sz < 0).any() or int(sz.sum()) != N:
+        raise ValueError(f"sizes: expected ≥ 0 entries summing to N={N}, got {sz.tolist()}")
+    return np.concatenate([[0], np.cumsum(sz)]).astype(np.int64)
+
+
+def local_ranges(ks, ke, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """The visible ranges [ks, ke) int [Qn] restricted to the shard [start, stop), in the
+    shard's local ids: int64 [Qn] each, empty (ks = ke) where a query sees no key of it."""
+    lo = np.clip(np.asarray(ks, np.int64), start, stop) - start
+    hi = np.clip(np.asarray(ke, np.int64), start, stop) - start
+    return lo, np.maximum(hi, lo)
+
+
+def merge_topk(parts, K: int) -> np.ndarray:
+    """The exact Top-K of the shards' lists: ``parts`` a sequence of (ids int64 [Qn, K_r],
+    scores float64 [Qn, K_r]) with global ids, −1 where a row has fewer entries (its score
+    ignored); returns ids int64 [Qn, K] under (score desc, id asc), −1 padding."""
+    ids = np.concatenate([np.asarray(p[0], np.int64) for p in parts], axis=1)
+    sc = np.concatenate([np.asarray(p[1], np.float64) for p in parts], axis=1)
+    out = np.full((ids.shape[0], K), -1, dtype=np.int64)
+    for t in range(ids.shape[0]):
+        ok = ids[t] >= 0
+        top, _ = topk_of(sc[t][ok], ids[t][ok], K)
+        out[t, : top.size] = top
+    return out
+
+
+def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **options):
+    """Top-K ids int64 [Qn, K] of q [Qn, H, D], w [Qn, H] over keys k [N, D] held in the
+    shards ``starts`` (int [R + 1], ``shard_starts``; default 2 equal shards), each shard
+    selected by ``select(q, w, k_shard, K, ks_local, ke_local, **options)`` returning ids
+    [Qn, K] in local ids (default: ``dosa_topk(...).ids``), then merged exactly with the
+    canonical scores of the selected keys.  Equal to ``topk_ids(index_scores(q, w, k, ks,
+    ke), K)``."""
+    from .pipeline import dosa_topk
+
+    q, w, k = check_qwk(q, w, k)
+    Qn, N = q.shape[0], k.shape[0]
+    K = check_K(K, rows=Qn)
+    ks, ke = check_ranges(ks, ke, Qn, N)
+    starts = shard_starts(N, 2) if starts is None else as_array(starts, "starts").astype(np.int64)
+    if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
+        raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
+    if select is None:
+
+        def select(*a, **o):
+            return dosa_topk(*a, **o).ids
+
+    parts = []
+    for s0, s1 in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        lo, hi = local_ranges(ks, ke, s0, s1)
+        local = np.asarray(select(q, w, k[s0:s1], K, lo, hi, **options), np.int64)
+        ids = np.where(local >= 0, local + s0, -1)
+        sc = np.full(ids.shape, -np.inf)
+        for t in range(Qn):
+            sel = ids[t] >= 0
+            if sel.any():
+                sc[t, sel] = score_keys(q[t], w[t], k[ids[t][sel]])
+        parts.append((ids, sc))
+    return merge_topk(parts, K)

@@ -1,0 +1,84 @@
+"""A context split into contiguous key shards (dosa_ref/shards.py, docs/method.md §12
+"Sharded contexts"): the merge of the shards' Top-K lists equals the Top-K of the whole
+context bitwise — random regimes, ties across shard borders, empty shards, unequal sizes,
+shards with fewer than K visible keys — against the brute-force oracle."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dosa_ref.scorer import index_scores, topk_ids
+from dosa_ref.shards import local_ranges, merge_topk, shard_starts, sharded_topk
+from dosa_ref.workloads import make_workload
+
+
+def _oracle(q, w, k, K, ks, ke):
+    return topk_ids(index_scores(q, w, k, ks, ke), K)
+
+
+def _brute(q, w, k, K, ks, ke):  # a shard's exact Top-K by the brute force
+    return topk_ids(index_scores(q, w, k, ks, ke), K)
+
+
+@pytest.mark.parametrize("regime", ["calibrated", "isotropic", "many_positive"])
+@pytest.mark.parametrize("sizes", [[1000, 1000, 1000], [0, 2999, 1], [1500, 0, 1500], [7, 2993]])
+def test_sharded_dosa_equals_the_whole_context(regime, sizes):
+    wl = make_workload(regime, 8, 3000, 16, seed=5)
+    K = 64
+    want = _oracle(wl.q, wl.w, wl.k, K, wl.ks, wl.ke)
+    got = sharded_topk(wl.q, wl.w, wl.k, K, wl.ks, wl.ke, starts=shard_starts(3000, sizes=sizes))
+    assert np.array_equal(got, want)
+
+
+def test_ties_across_a_shard_border_keep_the_global_id_order():
+    """Every key scores the same: the Top-K is the K smallest visible ids, whichever shard
+    holds them (a border inside the tie, shards shorter than K)."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((3, 4, 8))
+    w = np.abs(rng.standard_normal((3, 4)))
+    k = np.tile(rng.standard_normal((1, 8)), (50, 1))
+    ks, ke = np.array([0, 10, 23]), np.array([50, 40, 30])
+    for sizes in ([5, 5, 40], [23, 27], [1] * 50):
+        got = sharded_topk(q, w, k, 12, ks, ke, starts=shard_starts(50, sizes=sizes),
+                           select=_brute)  # fmt: skip
+        assert np.array_equal(got, _oracle(q, w, k, 12, ks, ke)), sizes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 120),
+    K=st.integers(1, 40),
+    cuts=st.lists(st.integers(0, 120), max_size=5),
+    dup=st.booleans(),
+)
+def test_merge_is_exact_property(seed, n, K, cuts, dup):
+    rng = np.random.default_rng(seed)
+    Qn, H, D = 3, 3, 4
+    q = rng.integers(-2, 3, (Qn, H, D)).astype(np.float64)  # small integers: many ties
+    w = rng.integers(-2, 3, (Qn, H)).astype(np.float64)
+    k = rng.integers(-2, 3, (n, D)).astype(np.float64)
+    if dup:
+        k[n // 2 :] = k[: n - n // 2]
+    ks = rng.integers(0, n + 1, Qn)
+    ke = np.maximum(ks, rng.integers(0, n + 1, Qn))
+    starts = np.unique(np.clip(np.array([0, *cuts, n]), 0, n))
+    got = sharded_topk(q, w, k, K, ks, ke, starts=starts, select=_brute)
+    assert np.array_equal(got, _oracle(q, w, k, K, ks, ke))
+
+
+def test_helpers_and_their_errors():
+    assert shard_starts(10, 3).tolist() == [0, 3, 7, 10]
+    assert shard_starts(10, sizes=[0, 10]).tolist() == [0, 0, 10]
+    lo, hi = local_ranges([0, 5, 9], [4, 8, 10], 4, 9)
+    assert lo.tolist() == [0, 1, 5] and hi.tolist() == [0, 4, 5]
+    ids = merge_topk([(np.array([[3, -1]]), np.array([[1.0, 9.0]])),
+                      (np.array([[7, 8]]), np.array([[1.0, 2.0]]))], 3)  # fmt: skip
+    assert ids.tolist() == [[8, 3, 7]]  # −1's score ignored; the tie at 1.0 by id
+    for kw, name in (({"sizes": [3, 3]}, "sizes"), ({"shards": 0}, "shards"), ({}, "shards")):
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            shard_starts(10, **kw)
+    q, w, k = np.ones((1, 1, 2)), np.ones((1, 1)), np.ones((4, 2))
+    with pytest.raises(ValueError, match="^starts:"):
+        sharded_topk(q, w, k, 2, starts=[0, 3, 2, 4])
