@@ -19,7 +19,14 @@ import numpy as np
 from .scorer import score_keys, topk_of
 from .validate import as_array, check_K, check_qwk, check_ranges
 
-__all__ = ["local_ranges", "merge_topk", "shard_starts", "sharded_topk"]
+__all__ = [
+    "distributed_topk",
+    "local_ranges",
+    "merge_topk",
+    "shard_list",
+    "shard_starts",
+    "sharded_topk",
+]
 
 
 def shard_starts(N: int, shards: int | None = None, sizes=None) -> np.ndarray:
@@ -59,6 +66,30 @@ def merge_topk(parts, K: int) -> np.ndarray:
     return out
 
 
+def _dosa_ids(*a, **o):
+    from .pipeline import dosa_topk
+
+    return dosa_topk(*a, **o).ids
+
+
+def shard_list(q, w, k_shard, K: int, ks, ke, start: int, select=None, **options):
+    """One shard's list for ``merge_topk``: (global ids int64 [Qn, K], canonical scores
+    float64 [Qn, K]; −1 / −inf padding) of the Top-K of the keys k_shard [n, D] with global
+    ids [start, start + n), for the global visible ranges ks, ke int [Qn].  ``select(q, w,
+    k_shard, K, ks_local, ke_local, **options)`` returns local ids [Qn, K] (default:
+    ``dosa_topk(...).ids``).  q, w, k_shard float64 (``check_qwk``)."""
+    select = _dosa_ids if select is None else select
+    lo, hi = local_ranges(ks, ke, start, start + k_shard.shape[0])
+    local = np.asarray(select(q, w, k_shard, K, lo, hi, **options), np.int64)
+    ids = np.where(local >= 0, local + start, -1)
+    sc = np.full(ids.shape, -np.inf)
+    for t in range(q.shape[0]):
+        sel = ids[t] >= 0
+        if sel.any():
+            sc[t, sel] = score_keys(q[t], w[t], k_shard[ids[t][sel] - start])
+    return ids, sc
+
+
 def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **options):
     """Top-K ids int64 [Qn, K] of q [Qn, H, D], w [Qn, H] over keys k [N, D] held in the
     shards ``starts`` (int [R + 1], ``shard_starts``; default 2 equal shards), each shard
@@ -66,8 +97,6 @@ def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **op
     [Qn, K] in local ids (default: ``dosa_topk(...).ids``), then merged exactly with the
     canonical scores of the selected keys.  Equal to ``topk_ids(index_scores(q, w, k, ks,
     ke), K)``."""
-    from .pipeline import dosa_topk
-
     q, w, k = check_qwk(q, w, k)
     Qn, N = q.shape[0], k.shape[0]
     K = check_K(K, rows=Qn)
@@ -75,20 +104,36 @@ def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **op
     starts = shard_starts(N, 2) if starts is None else as_array(starts, "starts").astype(np.int64)
     if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
         raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
-    if select is None:
-
-        def select(*a, **o):
-            return dosa_topk(*a, **o).ids
-
-    parts = []
-    for s0, s1 in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
-        lo, hi = local_ranges(ks, ke, s0, s1)
-        local = np.asarray(select(q, w, k[s0:s1], K, lo, hi, **options), np.int64)
-        ids = np.where(local >= 0, local + s0, -1)
-        sc = np.full(ids.shape, -np.inf)
-        for t in range(Qn):
-            sel = ids[t] >= 0
-            if sel.any():
-                sc[t, sel] = score_keys(q[t], w[t], k[ids[t][sel]])
-        parts.append((ids, sc))
+    parts = [
+        shard_list(q, w, k[s0:s1], K, ks, ke, s0, select, **options)
+        for s0, s1 in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
+    ]
     return merge_topk(parts, K)
+
+
+def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=None, **options):
+    """``sharded_topk`` over ``torch.distributed``: every rank of ``group`` (default: the
+    world) passes the replicated chunk q [Qn, H, D], w [Qn, H] with its global ranges ks,
+    ke int [Qn], and its shard k_shard [n, D] whose first key has global id ``start``; each
+    rank selects its shard's list (``shard_list``), the lists are exchanged by one
+    ``all_gather`` of fixed-size tensors (ids int64 and scores float64, [Qn, K] per rank:
+    sizes that do not depend on the data), and every rank returns the merged ids int64
+    [Qn, K].  Gloo on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    q, w, k_shard = check_qwk(q, w, k_shard)
+    K = check_K(K, rows=q.shape[0])
+    ks, ke = (np.asarray(x, np.int64) for x in (ks, ke))
+    if ks.shape != (q.shape[0],) or ke.shape != ks.shape or (ks < 0).any() or (ke < ks).any():
+        raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per query")
+    if int(start) < 0:
+        raise ValueError(f"start: expected ≥ 0, got {start!r}")
+    ids, sc = shard_list(q, w, k_shard, K, ks, ke, int(start), select, **options)
+    n = dist.get_world_size(group)
+    out = []
+    for local in (torch.from_numpy(ids), torch.from_numpy(sc)):
+        bufs = [torch.empty_like(local) for _ in range(n)]
+        dist.all_gather(bufs, local, group=group)
+        out.append([b.numpy() for b in bufs])
+    return merge_topk(list(zip(*out, strict=True)), K)

@@ -1,0 +1,71 @@
+"""``dosa_ref.shards.distributed_topk`` on torch.distributed (gloo, CPU): 2 and 4 ranks, each
+holding one contiguous shard (unequal sizes, an empty shard, shards shorter than K), return
+on every rank the ids of the whole context's Top-K — bitwise the single-process oracle's —
+on the CPU regimes and on a context of tied scores across shard borders."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the distributed engine is torch.distributed")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+from dosa_ref.scorer import index_scores, topk_ids  # noqa: E402
+from dosa_ref.shards import distributed_topk, shard_starts  # noqa: E402
+from dosa_ref.workloads import make_workload  # noqa: E402
+
+K = 48
+CASES = {  # name: (keys, sizes per rank count)
+    "calibrated": (2000, {2: [1200, 800], 4: [0, 700, 1290, 10]}),
+    "isotropic": (1500, {2: [20, 1480], 4: [375, 375, 375, 375]}),
+    "ties": (300, {2: [150, 150], 4: [7, 0, 263, 30]}),
+}
+
+
+def _case(name):
+    n = CASES[name][0]
+    if name == "ties":  # every key the same: the Top-K is the K smallest visible ids
+        rng = np.random.default_rng(3)
+        q, w = rng.standard_normal((5, 8, 16)), np.abs(rng.standard_normal((5, 8)))
+        k = np.tile(rng.standard_normal((1, 16)), (n, 1))
+        ks, ke = np.array([0, 40, 140, 149, 0]), np.array([300, 200, 160, 151, 5])
+        return q, w, k, ks, ke
+    wl = make_workload(name, 6, n, 16, seed=9)
+    return wl.q, wl.w, wl.k, wl.ks, wl.ke
+
+
+def _worker(rank, world, name, store, out):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        q, w, k, ks, ke = _case(name)
+        starts = shard_starts(k.shape[0], sizes=CASES[name][1][world])
+        s0, s1 = int(starts[rank]), int(starts[rank + 1])
+        ids = distributed_topk(q, w, k[s0:s1], K, ks, ke, s0)
+        np.save(Path(out) / f"rank{rank}.npy", ids)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ranks_return_the_single_process_ids(name, world, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(world, name, str(tmp_path / "store"), str(tmp_path)),
+                             nprocs=world, join=False, start_method="spawn")  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} ranks did not finish in 240 s")
+    q, w, k, ks, ke = _case(name)
+    want = topk_ids(index_scores(q, w, k, ks, ke), K)
+    for r in range(world):
+        got = np.load(tmp_path / f"rank{r}.npy")
+        assert np.array_equal(got, want), (name, world, r)
