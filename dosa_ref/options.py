@@ -359,6 +359,11 @@ class SelectOptions:
     zero plateaus"; exact, on by default; False gives the plain rule U < τ for A/B tests).
     plan: the plan switches (``plan.PlanOptions``: neg_aggregate, neg_priority,
     pos_projection, allowance, groups), given to ``dosa_topk`` as flat keywords.
+    tau_floor: float [Qn] or None: a lower bound, per query, on the K-th score of a context
+    that contains these keys (another shard's τ, docs/method.md §12 "Sharded contexts");
+    a query screens against it where it exceeds its own τ.  The ids returned are then
+    exact only where their score is at least tau_floor (the merge of the shards reads no
+    other); without it, the exact Top-K of these keys.
     """
 
     seeds: object = "local+anchor+certificate"
@@ -374,6 +379,7 @@ class SelectOptions:
     refine_batch: int = 16384
     slack_sample: int = 0
     tie_reject: bool = True
+    tau_floor: object = None
     plan: PlanOptions = PlanOptions()
 
     def __post_init__(self):

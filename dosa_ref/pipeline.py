@@ -261,7 +261,13 @@ def _screened_query(ctx: QueryContext, bound, slack_acc: dict):
 
     buf = CandidateBuffer(K, c.opt.buffer, seeds.ids, seeds.scores, c.opt.tie_reject)
     st.tau[t] = buf.tau
-    rule = _screen_rule(ctx, plan, seeds, buf)
+    floor = -np.inf if c.tau_floor is None else float(c.tau_floor[t])
+    # A floor above the seeds' τ (another shard's τ, docs/method.md §12 "Sharded contexts")
+    # screens with the plain rule U < floor: a key below it is in no Top-K of the context.
+    if floor > buf.tau:
+        rule = ScreenRule(floor, seeds.ids, ctx.a)
+    else:
+        rule = _screen_rule(ctx, plan, seeds, buf)
     bound.screened(ctx, plan, seeds, rule)
     V = rule.survivors(U)
     st.screened[t] = ctx.visible - seeds.ids.size

@@ -29,7 +29,8 @@ class Chunk:
     with ``window`` / ``cert_seeds`` resolved for K; ``strategies``; explicit ``seed_ids``
     int64 [Qn, S] or None; the anchor ``pool`` int64 (sorted) and ``anchor_scored``, the
     key scorings the anchor queries cost; ``k_amax`` = max |k_ij|, the input of the
-    scorer's finiteness envelope (``scorer.finite_envelope``).
+    scorer's finiteness envelope (``scorer.finite_envelope``); ``tau_floor`` float64 [Qn]
+    or None (``SelectOptions.tau_floor``).
     """
 
     q: np.ndarray
@@ -46,6 +47,7 @@ class Chunk:
     window: int
     cert_seeds: int
     k_amax: float = 0.0
+    tau_floor: np.ndarray | None = None  # float64 [Qn]: SelectOptions.tau_floor, checked
     _ksum: KeySummary | None = field(default=None, repr=False)
 
     @property
@@ -96,6 +98,11 @@ def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
     seed_ids = None
     if "explicit" in strategies:
         seed_ids = check_seed_ids(opt.seed_ids, Qn, k.shape[0])
+    tau_floor = None
+    if opt.tau_floor is not None:
+        tau_floor = as_array(opt.tau_floor, "tau_floor").astype(np.float64)
+        if tau_floor.shape != (Qn,) or np.isnan(tau_floor).any() or (tau_floor == np.inf).any():
+            raise ValueError(f"tau_floor: expected a float [Qn={Qn}] below +inf, no NaN")
     pool, anchor_scored = np.zeros(0, dtype=np.int64), 0
     if "anchor" in strategies:
         pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors)
@@ -116,6 +123,7 @@ def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
         window=opt.window_for(K),
         cert_seeds=opt.cert_seeds_for(K),
         k_amax=key_amax(k),
+        tau_floor=tau_floor,
     )
 
 

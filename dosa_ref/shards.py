@@ -21,6 +21,7 @@ from .validate import as_array, check_K, check_qwk, check_ranges
 
 __all__ = [
     "distributed_topk",
+    "shard_tau",
     "local_ranges",
     "merge_topk",
     "shard_list",
@@ -72,6 +73,26 @@ def _dosa_ids(*a, **o):
     return dosa_topk(*a, **o).ids
 
 
+def shard_tau(q, w, k_shard, K: int, ks, ke, start: int, **options) -> np.ndarray:
+    """float64 [Qn]: per query, τ of the shard's own seeds (``seeds.seed_set`` with the
+    options' strategies: the K-th largest canonical score among them, −inf with fewer than
+    K) — a lower bound on the shard's K-th score, hence on the context's; the largest over
+    the shards is the ``tau_floor`` every shard may screen against (docs/method.md §12)."""
+    from .pipeline import DosaStats
+    from .prepare import QueryContext, prepare_chunk
+    from .seeds import seed_set
+
+    lo, hi = local_ranges(ks, ke, start, start + k_shard.shape[0])
+    c = prepare_chunk(q, w, k_shard, K, lo, hi, options)
+    st = DosaStats(c.Qn)
+    tau = np.full(c.Qn, -np.inf)
+    for t in range(c.Qn):
+        if hi[t] > lo[t]:
+            ctx = QueryContext(t, int(lo[t]), int(hi[t]), c.q[t], c.w[t], c, st)
+            tau[t] = seed_set(ctx).tau(c.K)
+    return tau
+
+
 def shard_list(q, w, k_shard, K: int, ks, ke, start: int, select=None, **options):
     """One shard's list for ``merge_topk``: (global ids int64 [Qn, K], canonical scores
     float64 [Qn, K]; −1 / −inf padding) of the Top-K of the keys k_shard [n, D] with global
@@ -93,10 +114,10 @@ def shard_list(q, w, k_shard, K: int, ks, ke, start: int, select=None, **options
 def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **options):
     """Top-K ids int64 [Qn, K] of q [Qn, H, D], w [Qn, H] over keys k [N, D] held in the
     shards ``starts`` (int [R + 1], ``shard_starts``; default 2 equal shards), each shard
-    selected by ``select(q, w, k_shard, K, ks_local, ke_local, **options)`` returning ids
-    [Qn, K] in local ids (default: ``dosa_topk(...).ids``), then merged exactly with the
-    canonical scores of the selected keys.  Equal to ``topk_ids(index_scores(q, w, k, ks,
-    ke), K)``."""
+    selected by ``select(q, w, k_shard, K, ks_local, ke_local, **options, tau_floor=τ)``
+    returning ids [Qn, K] in local ids (default: ``dosa_topk(...).ids``), τ the largest of
+    the shards' ``shard_tau``, then merged exactly with the canonical scores of the selected
+    keys.  Equal to ``topk_ids(index_scores(q, w, k, ks, ke), K)``."""
     q, w, k = check_qwk(q, w, k)
     Qn, N = q.shape[0], k.shape[0]
     K = check_K(K, rows=Qn)
@@ -104,21 +125,25 @@ def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **op
     starts = shard_starts(N, 2) if starts is None else as_array(starts, "starts").astype(np.int64)
     if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
         raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
-    parts = [
-        shard_list(q, w, k[s0:s1], K, ks, ke, s0, select, **options)
-        for s0, s1 in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
-    ]
-    return merge_topk(parts, K)
+    bounds = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
+    floor = np.full(Qn, -np.inf)  # the shards' largest τ (docs/method.md §12)
+    for s0, s1 in bounds:
+        floor = np.maximum(floor, shard_tau(q, w, k[s0:s1], K, ks, ke, s0, **options))
+    opts = dict(options, tau_floor=floor)
+    return merge_topk([shard_list(q, w, k[s0:s1], K, ks, ke, s0, select, **opts)
+                       for s0, s1 in bounds], K)  # fmt: skip
 
 
 def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=None, **options):
     """``sharded_topk`` over ``torch.distributed``: every rank of ``group`` (default: the
     world) passes the replicated chunk q [Qn, H, D], w [Qn, H] with its global ranges ks,
     ke int [Qn], and its shard k_shard [n, D] whose first key has global id ``start``; each
-    rank selects its shard's list (``shard_list``), the lists are exchanged by one
-    ``all_gather`` of fixed-size tensors (ids int64 and scores float64, [Qn, K] per rank:
-    sizes that do not depend on the data), and every rank returns the merged ids int64
-    [Qn, K].  Gloo on the CPU."""
+    rank computes its seeds' τ (``shard_tau``), one ``all_reduce`` (max) of a float per
+    query hands every rank the largest, each rank selects its shard's list against it
+    (``shard_list`` with ``tau_floor``), the lists are exchanged by one ``all_gather`` of
+    fixed-size tensors (ids int64 and scores float64, [Qn, K] per rank: sizes that do not
+    depend on the data), and every rank returns the merged ids int64 [Qn, K].  Gloo on the
+    CPU."""
     import torch
     import torch.distributed as dist
 
@@ -129,7 +154,10 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
         raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per query")
     if int(start) < 0:
         raise ValueError(f"start: expected ≥ 0, got {start!r}")
-    ids, sc = shard_list(q, w, k_shard, K, ks, ke, int(start), select, **options)
+    tau = torch.from_numpy(shard_tau(q, w, k_shard, K, ks, ke, int(start), **options))
+    dist.all_reduce(tau, op=dist.ReduceOp.MAX, group=group)  # the ranks' largest τ
+    opts = dict(options, tau_floor=tau.numpy())
+    ids, sc = shard_list(q, w, k_shard, K, ks, ke, int(start), select, **opts)
     n = dist.get_world_size(group)
     out = []
     for local in (torch.from_numpy(ids), torch.from_numpy(sc)):

@@ -17,7 +17,7 @@ def _oracle(q, w, k, K, ks, ke):
     return topk_ids(index_scores(q, w, k, ks, ke), K)
 
 
-def _brute(q, w, k, K, ks, ke):  # a shard's exact Top-K by the brute force
+def _brute(q, w, k, K, ks, ke, tau_floor=None):  # a shard's exact Top-K (no floor needed)
     return topk_ids(index_scores(q, w, k, ks, ke), K)
 
 
@@ -82,3 +82,37 @@ def test_helpers_and_their_errors():
     q, w, k = np.ones((1, 1, 2)), np.ones((1, 1)), np.ones((4, 2))
     with pytest.raises(ValueError, match="^starts:"):
         sharded_topk(q, w, k, 2, starts=[0, 3, 2, 4])
+
+
+def test_the_shared_floor_prunes_and_keeps_every_key_at_or_above_it():
+    """A short shard screened against the long shard's τ (its own is lower) passes fewer
+    keys, and every key of its exact Top-K whose score reaches the floor is returned."""
+    from dosa_ref.pipeline import dosa_topk
+    from dosa_ref.shards import local_ranges, shard_tau
+
+    wl = make_workload("calibrated", 8, 20000, 16, seed=2)
+    K, cut = 64, 8000
+    opts = dict(r=14, auto_dense=False, seeds="local", window=256, sinks=0)
+    floor = shard_tau(wl.q, wl.w, wl.k[cut:], K, wl.ks, wl.ke, cut)
+    lo, hi = local_ranges(wl.ks, wl.ke, 0, cut)
+    own = shard_tau(wl.q, wl.w, wl.k[:cut], K, wl.ks, wl.ke, 0, **opts)
+    assert (floor > own).all()  # the long shard's seeds set the higher bound
+    plain = dosa_topk(wl.q, wl.w, wl.k[:cut], K, lo, hi, **opts)
+    floored = dosa_topk(wl.q, wl.w, wl.k[:cut], K, lo, hi, tau_floor=floor, **opts)
+    assert (floored.stats.survivors <= plain.stats.survivors).all()
+    assert floored.stats.survivors.sum() < plain.stats.survivors.sum()
+    s = index_scores(wl.q, wl.w, wl.k[:cut], lo, hi)
+    exact = topk_ids(s, K)
+    for t in range(8):
+        keep = exact[t][(exact[t] >= 0)]
+        keep = keep[s[t, keep] >= floor[t]]
+        assert np.array_equal(floored.ids[t, : keep.size], keep)
+
+
+@pytest.mark.parametrize("bad", [np.zeros(3), np.array([0.0, np.nan] * 4), np.full(8, np.inf)])
+def test_tau_floor_is_checked(bad):
+    from dosa_ref.pipeline import dosa_topk
+
+    wl = make_workload("calibrated", 8, 600, 16, seed=2)
+    with pytest.raises(ValueError, match="^tau_floor:"):
+        dosa_topk(wl.q, wl.w, wl.k, 16, wl.ks, wl.ke, tau_floor=bad)
