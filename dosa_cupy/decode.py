@@ -8,7 +8,7 @@ request ``b`` to a cache block; ``lengths`` int32 [B] are context lengths.  Quer
 Query j of request b sees logical keys ``[0, lengths[b] − next_n + j + 1)`` (clamped at 0:
 ``dosa_ref.decode``'s rule).  Ids are logical token positions of the request.
 
-Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/common.cuh`` through
+Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/scorer.cuh`` through
 ``csrc/decode.cu``, so a key's score is the prefill dense route's value, bit for bit):
 
     paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)

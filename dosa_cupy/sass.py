@@ -92,7 +92,9 @@ _INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*$")
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name)
+    from ._build import nvcc  # the project's one nvcc lookup ($DOSA_NVCC, PATH, $CUDA_HOME)
+
+    found = nvcc() if name == "nvcc" else shutil.which(name)
     if found:
         return found
     if name == "cuobjdump":  # the PyPI package nvidia-cuda-cuobjdump

@@ -1,5 +1,5 @@
 """The canonical GPU scorer's launch (docs/method.md §1): the dense logits kernel
-(``dense_logits_mt*``, csrc/dense.cu over ``dosa::score_batch``) on head-padded inputs, and
+(``dense_logits_mt*``, csrc/dense.cu over ``dosa::Scorer::score``) on head-padded inputs, and
 the exact overflow check of the scorer's domain built on it.  The lowest layer of the
 routes: ``prepare`` (the value checks), ``dense`` and every stage that scores keys import it,
 and it imports only the build.

@@ -117,7 +117,8 @@ def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **op
     selected by ``select(q, w, k_shard, K, ks_local, ke_local, **options, tau_floor=τ)``
     returning ids [Qn, K] in local ids (default: ``dosa_topk(...).ids``), τ the largest of
     the shards' ``shard_tau``, then merged exactly with the canonical scores of the selected
-    keys.  Equal to ``topk_ids(index_scores(q, w, k, ks, ke), K)``."""
+    keys.  Equal to ``topk_ids(index_scores(q, w, k, ks, ke), K)``.  A reference: each
+    shard's seeds are scored twice (once for ``shard_tau``, once inside ``select``)."""
     q, w, k = check_qwk(q, w, k)
     Qn, N = q.shape[0], k.shape[0]
     K = check_K(K, rows=Qn)

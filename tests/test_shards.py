@@ -13,11 +13,9 @@ from dosa_ref.shards import local_ranges, merge_topk, shard_starts, sharded_topk
 from dosa_ref.workloads import make_workload
 
 
-def _oracle(q, w, k, K, ks, ke):
-    return topk_ids(index_scores(q, w, k, ks, ke), K)
-
-
-def _brute(q, w, k, K, ks, ke, tau_floor=None):  # a shard's exact Top-K (no floor needed)
+def _oracle(q, w, k, K, ks, ke, tau_floor=None):
+    """The brute-force Top-K; as a shard's ``select`` it ignores the floor (a floor only
+    lets a shard return less)."""
     return topk_ids(index_scores(q, w, k, ks, ke), K)
 
 
@@ -41,7 +39,7 @@ def test_ties_across_a_shard_border_keep_the_global_id_order():
     ks, ke = np.array([0, 10, 23]), np.array([50, 40, 30])
     for sizes in ([5, 5, 40], [23, 27], [1] * 50):
         got = sharded_topk(q, w, k, 12, ks, ke, starts=shard_starts(50, sizes=sizes),
-                           select=_brute)  # fmt: skip
+                           select=_oracle)  # fmt: skip
         assert np.array_equal(got, _oracle(q, w, k, 12, ks, ke)), sizes
 
 
@@ -64,7 +62,7 @@ def test_merge_is_exact_property(seed, n, K, cuts, dup):
     ks = rng.integers(0, n + 1, Qn)
     ke = np.maximum(ks, rng.integers(0, n + 1, Qn))
     starts = np.unique(np.clip(np.array([0, *cuts, n]), 0, n))
-    got = sharded_topk(q, w, k, K, ks, ke, starts=starts, select=_brute)
+    got = sharded_topk(q, w, k, K, ks, ke, starts=starts, select=_oracle)
     assert np.array_equal(got, _oracle(q, w, k, K, ks, ke))
 
 

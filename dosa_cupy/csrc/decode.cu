@@ -3,7 +3,7 @@
 // block table int32 [B, max_blocks], a visible end ke[r] per query row r = b·next_n + j
 // (query j of request b sees logical keys [0, ke[r]); dosa_cupy.decode computes ke).
 //
-// Every score is dosa::score_batch (common.cuh) on keys gathered into registers (KeysReg,
+// Every score is dosa::score_batch (scorer.cuh) on keys gathered into registers (KeysReg,
 // the same fragments the prefill refinement uses) times the key's fp32 scale: one
 // arithmetic for the dense decode route, the witness scoring and the fused DoSA scan, and
 // the same arithmetic as the prefill dense route (a key's score depends only on that key).

@@ -1,7 +1,7 @@
 // DoSA kernels (docs/method.md §7–§9), one translation unit of per-stage files: CuPy builds
 // this file alone (RawModule, plain sm_90; CuPy appends -ftz=true; _build.py), CI builds it
 // and each stage file on its own with nvcc -arch=sm_90 (tests/test_cuda_build.py).  Every
-// score goes through dosa::score_batch (common.cuh): one arithmetic for every route.  The
+// score goes through dosa::score_batch (scorer.cuh): one arithmetic for every route.  The
 // include order is the definition order of the kernels in the module (it fixes the layout
 // of the built cubin).
 #include "prepare.cu"     // quantize_keys_kernel, key_rho_kernel, check_values: payload, scale, ρ (§8), input checks
