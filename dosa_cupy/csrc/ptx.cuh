@@ -1,6 +1,6 @@
 // PTX wrappers of the kernels (docs/design.md "Kernel sources"): the f16 tensor-core step
-// and the exact e4m3 → f16 conversions of the canonical scorer.  The Hopper-only wgmma
-// wrappers live with their one user, screen_sm90a.cu (they need the sm_90a target).
+// and the exact e4m3 → f16 conversions of the canonical scorer.  The Hopper-only wrappers
+// (wgmma, mbarrier, bulk tensor copies) are ptx_sm90a.cuh (they need the sm_90a target).
 #pragma once
 #if defined(__CUDACC_RTC__)
 typedef unsigned char uint8_t;

@@ -14,6 +14,7 @@
 // wgmma column chunk is laid out like four m16n8 accumulators per 32 keys (warp w holds rows
 // 16w + g, 16w + g + 8), so the epilogue below is screen_impl's, per query = per warp.
 #include "epilogue.cuh"
+#include "ptx_sm90a.cuh"
 
 #ifndef DOSA_TILE_N
 #define DOSA_TILE_N 256
@@ -59,60 +60,6 @@ static_assert(kMts == 1 || kMts == 2, "DOSA_WG_MTS: 1 or 2");
 constexpr int kPanel = kTileN * 128;
 constexpr int kKeyBytes = 2 * kPanel;
 
-// Matrix descriptor of a 128-byte-swizzled K-major operand: start address, stride between
-// 8-row core-matrix groups 1024 bytes (8 rows × 128 B), layout type 1 = 128B swizzle.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1u << 16) |
-         ((uint64_t)(1024u >> 4) << 32) | ((uint64_t)1u << 62);
-}
-
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accumulator reads/writes across wgmma fences and waits.
-template <int M>
-__device__ __forceinline__ void pin(float (&d)[M]) {
-#pragma unroll
-  for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int T, int M>
-__device__ __forceinline__ void pin(float (&d)[T][M]) {
-#pragma unroll
-  for (int j = 0; j < T; ++j) pin(d[j]);
-}
-
-// Eight fp32 accumulator operands d[i..i+7] of a wgmma (read and written).
-#define DOSA_WG_ACC8(d, i)                                                                  \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-
-// D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
-__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint32_t a1,
-                                              uint32_t a2, uint32_t a3, uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
-}
-// D (64 × 32, fp32) += A (64 × 16, f16, registers) · B (16 × 32, f16, shared via desc): the
-// two-tile build's chunk (same k-steps, half the keys).
-__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
-                                              uint32_t a2, uint32_t a3, uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
-      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
-}
 template <int N>
 __device__ __forceinline__ void mma_chunk(float (&d)[N], uint32_t a0, uint32_t a1, uint32_t a2,
                                           uint32_t a3, uint64_t desc) {

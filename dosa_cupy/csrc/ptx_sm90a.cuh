@@ -1,0 +1,133 @@
+// PTX wrappers of the Hopper-only instructions (sm_90a; docs/design.md "Kernel sources"):
+// warpgroup MMA (f16 k16 with A from registers, e4m3 k32 with both operands in shared
+// memory), the matrix descriptor of a 128-byte-swizzled K-major tile, mbarriers and the bulk
+// tensor copy.  Compiled only for the sm_90a target (__CUDA_ARCH_FEAT_SM90_ALL): every other
+// target sees an empty header, so the portable modules never emit these instructions.
+#pragma once
+#include "ptx.cuh"
+
+namespace dosa {
+// A CUtensorMap (the driver's 128-byte, 64-byte-aligned opaque tensor descriptor), encoded on
+// the host (dosa_cupy/tma.py) and passed by value as a __grid_constant__ kernel parameter.
+struct alignas(64) TensorMap {
+  uint64_t w[16];
+};
+}  // namespace dosa
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace dosa {
+namespace wg {
+
+// Matrix descriptor of a 128-byte-swizzled K-major operand: start address, stride between
+// 8-row core-matrix groups 1024 bytes (8 rows × 128 B), layout type 1 = 128B swizzle.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1u << 16) |
+         ((uint64_t)(1024u >> 4) << 32) | ((uint64_t)1u << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma fences and waits.
+template <int M>
+__device__ __forceinline__ void pin(float (&d)[M]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int T, int M>
+__device__ __forceinline__ void pin(float (&d)[T][M]) {
+#pragma unroll
+  for (int j = 0; j < T; ++j) pin(d[j]);
+}
+
+// Eight fp32 accumulator operands d[i..i+7] of a wgmma (read and written).
+#define DOSA_WG_ACC8(d, i)                                                                  \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// D (64 × 64, fp32) += A (64 × 16, f16, registers) · B (16 × 64, f16, shared via desc).
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+// D (64 × 32, fp32) += A (64 × 16, f16, registers) · B (16 × 32, f16, shared via desc): the
+// two-tile build's chunk (same k-steps, half the keys).
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
+// D (64 × 64, fp32) = A (64 × 32, e4m3, shared via adesc) · B (32 × 64, e4m3, shared via
+// bdesc) + (accumulate ? D : 0).  Both operands K-major (fp8 wgmma has no transpose).
+__device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t adesc, uint64_t bdesc,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24)
+      : "l"(adesc), "l"(bdesc), "r"(accumulate));
+}
+
+// Byte offset of 16-byte chunk j of row r in a 128-byte-swizzled tile of 128-byte rows (the
+// 1,024-byte atom of 8 rows; chunk j of row r sits at chunk position j ^ (r mod 8)).
+__device__ __forceinline__ int sw128_offset(int r, int j) { return r * 128 + ((j ^ (r & 7)) << 4); }
+
+// ---- mbarrier (shared-memory arrival counter with a transaction count) ----
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
+               "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+}
+// Spins until the barrier's phase with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(parity)
+      : "memory");
+}
+// Makes the barrier initialisation visible to the async proxy (the copy engine).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// ---- bulk tensor copy (TMA): a 2-D box of the tensor map into shared memory ----
+// `tmap`: the generic address of a CUtensorMap (a __grid_constant__ parameter or global
+// memory); (x, y) the box origin in elements (x: innermost); completion on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, uint64_t* bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4}], [%2];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+      "l"(tmap), "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+
+}  // namespace wg
+}  // namespace dosa
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL

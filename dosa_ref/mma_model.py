@@ -1,0 +1,149 @@
+"""Bit-level models of a tensor-core MMA step's sum (docs/numerics.md "The e4m3 wgmma
+accumulator"): candidates that the H200 probe (``dosa_cupy.bench.fp8_probe``) accepts or
+rejects by comparing every bit of the hardware's results on crafted operands.  The error
+model the certificate uses (``numeric.Arithmetic``: a window of W kept bits per step) is the
+worst case of the accepted model; this module only reproduces values.
+
+One step adds k exact products ``p_t`` (e4m3 × e4m3 is exact in float64) to an fp32
+accumulator c.  A ``StepModel``: align the terms to the leading exponent E of the largest
+(``align="value"``: E = ⌊log2 max|term|⌋; ``align="exponent"``: E from the operands'
+exponent fields, ea + eb + 1 for a product — the position the product's leading bit can
+reach), keep each term's bits down to 2^(E − W) (``rounding``: "trunc" toward zero,
+"floor" toward −∞, "rn" to nearest even), add the kept parts exactly, and write the sum
+back to fp32 (``final``: "rn" or "trunc").  ``c_window``: c takes part in the alignment
+(True) or the products are summed in the window first and c added in fp32 after (False).
+``group``: the k products enter in consecutive groups of ``group`` (one aligned sum each,
+written back before the next), in k order.
+
+Every computation is exact in float64: a kept term is a multiple of 2^(E − W) below
+2^(E + 2), so a sum of at most 33 of them has fewer than W + 8 ≤ 53 significant bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["StepModel", "chain", "e4m3_exponent", "f32_trunc", "step"]
+
+_ROUNDINGS = ("trunc", "floor", "rn")
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """A candidate model of one MMA step (module doc); ``kept_bits`` is W."""
+
+    kept_bits: int
+    rounding: str = "trunc"
+    align: str = "value"
+    c_window: bool = True
+    group: int = 32
+    final: str = "rn"
+
+    def __post_init__(self):
+        if not (1 <= int(self.kept_bits) <= 44):
+            raise ValueError(f"kept_bits: expected 1..44, got {self.kept_bits!r}")
+        if self.rounding not in _ROUNDINGS:
+            raise ValueError(f"rounding: expected one of {_ROUNDINGS}, got {self.rounding!r}")
+        if self.align not in ("value", "exponent"):
+            raise ValueError(f"align: expected 'value' or 'exponent', got {self.align!r}")
+        if self.final not in ("rn", "trunc"):
+            raise ValueError(f"final: expected 'rn' or 'trunc', got {self.final!r}")
+        if self.group not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"group: expected a power of two up to 32, got {self.group!r}")
+
+
+def e4m3_exponent(codes: np.ndarray) -> np.ndarray:
+    """int64 exponent e of e4m3 codes (value = m·2^e, m ∈ [1, 2) for normals; the
+    subnormals and zero get the smallest normal exponent −6)."""
+    f = (np.asarray(codes, dtype=np.int64) >> 3) & 0xF
+    return np.maximum(f, 1) - 7
+
+
+def f32_trunc(x: np.ndarray) -> np.ndarray:
+    """float64 values rounded toward zero to fp32 (as float64)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = x.astype(np.float32).astype(np.float64)
+    over = np.abs(y) > np.abs(x)
+    y[over] = np.nextafter(y[over].astype(np.float32), np.float32(0)).astype(np.float64)
+    return y
+
+
+def _floor_log2(m: np.ndarray) -> np.ndarray:
+    e = np.frexp(m)[1].astype(np.int64) - 1  # m = f·2^(e+1), f ∈ [0.5, 1)
+    return np.where(m > 0, e, np.iinfo(np.int64).min // 4)
+
+
+def _keep(t: np.ndarray, q: np.ndarray, rounding: str) -> np.ndarray:
+    x = t / q  # exact: q is a power of two and t a float64 far from the range's ends
+    if rounding == "trunc":
+        x = np.trunc(x)
+    elif rounding == "floor":
+        x = np.floor(x)
+    else:
+        x = np.rint(x)
+    return x * q
+
+
+def _to_f32(s: np.ndarray, final: str) -> np.ndarray:
+    return s.astype(np.float32).astype(np.float64) if final == "rn" else f32_trunc(s)
+
+
+def step(model: StepModel, c, p, pe=None) -> np.ndarray:
+    """One MMA step of ``model``: c float64 [...] (fp32 values), p float64 [..., k] exact
+    products, pe int64 [..., k] their exponent bound ea + eb + 1 (``align="exponent"``
+    only).  Returns the fp32 results as float64 [...]."""
+    c = np.asarray(c, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
+    k = p.shape[-1]
+    if model.align == "exponent" and pe is None:
+        raise ValueError("pe: the products' exponents are needed with align='exponent'")
+    for a in range(0, k, model.group):
+        sl = slice(a, min(k, a + model.group))
+        c = _group(model, c, p[..., sl], None if pe is None else pe[..., sl])
+    return c
+
+
+def _group(model: StepModel, c, p, pe):
+    W = int(model.kept_bits)
+    terms = np.concatenate([c[..., None], p], axis=-1) if model.c_window else p
+    if model.align == "value":
+        E = _floor_log2(np.max(np.abs(terms), axis=-1))
+    else:
+        pz = np.where(p != 0, pe, np.iinfo(np.int64).min // 4)
+        E = np.max(pz, axis=-1)
+        if model.c_window:
+            E = np.maximum(E, _floor_log2(np.abs(c)))
+    q = np.ldexp(1.0, np.clip(E - W, -1070, 1000))[..., None]
+    s = _keep(terms, q, model.rounding).sum(axis=-1)
+    if model.c_window:
+        return _to_f32(s, model.final)
+    return (_to_f32(s, model.final).astype(np.float32) + c.astype(np.float32)).astype(np.float64)
+
+
+def chain(model: StepModel, c0, a, b, order, steps, a_codes=None, b_codes=None) -> np.ndarray:
+    """The accumulators after chained k32 steps, as ``fp8_wgmma_probe`` computes them
+    (csrc/fp8_probe.cu): c0 float64 [n, M, N], a [n, M, 128] and b [n, N, 128] the operand
+    values (float64), order int [n, 4], steps int [n]; a_codes / b_codes the e4m3 codes
+    (``align="exponent"`` only).  Returns float64 [n, M, N]."""
+    c = np.array(c0, dtype=np.float64)
+    ea = eb = None
+    if model.align == "exponent":
+        ea, eb = e4m3_exponent(a_codes), e4m3_exponent(b_codes)
+    for s in range(4):
+        live = np.asarray(steps) > s
+        if not live.any():
+            break
+        idx = np.nonzero(live)[0]
+        ks = (32 * np.asarray(order)[idx, s])[:, None] + np.arange(32)[None, :]  # [m, 32]
+        ai = np.take_along_axis(a[idx], ks[:, None, :], axis=2)  # [m, M, 32]
+        bi = np.take_along_axis(b[idx], ks[:, None, :], axis=2)  # [m, N, 32]
+        p = ai[:, :, None, :] * bi[:, None, :, :]  # [m, M, N, 32], exact
+        pe = None
+        if ea is not None:
+            eai = np.take_along_axis(ea[idx], ks[:, None, :], axis=2)
+            ebi = np.take_along_axis(eb[idx], ks[:, None, :], axis=2)
+            pe = eai[:, :, None, :] + ebi[:, None, :, :] + 1
+        c[idx] = step(model, c[idx], p, pe)
+    return c
