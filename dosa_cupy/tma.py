@@ -26,7 +26,11 @@ def _encode():
     lib = ctypes.CDLL("libcuda.so.1")
     f = lib.cuTensorMapEncodeTiled
     f.restype = ctypes.c_int
-    u32, u64p, u32p = ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    u32, u64p, u32p = (
+        ctypes.c_uint32,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32),
+    )
     f.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
     return f

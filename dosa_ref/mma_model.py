@@ -7,11 +7,12 @@ worst case of the accepted model; this module only reproduces values.
 One step adds k exact products ``p_t`` (e4m3 × e4m3 is exact in float64) to an fp32
 accumulator c.  A ``StepModel``: align the terms to the leading exponent E of the largest
 (``align="value"``: E = ⌊log2 max|term|⌋; ``align="exponent"``: E from the operands'
-exponent fields, ea + eb + 1 for a product — the position the product's leading bit can
-reach), keep each term's bits down to 2^(E − W) (``rounding``: "trunc" toward zero,
-"floor" toward −∞, "rn" to nearest even), add the kept parts exactly, and write the sum
-back to fp32 (``final``: "rn" or "trunc").  ``c_window``: c takes part in the alignment
-(True) or the products are summed in the window first and c added in fp32 after (False).
+exponent fields, ea + eb for a product, whose leading bit may lie one above), keep each
+term's bits down to 2^(E − W) (``rounding``: "trunc" toward zero, "floor" toward −∞, "rn" to
+nearest even), add the kept parts exactly, truncate the sum toward zero to ``result_bits``
+significant bits (None: no such step) and write it back to fp32 (``final``: "rn" or
+"trunc").  ``c_window``: c takes part in the alignment (True) or the products are summed in
+the window first and c added in fp32 after (False).
 ``group``: the k products enter in consecutive groups of ``group`` (one aligned sum each,
 written back before the next), in k order.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepModel", "chain", "e4m3_exponent", "f32_trunc", "step"]
+__all__ = ["WGMMA_E4M3", "StepModel", "chain", "e4m3_exponent", "f32_trunc", "step"]
 
 _ROUNDINGS = ("trunc", "floor", "rn")
 
@@ -40,6 +41,7 @@ class StepModel:
     c_window: bool = True
     group: int = 32
     final: str = "rn"
+    result_bits: int | None = None
 
     def __post_init__(self):
         if not (1 <= int(self.kept_bits) <= 44):
@@ -50,8 +52,16 @@ class StepModel:
             raise ValueError(f"align: expected 'value' or 'exponent', got {self.align!r}")
         if self.final not in ("rn", "trunc"):
             raise ValueError(f"final: expected 'rn' or 'trunc', got {self.final!r}")
+        if self.result_bits is not None and not (1 <= int(self.result_bits) <= 24):
+            raise ValueError(f"result_bits: expected None or 1..24, got {self.result_bits!r}")
         if self.group not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"group: expected a power of two up to 32, got {self.group!r}")
+
+
+# The model the H200 probe accepts for wgmma.m64nNk32.f32.e4m3.e4m3, bit for bit on every
+# crafted case (docs/numerics.md "The e4m3 wgmma accumulator").
+WGMMA_E4M3 = StepModel(13, rounding="trunc", align="exponent", c_window=True, group=32,
+                       final="rn", result_bits=14)  # fmt: skip
 
 
 def e4m3_exponent(codes: np.ndarray) -> np.ndarray:
@@ -86,13 +96,17 @@ def _keep(t: np.ndarray, q: np.ndarray, rounding: str) -> np.ndarray:
     return x * q
 
 
-def _to_f32(s: np.ndarray, final: str) -> np.ndarray:
+def _to_f32(s: np.ndarray, final: str, bits: int | None = None) -> np.ndarray:
+    if bits is not None:  # toward zero to ``bits`` significant bits of the sum itself
+        e = _floor_log2(np.abs(s))
+        q = np.ldexp(1.0, np.clip(e - (bits - 1), -1070, 1000))
+        s = np.where(s != 0, np.trunc(s / q) * q, s)
     return s.astype(np.float32).astype(np.float64) if final == "rn" else f32_trunc(s)
 
 
 def step(model: StepModel, c, p, pe=None) -> np.ndarray:
     """One MMA step of ``model``: c float64 [...] (fp32 values), p float64 [..., k] exact
-    products, pe int64 [..., k] their exponent bound ea + eb + 1 (``align="exponent"``
+    products, pe int64 [..., k] their operands' exponent sums ea + eb (``align="exponent"``
     only).  Returns the fp32 results as float64 [...]."""
     c = np.asarray(c, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
@@ -118,8 +132,9 @@ def _group(model: StepModel, c, p, pe):
     q = np.ldexp(1.0, np.clip(E - W, -1070, 1000))[..., None]
     s = _keep(terms, q, model.rounding).sum(axis=-1)
     if model.c_window:
-        return _to_f32(s, model.final)
-    return (_to_f32(s, model.final).astype(np.float32) + c.astype(np.float32)).astype(np.float64)
+        return _to_f32(s, model.final, model.result_bits)
+    t = _to_f32(s, model.final, model.result_bits).astype(np.float32) + c.astype(np.float32)
+    return t.astype(np.float64)
 
 
 def chain(model: StepModel, c0, a, b, order, steps, a_codes=None, b_codes=None) -> np.ndarray:
@@ -144,6 +159,6 @@ def chain(model: StepModel, c0, a, b, order, steps, a_codes=None, b_codes=None) 
         if ea is not None:
             eai = np.take_along_axis(ea[idx], ks[:, None, :], axis=2)
             ebi = np.take_along_axis(eb[idx], ks[:, None, :], axis=2)
-            pe = eai[:, :, None, :] + ebi[:, None, :, :] + 1
+            pe = eai[:, :, None, :] + ebi[:, None, :, :]
         c[idx] = step(model, c[idx], p, pe)
     return c

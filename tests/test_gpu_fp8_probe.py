@@ -1,0 +1,40 @@
+"""The e4m3 wgmma accumulator on the GPU (docs/numerics.md "The e4m3 wgmma accumulator"):
+every result of the crafted probe cases equals ``dosa_ref.mma_model.WGMMA_E4M3`` bit for bit,
+swapped operands give the transpose and a repeated row and column one value everywhere;
+the bulk tensor copy lands the 128-byte-swizzled layout with the map passed either way.
+Needs a compute-capability-9.0 GPU (sm_90a)."""
+
+import numpy as np
+import pytest
+from gpu_support import HAVE_GPU, gpu
+
+from dosa_cupy.bench import fp8_probe
+
+
+def _hopper():
+    if not HAVE_GPU:
+        return False
+    from dosa_cupy import sm90a
+
+    return sm90a.available()
+
+
+hopper = pytest.mark.skipif(HAVE_GPU and not _hopper(), reason="needs sm_90a (an H100/H200)")
+
+
+@gpu
+@hopper
+def test_wgmma_e4m3_step_model_holds_on_every_crafted_case():
+    cases = fp8_probe.make_cases(seed=3)  # other operands than the recorded run's seed 0
+    d = fp8_probe.run_gpu(cases)
+    fam = cases["family"]
+    per = {str(f): fp8_probe.mismatches(fp8_probe.WGMMA_E4M3, cases, d, np.nonzero(fam == f)[0])
+           for f in dict.fromkeys(fam)}  # fmt: skip
+    assert per == {f: 0 for f in per}, per
+    assert fp8_probe.structural(cases, d) == {"swap_mismatch": 0, "const_mismatch": 0}
+
+
+@gpu
+@hopper
+def test_bulk_tensor_copy_by_value_and_from_global_memory():
+    assert fp8_probe.tma_check() == {"by_value": 0, "global": 0}
