@@ -26,7 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WGMMA_E4M3", "StepModel", "chain", "e4m3_exponent", "f32_trunc", "step"]
+__all__ = [
+    "WGMMA_E4M3", "StepModel", "chain", "e4m3_exponent", "f32_trunc", "fma_f32", "fp8_fresh_scores",
+    "step",
+]  # fmt: skip
 
 _ROUNDINGS = ("trunc", "floor", "rn")
 
@@ -162,3 +165,65 @@ def chain(model: StepModel, c0, a, b, order, steps, a_codes=None, b_codes=None) 
             pe = eai[:, :, None, :] + ebi[:, None, :, :]
         c[idx] = step(model, c[idx], p, pe)
     return c
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """fp32 fused multiply-add ``fmaf(a, b, c)`` (one rounding to nearest even) of float32
+    arrays, as float32.  a·b is exact in float64; TwoSum gives a·b + c = s + e exactly, and
+    rounding s to fp32 is the correct rounding of s + e except where s is an fp32 midpoint,
+    which e then decides."""
+    a, b, c = (np.asarray(x, dtype=np.float32).astype(np.float64) for x in (a, b, c))
+    ab = a * b
+    s = ab + c
+    bb = s - ab
+    e = (ab - (s - bb)) + (c - bb)
+    r = s.astype(np.float32)
+    lo = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
+    hi = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+    rd = r.astype(np.float64)
+    mid_lo, mid_hi = s == (rd + lo) / 2, s == (rd + hi) / 2
+    # s on a midpoint and rounded to r: the exact value lies on r's side unless e points away
+    out = np.where(mid_lo & (e < 0), lo, np.where(mid_hi & (e > 0), hi, rd))
+    return out.astype(np.float32)
+
+
+def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
+    """The scores of csrc/dense_fp8.cu, bit for bit: q_codes uint8 [H, 128] (H = 64 or 32
+    heads of one query), w float32 [H], k_codes uint8 [n, 128], alpha float32 [n] →
+    float32 [n].  Each k32 step from a fresh accumulator (``WGMMA_E4M3``), the four step
+    results added in k order, then per lane c of a quad the fmaf chain over columns
+    8j + 2c + e (j = 0..7 of the query's 64-column tile, e = 0, 1), the quad's butterfly
+    (lane ^ 1, then ^ 2) and one multiply by α."""
+    q = np.asarray(q_codes, dtype=np.uint8)
+    k = np.asarray(k_codes, dtype=np.uint8)
+    H = q.shape[0]
+    qv, kv = _E4M3_VALUES(q), _E4M3_VALUES(k)
+    qe, ke = e4m3_exponent(q), e4m3_exponent(k)
+    x = None
+    for s in range(4):
+        sl = slice(32 * s, 32 * s + 32)
+        p = kv[:, None, sl] * qv[None, :, sl]  # [n, H, 32]
+        pe = ke[:, None, sl] + qe[None, :, sl]
+        xs = step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)
+        x = xs if x is None else (x + xs).astype(np.float32)
+    x = np.maximum(x, np.float32(0))
+    w = np.asarray(w, dtype=np.float32)
+    # a query of H = 32 heads is half of a 64-column tile: columns 8j + 2c + e, j < 4
+    cols = 8 * np.arange(H // 8)
+    part = []
+    for c in range(4):
+        acc = np.zeros(k.shape[0], dtype=np.float32)
+        for j in cols:
+            for e in (0, 1):
+                h = j + 2 * c + e
+                acc = fma_f32(np.full_like(acc, w[h]), x[:, h], acc)
+        part.append(acc)
+    p01 = [(part[c] + part[c ^ 1]).astype(np.float32) for c in range(4)]
+    tot = (p01[0] + p01[2]).astype(np.float32)
+    return (tot * np.asarray(alpha, dtype=np.float32)).astype(np.float32)
+
+
+def _E4M3_VALUES(codes):
+    from .fp8 import e4m3_values
+
+    return e4m3_values(codes)

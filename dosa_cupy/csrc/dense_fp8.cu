@@ -1,0 +1,194 @@
+// Dense logits on the native FP8 tensor cores (sm_90a; docs/numerics.md "The e4m3 wgmma
+// accumulator"): out[t, i] = α_i · Σ_h w_h [q̄_h · k̄_i]_+ for i ∈ [ks[t], ke[t]), −inf
+// elsewhere — the arithmetic of a candidate FP8 canonical scorer, measured against DeepGEMM
+// before any route adopts it (dosa_cupy/bench/fp8_dense.py).
+//
+// Keys are wgmma's M operand (64 keys per warpgroup MMA), the heads of one 64-row query tile
+// its N operand (H = 64: one query; H = 32: two).  Each k32 step of a dot runs from a fresh
+// accumulator (scale-d = 0): its truncation window is then set by the step's own operands,
+// not by the running sum (docs/numerics.md), and the four step results are added on the CUDA
+// cores in k order: x = ((x_0 + x_1) + x_2) + x_3.  Head sum per key: each lane's fmaf chain
+// over its 16 columns (j = 0..7, then the column pair), then the quad's butterfly (lanes
+// c ^ 1, then c ^ 2), the same tree for every key whatever its tile position; then × α_i.
+//
+// One block: warpgroup 0 is the producer (one thread issues the bulk tensor copies of
+// 128-key stages into a ring of kStages 128-byte-swizzled slots; its other warps write −inf
+// outside the block's key span), warpgroups 1 and 2 consume 64 keys of each stage each.
+#include "ptx_sm90a.cuh"
+
+namespace dosa {
+namespace fp8 {
+constexpr int kThreads = 384;
+}  // namespace fp8
+}  // namespace dosa
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace dosa {
+namespace fp8 {
+using namespace dosa::wg;
+constexpr int kStages = 4;
+constexpr int kStageKeys = 128;
+constexpr int kStageBytes = kStageKeys * 128;
+
+__device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
+
+// QT query tiles of 64 head rows per block; H heads per query (64 or 32).
+template <int H, int QT>
+__device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
+                                          const float* __restrict__ w,
+                                          const float* __restrict__ alpha,
+                                          const int* __restrict__ ks, const int* __restrict__ ke,
+                                          int Qn, long long N, float* __restrict__ out) {
+  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
+  constexpr int QPT = 64 / H;        // queries per tile
+  constexpr int QB = QT * QPT;       // queries per block
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sk = base;                                   // kStages × 16 KB key slots
+  uint8_t* sq = base + kStages * kStageBytes;           // QT × 8 KB query tiles
+  float* sw = reinterpret_cast<float*>(sq + QT * 8192);  // QT × 64 weights
+  uint64_t* full = reinterpret_cast<uint64_t*>(sw + QT * 64);
+  uint64_t* empty = full + kStages;
+
+  const int t = threadIdx.x, q0 = blockIdx.x * QB;
+  const int nq = min(QB, Qn - q0);
+  // the block's key span [lo, hi): the union of its queries' ranges, in whole stages
+  long long lo = N, hi = 0;
+  for (int j = 0; j < nq; ++j) {
+    lo = min(lo, (long long)max(ks[q0 + j], 0));
+    hi = max(hi, (long long)min((long long)ke[q0 + j], N));
+  }
+  if (hi <= lo) lo = hi = 0;
+  const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
+  const int nst = (int)(s1 - s0);
+
+  // query tiles (rows q0·H .. of the [Qn·H, 128] payload) into swizzled shared memory
+  for (int it = t; it < QT * 64 * 8; it += kThreads) {
+    const int r = it >> 3, j = it & 7;
+    const long long row = (long long)q0 * H + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
+    *reinterpret_cast<uint4*>(sq + (r >> 6) * 8192 + sw128_offset(r & 63, j)) = v;
+  }
+  for (int i = t; i < QT * 64; i += kThreads) {
+    const long long row = (long long)q0 * H + i;
+    sw[i] = row < (long long)Qn * H ? w[row] : 0.f;
+  }
+  if (t == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 256);
+    }
+    fence_barrier_init();
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int wg = t >> 7;
+  if (wg == 0) {
+    if (t == 0) {
+      for (int it = 0; it < nst; ++it) {
+        const int slot = it % kStages;
+        if (it >= kStages) mbar_wait(&empty[slot], ((it / kStages) - 1) & 1);
+        mbar_expect_tx(&full[slot], kStageBytes);
+        tma_load_2d(sk + slot * kStageBytes, &kmap, &full[slot], 0, (int)((s0 + it) * kStageKeys));
+      }
+    } else if (t >= 32) {  // −inf outside the span, for every query of the block
+      const long long a = s0 * kStageKeys, b = min(s1 * kStageKeys, N);
+      for (int j = 0; j < nq; ++j) {
+        float* row = out + (long long)(q0 + j) * N;
+        for (long long i = t - 32; i < a; i += 96) row[i] = -INFINITY;
+        for (long long i = b + (t - 32); i < N; i += 96) row[i] = -INFINITY;
+      }
+    }
+    return;
+  }
+
+  // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
+  const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
+  const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  for (int it = 0; it < nst; ++it) {
+    const int slot = it % kStages;
+    mbar_wait(&full[slot], (it / kStages) & 1);
+    const uint32_t ka = (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128);
+    const uint64_t da = desc_sw128(ka);
+    const long long key0 = (s0 + it) * kStageKeys + 64 * c;
+    const long long r0 = key0 + 16 * warp + g, r1 = r0 + 8;
+    const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+#pragma unroll 1
+    for (int qt = 0; qt < QT; ++qt) {
+      float x[4][32];
+      const uint64_t db = desc_sw128(sq_addr + qt * 8192);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) pin(x[s]);
+      fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) mma_m64n64k32_e4m3(x[s], da + 2 * s, db + 2 * s, 0);
+      commit();
+      wait<0>();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) pin(x[s]);
+      if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
+      // rows r0 (e = 0, 1) and r1 (e = 2, 3) of column pair j: x[s][4j + e]
+      float p[QPT][2];
+#pragma unroll
+      for (int u = 0; u < QPT; ++u) p[u][0] = p[u][1] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int u = j / (8 / QPT);  // the tile's query of column group j
+        const float w0 = sw[qt * 64 + 8 * j + 2 * qd], w1 = sw[qt * 64 + 8 * j + 2 * qd + 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // row r0, then r1
+          float v0 = x[0][4 * j + 2 * h], v1 = x[0][4 * j + 2 * h + 1];
+          v0 = v0 + x[1][4 * j + 2 * h];
+          v1 = v1 + x[1][4 * j + 2 * h + 1];
+          v0 = v0 + x[2][4 * j + 2 * h];
+          v1 = v1 + x[2][4 * j + 2 * h + 1];
+          v0 = v0 + x[3][4 * j + 2 * h];
+          v1 = v1 + x[3][4 * j + 2 * h + 1];
+          p[u][h] = fmaf(w0, relu(v0), p[u][h]);
+          p[u][h] = fmaf(w1, relu(v1), p[u][h]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < QPT; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          p[u][h] = p[u][h] + __shfl_xor_sync(0xffffffffu, p[u][h], 1);
+          p[u][h] = p[u][h] + __shfl_xor_sync(0xffffffffu, p[u][h], 2);
+        }
+      // lane qd writes (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64)
+#pragma unroll
+      for (int u = 0; u < QPT; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (qd != 2 * u + h && !(QPT == 1 && qd == h)) continue;
+          const int j = qt * QPT + u;
+          const long long r = h ? r1 : r0;
+          if (j >= nq || r >= N) continue;
+          const float s = p[u][h] * (h ? a1 : a0);
+          out[(long long)(q0 + j) * N + r] = (r >= ks[q0 + j] && r < ke[q0 + j]) ? s : -INFINITY;
+        }
+    }
+  }
+}
+}  // namespace fp8
+}  // namespace dosa
+#endif
+
+#define DENSE_FP8_INST(H, QT)                                                                 \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::kThreads, 1) dense_fp8_h##H##_qt##QT( \
+      const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,               \
+      const float* __restrict__ w, const float* __restrict__ alpha, const int* __restrict__ ks, \
+      const int* __restrict__ ke, int Qn, long long N, float* __restrict__ out) {                \
+    DENSE_FP8_BODY(H, QT)                                                                     \
+  }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DENSE_FP8_BODY(H, QT) dosa::fp8::dense_fp8<H, QT>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#else
+#define DENSE_FP8_BODY(H, QT)
+#endif
+DENSE_FP8_INST(64, 2)
+DENSE_FP8_INST(64, 4)
+DENSE_FP8_INST(32, 2)
+DENSE_FP8_INST(32, 4)
