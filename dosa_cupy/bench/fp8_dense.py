@@ -1,7 +1,7 @@
 """The FP8 dense logits kernel (csrc/dense_fp8.cu) against DeepGEMM and the project's f16
 dense logits, on the same inputs in one run (docs/benchmark_method.md).
 
-``python3 -m dosa_cupy.bench.fp8_dense --shapes 64x4096x131072,... [--qt 2,4] [--reps 20]``:
+``python3 -m dosa_cupy.bench.fp8_dense --shapes 64x4096x131072,... [--variants ...] [--reps 20]``:
 per shape, the kernel's logits checked bit for bit against ``dosa_ref.mma_model
 .fp8_fresh_scores`` on sampled queries and keys, its −inf pattern against the visibility
 ranges, then medians (CUDA events, warm-up, three rotated query sets) of every kernel, the
@@ -19,14 +19,20 @@ import numpy as np
 FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
-def smem_bytes(qt: int) -> int:
-    """Dynamic shared memory of dense_fp8_h*_qt{qt}: 4 key slots of 16 KB, qt query tiles of
-    8 KB, their weights, 8 mbarriers and 1 KB to align to the swizzle atom."""
-    return 4 * 16384 + qt * 8192 + qt * 256 + 64 + 1024
+# the builds of csrc/dense_fp8.cu: (query tiles per block, consumer warpgroups, fresh steps)
+VARIANTS = {"qt2_w2_fresh": (2, 2, True), "qt4_w2_fresh": (4, 2, True),
+            "qt4_w2_chained": (4, 2, False), "qt4_w4_chained": (4, 4, False)}  # fmt: skip
 
 
-def fp8_logits(wl: dict, qt: int, out=None):
-    """fp32 [Qn, N] logits of dense_fp8_h{H}_qt{qt} for a workload of make_gpu_workload."""
+def smem_bytes(qt: int, cwg: int) -> int:
+    """Dynamic shared memory of a dense_fp8 build: 4 key slots of 64·cwg keys, qt query tiles
+    of 8 KB, their weights, 8 mbarriers and 1 KB to align to the swizzle atom."""
+    return 4 * 8192 * cwg + qt * 8192 + qt * 256 + 64 + 1024
+
+
+def fp8_logits(wl: dict, variant: str, out=None):
+    """fp32 [Qn, N] logits of the dense_fp8 build ``variant`` (VARIANTS) for a workload of
+    make_gpu_workload."""
     import cupy as cp
 
     from dosa_cupy._build import KernelSpec, kernel
@@ -37,20 +43,24 @@ def fp8_logits(wl: dict, qt: int, out=None):
     N = kp.shape[0]
     if out is None:
         out = cp.empty((Qn, N), dtype=cp.float32)
-    smem = smem_bytes(qt)
-    f = kernel(f"dense_fp8_h{H}_qt{qt}", smem, KernelSpec("dense_fp8.cu", (), sm90a=True))
-    if "_tmap" not in wl:
-        wl["_tmap"] = tensor_map_2d(kp, 128, 128)
+    qt, cwg, _ = VARIANTS[variant]
+    smem = smem_bytes(qt, cwg)
+    name = f"dense_fp8_h{H}_{variant}"
+    f = kernel(name, smem, KernelSpec("dense_fp8.cu", (), sm90a=True))
+    key = f"_tmap{cwg}"
+    if key not in wl:
+        wl[key] = tensor_map_2d(kp, 64 * cwg, 128)
     qb = qt * 64 // H
-    f(((Qn + qb - 1) // qb,), (384,),
-      (wl["_tmap"], q, w, ksc, wl["ks"], wl["ke"], np.int32(Qn), np.int64(N), out),
+    f(((Qn + qb - 1) // qb,), (128 * (1 + cwg),),
+      (wl[key], q, w, ksc, wl["ks"], wl["ke"], np.int32(Qn), np.int64(N), out),
       shared_mem=smem)  # fmt: skip
     return out
 
 
-def check(wl: dict, lg, rng, nq: int = 6, nk: int = 1536) -> dict:
-    """Bits of sampled visible logits that differ from ``fp8_fresh_scores`` and entries whose
-    −inf pattern differs from the visibility ranges (every entry)."""
+def check(wl: dict, lg, rng, fresh: bool = True, nq: int = 6, nk: int = 1536) -> dict:
+    """Bits of sampled visible logits that differ from ``fp8_fresh_scores`` (``fresh``; else
+    the largest relative difference) and entries whose −inf pattern differs from the
+    visibility ranges (every entry)."""
     import cupy as cp
 
     from dosa_ref.mma_model import fp8_fresh_scores
@@ -62,7 +72,7 @@ def check(wl: dict, lg, rng, nq: int = 6, nk: int = 1536) -> dict:
     q, w = cp.asnumpy(wl["q"]), cp.asnumpy(wl["w"])
     kp, ksc = cp.asnumpy(wl["k_payload"]), cp.asnumpy(wl["k_scale"])
     ks, ke = cp.asnumpy(wl["ks"]), cp.asnumpy(wl["ke"])
-    bad = 0
+    bad, rel = 0, 0.0
     for t in rng.choice(Qn, nq, replace=False):
         lo, hi = int(ks[t]), int(ke[t])
         if hi <= lo:
@@ -72,10 +82,13 @@ def check(wl: dict, lg, rng, nq: int = 6, nk: int = 1536) -> dict:
         want = fp8_fresh_scores(q[t], w[t], kp[ids], ksc[ids])
         got = cp.asnumpy(lg[t, cp.asarray(ids)])
         bad += int((want.view(np.uint32) != got.view(np.uint32)).sum())
+        rel = max(rel, float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30)))
+    if not fresh:
+        return {"max_rel_diff_to_fresh": rel, "inf_pattern_mismatch": pattern}
     return {"model_mismatch": bad, "inf_pattern_mismatch": pattern}
 
 
-def run(shapes, qts, reps: int, out=sys.stdout) -> list:
+def run(shapes, variants, reps: int, out=sys.stdout) -> list:
     import cupy as cp
 
     import dosa_cupy
@@ -90,13 +103,15 @@ def run(shapes, qts, reps: int, out=sys.stdout) -> list:
         wl = sets[0]
         visible = float(cp.sum(cp.maximum(wl["ke"] - wl["ks"], 0)))
         res = {"H": H, "Qn": Qn, "N": N}
-        for qt in qts:
-            res[f"check_qt{qt}"] = check(wl, fp8_logits(wl, qt), np.random.default_rng(0))
+        for v in variants:
+            res[f"check_{v}"] = check(
+                wl, fp8_logits(wl, v), np.random.default_rng(0), VARIANTS[v][2]
+            )
         buf = cp.empty((Qn, N), dtype=cp.float32)
         cs = [dict(q=s["q"], w=s["w"], kp=s["k_payload"], ksc=s["k_scale"], ks=s["ks"],
                    ke=s["ke"]) for s in sets]  # fmt: skip
         fns = {
-            f"fp8_qt{qt}": (lambda i, qt=qt, b=buf, S=sets: fp8_logits(S[i], qt, b)) for qt in qts
+            f"fp8_{v}": (lambda i, v=v, b=buf, S=sets: fp8_logits(S[i], v, b)) for v in variants
         }
         fns["f16_dense"] = lambda i, c=cs: dosa_cupy.dense_logits(
             c[i]["q"], c[i]["w"], c[i]["kp"], c[i]["ksc"], c[i]["ks"], c[i]["ke"])  # fmt: skip
@@ -109,8 +124,8 @@ def run(shapes, qts, reps: int, out=sys.stdout) -> list:
         free(cp)
         flop = 2.0 * H * 128 * visible
         print(f"\n### H = {H}, Qn = {Qn}, N = {N} (visible pairs {visible:.3e})", file=out)
-        for k in qts:
-            print(f"check qt{k}: {res[f'check_qt{k}']}", file=out)
+        for k in variants:
+            print(f"check {k}: {res[f'check_{k}']}", file=out)
         print("| kernel | ms | TFLOP/s (visible) | × FP8 floor | / DeepGEMM |", file=out)
         print("|---|---|---|---|---|", file=out)
         dg = res.get("deepgemm")
@@ -126,16 +141,16 @@ def run(shapes, qts, reps: int, out=sys.stdout) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fp8_dense", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="64x4096x131072,32x4096x131072")
-    ap.add_argument("--qt", default="2,4", help="query tiles per block to time (2, 4)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="builds to time (VARIANTS)")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args(argv)
     try:
         shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-        qts = [int(x) for x in a.qt.split(",")]
     except ValueError:
-        ap.error("--shapes: HxQnxN[,...] integers; --qt: integers")
-    if any(len(s) != 3 or s[0] not in (32, 64) for s in shapes) or set(qts) - {2, 4}:
-        ap.error("--shapes: H of 32 or 64; --qt: 2 or 4")
+        ap.error("--shapes: HxQnxN[,...] integers")
+    qts = a.variants.split(",")
+    if any(len(s) != 3 or s[0] not in (32, 64) for s in shapes) or set(qts) - set(VARIANTS):
+        ap.error(f"--shapes: H of 32 or 64; --variants: of {','.join(VARIANTS)}")
     run(shapes, qts, a.reps)
     return 0
 

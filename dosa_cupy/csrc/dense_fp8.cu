@@ -18,7 +18,9 @@
 
 namespace dosa {
 namespace fp8 {
-constexpr int kThreads = 384;
+// threads of a block with CWG consumer warpgroups beside the producer warpgroup
+template <int CWG>
+__host__ __device__ constexpr int threads() { return 128 * (1 + CWG); }
 }  // namespace fp8
 }  // namespace dosa
 
@@ -27,13 +29,14 @@ namespace dosa {
 namespace fp8 {
 using namespace dosa::wg;
 constexpr int kStages = 4;
-constexpr int kStageKeys = 128;
-constexpr int kStageBytes = kStageKeys * 128;
 
 __device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
 
-// QT query tiles of 64 head rows per block; H heads per query (64 or 32).
-template <int H, int QT>
+// QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
+// warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a fresh accumulator (the
+// candidate canonical arithmetic) or chained on the tensor core (a timing variant only:
+// its window follows the running sum, docs/numerics.md).
+template <int H, int QT, int CWG, bool FRESH>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
@@ -42,6 +45,9 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   constexpr int QPT = 64 / H;        // queries per tile
   constexpr int QB = QT * QPT;       // queries per block
+  constexpr int kThreads = threads<CWG>();
+  constexpr int kStageKeys = 64 * CWG;
+  constexpr int kStageBytes = kStageKeys * 128;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sk = base;                                   // kStages × 16 KB key slots
@@ -77,7 +83,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   if (t == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 256);
+      mbar_init(&empty[s], 128 * CWG);
     }
     fence_barrier_init();
   }
@@ -98,7 +104,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
       for (int j = 0; j < nq; ++j) {
         float* row = out + (long long)(q0 + j) * N;
         for (long long i = t - 32; i < a; i += 96) row[i] = -INFINITY;
-        for (long long i = b + (t - 32); i < N; i += 96) row[i] = -INFINITY;
+        for (long long i = b + (t - 32); i < N; i += 96) row[i] = -INFINITY;  // 96 fill threads
       }
     }
     return;
@@ -117,17 +123,19 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
 #pragma unroll 1
     for (int qt = 0; qt < QT; ++qt) {
-      float x[4][32];
+      constexpr int NX = FRESH ? 4 : 1;
+      float x[NX][32];
       const uint64_t db = desc_sw128(sq_addr + qt * 8192);
 #pragma unroll
-      for (int s = 0; s < 4; ++s) pin(x[s]);
+      for (int s = 0; s < NX; ++s) pin(x[s]);
       fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) mma_m64n64k32_e4m3(x[s], da + 2 * s, db + 2 * s, 0);
+      for (int s = 0; s < 4; ++s)
+        mma_m64n64k32_e4m3(x[FRESH ? s : 0], da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
       commit();
       wait<0>();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) pin(x[s]);
+      for (int s = 0; s < NX; ++s) pin(x[s]);
       if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
       // rows r0 (e = 0, 1) and r1 (e = 2, 3) of column pair j: x[s][4j + e]
       float p[QPT][2];
@@ -140,12 +148,11 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // row r0, then r1
           float v0 = x[0][4 * j + 2 * h], v1 = x[0][4 * j + 2 * h + 1];
-          v0 = v0 + x[1][4 * j + 2 * h];
-          v1 = v1 + x[1][4 * j + 2 * h + 1];
-          v0 = v0 + x[2][4 * j + 2 * h];
-          v1 = v1 + x[2][4 * j + 2 * h + 1];
-          v0 = v0 + x[3][4 * j + 2 * h];
-          v1 = v1 + x[3][4 * j + 2 * h + 1];
+#pragma unroll
+          for (int s = 1; s < NX; ++s) {  // the fresh steps in k order
+            v0 = v0 + x[s][4 * j + 2 * h];
+            v1 = v1 + x[s][4 * j + 2 * h + 1];
+          }
           p[u][h] = fmaf(w0, relu(v0), p[u][h]);
           p[u][h] = fmaf(w1, relu(v1), p[u][h]);
         }
@@ -176,19 +183,27 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 }  // namespace dosa
 #endif
 
-#define DENSE_FP8_INST(H, QT)                                                                 \
-  extern "C" __global__ void __launch_bounds__(dosa::fp8::kThreads, 1) dense_fp8_h##H##_qt##QT( \
-      const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,               \
-      const float* __restrict__ w, const float* __restrict__ alpha, const int* __restrict__ ks, \
-      const int* __restrict__ ke, int Qn, long long N, float* __restrict__ out) {                \
-    DENSE_FP8_BODY(H, QT)                                                                     \
+#define DENSE_FP8_INST(H, QT, CWG, FRESH, TAG)                                              \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
+      dense_fp8_h##H##_qt##QT##_w##CWG##_##TAG(                                                 \
+          const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,          \
+          const float* __restrict__ w, const float* __restrict__ alpha,                         \
+          const int* __restrict__ ks, const int* __restrict__ ke, int Qn, long long N,          \
+          float* __restrict__ out) {                                                            \
+    DENSE_FP8_BODY(H, QT, CWG, FRESH)                                                           \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_BODY(H, QT) dosa::fp8::dense_fp8<H, QT>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_BODY(H, QT, CWG, FRESH) \
+  dosa::fp8::dense_fp8<H, QT, CWG, FRESH>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_BODY(H, QT)
+#define DENSE_FP8_BODY(H, QT, CWG, FRESH)
 #endif
-DENSE_FP8_INST(64, 2)
-DENSE_FP8_INST(64, 4)
-DENSE_FP8_INST(32, 2)
-DENSE_FP8_INST(32, 4)
+// fresh: the candidate canonical arithmetic; chained: timing variants
+DENSE_FP8_INST(64, 2, 2, true, fresh)
+DENSE_FP8_INST(64, 4, 2, true, fresh)
+DENSE_FP8_INST(32, 2, 2, true, fresh)
+DENSE_FP8_INST(32, 4, 2, true, fresh)
+DENSE_FP8_INST(64, 4, 2, false, chained)
+DENSE_FP8_INST(32, 4, 2, false, chained)
+DENSE_FP8_INST(64, 4, 4, false, chained)
+DENSE_FP8_INST(32, 4, 4, false, chained)
