@@ -8,7 +8,7 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
 * the route, the screen kernel and r: chosen on the shape's first step (``route="auto"``:
   the cost model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
 * the anchor pool at its capacity min(anchors · K, N), its size P on the device
-  (``seeds.seed_stage`` with given anchors, ``pipeline.plan_stage``'s device sample);
+  (``seeds.seed_stage`` with given anchors, ``plan.plan_stage``'s device sample);
 * the screen build (tie-aware or plain) from the first step's τ; both are exact;
 * no overflow extension and no recovery inside the step: a query whose compact records
   overflowed, whose plan is invalid or that sees an invalid key scale is *flagged* on the
@@ -35,7 +35,8 @@ from dosa_ref.options import check_flag
 from ._build import cupy_or_raise
 from .dense import _dense_topk_raw, dense_ids
 from .options import check_options, resolve_options, resolved, strategies
-from .pipeline import dosa_topk, plan_stage
+from .pipeline import dosa_topk
+from .plan import plan_stage
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
 from .screen import plateau_constants, screen_stage, tie_screen_wanted

@@ -1,38 +1,24 @@
-"""The route choice of ``dosa_topk`` on the GPU (docs/method.md §9 "Route choice"): per call
-(chunk), the dense route or DoSA with one of its screens, from a cost model of the H200 and
-a measured sample of the chunk.
+"""The cost model of the GPU route choice (docs/method.md §9 "Route choice"): milliseconds of
+the dense route and of DoSA's stages on the H200, linear in the work, and the vocabulary of
+the decision — the candidates it compares, the ``RouteChoice`` it returns and the
+``RouteMemo`` that keeps it across chunks.
 
-Every route returns the same ids (each is exact); the choice only decides the time.  Two
-decisions, both before the expensive work:
-
-1. **Early** (no device work): when even the dense route's predicted time at every key
-   visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``: the fixed
-   costs of prepare, seeds, plan and the launches), the chunk goes dense.
-2. **Sampled** (after seeds, before the plan of the whole chunk): the screen candidates
-   (``candidates``) each plan and screen one block row of evenly spaced queries (plans of
-   those queries only: the chunk is planned after the decision), timed with
-   CUDA events; their survival and time, scaled to the chunk, plus the fitted refinement and
-   finishing costs, predict DoSA's remaining time per candidate; the dense route's is
-   predicted from the fitted logits and selection rates.  The cheapest wins.
-
+The decision itself is the route stage (``route.py``): it runs the sampled screens this
+model scales to the chunk.  Nothing here launches a screen, so the model and its fit
+(``dosa_cupy.bench.fit_cost``) are checked on the CPU (tests/test_cost.py).
 The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
 scoring, in units of work rather than milliseconds).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from dosa_ref.cost import bound_fraction
 from dosa_ref.options import check_count
 
 from . import sm90a
-from ._build import cupy_or_raise
-from .refine import popcount_rows
-from .scorer import MMA_BITS, QG
-from .screen import R_WIDE, ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
+from .scorer import QG
+from .screen import R_WIDE, auto_screen
 
 __all__ = [
     "H200",
@@ -43,7 +29,6 @@ __all__ = [
     "candidates",
     "early_route",
     "logits_flop",
-    "sample_route",
 ]
 
 
@@ -115,7 +100,7 @@ H200 = CostModel(
 
 @dataclass
 class RouteChoice:
-    """The route taken and why (``DosaGpuStats.route``).
+    """The route taken and why (``DosaGpuStats.route``; the route stage's result, route.py).
 
     route: "dense" or "dosa"; reason: "option", "early" (decision 1), "sampled" (decision 2),
     "memo" (a ``RouteMemo``'s earlier choice) or "small" (too few queries to sample: DoSA
@@ -208,67 +193,3 @@ def sample_size(screen: str) -> int:
     if screen == "wg":
         return sm90a.QG
     return 2 * QG if screen == "pair" else QG
-
-
-def sample_route(b, seeds, rho, o: dict, plan_stage, model: CostModel = H200):
-    """Decision 2 for batch ``b`` (``prepare.Batch``) after the seed stage: screen a sample
-    of evenly spaced queries with each candidate (``candidates``), timed; predict each
-    candidate's remaining time and the dense route's; the cheapest wins.
-    ``plan_stage(b, pool, r, o)`` builds plans (pipeline.plan_stage); each candidate plans
-    its sampled queries only (a query's plan does not depend on the other queries), so the
-    whole chunk is planned once, after the decision, and never when the dense route wins.
-    Returns the ``RouteChoice``."""
-    cp = cupy_or_raise()
-    cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0])
-    vis = b.visible.sum()
-    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
-    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
-    pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
-    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
-    choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
-    best = choice.predicted_ms["dense"]
-    for screen, r in cands:
-        n = sample_size(screen)
-        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
-        bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, r, o)
-        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
-        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
-        key = candidate_key(screen, r)
-        scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
-        choice.predicted_ms[key] = model.rest_ms(
-            b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
-        )
-        choice.survival[key], choice.sample[key] = m, n
-        if choice.predicted_ms[key] < best:
-            best = choice.predicted_ms[key]
-            choice.route, choice.screen, choice.r = "dosa", screen, r
-    return choice
-
-
-def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
-    """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
-    queries ``idx``
-    (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
-    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
-    cp = cupy_or_raise()
-    kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
-    ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
-    zrow = plateau_rows(plan, bs.w, MMA_BITS, cp) if tie else None
-    launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
-    surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
-    tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
-    launch.function()  # compiled and loaded before the timed launch
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    launch(surv, None, None, tcnt)
-    end.record()
-    vis = bs.visible
-    scr = vis - seeds.default.cnt[idx].astype(cp.int64)
-    head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
-    out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
-    s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
-    ms = cp.cuda.get_elapsed_time(start, end)
-    return ms, (s / n if n > 0 else 0.0), out[2 : 2 + q], out[2 + q :]

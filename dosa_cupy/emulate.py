@@ -48,7 +48,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
-                    sinks=16, n_anchors=4, p_sample=256):  # fmt: skip
+                    sinks=16, n_anchors=4, p_sample=256, scorer="f16"):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
@@ -95,7 +95,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     mts = 1 if r <= 14 else 2
     ns = min(p_sample, pool.size)
     sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
-    pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np)
+    pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np, scorer=scorer)
     X = np.einsum("tjd,nd->tjn", e4m3_values(pl.rows), kv)
     last = 16 * (mts - 1)
     aux = X[:, last + 7] + X[:, last + 15]

@@ -3,7 +3,9 @@ stage:
 
     prepare  ρ per key                                    (prepare.key_rho)
     seeds    default + explicit seeds scored, τ           (seeds.seed_stage)
-    plan     per-query screening plans                    (plan_stage below)
+    route    dense or DoSA, the screen and r              (route.route_stage; decision 1,
+             from the shapes alone, before prepare: route.early_choice)
+    plan     per-query screening plans                    (plan.plan_stage)
     screen   U^num vs τ → survivor bitmask                (screen.screen_stage)
              [certificate seeds raise τ, drop survivors]  (seeds.certificate_seeds)
     refine   survivors scored, compact records s ≥ τ      (refine.refine_stage)
@@ -23,40 +25,18 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from ._build import cupy_or_raise
-from .cost import H200, RouteChoice, RouteMemo, candidate_key, early_route, sample_route
+from .cost import H200, RouteChoice, candidate_key
 from .dense import dense_ids
 from .options import resolved, start
-from .plan import DevicePlan
-from .plan_fused import build_plans_fused
+from .plan import plan_stage
 from .prepare import key_rho
 from .refine import popcount_rows, refine_stage
-from .scorer import MMA_BITS
-from .screen import auto_screen, screen_stage
+from .route import early_choice, memo_recall, memo_store, route_stage
+from .screen import screen_stage
 from .seeds import certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
 
 __all__ = ["dosa_topk"]
-
-
-def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
-    """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
-    (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
-    evenly spaced anchor-pool keys (pool int32 [P], sorted), by
-    ``plan_fused.build_plans_fused`` (one kernel per chunk; its specification is
-    ``plan.build_plans``) with the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
-    pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
-    sample keys spaced over the first P entries on the device (repeats when P is smaller;
-    key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
-    retains (docs/method.md §4); every plan's bound holds for any sample."""
-    cp = cupy_or_raise()
-    mts = 1 if r <= 14 else 2
-    ns = min(o["p_sample"], int(pool.size))
-    if pcount is None:
-        sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
-    else:
-        last = cp.maximum(pcount - 1, 0)
-        sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
-    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS)
 
 
 def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
@@ -87,12 +67,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         False: the plain rule U < τ everywhere); route
         ("auto", default: the dense route when the cost model predicts it faster — before
         any work for small chunks, else after the seeds from a timed sample screen of each
-        screen candidate, which also picks r: 14 or 30, 6 for the paired screen; cost.py,
-        docs/method.md §9 "Route choice"); "dosa": always screen, with ``screen``'s pick;
-        "dense": the dense route); route_memo (None, default; a ``cost.RouteMemo``, with
-        route="auto" only: chunks of a kind seen recently take its remembered route without
-        seeding or sampling, every refresh-th call samples again — for a caller running one
-        layer over many chunks);
+        screen candidate, which also picks r: 14 or 30, 6 for the paired screen; the route
+        stage, route.py, with the cost model of cost.py; docs/method.md §9 "Route choice");
+        "dosa": always screen, with ``screen``'s pick; "dense": the dense route); route_memo
+        (None, default; a ``cost.RouteMemo``, with route="auto" only: chunks of a kind seen
+        recently take its remembered route without seeding or sampling, every refresh-th
+        call samples again — for a caller running one layer over many chunks);
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is
@@ -107,38 +87,28 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         return empty
     stats = st is not None  # start() makes statistics only when they are asked for
 
-    # the route choice (docs/method.md §9 "Route choice"; cost.py): decision 1, no device work
-    if o["route"] == "dense" or (o["route"] == "auto" and early_route(H200, b.Qn, b.N, b.heads)):
-        reason = "option" if o["route"] == "dense" else "early"
-        pred = {"dense": H200.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
-        return _dense_route(b, st, tm, RouteChoice("dense", reason, predicted_ms=pred), None,
-                            stats)  # fmt: skip
-    memo, key = o["route_memo"], None
-    if memo is not None and o["route"] == "auto":  # an earlier chunk of this kind decided
-        key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
-        route = memo.recall(key)
-        if route is not None and route.route == "dense":
-            return _dense_route(b, st, tm, route, None, stats)
+    # the route choice (docs/method.md §9 "Route choice"; route.py with the model H200 of
+    # cost.py): decision 1 from the shapes alone, then a memo's choice, before any device work
+    route = early_choice(b, o, H200)
+    if route is not None:
+        return _dense_route(b, st, tm, route, None, stats)
+    key, route = memo_recall(b, o)  # an earlier chunk of this kind decided
+    if route is not None and route.route == "dense":
+        return _dense_route(b, st, tm, route, None, stats)
     b.raise_if_bad()  # bad input raises before the screening stages
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
-    if key is not None and route is not None:  # the memo's key exists only with "auto"
-        r = route.r
-    elif o["route"] == "auto":  # decision 2: sampled screens of each candidate against dense
-        route = sample_route(b, seeds, rho, o, plan_stage, H200)
-        tm.mark("route")
-        if memo is not None:
-            memo.store(key, route)
+    if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
+        route = route_stage(b, seeds, rho, o, H200)
+        if o["route"] == "auto":  # the samples are timed as a stage; the option's pick is not
+            tm.mark("route")
+            memo_store(o, key, route)
         if route.route == "dense":
             return _dense_route(b, st, tm, route, seeds, stats)
-        r = route.r
-    else:
-        screen, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-        route = RouteChoice("dosa", "option", screen, r)
     o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
-    plan = plan_stage(b, seeds.pool, r, o)  # §3–§5, §8
+    plan = plan_stage(b, seeds.pool, route.r, o)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, route.tie)  # §8–§9
     tm.mark("screen")

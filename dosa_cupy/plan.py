@@ -5,9 +5,9 @@ operations (float64 for every bound quantity) plus one small kernel for the e4m3
 of the aux rows; nothing is copied to the host.  Choices (R, anchors, A) only affect
 efficiency; the bound is valid for any of them (docs/method.md §3).
 
-The pipeline plans with ``plan_fused.build_plans_fused`` (one kernel per chunk); this
-module is its specification (tests/test_plan_fused.py compares the two plans field by
-field) and holds the constants both use.
+The plan stage (``plan_stage``) plans with ``plan_fused.build_plans_fused`` (one kernel per
+chunk); ``build_plans`` is its specification (tests/test_plan_fused.py compares the two
+plans field by field), and this module holds the constants both use.
 
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
 
@@ -45,8 +45,9 @@ from dosa_ref.fp8 import e4m3_bits, e4m3_values
 
 from ._build import cupy_or_raise
 from .prepare import D
+from .scorer import MMA_BITS
 
-__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "row_slots"]
+__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "plan_stage", "row_slots"]
 
 U32 = 2.0**-24
 MU = 2.0**-30
@@ -96,6 +97,30 @@ class DevicePlan:
     E: object = None  # float64 [Qn] positive allowance (outward)
 
 
+def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
+    """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
+    (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
+    evenly spaced anchor-pool keys (pool int32 [P], sorted), by
+    ``plan_fused.build_plans_fused`` (one kernel per chunk; its specification is
+    ``build_plans``) with the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
+    pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
+    sample keys spaced over the first P entries on the device (repeats when P is smaller;
+    key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
+    retains (docs/method.md §4); every plan's bound holds for any sample."""
+    # imported here: plan_fused imports this module's constants and DevicePlan
+    from .plan_fused import build_plans_fused
+
+    cp = cupy_or_raise()
+    mts = 1 if r <= 14 else 2
+    ns = min(o["p_sample"], int(pool.size))
+    if pcount is None:
+        sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    else:
+        last = cp.maximum(pcount - 1, 0)
+        sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
+    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS)
+
+
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     """docs/method.md §3 rule, batched: returns (order [Qn, H] heads by priority, nR [Qn]).
 
@@ -121,13 +146,56 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     return order, nR
 
 
-def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
+SCORERS = ("f16", "fp8_fresh", "fp8_chained")
+
+
+def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
+    """(g_ref, a) of the canonical scorer's arithmetic: |computed − exact| of the payload-unit
+    score ≤ g_ref·Σ_h|w'_h| Σ_d|q̄_hd||k̄_d| + Σ_h|w'_h|·a_h for every key (a float64
+    [Qn, Hp], 0 for the f16 chain).  ``scorer``:
+
+    * "f16": the m16n8k16 chain keeping ``mma_bits`` bits per step (``gamma_mma``), the
+      epilogue of csrc/scorer.cuh (γ_{2·mth+5});
+    * "fp8_fresh": e4m3 wgmma k32 steps from fresh accumulators (csrc/dense_fp8.cu), the
+      model ``dosa_ref.mma_model.WGMMA_E4M3`` (docs/numerics.md "The e4m3 wgmma
+      accumulator"): step s loses < 32·2^(E_s − 13) ≤ 2^(eq_s) in its window (E_s ≤ eq_s + 8,
+      eq_s the largest exponent field of the head's dims in the step, 8 the largest of any
+      e4m3 key) plus 2^-13 of its kept sum in the 14-bit write-back; three fp32 adds (γ_3);
+      the epilogue's fmaf chain of H/4 terms, two butterfly adds and × α (γ_{H/4+3});
+    * "fp8_chained": the same steps chained on the tensor core: step s aligns to the running
+      sum too, 2^E_s ≤ 2^(eq_s + 8) + |c_s| with |c_s| ≤ Σ_{d<32s}|q̄_d k̄_d|(1 + …), so
+      each step adds 2^-8 of the partial dot's magnitudes: g ≈ 3·2^-8 + 4·2^-13.
+    """
+    if scorer not in SCORERS:
+        raise ValueError(f"scorer: expected one of {SCORERS}, got {scorer!r}")
+    if scorer == "f16":
+        gm = gamma_mma(mma_bits)
+        return gm + gamma(2 * mth + 5) * (1 + gm), xp.zeros(qf.shape[:2])
+    H = 16 * mth
+    ge = gamma(H // 4 + 3)
+    if scorer == "fp8_fresh":
+        gm = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
+    else:
+        gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
+    # 2^(eq_s): the largest |q̄_hd| of the step rounded down to a power of two (its exponent
+    # field; subnormals and zero count as 2^-6, an upper bound of their magnitude)
+    m = xp.max(xp.abs(qf).reshape(qf.shape[0], qf.shape[1], 4, 32), axis=3)
+    fr, ex = xp.frexp(xp.maximum(m, 2.0**-6))
+    step_abs = xp.ldexp(xp.ones_like(m), (ex - 1).astype(xp.int32))
+    step_abs = xp.where(m > 0, step_abs, 0.0)
+    a = xp.sum(step_abs, axis=2) * (1 + gamma(3)) * (1 + ge) * (1 + MU)
+    return gm + ge * (1 + gm), a
+
+
+def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, scorer="f16"):
     """Batched plans for all queries, on the device.
 
     q: uint8 [Qn, Hp, 128] (heads padded to 16·MT_H), w: fp32 [Qn, Hp]; sample_ids: key ids
     (device int) for activation frequencies; r ≤ 16·mts − 2 retained heads.
     xp: array module (default CuPy); ``numpy`` runs the same code on the host (CPU tests
     and ``emulate.screen_survival``), with ``dosa_ref.fp8.e4m3_bits`` for the aux rows.
+    ``scorer``: the canonical scorer's arithmetic whose error the bound covers
+    (``scorer_allowance``; the routes run "f16").
     """
     cp = cupy_or_raise() if xp is None else xp
 
@@ -234,7 +302,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
     J += cp.einsum("th,thd->td", dom * Rm, absq)
     gm = gamma_mma(mma_bits)
     g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
-    g_ref = gm + gamma(2 * mth + 5) * (1 + gm)
+    g_ref, a_ref = scorer_allowance(scorer, qf, mth, mma_bits, cp)
     J += g_scr * (
         cp.einsum("th,thd->td", cp.abs(om_d) * Rm, absq)
         + sig[:, None] * (cp.abs(v0f) + cp.abs(v1f))
@@ -242,7 +310,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None):
     J += g_ref * cp.einsum("th,thd->td", cp.abs(wf), absq)
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
-    eps_raw = cp.full(Qn, (2 * mth + 2 * mts + 16) * TINY)
+    eps_raw = (2 * mth + 2 * mts + 16) * TINY + cp.sum(cp.abs(wf) * a_ref, axis=1) * (1 + MU)
     # σ is stored as fp32: it must be finite there too, else the screen would weigh the aux
     # rows by −inf and could reject on a bound that is not one (recover such queries)
     valid = cp.isfinite(C) & cp.isfinite(sig) & cp.isfinite(sig.astype(cp.float32))

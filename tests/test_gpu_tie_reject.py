@@ -243,7 +243,7 @@ def test_gpu_plateau_cuts_survivors(screen, extra):
     if screen == "wg" and not sm90a.available():
         pytest.skip("screen='wg' needs a compute-capability-9.0 GPU and nvcc")
     from dosa_cupy.options import resolved, start
-    from dosa_cupy.pipeline import plan_stage
+    from dosa_cupy.plan import plan_stage
     from dosa_cupy.prepare import key_rho
     from dosa_cupy.refine import popcount_rows
     from dosa_cupy.screen import auto_screen, screen_stage

@@ -148,3 +148,44 @@ def test_model_fields_are_checked():
             StepModel(**kw)
     with pytest.raises(ValueError, match="pe"):
         step(WGMMA_E4M3, np.zeros(1), np.zeros((1, 32)))
+
+
+def _crafted_rows(rng, n):
+    """e4m3 rows [n, 128] with one large value and many small ones per 32-dim step (the
+    window's worst case), random signs."""
+    from dosa_ref.fp8 import e4m3_bits
+
+    v = np.ldexp(rng.choice([-1.0, 1.0], (n, 128)) * (1 + rng.integers(0, 8, (n, 128)) / 8),
+                 rng.integers(-6, 0, (n, 128)))  # fmt: skip
+    v[:, ::32] = 448.0 * rng.choice([-1.0, 1.0], (n, 4))
+    return e4m3_bits(v.astype(np.float32))
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("kind", ["random", "crafted"])
+def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
+    """The scores of the FP8 fresh-step scorer (the H200's arithmetic, fp8_fresh_scores) lie
+    within the allowance the plan charges for it (dosa_cupy.plan.scorer_allowance), per key:
+    |s − s_exact| ≤ α(g·Σ_h|w_h|Σ_d|q̄_hd||k̄_d| + Σ_h|w_h|·a_h)."""
+    from dosa_cupy.plan import scorer_allowance
+    from dosa_ref.fp8 import e4m3_bits
+    from dosa_ref.mma_model import fp8_fresh_scores
+
+    rng = np.random.default_rng(H + len(kind))
+    if kind == "random":
+        q = e4m3_bits((rng.standard_normal((H, 128)) * 120).astype(np.float32))
+        k = e4m3_bits((rng.standard_normal((400, 128)) * 120).astype(np.float32))
+    else:
+        q, k = _crafted_rows(rng, H), _crafted_rows(rng, 400)
+    w = rng.standard_normal(H).astype(np.float32)
+    alpha = (rng.random(400) + 0.5).astype(np.float32)
+    qv, kv = e4m3_values(q), e4m3_values(k)
+    exact = (np.maximum(kv @ qv.T, 0) @ w.astype(np.float64)) * alpha
+    got = fp8_fresh_scores(q, w, k, alpha).astype(np.float64)
+    g, a = scorer_allowance("fp8_fresh", qv[None], H // 16, 17, np)
+    allow = alpha * (g * (np.abs(kv) @ np.abs(qv).T @ np.abs(w).astype(np.float64))
+                     + float(np.sum(np.abs(w) * a[0])))  # fmt: skip
+    # the final × α rounds once more (u per score) and the flushed fp32 results (2^-126)
+    allow = allow * (1 + 2.0**-23) + 2.0**-120
+    assert np.all(np.abs(got - exact) <= allow)
+    assert np.max(np.abs(got - exact) / allow) > 1e-4  # the test can see an error at all

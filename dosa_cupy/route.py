@@ -1,0 +1,146 @@
+"""The route stage of ``dosa_topk`` on the GPU (docs/method.md §9 "Route choice"): per call
+(chunk), the dense route or DoSA with one of its screens, from the cost model of the H200
+(``cost.py``) and a measured sample of the chunk.
+
+Every route returns the same ids (each is exact); the choice only decides the time.  Two
+decisions, both before the expensive work:
+
+1. **Early** (``early_choice``, no device work): when even the dense route's predicted time
+   at every key visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``:
+   the fixed costs of prepare, seeds, plan and the launches), the chunk goes dense.
+2. **Sampled** (``route_stage``, after seeds, before the plan of the whole chunk): the screen
+   candidates (``cost.candidates``) each plan and screen one block row of evenly spaced
+   queries (plans of those queries only: the chunk is planned after the decision), timed
+   with CUDA events; their survival and time, scaled to the chunk, plus the fitted
+   refinement and finishing costs, predict DoSA's remaining time per candidate; the dense
+   route's is predicted from the fitted logits and selection rates.  The cheapest wins.
+
+A ``cost.RouteMemo`` (``memo_recall`` / ``memo_store``) lets a chunk of a kind seen recently
+skip both.  The model is an argument of each decision, so a caller (or a test) picks it.
+The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
+scoring, in units of work rather than milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from dosa_ref.cost import bound_fraction
+
+from ._build import cupy_or_raise
+from .cost import (
+    CostModel,
+    RouteChoice,
+    RouteMemo,
+    candidate_key,
+    candidates,
+    early_route,
+    sample_size,
+)
+from .plan import plan_stage
+from .refine import popcount_rows
+from .scorer import MMA_BITS
+from .screen import ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
+
+__all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
+
+
+def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
+    """Decision 1 for batch ``b`` (``prepare.Batch``), before any device work: the dense
+    route's ``RouteChoice`` when the options ask for it (reason "option") or when
+    ``cost.early_route`` predicts it faster than any DoSA call ("early"), with its
+    predicted time at every key visible; None when the chunk goes on to the seeds."""
+    if o["route"] == "dense" or (o["route"] == "auto" and early_route(model, b.Qn, b.N, b.heads)):
+        reason = "option" if o["route"] == "dense" else "early"
+        pred = {"dense": model.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
+        return RouteChoice("dense", reason, predicted_ms=pred)
+    return None
+
+
+def memo_recall(b, o: dict) -> tuple:
+    """(key, choice) of batch ``b`` in the options' ``route_memo``: key None without a memo
+    (or without route="auto"); choice None when the memo holds none for the key or it is
+    due to be sampled again (``RouteMemo.recall``)."""
+    memo = o["route_memo"]
+    if memo is None or o["route"] != "auto":
+        return None, None
+    cp = cupy_or_raise()
+    key = (cp.cuda.Device().id, *RouteMemo.kind(b, o))  # per GPU: kernels differ
+    return key, memo.recall(key)
+
+
+def memo_store(o: dict, key, choice: RouteChoice) -> None:
+    """Remember a sampled ``choice`` under ``key`` (from ``memo_recall``; None: no memo)."""
+    if key is not None:
+        o["route_memo"].store(key, choice)
+
+
+def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
+    """The route stage for batch ``b`` (``prepare.Batch``) after the seed stage (``seeds``,
+    ρ per key ``rho``; ``o`` the resolved options, route "auto" or "dosa": "dense" was
+    decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
+    (reason "option").  route="auto": decision 2 — screen a sample of evenly spaced queries
+    with each candidate (``cost.candidates``), timed; predict each candidate's remaining
+    time and the dense route's with ``model``; the cheapest wins.  Each candidate plans its
+    sampled queries only (a query's plan does not depend on the other queries), so the
+    whole chunk is planned once, after the decision, and never when the dense route wins.
+    Returns the ``RouteChoice``."""
+    cp = cupy_or_raise()
+    if o["route"] != "auto":
+        screen, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+        return RouteChoice("dosa", "option", screen, r)
+    cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
+    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
+        return RouteChoice("dosa", "small", *cands[0])
+    vis = b.visible.sum()
+    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
+    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
+    pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
+    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
+    choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
+    best = choice.predicted_ms["dense"]
+    for screen, r in cands:
+        n = sample_size(screen)
+        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
+        bs = b.rows(idx)
+        plan = plan_stage(bs, seeds.pool, r, o)
+        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
+        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
+        key = candidate_key(screen, r)
+        scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
+        choice.predicted_ms[key] = model.rest_ms(
+            b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
+        )
+        choice.survival[key], choice.sample[key] = m, n
+        if choice.predicted_ms[key] < best:
+            best = choice.predicted_ms[key]
+            choice.route, choice.screen, choice.r = "dosa", screen, r
+    return choice
+
+
+def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
+    """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
+    queries ``idx``
+    (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
+    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
+    cp = cupy_or_raise()
+    kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
+    ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
+    zrow = plateau_rows(plan, bs.w, MMA_BITS, cp) if tie else None
+    launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
+    surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
+    tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
+    launch.function()  # compiled and loaded before the timed launch
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    launch(surv, None, None, tcnt)
+    end.record()
+    vis = bs.visible
+    scr = vis - seeds.default.cnt[idx].astype(cp.int64)
+    head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
+    out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
+    s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
+    ms = cp.cuda.get_elapsed_time(start, end)
+    return ms, (s / n if n > 0 else 0.0), out[2 : 2 + q], out[2 + q :]
