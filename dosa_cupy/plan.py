@@ -146,7 +146,7 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     return order, nR
 
 
-SCORERS = ("f16", "fp8_fresh", "fp8_chained")
+SCORERS = ("f16", "fp8_fresh", "fp8_k64", "fp8_chained")
 
 
 def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
@@ -162,6 +162,11 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
       eq_s the largest exponent field of the head's dims in the step, 8 the largest of any
       e4m3 key) plus 2^-13 of its kept sum in the 14-bit write-back; three fp32 adds (γ_3);
       the epilogue's fmaf chain of H/4 terms, two butterfly adds and × α (γ_{H/4+3});
+    * "fp8_k64": two fresh chains of two steps (k64), added in fp32: the second step of a
+      chain aligns to the first one's result x0 as well, 2^E ≤ 2^(eq + 8) + |x0|, so its 33
+      terms lose < 33/32·2^(eq) + 33·2^-13·|x0|: the dims of steps 0 and 2 carry
+      35·2^-13 (with both write-backs), those of steps 1 and 3 2^-13 — ``g_ref`` per dim
+      (float64 [128]);
     * "fp8_chained": the same steps chained on the tensor core: step s aligns to the running
       sum too, 2^E_s ≤ 2^(eq_s + 8) + |c_s| with |c_s| ≤ Σ_{d<32s}|q̄_d k̄_d|(1 + …), so
       each step adds 2^-8 of the partial dot's magnitudes: g ≈ 3·2^-8 + 4·2^-13.
@@ -175,6 +180,9 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
     ge = gamma(H // 4 + 3)
     if scorer == "fp8_fresh":
         gm = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
+    elif scorer == "fp8_k64":
+        first = xp.asarray(np.repeat(np.array([1.0, 0.0, 1.0, 0.0]), 32))
+        gm = ((2.0**-13 + 34 * 2.0**-13 * first) * (1 + 2.0**-10)) + gamma(1)
     else:
         gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
     # 2^(eq_s): the largest |q̄_hd| of the step rounded down to a power of two (its exponent
@@ -183,6 +191,8 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
     fr, ex = xp.frexp(xp.maximum(m, 2.0**-6))
     step_abs = xp.ldexp(xp.ones_like(m), (ex - 1).astype(xp.int32))
     step_abs = xp.where(m > 0, step_abs, 0.0)
+    if scorer == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
+        step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
     a = xp.sum(step_abs, axis=2) * (1 + gamma(3)) * (1 + ge) * (1 + MU)
     return gm + ge * (1 + gm), a
 

@@ -191,9 +191,10 @@ def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
     """The scores of csrc/dense_fp8.cu, bit for bit: q_codes uint8 [H, 128] (H = 64 or 32
     heads of one query), w float32 [H], k_codes uint8 [n, 128], alpha float32 [n] →
     float32 [n].  Each k32 step from a fresh accumulator (``WGMMA_E4M3``), the four step
-    results added in k order, then per lane c of a quad the fmaf chain over columns
-    8j + 2c + e (j = 0..7 of the query's 64-column tile, e = 0, 1), the quad's butterfly
-    (lane ^ 1, then ^ 2) and one multiply by α."""
+    results added in k order, then per lane c of a quad two fmaf chains over columns
+    8j + 2c + e (the even column groups j of the query's columns and the odd ones, each in j
+    order, e = 0, 1 inner), added even + odd, the quad's butterfly (lane ^ 1, then ^ 2) and
+    one multiply by α."""
     q = np.asarray(q_codes, dtype=np.uint8)
     k = np.asarray(k_codes, dtype=np.uint8)
     H = q.shape[0]
@@ -212,12 +213,15 @@ def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
     cols = 8 * np.arange(H // 8)
     part = []
     for c in range(4):
-        acc = np.zeros(k.shape[0], dtype=np.float32)
-        for j in cols:
-            for e in (0, 1):
-                h = j + 2 * c + e
-                acc = fma_f32(np.full_like(acc, w[h]), x[:, h], acc)
-        part.append(acc)
+        chains = []
+        for parity in (0, 1):
+            acc = np.zeros(k.shape[0], dtype=np.float32)
+            for j in cols[parity::2]:
+                for e in (0, 1):
+                    h = j + 2 * c + e
+                    acc = fma_f32(np.full_like(acc, w[h]), x[:, h], acc)
+            chains.append(acc)
+        part.append((chains[0] + chains[1]).astype(np.float32))
     p01 = [(part[c] + part[c ^ 1]).astype(np.float32) for c in range(4)]
     tot = (p01[0] + p01[2]).astype(np.float32)
     return (tot * np.asarray(alpha, dtype=np.float32)).astype(np.float32)

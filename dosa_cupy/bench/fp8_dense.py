@@ -20,8 +20,9 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
 # the builds of csrc/dense_fp8.cu: (query tiles per block, consumer warpgroups, fresh steps)
-VARIANTS = {"qt2_w2_fresh": (2, 2, True), "qt4_w2_fresh": (4, 2, True),
-            "qt4_w2_chained": (4, 2, False), "qt4_w4_chained": (4, 4, False)}  # fmt: skip
+# ("half": fresh steps as two halves of two, 64 accumulator registers, setmaxnreg)
+VARIANTS = {"qt4_w2_fresh": (4, 2, True), "qt4_w2_half": (4, 2, True),
+            "qt4_w3_half": (4, 3, True), "qt4_w4_chained": (4, 4, False)}  # fmt: skip
 
 
 def smem_bytes(qt: int, cwg: int) -> int:

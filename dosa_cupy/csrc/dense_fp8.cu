@@ -32,11 +32,65 @@ constexpr int kStages = 4;
 
 __device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
 
+// The score of the warpgroup's 64 keys × the tile's queries from the combined dots x (the
+// m64n64 accumulator layout: x[4j + 2h + e] is key row r_h, column 8j + 2qd + e), written
+// to out: per lane and row two fmaf chains over its columns — the even column groups j and
+// the odd ones, each in j order then e — added (even + odd), the quad's butterfly, × α.
+// Two chains, not one: four independent dependency chains per lane keep the FMA pipes busy
+// (one 16-term chain per row left the warps waiting on FMA latency).
+template <int H>
+__device__ __forceinline__ void epilogue(const float (&x)[32], const float* __restrict__ sw_tile,
+                                         int qd, int jq0, int nq, long long r0, long long r1,
+                                         float a0, float a1, long long N, int q0,
+                                         const int* __restrict__ ks, const int* __restrict__ ke,
+                                         float* __restrict__ out) {
+  constexpr int QPT = 64 / H;
+  float p[QPT][2][2];  // [query][row][even / odd j]
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int u = j / (8 / QPT);  // the tile's query of column group j
+    const float2 wv = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row r0, then r1
+      float& c = p[u][h][j & 1];
+      c = fmaf(wv.x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wv.y, relu(x[4 * j + 2 * h + 1]), c);
+    }
+  }
+  float q[QPT][2];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 1);
+      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 2);
+    }
+  // lane qd writes (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64)
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (qd != 2 * u + h && !(QPT == 1 && qd == h)) continue;
+      const int j = jq0 + u;
+      const long long r = h ? r1 : r0;
+      if (j >= nq || r >= N) continue;
+      const float sc = q[u][h] * (h ? a1 : a0);
+      out[(long long)(q0 + j) * N + r] = (r >= ks[q0 + j] && r < ke[q0 + j]) ? sc : -INFINITY;
+    }
+}
+
 // QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
 // warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a fresh accumulator (the
 // candidate canonical arithmetic) or chained on the tensor core (a timing variant only:
-// its window follows the running sum, docs/numerics.md).
-template <int H, int QT, int CWG, bool FRESH>
+// its window follows the running sum, docs/numerics.md); PIPE (with FRESH): each tile's
+// four steps as two halves of two (the same values), a register budget set by setmaxnreg.
+template <int H, int QT, int CWG, bool FRESH, bool PIPE>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
@@ -48,6 +102,10 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kThreads = threads<CWG>();
   constexpr int kStageKeys = 64 * CWG;
   constexpr int kStageBytes = kStageKeys * 128;
+  // registers per thread after setmaxnreg (PIPE): the producer warpgroup gives back what
+  // the consumers take, 65,536 in all (multiples of 8)
+  constexpr int kProducerRegs = 56;
+  constexpr int kConsumerRegs = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sk = base;                                   // kStages × 16 KB key slots
@@ -92,6 +150,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 
   const int wg = t >> 7;
   if (wg == 0) {
+    if constexpr (PIPE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (t == 0) {
       for (int it = 0; it < nst; ++it) {
         const int slot = it % kStages;
@@ -113,6 +172,47 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
   const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  if constexpr (PIPE) {
+    // two halves per tile: steps 0, 1 from fresh accumulators, their sum; then steps 2, 3
+    // into the same registers: 64 accumulator registers instead of 128, so a third consumer
+    // warpgroup fits and keeps the tensor cores fed while the others add and weigh
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+    for (int it = 0; it < nst; ++it) {
+      const int slot = it % kStages;
+      mbar_wait(&full[slot], (it / kStages) & 1);
+      const uint64_t da =
+          desc_sw128((uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128));
+      const long long r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g, r1 = r0 + 8;
+      const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+#pragma unroll 1
+      for (int qt = 0; qt < QT; ++qt) {
+        const uint64_t db = desc_sw128(sq_addr + qt * 8192);
+        float x[2][32], acc[32];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          pin(x[0]);
+          pin(x[1]);
+          fence();
+          mma_m64n64k32_e4m3(x[0], da + 4 * half, db + 4 * half, 0);
+          mma_m64n64k32_e4m3(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
+          commit();
+          wait<0>();
+          pin(x[0]);
+          pin(x[1]);
+          if (half == 0) {
+#pragma unroll
+            for (int e = 0; e < 32; ++e) acc[e] = x[0][e] + x[1][e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < 32; ++e) acc[e] = (acc[e] + x[0][e]) + x[1][e];
+          }
+        }
+        if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
+        epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
+      }
+    }
+    return;
+  }
   for (int it = 0; it < nst; ++it) {
     const int slot = it % kStages;
     mbar_wait(&full[slot], (it / kStages) & 1);
@@ -137,45 +237,14 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #pragma unroll
       for (int s = 0; s < NX; ++s) pin(x[s]);
       if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-      // rows r0 (e = 0, 1) and r1 (e = 2, 3) of column pair j: x[s][4j + e]
-      float p[QPT][2];
+      float acc[32];
 #pragma unroll
-      for (int u = 0; u < QPT; ++u) p[u][0] = p[u][1] = 0.f;
+      for (int e = 0; e < 32; ++e) {
+        acc[e] = x[0][e];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int u = j / (8 / QPT);  // the tile's query of column group j
-        const float w0 = sw[qt * 64 + 8 * j + 2 * qd], w1 = sw[qt * 64 + 8 * j + 2 * qd + 1];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // row r0, then r1
-          float v0 = x[0][4 * j + 2 * h], v1 = x[0][4 * j + 2 * h + 1];
-#pragma unroll
-          for (int s = 1; s < NX; ++s) {  // the fresh steps in k order
-            v0 = v0 + x[s][4 * j + 2 * h];
-            v1 = v1 + x[s][4 * j + 2 * h + 1];
-          }
-          p[u][h] = fmaf(w0, relu(v0), p[u][h]);
-          p[u][h] = fmaf(w1, relu(v1), p[u][h]);
-        }
+        for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
       }
-#pragma unroll
-      for (int u = 0; u < QPT; ++u)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          p[u][h] = p[u][h] + __shfl_xor_sync(0xffffffffu, p[u][h], 1);
-          p[u][h] = p[u][h] + __shfl_xor_sync(0xffffffffu, p[u][h], 2);
-        }
-      // lane qd writes (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64)
-#pragma unroll
-      for (int u = 0; u < QPT; ++u)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (qd != 2 * u + h && !(QPT == 1 && qd == h)) continue;
-          const int j = qt * QPT + u;
-          const long long r = h ? r1 : r0;
-          if (j >= nq || r >= N) continue;
-          const float s = p[u][h] * (h ? a1 : a0);
-          out[(long long)(q0 + j) * N + r] = (r >= ks[q0 + j] && r < ke[q0 + j]) ? s : -INFINITY;
-        }
+      epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
     }
   }
 }
@@ -183,27 +252,27 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 }  // namespace dosa
 #endif
 
-#define DENSE_FP8_INST(H, QT, CWG, FRESH, TAG)                                              \
+#define DENSE_FP8_INST(H, QT, CWG, FRESH, PIPE, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_qt##QT##_w##CWG##_##TAG(                                                 \
           const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,          \
           const float* __restrict__ w, const float* __restrict__ alpha,                         \
           const int* __restrict__ ks, const int* __restrict__ ke, int Qn, long long N,          \
           float* __restrict__ out) {                                                            \
-    DENSE_FP8_BODY(H, QT, CWG, FRESH)                                                           \
+    DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE)                                                     \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_BODY(H, QT, CWG, FRESH) \
-  dosa::fp8::dense_fp8<H, QT, CWG, FRESH>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE) \
+  dosa::fp8::dense_fp8<H, QT, CWG, FRESH, PIPE>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_BODY(H, QT, CWG, FRESH)
+#define DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE)
 #endif
 // fresh: the candidate canonical arithmetic; chained: timing variants
-DENSE_FP8_INST(64, 2, 2, true, fresh)
-DENSE_FP8_INST(64, 4, 2, true, fresh)
-DENSE_FP8_INST(32, 2, 2, true, fresh)
-DENSE_FP8_INST(32, 4, 2, true, fresh)
-DENSE_FP8_INST(64, 4, 2, false, chained)
-DENSE_FP8_INST(32, 4, 2, false, chained)
-DENSE_FP8_INST(64, 4, 4, false, chained)
-DENSE_FP8_INST(32, 4, 4, false, chained)
+DENSE_FP8_INST(64, 4, 2, true, false, fresh)
+DENSE_FP8_INST(32, 4, 2, true, false, fresh)
+DENSE_FP8_INST(64, 4, 3, true, true, half)
+DENSE_FP8_INST(32, 4, 3, true, true, half)
+DENSE_FP8_INST(64, 4, 2, true, true, half)
+DENSE_FP8_INST(32, 4, 2, true, true, half)
+DENSE_FP8_INST(64, 4, 4, false, false, chained)
+DENSE_FP8_INST(32, 4, 4, false, false, chained)
