@@ -12,6 +12,11 @@ defines, its target) → a module, compiled by NVRTC and cached by the text of e
   the temp directory) and loaded with ``cupy.RawModule(path=...)``.  Where the installed
   NVRTC cannot build it, the machine's nvcc does (``DOSA_NVCC``, PATH, $CUDA_HOME/bin), with
   the same flags.  No CUDA toolkit is needed beside the NVRTC that CuPy loads.
+
+Every launch is checked against the kernel's C parameter list, read from the spec's sources
+with its defines (``_signature``): CuPy packs arguments by their own types, so a wrong count,
+np.int64 for ``int`` or a float64 array for ``float*`` would launch and compute garbage; a
+mismatch raises TypeError instead, checked once per distinct tuple of argument types.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ._signature import LaunchCheck, signatures
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 OPTIONS = ("-std=c++17", f"-I{CSRC}")
@@ -129,21 +136,87 @@ def _csrc_hash() -> str:
     return h.hexdigest()
 
 
+class Kernel:
+    """A loaded kernel (``raw``: CuPy's RawKernel) whose launches are checked by ``check``
+    (a ``_signature.LaunchCheck`` of its parameter list) before they reach CuPy.  Every
+    other attribute (``max_dynamic_shared_size_bytes``, ``attributes``, ``num_regs``, ...)
+    is the RawKernel's, read and written through."""
+
+    __slots__ = ("_raw", "_check")
+
+    def __init__(self, raw, check):
+        object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "_check", check)
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        """Launch as CuPy's RawKernel does, on ``stream`` (default: the current stream)."""
+        self._check(args)
+        if stream is None:
+            return self._raw(grid, block, args, shared_mem=shared_mem)
+        with stream:
+            return self._raw(grid, block, args, shared_mem=shared_mem)
+
+    def __getattr__(self, name):
+        if name in Kernel.__slots__:  # not yet set (copy, pickle): not the RawKernel's
+            raise AttributeError(name)
+        return getattr(self._raw, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._raw, name, value)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self._check.kernel!r})"
+
+
+class Module:
+    """A loaded module (``raw``: CuPy's RawModule) of build ``spec`` whose kernels are
+    ``Kernel``s; every other attribute is the RawModule's."""
+
+    __slots__ = ("raw", "spec")
+
+    def __init__(self, raw, spec: KernelSpec):
+        self.raw, self.spec = raw, spec
+
+    def get_function(self, name: str) -> Kernel:
+        check = launch_check(self.spec, name)  # before CuPy: a missing kernel is named here
+        return Kernel(self.raw.get_function(name), check)
+
+    def __getattr__(self, name):
+        if name in Module.__slots__:
+            raise AttributeError(name)
+        return getattr(self.raw, name)
+
+
 @functools.cache
-def module(spec: KernelSpec):
+def launch_check(spec: KernelSpec, name: str) -> LaunchCheck:
+    """The argument check of kernel ``name`` of ``spec`` (one per kernel and build, so its
+    memory of checked argument types lasts the process)."""
+    sig = signatures(spec, CSRC)
+    if name not in sig:
+        raise LookupError(
+            f'{spec.source} (defines {list(spec.defines)}) defines no extern "C" __global__ '
+            f"kernel {name!r}; it defines {sorted(sig)}"
+        )
+    return LaunchCheck(name, sig[name], (cupy_or_raise().ndarray,))
+
+
+@functools.cache
+def module(spec: KernelSpec) -> Module:
     """The loaded module of ``spec`` (built on first use, one per spec)."""
     cp = cupy_or_raise()
     if not spec.sm90a:
-        return cp.RawModule(
+        raw = cp.RawModule(
             code=source_text(CSRC / spec.source), options=spec.options(), backend="nvrtc"
         )
-    return cp.RawModule(path=str(sm90a_cubin(spec)))
+    else:
+        raw = cp.RawModule(path=str(sm90a_cubin(spec)))
+    return Module(raw, spec)
 
 
-def kernel(name: str, smem: int = 0, spec: KernelSpec | None = None):
+def kernel(name: str, smem: int = 0, spec: KernelSpec | None = None) -> Kernel:
     """Kernel ``name`` of ``spec``'s module (default: ``main_spec()``, kernels.cu at the
     current tile size), its dynamic shared-memory limit raised to ``smem`` when a launch
-    needs more than 48 KB."""
+    needs more than 48 KB; its launches are checked against its parameter list."""
     spec = main_spec() if spec is None else spec
     f = module(spec).get_function(name)
     if smem > 48 * 1024:

@@ -1,0 +1,476 @@
+"""CPU: every launch is checked against the kernel's C parameter list (dosa_cupy._signature,
+_build.Kernel).  Every kernel that dosa_cupy launches is found, with its parameters, in the
+build it is launched from; a wrong count or type raises TypeError naming the kernel and the
+parameter; the argument tuples that the host code builds pass.  numpy arrays stand in for
+CuPy's through ``ndarray_types``; the real path (``_build.launch_check``) checks
+cupy.ndarray."""
+
+from __future__ import annotations
+
+import ast
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_signatures import check_args, param_types, read_source
+from gpu_support import numpy_as_cupy
+
+from dosa_cupy import _build, _signature, dense, sm90a
+from dosa_cupy._build import TILES, Kernel, KernelSpec, Module, main_spec
+from dosa_cupy._signature import LaunchCheck, Param, check_launch, preprocess, signatures
+from dosa_cupy.bench.fp8_dense import VARIANTS as FP8_DENSE
+from dosa_cupy.bench.screen_variants import QG_ARG, SURV, VARIANTS
+from dosa_cupy.decode_ops import DECODE
+from dosa_cupy.plan_fused import PLAN
+
+PKG = Path(_build.__file__).resolve().parent
+NP = (np.ndarray,)
+MT = range(1, 5)
+
+# Every kernel dosa_cupy launches, by source (each name's call site in the comment; the
+# screen's names are built in screen.ScreenLaunch.of, which the call-site scan cannot read).
+LAUNCHED = {
+    "kernels.cu": [
+        "check_values_i32", "check_values_i64", "quantize_keys_kernel", "key_rho_kernel",  # prepare
+        *(f"dense_logits_mt{m}" for m in MT),  # scorer
+        *(f"fused_mt{m}" for m in MT),  # fused
+        "pool_mark", "pool_count", "pool_ids", "seed_ranges", "cert_clear_below_tau",  # seeds
+        *(f"seed_score_mt{m}" for m in MT), *(f"seed_ids_mt{m}" for m in MT),  # seeds
+        *(f"screen{c}_mt{m}{t}" for c in ("", "_cert") for m in (1, 2) for t in ("", "_tie")),
+        "screen_pair", "screen_pair_tie",  # screen
+        *(f"refine_mt{m}" for m in MT),  # refine
+        "select_kernel", "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
+        "tau_from_kth",  # select
+        "e4m3_round_f64",  # plan
+    ],
+    "decode.cu": [  # decode_ops
+        *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),
+        "decode_layout", "decode_witness_dedup", "decode_ring_push", "decode_ring_advance",
+    ],
+    "plan.cu": [f"plan_mt{m}" for m in MT],  # plan_fused
+    "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
+    "fp8_probe.cu": ["fp8_wgmma_probe", "tma_probe"],  # bench/fp8_probe
+    "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
+}  # fmt: skip
+
+
+def _builds():
+    """(spec, kernel names) of every build that launches come from."""
+    out = [(main_spec(t), LAUNCHED["kernels.cu"]) for t in TILES]
+    out += [(DECODE, LAUNCHED["decode.cu"]), (PLAN, LAUNCHED["plan.cu"])]
+    for t in TILES:
+        for m, (defines, _) in sm90a.BUILDS.items():
+            names = [n.format(m=m) for n in LAUNCHED["screen_sm90a.cu"]]
+            out.append((sm90a.spec(t, defines), names + (["wg_probe_mma"] if m == 1 else [])))
+        for defines in VARIANTS.values():  # bench/screen_variants
+            out.append((sm90a.spec(t, defines), ["screen_wg_mt1"]))
+    for source in ("fp8_probe.cu", "dense_fp8.cu"):
+        out.append((KernelSpec(source, (), sm90a=True), LAUNCHED[source]))
+    return out
+
+
+BUILDS = _builds()
+
+
+@pytest.mark.parametrize("spec,names", BUILDS, ids=[f"{s.source}{s.defines}" for s, _ in BUILDS])
+def test_every_launched_kernel_is_parsed(spec, names):
+    sig = signatures(spec)
+    missing = [n for n in names if n not in sig]
+    assert not missing, f"{spec.source} {spec.defines}: no parameter list for {missing}"
+    for n in names:
+        assert sig[n] and all(isinstance(p, Param) for p in sig[n]), n
+
+
+def _patterns(e) -> list[str] | None:
+    """Regexes of the kernel names expression ``e`` evaluates to (an f-string's fields:
+    ``\\w*``), or None where it is not a literal, an f-string or a choice between them."""
+    if isinstance(e, ast.Constant) and isinstance(e.value, str):
+        return [re.escape(e.value)]
+    if isinstance(e, ast.JoinedStr):
+        return ["".join(re.escape(v.value) if isinstance(v, ast.Constant) else r"\w*"
+                        for v in e.values)]  # fmt: skip
+    if isinstance(e, ast.IfExp):
+        a, b = _patterns(e.body), _patterns(e.orelse)
+        return None if a is None or b is None else a + b
+    return None
+
+
+def call_site_names():
+    """(file:line, [regex]) of the kernel named by each call of ``kernel`` / ``_kernel`` /
+    ``_launch_tokens`` in dosa_cupy: the first argument as a literal, an f-string or a local
+    variable assigned those in the same function; and (file:line, expression) of those it
+    cannot read."""
+    found, unread = [], []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs, *fn.args.posonlyargs)}
+            for call in ast.walk(fn):
+                if not isinstance(call, ast.Call) or not call.args:
+                    continue
+                f = call.func
+                name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if name not in ("kernel", "_kernel", "_launch_tokens"):
+                    continue
+                where, e = f"{path.relative_to(PKG.parent)}:{call.lineno}", call.args[0]
+                if isinstance(e, ast.Name) and e.id in args:
+                    continue  # a wrapper passing its caller's name on: the callers are read
+                pats = _patterns(e)
+                if isinstance(e, ast.Name):
+                    values = [
+                        n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id == e.id for t in n.targets)
+                    ]  # fmt: skip
+                    got = [_patterns(v) for v in values]
+                    pats = None if not got or None in got else sum(got, [])
+                if pats is None:
+                    unread.append((where, ast.unparse(e)))
+                else:
+                    found.append((where, pats))
+    return sorted(set((w, tuple(p)) for w, p in found)), sorted(set(unread))
+
+
+def test_call_sites_name_listed_kernels():
+    """Each kernel a call site names is in LAUNCHED (so parsed, above); the one call site
+    whose name is built elsewhere is the screen's (ScreenLaunch.name)."""
+    found, unread = call_site_names()
+    assert len(found) >= 25, found  # the scan sees the call sites
+    listed = {n.format(m=m) for names in LAUNCHED.values() for n in names for m in (1, 2)}
+    listed.add("wg_probe_mma")
+    for where, pats in found:
+        for pat in pats:
+            assert any(re.fullmatch(pat, n) for n in listed), f"{where}: {pat} is not in LAUNCHED"
+    assert all(w.startswith("dosa_cupy/screen.py") and e == "self.name" for w, e in unread), unread
+
+
+def test_screen_variants_argument_positions():
+    """bench/screen_variants patches the screen's arguments by position."""
+    names = [p.name for p in signatures(main_spec())["screen_mt1"]]
+    assert names[SURV] == "surv" and names[QG_ARG] == "QG"
+
+
+# ---------------------------------------------------------------------------------------
+# The parser on a source of every construct it reads
+# ---------------------------------------------------------------------------------------
+
+SOURCE = r"""
+#include "part.cuh"
+#include "part.cuh"  // #pragma once: one copy
+#include <cuda_fp8.h>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#ifndef W
+#define W 1
+#endif
+#define T_PARAMS const float* __restrict__ x, \
+                 long long n
+#define INST(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256, 1) NAME(T_PARAMS, const T* y, T s) { \
+    body(x, n, y, s);                                                                       \
+  }
+INST(k_float, float)
+INST(k_double, double)
+extern "C" __global__ void CAT(CAT(k_w, W), _tie)(int a) {}
+#if W == 2 && defined(EXTRA)
+extern "C" __global__ void only_w2_extra(int a) {}
+#elif (W & 1) == 1
+extern "C" __global__ void odd_w(unsigned long long* p) {}
+#else
+extern "C" __global__ void even_w(unsigned* p) {}
+#endif
+#if 2 | 0 == 1  /* C: 2 | (0 == 1) = 2 */
+extern "C" __global__ void c_precedence(int a) {}
+#endif
+#define VA(name, ...) extern "C" __global__ void name(__VA_ARGS__) {}
+VA(k_variadic, int a, double b)
+#undef W
+#ifdef W
+extern "C" __global__ void undefined(int a) {}
+#endif
+extern "C" __global__ void declared_only(int a);
+__global__ void not_extern_c(int a) {}
+/* extern "C" __global__ void commented(int a) {} */
+const char* s = "extern \"C\" __global__ void in_string(int a) {}";
+"""
+PART = """#pragma once
+extern "C" __global__ void from_include(const __grid_constant__ dosa::TensorMap m,
+                                        const uint4* __restrict__ v) {}
+"""
+
+
+@pytest.fixture
+def toy(tmp_path):
+    (tmp_path / "toy.cu").write_text(SOURCE)
+    (tmp_path / "part.cuh").write_text(PART)
+    return lambda *defines: _signature.kernels(preprocess(tmp_path / "toy.cu", defines), "toy")
+
+
+def test_parser_reads_macros_conditionals_and_includes(toy):
+    k = toy()
+    assert sorted(k) == sorted(["from_include", "k_float", "k_double", "k_w1_tie", "odd_w",
+                                "c_precedence", "k_variadic"])  # fmt: skip
+    assert k["k_float"] == (
+        Param(np.float32, "x", "float*"), Param(np.int64, "n", "long long"),
+        Param(np.float32, "y", "float*"), Param(np.float32, "s", "float"),
+    )  # fmt: skip
+    assert [p.dtype for p in k["k_double"]][2:] == [np.float64, np.float64]
+    assert k["odd_w"] == (Param(np.uint64, "p", "unsigned long long*"),)
+    assert k["k_variadic"] == (Param(np.int32, "a", "int"), Param(np.float64, "b", "double"))
+    m, v = k["from_include"]
+    assert m.dtype == np.dtype((np.void, 128)) and not m.pointer and m.ctype == "dosa::TensorMap"
+    assert v == Param(np.uint8, "v", "uint4*") and v.pointer
+
+
+def test_parser_applies_the_defines(toy):
+    assert {"k_w2_tie", "only_w2_extra"} <= set(toy("W=2", "EXTRA"))
+    k = toy("W=2")
+    assert "even_w" in k and "odd_w" not in k and "only_w2_extra" not in k
+    assert k["even_w"] == (Param(np.uint32, "p", "unsigned*"),)
+
+
+def test_parser_names_an_unknown_type(tmp_path):
+    (tmp_path / "bad.cu").write_text('extern "C" __global__ void k(const half2* h) {}\n')
+    with pytest.raises(ValueError, match=r"k: parameter h: C type 'half2\*'"):
+        _signature.kernels(preprocess(tmp_path / "bad.cu"), "bad.cu")
+
+
+def test_parsed_lists_equal_the_tests_reading_of_the_sources():
+    """The build's lists equal those read from the sources as written (cuda_signatures, the
+    emulations' reading) for kernels that a macro instantiates."""
+    src = read_source(_build.CSRC / "kernels.cu")
+    sig = signatures(main_spec())
+    for name, pattern in [("screen_mt1", r"\bscreen_mt##MTS"), ("refine_mt3", r"\brefine_mt##MT"),
+                          ("screen_cert_mt2_tie", r"\bscreen_cert_mt##MTS##_tie"),
+                          ("cert_clear_below_tau", r"\bcert_clear_below_tau")]:  # fmt: skip
+        assert [p.dtype for p in sig[name]] == param_types(src, pattern), name
+
+
+# ---------------------------------------------------------------------------------------
+# The check
+# ---------------------------------------------------------------------------------------
+
+CERT = signatures(main_spec())["cert_clear_below_tau"]  # urec, ucnt, ucap, tau, Qn, NW, surv
+
+
+def cert_args(Qn=3, cap=5, NW=4):
+    urec, ucnt, tau = (
+        np.zeros((Qn, cap), np.uint64),
+        np.zeros(Qn, np.uint32),
+        np.zeros(Qn, np.float32),
+    )
+    surv = np.zeros((Qn, NW), np.uint32)
+    return (urec, ucnt, np.int64(cap), tau, np.int32(Qn), np.int64(NW), surv)
+
+
+def _with(args, i, v):
+    return (*args[:i], v, *args[i + 1 :])
+
+
+BAD = {
+    "one_short": (cert_args()[:-1], r"argument 6 \(uint32_t\* surv\) is missing"),
+    "one_long": ((*cert_args(), np.int32(0)), r"argument 7 \(numpy.int32\) has no parameter"),
+    "int64_for_int": (_with(cert_args(), 4, np.int64(3)),
+                      r"argument 4 \(int Qn\): expected a numpy.int32 scalar, got numpy.int64"),
+    "int32_for_long_long": (_with(cert_args(), 2, np.int32(5)), r"argument 2 \(long long ucap\)"),
+    "python_int": (_with(cert_args(), 5, 4), r"argument 5 \(long long NW\).*got int$"),
+    "float64_array_for_float": (
+        _with(cert_args(), 3, np.zeros(3, np.float64)),
+        r"argument 3 \(float\* tau\): expected a C-contiguous array of dtype float32.*"
+        r"got numpy.ndarray of dtype float64"),
+    "non_contiguous": (_with(cert_args(), 0, np.zeros((3, 10), np.uint64)[:, ::2]),
+                       r"argument 0 \(unsigned long long\* urec\).*not C-contiguous"),
+    "scalar_for_pointer": (_with(cert_args(), 1, np.uint32(0)),
+                           r"argument 1 \(unsigned int\* ucnt\)"),
+    "none_for_pointer": (_with(cert_args(), 6, None),
+                         r"argument 6 \(uint32_t\* surv\).*got NoneType"),
+    "array_for_scalar": (_with(cert_args(), 4, np.array([3], np.int32)), r"argument 4 \(int Qn\)"),
+}  # fmt: skip
+
+
+def test_a_correct_launch_passes():
+    check_launch("cert_clear_below_tau", CERT, cert_args(), NP)
+    null = np.uint64(0)  # a null pointer, as the optional buffers are passed (dense._NULL)
+    check_launch("cert_clear_below_tau", CERT, _with(cert_args(), 0, null), NP)
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_mismatch_raises_naming_the_parameter(case):
+    args, match = BAD[case]
+    with pytest.raises(TypeError, match=r"^cert_clear_below_tau: .*" + match):
+        check_launch("cert_clear_below_tau", CERT, args, NP)
+    with pytest.raises(TypeError, match=match):  # the cached check too, on a fresh kernel
+        LaunchCheck("cert_clear_below_tau", CERT, NP)(args)
+
+
+def test_float_double_and_struct_scalars():
+    ps = (Param(np.float32, "f", "float"), Param(np.float64, "d", "double"),
+          Param(np.dtype((np.void, 128)), "m", "dosa::TensorMap"))  # fmt: skip
+    tmap = np.zeros(1, np.dtype([("w", np.uint64, (16,))]))[0]
+    check_launch("k", ps, (np.float32(1), np.float64(1), tmap), NP)
+    for args, match in [
+        ((np.float64(1), np.float64(1), tmap), r"argument 0 \(float f\).*got numpy.float64"),
+        ((np.float32(1), np.float32(1), tmap), r"argument 1 \(double d\).*got numpy.float32"),
+        ((np.float32(1), 1.0, tmap), r"argument 1 \(double d\).*got float"),
+        ((np.float32(1), np.float64(1), np.zeros(1, "V64")[0]), r"argument 2 .*of 64 bytes"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            check_launch("k", ps, args, NP)
+
+
+def test_only_the_given_array_type_is_an_array():
+    """The real path's ndarray_types is (cupy.ndarray,): a host array is no device pointer."""
+
+    class DeviceArray(np.ndarray):
+        pass
+
+    with pytest.raises(TypeError, match=r"argument 0 \(unsigned long long\* urec\).*numpy.ndarray"):
+        check_launch("cert_clear_below_tau", CERT, cert_args(), (DeviceArray,))
+    dev = tuple(a.view(DeviceArray) if isinstance(a, np.ndarray) else a for a in cert_args())
+    check_launch("cert_clear_below_tau", CERT, dev, (DeviceArray,))
+
+
+def test_check_runs_once_per_argument_types(monkeypatch):
+    calls = []
+    real = _signature.check_launch
+    monkeypatch.setattr(_signature, "check_launch", lambda *a: (calls.append(1), real(*a)))
+    c = LaunchCheck("cert_clear_below_tau", CERT, NP)
+    c(cert_args())
+    c(cert_args(Qn=7, cap=9))  # other shapes and values, the same types: not checked again
+    assert len(calls) == 1
+    with pytest.raises(TypeError):  # same dtypes, but not contiguous: checked (and refused)
+        c(BAD["non_contiguous"][0])
+    with pytest.raises(TypeError):  # a refused tuple is not remembered
+        c(BAD["non_contiguous"][0])
+    c(_with(cert_args(), 0, np.uint64(0)))
+    assert len(calls) == 4
+
+
+# ---------------------------------------------------------------------------------------
+# The wrapper of the build path
+# ---------------------------------------------------------------------------------------
+
+
+class FakeRaw:
+    """CuPy's RawKernel as the wrapper uses it: a call, and attributes."""
+
+    def __init__(self):
+        self.calls, self.max_dynamic_shared_size_bytes, self.num_regs = [], 0, 40
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+def test_kernel_checks_then_launches_and_forwards_attributes():
+    raw = FakeRaw()
+    k = Kernel(raw, LaunchCheck("cert_clear_below_tau", CERT, NP))
+    args = cert_args()
+    k((2, 3), (256,), args, shared_mem=128)
+    assert raw.calls == [((2, 3), (256,), args, 128)]
+    with pytest.raises(TypeError, match=r"argument 4 \(int Qn\)"):
+        k((2, 3), (256,), BAD["int64_for_int"][0])
+    assert len(raw.calls) == 1  # refused before CuPy saw it
+    assert k.num_regs == 40
+    k.max_dynamic_shared_size_bytes = 99 * 1024  # _build.raise_smem_limit sets it
+    assert raw.max_dynamic_shared_size_bytes == 99 * 1024
+    with pytest.raises(AttributeError):
+        _ = k.no_such_attribute
+
+
+def test_kernel_launches_on_the_given_stream():
+    events = []
+
+    class Stream:  # CuPy's: a context manager making itself the current stream
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    class Raw(FakeRaw):
+        def __call__(self, *a, **kw):
+            events.append("launch")
+
+    Kernel(Raw(), LaunchCheck("k", (), NP))((1,), (32,), (), stream=Stream())
+    assert events == ["enter", "launch", "exit"]
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """_build's CuPy with numpy arrays as its ndarray, and the checks cached under it
+    forgotten afterwards."""
+    _build.launch_check.cache_clear()
+    monkeypatch.setattr(_build, "cupy_or_raise", lambda: types.SimpleNamespace(ndarray=np.ndarray))
+    yield
+    _build.launch_check.cache_clear()
+
+
+def test_module_gives_checked_kernels(fake_cupy):
+    asked = []
+
+    class RawModule:
+        def get_function(self, name):
+            asked.append(name)
+            return FakeRaw()
+
+    mod = Module(RawModule(), main_spec())
+    k = mod.get_function("cert_clear_below_tau")
+    assert isinstance(k, Kernel)
+    assert _build.launch_check(main_spec(), "cert_clear_below_tau").ndarray_types == NP
+    k((1, 3), (256,), cert_args())
+    with pytest.raises(TypeError, match="cert_clear_below_tau: argument 3"):
+        k((1, 3), (256,), BAD["float64_array_for_float"][0])
+    with pytest.raises(LookupError, match="defines no extern \"C\" __global__ kernel 'screen_mt9'"):
+        mod.get_function("screen_mt9")
+    assert asked == ["cert_clear_below_tau"]  # the missing kernel is named before CuPy is asked
+
+
+# ---------------------------------------------------------------------------------------
+# The host code's argument tuples
+# ---------------------------------------------------------------------------------------
+
+
+def test_host_launches_pass_the_check(monkeypatch):
+    """dense's selections (logits rows, record lists with and without the optional lists,
+    the wide selection), run on numpy through the build's Kernel wrapper: every launch's
+    tuple, null pointers (np.uint64(0)) included, passes the check of the kernel as built."""
+    sig, launched = signatures(main_spec()), []
+
+    def kernel(name, *_):
+        raw = FakeRaw()
+        launched.append((name, raw))
+        return Kernel(raw, LaunchCheck(name, sig[name], NP))
+
+    monkeypatch.setattr(dense, "cupy_or_raise", numpy_as_cupy)
+    monkeypatch.setattr(dense, "kernel", kernel)
+    monkeypatch.setattr(dense, "num_sms", lambda: 4)
+    lg = np.zeros((3, 100), np.float32)
+    ks, ke = np.zeros(3, np.int32), np.full(3, 100, np.int32)
+    dense.select_rows(lg, 7, ks, ke)
+    ra, ca = np.zeros((2, 9), np.uint64), np.zeros(2, np.uint32)
+    dense.select_records(6, ra, ca, ra.copy(), ca.copy(), want_kth=True)
+    dense.select_records(6, ra, ca, want_ids=False, want_kth=True)
+    wide = np.zeros((2, dense.WIDE_MIN_N), np.float32)
+    dense.select_rows(wide, 5, ks[:2], np.full(2, dense.WIDE_MIN_N, np.int32))
+    names = {n for n, _ in launched}
+    assert names == {"select_kernel", "select_wide_hist", "select_wide_cut", "select_wide_compact"}
+    assert all(len(raw.calls) == 1 for _, raw in launched)  # every launch reached "CuPy"
+    for name, raw in launched:  # the emulations' check agrees (it knows no null pointer)
+        args = raw.calls[0][2]
+        if not any(type(a) is np.uint64 for a in args):
+            check_args(name, args, [p.dtype for p in sig[name]])
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_the_emulations_check_agrees(case):
+    """cuda_signatures.check_args (the emulations' check) accepts the correct tuple and
+    refuses each tuple the launch check refuses — by its own dtype comparison, or by the
+    launch check it runs too (a Python int has the dtype int64, so only the launch check
+    refuses it for ``long long``: CuPy would pack it by its own type)."""
+    types_ = [p.dtype for p in CERT]
+    check_args("cert_clear_below_tau", cert_args(), types_)
+    with pytest.raises((AssertionError, TypeError)):
+        check_args("cert_clear_below_tau", BAD[case][0], types_)
