@@ -64,7 +64,7 @@ OPTIONS = {
     "route_memo": None,
     "check": True,
 }
-ROUTES = ("auto", "dosa", "dense")  # cost.py: the route choice (docs/method.md §9)
+ROUTES = ("auto", "dosa", "dense")  # route.py: the route choice (docs/method.md §9)
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
 
 
@@ -82,7 +82,7 @@ class DosaGpuStats(SelectStats):
     query of a chunk that took the dense route (that route keeps no K-th record);
     ``est_survival`` / ``est_work``: the route choice's sampled survival of the screen that
     ran (or a ``RouteMemo``'s, from an earlier chunk) and f + (1 − f)((r + 2)/H + m) with
-    it, NaN where nothing was sampled (``cost.py``). ``dense`` marks recovered queries and
+    it, NaN where nothing was sampled (``route.py``). ``dense`` marks recovered queries and
     every query of a chunk that took the dense route (dosa_topk), or every query
     (fused_topk: no screen); ``refined`` is then every visible key not a default seed.
     ``tie_rejected``: keys that the plain rule U^num < τ keeps and the tie-aware screen

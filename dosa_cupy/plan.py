@@ -5,9 +5,18 @@ operations (float64 for every bound quantity) plus one small kernel for the e4m3
 of the aux rows; nothing is copied to the host.  Choices (R, anchors, A) only affect
 efficiency; the bound is valid for any of them (docs/method.md §3).
 
-The plan stage (``plan_stage``) plans with ``plan_fused.build_plans_fused`` (one kernel per
-chunk); ``build_plans`` is its specification (tests/test_plan_fused.py compares the two
-plans field by field), and this module holds the constants both use.
+The plan stage (``plan_stage``) plans with ``build_plans_fused`` (one kernel per chunk,
+csrc/plan.cu); ``build_plans`` is its specification (tests/test_plan_fused.py compares the
+two plans field by field).  The fused planner: one block of 256 threads per query (kernels
+``plan_mt1`` … ``plan_mt4`` for Hp = 16·MT heads) decodes the query's e4m3 rows into shared
+memory once and computes norms, activation frequencies, R, the anchor projection and folded
+weights, E, the negative aggregate with its two e4m3 aux rows, the envelope J and C there,
+in float64 with the same outward allowances.  Its differences from ``build_plans``, all
+legal (plan.cu header): float64 reductions in another order (covered by MU = 2^-30, below);
+ties of the R priority key broken by head index (as ``_choose_R``'s stable sort); p_h in one
+fixed fp32 summation order.  Why a kernel: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
+CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries
+(docs/records/notes.md); the kernel reads q once and writes only the plan.
 
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
 
@@ -43,11 +52,14 @@ import numpy as np
 
 from dosa_ref.fp8 import e4m3_bits, e4m3_values
 
-from ._build import cupy_or_raise
+from ._build import KernelSpec, cupy_or_raise, module, raise_smem_limit
 from .prepare import D
 from .scorer import MMA_BITS
 
-__all__ = ["DevicePlan", "build_plans", "gamma", "gamma_mma", "plan_stage", "row_slots"]
+__all__ = [
+    "PLAN_THREADS", "DevicePlan", "build_plans", "build_plans_fused", "gamma", "gamma_mma",
+    "plan_constants", "plan_smem_bytes", "plan_stage", "row_slots", "scorer_allowance",
+]  # fmt: skip
 
 U32 = 2.0**-24
 MU = 2.0**-30
@@ -101,15 +113,12 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
     evenly spaced anchor-pool keys (pool int32 [P], sorted), by
-    ``plan_fused.build_plans_fused`` (one kernel per chunk; its specification is
-    ``build_plans``) with the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
+    ``build_plans_fused`` (one kernel per chunk; its specification is ``build_plans``) with
+    the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
     pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
     sample keys spaced over the first P entries on the device (repeats when P is smaller;
     key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
     retains (docs/method.md §4); every plan's bound holds for any sample."""
-    # imported here: plan_fused imports this module's constants and DevicePlan
-    from .plan_fused import build_plans_fused
-
     cp = cupy_or_raise()
     mts = 1 if r <= 14 else 2
     ns = min(o["p_sample"], int(pool.size))
@@ -340,5 +349,101 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
         inA=A,
         w_fold=wt,
         a_A=aA,
+        E=E,
+    )
+
+
+PLAN = KernelSpec("plan.cu")
+PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
+PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)
+
+
+def _kernel(name: str, smem: int):
+    """Kernel ``name`` of plan.cu with its dynamic shared-memory limit raised to ``smem``.
+
+    Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
+    the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
+    48 KB of dynamic memory and would fail to launch otherwise."""
+    f = module(PLAN).get_function(name)
+    return raise_smem_limit(f, smem, PLAN, name)
+
+
+def plan_smem_bytes(Hp: int) -> int:
+    """Dynamic shared memory of plan_mt{Hp/16}: q as fp32 [Hp, 128] + max(u_h float64
+    [Hp, 128], one chunk of sample keys fp32 [128, PLAN_KC])."""
+    return Hp * D * 4 + max(Hp * D * 8, D * PLAN_KC * 4)
+
+
+def plan_constants(Hp: int, mts: int, mma_bits: int):
+    """(g_scr, g_ref, eps_raw) exactly as ``build_plans`` computes them for the f16 chain."""
+    mth = Hp // 16
+    gm = gamma_mma(mma_bits)
+    g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
+    g_ref, _ = scorer_allowance("f16", np.zeros((0, Hp, D)), mth, mma_bits, np)
+    return g_scr, g_ref, (2 * mth + 2 * mts + 16) * TINY
+
+
+def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17):
+    """Batched plans for all queries, one fused kernel launch (same contract and fields as
+    ``build_plans``; q uint8 [Qn, Hp, 128] with Hp = 16·MT ≤ 64, w fp32 [Qn, Hp],
+    k_payload uint8 [N, 128], sample_ids: device key ids in [0, N) or None, r ≤ 16·mts − 2).
+    """
+    cp = cupy_or_raise()
+    Qn, Hp, _ = q.shape
+    if Hp % 16 or not 16 <= Hp <= 64:
+        raise ValueError(f"q: expected Hp = 16, 32, 48 or 64 padded heads, got {Hp}")
+    if mts not in (1, 2):
+        raise ValueError(f"mts: expected 1 or 2, got {mts!r}")
+    nslot = 16 * mts - 2
+    r = int(min(r, nslot, Hp))
+    g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits)
+    if sample_ids is not None and int(sample_ids.size) > 0:
+        sample = cp.ascontiguousarray(sample_ids.astype(cp.int32))  # ids < N < 2^31
+        ns = int(sample.size)
+    else:
+        sample = cp.zeros(1, dtype=cp.int32)
+        ns = 0
+    q = cp.ascontiguousarray(q)
+    w = cp.ascontiguousarray(w.astype(cp.float32, copy=False))
+    kp = cp.ascontiguousarray(k_payload)
+    nrow = 16 * mts
+    rows = cp.empty((Qn, nrow, D), dtype=cp.uint8)
+    omega = cp.empty((Qn, nrow), dtype=cp.float32)
+    sigma = cp.empty(Qn, dtype=cp.float32)
+    C = cp.empty(Qn, dtype=cp.float64)
+    valid = cp.empty(Qn, dtype=cp.uint8)
+    counts = cp.empty((Qn, 3), dtype=cp.int32)
+    inR = cp.empty((Qn, Hp), dtype=cp.uint8)
+    inA = cp.empty((Qn, Hp), dtype=cp.uint8)
+    w_fold = cp.empty((Qn, Hp), dtype=cp.float64)
+    a_A = cp.empty((Qn, D), dtype=cp.float64)
+    E = cp.empty(Qn, dtype=cp.float64)
+    if Qn:
+        smem = plan_smem_bytes(Hp)
+        _kernel(f"plan_mt{Hp // 16}", smem)(
+            (Qn,),
+            (PLAN_THREADS,),
+            (
+                q, w, kp, sample, np.int32(ns), np.int32(r), np.int32(mts), np.float64(g_scr),
+                np.float64(g_ref), rows, omega, sigma, C, valid, counts, inR, inA, w_fold, a_A, E,
+            ),
+            shared_mem=smem,
+        )  # fmt: skip
+    return DevicePlan(
+        mts=mts,
+        rows=rows,
+        omega=omega,
+        sigma=sigma,
+        C=C,
+        eps_raw=cp.full(Qn, eps),
+        eps_out=TINY,
+        valid=valid.view(cp.bool_),
+        r=counts[:, 0],
+        omitted_positive=counts[:, 1],
+        aggregated=counts[:, 2],
+        inR=inR.view(cp.bool_),
+        inA=inA.view(cp.bool_),
+        w_fold=w_fold,
+        a_A=a_A,
         E=E,
     )

@@ -278,7 +278,7 @@ class ScreenLaunch:
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
     def function(self):
-        """The compiled kernel (built and loaded on first use; cost.sample_route calls it
+        """The compiled kernel (built and loaded on first use; route.route_stage calls it
         before timing a launch)."""
         if self.hopper:
             return sm90a.kernel(self.name, self.mts)

@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _screening_route(request, monkeypatch):
     """GPU tests of the screening pipeline run DoSA's stages: the route choice
-    (dosa_cupy/cost.py, docs/method.md §9 "Route choice") would send their small chunks to
+    (dosa_cupy/route.py, docs/method.md §9 "Route choice") would send their small chunks to
     the dense route before any screen ran, and each test would then check the dense route
     against itself.  So the default route is "dosa" in tests marked ``gpu``; tests of the
     route choice are marked ``route_choice`` and see the library's default ("auto")."""

@@ -20,7 +20,7 @@ from dosa_cupy._signature import (  # noqa: F401  (the tests' names)
     signatures,
 )
 
-# the builds whose kernels the emulated launches name (decode_ops.DECODE, plan_fused.PLAN)
+# the builds whose kernels the emulated launches name (decode_ops.DECODE, plan.PLAN)
 BUILDS = (KernelSpec("decode.cu"), KernelSpec("plan.cu"))
 
 

@@ -255,7 +255,7 @@ def test_invalid_scales_recover():
 @gpu
 def test_guard_no_violation(regime, H, r):
     """s^ref ≤ U^num for every visible (query, key), with the pipeline's plans
-    (plan_fused.py, csrc/plan.cu)."""
+    (plan.build_plans_fused, csrc/plan.cu)."""
     wl = make_gpu_workload(regime, 32, 8192, H, seed=7)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
     lg = dosa_cupy.dense_logits(*args, wl["ks"], wl["ke"])

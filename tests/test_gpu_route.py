@@ -1,6 +1,7 @@
-"""The route choice on the GPU (dosa_cupy/cost.py, docs/method.md §9 "Route choice"): every
-branch returns the dense route's ids bitwise, the sampled survival is the full screen's on
-the sampled queries, and the statistics say which route ran and why.
+"""The route choice on the GPU (dosa_cupy/route.py with the model of dosa_cupy/cost.py,
+docs/method.md §9 "Route choice"): every branch returns the dense route's ids bitwise, the
+sampled survival is the full screen's on the sampled queries, and the statistics say which
+route ran and why.
 
 The cost model's constants decide which branch a shape takes; these tests replace them
 (``pipeline.H200``) to drive each branch at small shapes."""

@@ -23,7 +23,7 @@ from dosa_cupy._signature import LaunchCheck, Param, check_launch, preprocess, s
 from dosa_cupy.bench.fp8_dense import VARIANTS as FP8_DENSE
 from dosa_cupy.bench.screen_variants import QG_ARG, SURV, VARIANTS
 from dosa_cupy.decode_ops import DECODE
-from dosa_cupy.plan_fused import PLAN
+from dosa_cupy.plan import PLAN
 
 PKG = Path(_build.__file__).resolve().parent
 NP = (np.ndarray,)
@@ -49,7 +49,7 @@ LAUNCHED = {
         *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),
         "decode_layout", "decode_witness_dedup", "decode_ring_push", "decode_ring_advance",
     ],
-    "plan.cu": [f"plan_mt{m}" for m in MT],  # plan_fused
+    "plan.cu": [f"plan_mt{m}" for m in MT],  # plan.build_plans_fused
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
     "fp8_probe.cu": ["fp8_wgmma_probe", "tma_probe"],  # bench/fp8_probe
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense

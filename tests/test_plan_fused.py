@@ -1,4 +1,4 @@
-"""The fused planner (dosa_cupy/plan_fused.py, csrc/plan.cu) against the specification,
+"""The fused planner (dosa_cupy/plan.py build_plans_fused, csrc/plan.cu) against the specification,
 ``plan.build_plans`` (docs/method.md §3–§6, §8).
 
 CPU part: ``build_plans_fused``'s host code runs with numpy standing in for CuPy and the
@@ -25,8 +25,7 @@ import pytest
 from cuda_signatures import check_args, params
 from gpu_support import HAVE_GPU, cp, gpu, numpy_as_cupy
 
-from dosa_cupy import plan as plan_mod
-from dosa_cupy import plan_fused as pf
+from dosa_cupy import plan as pf
 from dosa_ref.fp8 import e4m3_bits, e4m3_values, key_rms
 
 PLAN_CU = Path(pf.__file__).parent / "csrc" / "plan.cu"
@@ -389,7 +388,7 @@ def test_fused_host_code_with_emulated_kernel(fake_cupy, case):
     q, w, kp, _ = _workload(H, seed=H + r, pos_frac=pos_frac)
     sample = np.arange(0, kp.shape[0], 16) if use_sample else None
     fu = pf.build_plans_fused(q, w, kp, sample, r, mts)
-    ref = plan_mod.build_plans(q, w, kp, sample, r, mts, xp=np)
+    ref = pf.build_plans(q, w, kp, sample, r, mts, xp=np)
     assert fake_cupy.calls == [f"plan_mt{q.shape[1] // 16}"]
     assert fu.rows.shape == ref.rows.shape and fu.omega.dtype == np.float32
     assert fu.valid.dtype == np.bool_ and fu.inR.dtype == np.bool_
@@ -411,7 +410,7 @@ def test_fused_host_code_calibrated_ties(fake_cupy, H, r, mts):
     q, w = qq(wl.q, wl.w)
     sample = np.arange(0, 8192, 32)
     fu = pf.build_plans_fused(q, w, kp, sample, r, mts)
-    ref = plan_mod.build_plans(q, w, kp, sample, r, mts, xp=np)
+    ref = pf.build_plans(q, w, kp, sample, r, mts, xp=np)
     keys, nR, _, _ = _priority_keys(q, w, kp, sample, r)
     ties = sum(
         np.sort(k)[::-1][n - 1] == np.sort(k)[::-1][n] for k, n in zip(keys, nR, strict=True)
@@ -436,7 +435,7 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
     q[:, :] = q[:, :1]
     w[:] = 0.5
     fu = pf.build_plans_fused(q, w, kp, np.arange(0, 4096, 32), 14, 1)
-    ref = plan_mod.build_plans(q, w, kp, np.arange(0, 4096, 32), 14, 1, xp=np)
+    ref = pf.build_plans(q, w, kp, np.arange(0, 4096, 32), 14, 1, xp=np)
     assert np.array_equal(fu.r, ref.r) and np.array_equal(fu.sigma, ref.sigma)
     assert np.allclose(fu.C, ref.C, rtol=1e-12)
     _guard_check(fu, q, w, kp, 1)
@@ -450,13 +449,13 @@ def test_plan_stage_runs_the_fused_planner(monkeypatch):
     from dosa_cupy.scorer import MMA_BITS
 
     calls = []
-    monkeypatch.setattr(plan_mod, "cupy_or_raise", lambda: np)
+    monkeypatch.setattr(pf, "cupy_or_raise", lambda: np)
     monkeypatch.setattr(pf, "build_plans_fused", lambda *a: calls.append(a) or "plan")
     b = SimpleNamespace(q="q", w="w", kp="kp")
     pool = np.arange(0, 3000, 3, dtype=np.int32)
     for r, mts in ((14, 1), (15, 2), (30, 2)):
         calls.clear()
-        assert plan_mod.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
+        assert pf.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
         (args,) = calls
         assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, MMA_BITS)
         assert np.array_equal(args[3], pool[np.linspace(0, pool.size - 1, 16).astype(np.int64)])
@@ -490,7 +489,7 @@ def test_fused_plan_equals_emulation_and_spec(case):
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
     sample = cp.arange(0, 8192, 32)
     fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
-    ref = plan_mod.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+    ref = pf.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
     q, w, kp = (cp.asnumpy(wl[k]) for k in ("q", "w", "k_payload"))
     s = cp.asnumpy(sample).astype(np.int32)
     Qn, Hp = w.shape

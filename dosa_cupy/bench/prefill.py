@@ -61,7 +61,7 @@ def _stats_run(fn, s, sub, K, opts):
         for k, v in st.stage_ms.items():
             stage[k] = stage.get(k, 0.0) + v
     cat = {
-        # the route choice of each sub-chunk (dosa_cupy/cost.py) and the work accounting
+        # the route choice of each sub-chunk (dosa_cupy/route.py) and the work accounting
         "routes": [_route_record(p.route) for p in parts if getattr(p, "route", None)],
     }
     cat["scored_fraction"], cat["anchor_scored_fraction"] = _scored_fractions(parts)

@@ -2,7 +2,7 @@
 
 ``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64]``
 
-For ``plan.build_plans`` (the specification), ``plan_fused.build_plans_fused`` (the
+For ``plan.build_plans`` (the specification), ``plan.build_plans_fused`` (the
 pipeline's planner) and ``seeds.seed_stage`` on the calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from dosa_cupy import plan, plan_fused, seeds
+    from dosa_cupy import plan, seeds
     from dosa_cupy.options import check_options, resolve_options
     from dosa_cupy.prepare import pad_batch
     from dosa_cupy.workload import make_gpu_workload
@@ -98,8 +98,7 @@ def main(argv=None) -> int:
             "plan (build_plans)", plan.build_plans, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src
         )
         # the pipeline's planner (one kernel per chunk, one block per query), same method
-        src = inspect.getsource(sys.modules[plan_fused.__name__]).splitlines()
-        fused = plan_fused.build_plans_fused
+        fused = plan.build_plans_fused
         _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src)
     return 0
 
