@@ -42,6 +42,7 @@ MODULES = [
     "zero_plateau",
     "gpu_zero_plateau",
     "score_envelope",
+    "wgmma_fresh_step",
 ]
 
 
