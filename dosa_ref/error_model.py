@@ -27,7 +27,7 @@ __all__ = [
     "simulate_scorer",
 ]
 
-ACCUMULATORS = ("truncating", "ieee_fp32_rn", "ieee_fp64_rn", "exact")
+ACCUMULATORS = ("truncating", "wgmma_e4m3_fresh", "ieee_fp32_rn", "ieee_fp64_rn", "exact")
 EPILOGUES = ("ieee_fp32_rn", "ieee_fp64_rn", "exact")
 _UNIT = {"ieee_fp32_rn": 2.0**-24, "ieee_fp64_rn": 2.0**-53, "exact": 0.0}
 
@@ -37,12 +37,17 @@ class Arithmetic:
     """How one kernel evaluates its dot products and the scalar operations after them.
 
     dot_length: products per dot product (None = the head dimension D; must be ≥ D).
-    accumulator: ``"truncating"`` (Hopper FP8 tensor-core sum, see ``ErrorModel``),
-        ``"ieee_fp32_rn"`` / ``"ieee_fp64_rn"`` (IEEE round-to-nearest, any order, FMA
-        allowed: γ_n) or ``"exact"`` (for experiments; unsound for any real kernel).
-    kept_bits: truncating only — W, the bits kept below the leading bit of the largest
-        term of one MMA step; every term loses less than 2^(E−W) where 2^E ≤ max|term|.
-    k_step: truncating only — products added per MMA instruction (m16n8k32 e4m3: 32).
+    accumulator: ``"truncating"`` (the mma.sync tensor-core sum, see ``ErrorModel``),
+        ``"wgmma_e4m3_fresh"`` (native e4m3 wgmma k32 steps, each from a fresh accumulator,
+        the step results added in fp32: the H200's model ``dosa_ref.mma_model.WGMMA_E4M3``,
+        docs/numerics.md "The e4m3 wgmma accumulator"), ``"ieee_fp32_rn"`` /
+        ``"ieee_fp64_rn"`` (IEEE round-to-nearest, any order, FMA allowed: γ_n) or
+        ``"exact"`` (for experiments; unsound for any real kernel).
+    kept_bits: truncating — W, the bits kept below the leading bit of the largest term of
+        one MMA step; every term loses less than 2^(E−W) where 2^E ≤ max|term|.
+        wgmma_e4m3_fresh — W below the largest exponent-field sum E ≤ 16 of the step's
+        e4m3 products (W = 13 observed), the sum then truncated to W + 1 bits.
+    k_step: truncating and wgmma_e4m3_fresh — products per MMA instruction (32 for e4m3).
     exact_products: products are exact in the accumulator (e4m3 × e4m3 always is in
         fp32); otherwise each product is rounded once more.
     epilogue: format of the scalar operations after the dots (scales, weights, ReLU,
@@ -70,6 +75,8 @@ class Arithmetic:
             raise ValueError("dot_length: expected None or a positive integer")
         if not (np.isfinite(self.underflow) and self.underflow >= 0):
             raise ValueError("underflow: expected a finite nonnegative number")
+        if self.accumulator == "wgmma_e4m3_fresh" and not self.exact_products:
+            raise ValueError("exact_products: e4m3 products are exact in the wgmma accumulator")
         if self.accumulator == "exact" and not self.exact_products:
             raise ValueError("exact_products: an exact accumulator needs exact products")
 
@@ -90,6 +97,11 @@ class Arithmetic:
         """γ with |fl(Σ a_d b_d) − Σ a_d b_d| ≤ γ Σ|a_d b_d| + ``dot_absolute_error``."""
         if self.accumulator == "exact":
             return 0.0
+        if self.accumulator == "wgmma_e4m3_fresh":
+            # each step's (W+1)-bit write-back: 2^-W of its kept sum (≤ the step's Σ|p|);
+            # the S − 1 fp32 additions of the step results: γ_{S−1} of Σ|x_s| ≤ Σ|p|
+            S = -(-n // int(self.k_step))
+            return float(add_up(2.0 ** -int(self.kept_bits), gamma_up(max(S - 1, 1), 2.0**-24)))
         if self.accumulator == "truncating":
             S = -(-n // int(self.k_step))
             St = float(mul_up(float(S), self.step_theta()))
@@ -101,9 +113,16 @@ class Arithmetic:
         return gamma_up(n + (0 if self.exact_products else 1), u)
 
     def dot_absolute_error(self, n: int) -> float:
-        """Absolute underflow allowance of one dot (2n operations, each ≤ underflow)."""
+        """Absolute allowance of one dot: underflow (2n operations, each ≤ underflow); for
+        ``wgmma_e4m3_fresh`` also each step's window, k terms below 2^(E − W) with
+        2^E ≤ 2^16 (e4m3 exponent fields ≤ 8): S·k·2^(16 − W), in payload units."""
         g = self.dot_relative_error(n)
-        return float(mul_up(mul_up(2.0 * n, self.underflow), add_up(1.0, g)))
+        a = mul_up(mul_up(2.0 * n, self.underflow), add_up(1.0, g))
+        if self.accumulator == "wgmma_e4m3_fresh":
+            S = -(-n // int(self.k_step))
+            win = float(S * int(self.k_step)) * 2.0 ** (16 - int(self.kept_bits))
+            a = add_up(a, mul_up(win, add_up(1.0, g)))
+        return float(a)
 
     def epilogue_gamma(self, m: int) -> float:
         """γ^e_m for a chain of m epilogue operations."""
@@ -156,10 +175,13 @@ class ErrorModel:
         included); beside C = 256 every product down to fp32's ulp was kept; the largest
         loss beyond fp32 write-back rounding was 2^-21.3 of the largest term, i.e. ≤ 0.05
         units of 2^(E−17) — the W = 17 model has ≥ 4 bits of margin on this hardware.
-    Public bit-accurate models and DeepSeek-V3's report (≈ 14 bits) describe ``wgmma``
-    GEMMs: a kernel built on wgmma must use ``ErrorModel.hopper_fp8(13)``.  The guard's
-    cost grows by 2^(17−W): on a DSA-like workload (H = 32, D = 128) it measured 0.9 pp
-    at W = 20, 4.6 pp at W = 17 and 42 pp at W = 13 (the fp32 / float64 floor: 0.4 pp).
+    Native e4m3 ``wgmma`` is another datapath (probed on the H200, docs/numerics.md "The
+    e4m3 wgmma accumulator"): 13 bits below the largest exponent-field sum, a 14-bit
+    write-back.  ``hopper_fp8(13)`` does not cover it (its write-back term is 2^-23, and
+    it aligns to the largest term's value); a scorer on it uses ``wgmma_e4m3_fresh``
+    (``hopper_wgmma_fresh``).  The guard's cost grows by 2^(17−W): on a DSA-like workload
+    (H = 32, D = 128) it measured 0.9 pp at W = 20, 4.6 pp at W = 17 and 42 pp at W = 13
+    (the fp32 / float64 floor: 0.4 pp).
     For D = 128: S = 4, θ ≈ 33·2^-17, γ ≈ 1.0e-3 (W = 13: γ ≈ 0.0164).
 
     Epilogue: the screening value is a sum of r + 1 products plus the aux combination
@@ -177,6 +199,13 @@ class ErrorModel:
     def hopper_fp8(cls, kept_bits: int = 17, k_step: int = 32) -> ErrorModel:
         a = Arithmetic(accumulator="truncating", kept_bits=kept_bits, k_step=k_step)
         return cls(screen=a, scorer=a)
+
+    @classmethod
+    def hopper_wgmma_fresh(cls) -> ErrorModel:
+        """The screen on the f16 chain (W = 17) and the scorer on native e4m3 wgmma k32 steps
+        from fresh accumulators (the candidate FP8 canonical scorer, csrc/dense_fp8.cu)."""
+        fresh = Arithmetic(accumulator="wgmma_e4m3_fresh", kept_bits=13, k_step=32)
+        return cls(screen=Arithmetic(accumulator="truncating", kept_bits=17), scorer=fresh)
 
     @classmethod
     def ieee_fp32(cls) -> ErrorModel:

@@ -189,3 +189,35 @@ def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
     allow = allow * (1 + 2.0**-23) + 2.0**-120
     assert np.all(np.abs(got - exact) <= allow)
     assert np.max(np.abs(got - exact) / allow) > 1e-4  # the test can see an error at all
+
+
+@pytest.mark.parametrize("kind", ["random", "crafted"])
+def test_reference_error_model_covers_the_fresh_wgmma_dot(kind):
+    """dosa_ref's ErrorModel of the fresh-step scorer (accumulator "wgmma_e4m3_fresh") bounds
+    the bit-exact model's dot error: |x̂ − x| ≤ γ·Σ|q̄_d k̄_d| + dot_abs (payload units)."""
+    from dosa_ref.error_model import ErrorModel
+    from dosa_ref.fp8 import e4m3_bits
+
+    rng = np.random.default_rng(7 + len(kind))
+    if kind == "random":
+        q = e4m3_bits((rng.standard_normal((8, 128)) * 150).astype(np.float32))
+        k = e4m3_bits((rng.standard_normal((64, 128)) * 150).astype(np.float32))
+    else:
+        q, k = _crafted_rows(rng, 8), _crafted_rows(rng, 64)
+    a = ErrorModel.hopper_wgmma_fresh().scorer
+    g, ab = a.dot_relative_error(128), a.dot_absolute_error(128)
+    qv, kv = e4m3_values(q), e4m3_values(k)
+    qe, ke = e4m3_exponent(q), e4m3_exponent(k)
+    x = np.zeros((64, 8), np.float32)
+    for s in range(4):
+        sl = slice(32 * s, 32 * s + 32)
+        p = kv[:, None, sl] * qv[None, :, sl]
+        pe = ke[:, None, sl] + qe[None, :, sl]
+        x = (x + step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)).astype(
+            np.float32
+        )
+    exact = kv @ qv.T
+    mag = np.abs(kv) @ np.abs(qv).T
+    assert np.all(np.abs(x.astype(np.float64) - exact) <= g * mag + ab)
+    with pytest.raises(ValueError, match="exact_products"):
+        type(a)(accumulator="wgmma_e4m3_fresh", exact_products=False)
