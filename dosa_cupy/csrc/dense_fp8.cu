@@ -107,7 +107,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kProducerRegs = 56;
   constexpr int kConsumerRegs = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sk = base;                                   // kStages × 16 KB key slots
   uint8_t* sq = base + kStages * kStageBytes;           // QT × 8 KB query tiles
   float* sw = reinterpret_cast<float*>(sq + QT * 8192);  // QT × 64 weights
@@ -150,7 +151,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 
   const int wg = t >> 7;
   if (wg == 0) {
-    if constexpr (PIPE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    if constexpr (PIPE)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (t == 0) {
       for (int it = 0; it < nst; ++it) {
         const int slot = it % kStages;
@@ -211,40 +213,41 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
         epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
       }
     }
-    return;
-  }
-  for (int it = 0; it < nst; ++it) {
-    const int slot = it % kStages;
-    mbar_wait(&full[slot], (it / kStages) & 1);
-    const uint32_t ka = (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128);
-    const uint64_t da = desc_sw128(ka);
-    const long long key0 = (s0 + it) * kStageKeys + 64 * c;
-    const long long r0 = key0 + 16 * warp + g, r1 = r0 + 8;
-    const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+  } else {
+    for (int it = 0; it < nst; ++it) {
+      const int slot = it % kStages;
+      mbar_wait(&full[slot], (it / kStages) & 1);
+      const uint32_t ka =
+          (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128);
+      const uint64_t da = desc_sw128(ka);
+      const long long key0 = (s0 + it) * kStageKeys + 64 * c;
+      const long long r0 = key0 + 16 * warp + g, r1 = r0 + 8;
+      const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
 #pragma unroll 1
-    for (int qt = 0; qt < QT; ++qt) {
-      constexpr int NX = FRESH ? 4 : 1;
-      float x[NX][32];
-      const uint64_t db = desc_sw128(sq_addr + qt * 8192);
+      for (int qt = 0; qt < QT; ++qt) {
+        constexpr int NX = FRESH ? 4 : 1;
+        float x[NX][32];
+        const uint64_t db = desc_sw128(sq_addr + qt * 8192);
 #pragma unroll
-      for (int s = 0; s < NX; ++s) pin(x[s]);
-      fence();
+        for (int s = 0; s < NX; ++s) pin(x[s]);
+        fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s)
-        mma_m64n64k32_e4m3(x[FRESH ? s : 0], da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
-      commit();
-      wait<0>();
+        for (int s = 0; s < 4; ++s)
+          mma_m64n64k32_e4m3(x[FRESH ? s : 0], da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
+        commit();
+        wait<0>();
 #pragma unroll
-      for (int s = 0; s < NX; ++s) pin(x[s]);
-      if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-      float acc[32];
+        for (int s = 0; s < NX; ++s) pin(x[s]);
+        if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
+        float acc[32];
 #pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        acc[e] = x[0][e];
+        for (int e = 0; e < 32; ++e) {
+          acc[e] = x[0][e];
 #pragma unroll
-        for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
+          for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
+        }
+        epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
       }
-      epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
     }
   }
 }
