@@ -155,7 +155,7 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
     return order, nR
 
 
-SCORERS = ("f16", "fp8_fresh", "fp8_k64", "fp8_chained")
+SCORERS = ("f16", "fp8_fresh", "fp8_k64", "fp8_3fresh", "fp8_chained")
 
 
 def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
@@ -176,6 +176,8 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
       terms lose < 33/32·2^(eq) + 33·2^-13·|x0|: the dims of steps 0 and 2 carry
       35·2^-13 (with both write-backs), those of steps 1 and 3 2^-13 — ``g_ref`` per dim
       (float64 [128]);
+    * "fp8_3fresh": steps 0 and 1 fresh, steps 2 → 3 one chain (two fp32 adds): only the
+      dims of step 2 carry the chained step's 35·2^-13;
     * "fp8_chained": the same steps chained on the tensor core: step s aligns to the running
       sum too, 2^E_s ≤ 2^(eq_s + 8) + |c_s| with |c_s| ≤ Σ_{d<32s}|q̄_d k̄_d|(1 + …), so
       each step adds 2^-8 of the partial dot's magnitudes: g ≈ 3·2^-8 + 4·2^-13.
@@ -189,9 +191,11 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
     ge = gamma(H // 4 + 3)
     if scorer == "fp8_fresh":
         gm = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
-    elif scorer == "fp8_k64":
-        first = xp.asarray(np.repeat(np.array([1.0, 0.0, 1.0, 0.0]), 32))
-        gm = ((2.0**-13 + 34 * 2.0**-13 * first) * (1 + 2.0**-10)) + gamma(1)
+    elif scorer in ("fp8_k64", "fp8_3fresh"):
+        chained_into = [1.0, 0.0, 1.0, 0.0] if scorer == "fp8_k64" else [0.0, 0.0, 1.0, 0.0]
+        first = xp.asarray(np.repeat(np.array(chained_into), 32))
+        adds = 1 if scorer == "fp8_k64" else 2  # fp32 additions of the chains' results
+        gm = ((2.0**-13 + 34 * 2.0**-13 * first) * (1 + 2.0**-10)) + gamma(adds)
     else:
         gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
     # 2^(eq_s): the largest |q̄_hd| of the step rounded down to a power of two (its exponent
@@ -202,6 +206,8 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
     step_abs = xp.where(m > 0, step_abs, 0.0)
     if scorer == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
         step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
+    elif scorer == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2
+        step_abs = step_abs * xp.asarray([1.0, 1.0, 1.0, 33 / 32])
     a = xp.sum(step_abs, axis=2) * (1 + gamma(3)) * (1 + ge) * (1 + MU)
     return gm + ge * (1 + gm), a
 
