@@ -32,6 +32,13 @@ constexpr int kStages = 4;
 
 __device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
 
+// One query of the block, set up once per block in shared memory so the epilogue's stores
+// need no index arithmetic: its output row's offset (−1 past the last query) and its
+// visible keys [lo, hi).
+struct QueryRow {
+  long long off, lo, hi;
+};
+
 // The score of the warpgroup's 64 keys × the tile's queries from the combined dots x (the
 // m64n64 accumulator layout: x[4j + 2h + e] is key row r_h, column 8j + 2qd + e), written
 // to out: per lane and row two fmaf chains over its columns — the even column groups j and
@@ -40,9 +47,8 @@ __device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
 // (one 16-term chain per row left the warps waiting on FMA latency).
 template <int H>
 __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __restrict__ sw_tile,
-                                         int qd, int jq0, int nq, long long r0, long long r1,
-                                         float a0, float a1, long long N, int q0,
-                                         const int* __restrict__ ks, const int* __restrict__ ke,
+                                         int qd, const QueryRow* __restrict__ rows, long long r0,
+                                         long long r1, float a0, float a1, long long N,
                                          float* __restrict__ out) {
   constexpr int QPT = 64 / H;
   float p[QPT][2][2];  // [query][row][even / odd j]
@@ -77,11 +83,11 @@ __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __re
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (qd != 2 * u + h && !(QPT == 1 && qd == h)) continue;
-      const int j = jq0 + u;
+      const QueryRow row = rows[u];
       const long long r = h ? r1 : r0;
-      if (j >= nq || r >= N) continue;
+      if (row.off < 0 || r >= N) continue;
       const float sc = q[u][h] * (h ? a1 : a0);
-      out[(long long)(q0 + j) * N + r] = (r >= ks[q0 + j] && r < ke[q0 + j]) ? sc : -INFINITY;
+      out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : -INFINITY;
     }
 }
 
@@ -114,6 +120,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   float* sw = reinterpret_cast<float*>(sq + QT * 8192);  // QT × 64 weights
   uint64_t* full = reinterpret_cast<uint64_t*>(sw + QT * 64);
   uint64_t* empty = full + kStages;
+  QueryRow* qrows = reinterpret_cast<QueryRow*>(empty + kStages);  // QB rows
 
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
   const int nq = min(QB, Qn - q0);
@@ -138,6 +145,11 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   for (int i = t; i < QT * 64; i += kThreads) {
     const long long row = (long long)q0 * H + i;
     sw[i] = row < (long long)Qn * H ? w[row] : 0.f;
+  }
+  if (t < QB) {
+    const bool live = t < nq;
+    qrows[t] = QueryRow{live ? (long long)(q0 + t) * N : -1, live ? (long long)ks[q0 + t] : 0,
+                        live ? (long long)ke[q0 + t] : 0};
   }
   if (t == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -210,7 +222,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           }
         }
         if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-        epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
+        epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
       }
     }
   } else {
@@ -246,7 +258,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #pragma unroll
           for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
         }
-        epilogue<H>(acc, sw + qt * 64, qd, qt * QPT, nq, r0, r1, a0, a1, N, q0, ks, ke, out);
+        epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
       }
     }
   }
