@@ -38,3 +38,23 @@ def test_wgmma_e4m3_step_model_holds_on_every_crafted_case():
 @hopper
 def test_bulk_tensor_copy_by_value_and_from_global_memory():
     assert fp8_probe.tma_check() == {"by_value": 0, "global": 0}
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("H", [64, 32])
+def test_fp8_dense_logits_equal_the_host_model(H):
+    """Every build of csrc/dense_fp8.cu: the fresh-step builds equal
+    ``dosa_ref.mma_model.fp8_fresh_scores`` bit for bit on sampled queries and keys, every
+    build has the −inf pattern of the visibility ranges (a causal chunk with ranges that
+    start and end inside key stages, a last stage past N)."""
+    from dosa_cupy.bench import fp8_dense
+    from dosa_cupy.workload import make_gpu_workload
+
+    wl = make_gpu_workload("calibrated", 37, 5000, H, seed=4)
+    for v, (_, _, fresh) in fp8_dense.VARIANTS.items():
+        res = fp8_dense.check(wl, fp8_dense.fp8_logits(wl, v), np.random.default_rng(1), fresh,
+                              nq=8, nk=600)  # fmt: skip
+        assert res["inf_pattern_mismatch"] == 0, (v, res)
+        if fresh:
+            assert res["model_mismatch"] == 0, (v, res)

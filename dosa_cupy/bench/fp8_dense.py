@@ -27,9 +27,9 @@ VARIANTS = {"qt4_w2_fresh": (4, 2, True), "qt4_w2_half": (4, 2, True),
 
 def smem_bytes(qt: int, cwg: int) -> int:
     """Dynamic shared memory of a dense_fp8 build: 4 key slots of 64·cwg keys, qt query tiles
-    of 8 KB, their weights, 8 mbarriers, 24 bytes per query of the block (at most 2·qt) and
-    1 KB to align to the swizzle atom."""
-    return 4 * 8192 * cwg + qt * 8192 + qt * 256 + 64 + 48 * qt + 1024
+    of 8 KB, 8 mbarriers and 1 KB to align to the swizzle atom (the weights and the query
+    table are static shared memory)."""
+    return 4 * 8192 * cwg + qt * 8192 + 64 + 1024
 
 
 def fp8_logits(wl: dict, variant: str, out=None):

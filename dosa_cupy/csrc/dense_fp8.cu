@@ -117,10 +117,12 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sk = base;                                   // kStages × 16 KB key slots
   uint8_t* sq = base + kStages * kStageBytes;           // QT × 8 KB query tiles
-  float* sw = reinterpret_cast<float*>(sq + QT * 8192);  // QT × 64 weights
-  uint64_t* full = reinterpret_cast<uint64_t*>(sw + QT * 64);
+  uint64_t* full = reinterpret_cast<uint64_t*>(sq + QT * 8192);
   uint64_t* empty = full + kStages;
-  QueryRow* qrows = reinterpret_cast<QueryRow*>(empty + kStages);  // QB rows
+  // static shared arrays: the compiler then reads them with shared-memory loads (through
+  // pointers into the dynamic buffer it used generic loads)
+  __shared__ __align__(16) float sw[QT * 64];  // the block's weights
+  __shared__ QueryRow qrows[QB];
 
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
   const int nq = min(QB, Qn - q0);
@@ -198,7 +200,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           desc_sw128((uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128));
       const long long r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g, r1 = r0 + 8;
       const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
-#pragma unroll 1
+#pragma unroll
       for (int qt = 0; qt < QT; ++qt) {
         const uint64_t db = desc_sw128(sq_addr + qt * 8192);
         float x[2][32], acc[32];
