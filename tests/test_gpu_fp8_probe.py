@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gpu_support import HAVE_GPU, gpu
 
+from dosa_cupy import _build
 from dosa_cupy.bench import fp8_probe
 
 
@@ -20,6 +21,27 @@ def _hopper():
 
 
 hopper = pytest.mark.skipif(HAVE_GPU and not _hopper(), reason="needs sm_90a (an H100/H200)")
+
+
+@pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
+@pytest.mark.parametrize("source", ["fp8_probe.cu", "dense_fp8.cu"])
+def test_sm90a_sources_compile_with_asynchronous_wgmma(source, tmp_path):
+    """The sm_90a code of these files (empty for every other target, so the sm_90 build of
+    CI does not see it) compiles for sm_90a with no serialised or waited-on wgmma
+    (ptxas C7514 / C7515 / C7517 / C7518) and no spills in the FP8 dense builds."""
+    import subprocess
+
+    out = tmp_path / "k.cubin"
+    cmd = _build.nvcc_command(_build.KernelSpec(source, (), sm90a=True), out)
+    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
+    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    for code in ("C7514", "C7515", "C7517", "C7518"):
+        assert code not in res.stderr, res.stderr
+    if source == "dense_fp8.cu":
+        assert "dense_fp8_h64_qt4_w3_half" in res.stderr
+        assert "bytes spill" in res.stderr and " 0 bytes spill stores" in res.stderr
+        spills = [ln for ln in res.stderr.splitlines() if "spill stores" in ln]
+        assert all(" 0 bytes spill stores" in ln for ln in spills), res.stderr
 
 
 @gpu
