@@ -112,9 +112,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
         buf = cp.empty((Qn, N), dtype=cp.float32)
         cs = [dict(q=s["q"], w=s["w"], kp=s["k_payload"], ksc=s["k_scale"], ks=s["ks"],
                    ke=s["ke"]) for s in sets]  # fmt: skip
-        fns = {
-            f"fp8_{v}": (lambda i, v=v, b=buf, S=sets: fp8_logits(S[i], v, b)) for v in variants
-        }
+        fns = {f"fp8_{v}": (lambda i, v=v, b=buf, S=sets: fp8_logits(S[i], v, b)) for v in variants}
         fns["f16_dense"] = lambda i, c=cs: dosa_cupy.dense_logits(
             c[i]["q"], c[i]["w"], c[i]["kp"], c[i]["ksc"], c[i]["ks"], c[i]["ke"])  # fmt: skip
         if peers is not None and peers.logits is not None:
