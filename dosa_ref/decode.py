@@ -194,6 +194,26 @@ class DecodeSelector:
         if self.history > 0:
             self._hist[b].append(np.unique(selected[selected >= 0]))
 
+    def push(self, ids) -> None:
+        """Record a step's selections ids int [B, next_n, K] (−1 padding) as the witnesses of
+        slots 0..B−1, as ``step`` does after selecting — for a step selected elsewhere
+        (``dosa_ref.shards.sharded_decode_step``, the ranks of a sharded cache)."""
+        ids = np.asarray(ids)
+        if ids.ndim != 3:
+            raise ValueError(f"ids: expected [B, next_n, K], got shape {ids.shape}")
+        for b in range(ids.shape[0]):
+            self._push(b, ids[b].ravel().astype(np.int64))
+
+    def ranges(self, q, k, lengths=None, ks=None, ke=None):
+        """The visible ranges ks, ke int64 [B, next_n] of a step (``step``'s rules) and the
+        per-request key arrays: (keys list of B float64 [N_b, D], ks, ke)."""
+        q = as_float_array(q, "q", 4)
+        B, n, _, D = q.shape
+        keys, _ = _check_keys(k, B, D)
+        N = np.array([kb.shape[0] for kb in keys], dtype=np.int64)
+        ks_a, ke_a = _check_ranges(lengths, ks, ke, B, n, N)
+        return keys, ks_a, ke_a
+
     # -- one step ------------------------------------------------------------------------
 
     def step(self, q, w, k, lengths=None, *, ks=None, ke=None) -> DecodeStep:

@@ -20,7 +20,9 @@ from .scorer import score_keys, topk_of
 from .validate import as_array, check_K, check_qwk, check_ranges
 
 __all__ = [
+    "distributed_decode_step",
     "distributed_topk",
+    "sharded_decode_step",
     "shard_tau",
     "local_ranges",
     "merge_topk",
@@ -166,3 +168,149 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
         dist.all_gather(bufs, local, group=group)
         out.append([b.numpy() for b in bufs])
     return merge_topk(list(zip(*out, strict=True)), K)
+
+
+# --------------------------------------------------------------------------------------
+# Decode over a sharded cache (docs/method.md §12 "Sharded contexts", §10)
+# --------------------------------------------------------------------------------------
+
+
+def _decode_shard(sel, q, w, keys, offset: int, ks, ke, s0: int, s1: int, tau=None):
+    """One shard's part of a decode step: the keys [s0, s1) of every request's cache, where
+    keys[b] holds request b's keys with global ids [offset, offset + len(keys[b])).
+    Without ``tau``: float64 [B, n] τ of the shard's visible witnesses (the K-th largest
+    canonical score, −inf with fewer than K) and the witness counts.  With ``tau`` (the
+    shards' largest): the shard's list (global ids int64 [B, n, K], scores float64
+    [B, n, K]; −1 / −inf padding) of its keys with s ≥ τ, and the records compacted."""
+    from .seeds import kth_score
+
+    def span(b, j):
+        end = offset + keys[b].shape[0]
+        return max(int(ks[b, j]), s0, offset), min(int(ke[b, j]), s1, end)
+
+    B, n = ks.shape
+    K = sel.K
+    if tau is None:
+        out, cnt = np.full((B, n), -np.inf), np.zeros((B, n), np.int64)
+        for b in range(B):
+            wit = sel.witnesses(b)
+            for j in range(n):
+                a, e = span(b, j)
+                W = wit[(wit >= a) & (wit < e)]
+                out[b, j] = kth_score(score_keys(q[b, j], w[b, j], keys[b][W - offset]), K)
+                cnt[b, j] = W.size
+        return out, cnt
+    ids = np.full((B, n, K), -1, np.int64)
+    sc = np.full((B, n, K), -np.inf)
+    comp = np.zeros((B, n), np.int64)
+    for b in range(B):
+        for j in range(n):
+            a, e = span(b, j)
+            if e <= a:
+                continue
+            s = score_keys(q[b, j], w[b, j], keys[b][a - offset : e - offset])
+            keep = s >= tau[b, j]
+            top, ts = topk_of(s[keep], a + np.flatnonzero(keep).astype(np.int64), K)
+            ids[b, j, : top.size], sc[b, j, : top.size] = top, ts
+            comp[b, j] = int(keep.sum())
+    return ids, sc, comp
+
+
+def _merge_rows(parts, K: int) -> np.ndarray:
+    """``merge_topk`` over rows [B, n]: parts of (ids [B, n, K_r], scores [B, n, K_r])."""
+    B, n = parts[0][0].shape[:2]
+    flat = [(i.reshape(B * n, -1), c.reshape(B * n, -1)) for i, c in parts]
+    return merge_topk(flat, K).reshape(B, n, K)
+
+
+def sharded_decode_step(sel, q, w, k, lengths=None, *, ks=None, ke=None, starts=None):
+    """One decode step (``decode.DecodeSelector.step``'s contract and ids) over caches whose
+    keys are split into the shards ``starts`` (int [R + 1], global ids; default 2 equal
+    shards of the longest cache; a request's cache ends at its own length): each shard
+    scores its visible witnesses for τ_r, the largest over the shards is every shard's
+    compaction threshold — a distinct visible witness set of one shard has its K-th score
+    at most the context's (docs/method.md §10, Prop. 4) — each shard compacts its keys with
+    s ≥ τ and selects their Top-K, and the lists are merged exactly (score desc, id asc).
+    The merged selections become ``sel``'s witnesses.  Returns ``decode.DecodeStep``
+    (stats: τ the shards' largest, witnesses and compacted summed over the shards)."""
+    from .decode import DecodeStats, DecodeStep
+    from .validate import as_float_array
+
+    q = as_float_array(q, "q", 4)
+    w = as_float_array(w, "w", 3)
+    if w.shape != q.shape[:3]:
+        raise ValueError(f"w: expected shape {q.shape[:3]} to match q, got {w.shape}")
+    keys, ks_a, ke_a = sel.ranges(q, k, lengths, ks, ke)
+    N = max(kb.shape[0] for kb in keys)
+    starts = shard_starts(N, 2) if starts is None else as_array(starts, "starts").astype(np.int64)
+    if starts.ndim != 1 or starts[0] != 0 or starts[-1] < N or (np.diff(starts) < 0).any():
+        raise ValueError(f"starts: expected 0 ≤ … nondecreasing, last ≥ {N}, got {starts.tolist()}")
+    bounds = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
+    B, n = ks_a.shape
+    st = DecodeStats.empty(B, n)
+    tau = np.full((B, n), -np.inf)
+    for s0, s1 in bounds:  # the all-reduce (max) of the distributed form
+        t, c = _decode_shard(sel, q, w, keys, 0, ks_a, ke_a, s0, s1)
+        tau, st.witnesses = np.maximum(tau, t), st.witnesses + c
+    parts = []
+    for s0, s1 in bounds:
+        ids, sc, comp = _decode_shard(sel, q, w, keys, 0, ks_a, ke_a, s0, s1, tau)
+        parts.append((ids, sc))
+        st.compacted += comp
+    out = _merge_rows(parts, sel.K)
+    st.tau, st.visible = tau, ke_a - ks_a
+    sel.push(out)
+    return DecodeStep(ids=out, stats=st)
+
+
+def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=None, ke=None,
+                            group=None) -> np.ndarray:  # fmt: skip
+    """``sharded_decode_step`` over ``torch.distributed``: every rank of ``group`` passes the
+    replicated step (q [B, next_n, H, D], w, the global ranges or lengths) and its shard
+    ``k_shard`` — a list of B arrays, request b's keys with global ids [start, start +
+    len(k_shard[b])) — and its own ``sel`` (a ``DecodeSelector``; every rank pushes the
+    same merged selections, so the ranks' witnesses stay equal).  One ``all_reduce`` (max)
+    of τ [B, next_n] and one ``all_gather`` of fixed-size lists ([B, next_n, K] ids and
+    scores); returns the merged ids int64 [B, next_n, K] on every rank.  Gloo on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    from .validate import as_float_array
+
+    q = as_float_array(q, "q", 4)
+    w = as_float_array(w, "w", 3)
+    B, n, _, D = q.shape
+    if not isinstance(k_shard, (list, tuple)) or len(k_shard) != B:
+        raise ValueError(f"k_shard: expected a list of {B} per-request key arrays")
+    if int(start) < 0:
+        raise ValueError(f"start: expected ≥ 0, got {start!r}")
+    s0 = int(start)
+    keys = [as_float_array(kb, f"k_shard[{b}]", 2) for b, kb in enumerate(k_shard)]
+    if any(kb.shape[1] != D for kb in keys):
+        raise ValueError(f"k_shard: expected arrays [n_b, {D}] to match q")
+    if ke is None and lengths is None:
+        raise ValueError("ke: the global range ends (or lengths) are needed on a shard")
+    if lengths is not None:
+        L = np.asarray(lengths, np.int64)
+        if L.shape != (B,) or (L < 0).any():
+            raise ValueError(f"lengths: expected {B} nonnegative lengths")
+        ke_g = np.maximum(0, L[:, None] - n + 1 + np.arange(n)[None, :])
+    else:
+        ke_g = np.asarray(ke, np.int64)
+    ks_g = np.zeros((B, n), np.int64) if ks is None else np.asarray(ks, np.int64)
+    if ks_g.shape != (B, n) or ke_g.shape != (B, n) or (ks_g < 0).any() or (ke_g < ks_g).any():
+        raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per row [B, next_n]")
+    s1 = s0 + max([kb.shape[0] for kb in keys] + [0])
+    tau_l, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)
+    tau = torch.from_numpy(tau_l)
+    dist.all_reduce(tau, op=dist.ReduceOp.MAX, group=group)
+    ids, sc, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1, tau.numpy())
+    m = dist.get_world_size(group)
+    out = []
+    for local in (torch.from_numpy(ids), torch.from_numpy(sc)):
+        bufs = [torch.empty_like(local) for _ in range(m)]
+        dist.all_gather(bufs, local, group=group)
+        out.append([x.numpy() for x in bufs])
+    merged = _merge_rows(list(zip(*out, strict=True)), sel.K)
+    sel.push(merged)
+    return merged

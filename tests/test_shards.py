@@ -114,3 +114,55 @@ def test_tau_floor_is_checked(bad):
     wl = make_workload("calibrated", 8, 600, 16, seed=2)
     with pytest.raises(ValueError, match="^tau_floor:"):
         dosa_topk(wl.q, wl.w, wl.k, 16, wl.ks, wl.ke, tau_floor=bad)
+
+
+def _decode_case(rng, tied=False):
+    """Three requests of different cache lengths, next_n = 2, random or tied keys."""
+    B, n, H, D = 3, 2, 8, 16
+    lens = [700, 333, 41]
+    if tied:  # every key of a request the same: the Top-K is the K smallest visible ids
+        keys = [np.tile(rng.standard_normal((1, D)), (L, 1)) for L in lens]
+    else:
+        keys = [rng.standard_normal((L, D)) for L in lens]
+    q = rng.standard_normal((B, n, H, D))
+    w = rng.standard_normal((B, n, H))
+    return q, w, keys, np.array(lens)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("starts", [[0, 350, 700], [0, 0, 40, 699, 700], [0, 333, 334, 800]])
+def test_sharded_decode_equals_the_single_cache(tied, starts):
+    """Decode over a sharded cache (shards' largest witness τ, each shard's compacted list,
+    the exact merge) returns the single-cache selector's ids in every step, while the
+    witnesses evolve — ties across shard borders, empty shards, shards past a cache's end."""
+    from dosa_ref.decode import DecodeSelector
+    from dosa_ref.shards import sharded_decode_step
+
+    rng = np.random.default_rng(11 + int(tied))
+    q, w, keys, lens = _decode_case(rng, tied)
+    one, sh = DecodeSelector(K=24, history=2), DecodeSelector(K=24, history=2)
+    for step in range(3):
+        L = lens - (2 - step)  # the caches grow by one key per step
+        ks = np.maximum(0, L[:, None] - 300) * np.ones((1, 2), np.int64)  # a sliding window
+        want = one.step(q, w, keys, L, ks=ks)
+        got = sharded_decode_step(sh, q, w, keys, L, ks=ks, starts=starts)
+        assert np.array_equal(got.ids, want.ids), step
+        assert np.all(got.stats.tau <= want.stats.tau_final)  # the floor is a lower bound
+        assert np.all(got.stats.compacted >= np.minimum(24, got.stats.visible))
+        for b in range(3):
+            assert np.array_equal(sh.witnesses(b), one.witnesses(b))
+        q = q + 0.1 * rng.standard_normal(q.shape)
+
+
+def test_sharded_decode_checks_its_arguments():
+    from dosa_ref.decode import DecodeSelector
+    from dosa_ref.shards import sharded_decode_step
+
+    q, w, keys, lens = _decode_case(np.random.default_rng(0))
+    sel = DecodeSelector(K=8)
+    with pytest.raises(ValueError, match="starts"):
+        sharded_decode_step(sel, q, w, keys, lens, starts=[0, 100])  # ends before the caches
+    with pytest.raises(ValueError, match="w"):
+        sharded_decode_step(sel, q, w[:, :1], keys, lens)
+    with pytest.raises(ValueError, match="ids"):
+        sel.push(np.zeros((3, 8)))

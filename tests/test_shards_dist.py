@@ -1,7 +1,8 @@
 """``dosa_ref.shards.distributed_topk`` on torch.distributed (gloo, CPU): 2 and 4 ranks, each
 holding one contiguous shard (unequal sizes, an empty shard, shards shorter than K), return
 on every rank the ids of the whole context's Top-K — bitwise the single-process oracle's —
-on the CPU regimes and on a context of tied scores across shard borders."""
+on every CPU regime and on a context of tied scores across shard borders; and
+``distributed_decode_step``: decode steps over a sharded cache equal the single cache's."""
 
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ K = 48
 CASES = {  # name: (keys, sizes per rank count)
     "calibrated": (2000, {2: [1200, 800], 4: [0, 700, 1290, 10]}),
     "isotropic": (1500, {2: [20, 1480], 4: [375, 375, 375, 375]}),
+    "many_positive": (1200, {2: [600, 600], 4: [100, 500, 0, 600]}),
+    "h64": (1000, {2: [999, 1], 4: [250, 250, 250, 250]}),
     "ties": (300, {2: [150, 150], 4: [7, 0, 263, 30]}),
 }
 
@@ -34,8 +37,21 @@ def _case(name):
         k = np.tile(rng.standard_normal((1, 16)), (n, 1))
         ks, ke = np.array([0, 40, 140, 149, 0]), np.array([300, 200, 160, 151, 5])
         return q, w, k, ks, ke
-    wl = make_workload(name, 6, n, 16, seed=9)
+    wl = make_workload(name, 6, n, None if name == "h64" else 16, seed=9)
     return wl.q, wl.w, wl.k, wl.ks, wl.ke
+
+
+def _spawn(fn, world, args, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=(world, *args, str(tmp_path / "store"), str(tmp_path)),
+                             nprocs=world, join=False, start_method="spawn")  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} ranks did not finish in 240 s")
 
 
 def _worker(rank, world, name, store, out):
@@ -54,18 +70,55 @@ def _worker(rank, world, name, store, out):
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ranks_return_the_single_process_ids(name, world, tmp_path):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_worker, args=(world, name, str(tmp_path / "store"), str(tmp_path)),
-                             nprocs=world, join=False, start_method="spawn")  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks did not finish in 240 s")
+    _spawn(_worker, world, (name,), tmp_path)
     q, w, k, ks, ke = _case(name)
     want = topk_ids(index_scores(q, w, k, ks, ke), K)
     for r in range(world):
         got = np.load(tmp_path / f"rank{r}.npy")
         assert np.array_equal(got, want), (name, world, r)
+
+
+DECODE_STARTS = {2: [0, 200, 10**6], 3: [0, 41, 41, 10**6]}  # rank r holds [s_r, s_{r+1})
+
+
+def _decode_case():
+    rng = np.random.default_rng(5)
+    lens = np.array([500, 120, 41])
+    keys = [rng.standard_normal((L, 16)) for L in lens]
+    keys[1][:] = keys[1][:1]  # request 1: every key tied, across the shard border
+    q, w = rng.standard_normal((3, 2, 8, 16)), rng.standard_normal((3, 2, 8))
+    return q, w, keys, lens
+
+
+def _decode_worker(rank, world, store, out):
+    from dosa_ref.decode import DecodeSelector
+    from dosa_ref.shards import distributed_decode_step
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        q, w, keys, lens = _decode_case()
+        s0, s1 = DECODE_STARTS[world][rank], DECODE_STARTS[world][rank + 1]
+        sel = DecodeSelector(K=16, history=2)
+        steps = []
+        for step in range(3):
+            L = lens - (2 - step)
+            shard = [kb[min(s0, Lb) : min(s1, Lb)] for kb, Lb in zip(keys, L, strict=True)]
+            steps.append(distributed_decode_step(sel, q + step, w, shard, s0, L))
+        np.save(Path(out) / f"rank{rank}.npy", np.stack(steps))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_decode_over_a_sharded_cache_equals_one_cache(world, tmp_path):
+    from dosa_ref.decode import DecodeSelector
+
+    _spawn(_decode_worker, world, (), tmp_path)
+    q, w, keys, lens = _decode_case()
+    sel = DecodeSelector(K=16, history=2)
+    want = np.stack([sel.step(q + step, w, [kb[: L] for kb, L in zip(keys, lens - (2 - step),
+                                                                      strict=True)],
+                              lens - (2 - step)).ids for step in range(3)])  # fmt: skip
+    for r in range(world):
+        assert np.array_equal(np.load(tmp_path / f"rank{r}.npy"), want), (world, r)
