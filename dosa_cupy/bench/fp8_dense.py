@@ -20,9 +20,11 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
 # the builds of csrc/dense_fp8.cu: (query tiles per block, consumer warpgroups, fresh steps)
-# ("half": fresh steps as two halves of two, 64 accumulator registers, setmaxnreg)
+# ("half": fresh steps as two halves of two, 64 accumulator registers, setmaxnreg; "pair":
+# the halves of two tiles interleaved, one tile's epilogue beside the other's MMAs)
 VARIANTS = {"qt4_w2_fresh": (4, 2, True), "qt4_w2_half": (4, 2, True),
-            "qt4_w3_half": (4, 3, True), "qt4_w4_chained": (4, 4, False)}  # fmt: skip
+            "qt4_w3_half": (4, 3, True), "qt4_w2_pair": (4, 2, True),
+            "qt4_w4_chained": (4, 4, False)}  # fmt: skip
 
 
 def smem_bytes(qt: int, cwg: int) -> int:

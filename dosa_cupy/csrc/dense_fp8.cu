@@ -94,9 +94,11 @@ __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __re
 // QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
 // warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a fresh accumulator (the
 // candidate canonical arithmetic) or chained on the tensor core (a timing variant only:
-// its window follows the running sum, docs/numerics.md); PIPE (with FRESH): each tile's
-// four steps as two halves of two (the same values), a register budget set by setmaxnreg.
-template <int H, int QT, int CWG, bool FRESH, bool PIPE>
+// its window follows the running sum, docs/numerics.md); PIPE (with FRESH): 1 — each tile's
+// four steps as two halves of two (the same values), a register budget set by setmaxnreg;
+// 2 — the halves of two tiles interleaved, so one tile's sums and epilogue run while the
+// other tile's MMAs do (nothing in flight across the loop's back edge: docs/records/notes.md).
+template <int H, int QT, int CWG, bool FRESH, int PIPE>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
@@ -193,6 +195,56 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     // into the same registers: 64 accumulator registers instead of 128, so a third consumer
     // warpgroup fits and keeps the tensor cores fed while the others add and weigh
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+    if constexpr (PIPE == 2) {
+      static_assert(QT % 2 == 0, "PIPE = 2 takes the query tiles in pairs");
+      for (int it = 0; it < nst; ++it) {
+        const int slot = it % kStages;
+        mbar_wait(&full[slot], (it / kStages) & 1);
+        const uint64_t da = desc_sw128(
+            (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128));
+        const long long r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g, r1 = r0 + 8;
+        const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+        auto issue = [&](float (&x)[2][32], uint64_t db, int half) {
+          fence();
+          mma_m64n64k32_e4m3(x[0], da + 4 * half, db + 4 * half, 0);
+          mma_m64n64k32_e4m3(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
+          commit();
+        };
+#pragma unroll
+        for (int qp = 0; qp < QT / 2; ++qp) {
+          const int ta = 2 * qp, tb = ta + 1;
+          const uint64_t dba = desc_sw128(sq_addr + ta * 8192), dbb = desc_sw128(sq_addr + tb * 8192);
+          float xa[2][32], xb[2][32], acca[32], accb[32];
+          issue(xa, dba, 0);
+          issue(xb, dbb, 0);
+          wait<1>();  // tile a, half 0
+          pin(xa[0]);
+          pin(xa[1]);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) acca[e] = xa[0][e] + xa[1][e];
+          issue(xa, dba, 1);
+          wait<1>();  // tile b, half 0
+          pin(xb[0]);
+          pin(xb[1]);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) accb[e] = xb[0][e] + xb[1][e];
+          issue(xb, dbb, 1);
+          wait<1>();  // tile a, half 1
+          pin(xa[0]);
+          pin(xa[1]);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) acca[e] = (acca[e] + xa[0][e]) + xa[1][e];
+          epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, r0, r1, a0, a1, N, out);
+          wait<0>();  // tile b, half 1
+          pin(xb[0]);
+          pin(xb[1]);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) accb[e] = (accb[e] + xb[0][e]) + xb[1][e];
+          if (qp == QT / 2 - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
+          epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, r0, r1, a0, a1, N, out);
+        }
+      }
+    } else {
     for (int it = 0; it < nst; ++it) {
       const int slot = it % kStages;
       mbar_wait(&full[slot], (it / kStages) & 1);
@@ -226,6 +278,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
         if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
         epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
       }
+    }
     }
   } else {
     for (int it = 0; it < nst; ++it) {
@@ -285,11 +338,13 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #define DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE)
 #endif
 // fresh: the candidate canonical arithmetic; chained: timing variants
-DENSE_FP8_INST(64, 4, 2, true, false, fresh)
-DENSE_FP8_INST(32, 4, 2, true, false, fresh)
-DENSE_FP8_INST(64, 4, 3, true, true, half)
-DENSE_FP8_INST(32, 4, 3, true, true, half)
-DENSE_FP8_INST(64, 4, 2, true, true, half)
-DENSE_FP8_INST(32, 4, 2, true, true, half)
-DENSE_FP8_INST(64, 4, 4, false, false, chained)
-DENSE_FP8_INST(32, 4, 4, false, false, chained)
+DENSE_FP8_INST(64, 4, 2, true, 0, fresh)
+DENSE_FP8_INST(32, 4, 2, true, 0, fresh)
+DENSE_FP8_INST(64, 4, 3, true, 1, half)
+DENSE_FP8_INST(32, 4, 3, true, 1, half)
+DENSE_FP8_INST(64, 4, 2, true, 1, half)
+DENSE_FP8_INST(32, 4, 2, true, 1, half)
+DENSE_FP8_INST(64, 4, 2, true, 2, pair)
+DENSE_FP8_INST(32, 4, 2, true, 2, pair)
+DENSE_FP8_INST(64, 4, 4, false, 0, chained)
+DENSE_FP8_INST(32, 4, 4, false, 0, chained)
