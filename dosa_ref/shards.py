@@ -147,8 +147,6 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
     fixed-size tensors (ids int64 and scores float64, [Qn, K] per rank: sizes that do not
     depend on the data), and every rank returns the merged ids int64 [Qn, K].  Gloo on the
     CPU."""
-    import torch
-    import torch.distributed as dist
 
     q, w, k_shard = check_qwk(q, w, k_shard)
     K = check_K(K, rows=q.shape[0])
@@ -157,17 +155,35 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
         raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per query")
     if int(start) < 0:
         raise ValueError(f"start: expected ≥ 0, got {start!r}")
-    tau = torch.from_numpy(shard_tau(q, w, k_shard, K, ks, ke, int(start), **options))
-    dist.all_reduce(tau, op=dist.ReduceOp.MAX, group=group)  # the ranks' largest τ
-    opts = dict(options, tau_floor=tau.numpy())
+    tau = _max_over_ranks(shard_tau(q, w, k_shard, K, ks, ke, int(start), **options), group)
+    opts = dict(options, tau_floor=tau)
     ids, sc = shard_list(q, w, k_shard, K, ks, ke, int(start), select, **opts)
+    return merge_topk(_gather_lists(ids, sc, group), K)
+
+
+def _max_over_ranks(tau: np.ndarray, group) -> np.ndarray:
+    """The ranks' largest τ, elementwise: one ``all_reduce`` (max) of a float64 array."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.from_numpy(np.ascontiguousarray(tau, np.float64))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.numpy()
+
+
+def _gather_lists(ids: np.ndarray, sc: np.ndarray, group) -> list:
+    """Every rank's list (ids int64, scores float64, one fixed shape on every rank) by one
+    ``all_gather`` each: [(ids, scores)] in rank order."""
+    import torch
+    import torch.distributed as dist
+
     n = dist.get_world_size(group)
     out = []
     for local in (torch.from_numpy(ids), torch.from_numpy(sc)):
         bufs = [torch.empty_like(local) for _ in range(n)]
         dist.all_gather(bufs, local, group=group)
         out.append([b.numpy() for b in bufs])
-    return merge_topk(list(zip(*out, strict=True)), K)
+    return list(zip(*out, strict=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -272,8 +288,6 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
     same merged selections, so the ranks' witnesses stay equal).  One ``all_reduce`` (max)
     of τ [B, next_n] and one ``all_gather`` of fixed-size lists ([B, next_n, K] ids and
     scores); returns the merged ids int64 [B, next_n, K] on every rank.  Gloo on the CPU."""
-    import torch
-    import torch.distributed as dist
 
     from .validate import as_float_array
 
@@ -301,16 +315,8 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
     if ks_g.shape != (B, n) or ke_g.shape != (B, n) or (ks_g < 0).any() or (ke_g < ks_g).any():
         raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per row [B, next_n]")
     s1 = s0 + max([kb.shape[0] for kb in keys] + [0])
-    tau_l, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)
-    tau = torch.from_numpy(tau_l)
-    dist.all_reduce(tau, op=dist.ReduceOp.MAX, group=group)
-    ids, sc, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1, tau.numpy())
-    m = dist.get_world_size(group)
-    out = []
-    for local in (torch.from_numpy(ids), torch.from_numpy(sc)):
-        bufs = [torch.empty_like(local) for _ in range(m)]
-        dist.all_gather(bufs, local, group=group)
-        out.append([x.numpy() for x in bufs])
-    merged = _merge_rows(list(zip(*out, strict=True)), sel.K)
+    tau = _max_over_ranks(_decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)[0], group)
+    ids, sc, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1, tau)
+    merged = _merge_rows(_gather_lists(ids, sc, group), sel.K)
     sel.push(merged)
     return merged
