@@ -91,6 +91,16 @@ __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __re
     }
 }
 
+// The sum of a half's two fresh steps into acc (first half: acc = x0 + x1; second half:
+// acc = (acc + x0) + x1) — the k order of docs/numerics.md's fresh-step dot — after
+// the wait that completed them (pin keeps the reads after it).
+__device__ __forceinline__ void add_half(float (&x)[2][32], float (&acc)[32], bool first) {
+  pin(x[0]);
+  pin(x[1]);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) acc[e] = first ? x[0][e] + x[1][e] : (acc[e] + x[0][e]) + x[1][e];
+}
+
 // QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
 // warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a fresh accumulator (the
 // candidate canonical arithmetic) or chained on the tensor core (a timing variant only:
@@ -218,28 +228,16 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           issue(xa, dba, 0);
           issue(xb, dbb, 0);
           wait<1>();  // tile a, half 0
-          pin(xa[0]);
-          pin(xa[1]);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) acca[e] = xa[0][e] + xa[1][e];
+          add_half(xa, acca, true);
           issue(xa, dba, 1);
           wait<1>();  // tile b, half 0
-          pin(xb[0]);
-          pin(xb[1]);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) accb[e] = xb[0][e] + xb[1][e];
+          add_half(xb, accb, true);
           issue(xb, dbb, 1);
           wait<1>();  // tile a, half 1
-          pin(xa[0]);
-          pin(xa[1]);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) acca[e] = (acca[e] + xa[0][e]) + xa[1][e];
+          add_half(xa, acca, false);
           epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, r0, r1, a0, a1, N, out);
           wait<0>();  // tile b, half 1
-          pin(xb[0]);
-          pin(xb[1]);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) accb[e] = (accb[e] + xb[0][e]) + xb[1][e];
+          add_half(xb, accb, false);
           if (qp == QT / 2 - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
           epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, r0, r1, a0, a1, N, out);
         }
@@ -265,15 +263,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           mma_m64n64k32_e4m3(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
           commit();
           wait<0>();
-          pin(x[0]);
-          pin(x[1]);
-          if (half == 0) {
-#pragma unroll
-            for (int e = 0; e < 32; ++e) acc[e] = x[0][e] + x[1][e];
-          } else {
-#pragma unroll
-            for (int e = 0; e < 32; ++e) acc[e] = (acc[e] + x[0][e]) + x[1][e];
-          }
+          add_half(x, acc, half == 0);
         }
         if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
         epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
