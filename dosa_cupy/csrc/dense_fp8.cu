@@ -200,6 +200,26 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
   const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  // stage it of the ring, once its keys have landed: its slot, the descriptor of this
+  // warpgroup's 64 keys, the lane's two key rows and their scales
+  struct Stage {
+    int slot;
+    uint64_t da;
+    long long r0, r1;
+    float a0, a1;
+  };
+  auto begin_stage = [&](int it) {
+    Stage st;
+    st.slot = it % kStages;
+    mbar_wait(&full[st.slot], (it / kStages) & 1);
+    st.da = desc_sw128(
+        (uint32_t)__cvta_generic_to_shared(sk + st.slot * kStageBytes + c * 64 * 128));
+    st.r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g;
+    st.r1 = st.r0 + 8;
+    st.a0 = st.r0 < N ? __ldg(alpha + st.r0) : 0.f;
+    st.a1 = st.r1 < N ? __ldg(alpha + st.r1) : 0.f;
+    return st;
+  };
   if constexpr (PIPE) {
     // two halves per tile: steps 0, 1 from fresh accumulators, their sum; then steps 2, 3
     // into the same registers: 64 accumulator registers instead of 128, so a third consumer
@@ -208,12 +228,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     if constexpr (PIPE == 2) {
       static_assert(QT % 2 == 0, "PIPE = 2 takes the query tiles in pairs");
       for (int it = 0; it < nst; ++it) {
-        const int slot = it % kStages;
-        mbar_wait(&full[slot], (it / kStages) & 1);
-        const uint64_t da = desc_sw128(
-            (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128));
-        const long long r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g, r1 = r0 + 8;
-        const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+        const Stage st = begin_stage(it);
+        const uint64_t da = st.da;
         auto issue = [&](float (&x)[2][32], uint64_t db, int half) {
           fence();
           mma_m64n64k32_e4m3(x[0], da + 4 * half, db + 4 * half, 0);
@@ -223,7 +239,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #pragma unroll
         for (int qp = 0; qp < QT / 2; ++qp) {
           const int ta = 2 * qp, tb = ta + 1;
-          const uint64_t dba = desc_sw128(sq_addr + ta * 8192), dbb = desc_sw128(sq_addr + tb * 8192);
+          const uint64_t dba = desc_sw128(sq_addr + ta * 8192);
+          const uint64_t dbb = desc_sw128(sq_addr + tb * 8192);
           float xa[2][32], xb[2][32], acca[32], accb[32];
           issue(xa, dba, 0);
           issue(xb, dbb, 0);
@@ -235,51 +252,44 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           issue(xb, dbb, 1);
           wait<1>();  // tile a, half 1
           add_half(xa, acca, false);
-          epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, r0, r1, a0, a1, N, out);
+          epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
           wait<0>();  // tile b, half 1
           add_half(xb, accb, false);
-          if (qp == QT / 2 - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-          epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, r0, r1, a0, a1, N, out);
+          if (qp == QT / 2 - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
+          epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
         }
       }
     } else {
-    for (int it = 0; it < nst; ++it) {
-      const int slot = it % kStages;
-      mbar_wait(&full[slot], (it / kStages) & 1);
-      const uint64_t da =
-          desc_sw128((uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128));
-      const long long r0 = (s0 + it) * kStageKeys + 64 * c + 16 * warp + g, r1 = r0 + 8;
-      const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+      for (int it = 0; it < nst; ++it) {
+        const Stage st = begin_stage(it);
 #pragma unroll
-      for (int qt = 0; qt < QT; ++qt) {
-        const uint64_t db = desc_sw128(sq_addr + qt * 8192);
-        float x[2][32], acc[32];
+        for (int qt = 0; qt < QT; ++qt) {
+          const uint64_t db = desc_sw128(sq_addr + qt * 8192);
+          float x[2][32], acc[32];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          pin(x[0]);
-          pin(x[1]);
-          fence();
-          mma_m64n64k32_e4m3(x[0], da + 4 * half, db + 4 * half, 0);
-          mma_m64n64k32_e4m3(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
-          commit();
-          wait<0>();
-          add_half(x, acc, half == 0);
+          for (int half = 0; half < 2; ++half) {
+            pin(x[0]);
+            pin(x[1]);
+            fence();
+            mma_m64n64k32_e4m3(x[0], st.da + 4 * half, db + 4 * half, 0);
+            mma_m64n64k32_e4m3(x[1], st.da + 4 * half + 2, db + 4 * half + 2, 0);
+            commit();
+            wait<0>();
+            add_half(x, acc, half == 0);
+          }
+          if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
+          epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N,
+                      out);
         }
-        if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-        epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
       }
-    }
     }
   } else {
     for (int it = 0; it < nst; ++it) {
-      const int slot = it % kStages;
-      mbar_wait(&full[slot], (it / kStages) & 1);
-      const uint32_t ka =
-          (uint32_t)__cvta_generic_to_shared(sk + slot * kStageBytes + c * 64 * 128);
-      const uint64_t da = desc_sw128(ka);
-      const long long key0 = (s0 + it) * kStageKeys + 64 * c;
-      const long long r0 = key0 + 16 * warp + g, r1 = r0 + 8;
-      const float a0 = r0 < N ? __ldg(alpha + r0) : 0.f, a1 = r1 < N ? __ldg(alpha + r1) : 0.f;
+      const Stage st = begin_stage(it);
+      const int slot = st.slot;
+      const uint64_t da = st.da;
+      const long long r0 = st.r0, r1 = st.r1;
+      const float a0 = st.a0, a1 = st.a1;
 #pragma unroll 1
       for (int qt = 0; qt < QT; ++qt) {
         constexpr int NX = FRESH ? 4 : 1;
