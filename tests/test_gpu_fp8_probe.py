@@ -1,6 +1,7 @@
 """The e4m3 wgmma accumulator on the GPU (docs/numerics.md "The e4m3 wgmma accumulator"):
 every result of the crafted probe cases equals ``dosa_ref.mma_model.WGMMA_E4M3`` bit for bit,
-swapped operands give the transpose and a repeated row and column one value everywhere;
+swapped operands give the transpose, a repeated row and column one value everywhere, and
+the MMAs of 32 and 16 columns give each column the 64-column MMA's bits;
 the bulk tensor copy lands the 128-byte-swizzled layout with the map passed either way.
 Needs a compute-capability-9.0 GPU (sm_90a)."""
 
@@ -53,7 +54,9 @@ def test_wgmma_e4m3_step_model_holds_on_every_crafted_case():
     per = {str(f): fp8_probe.mismatches(fp8_probe.WGMMA_E4M3, cases, d, np.nonzero(fam == f)[0])
            for f in dict.fromkeys(fam)}  # fmt: skip
     assert per == {f: 0 for f in per}, per
-    assert fp8_probe.structural(cases, d) == {"swap_mismatch": 0, "const_mismatch": 0}
+    narrow = {cols: fp8_probe.run_gpu(cases, cols) for cols in (32, 16)}
+    got = fp8_probe.structural(cases, d, narrow)
+    assert got == {"swap_mismatch": 0, "const_mismatch": 0, "n32_mismatch": 0, "n16_mismatch": 0}
 
 
 @gpu

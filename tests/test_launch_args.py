@@ -51,7 +51,7 @@ LAUNCHED = {
     ],
     "plan.cu": [f"plan_mt{m}" for m in MT],  # plan.build_plans_fused
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
-    "fp8_probe.cu": ["fp8_wgmma_probe", "tma_probe"],  # bench/fp8_probe
+    "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
 }  # fmt: skip
 

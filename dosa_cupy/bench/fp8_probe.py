@@ -125,18 +125,21 @@ def make_cases(seed: int = 0) -> dict:
                 order=np.concatenate(O), steps=np.concatenate(S), family=np.array(fam))  # fmt: skip
 
 
-def run_gpu(cases: dict) -> np.ndarray:
-    """fp32 [n, 64, 64]: ``fp8_wgmma_probe`` on the cases (one block per case)."""
+def run_gpu(cases: dict, columns: int = 64) -> np.ndarray:
+    """fp32 [n, 64, 64]: the probe with ``columns`` MMA columns (64: ``fp8_wgmma_probe``;
+    32, 16: ``fp8_wgmma_probe_n32`` / ``_n16``, which fill only the first ``columns``
+    columns; the rest are NaN) on the cases, one block per case."""
     import cupy as cp
 
     from dosa_cupy._build import KernelSpec, kernel
 
-    f = kernel("fp8_wgmma_probe", 0, KernelSpec("fp8_probe.cu", (), sm90a=True))
+    name = "fp8_wgmma_probe" if columns == 64 else f"fp8_wgmma_probe_n{columns}"
+    f = kernel(name, 0, KernelSpec("fp8_probe.cu", (), sm90a=True))
     dev = {
         k: cp.asarray(np.ascontiguousarray(cases[k])) for k in ("a", "b", "c0", "order", "steps")
     }
     n = int(cases["a"].shape[0])
-    d = cp.empty((n, 64, 64), dtype=cp.float32)
+    d = cp.full((n, 64, 64), np.nan, dtype=cp.float32)
     f((n,), (128,), (dev["a"], dev["b"], dev["c0"], dev["order"], dev["steps"], d))
     return cp.asnumpy(d)
 
@@ -216,15 +219,20 @@ def scan(cases: dict, d: np.ndarray, out=sys.stdout) -> dict:
     return res
 
 
-def structural(cases: dict, d: np.ndarray) -> dict:
+def structural(cases: dict, d: np.ndarray, narrow: dict | None = None) -> dict:
     """Model-free facts: swapped operands give the transpose; a repeated row and column give
-    one value everywhere (fp32 bits)."""
+    one value everywhere; ``narrow`` ({columns: d of run_gpu}): the MMA with fewer columns
+    gives each of its columns the 64-column MMA's bits (fp32 bits)."""
     fam = cases["family"]
     u, s = np.nonzero(fam == "uniform")[0][:16], np.nonzero(fam == "swap")[0]
     swap_bad = int((d[u].transpose(0, 2, 1).view(np.uint32) != d[s].view(np.uint32)).sum())
     c = d[fam == "const"].view(np.uint32)
     const_bad = int((c != c[:, :1, :1]).sum())
-    return {"swap_mismatch": swap_bad, "const_mismatch": const_bad}
+    out = {"swap_mismatch": swap_bad, "const_mismatch": const_bad}
+    for cols, dn in (narrow or {}).items():
+        bad = dn[:, :, :cols].view(np.uint32) != d[:, :, :cols].view(np.uint32)
+        out[f"n{cols}_mismatch"] = int(bad.sum())
+    return out
 
 
 def main(argv=None) -> int:
@@ -238,9 +246,10 @@ def main(argv=None) -> int:
     if a.out:
         cases = make_cases(a.seed)
         d = run_gpu(cases)
+        narrow = {cols: run_gpu(cases, cols) for cols in (32, 16)}
         Path(a.out).mkdir(parents=True, exist_ok=True)
         np.savez_compressed(Path(a.out) / "fp8_probe.npz", d=d, **cases)
-        print(f"{d.shape[0]} cases; {structural(cases, d)}")
+        print(f"{d.shape[0]} cases; {structural(cases, d, narrow)}")
         print(f"tma: {tma_check()}")
     if a.scan:
         z = np.load(a.scan)

@@ -13,9 +13,15 @@
 //   steps [cases]: chained k32 steps (1..4), each on the accumulators of the step before;
 //   d [cases, 64, 64] fp32: d[m, n] after the last step = c0[m, n] + Σ over the steps of
 //   Σ_k a[m, k] b[n, k] as the tensor core sums it.
-extern "C" __global__ void __launch_bounds__(128, 1) fp8_wgmma_probe(
-    const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, const float* __restrict__ c0,
-    const int* __restrict__ order, const int* __restrict__ steps, float* __restrict__ d) {
+// NC: the columns of the MMA (64, 32 or 16): the kernels fp8_wgmma_probe (64),
+// fp8_wgmma_probe_n32 and fp8_wgmma_probe_n16 take the same cases and write d [cases, 64, 64]
+// with the columns they compute (the first NC; the rest untouched).
+template <int NC>
+__device__ __forceinline__ void wgmma_probe(const uint8_t* __restrict__ a,
+                                            const uint8_t* __restrict__ b,
+                                            const float* __restrict__ c0,
+                                            const int* __restrict__ order,
+                                            const int* __restrict__ steps, float* __restrict__ d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace dosa::wg;
   __shared__ __align__(1024) uint8_t sa[64 * 128];
@@ -35,9 +41,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) fp8_wgmma_probe(
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const int warp = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
-  float acc[32];
+  float acc[NC / 2];
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int row = 16 * warp + g + 8 * (r >> 1), col = 8 * j + 2 * q + (r & 1);
@@ -50,13 +56,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) fp8_wgmma_probe(
     const int kc = order[cs * 4 + s];  // + (32·kc bytes >> 4) in the start-address field
     pin(acc);
     fence();
-    mma_m64n64k32_e4m3(acc, da + (uint64_t)(2 * kc), db + (uint64_t)(2 * kc), 1);
+    mma_e4m3<NC>(acc, da + (uint64_t)(2 * kc), db + (uint64_t)(2 * kc), 1);
     commit();
     wait<0>();
     pin(acc);
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int row = 16 * warp + g + 8 * (r >> 1), col = 8 * j + 2 * q + (r & 1);
@@ -64,6 +70,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) fp8_wgmma_probe(
     }
 #endif
 }
+
+#define DOSA_WGMMA_PROBE(NAME, NC)                                                              \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(                                    \
+      const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, const float* __restrict__ c0, \
+      const int* __restrict__ order, const int* __restrict__ steps, float* __restrict__ d) {    \
+    wgmma_probe<NC>(a, b, c0, order, steps, d);                                                 \
+  }
+DOSA_WGMMA_PROBE(fp8_wgmma_probe, 64)
+DOSA_WGMMA_PROBE(fp8_wgmma_probe_n32, 32)
+DOSA_WGMMA_PROBE(fp8_wgmma_probe_n16, 16)
 
 // Bulk tensor copy probe (dosa_cupy/tma.py): block i copies the box of 64 rows × 128 bytes at
 // row 64·i of the tensor map's 2-D uint8 tensor into shared memory (128-byte swizzle) and

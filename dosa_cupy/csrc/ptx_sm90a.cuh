@@ -87,6 +87,36 @@ __device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t ades
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
 
+// The same e4m3 step for 32 and 16 columns (keys or heads of one query; the probe checks
+// that a column's result does not depend on N).
+__device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t adesc, uint64_t bdesc,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n}\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8)
+      : "l"(adesc), "l"(bdesc), "r"(accumulate));
+}
+__device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t adesc, uint64_t bdesc,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : DOSA_WG_ACC8(d, 0)
+      : "l"(adesc), "l"(bdesc), "r"(accumulate));
+}
+// m64nNk32 e4m3 for N = 64, 32, 16 (N/2 accumulators per thread).
+template <int N>
+__device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t adesc, uint64_t bdesc,
+                                         int accumulate) {
+  if constexpr (N == 64) mma_m64n64k32_e4m3(d, adesc, bdesc, accumulate);
+  else if constexpr (N == 32) mma_m64n32k32_e4m3(d, adesc, bdesc, accumulate);
+  else mma_m64n16k32_e4m3(d, adesc, bdesc, accumulate);
+}
+
 // Byte offset of 16-byte chunk j of row r in a 128-byte-swizzled tile of 128-byte rows (the
 // 1,024-byte atom of 8 rows; chunk j of row r sits at chunk position j ^ (r mod 8)).
 __device__ __forceinline__ int sw128_offset(int r, int j) { return r * 128 + ((j ^ (r & 7)) << 4); }
