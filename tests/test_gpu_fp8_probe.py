@@ -25,7 +25,7 @@ hopper = pytest.mark.skipif(HAVE_GPU and not _hopper(), reason="needs sm_90a (an
 
 
 @pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
-@pytest.mark.parametrize("source", ["fp8_probe.cu", "dense_fp8.cu"])
+@pytest.mark.parametrize("source", ["fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"])
 def test_sm90a_sources_compile_with_asynchronous_wgmma(source, tmp_path):
     """The sm_90a code of these files (empty for every other target, so the sm_90 build of
     CI does not see it) compiles for sm_90a with no serialised or waited-on wgmma
@@ -83,3 +83,41 @@ def test_fp8_dense_logits_equal_the_host_model(H):
         assert res["inf_pattern_mismatch"] == 0, (v, res)
         if fresh:
             assert res["model_mismatch"] == 0, (v, res)
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("H", [64, 32])
+def test_gathered_keys_score_the_dense_logits_bits(H):
+    """The FP8 scorer on keys gathered by id (score_fp8.cu) gives each key the bits of the
+    dense FP8 logits (every fresh build) and of the host model — the position independence
+    refinement and seeds need (an id repeated, ids in any order, −1 slots, rows of M not a
+    multiple of 64)."""
+    import cupy as cp
+
+    from dosa_cupy.bench import fp8_dense
+    from dosa_cupy.workload import make_gpu_workload
+    from dosa_ref.mma_model import fp8_fresh_scores
+
+    wl = make_gpu_workload("calibrated", 9, 3000, H, seed=6)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 3000, (9, 100)).astype(np.int32)
+    ids[:, 7] = ids[:, 3]  # a repeated id
+    ids[:, -5:] = -1
+    got = cp.asnumpy(fp8_dense.fp8_scores_at(wl, cp.asarray(ids)))
+    assert np.all(np.isneginf(got[:, -5:]))
+    q, w = cp.asnumpy(wl["q"]), cp.asnumpy(wl["w"])
+    kp, ksc = cp.asnumpy(wl["k_payload"]), cp.asnumpy(wl["k_scale"])
+    for t in range(9):
+        want = fp8_fresh_scores(q[t], w[t], kp[ids[t, :-5]], ksc[ids[t, :-5]])
+        assert np.array_equal(got[t, :-5].view(np.uint32), want.view(np.uint32)), t
+    ks, ke = cp.asnumpy(wl["ks"]), cp.asnumpy(wl["ke"])
+    for v, (_, _, fresh) in fp8_dense.VARIANTS.items():
+        if not fresh:
+            continue
+        lg = cp.asnumpy(fp8_dense.fp8_logits(wl, v))
+        for t in range(9):
+            vis = (ids[t] >= ks[t]) & (ids[t] < ke[t])
+            assert np.array_equal(
+                lg[t, ids[t][vis]].view(np.uint32), got[t][vis].view(np.uint32)
+            ), v

@@ -53,6 +53,7 @@ LAUNCHED = {
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
+    "score_fp8.cu": ["score_fp8_ids_h64", "score_fp8_ids_h32"],  # bench/fp8_dense
 }  # fmt: skip
 
 
@@ -66,7 +67,7 @@ def _builds():
             out.append((sm90a.spec(t, defines), names + (["wg_probe_mma"] if m == 1 else [])))
         for defines in VARIANTS.values():  # bench/screen_variants
             out.append((sm90a.spec(t, defines), ["screen_wg_mt1"]))
-    for source in ("fp8_probe.cu", "dense_fp8.cu"):
+    for source in ("fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"):
         out.append((KernelSpec(source, (), sm90a=True), LAUNCHED[source]))
     return out
 

@@ -61,6 +61,25 @@ def fp8_logits(wl: dict, variant: str, out=None):
     return out
 
 
+def fp8_scores_at(wl: dict, ids):
+    """fp32 [Qn, M]: the FP8 scorer's scores of the keys ids int32 [Qn, M] (−1: none, −inf
+    out) of each query, gathered (csrc/score_fp8.cu ``score_fp8_ids_h{H}``) — the dense
+    logits' bits at those keys."""
+    import cupy as cp
+
+    from dosa_cupy._build import KernelSpec, kernel
+
+    q, w, kp, ksc = wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]
+    Qn, H, _ = q.shape
+    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
+    M = int(ids.shape[1])
+    out = cp.empty((Qn, M), dtype=cp.float32)
+    f = kernel(f"score_fp8_ids_h{H}", 0, KernelSpec("score_fp8.cu", (), sm90a=True))
+    if Qn and M:
+        f(((M + 63) // 64, Qn), (128,), (q, w, kp, ksc, ids, np.int32(M), out))
+    return out
+
+
 def check(wl: dict, lg, rng, fresh: bool = True, nq: int = 6, nk: int = 1536) -> dict:
     """Bits of sampled visible logits that differ from ``fp8_fresh_scores`` (``fresh``; else
     the largest relative difference) and entries whose −inf pattern differs from the

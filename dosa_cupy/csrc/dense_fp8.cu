@@ -14,7 +14,7 @@
 // One block: warpgroup 0 is the producer (one thread issues the bulk tensor copies of
 // 128-key stages into a ring of kStages 128-byte-swizzled slots; its other warps write −inf
 // outside the block's key span), warpgroups 1 and 2 consume 64 keys of each stage each.
-#include "ptx_sm90a.cuh"
+#include "scorer_fp8.cuh"
 
 namespace dosa {
 namespace fp8 {
@@ -30,8 +30,6 @@ namespace fp8 {
 using namespace dosa::wg;
 constexpr int kStages = 4;
 
-__device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
-
 // One query of the block, set up once per block in shared memory so the epilogue's stores
 // need no index arithmetic: its output row's offset (−1 past the last query) and its
 // visible keys [lo, hi).
@@ -39,45 +37,16 @@ struct QueryRow {
   long long off, lo, hi;
 };
 
-// The score of the warpgroup's 64 keys × the tile's queries from the combined dots x (the
-// m64n64 accumulator layout: x[4j + 2h + e] is key row r_h, column 8j + 2qd + e), written
-// to out: per lane and row two fmaf chains over its columns — the even column groups j and
-// the odd ones, each in j order then e — added (even + odd), the quad's butterfly, × α.
-// Two chains, not one: four independent dependency chains per lane keep the FMA pipes busy
-// (one 16-term chain per row left the warps waiting on FMA latency).
+// The tile's scores (scorer_fp8.cuh head_sums, × α) written to the logits: lane qd writes
+// (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64); −inf where not visible.
 template <int H>
 __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __restrict__ sw_tile,
                                          int qd, const QueryRow* __restrict__ rows, long long r0,
                                          long long r1, float a0, float a1, long long N,
                                          float* __restrict__ out) {
   constexpr int QPT = 64 / H;
-  float p[QPT][2][2];  // [query][row][even / odd j]
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int u = j / (8 / QPT);  // the tile's query of column group j
-    const float2 wv = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // row r0, then r1
-      float& c = p[u][h][j & 1];
-      c = fmaf(wv.x, relu(x[4 * j + 2 * h]), c);
-      c = fmaf(wv.y, relu(x[4 * j + 2 * h + 1]), c);
-    }
-  }
   float q[QPT][2];
-#pragma unroll
-  for (int u = 0; u < QPT; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
-#pragma unroll
-  for (int u = 0; u < QPT; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 1);
-      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 2);
-    }
-  // lane qd writes (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64)
+  head_sums<H, 64>(x, sw_tile, qd, q);
 #pragma unroll
   for (int u = 0; u < QPT; ++u)
 #pragma unroll
@@ -89,16 +58,6 @@ __device__ __forceinline__ void epilogue(const float (&x)[32], const float* __re
       const float sc = q[u][h] * (h ? a1 : a0);
       out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : -INFINITY;
     }
-}
-
-// The sum of a half's two fresh steps into acc (first half: acc = x0 + x1; second half:
-// acc = (acc + x0) + x1) — the k order of docs/numerics.md's fresh-step dot — after
-// the wait that completed them (pin keeps the reads after it).
-__device__ __forceinline__ void add_half(float (&x)[2][32], float (&acc)[32], bool first) {
-  pin(x[0]);
-  pin(x[1]);
-#pragma unroll
-  for (int e = 0; e < 32; ++e) acc[e] = first ? x[0][e] + x[1][e] : (acc[e] + x[0][e]) + x[1][e];
 }
 
 // QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
@@ -245,16 +204,16 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
           issue(xa, dba, 0);
           issue(xb, dbb, 0);
           wait<1>();  // tile a, half 0
-          add_half(xa, acca, true);
+          add_half<64>(xa, acca, true);
           issue(xa, dba, 1);
           wait<1>();  // tile b, half 0
-          add_half(xb, accb, true);
+          add_half<64>(xb, accb, true);
           issue(xb, dbb, 1);
           wait<1>();  // tile a, half 1
-          add_half(xa, acca, false);
+          add_half<64>(xa, acca, false);
           epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
           wait<0>();  // tile b, half 1
-          add_half(xb, accb, false);
+          add_half<64>(xb, accb, false);
           if (qp == QT / 2 - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
           epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
         }
@@ -275,7 +234,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
             mma_m64n64k32_e4m3(x[1], st.da + 4 * half + 2, db + 4 * half + 2, 0);
             commit();
             wait<0>();
-            add_half(x, acc, half == 0);
+            add_half<64>(x, acc, half == 0);
           }
           if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
           epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N,

@@ -1,0 +1,71 @@
+// The native FP8 scorer (docs/error_model.md "A native FP8 scorer", docs/numerics.md "The
+// e4m3 wgmma accumulator"): the arithmetic of one tile of 64 keys × NC columns (the heads
+// of NC/H queries) after e4m3 wgmma k32 steps from fresh accumulators — the halves' sums in
+// k order and the head sum — written once for every kernel that scores keys with it
+// (dense_fp8.cu: keys streamed by TMA; score_fp8.cu: keys gathered by id), so a key's score
+// has the same bits whichever kernel computes it.  Host model: dosa_ref.mma_model
+// .fp8_fresh_scores.
+#pragma once
+#include "ptx_sm90a.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace dosa {
+namespace fp8 {
+using namespace dosa::wg;
+
+__device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
+
+// The sum of a half's two fresh steps into acc (first half: acc = x0 + x1; second half:
+// acc = (acc + x0) + x1) — the k order of the fresh-step dot — after the wait that
+// completed them (pin keeps the reads after it).  NC/2 accumulators per thread.
+template <int NC>
+__device__ __forceinline__ void add_half(float (&x)[2][NC / 2], float (&acc)[NC / 2], bool first) {
+  pin(x[0]);
+  pin(x[1]);
+#pragma unroll
+  for (int e = 0; e < NC / 2; ++e)
+    acc[e] = first ? x[0][e] + x[1][e] : (acc[e] + x[0][e]) + x[1][e];
+}
+
+// The payload-unit scores Σ_h w_h [x_h]_+ of the warpgroup's 64 keys for the tile's NC/H
+// queries from the combined dots x (the m64nNC accumulator layout: x[4j + 2h + e] is key
+// row r_h, column 8j + 2qd + e): per lane and row two fmaf chains over its columns — the
+// even column groups j and the odd ones, each in j order then e — added (even + odd), then
+// the quad's butterfly (lane ^ 1, then ^ 2).  Every lane of a quad holds q[u][h]: query u's
+// score of key row r_h (the caller multiplies by α).  Two chains, not one: four independent
+// dependency chains per lane keep the FMA pipes busy.
+template <int H, int NC>
+__device__ __forceinline__ void head_sums(const float (&x)[NC / 2],
+                                          const float* __restrict__ sw_tile, int qd,
+                                          float (&q)[NC / H][2]) {
+  constexpr int QPT = NC / H;
+  float p[QPT][2][2];  // [query][row][even / odd j]
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NC / 8; ++j) {
+    const int u = j / (H / 8);  // the tile's query of column group j
+    const float2 wv = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row r0, then r1
+      float& c = p[u][h][j & 1];
+      c = fmaf(wv.x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wv.y, relu(x[4 * j + 2 * h + 1]), c);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 1);
+      q[u][h] = q[u][h] + __shfl_xor_sync(0xffffffffu, q[u][h], 2);
+    }
+}
+
+}  // namespace fp8
+}  // namespace dosa
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
