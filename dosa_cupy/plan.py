@@ -158,10 +158,11 @@ def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
 SCORERS = ("f16", "fp8_fresh", "fp8_k64", "fp8_3fresh", "fp8_chained")
 
 
-def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
+def scorer_allowance(scorer: str, q, mth: int, mma_bits: int, xp):
     """(g_ref, a) of the canonical scorer's arithmetic: |computed − exact| of the payload-unit
     score ≤ g_ref·Σ_h|w'_h| Σ_d|q̄_hd||k̄_d| + Σ_h|w'_h|·a_h for every key (a float64
-    [Qn, Hp], 0 for the f16 chain).  ``scorer``:
+    [Qn, Hp], 0 for the f16 chain), q uint8 [Qn, Hp, 128] the queries' e4m3 codes (an
+    ``xp`` array).  ``scorer``:
 
     * "f16": the m16n8k16 chain keeping ``mma_bits`` bits per step (``gamma_mma``), the
       epilogue of csrc/scorer.cuh (γ_{2·mth+5});
@@ -186,7 +187,7 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
         raise ValueError(f"scorer: expected one of {SCORERS}, got {scorer!r}")
     if scorer == "f16":
         gm = gamma_mma(mma_bits)
-        return gm + gamma(2 * mth + 5) * (1 + gm), xp.zeros(qf.shape[:2])
+        return gm + gamma(2 * mth + 5) * (1 + gm), xp.zeros(q.shape[:2])
     H = 16 * mth
     ge = gamma(H // 4 + 3)
     if scorer == "fp8_fresh":
@@ -198,12 +199,13 @@ def scorer_allowance(scorer: str, qf, mth: int, mma_bits: int, xp):
         gm = ((2.0**-13 + 34 * 2.0**-13 * first) * (1 + 2.0**-10)) + gamma(adds)
     else:
         gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
-    # 2^(eq_s): the largest |q̄_hd| of the step rounded down to a power of two (its exponent
-    # field; subnormals and zero count as 2^-6, an upper bound of their magnitude)
-    m = xp.max(xp.abs(qf).reshape(qf.shape[0], qf.shape[1], 4, 32), axis=3)
-    fr, ex = xp.frexp(xp.maximum(m, 2.0**-6))
-    step_abs = xp.ldexp(xp.ones_like(m), (ex - 1).astype(xp.int32))
-    step_abs = xp.where(m > 0, step_abs, 0.0)
+    # 2^(eq_s): the largest exponent field of the head's nonzero codes in the step (a
+    # subnormal's field counts as −6, above its magnitude); 0 for a step of zeros
+    c = q.astype(xp.int32).reshape(q.shape[0], q.shape[1], 4, 32)
+    field = (c >> 3) & 0xF
+    e = xp.where((c & 0x7F) != 0, xp.maximum(field, 1) - 7, -1000)
+    emax = xp.max(e, axis=3)
+    step_abs = xp.where(emax > -1000, xp.ldexp(xp.ones(emax.shape), emax.astype(xp.int32)), 0.0)
     if scorer == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
         step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
     elif scorer == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2
@@ -327,7 +329,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     J += cp.einsum("th,thd->td", dom * Rm, absq)
     gm = gamma_mma(mma_bits)
     g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
-    g_ref, a_ref = scorer_allowance(scorer, qf, mth, mma_bits, cp)
+    g_ref, a_ref = scorer_allowance(scorer, q, mth, mma_bits, cp)
     J += g_scr * (
         cp.einsum("th,thd->td", cp.abs(om_d) * Rm, absq)
         + sig[:, None] * (cp.abs(v0f) + cp.abs(v1f))
@@ -380,19 +382,24 @@ def plan_smem_bytes(Hp: int) -> int:
     return Hp * D * 4 + max(Hp * D * 8, D * PLAN_KC * 4)
 
 
-def plan_constants(Hp: int, mts: int, mma_bits: int):
-    """(g_scr, g_ref, eps_raw) exactly as ``build_plans`` computes them for the f16 chain."""
+def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16"):
+    """(g_scr, g_ref, eps_raw) exactly as ``build_plans`` computes them, eps_raw without the
+    scorer's per-query part (``scorer_allowance``'s a; 0 for the f16 chain)."""
     mth = Hp // 16
     gm = gamma_mma(mma_bits)
     g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
-    g_ref, _ = scorer_allowance("f16", np.zeros((0, Hp, D)), mth, mma_bits, np)
-    return g_scr, g_ref, (2 * mth + 2 * mts + 16) * TINY
+    g_ref, _ = scorer_allowance(scorer, np.zeros((0, Hp, D), np.uint8), mth, mma_bits, np)
+    if np.ndim(g_ref):
+        raise ValueError(f"scorer: the fused planner takes one g_ref, {scorer!r} has one per dim")
+    return g_scr, float(g_ref), (2 * mth + 2 * mts + 16) * TINY
 
 
-def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17):
+def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="f16"):
     """Batched plans for all queries, one fused kernel launch (same contract and fields as
     ``build_plans``; q uint8 [Qn, Hp, 128] with Hp = 16·MT ≤ 64, w fp32 [Qn, Hp],
-    k_payload uint8 [N, 128], sample_ids: device key ids in [0, N) or None, r ≤ 16·mts − 2).
+    k_payload uint8 [N, 128], sample_ids: device key ids in [0, N) or None, r ≤ 16·mts − 2;
+    ``scorer`` as in ``build_plans``, one with a single g_ref: "f16", "fp8_fresh",
+    "fp8_chained").
     """
     cp = cupy_or_raise()
     Qn, Hp, _ = q.shape
@@ -402,7 +409,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17):
         raise ValueError(f"mts: expected 1 or 2, got {mts!r}")
     nslot = 16 * mts - 2
     r = int(min(r, nslot, Hp))
-    g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits)
+    g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits, scorer)
     if sample_ids is not None and int(sample_ids.size) > 0:
         sample = cp.ascontiguousarray(sample_ids.astype(cp.int32))  # ids < N < 2^31
         ns = int(sample.size)
@@ -424,6 +431,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17):
     w_fold = cp.empty((Qn, Hp), dtype=cp.float64)
     a_A = cp.empty((Qn, D), dtype=cp.float64)
     E = cp.empty(Qn, dtype=cp.float64)
+    _, a_ref = scorer_allowance(scorer, q, Hp // 16, mma_bits, cp)
     if Qn:
         smem = plan_smem_bytes(Hp)
         _kernel(f"plan_mt{Hp // 16}", smem)(
@@ -441,7 +449,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17):
         omega=omega,
         sigma=sigma,
         C=C,
-        eps_raw=cp.full(Qn, eps),
+        eps_raw=eps + cp.sum(cp.abs(w.astype(cp.float64)) * a_ref, axis=1) * (1 + MU),
         eps_out=TINY,
         valid=valid.view(cp.bool_),
         r=counts[:, 0],

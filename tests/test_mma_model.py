@@ -182,7 +182,7 @@ def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
     qv, kv = e4m3_values(q), e4m3_values(k)
     exact = (np.maximum(kv @ qv.T, 0) @ w.astype(np.float64)) * alpha
     got = fp8_fresh_scores(q, w, k, alpha).astype(np.float64)
-    g, a = scorer_allowance("fp8_fresh", qv[None], H // 16, 17, np)
+    g, a = scorer_allowance("fp8_fresh", q[None], H // 16, 17, np)
     allow = alpha * (g * (np.abs(kv) @ np.abs(qv).T @ np.abs(w).astype(np.float64))
                      + float(np.sum(np.abs(w) * a[0])))  # fmt: skip
     # the final × α rounds once more (u per score) and the flushed fp32 results (2^-126)

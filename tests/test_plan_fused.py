@@ -397,6 +397,23 @@ def test_fused_host_code_with_emulated_kernel(fake_cupy, case):
 
 
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])
+def test_fused_planner_covers_the_fp8_scorer(fake_cupy, H, r, mts):
+    """With ``scorer="fp8_fresh"`` (the native FP8 scorer's allowance, docs/error_model.md)
+    the fused planner's plan equals the specification's, ε_raw included bitwise (the
+    per-query part from the e4m3 codes), and the per-dim allowances are refused."""
+    q, w, kp, _ = _workload(H, seed=H + 7)
+    sample = np.arange(0, kp.shape[0], 16)
+    fu = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "fp8_fresh")
+    ref = pf.build_plans(q, w, kp, sample, r, mts, xp=np, scorer="fp8_fresh")
+    _compare(fu, ref, q, w, kp, sample, r, mts)
+    f16 = pf.build_plans(q, w, kp, sample, r, mts, xp=np)
+    assert np.all(np.asarray(fu.eps_raw) > np.asarray(f16.eps_raw))  # the window term
+    assert not np.array_equal(np.asarray(fu.C), np.asarray(f16.C))  # another g_ref
+    with pytest.raises(ValueError, match="scorer"):
+        pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "fp8_k64")
+
+
+@pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])
 def test_fused_host_code_calibrated_ties(fake_cupy, H, r, mts):
     """The calibrated regime has few positive heads, so many negative heads share the
     priority key 1.0 (p_h ∈ {0, 1} on the sample) and the |R| boundary falls inside a tie
