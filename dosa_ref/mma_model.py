@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fp8 import e4m3_bits, e4m3_values
+
 __all__ = [
     "WGMMA_E4M3", "StepModel", "chain", "e4m3_exponent", "f32_trunc", "fma_f32", "fp8_fresh_scores",
-    "step",
+    "fresh_dots", "step", "window_rows",
 ]  # fmt: skip
 
 _ROUNDINGS = ("trunc", "floor", "rn")
@@ -187,27 +189,33 @@ def fma_f32(a, b, c) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
-    """The scores of csrc/dense_fp8.cu, bit for bit: q_codes uint8 [H, 128] (H = 64 or 32
-    heads of one query), w float32 [H], k_codes uint8 [n, 128], alpha float32 [n] →
-    float32 [n].  Each k32 step from a fresh accumulator (``WGMMA_E4M3``), the four step
-    results added in k order, then per lane c of a quad two fmaf chains over columns
-    8j + 2c + e (the even column groups j of the query's columns and the odd ones, each in j
-    order, e = 0, 1 inner), added even + odd, the quad's butterfly (lane ^ 1, then ^ 2) and
-    one multiply by α."""
+def fresh_dots(q_codes, k_codes) -> np.ndarray:
+    """float32 [n, H]: the fresh-step dots of csrc/scorer_fp8.cuh, bit for bit — q_codes
+    uint8 [H, 128], k_codes uint8 [n, 128]; each k32 step from a fresh accumulator
+    (``WGMMA_E4M3``), the four step results added in fp32 in k order."""
     q = np.asarray(q_codes, dtype=np.uint8)
     k = np.asarray(k_codes, dtype=np.uint8)
-    H = q.shape[0]
-    qv, kv = _E4M3_VALUES(q), _E4M3_VALUES(k)
+    qv, kv = e4m3_values(q), e4m3_values(k)
     qe, ke = e4m3_exponent(q), e4m3_exponent(k)
     x = None
     for s in range(4):
         sl = slice(32 * s, 32 * s + 32)
-        p = kv[:, None, sl] * qv[None, :, sl]  # [n, H, 32]
+        p = kv[:, None, sl] * qv[None, :, sl]  # [n, H, 32], exact
         pe = ke[:, None, sl] + qe[None, :, sl]
         xs = step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)
         x = xs if x is None else (x + xs).astype(np.float32)
-    x = np.maximum(x, np.float32(0))
+    return x
+
+
+def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
+    """The scores of csrc/dense_fp8.cu and csrc/score_fp8.cu, bit for bit: q_codes uint8
+    [H, 128] (H = 64 or 32 heads of one query), w float32 [H], k_codes uint8 [n, 128], alpha
+    float32 [n] → float32 [n].  The dots of ``fresh_dots``, then per lane c of a quad two
+    fmaf chains over columns 8j + 2c + e (the even column groups j of the query's columns
+    and the odd ones, each in j order, e = 0, 1 inner), added even + odd, the quad's
+    butterfly (lane ^ 1, then ^ 2) and one multiply by α."""
+    H = np.asarray(q_codes).shape[0]
+    x = np.maximum(fresh_dots(q_codes, k_codes), np.float32(0))
     w = np.asarray(w, dtype=np.float32)
     # a query of H = 32 heads is half of a 64-column tile: columns 8j + 2c + e, j < 4
     cols = 8 * np.arange(H // 8)
@@ -215,7 +223,7 @@ def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
     for c in range(4):
         chains = []
         for parity in (0, 1):
-            acc = np.zeros(k.shape[0], dtype=np.float32)
+            acc = np.zeros(x.shape[0], dtype=np.float32)
             for j in cols[parity::2]:
                 for e in (0, 1):
                     h = j + 2 * c + e
@@ -227,7 +235,11 @@ def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
     return (tot * np.asarray(alpha, dtype=np.float32)).astype(np.float32)
 
 
-def _E4M3_VALUES(codes):
-    from .fp8 import e4m3_values
-
-    return e4m3_values(codes)
+def window_rows(rng, n: int) -> np.ndarray:
+    """e4m3 codes [n, 128] crafted for the window's worst case: per 32-dim step one value
+    ±448 and 31 small ones 2^-6 … 2^0 (random significands and signs), i.e. products 8–14
+    binades below the step's largest, just below and above the 13-bit window."""
+    v = np.ldexp(rng.choice([-1.0, 1.0], (n, 128)) * (1 + rng.integers(0, 8, (n, 128)) / 8),
+                 rng.integers(-6, 1, (n, 128)))  # fmt: skip
+    v[:, ::32] = 448.0 * rng.choice([-1.0, 1.0], (n, 4))
+    return e4m3_bits(v.astype(np.float32))

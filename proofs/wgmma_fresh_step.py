@@ -41,7 +41,7 @@ from fractions import Fraction
 import numpy as np
 
 from dosa_ref.fp8 import e4m3_bits, e4m3_values
-from dosa_ref.mma_model import WGMMA_E4M3, e4m3_exponent, step
+from dosa_ref.mma_model import WGMMA_E4M3, e4m3_exponent, step, window_rows
 
 from ._audit import Audit, Result
 
@@ -109,15 +109,6 @@ def check(q, k, mutate=None, context="") -> Result:
     return au.result()
 
 
-def _window_rows(rng, n: int) -> np.ndarray:
-    """[n, 128] codes: per 32-dim step one value 448 and 31 small ones 8–14 binades below
-    (random significands and signs): products just below and above the 13-bit window."""
-    v = np.ldexp(rng.choice([-1.0, 1.0], (n, 128)) * (1 + rng.integers(0, 8, (n, 128)) / 8),
-                 rng.integers(-6, 1, (n, 128)))  # fmt: skip
-    v[:, ::32] = 448.0
-    return e4m3_bits(v.astype(np.float32))
-
-
 def window_witness() -> dict:
     """q = 1 everywhere; each key step: 448 and 31 values 1.875·2^-5 — every small product
     loses 0.875 of the quantum 2^(8−13), 31·0.875 of the 32 quanta L allows (85 %): a
@@ -137,8 +128,8 @@ def cases(rng: np.random.Generator) -> list[dict]:
         dict(q=e4m3_bits((g / np.abs(g).max(1, keepdims=True) * 448).astype(np.float32)),
              k=e4m3_bits((gk / np.abs(gk).max(1, keepdims=True) * 448).astype(np.float32)),
              context="quantized gaussians"),
-        dict(q=np.full((2, 128), 0x38, np.uint8), k=_window_rows(rng, 8), context="window (q = 1)"),
-        dict(q=_window_rows(rng, 3), k=_window_rows(rng, 6), context="window both"),
+        dict(q=np.full((2, 128), 0x38, np.uint8), k=window_rows(rng, 8), context="window (q = 1)"),
+        dict(q=window_rows(rng, 3), k=window_rows(rng, 6), context="window both"),
         dict(q=np.full((1, 128), 0x7E, np.uint8), k=np.full((2, 128), 0xFE, np.uint8),
              context="all ±448"),
         dict(q=rng.integers(1, 8, (2, 128)).astype(np.uint8),

@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dosa_ref.fp8 import e4m3_values
-from dosa_ref.mma_model import WGMMA_E4M3, StepModel, chain, e4m3_exponent, step
+from dosa_ref.mma_model import (
+    WGMMA_E4M3,
+    StepModel,
+    chain,
+    e4m3_exponent,
+    fresh_dots,
+    step,
+    window_rows,
+)
 
 # (family, a row [128 codes], b row, c0, k32 chunks in step order, H200 result): dots of the
 # probe run 2026-12-02 at bd198f4 (docs/records/gpu_tests.md) whose result differs from the
@@ -150,24 +158,13 @@ def test_model_fields_are_checked():
         step(WGMMA_E4M3, np.zeros(1), np.zeros((1, 32)))
 
 
-def _crafted_rows(rng, n):
-    """e4m3 rows [n, 128] with one large value and many small ones per 32-dim step (the
-    window's worst case), random signs."""
-    from dosa_ref.fp8 import e4m3_bits
-
-    v = np.ldexp(rng.choice([-1.0, 1.0], (n, 128)) * (1 + rng.integers(0, 8, (n, 128)) / 8),
-                 rng.integers(-6, 0, (n, 128)))  # fmt: skip
-    v[:, ::32] = 448.0 * rng.choice([-1.0, 1.0], (n, 4))
-    return e4m3_bits(v.astype(np.float32))
-
-
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("kind", ["random", "crafted"])
 def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
     """The scores of the FP8 fresh-step scorer (the H200's arithmetic, fp8_fresh_scores) lie
     within the allowance the plan charges for it (dosa_cupy.plan.scorer_allowance), per key:
     |s − s_exact| ≤ α(g·Σ_h|w_h|Σ_d|q̄_hd||k̄_d| + Σ_h|w_h|·a_h)."""
-    from dosa_cupy.plan import scorer_allowance
+    from dosa_cupy.plan import plan_constants, scorer_allowance
     from dosa_ref.fp8 import e4m3_bits
     from dosa_ref.mma_model import fp8_fresh_scores
 
@@ -176,17 +173,16 @@ def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
         q = e4m3_bits((rng.standard_normal((H, 128)) * 120).astype(np.float32))
         k = e4m3_bits((rng.standard_normal((400, 128)) * 120).astype(np.float32))
     else:
-        q, k = _crafted_rows(rng, H), _crafted_rows(rng, 400)
+        q, k = window_rows(rng, H), window_rows(rng, 400)
     w = rng.standard_normal(H).astype(np.float32)
     alpha = (rng.random(400) + 0.5).astype(np.float32)
     qv, kv = e4m3_values(q), e4m3_values(k)
     exact = (np.maximum(kv @ qv.T, 0) @ w.astype(np.float64)) * alpha
     got = fp8_fresh_scores(q, w, k, alpha).astype(np.float64)
     g, a = scorer_allowance("fp8_fresh", q[None], H // 16, 17, np)
+    _, _, flushed = plan_constants(H, 1, 17, "fp8_fresh")  # ε_raw's 2^-126 terms
     allow = alpha * (g * (np.abs(kv) @ np.abs(qv).T @ np.abs(w).astype(np.float64))
-                     + float(np.sum(np.abs(w) * a[0])))  # fmt: skip
-    # the final × α rounds once more (u per score) and the flushed fp32 results (2^-126)
-    allow = allow * (1 + 2.0**-23) + 2.0**-120
+                     + float(np.sum(np.abs(w) * a[0])) + flushed)  # fmt: skip
     assert np.all(np.abs(got - exact) <= allow)
     assert np.max(np.abs(got - exact) / allow) > 1e-4  # the test can see an error at all
 
@@ -203,19 +199,11 @@ def test_reference_error_model_covers_the_fresh_wgmma_dot(kind):
         q = e4m3_bits((rng.standard_normal((8, 128)) * 150).astype(np.float32))
         k = e4m3_bits((rng.standard_normal((64, 128)) * 150).astype(np.float32))
     else:
-        q, k = _crafted_rows(rng, 8), _crafted_rows(rng, 64)
+        q, k = window_rows(rng, 8), window_rows(rng, 64)
     a = ErrorModel.hopper_wgmma_fresh().scorer
     g, ab = a.dot_relative_error(128), a.dot_absolute_error(128)
     qv, kv = e4m3_values(q), e4m3_values(k)
-    qe, ke = e4m3_exponent(q), e4m3_exponent(k)
-    x = np.zeros((64, 8), np.float32)
-    for s in range(4):
-        sl = slice(32 * s, 32 * s + 32)
-        p = kv[:, None, sl] * qv[None, :, sl]
-        pe = ke[:, None, sl] + qe[None, :, sl]
-        x = (x + step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)).astype(
-            np.float32
-        )
+    x = fresh_dots(q, k)
     exact = kv @ qv.T
     mag = np.abs(kv) @ np.abs(qv).T
     assert np.all(np.abs(x.astype(np.float64) - exact) <= g * mag + ab)
