@@ -245,9 +245,7 @@ class DecodeSelector:
             raise ValueError(f"q: need head dimension D >= 1, got shape {q.shape}")
         if w.shape != (B, n, H):
             raise ValueError(f"w: expected shape {(B, n, H)} to match q, got {w.shape}")
-        keys, _ = _check_keys(k, B, D)
-        N = np.array([kb.shape[0] for kb in keys], dtype=np.int64)
-        ks_a, ke_a = _check_ranges(lengths, ks, ke, B, n, N)
+        keys, ks_a, ke_a = self.ranges(q, k, lengths, ks, ke)
         q = np.ascontiguousarray(q, dtype=np.float64)
         w = np.ascontiguousarray(w, dtype=np.float64)
 

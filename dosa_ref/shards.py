@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .decode import DecodeStats, DecodeStep, _check_ranges
+from .seeds import kth_score
 from .scorer import score_keys, topk_of
-from .validate import as_array, check_K, check_qwk, check_ranges
+from .validate import as_array, as_float_array, check_K, check_qwk, check_ranges
 
 __all__ = [
     "distributed_decode_step",
@@ -198,8 +200,6 @@ def _decode_shard(sel, q, w, keys, offset: int, ks, ke, s0: int, s1: int, tau=No
     canonical score, −inf with fewer than K) and the witness counts.  With ``tau`` (the
     shards' largest): the shard's list (global ids int64 [B, n, K], scores float64
     [B, n, K]; −1 / −inf padding) of its keys with s ≥ τ, and the records compacted."""
-    from .seeds import kth_score
-
     def span(b, j):
         end = offset + keys[b].shape[0]
         return max(int(ks[b, j]), s0, offset), min(int(ke[b, j]), s1, end)
@@ -249,9 +249,6 @@ def sharded_decode_step(sel, q, w, k, lengths=None, *, ks=None, ke=None, starts=
     s ≥ τ and selects their Top-K, and the lists are merged exactly (score desc, id asc).
     The merged selections become ``sel``'s witnesses.  Returns ``decode.DecodeStep``
     (stats: τ the shards' largest, witnesses and compacted summed over the shards)."""
-    from .decode import DecodeStats, DecodeStep
-    from .validate import as_float_array
-
     q = as_float_array(q, "q", 4)
     w = as_float_array(w, "w", 3)
     if w.shape != q.shape[:3]:
@@ -288,9 +285,6 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
     same merged selections, so the ranks' witnesses stay equal).  One ``all_reduce`` (max)
     of τ [B, next_n] and one ``all_gather`` of fixed-size lists ([B, next_n, K] ids and
     scores); returns the merged ids int64 [B, next_n, K] on every rank.  Gloo on the CPU."""
-
-    from .validate import as_float_array
-
     q = as_float_array(q, "q", 4)
     w = as_float_array(w, "w", 3)
     B, n, _, D = q.shape
@@ -304,16 +298,9 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
         raise ValueError(f"k_shard: expected arrays [n_b, {D}] to match q")
     if ke is None and lengths is None:
         raise ValueError("ke: the global range ends (or lengths) are needed on a shard")
-    if lengths is not None:
-        L = np.asarray(lengths, np.int64)
-        if L.shape != (B,) or (L < 0).any():
-            raise ValueError(f"lengths: expected {B} nonnegative lengths")
-        ke_g = np.maximum(0, L[:, None] - n + 1 + np.arange(n)[None, :])
-    else:
-        ke_g = np.asarray(ke, np.int64)
-    ks_g = np.zeros((B, n), np.int64) if ks is None else np.asarray(ks, np.int64)
-    if ks_g.shape != (B, n) or ke_g.shape != (B, n) or (ks_g < 0).any() or (ke_g < ks_g).any():
-        raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per row [B, next_n]")
+    # the global ranges, checked as DecodeSelector.step checks them (a shard does not know
+    # the caches' global lengths: no upper bound)
+    ks_g, ke_g = _check_ranges(lengths, ks, ke, B, n, np.full(B, np.iinfo(np.int64).max))
     s1 = s0 + max([kb.shape[0] for kb in keys] + [0])
     tau = _max_over_ranks(_decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)[0], group)
     ids, sc, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1, tau)
