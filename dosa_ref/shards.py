@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from .decode import DecodeStats, DecodeStep, _check_ranges
-from .seeds import kth_score
 from .scorer import score_keys, topk_of
+from .seeds import kth_score
 from .validate import as_array, as_float_array, check_K, check_qwk, check_ranges
 
 __all__ = [
@@ -200,6 +200,7 @@ def _decode_shard(sel, q, w, keys, offset: int, ks, ke, s0: int, s1: int, tau=No
     canonical score, −inf with fewer than K) and the witness counts.  With ``tau`` (the
     shards' largest): the shard's list (global ids int64 [B, n, K], scores float64
     [B, n, K]; −1 / −inf padding) of its keys with s ≥ τ, and the records compacted."""
+
     def span(b, j):
         end = offset + keys[b].shape[0]
         return max(int(ks[b, j]), s0, offset), min(int(ke[b, j]), s1, end)
