@@ -15,6 +15,36 @@ except Exception:  # pragma: no cover - CPU machines
     HAVE_GPU = False
 
 
+def _sm90a() -> bool:
+    if not HAVE_GPU:
+        return False
+    from dosa_cupy import sm90a
+
+    return sm90a.available()
+
+
+# sm_90a kernels (wgmma, TMA) need a compute-capability-9.0 GPU where the sm_90a build loads
+needs_sm90a = pytest.mark.skipif(
+    not _sm90a(), reason="needs a compute-capability-9.0 GPU (sm_90a build)"
+)
+
+
+def ptxas_report(spec, tmp_path) -> str:
+    """The ptxas report (-v) of building ``spec`` (a ``_build.KernelSpec`` for sm_90a) with
+    the machine's nvcc, after asserting that the cubin was written: CI has no GPU, and for
+    sm_90 the sm_90a code compiles to nothing, so only this build sees its errors, spills
+    and serialised wgmma."""
+    import subprocess
+
+    from dosa_cupy import _build
+
+    out = tmp_path / "k.cubin"
+    cmd = _build.nvcc_command(spec, out)
+    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
+    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    return res.stderr
+
+
 def gpu(f):
     """GPU test: marked ``gpu`` and skipped with a reason without CuPy / a GPU."""
     f = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and an NVIDIA GPU")(f)

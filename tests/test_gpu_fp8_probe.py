@@ -7,21 +7,10 @@ Needs a compute-capability-9.0 GPU (sm_90a)."""
 
 import numpy as np
 import pytest
-from gpu_support import HAVE_GPU, gpu
+from gpu_support import gpu, needs_sm90a, ptxas_report
 
 from dosa_cupy import _build
 from dosa_cupy.bench import fp8_probe
-
-
-def _hopper():
-    if not HAVE_GPU:
-        return False
-    from dosa_cupy import sm90a
-
-    return sm90a.available()
-
-
-hopper = pytest.mark.skipif(HAVE_GPU and not _hopper(), reason="needs sm_90a (an H100/H200)")
 
 
 @pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
@@ -30,23 +19,17 @@ def test_sm90a_sources_compile_with_asynchronous_wgmma(source, tmp_path):
     """The sm_90a code of these files (empty for every other target, so the sm_90 build of
     CI does not see it) compiles for sm_90a with no serialised or waited-on wgmma
     (ptxas C7514 / C7515 / C7517 / C7518) and no spills in the FP8 dense builds."""
-    import subprocess
-
-    out = tmp_path / "k.cubin"
-    cmd = _build.nvcc_command(_build.KernelSpec(source, (), sm90a=True), out)
-    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
-    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    report = ptxas_report(_build.KernelSpec(source, (), sm90a=True), tmp_path)
     for code in ("C7514", "C7515", "C7517", "C7518"):
-        assert code not in res.stderr, res.stderr
+        assert code not in report, report
     if source == "dense_fp8.cu":
-        assert "dense_fp8_h64_qt4_w3_half" in res.stderr
-        assert "bytes spill" in res.stderr and " 0 bytes spill stores" in res.stderr
-        spills = [ln for ln in res.stderr.splitlines() if "spill stores" in ln]
-        assert all(" 0 bytes spill stores" in ln for ln in spills), res.stderr
+        assert "dense_fp8_h64_qt4_w3_half" in report
+        spills = [ln for ln in report.splitlines() if "spill stores" in ln]
+        assert spills and all(" 0 bytes spill stores" in ln for ln in spills), report
 
 
 @gpu
-@hopper
+@needs_sm90a
 def test_wgmma_e4m3_step_model_holds_on_every_crafted_case():
     cases = fp8_probe.make_cases(seed=3)  # other operands than the recorded run's seed 0
     d = fp8_probe.run_gpu(cases)
@@ -60,13 +43,13 @@ def test_wgmma_e4m3_step_model_holds_on_every_crafted_case():
 
 
 @gpu
-@hopper
+@needs_sm90a
 def test_bulk_tensor_copy_by_value_and_from_global_memory():
     assert fp8_probe.tma_check() == {"by_value": 0, "global": 0}
 
 
 @gpu
-@hopper
+@needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 def test_fp8_dense_logits_equal_the_host_model(H):
     """Every build of csrc/dense_fp8.cu: the fresh-step builds equal
@@ -86,7 +69,7 @@ def test_fp8_dense_logits_equal_the_host_model(H):
 
 
 @gpu
-@hopper
+@needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 def test_gathered_keys_score_the_dense_logits_bits(H):
     """The FP8 scorer on keys gathered by id (score_fp8.cu) gives each key the bits of the

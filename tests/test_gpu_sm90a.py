@@ -6,7 +6,7 @@ installed) and checks the options."""
 
 import numpy as np
 import pytest
-from gpu_support import HAVE_GPU, cp, gpu
+from gpu_support import HAVE_GPU, cp, gpu, needs_sm90a, ptxas_report
 
 from dosa_cupy import _build, sm90a
 from dosa_cupy.options import check_options
@@ -53,16 +53,11 @@ BUILD_CASES = [(), ("DOSA_WG_GROUPS=2",), sm90a.BUILDS[2][0]]
 def test_sm90a_cubin_builds_without_spills_in_the_screen(defines, tmp_path):
     """CI (no GPU) builds the wgmma code itself: for sm_90 the file compiles to an empty
     module (tests/test_cuda_build.py), so only this build sees a wgmma error."""
-    import subprocess
-
-    out = tmp_path / "s.cubin"
-    cmd = _build.nvcc_command(sm90a.spec(256, defines), out)
-    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
-    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
+    report = ptxas_report(sm90a.spec(256, defines), tmp_path)
     mts = 2 if "DOSA_WG_MTS=2" in defines else 1
-    screen = res.stderr.split(f"entry function 'screen_wg_mt{mts}'")[1].split("Compiling")[0]
+    screen = report.split(f"entry function 'screen_wg_mt{mts}'")[1].split("Compiling")[0]
     assert "0 bytes spill stores" in screen, screen
-    assert "C7518" not in res.stderr, res.stderr  # no wgmma serialized by ptxas
+    assert "C7518" not in report, report  # no wgmma serialized by ptxas
 
 
 @pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
@@ -71,14 +66,9 @@ def test_sm90a_tie_variants_compile(mts, tmp_path):
     """The tie-aware variants (screen_wg_mt*_tie, in every build) compile for sm_90a without
     a serialized wgmma; the one-tile one also without spills (the two-tile one spills:
     sm90a.BUILDS)."""
-    import subprocess
-
-    out = tmp_path / "t.cubin"
-    cmd = _build.nvcc_command(sm90a.spec(256, sm90a.BUILDS[mts][0]), out)
-    res = subprocess.run(cmd[:-1] + ["-Xptxas", "-v", cmd[-1]], capture_output=True, text=True)
-    assert res.returncode == 0 and out.stat().st_size > 0, res.stderr
-    assert "C7518" not in res.stderr, res.stderr
-    screen = res.stderr.split(f"entry function 'screen_wg_mt{mts}_tie'")[1].split("Compiling")[0]
+    report = ptxas_report(sm90a.spec(256, sm90a.BUILDS[mts][0]), tmp_path)
+    assert "C7518" not in report, report
+    screen = report.split(f"entry function 'screen_wg_mt{mts}_tie'")[1].split("Compiling")[0]
     if mts == 1:
         assert "0 bytes spill stores" in screen, screen
 
@@ -93,11 +83,6 @@ def test_wg_option_validation():
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "wg", "cert_seeds": 64})
     assert check_options({"screen": "wg"})["screen"] == "wg"
-
-
-needs_sm90a = pytest.mark.skipif(
-    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU (sm_90a build)"
-)
 
 
 def _e4m3_codes(rs, shape):

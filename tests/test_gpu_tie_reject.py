@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_support import HAVE_GPU, cp, gpu
+from gpu_support import cp, gpu, needs_sm90a
 
 import dosa_cupy
 from dosa_cupy import sm90a
@@ -156,10 +156,6 @@ def test_proof_witnesses_and_mutants():
 # ---------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------
-
-needs_sm90a = pytest.mark.skipif(
-    not (HAVE_GPU and sm90a.available()), reason="needs a compute-capability-9.0 GPU (sm_90a build)"
-)
 
 
 def plateau_workload(Qn: int = 16, N: int = 8192, H: int = 16, hot: float = 0.02, seed: int = 0):
