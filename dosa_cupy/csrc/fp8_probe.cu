@@ -40,14 +40,13 @@ __device__ __forceinline__ void wgmma_probe(const uint8_t* __restrict__ a,
   // Shared memory written by ordinary stores and read by the tensor cores (async proxy).
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
-  const int warp = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
+  const int warp = t >> 5, lane = t & 31;
   float acc[NC / 2];
 #pragma unroll
   for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int row = 16 * warp + g + 8 * (r >> 1), col = 8 * j + 2 * q + (r & 1);
-      acc[4 * j + r] = c0[cs * 4096 + row * 64 + col];
+      acc[4 * j + r] = c0[cs * 4096 + acc_row(warp, lane, r) * 64 + acc_col(lane, j, r)];
     }
   const uint64_t da = desc_sw128((uint32_t)__cvta_generic_to_shared(sa));
   const uint64_t db = desc_sw128((uint32_t)__cvta_generic_to_shared(sb));
@@ -65,8 +64,7 @@ __device__ __forceinline__ void wgmma_probe(const uint8_t* __restrict__ a,
   for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int row = 16 * warp + g + 8 * (r >> 1), col = 8 * j + 2 * q + (r & 1);
-      d[cs * 4096 + row * 64 + col] = acc[4 * j + r];
+      d[cs * 4096 + acc_row(warp, lane, r) * 64 + acc_col(lane, j, r)] = acc[4 * j + r];
     }
 #endif
 }

@@ -117,6 +117,16 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t adesc, uint
   else mma_m64n16k32_e4m3(d, adesc, bdesc, accumulate);
 }
 
+// Where accumulator 4j + r of a thread sits in a 64 × N fp32 wgmma result (the m16n8 layout
+// per warp, warp w of the warpgroup on rows 16w..16w+15): row 16w + g + 8·(r/2), column
+// 8j + 2c + r%2, with g = lane / 4, c = lane % 4.
+__device__ __forceinline__ int acc_row(int warp, int lane, int r) {
+  return 16 * warp + (lane >> 2) + 8 * (r >> 1);
+}
+__device__ __forceinline__ int acc_col(int lane, int j, int r) {
+  return 8 * j + 2 * (lane & 3) + (r & 1);
+}
+
 // Byte offset of 16-byte chunk j of row r in a 128-byte-swizzled tile of 128-byte rows (the
 // 1,024-byte atom of 8 rows; chunk j of row r sits at chunk position j ^ (r mod 8)).
 __device__ __forceinline__ int sw128_offset(int r, int j) { return r * 128 + ((j ^ (r & 7)) << 4); }

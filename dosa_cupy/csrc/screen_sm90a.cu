@@ -430,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   Scorer::Rows<1> A;
   A.load(rows + (long long)warp * 16 * DOSA_D, lane);
   float acc[1][kAcc];
@@ -443,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
     for (int j = 0; j < kChunk / 8; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = 16 * warp + g + 8 * (r >> 1), col = ch * kChunk + 8 * j + 2 * c + (r & 1);
+        const int row = acc_row(warp, lane, r), col = ch * kChunk + acc_col(lane, j, r);
         out_wg[row * kTileN + col] = acc[0][4 * j + r];
       }
   }
@@ -457,7 +457,8 @@ extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, 1) wg_probe_mma
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = 16 * warp + g + 8 * (r >> 1), col = 32 * b + 8 * u + 2 * c + (r & 1);
+        // the m16n8 accumulator of group u is laid out as wgmma's column chunk j = u
+        const int row = acc_row(warp, lane, r), col = 32 * b + acc_col(lane, u, r);
         out_mma[row * kTileN + col] = C[u][0][r];
       }
   }
