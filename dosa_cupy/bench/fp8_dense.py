@@ -19,19 +19,19 @@ import numpy as np
 FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
-# the builds of csrc/dense_fp8.cu: (query tiles per block, consumer warpgroups, fresh steps)
-# ("half": fresh steps as two halves of two, 64 accumulator registers, setmaxnreg; "pair":
-# the halves of two tiles interleaved, one tile's epilogue beside the other's MMAs)
-VARIANTS = {"qt4_w2_fresh": (4, 2, True), "qt4_w2_half": (4, 2, True),
-            "qt4_w3_half": (4, 3, True), "qt4_w2_pair": (4, 2, True),
-            "qt4_w4_chained": (4, 4, False)}  # fmt: skip
+# the builds of csrc/dense_fp8.cu: (columns per MMA, query tiles per block, consumer
+# warpgroups, fresh steps). "half": the fresh steps as two halves of two; "seq": steps 0 and 1,
+# then 2 and 3 one at a time into one buffer; "chained": one k128 chain (timing only)
+VARIANTS = {"qt4_w3_half": (64, 4, 3, True), "n128_w2_seq": (128, 1, 2, True),
+            "qt4_w4_chained": (64, 4, 4, False),
+            "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
 
 
-def smem_bytes(qt: int, cwg: int) -> int:
+def smem_bytes(nc: int, qt: int, cwg: int) -> int:
     """Dynamic shared memory of a dense_fp8 build: 4 key slots of 64·cwg keys, qt query tiles
-    of 8 KB, 8 mbarriers and 1 KB to align to the swizzle atom (the weights and the query
-    table are static shared memory)."""
-    return 4 * 8192 * cwg + qt * 8192 + 64 + 1024
+    of nc rows of 128 bytes, 8 mbarriers and 1 KB to align to the swizzle atom (the weights
+    and the query table are static shared memory)."""
+    return 4 * 8192 * cwg + qt * nc * 128 + 64 + 1024
 
 
 def fp8_logits(wl: dict, variant: str, out=None):
@@ -47,14 +47,14 @@ def fp8_logits(wl: dict, variant: str, out=None):
     N = kp.shape[0]
     if out is None:
         out = cp.empty((Qn, N), dtype=cp.float32)
-    qt, cwg, _ = VARIANTS[variant]
-    smem = smem_bytes(qt, cwg)
+    nc, qt, cwg, _ = VARIANTS[variant]
+    smem = smem_bytes(nc, qt, cwg)
     name = f"dense_fp8_h{H}_{variant}"
     f = kernel(name, smem, KernelSpec("dense_fp8.cu", (), sm90a=True))
     key = f"_tmap{cwg}"
     if key not in wl:
         wl[key] = tensor_map_2d(kp, 64 * cwg, 128)
-    qb = qt * 64 // H
+    qb = qt * nc // H
     f(((Qn + qb - 1) // qb,), (128 * (1 + cwg),),
       (wl[key], q, w, ksc, wl["ks"], wl["ke"], np.int32(Qn), np.int64(N), out),
       shared_mem=smem)  # fmt: skip
@@ -128,7 +128,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
         res = {"H": H, "Qn": Qn, "N": N}
         for v in variants:
             res[f"check_{v}"] = check(
-                wl, fp8_logits(wl, v), np.random.default_rng(0), VARIANTS[v][2]
+                wl, fp8_logits(wl, v), np.random.default_rng(0), VARIANTS[v][3]
             )
         buf = cp.empty((Qn, N), dtype=cp.float32)
         cs = [dict(q=s["q"], w=s["w"], kp=s["k_payload"], ksc=s["k_scale"], ks=s["ks"],

@@ -3,17 +3,17 @@
 // elsewhere — the arithmetic of a candidate FP8 canonical scorer, measured against DeepGEMM
 // before any route adopts it (dosa_cupy/bench/fp8_dense.py).
 //
-// Keys are wgmma's M operand (64 keys per warpgroup MMA), the heads of one 64-row query tile
-// its N operand (H = 64: one query; H = 32: two).  Each k32 step of a dot runs from a fresh
-// accumulator (scale-d = 0): its truncation window is then set by the step's own operands,
-// not by the running sum (docs/numerics.md), and the four step results are added on the CUDA
-// cores in k order: x = ((x_0 + x_1) + x_2) + x_3.  Head sum per key: each lane's fmaf chain
-// over its 16 columns (j = 0..7, then the column pair), then the quad's butterfly (lanes
-// c ^ 1, then c ^ 2), the same tree for every key whatever its tile position; then × α_i.
+// Keys are wgmma's M operand (64 keys per warpgroup MMA), the heads of a query tile of NC
+// rows its N operand (NC = 128: two queries of 64 heads or four of 32; NC = 64: one or two).
+// Each k32 step of a dot runs from a fresh accumulator (scale-d = 0): its truncation window
+// is then set by the step's own operands, not by the running sum (docs/numerics.md), and the
+// four step results are added on the CUDA cores in k order: x = ((x_0 + x_1) + x_2) + x_3.
+// Head sum per key: scorer_fp8.cuh head_sums (the same tree for every key whatever its tile
+// position and whatever NC), then × α_i.
 //
 // One block: warpgroup 0 is the producer (one thread issues the bulk tensor copies of
-// 128-key stages into a ring of kStages 128-byte-swizzled slots; its other warps write −inf
-// outside the block's key span), warpgroups 1 and 2 consume 64 keys of each stage each.
+// 64·CWG-key stages into a ring of kStages 128-byte-swizzled slots; its other warps write
+// −inf outside the block's key span), CWG consumer warpgroups take 64 keys of each stage each.
 #include "scorer_fp8.cuh"
 
 namespace dosa {
@@ -37,62 +37,79 @@ struct QueryRow {
   long long off, lo, hi;
 };
 
-// The tile's scores (scorer_fp8.cuh head_sums, × α) written to the logits: lane qd writes
-// (query u, row h) with qd = 2u + h (H = 32) or qd = h (H = 64); −inf where not visible.
-template <int H>
-__device__ __forceinline__ void epilogue(const float (&x)[32], const float* __restrict__ sw_tile,
+// The tile's scores (scorer_fp8.cuh head_sums, × α) written to the logits: value k = 2u + h
+// (query u, row h) by lane qd = k mod 4 of the quad, picked by selects (a register array
+// indexed by the lane would go to local memory) and stored under one predicate; −inf where
+// not visible.
+template <int H, int NC>
+__device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
                                          int qd, const QueryRow* __restrict__ rows, long long r0,
                                          long long r1, float a0, float a1, long long N,
                                          float* __restrict__ out) {
-  constexpr int QPT = 64 / H;
+  constexpr int QPT = NC / H;
+  constexpr int NV = 2 * QPT;  // values per quad
   float q[QPT][2];
-  head_sums<H, 64>(x, sw_tile, qd, q);
+  head_sums<H, NC>(x, wv, q);
 #pragma unroll
-  for (int u = 0; u < QPT; ++u)
+  for (int m = 0; m < (NV + 3) / 4; ++m) {
+    const int k = qd + 4 * m;
+    float v = q[(4 * m) >> 1][0];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (qd != 2 * u + h && !(QPT == 1 && qd == h)) continue;
-      const QueryRow row = rows[u];
-      const long long r = h ? r1 : r0;
-      if (row.off < 0 || r >= N) continue;
-      const float sc = q[u][h] * (h ? a1 : a0);
-      out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : -INFINITY;
-    }
+    for (int kk = 4 * m + 1; kk < 4 * m + 4 && kk < NV; ++kk) v = k == kk ? q[kk >> 1][kk & 1] : v;
+    if (k >= NV) continue;  // NC = H: lanes 2 and 3 write nothing
+    const QueryRow row = rows[k >> 1];
+    const long long r = (k & 1) ? r1 : r0;
+    const float sc = v * ((k & 1) ? a1 : a0);
+    if (row.off >= 0 && r < N) out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : -INFINITY;
+  }
 }
 
-// QT query tiles of 64 head rows per block; H heads per query (64 or 32); CWG consumer
-// warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a fresh accumulator (the
-// candidate canonical arithmetic) or chained on the tensor core (a timing variant only:
-// its window follows the running sum, docs/numerics.md); PIPE (with FRESH): 1 — each tile's
-// four steps as two halves of two (the same values), a register budget set by setmaxnreg;
-// 2 — the halves of two tiles interleaved, so one tile's sums and epilogue run while the
-// other tile's MMAs do (nothing in flight across the loop's back edge: docs/records/notes.md).
-template <int H, int QT, int CWG, bool FRESH, int PIPE>
+// QT query tiles of NC head rows per block (NC = 64 or 128: the MMA's N); H heads per query
+// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a
+// fresh accumulator (the candidate canonical arithmetic) or chained on the tensor core (a
+// timing variant only: its window follows the running sum, docs/numerics.md).  PIPE, the
+// schedule of a tile's four steps in a consumer warpgroup (all give the same values):
+// 0 — all four in flight, then their sum (fresh: 4·NC/2 accumulator registers);
+// 1 — two halves of two (2·NC/2 registers and the half sum), setmaxnreg;
+// 3 — steps 0 and 1 in flight, then 2 and 3 one at a time into one buffer added as each
+//     lands (2·NC/2 registers), setmaxnreg.  (Keeping the next tile's first steps in flight
+//     during this tile's head sum needs 3·NC/2 registers: at NC = 128 ptxas spills them
+//     and inserts waits; three consumer warpgroups leave 152 registers, too few for
+//     two buffers of 64: ptxas serialises the MMAs.)
+// WREG: the lane's weights of the block's single query tile held in registers (QT = 1),
+// else read from shared memory per tile.
+template <int H, int NC, int QT, int CWG, bool FRESH, int PIPE, bool WREG>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
                                           const int* __restrict__ ks, const int* __restrict__ ke,
                                           int Qn, long long N, float* __restrict__ out) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  constexpr int QPT = 64 / H;        // queries per tile
+  static_assert(NC == 64 || NC == 128, "NC: 64 or 128 columns per MMA");
+  static_assert(!WREG || QT == 1, "WREG: one query tile per block");
+  static_assert(FRESH || PIPE == 0, "chained steps: PIPE 0");
+  constexpr int QPT = NC / H;        // queries per tile
   constexpr int QB = QT * QPT;       // queries per block
+  constexpr int NA = NC / 2;         // accumulator registers per step
   constexpr int kThreads = threads<CWG>();
   constexpr int kStageKeys = 64 * CWG;
   constexpr int kStageBytes = kStageKeys * 128;
-  // registers per thread after setmaxnreg (PIPE): the producer warpgroup gives back what
-  // the consumers take, 65,536 in all (multiples of 8)
+  constexpr int kTileBytes = NC * 128;
+  // registers per thread after setmaxnreg (PIPE ≥ 1): the producer warpgroup gives back
+  // what the consumers take, 65,536 in all (multiples of 8, at most 240)
   constexpr int kProducerRegs = 56;
-  constexpr int kConsumerRegs = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
+  constexpr int kConsumerFit = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
+  constexpr int kConsumerRegs = kConsumerFit < 240 ? kConsumerFit : 240;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* sk = base;                                   // kStages × 16 KB key slots
-  uint8_t* sq = base + kStages * kStageBytes;           // QT × 8 KB query tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(sq + QT * 8192);
+  uint8_t* sk = base;                                   // kStages key slots
+  uint8_t* sq = base + kStages * kStageBytes;           // QT query tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(sq + QT * kTileBytes);
   uint64_t* empty = full + kStages;
   // static shared arrays: the compiler then reads them with shared-memory loads (through
   // pointers into the dynamic buffer it used generic loads)
-  __shared__ __align__(16) float sw[QT * 64];  // the block's weights
+  __shared__ __align__(16) float sw[QT * NC];  // the block's weights
   __shared__ QueryRow qrows[QB];
 
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
@@ -108,14 +125,14 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   const int nst = (int)(s1 - s0);
 
   // query tiles (rows q0·H .. of the [Qn·H, 128] payload) into swizzled shared memory
-  for (int it = t; it < QT * 64 * 8; it += kThreads) {
+  for (int it = t; it < QT * NC * 8; it += kThreads) {
     const int r = it >> 3, j = it & 7;
     const long long row = (long long)q0 * H + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
-    *reinterpret_cast<uint4*>(sq + (r >> 6) * 8192 + sw128_offset(r & 63, j)) = v;
+    *reinterpret_cast<uint4*>(sq + (r / NC) * kTileBytes + sw128_offset(r % NC, j)) = v;
   }
-  for (int i = t; i < QT * 64; i += kThreads) {
+  for (int i = t; i < QT * NC; i += kThreads) {
     const long long row = (long long)q0 * H + i;
     sw[i] = row < (long long)Qn * H ? w[row] : 0.f;
   }
@@ -155,10 +172,14 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     }
     return;
   }
+  if constexpr (PIPE)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
   const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  float2 wreg[WREG ? NC / 8 : 1];
+  if constexpr (WREG) lane_weights<NC>(sw, qd, wreg);
   // stage it of the ring, once its keys have landed: its slot, the descriptor of this
   // warpgroup's 64 keys, the lane's two key rows and their scales
   struct Stage {
@@ -179,101 +200,80 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     st.a1 = st.r1 < N ? __ldg(alpha + st.r1) : 0.f;
     return st;
   };
-  if constexpr (PIPE) {
-    // two halves per tile: steps 0, 1 from fresh accumulators, their sum; then steps 2, 3
-    // into the same registers: 64 accumulator registers instead of 128, so a third consumer
-    // warpgroup fits and keeps the tensor cores fed while the others add and weigh
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
-    if constexpr (PIPE == 2) {
-      static_assert(QT % 2 == 0, "PIPE = 2 takes the query tiles in pairs");
-      for (int it = 0; it < nst; ++it) {
-        const Stage st = begin_stage(it);
-        const uint64_t da = st.da;
-        auto issue = [&](float (&x)[2][32], uint64_t db, int half) {
-          fence();
-          mma_m64n64k32_e4m3(x[0], da + 4 * half, db + 4 * half, 0);
-          mma_m64n64k32_e4m3(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
-          commit();
-        };
-#pragma unroll
-        for (int qp = 0; qp < QT / 2; ++qp) {
-          const int ta = 2 * qp, tb = ta + 1;
-          const uint64_t dba = desc_sw128(sq_addr + ta * 8192);
-          const uint64_t dbb = desc_sw128(sq_addr + tb * 8192);
-          float xa[2][32], xb[2][32], acca[32], accb[32];
-          issue(xa, dba, 0);
-          issue(xb, dbb, 0);
-          wait<1>();  // tile a, half 0
-          add_half<64>(xa, acca, true);
-          issue(xa, dba, 1);
-          wait<1>();  // tile b, half 0
-          add_half<64>(xb, accb, true);
-          issue(xb, dbb, 1);
-          wait<1>();  // tile a, half 1
-          add_half<64>(xa, acca, false);
-          epilogue<H>(acca, sw + ta * 64, qd, qrows + ta * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
-          wait<0>();  // tile b, half 1
-          add_half<64>(xb, accb, false);
-          if (qp == QT / 2 - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
-          epilogue<H>(accb, sw + tb * 64, qd, qrows + tb * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
-        }
-      }
+  // the tile's head sums and stores (the weights from registers or shared memory)
+  auto finish = [&](const float (&acc)[NA], int qt, const Stage& st) {
+    if constexpr (WREG) {
+      epilogue<H, NC>(acc, wreg, qd, qrows, st.r0, st.r1, st.a0, st.a1, N, out);
     } else {
-      for (int it = 0; it < nst; ++it) {
-        const Stage st = begin_stage(it);
-#pragma unroll
-        for (int qt = 0; qt < QT; ++qt) {
-          const uint64_t db = desc_sw128(sq_addr + qt * 8192);
-          float x[2][32], acc[32];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            pin(x[0]);
-            pin(x[1]);
-            fence();
-            mma_m64n64k32_e4m3(x[0], st.da + 4 * half, db + 4 * half, 0);
-            mma_m64n64k32_e4m3(x[1], st.da + 4 * half + 2, db + 4 * half + 2, 0);
-            commit();
-            wait<0>();
-            add_half<64>(x, acc, half == 0);
-          }
-          if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
-          epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N,
-                      out);
-        }
-      }
+      float2 wv[NC / 8];
+      lane_weights<NC>(sw + qt * NC, qd, wv);
+      epilogue<H, NC>(acc, wv, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
     }
-  } else {
-    for (int it = 0; it < nst; ++it) {
-      const Stage st = begin_stage(it);
-      const int slot = st.slot;
-      const uint64_t da = st.da;
-      const long long r0 = st.r0, r1 = st.r1;
-      const float a0 = st.a0, a1 = st.a1;
-#pragma unroll 1
-      for (int qt = 0; qt < QT; ++qt) {
+  };
+  auto add_into = [&](float (&acc)[NA], float (&x)[NA]) {
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];  // the fresh steps in k order
+  };
+
+  for (int it = 0; it < nst; ++it) {
+    const Stage st = begin_stage(it);
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+      const uint64_t db = desc_sw128(sq_addr + qt * kTileBytes);
+      float acc[NA];
+      if constexpr (PIPE == 3) {
+        float x[NA];
+        fence();
+        mma_e4m3<NC>(acc, st.da, db, 0);
+        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
+        commit();
+        wait<0>();
+        pin(acc);
+        add_into(acc, x);
+#pragma unroll
+        for (int s = 2; s < 4; ++s) {
+          fence();
+          mma_e4m3<NC>(x, st.da + 2 * s, db + 2 * s, 0);
+          commit();
+          wait<0>();
+          add_into(acc, x);
+        }
+      } else if constexpr (PIPE == 1) {
+        float x[2][NA];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          pin(x[0]);
+          pin(x[1]);
+          fence();
+          mma_e4m3<NC>(x[0], st.da + 4 * half, db + 4 * half, 0);
+          mma_e4m3<NC>(x[1], st.da + 4 * half + 2, db + 4 * half + 2, 0);
+          commit();
+          wait<0>();
+          add_half<NC>(x, acc, half == 0);
+        }
+      } else {
         constexpr int NX = FRESH ? 4 : 1;
-        float x[NX][32];
-        const uint64_t db = desc_sw128(sq_addr + qt * 8192);
+        float x[NX][NA];
 #pragma unroll
         for (int s = 0; s < NX; ++s) pin(x[s]);
         fence();
 #pragma unroll
         for (int s = 0; s < 4; ++s)
-          mma_m64n64k32_e4m3(x[FRESH ? s : 0], da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
+          mma_e4m3<NC>(x[FRESH ? s : 0], st.da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
         commit();
         wait<0>();
 #pragma unroll
         for (int s = 0; s < NX; ++s) pin(x[s]);
-        if (qt == QT - 1) mbar_arrive(&empty[slot]);  // this stage's shared keys are read
-        float acc[32];
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
+        for (int e = 0; e < NA; ++e) {
           acc[e] = x[0][e];
 #pragma unroll
           for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
         }
-        epilogue<H>(acc, sw + qt * 64, qd, qrows + qt * QPT, r0, r1, a0, a1, N, out);
       }
+      if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
+      finish(acc, qt, st);
     }
   }
 }
@@ -281,29 +281,27 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 }  // namespace dosa
 #endif
 
-#define DENSE_FP8_INST(H, QT, CWG, FRESH, PIPE, TAG)                                              \
+#define DENSE_FP8_INST(H, NC, QT, CWG, FRESH, PIPE, WREG, TAG)                                 \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
-      dense_fp8_h##H##_qt##QT##_w##CWG##_##TAG(                                                 \
-          const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,          \
-          const float* __restrict__ w, const float* __restrict__ alpha,                         \
-          const int* __restrict__ ks, const int* __restrict__ ke, int Qn, long long N,          \
-          float* __restrict__ out) {                                                            \
-    DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE)                                                     \
+      dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
+                             const uint8_t* __restrict__ q, const float* __restrict__ w,         \
+                             const float* __restrict__ alpha, const int* __restrict__ ks,        \
+                             const int* __restrict__ ke, int Qn, long long N,                    \
+                             float* __restrict__ out) {                                          \
+    DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG)                                           \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE) \
-  dosa::fp8::dense_fp8<H, QT, CWG, FRESH, PIPE>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG) \
+  dosa::fp8::dense_fp8<H, NC, QT, CWG, FRESH, PIPE, WREG>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_BODY(H, QT, CWG, FRESH, PIPE)
+#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG)
 #endif
-// fresh: the candidate canonical arithmetic; chained: timing variants
-DENSE_FP8_INST(64, 4, 2, true, 0, fresh)
-DENSE_FP8_INST(32, 4, 2, true, 0, fresh)
-DENSE_FP8_INST(64, 4, 3, true, 1, half)
-DENSE_FP8_INST(32, 4, 3, true, 1, half)
-DENSE_FP8_INST(64, 4, 2, true, 1, half)
-DENSE_FP8_INST(32, 4, 2, true, 1, half)
-DENSE_FP8_INST(64, 4, 2, true, 2, pair)
-DENSE_FP8_INST(32, 4, 2, true, 2, pair)
-DENSE_FP8_INST(64, 4, 4, false, 0, chained)
-DENSE_FP8_INST(32, 4, 4, false, 0, chained)
+// builds (dosa_cupy/bench/fp8_dense.py VARIANTS): fresh — the candidate canonical
+// arithmetic; chained — timing variants
+#define DENSE_FP8_BUILDS(H)                                         \
+  DENSE_FP8_INST(H, 64, 4, 3, true, 1, false, qt4_w3_half)          \
+  DENSE_FP8_INST(H, 128, 1, 2, true, 3, true, n128_w2_seq)          \
+  DENSE_FP8_INST(H, 64, 4, 4, false, 0, false, qt4_w4_chained)      \
+  DENSE_FP8_INST(H, 128, 1, 4, false, 0, false, n128_w4_chained)
+DENSE_FP8_BUILDS(64)
+DENSE_FP8_BUILDS(32)

@@ -108,11 +108,28 @@ __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t adesc
       : DOSA_WG_ACC8(d, 0)
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
-// m64nNk32 e4m3 for N = 64, 32, 16 (N/2 accumulators per thread).
+// The same step for 128 columns (the heads of two queries of 64 or four of 32: half the
+// shared-memory reads per product of N = 64, docs/design.md "The FP8 dense kernel").
+__device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t adesc,
+                                                    uint64_t bdesc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),
+        DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
+      : "l"(adesc), "l"(bdesc), "r"(accumulate));
+}
+// m64nNk32 e4m3 for N = 128, 64, 32, 16 (N/2 accumulators per thread).
 template <int N>
 __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t adesc, uint64_t bdesc,
                                          int accumulate) {
-  if constexpr (N == 64) mma_m64n64k32_e4m3(d, adesc, bdesc, accumulate);
+  if constexpr (N == 128) mma_m64n128k32_e4m3(d, adesc, bdesc, accumulate);
+  else if constexpr (N == 64) mma_m64n64k32_e4m3(d, adesc, bdesc, accumulate);
   else if constexpr (N == 32) mma_m64n32k32_e4m3(d, adesc, bdesc, accumulate);
   else mma_m64n16k32_e4m3(d, adesc, bdesc, accumulate);
 }

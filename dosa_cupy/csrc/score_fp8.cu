@@ -61,7 +61,9 @@ __device__ __forceinline__ void score_ids(const uint8_t* __restrict__ q,
   }
   const int warp = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   float s[1][2];
-  head_sums<H, H>(acc, sw, qd, s);
+  float2 wv[H / 8];
+  lane_weights<H>(sw, qd, wv);
+  head_sums<H, H>(acc, wv, s);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // lane qd = h writes key row 16·warp + g + 8h
     if (qd != h) continue;

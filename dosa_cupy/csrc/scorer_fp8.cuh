@@ -27,16 +27,27 @@ __device__ __forceinline__ void add_half(float (&x)[2][NC / 2], float (&acc)[NC 
     acc[e] = first ? x[0][e] + x[1][e] : (acc[e] + x[0][e]) + x[1][e];
 }
 
+// The weights of a lane's columns of a tile of NC columns: wv[j] = (w[8j + 2qd], w[8j + 2qd
+// + 1]) from the tile's NC weights in shared memory (a kernel that keeps one tile's weights
+// for all its keys loads them once into registers).
+template <int NC>
+__device__ __forceinline__ void lane_weights(const float* __restrict__ sw_tile, int qd,
+                                             float2 (&wv)[NC / 8]) {
+#pragma unroll
+  for (int j = 0; j < NC / 8; ++j) wv[j] = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
+}
+
 // The payload-unit scores Σ_h w_h [x_h]_+ of the warpgroup's 64 keys for the tile's NC/H
 // queries from the combined dots x (the m64nNC accumulator layout: x[4j + 2h + e] is key
-// row r_h, column 8j + 2qd + e): per lane and row two fmaf chains over its columns — the
-// even column groups j and the odd ones, each in j order then e — added (even + odd), then
-// the quad's butterfly (lane ^ 1, then ^ 2).  Every lane of a quad holds q[u][h]: query u's
-// score of key row r_h (the caller multiplies by α).  Two chains, not one: four independent
-// dependency chains per lane keep the FMA pipes busy.
+// row r_h, column 8j + 2qd + e) and the lane's weights wv (lane_weights): per lane and row
+// two fmaf chains over the query's columns — its even column groups j and its odd ones,
+// each in j order then e — added (even + odd), then the quad's butterfly (lane ^ 1, then
+// ^ 2).  Every lane of a quad holds q[u][h]: query u's score of key row r_h (the caller
+// multiplies by α).  The tree of a query does not depend on NC (a query's column groups
+// start at a multiple of H / 8, which is even), so every tile width gives the same bits.
+// Two chains, not one: four independent dependency chains per lane keep the FMA pipes busy.
 template <int H, int NC>
-__device__ __forceinline__ void head_sums(const float (&x)[NC / 2],
-                                          const float* __restrict__ sw_tile, int qd,
+__device__ __forceinline__ void head_sums(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
                                           float (&q)[NC / H][2]) {
   constexpr int QPT = NC / H;
   float p[QPT][2][2];  // [query][row][even / odd j]
@@ -45,12 +56,11 @@ __device__ __forceinline__ void head_sums(const float (&x)[NC / 2],
 #pragma unroll
   for (int j = 0; j < NC / 8; ++j) {
     const int u = j / (H / 8);  // the tile's query of column group j
-    const float2 wv = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // row r0, then r1
       float& c = p[u][h][j & 1];
-      c = fmaf(wv.x, relu(x[4 * j + 2 * h]), c);
-      c = fmaf(wv.y, relu(x[4 * j + 2 * h + 1]), c);
+      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
     }
   }
 #pragma unroll
