@@ -21,8 +21,11 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 # the builds of csrc/dense_fp8.cu: (columns per MMA, query tiles per block, consumer
 # warpgroups, fresh steps). "half": the fresh steps as two halves of two; "seq": steps 0 and 1,
-# then 2 and 3 one at a time into one buffer; "chained": one k128 chain (timing only)
+# then 2 and 3 one at a time into one buffer; "tri": steps 0-2 in flight, step 3 into step
+# 1's buffer; "chained": one k128 chain (timing only)
 VARIANTS = {"qt4_w3_half": (64, 4, 3, True), "n128_w2_seq": (128, 1, 2, True),
+            "n128q2_w2_seq": (128, 2, 2, True), "n128_w2_tri": (128, 1, 2, True),
+            "n128q2_w2_tri": (128, 2, 2, True), "qt4_w3_tri": (64, 4, 3, True),
             "qt4_w4_chained": (64, 4, 4, False),
             "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
 

@@ -72,7 +72,9 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
 // 0 — all four in flight, then their sum (fresh: 4·NC/2 accumulator registers);
 // 1 — two halves of two (2·NC/2 registers and the half sum), setmaxnreg;
 // 3 — steps 0 and 1 in flight, then 2 and 3 one at a time into one buffer added as each
-//     lands (2·NC/2 registers), setmaxnreg.  (Keeping the next tile's first steps in flight
+//     lands (2·NC/2 registers), setmaxnreg;
+// 5 — steps 0, 1 and 2 in flight, step 3 issued into step 1's buffer once it is added
+//     (3·NC/2 registers), setmaxnreg.  (Keeping the next tile's first steps in flight
 //     during this tile's head sum needs 3·NC/2 registers: at NC = 128 ptxas spills them
 //     and inserts waits; three consumer warpgroups leave 152 registers, too few for
 //     two buffers of 64: ptxas serialises the MMAs.)
@@ -222,7 +224,25 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     for (int qt = 0; qt < QT; ++qt) {
       const uint64_t db = desc_sw128(sq_addr + qt * kTileBytes);
       float acc[NA];
-      if constexpr (PIPE == 3) {
+      if constexpr (PIPE == 5) {
+        float x[NA], y[NA];
+        fence();
+        mma_e4m3<NC>(acc, st.da, db, 0);
+        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
+        commit();
+        mma_e4m3<NC>(y, st.da + 4, db + 4, 0);
+        commit();
+        wait<1>();  // steps 0 and 1
+        pin(acc);
+        add_into(acc, x);
+        fence();
+        mma_e4m3<NC>(x, st.da + 6, db + 6, 0);
+        commit();
+        wait<1>();  // step 2
+        add_into(acc, y);
+        wait<0>();  // step 3
+        add_into(acc, x);
+      } else if constexpr (PIPE == 3) {
         float x[NA];
         fence();
         mma_e4m3<NC>(acc, st.da, db, 0);
@@ -301,6 +321,10 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #define DENSE_FP8_BUILDS(H)                                         \
   DENSE_FP8_INST(H, 64, 4, 3, true, 1, false, qt4_w3_half)          \
   DENSE_FP8_INST(H, 128, 1, 2, true, 3, true, n128_w2_seq)          \
+  DENSE_FP8_INST(H, 128, 2, 2, true, 3, false, n128q2_w2_seq)       \
+  DENSE_FP8_INST(H, 128, 1, 2, true, 5, false, n128_w2_tri)         \
+  DENSE_FP8_INST(H, 128, 2, 2, true, 5, false, n128q2_w2_tri)       \
+  DENSE_FP8_INST(H, 64, 4, 3, true, 5, false, qt4_w3_tri)           \
   DENSE_FP8_INST(H, 64, 4, 4, false, 0, false, qt4_w4_chained)      \
   DENSE_FP8_INST(H, 128, 1, 4, false, 0, false, n128_w4_chained)
 DENSE_FP8_BUILDS(64)
