@@ -26,6 +26,7 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 VARIANTS = {"qt4_w3_half": (64, 4, 3, True), "n128_w2_seq": (128, 1, 2, True),
             "n128q2_w2_seq": (128, 2, 2, True), "n128_w2_tri": (128, 1, 2, True),
             "n128q2_w2_tri": (128, 2, 2, True), "qt4_w3_tri": (64, 4, 3, True),
+            "n128q4_w2_tri": (128, 4, 2, True), "qt8_w3_tri": (64, 8, 3, True),
             "qt4_w4_chained": (64, 4, 4, False),
             "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
 

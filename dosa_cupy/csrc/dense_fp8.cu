@@ -325,6 +325,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   DENSE_FP8_INST(H, 128, 1, 2, true, 5, false, n128_w2_tri)         \
   DENSE_FP8_INST(H, 128, 2, 2, true, 5, false, n128q2_w2_tri)       \
   DENSE_FP8_INST(H, 64, 4, 3, true, 5, false, qt4_w3_tri)           \
+  DENSE_FP8_INST(H, 128, 4, 2, true, 5, false, n128q4_w2_tri)       \
+  DENSE_FP8_INST(H, 64, 8, 3, true, 5, false, qt8_w3_tri)           \
   DENSE_FP8_INST(H, 64, 4, 4, false, 0, false, qt4_w4_chained)      \
   DENSE_FP8_INST(H, 128, 1, 4, false, 0, false, n128_w4_chained)
 DENSE_FP8_BUILDS(64)
