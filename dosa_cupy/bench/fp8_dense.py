@@ -19,16 +19,12 @@ import numpy as np
 FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
-# the builds of csrc/dense_fp8.cu: (columns per MMA, query tiles per block, consumer
-# warpgroups, fresh steps). "half": the fresh steps as two halves of two; "seq": steps 0 and 1,
-# then 2 and 3 one at a time into one buffer; "tri": steps 0-2 in flight, step 3 into step
-# 1's buffer; "chained": one k128 chain (timing only)
-VARIANTS = {"qt4_w3_half": (64, 4, 3, True), "n128_w2_seq": (128, 1, 2, True),
-            "n128q2_w2_seq": (128, 2, 2, True), "n128_w2_tri": (128, 1, 2, True),
-            "n128q2_w2_tri": (128, 2, 2, True), "qt4_w3_tri": (64, 4, 3, True),
-            "n128q4_w2_tri": (128, 4, 2, True), "qt8_w3_tri": (64, 8, 3, True),
-            "qt4_w4_chained": (64, 4, 4, False),
+# the builds of csrc/dense_fp8.cu: (columns per MMA, query tiles per stage, consumer
+# warpgroups, fresh steps); "chained": one k128 chain (DeepGEMM's arithmetic, timing only)
+VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, True),
             "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
+# the fastest fresh build of each H (docs/records/benchmarks.md, session 14)
+BEST = {64: "n128q4_w2_fresh", 32: "qt8_w3_fresh"}
 
 
 def smem_bytes(nc: int, qt: int, cwg: int) -> int:

@@ -65,22 +65,17 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
 }
 
 // QT query tiles of NC head rows per block (NC = 64 or 128: the MMA's N); H heads per query
-// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys); FRESH: each k32 step from a
-// fresh accumulator (the candidate canonical arithmetic) or chained on the tensor core (a
-// timing variant only: its window follows the running sum, docs/numerics.md).  PIPE, the
-// schedule of a tile's four steps in a consumer warpgroup (all give the same values):
-// 0 — all four in flight, then their sum (fresh: 4·NC/2 accumulator registers);
-// 1 — two halves of two (2·NC/2 registers and the half sum), setmaxnreg;
-// 3 — steps 0 and 1 in flight, then 2 and 3 one at a time into one buffer added as each
-//     lands (2·NC/2 registers), setmaxnreg;
-// 5 — steps 0, 1 and 2 in flight, step 3 issued into step 1's buffer once it is added
-//     (3·NC/2 registers), setmaxnreg.  (Keeping the next tile's first steps in flight
-//     during this tile's head sum needs 3·NC/2 registers: at NC = 128 ptxas spills them
-//     and inserts waits; three consumer warpgroups leave 152 registers, too few for
-//     two buffers of 64: ptxas serialises the MMAs.)
-// WREG: the lane's weights of the block's single query tile held in registers (QT = 1),
-// else read from shared memory per tile.
-template <int H, int NC, int QT, int CWG, bool FRESH, int PIPE, bool WREG>
+// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys).  FRESH — the candidate
+// canonical arithmetic: each k32 step from a fresh accumulator, steps 0, 1 and 2 in flight
+// at once, step 3 issued into step 1's buffer once that is added (3·NC/2 accumulator
+// registers; setmaxnreg moves the producer's registers to the consumers).  Otherwise one
+// k128 chain on the tensor core, DeepGEMM's arithmetic (a timing variant only: its window
+// follows the running sum, docs/numerics.md).  Schedules that measured slower
+// (docs/records/benchmarks.md, session 14): two halves of two steps; steps 2 and 3 one at a
+// time into one buffer; two tiles interleaved in one warpgroup.  Keeping the next tile's
+// first steps in flight during this tile's head sum needs more registers than 2 consumer
+// warpgroups have at NC = 128 (ptxas spills them and inserts waits).
+template <int H, int NC, int QT, int CWG, bool FRESH>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
@@ -88,8 +83,6 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
                                           int Qn, long long N, float* __restrict__ out) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   static_assert(NC == 64 || NC == 128, "NC: 64 or 128 columns per MMA");
-  static_assert(!WREG || QT == 1, "WREG: one query tile per block");
-  static_assert(FRESH || PIPE == 0, "chained steps: PIPE 0");
   constexpr int QPT = NC / H;        // queries per tile
   constexpr int QB = QT * QPT;       // queries per block
   constexpr int NA = NC / 2;         // accumulator registers per step
@@ -97,7 +90,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kStageKeys = 64 * CWG;
   constexpr int kStageBytes = kStageKeys * 128;
   constexpr int kTileBytes = NC * 128;
-  // registers per thread after setmaxnreg (PIPE ≥ 1): the producer warpgroup gives back
+  // registers per thread after setmaxnreg (FRESH): the producer warpgroup gives back
   // what the consumers take, 65,536 in all (multiples of 8, at most 240)
   constexpr int kProducerRegs = 56;
   constexpr int kConsumerFit = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
@@ -155,7 +148,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 
   const int wg = t >> 7;
   if (wg == 0) {
-    if constexpr (PIPE)
+    if constexpr (FRESH)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (t == 0) {
       for (int it = 0; it < nst; ++it) {
@@ -174,14 +167,12 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     }
     return;
   }
-  if constexpr (PIPE)
+  if constexpr (FRESH)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
   const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
-  float2 wreg[WREG ? NC / 8 : 1];
-  if constexpr (WREG) lane_weights<NC>(sw, qd, wreg);
   // stage it of the ring, once its keys have landed: its slot, the descriptor of this
   // warpgroup's 64 keys, the lane's two key rows and their scales
   struct Stage {
@@ -202,16 +193,6 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     st.a1 = st.r1 < N ? __ldg(alpha + st.r1) : 0.f;
     return st;
   };
-  // the tile's head sums and stores (the weights from registers or shared memory)
-  auto finish = [&](const float (&acc)[NA], int qt, const Stage& st) {
-    if constexpr (WREG) {
-      epilogue<H, NC>(acc, wreg, qd, qrows, st.r0, st.r1, st.a0, st.a1, N, out);
-    } else {
-      float2 wv[NC / 8];
-      lane_weights<NC>(sw + qt * NC, qd, wv);
-      epilogue<H, NC>(acc, wv, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
-    }
-  };
   auto add_into = [&](float (&acc)[NA], float (&x)[NA]) {
     pin(x);
 #pragma unroll
@@ -224,7 +205,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     for (int qt = 0; qt < QT; ++qt) {
       const uint64_t db = desc_sw128(sq_addr + qt * kTileBytes);
       float acc[NA];
-      if constexpr (PIPE == 5) {
+      if constexpr (FRESH) {
         float x[NA], y[NA];
         fence();
         mma_e4m3<NC>(acc, st.da, db, 0);
@@ -242,58 +223,19 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
         add_into(acc, y);
         wait<0>();  // step 3
         add_into(acc, x);
-      } else if constexpr (PIPE == 3) {
-        float x[NA];
+      } else {
+        pin(acc);
         fence();
-        mma_e4m3<NC>(acc, st.da, db, 0);
-        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) mma_e4m3<NC>(acc, st.da + 2 * s, db + 2 * s, s > 0);
         commit();
         wait<0>();
         pin(acc);
-        add_into(acc, x);
-#pragma unroll
-        for (int s = 2; s < 4; ++s) {
-          fence();
-          mma_e4m3<NC>(x, st.da + 2 * s, db + 2 * s, 0);
-          commit();
-          wait<0>();
-          add_into(acc, x);
-        }
-      } else if constexpr (PIPE == 1) {
-        float x[2][NA];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          pin(x[0]);
-          pin(x[1]);
-          fence();
-          mma_e4m3<NC>(x[0], st.da + 4 * half, db + 4 * half, 0);
-          mma_e4m3<NC>(x[1], st.da + 4 * half + 2, db + 4 * half + 2, 0);
-          commit();
-          wait<0>();
-          add_half<NC>(x, acc, half == 0);
-        }
-      } else {
-        constexpr int NX = FRESH ? 4 : 1;
-        float x[NX][NA];
-#pragma unroll
-        for (int s = 0; s < NX; ++s) pin(x[s]);
-        fence();
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-          mma_e4m3<NC>(x[FRESH ? s : 0], st.da + 2 * s, db + 2 * s, FRESH ? 0 : (s > 0));
-        commit();
-        wait<0>();
-#pragma unroll
-        for (int s = 0; s < NX; ++s) pin(x[s]);
-#pragma unroll
-        for (int e = 0; e < NA; ++e) {
-          acc[e] = x[0][e];
-#pragma unroll
-          for (int s = 1; s < NX; ++s) acc[e] = acc[e] + x[s][e];  // the fresh steps in k order
-        }
       }
       if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
-      finish(acc, qt, st);
+      float2 wv[NC / 8];
+      lane_weights<NC>(sw + qt * NC, qd, wv);
+      epilogue<H, NC>(acc, wv, qd, qrows + qt * QPT, st.r0, st.r1, st.a0, st.a1, N, out);
     }
   }
 }
@@ -301,33 +243,27 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 }  // namespace dosa
 #endif
 
-#define DENSE_FP8_INST(H, NC, QT, CWG, FRESH, PIPE, WREG, TAG)                                 \
+#define DENSE_FP8_INST(H, NC, QT, CWG, FRESH, TAG)                                             \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
                              const uint8_t* __restrict__ q, const float* __restrict__ w,         \
                              const float* __restrict__ alpha, const int* __restrict__ ks,        \
                              const int* __restrict__ ke, int Qn, long long N,                    \
                              float* __restrict__ out) {                                          \
-    DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG)                                           \
+    DENSE_FP8_BODY(H, NC, QT, CWG, FRESH)                                                       \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG) \
-  dosa::fp8::dense_fp8<H, NC, QT, CWG, FRESH, PIPE, WREG>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH) \
+  dosa::fp8::dense_fp8<H, NC, QT, CWG, FRESH>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH, PIPE, WREG)
+#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH)
 #endif
-// builds (dosa_cupy/bench/fp8_dense.py VARIANTS): fresh — the candidate canonical
-// arithmetic; chained — timing variants
-#define DENSE_FP8_BUILDS(H)                                         \
-  DENSE_FP8_INST(H, 64, 4, 3, true, 1, false, qt4_w3_half)          \
-  DENSE_FP8_INST(H, 128, 1, 2, true, 3, true, n128_w2_seq)          \
-  DENSE_FP8_INST(H, 128, 2, 2, true, 3, false, n128q2_w2_seq)       \
-  DENSE_FP8_INST(H, 128, 1, 2, true, 5, false, n128_w2_tri)         \
-  DENSE_FP8_INST(H, 128, 2, 2, true, 5, false, n128q2_w2_tri)       \
-  DENSE_FP8_INST(H, 64, 4, 3, true, 5, false, qt4_w3_tri)           \
-  DENSE_FP8_INST(H, 128, 4, 2, true, 5, false, n128q4_w2_tri)       \
-  DENSE_FP8_INST(H, 64, 8, 3, true, 5, false, qt8_w3_tri)           \
-  DENSE_FP8_INST(H, 64, 4, 4, false, 0, false, qt4_w4_chained)      \
-  DENSE_FP8_INST(H, 128, 1, 4, false, 0, false, n128_w4_chained)
+// builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the fastest fresh build of each H (records:
+// 128 columns at H = 64, 64 columns at H = 32) for both H, and DeepGEMM's arithmetic in the
+// same frame (timing only)
+#define DENSE_FP8_BUILDS(H)                              \
+  DENSE_FP8_INST(H, 128, 4, 2, true, n128q4_w2_fresh)    \
+  DENSE_FP8_INST(H, 64, 8, 3, true, qt8_w3_fresh)        \
+  DENSE_FP8_INST(H, 128, 1, 4, false, n128_w4_chained)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
