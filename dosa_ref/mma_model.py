@@ -29,8 +29,9 @@ import numpy as np
 from .fp8 import e4m3_bits, e4m3_values
 
 __all__ = [
-    "WGMMA_E4M3", "StepModel", "chain", "e4m3_exponent", "f32_trunc", "fma_f32", "fp8_fresh_scores",
-    "fresh_dots", "step", "window_rows",
+    "WGMMA_E4M3", "StepModel", "chain", "chained_dots", "deepgemm_scores", "e4m3_exponent",
+    "f32_trunc", "fma_f32", "fp8_chained_scores", "fp8_fresh_scores", "fresh_dots", "step",
+    "window_rows",
 ]  # fmt: skip
 
 _ROUNDINGS = ("trunc", "floor", "rn")
@@ -189,36 +190,48 @@ def fma_f32(a, b, c) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def fresh_dots(q_codes, k_codes) -> np.ndarray:
-    """float32 [n, H]: the fresh-step dots of csrc/scorer_fp8.cuh, bit for bit — q_codes
-    uint8 [H, 128], k_codes uint8 [n, 128]; each k32 step from a fresh accumulator
-    (``WGMMA_E4M3``), the four step results added in fp32 in k order."""
+def _step_dots(q_codes, k_codes, fresh: bool) -> np.ndarray:
     q = np.asarray(q_codes, dtype=np.uint8)
     k = np.asarray(k_codes, dtype=np.uint8)
     qv, kv = e4m3_values(q), e4m3_values(k)
     qe, ke = e4m3_exponent(q), e4m3_exponent(k)
-    x = None
+    x = np.zeros((k.shape[0], q.shape[0]))
     for s in range(4):
         sl = slice(32 * s, 32 * s + 32)
         p = kv[:, None, sl] * qv[None, :, sl]  # [n, H, 32], exact
         pe = ke[:, None, sl] + qe[None, :, sl]
-        xs = step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)
-        x = xs if x is None else (x + xs).astype(np.float32)
-    return x
+        if fresh:
+            xs = step(WGMMA_E4M3, np.zeros(p.shape[:2]), p, pe).astype(np.float32)
+            x = xs if s == 0 else (x.astype(np.float32) + xs).astype(np.float32)
+        else:
+            x = step(WGMMA_E4M3, x, p, pe)
+    return np.asarray(x, dtype=np.float32)
 
 
-def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
-    """The scores of csrc/dense_fp8.cu and csrc/score_fp8.cu, bit for bit: q_codes uint8
-    [H, 128] (H = 64 or 32 heads of one query), w float32 [H], k_codes uint8 [n, 128], alpha
-    float32 [n] → float32 [n].  The dots of ``fresh_dots``, then per lane c of a quad two
-    fmaf chains over columns 8j + 2c + e (the even column groups j of the query's columns
-    and the odd ones, each in j order, e = 0, 1 inner), added even + odd, the quad's
-    butterfly (lane ^ 1, then ^ 2) and one multiply by α."""
-    H = np.asarray(q_codes).shape[0]
-    x = np.maximum(fresh_dots(q_codes, k_codes), np.float32(0))
+def fresh_dots(q_codes, k_codes) -> np.ndarray:
+    """float32 [n, H]: the fresh-step dots of csrc/scorer_fp8.cuh, bit for bit — q_codes
+    uint8 [H, 128], k_codes uint8 [n, 128]; each k32 step from a fresh accumulator
+    (``WGMMA_E4M3``), the four step results added in fp32 in k order."""
+    return _step_dots(q_codes, k_codes, fresh=True)
+
+
+def chained_dots(q_codes, k_codes) -> np.ndarray:
+    """float32 [n, H]: the four k32 steps chained on the tensor core in k order (step s's
+    accumulator is step s − 1's result, which takes part in the window: ``WGMMA_E4M3``'s
+    c_window) — the dots of DeepGEMM's ``sm90_fp8_mqa_logits`` and of dense_fp8.cu's chained
+    timing build."""
+    return _step_dots(q_codes, k_codes, fresh=False)
+
+
+def _project_tree(x, w, alpha) -> np.ndarray:
+    """The project's head sum of dots x float32 [n, H] (scorer_fp8.cuh head_sums): per lane c
+    of a quad two fmaf chains over columns 8j + 2c + e (the even column groups j of the
+    query's columns and the odd ones, each in j order, e = 0, 1 inner), added even + odd,
+    the quad's butterfly (lane ^ 1, then ^ 2), then one multiply by α."""
+    H = x.shape[1]
+    x = np.maximum(x, np.float32(0))
     w = np.asarray(w, dtype=np.float32)
-    # a query of H = 32 heads is half of a 64-column tile: columns 8j + 2c + e, j < 4
-    cols = 8 * np.arange(H // 8)
+    cols = 8 * np.arange(H // 8)  # a query's column groups
     part = []
     for c in range(4):
         chains = []
@@ -233,6 +246,53 @@ def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
     p01 = [(part[c] + part[c ^ 1]).astype(np.float32) for c in range(4)]
     tot = (p01[0] + p01[2]).astype(np.float32)
     return (tot * np.asarray(alpha, dtype=np.float32)).astype(np.float32)
+
+
+def fp8_fresh_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
+    """The scores of csrc/dense_fp8.cu's fresh builds and csrc/score_fp8.cu, bit for bit:
+    q_codes uint8 [H, 128] (H = 64 or 32 heads of one query), w float32 [H], k_codes uint8
+    [n, 128], alpha float32 [n] → float32 [n]: ``fresh_dots``, then the project's head sum
+    (``_project_tree``)."""
+    return _project_tree(fresh_dots(q_codes, k_codes), w, alpha)
+
+
+def fp8_chained_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
+    """The scores of dense_fp8.cu's chained timing build, bit for bit (as
+    ``fp8_fresh_scores``, with ``chained_dots``)."""
+    return _project_tree(chained_dots(q_codes, k_codes), w, alpha)
+
+
+def deepgemm_scores(q_codes, w, k_codes, alpha, fused: bool = True) -> np.ndarray:
+    """A model of DeepGEMM's fp8 indexer logits (``sm90_fp8_mqa_logits``, read at 54e2261):
+    ``chained_dots``, then per lane c of a quad and per column parity e one chain over the
+    query's column groups j in order — the first term ``[x]_+ · w`` rounded, then
+    ``sum += [x]_+ · w`` (``fused``: contracted to one fmaf, as nvcc does by default; else a
+    rounded product and a rounded add) — the two parities added, × α before the quad's
+    butterfly (lane ^ 1, then ^ 2).  Same inputs and result as ``fp8_fresh_scores``.  Whether
+    it reproduces DeepGEMM bit for bit is measured, not assumed
+    (tests/test_gpu_fp8_probe.py::test_deepgemm_logits_against_its_model)."""
+    x = np.maximum(chained_dots(q_codes, k_codes), np.float32(0))
+    H = x.shape[1]
+    w = np.asarray(w, dtype=np.float32)
+    a = np.asarray(alpha, dtype=np.float32)
+    part = []
+    for c in range(4):
+        sums = []
+        for e in (0, 1):
+            acc = None
+            for j in range(H // 8):
+                h = 8 * j + 2 * c + e
+                t = (x[:, h] * w[h]).astype(np.float32)
+                if acc is None:
+                    acc = t
+                elif fused:
+                    acc = fma_f32(x[:, h], np.full_like(acc, w[h]), acc)
+                else:
+                    acc = (acc + t).astype(np.float32)
+            sums.append(acc)
+        part.append(((sums[0] + sums[1]).astype(np.float32) * a).astype(np.float32))
+    p01 = [(part[c] + part[c ^ 1]).astype(np.float32) for c in range(4)]
+    return (p01[0] + p01[2]).astype(np.float32)
 
 
 def window_rows(rng, n: int) -> np.ndarray:

@@ -52,20 +52,43 @@ def test_bulk_tensor_copy_by_value_and_from_global_memory():
 @needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 def test_fp8_dense_logits_equal_the_host_model(H):
-    """Every build of csrc/dense_fp8.cu: the fresh-step builds equal
-    ``dosa_ref.mma_model.fp8_fresh_scores`` bit for bit on sampled queries and keys, every
-    build has the −inf pattern of the visibility ranges (a causal chunk with ranges that
-    start and end inside key stages, a last stage past N)."""
+    """Every build of csrc/dense_fp8.cu equals its host model bit for bit on sampled queries
+    and keys — the fresh-step builds ``dosa_ref.mma_model.fp8_fresh_scores``, the chained
+    timing build ``fp8_chained_scores`` (the step model's window over the running sum, in a
+    chain) — and has the −inf pattern of the visibility ranges (a causal chunk with ranges
+    that start and end inside key stages, a last stage past N)."""
     from dosa_cupy.bench import fp8_dense
     from dosa_cupy.workload import make_gpu_workload
+    from dosa_ref.mma_model import fp8_chained_scores, fp8_fresh_scores
 
     wl = make_gpu_workload("calibrated", 37, 5000, H, seed=4)
     for v, (*_, fresh) in fp8_dense.VARIANTS.items():
-        res = fp8_dense.check(wl, fp8_dense.fp8_logits(wl, v), np.random.default_rng(1), fresh,
+        model = fp8_fresh_scores if fresh else fp8_chained_scores
+        res = fp8_dense.check(wl, fp8_dense.fp8_logits(wl, v), np.random.default_rng(1), model,
                               nq=8, nk=600)  # fmt: skip
-        assert res["inf_pattern_mismatch"] == 0, (v, res)
-        if fresh:
-            assert res["model_mismatch"] == 0, (v, res)
+        assert res == {"model_mismatch": 0, "inf_pattern_mismatch": 0}, (v, res)
+
+
+@gpu
+@needs_sm90a
+@pytest.mark.parametrize("H", [64, 32])
+def test_deepgemm_logits_against_its_model(H):
+    """DeepGEMM's fp8 indexer logits on the project's inputs equal
+    ``dosa_ref.mma_model.deepgemm_scores`` bit for bit (chained k32 steps, its head-sum
+    tree, α before the quad's butterfly), with the head sum's products contracted to fmaf or
+    not — the model that says what the project's FP8 scorer would have to do to equal them
+    (docs/error_model.md "DeepGEMM's logits, bit for bit")."""
+    from dosa_cupy.bench import fp8_dense
+    from dosa_cupy.bench.peers import discover
+    from dosa_cupy.workload import make_gpu_workload
+
+    peers = discover(None)
+    if peers.logits is None:
+        pytest.skip("deep_gemm is not importable here (docs/peers.md)")
+    wl = make_gpu_workload("calibrated", 40, 6000, H, seed=8)
+    res = fp8_dense.check_deepgemm(wl, peers.logits)
+    assert res["inf_pattern_mismatch"] == 0, res
+    assert min(res["fused_mismatch"], res["unfused_mismatch"]) == 0, res
 
 
 @gpu

@@ -13,6 +13,7 @@ from dosa_ref.mma_model import (
     WGMMA_E4M3,
     StepModel,
     chain,
+    chained_dots,
     e4m3_exponent,
     fresh_dots,
     step,
@@ -160,13 +161,15 @@ def test_model_fields_are_checked():
 
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("kind", ["random", "crafted"])
-def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
-    """The scores of the FP8 fresh-step scorer (the H200's arithmetic, fp8_fresh_scores) lie
-    within the allowance the plan charges for it (dosa_cupy.plan.scorer_allowance), per key:
+@pytest.mark.parametrize("scorer", ["fp8_fresh", "fp8_chained"])
+def test_fp8_scorer_within_the_plans_allowance(H, kind, scorer):
+    """The scores of the FP8 scorers (the H200's arithmetic: fp8_fresh_scores, and the
+    chained steps of fp8_chained_scores) lie within the allowance the plan charges for each
+    (dosa_cupy.plan.scorer_allowance), per key:
     |s − s_exact| ≤ α(g·Σ_h|w_h|Σ_d|q̄_hd||k̄_d| + Σ_h|w_h|·a_h)."""
     from dosa_cupy.plan import plan_constants, scorer_allowance
     from dosa_ref.fp8 import e4m3_bits
-    from dosa_ref.mma_model import fp8_fresh_scores
+    from dosa_ref.mma_model import fp8_chained_scores, fp8_fresh_scores
 
     rng = np.random.default_rng(H + len(kind))
     if kind == "random":
@@ -178,9 +181,10 @@ def test_fp8_fresh_scorer_within_the_plans_allowance(H, kind):
     alpha = (rng.random(400) + 0.5).astype(np.float32)
     qv, kv = e4m3_values(q), e4m3_values(k)
     exact = (np.maximum(kv @ qv.T, 0) @ w.astype(np.float64)) * alpha
-    got = fp8_fresh_scores(q, w, k, alpha).astype(np.float64)
-    g, a = scorer_allowance("fp8_fresh", q[None], H // 16, 17, np)
-    _, _, flushed = plan_constants(H, 1, 17, "fp8_fresh")  # ε_raw's 2^-126 terms
+    model = fp8_fresh_scores if scorer == "fp8_fresh" else fp8_chained_scores
+    got = model(q, w, k, alpha).astype(np.float64)
+    g, a = scorer_allowance(scorer, q[None], H // 16, 17, np)
+    _, _, flushed = plan_constants(H, 1, 17, scorer)  # ε_raw's 2^-126 terms
     allow = alpha * (g * (np.abs(kv) @ np.abs(qv).T @ np.abs(w).astype(np.float64))
                      + float(np.sum(np.abs(w) * a[0])) + flushed)  # fmt: skip
     assert np.all(np.abs(got - exact) <= allow)
@@ -209,3 +213,48 @@ def test_reference_error_model_covers_the_fresh_wgmma_dot(kind):
     assert np.all(np.abs(x.astype(np.float64) - exact) <= g * mag + ab)
     with pytest.raises(ValueError, match="exact_products"):
         type(a)(accumulator="wgmma_e4m3_fresh", exact_products=False)
+
+
+def test_chained_dots_are_the_probes_chain():
+    """chained_dots (the scorer's four k32 steps in k order, each on the previous result) is
+    the probe's ``chain`` with order 0, 1, 2, 3 from a zero accumulator: one step model."""
+    from dosa_ref.fp8 import e4m3_bits
+
+    rng = np.random.default_rng(11)
+    q = e4m3_bits((rng.standard_normal((16, 128)) * 60).astype(np.float32))
+    k = np.concatenate([e4m3_bits((rng.standard_normal((24, 128)) * 60).astype(np.float32)),
+                        window_rows(rng, 8)])  # fmt: skip
+    n = k.shape[0]
+    a = np.broadcast_to(e4m3_values(k)[None], (1, n, 128))
+    b = np.broadcast_to(e4m3_values(q)[None], (1, 16, 128))
+    want = chain(WGMMA_E4M3, np.zeros((1, n, 16)), a, b, np.arange(4)[None], np.array([4]),
+                 a_codes=k[None], b_codes=q[None])[0]  # fmt: skip
+    got = chained_dots(q, k)
+    assert np.array_equal(got.astype(np.float64), want)
+    assert not np.array_equal(got, fresh_dots(q, k))  # the two arithmetics differ here
+
+
+def test_deepgemm_model_is_the_chained_dots_with_another_tree():
+    """deepgemm_scores: the chained dots of the project's chained build, another head-sum
+    order (chains by column parity, α before the butterfly) — the same value up to fp32
+    roundings, and not always the same bits; fused and unfused products differ too.  Each
+    tree rounds a term at most H/8 + 4 times (its chain of H/8, the parity or even/odd add,
+    × α, the butterfly's two adds) on non-negative terms [x]_+·|w|, so the two differ by at
+    most 2·γ_(H/8+4)·α·Σ_h|w_h|[x_h]_+ (Higham, Lemma 3.1)."""
+    from dosa_ref.fp8 import e4m3_bits
+    from dosa_ref.mma_model import deepgemm_scores, fp8_chained_scores
+
+    rng = np.random.default_rng(12)
+    for H in (32, 64):
+        q = e4m3_bits((rng.standard_normal((H, 128)) * 60).astype(np.float32))
+        k = e4m3_bits((rng.standard_normal((500, 128)) * 60).astype(np.float32))
+        w = rng.standard_normal(H).astype(np.float32)
+        alpha = (rng.random(500) + 0.5).astype(np.float32)
+        dg = deepgemm_scores(q, w, k, alpha)
+        own = fp8_chained_scores(q, w, k, alpha)
+        mag = (np.maximum(chained_dots(q, k), 0).astype(np.float64) @ np.abs(w)) * alpha
+        n = H // 8 + 4
+        gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+        assert np.all(np.abs(dg.astype(np.float64) - own) <= 2 * gamma * mag)
+        assert np.any(dg != own)
+        assert np.any(dg != deepgemm_scores(q, w, k, alpha, fused=False))

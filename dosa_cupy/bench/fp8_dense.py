@@ -3,7 +3,8 @@ dense logits, on the same inputs in one run (docs/benchmark_method.md).
 
 ``python3 -m dosa_cupy.bench.fp8_dense --shapes 64x4096x131072,... [--variants ...] [--reps 20]``:
 per shape, the kernel's logits checked bit for bit against ``dosa_ref.mma_model
-.fp8_fresh_scores`` on sampled queries and keys, its −inf pattern against the visibility
+.fp8_fresh_scores`` (chained builds: ``fp8_chained_scores``; DeepGEMM's against
+``deepgemm_scores``) on sampled queries and keys, its −inf pattern against the visibility
 ranges, then medians (CUDA events, warm-up, three rotated query sets) of every kernel, the
 TFLOP/s on the visible pairs and the multiple of the FP8 floor (1,455 TFLOP/s). One markdown
 table on stdout.
@@ -80,35 +81,56 @@ def fp8_scores_at(wl: dict, ids):
     return out
 
 
-def check(wl: dict, lg, rng, fresh: bool = True, nq: int = 6, nk: int = 1536) -> dict:
-    """Bits of sampled visible logits that differ from ``fp8_fresh_scores`` (``fresh``; else
-    the largest relative difference) and entries whose −inf pattern differs from the
-    visibility ranges (every entry)."""
+def check(wl: dict, lg, rng, model=None, nq: int = 6, nk: int = 1536) -> dict:
+    """Bits of sampled visible logits ``lg`` (CuPy [Qn, ≥ N], rows may be padded) that
+    differ from ``model(q_codes, w, k_codes, alpha)`` (default ``fp8_fresh_scores``) and
+    entries of the first N columns whose −inf pattern differs from the visibility ranges."""
     import cupy as cp
 
     from dosa_ref.mma_model import fp8_fresh_scores
 
-    Qn, N = lg.shape
+    model = model or fp8_fresh_scores
+    N = wl["k_payload"].shape[0]
+    Qn = lg.shape[0]
     cols = cp.arange(N, dtype=cp.int32)[None, :]
     vis = (cols >= wl["ks"][:, None]) & (cols < wl["ke"][:, None])
-    pattern = int(cp.sum(vis == cp.isneginf(lg)))
+    pattern = int(cp.sum(vis == cp.isneginf(lg[:, :N])))
     q, w = cp.asnumpy(wl["q"]), cp.asnumpy(wl["w"])
     kp, ksc = cp.asnumpy(wl["k_payload"]), cp.asnumpy(wl["k_scale"])
     ks, ke = cp.asnumpy(wl["ks"]), cp.asnumpy(wl["ke"])
-    bad, rel = 0, 0.0
+    bad = 0
     for t in rng.choice(Qn, nq, replace=False):
         lo, hi = int(ks[t]), int(ke[t])
         if hi <= lo:
             continue
         ids = np.unique(np.concatenate([np.arange(lo, min(hi, lo + 64)),
                                         rng.integers(lo, hi, nk)]))  # fmt: skip
-        want = fp8_fresh_scores(q[t], w[t], kp[ids], ksc[ids])
+        want = model(q[t], w[t], kp[ids], ksc[ids])
         got = cp.asnumpy(lg[t, cp.asarray(ids)])
         bad += int((want.view(np.uint32) != got.view(np.uint32)).sum())
-        rel = max(rel, float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30)))
-    if not fresh:
-        return {"max_rel_diff_to_fresh": rel, "inf_pattern_mismatch": pattern}
     return {"model_mismatch": bad, "inf_pattern_mismatch": pattern}
+
+
+def check_deepgemm(wl: dict, logits) -> dict:
+    """DeepGEMM's logits (``logits(c)``, a bench_shape sub-chunk) against
+    ``dosa_ref.mma_model.deepgemm_scores`` with the head sum's products contracted to fmaf
+    and not: mismatching bits of each on the same sampled entries."""
+    import cupy as cp
+
+    from dosa_ref.mma_model import deepgemm_scores
+
+    from .peers import padded_rows
+
+    c = dict(q=wl["q"], w=wl["w"], kp=wl["k_payload"], ksc=wl["k_scale"], ks=wl["ks"],
+             ke=wl["ke"])  # fmt: skip
+    lg = padded_rows(logits(c), cp)
+    out = {}
+    for name, fused in (("fused", True), ("unfused", False)):
+        r = check(wl, lg, np.random.default_rng(0),
+                  lambda *a, f=fused: deepgemm_scores(*a, fused=f))  # fmt: skip
+        out[f"{name}_mismatch"] = r["model_mismatch"]
+    out["inf_pattern_mismatch"] = r["inf_pattern_mismatch"]
+    return out
 
 
 def run(shapes, variants, reps: int, out=sys.stdout) -> list:
@@ -118,6 +140,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
     from dosa_cupy.bench.peers import discover
     from dosa_cupy.bench.timing import free, median_ms_interleaved
     from dosa_cupy.workload import make_gpu_workload
+    from dosa_ref.mma_model import fp8_chained_scores, fp8_fresh_scores
 
     peers = discover(None)
     rows = []
@@ -127,9 +150,10 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
         visible = float(cp.sum(cp.maximum(wl["ke"] - wl["ks"], 0)))
         res = {"H": H, "Qn": Qn, "N": N}
         for v in variants:
-            res[f"check_{v}"] = check(
-                wl, fp8_logits(wl, v), np.random.default_rng(0), VARIANTS[v][3]
-            )
+            model = fp8_fresh_scores if VARIANTS[v][3] else fp8_chained_scores
+            res[f"check_{v}"] = check(wl, fp8_logits(wl, v), np.random.default_rng(0), model)
+        if peers is not None and peers.logits is not None:
+            res["check_deepgemm"] = check_deepgemm(wl, peers.logits)
         buf = cp.empty((Qn, N), dtype=cp.float32)
         cs = [dict(q=s["q"], w=s["w"], kp=s["k_payload"], ksc=s["k_scale"], ks=s["ks"],
                    ke=s["ke"]) for s in sets]  # fmt: skip
@@ -145,8 +169,9 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
         free(cp)
         flop = 2.0 * H * 128 * visible
         print(f"\n### H = {H}, Qn = {Qn}, N = {N} (visible pairs {visible:.3e})", file=out)
-        for k in variants:
-            print(f"check {k}: {res[f'check_{k}']}", file=out)
+        for k in [*variants, "deepgemm"]:
+            if f"check_{k}" in res:
+                print(f"check {k}: {res[f'check_{k}']}", file=out)
         print("| kernel | ms | TFLOP/s (visible) | × FP8 floor | / DeepGEMM |", file=out)
         print("|---|---|---|---|---|", file=out)
         dg = res.get("deepgemm")
