@@ -65,17 +65,19 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
 }
 
 // QT query tiles of NC head rows per block (NC = 64 or 128: the MMA's N); H heads per query
-// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys).  FRESH — the candidate
-// canonical arithmetic: each k32 step from a fresh accumulator, steps 0, 1 and 2 in flight
-// at once, step 3 issued into step 1's buffer once that is added (3·NC/2 accumulator
-// registers; setmaxnreg moves the producer's registers to the consumers).  Otherwise one
-// k128 chain on the tensor core, DeepGEMM's arithmetic (a timing variant only: its window
-// follows the running sum, docs/numerics.md).  Schedules that measured slower
-// (docs/records/benchmarks.md, session 14): two halves of two steps; steps 2 and 3 one at a
-// time into one buffer; two tiles interleaved in one warpgroup.  Keeping the next tile's
-// first steps in flight during this tile's head sum needs more registers than 2 consumer
-// warpgroups have at NC = 128 (ptxas spills them and inserts waits).
-template <int H, int NC, int QT, int CWG, bool FRESH>
+// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys).  FRESH = 3 or 2 — the
+// candidate canonical arithmetic, each k32 step from a fresh accumulator, added in k order
+// (setmaxnreg moves the producer's registers to the consumers): 3 — steps 0, 1 and 2 in
+// flight at once, step 3 issued into step 1's buffer once that is added (3·NC/2 accumulator
+// registers: the warpgroup waits once for a single step); 2 — steps 0 and 1 in flight, then
+// 2 and 3 one at a time into one buffer (2·NC/2 registers, so that four consumer warpgroups
+// fit at NC = 64).  FRESH = 0 — one k128 chain on the tensor core, DeepGEMM's arithmetic (a
+// timing variant only: its window follows the running sum, docs/numerics.md).  Schedules that
+// measured slower (docs/records/benchmarks.md, session 14): two halves of two steps; two
+// tiles interleaved in one warpgroup.  Keeping the next tile's first steps in flight during
+// this tile's head sum needs more registers than 2 consumer warpgroups have at NC = 128
+// (ptxas spills them and inserts waits), and so do three consumer warpgroups at NC = 128.
+template <int H, int NC, int QT, int CWG, int FRESH>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
@@ -205,7 +207,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     for (int qt = 0; qt < QT; ++qt) {
       const uint64_t db = desc_sw128(sq_addr + qt * kTileBytes);
       float acc[NA];
-      if constexpr (FRESH) {
+      if constexpr (FRESH == 3) {
         float x[NA], y[NA];
         fence();
         mma_e4m3<NC>(acc, st.da, db, 0);
@@ -223,6 +225,23 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
         add_into(acc, y);
         wait<0>();  // step 3
         add_into(acc, x);
+      } else if constexpr (FRESH == 2) {
+        float x[NA];
+        fence();
+        mma_e4m3<NC>(acc, st.da, db, 0);
+        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
+        commit();
+        wait<0>();  // steps 0 and 1
+        pin(acc);
+        add_into(acc, x);
+#pragma unroll
+        for (int s = 2; s < 4; ++s) {
+          fence();
+          mma_e4m3<NC>(x, st.da + 2 * s, db + 2 * s, 0);
+          commit();
+          wait<0>();
+          add_into(acc, x);
+        }
       } else {
         pin(acc);
         fence();
@@ -260,10 +279,11 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #endif
 // builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the fastest fresh build of each H (records:
 // 128 columns at H = 64, 64 columns at H = 32) for both H, and DeepGEMM's arithmetic in the
-// same frame (timing only)
+// same frame (timing only); qt8_w4_seq: four consumer warpgroups, to measure
 #define DENSE_FP8_BUILDS(H)                              \
-  DENSE_FP8_INST(H, 128, 4, 2, true, n128q4_w2_fresh)    \
-  DENSE_FP8_INST(H, 64, 8, 3, true, qt8_w3_fresh)        \
-  DENSE_FP8_INST(H, 128, 1, 4, false, n128_w4_chained)
+  DENSE_FP8_INST(H, 128, 4, 2, 3, n128q4_w2_fresh)       \
+  DENSE_FP8_INST(H, 64, 8, 3, 3, qt8_w3_fresh)           \
+  DENSE_FP8_INST(H, 64, 8, 4, 2, qt8_w4_seq)             \
+  DENSE_FP8_INST(H, 128, 1, 4, 0, n128_w4_chained)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
