@@ -245,7 +245,7 @@ def test_markdown_table(tmp_path):
     table = lines[h + 2 : lines.index("", h)]
     assert len(table) == len(rows) - 1  # the skipped row is listed below, not in the table
     assert all(ln.startswith("| calibrated | 256 |") for ln in table)
-    assert head.count("×fl") == 6 and all(ln.count("|") == head.count("|") for ln in table)
+    assert head.count("×fl") == 7 and all(ln.count("|") == head.count("|") for ln in table)
     r0 = next(ln for ln in table if "| 32 | 4096 | 1048576 |" in ln)
     assert "| 4.0 |" in r0 and "| 7.0 |" in r0 and "| 13.0 |" in r0 and "True" in r0
     assert "| 0.50× |" in r0
@@ -793,6 +793,24 @@ def test_attach_ratios_and_report_without_peer_routes():
     assert r["peers"]["vs_best"]["DoSA"] == pytest.approx(2.0)
     assert r["peers"]["vs_best"]["DoSA variant pair"] == pytest.approx(4.0)
     assert r["peers"]["vs_best"]["fused"] == pytest.approx(2 * r["dosa_ms"] / r["fused_ms"])
+
+
+def test_fp8_logits_in_the_row_the_table_and_against_deepgemm():
+    """A row's FP8 dense logits: × the logits floor (the same work), a table cell, and in the
+    peers table DeepGEMM's logits time over the project's f16 and FP8 logits."""
+    r = _row(32, 4096, 1 << 17)
+    fl = B.row_floors(r)["logits_floor_ms"]
+    r.update(fp8_logits_ms=3 * fl, fp8_logits_build="qt8_w3_fresh")
+    assert B.x_floor(r)["fp8_logits"] == pytest.approx(3.0)
+    assert B.x_floor(_row(32, 4096, 1 << 17))["fp8_logits"] is None
+    r["peers"] = {"notes": [], "routes": {"deepgemm": {"kind": "logits", "ms": 1.5 * fl}}}
+    P.attach_ratios(r)
+    vs = r["peers"]["vs_deepgemm_logits"]
+    assert vs["dense logits (FP8 qt8_w3_fresh)"] == pytest.approx(0.5)
+    assert vs["dense logits (f16)"] == pytest.approx(1.5 * fl / r["logits_ms"])
+    md = B.markdown([r])
+    assert "| dense logits (FP8 qt8_w3_fresh) | project logits |" in md and "| 0.50× |" in md
+    assert "| 3.0 |" in md.split("| regime | tile | H |")[1].splitlines()[2]
 
 
 def test_discover_without_torch(monkeypatch):

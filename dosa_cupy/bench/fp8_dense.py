@@ -13,6 +13,7 @@ table on stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import numpy as np
@@ -29,6 +30,44 @@ VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, Tru
 BEST = {64: "n128q4_w2_fresh", 32: "qt8_w3_fresh"}
 
 
+def as_workload(c: dict) -> dict:
+    """The workload dict ``fp8_logits`` takes, from a ``dosa bench`` sub-chunk (q, w, kp,
+    ksc, ks, ke): the same arrays, no copy."""
+    return dict(q=c["q"], w=c["w"], k_payload=c["kp"], k_scale=c["ksc"], ks=c["ks"],
+                ke=c["ke"])  # fmt: skip
+
+
+@functools.cache
+def _builds(H: int, dev: int) -> bool:
+    try:
+        _kernel(BEST[H], H)
+        return True
+    except Exception:
+        return False
+
+
+def available(H: int) -> bool:
+    """True where the FP8 dense logits run: H of ``BEST`` on a compute-capability-9.0 GPU
+    whose sm_90a build of csrc/dense_fp8.cu builds and loads (the first call builds it)."""
+    if H not in BEST:
+        return False
+    try:
+        import cupy as cp
+
+        dev = cp.cuda.Device()
+        return dev.compute_capability == "90" and _builds(H, dev.id)
+    except Exception:
+        return False
+
+
+def _kernel(variant: str, H: int | None = None):
+    from dosa_cupy._build import KernelSpec, kernel
+
+    H = H if H is not None else next(h for h, v in BEST.items() if v == variant)
+    return kernel(f"dense_fp8_h{H}_{variant}", smem_bytes(*VARIANTS[variant][:3]),
+                  KernelSpec("dense_fp8.cu", (), sm90a=True))  # fmt: skip
+
+
 def smem_bytes(nc: int, qt: int, cwg: int) -> int:
     """Dynamic shared memory of a dense_fp8 build: 4 key slots of 64·cwg keys, qt query tiles
     of nc rows of 128 bytes, 8 mbarriers and 1 KB to align to the swizzle atom (the weights
@@ -41,7 +80,6 @@ def fp8_logits(wl: dict, variant: str, out=None):
     make_gpu_workload."""
     import cupy as cp
 
-    from dosa_cupy._build import KernelSpec, kernel
     from dosa_cupy.tma import tensor_map_2d
 
     q, w, kp, ksc = wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]
@@ -51,8 +89,7 @@ def fp8_logits(wl: dict, variant: str, out=None):
         out = cp.empty((Qn, N), dtype=cp.float32)
     nc, qt, cwg, _ = VARIANTS[variant]
     smem = smem_bytes(nc, qt, cwg)
-    name = f"dense_fp8_h{H}_{variant}"
-    f = kernel(name, smem, KernelSpec("dense_fp8.cu", (), sm90a=True))
+    f = _kernel(variant, H)
     key = f"_tmap{cwg}"
     if key not in wl:
         wl[key] = tensor_map_2d(kp, 64 * cwg, 128)

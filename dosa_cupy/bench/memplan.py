@@ -180,6 +180,8 @@ def x_floor(row) -> dict:
     for k in ROUTES:
         t, f = row.get(f"{k}_ms"), fl.get(f"{k}_floor_ms")
         out[k] = (t / f) if (t is not None and f) else None
+    t, f = row.get("fp8_logits_ms"), fl.get("logits_floor_ms")  # the same work's floor
+    out["fp8_logits"] = (t / f) if (t is not None and f) else None
     return out
 
 

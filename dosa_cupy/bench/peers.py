@@ -221,13 +221,26 @@ def project_routes(res: dict) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if v}
 
 
+def project_logits(res: dict) -> dict[str, float]:
+    """The project's dense logits of a row, {name: ms}: the f16 canonical scorer's and the
+    native FP8 scorer's (where it ran; issue 27 compares it with DeepGEMM's logits)."""
+    out = {"dense logits (f16)": res.get("logits_ms")}
+    if res.get("fp8_logits_ms"):
+        out[f"dense logits (FP8 {res.get('fp8_logits_build', '?')})"] = res["fp8_logits_ms"]
+    return {k: float(v) for k, v in out.items() if v}
+
+
 def attach_ratios(res: dict) -> None:
     """Add to ``res["peers"]`` the best (fastest) full peer route and, for every full route
     of the project and of the peers, best peer ms / route ms (> 1: faster than the best
-    peer).  Nothing to add without a timed full peer route."""
+    peer); for the project's dense logits, DeepGEMM's logits ms / theirs.  Nothing to add
+    without a timed peer."""
     pr = res.get("peers")
     if not pr:
         return
+    dg = pr["routes"].get(LOGITS, {}).get("ms")
+    if dg:  # the project's logits against DeepGEMM's (> 1: faster)
+        pr["vs_deepgemm_logits"] = {k: dg / ms for k, ms in project_logits(res).items()}
     full = {k: v["ms"] for k, v in pr["routes"].items() if v["kind"] == "route" and v.get("ms")}
     if not full:
         return
@@ -245,7 +258,8 @@ def markdown(rows, cell, shape_cols) -> str:
         return ""
     out = [
         "\nPeers (same run, same inputs; `--peers`): vs best peer = the fastest full peer "
-        "route's time / the route's time (> 1: faster); ids in set = the project's ids that "
+        "route's time / the route's time (> 1: faster; for the project's logits rows: DeepGEMM's "
+        "logits time / theirs); ids in set = the project's ids that "
         "the peer also returned, the worst row / pooled (DeepGEMM's low bits differ from the "
         "canonical scorer: sets are compared, not bits).\n\n| regime | H | Qn | N | route | "
         "kind | ms | vs best peer | ids in set (min / pooled) |\n|" + "---|" * 9 + "\n"
@@ -253,8 +267,9 @@ def markdown(rows, cell, shape_cols) -> str:
     notes: list[str] = []
     for r in rows:
         pr = r["peers"]
-        vs = pr.get("vs_best", {})
+        vs, vs_lg = pr.get("vs_best", {}), pr.get("vs_deepgemm_logits", {})
         lines = [(k, "project", ms, None) for k, ms in project_routes(r).items()]
+        lines += [(k, "project logits", ms, None) for k, ms in project_logits(r).items()]
         lines += [(k, v["kind"], v.get("ms"), v) for k, v in pr.get("routes", {}).items()]
         for name, kind, ms, v in lines:
             if v is not None and "error" in v:
@@ -264,9 +279,10 @@ def markdown(rows, cell, shape_cols) -> str:
             else:
                 ids = "-"
             best = " (best)" if name == pr.get("best") else ""
+            ratio = vs_lg.get(name) if kind == "project logits" else vs.get(name)
             out.append(
                 f"| {shape_cols(r)} | {name}{best} | {kind} | {cell(ms)} | "
-                f"{cell(vs.get(name), '{:.2f}×')} | {ids} |\n"
+                f"{cell(ratio, '{:.2f}×')} | {ids} |\n"
             )
         notes += [n for n in pr.get("notes", []) if n not in notes]
     if notes:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from ..cost import logits_flop
+from . import fp8_dense
 from . import peers as peer_routes
 from .memplan import floors_ms, memory_plan, x_floor
 from .report import device_name, ids_equal
@@ -138,6 +139,22 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     res["logits_ms"], _ = median_ms(cp, logits, reps, rotate=dchunks)
     res["logits_tflops"] = flops / res["logits_ms"] / 1e9
     free(cp)
+
+    # The native FP8 scorer's dense logits (issue 27; no route uses it yet): the fastest
+    # build for H on the same sub-chunks, where the GPU runs sm_90a
+    if fp8_dense.available(H):
+        v = fp8_dense.BEST[H]
+        fsets = [[fp8_dense.as_workload(c) for c in cs] for cs in dchunks]
+
+        def fp8_logits(ws):
+            for wl in ws:
+                lg = fp8_dense.fp8_logits(wl, v)
+                del lg
+
+        res["fp8_logits_build"] = v
+        res["fp8_logits_ms"], _ = median_ms(cp, fp8_logits, reps, rotate=fsets)
+        del fsets
+        free(cp)
 
     # Own exact selection and torch.topk on the logits of set 0, one sub-chunk at a time
     # (time = Σ over sub-chunks of the per-sub-chunk median); the dense ids come from here.

@@ -106,7 +106,8 @@ def markdown(rows, meta=None) -> str:
         "== dense bitwise, torch.topk the same values.\n\n",
     ]
     cols = (
-        "regime | tile | H | Qn | N | K | logits ms | ×fl | TFLOP/s | select ms | ×fl "
+        "regime | tile | H | Qn | N | K | logits ms | ×fl | TFLOP/s | FP8 logits ms | ×fl "
+        "| select ms | ×fl "
         "| torch.topk ms | ×fl | dense route ms | ×fl | fused ms | ×fl | DoSA ms | ×fl "
         "| vs dense | vs fused | survival | sub | ids equal"
     )
@@ -119,6 +120,7 @@ def markdown(rows, meta=None) -> str:
             f"| {r.get('regime', '-')} | {r.get('tile', '-')} | {r['H']} | {r['Qn']} | "
             f"{r['N']} | {r.get('K', '-')} | {cell(r.get('logits_ms'))} | "
             f"{cell(x['logits'], '{:.1f}')} | {cell(r.get('logits_tflops'), '{:.0f}')} | "
+            f"{cell(r.get('fp8_logits_ms'))} | {cell(x['fp8_logits'], '{:.1f}')} | "
             f"{cell(r.get('select_ms'))} | {cell(x['select'], '{:.1f}')} | "
             f"{cell(r.get('torch_topk_ms'))} | {cell(x['torch_topk'], '{:.1f}')} | "
             f"{cell(r.get('dense_route_ms'))} | {cell(x['dense_route'], '{:.1f}')} | "
