@@ -1070,6 +1070,71 @@ def test_decode_main_peers_flag(monkeypatch, tmp_path, capsys):
     assert "| key floor ms |" in md and "Peers not timed: peers need torch" in md
 
 
+def test_decode_paged_walk_layout():
+    """paged_walk: request b's position t in row t % 64 of block bt[b, t // 64], the keys and
+    queries quantized as dosa_ref.fp8 does, every other row of the cache zero, one spare
+    block, the lengths per step as given."""
+    from dosa_ref.fp8 import quantize_keys, quantize_queries
+
+    rng = np.random.default_rng(3)
+    B, ctx, steps, n, H = 3, 150, 2, 2, 4
+    keys = [rng.standard_normal((ctx, 128)).astype(np.float32) for _ in range(B)]
+    qs = rng.standard_normal((steps, B, n, H, 128)).astype(np.float32)
+    ws = rng.standard_normal((steps, B, n, H)).astype(np.float32)
+    lengths = np.array([[146, 147, 148], [148, 149, 150]])
+    kv, sc, bt, walk, lens = BD.paged_walk(np, keys, qs, ws, lengths, seed=5)
+    mb = 3
+    assert kv.shape == (B * mb + 1, 64, 128) and sc.shape == (B * mb + 1, 64)
+    assert bt.shape == (B, mb) and len(set(bt.ravel().tolist())) == B * mb
+    used = np.zeros(kv.shape[:2], dtype=bool)
+    for b in range(B):
+        p, s_ = quantize_keys(keys[b])
+        t = np.arange(ctx)
+        assert np.array_equal(kv[bt[b, t // 64], t % 64], p)
+        assert np.array_equal(sc[bt[b, t // 64], t % 64], s_)
+        used[bt[b, t // 64], t % 64] = True
+    assert not kv[~used].any() and not sc[~used].any()
+    for i in range(steps):
+        qp, wq = quantize_queries(qs[i].reshape(B * n, H, 128), ws[i].reshape(B * n, H))
+        assert np.array_equal(walk[i][0], qp.reshape(B, n, H, 128))
+        assert np.array_equal(walk[i][1], wq.reshape(B, n, H))
+        assert lens[i].dtype == np.int32 and np.array_equal(lens[i], lengths[i])
+    with pytest.raises(ValueError, match="keys"):
+        BD.paged_walk(np, [keys[0], keys[1][:100]], qs[:, :2], ws[:, :2], lengths[:, :2], 0)
+
+
+def test_decode_trained_walk_and_its_limits():
+    """trained_walk: the trained regime's walk (make_trained_decode) in the paged layout, its
+    last step seeing every key of a request; the encoded tokens capped, a context too short
+    refused, and ``--regime`` / trained shapes checked before any GPU work."""
+    T = pytest.importorskip("dosa_ref.trained")
+    pytest.importorskip("tokenizers", reason="the tokenizer: pip install 'dosa[real]'")
+    try:
+        T.load_indexer(32)
+        T.corpus()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        pytest.skip(f"the trained regime's encoder or corpus: {e}")
+    B, ctx, n, steps = 2, 96, 1, 3
+    kv, sc, bt, walk, lens = BD.trained_walk(np, B, ctx, n, 32, steps, seed=1)
+    d = T.make_trained_decode(B, ctx - n * steps, steps, next_n=n, H=32, seed=1)
+    assert [int(x) for x in lens[-1]] == [ctx] * B
+    assert np.array_equal(np.stack(lens), d["lengths"])
+    from dosa_ref.fp8 import quantize_keys
+
+    t = np.arange(ctx)
+    for b in range(B):
+        assert np.array_equal(kv[bt[b, t // 64], t % 64], quantize_keys(d["k"][b])[0])
+    assert walk[0][0].shape == (B, n, 32, 128)
+    with pytest.raises(ValueError, match="shapes"):
+        BD.trained_walk(np, 64, 1 << 20, 1, 32, 3, 0)
+    with pytest.raises(ValueError, match="shapes"):
+        BD.trained_walk(np, 1, 3, 1, 32, 3, 0)
+    with pytest.raises(ValueError, match="regime"):
+        BD.main(["--regime", "real"])
+    with pytest.raises(ValueError, match="shapes"):
+        BD.main(["--regime", "trained", "--shapes", "64x64x1048576"])
+
+
 @pytest.mark.parametrize("wrong", ["eager", "graph"])
 def test_decode_ids_checks_can_fail(monkeypatch, tmp_path, wrong):
     """The bench's ids checks see a wrong id: a selector that swaps two ids at one step

@@ -12,6 +12,9 @@ step cross-checked (DoSA == dense bitwise), JSON + markdown output, shape filter
     dosa bench --decode --filter x1048576            (shape = HxBxCTX)
 
 Default shapes: H ∈ {32, 64} × B ∈ {1, 8, 64} × ctx ∈ {128K, 256K, 512K, 1M}.
+``--regime trained`` (or ``synthetic,trained``): the trained regime's decode walks instead
+(``trained_walk``: held-out text through the shipped indexers, docs/workloads.md; H 32 / 64,
+every key encoded, so B·ctx ≤ 2^24 tokens).
 Measured on the H200: docs/records/benchmarks.md ("Decode", "Decode grid").
 
 Beside each time, the key-read floor (``key_floor_ms``: every request's visible keys read
@@ -100,6 +103,65 @@ def query_walk(cp, B, n, H, steps, topics, seed):
     return out
 
 
+TRAINED_MAX_TOKENS = 1 << 24  # B·ctx encoded per trained shape (~16M tokens)
+
+
+def paged_walk(xp, keys, qs, ws, lengths, seed):
+    """A decode walk in the bench's paged layout from per-request keys: ``keys`` a list of B
+    float arrays [ctx, 128] (request b's every key, in position order), ``qs`` float [steps,
+    B, n, H, 128] and ``ws`` [steps, B, n, H] the walk's queries and weights, ``lengths`` int
+    [steps, B].  Keys and queries are quantized as serving stacks do (per-token e4m3,
+    the query scale folded into w; ``dosa_ref.fp8`` on the host, its bit-identical GPU twin
+    on the device); request b's position t sits in row t % 64 of block bt[b, t // 64] of a
+    cache of B·⌈ctx / 64⌉ + 1 blocks in a shuffled order.  Returns (kv uint8 [nb, 64, 128],
+    sc fp32 [nb, 64], bt int32 [B, mb], walk: a list of (q e4m3 [B, n, H, 128], w fp32
+    [B, n, H]) per step, lengths: a list of int32 [B] per step)."""
+    if xp is np:
+        from dosa_ref.fp8 import quantize_keys as qk
+        from dosa_ref.fp8 import quantize_queries as qq
+    else:
+        from dosa_cupy.prepare import quantize_keys as qk
+        from dosa_cupy.workload import quantize_queries as qq
+    B = len(keys)
+    ctx = int(keys[0].shape[0])
+    if any(int(k.shape[0]) != ctx for k in keys):
+        raise ValueError("keys: every request needs the same number of keys")
+    mb = -(-ctx // 64)
+    nb = B * mb + 1
+    kv = xp.zeros((nb * 64, 128), dtype=xp.uint8)
+    sc = xp.zeros(nb * 64, dtype=xp.float32)
+    bt = np.random.default_rng(seed).permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32)
+    pos = np.arange(ctx)
+    for b in range(B):
+        p, s_ = qk(keys[b])[:2]
+        rows = xp.asarray(bt[b, pos // 64].astype(np.int64) * 64 + pos % 64)
+        kv[rows], sc[rows] = p, s_
+    steps, _, n, H, _ = qs.shape
+    walk = []
+    for i in range(steps):
+        qp, wq = qq(qs[i].reshape(B * n, H, 128), ws[i].reshape(B * n, H))
+        walk.append((qp.reshape(B, n, H, 128), wq.reshape(B, n, H)))
+    lens = [xp.asarray(np.asarray(lengths[i]).astype(np.int32)) for i in range(steps)]
+    return kv.reshape(nb, 64, 128), sc.reshape(nb, 64), xp.asarray(bt), walk, lens
+
+
+def trained_walk(xp, B, ctx, n, H, steps, seed):
+    """The trained regime's decode walk (``dosa_ref.trained.make_trained_decode``: held-out
+    text through the shipped indexer of H heads) in the bench's paged layout
+    (``paged_walk``): each request holds ``ctx`` keys, the walk's last step sees all of
+    them.  ``B·ctx`` is capped at ``TRAINED_MAX_TOKENS`` (every key is encoded)."""
+    from dosa_ref.trained import make_trained_decode
+
+    if B * ctx > TRAINED_MAX_TOKENS:
+        raise ValueError(f"shapes: the trained regime encodes B·ctx tokens, at most "
+                         f"{TRAINED_MAX_TOKENS}; got {B}·{ctx}")  # fmt: skip
+    if ctx - n * steps < 1:
+        raise ValueError(f"shapes: ctx {ctx} leaves no context before {steps} steps of {n}")
+    d = make_trained_decode(B, ctx - n * steps, steps, next_n=n, H=H, seed=seed, xp=xp)
+    lengths = d["lengths"].get() if hasattr(d["lengths"], "get") else d["lengths"]
+    return paged_walk(xp, d["k"], d["q"], d["w"], lengths, seed)
+
+
 def key_floor_ms(visible, bw=HBM, key_bytes=KEY_BYTES) -> float:
     """The key-read floor of one decode step in ms: ``visible`` int [B] (each request's
     visible keys, its context length) read once per request (not per query row),
@@ -132,9 +194,11 @@ def timed(cp, fn, idx):
     return ts, outs
 
 
-def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=None):
+def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=None,
+                regime="synthetic"):  # fmt: skip
     """One decode shape: the project's routes, then the peers (``decode_peers.discover()``;
-    None: none run) on the same steps; returns the JSON row."""
+    None: none run) on the same steps; returns the JSON row.  ``regime``: "synthetic" (a
+    drifting query walk over topic-structured keys) or "trained" (``trained_walk``)."""
     import cupy as cp
 
     from dosa_cupy.decode import DecodeSelectorGPU, dense_decode_topk
@@ -142,12 +206,15 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
     from . import decode_peers
 
     t0 = time.time()
-    kv, sc, bt, topics = make_cache(cp, B, ctx, seed)
     steps = warm + reps
-    walk = query_walk(cp, B, n, H, steps, topics, seed)
-    rs = np.random.default_rng(seed)
-    L0 = np.maximum(0, ctx - n * steps - rs.integers(0, 64, B))
-    lengths = [cp.asarray((L0 + n * (i + 1)).astype(np.int32)) for i in range(steps)]
+    if regime == "trained":
+        kv, sc, bt, walk, lengths = trained_walk(cp, B, ctx, n, H, steps, seed)
+    else:
+        kv, sc, bt, topics = make_cache(cp, B, ctx, seed)
+        walk = query_walk(cp, B, n, H, steps, topics, seed)
+        rs = np.random.default_rng(seed)
+        L0 = np.maximum(0, ctx - n * steps - rs.integers(0, 64, B))
+        lengths = [cp.asarray((L0 + n * (i + 1)).astype(np.int32)) for i in range(steps)]
     cp.cuda.Device().synchronize()
     gen_s = time.time() - t0
 
@@ -183,7 +250,7 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
     last = sel.step(*args(steps - 1), return_stats=True).stats
     vis = float(B * n * np.mean(cp.asnumpy(lengths[warm])))
     res = dict(
-        H=H, B=B, ctx=ctx, next_n=n, K=K, reps=reps, warm=warm, history=history,
+        regime=regime, H=H, B=B, ctx=ctx, next_n=n, K=K, reps=reps, warm=warm, history=history,
         buffer=sel.buffer, visible_keys=vis,
         dense_ms=statistics.median(ts_dense), dosa_ms=statistics.median(ts_dosa),
         dense_ms_all=ts_dense, dosa_ms_all=ts_dosa,
@@ -275,12 +342,13 @@ def markdown(rows) -> str:
     """The decode table (the key-read floor and time / floor after the original columns)
     and, for rows with peer fields, the peers table and the reasons peers did not run."""
     head = (
-        "| H | B | ctx | next_n | dense ms | DoSA ms | speedup | step ratio | compaction "
-        "| overflow steps | ids equal | key floor ms | dense ×floor | DoSA ×floor |\n"
-        "|" + "---|" * 14 + "\n"
+        "| regime | H | B | ctx | next_n | dense ms | DoSA ms | speedup | step ratio "
+        "| compaction | overflow steps | ids equal | key floor ms | dense ×floor "
+        "| DoSA ×floor |\n|" + "---|" * 15 + "\n"
     )
     body = "".join(
-        f"| {r['H']} | {r['B']} | {r['ctx']:,} | {r['next_n']} | {r['dense_ms']:.3f} "
+        f"| {r.get('regime', 'synthetic')} | {r['H']} | {r['B']} | {r['ctx']:,} "
+        f"| {r['next_n']} | {r['dense_ms']:.3f} "
         f"| {r['dosa_ms']:.3f} | {r['speedup']:.2f}× | {r['step_ratio_median']:.2f}× "
         f"| {r['compaction']:.4f} | {r['overflow_steps']} | {r['ids_equal']} "
         f"| {_cell(r.get('key_floor_ms'), '{:.4f}')} "
@@ -373,6 +441,12 @@ def main(argv=None) -> int:
         help="records per row (default: room for every visible key, no host sync)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--regime",
+        default="synthetic",
+        help="synthetic (default), trained (held-out text through the shipped indexers; "
+        "H 32 / 64, B·ctx ≤ 2^24), or both, comma-separated",
+    )
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
     ap.add_argument(
         "--peers",
@@ -390,6 +464,14 @@ def main(argv=None) -> int:
     if any(x not in (1, 2) for x in nns):
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
+    regimes = a.regime.split(",")
+    if set(regimes) - {"synthetic", "trained"} or not regimes:
+        raise ValueError(f"regime: expected synthetic and/or trained, got {a.regime!r}")
+    if "trained" in regimes:
+        for H, B, ctx in shapes:
+            if H not in (32, 64) or B * ctx > TRAINED_MAX_TOKENS:
+                raise ValueError(f"shapes: the trained regime needs H 32 or 64 and B·ctx ≤ "
+                                 f"{TRAINED_MAX_TOKENS}, got {H}x{B}x{ctx}")  # fmt: skip
     from .timing import no_gpu_exit
 
     rc = no_gpu_exit("dosa bench --decode")
@@ -401,30 +483,20 @@ def main(argv=None) -> int:
     for note in peers.notes if peers else ():
         print(f"# peers: {note}", flush=True)
     rows = []
-    for H, B, ctx in shapes:
-        for n in nns:
-            t0 = time.time()
-            rows.append(
-                bench_shape(
-                    H,
-                    B,
-                    ctx,
-                    n,
-                    a.K,
-                    a.reps,
-                    a.warm,
-                    a.history,
-                    a.buffer,
-                    a.seed,
-                    lambda s: print(s, flush=True),
-                    peers=peers,
+    for regime in regimes:
+        for H, B, ctx in shapes:
+            for n in nns:
+                t0 = time.time()
+                rows.append(
+                    bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history, a.buffer, a.seed,
+                                lambda s: print(s, flush=True), peers=peers, regime=regime)
                 )  # fmt: skip
-            )
-            print(f"# {H}x{B}x{ctx} next_n={n} done in {time.time() - t0:.1f}s", flush=True)
-            import cupy as cp  # the shape's arrays are gone: return their memory
+                print(f"# {regime} {H}x{B}x{ctx} next_n={n} done in {time.time() - t0:.1f}s",
+                      flush=True)  # fmt: skip
+                import cupy as cp  # the shape's arrays are gone: return their memory
 
-            cp.get_default_memory_pool().free_all_blocks()
-            _write(a.out, rows)  # after every shape: a call cut short keeps what finished
+                cp.get_default_memory_pool().free_all_blocks()
+                _write(a.out, rows)  # after every shape: a call cut short keeps what finished
     print(markdown(rows))
     ok = all(r["ids_equal"] and r.get("dosa_graph_ids_equal") is not False for r in rows)
     return 0 if ok else 1
