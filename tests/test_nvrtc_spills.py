@@ -62,6 +62,8 @@ def test_runtime_builds_do_not_spill(name, defines, tmp_path):
     (tmp_path / "k.ptx").write_bytes(_ptx(CSRC / name, defines))
     res = subprocess.run([PTXAS, "-arch=sm_90", "-v", str(tmp_path / "k.ptx"), "-o",
                           str(tmp_path / "k.cubin")], capture_output=True, text=True)  # fmt: skip
+    if "Unsupported .version" in res.stderr:  # NVRTC newer than this machine's ptxas
+        pytest.skip(f"ptxas cannot read this NVRTC's PTX: {res.stderr.splitlines()[0]}")
     assert res.returncode == 0, res.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)

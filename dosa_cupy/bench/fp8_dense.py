@@ -40,7 +40,7 @@ def as_workload(c: dict) -> dict:
 @functools.cache
 def _builds(H: int, dev: int) -> bool:
     try:
-        _kernel(BEST[H], H)
+        _dense_kernel(BEST[H], H)
         return True
     except Exception:
         return False
@@ -60,10 +60,9 @@ def available(H: int) -> bool:
         return False
 
 
-def _kernel(variant: str, H: int | None = None):
+def _dense_kernel(variant: str, H: int):
     from dosa_cupy._build import KernelSpec, kernel
 
-    H = H if H is not None else next(h for h, v in BEST.items() if v == variant)
     return kernel(f"dense_fp8_h{H}_{variant}", smem_bytes(*VARIANTS[variant][:3]),
                   KernelSpec("dense_fp8.cu", (), sm90a=True))  # fmt: skip
 
@@ -89,7 +88,7 @@ def fp8_logits(wl: dict, variant: str, out=None):
         out = cp.empty((Qn, N), dtype=cp.float32)
     nc, qt, cwg, _ = VARIANTS[variant]
     smem = smem_bytes(nc, qt, cwg)
-    f = _kernel(variant, H)
+    f = _dense_kernel(variant, H)
     key = f"_tmap{cwg}"
     if key not in wl:
         wl[key] = tensor_map_2d(kp, 64 * cwg, 128)
