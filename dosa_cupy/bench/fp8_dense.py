@@ -25,7 +25,8 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 # warpgroups, fresh steps); "seq": two fresh steps in flight, then one at a time (the others
 # three); "chained": one k128 chain (DeepGEMM's arithmetic, timing only)
 VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, True),
-            "qt8_w4_seq": (64, 8, 4, True), "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
+            "qt8_w4_seq": (64, 8, 4, True), "n128q4_w3_seq": (128, 4, 3, True),
+            "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
 # the fastest fresh build of each H (docs/records/benchmarks.md, session 14)
 BEST = {64: "n128q4_w2_fresh", 32: "qt8_w3_fresh"}
 

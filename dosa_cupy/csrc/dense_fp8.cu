@@ -76,7 +76,8 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
 // measured slower (docs/records/benchmarks.md, session 14): two halves of two steps; two
 // tiles interleaved in one warpgroup.  Keeping the next tile's first steps in flight during
 // this tile's head sum needs more registers than 2 consumer warpgroups have at NC = 128
-// (ptxas spills them and inserts waits), and so do three consumer warpgroups at NC = 128.
+// (ptxas spills them and inserts waits); three consumer warpgroups at NC = 128 fit two steps
+// in flight (FRESH = 2) once the producer keeps only 32 registers.
 template <int H, int NC, int QT, int CWG, int FRESH>
 __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
@@ -93,8 +94,10 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kStageBytes = kStageKeys * 128;
   constexpr int kTileBytes = NC * 128;
   // registers per thread after setmaxnreg (FRESH): the producer warpgroup gives back
-  // what the consumers take, 65,536 in all (multiples of 8, at most 240)
-  constexpr int kProducerRegs = 56;
+  // what the consumers take, 65,536 in all (multiples of 8, at most 240); the producer
+  // keeps 32 where three consumer warpgroups at NC = 128 need 160 each, 56 elsewhere (the
+  // budget the measured builds ran with)
+  constexpr int kProducerRegs = (CWG == 3 && NC == 128) ? 32 : 56;
   constexpr int kConsumerFit = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
   constexpr int kConsumerRegs = kConsumerFit < 240 ? kConsumerFit : 240;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -108,18 +111,14 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   // pointers into the dynamic buffer it used generic loads)
   __shared__ __align__(16) float sw[QT * NC];  // the block's weights
   __shared__ QueryRow qrows[QB];
+  // the block's stage span, computed by thread 0 and read by each warpgroup after its
+  // setmaxnreg: values kept in registers across it would have to fit the producer's 32–56
+  // registers (spills otherwise)
+  __shared__ long long span[3];  // first stage, first and end key of the stages' span
+  __shared__ int span_stages;
 
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
   const int nq = min(QB, Qn - q0);
-  // the block's key span [lo, hi): the union of its queries' ranges, in whole stages
-  long long lo = N, hi = 0;
-  for (int j = 0; j < nq; ++j) {
-    lo = min(lo, (long long)max(ks[q0 + j], 0));
-    hi = max(hi, (long long)min((long long)ke[q0 + j], N));
-  }
-  if (hi <= lo) lo = hi = 0;
-  const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
-  const int nst = (int)(s1 - s0);
 
   // query tiles (rows q0·H .. of the [Qn·H, 128] payload) into swizzled shared memory
   for (int it = t; it < QT * NC * 8; it += kThreads) {
@@ -144,6 +143,18 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
       mbar_init(&empty[s], 128 * CWG);
     }
     fence_barrier_init();
+    // the block's key span [lo, hi): the union of its queries' ranges, in whole stages
+    long long lo = N, hi = 0;
+    for (int j = 0; j < nq; ++j) {
+      lo = min(lo, (long long)max(ks[q0 + j], 0));
+      hi = max(hi, (long long)min((long long)ke[q0 + j], N));
+    }
+    if (hi <= lo) lo = hi = 0;
+    const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
+    span[0] = s0;
+    span[1] = s0 * kStageKeys;
+    span[2] = min(s1 * kStageKeys, N);
+    span_stages = (int)(s1 - s0);
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -152,19 +163,27 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   if (wg == 0) {
     if constexpr (FRESH)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-    if (t == 0) {
-      for (int it = 0; it < nst; ++it) {
+    const int pt = threadIdx.x;
+    if (pt == 0) {
+      const int n_st = span_stages;
+      const long long first = span[0];
+      for (int it = 0; it < n_st; ++it) {
         const int slot = it % kStages;
         if (it >= kStages) mbar_wait(&empty[slot], ((it / kStages) - 1) & 1);
         mbar_expect_tx(&full[slot], kStageBytes);
-        tma_load_2d(sk + slot * kStageBytes, &kmap, &full[slot], 0, (int)((s0 + it) * kStageKeys));
+        tma_load_2d(sk + slot * kStageBytes, &kmap, &full[slot], 0, (int)((first + it) * kStageKeys));
       }
-    } else if (t >= 32) {  // −inf outside the span, for every query of the block
-      const long long a = s0 * kStageKeys, b = min(s1 * kStageKeys, N);
-      for (int j = 0; j < nq; ++j) {
-        float* row = out + (long long)(q0 + j) * N;
-        for (long long i = t - 32; i < a; i += 96) row[i] = -INFINITY;
-        for (long long i = b + (t - 32); i < N; i += 96) row[i] = -INFINITY;  // 96 fill threads
+    } else if (pt >= 32) {  // −inf outside the span, for every query of the block
+      // pointer loops, not unrolled: the producer keeps few registers
+#pragma unroll 1
+      for (int j = 0; j < QB; ++j) {
+        const long long off = qrows[j].off;
+        if (off < 0) break;  // past the last query
+        float* row = out + off;
+#pragma unroll 1
+        for (float *p = row + (pt - 32), *e = row + span[1]; p < e; p += 96) *p = -INFINITY;
+#pragma unroll 1
+        for (float *p = row + span[2] + (pt - 32), *e = row + N; p < e; p += 96) *p = -INFINITY;
       }
     }
     return;
@@ -175,6 +194,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
   const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  const long long s0 = span[0];
+  const int nst = span_stages;
   // stage it of the ring, once its keys have landed: its slot, the descriptor of this
   // warpgroup's 64 keys, the lane's two key rows and their scales
   struct Stage {
@@ -279,11 +300,13 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #endif
 // builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the fastest fresh build of each H (records:
 // 128 columns at H = 64, 64 columns at H = 32) for both H, and DeepGEMM's arithmetic in the
-// same frame (timing only); qt8_w4_seq: four consumer warpgroups, to measure
+// same frame (timing only); to measure: qt8_w4_seq (four consumer warpgroups at 64 columns)
+// and n128q4_w3_seq (three at 128 columns: 160 registers each, the producer keeping 32)
 #define DENSE_FP8_BUILDS(H)                              \
   DENSE_FP8_INST(H, 128, 4, 2, 3, n128q4_w2_fresh)       \
   DENSE_FP8_INST(H, 64, 8, 3, 3, qt8_w3_fresh)           \
   DENSE_FP8_INST(H, 64, 8, 4, 2, qt8_w4_seq)             \
+  DENSE_FP8_INST(H, 128, 4, 3, 2, n128q4_w3_seq)         \
   DENSE_FP8_INST(H, 128, 1, 4, 0, n128_w4_chained)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
