@@ -1071,9 +1071,11 @@ def test_decode_main_peers_flag(monkeypatch, tmp_path, capsys):
 
 
 def test_decode_paged_walk_layout():
-    """paged_walk: request b's position t in row t % 64 of block bt[b, t // 64], the keys and
-    queries quantized as dosa_ref.fp8 does, every other row of the cache zero, one spare
-    block, the lengths per step as given."""
+    """paged_walk: each request's keys read back in logical order through the block table
+    (decode_ops.gather_request_keys) are its keys quantized as dosa_ref.fp8 does, every
+    other row of the cache is zero, one spare block, the queries quantized, the lengths per
+    step as given."""
+    from dosa_cupy.decode_ops import gather_request_keys
     from dosa_ref.fp8 import quantize_keys, quantize_queries
 
     rng = np.random.default_rng(3)
@@ -1086,12 +1088,12 @@ def test_decode_paged_walk_layout():
     mb = 3
     assert kv.shape == (B * mb + 1, 64, 128) and sc.shape == (B * mb + 1, 64)
     assert bt.shape == (B, mb) and len(set(bt.ravel().tolist())) == B * mb
+    for b, (p, s_) in enumerate(gather_request_keys(kv, sc, bt, [ctx] * B)):
+        want_p, want_s = quantize_keys(keys[b])
+        assert np.array_equal(p, want_p) and np.array_equal(s_, want_s)
     used = np.zeros(kv.shape[:2], dtype=bool)
+    t = np.arange(ctx)
     for b in range(B):
-        p, s_ = quantize_keys(keys[b])
-        t = np.arange(ctx)
-        assert np.array_equal(kv[bt[b, t // 64], t % 64], p)
-        assert np.array_equal(sc[bt[b, t // 64], t % 64], s_)
         used[bt[b, t // 64], t % 64] = True
     assert not kv[~used].any() and not sc[~used].any()
     for i in range(steps):
@@ -1119,11 +1121,12 @@ def test_decode_trained_walk_and_its_limits():
     d = T.make_trained_decode(B, ctx - n * steps, steps, next_n=n, H=32, seed=1)
     assert [int(x) for x in lens[-1]] == [ctx] * B
     assert np.array_equal(np.stack(lens), d["lengths"])
+    from dosa_cupy.decode_ops import gather_request_keys
     from dosa_ref.fp8 import quantize_keys
 
-    t = np.arange(ctx)
+    got = gather_request_keys(kv, sc, bt, [ctx] * B)
     for b in range(B):
-        assert np.array_equal(kv[bt[b, t // 64], t % 64], quantize_keys(d["k"][b])[0])
+        assert np.array_equal(got[b][0], quantize_keys(d["k"][b])[0])
     assert walk[0][0].shape == (B, n, 32, 128)
     with pytest.raises(ValueError, match="shapes"):
         BD.trained_walk(np, 64, 1 << 20, 1, 32, 3, 0)

@@ -122,27 +122,29 @@ def paged_walk(xp, keys, qs, ws, lengths, seed):
     else:
         from dosa_cupy.prepare import quantize_keys as qk
         from dosa_cupy.workload import quantize_queries as qq
+    from dosa_cupy.decode_ops import PAGE, physical_rows
+
     B = len(keys)
     ctx = int(keys[0].shape[0])
     if any(int(k.shape[0]) != ctx for k in keys):
         raise ValueError("keys: every request needs the same number of keys")
-    mb = -(-ctx // 64)
+    mb = -(-ctx // PAGE)
     nb = B * mb + 1
-    kv = xp.zeros((nb * 64, 128), dtype=xp.uint8)
-    sc = xp.zeros(nb * 64, dtype=xp.float32)
+    kv = xp.zeros((nb * PAGE, 128), dtype=xp.uint8)
+    sc = xp.zeros(nb * PAGE, dtype=xp.float32)
     bt = np.random.default_rng(seed).permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32)
-    pos = np.arange(ctx)
+    rows = physical_rows(bt, np.broadcast_to(np.arange(ctx), (B, ctx)))
     for b in range(B):
         p, s_ = qk(keys[b])[:2]
-        rows = xp.asarray(bt[b, pos // 64].astype(np.int64) * 64 + pos % 64)
-        kv[rows], sc[rows] = p, s_
+        r = xp.asarray(rows[b])
+        kv[r], sc[r] = p, s_
     steps, _, n, H, _ = qs.shape
     walk = []
     for i in range(steps):
         qp, wq = qq(qs[i].reshape(B * n, H, 128), ws[i].reshape(B * n, H))
         walk.append((qp.reshape(B, n, H, 128), wq.reshape(B, n, H)))
     lens = [xp.asarray(np.asarray(lengths[i]).astype(np.int32)) for i in range(steps)]
-    return kv.reshape(nb, 64, 128), sc.reshape(nb, 64), xp.asarray(bt), walk, lens
+    return kv.reshape(nb, PAGE, 128), sc.reshape(nb, PAGE), xp.asarray(bt), walk, lens
 
 
 def trained_walk(xp, B, ctx, n, H, steps, seed):

@@ -38,6 +38,13 @@ def as_workload(c: dict) -> dict:
                 ke=c["ke"])  # fmt: skip
 
 
+def as_subchunk(wl: dict) -> dict:
+    """The other way: a ``dosa bench`` sub-chunk (what the f16 routes and the peers take)
+    from a workload of make_gpu_workload, the same arrays."""
+    return dict(q=wl["q"], w=wl["w"], kp=wl["k_payload"], ksc=wl["k_scale"], ks=wl["ks"],
+                ke=wl["ke"])  # fmt: skip
+
+
 @functools.cache
 def _builds(H: int, dev: int) -> bool:
     try:
@@ -159,9 +166,7 @@ def check_deepgemm(wl: dict, logits) -> dict:
 
     from .peers import padded_rows
 
-    c = dict(q=wl["q"], w=wl["w"], kp=wl["k_payload"], ksc=wl["k_scale"], ks=wl["ks"],
-             ke=wl["ke"])  # fmt: skip
-    lg = padded_rows(logits(c), cp)
+    lg = padded_rows(logits(as_subchunk(wl)), cp)
     out = {}
     for name, fused in (("fused", True), ("unfused", False)):
         r = check(wl, lg, np.random.default_rng(0),
@@ -177,6 +182,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
     import dosa_cupy
     from dosa_cupy.bench.peers import discover
     from dosa_cupy.bench.timing import free, median_ms_interleaved
+    from dosa_cupy.cost import logits_flop
     from dosa_cupy.workload import make_gpu_workload
     from dosa_ref.mma_model import fp8_chained_scores, fp8_fresh_scores
 
@@ -193,8 +199,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
         if peers is not None and peers.logits is not None:
             res["check_deepgemm"] = check_deepgemm(wl, peers.logits)
         buf = cp.empty((Qn, N), dtype=cp.float32)
-        cs = [dict(q=s["q"], w=s["w"], kp=s["k_payload"], ksc=s["k_scale"], ks=s["ks"],
-                   ke=s["ke"]) for s in sets]  # fmt: skip
+        cs = [as_subchunk(s) for s in sets]
         fns = {f"fp8_{v}": (lambda i, v=v, b=buf, S=sets: fp8_logits(S[i], v, b)) for v in variants}
         fns["f16_dense"] = lambda i, c=cs: dosa_cupy.dense_logits(
             c[i]["q"], c[i]["w"], c[i]["kp"], c[i]["ksc"], c[i]["ks"], c[i]["ke"])  # fmt: skip
@@ -205,7 +210,7 @@ def run(shapes, variants, reps: int, out=sys.stdout) -> list:
             res[name] = ms
         rows.append(res)
         free(cp)
-        flop = 2.0 * H * 128 * visible
+        flop = logits_flop(visible, H)
         print(f"\n### H = {H}, Qn = {Qn}, N = {N} (visible pairs {visible:.3e})", file=out)
         for k in [*variants, "deepgemm"]:
             if f"check_{k}" in res:
