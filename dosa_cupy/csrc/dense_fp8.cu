@@ -93,13 +93,18 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kStageKeys = 64 * CWG;
   constexpr int kStageBytes = kStageKeys * 128;
   constexpr int kTileBytes = NC * 128;
-  // registers per thread after setmaxnreg (FRESH): the producer warpgroup gives back
-  // what the consumers take, 65,536 in all (multiples of 8, at most 240); the producer
-  // keeps 32 where three consumer warpgroups at NC = 128 need 160 each, 56 elsewhere (the
-  // budget the measured builds ran with)
-  constexpr int kProducerRegs = (CWG == 3 && NC == 128) ? 32 : 56;
-  constexpr int kConsumerFit = ((65536 / 128 - kProducerRegs) / CWG) / 8 * 8;
+  // registers per thread after setmaxnreg (FRESH; docs/design.md "The FP8 dense kernel"):
+  // setmaxnreg.inc draws only on the registers the block was given at launch (kLaunchRegs
+  // per thread, the __launch_bounds__ allocation) and that the producer gave back, not on the
+  // SM's unallocated ones — a consumer asking for more waits for ever.  The producer keeps 32
+  // where more consumer warpgroups share the pool (three at NC = 128, four), 56 elsewhere
+  // (the budget the measured builds ran with); multiples of 8, at most 240.
+  constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  constexpr int kProducerRegs = ((CWG == 3 && NC == 128) || CWG >= 4) ? 32 : 56;
+  constexpr int kConsumerFit = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / CWG) / 8 * 8;
   constexpr int kConsumerRegs = kConsumerFit < 240 ? kConsumerFit : 240;
+  static_assert(CWG * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+                "setmaxnreg: the consumers take no more than the producer gives back");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
