@@ -265,30 +265,37 @@ def fp8_chained_scores(q_codes, w, k_codes, alpha) -> np.ndarray:
 def deepgemm_scores(q_codes, w, k_codes, alpha, fused: bool = True) -> np.ndarray:
     """A model of DeepGEMM's fp8 indexer logits (``sm90_fp8_mqa_logits``, read at 54e2261):
     ``chained_dots``, then per lane c of a quad and per column parity e one chain over the
-    query's column groups j in order — the first term ``[x]_+ · w`` rounded, then
-    ``sum += [x]_+ · w`` (``fused``: contracted to one fmaf, as nvcc does by default; else a
-    rounded product and a rounded add) — the two parities added, × α before the quad's
-    butterfly (lane ^ 1, then ^ 2).  Same inputs and result as ``fp8_fresh_scores``.  Whether
-    it reproduces DeepGEMM bit for bit is measured, not assumed
-    (tests/test_gpu_fp8_probe.py::test_deepgemm_logits_against_its_model)."""
+    query's column groups j in order of ``[x]_+ · w`` terms t_j, × α before the quad's
+    butterfly (lane ^ 1, then ^ 2).  ``fused`` (what nvcc emits for ``sum = t_0; sum += t_j``):
+    the first add contracts the *first* product, fmaf(x_0, w_0, round(t_1)), each later one
+    fmaf(x_j, w_j, sum); else rounded products and rounded adds.  Same inputs and result as
+    ``fp8_fresh_scores``; the fused form equals DeepGEMM's output bit for bit on the H200
+    (tests/data/deepgemm_logits_54e2261.npz, docs/error_model.md "DeepGEMM's logits, bit for
+    bit")."""
     x = np.maximum(chained_dots(q_codes, k_codes), np.float32(0))
     H = x.shape[1]
     w = np.asarray(w, dtype=np.float32)
     a = np.asarray(alpha, dtype=np.float32)
+
+    def term(h):
+        return (x[:, h] * w[h]).astype(np.float32)
+
+    def fma_w(h, acc):
+        return fma_f32(x[:, h], np.full_like(acc, w[h]), acc)
+
     part = []
     for c in range(4):
         sums = []
         for e in (0, 1):
-            acc = None
-            for j in range(H // 8):
-                h = 8 * j + 2 * c + e
-                t = (x[:, h] * w[h]).astype(np.float32)
-                if acc is None:
-                    acc = t
-                elif fused:
-                    acc = fma_f32(x[:, h], np.full_like(acc, w[h]), acc)
-                else:
-                    acc = (acc + t).astype(np.float32)
+            hs = [8 * j + 2 * c + e for j in range(H // 8)]
+            if fused:
+                acc = fma_w(hs[0], term(hs[1]))
+                for h in hs[2:]:
+                    acc = fma_w(h, acc)
+            else:
+                acc = term(hs[0])
+                for h in hs[1:]:
+                    acc = (acc + term(h)).astype(np.float32)
             sums.append(acc)
         part.append(((sums[0] + sums[1]).astype(np.float32) * a).astype(np.float32))
     p01 = [(part[c] + part[c ^ 1]).astype(np.float32) for c in range(4)]

@@ -15,6 +15,7 @@ from dosa_ref.mma_model import (
     chain,
     chained_dots,
     e4m3_exponent,
+    fma_f32,
     fresh_dots,
     step,
     window_rows,
@@ -232,6 +233,44 @@ def test_chained_dots_are_the_probes_chain():
     got = chained_dots(q, k)
     assert np.array_equal(got.astype(np.float64), want)
     assert not np.array_equal(got, fresh_dots(q, k))  # the two arithmetics differ here
+
+
+def test_deepgemm_model_equals_deepgemms_recorded_logits():
+    """DeepGEMM's own fp32 logits (``fp8_fp4_mqa_logits`` at 54e2261 on the H200, one
+    calibrated query of H = 64 and of H = 32 against 384 keys, recorded in
+    tests/data/deepgemm_logits_54e2261.npz; docs/records/gpu_tests.md) equal
+    ``deepgemm_scores`` bit for bit; the contraction of the second product instead of the
+    first, and no contraction, each miss some (the record discriminates the three)."""
+    from pathlib import Path
+
+    from dosa_ref.mma_model import deepgemm_scores
+
+    rec = np.load(Path(__file__).parent / "data" / "deepgemm_logits_54e2261.npz")
+    for H in (64, 32):
+        q, w, k, alpha, want = (rec[f"h{H}_{n}"] for n in ("q", "w", "k", "alpha", "logits"))
+        assert q.shape == (H, 128) and k.shape == (384, 128)
+        got = deepgemm_scores(q, w, k, alpha)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        unfused = deepgemm_scores(q, w, k, alpha, fused=False)
+        assert np.any(unfused.view(np.uint32) != want.view(np.uint32))
+        assert np.any(_second_product_fused(q, w, k, alpha).view(np.uint32) != want.view(np.uint32))
+
+
+def _second_product_fused(q, w, k, alpha):
+    """deepgemm_scores with the first add contracting t_1 instead of t_0 (the model this
+    session's record refuted): fmaf(x_1, w_1, round(t_0)), then fmaf on."""
+    x = np.maximum(chained_dots(q, k), np.float32(0))
+    f32 = np.float32
+    part = []
+    for c in range(4):
+        s = [None, None]
+        for e in (0, 1):
+            for j in range(q.shape[0] // 8):
+                h = 8 * j + 2 * c + e
+                t = np.full(x.shape[0], w[h], f32)
+                s[e] = (x[:, h] * w[h]).astype(f32) if j == 0 else fma_f32(x[:, h], t, s[e])
+        part.append(((s[0] + s[1]).astype(f32) * alpha).astype(f32))
+    return (((part[0] + part[1]).astype(f32)) + ((part[2] + part[3]).astype(f32))).astype(f32)
 
 
 def test_deepgemm_model_is_the_chained_dots_with_another_tree():
