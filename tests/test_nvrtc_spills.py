@@ -100,3 +100,41 @@ def test_sm90a_nvrtc_builds_without_spills_or_serialized_wgmma(mts):
         props = log.split(f"Function properties for {k}\n")[1].split("\n")[0]
         if mts == 1 or not k.endswith("_tie"):
             assert "0 bytes spill stores" in props, (k, props)
+
+
+@pytest.mark.skipif(LIB is None, reason="libnvrtc not found on this machine")
+def test_dense_fp8_consumers_ask_no_more_registers_than_the_block_holds():
+    """Every dense_fp8 build as the library builds it: the consumers' ``setmaxnreg.inc``
+    draws only on the block's launch allocation plus what the producer's ``setmaxnreg.dec``
+    gives back (docs/design.md "The FP8 dense kernel"; a build asking for more hung on the
+    H200, records/gpu_tests.md 2026-12-02 11:25) — read from ptxas's register count and the
+    PTX's immediates, so a change of either is caught without a GPU; and no spills."""
+    from dosa_cupy import _build
+    from dosa_cupy.bench.fp8_dense import VARIANTS
+
+    src = _build.CSRC / "dense_fp8.cu"
+    opts = _build.KernelSpec("dense_fp8.cu", (), sm90a=True).options() + _build.SM90A_NVRTC
+    log = nvrtc_compile(LIB, src, opts + ("--ptxas-options=-v",))[1]
+    ptx = nvrtc_compile(LIB, src, opts, get="PTX")[0].decode(errors="replace")
+    entries = dict(re.findall(r"\.entry (\w+)\((.*?)(?=\.entry |\Z)", ptx, re.S))
+    for H in (32, 64):
+        for v, (_, _, cwg, fresh) in VARIANTS.items():
+            k = f"dense_fp8_h{H}_{v}"
+            props = log.split(f"Function properties for {k}\n")[1].split("\n")[0]
+            assert "0 bytes spill stores" in props, (k, props)
+            used = int(re.search(rf"Compiling entry function '{k}'.*?Used (\d+) registers",
+                                 log, re.S).group(1))  # fmt: skip
+            assert used * 128 * (1 + cwg) <= 65536, (k, used)
+            dec = [
+                int(n)
+                for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", entries[k])
+            ]
+            inc = [
+                int(n)
+                for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", entries[k])
+            ]
+            if not fresh:
+                assert not dec and not inc, k
+                continue
+            assert len(set(dec)) == 1 and len(set(inc)) == 1, (k, dec, inc)
+            assert cwg * (inc[0] - used) <= used - dec[0], (k, used, dec, inc)

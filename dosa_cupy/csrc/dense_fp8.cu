@@ -60,7 +60,7 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
     const QueryRow row = rows[k >> 1];
     const long long r = (k & 1) ? r1 : r0;
     const float sc = v * ((k & 1) ? a1 : a0);
-    if (row.off >= 0 && r < N) out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : -INFINITY;
+    if (row.off >= 0 && r < N) out[row.off + r] = (r >= row.lo && r < row.hi) ? sc : neg_inf();
   }
 }
 
@@ -107,7 +107,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
                 "setmaxnreg: the consumers take no more than the producer gives back");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
   uint8_t* sk = base;                                   // kStages key slots
   uint8_t* sq = base + kStages * kStageBytes;           // QT query tiles
   uint64_t* full = reinterpret_cast<uint64_t*>(sq + QT * kTileBytes);
@@ -186,9 +186,9 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
         if (off < 0) break;  // past the last query
         float* row = out + off;
 #pragma unroll 1
-        for (float *p = row + (pt - 32), *e = row + span[1]; p < e; p += 96) *p = -INFINITY;
+        for (float *p = row + (pt - 32), *e = row + span[1]; p < e; p += 96) *p = neg_inf();
 #pragma unroll 1
-        for (float *p = row + span[2] + (pt - 32), *e = row + N; p < e; p += 96) *p = -INFINITY;
+        for (float *p = row + span[2] + (pt - 32), *e = row + N; p < e; p += 96) *p = neg_inf();
       }
     }
     return;

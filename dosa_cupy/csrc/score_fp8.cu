@@ -70,7 +70,7 @@ __device__ __forceinline__ void score_ids(const uint8_t* __restrict__ q,
     const int m = m0 + 16 * warp + g + 8 * h;
     if (m >= M) continue;
     const int id = row_ids[m];
-    out[(long long)tq * M + m] = id >= 0 ? s[0][h] * __ldg(alpha + id) : -INFINITY;
+    out[(long long)tq * M + m] = id >= 0 ? s[0][h] * __ldg(alpha + id) : neg_inf();
   }
 }
 

@@ -12,6 +12,8 @@
 namespace dosa {
 namespace fp8 {
 using namespace dosa::wg;
+// −inf by its bits: NVRTC has no <math.h> (INFINITY) — the library builds these files with it
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.f); }
 
