@@ -251,7 +251,7 @@ class PrefillSelectorGPU:
         """A shape's decisions (route, screen, r, tie-aware kernels, anchors), from its first
         step."""
         o = self._o
-        b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check)
+        b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, scorer=o["scorer"])
         if b.Qn == 0 or b.N == 0:  # nothing to select: −1 rows, no route to choose
             return _Shape("dense", None, None, False, None)
         ro = resolve_options(o, b.K)
@@ -279,7 +279,8 @@ class PrefillSelectorGPU:
     def _run(self, sh: _Shape, q, w, k_payload, k_scale, ks, ke, out) -> PrefillStep:
         """The stages with fixed sizes and branches; kernels only (module doc)."""
         cp = cupy_or_raise()
-        b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True)
+        b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True,
+                      scorer=self._o["scorer"])  # fmt: skip
         status = cp.zeros(2, dtype=cp.int64)
         if b.pending is not None:
             status[0] = b.pending.flag_word()
@@ -287,7 +288,7 @@ class PrefillSelectorGPU:
             out[...] = -1
             return PrefillStep(out, status, None, b, b.pending, sh)
         if sh.route == "dense":
-            ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke)
+            ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke, scorer=b.scorer)
             out[...] = ids
             return PrefillStep(out, status, None, b, b.pending, sh)
         o = resolved(resolve_options(self._o, b.K), screen=sh.screen)

@@ -12,7 +12,7 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dosa_ref.options import check_count
 
@@ -22,6 +22,7 @@ from .screen import R_WIDE, auto_screen
 
 __all__ = [
     "H200",
+    "H200_FP8",
     "CostModel",
     "RouteChoice",
     "RouteMemo",
@@ -29,6 +30,7 @@ __all__ = [
     "candidates",
     "early_route",
     "logits_flop",
+    "model_for",
 ]
 
 
@@ -151,7 +153,8 @@ class RouteMemo:
     def kind(b, o: dict) -> tuple:
         """The memo key of batch ``b`` with options ``o``."""
         p2 = lambda n: 1 << max(0, int(n) - 1).bit_length()  # noqa: E731
-        return (p2(b.Qn), p2(b.N), b.heads, b.K, o["screen"], int(o["r"]), int(o["cert_seeds"]))
+        opts = (o["screen"], int(o["r"]), int(o["cert_seeds"]))
+        return (p2(b.Qn), p2(b.N), b.heads, b.K, *opts, b.scorer)
 
     def recall(self, key) -> RouteChoice | None:
         """The remembered choice for ``key`` (counted as one use), or None when there is
@@ -168,6 +171,23 @@ class RouteMemo:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+
+# The FP8 scorer's model (scorer.py "fp8"): H200's with the dense logits' rate of the FP8
+# dense builds (scorer.FP8_DENSE), 256·H·pairs / ms from their records at Qn = 4096, N = 1M
+# (docs/records/benchmarks.md "FP8 dense logits at the fourteenth session's builds": 91.4 ms
+# at H = 64, 51.1 ms at H = 32); the other rates are the f16 pipeline's, not yet refitted on
+# the FP8 refinement and seeds (an estimate: the choice decides time only, never ids).
+H200_FP8 = replace(
+    H200,
+    logits_flop_per_ms={32: 6.9e11, 64: 7.7e11},
+    fitted_on=H200.fitted_on + "; logits: FP8 dense records of d8ea99e (not fitted)",
+)
+
+
+def model_for(scorer: str) -> CostModel:
+    """The cost model of the ``scorer``'s kernels (scorer.py): ``H200`` or ``H200_FP8``."""
+    return H200_FP8 if scorer == "fp8" else H200
 
 
 def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:

@@ -12,7 +12,7 @@ from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise, kernel, num_sms
 from .prepare import Batch, check_inputs, pad_heads
-from .scorer import _dense_logits_raw
+from .scorer import check_scorer, dense_logits_raw
 
 __all__ = [
     "dense_ids",
@@ -28,12 +28,14 @@ SEL_BLOCKS = 264
 _NULL = np.uint64(0)
 
 
-def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None):
-    """Canonical FP8 logits s[t, i] = α_i Σ_h w'_h [q̄_h·k̄_i]_+ (fp32 [Qn, N]); −inf where
-    key i is not visible to query t.  Same layout as ``dosa_topk``."""
+def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None, scorer: str = "f16"):
+    """Canonical FP8 logits s[t, i] = α_i Σ_h w'_h [q̄_h·k̄_i]_+ (fp32 [Qn, N]) of the
+    ``scorer`` (scorer.py: "f16" or "fp8"); −inf where key i is not visible to query t.  Same
+    layout as ``dosa_topk``."""
+    scorer = check_scorer(scorer)
     q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
-    q, w = pad_heads(q, w)
-    return _dense_logits_raw(q, w, kp, ksc, ks, ke)
+    q, w = pad_heads(q, w, scorer)
+    return dense_logits_raw(q, w, kp, ksc, ks, ke, scorer)
 
 
 def scratch(rows):
@@ -144,8 +146,10 @@ def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> N
                    recB=(recB, cntB) if recB is not None else None)  # fmt: skip
 
 
-def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=True):
-    """The dense route: canonical logits of every visible key, then exact selection.
+def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=True,
+               scorer: str = "f16"):  # fmt: skip
+    """The dense route: canonical logits of every visible key (the ``scorer``'s, scorer.py:
+    "f16" or "fp8"), then exact selection.
 
     Returns int64 [Qn, K] ids (score desc, id asc; −1 pads rows with fewer than K visible
     keys) — the ``dosa_ref.topk_ids`` contract (docs/design.md).  ``chunk`` limits queries per
@@ -156,18 +160,21 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     """
     cp = cupy_or_raise()
     check = check_flag("check", check)
+    scorer = check_scorer(scorer)
     q, w, kp, ksc, K, ks, ke, vc = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check,
                                                 defer=True)  # fmt: skip
-    q, w = pad_heads(q, w)
-    ids = _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk).astype(cp.int64)
+    if vc is not None:
+        vc.scorer = scorer
+    q, w = pad_heads(q, w, scorer)
+    ids = _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk, scorer).astype(cp.int64)
     if vc is not None:  # read back after the launches (the ranges were clamped for them)
         vc.raise_if_bad()
     return ids
 
 
-def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
-    """``dense_topk`` on checked, head-padded inputs → int32 [Qn, K] (the selection
-    kernel's own dtype; used inside the pipeline: anchors, recovery, bench)."""
+def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None, scorer: str = "f16"):
+    """``dense_topk`` on checked inputs padded for the ``scorer`` → int32 [Qn, K] (the
+    selection kernel's own dtype; used inside the pipeline: anchors, recovery, bench)."""
     cp = cupy_or_raise()
     Qn = q.shape[0]
     N = kp.shape[0]
@@ -176,7 +183,7 @@ def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
     out = cp.empty((Qn, K), dtype=cp.int32)
     for a in range(0, Qn, chunk):
         b = min(Qn, a + chunk)
-        lg = _dense_logits_raw(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b])
+        lg = dense_logits_raw(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b], scorer)
         out[a:b] = select_rows(lg, K, ks[a:b], ke[a:b])
         del lg
     return out
@@ -185,4 +192,4 @@ def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
 def dense_ids(b: Batch):
     """``_dense_topk_raw`` of a ``Batch`` → int32 [Qn, K] (the pipeline's anchors and
     query-level recovery)."""
-    return _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke)
+    return _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke, scorer=b.scorer)

@@ -51,7 +51,11 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     """The fused route: same contract as ``dosa_topk`` (int64 [Qn, K] ids; ids equal
     ``dense_topk``).  Options: seeds, seed_ids, window, sinks, n_anchors (as in
     ``dosa_topk``), buffer, return_stats, timing (cert_seeds, the "certificate" strategy
-    and the plan options are accepted and ignored: the fused route has no screen)."""
+    and the plan options are accepted and ignored: the fused route has no screen); scorer
+    "f16" only (its kernel, fused.cu, scores with the f16 chain: with the FP8 scorer the
+    dense route and ``dosa_topk`` run)."""
+    if options.get("scorer", "f16") != "f16":
+        raise ValueError(f"scorer: the fused route runs 'f16' only, got {options['scorer']!r}")
     cp = cupy_or_raise()
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:

@@ -30,6 +30,7 @@ from ._build import cupy_or_raise
 from .cost import RouteMemo
 from .emulate import record_score
 from .prepare import pad_batch
+from .scorer import SCORERS
 from .screen import PAIR_MAX_R, SCREENS
 from .seeds import device_seed_ids
 
@@ -63,6 +64,7 @@ OPTIONS = {
     "route": "auto",
     "route_memo": None,
     "check": True,
+    "scorer": "f16",
 }
 ROUTES = ("auto", "dosa", "dense")  # route.py: the route choice (docs/method.md §9)
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
@@ -172,6 +174,8 @@ def check_options(kw: dict) -> dict:
     rr = check_count("r", o["r"], 1, 30)
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
+    if not isinstance(o["scorer"], str) or o["scorer"] not in SCORERS:
+        raise ValueError(f"scorer: expected one of {SCORERS}, got {o['scorer']!r}")
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:
         raise ValueError(f"route: expected one of {ROUTES}, got {o['route']!r}")
     memo = o["route_memo"]
@@ -261,7 +265,8 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     tm = StageTimer(o["timing"])
     # the value checks are read back by the caller (Batch.raise_if_bad): a chunk that goes
     # to the dense route at once reads them after its launches, not before
-    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]), defer=True)
+    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]), defer=True,
+                  scorer=o["scorer"])  # fmt: skip
     o = resolve_options(o, b.K)
     o = resolved(o, seed_ids=device_seed_ids(o["seed_ids"], b.Qn, b.N))
     # the statistics only when asked for: a small chunk's call is mostly host time

@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from ._build import cupy_or_raise
-from .cost import H200, RouteChoice, candidate_key
+from .cost import RouteChoice, candidate_key, model_for
 from .dense import dense_ids
 from .options import resolved, start
 from .plan import plan_stage
@@ -87,9 +87,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         return empty
     stats = st is not None  # start() makes statistics only when they are asked for
 
-    # the route choice (docs/method.md §9 "Route choice"; route.py with the model H200 of
-    # cost.py): decision 1 from the shapes alone, then a memo's choice, before any device work
-    route = early_choice(b, o, H200)
+    # the route choice (docs/method.md §9 "Route choice"; route.py with the cost model of the
+    # call's scorer, cost.py): decision 1 from the shapes alone, then a memo's choice, before
+    # any device work
+    model = model_for(b.scorer)
+    route = early_choice(b, o, model)
     if route is not None:
         return _dense_route(b, st, tm, route, None, stats)
     key, route = memo_recall(b, o)  # an earlier chunk of this kind decided
@@ -101,7 +103,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
-        route = route_stage(b, seeds, rho, o, H200)
+        route = route_stage(b, seeds, rho, o, model)
         if o["route"] == "auto":  # the samples are timed as a stage; the option's pick is not
             tm.mark("route")
             memo_store(o, key, route)

@@ -54,7 +54,7 @@ from dosa_ref.fp8 import e4m3_bits, e4m3_values
 
 from ._build import KernelSpec, cupy_or_raise, module, raise_smem_limit
 from .prepare import D
-from .scorer import MMA_BITS
+from .scorer import MMA_BITS, plan_scorer
 
 __all__ = [
     "PLAN_THREADS", "DevicePlan", "build_plans", "build_plans_fused", "gamma", "gamma_mma",
@@ -114,7 +114,8 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
     evenly spaced anchor-pool keys (pool int32 [P], sorted), by
     ``build_plans_fused`` (one kernel per chunk; its specification is ``build_plans``) with
-    the scorer's ``MMA_BITS``.  ``pcount`` (0-d device int64, the
+    the allowance of the batch's scorer (``scorer.plan_scorer``; the screen's own f16
+    arithmetic keeps ``MMA_BITS``).  ``pcount`` (0-d device int64, the
     pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
     sample keys spaced over the first P entries on the device (repeats when P is smaller;
     key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
@@ -127,7 +128,7 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     else:
         last = cp.maximum(pcount - 1, 0)
         sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
-    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS)
+    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS, plan_scorer(b.scorer))
 
 
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):

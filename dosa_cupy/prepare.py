@@ -12,7 +12,7 @@ import numpy as np
 from dosa_ref.validate import as_array, check_int_dtype, check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
-from .scorer import overflowing_scores, valid_scales
+from .scorer import check_scorer, overflowing_scores, padded_heads, valid_scales
 
 __all__ = [
     "D",
@@ -193,6 +193,8 @@ class ValueCheck:
     ``self.ks``, ``self.ke``: int32 [Qn], the ranges clamped into [0, N] with ks ≤ ke.
     """
 
+    scorer = "f16"  # the call's scorer, whose scores the overflow check computes (pad_batch)
+
     def __init__(self, q, w, kp, ks, ke, N: int, ksc=None):
         cp = cupy_or_raise()
         self._given, self._N, self._bad = (ks, ke), int(N), None
@@ -252,8 +254,8 @@ class ValueCheck:
         if bad & CHECK_ENVELOPE:  # the flagged queries scored exactly
             q, w, kp, ksc = self._inputs
             rows = cupy_or_raise().flatnonzero(envelope_queries(w, ksc))
-            qp, wp = pad_heads(q[rows], w[rows])
-            if overflowing_scores(qp, wp, kp, ksc, self.ks[rows], self.ke[rows]):
+            qp, wp = pad_heads(q[rows], w[rows], self.scorer)
+            if overflowing_scores(qp, wp, kp, ksc, self.ks[rows], self.ke[rows], self.scorer):
                 raise ValueError(SCORE_OVERFLOW)
 
 
@@ -262,12 +264,13 @@ def check_values(q, w, kp, ks, ke, N: int) -> int:
     return ValueCheck(q, w, kp, ks, ke, N).flags
 
 
-def pad_heads(q, w):
-    """Pad heads to a multiple of 16 with zero payload and zero weight (adds exact +0
-    terms to the head sum, so scores are those of the padded problem on every route)."""
+def pad_heads(q, w, scorer: str = "f16"):
+    """Pad heads to the ``scorer``'s count (``scorer.padded_heads``: a multiple of 16, or 32 /
+    64 for "fp8") with zero payload and zero weight (adds exact +0 terms to the head sum, so
+    scores are those of the padded problem on every route)."""
     cp = cupy_or_raise()
     Qn, H, _ = q.shape
-    Hp = -(-H // 16) * 16
+    Hp = padded_heads(H, scorer)
     if Hp == H:
         return q, w
     qp = cp.zeros((Qn, Hp, D), dtype=cp.uint8)
@@ -281,9 +284,10 @@ def pad_heads(q, w):
 class Batch:
     """The checked, head-padded inputs of one call (``pad_batch``), passed to every stage.
 
-    q uint8 [Qn, Hp, 128] with Hp = 16·mth, w fp32 [Qn, Hp], kp uint8 [N, 128], ksc fp32
-    [N], ks / ke int32 [Qn] (visible ranges [ks, ke)), K the selection size, H the heads
-    before padding (None: Hp).  Device arrays (numpy in the CPU tests).
+    q uint8 [Qn, Hp, 128] with Hp = 16·mth (``scorer.padded_heads`` of the call's scorer),
+    w fp32 [Qn, Hp], kp uint8 [N, 128], ksc fp32 [N], ks / ke int32 [Qn] (visible ranges
+    [ks, ke)), K the selection size, H the heads before padding (None: Hp), ``scorer`` the
+    call's canonical scorer.  Device arrays (numpy in the CPU tests).
     """
 
     q: object
@@ -295,6 +299,7 @@ class Batch:
     ke: object
     H: int | None = None
     pending: ValueCheck | None = None  # value checks not yet read back (pad_batch's defer)
+    scorer: str = "f16"  # the canonical scorer every stage of the call scores with (scorer.py)
 
     def raise_if_bad(self) -> None:
         """Read back the deferred value checks (one synchronization) and raise on bad
@@ -334,21 +339,24 @@ class Batch:
         """The sub-problem of queries ``idx`` (same keys; the overflow extension, recovery,
         anchors)."""
         return Batch(self.q[idx], self.w[idx], self.kp, self.ksc, self.K, self.ks[idx],
-                     self.ke[idx], self.H)  # fmt: skip
+                     self.ke[idx], self.H, scorer=self.scorer)  # fmt: skip
 
 
 def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None, check: bool = True,
-              defer: bool = False) -> Batch:  # fmt: skip
+              defer: bool = False, scorer: str = "f16") -> Batch:  # fmt: skip
     """``check_inputs`` (``check``: with the value checks; ``defer``: not yet read back —
-    the caller calls ``Batch.raise_if_bad`` before it returns) then ``pad_heads``: the
-    ``Batch`` of one call."""
+    the caller calls ``Batch.raise_if_bad`` before it returns) then ``pad_heads`` for the
+    ``scorer`` (checked: ``scorer.check_scorer``): the ``Batch`` of one call."""
+    scorer = check_scorer(scorer)
     *inputs, vc = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check, defer=True)
-    if vc is not None and not defer:
-        vc.raise_if_bad()
+    if vc is not None:
+        vc.scorer = scorer
+        if not defer:
+            vc.raise_if_bad()
     q, w, kp, ksc, K, ks, ke = inputs
     H = q.shape[1]
-    q, w = pad_heads(q, w)
-    return Batch(q, w, kp, ksc, K, ks, ke, H, vc if defer else None)
+    q, w = pad_heads(q, w, scorer)
+    return Batch(q, w, kp, ksc, K, ks, ke, H, vc if defer else None, scorer)
 
 
 def _launch_tokens(name, N, *args):

@@ -21,12 +21,14 @@ import numpy as np
 
 from ._build import cupy_or_raise, device_const, kernel
 from .prepare import Batch
+from .scorer import FP8_SPEC
 from .select import RecordBuffer, Records, extend_overflow
 
 __all__ = ["RefineLaunch", "popcount_rows", "refine_stage"]
 
 RW = 256  # words per warp of the refine kernel (refine.cu RW)
 REFINE_WARPS = 8  # warps per block of the refine kernel
+RWF = 1024  # bitmask words per block of the FP8 scorer's refine kernel (score_fp8.cu RWF)
 
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -58,15 +60,17 @@ class RefineLaunch:
     tau: object
 
     def per_query(self, qlist, surv, out: RecordBuffer) -> None:
-        """refine.cu refine_mt*: survivors of surv[t] (uint32 [Qn, NW]) for t in qlist
-        (int32) → out.rec[t], out.cnt[t]."""
+        """The batch's scorer's refine kernel (refine.cu refine_mt*, score_fp8.cu
+        refine_fp8_h*; one parameter list): survivors of surv[t] (uint32 [Qn, NW]) for t in
+        qlist (int32) → out.rec[t], out.cnt[t]."""
         b = self.b
-        gx = (b.NW + REFINE_WARPS * RW - 1) // (REFINE_WARPS * RW)
-        kernel(f"refine_mt{b.mth}")(
-            (int(qlist.size), gx),
-            (32 * REFINE_WARPS,),
-            (b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, qlist, np.int64(b.N), surv) + out.args(),
-        )
+        args = (b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, qlist, np.int64(b.N), surv)
+        if b.scorer == "fp8":
+            f, grid, block = kernel(f"refine_fp8_h{16 * b.mth}", 0, FP8_SPEC), -(-b.NW // RWF), 128
+        else:
+            f = kernel(f"refine_mt{b.mth}")
+            grid, block = -(-b.NW // (REFINE_WARPS * RW)), 32 * REFINE_WARPS
+        f((int(qlist.size), grid), (block,), args + out.args())
 
 
 def refine_stage(b: Batch, tau, surv, cap: int, extend: bool = True) -> Records:

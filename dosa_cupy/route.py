@@ -41,8 +41,7 @@ from .cost import (
 )
 from .plan import plan_stage
 from .refine import popcount_rows
-from .scorer import MMA_BITS
-from .screen import ScreenLaunch, auto_screen, plateau_rows, tie_screen_flag
+from .screen import ScreenLaunch, auto_screen, batch_plateau_rows, tie_screen_flag
 
 __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 
@@ -128,7 +127,7 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     cp = cupy_or_raise()
     kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
     ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
-    zrow = plateau_rows(plan, bs.w, MMA_BITS, cp) if tie else None
+    zrow = batch_plateau_rows(bs, plan, cp) if tie else None
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
     tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None

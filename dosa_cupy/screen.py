@@ -33,6 +33,7 @@ __all__ = [
     "SCREENS",
     "ScreenLaunch",
     "auto_screen",
+    "batch_plateau_rows",
     "pair_plan",
     "plateau_constants",
     "screen_stage",
@@ -183,6 +184,21 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
     return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
 
 
+def batch_plateau_rows(b, plan: DevicePlan, xp):
+    """``plateau_rows`` for batch ``b``'s scorer (``prepare.Batch.scorer``): the f16 chain's
+    coefficients (``MMA_BITS``); for the FP8 scorer every row NaN — the plateau bound off.
+    Its certificate (csrc/common.cuh plateau_miss) needs the canonical dot's error below
+    z·ρ, a multiple of the key's norm, as proofs/gpu_zero_plateau.py proves for the f16
+    chain; the FP8 allowance bounds the fresh steps' window error with the largest e4m3 key
+    code instead (``plan.scorer_allowance`` "fp8_fresh": 2^(eq_s) per step, whatever the
+    key), and a bound in ρ is not yet proved, so the plateau stays off.  The tie rule
+    against the K-th seed record stays on (it needs only U ≥ s, which the plan's allowance
+    gives).  Exact either way: the plateau only rejects more."""
+    if b.scorer == "f16":
+        return plateau_rows(plan, b.w, MMA_BITS, xp)
+    return xp.full(plan.omega.shape, xp.nan, dtype=xp.float32)
+
+
 def tie_screen_wanted(seeds: Seeds, o: dict) -> bool:
     """Whether this chunk is screened by the tie-aware kernels (the ``_tie`` variants: the rule
     against the K-th seed record (τ, j) and the zero-plateau bound, docs/method.md §7
@@ -325,7 +341,7 @@ def screen_stage(b: Batch, plan: DevicePlan, seeds: Seeds, rho, o: dict,
     if tie is None:
         tie = tie_screen_wanted(seeds, o)
     if tie:  # docs/method.md §7 "Tie-aware rejection and zero plateaus"
-        zrow = plateau_rows(plan, b.w, MMA_BITS, cp)
+        zrow = batch_plateau_rows(b, plan, cp)
         tcnt = cp.zeros(b.Qn, dtype=cp.uint32)
     launch = ScreenLaunch.of(b, plan, seeds, rho, o["screen"], cert is not None, zrow)
     launch(surv, bounds, cert, tcnt)

@@ -21,7 +21,7 @@ from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 from ._build import cupy_or_raise, kernel, tile
 from .dense import _NULL, dense_ids, select_records
 from .prepare import Batch, as_device
-from .scorer import QG, ROWB
+from .scorer import FP8_SPEC, QG, ROWB
 from .select import RecordBuffer, tau_of_seeds
 
 __all__ = [
@@ -174,6 +174,15 @@ def seed_ranges(poolmask, offs, ks, ke, sinks: int, window: int):
     return rg
 
 
+FP8_TILES = 64  # the FP8 seed kernels' blocks per query (each loops over its 64-key tiles)
+GRID_Y = 65535  # the largest grid y (CUDA): the FP8 seed kernels' queries per launch
+
+
+def _query_rows(Qn: int):
+    """(first, end) query rows of the launches of a kernel with one query per grid row."""
+    return [(a, min(Qn, a + GRID_Y)) for a in range(0, Qn, GRID_Y)]
+
+
 def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer) -> None:
     """Append to ``out`` the records of keys [lo[t], hi[t]) (``rg`` = (lo, hi) int32 [Qn])
     of the key array ``keys`` = (payload uint8 [n, 128], scale fp32 [n], idmap int32 [n] or
@@ -185,6 +194,15 @@ def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBu
     lo, hi = rg
     n = int(kp.shape[0])
     if n == 0 or b.Qn == 0:
+        return
+    if b.scorer == "fp8":  # score_fp8.cu: one query per block row, 64-key tiles
+        gx = max(1, min(-(-min(n, int(width)) // 64), FP8_TILES))
+        f = kernel(f"seed_score_fp8_h{16 * b.mth}", 0, FP8_SPEC)
+        for a, z in _query_rows(b.Qn):
+            f((gx, z - a), (128,),
+              (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
+               _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
+               np.int64(out.cap)))  # fmt: skip
         return
     T = tile()
     gx = max(1, -(-min(n, int(width) + QG) // T))
@@ -208,6 +226,14 @@ def score_seed_ids(b: Batch, table):
         return None, cp.zeros(b.Qn, dtype=cp.uint32)
     table = cp.ascontiguousarray(table)
     out = RecordBuffer(b.Qn, S)
+    if b.scorer == "fp8":  # score_fp8.cu: one query per block row, 64-id tiles
+        gx = max(1, min(-(-S // 64), FP8_TILES))
+        f = kernel(f"seed_ids_fp8_h{16 * b.mth}", 0, FP8_SPEC)
+        for a, z in _query_rows(b.Qn):
+            f((gx, z - a), (128,),
+              (b.q[a:z], b.w[a:z], b.kp, b.ksc, b.ks[a:z], b.ke[a:z], table[a:z], np.int64(S),
+               out.cnt[a:z], out.rec[a:z]))  # fmt: skip
+        return out.rec, out.cnt
     gx = (S + SEED_WARPS * SEEDW - 1) // (SEED_WARPS * SEEDW)
     kernel(f"seed_ids_mt{b.mth}")(
         (gx, b.Qn),

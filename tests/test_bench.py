@@ -388,6 +388,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
 
     import dosa_cupy
     from dosa_cupy import dense, prepare, workload
+    from dosa_cupy import scorer as scorer_mod
 
     calls = {"logits_rows": [], "dosa_rows": [], "fused_rows": []}
 
@@ -436,7 +437,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
             kf=None, qf=None, wf=None,
         )  # fmt: skip
 
-    def logits(q, w, kp, ksc, ks, ke):
+    def logits(q, w, kp, ksc, ks, ke, scorer="f16"):
         calls["logits_rows"].append(q.shape[0])
         return scores(q, kp, ks, ke)
 
@@ -451,7 +452,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
         ids = np.argsort(-lg, axis=1, kind="stable")[:, :K].astype(np.int32)
         return np.where(np.take_along_axis(lg, ids, 1) > -np.inf, ids, -1)
 
-    def topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None):
+    def topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None, scorer="f16"):
         chunk = chunk or q.shape[0]
         return np.concatenate(
             [select(logits(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b]), K, ks[a:b], ke[a:b])
@@ -485,8 +486,8 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
     monkeypatch.setattr(workload, "make_gpu_workload", make)
     monkeypatch.setattr(prepare, "check_inputs", lambda q, w, kp, ksc, K, ks, ke: (
         q, w, kp, ksc, K, ks, ke))  # fmt: skip
-    monkeypatch.setattr(prepare, "pad_heads", lambda q, w: (q, w))
-    monkeypatch.setattr(dense, "_dense_logits_raw", logits)
+    monkeypatch.setattr(prepare, "pad_heads", lambda q, w, scorer="f16": (q, w))
+    monkeypatch.setattr(scorer_mod, "dense_logits_raw", logits)
     monkeypatch.setattr(dense, "select_rows", select)
     monkeypatch.setattr(dense, "_dense_topk_raw", topk_raw)
     monkeypatch.setattr(dosa_cupy, "dosa_topk", route("dosa"))
@@ -731,10 +732,10 @@ def test_padded_rows_reads_the_row_stride():
 def _fake_peers(fail=()):
     """Peer logits = the fake's scores + a low-bit change on key 0 (a near-tie moves);
     selects as numpy argsorts; names in ``fail`` raise."""
-    from dosa_cupy import dense
+    from dosa_cupy import scorer
 
     def logits(c):
-        lg = dense._dense_logits_raw(c["q"], c["w"], c["kp"], c["ksc"], c["ks"], c["ke"]).copy()
+        lg = scorer.dense_logits_raw(c["q"], c["w"], c["kp"], c["ksc"], c["ks"], c["ke"]).copy()
         lg[:, 0] = np.where(np.isfinite(lg[:, 0]), lg[:, 0] + 1e-6, lg[:, 0])
         return lg
 

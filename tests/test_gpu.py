@@ -907,8 +907,7 @@ def test_public_ids_int64_cpu(monkeypatch):
             self._flag_envelope(w, ksc)
 
     monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
-    monkeypatch.setattr(dense_mod, "_dense_logits_raw", logits)
-    monkeypatch.setattr(scorer_mod, "_dense_logits_raw", logits)  # the overflow check's
+    monkeypatch.setattr(scorer_mod, "_dense_logits_raw", logits)  # the f16 route's and the check's
     monkeypatch.setattr(dense_mod, "select_rows", select)
     q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
     ke = np.array([300, 100, 5, 0], np.int32)

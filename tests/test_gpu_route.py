@@ -4,7 +4,7 @@ sampled survival is the full screen's on the sampled queries, and the statistics
 route ran and why.
 
 The cost model's constants decide which branch a shape takes; these tests replace them
-(``pipeline.H200``) to drive each branch at small shapes."""
+(``pipeline.model_for``) to drive each branch at small shapes."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     dense = dosa_cupy.dense_topk(*a)
     seen = {}
     for name, model in (("sampled", SAMPLED), ("dosa", NEVER_DENSE), ("dense", ALWAYS_DENSE)):
-        monkeypatch.setattr(pipeline, "H200", model)
+        monkeypatch.setattr(pipeline, "model_for", lambda scorer: model)
         ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
         assert cp.array_equal(ids, dense), name
         assert st.route.reason == "sampled", name
@@ -83,7 +83,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
 def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
     """The sample screens the sampled queries exactly as the whole chunk's screen does
     (same plans, same τ, same build): its survival equals theirs in the full run."""
-    monkeypatch.setattr(pipeline, "H200", NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
     a = _args(regime, 520, 24000, H, seed=11)
     _, st = dosa_cupy.dosa_topk(*a, return_stats=True)
     for key, m in st.route.survival.items():
@@ -100,7 +100,7 @@ def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
 def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
     """A second chunk of the same kind takes the remembered route without sampling (and,
     when dense, without seeds); ids stay the dense route's; the refresh samples again."""
-    monkeypatch.setattr(pipeline, "H200", model)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer: model)
     memo = dosa_cupy.RouteMemo(refresh=3)
     reasons = []
     for seed in (1, 2, 3, 4):

@@ -244,6 +244,13 @@ def _main(argv: list[str]) -> int:
     ap.add_argument(
         "--r", type=int, default=14, help="retained heads (default 14: one 16-row tile)"
     )
+    ap.add_argument(
+        "--scorer",
+        default="f16",
+        choices=("f16", "fp8"),
+        help="the canonical scorer of every route of the run (dosa_cupy/scorer.py; fp8: "
+        "sm_90a only, the fused route not timed); default f16",
+    )
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md / PNGs")
     ap.add_argument(
         "--tile", default="256", help="key tile sizes to run, e.g. 128,256 (default 256)"
@@ -345,7 +352,8 @@ def _main(argv: list[str]) -> int:
         else:
             try:
                 row = bench_shape(
-                    H, Qn, N, a.K, regime, a.reps, rot, {"r": a.r}, print, mem=mem,
+                    H, Qn, N, a.K, regime, a.reps, rot, {"r": a.r, "scorer": a.scorer}, print,
+                    mem=mem,
                     parallel_setup=not a.serial_setup, variants=variants,
                     inputs=(getattr(a, "input_groups", None) or {}).get(regime), peers=peers,
                 )  # fmt: skip

@@ -224,7 +224,7 @@ def project_routes(res: dict) -> dict[str, float]:
 def project_logits(res: dict) -> dict[str, float]:
     """The project's dense logits of a row, {name: ms}: the f16 canonical scorer's and the
     native FP8 scorer's (where it ran; issue 27 compares it with DeepGEMM's logits)."""
-    out = {"dense logits (f16)": res.get("logits_ms")}
+    out = {f"dense logits ({res.get('scorer', 'f16')})": res.get("logits_ms")}
     if res.get("fp8_logits_ms"):
         out[f"dense logits (FP8 {res.get('fp8_logits_build', '?')})"] = res["fp8_logits_ms"]
     return {k: float(v) for k, v in out.items() if v}

@@ -72,6 +72,11 @@ def _stats_run(fn, s, sub, K, opts):
     return cp.concatenate(ids), cat, stage
 
 
+def _ratio(a, b):
+    """a / b, None where a route did not run."""
+    return None if a is None else a / b
+
+
 def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True,
                 variants=None, inputs=None, peers=None):  # fmt: skip
     """One shape: every route timed on the same rotated inputs, ids cross-checked, floors,
@@ -83,8 +88,11 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
 
     import dosa_cupy
     from dosa_cupy import workload
-    from dosa_cupy.dense import _dense_logits_raw, _dense_topk_raw, select_rows
+    from dosa_cupy.dense import _dense_topk_raw, select_rows
     from dosa_cupy.prepare import check_inputs, pad_heads
+    from dosa_cupy.scorer import dense_logits_raw
+
+    scorer = opts.get("scorer", "f16")  # the canonical scorer of every route of the row
 
     if inputs is not None and len(inputs) != rot:
         raise ValueError(f"inputs: {len(inputs)} file(s) for {rot} rotated input set(s)")
@@ -104,7 +112,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         q, w, kp, ksc, _, ks, ke = check_inputs(
             wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"]
         )
-        qp, wp = pad_heads(q, w)
+        qp, wp = pad_heads(q, w, scorer)
         return dict(q=q, w=w, qp=qp, wp=wp, kp=kp, ksc=ksc, ks=ks, ke=ke)
 
     seeds = [100 + i for i in range(rot)]
@@ -121,7 +129,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     vis = float(cp.sum((sets[0]["ke"] - sets[0]["ks"]).astype(cp.float64)))
     flops = logits_flop(vis, H)
     res = dict(
-        H=H, Qn=Qn, N=N, K=K, regime=regime, r=int(opts.get("r", 14)), reps=reps,
+        H=H, Qn=Qn, N=N, K=K, regime=regime, r=int(opts.get("r", 14)), scorer=scorer, reps=reps,
         rotate=rot, visible_pairs=vis, dense_flop=flops, setup_s=time.time() - t0,
         dense_subchunk=sub["dense"], dosa_subchunk=sub["dosa"],
         stats_subchunk=sub["dosa_stats"], fused_subchunk=sub["fused"],
@@ -131,18 +139,22 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     dchunks = [slices(s, sub["dense"]) for s in sets]
 
     # Dense logits alone (each sub-chunk's buffer released before the next is allocated).
+    def own_logits(c):
+        return dense_logits_raw(c["qp"], c["wp"], c["kp"], c["ksc"], c["ks"], c["ke"], scorer)
+
     def logits(cs):
         for c in cs:
-            lg = _dense_logits_raw(c["qp"], c["wp"], c["kp"], c["ksc"], c["ks"], c["ke"])
+            lg = own_logits(c)
             del lg
 
     res["logits_ms"], _ = median_ms(cp, logits, reps, rotate=dchunks)
     res["logits_tflops"] = flops / res["logits_ms"] / 1e9
     free(cp)
 
-    # The native FP8 scorer's dense logits (issue 27; no route uses it yet): the fastest
-    # build for H on the same sub-chunks, where the GPU runs sm_90a
-    if fp8_dense.available(H):
+    # The native FP8 scorer's dense logits beside the f16 ones (issue 27): the fastest build
+    # for H on the same sub-chunks, where the GPU runs sm_90a (with --scorer fp8 the row's
+    # logits are these already)
+    if scorer == "f16" and fp8_dense.available(H):
         v = fp8_dense.BEST[H]
         fsets = [[fp8_dense.as_workload(c) for c in cs] for cs in dchunks]
 
@@ -165,7 +177,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     sel_ms, tt_ms, dense_parts = 0.0, 0.0, []
     t_kth, t_vals = True, True
     for c in dchunks[0]:
-        lg = _dense_logits_raw(c["qp"], c["wp"], c["kp"], c["ksc"], c["ks"], c["ke"])
+        lg = own_logits(c)
         arg = [(lg, c["ks"], c["ke"])]
         m, _ = median_ms(cp, lambda a: select_rows(a[0], K, a[1], a[2]), reps, rotate=arg)
         sel_ms += m
@@ -193,14 +205,13 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
 
     def dense_route(s):
         _dense_topk_raw(s["qp"], s["wp"], s["kp"], s["ksc"], K, s["ks"], s["ke"],
-                        chunk=sub["dense"])  # fmt: skip
+                        chunk=sub["dense"], scorer=scorer)  # fmt: skip
 
     res["dense_route_ms"], _ = median_ms(cp, dense_route, reps, rotate=sets)
     free(cp)
     if peers is not None:  # other libraries' routes on the same sub-chunks (peers.py)
         ctx = dict(cp=cp, dchunks=dchunks, dense_ids=dense_ids, K=K, reps=reps,
-                   own_logits=lambda c: _dense_logits_raw(c["qp"], c["wp"], c["kp"], c["ksc"],
-                                                          c["ks"], c["ke"]))  # fmt: skip
+                   own_logits=own_logits)  # fmt: skip
         res["peers"] = peer_routes.run(peers, ctx, log)
         free(cp)
 
@@ -217,16 +228,18 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     res["dosa_ms"], _ = median_ms(cp, route(dosa_cupy.dosa_topk, opts), reps, rotate=dosa_cs)
     free(cp)
     fused_cs = [slices(s, sub["fused"]) for s in sets]
-    res["fused_ms"], _ = median_ms(
-        cp, route(dosa_cupy.fused_topk, fused_opts), reps, rotate=fused_cs
-    )
-    free(cp)
-
-    fids, _, fstage = _stats_run(dosa_cupy.fused_topk, sets[0], sub["fused"], K, fused_opts)
-    res["fused_ids_equal_dense"] = bool(cp.array_equal(fids, dense_ids))
-    res["fused_stage_ms"] = fstage
-    del fids
-    free(cp)
+    if scorer == "f16":  # the fused route scores with the f16 chain only (fused.py)
+        res["fused_ms"], _ = median_ms(
+            cp, route(dosa_cupy.fused_topk, fused_opts), reps, rotate=fused_cs
+        )
+        free(cp)
+        fids, _, fstage = _stats_run(dosa_cupy.fused_topk, sets[0], sub["fused"], K, fused_opts)
+        res["fused_ids_equal_dense"] = bool(cp.array_equal(fids, dense_ids))
+        res["fused_stage_ms"] = fstage
+        del fids
+        free(cp)
+    else:
+        res["fused_ms"] = res["fused_ids_equal_dense"] = res["fused_stage_ms"] = None
     # Variants: more DoSA routes (other options) on the same inputs, same run.
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
@@ -253,7 +266,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         v["anchor_scored_fraction"] = vst["anchor_scored_fraction"]
         v["survival_pooled"] = _survival(vst["survivors"], vst["screened"])["survival_pooled"]
         v["speedup_vs_dense"] = res["dense_route_ms"] / v["ms"]
-        v["speedup_vs_fused"] = res["fused_ms"] / v["ms"]
+        v["speedup_vs_fused"] = _ratio(res["fused_ms"], v["ms"])
         del vids
         free(cp)
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)
@@ -267,7 +280,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     res["overflowed"] = int(st["overflowed"].sum())
     res["recovered"] = int(st["recovered"].sum())
     res["speedup_vs_dense"] = res["dense_route_ms"] / res["dosa_ms"]
-    res["speedup_vs_fused"] = res["fused_ms"] / res["dosa_ms"]
+    res["speedup_vs_fused"] = _ratio(res["fused_ms"], res["dosa_ms"])
     if res["torch_topk_ms"] is not None:
         # the route users run today: logits + torch.topk (sum of the two medians)
         res["dense_torch_ms"] = res["logits_ms"] + res["torch_topk_ms"]
