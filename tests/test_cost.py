@@ -114,7 +114,7 @@ def test_route_option_is_checked(bad):
 def _batch(Qn, N, H=64, K=2048):
     import types
 
-    return types.SimpleNamespace(Qn=Qn, N=N, heads=H, K=K)
+    return types.SimpleNamespace(Qn=Qn, N=N, heads=H, K=K, scorer="f16")
 
 
 OPTS = {"screen": "auto", "r": 14, "cert_seeds": 0}
