@@ -58,7 +58,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     dense = dosa_cupy.dense_topk(*a)
     seen = {}
     for name, model in (("sampled", SAMPLED), ("dosa", NEVER_DENSE), ("dense", ALWAYS_DENSE)):
-        monkeypatch.setattr(pipeline, "model_for", lambda scorer: model)
+        monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
         ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
         assert cp.array_equal(ids, dense), name
         assert st.route.reason == "sampled", name

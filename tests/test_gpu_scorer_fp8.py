@@ -33,11 +33,15 @@ def _args(regime, Qn, N, H, K=256, seed=7):
 @needs_sm90a
 @pytest.mark.parametrize("H", [64, 48, 32, 20])
 def test_fp8_dense_route_selects_the_host_models_topk(H):
-    """The FP8 dense route's ids are ``topk_ids`` of the host model's fp32 scores (heads
-    padded to 32 / 64 with zero rows and weights: exact +0 terms)."""
+    """The FP8 dense route's ids are ``topk_ids`` of the host model's fp32 scores of the
+    padded problem (heads padded to 32 / 64 with zero rows and weights: the canonical FP8
+    scorer is defined on the padded heads, whose tree the model follows)."""
+    from dosa_cupy.prepare import pad_heads
+
     q, w, kp, ksc, K, ks, ke = _args("calibrated", 12, 3000, H, K=200)
     got = cp.asnumpy(dosa_cupy.dense_topk(q, w, kp, ksc, K, ks, ke, scorer="fp8"))
-    qn, wn, kn, an = (cp.asnumpy(a) for a in (q, w, kp, ksc))
+    qn, wn = (cp.asnumpy(a) for a in pad_heads(q, w, "fp8"))
+    kn, an = cp.asnumpy(kp), cp.asnumpy(ksc)
     ksn, ken = cp.asnumpy(ks), cp.asnumpy(ke)
     s = np.full((12, 3000), -np.inf)
     for t in range(12):

@@ -460,7 +460,8 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
 
 def test_plan_stage_runs_the_fused_planner(monkeypatch):
     """plan.plan_stage hands the batch, p_sample evenly spaced pool keys, r, the row
-    tiles (1 for r ≤ 14, else 2) and the scorer's accumulator bits to build_plans_fused."""
+    tiles (1 for r ≤ 14, else 2), the screen's accumulator bits and the allowance of the
+    batch's canonical scorer to build_plans_fused."""
     from types import SimpleNamespace
 
     from dosa_cupy.scorer import MMA_BITS
@@ -468,13 +469,14 @@ def test_plan_stage_runs_the_fused_planner(monkeypatch):
     calls = []
     monkeypatch.setattr(pf, "cupy_or_raise", lambda: np)
     monkeypatch.setattr(pf, "build_plans_fused", lambda *a: calls.append(a) or "plan")
-    b = SimpleNamespace(q="q", w="w", kp="kp")
     pool = np.arange(0, 3000, 3, dtype=np.int32)
-    for r, mts in ((14, 1), (15, 2), (30, 2)):
-        calls.clear()
-        assert pf.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
-        (args,) = calls
-        assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, MMA_BITS)
+    for scorer, allowance in (("f16", "f16"), ("fp8", "fp8_fresh")):
+        b = SimpleNamespace(q="q", w="w", kp="kp", scorer=scorer)
+        for r, mts in ((14, 1), (15, 2), (30, 2)):
+            calls.clear()
+            assert pf.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
+            (args,) = calls
+            assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, MMA_BITS, allowance)
         assert np.array_equal(args[3], pool[np.linspace(0, pool.size - 1, 16).astype(np.int64)])
 
 
