@@ -26,7 +26,13 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 # three); "chained": one k128 chain (DeepGEMM's arithmetic, timing only)
 VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, True),
             "qt8_w4_seq": (64, 8, 4, True), "n128q4_w3_seq": (128, 4, 3, True),
-            "n128_w4_chained": (128, 1, 4, False)}  # fmt: skip
+            "n128_w4_chained": (128, 1, 4, False),
+            # dense_fp8_lean (same bits, fewer instructions per tile): r2 / r2x — the next
+            # tile's steps 0, 1 in flight during an epilogue (x: across stages too); r4 — all
+            # four steps of the next tile; seq — FRESH = 2's order
+            "lean_n128q4_w2_r2": (128, 4, 2, True), "lean_n128q4_w2_r2x": (128, 4, 2, True),
+            "lean_qt8_w2_r4": (64, 8, 2, True), "lean_n128q4_w3_seq": (128, 4, 3, True),
+            "lean_qt8_w3_seq": (64, 8, 3, True)}  # fmt: skip
 # the fastest fresh build of each H (docs/records/benchmarks.md, session 14)
 BEST = {64: "n128q4_w2_fresh", 32: "qt8_w3_fresh"}
 

@@ -284,6 +284,446 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     }
   }
 }
+
+// ---- The lean builds (dense_fp8_lean): the same values as dense_fp8 (the k32 steps' sums in
+// k order, head_sums' fmaf chains and butterfly tree, × α), fewer instructions per tile and
+// the next MMAs in flight during a tile's epilogue (docs/records/notes.md "The native FP8
+// scorer, session 15": issue-bound at ~440 instructions per 64 × 128 tile, 20 % of the
+// warps' cycles waiting on the fresh steps).
+
+// A 128-byte-swizzled K-major descriptor (desc_sw128) from its low word: shared addresses are
+// below 2^18, so the step offsets (+2 per 32 bytes) never carry into the high word, a
+// constant the compiler keeps out of the per-tile arithmetic.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t saddr) { return ((saddr & 0x3FFFFu) >> 4) | 0x10000u; }
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (0x40000040ull << 32) | lo; }
+
+// One fresh e4m3 k32 step (scale-d = 0) into d.  The accumulators are read-write operands
+// although scale-d = 0 ignores them: with write-only ones ptxas serialises the wgmmas
+// (C7512) once several buffers are in flight.
+template <int N>
+__device__ __forceinline__ void mma_fresh(float (&d)[N / 2], uint64_t adesc, uint64_t bdesc) {
+  mma_e4m3<N>(d, adesc, bdesc, 0);
+}
+
+// One query of the block for the lean epilogue: its output row, its visible keys [lo, lo +
+// len) clipped to [0, N) (so the test is one unsigned compare of a 32-bit key index: the
+// tensor map's coordinates already limit N to 2^31), len = −1 past the last query (no
+// stores; the producer stops there).
+struct __align__(16) LeanRow {
+  float* row;
+  int lo, len;
+};
+
+// The lane's partial head sums of head_sums<H, NC> (scorer_fp8.cuh: the same fmaf chains
+// over even and odd column groups, then even + odd), before the quad's tree.
+template <int H, int NC>
+__device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
+                                              float (&q)[NC / H][2]) {
+  constexpr int QPT = NC / H;
+  float p[QPT][2][2];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NC / 8; ++j) {
+    const int u = j / (H / 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& c = p[u][h][j & 1];
+      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+}
+
+// head_sums' butterfly as a reduce-scatter: each lane ends with only the values it stores,
+// the same sums in the same order — after the lane ^ 1 step a lane holds q_L + q_{L^1}
+// (head_sums' first add, a + b = b + a bit for bit), after the lane ^ 2 step (q_L + q_{L^1})
+// + (q_{L^2} + q_{L^3}), head_sums' second.  Lane c of the quad keeps value k = 2u + h with
+// k ≡ c (mod 4): h = c & 1, u ≡ c >> 1 (mod 2); r[v] is query u = 2v + (c >> 1) (QPT ≥ 2),
+// or the single query (QPT = 1, every lane; lanes 2 and 3 hold lanes 0 and 1's values).
+template <int QPT>
+__device__ __forceinline__ void quad_scatter(const float (&q)[QPT][2], int qd,
+                                             float (&r)[(QPT + 1) / 2]) {
+  const bool b0 = qd & 1, b1 = qd & 2;
+  float p[QPT];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) {
+    const float keep = b0 ? q[u][1] : q[u][0], send = b0 ? q[u][0] : q[u][1];
+    p[u] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+  if constexpr (QPT == 1) {
+    r[0] = p[0] + __shfl_xor_sync(0xffffffffu, p[0], 2);
+  } else {
+#pragma unroll
+    for (int v = 0; v < QPT / 2; ++v) {
+      const float keep = b1 ? p[2 * v + 1] : p[2 * v], send = b1 ? p[2 * v] : p[2 * v + 1];
+      r[v] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    }
+  }
+}
+
+// The lane's key row of a stage and what its stores need: the row's index (32 bits), α, and
+// whether it stores at all (key < N; at QPT = 1 lanes 2 and 3 do not).
+struct LeanLane {
+  int r;
+  float a;
+  bool st;
+};
+
+// The epilogue of tile qt: head sums, × α, −inf where not visible, one store per value the
+// lane keeps (the quad's four lanes write four 32-byte runs of key rows).
+template <int H, int NC>
+__device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
+                                              const float* __restrict__ sw_tile, int qd,
+                                              const LeanRow* __restrict__ rows_tile,
+                                              const LeanLane& ln) {
+  constexpr int QPT = NC / H;
+  float2 wv[NC / 8];
+#pragma unroll
+  for (int jj = 0; jj < NC / 16; ++jj) {  // the lane's weights, 16 bytes at a time
+    const float4 f = *reinterpret_cast<const float4*>(sw_tile + 16 * jj + 4 * qd);
+    wv[2 * jj] = make_float2(f.x, f.y);
+    wv[2 * jj + 1] = make_float2(f.z, f.w);
+  }
+  float q[QPT][2];
+  lane_partials<H, NC>(x, wv, q);
+  float r[(QPT + 1) / 2];
+  quad_scatter<QPT>(q, qd, r);
+  const LeanRow* rl = rows_tile + (QPT > 1 ? (qd >> 1) : 0);
+#pragma unroll
+  for (int v = 0; v < (QPT + 1) / 2; ++v) {
+    const int4 row = *reinterpret_cast<const int4*>(rl + 2 * v);  // one 16-byte load
+    const float sc = r[v] * ln.a;
+    const bool vis = (unsigned)(ln.r - row.z) < (unsigned)row.w;
+    // the row pointer came through shared memory: st.global says where it points (a generic
+    // store otherwise), and it is an ordinary weak store like dense_fp8's
+    float* p = reinterpret_cast<float*>(((unsigned long long)(unsigned)row.y << 32) | (unsigned)row.x) + ln.r;
+    if (ln.st && row.w >= 0)
+      asm volatile("st.global.f32 [%0], %1;\n" ::"l"(p), "f"(vis ? sc : neg_inf()));
+  }
+}
+
+// The lean kernel.  SCHED says which steps are in flight when (buffers of NC/2 registers):
+//  0 — dense_fp8's FRESH = 2 order: steps 0 and 1, then 2 and 3 one at a time into one
+//      buffer, the epilogue with nothing of this warpgroup in flight (for 3 or 4 consumer
+//      warpgroups, whose other warpgroups fill the waits);
+//  2 — NC = 128, two buffers: the tile's steps 2 and 3 go into the buffers of 0 and 1 once
+//      those are added, the next tile's steps 0 and 1 into them once 2 and 3 are added, so
+//      the next tile's first two steps run during this tile's epilogue (acc + 2 buffers:
+//      192 registers, two consumer warpgroups);
+//  4 — NC = 64, four buffers: each of the next tile's steps is issued as soon as this
+//      tile's step of the same buffer is added, all four run during the epilogue (acc + 4
+//      buffers: 160 registers, two consumer warpgroups).
+// The stage's tiles are unrolled (QT is a constant).  CROSS = false: a stage's first tile is
+// issued at its start and its last tile drains, nothing in flight crosses the stage loop's
+// back edge.  CROSS = true (SCHED 2): the next stage's first tile is issued before the last
+// epilogue, unconditionally (docs/records/notes.md, session 13: accumulators in flight that
+// reach the back edge through different paths get phi copies and ptxas serialises every
+// wgmma, C7514/C7515 — with one path and read-write operands ptxas keeps the pipeline; at
+// SCHED 4 it still does not, so that build is not made).
+// PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers).
+template <int H, int NC, int QT, int CWG, int SCHED, int PREG, bool CROSS>
+__device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint8_t* __restrict__ q,
+                                               const float* __restrict__ w,
+                                               const float* __restrict__ alpha,
+                                               const int* __restrict__ ks,
+                                               const int* __restrict__ ke, int Qn, long long N,
+                                               float* __restrict__ out) {
+  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
+  static_assert(NC == 64 || NC == 128, "NC: 64 or 128 columns per MMA");
+  static_assert(SCHED == 0 || (SCHED == 2 && NC == 128) || (SCHED == 4 && NC == 64),
+                "SCHED: 0, 2 at NC = 128, 4 at NC = 64");
+  constexpr int QPT = NC / H;
+  constexpr int QB = QT * QPT;
+  constexpr int NA = NC / 2;
+  constexpr int kThreads = threads<CWG>();
+  constexpr int kStageKeys = 64 * CWG;
+  constexpr int kStageBytes = kStageKeys * 128;
+  constexpr int kTileBytes = NC * 128;
+  // setmaxnreg within the block's pool (dense_fp8; docs/design.md "The FP8 dense kernel")
+  constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  constexpr int kProducerRegs = PREG;
+  constexpr int kConsumerFit = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / CWG) / 8 * 8;
+  constexpr int kConsumerRegs = kConsumerFit < 240 ? kConsumerFit : 240;
+  static_assert(PREG % 8 == 0 && PREG >= 24, "setmaxnreg: multiples of 8, at least 24");
+  static_assert(CWG * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+                "setmaxnreg: the consumers take no more than the producer gives back");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
+  uint8_t* sk = base;
+  uint8_t* sq = base + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sq + QT * kTileBytes);
+  uint64_t* empty = full + kStages;
+  // the weights in lane order: tile qt, 16-column group jj, lane qd holds (w[16jj + 2qd],
+  // w[16jj + 2qd + 1], w[16jj + 8 + 2qd], w[16jj + 8 + 2qd + 1]) — one conflict-free 16-byte
+  // load per two column groups
+  __shared__ __align__(16) float sw[QT * NC];
+  __shared__ __align__(16) LeanRow qrows[QB];
+  __shared__ int span[4];  // first stage, first and end key of the span, stages
+
+  const int t = threadIdx.x, q0 = blockIdx.x * QB;
+  const int nq = min(QB, Qn - q0);
+
+  for (int it = t; it < QT * NC * 8; it += kThreads) {
+    const int r = it >> 3, j = it & 7;
+    const long long row = (long long)q0 * H + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
+    *reinterpret_cast<uint4*>(sq + (r / NC) * kTileBytes + sw128_offset(r % NC, j)) = v;
+  }
+  for (int i = t; i < QT * NC; i += kThreads) {
+    const long long row = (long long)q0 * H + i;
+    const int col = i % NC, jj = col >> 4, jo = (col >> 3) & 1, qd = (col >> 1) & 3, e = col & 1;
+    sw[(i - col) + 16 * jj + 4 * qd + 2 * jo + e] = row < (long long)Qn * H ? w[row] : 0.f;
+  }
+  if (t < QB) {
+    const bool live = t < nq;
+    const long long lo = live ? max((long long)ks[q0 + t], 0ll) : 0;
+    const long long hi = live ? min((long long)ke[q0 + t], N) : 0;
+    qrows[t] = LeanRow{live ? out + (long long)(q0 + t) * N : out, (int)lo,
+                       live ? (int)max(hi - lo, 0ll) : -1};
+  }
+  if (t == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 128 * CWG);
+    }
+    fence_barrier_init();
+    long long lo = N, hi = 0;
+    for (int j = 0; j < nq; ++j) {
+      lo = min(lo, (long long)max(ks[q0 + j], 0));
+      hi = max(hi, (long long)min((long long)ke[q0 + j], N));
+    }
+    if (hi <= lo) lo = hi = 0;
+    const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
+    span[0] = (int)s0;
+    span[1] = (int)(s0 * kStageKeys);
+    span[2] = (int)min(s1 * kStageKeys, N);
+    span[3] = (int)(s1 - s0);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int wg = t >> 7;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    const int pt = threadIdx.x;
+    if (pt == 0) {
+      const int n_st = span[3];
+      const int first = span[0];
+      for (int it = 0; it < n_st; ++it) {
+        const int slot = it % kStages;
+        if (it >= kStages) mbar_wait(&empty[slot], ((it / kStages) - 1) & 1);
+        mbar_expect_tx(&full[slot], kStageBytes);
+        tma_load_2d(sk + slot * kStageBytes, &kmap, &full[slot], 0, (first + it) * kStageKeys);
+      }
+    } else if (pt >= 32) {  // −inf outside the span, for every query of the block
+#pragma unroll 1
+      for (int j = 0; j < QB; ++j) {
+        if (qrows[j].len < 0) break;  // past the last query
+        float* row = qrows[j].row;
+#pragma unroll 1
+        for (float *p = row + (pt - 32), *e = row + span[1]; p < e; p += 96) *p = neg_inf();
+#pragma unroll 1
+        for (float *p = row + span[2] + (pt - 32), *e = row + N; p < e; p += 96) *p = neg_inf();
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+
+  // the warpgroup and warp index through a shuffle from lane 0: the compiler then knows them
+  // to be the same in every lane and keeps the descriptors in uniform registers (one
+  // R2UR / IADD3 pair per MMA otherwise)
+  const int c = __shfl_sync(0xffffffffu, wg - 1, 0);
+  const int warp = __shfl_sync(0xffffffffu, (t >> 5) & 3, 0);
+  const int lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const uint32_t a_lo0 = desc_lo((uint32_t)__cvta_generic_to_shared(sk + c * 64 * 128));
+  const uint32_t b_lo0 = desc_lo((uint32_t)__cvta_generic_to_shared(sq));
+  const int s0 = span[0], nst = span[3];
+  const int Ni = (int)N;
+  const float* sw_lane = sw;  // + tile and group offsets below
+  const LeanRow* rows = qrows;
+  // the lane's key row within a stage: row g or g + 8 of its warp's 16 (value k's h = k & 1)
+  const int row_in_stage = 64 * c + 16 * warp + g + 8 * (qd & 1);
+  const bool lane_stores = QPT > 1 || qd < 2;
+
+  auto adesc = [&](uint32_t a_lo, int s) { return desc_of(a_lo) + 2 * s; };
+  auto bdesc = [&](int qt, int s) { return desc_of(b_lo0) + (qt * (kTileBytes >> 4) + 2 * s); };
+  auto add_into = [&](float (&acc)[NA], float (&x)[NA]) {
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];
+  };
+  auto sum01 = [&](float (&acc)[NA], float (&x0)[NA], float (&x1)[NA]) {
+    pin(x0);
+    pin(x1);
+#pragma unroll
+    for (int e = 0; e < NA; ++e) acc[e] = x0[e] + x1[e];
+  };
+
+  // the key slot's A descriptor (low word) of stage it
+  auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
+  // SCHED 2, one tile: on entry its steps 0 and 1 are in flight in b0 and b1 (one group);
+  // on exit, when `more`, the next tile's (descriptors na, qn) are
+  auto tile_r2 = [&](float (&acc)[NA], float (&b0)[NA], float (&b1)[NA], uint32_t a_lo, int qt,
+                     bool more, uint32_t na, int qn) {
+    wait<0>();  // steps 0 and 1
+    sum01(acc, b0, b1);
+    fence();
+    mma_fresh<NC>(b0, adesc(a_lo, 2), bdesc(qt, 2));
+    commit();
+    mma_fresh<NC>(b1, adesc(a_lo, 3), bdesc(qt, 3));
+    commit();
+    wait<1>();  // step 2
+    add_into(acc, b0);
+    if (more) {
+      fence();
+      mma_fresh<NC>(b0, adesc(na, 0), bdesc(qn, 0));
+      commit();
+      wait<1>();  // step 3
+      add_into(acc, b1);
+      fence();
+      mma_fresh<NC>(b1, adesc(na, 1), bdesc(qn, 1));
+      commit();
+    } else {
+      wait<0>();  // step 3
+      add_into(acc, b1);
+    }
+  };
+  // SCHED 4, one tile: on entry its steps are in flight in b[0..3] (groups {0, 1}, {2}, {3});
+  // each buffer, once added, takes the next tile's step when `more`
+  auto tile_r4 = [&](float (&acc)[NA], float (&b)[4][NA], uint32_t a_lo, int qt, bool more,
+                     uint32_t na, int qn) {
+    wait<2>();
+    sum01(acc, b[0], b[1]);
+    if (more) {
+      fence();
+      mma_fresh<NC>(b[0], adesc(na, 0), bdesc(qn, 0));
+      mma_fresh<NC>(b[1], adesc(na, 1), bdesc(qn, 1));
+      commit();
+      wait<2>();
+    } else {
+      wait<1>();
+    }
+    add_into(acc, b[2]);
+    if (more) {
+      fence();
+      mma_fresh<NC>(b[2], adesc(na, 2), bdesc(qn, 2));
+      commit();
+      wait<2>();
+    } else {
+      wait<0>();
+    }
+    add_into(acc, b[3]);
+    if (more) {
+      fence();
+      mma_fresh<NC>(b[3], adesc(na, 3), bdesc(qn, 3));
+      commit();
+    }
+  };
+  auto stage_lane = [&](int it) {
+    LeanLane ln;
+    ln.r = (s0 + it) * kStageKeys + row_in_stage;
+    ln.st = lane_stores && ln.r < Ni;
+    ln.a = ln.r < Ni ? __ldg(alpha + ln.r) : 0.f;
+    return ln;
+  };
+
+  if constexpr (SCHED == 0) {
+#pragma unroll 1
+    for (int it = 0; it < nst; ++it) {
+      const int slot = it % kStages;
+      mbar_wait(&full[slot], (it / kStages) & 1);
+      const uint32_t a_lo = a_of(it);
+      const LeanLane ln = stage_lane(it);
+#pragma unroll
+      for (int qt = 0; qt < QT; ++qt) {
+        float acc[NA], x[NA];
+        fence();
+        mma_fresh<NC>(acc, adesc(a_lo, 0), bdesc(qt, 0));
+        mma_fresh<NC>(x, adesc(a_lo, 1), bdesc(qt, 1));
+        commit();
+        wait<0>();
+        pin(acc);
+        add_into(acc, x);
+#pragma unroll
+        for (int s = 2; s < 4; ++s) {
+          fence();
+          mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
+          commit();
+          wait<0>();
+          add_into(acc, x);
+        }
+        if (qt == QT - 1) mbar_arrive(&empty[slot]);
+        lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
+      }
+    }
+  } else {
+    // the buffers in flight.  Without CROSS a stage's first tile is issued at its start and
+    // its last tile drains (nothing in flight crosses the stage loop's back edge); with CROSS
+    // the next stage's first tile is issued before the epilogue of this stage's last one
+    // (after its keys' full barrier), so the buffers cross the back edge in flight — the
+    // same registers each trip (read-write operands, no copies: ptxas keeps the pipeline).
+    float b[4][NA];
+    auto first_tile = [&](uint32_t a_lo) {
+      fence();
+      if constexpr (SCHED == 2) {
+        mma_fresh<NC>(b[0], adesc(a_lo, 0), bdesc(0, 0));
+        mma_fresh<NC>(b[1], adesc(a_lo, 1), bdesc(0, 1));
+        commit();
+      } else {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          mma_fresh<NC>(b[s], adesc(a_lo, s), bdesc(0, s));
+          if (s > 0) commit();
+        }
+      }
+    };
+    if (nst > 0) {
+      if (CROSS) {
+        mbar_wait(&full[0], 0);
+        first_tile(a_of(0));
+      }
+      int it = 0;
+#pragma unroll 1
+      do {
+        const int slot = it % kStages;
+        const uint32_t a_lo = a_of(it);
+        if (!CROSS) {
+          mbar_wait(&full[slot], (it / kStages) & 1);
+          first_tile(a_lo);
+        }
+        const LeanLane ln = stage_lane(it);
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt) {
+          float acc[NA];
+          const bool last = qt == QT - 1;
+          // with CROSS the last tile always issues the next one: on the last stage a copy of
+          // its own first tile (result unused, drained after the loop), so that no MMA sits in
+          // a branch and the buffers' registers are the same on every path
+          bool more = CROSS || !last;
+          const bool next_stage = last && it + 1 < nst;
+          if (CROSS && next_stage) mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
+          const uint32_t na = next_stage ? a_of(it + 1) : a_lo;
+          const int qn = last ? 0 : qt + 1;
+          if constexpr (SCHED == 2)
+            tile_r2(acc, b[0], b[1], a_lo, qt, more, na, qn);
+          else
+            tile_r4(acc, b, a_lo, qt, more, na, qn);
+          if (last) mbar_arrive(&empty[slot]);  // the stage's keys are read
+          lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
+        }
+      } while (++it < nst);
+      wait<0>();  // nothing in flight at the end (the last stage issues nothing further)
+    }
+  }
+}
 }  // namespace fp8
 }  // namespace dosa
 #endif
@@ -303,6 +743,22 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 #else
 #define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH)
 #endif
+// the lean builds (dense_fp8_lean: SCHED, the producer's registers PREG)
+#define DENSE_FP8_LEAN(H, NC, QT, CWG, SCHED, PREG, CROSS, TAG)                                        \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
+      dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
+                             const uint8_t* __restrict__ q, const float* __restrict__ w,         \
+                             const float* __restrict__ alpha, const int* __restrict__ ks,        \
+                             const int* __restrict__ ke, int Qn, long long N,                    \
+                             float* __restrict__ out) {                                          \
+    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS)                                       \
+  }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS) \
+  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, SCHED, PREG, CROSS>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#else
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS)
+#endif
 // builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the fastest fresh build of each H (records:
 // 128 columns at H = 64, 64 columns at H = 32) for both H, and DeepGEMM's arithmetic in the
 // same frame (timing only); to measure: qt8_w4_seq (four consumer warpgroups at 64 columns)
@@ -312,6 +768,11 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   DENSE_FP8_INST(H, 64, 8, 3, 3, qt8_w3_fresh)           \
   DENSE_FP8_INST(H, 64, 8, 4, 2, qt8_w4_seq)             \
   DENSE_FP8_INST(H, 128, 4, 3, 2, n128q4_w3_seq)         \
-  DENSE_FP8_INST(H, 128, 1, 4, 0, n128_w4_chained)
+  DENSE_FP8_INST(H, 128, 1, 4, 0, n128_w4_chained)       \
+  DENSE_FP8_LEAN(H, 128, 4, 2, 2, 56, false, lean_n128q4_w2_r2)     \
+  DENSE_FP8_LEAN(H, 128, 4, 2, 2, 24, true, lean_n128q4_w2_r2x)      \
+  DENSE_FP8_LEAN(H, 64, 8, 2, 4, 56, false, lean_qt8_w2_r4)          \
+  DENSE_FP8_LEAN(H, 128, 4, 3, 0, 32, false, lean_n128q4_w3_seq)     \
+  DENSE_FP8_LEAN(H, 64, 8, 3, 0, 56, false, lean_qt8_w3_seq)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
