@@ -67,9 +67,9 @@ QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 # The FP8 scorer's specs (csrc/score_fp8.cu, csrc/dense_fp8.cu: sm_90a cubins) and the dense
 # logits build each padded head count runs: (build, columns per MMA, query tiles per stage,
 # consumer warpgroups) — the fastest fresh build of each H in one run (docs/records/
-# benchmarks.md "FP8 dense logits at the fourteenth session's builds"; bench/fp8_dense.py
-# times every build).  Every build computes the same bits (tests/test_gpu_fp8_probe.py).
-FP8_DENSE = {64: ("n128q4_w3_seq", 128, 4, 3), 32: ("qt8_w3_fresh", 64, 8, 3)}
+# benchmarks.md "FP8 dense logits: lean builds"; bench/fp8_dense.py times every build).
+# Every build computes the same bits (tests/test_gpu_fp8_probe.py).
+FP8_DENSE = {64: ("lean_n128q4_w3_seq", 128, 4, 3), 32: ("lean_n128q4_w3_seq", 128, 4, 3)}
 FP8_SPEC = KernelSpec("score_fp8.cu", (), sm90a=True)
 FP8_DENSE_SPEC = KernelSpec("dense_fp8.cu", (), sm90a=True)
 

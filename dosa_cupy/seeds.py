@@ -99,7 +99,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     if not fixed:
         anchors = anchor_queries(Qn, o["n_anchors"])
     if anchors is not None:
-        aid = dense_ids(b.rows(anchors))
+        aid = anchor_ids(b.rows(anchors))
     else:
         aid = cp.zeros(0, dtype=cp.int32)
     cap = min(int(aid.size), b.N) if fixed else None
@@ -172,6 +172,25 @@ def seed_ranges(poolmask, offs, ks, ke, sinks: int, window: int):
         args = (poolmask, offs, NW, ks, ke, np.int32(sinks), np.int32(window), np.int32(Qn), rg)
         kernel("seed_ranges")((-(-Qn // 256),), (256,), args)
     return rg
+
+
+ANCHOR_RECORDS = 1 << 27  # the largest anchors × keys whose records anchor_ids holds (1 GiB)
+
+
+def anchor_ids(ab: Batch):
+    """The Top-K ids int32 [n, K] of the anchor rows ``ab`` (the anchor pool's source,
+    docs/method.md §2): the dense route's, or for the FP8 scorer the same selection through
+    records — every visible key's record (``score_seed_tiles``, 64 key tiles per anchor in
+    parallel) and ``select_records`` — because its dense kernel runs one block per 8–16
+    queries, so a handful of anchors would scan the keys on one SM (~23 ms at 1M keys; the
+    records take a fraction of that).  Any real keys are valid seeds; these are the exact
+    Top-K all the same (the records carry the dense logits' bits)."""
+    if ab.scorer != "fp8" or ab.Qn * ab.N > ANCHOR_RECORDS:
+        return dense_ids(ab)
+    out = RecordBuffer(ab.Qn, ab.N)
+    score_seed_tiles(ab, (ab.kp, ab.ksc, None), (ab.ks, ab.ke), ab.N, out)
+    ids, _ = select_records(ab.K, out.rec, out.cnt)
+    return ids
 
 
 FP8_TILES = 64  # the FP8 seed kernels' blocks per query (each loops over its 64-key tiles)
