@@ -223,7 +223,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     xp: array module (default CuPy); ``numpy`` runs the same code on the host (CPU tests
     and ``emulate.screen_survival``), with ``dosa_ref.fp8.e4m3_bits`` for the aux rows.
     ``scorer``: the canonical scorer's arithmetic whose error the bound covers
-    (``scorer_allowance``; the routes run "f16").
+    (``scorer_allowance``; a call's routes run ``scorer.plan_scorer`` of its scorer).
     """
     cp = cupy_or_raise() if xp is None else xp
 
