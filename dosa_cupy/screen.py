@@ -20,7 +20,7 @@ from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
 from ._build import cupy_or_raise, device_const, kernel, tile
-from .plan import MU, DevicePlan, gamma_mma, row_slots
+from .plan import MU, DevicePlan, gamma, gamma_mma, row_slots
 from .prepare import Batch, D
 from .scorer import MMA_BITS, QG, ROWB
 from .seeds import Seeds
@@ -146,30 +146,46 @@ def plateau_constants(xp, mts: int):
     )
 
 
-def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
+def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp, scorer: str = "f16"):
     """Zero-plateau coefficients of the screen (docs/method.md §7 "Tie-aware rejection and
     zero plateaus", proofs/gpu_zero_plateau.py): fp32 [Qn, 16·mts].
 
     A query qualifies when its plan is valid and retains every positive head: no omitted
     positive head (P = ∅) and as many plan rows with ω_j > 0 as weights w [Qn, Hp] > 0.  With
     P = ∅ nothing is folded (ω_j = w_h of the head whose e4m3 row q̄_h is plan row j), so the
-    rows with ω_j > 0 are exactly the positive heads.  Their coefficient is
-    z_j = RU32(2·γ_mma·√D·‖q̄_j‖·(1 + MU)) (evaluated in fp64): the screen's dot x̂_j and the
-    canonical scorer's
-    logit are each within γ_mma·Σ_d|q̄_jd||k̄_d| ≤ γ_mma·‖q̄_j‖·ρ√D of the exact dot (plan.py's
-    MMA model; ρ√D ≥ ‖k̄‖), so x̂_j + z_j·ρ ≤ 0 certifies the canonical logit ≤ 0
-    (csrc/common.cuh plateau_miss).  Every other row is −1 (no condition: negative heads,
-    empty slots, aux rows); a query that does not qualify is NaN in every row (row 0 NaN
-    switches the plateau off in the kernels).  ‖q̄_j‖² is exact in float64 (≤ 128 squares
-    of multiples of 2^-9 below 2^25); the few float64 roundings of the product are far
-    below MU.  xp: numpy or CuPy; no host synchronization.
+    rows with ω_j > 0 are exactly the positive heads.  Their coefficient z_j covers, in
+    units of ρ, the screen's dot error and the canonical scorer's logit error together, so
+    x̂_j + z_j·ρ ≤ 0 certifies the canonical logit ≤ 0 (csrc/common.cuh plateau_miss):
+
+    * the screen's chain: |x̂_j − x| ≤ γ_mma·Σ_d|q̄_jd||k̄_d| ≤ γ_mma·‖q̄_j‖·ρ√D (plan.py's
+      MMA model; ρ√D ≥ ‖k̄‖);
+    * the canonical logit, ``scorer`` "f16": the same chain, γ_mma·‖q̄_j‖ρ√D again, so
+      z_j = RU32(2·γ_mma·√D·‖q̄_j‖·(1 + MU));
+    * ``scorer`` "fp8" (proofs/wgmma_fresh_step.py with the key's own exponents): step s of
+      the fresh-step dot loses < 32·2^(eq_s + ek_s − 13) in its window, eq_s / ek_s the
+      largest exponent fields of the step's nonzero codes of q̄_j / k̄ (subnormals −6), and
+      2^(ek_s) ≤ 8·max_d|k̄_d| ≤ 8ρ√D (a nonzero e4m3 value is ≥ 2^e, or ≥ 2^-9 = 2^-6/8 for
+      a subnormal), so < 2^(eq_s − 5)·ρ√D; plus (2^-13 + γ_3(1 + 2^-13))·Σ|q̄||k̄| of the
+      write-back and the three fp32 adds, and 3·2^-126 of flushed adds (below MU·z·ρ for
+      every key with a nonzero product: ρ > 2^-13, z > 2^-12) — z_j = RU32(√D·((γ_mma +
+      2^-13 + γ_3(1 + 2^-13))·‖q̄_j‖ + (1 + γ_3)·Σ_s 2^(eq_s − 5))·(1 + MU)).
+
+    Every other row is −1 (no condition: negative heads, empty slots, aux rows); a query
+    that does not qualify is NaN in every row (row 0 NaN switches the plateau off in the
+    kernels).  ‖q̄_j‖² is exact in float64 (≤ 128 squares of multiples of 2^-9 below 2^25);
+    the few float64 roundings of the products are far below MU.  xp: numpy or CuPy; no host
+    synchronization.
     """
     Qn, nrow = plan.omega.shape
     table, slot = plateau_constants(xp, plan.mts)
     sq = xp.empty((Qn, nrow), dtype=xp.float64)
+    steps = xp.zeros((Qn, nrow), dtype=xp.float64)
     for a in range(0, Qn, _QCHUNK):
-        v = table[plan.rows[a : a + _QCHUNK]]
+        codes = plan.rows[a : a + _QCHUNK]
+        v = table[codes]
         sq[a : a + _QCHUNK] = xp.sum(v * v, axis=2)
+        if scorer == "fp8":
+            steps[a : a + _QCHUNK] = _step_exponent_sum(codes, xp)
     pos = slot[None, :] & (plan.omega > 0)
     npos = xp.sum(xp.asarray(w) > 0, axis=1)
     ok = (
@@ -177,26 +193,31 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp):
         & (xp.asarray(plan.omitted_positive) == 0)
         & (xp.sum(pos, axis=1) == npos)
     )
-    # 2γ√D‖q̄‖ in fp64 (a few roundings of 2^-53 each) lifted by one (1 + MU) = 1 + 2^-30,
-    # then rounded up to fp32: z ≥ the exact 2γ√D‖q̄‖ (proofs/gpu_zero_plateau.py checks it)
-    coef = 2.0 * gamma_mma(mma_bits, D) * np.sqrt(D)
-    z = xp.where(pos, _f32_up(coef * xp.sqrt(sq) * (1.0 + MU), xp), xp.float32(-1.0))
+    # in fp64 (a few roundings of 2^-53 each) lifted by one (1 + MU) = 1 + 2^-30, then
+    # rounded up to fp32: z ≥ the exact coefficient (proofs/gpu_zero_plateau.py checks it)
+    gm = gamma_mma(mma_bits, D)
+    if scorer == "fp8":
+        g8 = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
+        coef = np.sqrt(D) * ((gm + g8) * xp.sqrt(sq) + (1 + gamma(3)) * steps)
+    else:
+        coef = 2.0 * gm * np.sqrt(D) * xp.sqrt(sq)
+    z = xp.where(pos, _f32_up(coef * (1.0 + MU), xp), xp.float32(-1.0))
     return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
 
 
+def _step_exponent_sum(codes, xp):
+    """Σ_s 2^(eq_s − 5) of e4m3 rows ``codes`` uint8 [..., 128]: eq_s the largest exponent
+    field (``dosa_ref.mma_model.e4m3_exponent``: subnormals −6) of the nonzero codes of
+    k32 step s; a step of zeros adds 0 (float64 [...], exact powers of two)."""
+    c = codes.astype(xp.int32).reshape(*codes.shape[:-1], 4, 32)
+    e = xp.where((c & 0x7F) != 0, xp.maximum((c >> 3) & 0xF, 1) - 7, -1000)
+    emax = xp.max(e, axis=-1)
+    return xp.sum(xp.where(emax > -1000, xp.ldexp(xp.ones(emax.shape), emax - 5), 0.0), axis=-1)
+
+
 def batch_plateau_rows(b, plan: DevicePlan, xp):
-    """``plateau_rows`` for batch ``b``'s scorer (``prepare.Batch.scorer``): the f16 chain's
-    coefficients (``MMA_BITS``); for the FP8 scorer every row NaN — the plateau bound off.
-    Its certificate (csrc/common.cuh plateau_miss) needs the canonical dot's error below
-    z·ρ, a multiple of the key's norm, as proofs/gpu_zero_plateau.py proves for the f16
-    chain; the FP8 allowance bounds the fresh steps' window error with the largest e4m3 key
-    code instead (``plan.scorer_allowance`` "fp8_fresh": 2^(eq_s) per step, whatever the
-    key), and a bound in ρ is not yet proved, so the plateau stays off.  The tie rule
-    against the K-th seed record stays on (it needs only U ≥ s, which the plan's allowance
-    gives).  Exact either way: the plateau only rejects more."""
-    if b.scorer == "f16":
-        return plateau_rows(plan, b.w, MMA_BITS, xp)
-    return xp.full(plan.omega.shape, xp.nan, dtype=xp.float32)
+    """``plateau_rows`` for batch ``b``'s scorer (``prepare.Batch.scorer``)."""
+    return plateau_rows(plan, b.w, MMA_BITS, xp, b.scorer)
 
 
 def tie_screen_wanted(seeds: Seeds, o: dict) -> bool:

@@ -4,7 +4,10 @@ rejection and zero plateaus", Proposition Z; kernels: dosa_cupy/csrc/common.cuh
 
 Statement (Proposition Z).  Let a query's plan retain every head with w'_h > 0 (P = ∅), its
 plan row j of such a head being the head's e4m3 row q̄_j, with the coefficient
-z_j ≥ 2·γ_mma·√D·‖q̄_j‖ (``plateau_rows``), and let ρ_i·√D ≥ ‖k̄_i‖ (``key_rms``).  Assume
+z_j ≥ 2·γ_mma·√D·‖q̄_j‖ (``plateau_rows``), and let ρ_i·√D ≥ ‖k̄_i‖ (``key_rms``).
+For the native FP8 canonical scorer (``plateau_rows(..., scorer="fp8")``) the coefficient is
+z_j ≥ √D·((γ_mma + g_8)‖q̄_j‖ + (1 + γ_3)Σ_s 2^(eq_s − 5)), g_8 = 2^-13 + γ_3(1 + 2^-13),
+eq_s the largest exponent field of q̄_j's nonzero codes in k32 step s.  Assume
 the MMA model of docs/error_model.md ("The GPU planner's version"): every chained dot the
 kernels compute — the screen's x̂_j and the canonical scorer's logit x^ref_h — lies within
 γ_mma·M of the exact dot x = q̄·k̄, M = Σ_d |q̄_d||k̄_d|.  If for every such row the screen's
@@ -15,7 +18,14 @@ record order; with τ = 0 the key is rejected iff i > j, the K-th seed record's 
 
 Proof.  M ≤ ‖q̄_j‖‖k̄_i‖ ≤ ‖q̄_j‖ρ_i√D (Cauchy–Schwarz), so z_j ρ_i ≥ 2γ_mma M and
 x^ref ≤ x + γ_mma M ≤ x̂ + 2γ_mma M ≤ x̂ + z_j ρ_i ≤ 0 (upward rounding only raises the
-tested value).  Then [x^ref]_+ is ±0 for every positive head, every term w'_h[x^ref_h]_+ is
+tested value).  FP8: by proofs/wgmma_fresh_step.py step s loses less than
+32·2^(eq_s + ek_s − 13) in its window (ek_s the largest exponent field of the key's nonzero
+codes in the step), and 2^(ek_s) ≤ 8·max_d|k̄_d| ≤ 8ρ_i√D (a nonzero e4m3 value is at least
+2^e, a subnormal at least 2^-9 = 2^-6/8), so x^ref ≤ x + (1 + γ_3)Σ_s 2^(eq_s − 5)ρ_i√D +
+g_8 M + 3·2^-126 ≤ x̂ + z_j ρ_i (the flushed-add term is below the 2^-30 lift of z for any
+key with a nonzero product; without one, x^ref = x = 0).  The FP8 head sum (scorer_fp8.cuh:
+fmaf chains, adds, one multiply by α) keeps the sign the same way.
+Then [x^ref]_+ is ±0 for every positive head, every term w'_h[x^ref_h]_+ is
 ≤ 0 (w'_h ≤ 0 for the other heads; fmaxf(NaN, 0) = 0), a round-to-nearest fmaf or add of
 non-positive values is ≤ 0 (0 is representable, rounding is monotone; a flushed result is
 ±0), and α_i ≥ 0 keeps the sign (a product −inf·0 is NaN, code 0).  The record (s_i, i) is
@@ -56,18 +66,24 @@ from dosa_cupy.emulate import score_code
 from dosa_cupy.plan import build_plans, gamma_mma
 from dosa_cupy.screen import plateau_rows
 from dosa_ref.fp8 import e4m3_bits, e4m3_values, key_rms
+from dosa_ref.mma_model import e4m3_exponent, fp8_fresh_scores, fresh_dots
 
 from ._audit import Audit, Result
 
 NAME = "gpu_zero_plateau"
 STATEMENT = (
-    "P = ∅ and x̂_j + z_j ρ ≤ 0 for every positive row (z_j ≥ 2γ_mma√D‖q̄_j‖) ⇒ the canonical "
-    "GPU score has code ≤ code(+0): min(U, 0) bounds it; at τ = 0 rejected iff i > j"
+    "P = ∅ and x̂_j + z_j ρ ≤ 0 for every positive row (z_j ≥ 2γ_mma√D‖q̄_j‖; FP8: "
+    "√D((γ_mma + g8)‖q̄_j‖ + (1+γ3)Σ_s 2^(eq_s−5))) ⇒ the canonical GPU score has code ≤ "
+    "code(+0): min(U, 0) bounds it; at τ = 0 rejected iff i > j"
 )
 
 MUTANTS = ("no_allowance", "uncertified")
 D = 128
 _E4M3 = e4m3_values(np.arange(256, dtype=np.uint8))
+
+
+_G3 = 3 * Fraction(1, 2**24) / (1 - 3 * Fraction(1, 2**24))
+_TINY = Fraction(1, 2**126)
 
 
 def _fr(x) -> Fraction:
@@ -108,14 +124,33 @@ def _epilogue_sign(w, xmax) -> bool:
     return ok
 
 
-def check(q, w, kp, r=14, mma_bits=17, mutate=None, context="") -> Result:
+def _fp8_logit_bound(qv, qc, kv, kc) -> Fraction:
+    """The largest canonical FP8 logit admissible for one head row (values qv, codes qc) and
+    one key (kv, kc): q̄·k̄ + (1 + γ_3)Σ_s 32·2^(eq_s + ek_s − 13) + g_8·Σ|q̄||k̄| + 3·2^-126,
+    eq_s / ek_s over the step's nonzero products (proofs/wgmma_fresh_step.py), exact."""
+    x = sum(_fr(a) * _fr(b) for a, b in zip(qv, kv, strict=True))
+    m = sum(abs(_fr(a) * _fr(b)) for a, b in zip(qv, kv, strict=True))
+    qe, ke = e4m3_exponent(qc), e4m3_exponent(kc)
+    win = Fraction(0)
+    for st in range(4):
+        sl = slice(32 * st, 32 * st + 32)
+        nz = (qv[sl] != 0) & (kv[sl] != 0)
+        if nz.any():
+            win += 32 * Fraction(2) ** int((qe[sl][nz] + ke[sl][nz]).max() - 13)
+    g8 = Fraction(1, 2**13) + _G3 * (1 + Fraction(1, 2**13))
+    return x + (1 + _G3) * win + g8 * m + 3 * _TINY
+
+
+def check(q, w, kp, r=14, mma_bits=17, mutate=None, context="", scorer="f16") -> Result:
     """Proposition Z on e4m3 queries q uint8 [Qn, Hp, 128] (Hp = 16·MT), weights w fp32
-    [Qn, Hp] and keys kp uint8 [N, 128]."""
+    [Qn, Hp] and keys kp uint8 [N, 128], for the canonical ``scorer`` "f16" or "fp8" (then
+    also the bit-exact FP8 logits and head sum of ``dosa_ref.mma_model`` on certified keys)."""
     au = Audit(NAME, tightness=True, context=context)
     q, w, kp = np.asarray(q, np.uint8), np.asarray(w, np.float32), np.asarray(kp, np.uint8)
     mts = 1 if r <= 14 else 2
-    plan = build_plans(q, w, kp, None, r, mts, mma_bits, xp=np)
-    z = plateau_rows(plan, w, mma_bits, np)
+    allowance = "fp8_fresh" if scorer == "fp8" else "f16"
+    plan = build_plans(q, w, kp, None, r, mts, mma_bits, xp=np, scorer=allowance)
+    z = plateau_rows(plan, w, mma_bits, np, scorer)
     rho = key_rms(kp)
     kv = _E4M3[kp]
     gam = Fraction(gamma_mma(mma_bits, D))
@@ -133,8 +168,18 @@ def check(q, w, kp, r=14, mma_bits=17, mutate=None, context="") -> Result:
         cert = _certified(X, M, z[t], rho, gam, mutate)
         qv = _E4M3[q[t]]
         Xh, Mh = qv @ kv.T, np.abs(qv) @ np.abs(kv).T
+        fp8 = None
+        if scorer == "fp8" and cert.any():  # the bit-exact FP8 dots and score of every key
+            fp8 = (fresh_dots(q[t], kp), fp8_fresh_scores(q[t], w[t], kp, np.ones(len(kp))))
         for i in np.flatnonzero(cert):
-            xmax = [_fr(Xh[h, i]) + gam * _fr(Mh[h, i]) for h in range(q.shape[1])]
+            if scorer == "fp8":
+                xmax = [_fp8_logit_bound(qv[h], q[t, h], kv[i], kp[i]) for h in range(q.shape[1])]
+                for h in np.flatnonzero(pos):
+                    au.ge(Fraction(0), _fr(fp8[0][i, h]), f"query {t} key {i} head {h}: FP8 dot")
+                au.claim(int(score_code(fp8[1][i : i + 1])[0]) <= int(score_code(np.float32(0))),
+                         f"query {t} key {i}: FP8 score above +0")  # fmt: skip
+            else:
+                xmax = [_fr(Xh[h, i]) + gam * _fr(Mh[h, i]) for h in range(q.shape[1])]
             for h in np.flatnonzero(pos):
                 au.ge(Fraction(0), xmax[h], f"query {t} key {i} head {h}: canonical logit ≤ 0")
             au.claim(_epilogue_sign(w[t], xmax), f"query {t} key {i}: canonical epilogue > 0")
@@ -237,6 +282,12 @@ def cases(rng: np.random.Generator) -> list[dict]:
         q, w, kp = plateau_problem(rng, 2, 16, 24, n_pos, [0.0, 0.1, 0.3][t % 3])
         r = [14, 6, 4, 6, 3, 14][t]  # t = 4: |H+| = 9 > r, so P ≠ ∅ (no plateau rows)
         out.append(dict(q=q, w=w, kp=kp, r=r, context=f"plateau {t}, |H+| = {n_pos}, r = {r}"))
+    for t in range(4):  # the FP8 canonical scorer: its heads padded to 32 (scorer.py)
+        n_pos = [1, 3, 6, 0][t]
+        q, w, kp = plateau_problem(rng, 2, 32, 24, n_pos, [0.0, 0.2][t % 2])
+        r = [14, 6, 14, 14][t]
+        out.append(dict(q=q, w=w, kp=kp, r=r, scorer="fp8",
+                        context=f"FP8 plateau {t}, |H+| = {n_pos}, r = {r}"))  # fmt: skip
     out.append(dict(_check="check_boundary"))
     out.append(dict(**zero_dot_witness(), context="zero dot witness"))
     out.append(dict(_check="check_records"))
