@@ -48,14 +48,16 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
-                    sinks=16, n_anchors=4, p_sample=256, scorer="f16"):  # fmt: skip
+                    sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16"):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
     with numpy, the specification of the pipeline's fused planner) and U^num =
     α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the scores are evaluated in
     float64 from the e4m3 values instead of the tensor cores, so this predicts survival
-    (not bits).  Returns dict(survival, violations, tau): violations
+    (not bits); ``scorer`` and ``screen`` name the canonical scorer's and the screen's
+    arithmetic whose allowances the bound carries (``plan.build_plans``).  Returns
+    dict(survival, violations, tau): violations
     counts visible (query, key) with float64 score > U^num (must be 0).
     Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
     """
@@ -95,7 +97,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     mts = 1 if r <= 14 else 2
     ns = min(p_sample, pool.size)
     sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
-    pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np, scorer=scorer)
+    pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np, scorer=scorer, screen=screen)
     X = np.einsum("tjd,nd->tjn", e4m3_values(pl.rows), kv)
     last = 16 * (mts - 1)
     aux = X[:, last + 7] + X[:, last + 15]

@@ -58,7 +58,8 @@ from .scorer import MMA_BITS, plan_scorer
 
 __all__ = [
     "PLAN_THREADS", "DevicePlan", "build_plans", "build_plans_fused", "gamma", "gamma_mma",
-    "plan_constants", "plan_smem_bytes", "plan_stage", "row_slots", "scorer_allowance",
+    "dot_allowance", "plan_constants", "plan_smem_bytes", "plan_stage", "row_slots",
+    "scorer_allowance",
 ]  # fmt: skip
 
 U32 = 2.0**-24
@@ -189,33 +190,43 @@ def scorer_allowance(scorer: str, q, mth: int, mma_bits: int, xp):
     if scorer == "f16":
         gm = gamma_mma(mma_bits)
         return gm + gamma(2 * mth + 5) * (1 + gm), xp.zeros(q.shape[:2])
-    H = 16 * mth
-    ge = gamma(H // 4 + 3)
-    if scorer == "fp8_fresh":
+    ge = gamma(16 * mth // 4 + 3)
+    gm, a = dot_allowance(scorer, q, mma_bits, xp)
+    return gm + ge * (1 + gm), a * (1 + ge) * (1 + MU)
+
+
+def dot_allowance(arith: str, codes, mma_bits: int, xp):
+    """(g, a) of one dot's arithmetic ``arith`` (``SCORERS``; ``scorer_allowance`` says what
+    each is): |x̂ − q̄·k̄| ≤ g·Σ_d|q̄_d||k̄_d| + a for every e4m3 key, ``codes`` uint8 [..., 128]
+    the rows' e4m3 codes (``g`` float, or float64 [128] per dim for the k64 / 3fresh chains;
+    a float64 [...], 0 for the f16 chain)."""
+    if arith == "f16":
+        return gamma_mma(mma_bits), xp.zeros(codes.shape[:-1])
+    if arith == "fp8_fresh":
         gm = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
-    elif scorer in ("fp8_k64", "fp8_3fresh"):
-        chained_into = [1.0, 0.0, 1.0, 0.0] if scorer == "fp8_k64" else [0.0, 0.0, 1.0, 0.0]
+    elif arith in ("fp8_k64", "fp8_3fresh"):
+        chained_into = [1.0, 0.0, 1.0, 0.0] if arith == "fp8_k64" else [0.0, 0.0, 1.0, 0.0]
         first = xp.asarray(np.repeat(np.array(chained_into), 32))
-        adds = 1 if scorer == "fp8_k64" else 2  # fp32 additions of the chains' results
+        adds = 1 if arith == "fp8_k64" else 2  # fp32 additions of the chains' results
         gm = ((2.0**-13 + 34 * 2.0**-13 * first) * (1 + 2.0**-10)) + gamma(adds)
     else:
         gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
-    # 2^(eq_s): the largest exponent field of the head's nonzero codes in the step (a
+    # 2^(eq_s): the largest exponent field of the row's nonzero codes in the step (a
     # subnormal's field counts as −6, above its magnitude); 0 for a step of zeros
-    c = q.astype(xp.int32).reshape(q.shape[0], q.shape[1], 4, 32)
+    c = codes.astype(xp.int32).reshape(*codes.shape[:-1], 4, 32)
     field = (c >> 3) & 0xF
     e = xp.where((c & 0x7F) != 0, xp.maximum(field, 1) - 7, -1000)
-    emax = xp.max(e, axis=3)
+    emax = xp.max(e, axis=-1)
     step_abs = xp.where(emax > -1000, xp.ldexp(xp.ones(emax.shape), emax.astype(xp.int32)), 0.0)
-    if scorer == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
+    if arith == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
         step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
-    elif scorer == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2
+    elif arith == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2
         step_abs = step_abs * xp.asarray([1.0, 1.0, 1.0, 33 / 32])
-    a = xp.sum(step_abs, axis=2) * (1 + gamma(3)) * (1 + ge) * (1 + MU)
-    return gm + ge * (1 + gm), a
+    return gm, xp.sum(step_abs, axis=-1) * (1 + gamma(3))
 
 
-def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, scorer="f16"):
+def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, scorer="f16",
+                screen="f16"):  # fmt: skip
     """Batched plans for all queries, on the device.
 
     q: uint8 [Qn, Hp, 128] (heads padded to 16·MT_H), w: fp32 [Qn, Hp]; sample_ids: key ids
@@ -224,6 +235,10 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     and ``emulate.screen_survival``), with ``dosa_ref.fp8.e4m3_bits`` for the aux rows.
     ``scorer``: the canonical scorer's arithmetic whose error the bound covers
     (``scorer_allowance``; a call's routes run ``scorer.plan_scorer`` of its scorer).
+    ``screen``: the screen's dot arithmetic (``dot_allowance``: "f16", the kernels' chain;
+    an FP8 one, e.g. "fp8_fresh" or "fp8_chained", states the bound a screen on e4m3
+    ``wgmma`` would need — its relative part in J, its per-row constant in ε_raw — for the
+    survival emulation of ``emulate.screen_survival``; no kernel runs one yet).
     """
     cp = cupy_or_raise() if xp is None else xp
 
@@ -328,8 +343,8 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     Rm = inR.astype(cp.float64)
     J = cp.abs(eA) + MU * amag
     J += cp.einsum("th,thd->td", dom * Rm, absq)
-    gm = gamma_mma(mma_bits)
-    g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
+    g_dot, a_scr = dot_allowance(screen, rows, mma_bits, cp)
+    g_scr = g_dot + gamma(2 * mts + 6) * (1 + g_dot)
     g_ref, a_ref = scorer_allowance(scorer, q, mth, mma_bits, cp)
     J += g_scr * (
         cp.einsum("th,thd->td", cp.abs(om_d) * Rm, absq)
@@ -339,6 +354,10 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
     eps_raw = (2 * mth + 2 * mts + 16) * TINY + cp.sum(cp.abs(wf) * a_ref, axis=1) * (1 + MU)
+    if screen != "f16":  # the screen's per-row constants, weighted as Û weighs its rows
+        a_rows = cp.sum(cp.abs(omega.astype(cp.float64)) * a_scr, axis=1)
+        a_rows += sig * (a_scr[:, last + 7] + a_scr[:, last + 15])
+        eps_raw = eps_raw + a_rows * (1 + gamma(2 * mts + 6)) * (1 + MU)
     # σ is stored as fp32: it must be finite there too, else the screen would weigh the aux
     # rows by −inf and could reject on a bound that is not one (recover such queries)
     valid = cp.isfinite(C) & cp.isfinite(sig) & cp.isfinite(sig.astype(cp.float32))

@@ -752,6 +752,28 @@ def test_emulated_screen_calibrated(name, H):
     assert res["violations"] == 0
 
 
+def test_emulated_fp8_screen_allowance():
+    """An FP8 screen's allowance (``plan.build_plans(screen="fp8_fresh")``: fresh e4m3 k32
+    steps on the plan rows, docs/error_model.md "An FP8 screen") keeps the bound above every
+    float64 score and survival at or below the f16 screen's; chaining the steps does not."""
+    wlm = pytest.importorskip("dosa_ref.workloads", reason="dosa_ref.workloads not available")
+    from dosa_cupy.emulate import screen_survival
+    from dosa_ref.fp8 import quantize_keys as qk
+    from dosa_ref.fp8 import quantize_queries as qq
+
+    wl = wlm.make_workload("calibrated", 8, 8192, H=32, seed=2)
+    kp, ksc = qk(wl.k)
+    q, w = qq(wl.q, wl.w)
+    got = {
+        screen: screen_survival(
+            q, w, kp, ksc, 1024, wl.ks, wl.ke, scorer="fp8_fresh", screen=screen
+        )  # fmt: skip
+        for screen in ("f16", "fp8_fresh", "fp8_chained")
+    }
+    assert all(r["violations"] == 0 for r in got.values())
+    assert got["fp8_fresh"]["survival"] <= got["f16"]["survival"] < got["fp8_chained"]["survival"]
+
+
 def test_bench_report_from_recorded_run(tmp_path):
     """The bench's markdown and plots render from a recorded H200 run (no GPU needed)."""
     import json
