@@ -32,7 +32,10 @@ VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, Tru
             # four steps of the next tile; seq — FRESH = 2's order
             "lean_n128q4_w2_r2": (128, 4, 2, True), "lean_n128q4_w2_r2x": (128, 4, 2, True),
             "lean_qt8_w2_r4": (64, 8, 2, True), "lean_n128q4_w3_seq": (128, 4, 3, True),
-            "lean_qt8_w3_seq": (64, 8, 3, True)}  # fmt: skip
+            "lean_qt8_w3_seq": (64, 8, 3, True),
+            # r1: seq's registers (three consumer warpgroups at 128 columns), the next tile's
+            # step 0 in flight during each epilogue and across stages
+            "lean_n128q4_w3_r1": (128, 4, 3, True)}  # fmt: skip
 # the fastest fresh build of each H (docs/records/benchmarks.md "FP8 dense logits: lean builds")
 BEST = {64: "lean_n128q4_w3_seq", 32: "lean_n128q4_w3_seq"}
 

@@ -418,6 +418,16 @@ __device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
 //  4 — NC = 64, four buffers: each of the next tile's steps is issued as soon as this
 //      tile's step of the same buffer is added, all four run during the epilogue (acc + 4
 //      buffers: 160 registers, two consumer warpgroups).
+//  1 — one step ahead with the registers of SCHED 0 (acc + one buffer, 128 accumulator
+//      registers: three consumer warpgroups at NC = 128, 160 registers each): the buffer,
+//      free once the tile's step 3 is added, takes the next tile's step 0 before the
+//      epilogue; the tile then issues step 1 into acc and waits for one step, not two
+//      (docs/records/notes.md "The native FP8 scorer, session 15": 20 % of the warps' cycles
+//      on WARPGROUP.DEPBAR; more warps beat deeper schedules, so the depth is bought without
+//      registers).  acc = x0 + x1 is the same sum as x0 + x1 into a fresh register (fp32
+//      addition is commutative bit for bit), then the same adds in k order.
+//      (Tried and not kept, SCHED 3: also the next tile's step 1, as two m64n64 halves of
+//      acc issued during the epilogue — ptxas serialises the MMAs, C7514, and spills.)
 // The stage's tiles are unrolled (QT is a constant).  CROSS = false: a stage's first tile is
 // issued at its start and its last tile drains, nothing in flight crosses the stage loop's
 // back edge.  CROSS = true (SCHED 2): the next stage's first tile is issued before the last
@@ -435,8 +445,9 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
                                                float* __restrict__ out) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   static_assert(NC == 64 || NC == 128, "NC: 64 or 128 columns per MMA");
-  static_assert(SCHED == 0 || (SCHED == 2 && NC == 128) || (SCHED == 4 && NC == 64),
-                "SCHED: 0, 2 at NC = 128, 4 at NC = 64");
+  static_assert(SCHED == 0 || SCHED == 1 || (SCHED == 2 && NC == 128) || (SCHED == 4 && NC == 64),
+                "SCHED: 0, 1, 2 at NC = 128, 4 at NC = 64");
+  static_assert(SCHED != 1 || CROSS, "SCHED 1: the next step crosses stages");
   constexpr int QPT = NC / H;
   constexpr int QB = QT * QPT;
   constexpr int NA = NC / 2;
@@ -635,7 +646,67 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     return ln;
   };
 
-  if constexpr (SCHED == 0) {
+  if constexpr (SCHED == 1) {
+    // p: steps 0, 2 and 3 (step 0 of the next tile in flight during each epilogue and across
+    // the stage loop's back edge); acc: step 1, then the tile's sum.  Every path issues the
+    // next step (on the last stage a copy of its own first tile's, drained after the loop),
+    // so the in-flight registers are the same on every path (SCHED 2 with CROSS, above).
+    float p[NA];
+    float acc[NA];
+    // the stage loop's state in few registers (the step in flight leaves ~32 for all else;
+    // with s0, it and row_in_stage live ptxas spilled 16 bytes at H = 64): the stage count
+    // through a shuffle (warp-uniform), the lane's key row carried from stage to stage
+    const int nst_u = __shfl_sync(0xffffffffu, nst, 0);
+    int r_lane = s0 * kStageKeys + row_in_stage;
+    if (nst_u > 0) {
+      mbar_wait(&full[0], 0);
+      fence();
+      mma_fresh<NC>(p, adesc(a_of(0), 0), bdesc(0, 0));
+      commit();
+      int it = 0;
+#pragma unroll 1
+      do {
+        const int slot = it % kStages;
+        const uint32_t a_lo = a_of(it);
+        LeanLane ln;  // stage_lane(it)
+        ln.r = r_lane;
+        ln.st = lane_stores && r_lane < Ni;
+        ln.a = r_lane < Ni ? __ldg(alpha + r_lane) : 0.f;
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt) {
+          const bool last = qt == QT - 1;
+          const bool next_stage = last && it + 1 < nst_u;
+          if (next_stage) mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
+          const uint32_t na = next_stage ? a_of(it + 1) : a_lo;
+          const int qn = last ? 0 : qt + 1;
+          fence();
+          mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(qt, 1));  // step 1
+          commit();
+          wait<0>();  // steps 0 and 1 (step 0 issued before the last epilogue)
+          sum01(acc, p, acc);  // x0 + x1
+#pragma unroll
+          for (int s = 2; s < 4; ++s) {
+            fence();
+            mma_fresh<NC>(p, adesc(a_lo, s), bdesc(qt, s));
+            commit();
+            wait<0>();
+            add_into(acc, p);
+          }
+          fence();
+          mma_fresh<NC>(p, adesc(na, 0), bdesc(qn, 0));  // the next tile's step 0
+          commit();
+          // a scheduling fence for ptxas (one NOP): without it the epilogue of the middle
+          // tiles is hoisted above that MMA (SASS: its QGMMA after the stores), which then
+          // runs after the epilogue instead of during it
+          __syncwarp();
+          if (last) mbar_arrive(&empty[slot]);  // the stage's keys are read (step 3 waited)
+          lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
+        }
+        r_lane += kStageKeys;
+      } while (++it < nst_u);
+      wait<0>();  // the last stage's copy
+    }
+  } else if constexpr (SCHED == 0) {
 #pragma unroll 1
     for (int it = 0; it < nst; ++it) {
       const int slot = it % kStages;
@@ -773,6 +844,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
   DENSE_FP8_LEAN(H, 128, 4, 2, 2, 24, true, lean_n128q4_w2_r2x)      \
   DENSE_FP8_LEAN(H, 64, 8, 2, 4, 56, false, lean_qt8_w2_r4)          \
   DENSE_FP8_LEAN(H, 128, 4, 3, 0, 32, false, lean_n128q4_w3_seq)     \
-  DENSE_FP8_LEAN(H, 64, 8, 3, 0, 56, false, lean_qt8_w3_seq)
+  DENSE_FP8_LEAN(H, 64, 8, 3, 0, 56, false, lean_qt8_w3_seq)         \
+  DENSE_FP8_LEAN(H, 128, 4, 3, 1, 32, true, lean_n128q4_w3_r1)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
