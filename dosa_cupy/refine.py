@@ -28,7 +28,7 @@ __all__ = ["RefineLaunch", "popcount_rows", "refine_stage"]
 
 RW = 256  # words per warp of the refine kernel (refine.cu RW)
 REFINE_WARPS = 8  # warps per block of the refine kernel
-RWF = 1024  # bitmask words per block of the FP8 scorer's refine kernel (score_fp8.cu RWF)
+RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_fp8.cu RWF)
 
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)

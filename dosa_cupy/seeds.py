@@ -214,11 +214,17 @@ def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBu
     n = int(kp.shape[0])
     if n == 0 or b.Qn == 0:
         return
-    if b.scorer == "fp8":  # score_fp8.cu: one query per block row, 64-key tiles
-        gx = max(1, min(-(-min(n, int(width)) // 64), FP8_TILES))
+    if b.scorer == "fp8":  # score_fp8.cu: qb = 128 / H queries per block row, 64-key tiles
+        # grid (gx, ⌈Qn / qb⌉): gx blocks per query group share its span's tiles (at most
+        # width + qb − 1 keys), sized so that a launch has about 8192 blocks (each block then
+        # streams several tiles through its key ring), at most one block per tile
+        qb = 128 // (16 * b.mth)
+        tiles = -(-min(n, int(width) + qb - 1) // 64)
+        gx = max(1, min(tiles, -(-8192 // -(-b.Qn // qb))))
         f = kernel(f"seed_score_fp8_h{16 * b.mth}", 0, FP8_SPEC)
-        for a, z in _query_rows(b.Qn):
-            f((gx, z - a), (128,),
+        for a in range(0, b.Qn, GRID_Y * qb):
+            z = min(b.Qn, a + GRID_Y * qb)
+            f((gx, -(-(z - a) // qb)), (128,),
               (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
                _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
                np.int64(out.cap)))  # fmt: skip

@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 from gpu_support import cp, gpu, needs_sm90a
 
-RWF = 1024  # bitmask words per refine_fp8 block (score_fp8.cu RWF)
-SHAPES = [(3000, 9), (70001, 7)]  # (N, Qn): N not a multiple of 64; 70001: three RWF blocks
+RWF = 2048  # bitmask words per refine_fp8 block (score_fp8.cu RWF)
+RCAP = 2048  # survivor ids per refine_fp8 window (score_fp8.cu RCAP)
+# (N, Qn): N not a multiple of 64; 140001: three RWF blocks; both: rows of more than RCAP
+# survivors in a block (two windows and more)
+SHAPES = [(3000, 9), (140001, 7)]
 
 
 def _kernel(name: str):
@@ -158,6 +161,9 @@ def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn):
                 continue
             _check_row(rec[t], int(cnt[t]), cap, want[t], lambda i, t=t: lg[t, i], (cap, t))
     assert sum(w.size > 5 for w in want.values()) >= 3  # the small capacity overflows rows
+    # query 2 (every key visible and surviving) has more survivors in its first block than
+    # one window holds: its ids are scored in two windows or more
+    assert _bit(surv, 2, np.arange(N)).all() and min(N, 32 * RWF) > RCAP
 
 
 # ---------------------------------------------------------------------------------------
@@ -165,16 +171,43 @@ def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn):
 # ---------------------------------------------------------------------------------------
 
 
+def _seed_score(H: int, wl, keys, lo, hi, gx: int):
+    """seed_score_fp8_h{H} on the key array ``keys`` = (payload, scale, idmap or None) for the
+    ranges lo, hi (int32 [Qn]), grid (gx, ⌈Qn / QB⌉) with QB = 128 / H queries per block
+    (score_fp8.cu seed_score; seeds.score_seed_tiles): (cap, count, records) on the host."""
+    from dosa_cupy.dense import _NULL
+
+    kp, ksc, idmap = keys
+    Qn = lo.size
+    cap = max(int((np.minimum(hi, kp.shape[0]) - np.maximum(lo, 0)).max()), 1)
+    out = _buffer(Qn, cap)
+    args = (wl["q"], wl["w"], kp, ksc, np.int64(kp.shape[0]), cp.asarray(lo), cp.asarray(hi),
+            _NULL if idmap is None else idmap, np.int32(Qn))  # fmt: skip
+    _kernel(f"seed_score_fp8_h{H}")((gx, -(-Qn // (128 // H))), (128,), args + out.args())
+    return cap, cp.asnumpy(out.cnt), cp.asnumpy(out.rec)
+
+
+def _check_seed_rows(lo, hi, pool, cap, cnt, rec, lg):
+    """Every query's records are those of the keys pool[i], i ∈ [lo, hi) ∩ [0, pool.size)."""
+    for t in range(lo.size):
+        ids = pool[max(int(lo[t]), 0) : max(min(int(hi[t]), pool.size), 0)]
+        want = _records(lg[t, ids], ids)
+        _check_row(rec[t], int(cnt[t]), cap, want, lambda i, t=t: lg[t, i], t)
+
+
 @gpu
 @needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 @pytest.mark.parametrize("N,Qn", SHAPES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["keys", "idmap"])
-def test_seed_score_fp8_records_every_key_of_the_ranges(H, N, Qn, mapped):
+@pytest.mark.parametrize("gx", [3, 1])
+def test_seed_score_fp8_records_every_key_of_the_ranges(H, N, Qn, mapped, gx):
     """seed_score_fp8_h{H}: the keys i of [lo[t], hi[t]) of a key array — the workload's
     keys, or (idmap) a scrambled subset of them gathered as the anchor pool is, a record's
     id idmap[i] — each recorded once with the dense logit's bits of its key id, no
-    threshold; fewer blocks than tiles (the stride loop), empty and mid-tile ranges."""
+    threshold; fewer blocks than tiles (the stride loop; gx = 1: every tile of a query
+    group through one block's key ring), empty and mid-tile ranges, unrelated ranges in one
+    query group (tiles between them skipped)."""
     wl, _, _, lg = _case(H, N, Qn)
     rng = np.random.default_rng(7 + H)
     if mapped:
@@ -191,29 +224,53 @@ def test_seed_score_fp8_records_every_key_of_the_ranges(H, N, Qn, mapped):
     lo[1], hi[1] = 70, 70  # empty
     lo[2], hi[2] = n - 3, n  # the array's last keys
     lo[3], hi[3] = 63, 129  # across a tile border
-    from dosa_cupy.dense import _NULL
+    cap, cnt, rec = _seed_score(H, wl, (kp, ksc, idmap), lo, hi, gx)
+    _check_seed_rows(lo, hi, pool, cap, cnt, rec, lg)
 
-    cap = int((hi - lo).max())
-    out = _buffer(Qn, cap)
-    args = (wl["q"], wl["w"], kp, ksc, np.int64(n), cp.asarray(lo), cp.asarray(hi),
-            _NULL if idmap is None else idmap, np.int32(Qn))  # fmt: skip
-    _kernel(f"seed_score_fp8_h{H}")((3, Qn), (128,), args + out.args())
-    cnt, rec = cp.asnumpy(out.cnt), cp.asnumpy(out.rec)
-    for t in range(Qn):
-        ids = pool[lo[t] : hi[t]]
-        want = _records(lg[t, ids], ids)
-        _check_row(rec[t], int(cnt[t]), cap, want, lambda i, t=t: lg[t, i], t)
+
+@gpu
+@needs_sm90a
+@pytest.mark.parametrize("H", [64, 32])
+@pytest.mark.parametrize("gx", [1, 2, 64])
+def test_seed_score_fp8_query_groups_share_key_tiles(H, gx):
+    """seed_score_fp8_h{H} on the ranges the seed stage gives consecutive causal queries —
+    local windows [e − W, e) whose end grows by one per query (W not a multiple of 64), so
+    the QB = 128 / H queries of a block share nearly every key tile — and at the borders of
+    a query group: a window clipped at key 0 and one past n (lo < 0, hi > n), an empty range
+    first in its group (the group's tiles meet query 0 nowhere), an empty one inside a group,
+    a query whose range lies far from its group mates' (the tiles between skipped), a group
+    of one query at the end (Qn = 9: the last group is partial at H = 64 and 32), and a
+    window that starts exactly at a tile border of its group's span.  Each query gets
+    exactly its keys' records with the dense logits' bits (each key scored against each
+    query on its own B tile: the bits of one query)."""
+    N, Qn = 3000, 9
+    wl, _, _, lg = _case(H, N, Qn)
+    # groups: H = 32 {0–3} {4–7} {8}; H = 64 {0, 1} {2, 3} {4, 5} {6, 7} {8}
+    lo = np.array([0, 151, -40, 152, 2690, 64, 2704, 2384, 1700], dtype=np.int32)
+    hi = np.array([0, 451, 452, 152, 2990, 700, 3004, 3005, 1764], dtype=np.int32)
+    # 0: empty, first of its group; 1, 2: windows of 300 ending at 451, 452 (2 clipped at 0);
+    # 3: empty, inside its group; 4: window [2690, 2990); 5: far from 4 (and 6, 7), its group's
+    # span starts with it; 6, 7: past n (clipped at 3000), 6 starts five tiles after 7 (the
+    # span's start at H = 64); 8: a last group of one query and one tile
+    pool = np.arange(N, dtype=np.int32)
+    keys = (wl["k_payload"], wl["k_scale"], None)
+    cap, cnt, rec = _seed_score(H, wl, keys, lo, hi, gx)
+    _check_seed_rows(lo, hi, pool, cap, cnt, rec, lg)
+    assert cnt[0] == 0 and cnt[3] == 0 and cnt[2] == 452 and cnt[7] == 3000 - 2384
 
 
 @gpu
 @needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 @pytest.mark.parametrize("N,Qn", SHAPES)
-def test_seed_ids_fp8_records_the_visible_ids_of_the_table(H, N, Qn):
+@pytest.mark.parametrize("gx", [2, 1])
+def test_seed_ids_fp8_records_the_visible_ids_of_the_table(H, N, Qn, gx):
     """seed_ids_fp8_h{H}: the entries ks[t] ≤ id < ke[t] of a table with −1 padding at the
     row ends, ids out of the range (below ks, at ke, past N) and at its borders (ks, ke − 1),
-    a tile of padding inside a row and a row of padding only: each visible id recorded once
-    with the dense logit's bits, no threshold, count[t] = their number."""
+    a tile of padding inside a row (gx = 1: between two tiles of keys in one block's key
+    ring, not scored; gx = 2: a block of padding only) and a row of padding only: each
+    visible id recorded once with the dense logit's bits, no threshold, count[t] = their
+    number."""
     wl, ks, ke, lg = _case(H, N, Qn)
     rng = np.random.default_rng(9 + H)
     S = 150
@@ -234,7 +291,7 @@ def test_seed_ids_fp8_records_the_visible_ids_of_the_table(H, N, Qn):
     out = _buffer(Qn, S)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"], wl["ke"],
             cp.asarray(table), np.int64(S), out.cnt, out.rec)  # fmt: skip
-    _kernel(f"seed_ids_fp8_h{H}")((2, Qn), (128,), args)
+    _kernel(f"seed_ids_fp8_h{H}")((gx, Qn), (128,), args)
     cnt, rec = cp.asnumpy(out.cnt), cp.asnumpy(out.rec)
     for t in range(Qn):
         ids = table[t][(table[t] >= ks[t]) & (table[t] < ke[t])]

@@ -4,27 +4,34 @@
 // logits, bit for bit: the same fresh k32 steps in halves, the same head sum, a key's bits
 // independent of its row in the tile (the probe's position checks) and of the MMA's column
 // count (H = 32 runs m64n32k32 with one query, the dense logits m64n64k32 with two).  One
-// warpgroup per block and 64 ids per tile; keys by 16-byte loads into the 128-byte-swizzled
-// tile (a gather: the bulk tensor copy of Hopper reads boxes, not rows by id).
+// warpgroup per block and 64 ids per tile; keys gathered by 16-byte copies into the
+// 128-byte-swizzled tile (a gather: the bulk tensor copy of Hopper reads boxes, not rows by id).
 //
-// The stages that score keys by id run on one building block, score_tile_emit: a tile of
-// up to 64 key ids of one query → gathered, scored, multiplied by α and appended as records
-// (record.cuh warp_emit, docs/method.md §9 "Compact writeback and selection").  The ids come
-// from a functor; the kernels differ only in it:
+// score_fp8_ids_h{H} (scores into a dense [Qn, M] array; bench/fp8_dense) gathers one tile
+// with ordinary loads and stores (gather_keys, tile_dots, tile_sums).  The record stages
+// (docs/method.md §9 "Compact writeback and selection") stream their tiles through a ring of
+// kKeyStages key stages filled by cp.async (stream_tiles): while a tile is scored, the
+// gathers of the next kKeyStages − 1 are in flight, one barrier per tile; each lane's α (and
+// record id) of the next tile is loaded during this tile's MMA, and a warp's atomicAdd that
+// reserves its records is consumed one tile later (Pend) — every global latency of a tile
+// overlaps other work instead of adding to it.  The scores are those of tile_dots and
+// tile_sums (dots below: the same MMAs, the same adds in the same order):
 //   refine_fp8_h{H}       the set bits of the query's survivor bitmask (refinement, §9)
-//   seed_score_fp8_h{H}   a key range [lo, hi) of a key array, record id idmap[i] (seeds, §2)
+//   seed_score_fp8_h{H}   key ranges [lo, hi) of a key array, record id idmap[i] (seeds, §2);
+//                         128 / H consecutive queries per block share each gathered key tile
 //   seed_ids_fp8_h{H}     a table of explicit seed ids (seeds, §2)
-// and score_fp8_ids_h{H} (scores into a dense [Qn, M] array) runs on the same gather and
-// scorer (gather_keys, tile_dots, tile_sums): every kernel gives a key the dense logits' bits.
 #include "scorer_fp8.cuh"
-#include "record.cuh"  // warp_emit: one record format and one overflow rule for all stages
+#include "record.cuh"  // make_record: one record format for all stages
 
-// Bitmask words per refine_fp8 block (the host launches ⌈NW / RWF⌉ blocks per query in y):
-// 32,768 keys, so at the survival of a few percent a block scores a few dozen full tiles.
-#define RWF 1024
-// Words compacted per pass of a refine_fp8 block (one per thread): the shared id list holds
-// one pass's ids (≤ 32·RPASS) after fewer than 64 carried over from the previous pass.
-#define RPASS 128
+// Bitmask words per refine_fp8 block (the host launches ⌈NW / RWF⌉ blocks per query in y,
+// dosa_cupy/refine.py RWF): 65,536 keys, so at a survival of 0.5–2 % a block scores 5–20
+// tiles through its key ring (the ring's fill and drain and the block's fixed costs — its
+// query tile, its bitmask scan — are paid once per block).
+#define RWF 2048
+// Survivor ids per refine_fp8 pass (a multiple of 64): the block compacts the ids of its
+// words once (one scan of the threads' popcounts) and scores them in windows of RCAP; at the
+// survival of the calibrated regime every block needs one window.
+#define RCAP 2048
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace dosa {
@@ -99,36 +106,6 @@ __device__ __forceinline__ void tile_sums(const float (&acc)[H / 2], const float
   head_sums<H, H>(acc, wv, s);
 }
 
-// The building block of the record stages: score the tile of key ids id_of(r) (r = 0..63;
-// an index of kp / alpha, or −1: no key) of one query and append (s, rec_id(i)) with
-// s = headsum × α_i for every key present — with THRESH only those with s ≥ tau (the test
-// of stage.cuh score_ids_and_emit) — to rec[0 .. cap) through warp_emit (the counter counts
-// every qualifying record, also past cap: an overflow is detected, never silent; docs/
-// method.md §9 "Compact writeback and selection").  Lanes qd = 0 and 1 of a quad emit its
-// two key rows, so each warp appends its 16 keys with one atomicAdd.  All 128 threads call
-// it; it ends with a barrier, after which sk and the ids' source may be overwritten.
-template <int H, bool THRESH, class IdOf, class RecId>
-__device__ __forceinline__ void score_tile_emit(const uint8_t* __restrict__ kp,
-                                                const float* __restrict__ alpha, uint8_t* sk,
-                                                const uint8_t* sq, const float* sw,
-                                                IdOf&& id_of, RecId&& rec_id, float tau,
-                                                unsigned int* count, unsigned long long* rec,
-                                                long long cap) {
-  gather_keys(kp, sk, id_of);
-  float acc[H / 2];
-  tile_dots<H>(sk, sq, acc);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
-  float s[1][2];
-  tile_sums<H>(acc, sw, qd, s);
-  const int h = qd & 1;  // the row of the quad this lane emits (lanes qd = 2, 3: none)
-  const int i = qd < 2 ? id_of(16 * warp + g + 8 * h) : -1;
-  float sc = 0.f;
-  if (i >= 0) sc = (h ? s[0][1] : s[0][0]) * __ldg(alpha + i);
-  const bool p = i >= 0 && (!THRESH || sc >= tau);
-  warp_emit(p, sc, p ? rec_id(i) : -1, lane, count, rec, cap);
-  __syncthreads();  // every warp past its wait<0> and its reads of the ids
-}
-
 // grid (⌈M / 64⌉, Qn), 128 threads: q [Qn, H, 128] e4m3, w [Qn, H] fp32, kp [N, 128] e4m3,
 // alpha [N] fp32, ids [Qn, M] int32 (−1: none), out [Qn, M] fp32.
 template <int H>
@@ -161,17 +138,229 @@ __device__ __forceinline__ void score_ids(const uint8_t* __restrict__ q,
   }
 }
 
+// ---- The record stages: a ring of gathered key tiles ----
+
+// Key stages of the ring (tiles of 64 keys × 128 bytes): the gathers of kKeyStages − 1 tiles
+// are in flight while one is scored.
+constexpr int kKeyStages = 3;
+constexpr int kTileBytes = 64 * 128;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+// cp.async (PTX ISA, "cp.async"): 16 bytes global → shared without a register round trip;
+// src-size 0 writes 16 zero bytes and reads nothing (a missing key: a zero row, as
+// gather_keys stores).  .ca: cached in L1 like gather_keys' __ldg (blocks of one SM refine
+// the same key chunk for different queries, whose survivors overlap).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool present) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(present ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The rows of QB consecutive queries t0 .. t0 + QB − 1 (the first nq of them exist; the
+// others' rows are zero-filled and never used) into QB swizzled B tiles of H rows (query u
+// at sq + u·H·128) and their weights into sw[u·H ..]: one cp.async group, the first of the
+// block (so the first stream_tiles wait completes it).
+template <int H, int QB>
+__device__ __forceinline__ void load_queries_async(const uint8_t* __restrict__ q,
+                                                   const float* __restrict__ w, int t0, int nq,
+                                                   uint8_t* sq, float* sw) {
+  static_assert(QB * H <= 128, "one weight per thread");
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < QB * H * 8 / 128; ++i) {
+    const int it = t + 128 * i, r = it >> 3, j = it & 7;  // row r (query r / H), chunk j
+    const bool ok = r < nq * H;
+    // rows of consecutive queries are consecutive: one 128-row swizzled layout (H % 8 == 0)
+    cp_async16(sq + sw128_offset(r, j), ok ? q + ((long long)t0 * H + r) * 128 + 16 * j : q, ok);
+  }
+  if (t < nq * H) cp_async4(sw + t, w + (long long)t0 * H + t);
+  cp_commit();
+}
+
+// The 64 key rows id_of(r) (r = 0..63; an index of kp, or −1: a zero row) into the swizzled
+// tile sk by cp.async (the layout of gather_keys: thread t copies chunk t & 7 of rows
+// (t >> 3) + 16i).  No commit: stream_tiles commits one group per tile.
+template <class IdOf>
+__device__ __forceinline__ void gather_async(const uint8_t* __restrict__ kp, uint8_t* sk,
+                                             IdOf&& id_of) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int it = t + 128 * i, r = it >> 3, j = it & 7;
+    const int id = id_of(r);
+    cp_async16(sk + sw128_offset(r, j), kp + (id >= 0 ? (long long)id * 128 + 16 * j : 0), id >= 0);
+  }
+}
+
+// The fresh k32 steps of one tile (da: the keys, db: the query's H heads) summed into acc in
+// tile_dots' order, ((x0 + x1) + x2) + x3 (add_half), so with its bits; without its fence and
+// barrier (stream_tiles does them once per tile) and with a hook run while the first two
+// steps are in flight: the next tile's gather and loads are issued in the shadow of this
+// tile's MMA.  H = 32: tile_dots' schedule (two halves of two steps: three buffers of 16
+// registers).  H = 64: steps 0 and 1 into acc and x, then 2 and 3 one at a time into x
+// (dense_fp8.cu FRESH = 2) — two buffers of 32 registers instead of three, so the record
+// kernels fit 128 registers (four blocks per SM) at the cost of one more wait.
+template <int H, class Hook>
+__device__ __forceinline__ void dots(uint64_t da, uint64_t db, float (&acc)[H / 2], Hook&& hook) {
+  if constexpr (H == 64) {
+    float x[H / 2];
+    pin(acc);
+    pin(x);
+    fence();
+    mma_e4m3<H>(acc, da, db, 0);
+    mma_e4m3<H>(x, da + 2, db + 2, 0);
+    commit();
+    hook();
+    wait<0>();
+    pin(acc);
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
+#pragma unroll
+    for (int s = 2; s < 4; ++s) {
+      fence();
+      mma_e4m3<H>(x, da + 2 * s, db + 2 * s, 0);
+      commit();
+      wait<0>();
+      pin(x);
+#pragma unroll
+      for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
+    }
+  } else {
+    float x[2][H / 2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      pin(x[0]);
+      pin(x[1]);
+      fence();
+      mma_e4m3<H>(x[0], da + 4 * half, db + 4 * half, 0);
+      mma_e4m3<H>(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
+      commit();
+      if (half == 0) hook();
+      wait<0>();
+      add_half<H>(x, acc, half == 0);
+    }
+  }
+}
+
+// The lane's emitted value of tile_sums' head sums: lanes qd = 0 and 1 of a quad emit its
+// key rows 16·warp + g and + 8 (h = qd & 1); lanes 2 and 3 none.
+__device__ __forceinline__ int emit_row(int warp, int lane) {
+  return 16 * warp + (lane >> 2) + 8 * (lane & 1);
+}
+
+// atomicAdd's relaxed device-scope add (PTX ISA "atom"; SASS ATOMG.E.ADD.STRONG.GPU either
+// way) whose result is read one tile later.  ptxas aggregates an atom whose address it
+// proves warp-uniform — a vote, the atom by one lane, and a SHFL of its result right after
+// it, which waits for the round trip to L2 that emit_flush means to defer (this holds for
+// atomicAdd and for inline PTX alike, checked in the SASS).  Offsetting the counter by
+// threadIdx.x >> 10 (zero: a block has at most 1,024 threads) leaves an address ptxas does
+// not prove uniform, so it keeps the atom as written and the SHFL where emit_flush puts it.
+__device__ __forceinline__ unsigned reserve(unsigned int* count, unsigned n) {
+  unsigned old;
+  asm volatile("atom.global.add.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"((unsigned long long)__cvta_generic_to_global(count + (threadIdx.x >> 10))),
+                 "r"(n)
+               : "memory");
+  return old;
+}
+// A warp's records of one tile, reserved but not yet written: record.cuh warp_emit in two
+// halves.  emit_issue ballots the lanes that append and lane 0 reserves their slots by one
+// atomicAdd (the counter counts every qualifying record, also past cap: an overflow is
+// detected, never silent; docs/method.md §9); emit_flush, called one tile later, reads the
+// atomic's result and writes the records — so the atomic's round trip to L2 overlaps the next
+// tile instead of stalling this one.  The records and the count are warp_emit's.
+struct Pend {
+  unsigned m, base;  // the ballot of appending lanes; lane 0: the reserved first slot
+  float sc;
+  int id;
+};
+__device__ __forceinline__ void emit_issue(Pend& e, bool p, float sc, int id, int lane,
+                                           unsigned int* count) {
+  e.m = __ballot_sync(0xffffffffu, p);
+  e.sc = sc;
+  e.id = id;
+  e.base = 0u;
+  if (lane == 0 && e.m != 0u) e.base = reserve(count, (unsigned)__popc(e.m));
+}
+__device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned long long* rec,
+                                           long long cap) {
+  if (e.m == 0u) return;  // warp-uniform
+  const unsigned base = __shfl_sync(0xffffffffu, e.base, 0);
+  if ((e.m >> lane) & 1u) {
+    const unsigned at = base + __popc(e.m & ((1u << lane) - 1u));
+    if ((long long)at < cap) rec[at] = make_record(e.sc, e.id);
+  }
+}
+
+// The ring (the multistage cp.async pipeline of the CUDA C++ Programming Guide, "Asynchronous
+// Data Copies"): the tiles j, next(j), next(next(j)), … below nt (block-uniform); tile k of
+// the sequence uses stage k mod KST.  Ring::issue gathers the next tile not yet gathered
+// (gather(j, stage)) and commits one cp.async group — an empty one past the end, so the
+// group count stays in step with the tiles.  stream_tiles issues the first KST − 1 tiles,
+// then for each tile waits for its copies (wait_group: all but the KST − 2 newest groups
+// complete), fences them for the tensor cores' async proxy (the fence the ordinary stores of
+// tile_dots need too: PTX ISA "Proxies") and meets the block at one barrier, after which
+// body(j, jn, stage) scores tile j (jn: the tile after it) and calls Ring::issue exactly
+// once, once its own MMA is in flight: the tile KST − 1 ahead goes into the stage of tile
+// j − 1, which every warp has finished reading (its wait<0> precedes the barrier).
+template <int KST>
+struct Ring {
+  int jg, sg;  // the next tile to gather and its stage
+  template <class Next, class Gather>
+  __device__ __forceinline__ void issue(int nt, Next&& next, Gather&& gather) {
+    if (jg < nt) {
+      gather(jg, sg);
+      jg = next(jg);
+    }
+    cp_commit();
+    sg = sg + 1 == KST ? 0 : sg + 1;
+  }
+};
+template <int KST, class Next, class Issue, class Body>
+__device__ __forceinline__ void stream_tiles(int j, int nt, Next&& next, Issue&& issue,
+                                             Body&& body) {
+#pragma unroll
+  for (int s = 0; s < KST - 1; ++s) issue();
+  int sb = 0;  // the stage of tile j
+#pragma unroll 1
+  while (j < nt) {
+    cp_wait<KST - 2>();  // tile j's copies (and the query's, in an older group) are complete
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const int jn = next(j);
+    body(j, jn, sb);
+    j = jn;
+    sb = sb + 1 == KST ? 0 : sb + 1;
+  }
+}
+
 // Refinement on the FP8 scorer (docs/method.md §9 "Refinement"): every set bit i of query
 // t = qlist[x]'s survivor bitmask surv[t] (uint32 [Qn, NW], NW = ⌈N/32⌉) in the words
 // [wlo + y·RWF, min(whi, wlo + (y+1)·RWF)) of its visible words [wlo, whi) = [ks >> 5,
 // (ke + 31) >> 5) is scored, and (s, i) appended to rec[t, :cap] iff s ≥ τ_t; count[t]
 // counts them all.  grid (|qlist|, ⌈NW / RWF⌉), 128 threads: the query index fastest, so
 // concurrently resident blocks gather the same key chunk and L2 serves the keys that
-// survive for several queries.  Survival is a few percent, so a block first tests its words
-// and exits when none is set; otherwise it compacts the set bits of RPASS words per pass
-// into a shared id list (a block scan of the words' popcounts) and scores it in full tiles
-// of 64 ids, the fewer than 64 left over carried to the next pass, the last partial tile at
-// the end.  Bits of the last word past N are ignored (no key there to gather).
+// survive for several queries.  Thread t owns the block's words t + 128k (k < RWF / 128,
+// coalesced loads): one block scan of the threads' popcounts places every set bit, and a
+// block without one exits (survival is a few percent: the common case).  The ids of
+// positions [p0, p0 + RCAP) are written to the shared list (usually one window holds them
+// all) and streamed through the key ring in tiles of 64, the last one partial.  Bits of the
+// last word past N are ignored (no key there to gather).
 template <int H>
 __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                        const uint8_t* __restrict__ kp,
@@ -182,73 +371,122 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
                                        unsigned int* __restrict__ count,
                                        unsigned long long* __restrict__ rec, long long cap) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  __shared__ __align__(1024) uint8_t sk[64 * 128];
+  static_assert(RWF % 128 == 0 && RCAP % 64 == 0, "RWF: words of 128 threads; RCAP: tiles");
+  __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
   __shared__ __align__(1024) uint8_t sq[H * 128];
   __shared__ __align__(16) float sw[H];
-  __shared__ int sid[32 * RPASS + 64];  // ids of one pass after those carried over
-  __shared__ int wsum[4];               // the warps' popcount totals of a pass
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  __shared__ int sid[RCAP];  // the ids of one window
+  __shared__ int wsum[4];    // the warps' popcount totals
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3;
   const int tq = qlist[blockIdx.x];
   const long long NW = (N + 31) >> 5;
   const long long wlo = (long long)ks_[tq] >> 5;
   const long long whi = min(NW, ((long long)ke_[tq] + 31) >> 5);
   const long long w0 = wlo + (long long)blockIdx.y * RWF;
   if (w0 >= whi) return;
-  const long long w1 = min(whi, w0 + RWF);
-  const uint32_t* srow = surv + (long long)tq * NW;
-  bool any = false;
-  for (long long wi = w0 + t; wi < w1; wi += 128) any |= srow[wi] != 0u;
-  if (!__syncthreads_or(any)) return;  // no survivor in the block's words: the common case
-  load_query<H>(q, w, tq, sq, sw);
+  const int nw = (int)min(whi - w0, (long long)RWF);  // the block's words w0 + [0, nw)
+  const uint32_t* srow = surv + (long long)tq * NW + w0;
+  const long long last = NW - 1 - w0;  // the block's index of word NW − 1 (bits < N only)
+  const uint32_t tail = (N & 31) ? (1u << (N & 31)) - 1u : 0xffffffffu;
+  auto word = [&](int k) {  // the thread's word k: block word t + 128k, masked
+    const int wi = t + 128 * k;
+    const uint32_t m = wi < nw ? __ldg(srow + wi) : 0u;
+    return wi == last ? m & tail : m;
+  };
+  int n = 0;
+#pragma unroll
+  for (int k = 0; k < RWF / 128; ++k) n += __popc(word(k));
+  int incl = n;  // inclusive scan of the popcounts over the warp, then over the warps
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  int before = 0, total = 0;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int v = wsum[u];
+    before += u < warp ? v : 0;
+    total += v;
+  }
+  if (total == 0) return;  // no survivor in the block's words: the common case
+  load_queries_async<H, 1>(q, w, tq, 1, sq, sw);
+  const int first = before + incl - n;  // the position of the thread's first id
   const float tt = tau[tq];
   unsigned int* cnt = count + tq;
   unsigned long long* rrow = rec + (long long)tq * cap;
-  const uint32_t tail = (N & 31) ? (1u << (N & 31)) - 1u : 0xffffffffu;  // bits < N of word NW−1
-  int have = 0;  // ids carried over in sid[0 .. have), < 64
-  for (long long wb = w0; wb < w1; wb += RPASS) {
-    const long long wi = wb + t;
-    uint32_t m = wi < w1 ? srow[wi] : 0u;
-    if (wi == NW - 1) m &= tail;
-    const int n = __popc(m);
-    int incl = n;  // inclusive scan of the popcounts over the warp, then over the warps
+  const int row = emit_row(warp, lane);
+  const uint64_t db = desc_sw128(smem_u32(sq));
+  Pend pend;
+  pend.m = 0u;
+#pragma unroll 1
+  for (int p0 = 0; p0 < total; p0 += RCAP) {
+    const int np = min(RCAP, total - p0);  // the window's ids: positions p0 + [0, np)
+    int at = first - p0;
+    uint32_t words[RWF / 128];  // all loads first (L1 hits: the scan read them)
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    if (lane == 31) wsum[warp] = incl;
-    __syncthreads();
-    int before = 0, total = 0;
+    for (int k = 0; k < RWF / 128; ++k) words[k] = word(k);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int v = wsum[u];
-      before += u < warp ? v : 0;
-      total += v;
+    for (int k = 0; k < RWF / 128; ++k) {  // the thread's words' set bits, in its order
+      uint32_t m = words[k];
+      const int nk = __popc(m);
+      if (at < np && at + nk > 0) {
+        const int base = (int)((w0 + t + 128 * k) * 32);  // key ids are int (record.cuh)
+        while (m) {
+          if ((unsigned)at < (unsigned)np) sid[at] = base + __ffs(m) - 1;
+          m &= m - 1u;
+          ++at;
+        }
+      } else {
+        at += nk;
+      }
     }
-    int at = have + before + incl - n;
-    while (m) {  // the word's set bits in key order
-      sid[at++] = (int)(wi * 32 + (__ffs(m) - 1));
-      m &= m - 1u;
-    }
-    __syncthreads();
-    const int all = have + total;
-    const int full = wb + RPASS >= w1 ? all : (all & ~63);  // the last pass: the partial tile too
-    for (int j = 0; j < full; j += 64)
-      score_tile_emit<H, true>(
-          kp, alpha, sk, sq, sw, [&](int r) { return j + r < all ? sid[j + r] : -1; },
-          [](int i) { return i; }, tt, cnt, rrow, cap);
-    have = all - full;
-    const int v = t < have ? sid[full + t] : 0;
-    __syncthreads();  // every read of sid and wsum of this pass is done
-    if (t < have) sid[t] = v;  // published by the next pass's barriers
+    __syncthreads();  // the window's ids are published
+    const int nt = (np + 63) >> 6;
+    auto id_at = [&](int e) { return e < np ? sid[e] : -1; };
+    int i_nx = qd < 2 ? id_at(row) : -1;  // the lane's key of the next tile and its α
+    float a_nx = i_nx >= 0 ? __ldg(alpha + i_nx) : 0.f;
+    auto next = [](int j) { return j + 1; };
+    auto gather = [&](int j, int s) {
+      gather_async(kp, sk + s * kTileBytes, [&](int r) { return id_at(64 * j + r); });
+    };
+    Ring<kKeyStages> ring{0, 0};
+    auto issue = [&] { ring.issue(nt, next, gather); };
+    stream_tiles<kKeyStages>(
+        0, nt, next, issue,
+        [&](int j, int jn, int s) {
+          const int i = i_nx;
+          const float a = a_nx;
+          float acc[H / 2];
+          dots<H>(desc_sw128(smem_u32(sk + s * kTileBytes)), db, acc, [&] {
+            issue();
+            i_nx = qd < 2 && jn < nt ? id_at(64 * jn + row) : -1;
+            a_nx = i_nx >= 0 ? __ldg(alpha + i_nx) : 0.f;
+          });
+          float sv[1][2];
+          tile_sums<H>(acc, sw, qd, sv);
+          const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
+          emit_flush(pend, lane, rrow, cap);
+          emit_issue(pend, i >= 0 && sc >= tt, sc, i, lane, cnt);
+        });
+    __syncthreads();  // every read of sid and of the key stages of this window is done
   }
+  emit_flush(pend, lane, rrow, cap);
 }
 
-// Seed records from a key range (docs/method.md §2, the FP8 counterpart of seeds.cu
-// seed_score_mt*): block (x, t) scores the keys i of [lo[t], hi[t]) (rows of kp / alpha,
-// n_keys of them) in tiles of 64 from lo[t] + 64·x with stride 64·gridDim.x and appends
-// (s, idmap[i]) — (s, i) without an idmap — for every key, no threshold.  grid (gx, Qn),
-// 128 threads; the host sizes gx by the ranges' lengths (a longer range is still covered).
+// Seed records from key ranges (docs/method.md §2, the FP8 counterpart of seeds.cu
+// seed_score_mt*): the keys i of [lo[t], hi[t]) (rows of kp / alpha, n_keys of them) are
+// scored for query t and (s, idmap[i]) — (s, i) without an idmap — appended for every key,
+// no threshold.  grid (gx, ⌈Qn / QB⌉), 128 threads, QB = 128 / H: block (x, y) takes the
+// queries t0 = QB·y .. t0 + QB − 1 (< Qn), whose ranges' keys are gathered once for all of
+// them — the ranges of consecutive causal queries (local windows, the anchor pool's visible
+// part, the sinks) nearly coincide.  The span [L, E) of the non-empty ranges is cut in tiles
+// of 64 keys from L; the block takes tiles x, x + gx, … (the host sizes gx; every span is
+// covered) that meet some query's range, and scores each against the queries whose range it
+// meets, one N = H MMA per query on the shared key tile (query u's B tile and weights of its
+// own): each key's bits are those of a query alone (tile_dots, tile_sums).
 template <int H>
 __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
                                            const float* __restrict__ w,
@@ -259,21 +497,100 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
                                            unsigned int* __restrict__ count,
                                            unsigned long long* __restrict__ rec, long long cap) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  __shared__ __align__(1024) uint8_t sk[64 * 128];
-  __shared__ __align__(1024) uint8_t sq[H * 128];
-  __shared__ __align__(16) float sw[H];
-  const int tq = blockIdx.y;
-  if (tq >= Qn) return;
-  const long long lo = max(0LL, (long long)lo_[tq]), hi = min(n_keys, (long long)hi_[tq]);
-  long long n0 = lo + 64LL * blockIdx.x;
-  if (n0 >= hi) return;
-  load_query<H>(q, w, tq, sq, sw);
-  unsigned int* cnt = count + tq;
-  unsigned long long* rrow = rec + (long long)tq * cap;
-  for (; n0 < hi; n0 += 64LL * gridDim.x)
-    score_tile_emit<H, false>(
-        kp, alpha, sk, sq, sw, [&](int r) { return n0 + r < hi ? (int)(n0 + r) : -1; },
-        [&](int i) { return idmap ? __ldg(idmap + i) : i; }, 0.f, cnt, rrow, cap);
+  constexpr int QB = 128 / H;  // queries per block: 128 B-tile rows (16 KB) at either H
+  __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
+  __shared__ __align__(1024) uint8_t sq[QB * H * 128];
+  __shared__ __align__(16) float sw[QB * H];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3;
+  const int t0 = blockIdx.y * QB;
+  if (t0 >= Qn) return;
+  const int nq = min(QB, Qn - t0);
+  long long lo[QB], hi[QB];  // the queries' ranges within [0, n_keys); empty: [0, 0)
+  long long L = n_keys, E = 0;
+#pragma unroll
+  for (int u = 0; u < QB; ++u) {
+    lo[u] = u < nq ? max(0LL, (long long)lo_[t0 + u]) : 0;
+    hi[u] = u < nq ? min(n_keys, (long long)hi_[t0 + u]) : 0;
+    if (hi[u] <= lo[u]) {
+      lo[u] = hi[u] = 0;  // meets no tile (every tile starts at ≥ 0)
+    } else {
+      L = min(L, lo[u]);
+      E = max(E, hi[u]);
+    }
+  }
+  if (E <= L) return;  // every range empty
+  const int nt = (int)((E - L + 63) >> 6);
+  auto meets = [&](int j, int u) {  // tile j meets query u's range
+    const long long a = L + 64LL * j;
+    return a < hi[u] && a + 64 > lo[u];
+  };
+  auto needed = [&](int j) {
+    bool m = false;
+#pragma unroll
+    for (int u = 0; u < QB; ++u) m |= meets(j, u);
+    return m;
+  };
+  const int gx = gridDim.x;
+  auto next = [&](int j) {
+    do j += gx;
+    while (j < nt && !needed(j));
+    return j;
+  };
+  int j0 = blockIdx.x;
+  while (j0 < nt && !needed(j0)) j0 += gx;
+  if (j0 >= nt) return;
+  load_queries_async<H, QB>(q, w, t0, nq, sq, sw);
+  const int row = emit_row(warp, lane);
+  float a_nx;  // the lane's key's α and record id in the next tile
+  int r_nx;
+  auto prefetch = [&](int j) {
+    const long long i = L + 64LL * j + row;
+    const bool ok = qd < 2 && j < nt && i < E;
+    a_nx = ok ? __ldg(alpha + i) : 0.f;
+    r_nx = ok ? (idmap ? __ldg(idmap + i) : (int)i) : -1;
+  };
+  prefetch(j0);
+  Pend pend[QB];
+#pragma unroll
+  for (int u = 0; u < QB; ++u) pend[u].m = 0u;
+  auto gather = [&](int j, int s) {
+    const long long a = L + 64LL * j;
+    gather_async(kp, sk + s * kTileBytes, [&](int r) { return a + r < E ? (int)(a + r) : -1; });
+  };
+  Ring<kKeyStages> ring{j0, 0};
+  auto issue = [&] { ring.issue(nt, next, gather); };
+  stream_tiles<kKeyStages>(
+      j0, nt, next, issue,
+      [&](int j, int jn, int s) {
+        const long long i = L + 64LL * j + row;
+        const float a = a_nx;
+        const int rid = r_nx;
+        const uint64_t da = desc_sw128(smem_u32(sk + s * kTileBytes));
+        if (!meets(j, 0)) {  // the hook of query 0's MMA does not run
+          issue();
+          prefetch(jn);
+        }
+#pragma unroll
+        for (int u = 0; u < QB; ++u) {
+          if (!meets(j, u)) continue;  // block-uniform
+          float acc[H / 2];
+          dots<H>(da, desc_sw128(smem_u32(sq + u * H * 128)), acc, [&] {
+            if (u == 0) {
+              issue();
+              prefetch(jn);
+            }
+          });
+          float sv[1][2];
+          tile_sums<H>(acc, sw + u * H, qd, sv);
+          const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
+          const bool p = qd < 2 && i >= lo[u] && i < hi[u];
+          unsigned long long* rrow = rec + (long long)(t0 + u) * cap;
+          emit_flush(pend[u], lane, rrow, cap);
+          emit_issue(pend[u], p, sc, rid, lane, count + t0 + u);
+        }
+      });
+#pragma unroll
+  for (int u = 0; u < QB; ++u) emit_flush(pend[u], lane, rec + (long long)(t0 + u) * cap, cap);
 }
 
 // Explicit seeds (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*):
@@ -281,9 +598,10 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
 // stride 64·gridDim.x; an entry is a key iff ks[t] ≤ id < ke[t] (−1 padding and ids out of
 // the visible range are skipped) and every key's record goes to rec[t, :S], no threshold
 // (count[t] ≤ S: no overflow; like seed_score, a key is recorded whatever its score — the
-// f16 seed_ids_mt* tests s ≥ −inf, which differs only for a NaN).  A tile of padding only
-// (rows are padded at the end) is skipped, and the query is loaded at the block's first
-// tile with a key.  grid (gx, Qn), 128 threads.
+// f16 seed_ids_mt* tests s ≥ −inf, which differs only for a NaN).  A block whose tiles hold
+// padding only (rows are padded at the end) exits before loading its query; within the ring
+// a tile of padding only is not scored (its warps' ballots at the gather, read after the
+// next barrier).  grid (gx, Qn), 128 threads.
 template <int H>
 __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                          const uint8_t* __restrict__ kp,
@@ -293,26 +611,71 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
                                          unsigned int* __restrict__ count,
                                          unsigned long long* __restrict__ rec) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  __shared__ __align__(1024) uint8_t sk[64 * 128];
+  __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
   __shared__ __align__(1024) uint8_t sq[H * 128];
   __shared__ __align__(16) float sw[H];
-  const int t = threadIdx.x, tq = blockIdx.y;
+  __shared__ int sany[kKeyStages][4];  // per stage and warp: a key among the warp's rows
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3, tq = blockIdx.y;
   const int ks = ks_[tq], ke = ke_[tq];
-  const int* row = ids + (long long)tq * S;
+  const int* row_ids = ids + (long long)tq * S;
   unsigned int* cnt = count + tq;
   unsigned long long* rrow = rec + (long long)tq * S;
-  bool loaded = false;
-  for (long long j0 = 64LL * blockIdx.x; j0 < S; j0 += 64LL * gridDim.x) {
-    auto id_of = [&](int r) {
-      const int v = j0 + r < S ? __ldg(row + j0 + r) : -1;
-      return v >= ks && v < ke ? v : -1;
-    };
-    if (!__syncthreads_or(t < 64 && id_of(t) >= 0)) continue;  // block-uniform
-    if (!loaded) load_query<H>(q, w, tq, sq, sw);
-    loaded = true;
-    score_tile_emit<H, false>(kp, alpha, sk, sq, sw, id_of, [](int i) { return i; }, 0.f, cnt,
-                              rrow, S);
-  }
+  const int nt = (int)((S + 63) >> 6), gx = gridDim.x;
+  auto id_of = [&](int j, int r) {
+    const long long e = 64LL * j + r;
+    const int v = e < S ? __ldg(row_ids + e) : -1;
+    return v >= ks && v < ke ? v : -1;
+  };
+  bool any = false;
+  for (int j = blockIdx.x; j < nt; j += gx) any |= t < 64 && id_of(j, t) >= 0;
+  if (!__syncthreads_or(any)) return;  // block-uniform
+  load_queries_async<H, 1>(q, w, tq, 1, sq, sw);
+  const int row = emit_row(warp, lane);
+  const uint64_t db = desc_sw128(smem_u32(sq));
+  int i_nx;  // the lane's key of the next tile and its α
+  float a_nx;
+  auto prefetch = [&](int j) {
+    i_nx = qd < 2 && j < nt ? id_of(j, row) : -1;
+    a_nx = i_nx >= 0 ? __ldg(alpha + i_nx) : 0.f;
+  };
+  prefetch(blockIdx.x);
+  Pend pend;
+  pend.m = 0u;
+  auto next = [&](int j) { return j + gx; };
+  auto gather = [&](int j, int s) {
+    bool key = false;
+    gather_async(kp, sk + s * kTileBytes, [&](int r) {
+      const int v = id_of(j, r);
+      key |= v >= 0;
+      return v;
+    });
+    const unsigned b = __ballot_sync(0xffffffffu, key);
+    if (lane == 0) sany[s][warp] = b != 0u;
+  };
+  Ring<kKeyStages> ring{(int)blockIdx.x, 0};
+  auto issue = [&] { ring.issue(nt, next, gather); };
+  stream_tiles<kKeyStages>(
+      blockIdx.x, nt, next, issue,
+      [&](int j, int jn, int s) {
+        const int i = i_nx;
+        const float a = a_nx;
+        if (!(sany[s][0] | sany[s][1] | sany[s][2] | sany[s][3])) {  // padding only
+          issue();
+          prefetch(jn);
+          return;
+        }
+        float acc[H / 2];
+        dots<H>(desc_sw128(smem_u32(sk + s * kTileBytes)), db, acc, [&] {
+          issue();
+          prefetch(jn);
+        });
+        float sv[1][2];
+        tile_sums<H>(acc, sw, qd, sv);
+        const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
+        emit_flush(pend, lane, rrow, S);
+        emit_issue(pend, i >= 0, sc, i, lane, cnt);
+      });
+  emit_flush(pend, lane, rrow, S);
 }
 
 }  // namespace fp8
@@ -328,6 +691,14 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
 #define DOSA_FP8_BODY(call)
 #endif
 
+// Blocks per SM each record kernel is built for (__launch_bounds__' second argument: ptxas
+// keeps the registers within 65,536 / (128 · B)): as many as its static shared memory admits
+// on an SM of 228 KB where that compiles without spills — refine 5 (41 / 37 KB; 6 at H = 32
+// spills), seed_score 4 at H = 64 (5 spills) and 5 at H = 32, seed_ids 5 at H = 64 (6
+// spills and serialises the wgmma) and 7 at H = 32.  score_fp8_ids keeps its build.
+#define REFINE_BLOCKS(H) 5
+#define SEED_SCORE_BLOCKS(H) ((H) == 64 ? 4 : 5)
+#define SEED_IDS_BLOCKS(H) ((H) == 64 ? 5 : 7)
 #define SCORE_FP8_INST(H)                                                                       \
   extern "C" __global__ void __launch_bounds__(128) score_fp8_ids_h##H(                         \
       const uint8_t* __restrict__ q, const float* __restrict__ w, const uint8_t* __restrict__ kp, \
@@ -335,21 +706,21 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
       float* __restrict__ out) {                                                                \
     DOSA_FP8_BODY(dosa::fp8::score_ids<H>(q, w, kp, alpha, ids, M, out))                        \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) refine_fp8_h##H(                            \
+  extern "C" __global__ void __launch_bounds__(128, REFINE_BLOCKS(H)) refine_fp8_h##H(                            \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
       const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,       \
       unsigned int* count, unsigned long long* rec, long long cap) {                           \
     DOSA_FP8_BODY(dosa::fp8::refine<H>(q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count,   \
                                        rec, cap))                                              \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) seed_score_fp8_h##H(                        \
+  extern "C" __global__ void __launch_bounds__(128, SEED_SCORE_BLOCKS(H)) seed_score_fp8_h##H(                        \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
       const int* lo, const int* hi, const int* idmap, int Qn, unsigned int* count,             \
       unsigned long long* rec, long long cap) {                                                \
     DOSA_FP8_BODY(dosa::fp8::seed_score<H>(q, w, kp, alpha, n_keys, lo, hi, idmap, Qn, count, \
                                            rec, cap))                                          \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) seed_ids_fp8_h##H(                          \
+  extern "C" __global__ void __launch_bounds__(128, SEED_IDS_BLOCKS(H)) seed_ids_fp8_h##H(                          \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks,  \
       const int* ke, const int* ids, long long S, unsigned int* count,                         \
       unsigned long long* rec) {                                                               \
