@@ -81,8 +81,11 @@ BUILDS = (
     *_variants("kernels.cu", _SM90, [TILES, ("", "DOSA_SCREEN_UNROLL=1")]),
     # the Hopper screen (sm90a.py): tile, plan width
     *_variants("screen_sm90a.cu", _SM90A, [TILES, ("", "DOSA_WG_MTS=2")]),
-    # the other modules (decode.cu, plan.cu: a KernelSpec each): each on its own
-    *(Build(p.name, _SM90) for p in sorted(CSRC.glob("*.cu")) if p.name not in (
+    # the other modules (decode.cu, plan.cu, the FP8 scorer's: a KernelSpec each): each on
+    # its own, the sm_90a ones (code under __CUDA_ARCH_FEAT_SM90_ALL, empty for sm_90) for
+    # sm_90a
+    *(Build(p.name, _SM90A if "__CUDA_ARCH_FEAT_SM90_ALL" in p.read_text() else _SM90)
+      for p in sorted(CSRC.glob("*.cu")) if p.name not in (
         "kernels.cu", "screen_sm90a.cu", "prepare.cu", "dense.cu", "fused.cu", "seeds.cu",
         "screen.cu", "refine.cu", "select.cu", "e4m3_round.cu", "seed_ids.cu")),
 )  # fmt: skip

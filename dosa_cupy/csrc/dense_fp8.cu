@@ -30,6 +30,44 @@ namespace fp8 {
 using namespace dosa::wg;
 constexpr int kStages = 4;
 
+// The block's QT query tiles (rows q0·H .. of the [Qn·H, 128] e4m3 payload, zero past the
+// last query) into 128-byte-swizzled shared memory, NC rows of 128 bytes per tile.
+template <int H, int NC, int QT, int kThreads>
+__device__ __forceinline__ void load_query_tiles(const uint8_t* __restrict__ q, int Qn, int q0,
+                                                 uint8_t* sq) {
+  for (int it = threadIdx.x; it < QT * NC * 8; it += kThreads) {
+    const int r = it >> 3, j = it & 7;
+    const long long row = (long long)q0 * H + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
+    *reinterpret_cast<uint4*>(sq + (r / NC) * (NC * 128) + sw128_offset(r % NC, j)) = v;
+  }
+}
+
+// Thread 0's part of a block's set-up (both templates): the ring's kStages full / empty
+// mbarrier pairs (one producer arrival fills a slot, `consumers` arrivals empty it) and the
+// block's key span — the union [lo, hi) of its nq queries' ranges clipped to [0, N), in whole
+// stages of `stage_keys` keys: stages [s0, s1) (none when the union is empty).
+__device__ __forceinline__ void ring_and_span(uint64_t* full, uint64_t* empty, int consumers,
+                                              const int* __restrict__ ks,
+                                              const int* __restrict__ ke, int q0, int nq,
+                                              long long N, int stage_keys, long long& s0,
+                                              long long& s1) {
+  for (int s = 0; s < kStages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], consumers);
+  }
+  fence_barrier_init();
+  long long lo = N, hi = 0;
+  for (int j = 0; j < nq; ++j) {
+    lo = min(lo, (long long)max(ks[q0 + j], 0));
+    hi = max(hi, (long long)min((long long)ke[q0 + j], N));
+  }
+  if (hi <= lo) lo = hi = 0;
+  s0 = lo / stage_keys;
+  s1 = (hi + stage_keys - 1) / stage_keys;
+}
+
 // One query of the block, set up once per block in shared memory so the epilogue's stores
 // need no index arithmetic: its output row's offset (−1 past the last query) and its
 // visible keys [lo, hi).
@@ -125,14 +163,7 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
   const int nq = min(QB, Qn - q0);
 
-  // query tiles (rows q0·H .. of the [Qn·H, 128] payload) into swizzled shared memory
-  for (int it = t; it < QT * NC * 8; it += kThreads) {
-    const int r = it >> 3, j = it & 7;
-    const long long row = (long long)q0 * H + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
-    *reinterpret_cast<uint4*>(sq + (r / NC) * kTileBytes + sw128_offset(r % NC, j)) = v;
-  }
+  load_query_tiles<H, NC, QT, kThreads>(q, Qn, q0, sq);
   for (int i = t; i < QT * NC; i += kThreads) {
     const long long row = (long long)q0 * H + i;
     sw[i] = row < (long long)Qn * H ? w[row] : 0.f;
@@ -143,19 +174,8 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
                         live ? (long long)ke[q0 + t] : 0};
   }
   if (t == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 128 * CWG);
-    }
-    fence_barrier_init();
-    // the block's key span [lo, hi): the union of its queries' ranges, in whole stages
-    long long lo = N, hi = 0;
-    for (int j = 0; j < nq; ++j) {
-      lo = min(lo, (long long)max(ks[q0 + j], 0));
-      hi = max(hi, (long long)min((long long)ke[q0 + j], N));
-    }
-    if (hi <= lo) lo = hi = 0;
-    const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
+    long long s0, s1;
+    ring_and_span(full, empty, 128 * CWG, ks, ke, q0, nq, N, kStageKeys, s0, s1);
     span[0] = s0;
     span[1] = s0 * kStageKeys;
     span[2] = min(s1 * kStageKeys, N);
@@ -314,58 +334,6 @@ struct __align__(16) LeanRow {
   int lo, len;
 };
 
-// The lane's partial head sums of head_sums<H, NC> (scorer_fp8.cuh: the same fmaf chains
-// over even and odd column groups, then even + odd), before the quad's tree.
-template <int H, int NC>
-__device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
-                                              float (&q)[NC / H][2]) {
-  constexpr int QPT = NC / H;
-  float p[QPT][2][2];
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
-#pragma unroll
-  for (int j = 0; j < NC / 8; ++j) {
-    const int u = j / (H / 8);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float& c = p[u][h][j & 1];
-      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
-      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < QPT; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
-}
-
-// head_sums' butterfly as a reduce-scatter: each lane ends with only the values it stores,
-// the same sums in the same order — after the lane ^ 1 step a lane holds q_L + q_{L^1}
-// (head_sums' first add, a + b = b + a bit for bit), after the lane ^ 2 step (q_L + q_{L^1})
-// + (q_{L^2} + q_{L^3}), head_sums' second.  Lane c of the quad keeps value k = 2u + h with
-// k ≡ c (mod 4): h = c & 1, u ≡ c >> 1 (mod 2); r[v] is query u = 2v + (c >> 1) (QPT ≥ 2),
-// or the single query (QPT = 1, every lane; lanes 2 and 3 hold lanes 0 and 1's values).
-template <int QPT>
-__device__ __forceinline__ void quad_scatter(const float (&q)[QPT][2], int qd,
-                                             float (&r)[(QPT + 1) / 2]) {
-  const bool b0 = qd & 1, b1 = qd & 2;
-  float p[QPT];
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) {
-    const float keep = b0 ? q[u][1] : q[u][0], send = b0 ? q[u][0] : q[u][1];
-    p[u] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-  }
-  if constexpr (QPT == 1) {
-    r[0] = p[0] + __shfl_xor_sync(0xffffffffu, p[0], 2);
-  } else {
-#pragma unroll
-    for (int v = 0; v < QPT / 2; ++v) {
-      const float keep = b1 ? p[2 * v + 1] : p[2 * v], send = b1 ? p[2 * v] : p[2 * v + 1];
-      r[v] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-    }
-  }
-}
-
 // The lane's key row of a stage and what its stores need: the row's index (32 bits), α, and
 // whether it stores at all (key < N; at QPT = 1 lanes 2 and 3 do not).
 struct LeanLane {
@@ -480,13 +448,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
   const int t = threadIdx.x, q0 = blockIdx.x * QB;
   const int nq = min(QB, Qn - q0);
 
-  for (int it = t; it < QT * NC * 8; it += kThreads) {
-    const int r = it >> 3, j = it & 7;
-    const long long row = (long long)q0 * H + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < (long long)Qn * H) v = __ldg(reinterpret_cast<const uint4*>(q + row * 128 + 16 * j));
-    *reinterpret_cast<uint4*>(sq + (r / NC) * kTileBytes + sw128_offset(r % NC, j)) = v;
-  }
+  load_query_tiles<H, NC, QT, kThreads>(q, Qn, q0, sq);
   for (int i = t; i < QT * NC; i += kThreads) {
     const long long row = (long long)q0 * H + i;
     const int col = i % NC, jj = col >> 4, jo = (col >> 3) & 1, qd = (col >> 1) & 3, e = col & 1;
@@ -500,18 +462,8 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
                        live ? (int)max(hi - lo, 0ll) : -1};
   }
   if (t == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 128 * CWG);
-    }
-    fence_barrier_init();
-    long long lo = N, hi = 0;
-    for (int j = 0; j < nq; ++j) {
-      lo = min(lo, (long long)max(ks[q0 + j], 0));
-      hi = max(hi, (long long)min((long long)ke[q0 + j], N));
-    }
-    if (hi <= lo) lo = hi = 0;
-    const long long s0 = lo / kStageKeys, s1 = (hi + kStageKeys - 1) / kStageKeys;
+    long long s0, s1;
+    ring_and_span(full, empty, 128 * CWG, ks, ke, q0, nq, N, kStageKeys, s0, s1);
     span[0] = (int)s0;
     span[1] = (int)(s0 * kStageKeys);
     span[2] = (int)min(s1 * kStageKeys, N);

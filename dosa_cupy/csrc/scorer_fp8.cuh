@@ -39,6 +39,59 @@ __device__ __forceinline__ void lane_weights(const float* __restrict__ sw_tile, 
   for (int j = 0; j < NC / 8; ++j) wv[j] = *reinterpret_cast<const float2*>(sw_tile + 8 * j + 2 * qd);
 }
 
+// The lane's partial head sums of a tile: per query u and row h two fmaf chains over the
+// query's columns — its even column groups j and its odd ones, each in j order then e —
+// added (even + odd); the quad's tree follows (head_sums' butterfly, or quad_scatter).
+template <int H, int NC>
+__device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
+                                              float (&q)[NC / H][2]) {
+  constexpr int QPT = NC / H;
+  float p[QPT][2][2];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NC / 8; ++j) {
+    const int u = j / (H / 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& c = p[u][h][j & 1];
+      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < QPT; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+}
+
+// head_sums' butterfly as a reduce-scatter: each lane ends with only the values it stores,
+// the same sums in the same order — after the lane ^ 1 step a lane holds q_L + q_{L^1}
+// (head_sums' first add, a + b = b + a bit for bit), after the lane ^ 2 step (q_L + q_{L^1})
+// + (q_{L^2} + q_{L^3}), head_sums' second.  Lane c of the quad keeps value k = 2u + h with
+// k ≡ c (mod 4): h = c & 1, u ≡ c >> 1 (mod 2); r[v] is query u = 2v + (c >> 1) (QPT ≥ 2),
+// or the single query (QPT = 1, every lane; lanes 2 and 3 hold lanes 0 and 1's values).
+template <int QPT>
+__device__ __forceinline__ void quad_scatter(const float (&q)[QPT][2], int qd,
+                                             float (&r)[(QPT + 1) / 2]) {
+  const bool b0 = qd & 1, b1 = qd & 2;
+  float p[QPT];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) {
+    const float keep = b0 ? q[u][1] : q[u][0], send = b0 ? q[u][0] : q[u][1];
+    p[u] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+  if constexpr (QPT == 1) {
+    r[0] = p[0] + __shfl_xor_sync(0xffffffffu, p[0], 2);
+  } else {
+#pragma unroll
+    for (int v = 0; v < QPT / 2; ++v) {
+      const float keep = b1 ? p[2 * v + 1] : p[2 * v], send = b1 ? p[2 * v] : p[2 * v + 1];
+      r[v] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    }
+  }
+}
+
 // The payload-unit scores Σ_h w_h [x_h]_+ of the warpgroup's 64 keys for the tile's NC/H
 // queries from the combined dots x (the m64nNC accumulator layout: x[4j + 2h + e] is key
 // row r_h, column 8j + 2qd + e) and the lane's weights wv (lane_weights): per lane and row
@@ -52,23 +105,7 @@ template <int H, int NC>
 __device__ __forceinline__ void head_sums(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
                                           float (&q)[NC / H][2]) {
   constexpr int QPT = NC / H;
-  float p[QPT][2][2];  // [query][row][even / odd j]
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) p[u][0][0] = p[u][0][1] = p[u][1][0] = p[u][1][1] = 0.f;
-#pragma unroll
-  for (int j = 0; j < NC / 8; ++j) {
-    const int u = j / (H / 8);  // the tile's query of column group j
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // row r0, then r1
-      float& c = p[u][h][j & 1];
-      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
-      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < QPT; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+  lane_partials<H, NC>(x, wv, q);
 #pragma unroll
   for (int u = 0; u < QPT; ++u)
 #pragma unroll
