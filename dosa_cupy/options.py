@@ -31,7 +31,7 @@ from .cost import RouteMemo
 from .emulate import record_score
 from .prepare import pad_batch
 from .scorer import SCORERS
-from .screen import PAIR_MAX_R, SCREENS
+from .screen import PAIR_MAX_R, SCREENS, WGT_MAX_R
 from .seeds import device_seed_ids
 
 __all__ = [
@@ -196,6 +196,11 @@ def check_options(kw: dict) -> dict:
         raise ValueError(
             f"screen: 'pair' needs r <= {PAIR_MAX_R} and no certificate seeds, got r={rr}, "
             f"cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
+        )
+    if o["screen"] == "wgt" and (rr > WGT_MAX_R or _certificate_on(o, names)):
+        raise ValueError(
+            f"screen: 'wgt' needs r <= {WGT_MAX_R} (an mts = 1 plan) and no certificate seeds, "
+            f"got r={rr}, cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
         )
     return o
 

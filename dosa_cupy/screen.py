@@ -4,10 +4,13 @@ written as a survivor bitmask (one uint32 word per 32 keys).
 Screen kernels (``screen=``): "fp64" (screen_mt*), "pair" (screen_pair: two queries per
 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
-bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "auto" (the default) chooses the
-kernel and r per chunk (``auto_screen``).  With certificate seeds the screen also records
-(U, id) of every survivor (screen_cert_mt*).  Every kernel has a tie-aware variant, the same
-name with ``_tie`` (csrc/screen.cu "The keep rule"), run by ``tie_screen_wanted`` chunks.
+bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (opt-in: the transposed Hopper
+screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the rows of 8 queries as N,
+mts = 1 plans only, r ≤ 14; its bounds obey the same error model, not the same bits);
+"auto" (the default) chooses the kernel and r per chunk (``auto_screen``).  With
+certificate seeds the screen also records (U, id) of every survivor (screen_cert_mt*).
+Every kernel has a tie-aware variant, the same name with ``_tie`` (csrc/screen.cu "The keep
+rule"), run by ``tie_screen_wanted`` chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
-from ._build import cupy_or_raise, device_const, kernel, tile
+from ._build import KernelSpec, cupy_or_raise, device_const, kernel, tile
 from .plan import MU, DevicePlan, gamma, gamma_mma, row_slots
 from .prepare import Batch, D
 from .scorer import MMA_BITS, QG, ROWB
@@ -31,6 +34,7 @@ __all__ = [
     "PAIR_MAX_R",
     "PAIR_ROWS",
     "SCREENS",
+    "WGT_MAX_R",
     "ScreenLaunch",
     "auto_screen",
     "batch_plateau_rows",
@@ -39,7 +43,7 @@ __all__ = [
     "screen_stage",
 ]
 
-SCREENS = ("fp64", "pair", "auto", "wg")  # the values of the option screen
+SCREENS = ("fp64", "pair", "auto", "wg", "wgt")  # the values of the option screen
 PAIR_MAX_R = 6  # screen="pair": retained rows per query in a paired 16-row tile (screen_pair)
 # screen="auto" pairs a chunk when at least this share of its queries has |H+| ≤ PAIR_MAX_R
 # positive heads (all of them retained at r = 6; docs/records/notes.md "Paired screen":
@@ -55,6 +59,32 @@ AUTO_PAIR_SHARE = 0.95
 R_WIDE = 30
 AUTO_WIDE_MEDIAN = 20
 SCREEN_THREADS = 256
+# screen="wgt" (csrc/screen_wgt.cu): three warpgroups of 128 keys each per block, queries in
+# groups of 8 (WGT_QG per block), and its dynamic shared memory (``wgt_smem_bytes``)
+WGT_THREADS = 384
+WGT_MAX_R = 14  # retained heads of an mts = 1 plan (plan.py: mts = 1 for r <= 14)
+WGT_TILE = 128 * (WGT_THREADS // 128)
+WGT_QG = 96
+
+
+def wgt_smem_bytes() -> int:
+    """Dynamic shared memory of screen_wgt_mt1 (csrc/screen_wgt.cu kSmemBytes, which the
+    kernel checks at its start): 1 KB alignment slack, the f16 key tile (two 128-byte-swizzled
+    panels), two buffers of a query group's 128 f16 rows, α and ρ as fp64, per buffer the
+    lanes' weights and plateau coefficients (2 · 8 · 4 float4) and 8 query records of 56 bytes,
+    the tile's anchor-pool words."""
+    meta = 2 * 8 * 4 * 16 + 8 * 56
+    return (
+        1024
+        + 2 * WGT_TILE * 128
+        + 2 * 2 * 128 * 128
+        + 2 * WGT_TILE * 8
+        + 2 * meta
+        + WGT_TILE // 32 * 4
+    )
+
+
+WGT_SPEC = KernelSpec("screen_wgt.cu", (), sm90a=True)  # sm_90a build (NVRTC, else nvcc)
 
 # Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
 # query 2p + PAIR_ROWS[i][0], from mts = 1 plans (retained rows 0..5, aux rows 7 and 15).
@@ -283,6 +313,7 @@ class ScreenLaunch:
     smem: int
     args: tuple
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
+    wgt: bool = False  # screen_wgt.cu's kernel (screen="wgt"), WGT_SPEC
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
     tie: bool = False  # the tie-aware variant (name ends in _tie): kj, zrow in, tcnt out
 
@@ -303,7 +334,7 @@ class ScreenLaunch:
             rows, omega = pair_plan(plan.rows, plan.omega, plan.valid, cupy_or_raise())
             zrow = pair_gather(zrow, np.nan, cupy_or_raise()) if tie else None
             grid, name = (grid[0], (rows.shape[0] + QG - 1) // QG), "screen_pair"
-        qg = sm90a.QG if screen == "wg" else QG
+        qg = {"wg": sm90a.QG, "wgt": WGT_QG}.get(screen, QG)
         args = (
             rows, omega, plan.sigma, plan.C, plan.eps_raw, np.float64(plan.eps_out), seeds.tau,
             *((seeds.kth_id, zrow) if tie else ()), b.kp, b.ksc, rho, b.ks, b.ke,
@@ -312,6 +343,13 @@ class ScreenLaunch:
             grid = (grid[0], (b.Qn + qg - 1) // qg)
             name = f"screen_wg_mt{plan.mts}{suffix}"
             return cls(name, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
+        if screen == "wgt":  # screen_wg_mt1's arguments (mts = 1, checked by the options)
+            if plan.mts != 1:
+                raise ValueError(
+                    f"screen: 'wgt' needs an mts = 1 plan (r <= 14), got mts={plan.mts}"
+                )
+            grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
+            return cls(f"screen_wgt_mt1{suffix}", grid, wgt_smem_bytes(), args, tie=tie, wgt=True)
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
     def function(self):
@@ -319,6 +357,8 @@ class ScreenLaunch:
         before timing a launch)."""
         if self.hopper:
             return sm90a.kernel(self.name, self.mts)
+        if self.wgt:
+            return kernel(self.name, self.smem, WGT_SPEC)
         return kernel(self.name, self.smem)
 
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None, tcnt=None) -> None:
@@ -331,7 +371,13 @@ class ScreenLaunch:
             out += (tcnt if tcnt is not None else null,)
         self.function()(
             self.grid,
-            (sm90a.threads(self.mts) if self.hopper else SCREEN_THREADS,),
+            (
+                sm90a.threads(self.mts)
+                if self.hopper
+                else WGT_THREADS
+                if self.wgt
+                else SCREEN_THREADS,
+            ),
             self.args + out + (cert.args() if cert is not None else ()),
             shared_mem=self.smem,
         )

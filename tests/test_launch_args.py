@@ -51,6 +51,7 @@ LAUNCHED = {
     ],
     "plan.cu": [f"plan_mt{m}" for m in MT],  # plan.build_plans_fused
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
+    "screen_wgt.cu": ["screen_wgt_mt1", "screen_wgt_mt1_tie"],  # screen (wgt): WGT_SPEC
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
@@ -68,7 +69,7 @@ def _builds():
             out.append((sm90a.spec(t, defines), names + (["wg_probe_mma"] if m == 1 else [])))
         for defines in VARIANTS.values():  # bench/screen_variants
             out.append((sm90a.spec(t, defines), ["screen_wg_mt1"]))
-    for source in ("fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"):
+    for source in ("screen_wgt.cu", "fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"):
         out.append((KernelSpec(source, (), sm90a=True), LAUNCHED[source]))
     return out
 

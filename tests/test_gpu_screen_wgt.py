@@ -1,0 +1,268 @@
+"""The transposed Hopper screen (``screen="wgt"``, csrc/screen_wgt.cu; docs/method.md §8–§9):
+keys as the wgmma M operand, the 16 plan rows of 8 queries as N.  Its dots are not the other
+screens' bits, so it is checked against what the method needs: DoSA's ids equal the dense
+route's on every regime (plain and tie-aware kernels, both scorers, the overflow extension),
+every bound is ≥ the canonical score, and — on synthetic operands launched directly — every
+U^num lies within the plan's screening allowance of the exact Û, Uout is written exactly on
+the visible keys, and the survivor words and tie counts are exactly the keep rule applied to
+the kernel's own U^num.  GPU tests need compute capability 9.0 (sm_90a)."""
+
+import numpy as np
+import pytest
+from gpu_support import HAVE_GPU, cp, gpu, guard_violations, needs_sm90a
+
+from dosa_cupy import _build, screen
+from dosa_cupy.options import check_options
+from dosa_cupy.plan import gamma, gamma_mma
+from dosa_cupy.scorer import MMA_BITS
+
+if HAVE_GPU:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+
+def test_wgt_option_validation():
+    assert check_options({"screen": "wgt", "r": 14})["screen"] == "wgt"
+    with pytest.raises(ValueError, match="screen"):
+        check_options({"screen": "wgt", "r": 30})  # an mts = 2 plan
+    with pytest.raises(ValueError, match="screen"):
+        check_options({"screen": "wgt", "cert_seeds": 64})
+    assert "wgt" in screen.SCREENS and screen.WGT_TILE % 128 == 0
+
+
+REGIMES = ["calibrated", "many_positive", "ties", "equal"]
+
+
+def _args(regime, H, Qn=200, N=12000, K=256, seed=11):
+    wl = make_gpu_workload(regime, Qn, N, H, seed=seed)
+    return wl, (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("regime", REGIMES)
+@needs_sm90a
+@gpu
+def test_wgt_ids_equal_dense(regime, H):
+    """ids == dense ids bitwise with the tie-aware rule on and off and with a small record
+    buffer (the overflow extension); with debug_bounds, U^num ≥ the canonical score of every
+    visible key."""
+    wl, a = _args(regime, H)
+    dense = dosa_cupy.dense_topk(*a)
+    for kw in ({"tie_reject": True}, {"tie_reject": False}, {"buffer": 16}):
+        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=14, **kw)
+        assert cp.array_equal(ids, dense), (regime, H, kw)
+    ids, st = dosa_cupy.dosa_topk(
+        *a, route="dosa", screen="wgt", r=14, debug_bounds=True, return_stats=True
+    )
+    assert cp.array_equal(ids, dense)
+    lg = dosa_cupy.dense_logits(
+        wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"], wl["ke"]
+    )
+    bad, slack = guard_violations(lg, cp.asarray(st.bounds))
+    print(f"\n[wgt] {regime} H={H}: survivors {int(np.sum(st.survivors))}, min slack {slack:.3g}")
+    assert bad == 0
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("regime", REGIMES)
+@needs_sm90a
+@gpu
+def test_wgt_ids_equal_dense_fp8_scorer(regime, H):
+    wl, a = _args(regime, H, seed=5)
+    dense = dosa_cupy.dense_topk(*a, scorer="fp8")
+    for tie in (True, False):
+        kw = dict(tie_reject=tie, debug_bounds=True, return_stats=True)
+        ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=14, scorer="fp8", **kw)
+        assert cp.array_equal(ids, dense), (regime, H, tie)
+    lg = dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"],
+                                wl["ke"], scorer="fp8")  # fmt: skip
+    assert guard_violations(lg, cp.asarray(st.bounds))[0] == 0
+
+
+@needs_sm90a
+@gpu
+def test_wgt_and_wg_agree_on_ids():
+    """The same plan screened by "wg" and "wgt": the same ids and the same keys bounded
+    (each bound's distance to the exact one is checked by the kernel test below)."""
+    wl, a = _args("calibrated", 64, seed=3)
+    kw = dict(route="dosa", r=14, debug_bounds=True, return_stats=True)
+    ids, st = dosa_cupy.dosa_topk(*a, screen="wgt", **kw)
+    ids1, st1 = dosa_cupy.dosa_topk(*a, screen="wg", **kw)
+    assert cp.array_equal(ids, ids1)
+    u, u1 = np.asarray(cp.asnumpy(st.bounds)), np.asarray(cp.asnumpy(st1.bounds))
+    assert np.array_equal(np.isnan(u), np.isnan(u1))  # the same visible keys bounded
+
+
+# ---- the kernel on synthetic operands: Uout, the allowance, the survivor words ----------
+
+NO_KTH = 0x7FFFFFFF
+
+
+def _codes(rs, shape, top=0x5F):
+    """e4m3 codes of magnitude ≤ 2^(top>>3 − 7)·(1 + …), random signs, no NaN."""
+    mag = rs.randint(0, top + 1, size=shape).astype(np.uint8)
+    return (mag | (rs.randint(0, 2, size=shape).astype(np.uint8) << 7)).astype(np.uint8)
+
+
+def _operands(rs, Qn, N):
+    from dosa_ref.fp8 import e4m3_values
+
+    rows = _codes(rs, (Qn, 16, 128))
+    r = rs.randint(1, 15, size=Qn)  # retained heads per query, slots row_slots(1)[:r]
+    slots = np.array([j for j in range(16) if j not in (7, 15)])
+    om = np.zeros((Qn, 16), np.float32)
+    for t in range(Qn):
+        used = slots[: r[t]]
+        om[t, used] = rs.uniform(-0.5, 1.0, size=used.size).astype(np.float32)
+        unused = np.setdiff1d(slots, used)
+        rows[t, unused] = 0
+    sig = (2.0 ** rs.randint(-4, 0, size=Qn)).astype(np.float32)
+    C = rs.uniform(0.0, 1e-2, size=Qn)
+    er = rs.uniform(0.0, 1e-6, size=Qn)
+    kp = _codes(rs, (N, 128))
+    alpha = rs.uniform(0.5, 2.0, size=N).astype(np.float32)
+    kv = e4m3_values(kp)
+    rho = (np.sqrt((kv * kv).sum(1) / 128) * (1 + 1e-6)).astype(np.float32)
+    ks = rs.randint(0, N, size=Qn).astype(np.int32)
+    ke = np.minimum(N, ks + rs.randint(0, N, size=Qn)).astype(np.int32)
+    ks[:3], ke[:3] = 0, N  # full spans
+    ke[3] = ks[3]  # an empty one
+    NW = (N + 31) // 32
+    pool = np.zeros(NW, np.uint32)
+    for i in rs.choice(N, size=N // 50, replace=False):
+        pool[i >> 5] |= np.uint32(1 << (i & 31))
+    return dict(rows=rows, om=om, sig=sig, C=C, er=er, kp=kp, alpha=alpha, rho=rho, ks=ks,
+                ke=ke, pool=pool, r=r)  # fmt: skip
+
+
+def _exact(op):
+    """Û (float64, exact dots), its allowance A = Σ|ω||q||k| + σ(|v0| + |v1|)|k| per (t, i),
+    the raw dots x and their magnitudes Σ_d|q_d||k_d| [Qn, 16, N]."""
+    from dosa_ref.fp8 import e4m3_values
+
+    q = e4m3_values(op["rows"])  # [Qn, 16, 128]
+    k = e4m3_values(op["kp"])  # [N, 128]
+    x = np.einsum("tjd,nd->tjn", q, k)
+    ax = np.einsum("tjd,nd->tjn", np.abs(q), np.abs(k))
+    om = op["om"].astype(np.float64)
+    sig = op["sig"].astype(np.float64)[:, None]
+    uh = np.einsum("tj,tjn->tn", om, np.maximum(x, 0)) - sig * np.maximum(x[:, 7] + x[:, 15], 0)
+    A = np.einsum("tj,tjn->tn", np.abs(om), ax) + sig * (ax[:, 7] + ax[:, 15])
+    return uh, A, x, ax
+
+
+def _launch(op, tau, eps_out, tie, kj=None, zrow=None):
+    Qn, N = op["om"].shape[0], op["kp"].shape[0]
+    NW = (N + 31) // 32
+    d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
+    surv = cp.full((Qn, NW), 0xDEADBEEF, dtype=cp.uint32)
+    U = cp.full((Qn, N), np.nan)
+    tcnt = cp.zeros(Qn, dtype=cp.uint32)
+    args = (d["rows"], d["om"], d["sig"], d["C"], d["er"], np.float64(eps_out), cp.asarray(tau))
+    if tie:
+        args += (cp.asarray(kj), cp.asarray(zrow))
+    args += (d["kp"], d["alpha"], d["rho"], d["ks"], d["ke"], np.int32(3), np.int32(17),
+             d["pool"], np.int32(Qn), np.int64(N), np.int32(screen.WGT_QG), surv, U)  # fmt: skip
+    if tie:
+        args += (tcnt,)
+    name = "screen_wgt_mt1" + ("_tie" if tie else "")
+    f = _build.kernel(name, screen.wgt_smem_bytes(), screen.WGT_SPEC)
+    T = screen.WGT_TILE
+    grid = ((N + T - 1) // T, (Qn + screen.WGT_QG - 1) // screen.WGT_QG)
+    f(grid, (screen.WGT_THREADS,), args, shared_mem=screen.wgt_smem_bytes())
+    return cp.asnumpy(surv), cp.asnumpy(U), cp.asnumpy(tcnt)
+
+
+def _spans(op, N):
+    """visible [Qn, N] and candidate (visible, not a sink, not in the local window, not in
+    the anchor pool) masks for sinks = 3, window = 17 (the launch's)."""
+    i = np.arange(N)[None, :]
+    ks, ke = op["ks"][:, None].astype(np.int64), op["ke"][:, None].astype(np.int64)
+    vis = (i >= ks) & (i < ke)
+    s_hi = ks + np.minimum(3, ke - ks)
+    loc = np.maximum(s_hi, ke - 17)
+    pool = ((op["pool"][i >> 5] >> (i & 31).astype(np.uint32)) & 1).astype(bool)
+    return vis, vis & (i >= s_hi) & (i < loc) & ~pool
+
+
+def _words(bits):
+    Qn, N = bits.shape
+    NW = (N + 31) // 32
+    b = np.zeros((Qn, NW * 32), np.uint64)
+    b[:, :N] = bits
+    return (b.reshape(Qn, NW, 32) << np.arange(32, dtype=np.uint64)).sum(2).astype(np.uint32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@needs_sm90a
+@gpu
+def test_wgt_kernel_bounds_and_words(seed):
+    """Plain kernel: Uout exactly on the visible keys, every U^num within the screening
+    allowance (plan.py g_scr = γ_mma + γ_8(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out, and the
+    survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of the
+    query group, the block's queries or the key tile."""
+    rs = np.random.RandomState(seed)
+    Qn, N = 203, 1000 + 37 * seed
+    op = _operands(rs, Qn, N)
+    uh, A, _, _ = _exact(op)
+    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
+    Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
+    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
+    tau[5] = -np.inf
+    surv, U, _ = _launch(op, tau, 1e-7, False)
+    vis, cand = _spans(op, N)
+    assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
+    g = gamma_mma(MMA_BITS) + gamma(8) * (1 + gamma_mma(MMA_BITS))
+    # the fp64 guard: at most 16 upward roundings (2^-52 each) of these magnitudes; ε_out =
+    # 1e-7 (the launch's) is added to the bound
+    slack = 16 * 2.0**-52 * (np.abs(Uex) + al * (rho * op["C"][:, None] + A) + 1e-7)
+    lo, hi = Uex + 1e-7 - al * g * A - slack, Uex + 1e-7 + al * g * A + slack
+    assert np.all((U >= lo) | ~vis) and np.all((U <= hi) | ~vis)
+    keep = cand & ~(np.nan_to_num(U, nan=-np.inf) < tau[:, None].astype(np.float64))
+    assert np.array_equal(surv, _words(keep))
+
+
+@needs_sm90a
+@gpu
+def test_wgt_tie_kernel_words_and_counts():
+    """Tie-aware kernel: survivor words = the rule against (τ, kj) with min(U, 0) on
+    certified plateau keys, applied to the kernel's U^num; tie counts = the keys the strict
+    rule keeps and this one rejects (keys whose plateau test is within rounding of its
+    threshold are left out of the comparison)."""
+    rs = np.random.RandomState(7)
+    Qn, N = 77, 900
+    op = _operands(rs, Qn, N)
+    uh, _, x, ax = _exact(op)
+    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
+    Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
+    tau = np.quantile(Uex, 0.5, axis=1).astype(np.float32)
+    tau[::3] = 0.0  # the plateau's τ
+    kj = np.where(rs.rand(Qn) < 0.5, rs.randint(0, N, size=Qn), NO_KTH).astype(np.int32)
+    zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)).astype(np.float32)
+    zrow[1::4] = np.nan  # plateau off
+    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow)
+    vis, cand = _spans(op, N)
+    assert np.array_equal(~np.isnan(U), vis)
+    z = zrow.astype(np.float64)[:, :, None]
+    margin = x + z * op["rho"].astype(np.float64)[None, None, :]  # [Qn, 16, N]
+    cond = (z > 0) & np.ones_like(margin, dtype=bool)
+    zp = (~np.isnan(zrow[:, 0]) & (tau >= 0))[:, None]
+    plat = zp & np.all(~cond | (margin <= 0), axis=1)
+    # the kernel tests its own dots, within γ_mma·Σ|q||k| of x (and fp64 rounding)
+    near = np.abs(margin) <= 2 * gamma_mma(MMA_BITS) * ax + 1e-9 * (1 + np.abs(margin))
+    unsure = zp & np.any(cond & near, axis=1)
+    Uk = np.nan_to_num(U, nan=-np.inf)
+    t64 = tau[:, None].astype(np.float64)
+    ids = np.arange(N)[None, :]
+    plain = cand & ~(Uk < t64)
+    Ue = np.where(plat, np.minimum(Uk, 0.0), Uk)
+    below = (Ue < t64) | ((Ue == t64) & (ids > kj[:, None]))
+    keep = plain & ~below
+    got = np.zeros((Qn, N), bool)
+    w = np.repeat(surv, 32, axis=1)[:, :N]
+    got[:] = (w >> (np.arange(N) % 32).astype(np.uint32)) & 1
+    ok = (got == keep) | unsure
+    assert ok.all(), f"{int((~ok).sum())} survivor bits differ"
+    sure = ~unsure.any(axis=1)
+    assert np.array_equal(tcnt[sure], (plain & ~keep).sum(1)[sure])
+    assert (plain & ~keep).sum() > 0, "the tie-aware rule rejected nothing: a weak test"
