@@ -59,7 +59,7 @@ from .scorer import MMA_BITS, plan_scorer
 __all__ = [
     "PLAN_THREADS", "DevicePlan", "build_plans", "build_plans_fused", "gamma", "gamma_mma",
     "dot_allowance", "plan_constants", "plan_smem_bytes", "plan_stage", "row_slots",
-    "scorer_allowance",
+    "scorer_allowance", "step_exponents",
 ]  # fmt: skip
 
 U32 = 2.0**-24
@@ -195,6 +195,20 @@ def scorer_allowance(scorer: str, q, mth: int, mma_bits: int, xp):
     return gm + ge * (1 + gm), a * (1 + ge) * (1 + MU)
 
 
+NO_EXPONENT = -1000  # step_exponents of a k32 step whose codes are all ±0
+
+
+def step_exponents(codes, xp):
+    """int32 [..., 4]: per k32 step of e4m3 rows ``codes`` uint8 [..., 128], the largest
+    exponent e (``dosa_ref.mma_model.e4m3_exponent``: value = m·2^e, subnormals −6) of its
+    nonzero codes, ``NO_EXPONENT`` for a step of zeros.  On the codes' bytes (the exponent
+    field is monotone in e), one byte per code in the temporaries."""
+    c = codes.reshape(*codes.shape[:-1], 4, 32)
+    f = xp.where((c & 0x7F) != 0, xp.maximum((c >> 3) & 0xF, 1), 0).astype(xp.uint8)
+    fmax = xp.max(f, axis=-1).astype(xp.int32)
+    return xp.where(fmax > 0, fmax - 7, NO_EXPONENT).astype(xp.int32)
+
+
 def dot_allowance(arith: str, codes, mma_bits: int, xp):
     """(g, a) of one dot's arithmetic ``arith`` (``SCORERS``; ``scorer_allowance`` says what
     each is): |x̂ − q̄·k̄| ≤ g·Σ_d|q̄_d||k̄_d| + a for every e4m3 key, ``codes`` uint8 [..., 128]
@@ -213,11 +227,8 @@ def dot_allowance(arith: str, codes, mma_bits: int, xp):
         gm = (3 * 2.0**-8 + 4 * 2.0**-13) * (1 + 2.0**-4) + gamma(3)
     # 2^(eq_s): the largest exponent field of the row's nonzero codes in the step (a
     # subnormal's field counts as −6, above its magnitude); 0 for a step of zeros
-    c = codes.astype(xp.int32).reshape(*codes.shape[:-1], 4, 32)
-    field = (c >> 3) & 0xF
-    e = xp.where((c & 0x7F) != 0, xp.maximum(field, 1) - 7, -1000)
-    emax = xp.max(e, axis=-1)
-    step_abs = xp.where(emax > -1000, xp.ldexp(xp.ones(emax.shape), emax.astype(xp.int32)), 0.0)
+    emax = step_exponents(codes, xp)
+    step_abs = xp.where(emax > NO_EXPONENT, xp.ldexp(xp.ones(emax.shape), emax), 0.0)
     if arith == "fp8_k64":  # the chained second step of each pair: 33 terms, not 32
         step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
     elif arith == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2

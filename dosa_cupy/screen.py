@@ -23,7 +23,7 @@ from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
 from ._build import KernelSpec, cupy_or_raise, device_const, kernel, tile
-from .plan import MU, DevicePlan, gamma, gamma_mma, row_slots
+from .plan import MU, NO_EXPONENT, DevicePlan, gamma, gamma_mma, row_slots, step_exponents
 from .prepare import Batch, D
 from .scorer import MMA_BITS, QG, ROWB
 from .seeds import Seeds
@@ -236,13 +236,10 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp, scorer: str = "f16"):
 
 
 def _step_exponent_sum(codes, xp):
-    """Σ_s 2^(eq_s − 5) of e4m3 rows ``codes`` uint8 [..., 128]: eq_s the largest exponent
-    field (``dosa_ref.mma_model.e4m3_exponent``: subnormals −6) of the nonzero codes of
-    k32 step s; a step of zeros adds 0 (float64 [...], exact powers of two)."""
-    c = codes.astype(xp.int32).reshape(*codes.shape[:-1], 4, 32)
-    e = xp.where((c & 0x7F) != 0, xp.maximum((c >> 3) & 0xF, 1) - 7, -1000)
-    emax = xp.max(e, axis=-1)
-    return xp.sum(xp.where(emax > -1000, xp.ldexp(xp.ones(emax.shape), emax - 5), 0.0), axis=-1)
+    """Σ_s 2^(eq_s − 5) of e4m3 rows ``codes`` uint8 [..., 128] (``plan.step_exponents``;
+    a step of zeros adds 0): float64 [...], exact powers of two."""
+    e = step_exponents(codes, xp)
+    return xp.sum(xp.where(e > NO_EXPONENT, xp.ldexp(xp.ones(e.shape), e - 5), 0.0), axis=-1)
 
 
 def batch_plateau_rows(b, plan: DevicePlan, xp):
