@@ -31,3 +31,19 @@ __device__ __forceinline__ double guard_bound_ru(float uh, R rho, R alpha, doubl
   ((TIE) ? ((plain) && !below_kth((plat) ? fmin((U), 0.0) : (U), (double)(tq), (i), (kj))) : (plain))
 
 }  // namespace dosa
+
+// The Hopper screens' parameter lists (screen_sm90a.cu screen_wg_mt*, screen_wgt.cu
+// screen_wgt_mt1; screen.ScreenLaunch passes the same arguments to both): the plan and τ,
+// then the keys, the ranges, the seeds' pool and the outputs.
+#define SCREEN_WG_PARAMS_IN                                                               \
+  const uint8_t* __restrict__ rows, const float* __restrict__ om,                         \
+      const float* __restrict__ sig, const double* __restrict__ Cq,                       \
+      const double* __restrict__ eps_raw, double eps_out, const float* __restrict__ tau
+#define SCREEN_WG_PARAMS_KEYS                                                             \
+  const uint8_t* __restrict__ kp, const float* __restrict__ alpha,                        \
+      const float* __restrict__ rho, const int* __restrict__ ks_,                         \
+      const int* __restrict__ ke_, int sinks, int window,                                 \
+      const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,                 \
+      uint32_t* __restrict__ surv, double* __restrict__ Uout
+#define SCREEN_WG_ARGS_IN rows, om, sig, Cq, eps_raw, eps_out, tau
+#define SCREEN_WG_ARGS_KEYS kp, alpha, rho, ks_, ke_, sinks, window, poolmask, Qn, N, QG, surv, Uout

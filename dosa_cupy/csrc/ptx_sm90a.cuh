@@ -124,6 +124,24 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t ade
         DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
+// f16 with both operands in shared memory (screen_wgt.cu: keys as A, the plan rows of 8
+// queries as B): D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128, f16, shared via db)
+// + (acc ? D : 0); both operands K-major (transpose flags 0).
+__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db,
+                                                  int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),
+        DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
+      : "l"(da), "l"(db), "r"(acc));
+}
+
 // m64nNk32 e4m3 for N = 128, 64, 32, 16 (N/2 accumulators per thread).
 template <int N>
 __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t adesc, uint64_t bdesc,

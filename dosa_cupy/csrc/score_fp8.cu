@@ -69,6 +69,27 @@ __device__ __forceinline__ void gather_keys(const uint8_t* __restrict__ kp, uint
   }
 }
 
+// The fresh k32 steps of a tile in two halves, each half's two steps added in k order
+// (add_half) into acc; hook() runs while the first half's MMAs are in flight (a kernel's
+// next gather, or nothing).
+template <int H, class Hook>
+__device__ __forceinline__ void fresh_halves(uint64_t da, uint64_t db, float (&acc)[H / 2],
+                                             Hook&& hook) {
+  float x[2][H / 2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    pin(x[0]);
+    pin(x[1]);
+    fence();
+    mma_e4m3<H>(x[0], da + 4 * half, db + 4 * half, 0);
+    mma_e4m3<H>(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
+    commit();
+    if (half == 0) hook();
+    wait<0>();
+    add_half<H>(x, acc, half == 0);
+  }
+}
+
 // The FP8 scorer on the gathered tile (docs/error_model.md "A native FP8 scorer"), in two
 // parts.  tile_dots: the fresh k32 steps in two halves, each half's two steps added in k
 // order (add_half) into acc; it starts with the proxy fence and barrier that make the
@@ -82,18 +103,7 @@ __device__ __forceinline__ void tile_dots(const uint8_t* sk, const uint8_t* sq,
   __syncthreads();
   const uint64_t da = desc_sw128((uint32_t)__cvta_generic_to_shared(sk));
   const uint64_t db = desc_sw128((uint32_t)__cvta_generic_to_shared(sq));
-  float x[2][H / 2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    pin(x[0]);
-    pin(x[1]);
-    fence();
-    mma_e4m3<H>(x[0], da + 4 * half, db + 4 * half, 0);
-    mma_e4m3<H>(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
-    commit();
-    wait<0>();
-    add_half<H>(x, acc, half == 0);
-  }
+  fresh_halves<H>(da, db, acc, [] {});
 }
 
 // tile_sums: the fixed head-sum tree of the lane's weights (qd = lane % 4): s[0][h] is the
@@ -240,19 +250,7 @@ __device__ __forceinline__ void dots(uint64_t da, uint64_t db, float (&acc)[H / 
       for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
     }
   } else {
-    float x[2][H / 2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      pin(x[0]);
-      pin(x[1]);
-      fence();
-      mma_e4m3<H>(x[0], da + 4 * half, db + 4 * half, 0);
-      mma_e4m3<H>(x[1], da + 4 * half + 2, db + 4 * half + 2, 0);
-      commit();
-      if (half == 0) hook();
-      wait<0>();
-      add_half<H>(x, acc, half == 0);
-    }
+    fresh_halves<H>(da, db, acc, hook);
   }
 }
 

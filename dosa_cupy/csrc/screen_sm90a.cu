@@ -389,18 +389,6 @@ __device__ __forceinline__ void screen_wg(
 
 // The kernels (TIE = false: screen_wg_mt<MTS>; TIE = true: screen_wg_mt<MTS>_tie, with kj
 // and zrow after tau and tcnt after Uout).
-#define SCREEN_WG_PARAMS_IN                                                               \
-  const uint8_t* __restrict__ rows, const float* __restrict__ om,                         \
-      const float* __restrict__ sig, const double* __restrict__ Cq,                       \
-      const double* __restrict__ eps_raw, double eps_out, const float* __restrict__ tau
-#define SCREEN_WG_PARAMS_KEYS                                                             \
-  const uint8_t* __restrict__ kp, const float* __restrict__ alpha,                        \
-      const float* __restrict__ rho, const int* __restrict__ ks_,                         \
-      const int* __restrict__ ke_, int sinks, int window,                                 \
-      const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,                 \
-      uint32_t* __restrict__ surv, double* __restrict__ Uout
-#define SCREEN_WG_ARGS_IN rows, om, sig, Cq, eps_raw, eps_out, tau
-#define SCREEN_WG_ARGS_KEYS kp, alpha, rho, ks_, ke_, sinks, window, poolmask, Qn, N, QG, surv, Uout
 extern "C" __global__ void __launch_bounds__(dosa::wg::kThreads, DOSA_WG_MINB)
 DOSA_WG_CAT(screen_wg_mt, DOSA_WG_MTS)(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS) {
   DOSA_WG_CALL(false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr);

@@ -86,23 +86,6 @@ namespace dosa {
 namespace wgt {
 using namespace dosa::wg;
 
-// D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128, f16, shared via db)
-// + (acc ? D : 0); both operands K-major (transpose flags 0).
-__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db,
-                                                  int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),
-        DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
-      : "l"(da), "l"(db), "r"(acc));
-}
-
 // 16 e4m3 codes (dims 16i .. 16i + 15 of one operand row) → f16 into row r of a 128-byte-
 // swizzled K-major tile of two panels: dims 16i .. 16i + 7 are 16-byte chunk 2(i mod 4) of
 // panel i / 4, dims 16i + 8 .. 16i + 15 chunk 2(i mod 4) + 1; chunk j sits at j ^ (r mod 8).
@@ -467,25 +450,13 @@ __device__ __forceinline__ void screen_wgt(
 // The kernels: screen_wgt_mt1 (TIE = false) and screen_wgt_mt1_tie (kj and zrow after tau,
 // tcnt after Uout) — screen_wg_mt1's parameter lists (screen.ScreenLaunch passes the same
 // arguments).  Block dosa::wgt::kThreads, dynamic shared memory dosa::wgt::kSmemBytes.
-#define SCREEN_WGT_PARAMS_IN                                                              \
-  const uint8_t* __restrict__ rows, const float* __restrict__ om,                         \
-      const float* __restrict__ sig, const double* __restrict__ Cq,                       \
-      const double* __restrict__ eps_raw, double eps_out, const float* __restrict__ tau
-#define SCREEN_WGT_PARAMS_KEYS                                                            \
-  const uint8_t* __restrict__ kp, const float* __restrict__ alpha,                        \
-      const float* __restrict__ rho, const int* __restrict__ ks_,                         \
-      const int* __restrict__ ke_, int sinks, int window,                                 \
-      const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,                 \
-      uint32_t* __restrict__ surv, double* __restrict__ Uout
-#define SCREEN_WGT_ARGS_IN rows, om, sig, Cq, eps_raw, eps_out, tau
-#define SCREEN_WGT_ARGS_KEYS kp, alpha, rho, ks_, ke_, sinks, window, poolmask, Qn, N, QG, surv, Uout
 extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)
-screen_wgt_mt1(SCREEN_WGT_PARAMS_IN, SCREEN_WGT_PARAMS_KEYS) {
-  DOSA_WGT_CALL(false, SCREEN_WGT_ARGS_IN, nullptr, nullptr, SCREEN_WGT_ARGS_KEYS, nullptr);
+screen_wgt_mt1(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS) {
+  DOSA_WGT_CALL(false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr);
 }
 extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)
-screen_wgt_mt1_tie(SCREEN_WGT_PARAMS_IN, const int* __restrict__ kj,
-                   const float* __restrict__ zrow, SCREEN_WGT_PARAMS_KEYS,
+screen_wgt_mt1_tie(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
+                   const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,
                    unsigned int* __restrict__ tcnt) {
-  DOSA_WGT_CALL(true, SCREEN_WGT_ARGS_IN, kj, zrow, SCREEN_WGT_ARGS_KEYS, tcnt);
+  DOSA_WGT_CALL(true, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);
 }
