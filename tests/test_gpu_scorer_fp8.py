@@ -59,14 +59,11 @@ def test_fp8_dense_route_selects_the_host_models_topk(H):
 def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
     """DoSA with every screen (the tie-aware build where τ = 0), a small buffer (the exact
     overflow extension), explicit and certificate seeds, and the route choice's branches
-    all return the FP8 dense route's ids; the FP8 ids differ from the f16 route's only by
-    the scorers' low bits (most ids equal)."""
+    all return the FP8 dense route's ids."""
     if regime == "h64" and H == 32:
         pytest.skip("h64 is a 64-head regime")
     a = _args(regime, 300, 20000, H)
     dense = dosa_cupy.dense_topk(*a, scorer="fp8")
-    f16 = dosa_cupy.dense_topk(*a)
-    assert float(cp.mean(dense == f16)) > 0.5  # the same problem, another scorer's low bits
     monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
     screens = [("fp64", 14), ("fp64", 30), ("pair", 6)]
     if sm90a.available():
