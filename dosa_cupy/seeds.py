@@ -193,13 +193,15 @@ def anchor_ids(ab: Batch):
     return ids
 
 
-FP8_TILES = 64  # the FP8 seed kernels' blocks per query (each loops over its 64-key tiles)
-GRID_Y = 65535  # the largest grid y (CUDA): the FP8 seed kernels' queries per launch
+FP8_TILES = 64  # seed_ids_fp8's blocks per query (each loops over its 64-id tiles)
+GRID_Y = 65535  # the largest grid y (CUDA): the FP8 seed kernels' query groups per launch
 
 
-def _query_rows(Qn: int):
-    """(first, end) query rows of the launches of a kernel with one query per grid row."""
-    return [(a, min(Qn, a + GRID_Y)) for a in range(0, Qn, GRID_Y)]
+def _query_rows(Qn: int, per_row: int = 1):
+    """(first, end) query rows of the launches of a kernel with ``per_row`` queries per grid
+    row (at most GRID_Y rows a launch)."""
+    step = GRID_Y * per_row
+    return [(a, min(Qn, a + step)) for a in range(0, Qn, step)]
 
 
 def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer) -> None:
@@ -222,8 +224,7 @@ def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBu
         tiles = -(-min(n, int(width) + qb - 1) // 64)
         gx = max(1, min(tiles, -(-8192 // -(-b.Qn // qb))))
         f = kernel(f"seed_score_fp8_h{16 * b.mth}", 0, FP8_SPEC)
-        for a in range(0, b.Qn, GRID_Y * qb):
-            z = min(b.Qn, a + GRID_Y * qb)
+        for a, z in _query_rows(b.Qn, qb):
             f((gx, -(-(z - a) // qb)), (128,),
               (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
                _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z], out.rec[a:z],

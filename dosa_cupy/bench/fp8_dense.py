@@ -18,26 +18,26 @@ import sys
 
 import numpy as np
 
+from dosa_cupy.scorer import (
+    FP8_DENSE,
+    FP8_DENSE_SPEC,
+    FP8_SPEC,
+    fp8_available,
+    fp8_dense_logits,
+    fp8_dense_smem,
+)
+
 FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 
 
 # the builds of csrc/dense_fp8.cu: (columns per MMA, query tiles per stage, consumer
-# warpgroups, fresh steps); "seq": two fresh steps in flight, then one at a time (the others
-# three); "chained": one k128 chain (DeepGEMM's arithmetic, timing only)
-VARIANTS = {"n128q4_w2_fresh": (128, 4, 2, True), "qt8_w3_fresh": (64, 8, 3, True),
-            "qt8_w4_seq": (64, 8, 4, True), "n128q4_w3_seq": (128, 4, 3, True),
-            "n128_w4_chained": (128, 1, 4, False),
-            # dense_fp8_lean (same bits, fewer instructions per tile): r2 / r2x — the next
-            # tile's steps 0, 1 in flight during an epilogue (x: across stages too); r4 — all
-            # four steps of the next tile; seq — FRESH = 2's order
-            "lean_n128q4_w2_r2": (128, 4, 2, True), "lean_n128q4_w2_r2x": (128, 4, 2, True),
-            "lean_qt8_w2_r4": (64, 8, 2, True), "lean_n128q4_w3_seq": (128, 4, 3, True),
-            "lean_qt8_w3_seq": (64, 8, 3, True),
-            # r1: seq's registers (three consumer warpgroups at 128 columns), the next tile's
-            # step 0 in flight during each epilogue and across stages
-            "lean_n128q4_w3_r1": (128, 4, 3, True)}  # fmt: skip
-# the fastest fresh build of each H (docs/records/benchmarks.md "FP8 dense logits: lean builds")
-BEST = {64: "lean_n128q4_w3_seq", 32: "lean_n128q4_w3_seq"}
+# warpgroups, fresh steps): the canonical scorer's dense logits (three consumer warpgroups,
+# steps 0 and 1 in flight, then 2 and 3) and DeepGEMM's arithmetic in the same frame (one k128
+# chain, timing only).  The schedules measured slower are in git and in docs/records/
+# benchmarks.md ("FP8 dense logits: lean builds" and the sections before it).
+VARIANTS = {"lean_n128q4_w3_seq": (128, 4, 3, True), "n128_w4_chained": (128, 1, 4, False)}
+# the fastest fresh build of each H: the dense route's (dosa_cupy.scorer.FP8_DENSE)
+BEST = {H: build[0] for H, build in FP8_DENSE.items()}
 
 
 def as_workload(c: dict) -> dict:
@@ -65,55 +65,31 @@ def _builds(H: int, dev: int) -> bool:
 
 def available(H: int) -> bool:
     """True where the FP8 dense logits run: H of ``BEST`` on a compute-capability-9.0 GPU
-    whose sm_90a build of csrc/dense_fp8.cu builds and loads (the first call builds it)."""
-    if H not in BEST:
+    (``scorer.fp8_available``) whose sm_90a build of csrc/dense_fp8.cu builds and loads (the
+    first call builds it)."""
+    if H not in BEST or not fp8_available():
         return False
-    try:
-        import cupy as cp
+    import cupy as cp
 
-        dev = cp.cuda.Device()
-        return dev.compute_capability == "90" and _builds(H, dev.id)
-    except Exception:
-        return False
+    return _builds(H, cp.cuda.Device().id)
 
 
 def _dense_kernel(variant: str, H: int):
-    from dosa_cupy._build import KernelSpec, kernel
+    from dosa_cupy._build import kernel
 
     return kernel(f"dense_fp8_h{H}_{variant}", smem_bytes(*VARIANTS[variant][:3]),
-                  KernelSpec("dense_fp8.cu", (), sm90a=True))  # fmt: skip
+                  FP8_DENSE_SPEC)  # fmt: skip
 
 
-def smem_bytes(nc: int, qt: int, cwg: int) -> int:
-    """Dynamic shared memory of a dense_fp8 build: 4 key slots of 64·cwg keys, qt query tiles
-    of nc rows of 128 bytes, 8 mbarriers and 1 KB to align to the swizzle atom (the weights
-    and the query table are static shared memory)."""
-    return 4 * 8192 * cwg + qt * nc * 128 + 64 + 1024
+smem_bytes = fp8_dense_smem  # dynamic shared memory of a build (columns, query tiles, warpgroups)
 
 
 def fp8_logits(wl: dict, variant: str, out=None):
     """fp32 [Qn, N] logits of the dense_fp8 build ``variant`` (VARIANTS) for a workload of
-    make_gpu_workload."""
-    import cupy as cp
-
-    from dosa_cupy.tma import tensor_map_2d
-
-    q, w, kp, ksc = wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]
-    Qn, H, _ = q.shape
-    N = kp.shape[0]
-    if out is None:
-        out = cp.empty((Qn, N), dtype=cp.float32)
+    make_gpu_workload (``scorer.fp8_dense_logits`` with that build)."""
     nc, qt, cwg, _ = VARIANTS[variant]
-    smem = smem_bytes(nc, qt, cwg)
-    f = _dense_kernel(variant, H)
-    key = f"_tmap{cwg}"
-    if key not in wl:
-        wl[key] = tensor_map_2d(kp, 64 * cwg, 128)
-    qb = qt * nc // H
-    f(((Qn + qb - 1) // qb,), (128 * (1 + cwg),),
-      (wl[key], q, w, ksc, wl["ks"], wl["ke"], np.int32(Qn), np.int64(N), out),
-      shared_mem=smem)  # fmt: skip
-    return out
+    return fp8_dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"],
+                            wl["ke"], build=(variant, nc, qt, cwg), out=out)  # fmt: skip
 
 
 def fp8_scores_at(wl: dict, ids):
@@ -122,14 +98,14 @@ def fp8_scores_at(wl: dict, ids):
     logits' bits at those keys."""
     import cupy as cp
 
-    from dosa_cupy._build import KernelSpec, kernel
+    from dosa_cupy._build import kernel
 
     q, w, kp, ksc = wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]
     Qn, H, _ = q.shape
     ids = cp.ascontiguousarray(ids, dtype=cp.int32)
     M = int(ids.shape[1])
     out = cp.empty((Qn, M), dtype=cp.float32)
-    f = kernel(f"score_fp8_ids_h{H}", 0, KernelSpec("score_fp8.cu", (), sm90a=True))
+    f = kernel(f"score_fp8_ids_h{H}", 0, FP8_SPEC)
     if Qn and M:
         f(((M + 63) // 64, Qn), (128,), (q, w, kp, ksc, ids, np.int32(M), out))
     return out
