@@ -26,7 +26,7 @@ def test_sm90a_sources_compile_with_asynchronous_wgmma(source, tmp_path):
     for code in ("C7512", "C7514", "C7515", "C7517", "C7518"):
         assert code not in report, report
     if source == "dense_fp8.cu":
-        assert "dense_fp8_h64_n128q4_w2_fresh" in report
+        assert "dense_fp8_h64_lean_n128q4_w3_seq" in report
         spills = [ln for ln in report.splitlines() if "spill stores" in ln]
         assert spills and all(" 0 bytes spill stores" in ln for ln in spills), report
     if source == "screen_wgt.cu":

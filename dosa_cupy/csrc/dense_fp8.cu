@@ -102,22 +102,13 @@ __device__ __forceinline__ void epilogue(const float (&x)[NC / 2], const float2 
   }
 }
 
-// QT query tiles of NC head rows per block (NC = 64 or 128: the MMA's N); H heads per query
-// (64 or 32); CWG consumer warpgroups (stages of 64·CWG keys).  FRESH = 3 or 2 — the
-// candidate canonical arithmetic, each k32 step from a fresh accumulator, added in k order
-// (setmaxnreg moves the producer's registers to the consumers): 3 — steps 0, 1 and 2 in
-// flight at once, step 3 issued into step 1's buffer once that is added (3·NC/2 accumulator
-// registers: the warpgroup waits once for a single step); 2 — steps 0 and 1 in flight, then
-// 2 and 3 one at a time into one buffer (2·NC/2 registers, so that four consumer warpgroups
-// fit at NC = 64).  FRESH = 0 — one k128 chain on the tensor core, DeepGEMM's arithmetic (a
-// timing variant only: its window follows the running sum, docs/numerics.md).  Schedules that
-// measured slower (docs/records/benchmarks.md, session 14): two halves of two steps; two
-// tiles interleaved in one warpgroup.  Keeping the next tile's first steps in flight during
-// this tile's head sum needs more registers than 2 consumer warpgroups have at NC = 128
-// (ptxas spills them and inserts waits); three consumer warpgroups at NC = 128 fit two steps
-// in flight (FRESH = 2) once the producer keeps only 32 registers.
-template <int H, int NC, int QT, int CWG, int FRESH>
-__device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* __restrict__ q,
+// DeepGEMM's arithmetic in this kernel's frame, a timing build only (bench/fp8_dense.py: what
+// the frame costs beside DeepGEMM): QT query tiles of NC head rows per block (NC = 64 or 128:
+// the MMA's N), H heads per query (64 or 32), CWG consumer warpgroups (stages of 64·CWG keys);
+// one k128 chain on the tensor core (its window follows the running sum, docs/numerics.md,
+// so it is not the canonical scorer: dense_fp8_lean below is).
+template <int H, int NC, int QT, int CWG>
+__device__ __forceinline__ void dense_fp8_chained(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                           const float* __restrict__ w,
                                           const float* __restrict__ alpha,
                                           const int* __restrict__ ks, const int* __restrict__ ke,
@@ -131,18 +122,6 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
   constexpr int kStageKeys = 64 * CWG;
   constexpr int kStageBytes = kStageKeys * 128;
   constexpr int kTileBytes = NC * 128;
-  // registers per thread after setmaxnreg (FRESH; docs/design.md "The FP8 dense kernel"):
-  // setmaxnreg.inc draws only on the registers the block was given at launch (kLaunchRegs
-  // per thread, the __launch_bounds__ allocation) and that the producer gave back, not on the
-  // SM's unallocated ones — a consumer asking for more waits for ever.  The producer keeps 32
-  // where more consumer warpgroups share the pool (three at NC = 128, four), 56 elsewhere
-  // (the budget the measured builds ran with); multiples of 8, at most 240.
-  constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
-  constexpr int kProducerRegs = ((CWG == 3 && NC == 128) || CWG >= 4) ? 32 : 56;
-  constexpr int kConsumerFit = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / CWG) / 8 * 8;
-  constexpr int kConsumerRegs = kConsumerFit < 240 ? kConsumerFit : 240;
-  static_assert(CWG * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
-                "setmaxnreg: the consumers take no more than the producer gives back");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
@@ -186,8 +165,6 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
 
   const int wg = t >> 7;
   if (wg == 0) {
-    if constexpr (FRESH)
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     const int pt = threadIdx.x;
     if (pt == 0) {
       const int n_st = span_stages;
@@ -213,8 +190,6 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     }
     return;
   }
-  if constexpr (FRESH)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
 
   // consumers: warpgroup c = wg − 1 takes keys [64c, 64c + 64) of each stage
   const int c = wg - 1, tw = t & 127, warp = tw >> 5, lane = tw & 31, g = lane >> 2, qd = lane & 3;
@@ -253,50 +228,13 @@ __device__ __forceinline__ void dense_fp8(const TensorMap& kmap, const uint8_t* 
     for (int qt = 0; qt < QT; ++qt) {
       const uint64_t db = desc_sw128(sq_addr + qt * kTileBytes);
       float acc[NA];
-      if constexpr (FRESH == 3) {
-        float x[NA], y[NA];
-        fence();
-        mma_e4m3<NC>(acc, st.da, db, 0);
-        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
-        commit();
-        mma_e4m3<NC>(y, st.da + 4, db + 4, 0);
-        commit();
-        wait<1>();  // steps 0 and 1
-        pin(acc);
-        add_into(acc, x);
-        fence();
-        mma_e4m3<NC>(x, st.da + 6, db + 6, 0);
-        commit();
-        wait<1>();  // step 2
-        add_into(acc, y);
-        wait<0>();  // step 3
-        add_into(acc, x);
-      } else if constexpr (FRESH == 2) {
-        float x[NA];
-        fence();
-        mma_e4m3<NC>(acc, st.da, db, 0);
-        mma_e4m3<NC>(x, st.da + 2, db + 2, 0);
-        commit();
-        wait<0>();  // steps 0 and 1
-        pin(acc);
-        add_into(acc, x);
+      pin(acc);
+      fence();
 #pragma unroll
-        for (int s = 2; s < 4; ++s) {
-          fence();
-          mma_e4m3<NC>(x, st.da + 2 * s, db + 2 * s, 0);
-          commit();
-          wait<0>();
-          add_into(acc, x);
-        }
-      } else {
-        pin(acc);
-        fence();
-#pragma unroll
-        for (int s = 0; s < 4; ++s) mma_e4m3<NC>(acc, st.da + 2 * s, db + 2 * s, s > 0);
-        commit();
-        wait<0>();
-        pin(acc);
-      }
+      for (int s = 0; s < 4; ++s) mma_e4m3<NC>(acc, st.da + 2 * s, db + 2 * s, s > 0);
+      commit();
+      wait<0>();
+      pin(acc);
       if (qt == QT - 1) mbar_arrive(&empty[st.slot]);  // the stage's keys are read
       float2 wv[NC / 8];
       lane_weights<NC>(sw + qt * NC, qd, wv);
@@ -375,36 +313,17 @@ __device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
   }
 }
 
-// The lean kernel.  SCHED says which steps are in flight when (buffers of NC/2 registers):
-//  0 — dense_fp8's FRESH = 2 order: steps 0 and 1, then 2 and 3 one at a time into one
-//      buffer, the epilogue with nothing of this warpgroup in flight (for 3 or 4 consumer
-//      warpgroups, whose other warpgroups fill the waits);
-//  2 — NC = 128, two buffers: the tile's steps 2 and 3 go into the buffers of 0 and 1 once
-//      those are added, the next tile's steps 0 and 1 into them once 2 and 3 are added, so
-//      the next tile's first two steps run during this tile's epilogue (acc + 2 buffers:
-//      192 registers, two consumer warpgroups);
-//  4 — NC = 64, four buffers: each of the next tile's steps is issued as soon as this
-//      tile's step of the same buffer is added, all four run during the epilogue (acc + 4
-//      buffers: 160 registers, two consumer warpgroups).
-//  1 — one step ahead with the registers of SCHED 0 (acc + one buffer, 128 accumulator
-//      registers: three consumer warpgroups at NC = 128, 160 registers each): the buffer,
-//      free once the tile's step 3 is added, takes the next tile's step 0 before the
-//      epilogue; the tile then issues step 1 into acc and waits for one step, not two
-//      (docs/records/notes.md "The native FP8 scorer, session 15": 20 % of the warps' cycles
-//      on WARPGROUP.DEPBAR; more warps beat deeper schedules, so the depth is bought without
-//      registers).  acc = x0 + x1 is the same sum as x0 + x1 into a fresh register (fp32
-//      addition is commutative bit for bit), then the same adds in k order.
-//      (Tried and not kept, SCHED 3: also the next tile's step 1, as two m64n64 halves of
-//      acc issued during the epilogue — ptxas serialises the MMAs, C7514, and spills.)
-// The stage's tiles are unrolled (QT is a constant).  CROSS = false: a stage's first tile is
-// issued at its start and its last tile drains, nothing in flight crosses the stage loop's
-// back edge.  CROSS = true (SCHED 2): the next stage's first tile is issued before the last
-// epilogue, unconditionally (docs/records/notes.md, session 13: accumulators in flight that
-// reach the back edge through different paths get phi copies and ptxas serialises every
-// wgmma, C7514/C7515 — with one path and read-write operands ptxas keeps the pipeline; at
-// SCHED 4 it still does not, so that build is not made).
+// The lean kernel: each tile's fresh steps 0 and 1 together, then 2 and 3 one at a time into
+// one buffer (acc + one buffer: NC registers of accumulators), the epilogue with nothing of
+// this warpgroup in flight; three consumer warpgroups at NC = 128 fill each other's waits.
+// Deeper schedules with fewer warpgroups (the next tile's steps in flight during an epilogue,
+// across stages too) measured slower (docs/records/benchmarks.md "FP8 dense logits: lean
+// builds", "`--scorer fp8` after the anchors' fix and the key ring": more warps beat deeper
+// schedules).  The stage's tiles are unrolled (QT is a constant); nothing in flight crosses
+// the stage loop's back edge (docs/records/notes.md, session 13: ptxas serialises wgmma whose
+// accumulators reach the back edge in flight through phi copies).
 // PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers).
-template <int H, int NC, int QT, int CWG, int SCHED, int PREG, bool CROSS>
+template <int H, int NC, int QT, int CWG, int PREG>
 __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ alpha,
@@ -413,9 +332,6 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
                                                float* __restrict__ out) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   static_assert(NC == 64 || NC == 128, "NC: 64 or 128 columns per MMA");
-  static_assert(SCHED == 0 || SCHED == 1 || (SCHED == 2 && NC == 128) || (SCHED == 4 && NC == 64),
-                "SCHED: 0, 1, 2 at NC = 128, 4 at NC = 64");
-  static_assert(SCHED != 1 || CROSS, "SCHED 1: the next step crosses stages");
   constexpr int QPT = NC / H;
   constexpr int QB = QT * QPT;
   constexpr int NA = NC / 2;
@@ -523,73 +439,9 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
 #pragma unroll
     for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];
   };
-  auto sum01 = [&](float (&acc)[NA], float (&x0)[NA], float (&x1)[NA]) {
-    pin(x0);
-    pin(x1);
-#pragma unroll
-    for (int e = 0; e < NA; ++e) acc[e] = x0[e] + x1[e];
-  };
 
   // the key slot's A descriptor (low word) of stage it
   auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
-  // SCHED 2, one tile: on entry its steps 0 and 1 are in flight in b0 and b1 (one group);
-  // on exit, when `more`, the next tile's (descriptors na, qn) are
-  auto tile_r2 = [&](float (&acc)[NA], float (&b0)[NA], float (&b1)[NA], uint32_t a_lo, int qt,
-                     bool more, uint32_t na, int qn) {
-    wait<0>();  // steps 0 and 1
-    sum01(acc, b0, b1);
-    fence();
-    mma_fresh<NC>(b0, adesc(a_lo, 2), bdesc(qt, 2));
-    commit();
-    mma_fresh<NC>(b1, adesc(a_lo, 3), bdesc(qt, 3));
-    commit();
-    wait<1>();  // step 2
-    add_into(acc, b0);
-    if (more) {
-      fence();
-      mma_fresh<NC>(b0, adesc(na, 0), bdesc(qn, 0));
-      commit();
-      wait<1>();  // step 3
-      add_into(acc, b1);
-      fence();
-      mma_fresh<NC>(b1, adesc(na, 1), bdesc(qn, 1));
-      commit();
-    } else {
-      wait<0>();  // step 3
-      add_into(acc, b1);
-    }
-  };
-  // SCHED 4, one tile: on entry its steps are in flight in b[0..3] (groups {0, 1}, {2}, {3});
-  // each buffer, once added, takes the next tile's step when `more`
-  auto tile_r4 = [&](float (&acc)[NA], float (&b)[4][NA], uint32_t a_lo, int qt, bool more,
-                     uint32_t na, int qn) {
-    wait<2>();
-    sum01(acc, b[0], b[1]);
-    if (more) {
-      fence();
-      mma_fresh<NC>(b[0], adesc(na, 0), bdesc(qn, 0));
-      mma_fresh<NC>(b[1], adesc(na, 1), bdesc(qn, 1));
-      commit();
-      wait<2>();
-    } else {
-      wait<1>();
-    }
-    add_into(acc, b[2]);
-    if (more) {
-      fence();
-      mma_fresh<NC>(b[2], adesc(na, 2), bdesc(qn, 2));
-      commit();
-      wait<2>();
-    } else {
-      wait<0>();
-    }
-    add_into(acc, b[3]);
-    if (more) {
-      fence();
-      mma_fresh<NC>(b[3], adesc(na, 3), bdesc(qn, 3));
-      commit();
-    }
-  };
   auto stage_lane = [&](int it) {
     LeanLane ln;
     ln.r = (s0 + it) * kStageKeys + row_in_stage;
@@ -598,67 +450,6 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     return ln;
   };
 
-  if constexpr (SCHED == 1) {
-    // p: steps 0, 2 and 3 (step 0 of the next tile in flight during each epilogue and across
-    // the stage loop's back edge); acc: step 1, then the tile's sum.  Every path issues the
-    // next step (on the last stage a copy of its own first tile's, drained after the loop),
-    // so the in-flight registers are the same on every path (SCHED 2 with CROSS, above).
-    float p[NA];
-    float acc[NA];
-    // the stage loop's state in few registers (the step in flight leaves ~32 for all else;
-    // with s0, it and row_in_stage live ptxas spilled 16 bytes at H = 64): the stage count
-    // through a shuffle (warp-uniform), the lane's key row carried from stage to stage
-    const int nst_u = __shfl_sync(0xffffffffu, nst, 0);
-    int r_lane = s0 * kStageKeys + row_in_stage;
-    if (nst_u > 0) {
-      mbar_wait(&full[0], 0);
-      fence();
-      mma_fresh<NC>(p, adesc(a_of(0), 0), bdesc(0, 0));
-      commit();
-      int it = 0;
-#pragma unroll 1
-      do {
-        const int slot = it % kStages;
-        const uint32_t a_lo = a_of(it);
-        LeanLane ln;  // stage_lane(it)
-        ln.r = r_lane;
-        ln.st = lane_stores && r_lane < Ni;
-        ln.a = r_lane < Ni ? __ldg(alpha + r_lane) : 0.f;
-#pragma unroll
-        for (int qt = 0; qt < QT; ++qt) {
-          const bool last = qt == QT - 1;
-          const bool next_stage = last && it + 1 < nst_u;
-          if (next_stage) mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-          const uint32_t na = next_stage ? a_of(it + 1) : a_lo;
-          const int qn = last ? 0 : qt + 1;
-          fence();
-          mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(qt, 1));  // step 1
-          commit();
-          wait<0>();  // steps 0 and 1 (step 0 issued before the last epilogue)
-          sum01(acc, p, acc);  // x0 + x1
-#pragma unroll
-          for (int s = 2; s < 4; ++s) {
-            fence();
-            mma_fresh<NC>(p, adesc(a_lo, s), bdesc(qt, s));
-            commit();
-            wait<0>();
-            add_into(acc, p);
-          }
-          fence();
-          mma_fresh<NC>(p, adesc(na, 0), bdesc(qn, 0));  // the next tile's step 0
-          commit();
-          // a scheduling fence for ptxas (one NOP): without it the epilogue of the middle
-          // tiles is hoisted above that MMA (SASS: its QGMMA after the stores), which then
-          // runs after the epilogue instead of during it
-          __syncwarp();
-          if (last) mbar_arrive(&empty[slot]);  // the stage's keys are read (step 3 waited)
-          lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
-        }
-        r_lane += kStageKeys;
-      } while (++it < nst_u);
-      wait<0>();  // the last stage's copy
-    }
-  } else if constexpr (SCHED == 0) {
 #pragma unroll 1
     for (int it = 0; it < nst; ++it) {
       const int slot = it % kStages;
@@ -687,116 +478,47 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
         lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
       }
     }
-  } else {
-    // the buffers in flight.  Without CROSS a stage's first tile is issued at its start and
-    // its last tile drains (nothing in flight crosses the stage loop's back edge); with CROSS
-    // the next stage's first tile is issued before the epilogue of this stage's last one
-    // (after its keys' full barrier), so the buffers cross the back edge in flight — the
-    // same registers each trip (read-write operands, no copies: ptxas keeps the pipeline).
-    float b[4][NA];
-    auto first_tile = [&](uint32_t a_lo) {
-      fence();
-      if constexpr (SCHED == 2) {
-        mma_fresh<NC>(b[0], adesc(a_lo, 0), bdesc(0, 0));
-        mma_fresh<NC>(b[1], adesc(a_lo, 1), bdesc(0, 1));
-        commit();
-      } else {
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          mma_fresh<NC>(b[s], adesc(a_lo, s), bdesc(0, s));
-          if (s > 0) commit();
-        }
-      }
-    };
-    if (nst > 0) {
-      if (CROSS) {
-        mbar_wait(&full[0], 0);
-        first_tile(a_of(0));
-      }
-      int it = 0;
-#pragma unroll 1
-      do {
-        const int slot = it % kStages;
-        const uint32_t a_lo = a_of(it);
-        if (!CROSS) {
-          mbar_wait(&full[slot], (it / kStages) & 1);
-          first_tile(a_lo);
-        }
-        const LeanLane ln = stage_lane(it);
-#pragma unroll
-        for (int qt = 0; qt < QT; ++qt) {
-          float acc[NA];
-          const bool last = qt == QT - 1;
-          // with CROSS the last tile always issues the next one: on the last stage a copy of
-          // its own first tile (result unused, drained after the loop), so that no MMA sits in
-          // a branch and the buffers' registers are the same on every path
-          bool more = CROSS || !last;
-          const bool next_stage = last && it + 1 < nst;
-          if (CROSS && next_stage) mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-          const uint32_t na = next_stage ? a_of(it + 1) : a_lo;
-          const int qn = last ? 0 : qt + 1;
-          if constexpr (SCHED == 2)
-            tile_r2(acc, b[0], b[1], a_lo, qt, more, na, qn);
-          else
-            tile_r4(acc, b, a_lo, qt, more, na, qn);
-          if (last) mbar_arrive(&empty[slot]);  // the stage's keys are read
-          lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
-        }
-      } while (++it < nst);
-      wait<0>();  // nothing in flight at the end (the last stage issues nothing further)
-    }
-  }
 }
 }  // namespace fp8
 }  // namespace dosa
 #endif
 
-#define DENSE_FP8_INST(H, NC, QT, CWG, FRESH, TAG)                                             \
+#define DENSE_FP8_INST(H, NC, QT, CWG, TAG)                                             \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
                              const uint8_t* __restrict__ q, const float* __restrict__ w,         \
                              const float* __restrict__ alpha, const int* __restrict__ ks,        \
                              const int* __restrict__ ke, int Qn, long long N,                    \
                              float* __restrict__ out) {                                          \
-    DENSE_FP8_BODY(H, NC, QT, CWG, FRESH)                                                       \
+    DENSE_FP8_BODY(H, NC, QT, CWG)                                                       \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH) \
-  dosa::fp8::dense_fp8<H, NC, QT, CWG, FRESH>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_BODY(H, NC, QT, CWG) \
+  dosa::fp8::dense_fp8_chained<H, NC, QT, CWG>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_BODY(H, NC, QT, CWG, FRESH)
+#define DENSE_FP8_BODY(H, NC, QT, CWG)
 #endif
-// the lean builds (dense_fp8_lean: SCHED, the producer's registers PREG)
-#define DENSE_FP8_LEAN(H, NC, QT, CWG, SCHED, PREG, CROSS, TAG)                                        \
+// the lean builds (dense_fp8_lean; PREG: the producer's registers)
+#define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, TAG)                                        \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
                              const uint8_t* __restrict__ q, const float* __restrict__ w,         \
                              const float* __restrict__ alpha, const int* __restrict__ ks,        \
                              const int* __restrict__ ke, int Qn, long long N,                    \
                              float* __restrict__ out) {                                          \
-    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS)                                       \
+    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG)                                       \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS) \
-  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, SCHED, PREG, CROSS>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG) \
+  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, PREG>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, SCHED, PREG, CROSS)
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG)
 #endif
-// builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the fastest fresh build of each H (records:
-// 128 columns at H = 64, 64 columns at H = 32) for both H, and DeepGEMM's arithmetic in the
-// same frame (timing only); to measure: qt8_w4_seq (four consumer warpgroups at 64 columns)
-// and n128q4_w3_seq (three at 128 columns: 160 registers each, the producer keeping 32)
+// builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the canonical scorer's dense logits
+// (scorer.FP8_DENSE: the fastest of every fresh build measured, docs/records/benchmarks.md "FP8
+// dense logits: lean builds") and DeepGEMM's arithmetic in the same frame (timing only)
 #define DENSE_FP8_BUILDS(H)                              \
-  DENSE_FP8_INST(H, 128, 4, 2, 3, n128q4_w2_fresh)       \
-  DENSE_FP8_INST(H, 64, 8, 3, 3, qt8_w3_fresh)           \
-  DENSE_FP8_INST(H, 64, 8, 4, 2, qt8_w4_seq)             \
-  DENSE_FP8_INST(H, 128, 4, 3, 2, n128q4_w3_seq)         \
-  DENSE_FP8_INST(H, 128, 1, 4, 0, n128_w4_chained)       \
-  DENSE_FP8_LEAN(H, 128, 4, 2, 2, 56, false, lean_n128q4_w2_r2)     \
-  DENSE_FP8_LEAN(H, 128, 4, 2, 2, 24, true, lean_n128q4_w2_r2x)      \
-  DENSE_FP8_LEAN(H, 64, 8, 2, 4, 56, false, lean_qt8_w2_r4)          \
-  DENSE_FP8_LEAN(H, 128, 4, 3, 0, 32, false, lean_n128q4_w3_seq)     \
-  DENSE_FP8_LEAN(H, 64, 8, 3, 0, 56, false, lean_qt8_w3_seq)         \
-  DENSE_FP8_LEAN(H, 128, 4, 3, 1, 32, true, lean_n128q4_w3_r1)
+  DENSE_FP8_INST(H, 128, 1, 4, n128_w4_chained)          \
+  DENSE_FP8_LEAN(H, 128, 4, 3, 32, lean_n128q4_w3_seq)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
