@@ -483,13 +483,15 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
 }  // namespace dosa
 #endif
 
+// the parameter list of every dense_fp8 kernel (the key map first: a tensor map passed by
+// value must sit at a 64-byte-aligned parameter offset, dosa_cupy/tma.py)
+#define DENSE_FP8_PARAMS                                                                      \
+  const __grid_constant__ dosa::TensorMap kmap, const uint8_t* __restrict__ q,                \
+      const float* __restrict__ w, const float* __restrict__ alpha, const int* __restrict__ ks, \
+      const int* __restrict__ ke, int Qn, long long N, float* __restrict__ out
 #define DENSE_FP8_INST(H, NC, QT, CWG, TAG)                                             \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
-      dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
-                             const uint8_t* __restrict__ q, const float* __restrict__ w,         \
-                             const float* __restrict__ alpha, const int* __restrict__ ks,        \
-                             const int* __restrict__ ke, int Qn, long long N,                    \
-                             float* __restrict__ out) {                                          \
+      dense_fp8_h##H##_##TAG(DENSE_FP8_PARAMS) {                                               \
     DENSE_FP8_BODY(H, NC, QT, CWG)                                                       \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -501,11 +503,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
 // the lean builds (dense_fp8_lean; PREG: the producer's registers)
 #define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, TAG)                                        \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
-      dense_fp8_h##H##_##TAG(const __grid_constant__ dosa::TensorMap kmap,                       \
-                             const uint8_t* __restrict__ q, const float* __restrict__ w,         \
-                             const float* __restrict__ alpha, const int* __restrict__ ks,        \
-                             const int* __restrict__ ke, int Qn, long long N,                    \
-                             float* __restrict__ out) {                                          \
+      dense_fp8_h##H##_##TAG(DENSE_FP8_PARAMS) {                                               \
     DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG)                                       \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -295,14 +295,10 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // sk: the kernel's dynamic shared memory aligned to the 1,024-byte swizzle atom (computed in
 // the kernel itself, which keeps its address arithmetic that of a kernel body).
 template <bool TIE>
-__device__ __forceinline__ void screen_wg(
-    uint8_t* sk, const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
-    const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
-    const float* __restrict__ tau, const int* __restrict__ kj, const float* __restrict__ zrow,
-    const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-    const float* __restrict__ rho, const int* __restrict__ ks_, const int* __restrict__ ke_,
-    int sinks, int window, const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-    uint32_t* __restrict__ surv, double* __restrict__ Uout, unsigned int* __restrict__ tcnt) {
+__device__ __forceinline__ void screen_wg(uint8_t* sk, SCREEN_WG_PARAMS_IN,
+                                          const int* __restrict__ kj,
+                                          const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,
+                                          unsigned int* __restrict__ tcnt) {
   using namespace dosa;
   using namespace dosa::wg;
   double* dsa = reinterpret_cast<double*>(sk + kKeyBytes);

@@ -330,14 +330,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const floa
 // tile, U^num into Uout[t, i] for every visible key (where Uout is given), TIE: the keys the
 // strict rule keeps and the tie-aware rule rejects added to tcnt[t] (where given).
 template <bool TIE>
-__device__ __forceinline__ void screen_wgt(
-    const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
-    const double* __restrict__ Cq, const double* __restrict__ eps_raw, double eps_out,
-    const float* __restrict__ tau, const int* __restrict__ kj, const float* __restrict__ zrow,
-    const uint8_t* __restrict__ kp, const float* __restrict__ alpha,
-    const float* __restrict__ rho, const int* __restrict__ ks_, const int* __restrict__ ke_,
-    int sinks, int window, const uint32_t* __restrict__ poolmask, int Qn, long long N, int QG,
-    uint32_t* __restrict__ surv, double* __restrict__ Uout, unsigned int* __restrict__ tcnt) {
+__device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
+                                           const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,
+                                           unsigned int* __restrict__ tcnt) {
   using namespace dosa;
   using namespace dosa::wg;
   using namespace dosa::wgt;
