@@ -11,8 +11,8 @@ import numpy as np
 from dosa_ref.options import check_flag
 
 from ._build import cupy_or_raise, kernel, num_sms
-from .prepare import Batch, check_inputs, pad_heads
-from .scorer import check_scorer, dense_logits_raw
+from .prepare import Batch, pad_batch
+from .scorer import dense_logits_raw
 
 __all__ = [
     "dense_ids",
@@ -32,10 +32,8 @@ def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None, scorer: str = "f16"
     """Canonical FP8 logits s[t, i] = α_i Σ_h w'_h [q̄_h·k̄_i]_+ (fp32 [Qn, N]) of the
     ``scorer`` (scorer.py: "f16" or "fp8"); −inf where key i is not visible to query t.  Same
     layout as ``dosa_topk``."""
-    scorer = check_scorer(scorer)
-    q, w, kp, ksc, _, ks, ke = check_inputs(q, w, k_payload, k_scale, 1, ks, ke)
-    q, w = pad_heads(q, w, scorer)
-    return dense_logits_raw(q, w, kp, ksc, ks, ke, scorer)
+    b = pad_batch(q, w, k_payload, k_scale, 1, ks, ke, scorer=scorer)
+    return dense_logits_raw(b.q, b.w, b.kp, b.ksc, b.ks, b.ke, b.scorer)
 
 
 def scratch(rows):
@@ -160,16 +158,10 @@ def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=
     """
     cp = cupy_or_raise()
     check = check_flag("check", check)
-    scorer = check_scorer(scorer)
-    q, w, kp, ksc, K, ks, ke, vc = check_inputs(q, w, k_payload, k_scale, K, ks, ke, check,
-                                                defer=True)  # fmt: skip
-    if vc is not None:
-        vc.scorer = scorer
-    q, w = pad_heads(q, w, scorer)
-    ids = _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk, scorer).astype(cp.int64)
-    if vc is not None:  # read back after the launches (the ranges were clamped for them)
-        vc.raise_if_bad()
-    return ids
+    b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, check, defer=True, scorer=scorer)
+    ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke, chunk, b.scorer)
+    b.raise_if_bad()  # read back after the launches (the ranges were clamped for them)
+    return ids.astype(cp.int64)
 
 
 def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None, scorer: str = "f16"):
