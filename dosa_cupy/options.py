@@ -30,7 +30,7 @@ from ._build import cupy_or_raise
 from .cost import RouteMemo
 from .emulate import record_score
 from .prepare import pad_batch
-from .scorer import SCORERS
+from .scorer import check_scorer
 from .screen import PAIR_MAX_R, SCREENS, WGT_MAX_R
 from .seeds import device_seed_ids
 
@@ -174,8 +174,7 @@ def check_options(kw: dict) -> dict:
     rr = check_count("r", o["r"], 1, 30)
     if o["screen"] not in SCREENS:
         raise ValueError(f"screen: expected one of {tuple(SCREENS)}, got {o['screen']!r}")
-    if not isinstance(o["scorer"], str) or o["scorer"] not in SCORERS:
-        raise ValueError(f"scorer: expected one of {SCORERS}, got {o['scorer']!r}")
+    check_scorer(o["scorer"], device=False)  # the device's part in pad_batch
     if not isinstance(o["route"], str) or o["route"] not in ROUTES:
         raise ValueError(f"route: expected one of {ROUTES}, got {o['route']!r}")
     memo = o["route_memo"]

@@ -74,12 +74,13 @@ FP8_SPEC = KernelSpec("score_fp8.cu", (), sm90a=True)
 FP8_DENSE_SPEC = KernelSpec("dense_fp8.cu", (), sm90a=True)
 
 
-def check_scorer(scorer) -> str:
-    """The ``scorer`` option checked: one of ``SCORERS``; "fp8" only where it runs
-    (``fp8_available``).  ValueError naming the option otherwise."""
+def check_scorer(scorer, device: bool = True) -> str:
+    """The ``scorer`` option checked: one of ``SCORERS``; with ``device``, "fp8" only where
+    it runs (``fp8_available``; ``device=False``: the name alone, before any device work).
+    ValueError naming the option otherwise."""
     if not isinstance(scorer, str) or scorer not in SCORERS:
         raise ValueError(f"scorer: expected one of {SCORERS}, got {scorer!r}")
-    if scorer == "fp8" and not fp8_available():
+    if device and scorer == "fp8" and not fp8_available():
         raise ValueError("scorer: 'fp8' needs a compute-capability-9.0 GPU (sm_90a wgmma)")
     return scorer
 
