@@ -244,12 +244,16 @@ def test_wgt_tie_kernel_words_and_counts():
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis)
     z = zrow.astype(np.float64)[:, :, None]
-    margin = x + z * op["rho"].astype(np.float64)[None, None, :]  # [Qn, 16, N]
+    zr = z * op["rho"].astype(np.float64)[None, None, :]  # exact: two fp32 factors
+    margin = x + zr  # [Qn, 16, N]
     cond = (z > 0) & np.ones_like(margin, dtype=bool)
     zp = (~np.isnan(zrow[:, 0]) & (tau >= 0))[:, None]
     plat = zp & np.all(~cond | (margin <= 0), axis=1)
-    # the kernel tests its own dots, within γ_mma·Σ|q||k| of x (and fp64 rounding)
-    near = np.abs(margin) <= 2 * gamma_mma(MMA_BITS) * ax + 1e-9 * (1 + np.abs(margin))
+    # the kernel tests its own dots, within γ_mma·Σ|q||k| of x (taken twice, as the plateau's
+    # coefficient does), in fp64 with upward rounding: with this margin's own rounding at most
+    # 4 roundings of 2^-52 of |x̂| + |zρ| ≤ |x| + ax + |zρ|
+    fp64 = 4 * 2.0**-52 * (np.abs(x) + ax + np.abs(zr))
+    near = np.abs(margin) <= 2 * gamma_mma(MMA_BITS) * ax + fp64
     unsure = zp & np.any(cond & near, axis=1)
     Uk = np.nan_to_num(U, nan=-np.inf)
     t64 = tau[:, None].astype(np.float64)
