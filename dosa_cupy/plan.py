@@ -108,6 +108,7 @@ class DevicePlan:
     w_fold: object = None  # float64 [Qn, Hp] w̃ (folded weights; = w outside R ∪ P)
     a_A: object = None  # float64 [Qn, D] negative aggregate
     E: object = None  # float64 [Qn] positive allowance (outward)
+    r_max: int | None = None  # every plan retains at most r_max heads (the r it was built with)
 
 
 def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
@@ -389,6 +390,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
         w_fold=wt,
         a_A=aA,
         E=E,
+        r_max=r,
     )
 
 
@@ -491,4 +493,5 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
         w_fold=w_fold,
         a_A=a_A,
         E=E,
+        r_max=r,
     )

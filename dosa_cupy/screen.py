@@ -5,8 +5,9 @@ Screen kernels (``screen=``): "fp64" (screen_mt*), "pair" (screen_pair: two quer
 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
 bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (opt-in: the transposed Hopper
-screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the rows of 8 queries as N,
-mts = 1 plans only, r ≤ 14; its bounds obey the same error model, not the same bits);
+screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the plan rows of a group of
+queries as N — 16 rows of 8 queries for r ≤ 14, 8 rows of 16 queries for r ≤ 6
+(``wgt_rows``); its bounds obey the same error model, not the same bits);
 "auto" (the default) chooses the kernel and r per chunk (``auto_screen``).  With
 certificate seeds the screen also records (U, id) of every survivor (screen_cert_mt*).
 Every kernel has a tie-aware variant, the same name with ``_tie`` (csrc/screen.cu "The keep
@@ -41,6 +42,7 @@ __all__ = [
     "pair_plan",
     "plateau_constants",
     "screen_stage",
+    "wgt_rows",
 ]
 
 SCREENS = ("fp64", "pair", "auto", "wg", "wgt")  # the values of the option screen
@@ -59,21 +61,30 @@ AUTO_PAIR_SHARE = 0.95
 R_WIDE = 30
 AUTO_WIDE_MEDIAN = 20
 SCREEN_THREADS = 256
-# screen="wgt" (csrc/screen_wgt.cu): three warpgroups of 128 keys each per block, queries in
-# groups of 8 (WGT_QG per block), and its dynamic shared memory (``wgt_smem_bytes``)
+# screen="wgt" (csrc/screen_wgt.cu): three warpgroups of 128 keys each per block, WGT_QG
+# queries per block in groups of 128 / rows, and its dynamic shared memory (``wgt_smem_bytes``)
 WGT_THREADS = 384
 WGT_MAX_R = 14  # retained heads of an mts = 1 plan (plan.py: mts = 1 for r <= 14)
 WGT_TILE = 128 * (WGT_THREADS // 128)
-WGT_QG = 96
+WGT_QG = 96  # a multiple of both group sizes (8 and 16 queries)
 
 
-def wgt_smem_bytes() -> int:
-    """Dynamic shared memory of screen_wgt_mt1 (csrc/screen_wgt.cu kSmemBytes, which the
-    kernel checks at its start): 1 KB alignment slack, the f16 key tile (two 128-byte-swizzled
-    panels), two buffers of a query group's 128 f16 rows, α and ρ as fp64, per buffer the
-    lanes' weights and plateau coefficients (2 · 8 · 4 float4) and 8 query records of 56 bytes,
-    the tile's anchor-pool words."""
-    meta = 2 * 8 * 4 * 16 + 8 * 56
+def wgt_rows(r_max: int) -> int:
+    """Plan rows per query of the "wgt" build for plans that retain at most ``r_max`` heads:
+    8 (rows 0..5 and the aux rows 7, 15 — screen_wgt_rows8) for r_max ≤ PAIR_MAX_R, else 16
+    (the whole mts = 1 plan — screen_wgt_rows16)."""
+    return 8 if r_max <= PAIR_MAX_R else 16
+
+
+def wgt_smem_bytes(rows: int = 16) -> int:
+    """Dynamic shared memory of screen_wgt_rows{rows} (csrc/screen_wgt.cu Rows<RQ>::kSmemBytes,
+    which the kernel checks at its start): 1 KB alignment slack, the f16 key tile (two
+    128-byte-swizzled panels), two buffers of a query group's 128 f16 rows, α and ρ as fp64,
+    per buffer the lanes' weights and plateau coefficients (2 · Q · 4 vectors of rows / 4
+    floats, Q = 128 / rows queries) and Q query records of 56 bytes, the tile's anchor-pool
+    words."""
+    q = 128 // rows
+    meta = 2 * q * 4 * rows + q * 56
     return (
         1024
         + 2 * WGT_TILE * 128
@@ -345,8 +356,11 @@ class ScreenLaunch:
                 raise ValueError(
                     f"screen: 'wgt' needs an mts = 1 plan (r <= 14), got mts={plan.mts}"
                 )
+            # the 8-row build reads rows 0..5, 7, 15 only: plans that retain ≤ 6 heads
+            nrow = wgt_rows(plan.r_max if plan.r_max is not None else WGT_MAX_R)
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
-            return cls(f"screen_wgt_mt1{suffix}", grid, wgt_smem_bytes(), args, tie=tie, wgt=True)
+            name, smem = f"screen_wgt_rows{nrow}{suffix}", wgt_smem_bytes(nrow)
+            return cls(name, grid, smem, args, tie=tie, wgt=True)
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
     def function(self):

@@ -1,5 +1,6 @@
 """The transposed Hopper screen (``screen="wgt"``, csrc/screen_wgt.cu; docs/method.md §8–§9):
-keys as the wgmma M operand, the 16 plan rows of 8 queries as N.  Its dots are not the other
+keys as the wgmma M operand, the plan rows of a group of queries as N — 16 rows of 8 queries
+(r ≤ 14, screen_wgt_rows16) or 8 rows of 16 queries (r ≤ 6, screen_wgt_rows8).  Its dots are not the other
 screens' bits, so it is checked against what the method needs: DoSA's ids equal the dense
 route's on every regime (plain and tie-aware kernels, both scorers, the overflow extension),
 every bound is ≥ the canonical score, and — on synthetic operands launched directly — every
@@ -28,9 +29,12 @@ def test_wgt_option_validation():
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "wgt", "cert_seeds": 64})
     assert "wgt" in screen.SCREENS and screen.WGT_TILE % 128 == 0
+    assert screen.WGT_QG % 16 == 0  # whole groups of either build
+    assert [screen.wgt_rows(r) for r in (1, 6, 7, 14)] == [8, 8, 16, 16]
 
 
 REGIMES = ["calibrated", "many_positive", "ties", "equal"]
+R = [14, 6]  # the 16-row and the 8-row build
 
 
 def _args(regime, H, Qn=200, N=12000, K=256, seed=11):
@@ -38,54 +42,57 @@ def _args(regime, H, Qn=200, N=12000, K=256, seed=11):
     return wl, (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
 
 
+@pytest.mark.parametrize("r", R)
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("regime", REGIMES)
 @needs_sm90a
 @gpu
-def test_wgt_ids_equal_dense(regime, H):
+def test_wgt_ids_equal_dense(regime, H, r):
     """ids == dense ids bitwise with the tie-aware rule on and off and with a small record
     buffer (the overflow extension); with debug_bounds, U^num ≥ the canonical score of every
     visible key."""
     wl, a = _args(regime, H)
     dense = dosa_cupy.dense_topk(*a)
     for kw in ({"tie_reject": True}, {"tie_reject": False}, {"buffer": 16}):
-        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=14, **kw)
-        assert cp.array_equal(ids, dense), (regime, H, kw)
+        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, **kw)
+        assert cp.array_equal(ids, dense), (regime, H, r, kw)
     ids, st = dosa_cupy.dosa_topk(
-        *a, route="dosa", screen="wgt", r=14, debug_bounds=True, return_stats=True
+        *a, route="dosa", screen="wgt", r=r, debug_bounds=True, return_stats=True
     )
     assert cp.array_equal(ids, dense)
     lg = dosa_cupy.dense_logits(
         wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"], wl["ke"]
     )
     bad, slack = guard_violations(lg, cp.asarray(st.bounds))
-    print(f"\n[wgt] {regime} H={H}: survivors {int(np.sum(st.survivors))}, min slack {slack:.3g}")
+    print(f"\n[wgt] {regime} H={H} r={r}: survivors {int(np.sum(st.survivors))}, min slack {slack:.3g}")
     assert bad == 0
 
 
+@pytest.mark.parametrize("r", R)
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("regime", REGIMES)
 @needs_sm90a
 @gpu
-def test_wgt_ids_equal_dense_fp8_scorer(regime, H):
+def test_wgt_ids_equal_dense_fp8_scorer(regime, H, r):
     wl, a = _args(regime, H, seed=5)
     dense = dosa_cupy.dense_topk(*a, scorer="fp8")
     for tie in (True, False):
         kw = dict(tie_reject=tie, debug_bounds=True, return_stats=True)
-        ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=14, scorer="fp8", **kw)
-        assert cp.array_equal(ids, dense), (regime, H, tie)
+        ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer="fp8", **kw)
+        assert cp.array_equal(ids, dense), (regime, H, r, tie)
     lg = dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"],
                                 wl["ke"], scorer="fp8")  # fmt: skip
     assert guard_violations(lg, cp.asarray(st.bounds))[0] == 0
 
 
+@pytest.mark.parametrize("r", R)
 @needs_sm90a
 @gpu
-def test_wgt_and_wg_agree_on_ids():
+def test_wgt_and_wg_agree_on_ids(r):
     """The same plan screened by "wg" and "wgt": the same ids and the same keys bounded
     (each bound's distance to the exact one is checked by the kernel test below)."""
     wl, a = _args("calibrated", 64, seed=3)
-    kw = dict(route="dosa", r=14, debug_bounds=True, return_stats=True)
+    kw = dict(route="dosa", r=r, debug_bounds=True, return_stats=True)
     ids, st = dosa_cupy.dosa_topk(*a, screen="wgt", **kw)
     ids1, st1 = dosa_cupy.dosa_topk(*a, screen="wg", **kw)
     assert cp.array_equal(ids, ids1)
@@ -104,11 +111,13 @@ def _codes(rs, shape, top=0x5F):
     return (mag | (rs.randint(0, 2, size=shape).astype(np.uint8) << 7)).astype(np.uint8)
 
 
-def _operands(rs, Qn, N):
+def _operands(rs, Qn, N, r_max=14):
+    """A plan of retained heads r ≤ r_max per query (slots row_slots(1)[:r], the other slots
+    zero rows with ω = 0, as plan.py leaves them), its aux rows, keys, spans, a pool."""
     from dosa_ref.fp8 import e4m3_values
 
     rows = _codes(rs, (Qn, 16, 128))
-    r = rs.randint(1, 15, size=Qn)  # retained heads per query, slots row_slots(1)[:r]
+    r = rs.randint(1, r_max + 1, size=Qn)  # retained heads per query, slots row_slots(1)[:r]
     slots = np.array([j for j in range(16) if j not in (7, 15)])
     om = np.zeros((Qn, 16), np.float32)
     for t in range(Qn):
@@ -151,7 +160,7 @@ def _exact(op):
     return uh, A, x, ax
 
 
-def _launch(op, tau, eps_out, tie, kj=None, zrow=None):
+def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16):
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -165,11 +174,12 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None):
              d["pool"], np.int32(Qn), np.int64(N), np.int32(screen.WGT_QG), surv, U)  # fmt: skip
     if tie:
         args += (tcnt,)
-    name = "screen_wgt_mt1" + ("_tie" if tie else "")
-    f = _build.kernel(name, screen.wgt_smem_bytes(), screen.WGT_SPEC)
+    name = f"screen_wgt_rows{nrow}" + ("_tie" if tie else "")
+    smem = screen.wgt_smem_bytes(nrow)
+    f = _build.kernel(name, smem, screen.WGT_SPEC)
     T = screen.WGT_TILE
     grid = ((N + T - 1) // T, (Qn + screen.WGT_QG - 1) // screen.WGT_QG)
-    f(grid, (screen.WGT_THREADS,), args, shared_mem=screen.wgt_smem_bytes())
+    f(grid, (screen.WGT_THREADS,), args, shared_mem=smem)
     return cp.asnumpy(surv), cp.asnumpy(U), cp.asnumpy(tcnt)
 
 
@@ -193,23 +203,24 @@ def _words(bits):
     return (b.reshape(Qn, NW, 32) << np.arange(32, dtype=np.uint64)).sum(2).astype(np.uint32)
 
 
+@pytest.mark.parametrize("nrow", [16, 8])
 @pytest.mark.parametrize("seed", [0, 1])
 @needs_sm90a
 @gpu
-def test_wgt_kernel_bounds_and_words(seed):
+def test_wgt_kernel_bounds_and_words(seed, nrow):
     """Plain kernel: Uout exactly on the visible keys, every U^num within the screening
     allowance (plan.py g_scr = γ_mma + γ_8(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out, and the
     survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of the
     query group, the block's queries or the key tile."""
     rs = np.random.RandomState(seed)
     Qn, N = 203, 1000 + 37 * seed
-    op = _operands(rs, Qn, N)
+    op = _operands(rs, Qn, N, 14 if nrow == 16 else 6)
     uh, A, _, _ = _exact(op)
     al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
     tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
     tau[5] = -np.inf
-    surv, U, _ = _launch(op, tau, 1e-7, False)
+    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
     g = gamma_mma(MMA_BITS) + gamma(8) * (1 + gamma_mma(MMA_BITS))
@@ -222,16 +233,17 @@ def test_wgt_kernel_bounds_and_words(seed):
     assert np.array_equal(surv, _words(keep))
 
 
+@pytest.mark.parametrize("nrow", [16, 8])
 @needs_sm90a
 @gpu
-def test_wgt_tie_kernel_words_and_counts():
+def test_wgt_tie_kernel_words_and_counts(nrow):
     """Tie-aware kernel: survivor words = the rule against (τ, kj) with min(U, 0) on
     certified plateau keys, applied to the kernel's U^num; tie counts = the keys the strict
     rule keeps and this one rejects (keys whose plateau test is within rounding of its
     threshold are left out of the comparison)."""
     rs = np.random.RandomState(7)
     Qn, N = 77, 900
-    op = _operands(rs, Qn, N)
+    op = _operands(rs, Qn, N, 14 if nrow == 16 else 6)
     uh, _, x, ax = _exact(op)
     al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
@@ -240,7 +252,7 @@ def test_wgt_tie_kernel_words_and_counts():
     kj = np.where(rs.rand(Qn) < 0.5, rs.randint(0, N, size=Qn), NO_KTH).astype(np.int32)
     zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)).astype(np.float32)
     zrow[1::4] = np.nan  # plateau off
-    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow)
+    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow, nrow)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis)
     z = zrow.astype(np.float64)[:, :, None]

@@ -33,7 +33,7 @@ __device__ __forceinline__ double guard_bound_ru(float uh, R rho, R alpha, doubl
 }  // namespace dosa
 
 // The Hopper screens' parameter lists (screen_sm90a.cu screen_wg_mt*, screen_wgt.cu
-// screen_wgt_mt1; screen.ScreenLaunch passes the same arguments to both): the plan and τ,
+// screen_wgt_rows*; screen.ScreenLaunch passes the same arguments to both): the plan and τ,
 // then the keys, the ranges, the seeds' pool and the outputs.
 #define SCREEN_WG_PARAMS_IN                                                               \
   const uint8_t* __restrict__ rows, const float* __restrict__ om,                         \

@@ -4,7 +4,7 @@
 // the MMA turned around so that the epilogue costs fewer instructions per (query, key) pair.
 //
 // Orientation (as csrc/dense_fp8.cu): keys are the wgmma M operand (64 keys per warpgroup),
-// the 16 plan rows of each of 8 queries the N operand (m64n128k16, f16, both operands K-major
+// the plan rows of a group of queries the N operand (m64n128k16, f16, both operands K-major
 // in 128-byte-swizzled shared memory; every e4m3 code converted exactly to f16).  The 128 dims
 // run as 8 chained k16 steps in natural dim order, the first with scale-d = 0 (a fresh
 // accumulator: the chain starts from nothing, i.e. from +0, and a zero accumulator term
@@ -13,24 +13,38 @@
 // plan.gamma_mma) enters the plan's allowance, and it does not depend on the order of the
 // dims over the steps.
 //
+// Two builds by RQ, the plan rows per query in the N operand (Rows<RQ>):
+//   RQ = 16 (screen_wgt_rows16): the whole mts = 1 plan (r ≤ 14), 8 queries per group;
+//   RQ = 8  (screen_wgt_rows8):  a plan with r ≤ 6 — its retained rows 0..5 and the aux rows
+//            7, 15, the rows screen_pair takes (screen.py PAIR_ROWS) — 16 queries per group:
+//            half the MMA work and half the weight-and-ReLU work per (query, key) pair.
+//            The plan's other rows are empty (zero rows, ω = 0, plateau coefficient −1), so
+//            leaving them out drops only exact +0 terms; the host launches it only for plans
+//            built with r ≤ 6 (screen.ScreenLaunch).
+//
 // Who holds what (ptx_sm90a.cuh acc_row / acc_col): lane (g = lane/4, qd = lane%4) of warp w
 // holds M rows 16w + g (k = 0) and 16w + g + 8 (k = 1) and the columns 8j + 2qd + {0, 1},
-// j = 0..15.  The N operand is laid out (stage_group, b_row) so that in slot s = 0..7 lane qd
-// finds query u = s ^ 2qd: columns j = 2s hold its plan rows 2qd, 2qd + 1, j = 2s + 1 its plan
-// rows 8 + 2qd, 9 + 2qd.  Every lane thus holds 4 rows of every query of the group (lane 3
-// rows 6, 7, 14, 15: both aux rows, plan.py row_slots), and the lane-dependent query order
-// lets the quad's reduce-scatter keep and send fixed slots, without selects.
+// j = 0..15.  A query's RQ rows fill CB = RQ / 8 column blocks; list row i of a query (plan row
+// Rows::plan_row(i)) is column 2qd + i mod 2 of block i / 8 with qd = (i / 2) mod 4, and the
+// query u sits in slot s = u ^ (E·qd) of lane qd (E = Q / 4, Q queries per group): blocks
+// CB·s .. CB·s + CB − 1.  Every lane thus holds RQ / 4 rows of every query of the group (lane
+// 3: both aux rows, plan.py row_slots), and the lane-dependent query order lets the quad's
+// reduce-scatter keep and send fixed slots, without selects.
 //
-// Û of one (key, query) (docs/method.md §9), in fp32 round-to-nearest:
-//   lane chain  a = ω_a[x_a]_+ ; a = fmaf(ω_b, [x_b (+ x_15 on lane 3)]_+, a) ;
-//               a = fmaf(ω_c, [x_c]_+, a) ; a = fmaf(ω_d, [x_d]_+, a)
-//   (lane 3: ω_b = −σ_a on [x_7 + x_15]_+ and ω_d = 0 on row 15 — fmaf(0, y, a) = a exactly;
-//   the other lanes add x_b + 0·x_d = x_b exactly), then the quad's reduce-scatter: two
-//   additions (shfl_xor 2, then 1), after which lane qd owns queries 2qd, 2qd + 1 of both
-//   keys.  Roundings on any term's path: ≤ 4 in the lane (the first row's product and three
-//   fmaf; the aux row's sum, product and two fmaf) + 2 quad additions = 6 ≤ 2·mts + 6 = 8,
-//   the depth proofs/gpu_screen_epilogue.py's argument (Higham's Lemma 3.1 over the rounding
-//   factors of each term) grants and plan.py's g_scr = γ_mma + γ_8(1 + γ_mma) covers.
+// Û of one (key, query) (docs/method.md §9), in fp32 round-to-nearest, the lane's chain over
+// its rows y_0, y_1 (block 0) [, y_2, y_3 (block 1)]:
+//   RQ = 16:  a = ω_a[y_0]_+ ; a = fmaf(ω_b, [y_1 (+ y_3 on lane 3)]_+, a) ;
+//             a = fmaf(ω_c, [y_2]_+, a) ; a = fmaf(ω_d, [y_3]_+, a)
+//             (lane 3: y_1, y_3 are rows 7, 15, ω_b = −σ_a and ω_d = 0)
+//   RQ = 8:   a = ω_a[y_0 (+ y_1 on lane 3)]_+ ; a = fmaf(ω_b, [y_1]_+, a)
+//             (lane 3: y_0, y_1 are rows 7, 15, ω_a = −σ_a and ω_b = 0)
+//   — fmaf(0, y, a) = a exactly, and the other lanes add 0·y = +0 exactly (y finite: |dot| ≤
+//   128·448²) —, then the quad's reduce-scatter: two additions (shfl_xor 2, then 1), after
+//   which lane qd owns queries E·qd .. E·qd + E − 1 of both keys.  Roundings on any term's
+//   path: ≤ 4 in the lane (RQ = 16: the first row's product and three fmaf; the aux row's sum,
+//   product and two fmaf; RQ = 8: ≤ 3) + 2 quad additions ≤ 6 ≤ 2·mts + 6 = 8, the depth
+//   proofs/gpu_screen_epilogue.py's argument (Higham's Lemma 3.1 over the rounding factors of
+//   each term) grants and plan.py's g_scr = γ_mma + γ_8(1 + γ_mma) covers.
 // Then ONE lane per (key, query) evaluates guard_bound_ru (epilogue.cuh) in fp64 and the keep
 // rule (DOSA_KEEP; the tie-aware variant with common.cuh's zero-plateau test).
 //
@@ -40,8 +54,8 @@
 // (an OR-butterfly over the 8 lanes of a qd carries each query's 16 bits to every lane).
 //
 // Block: DOSA_WGT_GROUPS warpgroups, 128 keys each (tile = 128 · groups keys, converted to f16
-// once per block); query groups of 8 (QG per block, any QG ≥ 1) are staged into one of two
-// shared buffers while the other one feeds the MMAs.  Grid (ceil(N / tile), ceil(Qn / QG)).
+// once per block); query groups (QG per block, any QG ≥ 1) are staged into one of two shared
+// buffers while the other one feeds the MMAs.  Grid (ceil(N / tile), ceil(Qn / QG)).
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -55,9 +69,8 @@ namespace wgt {
 constexpr int kGroups = DOSA_WGT_GROUPS;
 constexpr int kThreads = 128 * kGroups;
 constexpr int kTile = 128 * kGroups;       // keys per block (screen.WGT_TILE)
-constexpr int kQ = 8;                      // queries per group (N = 8 · 16 plan rows)
 constexpr int kKeyPanel = kTile * 128;     // bytes of one 64-dim panel of the key tile
-constexpr int kRowPanel = 128 * 128;       // bytes of one 64-dim panel of a group's rows
+constexpr int kRowPanel = 128 * 128;       // bytes of one 64-dim panel of a group's 128 rows
 // A query of a group as the epilogue reads it (staged once per group): its visible span
 // [lo, hi) and its candidates [clo, clo + cw) — the visible keys past the sinks and before
 // the local window, screen_wg's `vis && !seed` without the anchor-pool bit — as tile offsets,
@@ -66,18 +79,75 @@ struct QInfo {
   int lo, hi, clo, cw, kj, t, zp, pad;
   double tq, C, er;
 };
-// Dynamic shared memory (screen.wgt_smem_bytes mirrors it): the 1,024-byte alignment slack,
-// the key tile (two panels), two row buffers (two panels each), α and ρ as fp64, per buffer
-// the lanes' weights and plateau coefficients (float4 [8][4] each) and the QInfo [8], the
-// anchor-pool words of the tile.
-constexpr int kOffRows = 2 * kKeyPanel;
-constexpr int kOffAlpha = kOffRows + 2 * 2 * kRowPanel;
-constexpr int kOffRho = kOffAlpha + kTile * 8;
-constexpr int kMetaBytes = 2 * kQ * 4 * 16 + kQ * (int)sizeof(QInfo);
-constexpr int kOffMeta = kOffRho + kTile * 8;
-constexpr int kOffPool = kOffMeta + 2 * kMetaBytes;
-constexpr int kSmemBytes = 1024 + kOffPool + (kTile / 32) * 4;
 static_assert(sizeof(QInfo) == 56, "QInfo: 56 bytes (screen.wgt_smem_bytes)");
+
+// A lane's weights (or plateau coefficients) of one query: RQ / 4 floats in chain order.
+template <int W>
+struct Vec;
+template <>
+struct Vec<4> {
+  using T = float4;
+};
+template <>
+struct Vec<2> {
+  using T = float2;
+};
+
+// The N operand of RQ plan rows per query (header).
+template <int RQ>
+struct Rows {
+  static_assert(RQ == 16 || RQ == 8, "RQ: 16 (r <= 14) or 8 (r <= 6) plan rows per query");
+  static constexpr int kQ = 128 / RQ;  // queries per group (N = 128 columns)
+  static constexpr int kCB = RQ / 8;   // column blocks of 8 per query
+  static constexpr int kE = kQ / 4;    // queries per lane after the reduce-scatter
+  static constexpr int kW = RQ / 4;    // rows per lane and query
+  using W = typename Vec<kW>::T;
+  // Plan row of list row i: all 16 (RQ = 16); rows 0..5, then the aux rows 7, 15 (RQ = 8).
+  __host__ __device__ static constexpr int plan_row(int i) {
+    return RQ == 16 ? i : (i < 6 ? i : (i == 6 ? 7 : 15));
+  }
+  // N column (B row) of list row i of query u (header): lane qd = (i / 2) mod 4 holds it in
+  // slot u ^ (E·qd), block i / 8 of the slot, column 2qd + i mod 2 of the block.
+  __host__ __device__ static constexpr int column(int u, int i) {
+    return 8 * (kCB * (u ^ (kE * ((i >> 1) & 3))) + (i >> 3)) + 2 * ((i >> 1) & 3) + (i & 1);
+  }
+  // Dynamic shared memory per buffer: the lanes' weights and plateau coefficients ([Q][4] W
+  // each) and the QInfo [Q].
+  static constexpr int kMetaBytes = 2 * kQ * 4 * (int)sizeof(W) + kQ * (int)sizeof(QInfo);
+  static constexpr int kOffAlpha = 2 * kKeyPanel + 2 * 2 * kRowPanel;
+  static constexpr int kOffRho = kOffAlpha + kTile * 8;
+  static constexpr int kOffMeta = kOffRho + kTile * 8;
+  static constexpr int kOffPool = kOffMeta + 2 * kMetaBytes;
+  // the 1,024-byte alignment slack, the key tile (two panels), two row buffers (two panels
+  // each), α and ρ as fp64, two meta buffers, the anchor-pool words of the tile
+  static constexpr int kSmemBytes = 1024 + kOffPool + (kTile / 32) * 4;
+  static_assert(kMetaBytes % 16 == 0, "float4-aligned meta buffers");
+};
+
+// The layout's laws, checked when the file compiles: the columns of a group are a bijection
+// onto 0..127, and lane qd's value v of slot s (block v / 2, column 2qd + v mod 2) is list row
+// 8(v / 2) + 2qd + v mod 2 of query s ^ (E·qd) — what the epilogue reads.
+template <int RQ>
+constexpr bool layout_holds() {
+  using L = Rows<RQ>;
+  bool seen[128] = {};
+  for (int u = 0; u < L::kQ; ++u)
+    for (int i = 0; i < RQ; ++i) {
+      const int c = L::column(u, i);
+      if (c < 0 || c >= 128 || seen[c]) return false;
+      seen[c] = true;
+    }
+  for (int qd = 0; qd < 4; ++qd)
+    for (int s = 0; s < L::kQ; ++s)
+      for (int v = 0; v < L::kW; ++v) {
+        const int i = 8 * (v >> 1) + 2 * qd + (v & 1);
+        if (L::column(s ^ (L::kE * qd), i) != 8 * (L::kCB * s + (v >> 1)) + 2 * qd + (v & 1))
+          return false;
+      }
+  // lane 3's last rows of block 0 and of the last block are the aux rows 7 and 15
+  return L::plan_row(8 * (L::kCB - 1) + 7) == 15 && L::plan_row(L::kCB == 2 ? 7 : 6) == 7;
+}
+static_assert(layout_holds<16>() && layout_holds<8>(), "the N operand's layout (header)");
 }  // namespace wgt
 }  // namespace dosa
 
@@ -96,13 +166,6 @@ __device__ __forceinline__ void store_f16(uint8_t* tile, int panel, int r, int i
   const int j = 2 * (i & 3);
   *reinterpret_cast<uint4*>(row + sw128_offset(r, j)) = lo;
   *reinterpret_cast<uint4*>(row + sw128_offset(r, j + 1)) = hi;
-}
-
-// B row (N column) of plan row j of query u of the group: slot s = u ^ 2qd of lane
-// qd = (j / 2) mod 4, column block 2s (+1 for rows 8..15), column 2qd + j mod 2 in the block.
-__device__ __forceinline__ int b_row(int u, int j) {
-  const int qd = (j >> 1) & 3;
-  return 8 * (2 * (u ^ (2 * qd)) + (j >> 3)) + 2 * qd + (j & 1);
 }
 
 // Shared-memory row of tile key n: warpgroup v = n / 128, and within its 128 keys key
@@ -138,49 +201,90 @@ struct TieArgs {
   unsigned int* __restrict__ tcnt;
 };
 
-// Stage query group t0 .. t0 + 7 (queries ≥ qend: zero rows, t = −1) into a buffer: its plan
-// rows as f16 (B row 16u + j = plan row j of query u), per (query u, lane qd) the weights of
-// the lane's rows {2qd, 2qd + 1, 8 + 2qd, 9 + 2qd} in the order of the lane's chain (lane 3:
-// ω_6, −σ_a, ω_14, 0) and — TIE — their plateau coefficients (−1 everywhere where the plateau
-// is off: no condition), and the QInfo of each query (screen_wg's per-query set-up).
-template <bool TIE>
+// One buffer of a query group: its 128 f16 N rows, the lanes' weights and plateau
+// coefficients (W [Q][4], at slot · 4 + qd), the QInfo [Q].
+template <int RQ>
+struct Group {
+  uint8_t* rows;
+  typename Rows<RQ>::W* w;
+  typename Rows<RQ>::W* z;
+  QInfo* q;
+  __device__ __forceinline__ Group(uint8_t* sm, int b) {
+    using L = Rows<RQ>;
+    rows = sm + 2 * kKeyPanel + b * 2 * kRowPanel;
+    w = reinterpret_cast<typename L::W*>(sm + L::kOffMeta + b * L::kMetaBytes);
+    z = w + L::kQ * 4;
+    q = reinterpret_cast<QInfo*>(z + L::kQ * 4);
+  }
+};
+
+// The lane's RQ / 4 values of a plan-row array x [16] of one query in chain order (list rows
+// 2qd, 2qd + 1 [, 8 + 2qd, 9 + 2qd]); `fill` where `ok` is false.
+template <int RQ>
+__device__ __forceinline__ typename Rows<RQ>::W lane_vec(const float* x, int qd, bool ok,
+                                                         float fill) {
+  using L = Rows<RQ>;
+  const int a = L::plan_row(2 * qd), b = L::plan_row(2 * qd + 1);
+  if constexpr (RQ == 16) {
+    return ok ? make_float4(x[a], x[b], x[8 + a], x[8 + b]) : make_float4(fill, fill, fill, fill);
+  } else {
+    return ok ? make_float2(x[a], x[b]) : make_float2(fill, fill);
+  }
+}
+
+// Stage query group t0 .. t0 + Q − 1 (queries ≥ qend: zero rows, t = −1) into a buffer: its
+// RQ plan rows per query as f16 at their columns (Rows::column), per (query u, lane qd) the
+// weights of the lane's rows in the order of its chain (lane 3: −σ_a on the aux sum, 0 on
+// row 15) and — TIE — their plateau coefficients (−1 everywhere where the plateau is off: no
+// condition), and the QInfo of each query (screen_wg's per-query set-up).
+template <bool TIE, int RQ>
 __device__ __forceinline__ void stage_group(
-    int t0, int qend, uint8_t* srow, float4* sw, float4* sz, QInfo* sq,
-    const uint8_t* __restrict__ rows, const float* __restrict__ om, const float* __restrict__ sig,
-    const double* __restrict__ Cq, const double* __restrict__ eps_raw,
-    const float* __restrict__ tau, const TieArgs& X, const int* __restrict__ ks_,
-    const int* __restrict__ ke_, int sinks, int window, long long n0, int tile_n) {
-  constexpr int kItems = (kQ * 16 * 8 + kThreads - 1) / kThreads;
+    int t0, int qend, const Group<RQ>& G, const uint8_t* __restrict__ rows,
+    const float* __restrict__ om, const float* __restrict__ sig, const double* __restrict__ Cq,
+    const double* __restrict__ eps_raw, const float* __restrict__ tau, const TieArgs& X,
+    const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window, long long n0,
+    int tile_n) {
+  using L = Rows<RQ>;
+  constexpr int kQ = L::kQ;
+  constexpr int kAll = 128 * 8;  // (N row, 16-dim chunk) items
+  constexpr int kItems = (kAll + kThreads - 1) / kThreads;
   uint4 e[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const int it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7, t = t0 + (n >> 4);
+    // (unsigned: n / RQ and n % RQ are a shift and a mask)
+    const unsigned it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
+    const int t = t0 + (int)(n / RQ);
     e[k] = make_uint4(0u, 0u, 0u, 0u);
-    if (it < kQ * 16 * 8 && t < qend)
-      e[k] = __ldg(reinterpret_cast<const uint4*>(rows + ((long long)t * 16 + (n & 15)) * DOSA_D + 16 * i));
+    if (it < kAll && t < qend) {
+      const long long row = (long long)t * 16 + L::plan_row((int)(n % RQ));
+      e[k] = __ldg(reinterpret_cast<const uint4*>(rows + row * DOSA_D + 16 * i));
+    }
   }
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const int it = threadIdx.x + kThreads * k;
-    if (it < kQ * 16 * 8) store_f16(srow, kRowPanel, b_row(it >> 7, (it >> 3) & 15), it & 7, e[k]);
+    const unsigned it = threadIdx.x + kThreads * k, n = it >> 3;
+    if (it < kAll) store_f16(G.rows, kRowPanel, L::column(n / RQ, n % RQ), it & 7, e[k]);
   }
   const int tid = threadIdx.x;
   if (tid < kQ * 4) {  // (query u, lane qd): the lane's weights and plateau coefficients
     const int u = tid >> 2, qd = tid & 3, t = t0 + u;
-    float4 w = make_float4(0.f, 0.f, 0.f, 0.f), z = make_float4(-1.f, -1.f, -1.f, -1.f);
+    auto w = lane_vec<RQ>(nullptr, qd, false, 0.f);
+    auto z = lane_vec<RQ>(nullptr, qd, false, -1.f);
     if (t < qend) {
-      const float* o = om + (long long)t * 16;
-      w = make_float4(o[2 * qd], o[2 * qd + 1], o[8 + 2 * qd], o[9 + 2 * qd]);
-      if (qd == 3) w.y = -sig[t], w.w = 0.f;  // the aux rows 7, 15: −σ_a [x_7 + x_15]_+
+      w = lane_vec<RQ>(om + (long long)t * 16, qd, true, 0.f);
+      if (qd == 3) {  // the aux rows 7, 15: −σ_a [x_7 + x_15]_+ (header)
+        if constexpr (RQ == 16) w.y = -sig[t], w.w = 0.f;
+        else w.x = -sig[t], w.y = 0.f;
+      }
       if constexpr (TIE) {
         // screen_wg's zero-plateau switch: row 0 of zrow not NaN and τ ≥ 0 (screen.cu)
         const float* zq = X.zrow + (long long)t * 16;
-        if (zq[0] == zq[0] && tau[t] >= 0.f)
-          z = make_float4(zq[2 * qd], zq[2 * qd + 1], zq[8 + 2 * qd], zq[9 + 2 * qd]);
+        if (zq[0] == zq[0] && tau[t] >= 0.f) z = lane_vec<RQ>(zq, qd, true, -1.f);
       }
     }
-    sw[4 * (u ^ (2 * qd)) + qd] = w;  // slot u ^ 2qd of lane qd (b_row)
-    if constexpr (TIE) sz[4 * (u ^ (2 * qd)) + qd] = z;
+    const int slot = u ^ (L::kE * qd);
+    G.w[4 * slot + qd] = w;
+    if constexpr (TIE) G.z[4 * slot + qd] = z;
   } else if (tid < kQ * 4 + kQ) {  // query u: screen_wg's spans, τ, kj, C, ε
     const int u = tid - kQ * 4, t = t0 + u;
     QInfo q{0, 0, 0, 0, kNoKthId, -1, 0, 0, 0.0, 0.0, 0.0};
@@ -206,12 +310,12 @@ __device__ __forceinline__ void stage_group(
       q.C = Cq[t];
       q.er = eps_raw[t];
     }
-    sq[u] = q;
+    G.q[u] = q;
   }
 }
 
 // The 8 chained k16 steps of one chunk: 64 key rows (from row `a`'s byte address in panel 0)
-// × the group's 128 plan rows (`b`), dims in natural order, step 0 with scale-d = 0.
+// × the group's 128 N rows (`b`), dims in natural order, step 0 with scale-d = 0.
 __device__ __forceinline__ void issue_chunk(float (&d)[64], uint32_t a, uint32_t b) {
   fence();
 #pragma unroll
@@ -221,103 +325,132 @@ __device__ __forceinline__ void issue_chunk(float (&d)[64], uint32_t a, uint32_t
   commit();
 }
 
-// The quad's reduce-scatter: x[k][s] is the lane's partial sum of slot s (query s ^ 2qd,
-// b_row) for key half k; afterwards z[k][e] is the quad's sum of query 2qd + e.  Lane qd
-// keeps slots 0..3 and receives the partner qd ^ 2's slots 4..7 — the same queries, since
-// (s + 4) ^ 2(qd ^ 2) = s ^ 2qd —, then keeps slots 0, 1 and receives qd ^ 1's slots 2, 3:
-// two additions per value, fixed registers in every lane.
-__device__ __forceinline__ void reduce_scatter(const float (&x)[2][kQ], float (&z)[2][2]) {
-  float y[2][4];
+// The quad's reduce-scatter: x[k][s] is the lane's partial sum of slot s (query s ^ E·qd,
+// E = Q / 4) for key half k; afterwards z[k][e] is the quad's sum of query E·qd + e.  Lane qd
+// keeps slots 0 .. Q/2 − 1 and receives the partner qd ^ 2's slots Q/2 .. Q − 1 — the same
+// queries, since (s + Q/2) ^ E(qd ^ 2) = s ^ E·qd —, then keeps slots 0 .. E − 1 and receives
+// qd ^ 1's slots E .. 2E − 1: two additions per value, fixed registers in every lane.
+template <int Q>
+__device__ __forceinline__ void reduce_scatter(const float (&x)[2][Q], float (&z)[2][Q / 4]) {
+  float y[2][Q / 2];
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) y[k][e] = x[k][e] + __shfl_xor_sync(0xffffffffu, x[k][e + 4], 2);
+    for (int e = 0; e < Q / 2; ++e)
+      y[k][e] = x[k][e] + __shfl_xor_sync(0xffffffffu, x[k][e + Q / 2], 2);
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) z[k][e] = y[k][e] + __shfl_xor_sync(0xffffffffu, y[k][e + 2], 1);
+    for (int e = 0; e < Q / 4; ++e)
+      z[k][e] = y[k][e] + __shfl_xor_sync(0xffffffffu, y[k][e + Q / 4], 1);
 }
 
-// The per-thread state of a query group for the lane's two queries 2qd + e: their survivor
+// The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
 // words (bits of chunk c at 16c..16c+15, valid in every lane after the butterfly) and — TIE —
 // the keys the strict rule keeps and the tie-aware rule rejects.  (Their QInfo stays in
 // shared memory, read where used: registers are the kernel's budget.)
+template <int RQ>
 struct Lane {
-  uint32_t word[2];
-  unsigned int tie[2];
+  uint32_t word[Rows<RQ>::kE];
+  unsigned int tie[Rows<RQ>::kE];
 };
 
+// Û of one slot and key half from the lane's values (header): y_{b,h} = accumulator
+// 4(CB·s + b) + 2k + h, W in chain order, aux = 1 on lane 3 (the aux rows' sum), else 0.
+template <int RQ>
+__device__ __forceinline__ float lane_chain(const float* y, typename Rows<RQ>::W W, float aux) {
+  if constexpr (RQ == 16) {  // y: block 0 at y[0], y[1]; block 1 at y[4], y[5]
+    float a = W.x * fmaxf(y[0], 0.f);
+    a = fmaf(W.y, fmaxf(fmaf(aux, y[5], y[1]), 0.f), a);
+    a = fmaf(W.z, fmaxf(y[4], 0.f), a);
+    return fmaf(W.w, fmaxf(y[5], 0.f), a);
+  } else {
+    const float a = W.x * fmaxf(fmaf(aux, y[1], y[0]), 0.f);
+    return fmaf(W.y, fmaxf(y[1], 0.f), a);
+  }
+}
+
+// TIE: misses of the zero-plateau test (screen_wg's, on the raw dot of each of the lane's
+// rows; z = −1: no condition), small integers, summed exactly.
+template <int RQ>
+__device__ __forceinline__ float lane_misses(const float* y, typename Rows<RQ>::W Z, double rk) {
+  if constexpr (RQ == 16) {
+    return plateau_miss(y[0], Z.x, rk) + plateau_miss(y[1], Z.y, rk) +
+           plateau_miss(y[4], Z.z, rk) + plateau_miss(y[5], Z.w, rk);
+  } else {
+    return plateau_miss(y[0], Z.x, rk) + plateau_miss(y[1], Z.y, rk);
+  }
+}
+
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
-// the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries 2qd + e, U^num into Uout
+// the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
-template <bool TIE>
-__device__ __forceinline__ void epilogue(const float (&d)[64], int c, const float4* sw,
-                                         const float4* sz, const QInfo* sq, const double* dsa,
-                                         const double* dsr,
-                                         const uint32_t* spm, Lane& L, double eps_out,
+template <bool TIE, int RQ>
+__device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Group<RQ>& G,
+                                         const double* dsa, const double* dsr,
+                                         const uint32_t* spm, Lane<RQ>& L, double eps_out,
                                          long long N, long long n0, double* __restrict__ Uout,
                                          int lane, int v, int w) {
+  using L_ = Rows<RQ>;
+  constexpr int kQ = L_::kQ, kE = L_::kE;
   const int qd = lane & 3, g = lane >> 2;
-  const float aux = qd == 3 ? 1.f : 0.f;  // lane 3: x_7 + x_15 (fmaf(1, ·)); others + 0·x
+  const float aux = qd == 3 ? 1.f : 0.f;  // lane 3: the aux rows' sum (fmaf(1, ·)); others + 0·y
   const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
   float x[2][kQ];  // [key half][slot]
-  // TIE: misses of the zero-plateau test (screen_wg's, on the raw dot of each of the lane's
-  // rows; z = −1: no condition, every row of a query without the plateau), summed like Û
-  // (small integers: exact) — in the same pass as Û, so each accumulator is read once
+  // TIE: the misses, summed like Û, in the same pass as Û, so each accumulator is read once
   float m[2][kQ];
   double rk[2] = {0.0, 0.0};
   if constexpr (TIE) rk[0] = dsr[i0], rk[1] = dsr[i0 + 8];
 #pragma unroll
-  for (int u = 0; u < kQ; ++u) {  // slot u: query u ^ 2qd
-    const float4 W = sw[4 * u + qd];
-    float4 Z = make_float4(-1.f, -1.f, -1.f, -1.f);
-    if constexpr (TIE) Z = sz[4 * u + qd];
+  for (int s = 0; s < kQ; ++s) {  // slot s: query s ^ E·qd
+    const auto W = G.w[4 * s + qd];
+    typename L_::W Z;
+    if constexpr (TIE) Z = G.z[4 * s + qd];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      // accumulator 4j + 2k + h: column 8j + 2qd + h, key half k; j = 2u: plan rows
-      // 2qd + h, j = 2u + 1: plan rows 8 + 2qd + h
-      const float* lo = d + 8 * u + 2 * k;
-      const float* hi = d + 8 * u + 4 + 2 * k;
-      float a = W.x * fmaxf(lo[0], 0.f);
-      a = fmaf(W.y, fmaxf(fmaf(aux, hi[1], lo[1]), 0.f), a);
-      a = fmaf(W.z, fmaxf(hi[0], 0.f), a);
-      a = fmaf(W.w, fmaxf(hi[1], 0.f), a);
-      x[k][u] = a;
-      if constexpr (TIE)
-        m[k][u] = plateau_miss(lo[0], Z.x, rk[k]) + plateau_miss(lo[1], Z.y, rk[k]) +
-                  plateau_miss(hi[0], Z.z, rk[k]) + plateau_miss(hi[1], Z.w, rk[k]);
+      // accumulator 4j + 2k + h: column 8j + 2qd + h, key half k; j = CB·s + b
+      const float* y = d + 4 * L_::kCB * s + 2 * k;
+      x[k][s] = lane_chain<RQ>(y, W, aux);
+      if constexpr (TIE) m[k][s] = lane_misses<RQ>(y, Z, rk[k]);
     }
   }
-  float uh[2][2];
-  reduce_scatter(x, uh);
-  float plat[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // TIE: misses of the key's positive rows
-  if constexpr (TIE) reduce_scatter(m, plat);
-  uint32_t bits = 0u;  // bit 16e + g + 8k: key k of the lane kept for query 2qd + e
+  float uh[2][kE];
+  reduce_scatter<kQ>(x, uh);
+  float plat[2][kE];  // TIE: misses of the key's positive rows
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int e = 0; e < kE; ++e) plat[k][e] = 1.f;
+  if constexpr (TIE) reduce_scatter<kQ>(m, plat);
+  uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int i = i0 + 8 * k;
     const double al = dsa[i], rh = dsr[i];
     const bool pool = (spm[4 * v + w] >> (16 * c + g + 8 * k)) & 1u;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const QInfo& Q = sq[2 * qd + e];
+    for (int e = 0; e < kE; ++e) {
+      const QInfo& Q = G.q[kE * qd + e];
       const double U = guard_bound_ru(uh[k][e], rh, al, Q.C, Q.er, eps_out);
       if (Uout && i >= Q.lo && i < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
       const bool cand = (unsigned)(i - Q.clo) < (unsigned)Q.cw && !pool;  // vis && !seed
       const bool plain = cand && !(U < Q.tq);
       const bool pl = TIE && Q.zp && plat[k][e] == 0.f;
       const bool p = DOSA_KEEP(TIE, plain, U, Q.tq, pl, n0 + i, Q.kj);
-      bits |= (p ? 1u : 0u) << (16 * e + g + 8 * k);
+      bits[e >> 1] |= (p ? 1u : 0u) << (16 * (e & 1) + g + 8 * k);
       if constexpr (TIE) L.tie[e] += (plain && !p) ? 1u : 0u;
     }
   }
   // OR over the 8 lanes of this qd (lanes qd + 4g): every lane then holds, for its queries
-  // 2qd + e, the 16 bits of the warp's keys 16c + 0..15 of its word
-  bits |= __shfl_xor_sync(0xffffffffu, bits, 4);
-  bits |= __shfl_xor_sync(0xffffffffu, bits, 8);
-  bits |= __shfl_xor_sync(0xffffffffu, bits, 16);
-  L.word[0] |= (bits & 0xffffu) << (16 * c);
-  L.word[1] |= (bits >> 16) << (16 * c);
+  // E·qd + e, the 16 bits of the warp's keys 16c + 0..15 of its word
+#pragma unroll
+  for (int h = 0; h < (kE + 1) / 2; ++h) {
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 4);
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 8);
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 16);
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) L.word[e] |= ((bits[e >> 1] >> (16 * (e & 1))) & 0xffffu) << (16 * c);
 }
 
 }  // namespace wgt
@@ -329,23 +462,25 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const floa
 // t < Qn of the block's QG and the block's key tile, the survivor words surv[t, ·] of the
 // tile, U^num into Uout[t, i] for every visible key (where Uout is given), TIE: the keys the
 // strict rule keeps and the tie-aware rule rejects added to tcnt[t] (where given).
-template <bool TIE>
+template <bool TIE, int RQ>
 __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                            const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,
                                            unsigned int* __restrict__ tcnt) {
   using namespace dosa;
   using namespace dosa::wg;
   using namespace dosa::wgt;
+  using L_ = Rows<RQ>;
+  constexpr int kQ = L_::kQ, kE = L_::kE;
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below (screen.wgt_smem_bytes)
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)kSmemBytes) __trap();
+  if (dyn < (uint32_t)L_::kSmemBytes) __trap();
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   uint8_t* sm = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   uint8_t* sk = sm;
-  double* dsa = reinterpret_cast<double*>(sm + kOffAlpha);
-  double* dsr = reinterpret_cast<double*>(sm + kOffRho);
-  uint32_t* spm = reinterpret_cast<uint32_t*>(sm + kOffPool);
+  double* dsa = reinterpret_cast<double*>(sm + L_::kOffAlpha);
+  double* dsr = reinterpret_cast<double*>(sm + L_::kOffRho);
+  uint32_t* spm = reinterpret_cast<uint32_t*>(sm + L_::kOffPool);
   const TieArgs X{kj, zrow, tcnt};
 
   const long long n0 = (long long)blockIdx.x * kTile;
@@ -353,13 +488,6 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
   const long long NW = (N + 31) >> 5;
   const int q0 = blockIdx.y * QG, qend = min(Qn, q0 + QG);
   const int ngroups = (qend - q0 + kQ - 1) / kQ;  // the same for every thread of the block
-  auto buffer = [&](int b, uint8_t*& r, float4*& w, float4*& z, QInfo*& q) {
-    r = sm + kOffRows + b * 2 * kRowPanel;
-    uint8_t* m = sm + kOffMeta + b * kMetaBytes;
-    w = reinterpret_cast<float4*>(m);
-    z = w + kQ * 4;
-    q = reinterpret_cast<QInfo*>(z + kQ * 4);
-  };
 
   load_keys(kp, N, n0, sk);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
@@ -368,14 +496,9 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
   }
   if (threadIdx.x < kTile / 32)
     spm[threadIdx.x] = n0 + 32 * threadIdx.x < N ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
-  if (ngroups > 0) {
-    uint8_t* r;
-    float4 *w, *z;
-    QInfo* q;
-    buffer(0, r, w, z, q);
-    stage_group<TIE>(q0, qend, r, w, z, q, rows, om, sig, Cq, eps_raw, tau, X, ks_, ke_,
-                     sinks, window, n0, tile_n);
-  }
+  if (ngroups > 0)
+    stage_group<TIE, RQ>(q0, qend, Group<RQ>(sm, 0), rows, om, sig, Cq, eps_raw, tau, X, ks_,
+                         ke_, sinks, window, n0, tile_n);
   // ordinary stores above, read by wgmma (the async proxy) below
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -385,50 +508,41 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
   const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
 #pragma unroll 1
   for (int gi = 0; gi < ngroups; ++gi) {
-    const int b = gi & 1;
-    uint8_t* srow;
-    float4 *sw, *sz;
-    QInfo* sq;
-    buffer(b, srow, sw, sz, sq);
-    const uint32_t rows_addr = (uint32_t)__cvta_generic_to_shared(srow);
+    const Group<RQ> G(sm, gi & 1);
+    const uint32_t rows_addr = (uint32_t)__cvta_generic_to_shared(G.rows);
     float acc[64];
-    issue_chunk(acc, sk_addr + 128 * (128 * v) * 1, rows_addr);
+    issue_chunk(acc, sk_addr + 128 * (128 * v), rows_addr);
     // the next group into the other buffer while the tensor cores work (its last readers
     // finished before the barrier that ended the previous group)
-    if (gi + 1 < ngroups) {
-      uint8_t* r;
-      float4 *w2, *z2;
-      QInfo* q2;
-      buffer(b ^ 1, r, w2, z2, q2);
-      stage_group<TIE>(q0 + kQ * (gi + 1), qend, r, w2, z2, q2, rows, om, sig, Cq, eps_raw,
-                       tau, X, ks_, ke_, sinks, window, n0, tile_n);
-    }
-    Lane L;
-    L.word[0] = L.word[1] = 0u;
-    L.tie[0] = L.tie[1] = 0u;
+    if (gi + 1 < ngroups)
+      stage_group<TIE, RQ>(q0 + kQ * (gi + 1), qend, Group<RQ>(sm, (gi + 1) & 1), rows, om, sig,
+                           Cq, eps_raw, tau, X, ks_, ke_, sinks, window, n0, tile_n);
+    Lane<RQ> L;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) L.word[e] = L.tie[e] = 0u;
     wait<0>();
     pin(acc);
-    epilogue<TIE>(acc, 0, sw, sz, sq, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    epilogue<TIE, RQ>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
     issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
     wait<0>();
     pin(acc);
-    epilogue<TIE>(acc, 1, sw, sz, sq, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
-    // word 4v + w of the tile for the lane's queries 2qd + e (lanes 0..3 store)
+    epilogue<TIE, RQ>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    // word 4v + w of the tile for the lane's queries E·qd + e (lanes 0..3 store)
     const int word = 4 * v + w;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int t = sq[2 * qd + e].t;
+    for (int e = 0; e < kE; ++e) {
+      const int t = G.q[kE * qd + e].t;
       if (lane < 4 && t >= 0 && word < nb) surv[(long long)t * NW + (n0 >> 5) + word] = L.word[e];
     }
     if constexpr (TIE) {
       if (tcnt != nullptr) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
+        for (int e = 0; e < kE; ++e) {
           unsigned int n = L.tie[e];
           n += __shfl_xor_sync(0xffffffffu, n, 4);
           n += __shfl_xor_sync(0xffffffffu, n, 8);
           n += __shfl_xor_sync(0xffffffffu, n, 16);
-          const int t = sq[2 * qd + e].t;
+          const int t = G.q[kE * qd + e].t;
           if (lane < 4 && n && t >= 0) atomicAdd(tcnt + t, n);
         }
       }
@@ -437,21 +551,25 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
     __syncthreads();
   }
 }
-#define DOSA_WGT_CALL(TIE, ...) screen_wgt<TIE>(__VA_ARGS__)
+#define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #else
-#define DOSA_WGT_CALL(TIE, ...)
+#define DOSA_WGT_CALL(TIE, RQ, ...)
 #endif
 
-// The kernels: screen_wgt_mt1 (TIE = false) and screen_wgt_mt1_tie (kj and zrow after tau,
-// tcnt after Uout) — screen_wg_mt1's parameter lists (screen.ScreenLaunch passes the same
-// arguments).  Block dosa::wgt::kThreads, dynamic shared memory dosa::wgt::kSmemBytes.
-extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)
-screen_wgt_mt1(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS) {
-  DOSA_WGT_CALL(false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr);
-}
-extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)
-screen_wgt_mt1_tie(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
-                   const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,
-                   unsigned int* __restrict__ tcnt) {
-  DOSA_WGT_CALL(true, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);
-}
+// The kernels screen_wgt_rows{16,8} (TIE = false) and their _tie variants (kj and zrow after
+// tau, tcnt after Uout) — screen_wg_mt1's parameter lists (screen.ScreenLaunch passes the
+// same arguments).  Block dosa::wgt::kThreads, dynamic shared memory Rows<RQ>::kSmemBytes
+// (screen.wgt_smem_bytes).
+#define DOSA_WGT_KERNELS(RQ)                                                                  \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS) {                       \
+    DOSA_WGT_CALL(false, RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr); \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_rows##RQ##_tie(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,              \
+                                const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,        \
+                                unsigned int* __restrict__ tcnt) {                            \
+    DOSA_WGT_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);          \
+  }
+DOSA_WGT_KERNELS(16)
+DOSA_WGT_KERNELS(8)
