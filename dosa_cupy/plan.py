@@ -57,9 +57,9 @@ from .prepare import D
 from .scorer import MMA_BITS, plan_scorer
 
 __all__ = [
-    "PLAN_THREADS", "DevicePlan", "build_plans", "build_plans_fused", "gamma", "gamma_mma",
-    "dot_allowance", "plan_constants", "plan_smem_bytes", "plan_stage", "row_slots",
-    "scorer_allowance", "step_exponents",
+    "PLAN_THREADS", "DevicePlan", "allowance_factors", "build_plans", "build_plans_fused",
+    "gamma", "gamma_mma", "dot_allowance", "plan_constants", "plan_smem_bytes", "plan_stage",
+    "row_slots", "scorer_allowance", "step_exponents",
 ]  # fmt: skip
 
 U32 = 2.0**-24
@@ -415,6 +415,19 @@ def plan_smem_bytes(Hp: int) -> int:
     return Hp * D * 4 + max(Hp * D * 8, D * PLAN_KC * 4)
 
 
+def allowance_factors(scorer: str, mth: int) -> tuple[float, float]:
+    """(a_step, a_epi) of the canonical scorer's per-head constant as ``scorer_allowance``
+    computes it, a_h = ((Σ_s 2^(eq_s))·a_step·a_epi)·(1 + MU) — the factors the fused planner
+    (csrc/plan.cu) applies in the same order: "fp8_fresh" and "fp8_chained" (plain powers of
+    two per step: (1 + γ_3, 1 + γ_{16·mth/4+3})), "f16" (no constant: a_step = 0).  The k64
+    and 3fresh arithmetics weigh their steps unequally and are not fused."""
+    if scorer == "f16":
+        return 0.0, 1.0
+    if scorer not in ("fp8_fresh", "fp8_chained"):
+        raise ValueError(f"scorer: the fused planner takes one g_ref, {scorer!r} has one per dim")
+    return 1 + gamma(3), 1 + gamma(16 * mth // 4 + 3)
+
+
 def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16"):
     """(g_scr, g_ref, eps_raw) exactly as ``build_plans`` computes them, eps_raw without the
     scorer's per-query part (``scorer_allowance``'s a; 0 for the f16 chain)."""
@@ -443,6 +456,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
     nslot = 16 * mts - 2
     r = int(min(r, nslot, Hp))
     g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits, scorer)
+    a_step, a_epi = allowance_factors(scorer, Hp // 16)
     if sample_ids is not None and int(sample_ids.size) > 0:
         sample = cp.ascontiguousarray(sample_ids.astype(cp.int32))  # ids < N < 2^31
         ns = int(sample.size)
@@ -464,7 +478,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
     w_fold = cp.empty((Qn, Hp), dtype=cp.float64)
     a_A = cp.empty((Qn, D), dtype=cp.float64)
     E = cp.empty(Qn, dtype=cp.float64)
-    _, a_ref = scorer_allowance(scorer, q, Hp // 16, mma_bits, cp)
+    eps_raw = cp.empty(Qn, dtype=cp.float64)
     if Qn:
         smem = plan_smem_bytes(Hp)
         _kernel(f"plan_mt{Hp // 16}", smem)(
@@ -473,6 +487,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
             (
                 q, w, kp, sample, np.int32(ns), np.int32(r), np.int32(mts), np.float64(g_scr),
                 np.float64(g_ref), rows, omega, sigma, C, valid, counts, inR, inA, w_fold, a_A, E,
+                np.float64(eps), np.float64(a_step), np.float64(a_epi), eps_raw,
             ),
             shared_mem=smem,
         )  # fmt: skip
@@ -482,7 +497,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
         omega=omega,
         sigma=sigma,
         C=C,
-        eps_raw=eps + cp.sum(cp.abs(w.astype(cp.float64)) * a_ref, axis=1) * (1 + MU),
+        eps_raw=eps_raw,
         eps_out=TINY,
         valid=valid.view(cp.bool_),
         r=counts[:, 0],

@@ -1,12 +1,13 @@
 """The transposed Hopper screen (``screen="wgt"``, csrc/screen_wgt.cu; docs/method.md §8–§9):
 keys as the wgmma M operand, the plan rows of a group of queries as N — 16 rows of 8 queries
-(r ≤ 14, screen_wgt_rows16) or 8 rows of 16 queries (r ≤ 6, screen_wgt_rows8).  Its dots are not the other
-screens' bits, so it is checked against what the method needs: DoSA's ids equal the dense
-route's on every regime (plain and tie-aware kernels, both scorers, the overflow extension),
-every bound is ≥ the canonical score, and — on synthetic operands launched directly — every
-U^num lies within the plan's screening allowance of the exact Û, Uout is written exactly on
-the visible keys, and the survivor words and tie counts are exactly the keep rule applied to
-the kernel's own U^num.  GPU tests need compute capability 9.0 (sm_90a)."""
+(r ≤ 14, screen_wgt_rows16) or 8 rows of 16 queries (r ≤ 6, screen_wgt_rows8).  Its dots
+are not the other screens' bits, so it is checked against what the method needs: DoSA's ids
+equal the dense route's on every regime (plain and tie-aware kernels, both scorers, the
+overflow extension), every bound is ≥ the canonical score, and — on synthetic operands
+launched directly — every U^num lies within the plan's screening allowance of the exact Û,
+Uout is written exactly on the visible keys, and the survivor words and tie counts are
+exactly the keep rule applied to the kernel's own U^num.  GPU tests need compute capability
+9.0 (sm_90a)."""
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def test_wgt_ids_equal_dense(regime, H, r):
         wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"], wl["ke"]
     )
     bad, slack = guard_violations(lg, cp.asarray(st.bounds))
-    print(f"\n[wgt] {regime} H={H} r={r}: survivors {int(np.sum(st.survivors))}, min slack {slack:.3g}")
+    n = int(np.sum(st.survivors))
+    print(f"\n[wgt] {regime} H={H} r={r}: survivors {n}, min slack {slack:.3g}")
     assert bad == 0
 
 

@@ -42,7 +42,8 @@ def _signature():
 
 def test_signature_and_constants_match_source():
     sig = _signature()
-    assert [n for _, n in sig][:4] == ["q", "w", "kp", "sample"] and len(sig) == 20
+    assert [n for _, n in sig][:4] == ["q", "w", "kp", "sample"] and len(sig) == 24
+    assert [n for _, n in sig][-4:] == ["eps_base", "a_step", "a_epi", "eps_raw"]
     src = PLAN_CU.read_text()
     assert re.search(rf"#define PLAN_THREADS {pf.PLAN_THREADS}\b", src)
     assert re.search(rf"#define PLAN_KC {pf.PLAN_KC}\b", src)
@@ -75,9 +76,27 @@ def _f64(x):
     return np.float64(x)
 
 
+def emulate_eps_raw(qb, w, eps_base, a_step, a_epi):
+    """plan.cu's ε_raw: per head h the step exponents of its codes (plan.step_exponents),
+    a_h = ((Σ_s 2^(eq_s))·a_step·a_epi)·(1 + MU), the terms |w_h|·a_h on lanes 4h of warp
+    h / 8 (0 elsewhere), warp_sum per warp, the 8 warp sums in order, then
+    eps_base + S·(1 + MU)."""
+    Hp = qb.shape[0]
+    e = pf.step_exponents(qb, np)  # [Hp, 4]
+    p = np.where(e > pf.NO_EXPONENT, np.ldexp(1.0, e), 0.0).sum(axis=1)  # exact
+    a = ((p * a_step) * a_epi) * (1 + MU)
+    term = np.zeros(32 * 8)
+    term[4 * np.arange(Hp)] = np.abs(w.astype(np.float64)) * a
+    S = 0.0
+    for i in range(8):
+        S = S + _warp_sum(term[32 * i : 32 * i + 32])
+    return eps_base + S * (1 + MU)
+
+
 def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
     """One block of plan_mt{Hp/16}: qb uint8 [Hp, 128], w fp32 [Hp], ksmp fp32 [ns, 128]
-    (decoded sample keys).  Returns a dict of the kernel's per-query outputs."""
+    (decoded sample keys).  Returns a dict of the kernel's per-query outputs (ε_raw:
+    ``emulate_eps_raw``)."""
     Hp = qb.shape[0]
     qs = e4m3_values(qb).astype(np.float32)  # exact
     q64 = qs.astype(np.float64)
@@ -213,7 +232,8 @@ def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
 
 
 def emulate_plan_kernel(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C,
-                        valid, counts, inR, inA, w_fold, a_A, E):  # fmt: skip
+                        valid, counts, inR, inA, w_fold, a_A, E, eps_base, a_step, a_epi,
+                        eps_raw):  # fmt: skip
     """plan_mt* over the grid (Qn blocks): writes the output arrays like the kernel."""
     ns = int(ns)
     ksmp = e4m3_values(kp[sample[:ns]]).astype(np.float32) if ns else np.zeros((0, 128), np.float32)
@@ -222,6 +242,7 @@ def emulate_plan_kernel(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega,
         rows[t], omega[t], sigma[t], C[t], E[t] = o["rows"], o["omega"], o["sigma"], o["C"], o["E"]
         valid[t], counts[t], inR[t], inA[t] = o["valid"], o["counts"], o["inR"], o["inA"]
         w_fold[t], a_A[t] = o["w_fold"], o["a_A"]
+        eps_raw[t] = emulate_eps_raw(q[t], w[t], float(eps_base), float(a_step), float(a_epi))
 
 
 class _FakePlanKernel:
@@ -309,7 +330,8 @@ def _priority_keys(q, w, kp, sample, r):
 def _compare(fu, ref, q, w, kp, sample, r, mts, min_same=0.6):
     """Fused plan vs CuPy/numpy plan: both break priority ties by head index (a stable
     sort), so wherever both fp32 dot orders give the same p, R and A are identical and every
-    field equals the specification up to float64 summation order (rtol 1e-12 ≪ MU)."""
+    field equals the specification up to float64 summation order (rtol 1e-12 ≪ MU; ε_raw
+    on every query: it does not depend on R)."""
     asn = (
         (lambda x: cp.asnumpy(x))
         if (cp is not None and not isinstance(fu.C, np.ndarray))
@@ -320,7 +342,7 @@ def _compare(fu, ref, q, w, kp, sample, r, mts, min_same=0.6):
                                           "omitted_positive", "aggregated", "inR", "inA",
                                           "w_fold", "a_A", "eps_raw")}  # fmt: skip
     c = {k: asn(getattr(ref, k)) for k in f}
-    assert np.array_equal(f["eps_raw"], c["eps_raw"]) and fu.eps_out == ref.eps_out
+    assert np.allclose(f["eps_raw"], c["eps_raw"], rtol=1e-12, atol=0) and fu.eps_out == ref.eps_out
     assert f["valid"].all() and c["valid"].all()
     assert np.array_equal(f["r"], c["r"])  # |R| = min(#{prim > 0}, r) never depends on ties
     same = 0
@@ -498,29 +520,33 @@ GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
              for g in ("structured", "calibrated")]  # fmt: skip
 
 
+@pytest.mark.parametrize("scorer", ["f16", "fp8_fresh"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"H{c[0]}-r{c[1]}-{c[3]}" for c in GPU_CASES])
 @gpu
-def test_fused_plan_equals_emulation_and_spec(case):
-    """On the H200: the kernel equals its numpy emulation bit for bit (every field), and
-    plan.build_plans (CuPy) up to summation order / tie breaking (_compare)."""
+def test_fused_plan_equals_emulation_and_spec(case, scorer):
+    """On the H200: the kernel equals its numpy emulation bit for bit (every field, ε_raw
+    with the scorer's per-head constant included), and plan.build_plans (CuPy) up to
+    summation order / tie breaking (_compare)."""
     H, r, mts, regime = case
     _need(regime)
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
     sample = cp.arange(0, 8192, 32)
-    fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
-    ref = pf.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts)
+    fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, 17, scorer)
+    ref = pf.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, scorer=scorer)
     q, w, kp = (cp.asnumpy(wl[k]) for k in ("q", "w", "k_payload"))
     s = cp.asnumpy(sample).astype(np.int32)
     Qn, Hp = w.shape
     em = {k: np.empty(cp.asnumpy(getattr(fu, k)).shape, cp.asnumpy(getattr(fu, k)).dtype)
-          for k in ("rows", "omega", "sigma", "C", "inR", "inA", "w_fold", "a_A", "E")}  # fmt: skip
+          for k in ("rows", "omega", "sigma", "C", "inR", "inA", "w_fold", "a_A", "E",
+                    "eps_raw")}  # fmt: skip
     valid, counts = np.empty(Qn, np.uint8), np.empty((Qn, 3), np.int32)
     inR, inA = np.empty((Qn, Hp), np.uint8), np.empty((Qn, Hp), np.uint8)
-    g_scr, g_ref, _ = pf.plan_constants(Hp, mts, 17)
+    g_scr, g_ref, eps = pf.plan_constants(Hp, mts, 17, scorer)
     rr = min(r, 16 * mts - 2, Hp)
     emulate_plan_kernel(q, w, kp, s, s.size, rr, mts, g_scr, g_ref, em["rows"], em["omega"],
                         em["sigma"], em["C"], valid, counts, inR, inA, em["w_fold"], em["a_A"],
-                        em["E"])  # fmt: skip
+                        em["E"], eps, *pf.allowance_factors(scorer, Hp // 16),
+                        em["eps_raw"])  # fmt: skip
     em["inR"], em["inA"] = inR.view(bool), inA.view(bool)
     diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
     assert not diff, f"kernel differs from its emulation in {diff}"

@@ -2,7 +2,7 @@
 // plan of `plan.build_plans` — retained heads R, anchor projection and folded weights,
 // positive allowance E, negative aggregate a_A with its two e4m3 aux rows, coordinate
 // envelope J and the RMS coefficient C — in shared memory and registers.  Host code and
-// the CPU emulation: dosa_cupy/plan_fused.py, tests/test_plan_fused.py.
+// its CPU emulation: dosa_cupy/plan.py build_plans_fused, tests/test_plan_fused.py.
 //
 // SPECIFICATION: dosa_cupy/plan.py `build_plans`.  Every formula below is that code's
 // formula with the same float64 operations and the same outward allowances ((1+MU),
@@ -105,8 +105,10 @@ __device__ __forceinline__ double nan_min(double a, double b) {
 
 // Per-query plan.  Outputs (row t of each): rows uint8 [16·mts, 128], omega fp32 [16·mts],
 // sigma fp32, C fp64, valid uint8 (bool), counts int32 [3] = (|R|, |P|, |A|), inR / inA
-// uint8 [Hp], w_fold fp64 [Hp], a_A fp64 [128], E fp64.
-// g_scr, g_ref: the screening / reference arithmetic coefficients of plan.py (host).
+// uint8 [Hp], w_fold fp64 [Hp], a_A fp64 [128], E fp64, eps_raw fp64.
+// g_scr, g_ref: the screening / reference arithmetic coefficients of plan.py (host);
+// eps_base, a_step, a_epi: ε_raw's constant part and the factors of the canonical scorer's
+// per-head constant (plan.allowance_factors; a_step = 0 for the f16 chain, which has none).
 template <int MT>
 __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
                           const uint8_t* __restrict__ kp, const int* __restrict__ sample, int ns,
@@ -115,7 +117,9 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
                           double* __restrict__ C_out, uint8_t* __restrict__ valid_out,
                           int* __restrict__ counts, uint8_t* __restrict__ inR_out,
                           uint8_t* __restrict__ inA_out, double* __restrict__ wfold_out,
-                          double* __restrict__ aA_out, double* __restrict__ E_out) {
+                          double* __restrict__ aA_out, double* __restrict__ E_out,
+                          double eps_base, double a_step, double a_epi,
+                          double* __restrict__ epsraw_out) {
   constexpr int Hp = 16 * MT;
   constexpr int TH = Hp / PLAN_WARPS;  // heads per warp in the activation pass
   static_assert(PLAN_THREADS == 32 * PLAN_WARPS && PLAN_THREADS == 4 * PLAN_KC, "layout");
@@ -134,7 +138,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   __shared__ double aA[DOSA_D], amag[DOSA_D], eA[DOSA_D], v0f[DOSA_D], v1f[DOSA_D];
   __shared__ __align__(16) uint8_t v0b[DOSA_D];
   __shared__ __align__(16) uint8_t v1b[DOSA_D];
-  __shared__ double red[PLAN_WARPS], gram_part[PLAN_WARPS];
+  __shared__ double red[PLAN_WARPS], gram_part[PLAN_WARPS], eps_part[PLAN_WARPS];
   __shared__ double sig_s, E_s;
   __shared__ int nR_s, nP_s, nA_s;
 
@@ -147,6 +151,36 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
                     e4m3_val(b >> 24));
   }
   if (tid < Hp) wf[tid] = (double)w[(long long)t * Hp + tid];
+
+  // ---- The canonical scorer's per-head constant (plan.scorer_allowance, dot_allowance):
+  // a_h = ((Σ_s 2^(eq_s))·a_step·a_epi)·(1 + MU), eq_s the largest exponent of head h's
+  // nonzero codes in k32 step s (plan.step_exponents: on the bytes, subnormal field 1),
+  // and ε_raw = eps_base + (Σ_h |w_h|·a_h)·(1 + MU).  Thread 4h + s reads step s of head
+  // h; the four powers of two (exponents −6..8) add exactly in any order; the sum over heads
+  // runs in another order than CuPy's (covered by MU, header).  ----
+  {
+    const int h = tid >> 2, s = tid & 3;
+    double term = 0.0;
+    if (h < Hp) {  // whole warps (Hp·4 = 64·MT): the shuffles below see every lane
+      const uint4* src = reinterpret_cast<const uint4*>(qt + h * DOSA_D + 32 * s);
+      const uint4 c0 = src[0], c1 = src[1];
+      const uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      int fmax = 0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const uint32_t b = (wd[i >> 2] >> (8 * (i & 3))) & 0xffu;
+        const int f = (b & 0x7fu) ? max((int)((b >> 3) & 15u), 1) : 0;
+        fmax = max(fmax, f);
+      }
+      double p = fmax > 0 ? ldexp(1.0, fmax - 7) : 0.0;
+      p = __dadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 1));  // lanes 4h .. 4h + 3: one warp
+      p = __dadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 2));
+      const double a = __dmul_rn(__dmul_rn(__dmul_rn(p, a_step), a_epi), ONE_MU);
+      if (s == 0) term = __dmul_rn(fabs((double)w[(long long)t * Hp + h]), a);
+    }
+    const double sum = warp_sum(term);
+    if (lane == 0) eps_part[warp] = sum;
+  }
   __syncthreads();
 
   // ---- Norms ‖q_h‖ (exact sum of squares, then one sqrt: = CuPy bit for bit). ----
@@ -483,6 +517,9 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     const double C = __dmul_rn(__dmul_rn(sqrt(128.0), __dadd_rn(E, Jn)), ONE_MU);
     C_out[t] = C;
     E_out[t] = E;
+    double S = 0.0;  // Σ_h |w_h|·a_h: the warps' sums in order
+    for (int i = 0; i < PLAN_WARPS; ++i) S = __dadd_rn(S, eps_part[i]);
+    epsraw_out[t] = __dadd_rn(eps_base, __dmul_rn(S, ONE_MU));
     sigma_out[t] = (float)sig;
     // σ is stored as fp32 (plan.py: the same test): an fp32 overflow would make the screen
     // weigh the aux rows by −inf, so such a plan is invalid (query-level recovery)
@@ -500,9 +537,10 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
       double g_scr, double g_ref, uint8_t* __restrict__ rows, float* __restrict__ omega,      \
       float* __restrict__ sigma, double* __restrict__ C, uint8_t* __restrict__ valid,         \
       int* __restrict__ counts, uint8_t* __restrict__ inR, uint8_t* __restrict__ inA,         \
-      double* __restrict__ w_fold, double* __restrict__ a_A, double* __restrict__ E) {        \
+      double* __restrict__ w_fold, double* __restrict__ a_A, double* __restrict__ E,         \
+      double eps_base, double a_step, double a_epi, double* __restrict__ eps_raw) {           \
     plan_impl<MT>(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C, valid,    \
-                  counts, inR, inA, w_fold, a_A, E);                                           \
+                  counts, inR, inA, w_fold, a_A, E, eps_base, a_step, a_epi, eps_raw);         \
   }
 PLAN_INST(1)
 PLAN_INST(2)
