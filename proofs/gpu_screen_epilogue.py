@@ -1,5 +1,6 @@
 """The GPU screen's fp32 epilogue stays inside the plan's screening allowance (docs/method.md §8;
-dosa_cupy/csrc/kernels.cu ``screen_impl`` at MTS = 1 and ``screen_pair``; plan.py g_scr).
+dosa_cupy/csrc/kernels.cu ``screen_impl`` at MTS = 1 and ``screen_pair``, csrc/screen_wgt.cu
+``u_hat`` of both builds; plan.py g_scr).
 
 Statement.  Let x_0 … x_15 be one key's MMA outputs for a query's mts = 1 plan (fp32;
 retained rows in slots 0..5 for the paired layout, any of rows 0..6, 8..14 otherwise, aux
@@ -29,6 +30,14 @@ intermediate ≥ 2^-123.
 ``check`` evaluates both kernels' orders with an exact model of fp32 round-to-nearest-even
 (rationals; the fma rounds the exact product-sum once) and compares with the exact Û.
 No tightness is claimed (the bound is a worst case over all orders of 5 roundings).
+
+The transposed screen (csrc/screen_wgt.cu ``u_hat``) evaluates one query's Û in one lane,
+in other orders: ``screen_wgt_rows8`` (rows 0..5 retained, rows 6, 8..14 empty) a chain
+ω_0[x_0]_+, then fmaf(ω_j, [x_j]_+, ·) for j = 1..5, then fmaf(−σ, [x_7 + x_15]_+, ·): at
+most 7 roundings per term (``eval_wgt8``); ``screen_wgt_rows16`` four chains of a product
+and three fmaf over rows (0..3), (4, 5, 6, 8), (9..12), (13, 14, then the aux fmaf),
+added as (c_0 + c_1) + (c_2 + c_3): at most 6 (``eval_wgt16``).  Both are within
+γ_{2·mts+6} = γ_8 by the same argument (``check_wgt``).
 """
 
 from __future__ import annotations
@@ -42,10 +51,14 @@ from dosa_cupy.screen import PAIR_ROWS  # the tile layout the kernel reads (no G
 from ._audit import Audit, Result
 
 NAME = "gpu_screen_epilogue"
-STATEMENT = "fp32 Û of screen_mt1 / screen_pair: |Û_fl − Û| ≤ γ_5 T ≤ γ_8 T (plan g_scr)"
+STATEMENT = (
+    "fp32 Û of screen_mt1 / screen_pair (γ_5 T), screen_wgt_rows16 (γ_6 T) and "
+    "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr)"
+)
 
 U = Fraction(1, 2**24)
 DEPTH = 5  # roundings per term in both layouts at mts = 1
+DEPTH_WGT = {16: 6, 8: 7}  # screen_wgt.cu u_hat, per build (plan rows per query)
 PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
 
 
@@ -142,6 +155,30 @@ def eval_pair(xa, wa_, siga, xb, wb_, sigb) -> tuple[Fraction, Fraction]:
     return _tree(va), _tree(vb)
 
 
+def eval_wgt8(x, w, sig) -> Fraction:
+    """screen_wgt_rows8's u_hat: the chain over rows 0..5, then the aux fmaf."""
+    a = rn(w[0] * _relu(x[0]))
+    for j in range(1, 6):
+        a = rn(w[j] * _relu(x[j]) + a)  # fmaf: one rounding
+    return rn(-sig * _relu(rn(x[7] + x[15])) + a)
+
+
+WGT16_CHAINS = ((0, 1, 2, 3), (4, 5, 6, 8), (9, 10, 11, 12), (13, 14))
+
+
+def eval_wgt16(x, w, sig) -> Fraction:
+    """screen_wgt_rows16's u_hat: four fmaf chains (WGT16_CHAINS), the aux fmaf on the last,
+    then (c_0 + c_1) + (c_2 + c_3)."""
+    c = []
+    for rows in WGT16_CHAINS:
+        a = rn(w[rows[0]] * _relu(x[rows[0]]))
+        for j in rows[1:]:
+            a = rn(w[j] * _relu(x[j]) + a)
+        c.append(a)
+    c[3] = rn(-sig * _relu(rn(x[7] + x[15])) + c[3])
+    return rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
+
+
 def exact(x, w, sig, rows) -> tuple[Fraction, Fraction]:
     """(Û, T) of one query: retained rows ``rows``, aux rows 7 and 15."""
     ret = sum((w[j] * _relu(x[j]) for j in rows), Fraction(0))
@@ -179,6 +216,29 @@ def check(x, w, sig, xb=None, wb=None, sigb=None, context="") -> Result:
     return au.result()
 
 
+def check_wgt(x, w, sig, rows: int, context="") -> Result:
+    """screen_wgt_rows{rows}'s u_hat on one query (x, w: 16 fp32 values, sig ≥ 0; rows = 8:
+    rows 6, 8..14 are empty, as the host guarantees by launching it for r ≤ 6 only)."""
+    au = Audit(NAME, tightness=False, context=context)
+    F = [Fraction(float(np.float32(v))) for v in x]
+    Wt = [Fraction(float(np.float32(v))) for v in w]
+    S = Fraction(float(np.float32(sig)))
+    if rows == 8:
+        for arr in (F, Wt):
+            for j in (6, 8, 9, 10, 11, 12, 13, 14):
+                arr[j] = Fraction(0)
+        got, kept = eval_wgt8(F, Wt, S), range(6)
+    else:
+        got, kept = eval_wgt16(F, Wt, S), [j for j in range(16) if j not in (7, 15)]
+    u_ex, T = exact(F, Wt, S, kept)
+    err, depth = abs(got - u_ex), DEPTH_WGT[rows]
+    au.ge(gamma(depth) * T, err, f"|Û_fl − Û| ≤ γ_{depth} T")
+    au.ge(gamma(PLAN_DEPTH) * T, gamma(depth) * T, f"γ_{depth} T ≤ γ_{{2mts+6}} T")
+    if T > 0:
+        au.track("err / (u T)", float(err / (U * T)))
+    return au.result()
+
+
 def _fp32(rng, n, lo_exp, hi_exp, signed=True):
     e = rng.integers(lo_exp, hi_exp + 1, n)
     m = 1 + rng.random(n)
@@ -188,7 +248,7 @@ def _fp32(rng, n, lo_exp, hi_exp, signed=True):
 
 def cases(rng: np.random.Generator) -> list[dict]:
     out = []
-    for layout in ("mt1", "pair"):
+    for layout in ("mt1", "pair", "wgt16", "wgt8"):
         for trial in range(60):
             kind = trial % 5
             q = []
@@ -219,6 +279,10 @@ def cases(rng: np.random.Generator) -> list[dict]:
                 (x, w, s), (xb, wb, sb) = q
                 out.append(dict(x=x, w=w, sig=s, xb=xb, wb=wb, sigb=sb,
                                 context=f"pair kind {kind} #{trial}"))  # fmt: skip
+            elif layout.startswith("wgt"):
+                x, w, s = q[0]
+                out.append(dict(_check="check_wgt", x=x, w=w, sig=s, rows=int(layout[3:]),
+                                context=f"{layout} kind {kind} #{trial}"))  # fmt: skip
             else:
                 x, w, s = q[0]
                 out.append(dict(x=x, w=w, sig=s, context=f"mt1 kind {kind} #{trial}"))

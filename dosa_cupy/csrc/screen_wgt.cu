@@ -24,29 +24,25 @@
 //
 // Who holds what (ptx_sm90a.cuh acc_row / acc_col): lane (g = lane/4, qd = lane%4) of warp w
 // holds M rows 16w + g (k = 0) and 16w + g + 8 (k = 1) and the columns 8j + 2qd + {0, 1},
-// j = 0..15.  A query's RQ rows fill CB = RQ / 8 column blocks; list row i of a query (plan row
-// Rows::plan_row(i)) is column 2qd + i mod 2 of block i / 8 with qd = (i / 2) mod 4, and the
-// query u sits in slot s = u ^ (E·qd) of lane qd (E = Q / 4, Q queries per group): blocks
-// CB·s .. CB·s + CB − 1.  Every lane thus holds RQ / 4 rows of every query of the group (lane
-// 3: both aux rows, plan.py row_slots), and the lane-dependent query order lets the quad's
-// reduce-scatter keep and send fixed slots, without selects.
+// j = 0..15.  The N operand is laid out so that a lane holds WHOLE queries: query
+// u = E·qd + e (E = Q / 4 queries per lane, Q per group) belongs to lane qd, and its list row
+// i (plan row Rows::plan_row(i)) is column 2qd + i mod 2 of block E·(i / 2) + e.  So a
+// (key, query) value is one lane's: no shuffles, no cross-lane sums, and the lanes of one qd
+// hold the same queries for 8 keys × 2 halves (the survivor word's bits, below).
 //
-// Û of one (key, query) (docs/method.md §9), in fp32 round-to-nearest, the lane's chain over
-// its rows y_0, y_1 (block 0) [, y_2, y_3 (block 1)]:
-//   RQ = 16:  a = ω_a[y_0]_+ ; a = fmaf(ω_b, [y_1 (+ y_3 on lane 3)]_+, a) ;
-//             a = fmaf(ω_c, [y_2]_+, a) ; a = fmaf(ω_d, [y_3]_+, a)
-//             (lane 3: y_1, y_3 are rows 7, 15, ω_b = −σ_a and ω_d = 0)
-//   RQ = 8:   a = ω_a[y_0 (+ y_1 on lane 3)]_+ ; a = fmaf(ω_b, [y_1]_+, a)
-//             (lane 3: y_0, y_1 are rows 7, 15, ω_a = −σ_a and ω_b = 0)
-//   — fmaf(0, y, a) = a exactly, and the other lanes add 0·y = +0 exactly (y finite: |dot| ≤
-//   128·448²) —, then the quad's reduce-scatter: two additions (shfl_xor 2, then 1), after
-//   which lane qd owns queries E·qd .. E·qd + E − 1 of both keys.  Roundings on any term's
-//   path: ≤ 4 in the lane (RQ = 16: the first row's product and three fmaf; the aux row's sum,
-//   product and two fmaf; RQ = 8: ≤ 3) + 2 quad additions ≤ 6 ≤ 2·mts + 6 = 8, the depth
-//   proofs/gpu_screen_epilogue.py's argument (Higham's Lemma 3.1 over the rounding factors of
-//   each term) grants and plan.py's g_scr = γ_mma + γ_8(1 + γ_mma) covers.
-// Then ONE lane per (key, query) evaluates guard_bound_ru (epilogue.cuh) in fp64 and the keep
-// rule (DOSA_KEEP; the tie-aware variant with common.cuh's zero-plateau test).
+// Û of one (key, query) (docs/method.md §9), in fp32 round-to-nearest, from the lane's RQ
+// values y_i (list order) and its weights W_i (ω of the plan row; −σ_a at the aux sum):
+//   RQ = 8:   a = W_0[y_0]_+ ; a = fmaf(W_i, [y_i]_+, a) for i = 1..5 ;
+//             a = fmaf(−σ_a, [y_6 + y_7]_+, a)                (y_6, y_7: rows 7, 15)
+//   RQ = 16:  c_0 over rows 0..3, c_1 over 4, 5, 6, 8, c_2 over 9..12 (a product, then three
+//             fmaf), c_3 = ω_13[y_13]_+, fmaf ω_14, fmaf(−σ_a, [y_7 + y_15]_+, c_3);
+//             Û = (c_0 + c_1) + (c_2 + c_3).
+//   Roundings on any term's path: RQ = 8 ≤ 7 (the first row's product, five fmaf and the aux
+//   fmaf; the aux sum and its fmaf: 2), RQ = 16 ≤ 6 (a chain of four, two tree additions) —
+//   ≤ 2·mts + 6 = 8, the depth proofs/gpu_screen_epilogue.py checks for these orders (Higham's
+//   Lemma 3.1 over the rounding factors of each term) and plan.py's g_scr = γ_mma + γ_8(1 +
+//   γ_mma) covers.  Then the lane evaluates guard_bound_ru (epilogue.cuh) in fp64 and the
+//   keep rule (DOSA_KEEP; the tie-aware variant with common.cuh's zero-plateau test).
 //
 // Survivor words without shared memory: the key tile is stored permuted so that the 16 M rows
 // of warp w in chunk c (c = 0, 1) of warpgroup v are the keys 128v + 32w + 16c + (0..15):
@@ -81,39 +77,28 @@ struct QInfo {
 };
 static_assert(sizeof(QInfo) == 56, "QInfo: 56 bytes (screen.wgt_smem_bytes)");
 
-// A lane's weights (or plateau coefficients) of one query: RQ / 4 floats in chain order.
-template <int W>
-struct Vec;
-template <>
-struct Vec<4> {
-  using T = float4;
-};
-template <>
-struct Vec<2> {
-  using T = float2;
-};
-
 // The N operand of RQ plan rows per query (header).
 template <int RQ>
 struct Rows {
   static_assert(RQ == 16 || RQ == 8, "RQ: 16 (r <= 14) or 8 (r <= 6) plan rows per query");
   static constexpr int kQ = 128 / RQ;  // queries per group (N = 128 columns)
-  static constexpr int kCB = RQ / 8;   // column blocks of 8 per query
-  static constexpr int kE = kQ / 4;    // queries per lane after the reduce-scatter
-  static constexpr int kW = RQ / 4;    // rows per lane and query
-  using W = typename Vec<kW>::T;
+  static constexpr int kE = kQ / 4;    // queries per lane
+  static constexpr int kV = RQ / 4;    // float4 of weights (or plateau coefficients) per query
   // Plan row of list row i: all 16 (RQ = 16); rows 0..5, then the aux rows 7, 15 (RQ = 8).
   __host__ __device__ static constexpr int plan_row(int i) {
     return RQ == 16 ? i : (i < 6 ? i : (i == 6 ? 7 : 15));
   }
-  // N column (B row) of list row i of query u (header): lane qd = (i / 2) mod 4 holds it in
-  // slot u ^ (E·qd), block i / 8 of the slot, column 2qd + i mod 2 of the block.
+  // N column (B row) of list row i of query u = E·qd + e: block E·(i / 2) + e, column
+  // 2qd + i mod 2 of the block (header).
   __host__ __device__ static constexpr int column(int u, int i) {
-    return 8 * (kCB * (u ^ (kE * ((i >> 1) & 3))) + (i >> 3)) + 2 * ((i >> 1) & 3) + (i & 1);
+    return 8 * (kE * (i >> 1) + u % kE) + 2 * (u / kE) + (i & 1);
   }
-  // Dynamic shared memory per buffer: the lanes' weights and plateau coefficients ([Q][4] W
-  // each) and the QInfo [Q].
-  static constexpr int kMetaBytes = 2 * kQ * 4 * (int)sizeof(W) + kQ * (int)sizeof(QInfo);
+  // The list position of the aux sum's weight −σ_a (the first aux row; the second's is 0).
+  static constexpr int kAux = RQ == 16 ? 7 : 6;
+  // Dynamic shared memory per buffer: the queries' weights and plateau coefficients (float4
+  // [E][V][4]: query E·qd + e's rows 4m .. 4m + 3 at (e·V + m)·4 + qd, so the four qd of a
+  // warp read 64 consecutive bytes) and the QInfo [Q].
+  static constexpr int kMetaBytes = 2 * kQ * RQ * 4 + kQ * (int)sizeof(QInfo);
   static constexpr int kOffAlpha = 2 * kKeyPanel + 2 * 2 * kRowPanel;
   static constexpr int kOffRho = kOffAlpha + kTile * 8;
   static constexpr int kOffMeta = kOffRho + kTile * 8;
@@ -125,8 +110,9 @@ struct Rows {
 };
 
 // The layout's laws, checked when the file compiles: the columns of a group are a bijection
-// onto 0..127, and lane qd's value v of slot s (block v / 2, column 2qd + v mod 2) is list row
-// 8(v / 2) + 2qd + v mod 2 of query s ^ (E·qd) — what the epilogue reads.
+// onto 0..127, and lane qd's columns 2qd + h of block E·(i / 2) + e hold list row 2(i / 2) + h
+// of query E·qd + e — what the epilogue reads; list rows kAux, kAux + 1 (RQ = 8) or kAux and
+// 15 (RQ = 16) are the aux rows 7 and 15.
 template <int RQ>
 constexpr bool layout_holds() {
   using L = Rows<RQ>;
@@ -138,14 +124,11 @@ constexpr bool layout_holds() {
       seen[c] = true;
     }
   for (int qd = 0; qd < 4; ++qd)
-    for (int s = 0; s < L::kQ; ++s)
-      for (int v = 0; v < L::kW; ++v) {
-        const int i = 8 * (v >> 1) + 2 * qd + (v & 1);
-        if (L::column(s ^ (L::kE * qd), i) != 8 * (L::kCB * s + (v >> 1)) + 2 * qd + (v & 1))
+    for (int e = 0; e < L::kE; ++e)
+      for (int i = 0; i < RQ; ++i)
+        if (L::column(L::kE * qd + e, i) != 8 * (L::kE * (i >> 1) + e) + 2 * qd + (i & 1))
           return false;
-      }
-  // lane 3's last rows of block 0 and of the last block are the aux rows 7 and 15
-  return L::plan_row(8 * (L::kCB - 1) + 7) == 15 && L::plan_row(L::kCB == 2 ? 7 : 6) == 7;
+  return L::plan_row(L::kAux) == 7 && L::plan_row(RQ == 16 ? 15 : L::kAux + 1) == 15;
 }
 static_assert(layout_holds<16>() && layout_holds<8>(), "the N operand's layout (header)");
 }  // namespace wgt
@@ -201,42 +184,28 @@ struct TieArgs {
   unsigned int* __restrict__ tcnt;
 };
 
-// One buffer of a query group: its 128 f16 N rows, the lanes' weights and plateau
-// coefficients (W [Q][4], at slot · 4 + qd), the QInfo [Q].
+// One buffer of a query group: its 128 f16 N rows, the queries' weights and plateau
+// coefficients (float4 [E][V][4], Rows::kMetaBytes), the QInfo [Q].
 template <int RQ>
 struct Group {
   uint8_t* rows;
-  typename Rows<RQ>::W* w;
-  typename Rows<RQ>::W* z;
+  float4* w;
+  float4* z;
   QInfo* q;
   __device__ __forceinline__ Group(uint8_t* sm, int b) {
     using L = Rows<RQ>;
     rows = sm + 2 * kKeyPanel + b * 2 * kRowPanel;
-    w = reinterpret_cast<typename L::W*>(sm + L::kOffMeta + b * L::kMetaBytes);
-    z = w + L::kQ * 4;
-    q = reinterpret_cast<QInfo*>(z + L::kQ * 4);
+    w = reinterpret_cast<float4*>(sm + L::kOffMeta + b * L::kMetaBytes);
+    z = w + L::kQ * L::kV;
+    q = reinterpret_cast<QInfo*>(z + L::kQ * L::kV);
   }
 };
 
-// The lane's RQ / 4 values of a plan-row array x [16] of one query in chain order (list rows
-// 2qd, 2qd + 1 [, 8 + 2qd, 9 + 2qd]); `fill` where `ok` is false.
-template <int RQ>
-__device__ __forceinline__ typename Rows<RQ>::W lane_vec(const float* x, int qd, bool ok,
-                                                         float fill) {
-  using L = Rows<RQ>;
-  const int a = L::plan_row(2 * qd), b = L::plan_row(2 * qd + 1);
-  if constexpr (RQ == 16) {
-    return ok ? make_float4(x[a], x[b], x[8 + a], x[8 + b]) : make_float4(fill, fill, fill, fill);
-  } else {
-    return ok ? make_float2(x[a], x[b]) : make_float2(fill, fill);
-  }
-}
-
 // Stage query group t0 .. t0 + Q − 1 (queries ≥ qend: zero rows, t = −1) into a buffer: its
-// RQ plan rows per query as f16 at their columns (Rows::column), per (query u, lane qd) the
-// weights of the lane's rows in the order of its chain (lane 3: −σ_a on the aux sum, 0 on
-// row 15) and — TIE — their plateau coefficients (−1 everywhere where the plateau is off: no
-// condition), and the QInfo of each query (screen_wg's per-query set-up).
+// RQ plan rows per query as f16 at their columns (Rows::column); per query its weights in
+// list order (ω of the plan row, −σ_a at kAux, 0 at the second aux row) and — TIE — its
+// plateau coefficients (the plan row's; −1 everywhere where the plateau is off: no
+// condition); and the QInfo of each query (screen_wg's per-query set-up).
 template <bool TIE, int RQ>
 __device__ __forceinline__ void stage_group(
     int t0, int qend, const Group<RQ>& G, const uint8_t* __restrict__ rows,
@@ -245,7 +214,7 @@ __device__ __forceinline__ void stage_group(
     const int* __restrict__ ks_, const int* __restrict__ ke_, int sinks, int window, long long n0,
     int tile_n) {
   using L = Rows<RQ>;
-  constexpr int kQ = L::kQ;
+  constexpr int kQ = L::kQ, kE = L::kE, kV = L::kV;
   constexpr int kAll = 128 * 8;  // (N row, 16-dim chunk) items
   constexpr int kItems = (kAll + kThreads - 1) / kThreads;
   uint4 e[kItems];
@@ -266,27 +235,27 @@ __device__ __forceinline__ void stage_group(
     if (it < kAll) store_f16(G.rows, kRowPanel, L::column(n / RQ, n % RQ), it & 7, e[k]);
   }
   const int tid = threadIdx.x;
-  if (tid < kQ * 4) {  // (query u, lane qd): the lane's weights and plateau coefficients
-    const int u = tid >> 2, qd = tid & 3, t = t0 + u;
-    auto w = lane_vec<RQ>(nullptr, qd, false, 0.f);
-    auto z = lane_vec<RQ>(nullptr, qd, false, -1.f);
+  if (tid < kQ * kV) {  // (query u, rows 4m .. 4m + 3): weights and plateau coefficients
+    const unsigned u = (unsigned)tid / kV, m = (unsigned)tid % kV;
+    const int t = t0 + (int)u;
+    float wv[4] = {0.f, 0.f, 0.f, 0.f}, zv[4] = {-1.f, -1.f, -1.f, -1.f};
     if (t < qend) {
-      w = lane_vec<RQ>(om + (long long)t * 16, qd, true, 0.f);
-      if (qd == 3) {  // the aux rows 7, 15: −σ_a [x_7 + x_15]_+ (header)
-        if constexpr (RQ == 16) w.y = -sig[t], w.w = 0.f;
-        else w.x = -sig[t], w.y = 0.f;
-      }
-      if constexpr (TIE) {
-        // screen_wg's zero-plateau switch: row 0 of zrow not NaN and τ ≥ 0 (screen.cu)
-        const float* zq = X.zrow + (long long)t * 16;
-        if (zq[0] == zq[0] && tau[t] >= 0.f) z = lane_vec<RQ>(zq, qd, true, -1.f);
+      const float* o = om + (long long)t * 16;
+      // TIE: screen_wg's zero-plateau switch: row 0 of zrow not NaN and τ ≥ 0 (screen.cu)
+      const float* zq = TIE ? X.zrow + (long long)t * 16 : nullptr;
+      const bool zon = TIE && zq[0] == zq[0] && tau[t] >= 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * (int)m + j, pr = L::plan_row(i);
+        wv[j] = i == L::kAux ? -sig[t] : (pr == 7 || pr == 15) ? 0.f : o[pr];
+        if (zon) zv[j] = zq[pr];
       }
     }
-    const int slot = u ^ (L::kE * qd);
-    G.w[4 * slot + qd] = w;
-    if constexpr (TIE) G.z[4 * slot + qd] = z;
-  } else if (tid < kQ * 4 + kQ) {  // query u: screen_wg's spans, τ, kj, C, ε
-    const int u = tid - kQ * 4, t = t0 + u;
+    const unsigned slot = ((u % kE) * kV + m) * 4 + u / kE;  // (e·V + m)·4 + qd
+    G.w[slot] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+    if constexpr (TIE) G.z[slot] = make_float4(zv[0], zv[1], zv[2], zv[3]);
+  } else if (tid < kQ * kV + kQ) {  // query u: screen_wg's spans, τ, kj, C, ε
+    const int u = tid - kQ * kV, t = t0 + u;
     QInfo q{0, 0, 0, 0, kNoKthId, -1, 0, 0, 0.0, 0.0, 0.0};
     if (t < qend) {
       const int ks = ks_[t], ke = ke_[t];
@@ -315,34 +284,17 @@ __device__ __forceinline__ void stage_group(
 }
 
 // The 8 chained k16 steps of one chunk: 64 key rows (from row `a`'s byte address in panel 0)
-// × the group's 128 N rows (`b`), dims in natural order, step 0 with scale-d = 0.
+// × the group's 128 N rows (`b`), dims in natural order, step 0 with scale-d = 0.  The pin
+// keeps the previous chunk's reads of d above the fence (PTX: wgmma.fence between register
+// accesses and the wgmma that writes them).
 __device__ __forceinline__ void issue_chunk(float (&d)[64], uint32_t a, uint32_t b) {
+  pin(d);
   fence();
 #pragma unroll
   for (int s = 0; s < 8; ++s)
     mma_m64n128k16_ss(d, desc_sw128(a + (s >> 2) * kKeyPanel + (s & 3) * 32),
                       desc_sw128(b + (s >> 2) * kRowPanel + (s & 3) * 32), s > 0);
   commit();
-}
-
-// The quad's reduce-scatter: x[k][s] is the lane's partial sum of slot s (query s ^ E·qd,
-// E = Q / 4) for key half k; afterwards z[k][e] is the quad's sum of query E·qd + e.  Lane qd
-// keeps slots 0 .. Q/2 − 1 and receives the partner qd ^ 2's slots Q/2 .. Q − 1 — the same
-// queries, since (s + Q/2) ^ E(qd ^ 2) = s ^ E·qd —, then keeps slots 0 .. E − 1 and receives
-// qd ^ 1's slots E .. 2E − 1: two additions per value, fixed registers in every lane.
-template <int Q>
-__device__ __forceinline__ void reduce_scatter(const float (&x)[2][Q], float (&z)[2][Q / 4]) {
-  float y[2][Q / 2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k)
-#pragma unroll
-    for (int e = 0; e < Q / 2; ++e)
-      y[k][e] = x[k][e] + __shfl_xor_sync(0xffffffffu, x[k][e + Q / 2], 2);
-#pragma unroll
-  for (int k = 0; k < 2; ++k)
-#pragma unroll
-    for (int e = 0; e < Q / 4; ++e)
-      z[k][e] = y[k][e] + __shfl_xor_sync(0xffffffffu, y[k][e + Q / 4], 1);
 }
 
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
@@ -355,30 +307,27 @@ struct Lane {
   unsigned int tie[Rows<RQ>::kE];
 };
 
-// Û of one slot and key half from the lane's values (header): y_{b,h} = accumulator
-// 4(CB·s + b) + 2k + h, W in chain order, aux = 1 on lane 3 (the aux rows' sum), else 0.
+// Û of one (key, query) from its RQ values y (list order) and weights W (header's orders).
 template <int RQ>
-__device__ __forceinline__ float lane_chain(const float* y, typename Rows<RQ>::W W, float aux) {
-  if constexpr (RQ == 16) {  // y: block 0 at y[0], y[1]; block 1 at y[4], y[5]
-    float a = W.x * fmaxf(y[0], 0.f);
-    a = fmaf(W.y, fmaxf(fmaf(aux, y[5], y[1]), 0.f), a);
-    a = fmaf(W.z, fmaxf(y[4], 0.f), a);
-    return fmaf(W.w, fmaxf(y[5], 0.f), a);
+__device__ __forceinline__ float u_hat(const float (&y)[RQ], const float (&W)[RQ]) {
+  auto r = [](float v) { return fmaxf(v, 0.f); };
+  if constexpr (RQ == 8) {
+    float a = W[0] * r(y[0]);
+#pragma unroll
+    for (int i = 1; i < 6; ++i) a = fmaf(W[i], r(y[i]), a);
+    return fmaf(W[6], r(y[6] + y[7]), a);  // −σ_a [x_7 + x_15]_+
   } else {
-    const float a = W.x * fmaxf(fmaf(aux, y[1], y[0]), 0.f);
-    return fmaf(W.y, fmaxf(y[1], 0.f), a);
-  }
-}
-
-// TIE: misses of the zero-plateau test (screen_wg's, on the raw dot of each of the lane's
-// rows; z = −1: no condition), small integers, summed exactly.
-template <int RQ>
-__device__ __forceinline__ float lane_misses(const float* y, typename Rows<RQ>::W Z, double rk) {
-  if constexpr (RQ == 16) {
-    return plateau_miss(y[0], Z.x, rk) + plateau_miss(y[1], Z.y, rk) +
-           plateau_miss(y[4], Z.z, rk) + plateau_miss(y[5], Z.w, rk);
-  } else {
-    return plateau_miss(y[0], Z.x, rk) + plateau_miss(y[1], Z.y, rk);
+    float c[4];
+    constexpr int kRow[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 8}, {9, 10, 11, 12}, {13, 14, -1, -1}};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      c[p] = W[kRow[p][0]] * r(y[kRow[p][0]]);
+#pragma unroll
+      for (int j = 1; j < 4; ++j)
+        if (kRow[p][j] >= 0) c[p] = fmaf(W[kRow[p][j]], r(y[kRow[p][j]]), c[p]);
+    }
+    c[3] = fmaf(W[7], r(y[7] + y[15]), c[3]);  // −σ_a [x_7 + x_15]_+
+    return (c[0] + c[1]) + (c[2] + c[3]);
   }
 }
 
@@ -392,50 +341,46 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
                                          long long N, long long n0, double* __restrict__ Uout,
                                          int lane, int v, int w) {
   using L_ = Rows<RQ>;
-  constexpr int kQ = L_::kQ, kE = L_::kE;
+  constexpr int kE = L_::kE, kV = L_::kV;
   const int qd = lane & 3, g = lane >> 2;
-  const float aux = qd == 3 ? 1.f : 0.f;  // lane 3: the aux rows' sum (fmaf(1, ·)); others + 0·y
   const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
-  float x[2][kQ];  // [key half][slot]
-  // TIE: the misses, summed like Û, in the same pass as Û, so each accumulator is read once
-  float m[2][kQ];
-  double rk[2] = {0.0, 0.0};
-  if constexpr (TIE) rk[0] = dsr[i0], rk[1] = dsr[i0 + 8];
+  const uint32_t pool = spm[4 * v + w] >> (16 * c + g);  // bit 8k: key k in the pool
+  double al[2], rh[2];
 #pragma unroll
-  for (int s = 0; s < kQ; ++s) {  // slot s: query s ^ E·qd
-    const auto W = G.w[4 * s + qd];
-    typename L_::W Z;
-    if constexpr (TIE) Z = G.z[4 * s + qd];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      // accumulator 4j + 2k + h: column 8j + 2qd + h, key half k; j = CB·s + b
-      const float* y = d + 4 * L_::kCB * s + 2 * k;
-      x[k][s] = lane_chain<RQ>(y, W, aux);
-      if constexpr (TIE) m[k][s] = lane_misses<RQ>(y, Z, rk[k]);
-    }
-  }
-  float uh[2][kE];
-  reduce_scatter<kQ>(x, uh);
-  float plat[2][kE];  // TIE: misses of the key's positive rows
-#pragma unroll
-  for (int k = 0; k < 2; ++k)
-#pragma unroll
-    for (int e = 0; e < kE; ++e) plat[k][e] = 1.f;
-  if constexpr (TIE) reduce_scatter<kQ>(m, plat);
+  for (int k = 0; k < 2; ++k) al[k] = dsa[i0 + 8 * k], rh[k] = dsr[i0 + 8 * k];
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int i = i0 + 8 * k;
-    const double al = dsa[i], rh = dsr[i];
-    const bool pool = (spm[4 * v + w] >> (16 * c + g + 8 * k)) & 1u;
+  for (int e = 0; e < kE; ++e) {
+    float W[RQ], Z[RQ];
 #pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      const QInfo& Q = G.q[kE * qd + e];
-      const double U = guard_bound_ru(uh[k][e], rh, al, Q.C, Q.er, eps_out);
+    for (int m = 0; m < kV; ++m) {
+      const float4 a = G.w[(e * kV + m) * 4 + qd];
+      W[4 * m] = a.x, W[4 * m + 1] = a.y, W[4 * m + 2] = a.z, W[4 * m + 3] = a.w;
+      if constexpr (TIE) {
+        const float4 b = G.z[(e * kV + m) * 4 + qd];
+        Z[4 * m] = b.x, Z[4 * m + 1] = b.y, Z[4 * m + 2] = b.z, Z[4 * m + 3] = b.w;
+      }
+    }
+    const QInfo& Q = G.q[kE * qd + e];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      // list row i: accumulator 4j + 2k + (i mod 2) of block j = E·(i / 2) + e
+      float y[RQ];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
+      const float uh = u_hat<RQ>(y, W);
+      const int i = i0 + 8 * k;
+      const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
       if (Uout && i >= Q.lo && i < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
-      const bool cand = (unsigned)(i - Q.clo) < (unsigned)Q.cw && !pool;  // vis && !seed
-      const bool plain = cand && !(U < Q.tq);
-      const bool pl = TIE && Q.zp && plat[k][e] == 0.f;
+      const bool cand = (unsigned)(i - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
+      const bool plain = cand && !(U < Q.tq);  // vis && !seed, U ≥ τ
+      bool pl = false;  // TIE: a certified zero-plateau key (every positive row's test holds)
+      if constexpr (TIE) {
+        float miss = 0.f;
+#pragma unroll
+        for (int j = 0; j < RQ; ++j) miss += plateau_miss(y[j], Z[j], rh[k]);
+        pl = Q.zp && miss == 0.f;
+      }
       const bool p = DOSA_KEEP(TIE, plain, U, Q.tq, pl, n0 + i, Q.kj);
       bits[e >> 1] |= (p ? 1u : 0u) << (16 * (e & 1) + g + 8 * k);
       if constexpr (TIE) L.tie[e] += (plain && !p) ? 1u : 0u;
