@@ -124,8 +124,8 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t ade
         DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
-// f16 with both operands in shared memory (screen_wgt.cu: keys as A, the plan rows of 8
-// queries as B): D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128, f16, shared via db)
+// f16 with both operands in shared memory (screen_wgt.cu: keys as A, the plan rows of a
+// query group as B): D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128, f16, shared via db)
 // + (acc ? D : 0); both operands K-major (transpose flags 0).
 __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db,
                                                   int acc) {
