@@ -8,8 +8,10 @@ request ``b`` to a cache block; ``lengths`` int32 [B] are context lengths.  Quer
 Query j of request b sees logical keys ``[0, lengths[b] − next_n + j + 1)`` (clamped at 0:
 ``dosa_ref.decode``'s rule).  Ids are logical token positions of the request.
 
-Routes (both use the canonical scorer ``dosa::score_batch`` of ``csrc/scorer.cuh`` through
-``csrc/decode.cu``, so a key's score is the prefill dense route's value, bit for bit):
+Routes (both use the call's canonical scorer, option ``scorer``: "f16", ``dosa::score_batch``
+of ``csrc/scorer.cuh`` through ``csrc/decode.cu``, or "fp8" on sm_90a, the native FP8 scorer
+through ``csrc/score_fp8.cu``'s decode kernels — so a key's score is the prefill dense route's
+value on the same scorer, bit for bit):
 
     paged_logits(...)            fp32 [B, next_n, L] (L = max_blocks·64; −inf not visible)
     dense_decode_topk(..., K)    paged logits + the exact selection kernel (select.cu)
@@ -60,6 +62,7 @@ from .decode_ops import (
     witness_table,
 )  # fmt: skip
 from .prepare import MAX_KEYS
+from .scorer import check_scorer, padded_heads
 
 __all__ = [
     "PAGE",
@@ -134,9 +137,10 @@ def _check_layout(xp, L, bt, mb: int, nb: int) -> None:
 
 def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
                         check_values: bool = False, check_layout: bool = True,
-                        bufs=None) -> dict:  # fmt: skip
+                        bufs=None, scorer: str = "f16") -> dict:  # fmt: skip
     """Validate the paged decode layout (see the module docstring); returns a dict of
-    contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to 16·MT (R = B·next_n),
+    contiguous arrays: q [R, Hp, 128] and w [R, Hp] with heads padded to the ``scorer``'s
+    count (``scorer.padded_heads``: 16·MT for "f16", 32 or 64 for "fp8"; R = B·next_n),
     kv [rows, 128], scale [rows], block_table int32 [B, max_blocks], lengths int32 [B],
     ke int32 [R], and B, n, H, Hp, K, L (= max_blocks·64), num_blocks.
 
@@ -152,7 +156,8 @@ def check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, *, 
     padded, ``q``, ``w`` buffers are used instead of new arrays (the selector's workspace:
     a call with it allocates nothing unless ``check_values``).
     """
-    part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp)
+    part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
+                           scorer=scorer)  # fmt: skip
     return complete_inputs(part, check_values=check_values, check_layout=check_layout, bufs=bufs)
 
 
@@ -162,9 +167,13 @@ def _check_K(K) -> None:
     check_K(K, max_K=KMAX, why="the selection kernel's limit")
 
 
-def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np) -> dict:
+def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=np,
+                    scorer: str = "f16") -> dict:  # fmt: skip
     """The host half of ``check_decode_inputs``: dtypes, shapes and limits (no device work
-    beyond views); returns the arrays and sizes that ``complete_inputs`` finishes."""
+    beyond views); returns the arrays and sizes that ``complete_inputs`` finishes, with the
+    canonical ``scorer`` (``dosa_cupy.scorer``; "fp8" needs sm_90a on the device backend,
+    the numpy one emulates it bit for bit) and its head padding Hp."""
+    scorer = check_scorer(scorer, device=xp is not np)
     _check_K(K)
     q = _as(q, "q", xp)
     if q.dtype != np.uint8:
@@ -215,7 +224,8 @@ def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=n
         raise ValueError(f"kv_payload: num_blocks={nb} too large for int32 cache rows")
     return dict(
         q=q, w=w, kv=kv, scale=sc, block_table=bt, lengths=L, B=B, n=n, H=H,
-        Hp=-(-H // 16) * 16, K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
+        Hp=padded_heads(H, scorer), K=int(K), L=mb * PAGE, max_blocks=mb, num_blocks=nb, xp=xp,
+        scorer=scorer,
     )  # fmt: skip
 
 
@@ -270,18 +280,22 @@ def complete_inputs(part: dict, *, check_values: bool = False, check_layout: boo
 def _logits_raw(d):
     cp = cupy_or_raise()
     R, L = d["B"] * d["n"], d["L"]
-    out = cp.empty((R, L), dtype=cp.float32)
+    # the FP8 scan writes the tiles it scores (decode_ops.scan): the rest stays −inf
+    fp8 = d["scorer"] == "fp8"
+    out = cp.full((R, L), -np.inf, dtype=cp.float32) if fp8 else cp.empty((R, L), cp.float32)
     scan(d, False, (out,))
     return out
 
 
 def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_values=False,
-                 check_layout=True):  # fmt: skip
-    """Canonical FP8 logits of every key of each request: fp32 [B, next_n, max_blocks·64],
-    −inf where the key is not visible to the query."""
+                 check_layout=True, scorer: str = "f16"):  # fmt: skip
+    """Canonical logits of every key of each request on the ``scorer`` ("f16" or "fp8",
+    ``dosa_cupy.scorer``): fp32 [B, next_n, max_blocks·64], −inf where the key is not
+    visible to the query."""
     cp = cupy_or_raise()
     d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, 1, xp=cp,
-                            check_values=check_values, check_layout=check_layout)  # fmt: skip
+                            check_values=check_values, check_layout=check_layout,
+                            scorer=scorer)  # fmt: skip
     return _logits_raw(d).reshape(d["B"], d["n"], d["L"])
 
 
@@ -296,12 +310,13 @@ def _dense_ids_raw(d):
 
 
 def dense_decode_topk(q, w, kv_payload, kv_scale, block_table, lengths, K, *,
-                      check_values=False, check_layout=True):  # fmt: skip
-    """The dense decode route: paged logits + exact selection → int64 [B, next_n, K]
-    (score desc, id asc, −1 padding; ids are logical token positions)."""
+                      check_values=False, check_layout=True, scorer: str = "f16"):  # fmt: skip
+    """The dense decode route: paged logits on the ``scorer`` + exact selection → int64
+    [B, next_n, K] (score desc, id asc, −1 padding; ids are logical token positions)."""
     cp = cupy_or_raise()
     d = check_decode_inputs(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=cp,
-                            check_values=check_values, check_layout=check_layout)  # fmt: skip
+                            check_values=check_values, check_layout=check_layout,
+                            scorer=scorer)  # fmt: skip
     return _dense_ids_raw(d)
 
 
@@ -333,7 +348,11 @@ class DecodeSelectorGPU:
         check_values: also scan q, w and the used cache for NaN codes / non-finite weights
             (one pass over the cache per step; opt-in: the result equals the dense route's
             without it, see ``check_decode_inputs``).
-        backend: "cupy" (the kernels) or "numpy" (CPU emulation, float64 scores).
+        backend: "cupy" (the kernels) or "numpy" (CPU emulation: float64 scores for "f16",
+            the FP8 scorer's bits for "fp8", ``dosa_ref.mma_model.fp8_fresh_scores``).
+        scorer: the canonical scorer ("f16", default, or "fp8" on sm_90a,
+            ``dosa_cupy.scorer``): the witnesses, the scan and the dense decode route it
+            equals all score with it.
 
     Witness state lives on the device: a ring of the last ``history`` steps' selections
     per request, deduplicated at each step (``decode_ops.Workspace``); a new step shape
@@ -345,7 +364,7 @@ class DecodeSelectorGPU:
 
     def __init__(self, K: int, history: int = 2, within_step: bool = False, buffer=None,
                  check_values: bool = False, backend: str = "cupy",
-                 check_layout: bool = True):  # fmt: skip
+                 check_layout: bool = True, scorer: str = "f16"):  # fmt: skip
         _check_K(K)
         if isinstance(history, bool) or not isinstance(history, (int, np.integer)):
             raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
@@ -359,12 +378,13 @@ class DecodeSelectorGPU:
             raise ValueError(f"buffer: expected None or a positive integer, got {buffer!r}")
         if backend not in ("cupy", "numpy"):
             raise ValueError(f"backend: expected 'cupy' or 'numpy', got {backend!r}")
+        self.scorer = check_scorer(scorer, device=backend == "cupy")
         self.K, self.history, self.within_step = int(K), int(history), False
         self.buffer = None if buffer is None else int(buffer)
         self.check_values, self.check_layout = bool(check_values), bool(check_layout)
         self.backend = backend
         self.xp = np if backend == "numpy" else cupy_or_raise()
-        self._ops = NumpyOps() if backend == "numpy" else DeviceOps()
+        self._ops = NumpyOps(self.scorer) if backend == "numpy" else DeviceOps(self.scorer)
         self._wss: dict = {}  # one workspace per step shape (decode_ops.Workspace)
         self._ws = None  # the last step's
         self.last_overflow = False  # whether the last step needed the exact extension
@@ -417,7 +437,8 @@ class DecodeSelectorGPU:
         in the same buffers (docs/method.md §10).
         """
         xp, ops, K = self.xp, self._ops, self.K
-        part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp)
+        part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
+                               scorer=self.scorer)  # fmt: skip
         ws = self._workspace(part)
         d = complete_inputs(part, check_values=self.check_values, check_layout=self.check_layout,
                             bufs=ws if self.backend == "cupy" else None)  # fmt: skip

@@ -27,6 +27,7 @@ import numpy as np
 
 from ._build import KernelSpec, cupy_or_raise, kernel, num_sms
 from .emulate import record_score
+from .scorer import FP8_SPEC, padded_heads
 
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
@@ -59,9 +60,12 @@ def _kernel(name: str, smem: int = 0):
 
 
 def scan(d, fused: bool, tail: tuple) -> None:
-    """Launch the persistent scan (csrc/decode.cu dec_scan_impl): one block per SM over the
-    (request, tile) items; ``tail`` = the route's last arguments: (out,) for the logits,
-    (thr, cnt, rec, cap) for the fused route."""
+    """Launch the scan of ``d``'s scorer: "f16", the persistent scan (csrc/decode.cu
+    dec_scan_impl), one block per SM over the (request, tile) items; "fp8", ``scan_fp8``.
+    ``tail`` = the route's last arguments: (out,) for the logits, (thr, cnt, rec, cap) for
+    the fused route."""
+    if d["scorer"] == "fp8":
+        return scan_fp8(d, fused, tail)
     smem, T = SCAN_SMEM, -(-d["L"] // SCAN_TILE)
     total = d["B"] * T
     grid = max(1, min(total, num_sms()))
@@ -74,6 +78,29 @@ def scan(d, fused: bool, tail: tuple) -> None:
             d["ke"], np.int32(d["n"]), np.int64(d["L"]), np.int32(d["B"]), np.int64(per), *tail,
         ),
         shared_mem=smem,
+    )  # fmt: skip
+
+
+# The FP8 decode kernels (csrc/score_fp8.cu decode_scan, decode_witness; sm_90a, scorer.
+# FP8_SPEC): blocks per SM they are built for (DECODE_BLOCKS, SEED_IDS_BLOCKS) and the blocks
+# per row of the witness scoring (each streams its tiles of 64 witnesses through the key ring).
+FP8_SCAN_BLOCKS = {64: 3, 32: 5}
+FP8_WIT_BLOCKS = 4
+
+
+def scan_fp8(d, fused: bool, tail: tuple) -> None:
+    """The FP8 scan (csrc/score_fp8.cu decode_scan): grid (gx, B), request b's next_n rows
+    against its logical keys in tiles of 64, block x taking tiles x, x + gx, …; gx fills the
+    GPU (its resident blocks) across the B requests.  The logits route's ``out`` must hold
+    −inf where no tile is scored (decode._logits_raw)."""
+    H, B, L = d["Hp"], d["B"], d["L"]
+    T = -(-L // PAGE)
+    gx = max(1, min(T, -(-num_sms() * FP8_SCAN_BLOCKS[H] // B)))
+    name = f"decode_{'fused' if fused else 'logits'}_fp8_h{H}"
+    kernel(name, 0, FP8_SPEC)(
+        (gx, B), (128,),
+        (d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+         d["ke"], np.int32(d["n"]), *tail),
     )  # fmt: skip
 
 
@@ -224,11 +251,12 @@ class Workspace:
     bytes per request.
     """
 
-    def __init__(self, B: int, n: int, H: int, K: int, L: int, history: int, cap: int):
+    def __init__(self, B: int, n: int, H: int, K: int, L: int, history: int, cap: int,
+                 scorer: str = "f16"):  # fmt: skip
         from .dense import scratch
 
         cp = cupy_or_raise()
-        R, Hp, Wc = B * n, -(-H // 16) * 16, history * n * K
+        R, Hp, Wc = B * n, padded_heads(H, scorer), history * n * K
         self.key = (B, n, H, K, L, history, cap)
         self.ke = cp.empty(R, dtype=cp.int32)
         self.bad = cp.empty(2, dtype=cp.int32)
@@ -264,14 +292,14 @@ class Workspace:
 class DeviceOps:
     """The fused step's device operations on a ``Workspace``: witnesses → threshold record
     (their K-th; 0 when fewer than K), scan with compact writeback at or above it, exact
-    selection, and the ring update."""
+    selection, and the ring update — every score on the selector's ``scorer``."""
 
-    def __init__(self):
+    def __init__(self, scorer: str = "f16"):
         self.cp = cupy_or_raise()
+        self.scorer = scorer
 
-    @staticmethod
-    def workspace(B, n, H, K, L, history, cap):
-        return Workspace(B, n, H, K, L, history, cap)
+    def workspace(self, B, n, H, K, L, history, cap):
+        return Workspace(B, n, H, K, L, history, cap, self.scorer)
 
     def tau(self, d, ws):
         from .dense import select_records_into
@@ -284,15 +312,17 @@ class DeviceOps:
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
         ws.wcnt.fill(0)
-        _kernel(f"decode_witness_mt{d['Hp'] // 16}")(
-            (_grid_x(Wc, WIT_KEYS), d["B"] * d["n"]),
-            (32 * WARPS,),
-            (
-                d["q"], d["w"], d["kv"], d["scale"], d["block_table"],
-                np.int32(d["max_blocks"]), d["ke"], np.int32(d["n"]), ws.wit, np.int32(Wc),
-                ws.wcnt, ws.wrec,
-            ),
+        args = (
+            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+            d["ke"], np.int32(d["n"]), ws.wit, np.int32(Wc), ws.wcnt, ws.wrec,
         )  # fmt: skip
+        R = d["B"] * d["n"]
+        if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
+            gx = max(1, min(-(-Wc // 64), FP8_WIT_BLOCKS))
+            kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
+        else:
+            grid = (_grid_x(Wc, WIT_KEYS), R)
+            _kernel(f"decode_witness_mt{d['Hp'] // 16}")(grid, (32 * WARPS,), args)
         select_records_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
 
@@ -330,16 +360,19 @@ class DeviceOps:
 class NumpyOps:
     """CPU emulation of the device operations with float64 scores of the dequantized cache
     (``dosa_ref.scorer.score_keys``; per key independent of the other keys, as
-    ``score_batch``).  Same bookkeeping as the device: records of visible witnesses, the
-    threshold = the K-th of them as (τ, id) (τ = −inf when fewer than K), compact every key
-    at or above it in the order (score desc, id asc) with a counter that counts past
-    ``cap``, selection by (score desc, id asc).  Inputs without NaN codes."""
+    ``score_batch``) — with ``scorer="fp8"`` the FP8 kernels' scores bit for bit
+    (``dosa_ref.mma_model.fp8_fresh_scores``).  Same bookkeeping as the device: records of
+    visible witnesses, the threshold = the K-th of them as (τ, id) (τ = −inf when fewer
+    than K), compact every key at or above it in the order (score desc, id asc) with a
+    counter that counts past ``cap``, selection by (score desc, id asc).  Inputs without NaN
+    codes."""
 
-    def __init__(self):
+    def __init__(self, scorer: str = "f16"):
         from dosa_ref.fp8 import e4m3_values
         from dosa_ref.scorer import score_keys, topk_of
 
         self.e4m3_values, self.score_keys, self.topk_of = e4m3_values, score_keys, topk_of
+        self.scorer = scorer
         self._ws = None
 
     def workspace(self, B, n, H, K, L, history, cap):
@@ -352,6 +385,10 @@ class NumpyOps:
     def _scores(self, d, r, ids):
         b = r // d["n"]
         rows = physical_rows(d["block_table"][b : b + 1], np.asarray(ids)[None, :])[0]
+        if self.scorer == "fp8":  # the FP8 kernels' bits (heads padded to Hp: exact +0 terms)
+            from dosa_ref.mma_model import fp8_fresh_scores
+
+            return fp8_fresh_scores(d["q"][r], d["w"][r], d["kv"][rows], d["scale"][rows])
         k = self.e4m3_values(d["kv"][rows]) * d["scale"][rows].astype(np.float64)[:, None]
         H = d["H"]
         q = self.e4m3_values(d["q"][r, :H])

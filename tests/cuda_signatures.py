@@ -20,8 +20,13 @@ from dosa_cupy._signature import (  # noqa: F401  (the tests' names)
     signatures,
 )
 
-# the builds whose kernels the emulated launches name (decode_ops.DECODE, plan.PLAN)
-BUILDS = (KernelSpec("decode.cu"), KernelSpec("plan.cu"))
+# the builds whose kernels the emulated launches name (decode_ops.DECODE, plan.PLAN, the FP8
+# scorer's stage and decode kernels: scorer.FP8_SPEC)
+BUILDS = (
+    KernelSpec("decode.cu"),
+    KernelSpec("plan.cu"),
+    KernelSpec("score_fp8.cu", (), sm90a=True),
+)
 
 
 def built_params(name: str):

@@ -55,7 +55,8 @@ LAUNCHED = {
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
-                     ("score_fp8_ids", "refine_fp8", "seed_score_fp8", "seed_ids_fp8")],
+                     ("score_fp8_ids", "refine_fp8", "seed_score_fp8", "seed_ids_fp8",
+                      "decode_logits_fp8", "decode_fused_fp8", "decode_witness_fp8")],
 }  # fmt: skip
 
 

@@ -474,41 +474,95 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
   emit_flush(pend, lane, rrow, cap);
 }
 
-// Seed records from key ranges (docs/method.md §2, the FP8 counterpart of seeds.cu
-// seed_score_mt*): the keys i of [lo[t], hi[t]) (rows of kp / alpha, n_keys of them) are
-// scored for query t and (s, idmap[i]) — (s, i) without an idmap — appended for every key,
-// no threshold.  grid (gx, ⌈Qn / QB⌉), 128 threads, QB = 128 / H: block (x, y) takes the
-// queries t0 = QB·y .. t0 + QB − 1 (< Qn), whose ranges' keys are gathered once for all of
-// them — the ranges of consecutive causal queries (local windows, the anchor pool's visible
-// part, the sinks) nearly coincide.  The span [L, E) of the non-empty ranges is cut in tiles
-// of 64 keys from L; the block takes tiles x, x + gx, … (the host sizes gx; every span is
-// covered) that meet some query's range, and scores each against the queries whose range it
-// meets, one N = H MMA per query on the shared key tile (query u's B tile and weights of its
-// own): each key's bits are those of a query alone (tile_dots, tile_sums).
-template <int H>
-__device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
-                                           const float* __restrict__ w,
-                                           const uint8_t* __restrict__ kp,
-                                           const float* __restrict__ alpha, long long n_keys,
-                                           const int* __restrict__ lo_, const int* __restrict__ hi_,
-                                           const int* __restrict__ idmap, int Qn,
-                                           unsigned int* __restrict__ count,
-                                           unsigned long long* __restrict__ rec, long long cap) {
+// Where a stage's keys live: a key id's row of kp and alpha — the key array itself
+// (prefill), or a request's pages through its block-table row (decode: DeepGEMM's paged
+// layout, 64 tokens per cache block; docs/method.md §10).  A key's score depends on its
+// payload and α only, so a key has the same bits whichever way it is reached.
+struct FlatKeys {
+  __device__ __forceinline__ long long row(long long i) const { return i; }
+};
+struct PagedKeys {
+  const int* __restrict__ bt;  // the request's block-table row
+  __device__ __forceinline__ long long row(long long i) const {
+    return (long long)__ldg(bt + (i >> 6)) * 64 + (i & 63);
+  }
+};
+
+// What a range stage writes for query u = t0 + u of its block, per key row of a tile
+// (lanes qd < 2 hold one row each, `emits`): the records of the keys in the query's range —
+// every one (THR = false: seeds) or those at or above the record thr[u] (THR = true: the
+// decode scan's threshold, docs/method.md §10) — by emit_issue's deferred appends to
+// rec[t0 + u, :cap] (count[t0 + u] counts them all).
+template <int QB, bool THR>
+struct RecordOut {
+  unsigned int* __restrict__ count;
+  unsigned long long* __restrict__ rec;
+  long long cap;
+  int t0;
+  unsigned long long thr[QB];
+  Pend pend[QB];
+  __device__ __forceinline__ void start() {
+#pragma unroll
+    for (int u = 0; u < QB; ++u) pend[u].m = 0u;
+  }
+  __device__ __forceinline__ void put(int u, bool in_range, bool emits, float sc, int rid,
+                                      long long, int lane) {
+    bool p = emits && in_range;
+    if constexpr (THR) p = p && make_record(sc, rid) >= thr[u];
+    unsigned long long* rrow = rec + (long long)(t0 + u) * cap;
+    emit_flush(pend[u], lane, rrow, cap);
+    emit_issue(pend[u], p, sc, rid, lane, count + t0 + u);
+  }
+  __device__ __forceinline__ void finish(int lane) {
+#pragma unroll
+    for (int u = 0; u < QB; ++u) emit_flush(pend[u], lane, rec + (long long)(t0 + u) * cap, cap);
+  }
+};
+// Dense logits: out[(t0 + u)·ld + i] = the score where key i is in query u's range, −inf
+// elsewhere, for the tiles the stage scores (the caller fills the rest with −inf).
+struct LogitOut {
+  float* __restrict__ out;
+  long long ld;
+  int t0;
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void put(int u, bool in_range, bool emits, float sc, int,
+                                      long long i, int) {
+    if (emits && i < ld) out[(long long)(t0 + u) * ld + i] = in_range ? sc : neg_inf();
+  }
+  __device__ __forceinline__ void finish(int) {}
+};
+
+// The scores of key ranges (docs/method.md §2 seeds, §10 the decode scan): the keys i of
+// [lo_u, hi_u) ∩ [0, n_keys) (range(u) = the raw (lo_u, hi_u)) are scored for the block's
+// queries t0 .. t0 + nq − 1 (nq ≤ QB ≤ 128 / H: B tiles of at most 128 rows, 16 KB; whose ranges' keys are gathered once for all of
+// them — the ranges of consecutive causal queries, or of one request's next_n rows, nearly
+// coincide) and written by `out` with record id idmap[i] (i without an idmap), the key's
+// payload and α at keys.row(i).  The span [L, E) of the non-empty ranges is cut in tiles of 64
+// keys from L; the block takes tiles x, x + gx, … (the host sizes gx; every span is covered)
+// that meet some query's range, and scores each against the queries whose range it meets,
+// one N = H MMA per query on the shared key tile (query u's B tile and weights of its own):
+// each key's bits are those of a query alone (tile_dots, tile_sums).
+template <int H, int QB, class Keys, class Range, class Out>
+__device__ __forceinline__ void range_scores(const uint8_t* __restrict__ q,
+                                             const float* __restrict__ w,
+                                             const uint8_t* __restrict__ kp,
+                                             const float* __restrict__ alpha, long long n_keys,
+                                             int t0, int nq, Range&& range,
+                                             const int* __restrict__ idmap, Keys keys, Out& out) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  constexpr int QB = 128 / H;  // queries per block: 128 B-tile rows (16 KB) at either H
+  static_assert(QB * H <= 128, "QB: at most 128 B-tile rows");
   __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
   __shared__ __align__(1024) uint8_t sq[QB * H * 128];
   __shared__ __align__(16) float sw[QB * H];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3;
-  const int t0 = blockIdx.y * QB;
-  if (t0 >= Qn) return;
-  const int nq = min(QB, Qn - t0);
   long long lo[QB], hi[QB];  // the queries' ranges within [0, n_keys); empty: [0, 0)
   long long L = n_keys, E = 0;
 #pragma unroll
   for (int u = 0; u < QB; ++u) {
-    lo[u] = u < nq ? max(0LL, (long long)lo_[t0 + u]) : 0;
-    hi[u] = u < nq ? min(n_keys, (long long)hi_[t0 + u]) : 0;
+    long long a = 0, z = 0;
+    if (u < nq) range(u, a, z);
+    lo[u] = u < nq ? max(0LL, a) : 0;
+    hi[u] = u < nq ? min(n_keys, z) : 0;
     if (hi[u] <= lo[u]) {
       lo[u] = hi[u] = 0;  // meets no tile (every tile starts at ≥ 0)
     } else {
@@ -544,16 +598,15 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
   auto prefetch = [&](int j) {
     const long long i = L + 64LL * j + row;
     const bool ok = qd < 2 && j < nt && i < E;
-    a_nx = ok ? __ldg(alpha + i) : 0.f;
+    a_nx = ok ? __ldg(alpha + keys.row(i)) : 0.f;
     r_nx = ok ? (idmap ? __ldg(idmap + i) : (int)i) : -1;
   };
   prefetch(j0);
-  Pend pend[QB];
-#pragma unroll
-  for (int u = 0; u < QB; ++u) pend[u].m = 0u;
+  out.start();
   auto gather = [&](int j, int s) {
     const long long a = L + 64LL * j;
-    gather_async(kp, sk + s * kTileBytes, [&](int r) { return a + r < E ? (int)(a + r) : -1; });
+    gather_async(kp, sk + s * kTileBytes,
+                 [&](int r) { return a + r < E ? (int)keys.row(a + r) : -1; });
   };
   Ring<kKeyStages> ring{j0, 0};
   auto issue = [&] { ring.issue(nt, next, gather); };
@@ -581,43 +634,93 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
           float sv[1][2];
           tile_sums<H>(acc, sw + u * H, qd, sv);
           const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
-          const bool p = qd < 2 && i >= lo[u] && i < hi[u];
-          unsigned long long* rrow = rec + (long long)(t0 + u) * cap;
-          emit_flush(pend[u], lane, rrow, cap);
-          emit_issue(pend[u], p, sc, rid, lane, count + t0 + u);
+          out.put(u, i >= lo[u] && i < hi[u], qd < 2, sc, rid, i, lane);
         }
       });
-#pragma unroll
-  for (int u = 0; u < QB; ++u) emit_flush(pend[u], lane, rec + (long long)(t0 + u) * cap, cap);
+  out.finish(lane);
 }
 
-// Explicit seeds (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*):
-// block (x, t) takes the entries ids[t, j] (int32 [Qn, S]) of the tiles of 64 from 64·x with
-// stride 64·gridDim.x; an entry is a key iff ks[t] ≤ id < ke[t] (−1 padding and ids out of
-// the visible range are skipped) and every key's record goes to rec[t, :S], no threshold
-// (count[t] ≤ S: no overflow; like seed_score, a key is recorded whatever its score — the
-// f16 seed_ids_mt* tests s ≥ −inf, which differs only for a NaN).  A block whose tiles hold
-// padding only (rows are padded at the end) exits before loading its query; within the ring
-// a tile of padding only is not scored (its warps' ballots at the gather, read after the
-// next barrier).  grid (gx, Qn), 128 threads.
+// Seed records from key ranges (docs/method.md §2, the FP8 counterpart of seeds.cu
+// seed_score_mt*): range_scores over the keys of [lo[t], hi[t]) (rows of kp / alpha, n_keys
+// of them) with (s, idmap[i]) — (s, i) without an idmap — appended for every key, no
+// threshold.  grid (gx, ⌈Qn / QB⌉), 128 threads, QB = 128 / H: block (x, y) takes the queries
+// t0 = QB·y .. t0 + QB − 1 (< Qn).
 template <int H>
-__device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const float* __restrict__ w,
-                                         const uint8_t* __restrict__ kp,
-                                         const float* __restrict__ alpha,
-                                         const int* __restrict__ ks_, const int* __restrict__ ke_,
-                                         const int* __restrict__ ids, long long S,
-                                         unsigned int* __restrict__ count,
-                                         unsigned long long* __restrict__ rec) {
+__device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
+                                           const float* __restrict__ w,
+                                           const uint8_t* __restrict__ kp,
+                                           const float* __restrict__ alpha, long long n_keys,
+                                           const int* __restrict__ lo_, const int* __restrict__ hi_,
+                                           const int* __restrict__ idmap, int Qn,
+                                           unsigned int* __restrict__ count,
+                                           unsigned long long* __restrict__ rec, long long cap) {
+  constexpr int QB = 128 / H;  // queries per block: 128 B-tile rows (16 KB) at either H
+  const int t0 = blockIdx.y * QB;
+  if (t0 >= Qn) return;
+  RecordOut<QB, false> out{count, rec, cap, t0};
+  range_scores<H, QB>(
+      q, w, kp, alpha, n_keys, t0, min(QB, Qn - t0),
+      [&](int u, long long& a, long long& z) { a = lo_[t0 + u], z = hi_[t0 + u]; }, idmap,
+      FlatKeys{}, out);
+}
+
+// The decode scan on the FP8 scorer (docs/method.md §10; the FP8 counterpart of decode.cu
+// dec_scan_impl): request b = blockIdx.y, its n = next_n query rows r = b·n + u (q [R, H, 128],
+// w [R, H], R = B·n) against its logical keys [0, ke[r]) through its block-table row bt[b]
+// (max_blocks entries; kv [num_blocks·64, 128], ksc [num_blocks·64]), L = max_blocks·64
+// logical positions.  FUSED: the records (s, i) at or above the row's threshold record thr[r]
+// (0: every key) to rec[r, :cap], count[r] counting them all; else the dense logits out[r, i]
+// (the host fills out with −inf first; the scan writes the tiles it scores).  grid (gx, B),
+// 128 threads.
+template <int H, bool FUSED>
+__device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
+                                            const float* __restrict__ w,
+                                            const uint8_t* __restrict__ kv,
+                                            const float* __restrict__ ksc,
+                                            const int* __restrict__ bt, int max_blocks,
+                                            const int* __restrict__ ke, int n, float* __restrict__ lg,
+                                            const unsigned long long* __restrict__ thr,
+                                            unsigned int* __restrict__ count,
+                                            unsigned long long* __restrict__ rec, long long cap) {
+  constexpr int QB = 2;  // next_n ≤ 2 rows per request (decode.validate_shapes)
+  const int b = blockIdx.y, t0 = b * n;
+  const long long L = (long long)max_blocks * 64;
+  auto range = [&](int u, long long& a, long long& z) { a = 0, z = ke[t0 + u]; };
+  const PagedKeys keys{bt + (long long)b * max_blocks};
+  if constexpr (FUSED) {
+    RecordOut<QB, true> out{count, rec, cap, t0};
+#pragma unroll
+    for (int u = 0; u < QB; ++u) out.thr[u] = u < n ? thr[t0 + u] : 0ull;
+    range_scores<H, QB>(q, w, kv, ksc, L, t0, n, range, nullptr, keys, out);
+  } else {
+    LogitOut out{lg, L, t0};
+    range_scores<H, QB>(q, w, kv, ksc, L, t0, n, range, nullptr, keys, out);
+  }
+}
+
+// Explicit ids (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*; and the
+// decode witnesses, §10): block (x, ·) takes the entries row_ids[j] (S of them) of the tiles
+// of 64 from 64·x with stride 64·gridDim.x for query tq; an entry is a key iff ks ≤ id < ke
+// (−1 padding and ids out of the visible range are skipped) and every key's record (s, id),
+// its payload and α at keys.row(id), goes to rrow[:S], no threshold (*cnt ≤ S: no overflow;
+// like seed_score, a key is recorded whatever its score — the f16 seed_ids_mt* tests
+// s ≥ −inf, which differs only for a NaN).  A block whose tiles hold padding only (rows are
+// padded at the end) exits before loading its query; within the ring a tile of padding only
+// is not scored (its warps' ballots at the gather, read after the next barrier).  128
+// threads.
+template <int H, class Keys>
+__device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                                          const uint8_t* __restrict__ kp,
+                                          const float* __restrict__ alpha, int tq, int ks, int ke,
+                                          const int* __restrict__ row_ids, long long S, Keys keys,
+                                          unsigned int* __restrict__ cnt,
+                                          unsigned long long* __restrict__ rrow) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
   __shared__ __align__(1024) uint8_t sq[H * 128];
   __shared__ __align__(16) float sw[H];
   __shared__ int sany[kKeyStages][4];  // per stage and warp: a key among the warp's rows
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3, tq = blockIdx.y;
-  const int ks = ks_[tq], ke = ke_[tq];
-  const int* row_ids = ids + (long long)tq * S;
-  unsigned int* cnt = count + tq;
-  unsigned long long* rrow = rec + (long long)tq * S;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3;
   const int nt = (int)((S + 63) >> 6), gx = gridDim.x;
   auto id_of = [&](int j, int r) {
     const long long e = 64LL * j + r;
@@ -634,7 +737,7 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
   float a_nx;
   auto prefetch = [&](int j) {
     i_nx = qd < 2 && j < nt ? id_of(j, row) : -1;
-    a_nx = i_nx >= 0 ? __ldg(alpha + i_nx) : 0.f;
+    a_nx = i_nx >= 0 ? __ldg(alpha + keys.row(i_nx)) : 0.f;
   };
   prefetch(blockIdx.x);
   Pend pend;
@@ -645,7 +748,7 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
     gather_async(kp, sk + s * kTileBytes, [&](int r) {
       const int v = id_of(j, r);
       key |= v >= 0;
-      return v;
+      return v >= 0 ? (int)keys.row(v) : v;  // −1: no key
     });
     const unsigned b = __ballot_sync(0xffffffffu, key);
     if (lane == 0) sany[s][warp] = b != 0u;
@@ -676,6 +779,40 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
   emit_flush(pend, lane, rrow, S);
 }
 
+// Explicit seeds: query tq = blockIdx.y, the entries ids[tq, :S] (int32 [Qn, S]) visible in
+// [ks[tq], ke[tq]), records to rec[tq, :S].  grid (gx, Qn), 128 threads.
+template <int H>
+__device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                                         const uint8_t* __restrict__ kp,
+                                         const float* __restrict__ alpha,
+                                         const int* __restrict__ ks_, const int* __restrict__ ke_,
+                                         const int* __restrict__ ids, long long S,
+                                         unsigned int* __restrict__ count,
+                                         unsigned long long* __restrict__ rec) {
+  const int tq = blockIdx.y;
+  id_scores<H>(q, w, kp, alpha, tq, ks_[tq], ke_[tq], ids + (long long)tq * S, S, FlatKeys{},
+               count + tq, rec + (long long)tq * S);
+}
+
+// The decode witnesses (docs/method.md §10; decode.cu dec_witness_impl): row r = blockIdx.y
+// of request b = r / n scores the distinct witness ids wit[b, :Wc] (−1: empty) visible to it,
+// [0, ke[r]), through the request's block-table row; records to rec[r, :Wc] (count[r]).
+// grid (gx, B·n), 128 threads.
+template <int H>
+__device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
+                                               const float* __restrict__ w,
+                                               const uint8_t* __restrict__ kv,
+                                               const float* __restrict__ ksc,
+                                               const int* __restrict__ bt, int max_blocks,
+                                               const int* __restrict__ ke, int n,
+                                               const int* __restrict__ wit, int Wc,
+                                               unsigned int* __restrict__ count,
+                                               unsigned long long* __restrict__ rec) {
+  const int r = blockIdx.y, b = r / n;
+  id_scores<H>(q, w, kv, ksc, r, 0, ke[r], wit + (long long)b * Wc, Wc,
+               PagedKeys{bt + (long long)b * max_blocks}, count + r, rec + (long long)r * Wc);
+}
+
 }  // namespace fp8
 }  // namespace dosa
 #endif
@@ -684,9 +821,9 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
 // sm_90a code only for the sm_90a target (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile
 // empty bodies, so the sm_90 build of CI parses the same parameter lists.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DOSA_FP8_BODY(call) call;
+#define DOSA_FP8_BODY(...) __VA_ARGS__;
 #else
-#define DOSA_FP8_BODY(call)
+#define DOSA_FP8_BODY(...)
 #endif
 
 // Blocks per SM each record kernel is built for (__launch_bounds__' second argument: ptxas
@@ -697,6 +834,9 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
 #define REFINE_BLOCKS(H) 5
 #define SEED_SCORE_BLOCKS(H) ((H) == 64 ? 4 : 5)
 #define SEED_IDS_BLOCKS(H) ((H) == 64 ? 5 : 7)
+// The decode scan (range_scores with two rows and a threshold): 3 at H = 64 (4 spills its
+// records' state), 5 at H = 32; its witnesses as seed_ids.
+#define DECODE_BLOCKS(H) ((H) == 64 ? 3 : 5)
 #define SCORE_FP8_INST(H)                                                                       \
   extern "C" __global__ void __launch_bounds__(128) score_fp8_ids_h##H(                         \
       const uint8_t* __restrict__ q, const float* __restrict__ w, const uint8_t* __restrict__ kp, \
@@ -723,6 +863,26 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
       const int* ke, const int* ids, long long S, unsigned int* count,                         \
       unsigned long long* rec) {                                                               \
     DOSA_FP8_BODY(dosa::fp8::seed_ids<H>(q, w, kp, alpha, ks, ke, ids, S, count, rec))        \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, DECODE_BLOCKS(H)) decode_logits_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, float* out) {                                 \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan<H, false>(q, w, kv, ksc, bt, max_blocks, ke, next_n,  \
+                                                   out, nullptr, nullptr, nullptr, 0))         \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, DECODE_BLOCKS(H)) decode_fused_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, const unsigned long long* thr,                \
+      unsigned int* count, unsigned long long* rec, long long cap) {                           \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan<H, true>(q, w, kv, ksc, bt, max_blocks, ke, next_n,   \
+                                                  nullptr, thr, count, rec, cap))              \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, SEED_IDS_BLOCKS(H)) decode_witness_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, const int* wit, int Wc, unsigned int* count,  \
+      unsigned long long* rec) {                                                               \
+    DOSA_FP8_BODY(dosa::fp8::decode_witness<H>(q, w, kv, ksc, bt, max_blocks, ke, next_n, wit, \
+                                               Wc, count, rec))                                \
   }
 SCORE_FP8_INST(64)
 SCORE_FP8_INST(32)

@@ -1,0 +1,246 @@
+"""Decode on the native FP8 scorer (``scorer="fp8"``; docs/method.md §10, csrc/score_fp8.cu
+decode_scan / decode_witness).
+
+CPU tests (run anywhere):
+  * the numpy backend scores with the FP8 kernels' bits (``dosa_ref.mma_model
+    .fp8_fresh_scores``) and its ids equal a brute-force Top-K of those scores, every step of
+    walks with overflows and histories;
+  * the cupy backend's host code, with numpy for CuPy and the three FP8 decode kernels
+    emulated on the same scores after checking every launch against its parameter list in
+    score_fp8.cu and its grid, gives the numpy backend's ids, and its dense route the same;
+  * the option is checked (ValueError naming ``scorer``).
+GPU tests (sm_90a): the paged logits equal the prefill FP8 dense logits on the gathered
+keys bit for bit; the fused step equals the FP8 dense decode route and the numpy emulation
+every step of walks (B, next_n, H, overflow, history 0).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from cuda_signatures import check_args, signatures
+from gpu_support import cp, gpu, needs_sm90a
+from test_gpu_decode import PagedCache, _queries, fake_cupy  # noqa: F401  (a fixture)
+
+from dosa_cupy import decode as dec
+from dosa_cupy import decode_ops as dops
+from dosa_cupy import scorer as scorer_mod
+from dosa_cupy.scorer import FP8_SPEC
+from dosa_ref.mma_model import fp8_fresh_scores
+from dosa_ref.scorer import topk_of
+
+
+def _padded(qp, wq):
+    """q [B, n, H, 128], w [B, n, H] with heads padded to the FP8 scorer's 32 or 64."""
+    B, n, H, _ = qp.shape
+    Hp = scorer_mod.padded_heads(H, "fp8")
+    q = np.zeros((B, n, Hp, 128), np.uint8)
+    w = np.zeros((B, n, Hp), np.float32)
+    q[:, :, :H], w[:, :, :H] = qp, wq
+    return q, w
+
+
+def _row_scores(q, w, cache, b, ids):
+    """The FP8 scorer's scores (float32) of request b's logical keys ``ids`` for the padded
+    query q [Hp, 128], w [Hp]."""
+    rows = dec.physical_rows(cache.block_table[b : b + 1], np.asarray(ids)[None, :])[0]
+    kv = cache.kv.reshape(-1, 128)
+    sc = cache.scale.reshape(-1)
+    return fp8_fresh_scores(q, w, kv[rows], sc[rows])
+
+
+def _brute(qp, wq, cache, L, K):
+    """int64 [B, n, K]: Top-K of every row's visible keys by the FP8 scores (score desc,
+    id asc, −1 padding)."""
+    B, n = qp.shape[:2]
+    q, w = _padded(qp, wq)
+    ke = dec.visible_ends(L, n)
+    out = np.full((B, n, K), -1, np.int64)
+    for b in range(B):
+        for j in range(n):
+            ids = np.arange(int(ke[b, j]), dtype=np.int64)
+            if ids.size:
+                sel, _ = topk_of(_row_scores(q[b, j], w[b, j], cache, b, ids), ids, K)
+                out[b, j, : sel.size] = sel
+    return out
+
+
+@pytest.mark.parametrize(
+    "B,n,H,K,history,buffer",
+    [(1, 1, 32, 8, 2, None), (3, 2, 20, 16, 2, 20), (2, 2, 64, 5, 0, 6), (2, 1, 40, 12, 1, 1)],
+)
+def test_numpy_fp8_backend_equals_brute_force(B, n, H, K, history, buffer):
+    cache = PagedCache(B, 5 * 64, seed=7 * B + n + H)
+    rs = cache.rs
+    L = rs.integers(1, 90, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=history, buffer=buffer, backend="numpy", scorer="fp8")
+    qf = rs.standard_normal((B, n, H, 128))
+    overflowed = 0
+    for step in range(4):
+        qp, wq = _queries(rs, qf, n, H)
+        out = sel.step(qp, wq, cache.kv, cache.scale, cache.block_table, L)
+        assert np.array_equal(out.ids, _brute(qp, wq, cache, L, K)), step
+        overflowed += sel.last_overflow
+        L = np.minimum(L + rs.integers(1, 70, B), cache.max_blocks * 64).astype(np.int32)
+    if buffer is not None and buffer < 10:
+        assert overflowed > 0  # the exact extension was exercised
+
+
+def test_scorer_option_is_checked():
+    with pytest.raises(ValueError, match="^scorer:"):
+        dec.DecodeSelectorGPU(4, backend="numpy", scorer="bf16")
+    with pytest.raises(ValueError, match="^scorer:"):
+        dec.check_decode_inputs(
+            np.zeros((1, 1, 8, 128), np.uint8), np.ones((1, 1, 8), np.float32),
+            np.zeros((2, 64, 128), np.uint8), np.ones((2, 64), np.float32),
+            np.zeros((1, 1), np.int32), np.array([5], np.int32), 4, scorer=None,
+        )  # fmt: skip
+    if not scorer_mod.fp8_available():  # the device backend refuses "fp8" where it cannot run
+        with pytest.raises(ValueError, match="^scorer:"):
+            dec.DecodeSelectorGPU(4, scorer="fp8")
+
+
+# ---- the cupy backend's host code with the FP8 decode kernels emulated -----------------
+
+
+class _FakeFP8:
+    """score_fp8.cu's decode kernels emulated with fp8_fresh_scores."""
+
+    def __init__(self):
+        self.sig, self.calls = signatures(FP8_SPEC), []
+
+    def get(self, name, smem=0, spec=None):
+        assert spec is FP8_SPEC and smem == 0, (name, spec)
+        m = re.fullmatch(r"(decode_\w+_fp8)_h(\d+)", name)
+        base, H = m.group(1), int(m.group(2))
+
+        def launch(grid, block, args, **kw):
+            check_args(name, args, [p.dtype for p in self.sig[name]])
+            assert block == (128,) and len(grid) == 2 and not kw, (name, grid, block, kw)
+            assert args[0].shape[1] == H, "the build of the padded heads"
+            if base == "decode_witness_fp8":
+                Wc = int(args[9])
+                assert grid[1] == args[6].shape[0] and 1 <= grid[0] <= max(1, -(-Wc // 64))
+            else:  # block (x, b): request b's tiles x, x + gx, … of 64 keys
+                B, mb = args[4].shape[0], int(args[5])
+                assert grid[1] == B and 1 <= grid[0] <= mb
+            self.calls.append(name)
+            getattr(self, base)(*args)
+
+        return launch
+
+    def _scores(self, q, w, kv, ksc, bt, r, n, ids):
+        """The kernels' arguments: q [R, Hp, 128], kv [rows, 128], ksc [rows] (flattened)."""
+        b = r // n
+        rows = dec.physical_rows(bt[b : b + 1], np.asarray(ids)[None, :])[0]
+        return fp8_fresh_scores(q[r], w[r], kv[rows], ksc[rows])
+
+    @staticmethod
+    def _record(s, ids):
+        from dosa_cupy.emulate import score_code
+
+        low = (~ids.astype(np.int64)) & 0xFFFFFFFF
+        return (score_code(s).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
+
+    def decode_logits_fp8(self, q, w, kv, ksc, bt, mb, ke, n, out):
+        assert np.all(out == -np.inf), "the host fills the logits with −inf first"
+        for r in range(out.shape[0]):
+            e = int(ke[r])
+            out[r, :e] = self._scores(q, w, kv, ksc, bt, r, int(n), np.arange(e))
+
+    def decode_fused_fp8(self, q, w, kv, ksc, bt, mb, ke, n, thr, cnt, rec, cap):
+        for r in range(cnt.shape[0]):
+            ids = np.arange(int(ke[r]))
+            s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
+            keep = self._record(s, ids) >= thr[r]
+            cnt[r] = keep.sum()
+            m = min(int(cap), int(keep.sum()))
+            rec[r, :m] = self._record(s[keep], ids[keep])[:m]
+
+    def decode_witness_fp8(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec):
+        for r in range(cnt.shape[0]):
+            row = wit[r // int(n)]
+            ids = row[(row >= 0) & (row < ke[r])].astype(np.int64)
+            cnt[r] = ids.size
+            s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
+            rec[r, : ids.size] = self._record(s, ids)
+
+
+@pytest.mark.parametrize("B,n,H,buffer,K", [(2, 2, 32, None, 8), (3, 1, 64, 1, 16)])
+def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, H, buffer, K):  # noqa: F811
+    cache = PagedCache(B, 4 * 64, seed=B + n + H)
+    rs = cache.rs
+    fk = _FakeFP8()
+    monkeypatch.setattr(scorer_mod, "fp8_available", lambda: True)
+    monkeypatch.setattr(dops, "kernel", fk.get)
+    L = rs.integers(1, 200, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, scorer="fp8")
+    ref = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, backend="numpy", scorer="fp8")
+    qf = rs.standard_normal((B, n, H, 128))
+    for step in range(4):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (qp, wq, cache.kv, cache.scale, cache.block_table, L)
+        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
+        out = sel.step(*args)
+        assert np.array_equal(out.ids, dense), step
+        assert np.array_equal(out.ids, ref.step(*args).ids), step
+        L = np.minimum(L + rs.integers(1, 40, B), cache.max_blocks * 64).astype(np.int32)
+    assert {c.rsplit("_h", 1)[0] for c in fk.calls} == {
+        "decode_logits_fp8", "decode_fused_fp8", "decode_witness_fp8"}  # fmt: skip
+
+
+# ---- GPU (sm_90a) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_paged_logits_equal_prefill_dense(H):
+    """Paged FP8 logits of request b == the prefill FP8 dense logits over its gathered keys,
+    bitwise (one arithmetic for every route)."""
+    import dosa_cupy
+
+    B, n = 2, 2
+    cache = PagedCache(B, 20 * 64, seed=H + 1)
+    rs = cache.rs
+    L = np.array([20 * 64 - 7, 300], dtype=np.int32)
+    qp, wq = _queries(rs, rs.standard_normal((B, n, H, 128)), n, H)
+    dev = [cp.asarray(x) for x in (qp, wq, cache.kv, cache.scale, cache.block_table, L)]
+    lg = dec.paged_logits(*dev, scorer="fp8")
+    ke = dec.visible_ends(L, n)
+    for b, (p, s) in enumerate(dec.gather_request_keys(cache.kv, cache.scale,
+                                                       cache.block_table, L)):  # fmt: skip
+        ref = dosa_cupy.dense_logits(cp.asarray(qp[b]), cp.asarray(wq[b]), cp.asarray(p),
+                                     cp.asarray(s), ke=cp.asarray(ke[b]), scorer="fp8")  # fmt: skip
+        got = lg[b, :, : p.shape[0]]
+        assert cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32))
+        assert bool(cp.all(lg[b, :, p.shape[0] :] == -cp.inf))
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("B", [1, 3])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_decode_walk(B, n, H):
+    """The fused FP8 step == the FP8 dense decode route, bitwise, every step; on the first
+    steps also == the numpy emulation of the FP8 kernels (brute force of their bits)."""
+    K, steps = 128, 6
+    cache = PagedCache(B, 24 * 64, seed=20 * B + n + H)
+    rs = cache.rs
+    L = rs.integers(K // 2, 6 * 64, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
+    small = dec.DecodeSelectorGPU(K, history=2, buffer=3, scorer="fp8")  # overflow path
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
+    for step in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
+        assert cp.array_equal(sel.step(*args).ids, dense), step
+        assert cp.array_equal(small.step(*args).ids, dense), step
+        if step < 2:
+            assert np.array_equal(cp.asnumpy(dense), _brute(qp, wq, cache, L, K)), step
+        L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
