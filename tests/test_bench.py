@@ -971,7 +971,8 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
         ke = dec.visible_ends(lengths, q.shape[1])
         return np.where(np.arange(s.shape[2]) < ke[..., None], s, -np.inf).astype(np.float32)
 
-    def dense_topk(q, w, kv, sc, bt, lengths, K, check_values=True):
+    def dense_topk(q, w, kv, sc, bt, lengths, K, check_values=True, scorer="f16"):
+        assert scorer == "f16"  # the bench's default scorer
         lg = paged_logits(q, w, kv, sc, bt, lengths)
         B, n, L = lg.shape
         return (
@@ -979,7 +980,9 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
         )
 
     class Selector:
-        def __init__(self, K, history=2, buffer=None, check_values=False, check_layout=True):
+        def __init__(self, K, history=2, buffer=None, check_values=False, check_layout=True,
+                     scorer="f16"):  # fmt: skip
+            assert scorer == "f16"  # the bench's default scorer
             self.K, self.buffer, self.last_overflow = K, buffer, 0
 
         def step(self, *a, return_stats=False, out=None):

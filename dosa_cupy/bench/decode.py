@@ -197,10 +197,11 @@ def timed(cp, fn, idx):
 
 
 def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=None,
-                regime="synthetic"):  # fmt: skip
-    """One decode shape: the project's routes, then the peers (``decode_peers.discover()``;
-    None: none run) on the same steps; returns the JSON row.  ``regime``: "synthetic" (a
-    drifting query walk over topic-structured keys) or "trained" (``trained_walk``)."""
+                regime="synthetic", scorer="f16"):  # fmt: skip
+    """One decode shape: the project's routes on the canonical ``scorer`` ("f16" or "fp8",
+    dosa_cupy/scorer.py), then the peers (``decode_peers.discover()``; None: none run) on the
+    same steps; returns the JSON row.  ``regime``: "synthetic" (a drifting query walk over
+    topic-structured keys) or "trained" (``trained_walk``)."""
     import cupy as cp
 
     from dosa_cupy.decode import DecodeSelectorGPU, dense_decode_topk
@@ -224,8 +225,8 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
         return (*walk[i], kv, sc, bt, lengths[i])
 
     # full validation once (NaN codes, block table), then the timed calls skip value scans
-    dense_decode_topk(*args(0), K, check_values=True)
-    sel = DecodeSelectorGPU(K, history=history, buffer=buffer)  # the API's defaults
+    dense_decode_topk(*args(0), K, check_values=True, scorer=scorer)
+    sel = DecodeSelectorGPU(K, history=history, buffer=buffer, scorer=scorer)  # API defaults
 
     def tm(fn, idx):
         return timed(cp, fn, idx)
@@ -234,7 +235,7 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
         return sel.step(*args(i), return_stats=False).ids
 
     def dense(i):
-        return dense_decode_topk(*args(i), K)
+        return dense_decode_topk(*args(i), K, scorer=scorer)
 
     tm(dosa, range(warm))  # warm-up: builds the witnesses of the walk
     tm(dense, range(warm))
@@ -252,7 +253,8 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
     last = sel.step(*args(steps - 1), return_stats=True).stats
     vis = float(B * n * np.mean(cp.asnumpy(lengths[warm])))
     res = dict(
-        regime=regime, H=H, B=B, ctx=ctx, next_n=n, K=K, reps=reps, warm=warm, history=history,
+        regime=regime, scorer=scorer, H=H, B=B, ctx=ctx, next_n=n, K=K, reps=reps, warm=warm,
+        history=history,
         buffer=sel.buffer, visible_keys=vis,
         dense_ms=statistics.median(ts_dense), dosa_ms=statistics.median(ts_dosa),
         dense_ms_all=ts_dense, dosa_ms_all=ts_dosa,
@@ -260,7 +262,7 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
         overflow_steps=int(over), compaction=last.compaction,
         witnesses_mean=float(last.witnesses.mean()), ids_equal=equal, gen_s=gen_s,
     )  # fmt: skip
-    res.update(_dosa_graph(cp, sel_args=(K, history, buffer), c=dict(
+    res.update(_dosa_graph(cp, sel_args=(K, history, buffer, scorer), c=dict(
         walk=walk, lengths=lengths, kv=kv, sc=sc, bt=bt, B=B, n=n, K=K, warm=warm, idx=idx,
         dense_ids=dict(zip(idx, ids_dense, strict=True))), tm=tm))  # fmt: skip
     res["speedup"] = res["dense_ms"] / res["dosa_ms"]
@@ -294,10 +296,10 @@ def _dosa_graph(cp, sel_args, c, tm) -> dict:
     dosa_graph_ids_equal (== the dense ids at every timed step).  Not run with a buffer."""
     from dosa_cupy.decode import DecodeSelectorGPU
 
-    K, history, buffer = sel_args
+    K, history, buffer, scorer = sel_args
     if buffer is not None:
         return {"dosa_graph_ms": None, "dosa_graph_ids_equal": None}
-    sel = DecodeSelectorGPU(K, history=history, check_layout=False)
+    sel = DecodeSelectorGPU(K, history=history, check_layout=False, scorer=scorer)
     (q0, w0), L0 = c["walk"][0], c["lengths"][0]
     st = [q0.copy(), w0.copy(), L0.copy()]
     out = cp.empty((c["B"], c["n"], K), dtype=cp.int64)
@@ -337,6 +339,7 @@ def _xf(key):
 _STEP_COLS = [
     ("H", lambda r: str(r["H"])), ("B", lambda r: str(r["B"])),
     ("ctx", lambda r: f"{r['ctx']:,}"), ("next_n", lambda r: str(r["next_n"])),
+    ("scorer", lambda r: r.get("scorer", "f16")),  # rows of older runs: f16
 ]  # fmt: skip
 
 
@@ -449,6 +452,12 @@ def main(argv=None) -> int:
         help="synthetic (default), trained (held-out text through the shipped indexers; "
         "H 32 / 64, B·ctx ≤ 2^24), or both, comma-separated",
     )
+    ap.add_argument(
+        "--scorer",
+        default="f16",
+        help="the canonical scorer(s) of the project's routes: f16 (default), fp8 (sm_90a), "
+        "or both, comma-separated (each shape runs once per scorer)",
+    )
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
     ap.add_argument(
         "--peers",
@@ -466,6 +475,9 @@ def main(argv=None) -> int:
     if any(x not in (1, 2) for x in nns):
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
+    scorers = a.scorer.split(",")
+    if not scorers or set(scorers) - {"f16", "fp8"}:
+        raise ValueError(f"scorer: expected f16 and/or fp8, got {a.scorer!r}")
     regimes = a.regime.split(",")
     if set(regimes) - {"synthetic", "trained"} or not regimes:
         raise ValueError(f"regime: expected synthetic and/or trained, got {a.regime!r}")
@@ -488,13 +500,15 @@ def main(argv=None) -> int:
     for regime in regimes:
         for H, B, ctx in shapes:
             for n in nns:
-                t0 = time.time()
-                rows.append(
-                    bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history, a.buffer, a.seed,
-                                lambda s: print(s, flush=True), peers=peers, regime=regime)
-                )  # fmt: skip
-                print(f"# {regime} {H}x{B}x{ctx} next_n={n} done in {time.time() - t0:.1f}s",
-                      flush=True)  # fmt: skip
+                for sc in scorers:
+                    t0 = time.time()
+                    rows.append(
+                        bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history, a.buffer,
+                                    a.seed, lambda s: print(s, flush=True), peers=peers,
+                                    regime=regime, scorer=sc)
+                    )  # fmt: skip
+                    print(f"# {regime} {sc} {H}x{B}x{ctx} next_n={n} done in "
+                          f"{time.time() - t0:.1f}s", flush=True)  # fmt: skip
                 import cupy as cp  # the shape's arrays are gone: return their memory
 
                 cp.get_default_memory_pool().free_all_blocks()
