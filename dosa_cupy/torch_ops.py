@@ -99,13 +99,15 @@ def _ragged_topk_fake(q, w, k_payload, k_scale, K, cu_seqlens_q, cu_seqlens_k, c
     return q.new_empty((q.shape[0], K), dtype=dt)
 
 
-def decode_selector(K: int, history: int = 2, check_layout: bool = False) -> int:
-    """A ``decode.DecodeSelectorGPU`` for ``decode_topk``, returned as an integer handle
-    (one per indexer layer).  Its witness history is state kept between steps: it makes
-    steps faster, never changes their ids (docs/method.md §10)."""
+def decode_selector(K: int, history: int = 2, check_layout: bool = False,
+                    scorer: str = "f16") -> int:  # fmt: skip
+    """A ``decode.DecodeSelectorGPU`` for ``decode_topk`` on the canonical ``scorer`` ("f16"
+    or "fp8", ``dosa_cupy.scorer``), returned as an integer handle (one per indexer layer).
+    Its witness history is state kept between steps: it makes steps faster, never changes
+    their ids (docs/method.md §10)."""
     from .decode import DecodeSelectorGPU
 
-    sel = DecodeSelectorGPU(K=K, history=history, check_layout=check_layout)
+    sel = DecodeSelectorGPU(K=K, history=history, check_layout=check_layout, scorer=scorer)
     handle = next(_HANDLES)  # never reused: a graph holding a released handle fails loudly
     _SELECTORS[handle] = sel
     return handle

@@ -69,21 +69,22 @@ def numpy_as_cupy():
     return shim
 
 
-def replay_decode_walk(walk, dev, K: int, label: str = "") -> None:
+def replay_decode_walk(walk, dev, K: int, label: str = "", scorer: str = "f16") -> None:
     """A decode walk replayed from a CUDA graph: the step (check_layout=False, the default
     buffer, return_stats=False, out=) runs eagerly on step 0, is captured once in a CuPy
     stream graph, and is replayed on every later step copied into the same buffers; at
     every step its ids equal an eager selector's and ``dense_decode_topk``'s bitwise, and
     the graph selector's ring was pushed once per step (it advances on the device).
     ``walk``: steps of (q [B, n, H, 128], w [B, n, H], lengths [B]) device arrays; ``dev``:
-    [cache payload, cache scale, block table]."""
+    [cache payload, cache scale, block table]; ``scorer``: every selector's and the dense
+    route's canonical scorer."""
     from dosa_cupy import decode as dec
 
     B, n = walk[0][0].shape[:2]
     static = [x.copy() for x in walk[0]]
     out = cp.empty((B, n, K), dtype=cp.int64)
-    sel_g = dec.DecodeSelectorGPU(K, check_layout=False)
-    sel_e = dec.DecodeSelectorGPU(K)
+    sel_g = dec.DecodeSelectorGPU(K, check_layout=False, scorer=scorer)
+    sel_e = dec.DecodeSelectorGPU(K, scorer=scorer)
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()  # the copies (legacy stream) before the capture stream
     with stream:
@@ -94,7 +95,8 @@ def replay_decode_walk(walk, dev, K: int, label: str = "") -> None:
     stream.synchronize()
     first = sel_e.step(*walk[0][:2], *dev, walk[0][2], return_stats=False).ids
     assert cp.array_equal(first, out), f"{label} step 0: eager != the graph selector's"
-    assert cp.array_equal(first, dec.dense_decode_topk(*walk[0][:2], *dev, walk[0][2], K))
+    dense0 = dec.dense_decode_topk(*walk[0][:2], *dev, walk[0][2], K, scorer=scorer)
+    assert cp.array_equal(first, dense0)
     for t in range(1, len(walk)):
         for dst, src in zip(static, walk[t], strict=True):
             dst[...] = src
@@ -103,7 +105,7 @@ def replay_decode_walk(walk, dev, K: int, label: str = "") -> None:
         graph.launch(stream)
         stream.synchronize()
         eager = sel_e.step(*walk[t][:2], *dev, walk[t][2], return_stats=False).ids
-        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K)
+        dense = dec.dense_decode_topk(*walk[t][:2], *dev, walk[t][2], K, scorer=scorer)
         assert cp.array_equal(eager, dense), f"{label} step {t}: eager != dense"
         assert cp.array_equal(out, eager), f"{label} step {t}: replay != eager"
         assert cp.array_equal(out, dense), f"{label} step {t}: replay != dense"

@@ -21,7 +21,7 @@ import re
 import numpy as np
 import pytest
 from cuda_signatures import check_args, signatures
-from gpu_support import cp, gpu, needs_sm90a
+from gpu_support import cp, gpu, needs_sm90a, replay_decode_walk
 from test_gpu_decode import PagedCache, _queries, fake_cupy  # noqa: F401  (a fixture)
 
 from dosa_cupy import decode as dec
@@ -244,3 +244,23 @@ def test_gpu_fp8_decode_walk(B, n, H):
         if step < 2:
             assert np.array_equal(cp.asnumpy(dense), _brute(qp, wq, cache, L, K)), step
         L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_step_captured_in_a_cupy_graph(H):
+    """The FP8 step replayed from a CUDA graph equals the eager FP8 step and the FP8 dense
+    decode route at every step (gpu_support.replay_decode_walk)."""
+    B, n, K, steps = 2, 2, 64, 5
+    cache = PagedCache(B, 12 * 64, seed=H + 3)
+    rs = cache.rs
+    L = rs.integers(K, 6 * 64, B).astype(np.int32)
+    qf = rs.standard_normal((B, n, H, 128))
+    walk = []
+    for _ in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        walk.append((cp.asarray(qp), cp.asarray(wq), cp.asarray(L)))
+        L = np.minimum(L + rs.integers(1, 64, B), cache.max_blocks * 64).astype(np.int32)
+    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
+    replay_decode_walk(walk, dev, K, f"fp8 H={H}", scorer="fp8")
