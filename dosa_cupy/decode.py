@@ -280,9 +280,7 @@ def complete_inputs(part: dict, *, check_values: bool = False, check_layout: boo
 def _logits_raw(d):
     cp = cupy_or_raise()
     R, L = d["B"] * d["n"], d["L"]
-    # the FP8 scan writes the tiles it scores (decode_ops.scan): the rest stays −inf
-    fp8 = d["scorer"] == "fp8"
-    out = cp.full((R, L), -np.inf, dtype=cp.float32) if fp8 else cp.empty((R, L), cp.float32)
+    out = cp.empty((R, L), dtype=cp.float32)
     scan(d, False, (out,))
     return out
 

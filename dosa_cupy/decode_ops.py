@@ -86,15 +86,22 @@ def scan(d, fused: bool, tail: tuple) -> None:
 # per row of the witness scoring (each streams its tiles of 64 witnesses through the key ring).
 FP8_SCAN_BLOCKS = {64: 3, 32: 5}
 FP8_WIT_BLOCKS = 4
+FP8_TILE = 64  # keys per tile of score_fp8.cu's rings (kTileBytes / 128)
+FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 
 
 def scan_fp8(d, fused: bool, tail: tuple) -> None:
     """The FP8 scan (csrc/score_fp8.cu decode_scan): grid (gx, B), request b's next_n rows
     against its logical keys in tiles of 64, block x taking tiles x, x + gx, …; gx fills the
-    GPU (its resident blocks) across the B requests.  The logits route's ``out`` must hold
-    −inf where no tile is scored (decode._logits_raw)."""
+    GPU (its resident blocks) across the B requests.  The logits route's ``out`` is filled
+    with −inf first: the kernel writes the tiles it scores, the keys below the request's
+    last visible end."""
     H, B, L = d["Hp"], d["B"], d["L"]
-    T = -(-L // PAGE)
+    if d["n"] > FP8_ROWS:  # validate_shapes admits 1 or 2
+        raise ValueError(f"q: the FP8 decode scan takes next_n <= {FP8_ROWS}, got {d['n']}")
+    if not fused:
+        tail[0].fill(-np.inf)
+    T = -(-L // FP8_TILE)
     gx = max(1, min(T, -(-num_sms() * FP8_SCAN_BLOCKS[H] // B)))
     name = f"decode_{'fused' if fused else 'logits'}_fp8_h{H}"
     kernel(name, 0, FP8_SPEC)(

@@ -79,16 +79,17 @@ def _f64(x):
 def emulate_eps_raw(qb, w, eps_base, a_step, a_epi):
     """plan.cu's ε_raw: per head h the step exponents of its codes (plan.step_exponents),
     a_h = ((Σ_s 2^(eq_s))·a_step·a_epi)·(1 + MU), the terms |w_h|·a_h on lanes 4h of warp
-    h / 8 (0 elsewhere), warp_sum per warp, the 8 warp sums in order, then
+    h / 8 (0 elsewhere), warp_sum per warp, the warps' sums in order, then
     eps_base + S·(1 + MU)."""
     Hp = qb.shape[0]
     e = pf.step_exponents(qb, np)  # [Hp, 4]
     p = np.where(e > pf.NO_EXPONENT, np.ldexp(1.0, e), 0.0).sum(axis=1)  # exact
     a = ((p * a_step) * a_epi) * (1 + MU)
-    term = np.zeros(32 * 8)
+    warps = pf.PLAN_THREADS // 32
+    term = np.zeros(32 * warps)
     term[4 * np.arange(Hp)] = np.abs(w.astype(np.float64)) * a
     S = 0.0
-    for i in range(8):
+    for i in range(warps):
         S = S + _warp_sum(term[32 * i : 32 * i + 32])
     return eps_base + S * (1 + MU)
 
