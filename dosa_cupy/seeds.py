@@ -19,7 +19,7 @@ import numpy as np
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
 from ._build import cupy_or_raise, kernel, tile
-from .dense import _NULL, dense_ids, select_records
+from .dense import _NULL, dense_ids, select_records, select_rows
 from .prepare import Batch, as_device
 from .scorer import FP8_SPEC, QG, ROWB
 from .select import RecordBuffer, tau_of_seeds
@@ -174,23 +174,41 @@ def seed_ranges(poolmask, offs, ks, ke, sinks: int, window: int):
     return rg
 
 
-ANCHOR_RECORDS = 1 << 27  # the largest anchors × keys whose records anchor_ids holds (1 GiB)
+ANCHOR_LOGITS = 1 << 27  # the largest anchors × keys whose logits anchor_ids holds (512 MiB)
 
 
 def anchor_ids(ab: Batch):
     """The Top-K ids int32 [n, K] of the anchor rows ``ab`` (the anchor pool's source,
-    docs/method.md §2): the dense route's, or for the FP8 scorer the same selection through
-    records — every visible key's record (``score_seed_tiles``, 64 key tiles per anchor in
-    parallel) and ``select_records`` — because its dense kernel runs one block per 8–16
-    queries, so a handful of anchors would scan the keys on one SM (~23 ms at 1M keys; the
-    records take a fraction of that).  Any real keys are valid seeds; these are the exact
-    Top-K all the same (the records carry the dense logits' bits)."""
-    if ab.scorer != "fp8" or ab.Qn * ab.N > ANCHOR_RECORDS:
+    docs/method.md §2): the dense route's — for the FP8 scorer its logits by
+    ``anchor_logits`` (64-key tiles of every anchor on the whole GPU) instead of the dense
+    kernel, which runs one block per 8–16 queries, so a handful of anchors would scan the
+    keys on one SM (~23 ms at 1M keys); then the dense route's selection (``select_rows``:
+    the wide one, many blocks per row, for these few long rows).  The same logits' bits and
+    the same selection: the dense route's ids.  Any real keys are valid seeds; these are the
+    exact Top-K all the same."""
+    if ab.scorer != "fp8" or ab.Qn * ab.N > ANCHOR_LOGITS:
         return dense_ids(ab)
-    out = RecordBuffer(ab.Qn, ab.N)
-    score_seed_tiles(ab, (ab.kp, ab.ksc, None), (ab.ks, ab.ke), ab.N, out)
-    ids, _ = select_records(ab.K, out.rec, out.cnt)
-    return ids
+    return select_rows(anchor_logits(ab), ab.K, ab.ks, ab.ke)
+
+
+def anchor_logits(ab: Batch):
+    """fp32 [n, N]: the FP8 dense logits of the rows ``ab`` (−inf where a key is not
+    visible) by score_fp8.cu seed_logits: grid (gx, ⌈n / qb⌉), qb = 128 / H queries per
+    block row sharing each 64-key tile, gx blocks per row group over the tiles of its span
+    (about 8192 blocks a launch, each streaming several tiles through its key ring)."""
+    cp = cupy_or_raise()
+    n, N = ab.Qn, ab.N
+    out = cp.full((n, N), -np.inf, dtype=cp.float32)
+    if n == 0 or N == 0:
+        return out
+    qb = 128 // (16 * ab.mth)
+    gx = max(1, min(-(-N // 64), -(-8192 // -(-n // qb))))
+    f = kernel(f"seed_logits_fp8_h{16 * ab.mth}", 0, FP8_SPEC)
+    for a, z in _query_rows(n, qb):
+        f((gx, -(-(z - a) // qb)), (128,),
+          (ab.q[a:z], ab.w[a:z], ab.kp, ab.ksc, np.int64(N), ab.ks[a:z], ab.ke[a:z],
+           np.int32(z - a), out[a:z]))  # fmt: skip
+    return out
 
 
 FP8_TILES = 64  # seed_ids_fp8's blocks per query (each loops over its 64-id tiles)

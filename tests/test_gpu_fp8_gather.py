@@ -298,3 +298,32 @@ def test_seed_ids_fp8_records_the_visible_ids_of_the_table(H, N, Qn, gx):
         want = _records(lg[t, ids], ids)
         _check_row(rec[t], int(cnt[t]), S, want, lambda i, t=t: lg[t, i], t)
     assert int(cnt[3]) == 56 + 8 and int(cnt[1]) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# The anchors' logits
+# ---------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_sm90a
+@pytest.mark.parametrize("H", [64, 32])
+@pytest.mark.parametrize("N,Qn", SHAPES)
+def test_seed_logits_fp8_equal_the_dense_logits(H, N, Qn):
+    """seed_logits_fp8_h{H} (seeds.anchor_logits, the anchors' Top-K): the dense FP8 logits'
+    bits on every visible key, −inf elsewhere (empty, mid-tile, whole and short ranges), and
+    the anchors' ids equal the dense route's."""
+    import dosa_cupy
+    from dosa_cupy import seeds
+    from dosa_cupy.prepare import pad_batch
+
+    wl, ks, ke, lg = _case(H, N, Qn)
+    b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"],
+                  scorer="fp8")  # fmt: skip
+    got = cp.asnumpy(seeds.anchor_logits(b))
+    vis = (np.arange(N)[None, :] >= ks[:, None]) & (np.arange(N)[None, :] < ke[:, None])
+    want = np.where(vis, lg, -np.inf).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    dense = dosa_cupy.dense_topk(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64,
+                                 wl["ks"], wl["ke"], scorer="fp8")  # fmt: skip
+    assert cp.array_equal(seeds.anchor_ids(b).astype(cp.int64), dense)

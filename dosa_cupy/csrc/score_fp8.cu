@@ -664,6 +664,28 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
       FlatKeys{}, out);
 }
 
+// Dense logits of key ranges (the anchors' Top-K, docs/method.md §2): range_scores over the
+// keys of [lo[t], hi[t]) ∩ [0, n_keys) with out[t, i] = the score where key i is in query t's
+// range, −inf elsewhere on the tiles scored (the host fills out [Qn, n_keys] with −inf first)
+// — the FP8 dense route's logits bit for bit, with every block of the grid on a few queries'
+// keys (the dense kernel runs one block per 8–16 queries).  grid (gx, ⌈Qn / QB⌉), 128 threads.
+template <int H>
+__device__ __forceinline__ void seed_logits(const uint8_t* __restrict__ q,
+                                            const float* __restrict__ w,
+                                            const uint8_t* __restrict__ kp,
+                                            const float* __restrict__ alpha, long long n_keys,
+                                            const int* __restrict__ lo_, const int* __restrict__ hi_,
+                                            int Qn, float* __restrict__ out) {
+  constexpr int QB = 128 / H;
+  const int t0 = blockIdx.y * QB;
+  if (t0 >= Qn) return;
+  LogitOut o{out, n_keys, t0};
+  range_scores<H, QB>(
+      q, w, kp, alpha, n_keys, t0, min(QB, Qn - t0),
+      [&](int u, long long& a, long long& z) { a = lo_[t0 + u], z = hi_[t0 + u]; }, nullptr,
+      FlatKeys{}, o);
+}
+
 // The decode scan on the FP8 scorer (docs/method.md §10; the FP8 counterpart of decode.cu
 // dec_scan_impl): request b = blockIdx.y, its n = next_n query rows r = b·n + u (q [R, H, 128],
 // w [R, H], R = B·n) against its logical keys [0, ke[r]) through its block-table row bt[b]
@@ -863,6 +885,11 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
       const int* ke, const int* ids, long long S, unsigned int* count,                         \
       unsigned long long* rec) {                                                               \
     DOSA_FP8_BODY(dosa::fp8::seed_ids<H>(q, w, kp, alpha, ks, ke, ids, S, count, rec))        \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, SEED_SCORE_BLOCKS(H)) seed_logits_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
+      const int* lo, const int* hi, int Qn, float* out) {                                      \
+    DOSA_FP8_BODY(dosa::fp8::seed_logits<H>(q, w, kp, alpha, n_keys, lo, hi, Qn, out))        \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(128, DECODE_BLOCKS(H)) decode_logits_fp8_h##H( \
       const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
