@@ -18,7 +18,7 @@ from dosa_ref.options import check_count
 
 from . import sm90a
 from .scorer import QG
-from .screen import R_WIDE, auto_screen
+from .screen import R_WIDE, WGT_QG, auto_screen
 
 __all__ = [
     "H200",
@@ -209,7 +209,10 @@ def candidates(screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None 
 
 
 def sample_size(screen: str) -> int:
-    """Queries of one block row of the screen (QG; pairs: two queries per plan row)."""
+    """Queries of one block row of the screen (QG; pairs: two queries per plan row; the
+    Hopper screens their own: sm90a.QG, screen.WGT_QG)."""
     if screen == "wg":
         return sm90a.QG
+    if screen == "wgt":
+        return WGT_QG
     return 2 * QG if screen == "pair" else QG

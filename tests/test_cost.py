@@ -86,12 +86,13 @@ def test_candidates(hopper, kind):
 
 
 def test_sample_size_is_one_block_row():
-    from dosa_cupy import sm90a
+    from dosa_cupy import screen, sm90a
     from dosa_cupy.scorer import QG
 
     assert cost.sample_size("fp64") == QG
     assert cost.sample_size("pair") == 2 * QG
     assert cost.sample_size("wg") == sm90a.QG
+    assert cost.sample_size("wgt") == screen.WGT_QG
 
 
 @pytest.mark.parametrize("bad", ["fast", "", None, 1, "Dense"])
