@@ -1,7 +1,7 @@
-// The transposed Hopper screen (opt-in screen="wgt"; docs/method.md §8–§9, docs/records/
-// notes.md "The FP8 scorer as a call's canonical scorer, session 16", item 1): the contract
-// of screen_wg_mt1 (screen_sm90a.cu) — same parameters, same outputs, same keep rules — with
-// the MMA turned around so that the epilogue costs fewer instructions per (query, key) pair.
+// The transposed Hopper screen (opt-in screen="wgt"; docs/method.md §8–§9, docs/design.md
+// "Kernel sources"): the contract of screen_wg_mt1 (screen_sm90a.cu) — same parameters, same
+// outputs, same keep rules — with the MMA turned around so that the epilogue costs fewer
+// instructions per (query, key) pair (the counts: docs/records/notes.md, sessions 16–17).
 //
 // Orientation (as csrc/dense_fp8.cu): keys are the wgmma M operand (64 keys per warpgroup),
 // the plan rows of a group of queries the N operand (m64n128k16, f16, both operands K-major
