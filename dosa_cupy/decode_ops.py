@@ -92,8 +92,10 @@ FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 
 def scan_fp8(d, fused: bool, tail: tuple) -> None:
     """The FP8 scan (csrc/score_fp8.cu decode_scan): grid (gx, B), request b's next_n rows
-    against its logical keys in tiles of 64, block x taking tiles x, x + gx, …; gx fills the
-    GPU (its resident blocks) across the B requests.  The logits route's ``out`` is filled
+    against its logical keys in tiles of 64, block x taking tiles x, x + gx, …; gx spreads
+    the GPU's resident blocks over the B requests without a second wave (B·gx ≤ the blocks
+    that fit at once, rounded down: a partial second wave would double the time of the long
+    per-block tile loops).  The logits route's ``out`` is filled
     with −inf first: the kernel writes the tiles it scores, the keys below the request's
     last visible end."""
     H, B, L = d["Hp"], d["B"], d["L"]
@@ -102,7 +104,7 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
     if not fused:
         tail[0].fill(-np.inf)
     T = -(-L // FP8_TILE)
-    gx = max(1, min(T, -(-num_sms() * FP8_SCAN_BLOCKS[H] // B)))
+    gx = max(1, min(T, num_sms() * FP8_SCAN_BLOCKS[H] // B))
     name = f"decode_{'fused' if fused else 'logits'}_fp8_h{H}"
     kernel(name, 0, FP8_SPEC)(
         (gx, B), (128,),
