@@ -66,7 +66,11 @@ SCREEN_THREADS = 256
 WGT_THREADS = 384
 WGT_MAX_R = 14  # retained heads of an mts = 1 plan (plan.py: mts = 1 for r <= 14)
 WGT_TILE = 128 * (WGT_THREADS // 128)
-WGT_QG = 96  # a multiple of both group sizes (8 and 16 queries)
+# Queries per block (a multiple of both group sizes, 8 and 16): one block per SM, so each
+# block's prologue (its key tile from HBM, converted to f16) is exposed once per block — 384
+# queries amortize it over 24–48 groups and read the key array Qn / 384 times (at 96: a
+# quarter of the groups, 4× the key traffic; docs/records/notes.md "Session 17").
+WGT_QG = 384
 
 
 def wgt_rows(r_max: int) -> int:

@@ -162,7 +162,9 @@ def _exact(op):
     return uh, A, x, ax
 
 
-def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16):
+def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG):
+    """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
+    kernel takes any QG ≥ 1; a small one gives several block rows)."""
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -173,14 +175,14 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16):
     if tie:
         args += (cp.asarray(kj), cp.asarray(zrow))
     args += (d["kp"], d["alpha"], d["rho"], d["ks"], d["ke"], np.int32(3), np.int32(17),
-             d["pool"], np.int32(Qn), np.int64(N), np.int32(screen.WGT_QG), surv, U)  # fmt: skip
+             d["pool"], np.int32(Qn), np.int64(N), np.int32(qg), surv, U)  # fmt: skip
     if tie:
         args += (tcnt,)
     name = f"screen_wgt_rows{nrow}" + ("_tie" if tie else "")
     smem = screen.wgt_smem_bytes(nrow)
     f = _build.kernel(name, smem, screen.WGT_SPEC)
     T = screen.WGT_TILE
-    grid = ((N + T - 1) // T, (Qn + screen.WGT_QG - 1) // screen.WGT_QG)
+    grid = ((N + T - 1) // T, (Qn + qg - 1) // qg)
     f(grid, (screen.WGT_THREADS,), args, shared_mem=smem)
     return cp.asnumpy(surv), cp.asnumpy(U), cp.asnumpy(tcnt)
 
@@ -205,11 +207,12 @@ def _words(bits):
     return (b.reshape(Qn, NW, 32) << np.arange(32, dtype=np.uint64)).sum(2).astype(np.uint32)
 
 
+@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])  # one block row of queries, or five
 @pytest.mark.parametrize("nrow", [16, 8])
 @pytest.mark.parametrize("seed", [0, 1])
 @needs_sm90a
 @gpu
-def test_wgt_kernel_bounds_and_words(seed, nrow):
+def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     """Plain kernel: Uout exactly on the visible keys, every U^num within the screening
     allowance (plan.py g_scr = γ_mma + γ_8(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out, and the
     survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of the
@@ -222,7 +225,7 @@ def test_wgt_kernel_bounds_and_words(seed, nrow):
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
     tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
     tau[5] = -np.inf
-    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow)
+    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
     g = gamma_mma(MMA_BITS) + gamma(8) * (1 + gamma_mma(MMA_BITS))
@@ -254,7 +257,7 @@ def test_wgt_tie_kernel_words_and_counts(nrow):
     kj = np.where(rs.rand(Qn) < 0.5, rs.randint(0, N, size=Qn), NO_KTH).astype(np.int32)
     zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)).astype(np.float32)
     zrow[1::4] = np.nan  # plateau off
-    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow, nrow)
+    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow, nrow, qg=32)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis)
     z = zrow.astype(np.float64)[:, :, None]
