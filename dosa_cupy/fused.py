@@ -1,7 +1,7 @@
 """The fused route (what LiteTopK does): seeds → τ, then every visible non-seed key is
 scored with all heads by the canonical scorer and filtered online against τ (fused.cu
-fused_mt*: compact records, no dense logits, no screen), exact selection.  Exact by
-Theorem 1 with U = +inf (docs/method.md §7).
+fused_mt*, or for the FP8 scorer score_fp8.cu fused_fp8_h*: compact records, no dense
+logits, no screen), exact selection.  Exact by Theorem 1 with U = +inf (docs/method.md §7).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from ._build import cupy_or_raise, kernel, tile
 from .options import start
 from .prepare import Batch
-from .scorer import QG, ROWB
+from .scorer import FP8_SPEC, QG, ROWB
 from .seeds import Seeds, seed_stage
 from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 
@@ -35,6 +35,9 @@ class FusedLaunch:
         """Append the records s ≥ τ of every visible non-seed key to ``out`` (rows of b);
         arguments in the kernel's parameter order."""
         b = self.b
+        if b.scorer == "fp8":  # score_fp8.cu: qb = 128 / H queries per block row, 64-key tiles
+            self._fp8(out)
+            return
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
         smem = T * ROWB + T * 4
@@ -46,16 +49,32 @@ class FusedLaunch:
             shared_mem=smem,
         )  # fmt: skip
 
+    def _fp8(self, out: RecordBuffer) -> None:
+        """fused_fp8_h{H}: grid (gx, ⌈Qn / qb⌉), gx blocks per query group over the tiles of
+        its span (about 8192 blocks a launch, each streaming several tiles through its key
+        ring; at most one block per tile), at most GRID_Y block rows a launch."""
+        from .seeds import _query_rows
+
+        b = self.b
+        if b.Qn == 0 or b.N == 0:
+            return
+        qb = 128 // (16 * b.mth)
+        gx = max(1, min(-(-b.N // 64), -(-8192 // -(-b.Qn // qb))))
+        f = kernel(f"fused_fp8_h{16 * b.mth}", 0, FP8_SPEC)
+        sinks, window, poolmask = self.seeds.default_args()
+        for a, z in _query_rows(b.Qn, qb):
+            f((gx, -(-(z - a) // qb)), (128,),
+              (b.q[a:z], b.w[a:z], b.kp, b.ksc, np.int64(b.N), self.tau[a:z], b.ks[a:z],
+               b.ke[a:z], sinks, window, poolmask, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
+               np.int64(out.cap)))  # fmt: skip
+
 
 def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     """The fused route: same contract as ``dosa_topk`` (int64 [Qn, K] ids; ids equal
     ``dense_topk``).  Options: seeds, seed_ids, window, sinks, n_anchors (as in
     ``dosa_topk``), buffer, return_stats, timing (cert_seeds, the "certificate" strategy
-    and the plan options are accepted and ignored: the fused route has no screen); scorer
-    "f16" only (its kernel, fused.cu, scores with the f16 chain: with the FP8 scorer the
-    dense route and ``dosa_topk`` run)."""
-    if options.get("scorer", "f16") != "f16":
-        raise ValueError(f"scorer: the fused route runs 'f16' only, got {options['scorer']!r}")
+    and the plan options are accepted and ignored: the fused route has no screen), scorer
+    ("f16": fused.cu; "fp8": score_fp8.cu fused_fp8_h*, sm_90a)."""
     cp = cupy_or_raise()
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:

@@ -58,8 +58,9 @@ def test_fp8_dense_route_selects_the_host_models_topk(H):
 @pytest.mark.parametrize("H", [32, 64])
 def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
     """DoSA with every screen (the tie-aware build where τ = 0), a small buffer (the exact
-    overflow extension), explicit and certificate seeds, and the route choice's branches
-    all return the FP8 dense route's ids."""
+    overflow extension), explicit and certificate seeds, the route choice's branches, and
+    the fused route (with and without a small buffer, and explicit seeds) all return the
+    FP8 dense route's ids."""
     if regime == "h64" and H == 32:
         pytest.skip("h64 is a 64-head regime")
     a = _args(regime, 300, 20000, H)
@@ -83,6 +84,9 @@ def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
         monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
         ids = dosa_cupy.dosa_topk(*a, scorer="fp8")
         assert cp.array_equal(ids, dense)
+    for extra in ({}, {"buffer": 16}, {"seed_ids": seed_ids}):
+        ids = dosa_cupy.fused_topk(*a, scorer="fp8", **extra)
+        assert cp.array_equal(ids, dense), ("fused", list(extra))
 
 
 @gpu
@@ -114,8 +118,6 @@ def test_scorer_option_is_checked():
     a = _args("calibrated", 8, 1000, 32)
     with pytest.raises(ValueError, match="^scorer: expected one of"):
         dosa_cupy.dosa_topk(*a, scorer="bf16")
-    with pytest.raises(ValueError, match="^scorer: the fused route runs 'f16' only"):
-        dosa_cupy.fused_topk(*a, scorer="fp8")
     if not scorer_mod.fp8_available():
         with pytest.raises(ValueError, match="^scorer: 'fp8' needs"):
             dosa_cupy.dense_topk(*a, scorer="fp8")

@@ -56,7 +56,7 @@ LAUNCHED = {
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
                      ("score_fp8_ids", "refine_fp8", "seed_score_fp8", "seed_ids_fp8",
-                      "seed_logits_fp8", "decode_logits_fp8", "decode_fused_fp8",
+                      "seed_logits_fp8", "fused_fp8", "decode_logits_fp8", "decode_fused_fp8",
                       "decode_witness_fp8")],
 }  # fmt: skip
 

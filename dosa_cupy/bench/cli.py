@@ -249,7 +249,7 @@ def _main(argv: list[str]) -> int:
         default="f16",
         choices=("f16", "fp8"),
         help="the canonical scorer of every route of the run (dosa_cupy/scorer.py; fp8: "
-        "sm_90a only, the fused route not timed); default f16",
+        "sm_90a only); default f16",
     )
     ap.add_argument("--out", default=None, help="directory for bench.json / bench.md / PNGs")
     ap.add_argument(

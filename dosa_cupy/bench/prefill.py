@@ -228,18 +228,14 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     res["dosa_ms"], _ = median_ms(cp, route(dosa_cupy.dosa_topk, opts), reps, rotate=dosa_cs)
     free(cp)
     fused_cs = [slices(s, sub["fused"]) for s in sets]
-    if scorer == "f16":  # the fused route scores with the f16 chain only (fused.py)
-        res["fused_ms"], _ = median_ms(
-            cp, route(dosa_cupy.fused_topk, fused_opts), reps, rotate=fused_cs
-        )
-        free(cp)
-        fids, _, fstage = _stats_run(dosa_cupy.fused_topk, sets[0], sub["fused"], K, fused_opts)
-        res["fused_ids_equal_dense"] = bool(cp.array_equal(fids, dense_ids))
-        res["fused_stage_ms"] = fstage
-        del fids
-        free(cp)
-    else:
-        res["fused_ms"] = res["fused_ids_equal_dense"] = res["fused_stage_ms"] = None
+    fused = route(dosa_cupy.fused_topk, fused_opts)
+    res["fused_ms"], _ = median_ms(cp, fused, reps, rotate=fused_cs)
+    free(cp)
+    fids, _, fstage = _stats_run(dosa_cupy.fused_topk, sets[0], sub["fused"], K, fused_opts)
+    res["fused_ids_equal_dense"] = bool(cp.array_equal(fids, dense_ids))
+    res["fused_stage_ms"] = fstage
+    del fids
+    free(cp)
     # Variants: more DoSA routes (other options) on the same inputs, same run.
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)

@@ -488,27 +488,48 @@ struct PagedKeys {
   }
 };
 
+// Which keys of a query's range a record stage keeps (per query u of the block): every one
+// (seeds), those whose record is at or above the record thr[u] (the decode scan's threshold,
+// docs/method.md §10), or those outside the anchor pool with s ≥ τ_u (the fused route,
+// docs/method.md §7: the sinks and the local window are outside its range already).
+struct KeepAll {
+  __device__ __forceinline__ bool operator()(int, float, int, long long) const { return true; }
+};
+template <int QB>
+struct KeepRecord {
+  unsigned long long thr[QB];
+  __device__ __forceinline__ bool operator()(int u, float sc, int rid, long long) const {
+    return make_record(sc, rid) >= thr[u];
+  }
+};
+template <int QB>
+struct KeepFused {
+  const uint32_t* __restrict__ poolmask;
+  float tau[QB];
+  __device__ __forceinline__ bool operator()(int u, float sc, int, long long i) const {
+    return !((__ldg(poolmask + (i >> 5)) >> (i & 31)) & 1u) && sc >= tau[u];
+  }
+};
+
 // What a range stage writes for query u = t0 + u of its block, per key row of a tile
-// (lanes qd < 2 hold one row each, `emits`): the records of the keys in the query's range —
-// every one (THR = false: seeds) or those at or above the record thr[u] (THR = true: the
-// decode scan's threshold, docs/method.md §10) — by emit_issue's deferred appends to
-// rec[t0 + u, :cap] (count[t0 + u] counts them all).
-template <int QB, bool THR>
+// (lanes qd < 2 hold one row each, `emits`): the records of the keys in the query's range
+// that `keep` keeps, by emit_issue's deferred appends to rec[t0 + u, :cap] (count[t0 + u]
+// counts them all).
+template <int QB, class Keep>
 struct RecordOut {
   unsigned int* __restrict__ count;
   unsigned long long* __restrict__ rec;
   long long cap;
   int t0;
-  unsigned long long thr[QB];
+  Keep keep;
   Pend pend[QB];
   __device__ __forceinline__ void start() {
 #pragma unroll
     for (int u = 0; u < QB; ++u) pend[u].m = 0u;
   }
   __device__ __forceinline__ void put(int u, bool in_range, bool emits, float sc, int rid,
-                                      long long, int lane) {
-    bool p = emits && in_range;
-    if constexpr (THR) p = p && make_record(sc, rid) >= thr[u];
+                                      long long i, int lane) {
+    const bool p = emits && in_range && keep(u, sc, rid, i);
     unsigned long long* rrow = rec + (long long)(t0 + u) * cap;
     emit_flush(pend[u], lane, rrow, cap);
     emit_issue(pend[u], p, sc, rid, lane, count + t0 + u);
@@ -657,11 +678,42 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
   constexpr int QB = 128 / H;  // queries per block: 128 B-tile rows (16 KB) at either H
   const int t0 = blockIdx.y * QB;
   if (t0 >= Qn) return;
-  RecordOut<QB, false> out{count, rec, cap, t0};
+  RecordOut<QB, KeepAll> out{count, rec, cap, t0, KeepAll{}};
   range_scores<H, QB>(
       q, w, kp, alpha, n_keys, t0, min(QB, Qn - t0),
       [&](int u, long long& a, long long& z) { a = lo_[t0 + u], z = hi_[t0 + u]; }, idmap,
       FlatKeys{}, out);
+}
+
+// The fused route on the FP8 scorer (docs/method.md §7, the FP8 counterpart of fused.cu
+// fused_mt*): every visible key of query t that is not a default seed — past the sinks,
+// before the local window (range_scores' range [ks + min(sinks, ke − ks), max(that, ke −
+// window))), outside the anchor pool (poolmask) — is scored and (s, i) appended to rec[t,
+// :cap] iff s ≥ τ_t; count[t] counts them all.  grid (gx, ⌈Qn / QB⌉), 128 threads.
+template <int H>
+__device__ __forceinline__ void fused(const uint8_t* __restrict__ q, const float* __restrict__ w,
+                                      const uint8_t* __restrict__ kp,
+                                      const float* __restrict__ alpha, long long N,
+                                      const float* __restrict__ tau, const int* __restrict__ ks_,
+                                      const int* __restrict__ ke_, int sinks, int window,
+                                      const uint32_t* __restrict__ poolmask, int Qn,
+                                      unsigned int* __restrict__ count,
+                                      unsigned long long* __restrict__ rec, long long cap) {
+  constexpr int QB = 128 / H;
+  const int t0 = blockIdx.y * QB;
+  if (t0 >= Qn) return;
+  const int nq = min(QB, Qn - t0);
+  RecordOut<QB, KeepFused<QB>> out{count, rec, cap, t0, KeepFused<QB>{poolmask, {}}};
+#pragma unroll
+  for (int u = 0; u < QB; ++u) out.keep.tau[u] = u < nq ? tau[t0 + u] : 0.f;
+  range_scores<H, QB>(
+      q, w, kp, alpha, N, t0, nq,
+      [&](int u, long long& a, long long& z) {  // fused.cu's non-seed span of the range
+        const int ks = ks_[t0 + u], ke = ke_[t0 + u];
+        const long long s_hi = (long long)ks + min(sinks, ke - ks);
+        a = s_hi, z = max(s_hi, (long long)ke - window);
+      },
+      nullptr, FlatKeys{}, out);
 }
 
 // Dense logits of key ranges (the anchors' Top-K, docs/method.md §2): range_scores over the
@@ -710,9 +762,9 @@ __device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
   auto range = [&](int u, long long& a, long long& z) { a = 0, z = ke[t0 + u]; };
   const PagedKeys keys{bt + (long long)b * max_blocks};
   if constexpr (FUSED) {
-    RecordOut<QB, true> out{count, rec, cap, t0};
+    RecordOut<QB, KeepRecord<QB>> out{count, rec, cap, t0, KeepRecord<QB>{}};
 #pragma unroll
-    for (int u = 0; u < QB; ++u) out.thr[u] = u < n ? thr[t0 + u] : 0ull;
+    for (int u = 0; u < QB; ++u) out.keep.thr[u] = u < n ? thr[t0 + u] : 0ull;
     range_scores<H, QB>(q, w, kv, ksc, L, t0, n, range, nullptr, keys, out);
   } else {
     LogitOut out{lg, L, t0};
@@ -859,6 +911,9 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
 // The decode scan (range_scores with two rows and a threshold): 3 at H = 64 (4 spills its
 // records' state), 5 at H = 32; its witnesses as seed_ids.
 #define DECODE_BLOCKS(H) ((H) == 64 ? 3 : 5)
+// The fused route (range_scores with the anchor-pool test and τ): 4 at either H (5 spills
+// at H = 32).
+#define FUSED_BLOCKS(H) 4
 #define SCORE_FP8_INST(H)                                                                       \
   extern "C" __global__ void __launch_bounds__(128) score_fp8_ids_h##H(                         \
       const uint8_t* __restrict__ q, const float* __restrict__ w, const uint8_t* __restrict__ kp, \
@@ -885,6 +940,14 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
       const int* ke, const int* ids, long long S, unsigned int* count,                         \
       unsigned long long* rec) {                                                               \
     DOSA_FP8_BODY(dosa::fp8::seed_ids<H>(q, w, kp, alpha, ks, ke, ids, S, count, rec))        \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, FUSED_BLOCKS(H)) fused_fp8_h##H(           \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long N,     \
+      const float* tau, const int* ks, const int* ke, int sinks, int window,                   \
+      const uint32_t* poolmask, int Qn, unsigned int* count, unsigned long long* rec,          \
+      long long cap) {                                                                          \
+    DOSA_FP8_BODY(dosa::fp8::fused<H>(q, w, kp, alpha, N, tau, ks, ke, sinks, window, poolmask, \
+                                      Qn, count, rec, cap))                                    \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(128, SEED_SCORE_BLOCKS(H)) seed_logits_fp8_h##H( \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
