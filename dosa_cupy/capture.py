@@ -63,6 +63,7 @@ _NOT_CAPTURABLE = {
     "debug_bounds": (False,),
     "timing": (False,),
     "route_memo": (None,),
+    "tau_floor": (None,),  # a sharded context's floor: the eager call's (dosa_cupy.shards)
 }
 
 

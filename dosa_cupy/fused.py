@@ -14,7 +14,7 @@ from ._build import cupy_or_raise, kernel, tile
 from .options import start
 from .prepare import Batch
 from .scorer import FP8_SPEC, QG, ROWB
-from .seeds import Seeds, seed_stage
+from .seeds import Seeds, apply_tau_floor, seed_stage
 from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 
 __all__ = ["FusedLaunch", "fused_topk"]
@@ -74,13 +74,14 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     ``dense_topk``).  Options: seeds, seed_ids, window, sinks, n_anchors (as in
     ``dosa_topk``), buffer, return_stats, timing (cert_seeds, the "certificate" strategy
     and the plan options are accepted and ignored: the fused route has no screen), scorer
-    ("f16": fused.cu; "fp8": score_fp8.cu fused_fp8_h*, sm_90a)."""
+    ("f16": fused.cu; "fp8": score_fp8.cu fused_fp8_h*, sm_90a), tau_floor (as in
+    ``dosa_topk``)."""
     cp = cupy_or_raise()
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
         return empty
     b.raise_if_bad()
-    seeds = seed_stage(b, o)
+    seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])
     tm.mark("seeds")
 
     first = RecordBuffer(b.Qn, int(o["buffer"]))

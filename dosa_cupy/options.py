@@ -32,7 +32,7 @@ from .emulate import record_score
 from .prepare import pad_batch
 from .scorer import check_scorer
 from .screen import PAIR_MAX_R, SCREENS, WGT_MAX_R
-from .seeds import device_seed_ids
+from .seeds import device_seed_ids, device_tau_floor
 
 __all__ = [
     "OPTIONS",
@@ -65,6 +65,7 @@ OPTIONS = {
     "route_memo": None,
     "check": True,
     "scorer": "f16",
+    "tau_floor": None,
 }
 ROUTES = ("auto", "dosa", "dense")  # route.py: the route choice (docs/method.md §9)
 CERT_MAX = 4096  # certificate seeds per query (one selection of at most 4096 records)
@@ -272,7 +273,8 @@ def start(q, w, k_payload, k_scale, K, ks, ke, options: dict):
     b = pad_batch(q, w, k_payload, k_scale, K, ks, ke, bool(o["check"]), defer=True,
                   scorer=o["scorer"])  # fmt: skip
     o = resolve_options(o, b.K)
-    o = resolved(o, seed_ids=device_seed_ids(o["seed_ids"], b.Qn, b.N))
+    o = resolved(o, seed_ids=device_seed_ids(o["seed_ids"], b.Qn, b.N),
+                 tau_floor=device_tau_floor(o["tau_floor"], b.Qn))  # fmt: skip
     # the statistics only when asked for: a small chunk's call is mostly host time
     want = o["return_stats"] or o["debug_bounds"]
     st = DosaGpuStats(b.Qn, stage_ms={}) if want else None

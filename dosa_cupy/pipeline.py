@@ -33,7 +33,7 @@ from .prepare import key_rho
 from .refine import popcount_rows, refine_stage
 from .route import early_choice, memo_recall, memo_store, route_stage
 from .screen import screen_stage
-from .seeds import certificate_seeds, seed_stage
+from .seeds import apply_tau_floor, certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
 
 __all__ = ["dosa_topk"]
@@ -76,7 +76,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is
-        screened: the route choice is off).
+        screened: the route choice is off); tau_floor (None, default; float [Qn]: a lower
+        bound per query on the K-th score of a context that holds these keys — another
+        shard's τ, docs/method.md §12 "Sharded contexts" — screened against where it is above
+        the seeds' τ; the ids are then exact where their score is at least the floor, which
+        is all the merge of the shards reads: ``dosa_cupy.shards``).
     Returns int64 [Qn, K] ids (score desc, id asc, −1 padding; the ``dosa_ref.topk_ids``
     contract), equal to ``dense_topk`` whichever route ran; with return_stats=True, (ids,
     DosaGpuStats; ``stats.route`` is the ``cost.RouteChoice``).
@@ -100,7 +104,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     b.raise_if_bad()  # bad input raises before the screening stages
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
-    seeds = seed_stage(b, o)  # default + explicit seeds, τ (§2)
+    seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
         route = route_stage(b, seeds, rho, o, model)

@@ -12,7 +12,7 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,16 +22,18 @@ from ._build import cupy_or_raise, kernel, tile
 from .dense import _NULL, dense_ids, select_records, select_rows
 from .prepare import Batch, as_device
 from .scorer import FP8_SPEC, QG, ROWB
-from .select import RecordBuffer, tau_of_seeds
+from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
 
 __all__ = [
     "Seeds",
     "anchor_pool",
     "anchor_queries",
+    "apply_tau_floor",
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
     "device_seed_ids",
+    "device_tau_floor",
     "explicit_seed_table",
     "score_seed_ids",
     "seed_stage",
@@ -368,6 +370,42 @@ def explicit_seed_table(seeds, ks, ke, sinks: int, window: int, poolmask, xp=np)
     width = int((s != big).sum(axis=1).max()) if Qn and s.shape[1] else 0
     s = s[:, :width]
     return xp.where(s == big, -1, s).astype(xp.int32)
+
+
+def device_tau_floor(tau_floor, Qn: int):
+    """``tau_floor`` option (float [Qn]: a lower bound per query on the K-th score of a
+    context that holds these keys — another shard's τ, docs/method.md §12 "Sharded
+    contexts") → CuPy fp32 [Qn] rounded down (a float64 floor is rounded to the fp32 at or
+    below it, so it stays a lower bound), or None.  ValueError naming ``tau_floor`` for
+    another shape, a non-float dtype, NaN or +inf (one synchronization)."""
+    if tau_floor is None:
+        return None
+    cp = cupy_or_raise()
+    x = as_device(tau_floor, "tau_floor")
+    if x.shape != (Qn,) or x.dtype.kind != "f":
+        raise ValueError(f"tau_floor: expected a float array [Qn={Qn}], got {x.dtype} {x.shape}")
+    if Qn and bool(cp.any(cp.isnan(x) | (x == cp.inf))):
+        raise ValueError("tau_floor: expected no NaN and no +inf")
+    f = x.astype(cp.float32)
+    if x.dtype != cp.float32:  # round down: the fp32 at or below each value
+        f = cp.where(f.astype(x.dtype) > x, cp.nextafter(f, cp.float32(-cp.inf)), f)
+    return cp.ascontiguousarray(f)
+
+
+def apply_tau_floor(seeds: Seeds, floor) -> Seeds:
+    """``seeds`` with τ raised to ``floor`` (fp32 [Qn] or None) where the floor is above it:
+    there the K-th seed record (τ, j) no longer bounds the context's K-th score from below
+    with its id, so the tie-aware rule falls back to the plain one (kth_id = NO_KTH_ID: only
+    U < τ rejects; the plateau bound compares min(U, 0) with the floor, a lower bound on the
+    K-th score all the same) — dosa_ref's "the plain rule U < floor" (docs/method.md §12)."""
+    if floor is None:
+        return seeds
+    cp = cupy_or_raise()
+    above = floor > seeds.tau
+    kth = seeds.kth_id
+    if kth is not None:
+        kth = cp.where(above, cp.int32(NO_KTH_ID), kth).astype(cp.int32)
+    return replace(seeds, tau=cp.maximum(seeds.tau, floor), kth_id=kth)
 
 
 def device_seed_ids(seed_ids, Qn: int, N: int):
