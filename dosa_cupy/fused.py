@@ -14,7 +14,7 @@ from ._build import cupy_or_raise, kernel, tile
 from .options import start
 from .prepare import Batch
 from .scorer import FP8_SPEC, QG, ROWB
-from .seeds import Seeds, apply_tau_floor, seed_stage
+from .seeds import Seeds, apply_tau_floor, query_rows, seed_stage
 from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 
 __all__ = ["FusedLaunch", "fused_topk"]
@@ -24,8 +24,9 @@ FUSED_THREADS = 256
 
 @dataclass(frozen=True)
 class FusedLaunch:
-    """fused_mt* over batch ``b`` with τ fp32 [Qn] and the default seeds' geometry ``seeds``
-    (default seeds are not scored again: they are selected from their own records)."""
+    """The fused route's kernel over batch ``b`` (fused_mt*, or fused_fp8_h* for the FP8
+    scorer) with τ fp32 [Qn] and the default seeds' geometry ``seeds`` (default seeds are
+    not scored again: they are selected from their own records)."""
 
     b: Batch
     tau: object
@@ -53,8 +54,6 @@ class FusedLaunch:
         """fused_fp8_h{H}: grid (gx, ⌈Qn / qb⌉), gx blocks per query group over the tiles of
         its span (about 8192 blocks a launch, each streaming several tiles through its key
         ring; at most one block per tile), at most GRID_Y block rows a launch."""
-        from .seeds import _query_rows
-
         b = self.b
         if b.Qn == 0 or b.N == 0:
             return
@@ -62,7 +61,7 @@ class FusedLaunch:
         gx = max(1, min(-(-b.N // 64), -(-8192 // -(-b.Qn // qb))))
         f = kernel(f"fused_fp8_h{16 * b.mth}", 0, FP8_SPEC)
         sinks, window, poolmask = self.seeds.default_args()
-        for a, z in _query_rows(b.Qn, qb):
+        for a, z in query_rows(b.Qn, qb):
             f((gx, -(-(z - a) // qb)), (128,),
               (b.q[a:z], b.w[a:z], b.kp, b.ksc, np.int64(b.N), self.tau[a:z], b.ks[a:z],
                b.ke[a:z], sinks, window, poolmask, np.int32(z - a), out.cnt[a:z], out.rec[a:z],

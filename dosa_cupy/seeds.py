@@ -35,6 +35,7 @@ __all__ = [
     "device_seed_ids",
     "device_tau_floor",
     "explicit_seed_table",
+    "query_rows",
     "score_seed_ids",
     "seed_stage",
 ]
@@ -184,10 +185,10 @@ def anchor_ids(ab: Batch):
     docs/method.md §2): the dense route's — for the FP8 scorer its logits by
     ``anchor_logits`` (64-key tiles of every anchor on the whole GPU) instead of the dense
     kernel, which runs one block per 8–16 queries, so a handful of anchors would scan the
-    keys on one SM (~23 ms at 1M keys); then the dense route's selection (``select_rows``:
-    the wide one, many blocks per row, for these few long rows).  The same logits' bits and
-    the same selection: the dense route's ids.  Any real keys are valid seeds; these are the
-    exact Top-K all the same."""
+    keys on one SM (~23 ms at 1M keys); then the dense route's selection (``select_rows``,
+    which takes the wide selection, many blocks per row, for a few long rows).  The same
+    logits' bits and the same selection: the dense route's ids.  Any real keys are valid
+    seeds; these are the exact Top-K all the same."""
     if ab.scorer != "fp8" or ab.Qn * ab.N > ANCHOR_LOGITS:
         return dense_ids(ab)
     return select_rows(anchor_logits(ab), ab.K, ab.ks, ab.ke)
@@ -206,7 +207,7 @@ def anchor_logits(ab: Batch):
     qb = 128 // (16 * ab.mth)
     gx = max(1, min(-(-N // 64), -(-8192 // -(-n // qb))))
     f = kernel(f"seed_logits_fp8_h{16 * ab.mth}", 0, FP8_SPEC)
-    for a, z in _query_rows(n, qb):
+    for a, z in query_rows(n, qb):
         f((gx, -(-(z - a) // qb)), (128,),
           (ab.q[a:z], ab.w[a:z], ab.kp, ab.ksc, np.int64(N), ab.ks[a:z], ab.ke[a:z],
            np.int32(z - a), out[a:z]))  # fmt: skip
@@ -217,7 +218,7 @@ FP8_TILES = 64  # seed_ids_fp8's blocks per query (each loops over its 64-id til
 GRID_Y = 65535  # the largest grid y (CUDA): the FP8 seed kernels' query groups per launch
 
 
-def _query_rows(Qn: int, per_row: int = 1):
+def query_rows(Qn: int, per_row: int = 1):
     """(first, end) query rows of the launches of a kernel with ``per_row`` queries per grid
     row (at most GRID_Y rows a launch)."""
     step = GRID_Y * per_row
@@ -244,7 +245,7 @@ def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBu
         tiles = -(-min(n, int(width) + qb - 1) // 64)
         gx = max(1, min(tiles, -(-8192 // -(-b.Qn // qb))))
         f = kernel(f"seed_score_fp8_h{16 * b.mth}", 0, FP8_SPEC)
-        for a, z in _query_rows(b.Qn, qb):
+        for a, z in query_rows(b.Qn, qb):
             f((gx, -(-(z - a) // qb)), (128,),
               (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
                _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
@@ -275,7 +276,7 @@ def score_seed_ids(b: Batch, table):
     if b.scorer == "fp8":  # score_fp8.cu: one query per block row, 64-id tiles
         gx = max(1, min(-(-S // 64), FP8_TILES))
         f = kernel(f"seed_ids_fp8_h{16 * b.mth}", 0, FP8_SPEC)
-        for a, z in _query_rows(b.Qn):
+        for a, z in query_rows(b.Qn):
             f((gx, z - a), (128,),
               (b.q[a:z], b.w[a:z], b.kp, b.ksc, b.ks[a:z], b.ke[a:z], table[a:z], np.int64(S),
                out.cnt[a:z], out.rec[a:z]))  # fmt: skip

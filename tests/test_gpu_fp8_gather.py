@@ -309,13 +309,16 @@ def test_seed_ids_fp8_records_the_visible_ids_of_the_table(H, N, Qn, gx):
 @needs_sm90a
 @pytest.mark.parametrize("H", [64, 32])
 @pytest.mark.parametrize("N,Qn", SHAPES)
-def test_seed_logits_fp8_equal_the_dense_logits(H, N, Qn):
+@pytest.mark.parametrize("grid_y", [65535, 1])  # 1: one block row of queries per launch
+def test_seed_logits_fp8_equal_the_dense_logits(H, N, Qn, grid_y, monkeypatch):
     """seed_logits_fp8_h{H} (seeds.anchor_logits, the anchors' Top-K): the dense FP8 logits'
     bits on every visible key, −inf elsewhere (empty, mid-tile, whole and short ranges), and
-    the anchors' ids equal the dense route's."""
+    the anchors' ids equal the dense route's — also over launches of one block row each."""
     import dosa_cupy
     from dosa_cupy import seeds
     from dosa_cupy.prepare import pad_batch
+
+    monkeypatch.setattr(seeds, "GRID_Y", grid_y)
 
     wl, ks, ke, lg = _case(H, N, Qn)
     b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"],

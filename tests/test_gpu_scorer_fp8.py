@@ -84,9 +84,15 @@ def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
         monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
         ids = dosa_cupy.dosa_topk(*a, scorer="fp8")
         assert cp.array_equal(ids, dense)
+    from dosa_cupy import seeds
+
     for extra in ({}, {"buffer": 16}, {"seed_ids": seed_ids}):
-        ids = dosa_cupy.fused_topk(*a, scorer="fp8", **extra)
+        ids, st = dosa_cupy.fused_topk(*a, scorer="fp8", return_stats=True, **extra)
         assert cp.array_equal(ids, dense), ("fused", list(extra))
+        if "buffer" in extra:
+            assert st.overflows.any()  # the exact extension ran
+    monkeypatch.setattr(seeds, "GRID_Y", 1)  # one block row of queries per launch
+    assert cp.array_equal(dosa_cupy.fused_topk(*a, scorer="fp8"), dense)
 
 
 @gpu

@@ -93,9 +93,8 @@ def test_tau_floor_rounds_down_and_names_the_option(numpy_for_cupy):
 
 
 def test_tau_floor_is_an_option_and_not_capturable():
-    from dosa_cupy.options import OPTIONS, check_options
-
     from dosa_cupy.capture import PrefillSelectorGPU
+    from dosa_cupy.options import OPTIONS, check_options
 
     assert OPTIONS["tau_floor"] is None
     assert check_options({"tau_floor": np.zeros(3)})["tau_floor"] is not None

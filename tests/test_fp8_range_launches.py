@@ -1,0 +1,174 @@
+"""The host code of score_fp8.cu's range scorer launches (``seeds.anchor_logits``, the fused
+route's ``FusedLaunch`` on the FP8 scorer), on the CPU: numpy stands in for CuPy and each
+kernel is replaced by an emulation of ``range_scores``' tile walk (csrc/score_fp8.cu: the
+span [L, E) of a block row's ranges in tiles of 64, block x taking tiles x, x + gx, … that
+meet some range) that first checks the launch against the kernel's parameter list; a
+stand-in score per (query, key) shows where each value lands.  Every visible key of every
+row must be written exactly (anchor logits), and the fused records must be exactly
+fused.cu's set — visible, past the sinks, before the local window, outside the anchor pool,
+s ≥ τ — also across launches of GRID_Y block rows and in the exact extension's rescoring.
+The scores' bits are the GPU tests' (tests/test_gpu_fp8_gather.py, test_gpu_scorer_fp8.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from cuda_signatures import check_launch, signatures
+
+from dosa_cupy import fused as fused_mod
+from dosa_cupy import seeds as seeds_mod
+from dosa_cupy import select as select_mod
+from dosa_cupy.prepare import Batch
+from dosa_cupy.scorer import FP8_SPEC
+
+NEG = np.float32(-np.inf)
+
+
+def _score(t: int, i: int) -> np.float32:
+    """A stand-in score of query t (w[t, 0] = t) and key i."""
+    return np.float32(((t * 7919 + i * 104729) % 1000) / 10.0 - 50.0)
+
+
+def _walk(H, grid, Qn, n_keys, rng, put):
+    """range_scores' tile walk: put(t, in_range, i) for every key row i of every tile a block
+    scores for query t (the tiles that meet its range)."""
+    QB, (gx, gy) = 128 // H, grid
+    for by, bx in itertools.product(range(gy), range(gx)):
+        t0 = by * QB
+        if t0 >= Qn:
+            continue
+        nq = min(QB, Qn - t0)
+        lo, hi, L, E = [0] * QB, [0] * QB, n_keys, 0
+        for u in range(nq):
+            a, z = rng(t0 + u)
+            lo[u], hi[u] = max(0, a), min(n_keys, z)
+            if hi[u] <= lo[u]:
+                lo[u] = hi[u] = 0
+            else:
+                L, E = min(L, lo[u]), max(E, hi[u])
+        if E <= L:
+            continue
+        nt = (E - L + 63) >> 6
+
+        def meets(j, u, lo=lo, hi=hi, L=L):
+            return L + 64 * j < hi[u] and L + 64 * j + 64 > lo[u]
+
+        for j in range(bx, nt, gx):
+            for u in range(QB):
+                if meets(j, u):
+                    for i in range(L + 64 * j, L + 64 * j + 64):
+                        put(t0 + u, lo[u] <= i < hi[u], i)
+
+
+class _Kernels:
+    def __init__(self):
+        self.sig, self.launches = signatures(FP8_SPEC), 0
+
+    def get(self, name, smem=0, spec=None):
+        assert spec is FP8_SPEC and smem == 0
+        H = int(name.rsplit("_h", 1)[1])
+
+        def launch(grid, block, args, **kw):
+            check_launch(name, self.sig[name], args, (np.ndarray,))
+            assert block == (128,) and not kw and len(grid) == 2
+            self.launches += 1
+            if name.startswith("seed_logits_fp8"):
+                q, w, kp, al, nk, lo_, hi_, Qn, out = args
+                assert grid[1] == -(-int(Qn) // (128 // H)) and out.shape == (int(Qn), int(nk))
+
+                def put(t, inr, i):
+                    if i < nk:
+                        out[t, i] = _score(int(w[t, 0]), i) if inr else NEG
+
+                _walk(H, grid, int(Qn), int(nk), lambda t: (int(lo_[t]), int(hi_[t])), put)
+            else:
+                assert name.startswith("fused_fp8")
+                q, w, kp, al, N, tau, ks_, ke_, sinks, window, pm, Qn, cnt, rec, cap = args
+
+                def rng(t):
+                    ks, ke = int(ks_[t]), int(ke_[t])
+                    s_hi = ks + min(int(sinks), ke - ks)
+                    return s_hi, max(s_hi, ke - int(window))
+
+                def put(t, inr, i):
+                    sc = _score(int(w[t, 0]), i)
+                    if inr and not (int(pm[i >> 5]) >> (i & 31)) & 1 and sc >= tau[t]:
+                        c = int(cnt[t])
+                        cnt[t] += 1
+                        if c < int(cap):
+                            rec[t, c] = np.uint64(i)
+
+                _walk(H, grid, int(Qn), int(N), rng, put)
+
+        return launch
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    fk = _Kernels()
+    for mod in (seeds_mod, fused_mod):
+        monkeypatch.setattr(mod, "kernel", fk.get)
+    monkeypatch.setattr(seeds_mod, "cupy_or_raise", lambda: np)
+    monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)
+    return fk
+
+
+def _batch(H, Qn, N, rs):
+    q, w = np.zeros((Qn, H, 128), np.uint8), np.zeros((Qn, H), np.float32)
+    w[:, 0] = np.arange(Qn)  # the stand-in score's query
+    ks = rs.integers(-5, max(N // 3, 1), Qn).astype(np.int32)
+    ke = np.clip(ks + rs.integers(-3, N + 1, Qn), 0, N + 7).astype(np.int32)  # ke > N, ks > ke
+    return Batch(q, w, np.zeros((N, 128), np.uint8), np.ones(N, np.float32), 4, ks, ke, H,
+                 scorer="fp8")  # fmt: skip
+
+
+class _Seeds:
+    def __init__(self, sinks, window, pm):
+        self.args = (np.int32(sinks), np.int32(window), pm)
+
+    def default_args(self):
+        return self.args
+
+
+CASES = list(itertools.product((32, 64), (1, 7, 13), (63, 65, 700), (1, 65535)))
+
+
+@pytest.mark.parametrize("H,Qn,N,grid_y", CASES)
+def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N, grid_y):
+    monkeypatch.setattr(seeds_mod, "GRID_Y", grid_y)  # 1: one block row per launch
+    rs = np.random.default_rng(H * 1000 + Qn * 10 + N + grid_y)
+    b = _batch(H, Qn, N, rs)
+    got = seeds_mod.anchor_logits(b)
+    for t in range(Qn):
+        i = np.arange(N)
+        vis = (i >= max(0, int(b.ks[t]))) & (i < min(N, int(b.ke[t])))
+        want = np.where(vis, [_score(t, x) for x in i], NEG).astype(np.float32)
+        assert np.array_equal(got[t].view(np.uint32), want.view(np.uint32)), t
+    NW = (N + 31) // 32
+    pm = (rs.integers(0, 2**32, NW) & rs.integers(0, 2**32, NW)).astype(np.uint32)
+    sinks, window = int(rs.integers(0, 5)), int(rs.integers(0, 40))
+    tau, cap = rs.uniform(-60, 40, Qn).astype(np.float32), int(rs.integers(1, 50))
+
+    def want_set(t):
+        ks, ke = int(b.ks[t]), int(b.ke[t])
+        s_hi = ks + min(sinks, ke - ks)
+        loc = max(s_hi, ke - window)
+        return {x for x in range(max(ks, 0), min(ke, N))
+                if s_hi <= x < loc and not (int(pm[x >> 5]) >> (x & 31)) & 1
+                and _score(t, x) >= tau[t]}  # fmt: skip
+
+    out = select_mod.RecordBuffer(Qn, cap)
+    fused_mod.FusedLaunch(b, tau, _Seeds(sinks, window, pm))(out)
+    for t in range(Qn):
+        want, c = want_set(t), int(out.cnt[t])
+        assert c == len(want), t
+        kept = {int(x) for x in out.rec[t, : min(c, cap)]}
+        assert kept <= want and (c > cap or kept == want), t
+    oq = np.array([t for t in range(Qn) if int(out.cnt[t]) > cap] or [Qn - 1])
+    ext = select_mod.RecordBuffer(len(oq), 10**4)  # the exact extension's rescoring
+    fused_mod.FusedLaunch(b.rows(oq), tau[oq], _Seeds(sinks, window, pm))(ext)
+    for j, t in enumerate(oq):
+        assert {int(x) for x in ext.rec[j, : int(ext.cnt[j])]} == want_set(t)
+    assert kernels.launches >= 3
