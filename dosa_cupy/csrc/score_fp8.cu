@@ -553,16 +553,17 @@ struct LogitOut {
   __device__ __forceinline__ void finish(int) {}
 };
 
-// The scores of key ranges (docs/method.md §2 seeds, §10 the decode scan): the keys i of
-// [lo_u, hi_u) ∩ [0, n_keys) (range(u) = the raw (lo_u, hi_u)) are scored for the block's
-// queries t0 .. t0 + nq − 1 (nq ≤ QB ≤ 128 / H: B tiles of at most 128 rows, 16 KB; whose ranges' keys are gathered once for all of
-// them — the ranges of consecutive causal queries, or of one request's next_n rows, nearly
-// coincide) and written by `out` with record id idmap[i] (i without an idmap), the key's
-// payload and α at keys.row(i).  The span [L, E) of the non-empty ranges is cut in tiles of 64
-// keys from L; the block takes tiles x, x + gx, … (the host sizes gx; every span is covered)
-// that meet some query's range, and scores each against the queries whose range it meets,
-// one N = H MMA per query on the shared key tile (query u's B tile and weights of its own):
-// each key's bits are those of a query alone (tile_dots, tile_sums).
+// The scores of key ranges (docs/method.md §2 seeds, §7 the fused route, §10 the decode
+// scan): the keys i of [lo_u, hi_u) ∩ [0, n_keys) (range(u) = the raw (lo_u, hi_u)) are
+// scored for the block's queries t0 .. t0 + nq − 1 (nq ≤ QB ≤ 128 / H: B tiles of at most
+// 128 rows, 16 KB), whose ranges' keys are gathered once for all of them — the ranges of
+// consecutive causal queries, or of one request's next_n rows, nearly coincide — and
+// written by `out` with record id idmap[i] (i without an idmap), the key's payload and α at
+// keys.row(i).  The span [L, E) of the non-empty ranges is cut in tiles of 64 keys from L;
+// the block takes tiles x, x + gx, … (the host sizes gx; every span is covered) that meet
+// some query's range, and scores each against the queries whose range it meets, one N = H
+// MMA per query on the shared key tile (query u's B tile and weights of its own): each
+// key's bits are those of a query alone (tile_dots, tile_sums).
 template <int H, int QB, class Keys, class Range, class Out>
 __device__ __forceinline__ void range_scores(const uint8_t* __restrict__ q,
                                              const float* __restrict__ w,
