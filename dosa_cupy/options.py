@@ -199,7 +199,7 @@ def check_options(kw: dict) -> dict:
         )
     if o["screen"] == "wgt" and (rr > WGT_MAX_R or _certificate_on(o, names)):
         raise ValueError(
-            f"screen: 'wgt' needs r <= {WGT_MAX_R} (an mts = 1 plan) and no certificate seeds, "
+            f"screen: 'wgt' needs r <= {WGT_MAX_R} and no certificate seeds, "
             f"got r={rr}, cert_seeds={o['cert_seeds']}, seeds={o['seeds']!r}"
         )
     return o

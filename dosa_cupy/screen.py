@@ -6,8 +6,9 @@ Screen kernels (``screen=``): "fp64" (screen_mt*), "pair" (screen_pair: two quer
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
 bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (opt-in: the transposed Hopper
 screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the plan rows of a group of
-queries as N — 16 rows of 8 queries for r ≤ 14, 8 rows of 16 queries for r ≤ 6
-(``wgt_rows``); its bounds obey the same error model, not the same bits);
+queries as N — 32 rows of 4 queries for r ≤ 30, 16 rows of 8 queries for r ≤ 14, 8 rows of
+16 queries for r ≤ 6 (``wgt_rows``); its bounds obey the same error model, not the same
+bits);
 "auto" (the default) chooses the kernel and r per chunk (``auto_screen``).  With
 certificate seeds the screen also records (U, id) of every survivor (screen_cert_mt*).
 Every kernel has a tie-aware variant, the same name with ``_tie`` (csrc/screen.cu "The keep
@@ -64,7 +65,7 @@ SCREEN_THREADS = 256
 # screen="wgt" (csrc/screen_wgt.cu): three warpgroups of 128 keys each per block, WGT_QG
 # queries per block in groups of 128 / rows, and its dynamic shared memory (``wgt_smem_bytes``)
 WGT_THREADS = 384
-WGT_MAX_R = 14  # retained heads of an mts = 1 plan (plan.py: mts = 1 for r <= 14)
+WGT_MAX_R = 30  # retained heads of an mts = 2 plan (plan.py: mts = 2 for 14 < r <= 30)
 WGT_TILE = 128 * (WGT_THREADS // 128)
 # Queries per block (a multiple of both group sizes, 8 and 16): one block per SM, so each
 # block's prologue (its key tile from HBM, converted to f16) is exposed once per block — 384
@@ -75,9 +76,10 @@ WGT_QG = 384
 
 def wgt_rows(r_max: int) -> int:
     """Plan rows per query of the "wgt" build for plans that retain at most ``r_max`` heads:
-    8 (rows 0..5 and the aux rows 7, 15 — screen_wgt_rows8) for r_max ≤ PAIR_MAX_R, else 16
-    (the whole mts = 1 plan — screen_wgt_rows16)."""
-    return 8 if r_max <= PAIR_MAX_R else 16
+    8 (rows 0..5 and the aux rows 7, 15 — screen_wgt_rows8) for r_max ≤ PAIR_MAX_R, 16 (the
+    whole mts = 1 plan — screen_wgt_rows16) for r_max ≤ 14, else 32 (the whole mts = 2 plan —
+    screen_wgt_rows32)."""
+    return 8 if r_max <= PAIR_MAX_R else 16 if r_max <= 14 else 32
 
 
 def wgt_smem_bytes(rows: int = 16) -> int:
@@ -355,13 +357,11 @@ class ScreenLaunch:
             grid = (grid[0], (b.Qn + qg - 1) // qg)
             name = f"screen_wg_mt{plan.mts}{suffix}"
             return cls(name, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
-        if screen == "wgt":  # screen_wg_mt1's arguments (mts = 1, checked by the options)
-            if plan.mts != 1:
-                raise ValueError(
-                    f"screen: 'wgt' needs an mts = 1 plan (r <= 14), got mts={plan.mts}"
-                )
-            # the 8-row build reads rows 0..5, 7, 15 only: plans that retain ≤ 6 heads
-            nrow = wgt_rows(plan.r_max if plan.r_max is not None else WGT_MAX_R)
+        if screen == "wgt":  # screen_wg_mt{mts}'s arguments
+            # the build of the plan's width: 32 rows for mts = 2, 16 for mts = 1 — or 8 (rows
+            # 0..5, 7, 15 only) for plans that retain at most 6 heads
+            r_max = plan.r_max if plan.r_max is not None else 16 * plan.mts - 2
+            nrow = 32 if plan.mts == 2 else wgt_rows(min(r_max, 14))
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
             name, smem = f"screen_wgt_rows{nrow}{suffix}", wgt_smem_bytes(nrow)
             return cls(name, grid, smem, args, tie=tie, wgt=True)

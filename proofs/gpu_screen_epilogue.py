@@ -36,8 +36,10 @@ in other orders: ``screen_wgt_rows8`` (rows 0..5 retained, rows 6, 8..14 empty) 
 ω_0[x_0]_+, then fmaf(ω_j, [x_j]_+, ·) for j = 1..5, then fmaf(−σ, [x_7 + x_15]_+, ·): at
 most 7 roundings per term (``eval_wgt8``); ``screen_wgt_rows16`` four chains of a product
 and three fmaf over rows (0..3), (4, 5, 6, 8), (9..12), (13, 14, then the aux fmaf),
-added as (c_0 + c_1) + (c_2 + c_3): at most 6 (``eval_wgt16``).  Both are within
-γ_{2·mts+6} = γ_8 by the same argument (``check_wgt``).
+added as (c_0 + c_1) + (c_2 + c_3): at most 6 (``eval_wgt16``); ``screen_wgt_rows32`` (an
+mts = 2 plan: 32 rows, aux rows 23 and 31) eight such chains added as a tree of three
+levels: at most 7 (``eval_wgt32``).  All are within γ_{2·mts+6} (γ_8 for mts = 1, γ_10 for
+mts = 2) by the same argument (``check_wgt``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ STATEMENT = (
 
 U = Fraction(1, 2**24)
 DEPTH = 5  # roundings per term in both layouts at mts = 1
-DEPTH_WGT = {16: 6, 8: 7}  # screen_wgt.cu u_hat, per build (plan rows per query)
+DEPTH_WGT = {32: 7, 16: 6, 8: 7}  # screen_wgt.cu u_hat, per build (plan rows per query)
 PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
 
 
@@ -179,12 +181,30 @@ def eval_wgt16(x, w, sig) -> Fraction:
     return rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
 
 
-def exact(x, w, sig, rows) -> tuple[Fraction, Fraction]:
-    """(Û, T) of one query: retained rows ``rows``, aux rows 7 and 15."""
+WGT32_CHAINS = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15),
+                (16, 17, 18, 19), (20, 21, 22, 24), (25, 26, 27, 28), (29, 30))  # fmt: skip
+
+
+def eval_wgt32(x, w, sig) -> Fraction:
+    """screen_wgt_rows32's u_hat: eight fmaf chains (WGT32_CHAINS), the aux fmaf (rows 23,
+    31) on the last, then ((c_0 + c_1) + (c_2 + c_3)) + ((c_4 + c_5) + (c_6 + c_7))."""
+    c = []
+    for rows in WGT32_CHAINS:
+        a = rn(w[rows[0]] * _relu(x[rows[0]]))
+        for j in rows[1:]:
+            a = rn(w[j] * _relu(x[j]) + a)
+        c.append(a)
+    c[7] = rn(-sig * _relu(rn(x[23] + x[31])) + c[7])
+    left = rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
+    return rn(left + rn(rn(c[4] + c[5]) + rn(c[6] + c[7])))
+
+
+def exact(x, w, sig, rows, aux=(7, 15)) -> tuple[Fraction, Fraction]:
+    """(Û, T) of one query: retained rows ``rows``, aux rows ``aux``."""
     ret = sum((w[j] * _relu(x[j]) for j in rows), Fraction(0))
     mag = sum((abs(w[j]) * _relu(x[j]) for j in rows), Fraction(0))
-    aux = sig * _relu(x[7] + x[15])
-    return ret - aux, mag + aux
+    a = sig * _relu(x[aux[0]] + x[aux[1]])
+    return ret - a, mag + a
 
 
 def check(x, w, sig, xb=None, wb=None, sigb=None, context="") -> Result:
@@ -217,23 +237,28 @@ def check(x, w, sig, xb=None, wb=None, sigb=None, context="") -> Result:
 
 
 def check_wgt(x, w, sig, rows: int, context="") -> Result:
-    """screen_wgt_rows{rows}'s u_hat on one query (x, w: 16 fp32 values, sig ≥ 0; rows = 8:
-    rows 6, 8..14 are empty, as the host guarantees by launching it for r ≤ 6 only)."""
+    """screen_wgt_rows{rows}'s u_hat on one query (x, w: 16 fp32 values — 32 for rows = 32,
+    an mts = 2 plan —, sig ≥ 0; rows = 8: rows 6, 8..14 are empty, as the host guarantees by
+    launching it for r ≤ 6 only)."""
     au = Audit(NAME, tightness=False, context=context)
     F = [Fraction(float(np.float32(v))) for v in x]
     Wt = [Fraction(float(np.float32(v))) for v in w]
     S = Fraction(float(np.float32(sig)))
+    aux, plan_depth = (7, 15), PLAN_DEPTH
     if rows == 8:
         for arr in (F, Wt):
             for j in (6, 8, 9, 10, 11, 12, 13, 14):
                 arr[j] = Fraction(0)
         got, kept = eval_wgt8(F, Wt, S), range(6)
-    else:
+    elif rows == 16:
         got, kept = eval_wgt16(F, Wt, S), [j for j in range(16) if j not in (7, 15)]
-    u_ex, T = exact(F, Wt, S, kept)
+    else:
+        aux, plan_depth = (23, 31), 2 * 2 + 6  # mts = 2
+        got, kept = eval_wgt32(F, Wt, S), [j for j in range(32) if j not in aux]
+    u_ex, T = exact(F, Wt, S, kept, aux)
     err, depth = abs(got - u_ex), DEPTH_WGT[rows]
     au.ge(gamma(depth) * T, err, f"|Û_fl − Û| ≤ γ_{depth} T")
-    au.ge(gamma(PLAN_DEPTH) * T, gamma(depth) * T, f"γ_{depth} T ≤ γ_{{2mts+6}} T")
+    au.ge(gamma(plan_depth) * T, gamma(depth) * T, f"γ_{depth} T ≤ γ_{{2mts+6}} T")
     if T > 0:
         au.track("err / (u T)", float(err / (U * T)))
     return au.result()
@@ -248,7 +273,7 @@ def _fp32(rng, n, lo_exp, hi_exp, signed=True):
 
 def cases(rng: np.random.Generator) -> list[dict]:
     out = []
-    for layout in ("mt1", "pair", "wgt16", "wgt8"):
+    for layout in ("mt1", "pair", "wgt16", "wgt8", "wgt32"):
         for trial in range(60):
             kind = trial % 5
             q = []
@@ -281,6 +306,8 @@ def cases(rng: np.random.Generator) -> list[dict]:
                                 context=f"pair kind {kind} #{trial}"))  # fmt: skip
             elif layout.startswith("wgt"):
                 x, w, s = q[0]
+                if layout == "wgt32":  # an mts = 2 plan: the same kinds of rows twice over
+                    x, w = np.concatenate([x, x[::-1]]), np.concatenate([w, w])
                 out.append(dict(_check="check_wgt", x=x, w=w, sig=s, rows=int(layout[3:]),
                                 context=f"{layout} kind {kind} #{trial}"))  # fmt: skip
             else:

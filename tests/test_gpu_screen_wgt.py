@@ -24,18 +24,17 @@ if HAVE_GPU:
 
 
 def test_wgt_option_validation():
-    assert check_options({"screen": "wgt", "r": 14})["screen"] == "wgt"
-    with pytest.raises(ValueError, match="screen"):
-        check_options({"screen": "wgt", "r": 30})  # an mts = 2 plan
+    for r in (6, 14, 30):
+        assert check_options({"screen": "wgt", "r": r})["screen"] == "wgt"
     with pytest.raises(ValueError, match="screen"):
         check_options({"screen": "wgt", "cert_seeds": 64})
     assert "wgt" in screen.SCREENS and screen.WGT_TILE % 128 == 0
-    assert screen.WGT_QG % 16 == 0  # whole groups of either build
-    assert [screen.wgt_rows(r) for r in (1, 6, 7, 14)] == [8, 8, 16, 16]
+    assert screen.WGT_QG % 16 == 0  # whole groups of every build
+    assert [screen.wgt_rows(r) for r in (1, 6, 7, 14, 15, 30)] == [8, 8, 16, 16, 32, 32]
 
 
 REGIMES = ["calibrated", "many_positive", "ties", "equal"]
-R = [14, 6]  # the 16-row and the 8-row build
+R = [14, 6, 30]  # the 16-row, the 8-row and the 32-row build
 
 
 def _args(regime, H, Qn=200, N=12000, K=256, seed=11):
@@ -113,15 +112,22 @@ def _codes(rs, shape, top=0x5F):
     return (mag | (rs.randint(0, 2, size=shape).astype(np.uint8) << 7)).astype(np.uint8)
 
 
+def _nrow(r_max: int) -> int:
+    """Plan rows per query of plans that retain at most r_max heads: 16·mts."""
+    return 32 if r_max > 14 else 16
+
+
 def _operands(rs, Qn, N, r_max=14):
-    """A plan of retained heads r ≤ r_max per query (slots row_slots(1)[:r], the other slots
+    """A plan of retained heads r ≤ r_max per query (slots row_slots(mts)[:r], the other slots
     zero rows with ω = 0, as plan.py leaves them), its aux rows, keys, spans, a pool."""
+    from dosa_cupy.plan import row_slots
     from dosa_ref.fp8 import e4m3_values
 
-    rows = _codes(rs, (Qn, 16, 128))
-    r = rs.randint(1, r_max + 1, size=Qn)  # retained heads per query, slots row_slots(1)[:r]
-    slots = np.array([j for j in range(16) if j not in (7, 15)])
-    om = np.zeros((Qn, 16), np.float32)
+    nrow = _nrow(r_max)
+    rows = _codes(rs, (Qn, nrow, 128))
+    r = rs.randint(1, r_max + 1, size=Qn)  # retained heads per query, slots row_slots[:r]
+    slots = row_slots(nrow // 16)
+    om = np.zeros((Qn, nrow), np.float32)
     for t in range(Qn):
         used = slots[: r[t]]
         om[t, used] = rs.uniform(-0.5, 1.0, size=used.size).astype(np.float32)
@@ -148,17 +154,19 @@ def _operands(rs, Qn, N, r_max=14):
 
 def _exact(op):
     """Û (float64, exact dots), its allowance A = Σ|ω||q||k| + σ(|v0| + |v1|)|k| per (t, i),
-    the raw dots x and their magnitudes Σ_d|q_d||k_d| [Qn, 16, N]."""
+    the raw dots x and their magnitudes Σ_d|q_d||k_d| [Qn, 16·mts, N]; the aux rows are rows
+    7 and 15 of the plan's last 16-row tile."""
     from dosa_ref.fp8 import e4m3_values
 
-    q = e4m3_values(op["rows"])  # [Qn, 16, 128]
+    q = e4m3_values(op["rows"])  # [Qn, 16·mts, 128]
     k = e4m3_values(op["kp"])  # [N, 128]
     x = np.einsum("tjd,nd->tjn", q, k)
     ax = np.einsum("tjd,nd->tjn", np.abs(q), np.abs(k))
     om = op["om"].astype(np.float64)
     sig = op["sig"].astype(np.float64)[:, None]
-    uh = np.einsum("tj,tjn->tn", om, np.maximum(x, 0)) - sig * np.maximum(x[:, 7] + x[:, 15], 0)
-    A = np.einsum("tj,tjn->tn", np.abs(om), ax) + sig * (ax[:, 7] + ax[:, 15])
+    a0, a1 = q.shape[1] - 9, q.shape[1] - 1
+    uh = np.einsum("tj,tjn->tn", om, np.maximum(x, 0)) - sig * np.maximum(x[:, a0] + x[:, a1], 0)
+    A = np.einsum("tj,tjn->tn", np.abs(om), ax) + sig * (ax[:, a0] + ax[:, a1])
     return uh, A, x, ax
 
 
@@ -207,19 +215,22 @@ def _words(bits):
     return (b.reshape(Qn, NW, 32) << np.arange(32, dtype=np.uint64)).sum(2).astype(np.uint32)
 
 
+R_MAX = {32: 30, 16: 14, 8: 6}  # the retained heads of each build's plans
+
+
 @pytest.mark.parametrize("qg", [screen.WGT_QG, 48])  # one block row of queries, or five
-@pytest.mark.parametrize("nrow", [16, 8])
+@pytest.mark.parametrize("nrow", [32, 16, 8])
 @pytest.mark.parametrize("seed", [0, 1])
 @needs_sm90a
 @gpu
 def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     """Plain kernel: Uout exactly on the visible keys, every U^num within the screening
-    allowance (plan.py g_scr = γ_mma + γ_8(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out, and the
-    survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of the
-    query group, the block's queries or the key tile."""
+    allowance (plan.py g_scr = γ_mma + γ_{2·mts+6}(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out,
+    and the survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of
+    the query group, the block's queries or the key tile."""
     rs = np.random.RandomState(seed)
     Qn, N = 203, 1000 + 37 * seed
-    op = _operands(rs, Qn, N, 14 if nrow == 16 else 6)
+    op = _operands(rs, Qn, N, R_MAX[nrow])
     uh, A, _, _ = _exact(op)
     al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
@@ -228,7 +239,8 @@ def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
-    g = gamma_mma(MMA_BITS) + gamma(8) * (1 + gamma_mma(MMA_BITS))
+    mts = _nrow(R_MAX[nrow]) // 16
+    g = gamma_mma(MMA_BITS) + gamma(2 * mts + 6) * (1 + gamma_mma(MMA_BITS))
     # the fp64 guard: at most 16 upward roundings (2^-52 each) of these magnitudes; ε_out =
     # 1e-7 (the launch's) is added to the bound
     slack = 16 * 2.0**-52 * (np.abs(Uex) + al * (rho * op["C"][:, None] + A) + 1e-7)
@@ -238,7 +250,7 @@ def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     assert np.array_equal(surv, _words(keep))
 
 
-@pytest.mark.parametrize("nrow", [16, 8])
+@pytest.mark.parametrize("nrow", [32, 16, 8])
 @needs_sm90a
 @gpu
 def test_wgt_tie_kernel_words_and_counts(nrow):
@@ -248,7 +260,7 @@ def test_wgt_tie_kernel_words_and_counts(nrow):
     threshold are left out of the comparison)."""
     rs = np.random.RandomState(7)
     Qn, N = 77, 900
-    op = _operands(rs, Qn, N, 14 if nrow == 16 else 6)
+    op = _operands(rs, Qn, N, R_MAX[nrow])
     uh, _, x, ax = _exact(op)
     al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])

@@ -51,7 +51,8 @@ LAUNCHED = {
     ],
     "plan.cu": [f"plan_mt{m}" for m in MT],  # plan.build_plans_fused
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
-    "screen_wgt.cu": [f"screen_wgt_rows{n}{t}" for n in (16, 8) for t in ("", "_tie")],  # WGT_SPEC
+    "screen_wgt.cu": [f"screen_wgt_rows{n}{t}" for n in (32, 16, 8)  # WGT_SPEC
+                      for t in ("", "_tie")],
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages

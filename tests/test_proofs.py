@@ -244,18 +244,20 @@ def test_gpu_screen_epilogue_can_fail(monkeypatch):
                        sig=np.float32(0.3)).ok  # fmt: skip
 
 
-@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("rows", [8, 16, 32])
 def test_gpu_screen_epilogue_wgt_can_fail(monkeypatch, rows):
     """The transposed screen's orders: a claimed depth of 0 fails on inputs that round, and
     an evaluation that drops the aux term fails where the aux term is not zero."""
     g = gpu_screen_epilogue
-    xr = (np.float32(1) + np.float32(2.0**-20) * np.arange(16, dtype=np.float32)) / 3
-    case = dict(x=xr.astype(np.float32), w=np.full(16, 0.1, np.float32), sig=np.float32(0.3),
+    n = 32 if rows == 32 else 16
+    xr = (np.float32(1) + np.float32(2.0**-20) * np.arange(n, dtype=np.float32)) / 3
+    case = dict(x=xr.astype(np.float32), w=np.full(n, 0.1, np.float32), sig=np.float32(0.3),
                 rows=rows)  # fmt: skip
     assert g.check_wgt(**case).ok
+    depth = g.DEPTH_WGT[rows]
     monkeypatch.setitem(g.DEPTH_WGT, rows, 0)
     assert not g.check_wgt(**case).ok
-    monkeypatch.setitem(g.DEPTH_WGT, rows, 7 if rows == 8 else 6)
+    monkeypatch.setitem(g.DEPTH_WGT, rows, depth)
     name = f"eval_wgt{rows}"
     real = getattr(g, name)
     monkeypatch.setattr(g, name, lambda x, w, sig: real(x, w, Fraction(0)))

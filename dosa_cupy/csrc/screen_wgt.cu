@@ -13,7 +13,9 @@
 // plan.gamma_mma) enters the plan's allowance, and it does not depend on the order of the
 // dims over the steps.
 //
-// Two builds by RQ, the plan rows per query in the N operand (Rows<RQ>):
+// Three builds by RQ, the plan rows per query in the N operand (Rows<RQ>):
+//   RQ = 32 (screen_wgt_rows32): the whole mts = 2 plan (r ≤ 30, aux rows 23 and 31), 4
+//            queries per group — the trained regime's r = 30 at H = 64;
 //   RQ = 16 (screen_wgt_rows16): the whole mts = 1 plan (r ≤ 14), 8 queries per group;
 //   RQ = 8  (screen_wgt_rows8):  a plan with r ≤ 6 — its retained rows 0..5 and the aux rows
 //            7, 15, the rows screen_pair takes (screen.py PAIR_ROWS) — 16 queries per group:
@@ -37,11 +39,15 @@
 //   RQ = 16:  c_0 over rows 0..3, c_1 over 4, 5, 6, 8, c_2 over 9..12 (a product, then three
 //             fmaf), c_3 = ω_13[y_13]_+, fmaf ω_14, fmaf(−σ_a, [y_7 + y_15]_+, c_3);
 //             Û = (c_0 + c_1) + (c_2 + c_3).
+//   RQ = 32:  eight such chains over rows 0..3, 4..7, 8..11, 12..15, 16..19, (20, 21, 22, 24),
+//             25..28, (29, 30, then fmaf(−σ_a, [y_23 + y_31]_+, ·)), added as a tree of three
+//             levels.
 //   Roundings on any term's path: RQ = 8 ≤ 7 (the first row's product, five fmaf and the aux
-//   fmaf; the aux sum and its fmaf: 2), RQ = 16 ≤ 6 (a chain of four, two tree additions) —
-//   ≤ 2·mts + 6 = 8, the depth proofs/gpu_screen_epilogue.py checks for these orders (Higham's
-//   Lemma 3.1 over the rounding factors of each term) and plan.py's g_scr = γ_mma + γ_8(1 +
-//   γ_mma) covers.  Then the lane evaluates guard_bound_ru (epilogue.cuh) in fp64 and the
+//   fmaf; the aux sum and its fmaf: 2), RQ = 16 ≤ 6 (a chain of four, two tree additions),
+//   RQ = 32 ≤ 7 (a chain of four, three tree additions) — ≤ 2·mts + 6 (8 for mts = 1, 10 for
+//   mts = 2), the depth proofs/gpu_screen_epilogue.py checks for these orders (Higham's
+//   Lemma 3.1 over the rounding factors of each term) and plan.py's g_scr = γ_mma +
+//   γ_{2·mts+6}(1 + γ_mma) covers.  Then the lane evaluates guard_bound_ru (epilogue.cuh) in fp64 and the
 //   keep rule (DOSA_KEEP; the tie-aware variant with common.cuh's zero-plateau test).
 //
 // Survivor words without shared memory: the key tile is stored permuted so that the 16 M rows
@@ -80,21 +86,28 @@ static_assert(sizeof(QInfo) == 56, "QInfo: 56 bytes (screen.wgt_smem_bytes)");
 // The N operand of RQ plan rows per query (header).
 template <int RQ>
 struct Rows {
-  static_assert(RQ == 16 || RQ == 8, "RQ: 16 (r <= 14) or 8 (r <= 6) plan rows per query");
+  static_assert(RQ == 32 || RQ == 16 || RQ == 8,
+                "RQ: 32 (r <= 30), 16 (r <= 14) or 8 (r <= 6) plan rows per query");
   static constexpr int kQ = 128 / RQ;  // queries per group (N = 128 columns)
   static constexpr int kE = kQ / 4;    // queries per lane
   static constexpr int kV = RQ / 4;    // float4 of weights (or plateau coefficients) per query
-  // Plan row of list row i: all 16 (RQ = 16); rows 0..5, then the aux rows 7, 15 (RQ = 8).
+  static constexpr int kStride = RQ == 32 ? 32 : 16;  // plan rows per query: 16·mts
+  // The plan's aux rows (plan.py row_slots: rows 7 and 15 of the last 16-row tile).
+  static constexpr int kAuxRow0 = kStride - 9, kAuxRow1 = kStride - 1;
+  // Plan row of list row i: all of them (RQ = 16, 32); rows 0..5, then the aux rows 7, 15
+  // (RQ = 8).
   __host__ __device__ static constexpr int plan_row(int i) {
-    return RQ == 16 ? i : (i < 6 ? i : (i == 6 ? 7 : 15));
+    return RQ != 8 ? i : (i < 6 ? i : (i == 6 ? 7 : 15));
   }
   // N column (B row) of list row i of query u = E·qd + e: block E·(i / 2) + e, column
   // 2qd + i mod 2 of the block (header).
   __host__ __device__ static constexpr int column(int u, int i) {
     return 8 * (kE * (i >> 1) + u % kE) + 2 * (u / kE) + (i & 1);
   }
-  // The list position of the aux sum's weight −σ_a (the first aux row; the second's is 0).
-  static constexpr int kAux = RQ == 16 ? 7 : 6;
+  // The list positions of the aux rows: the first carries the aux sum's weight −σ_a, the
+  // second 0.
+  static constexpr int kAux = RQ == 8 ? 6 : kAuxRow0;
+  static constexpr int kAux2 = RQ == 8 ? 7 : kAuxRow1;
   // Dynamic shared memory per buffer: the queries' weights and plateau coefficients (float4
   // [E][V][4]: query E·qd + e's rows 4m .. 4m + 3 at (e·V + m)·4 + qd, so the four qd of a
   // warp read 64 consecutive bytes) and the QInfo [Q].
@@ -111,8 +124,7 @@ struct Rows {
 
 // The layout's laws, checked when the file compiles: the columns of a group are a bijection
 // onto 0..127, and lane qd's columns 2qd + h of block E·(i / 2) + e hold list row 2(i / 2) + h
-// of query E·qd + e — what the epilogue reads; list rows kAux, kAux + 1 (RQ = 8) or kAux and
-// 15 (RQ = 16) are the aux rows 7 and 15.
+// of query E·qd + e — what the epilogue reads; list rows kAux, kAux2 are the plan's aux rows.
 template <int RQ>
 constexpr bool layout_holds() {
   using L = Rows<RQ>;
@@ -128,9 +140,10 @@ constexpr bool layout_holds() {
       for (int i = 0; i < RQ; ++i)
         if (L::column(L::kE * qd + e, i) != 8 * (L::kE * (i >> 1) + e) + 2 * qd + (i & 1))
           return false;
-  return L::plan_row(L::kAux) == 7 && L::plan_row(RQ == 16 ? 15 : L::kAux + 1) == 15;
+  return L::plan_row(L::kAux) == L::kAuxRow0 && L::plan_row(L::kAux2) == L::kAuxRow1;
 }
-static_assert(layout_holds<16>() && layout_holds<8>(), "the N operand's layout (header)");
+static_assert(layout_holds<32>() && layout_holds<16>() && layout_holds<8>(),
+              "the N operand's layout (header)");
 }  // namespace wgt
 }  // namespace dosa
 
@@ -225,7 +238,7 @@ __device__ __forceinline__ void stage_group(
     const int t = t0 + (int)(n / RQ);
     e[k] = make_uint4(0u, 0u, 0u, 0u);
     if (it < kAll && t < qend) {
-      const long long row = (long long)t * 16 + L::plan_row((int)(n % RQ));
+      const long long row = (long long)t * L::kStride + L::plan_row((int)(n % RQ));
       e[k] = __ldg(reinterpret_cast<const uint4*>(rows + row * DOSA_D + 16 * i));
     }
   }
@@ -240,14 +253,14 @@ __device__ __forceinline__ void stage_group(
     const int t = t0 + (int)u;
     float wv[4] = {0.f, 0.f, 0.f, 0.f}, zv[4] = {-1.f, -1.f, -1.f, -1.f};
     if (t < qend) {
-      const float* o = om + (long long)t * 16;
+      const float* o = om + (long long)t * L::kStride;
       // TIE: screen_wg's zero-plateau switch: row 0 of zrow not NaN and τ ≥ 0 (screen.cu)
-      const float* zq = TIE ? X.zrow + (long long)t * 16 : nullptr;
+      const float* zq = TIE ? X.zrow + (long long)t * L::kStride : nullptr;
       const bool zon = TIE && zq[0] == zq[0] && tau[t] >= 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i = 4 * (int)m + j, pr = L::plan_row(i);
-        wv[j] = i == L::kAux ? -sig[t] : (pr == 7 || pr == 15) ? 0.f : o[pr];
+        wv[j] = i == L::kAux ? -sig[t] : (pr == L::kAuxRow0 || pr == L::kAuxRow1) ? 0.f : o[pr];
         if (zon) zv[j] = zq[pr];
       }
     }
@@ -273,7 +286,7 @@ __device__ __forceinline__ void stage_group(
       q.tq = (double)tq;
       if constexpr (TIE) {
         q.kj = X.kj[t];
-        const float z0 = X.zrow[(long long)t * 16];
+        const float z0 = X.zrow[(long long)t * L::kStride];
         q.zp = z0 == z0 && tq >= 0.f;
       }
       q.C = Cq[t];
@@ -307,27 +320,41 @@ struct Lane {
   unsigned int tie[Rows<RQ>::kE];
 };
 
-// Û of one (key, query) from its RQ values y (list order) and weights W (header's orders).
-template <int RQ>
-__device__ __forceinline__ float u_hat(const float (&y)[RQ], const float (&W)[RQ]) {
+// Û of one (key, query) from its RQ values y (list order) and weights W(i) (header's orders).
+template <int RQ, class Wt>
+__device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
   auto r = [](float v) { return fmaxf(v, 0.f); };
   if constexpr (RQ == 8) {
-    float a = W[0] * r(y[0]);
+    float a = W(0) * r(y[0]);
 #pragma unroll
-    for (int i = 1; i < 6; ++i) a = fmaf(W[i], r(y[i]), a);
-    return fmaf(W[6], r(y[6] + y[7]), a);  // −σ_a [x_7 + x_15]_+
-  } else {
+    for (int i = 1; i < 6; ++i) a = fmaf(W(i), r(y[i]), a);
+    return fmaf(W(6), r(y[6] + y[7]), a);  // −σ_a [x_7 + x_15]_+
+  } else if constexpr (RQ == 16) {
     float c[4];
     constexpr int kRow[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 8}, {9, 10, 11, 12}, {13, 14, -1, -1}};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      c[p] = W[kRow[p][0]] * r(y[kRow[p][0]]);
+      c[p] = W(kRow[p][0]) * r(y[kRow[p][0]]);
 #pragma unroll
       for (int j = 1; j < 4; ++j)
-        if (kRow[p][j] >= 0) c[p] = fmaf(W[kRow[p][j]], r(y[kRow[p][j]]), c[p]);
+        if (kRow[p][j] >= 0) c[p] = fmaf(W(kRow[p][j]), r(y[kRow[p][j]]), c[p]);
     }
-    c[3] = fmaf(W[7], r(y[7] + y[15]), c[3]);  // −σ_a [x_7 + x_15]_+
+    c[3] = fmaf(W(7), r(y[7] + y[15]), c[3]);  // −σ_a [x_7 + x_15]_+
     return (c[0] + c[1]) + (c[2] + c[3]);
+  } else {
+    float c[8];
+    constexpr int kRow[8][4] = {{0, 1, 2, 3},     {4, 5, 6, 7},     {8, 9, 10, 11},
+                                {12, 13, 14, 15}, {16, 17, 18, 19}, {20, 21, 22, 24},
+                                {25, 26, 27, 28}, {29, 30, -1, -1}};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      c[p] = W(kRow[p][0]) * r(y[kRow[p][0]]);
+#pragma unroll
+      for (int j = 1; j < 4; ++j)
+        if (kRow[p][j] >= 0) c[p] = fmaf(W(kRow[p][j]), r(y[kRow[p][j]]), c[p]);
+    }
+    c[7] = fmaf(W(23), r(y[23] + y[31]), c[7]);  // −σ_a [x_23 + x_31]_+
+    return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
   }
 }
 
@@ -351,16 +378,20 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
-    float W[RQ], Z[RQ];
+    // the query's weights in registers, except in the tie-aware 32-row build, which reads
+    // them where used (its registers are the plateau test's: no spills)
+    constexpr bool kRegW = !(TIE && RQ == 32);
+    float W[kRegW ? RQ : 1];
 #pragma unroll
-    for (int m = 0; m < kV; ++m) {
+    for (int m = 0; m < (kRegW ? kV : 0); ++m) {
       const float4 a = G.w[(e * kV + m) * 4 + qd];
       W[4 * m] = a.x, W[4 * m + 1] = a.y, W[4 * m + 2] = a.z, W[4 * m + 3] = a.w;
-      if constexpr (TIE) {
-        const float4 b = G.z[(e * kV + m) * 4 + qd];
-        Z[4 * m] = b.x, Z[4 * m + 1] = b.y, Z[4 * m + 2] = b.z, Z[4 * m + 3] = b.w;
-      }
     }
+    const float* ws = reinterpret_cast<const float*>(G.w);
+    auto weight = [&](int i) -> float {
+      if constexpr (kRegW) return W[i];
+      else return ws[((e * kV + (i >> 2)) * 4 + qd) * 4 + (i & 3)];
+    };
     const QInfo& Q = G.q[kE * qd + e];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -368,17 +399,21 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       float y[RQ];
 #pragma unroll
       for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
-      const float uh = u_hat<RQ>(y, W);
+      const float uh = u_hat<RQ>(y, weight);
       const int i = i0 + 8 * k;
       const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
       if (Uout && i >= Q.lo && i < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
       const bool cand = (unsigned)(i - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
       const bool plain = cand && !(U < Q.tq);  // vis && !seed, U ≥ τ
       bool pl = false;  // TIE: a certified zero-plateau key (every positive row's test holds)
-      if constexpr (TIE) {
+      if constexpr (TIE) {  // the coefficients read where used: registers are the budget
         float miss = 0.f;
 #pragma unroll
-        for (int j = 0; j < RQ; ++j) miss += plateau_miss(y[j], Z[j], rh[k]);
+        for (int m = 0; m < kV; ++m) {
+          const float4 z = G.z[(e * kV + m) * 4 + qd];
+          miss += plateau_miss(y[4 * m], z.x, rh[k]) + plateau_miss(y[4 * m + 1], z.y, rh[k]) +
+                  plateau_miss(y[4 * m + 2], z.z, rh[k]) + plateau_miss(y[4 * m + 3], z.w, rh[k]);
+        }
         pl = Q.zp && miss == 0.f;
       }
       const bool p = DOSA_KEEP(TIE, plain, U, Q.tq, pl, n0 + i, Q.kj);
@@ -501,7 +536,7 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #endif
 
-// The kernels screen_wgt_rows{16,8} (TIE = false) and their _tie variants (kj and zrow after
+// The kernels screen_wgt_rows{32,16,8} (TIE = false) and their _tie variants (kj and zrow after
 // tau, tcnt after Uout) — screen_wg_mt1's parameter lists (screen.ScreenLaunch passes the
 // same arguments).  Block dosa::wgt::kThreads, dynamic shared memory Rows<RQ>::kSmemBytes
 // (screen.wgt_smem_bytes).
@@ -516,5 +551,6 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
                                 unsigned int* __restrict__ tcnt) {                            \
     DOSA_WGT_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);          \
   }
+DOSA_WGT_KERNELS(32)
 DOSA_WGT_KERNELS(16)
 DOSA_WGT_KERNELS(8)
