@@ -41,7 +41,9 @@ the GPU tests measure the observed error against this bound on crafted inputs.
 fp32 epilogues: n round-to-nearest operations give γ_n = n·u/(1 − n·u), u = 2^-24.  The
 float64 plan arithmetic (≤ 2^14 operations per quantity, u = 2^-53) is covered by the
 relative allowance μ = 2^-30 of each quantity's magnitude sum.  CuPy compiles with
--ftz=true: every flushed fp32 result loses < 2^-126, covered by ε_raw / ε_out.
+-ftz=true: every flushed fp32 result loses < 2^-126, covered by ε_raw (``flushed_results``:
+every fp32 result of one key's Û and of the canonical scorer's head sum, in payload units)
+and ε_out (the product by α).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from .scorer import MMA_BITS, plan_scorer
 
 __all__ = [
     "PLAN_THREADS", "DevicePlan", "allowance_factors", "build_plans", "build_plans_fused",
-    "gamma", "gamma_mma", "dot_allowance", "plan_constants", "plan_smem_bytes", "plan_stage",
+    "flushed_results", "gamma", "gamma_mma", "dot_allowance", "plan_constants",
+    "plan_smem_bytes", "plan_stage",
     "row_slots", "scorer_allowance", "step_exponents",
 ]  # fmt: skip
 
@@ -69,6 +72,19 @@ TINY = 2.0**-126
 
 def gamma(n: int) -> float:
     return n * U32 / (1.0 - n * U32)
+
+
+def flushed_results(mth: int, mts: int) -> int:
+    """An upper bound on the fp32 results that -ftz=true may flush in one (query, key)'s
+    bound (payload units, before α): each can lose < 2^-126, and whatever the evaluation
+    tree, the losses add up (each enters the final sum with a factor ≤ 1 + γ_n).  The
+    screen's Û over 16·mts plan rows — a product or fmaf per row, the aux sum, the additions
+    that combine the rows — is at most 2·16·mts + 8 results in every screen kernel (the
+    lane chains and trees of screen.cu, screen_sm90a.cu, screen_wgt.cu); the canonical
+    scorer's head sum over 16·mth heads (csrc/scorer.cuh, scorer_fp8.cuh: a product or fmaf
+    per head and the partial sums' additions) at most 2·16·mth + 16; 8 more to spare: in all
+    32·(mts + mth + 1).  The product by α is ε_out's."""
+    return 32 * (mts + mth + 1)
 
 
 K_STEP = 16  # products per tensor-core step (mma m16n8k16, f16 inputs)
@@ -365,7 +381,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     J += g_ref * cp.einsum("th,thd->td", cp.abs(wf), absq)
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
-    eps_raw = (2 * mth + 2 * mts + 16) * TINY + cp.sum(cp.abs(wf) * a_ref, axis=1) * (1 + MU)
+    eps_raw = flushed_results(mth, mts) * TINY + cp.sum(cp.abs(wf) * a_ref, axis=1) * (1 + MU)
     if screen != "f16":  # the screen's per-row constants, weighted as Û weighs its rows
         a_rows = cp.sum(cp.abs(omega.astype(cp.float64)) * a_scr, axis=1)
         a_rows += sig * (a_scr[:, last + 7] + a_scr[:, last + 15])
@@ -437,7 +453,7 @@ def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16"):
     g_ref, _ = scorer_allowance(scorer, np.zeros((0, Hp, D), np.uint8), mth, mma_bits, np)
     if np.ndim(g_ref):
         raise ValueError(f"scorer: the fused planner takes one g_ref, {scorer!r} has one per dim")
-    return g_scr, float(g_ref), (2 * mth + 2 * mts + 16) * TINY
+    return g_scr, float(g_ref), flushed_results(mth, mts) * TINY
 
 
 def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="f16"):
