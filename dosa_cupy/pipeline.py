@@ -122,6 +122,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if screened.cert is not None:  # certificate-guided seeds (§2): raise τ, drop survivors
         tau, cert_scored = certificate_seeds(b, seeds, screened.cert, int(o["cert_seeds"]),
                                              screened.surv)  # fmt: skip
+        tau = cp.maximum(tau, seeds.tau)  # the certificate's τ, or a higher tau_floor
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
     recs = refine_stage(b, tau, screened.surv, int(o["buffer"]))

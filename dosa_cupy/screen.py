@@ -67,11 +67,11 @@ SCREEN_THREADS = 256
 WGT_THREADS = 384
 WGT_MAX_R = 30  # retained heads of an mts = 2 plan (plan.py: mts = 2 for 14 < r <= 30)
 WGT_TILE = 128 * (WGT_THREADS // 128)
-# Queries per block (a multiple of both group sizes, 8 and 16): one block per SM, so each
-# block's prologue (its key tile from HBM, converted to f16) is exposed once per block — 384
-# queries amortize it over 24–48 groups and read the key array Qn / 384 times (at 96: a
-# quarter of the groups, 4× the key traffic; docs/records/notes.md "Session 17").
-WGT_QG = 384
+# Queries per block: one block per SM, so each block's prologue (its key tile from HBM,
+# converted to f16) is exposed once per block — 384 queries amortize it over 24–96 groups and
+# read the key array Qn / 384 times (at 96: a quarter of the groups, 4× the key traffic;
+# docs/records/notes.md "Session 17").
+WGT_QG = 384  # a multiple of every build's group (4, 8 and 16 queries)
 
 
 def wgt_rows(r_max: int) -> int:

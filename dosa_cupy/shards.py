@@ -63,7 +63,10 @@ def shard_tau(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
     if empty is not None:
         return cp.full(b.Qn, -np.inf, dtype=cp.float32)
     b.raise_if_bad()
-    return seed_stage(b, o).tau
+    tau = seed_stage(b, o).tau
+    # a NaN (a K-th seed of NaN score) or +inf τ comes from a query that dosa_topk recovers
+    # by the dense route (invalid scales, the envelope): −inf, the bound that always holds
+    return cp.where(cp.isnan(tau) | (tau == cp.inf), cp.float32(-cp.inf), tau)
 
 
 def global_records(rec, cnt, start: int, xp):
@@ -96,8 +99,9 @@ def shard_records(q, w, kp, ksc, K: int, ks, ke, start: int, floor=None, **optio
     it is above the shard's own τ; None: its own) as records uint64 [Qn, K] with global ids
     (``global_records``): the canonical scores of the selected keys (``seeds.score_seed_ids``,
     the call's scorer).  Arguments as ``shard_tau``.  A selected key whose score is NaN (an
-    invalid scale, which ``dosa_topk`` recovers) has no record to merge: ValueError naming
-    ``k_scale``."""
+    invalid scale, which ``dosa_topk`` recovers by the dense route) gets the record of code
+    0, as the selection orders it: the f16 seed kernel records no NaN score, and the
+    selection puts the NaN keys last, so they are the row's ids past its count."""
     from .pipeline import dosa_topk
     from .prepare import pad_batch
     from .seeds import score_seed_ids
@@ -111,10 +115,22 @@ def shard_records(q, w, kp, ksc, K: int, ks, ke, start: int, floor=None, **optio
     b = pad_batch(q, w, kp, ksc, K, lo, hi, check=False,
                   scorer=options.get("scorer", "f16"))  # fmt: skip
     rec, cnt = score_seed_ids(b, cp.ascontiguousarray(ids.astype(cp.int32)))
-    if bool(cp.any(cnt.astype(cp.int64) < cp.sum(ids >= 0, axis=1))):  # one synchronization
-        raise ValueError("k_scale: a selected key's score is NaN (an invalid scale): the "
-                         "sharded merge needs the selected keys' scores")  # fmt: skip
-    return global_records(rec, cnt, int(start), cp)
+    out = global_records(rec, cnt, int(start), cp)
+    j = cp.arange(ids.shape[1])[None, :]
+    nan = (j >= cnt.astype(cp.int64)[:, None]) & (ids >= 0)  # selected, not recorded: NaN
+    code0 = (~(ids.astype(cp.uint64) + np.uint64(start))) & _LOW  # (0 << 32) | ~global id
+    return cp.where(nan, code0, out)
+
+
+_NOT_SHARDED = ("tau_floor", "seed_ids", "return_stats", "debug_bounds")
+
+
+def _check_sharded_options(options: dict) -> None:
+    """The options a sharded call sets itself (tau_floor) or cannot carry across shards
+    (explicit seed ids are global, statistics per shard): ValueError naming the option."""
+    for k in _NOT_SHARDED:
+        if options.get(k) not in (None, False):
+            raise ValueError(f"{k}: not available in a sharded call, got {options[k]!r}")
 
 
 def sharded_topk(q, w, kp, ksc, K: int, ks=None, ke=None, *, starts=None, **options):
@@ -124,10 +140,15 @@ def sharded_topk(q, w, kp, ksc, K: int, ks=None, ke=None, *, starts=None, **opti
     merge.  Equal to ``dense_topk`` (and ``dosa_topk``) on the whole context; options as
     ``dosa_topk``'s."""
     cp = cupy_or_raise()
+    _check_sharded_options(options)
     N = int(kp.shape[0])
     Qn = int(q.shape[0])
     ks = cp.zeros(Qn, dtype=cp.int32) if ks is None else cp.asarray(ks)
     ke = cp.full(Qn, N, dtype=cp.int32) if ke is None else cp.asarray(ke)
+    if ks.shape != (Qn,) or ke.shape != (Qn,):
+        raise ValueError(f"ks: expected ks, ke of shape ({Qn},), got {ks.shape}, {ke.shape}")
+    if Qn and bool(cp.any((ks < 0) | (ke > N) | (ks > ke))):  # the dense route's checks
+        raise ValueError(f"ks: expected 0 <= ks <= ke <= N={N} for every query")
     starts = shard_starts(N, 2) if starts is None else np.asarray(starts, dtype=np.int64)
     if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
         raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
@@ -145,21 +166,56 @@ def distributed_topk(q, w, kp, ksc, K: int, ks, ke, start: int, group=None, **op
     """``sharded_topk`` with one shard per rank of the ``torch.distributed`` ``group``
     (default: the world; NCCL on GPUs): every rank passes the replicated chunk (q, w, the
     context's ranges ks, ke) and its shard kp, ksc whose first key is the context's key
-    ``start``; one ``all_reduce`` (max) of τ fp32 [Qn] gives every rank the floor, each rank
-    builds its records [Qn, K] against it, one ``all_gather`` of them, and every rank returns
-    the merged ids int64 [Qn, K] (CuPy).  CuPy runs on torch's current stream, so the
-    collectives order with the kernels."""
+    ``start``; one ``all_reduce`` (max) of τ fp32 [Qn] — with one more element, a rank's
+    error flag — gives every rank the floor, each rank builds its records [Qn, K] against it,
+    an ``all_reduce`` of the error flag and one ``all_gather`` of the records, and every rank
+    returns the merged ids int64 [Qn, K] (CuPy).  An error on one rank (bad input) is raised
+    on every rank after the collective it would have missed, so no rank waits for ever.
+    CuPy runs on the current torch stream of q's device, so the collectives order with the
+    kernels."""
     import torch
     import torch.distributed as dist
 
     cp = cupy_or_raise()
-    stream = torch.cuda.current_stream().cuda_stream
-    with cp.cuda.ExternalStream(stream):
-        tau = shard_tau(q, w, kp, ksc, K, ks, ke, int(start), **options)
-        t = torch.from_dlpack(cp.ascontiguousarray(tau))
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        floor = cp.from_dlpack(t)
-        rec = shard_records(q, w, kp, ksc, K, ks, ke, int(start), floor, **options)
+    _check_sharded_options(options)
+    dev = q.device.index if isinstance(q, torch.Tensor) else cp.cuda.Device().id
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    Qn = int(q.shape[0])
+
+    def agreed(flag: float, payload=None):
+        """payload fp32 [Qn] (or None) with the flag appended, all-reduced (max)."""
+        t = (
+            cp.full(Qn + 1, -cp.inf, dtype=cp.float32)
+            if payload is None
+            else cp.concatenate([payload.astype(cp.float32), cp.zeros(1, dtype=cp.float32)])
+        )
+        t[-1] = flag
+        tt = torch.from_dlpack(t)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=group)
+        out = cp.from_dlpack(tt)
+        if float(out[-1]) > 0:  # some rank failed: every rank raises
+            raise ValueError("a rank's shard: bad input on another rank of the sharded call")
+        return out[:-1]
+
+    with cp.cuda.Device(dev), cp.cuda.ExternalStream(stream):
+        err, tau = None, None
+        try:
+            tau = shard_tau(q, w, kp, ksc, K, ks, ke, int(start), **options)
+        except ValueError as e:
+            err = e
+        try:
+            floor = agreed(1.0 if err else 0.0, tau)
+        except ValueError:
+            raise (err or ValueError("a rank's shard: bad input on another rank")) from None
+        rec, err = None, None
+        try:
+            rec = shard_records(q, w, kp, ksc, K, ks, ke, int(start), floor, **options)
+        except ValueError as e:
+            err = e
+        try:
+            agreed(1.0 if err else 0.0)
+        except ValueError:
+            raise (err or ValueError("a rank's shard: bad input on another rank")) from None
         local = torch.from_dlpack(cp.ascontiguousarray(rec).view(cp.int64))
         bufs = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         dist.all_gather(bufs, local, group=group)
