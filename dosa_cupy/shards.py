@@ -58,6 +58,7 @@ def shard_tau(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
     from .seeds import seed_stage
 
     cp = cupy_or_raise()
+    _check_sharded_options(options)
     lo, hi = _local(cp.asarray(ks), cp.asarray(ke), int(start), int(kp.shape[0]), cp)
     o, _, _, b, empty = begin(q, w, kp, ksc, K, lo, hi, dict(options, tau_floor=None))
     if empty is not None:
@@ -107,6 +108,7 @@ def shard_records(q, w, kp, ksc, K: int, ks, ke, start: int, floor=None, **optio
     from .seeds import score_seed_ids
 
     cp = cupy_or_raise()
+    _check_sharded_options(options)
     n, Qn = int(kp.shape[0]), int(q.shape[0])
     if n == 0:  # an empty shard: no key, no record
         return cp.zeros((Qn, int(K)), dtype=cp.uint64)
