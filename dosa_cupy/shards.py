@@ -131,8 +131,9 @@ def _check_sharded_options(options: dict) -> None:
     """The options a sharded call sets itself (tau_floor) or cannot carry across shards
     (explicit seed ids are global, statistics per shard): ValueError naming the option."""
     for k in _NOT_SHARDED:
-        if options.get(k) not in (None, False):
-            raise ValueError(f"{k}: not available in a sharded call, got {options[k]!r}")
+        v = options.get(k)
+        if v is not None and v is not False:  # by identity: an array is never "off"
+            raise ValueError(f"{k}: not available in a sharded call, got {type(v).__name__}")
 
 
 def sharded_topk(q, w, kp, ksc, K: int, ks=None, ke=None, *, starts=None, **options):

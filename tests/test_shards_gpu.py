@@ -102,8 +102,11 @@ def test_tau_floor_is_an_option_and_not_capturable():
         PrefillSelectorGPU(8, tau_floor=np.zeros(3))
 
 
-@pytest.mark.parametrize("name,value", [("tau_floor", np.zeros(3)), ("seed_ids", np.zeros((3, 2))),
-                                        ("return_stats", True), ("debug_bounds", True)])  # fmt: skip
+REFUSED = [("tau_floor", np.zeros(3)), ("seed_ids", np.zeros((3, 2))), ("return_stats", True),
+           ("debug_bounds", True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,value", REFUSED)
 def test_sharded_calls_refuse_what_they_set_or_cannot_carry(name, value):
     with pytest.raises(ValueError, match=rf"^{name}:"):
         shards._check_sharded_options({name: value})
