@@ -7,7 +7,10 @@ stand-in score per (query, key) shows where each value lands.  Every visible key
 row must be written exactly (anchor logits), and the fused records must be exactly
 fused.cu's set — visible, past the sinks, before the local window, outside the anchor pool,
 s ≥ τ — also across launches of GRID_Y block rows and in the exact extension's rescoring.
-The scores' bits are the GPU tests' (tests/test_gpu_fp8_gather.py, test_gpu_scorer_fp8.py)."""
+The decode scan's launches likewise: each request's rows against its logical keys through
+its block-table row, records at or above the threshold record, dense logits with −inf past
+a row's visible end.  The scores' bits are the GPU tests' (tests/test_gpu_fp8_gather.py,
+test_gpu_scorer_fp8.py, test_decode_fp8.py)."""
 
 from __future__ import annotations
 
@@ -172,3 +175,122 @@ def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N,
     for j, t in enumerate(oq):
         assert {int(x) for x in ext.rec[j, : int(ext.cnt[j])]} == want_set(t)
     assert kernels.launches >= 3
+
+
+# ---- the decode scan (score_fp8.cu decode_scan: the range scorer over a request's pages) ---
+
+
+class _DecodeKernels:
+    """decode_{logits,fused}_fp8_h{H} emulated: the tile walk of range_scores with two query
+    rows per request (decode_scan's QB = 2), ranges [0, ke[r]), keys through the block table;
+    the stand-in score of row r and key i is _score(r, cache row of i), so a wrong page shows."""
+
+    def __init__(self):
+        self.sig = signatures(FP8_SPEC)
+
+    def get(self, name, smem=0, spec=None):
+        assert spec is FP8_SPEC and smem == 0
+        H = int(name.rsplit("_h", 1)[1])
+
+        def launch(grid, block, args, **kw):
+            check_launch(name, self.sig[name], args, (np.ndarray,))
+            assert block == (128,) and not kw and len(grid) == 2
+            q, w, kv, ksc, bt, mb, ke, n = args[:8]
+            B, n = bt.shape[0], int(n)
+            assert grid[1] == B and q.shape == (B * n, H, 128)
+            L = int(mb) * 64
+
+            def row_of(r, i):
+                return int(bt[r // n, i >> 6]) * 64 + (i & 63)
+
+            def put(r, inr, i):
+                self._put(name, args, r, inr, i, row_of(r, i))
+
+            for b, bx in itertools.product(range(B), range(grid[0])):
+                ranges = [(0, int(ke[b * n + u])) for u in range(n)]
+                _walk_rows(b * n, n, bx, grid[0], ranges, L, put)
+
+        return launch
+
+    @staticmethod
+    def _put(name, args, r, inr, i, phys):
+        sc = _score(r, phys)
+        if name.startswith("decode_logits"):
+            out = args[8]
+            if i < out.shape[1]:
+                out[r, i] = sc if inr else NEG
+        else:
+            thr, cnt, rec, cap = args[8:]
+            code = int(score_code_of(sc))
+            record = (code << 32) | ((~i) & 0xFFFFFFFF)
+            if inr and record >= int(thr[r]):
+                c = int(cnt[r])
+                cnt[r] += 1
+                if c < int(cap):
+                    rec[r, c] = np.uint64(record)
+
+
+def score_code_of(s):
+    from dosa_cupy.emulate import score_code
+
+    return score_code(np.array([s], np.float32))[0]
+
+
+def _walk_rows(t0, nq, bx, gx, ranges, n_keys, put):
+    """One block's part of range_scores' walk for queries t0 .. t0 + nq − 1 with raw ranges."""
+    lo, hi, L, E = [], [], n_keys, 0
+    for a, z in ranges:
+        a, z = max(0, a), min(n_keys, z)
+        if z <= a:
+            a = z = 0
+        else:
+            L, E = min(L, a), max(E, z)
+        lo.append(a)
+        hi.append(z)
+    if E <= L:
+        return
+    for j in range(bx, (E - L + 63) >> 6, gx):
+        for u in range(nq):
+            if L + 64 * j < hi[u] and L + 64 * j + 64 > lo[u]:
+                for i in range(L + 64 * j, L + 64 * j + 64):
+                    put(t0 + u, lo[u] <= i < hi[u], i)
+
+
+@pytest.mark.parametrize("H,B,n,sms", [(64, 3, 2, 2), (32, 1, 1, 132), (64, 5, 1, 1)])
+def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms):
+    from dosa_cupy import decode_ops as dops
+
+    fk = _DecodeKernels()
+    monkeypatch.setattr(dops, "kernel", fk.get)
+    monkeypatch.setattr(dops, "num_sms", lambda: sms)
+    rs = np.random.default_rng(H + B + n)
+    mb, nb = 5, 5 * B + 2
+    bt = rs.permutation(nb)[: B * mb].reshape(B, mb).astype(np.int32)
+    lengths = rs.integers(0, mb * 64 + 1, B)
+    ke = np.maximum(0, lengths[:, None] - n + 1 + np.arange(n)[None, :]).reshape(-1)
+    d = dict(q=np.zeros((B * n, H, 128), np.uint8), w=np.zeros((B * n, H), np.float32),
+             kv=np.zeros((nb * 64, 128), np.uint8), scale=np.ones(nb * 64, np.float32),
+             block_table=bt, max_blocks=mb, ke=ke.astype(np.int32), n=n, B=B, Hp=H,
+             L=mb * 64, scorer="fp8")  # fmt: skip
+    out = np.full((B * n, mb * 64), 7.0, np.float32)
+    dops.scan_fp8(d, False, (out,))
+    for r in range(B * n):
+        for i in range(mb * 64):
+            phys = int(bt[r // n, i >> 6]) * 64 + (i & 63)
+            want = _score(r, phys) if i < ke[r] else NEG
+            assert out[r, i].view(np.uint32) == np.float32(want).view(np.uint32), (r, i)
+    thr = rs.integers(0, 2**63, B * n, dtype=np.uint64)
+    thr[0] = 0  # every key
+    cap = 40
+    cnt, rec = np.zeros(B * n, np.uint32), np.zeros((B * n, cap), np.uint64)
+    dops.scan_fp8(d, True, (thr, cnt, rec, np.int64(cap)))
+    for r in range(B * n):
+        want = set()
+        for i in range(int(ke[r])):
+            phys = int(bt[r // n, i >> 6]) * 64 + (i & 63)
+            record = (int(score_code_of(_score(r, phys))) << 32) | ((~i) & 0xFFFFFFFF)
+            if record >= int(thr[r]):
+                want.add(record)
+        assert int(cnt[r]) == len(want), r
+        got = {int(x) for x in rec[r, : min(int(cnt[r]), cap)]}
+        assert got <= want and (len(want) > cap or got == want), r
