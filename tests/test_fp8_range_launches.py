@@ -35,34 +35,15 @@ def _score(t: int, i: int) -> np.float32:
 
 
 def _walk(H, grid, Qn, n_keys, rng, put):
-    """range_scores' tile walk: put(t, in_range, i) for every key row i of every tile a block
-    scores for query t (the tiles that meet its range)."""
+    """range_scores' tile walk over a (gx, gy) grid of 128 / H queries per block row:
+    put(t, in_range, i) for every key row i of every tile a block scores for query t (the
+    tiles that meet its range)."""
     QB, (gx, gy) = 128 // H, grid
     for by, bx in itertools.product(range(gy), range(gx)):
         t0 = by * QB
-        if t0 >= Qn:
-            continue
-        nq = min(QB, Qn - t0)
-        lo, hi, L, E = [0] * QB, [0] * QB, n_keys, 0
-        for u in range(nq):
-            a, z = rng(t0 + u)
-            lo[u], hi[u] = max(0, a), min(n_keys, z)
-            if hi[u] <= lo[u]:
-                lo[u] = hi[u] = 0
-            else:
-                L, E = min(L, lo[u]), max(E, hi[u])
-        if E <= L:
-            continue
-        nt = (E - L + 63) >> 6
-
-        def meets(j, u, lo=lo, hi=hi, L=L):
-            return L + 64 * j < hi[u] and L + 64 * j + 64 > lo[u]
-
-        for j in range(bx, nt, gx):
-            for u in range(QB):
-                if meets(j, u):
-                    for i in range(L + 64 * j, L + 64 * j + 64):
-                        put(t0 + u, lo[u] <= i < hi[u], i)
+        if t0 < Qn:
+            nq = min(QB, Qn - t0)
+            _walk_rows(t0, nq, bx, gx, [rng(t0 + u) for u in range(nq)], n_keys, put)
 
 
 class _Kernels:
