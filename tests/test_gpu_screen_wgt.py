@@ -42,48 +42,29 @@ def _args(regime, H, Qn=200, N=12000, K=256, seed=11):
     return wl, (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
 
 
+@pytest.mark.parametrize("scorer,seed", [("f16", 11), ("fp8", 5)])
 @pytest.mark.parametrize("r", R)
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("regime", REGIMES)
 @needs_sm90a
 @gpu
-def test_wgt_ids_equal_dense(regime, H, r):
-    """ids == dense ids bitwise with the tie-aware rule on and off and with a small record
-    buffer (the overflow extension); with debug_bounds, U^num ≥ the canonical score of every
-    visible key."""
-    wl, a = _args(regime, H)
-    dense = dosa_cupy.dense_topk(*a)
+def test_wgt_ids_equal_dense(regime, H, r, scorer, seed):
+    """ids == the scorer's dense ids bitwise with the tie-aware rule on and off and with a
+    small record buffer (the overflow extension); with debug_bounds, U^num ≥ the canonical
+    score of every visible key."""
+    wl, a = _args(regime, H, seed=seed)
+    dense = dosa_cupy.dense_topk(*a, scorer=scorer)
     for kw in ({"tie_reject": True}, {"tie_reject": False}, {"buffer": 16}):
-        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, **kw)
-        assert cp.array_equal(ids, dense), (regime, H, r, kw)
-    ids, st = dosa_cupy.dosa_topk(
-        *a, route="dosa", screen="wgt", r=r, debug_bounds=True, return_stats=True
-    )
+        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer, **kw)
+        assert cp.array_equal(ids, dense), (regime, H, r, scorer, kw)
+    ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer,
+                                  debug_bounds=True, return_stats=True)  # fmt: skip
     assert cp.array_equal(ids, dense)
-    lg = dosa_cupy.dense_logits(
-        wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"], wl["ke"]
-    )
+    lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
     bad, slack = guard_violations(lg, cp.asarray(st.bounds))
     n = int(np.sum(st.survivors))
-    print(f"\n[wgt] {regime} H={H} r={r}: survivors {n}, min slack {slack:.3g}")
+    print(f"\n[wgt] {regime} H={H} r={r} {scorer}: survivors {n}, min slack {slack:.3g}")
     assert bad == 0
-
-
-@pytest.mark.parametrize("r", R)
-@pytest.mark.parametrize("H", [32, 64])
-@pytest.mark.parametrize("regime", REGIMES)
-@needs_sm90a
-@gpu
-def test_wgt_ids_equal_dense_fp8_scorer(regime, H, r):
-    wl, a = _args(regime, H, seed=5)
-    dense = dosa_cupy.dense_topk(*a, scorer="fp8")
-    for tie in (True, False):
-        kw = dict(tie_reject=tie, debug_bounds=True, return_stats=True)
-        ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer="fp8", **kw)
-        assert cp.array_equal(ids, dense), (regime, H, r, tie)
-    lg = dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], wl["ks"],
-                                wl["ke"], scorer="fp8")  # fmt: skip
-    assert guard_violations(lg, cp.asarray(st.bounds))[0] == 0
 
 
 @pytest.mark.parametrize("r", R)
