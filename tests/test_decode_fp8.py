@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from cuda_signatures import check_args, signatures
 from gpu_support import cp, gpu, needs_sm90a, replay_decode_walk
-from test_gpu_decode import PagedCache, _queries, fake_cupy  # noqa: F401  (a fixture)
+from test_gpu_decode import PagedCache, _FakeKernels, _queries, fake_cupy  # noqa: F401
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
@@ -105,7 +105,7 @@ def test_scorer_option_is_checked():
 # ---- the cupy backend's host code with the FP8 decode kernels emulated -----------------
 
 
-class _FakeFP8:
+class _FakeFP8(_FakeKernels):
     """score_fp8.cu's decode kernels emulated with fp8_fresh_scores."""
 
     def __init__(self):
@@ -131,41 +131,24 @@ class _FakeFP8:
 
         return launch
 
-    def _scores(self, q, w, kv, ksc, bt, r, n, ids):
+    @staticmethod
+    def _scores(q, w, kv, ksc, bt, r, n, ids):
         """The kernels' arguments: q [R, Hp, 128], kv [rows, 128], ksc [rows] (flattened)."""
         b = r // n
         rows = dec.physical_rows(bt[b : b + 1], np.asarray(ids)[None, :])[0]
         return fp8_fresh_scores(q[r], w[r], kv[rows], ksc[rows])
 
-    @staticmethod
-    def _record(s, ids):
-        from dosa_cupy.emulate import score_code
-
-        low = (~ids.astype(np.int64)) & 0xFFFFFFFF
-        return (score_code(s).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
-
+    # decode.cu's emulations (_FakeKernels) with these scores; the FP8 kernels take no
+    # (ld, nreq, per) and the logits arrive filled with −inf by scan_fp8
     def decode_logits_fp8(self, q, w, kv, ksc, bt, mb, ke, n, out):
         assert np.all(out == -np.inf), "scan_fp8 fills the logits with −inf first"
-        for r in range(out.shape[0]):
-            e = int(ke[r])
-            out[r, :e] = self._scores(q, w, kv, ksc, bt, r, int(n), np.arange(e))
+        self.decode_logits(q, w, kv, ksc, bt, mb, ke, n, out.shape[1], None, None, out)
 
     def decode_fused_fp8(self, q, w, kv, ksc, bt, mb, ke, n, thr, cnt, rec, cap):
-        for r in range(cnt.shape[0]):
-            ids = np.arange(int(ke[r]))
-            s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
-            keep = self._record(s, ids) >= thr[r]
-            cnt[r] = keep.sum()
-            m = min(int(cap), int(keep.sum()))
-            rec[r, :m] = self._record(s[keep], ids[keep])[:m]
+        self.decode_fused(q, w, kv, ksc, bt, mb, ke, n, None, None, None, thr, cnt, rec, cap)
 
     def decode_witness_fp8(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec):
-        for r in range(cnt.shape[0]):
-            row = wit[r // int(n)]
-            ids = row[(row >= 0) & (row < ke[r])].astype(np.int64)
-            cnt[r] = ids.size
-            s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
-            rec[r, : ids.size] = self._record(s, ids)
+        self.decode_witness(q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec)
 
 
 @pytest.mark.parametrize("B,n,H,buffer,K", [(2, 2, 32, None, 8), (3, 1, 64, 1, 16)])

@@ -34,6 +34,26 @@ def _score(t: int, i: int) -> np.float32:
     return np.float32(((t * 7919 + i * 104729) % 1000) / 10.0 - 50.0)
 
 
+def _walk_rows(t0, nq, bx, gx, ranges, n_keys, put):
+    """One block's part of range_scores' walk for queries t0 .. t0 + nq − 1 with raw ranges."""
+    lo, hi, L, E = [], [], n_keys, 0
+    for a, z in ranges:
+        a, z = max(0, a), min(n_keys, z)
+        if z <= a:
+            a = z = 0
+        else:
+            L, E = min(L, a), max(E, z)
+        lo.append(a)
+        hi.append(z)
+    if E <= L:
+        return
+    for j in range(bx, (E - L + 63) >> 6, gx):
+        for u in range(nq):
+            if L + 64 * j < hi[u] and L + 64 * j + 64 > lo[u]:
+                for i in range(L + 64 * j, L + 64 * j + 64):
+                    put(t0 + u, lo[u] <= i < hi[u], i)
+
+
 def _walk(H, grid, Qn, n_keys, rng, put):
     """range_scores' tile walk over a (gx, gy) grid of 128 / H queries per block row:
     put(t, in_range, i) for every key row i of every tile a block scores for query t (the
@@ -46,7 +66,27 @@ def _walk(H, grid, Qn, n_keys, rng, put):
             _walk_rows(t0, nq, bx, gx, [rng(t0 + u) for u in range(nq)], n_keys, put)
 
 
+def _append(cnt, rec, cap, t, value) -> None:
+    """A record stage's append: the counter counts every record, the first cap are kept."""
+    c = int(cnt[t])
+    cnt[t] += 1
+    if c < int(cap):
+        rec[t, c] = np.uint64(value)
+
+
+def _record(sc, i: int) -> int:
+    """record.cuh make_record: code << 32 | ~id."""
+    from dosa_cupy.emulate import score_code
+
+    return (int(score_code(np.array([sc], np.float32))[0]) << 32) | ((~i) & 0xFFFFFFFF)
+
+
 class _Kernels:
+    """score_fp8.cu's range-scorer kernels emulated by their tile walk after the launch check:
+    seed_logits_fp8 and fused_fp8 (stand-in score of query t and key i: _score(t, i)), the
+    decode scan's decode_{logits,fused}_fp8 (two rows per request, ranges [0, ke[r]), keys
+    through the block table: _score(r, cache row of i), so a wrong page shows)."""
+
     def __init__(self):
         self.sig, self.launches = signatures(FP8_SPEC), 0
 
@@ -58,7 +98,9 @@ class _Kernels:
             check_launch(name, self.sig[name], args, (np.ndarray,))
             assert block == (128,) and not kw and len(grid) == 2
             self.launches += 1
-            if name.startswith("seed_logits_fp8"):
+            if name.startswith("decode_"):
+                self._decode(name, H, grid, args)
+            elif name.startswith("seed_logits_fp8"):
                 q, w, kp, al, nk, lo_, hi_, Qn, out = args
                 assert grid[1] == -(-int(Qn) // (128 // H)) and out.shape == (int(Qn), int(nk))
 
@@ -79,14 +121,32 @@ class _Kernels:
                 def put(t, inr, i):
                     sc = _score(int(w[t, 0]), i)
                     if inr and not (int(pm[i >> 5]) >> (i & 31)) & 1 and sc >= tau[t]:
-                        c = int(cnt[t])
-                        cnt[t] += 1
-                        if c < int(cap):
-                            rec[t, c] = np.uint64(i)
+                        _append(cnt, rec, cap, t, i)
 
                 _walk(H, grid, int(Qn), int(N), rng, put)
 
         return launch
+
+    @staticmethod
+    def _decode(name, H, grid, args):
+        q, w, kv, ksc, bt, mb, ke, n = args[:8]
+        B, n = bt.shape[0], int(n)
+        assert grid[1] == B and q.shape == (B * n, H, 128)
+
+        def put(r, inr, i):
+            sc = _score(r, int(bt[r // n, i >> 6]) * 64 + (i & 63))
+            if name.startswith("decode_logits"):
+                out = args[8]
+                if i < out.shape[1]:
+                    out[r, i] = sc if inr else NEG
+            else:
+                thr, cnt, rec, cap = args[8:]
+                if inr and _record(sc, i) >= int(thr[r]):
+                    _append(cnt, rec, cap, r, _record(sc, i))
+
+        for b, bx in itertools.product(range(B), range(grid[0])):
+            ranges = [(0, int(ke[b * n + u])) for u in range(n)]
+            _walk_rows(b * n, n, bx, grid[0], ranges, int(mb) * 64, put)
 
 
 @pytest.fixture
@@ -161,87 +221,11 @@ def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N,
 # ---- the decode scan (score_fp8.cu decode_scan: the range scorer over a request's pages) ---
 
 
-class _DecodeKernels:
-    """decode_{logits,fused}_fp8_h{H} emulated: the tile walk of range_scores with two query
-    rows per request (decode_scan's QB = 2), ranges [0, ke[r]), keys through the block table;
-    the stand-in score of row r and key i is _score(r, cache row of i), so a wrong page shows."""
-
-    def __init__(self):
-        self.sig = signatures(FP8_SPEC)
-
-    def get(self, name, smem=0, spec=None):
-        assert spec is FP8_SPEC and smem == 0
-        H = int(name.rsplit("_h", 1)[1])
-
-        def launch(grid, block, args, **kw):
-            check_launch(name, self.sig[name], args, (np.ndarray,))
-            assert block == (128,) and not kw and len(grid) == 2
-            q, w, kv, ksc, bt, mb, ke, n = args[:8]
-            B, n = bt.shape[0], int(n)
-            assert grid[1] == B and q.shape == (B * n, H, 128)
-            L = int(mb) * 64
-
-            def row_of(r, i):
-                return int(bt[r // n, i >> 6]) * 64 + (i & 63)
-
-            def put(r, inr, i):
-                self._put(name, args, r, inr, i, row_of(r, i))
-
-            for b, bx in itertools.product(range(B), range(grid[0])):
-                ranges = [(0, int(ke[b * n + u])) for u in range(n)]
-                _walk_rows(b * n, n, bx, grid[0], ranges, L, put)
-
-        return launch
-
-    @staticmethod
-    def _put(name, args, r, inr, i, phys):
-        sc = _score(r, phys)
-        if name.startswith("decode_logits"):
-            out = args[8]
-            if i < out.shape[1]:
-                out[r, i] = sc if inr else NEG
-        else:
-            thr, cnt, rec, cap = args[8:]
-            code = int(score_code_of(sc))
-            record = (code << 32) | ((~i) & 0xFFFFFFFF)
-            if inr and record >= int(thr[r]):
-                c = int(cnt[r])
-                cnt[r] += 1
-                if c < int(cap):
-                    rec[r, c] = np.uint64(record)
-
-
-def score_code_of(s):
-    from dosa_cupy.emulate import score_code
-
-    return score_code(np.array([s], np.float32))[0]
-
-
-def _walk_rows(t0, nq, bx, gx, ranges, n_keys, put):
-    """One block's part of range_scores' walk for queries t0 .. t0 + nq − 1 with raw ranges."""
-    lo, hi, L, E = [], [], n_keys, 0
-    for a, z in ranges:
-        a, z = max(0, a), min(n_keys, z)
-        if z <= a:
-            a = z = 0
-        else:
-            L, E = min(L, a), max(E, z)
-        lo.append(a)
-        hi.append(z)
-    if E <= L:
-        return
-    for j in range(bx, (E - L + 63) >> 6, gx):
-        for u in range(nq):
-            if L + 64 * j < hi[u] and L + 64 * j + 64 > lo[u]:
-                for i in range(L + 64 * j, L + 64 * j + 64):
-                    put(t0 + u, lo[u] <= i < hi[u], i)
-
-
 @pytest.mark.parametrize("H,B,n,sms", [(64, 3, 2, 2), (32, 1, 1, 132), (64, 5, 1, 1)])
 def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms):
     from dosa_cupy import decode_ops as dops
 
-    fk = _DecodeKernels()
+    fk = _Kernels()
     monkeypatch.setattr(dops, "kernel", fk.get)
     monkeypatch.setattr(dops, "num_sms", lambda: sms)
     rs = np.random.default_rng(H + B + n)
@@ -269,7 +253,7 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         want = set()
         for i in range(int(ke[r])):
             phys = int(bt[r // n, i >> 6]) * 64 + (i & 63)
-            record = (int(score_code_of(_score(r, phys))) << 32) | ((~i) & 0xFFFFFFFF)
+            record = _record(_score(r, phys), i)
             if record >= int(thr[r]):
                 want.add(record)
         assert int(cnt[r]) == len(want), r
