@@ -165,38 +165,37 @@ def eval_wgt8(x, w, sig) -> Fraction:
     return rn(-sig * _relu(rn(x[7] + x[15])) + a)
 
 
-WGT16_CHAINS = ((0, 1, 2, 3), (4, 5, 6, 8), (9, 10, 11, 12), (13, 14))
+def _eval_chains(x, w, sig, n_rows: int) -> Fraction:
+    """screen_wgt.cu's u_hat for n_rows = 16 or 32 plan rows (aux rows n_rows − 9, n_rows −
+    1): the retained rows in order, in fmaf chains of four (a product, then fmaf), the aux
+    fmaf on the last chain, then the pairwise tree (c_0 + c_1) + (c_2 + c_3), …"""
+    aux0 = n_rows - 9
+    rows = [j for j in range(n_rows) if j not in (aux0, n_rows - 1)]
+    c = []
+    for p in range(0, len(rows), 4):
+        a = rn(w[rows[p]] * _relu(x[rows[p]]))
+        for j in rows[p + 1 : p + 4]:
+            a = rn(w[j] * _relu(x[j]) + a)  # fmaf: one rounding
+        c.append(a)
+    c[-1] = rn(-sig * _relu(rn(x[aux0] + x[n_rows - 1])) + c[-1])
+    st = 1
+    while st < len(c):
+        for p in range(0, len(c) - st, 2 * st):
+            c[p] = rn(c[p] + c[p + st])
+        st *= 2
+    return c[0]
 
 
 def eval_wgt16(x, w, sig) -> Fraction:
-    """screen_wgt_rows16's u_hat: four fmaf chains (WGT16_CHAINS), the aux fmaf on the last,
+    """screen_wgt_rows16's u_hat: chains (0..3), (4, 5, 6, 8), (9..12), (13, 14) + aux,
     then (c_0 + c_1) + (c_2 + c_3)."""
-    c = []
-    for rows in WGT16_CHAINS:
-        a = rn(w[rows[0]] * _relu(x[rows[0]]))
-        for j in rows[1:]:
-            a = rn(w[j] * _relu(x[j]) + a)
-        c.append(a)
-    c[3] = rn(-sig * _relu(rn(x[7] + x[15])) + c[3])
-    return rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
-
-
-WGT32_CHAINS = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15),
-                (16, 17, 18, 19), (20, 21, 22, 24), (25, 26, 27, 28), (29, 30))  # fmt: skip
+    return _eval_chains(x, w, sig, 16)
 
 
 def eval_wgt32(x, w, sig) -> Fraction:
-    """screen_wgt_rows32's u_hat: eight fmaf chains (WGT32_CHAINS), the aux fmaf (rows 23,
-    31) on the last, then ((c_0 + c_1) + (c_2 + c_3)) + ((c_4 + c_5) + (c_6 + c_7))."""
-    c = []
-    for rows in WGT32_CHAINS:
-        a = rn(w[rows[0]] * _relu(x[rows[0]]))
-        for j in rows[1:]:
-            a = rn(w[j] * _relu(x[j]) + a)
-        c.append(a)
-    c[7] = rn(-sig * _relu(rn(x[23] + x[31])) + c[7])
-    left = rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
-    return rn(left + rn(rn(c[4] + c[5]) + rn(c[6] + c[7])))
+    """screen_wgt_rows32's u_hat: eight chains over rows 0..22, 24..30, the aux fmaf (rows
+    23, 31) on the last, then a tree of three levels."""
+    return _eval_chains(x, w, sig, 32)
 
 
 def exact(x, w, sig, rows, aux=(7, 15)) -> tuple[Fraction, Fraction]:

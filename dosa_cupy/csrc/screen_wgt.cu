@@ -329,32 +329,26 @@ __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
 #pragma unroll
     for (int i = 1; i < 6; ++i) a = fmaf(W(i), r(y[i]), a);
     return fmaf(W(6), r(y[6] + y[7]), a);  // −σ_a [x_7 + x_15]_+
-  } else if constexpr (RQ == 16) {
-    float c[4];
-    constexpr int kRow[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 8}, {9, 10, 11, 12}, {13, 14, -1, -1}};
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      c[p] = W(kRow[p][0]) * r(y[kRow[p][0]]);
-#pragma unroll
-      for (int j = 1; j < 4; ++j)
-        if (kRow[p][j] >= 0) c[p] = fmaf(W(kRow[p][j]), r(y[kRow[p][j]]), c[p]);
-    }
-    c[3] = fmaf(W(7), r(y[7] + y[15]), c[3]);  // −σ_a [x_7 + x_15]_+
-    return (c[0] + c[1]) + (c[2] + c[3]);
   } else {
-    float c[8];
-    constexpr int kRow[8][4] = {{0, 1, 2, 3},     {4, 5, 6, 7},     {8, 9, 10, 11},
-                                {12, 13, 14, 15}, {16, 17, 18, 19}, {20, 21, 22, 24},
-                                {25, 26, 27, 28}, {29, 30, -1, -1}};
+    // the retained rows (every list row but the aux rows kAux, RQ − 1) in chains of four —
+    // RQ = 16: (0..3), (4, 5, 6, 8), (9..12), (13, 14) —, the aux fmaf on the last chain,
+    // then a pairwise tree: (c_0 + c_1) + (c_2 + c_3), and so on
+    constexpr int kAux = Rows<RQ>::kAux, P = RQ / 4;
+    auto row = [](int k) { return k < kAux ? k : k + 1; };  // k-th retained list row
+    float c[P];
 #pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      c[p] = W(kRow[p][0]) * r(y[kRow[p][0]]);
+    for (int p = 0; p < P; ++p) {
+      c[p] = W(row(4 * p)) * r(y[row(4 * p)]);
 #pragma unroll
       for (int j = 1; j < 4; ++j)
-        if (kRow[p][j] >= 0) c[p] = fmaf(W(kRow[p][j]), r(y[kRow[p][j]]), c[p]);
+        if (4 * p + j < RQ - 2) c[p] = fmaf(W(row(4 * p + j)), r(y[row(4 * p + j)]), c[p]);
     }
-    c[7] = fmaf(W(23), r(y[23] + y[31]), c[7]);  // −σ_a [x_23 + x_31]_+
-    return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+    c[P - 1] = fmaf(W(kAux), r(y[kAux] + y[RQ - 1]), c[P - 1]);  // −σ_a [x_aux0 + x_aux1]_+
+#pragma unroll
+    for (int st = 1; st < P; st *= 2)
+#pragma unroll
+      for (int p = 0; p + st < P; p += 2 * st) c[p] = c[p] + c[p + st];
+    return c[0];
   }
 }
 
