@@ -108,6 +108,17 @@ __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t adesc
       : DOSA_WG_ACC8(d, 0)
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
+// The 64 accumulator operands of an N = 128 wgmma: their places %0 .. %63 in the
+// instruction and the registers d[0 .. 63] (read and written).
+#define DOSA_WG_D64                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "   \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "   \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define DOSA_WG_ACC64(d)                                                                 \
+  DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),      \
+      DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
+
 // The same step for 128 columns (the heads of two queries of 64 or four of 32: half the
 // shared-memory reads per product of N = 64, docs/design.md "The FP8 dense kernel").
 __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t adesc,
@@ -115,30 +126,22 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t ade
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      DOSA_WG_D64 ", "
       "%64, %65, p, 1, 1;\n}\n"
-      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),
-        DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
+      : DOSA_WG_ACC64(d)
       : "l"(adesc), "l"(bdesc), "r"(accumulate));
 }
 // f16 with both operands in shared memory (screen_wgt.cu: keys as A, the plan rows of a
-// query group as B): D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128, f16, shared via db)
-// + (acc ? D : 0); both operands K-major (transpose flags 0).
+// query group as B): D (64 × 128, fp32) = A (64 × 16, f16, shared via da) · B (16 × 128,
+// f16, shared via db) + (acc ? D : 0); both operands K-major (transpose flags 0).
 __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db,
                                                   int acc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      DOSA_WG_D64 ", "
       "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : DOSA_WG_ACC8(d, 0), DOSA_WG_ACC8(d, 8), DOSA_WG_ACC8(d, 16), DOSA_WG_ACC8(d, 24),
-        DOSA_WG_ACC8(d, 32), DOSA_WG_ACC8(d, 40), DOSA_WG_ACC8(d, 48), DOSA_WG_ACC8(d, 56)
+      : DOSA_WG_ACC64(d)
       : "l"(da), "l"(db), "r"(acc));
 }
 
