@@ -27,6 +27,19 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t a0, const 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Inclusive prefix sum of x over the lanes of a warp (lane L gets Σ_{l ≤ L} x_l): the
+// shuffle-up scan of the selection's histograms and of the survivor and record stages'
+// bit counts.
+template <class T>
+__device__ __forceinline__ T warp_inclusive_sum(T x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
 // Two e4m3 (low 16 bits / high 16 bits of w) → f16x2 (exact; lower byte → lower half).
 __device__ __forceinline__ uint32_t f16x2_lo(uint32_t w) {
   uint32_t r;

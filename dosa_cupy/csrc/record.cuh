@@ -59,12 +59,7 @@ __device__ __forceinline__ void for_each_survivor_batch(const uint32_t* __restri
     const long long wi = wb + lane;
     const uint32_t m = (wi < w1) ? srow[wi] : 0u;
     const int n = __popc(m);
-    int incl = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
+    const int incl = warp_inclusive_sum(n, lane);
     const int total = have + __shfl_sync(0xffffffffu, incl, 31);
     int at = have + incl - n;
     uint32_t mm = m;

@@ -394,12 +394,8 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
   int n = 0;
 #pragma unroll
   for (int k = 0; k < RWF / 128; ++k) n += __popc(word(k));
-  int incl = n;  // inclusive scan of the popcounts over the warp, then over the warps
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
+  // inclusive scan of the popcounts over the warp, then over the warps
+  const int incl = warp_inclusive_sum(n, lane);
   if (lane == 31) wsum[warp] = incl;
   __syncthreads();
   int before = 0, total = 0;

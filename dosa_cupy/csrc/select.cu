@@ -298,23 +298,10 @@ extern "C" __global__ void __launch_bounds__(WCUT_THREADS) select_wide_cut(
   // thread t owns bins 2047 − 2t and 2046 − 2t (from the top); inclusive scan of their sums
   const unsigned b0 = hr[NBIN - 1 - 2 * tid], b1 = hr[NBIN - 2 - 2 * tid];
   const unsigned loc = b0 + b1;
-  unsigned incl = loc;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
+  unsigned incl = warp_inclusive_sum(loc, lane);
   if (lane == 31) wsum[warp] = incl;
   __syncthreads();
-  if (warp == 0) {
-    unsigned x = wsum[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    wsum[lane] = x;
-  }
+  if (warp == 0) wsum[lane] = warp_inclusive_sum(wsum[lane], lane);
   __syncthreads();
   incl += warp ? wsum[warp - 1] : 0u;
   const unsigned excl = incl - loc;
