@@ -27,7 +27,7 @@ import numpy as np
 
 from ._build import KernelSpec, cupy_or_raise, kernel, num_sms
 from .emulate import record_score
-from .scorer import FP8_SPEC, padded_heads
+from .scorer import FP8_SPEC, FP8_TILE, padded_heads
 
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
@@ -86,7 +86,6 @@ def scan(d, fused: bool, tail: tuple) -> None:
 # per row of the witness scoring (each streams its tiles of 64 witnesses through the key ring).
 FP8_SCAN_BLOCKS = {64: 3, 32: 5}
 FP8_WIT_BLOCKS = 4
-FP8_TILE = 64  # keys per tile of score_fp8.cu's rings (kTileBytes / 128)
 FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 
 
@@ -327,7 +326,7 @@ class DeviceOps:
         )  # fmt: skip
         R = d["B"] * d["n"]
         if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
-            gx = max(1, min(-(-Wc // 64), FP8_WIT_BLOCKS))
+            gx = max(1, min(-(-Wc // FP8_TILE), FP8_WIT_BLOCKS))
             kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
         else:
             grid = (_grid_x(Wc, WIT_KEYS), R)

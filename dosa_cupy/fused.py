@@ -14,7 +14,7 @@ from ._build import cupy_or_raise, kernel, tile
 from .options import start
 from .prepare import Batch
 from .scorer import FP8_SPEC, QG, ROWB
-from .seeds import Seeds, apply_tau_floor, query_rows, seed_stage
+from .seeds import Seeds, apply_tau_floor, launch_fp8_ranges, seed_stage
 from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
 
 __all__ = ["FusedLaunch", "fused_topk"]
@@ -51,21 +51,17 @@ class FusedLaunch:
         )  # fmt: skip
 
     def _fp8(self, out: RecordBuffer) -> None:
-        """fused_fp8_h{H}: grid (gx, ⌈Qn / qb⌉), gx blocks per query group over the tiles of
-        its span (about 8192 blocks a launch, each streaming several tiles through its key
-        ring; at most one block per tile), at most GRID_Y block rows a launch."""
+        """fused_fp8_h{H} over every key (seeds.launch_fp8_ranges: the grid and launches)."""
         b = self.b
         if b.Qn == 0 or b.N == 0:
             return
-        qb = 128 // (16 * b.mth)
-        gx = max(1, min(-(-b.N // 64), -(-8192 // -(-b.Qn // qb))))
-        f = kernel(f"fused_fp8_h{16 * b.mth}", 0, FP8_SPEC)
         sinks, window, poolmask = self.seeds.default_args()
-        for a, z in query_rows(b.Qn, qb):
-            f((gx, -(-(z - a) // qb)), (128,),
-              (b.q[a:z], b.w[a:z], b.kp, b.ksc, np.int64(b.N), self.tau[a:z], b.ks[a:z],
-               b.ke[a:z], sinks, window, poolmask, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
-               np.int64(out.cap)))  # fmt: skip
+        launch_fp8_ranges(
+            kernel(f"fused_fp8_h{16 * b.mth}", 0, FP8_SPEC), b.Qn, 16 * b.mth, b.N,
+            lambda a, z: (b.q[a:z], b.w[a:z], b.kp, b.ksc, np.int64(b.N), self.tau[a:z],
+                          b.ks[a:z], b.ke[a:z], sinks, window, poolmask, np.int32(z - a),
+                          out.cnt[a:z], out.rec[a:z], np.int64(out.cap)),
+        )  # fmt: skip
 
 
 def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):

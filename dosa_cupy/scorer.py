@@ -71,6 +71,7 @@ QG = 64  # queries per dense block (keys of a tile are reused by QG queries)
 # Every build computes the same bits (tests/test_gpu_fp8_probe.py).
 FP8_DENSE = {64: ("lean_n128q4_w3_seq", 128, 4, 3), 32: ("lean_n128q4_w3_seq", 128, 4, 3)}
 FP8_SPEC = KernelSpec("score_fp8.cu", (), sm90a=True)
+FP8_TILE = 64  # keys (or ids) per tile of score_fp8.cu's key rings (kTileBytes / 128)
 FP8_DENSE_SPEC = KernelSpec("dense_fp8.cu", (), sm90a=True)
 
 

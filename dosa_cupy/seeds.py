@@ -21,7 +21,7 @@ from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 from ._build import cupy_or_raise, kernel, tile
 from .dense import _NULL, dense_ids, select_records, select_rows
 from .prepare import Batch, as_device
-from .scorer import FP8_SPEC, QG, ROWB
+from .scorer import FP8_SPEC, FP8_TILE, QG, ROWB
 from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "device_seed_ids",
     "device_tau_floor",
     "explicit_seed_table",
+    "launch_fp8_ranges",
     "query_rows",
     "score_seed_ids",
     "seed_stage",
@@ -196,25 +197,21 @@ def anchor_ids(ab: Batch):
 
 def anchor_logits(ab: Batch):
     """fp32 [n, N]: the FP8 dense logits of the rows ``ab`` (−inf where a key is not
-    visible) by score_fp8.cu seed_logits: grid (gx, ⌈n / qb⌉), qb = 128 / H queries per
-    block row sharing each 64-key tile, gx blocks per row group over the tiles of its span
-    (about 8192 blocks a launch, each streaming several tiles through its key ring)."""
+    visible) by score_fp8.cu seed_logits (launch_fp8_ranges: the grid and launches)."""
     cp = cupy_or_raise()
     n, N = ab.Qn, ab.N
     out = cp.full((n, N), -np.inf, dtype=cp.float32)
     if n == 0 or N == 0:
         return out
-    qb = 128 // (16 * ab.mth)
-    gx = max(1, min(-(-N // 64), -(-8192 // -(-n // qb))))
-    f = kernel(f"seed_logits_fp8_h{16 * ab.mth}", 0, FP8_SPEC)
-    for a, z in query_rows(n, qb):
-        f((gx, -(-(z - a) // qb)), (128,),
-          (ab.q[a:z], ab.w[a:z], ab.kp, ab.ksc, np.int64(N), ab.ks[a:z], ab.ke[a:z],
-           np.int32(z - a), out[a:z]))  # fmt: skip
+    launch_fp8_ranges(
+        kernel(f"seed_logits_fp8_h{16 * ab.mth}", 0, FP8_SPEC), n, 16 * ab.mth, N,
+        lambda a, z: (ab.q[a:z], ab.w[a:z], ab.kp, ab.ksc, np.int64(N), ab.ks[a:z], ab.ke[a:z],
+                      np.int32(z - a), out[a:z]),
+    )  # fmt: skip
     return out
 
 
-FP8_TILES = 64  # seed_ids_fp8's blocks per query (each loops over its 64-id tiles)
+FP8_TILES = 64  # seed_ids_fp8's blocks per query (each loops over its FP8_TILE-id tiles)
 GRID_Y = 65535  # the largest grid y (CUDA): the FP8 seed kernels' query groups per launch
 
 
@@ -223,6 +220,24 @@ def query_rows(Qn: int, per_row: int = 1):
     row (at most GRID_Y rows a launch)."""
     step = GRID_Y * per_row
     return [(a, min(Qn, a + step)) for a in range(0, Qn, step)]
+
+
+FP8_LAUNCH_BLOCKS = 8192  # about the blocks of one launch of score_fp8.cu's range kernels
+
+
+def launch_fp8_ranges(f, Qn: int, H: int, keys: int, args) -> None:
+    """Launch ``f``, one of score_fp8.cu's range kernels (seed_logits, seed_score, fused), for
+    ``Qn`` queries of ``H`` (padded) heads whose query groups each span at most ``keys``
+    keys: grid (gx, ⌈Qn / qb⌉), qb = 128 / H queries per block row sharing each FP8_TILE-key
+    tile, gx blocks per query group over the tiles of its span, sized so that a launch has
+    about FP8_LAUNCH_BLOCKS blocks (each block then streams several tiles through its key
+    ring), at most one block per tile; at most GRID_Y block rows a launch.  ``args(a, z)``:
+    the kernel's arguments for the query rows [a, z)."""
+    qb = 128 // H
+    tiles = -(-keys // FP8_TILE)
+    gx = max(1, min(tiles, -(-FP8_LAUNCH_BLOCKS // -(-Qn // qb))))
+    for a, z in query_rows(Qn, qb):
+        f((gx, -(-(z - a) // qb)), (128,), args(a, z))
 
 
 def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer) -> None:
@@ -237,19 +252,15 @@ def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBu
     n = int(kp.shape[0])
     if n == 0 or b.Qn == 0:
         return
-    if b.scorer == "fp8":  # score_fp8.cu: qb = 128 / H queries per block row, 64-key tiles
-        # grid (gx, ⌈Qn / qb⌉): gx blocks per query group share its span's tiles (at most
-        # width + qb − 1 keys), sized so that a launch has about 8192 blocks (each block then
-        # streams several tiles through its key ring), at most one block per tile
-        qb = 128 // (16 * b.mth)
-        tiles = -(-min(n, int(width) + qb - 1) // 64)
-        gx = max(1, min(tiles, -(-8192 // -(-b.Qn // qb))))
-        f = kernel(f"seed_score_fp8_h{16 * b.mth}", 0, FP8_SPEC)
-        for a, z in query_rows(b.Qn, qb):
-            f((gx, -(-(z - a) // qb)), (128,),
-              (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
-               _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z], out.rec[a:z],
-               np.int64(out.cap)))  # fmt: skip
+    if b.scorer == "fp8":  # score_fp8.cu: a query group of qb = 128 / H spans at most
+        # width + qb − 1 keys
+        H = 16 * b.mth
+        launch_fp8_ranges(
+            kernel(f"seed_score_fp8_h{H}", 0, FP8_SPEC), b.Qn, H, min(n, int(width) + 128 // H - 1),
+            lambda a, z: (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
+                          _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z],
+                          out.rec[a:z], np.int64(out.cap)),
+        )  # fmt: skip
         return
     T = tile()
     gx = max(1, -(-min(n, int(width) + QG) // T))
@@ -274,7 +285,7 @@ def score_seed_ids(b: Batch, table):
     table = cp.ascontiguousarray(table)
     out = RecordBuffer(b.Qn, S)
     if b.scorer == "fp8":  # score_fp8.cu: one query per block row, 64-id tiles
-        gx = max(1, min(-(-S // 64), FP8_TILES))
+        gx = max(1, min(-(-S // FP8_TILE), FP8_TILES))
         f = kernel(f"seed_ids_fp8_h{16 * b.mth}", 0, FP8_SPEC)
         for a, z in query_rows(b.Qn):
             f((gx, z - a), (128,),
