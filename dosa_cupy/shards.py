@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dosa_ref.shards import shard_starts
+from dosa_ref.shards import local_ranges, shard_starts
 
 from ._build import cupy_or_raise
 
@@ -42,10 +42,9 @@ _LOW = np.uint64(0xFFFFFFFF)
 
 def _local(ks, ke, start: int, n: int, xp):
     """Visible ranges ks, ke int [Qn] of the context clipped to the shard [start, start + n),
-    in the shard's ids: int32 [Qn] each (empty where a query sees none of the shard)."""
-    lo = xp.clip(xp.asarray(ks).astype(xp.int64), start, start + n) - start
-    hi = xp.clip(xp.asarray(ke).astype(xp.int64), start, start + n) - start
-    return lo.astype(xp.int32), xp.maximum(hi, lo).astype(xp.int32)
+    in the shard's ids (dosa_ref.shards.local_ranges): int32 [Qn] each."""
+    lo, hi = local_ranges(ks, ke, start, start + n, xp)
+    return lo.astype(xp.int32), hi.astype(xp.int32)
 
 
 def shard_tau(q, w, kp, ksc, K: int, ks, ke, start: int, **options):

@@ -49,12 +49,13 @@ def shard_starts(N: int, shards: int | None = None, sizes=None) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sz)]).astype(np.int64)
 
 
-def local_ranges(ks, ke, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+def local_ranges(ks, ke, start: int, stop: int, xp=np) -> tuple[np.ndarray, np.ndarray]:
     """The visible ranges [ks, ke) int [Qn] restricted to the shard [start, stop), in the
-    shard's local ids: int64 [Qn] each, empty (ks = ke) where a query sees no key of it."""
-    lo = np.clip(np.asarray(ks, np.int64), start, stop) - start
-    hi = np.clip(np.asarray(ke, np.int64), start, stop) - start
-    return lo, np.maximum(hi, lo)
+    shard's local ids: int64 [Qn] each, empty (ks = ke) where a query sees no key of it.
+    xp: numpy, or CuPy for device arrays (dosa_cupy.shards)."""
+    lo = xp.clip(xp.asarray(ks, xp.int64), start, stop) - start
+    hi = xp.clip(xp.asarray(ke, xp.int64), start, stop) - start
+    return lo, xp.maximum(hi, lo)
 
 
 def merge_topk(parts, K: int) -> np.ndarray:
