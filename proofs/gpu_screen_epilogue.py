@@ -55,7 +55,8 @@ from ._audit import Audit, Result
 NAME = "gpu_screen_epilogue"
 STATEMENT = (
     "fp32 Û of screen_mt1 / screen_pair (γ_5 T), screen_wgt_rows16 (γ_6 T) and "
-    "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr)"
+    "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr at mts = 1); "
+    "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2)"
 )
 
 U = Fraction(1, 2**24)
