@@ -420,6 +420,31 @@ class DecodeSelectorGPU:
 
     # -- one step ------------------------------------------------------------------------
 
+    @property
+    def ops(self):
+        """The backend's operations (``decode_ops.DeviceOps`` or ``NumpyOps``): a sharded
+        step (``dosa_cupy.shards``) runs them in its own order."""
+        return self._ops
+
+    def begin(self, q, w, kv_payload, kv_scale, block_table, lengths, ends=None):
+        """A step's checked inputs and its shape's workspace: (d, ws), ``d`` as
+        ``check_decode_inputs`` returns it.  ``ends`` (int [B, next_n]) replaces the visible
+        ends that ``lengths`` imply — a shard's, in its local ids (``dosa_cupy.shards``);
+        each must lie in [0, lengths[b]]."""
+        part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, self.K,
+                               xp=self.xp, scorer=self.scorer)  # fmt: skip
+        ws = self._workspace(part)
+        d = complete_inputs(part, check_values=self.check_values, check_layout=self.check_layout,
+                            bufs=ws if self.backend == "cupy" else None)  # fmt: skip
+        if ends is not None:
+            xp = self.xp
+            e = xp.asarray(ends).astype(xp.int64)
+            L = d["lengths"].astype(xp.int64)[:, None]
+            if tuple(e.shape) != (d["B"], d["n"]) or bool(((e < 0) | (e > L)).any()):
+                raise ValueError(f"ends: expected int [{d['B']}, {d['n']}] in [0, lengths[b]]")
+            d["ke"][...] = e.reshape(-1).astype(xp.int32)
+        return d, ws
+
     def step(self, q, w, kv_payload, kv_scale, block_table, lengths, *,
              return_stats: bool = True, out=None) -> DecodeStep:  # fmt: skip
         """Exact Top-K of every query row of one decode step (paged layout, module doc).
@@ -435,11 +460,7 @@ class DecodeSelectorGPU:
         in the same buffers (docs/method.md §10).
         """
         xp, ops, K = self.xp, self._ops, self.K
-        part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, xp=xp,
-                               scorer=self.scorer)  # fmt: skip
-        ws = self._workspace(part)
-        d = complete_inputs(part, check_values=self.check_values, check_layout=self.check_layout,
-                            bufs=ws if self.backend == "cupy" else None)  # fmt: skip
+        d, ws = self.begin(q, w, kv_payload, kv_scale, block_table, lengths)
         B, n = d["B"], d["n"]
         thr, wcnt = ops.tau(d, ws)
         # buffer None: room for every visible key of a row, so nothing can overflow and the

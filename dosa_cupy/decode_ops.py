@@ -309,6 +309,24 @@ class DeviceOps:
     def workspace(self, B, n, H, K, L, history, cap):
         return Workspace(B, n, H, K, L, history, cap, self.scorer)
 
+    def witness_records(self, d, wit, wcnt, wrec) -> None:
+        """Records uint64 [R, Wc] (into ``wrec``, compacted, their count per row in ``wcnt``
+        uint32 [R]) of the ids of ``wit`` int32 [B, Wc] that row r sees (0 ≤ id < ke[r]):
+        ids distinct per request, −1 empty; scored by the scan's device function."""
+        Wc = int(wit.shape[1])
+        wcnt.fill(0)
+        args = (
+            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+            d["ke"], np.int32(d["n"]), wit, np.int32(Wc), wcnt, wrec,
+        )  # fmt: skip
+        R = d["B"] * d["n"]
+        if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
+            gx = max(1, min(-(-Wc // FP8_TILE), FP8_WIT_BLOCKS))
+            kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
+        else:
+            grid = (_grid_x(Wc, WIT_KEYS), R)
+            _kernel(f"decode_witness_mt{d['Hp'] // 16}")(grid, (32 * WARPS,), args)
+
     def tau(self, d, ws):
         from .dense import select_records_into
 
@@ -319,20 +337,28 @@ class DeviceOps:
             dedup(ws.ring, ws.wit)
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
-        ws.wcnt.fill(0)
-        args = (
-            d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
-            d["ke"], np.int32(d["n"]), ws.wit, np.int32(Wc), ws.wcnt, ws.wrec,
-        )  # fmt: skip
-        R = d["B"] * d["n"]
-        if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
-            gx = max(1, min(-(-Wc // FP8_TILE), FP8_WIT_BLOCKS))
-            kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
-        else:
-            grid = (_grid_x(Wc, WIT_KEYS), R)
-            _kernel(f"decode_witness_mt{d['Hp'] // 16}")(grid, (32 * WARPS,), args)
+        self.witness_records(d, ws.wit, ws.wcnt, ws.wrec)
         select_records_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
+
+    def selected_records(self, d, ids, bufs):
+        """The records of a step's selection ``ids`` int32 [R, K] (−1 padding): per row, the
+        records (uint64 [R, n·K], count uint32 [R]) of the distinct ids its request's rows
+        selected that the row sees — every key the row selected, and no key twice
+        (``bufs``: ``wit`` int32 [B, n·K], ``wrec`` uint64 [R, n·K], ``wcnt`` uint32 [R])."""
+        dedup(ids.reshape(d["B"], -1), bufs.wit)
+        self.witness_records(d, bufs.wit, bufs.wcnt, bufs.wrec)
+        return bufs.wrec, bufs.wcnt
+
+    def floor_of(self, thr):
+        """int64 [R] (device): the score code of each threshold record — its order is the
+        score order, 0 below every key (a row with fewer than K witnesses)."""
+        return (thr >> np.uint64(32)).astype(self.cp.int64)
+
+    def thr_of_floor(self, code):
+        """The threshold records of score codes int64 [R]: every record of a key whose score
+        is at or above the code's (the lowest id part, 0)."""
+        return code.astype(self.cp.uint64) << np.uint64(32)
 
     def scan(self, d, thr, cap, ws):
         R = d["B"] * d["n"]
@@ -448,6 +474,28 @@ class NumpyOps:
 
     def thr_score(self, thr) -> np.ndarray:
         return np.asarray(thr[0], dtype=np.float64)
+
+    def selected_records(self, d, ids, bufs=None):
+        """``DeviceOps.selected_records``: per row, (scores, ids) of the distinct ids its
+        request's rows selected that the row sees, and their count int64 [R]."""
+        n = d["n"]
+        req = np.asarray(ids).reshape(d["B"], -1)
+        out, cnt = [], np.zeros(d["B"] * n, dtype=np.int64)
+        for r in range(d["B"] * n):
+            u = np.unique(req[r // n]).astype(np.int64)
+            W = u[(u >= 0) & (u < d["ke"][r])]
+            out.append((self._scores(d, r, W), W))
+            cnt[r] = W.size
+        return out, cnt
+
+    def floor_of(self, thr) -> np.ndarray:
+        """float64 [R]: τ of each threshold (−inf: a row with fewer than K witnesses)."""
+        return np.asarray(thr[0], dtype=np.float64)
+
+    def thr_of_floor(self, tau):
+        """The threshold of every key whose score is at or above τ float64 [R]."""
+        tau = np.asarray(tau, dtype=np.float64)
+        return tau, np.full(tau.shape, np.iinfo(np.int64).max)
 
     def push(self, d, ws, ids) -> None:
         if ws.history > 0:

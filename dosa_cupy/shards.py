@@ -175,51 +175,263 @@ def distributed_topk(q, w, kp, ksc, K: int, ks, ke, start: int, group=None, **op
     on every rank after the collective it would have missed, so no rank waits for ever.
     CuPy runs on the current torch stream of q's device, so the collectives order with the
     kernels."""
-    import torch
-    import torch.distributed as dist
-
     cp = cupy_or_raise()
     _check_sharded_options(options)
-    dev = q.device.index if isinstance(q, torch.Tensor) else cp.cuda.Device().id
-    stream = torch.cuda.current_stream(dev).cuda_stream
-    Qn = int(q.shape[0])
-
-    def agreed(flag: float, payload=None):
-        """payload fp32 [Qn] (or None) with the flag appended, all-reduced (max)."""
-        t = (
-            cp.full(Qn + 1, -cp.inf, dtype=cp.float32)
-            if payload is None
-            else cp.concatenate([payload.astype(cp.float32), cp.zeros(1, dtype=cp.float32)])
-        )
-        t[-1] = flag
-        tt = torch.from_dlpack(t)
-        dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=group)
-        out = cp.from_dlpack(tt)
-        if float(out[-1]) > 0:  # some rank failed: every rank raises
-            raise ValueError("a rank's shard: bad input on another rank of the sharded call")
-        return out[:-1]
-
-    with cp.cuda.Device(dev), cp.cuda.ExternalStream(stream):
-        err, tau = None, None
+    Qn = int(q.shape[0])  # q is replicated: a malformed one fails alike on every rank
+    ranks = _Ranks(group, cp)
+    with ranks.stream(q):
+        tau, err = None, None
         try:
             tau = shard_tau(q, w, kp, ksc, K, ks, ke, int(start), **options)
         except ValueError as e:
             err = e
-        try:
-            floor = agreed(1.0 if err else 0.0, tau)
-        except ValueError:
-            raise (err or ValueError("a rank's shard: bad input on another rank")) from None
+        floor = ranks.agreed_max(tau, err, Qn, cp.float32)
         rec, err = None, None
         try:
             rec = shard_records(q, w, kp, ksc, K, ks, ke, int(start), floor, **options)
         except ValueError as e:
             err = e
+        ranks.agreed_max(None, err, 0, cp.float32)
+        return merge_records(ranks.gather(rec), K, cp)
+
+
+class _Ranks:
+    """The collectives of a sharded call over a ``torch.distributed`` group on arrays of
+    ``xp``: numpy (gloo) or CuPy (NCCL, on the current torch stream of the arrays'
+    device, so the collectives order with the kernels)."""
+
+    def __init__(self, group, xp):
+        import torch
+        import torch.distributed as dist
+
+        self.group, self.xp, self.torch, self.dist = group, xp, torch, dist
+
+    def stream(self, q):
+        """The context a device call runs in: the current torch stream of q's device."""
+        import contextlib
+
+        if self.xp is np:
+            return contextlib.nullcontext()
+        torch, cp = self.torch, self.xp
+        dev = q.device.index if isinstance(q, torch.Tensor) else cp.cuda.Device().id
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        stack = contextlib.ExitStack()
+        stack.enter_context(cp.cuda.Device(dev))
+        stack.enter_context(cp.cuda.ExternalStream(stream))
+        return stack
+
+    def _t(self, a):
+        return self.torch.from_numpy(a) if self.xp is np else self.torch.from_dlpack(a)
+
+    def _a(self, t):
+        return t.numpy() if self.xp is np else self.xp.from_dlpack(t)
+
+    def agreed_max(self, x, err, size: int, dtype):
+        """x [size] of ``dtype`` (None where this rank failed: ``err``) all-reduced (max)
+        with this rank's error flag appended; raises a ValueError on every rank when any
+        rank failed (this rank's own ``err`` on it)."""
+        xp = self.xp
+        t = xp.zeros(size + 1, dtype=dtype)
+        if x is not None:
+            t[:size] = x
+        t[size] = 1 if err is not None else 0
+        tt = self._t(t)
+        self.dist.all_reduce(tt, op=self.dist.ReduceOp.MAX, group=self.group)
+        out = self._a(tt)
+        if err is not None:
+            raise err
+        if float(out[size]) > 0:
+            raise ValueError("a rank's shard: bad input on another rank of the sharded call")
+        return out[:size]
+
+    def gather(self, a):
+        """Every rank's ``a`` (one shape on every rank; a tuple of arrays, or one array;
+        uint64 travels as int64) by one ``all_gather`` each: a list in rank order."""
+        if isinstance(a, tuple):
+            return list(zip(*(self.gather(x) for x in a), strict=True))
+        u64 = a.dtype == np.uint64
+        local = self._t(self.xp.ascontiguousarray(a.view(self.xp.int64) if u64 else a))
+        bufs = [self.torch.empty_like(local) for _ in range(self.dist.get_world_size(self.group))]
+        self.dist.all_gather(bufs, local, group=self.group)
+        out = [self._a(b) for b in bufs]
+        return [x.view(self.xp.uint64) for x in out] if u64 else out
+
+
+# --------------------------------------------------------------------------------------
+# Decode over a sharded paged cache (docs/method.md §12 "Sharded contexts", §10)
+# --------------------------------------------------------------------------------------
+
+
+class DecodeShard:
+    """One shard's part of a decode step (``dosa_ref.shards`` decode's rule, on a
+    ``decode.DecodeSelectorGPU``): the shard holds the tokens [start, stop) of every
+    request in its own paged cache (``kv_payload``, ``kv_scale``, ``block_table`` [B,
+    max_blocks]: the shard's page i holds its tokens [64·i, 64·i + 64)); ``lengths`` int [B]
+    are the requests' global context lengths.  ``sel`` keeps the shard's witnesses in its
+    local ids (global − start).
+
+    The parts, in the order every shard runs them: ``floor`` (each row's τ of the shard's
+    visible witnesses as a comparable value: int64 score codes on the device, float64 τ on
+    the numpy backend), then ``candidates(floor)`` with the shards' largest — the scan
+    compacts every visible key at or above it, the shard selects their Top-K, and returns
+    their records with global ids (device: uint64 [R, n·K], 0 in unused slots; numpy: ids
+    int64 and scores float64 [R, n·K], −1 / −inf) — and ``push`` of the merged ids."""
+
+    def __init__(self, sel, q, w, kv_payload, kv_scale, block_table, lengths, start: int,
+                 stop=None):  # fmt: skip
+        from .decode import visible_ends
+
+        xp = sel.xp
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+            raise ValueError(f"start: expected an integer ≥ 0, got {start!r}")
+        if stop is not None and (isinstance(stop, bool) or not isinstance(stop, (int, np.integer))
+                                 or stop < start):  # fmt: skip
+            raise ValueError(f"stop: expected None or an integer ≥ start={start}, got {stop!r}")
+        if getattr(q, "ndim", 0) != 4:
+            raise ValueError("q: expected shape [B, next_n, H, 128]")
+        L = xp.asarray(lengths)
+        if L.ndim != 1 or L.dtype.kind not in "iu":
+            raise ValueError(f"lengths: expected integers [B], got {L.dtype} {tuple(L.shape)}")
+        self.sel, self.start, n = sel, int(start), int(q.shape[1])
+        local = xp.clip(L.astype(xp.int64) - self.start, 0, None)
+        if stop is not None:
+            local = xp.minimum(local, int(stop) - self.start)
+        ends = xp.minimum(visible_ends(L.astype(xp.int64) - self.start, n, xp), local[:, None])
+        self.d, self.ws = sel.begin(q, w, kv_payload, kv_scale, block_table,
+                                    local.astype(xp.int32), ends=ends)  # fmt: skip
+        self.thr, self.wcnt = sel.ops.tau(self.d, self.ws)
+
+    def floor(self):
+        """Each row's comparable τ of the shard's witnesses ([R], see the class)."""
+        return self.sel.ops.floor_of(self.thr)
+
+    def candidates(self, floor):
+        """The shard's list against ``floor`` (the shards' largest ``floor``): see the class.
+        Also sets ``compacted`` (records at or above the floor per row)."""
+        sel, ops, d, ws = self.sel, self.sel.ops, self.d, self.ws
+        thr = ops.thr_of_floor(floor)
+        cap = d["L"] if sel.buffer is None else sel.buffer
+        rec, cnt = ops.scan(d, thr, cap, ws)
+        if sel.buffer is not None:
+            need = ops.max_count(cnt)
+            if need > cap:  # the exact extension, as in a step
+                rec, cnt = ops.scan(d, thr, need, ws)
+        self.compacted = cnt
+        ids, _ = ops.select(d, rec, cnt, False, ws)
+        if sel.backend == "numpy":
+            lists, _ = ops.selected_records(d, ids)
+            R, m = len(lists), d["n"] * d["K"]
+            gid, sc = np.full((R, m), -1, np.int64), np.full((R, m), -np.inf)
+            for r, (s, i) in enumerate(lists):
+                gid[r, : i.size], sc[r, : i.size] = i + self.start, s
+            return gid, sc
+        cp = cupy_or_raise()
+        R, m = d["B"] * d["n"], d["n"] * d["K"]
+        bufs = _SelectedBufs(cp.empty((d["B"], m), cp.int32), cp.empty((R, m), cp.uint64),
+                             cp.zeros(R, cp.uint32))  # fmt: skip
+        wrec, wcnt = ops.selected_records(d, ids, bufs)
+        return global_records(wrec, wcnt, self.start, cp)
+
+    def push(self, merged) -> None:
+        """The merged ids int64 [B, n, K] (global) as the shard's witnesses: those it holds,
+        in its local ids."""
+        xp, d = self.sel.xp, self.d
+        g = xp.asarray(merged).reshape(d["B"] * d["n"], d["K"]).astype(xp.int64)
+        hi = xp.repeat(d["lengths"].astype(xp.int64), d["n"])[:, None] + self.start
+        local = xp.where((g >= self.start) & (g < hi), g - self.start, -1)
+        self.sel.ops.push(d, self.ws, xp.ascontiguousarray(local.astype(xp.int32)))
+
+
+class _SelectedBufs:
+    def __init__(self, wit, wrec, wcnt):
+        self.wit, self.wrec, self.wcnt = wit, wrec, wcnt
+
+
+def merge_candidates(parts, K: int, xp):
+    """The exact Top-K ids int64 [R, K] of the shards' ``DecodeShard.candidates``."""
+    if xp is np:
+        from dosa_ref.shards import merge_topk
+
+        return merge_topk(parts, K)
+    return merge_records(parts, K, xp)
+
+
+def _check_shard_starts(starts, mb: int) -> list:
+    """(start, stop) pairs of the page-aligned shards ``starts`` of a cache of ``mb`` pages."""
+    s = np.asarray(starts)
+    if s.ndim != 1 or s.size < 2 or s.dtype.kind not in "iu":
+        raise ValueError(f"starts: expected integers [R + 1], got {s.tolist()}")
+    s = s.astype(np.int64)
+    if s[0] != 0 or s[-1] < mb * 64 or (np.diff(s) < 0).any() or (s[1:-1] % 64).any():
+        raise ValueError(f"starts: expected 0 ≤ … nondecreasing multiples of 64, the last "
+                         f"≥ max_blocks·64 = {mb * 64}, got {s.tolist()}")  # fmt: skip
+    return list(zip(s[:-1].tolist(), s[1:].tolist(), strict=True))
+
+
+def sharded_decode_step(sels, q, w, kv_payload, kv_scale, block_table, lengths, starts):
+    """One decode step (``DecodeSelectorGPU.step``'s ids) over a paged cache split into the
+    page-aligned shards ``starts`` (int [R + 1]: 0, multiples of 64, the last ≥
+    max_blocks·64), every shard in this process: shard r is the pages [s_r/64, s_{r+1}/64)
+    of the block table, ``sels[r]`` its selector (its witnesses in its local ids).  The
+    shards' largest witness τ is every shard's threshold, each shard's Top-K is merged
+    exactly.  Returns ids int64 [B, next_n, K] (the backend's array type)."""
+    if not isinstance(sels, (list, tuple)) or not sels:
+        raise ValueError("sels: expected a list of DecodeSelectorGPU, one per shard")
+    xp = sels[0].xp
+    bt = xp.asarray(block_table)
+    if bt.ndim != 2:
+        raise ValueError(f"block_table: expected [B, max_blocks], got {tuple(bt.shape)}")
+    bounds = _check_shard_starts(starts, int(bt.shape[1]))
+    if len(bounds) != len(sels):
+        raise ValueError(f"sels: expected {len(bounds)} selectors (one per shard), got {len(sels)}")
+    shards = []
+    for sel, (s0, s1) in zip(sels, bounds, strict=True):
+        p0, p1 = s0 // 64, max(s0 // 64 + 1, -(-s1 // 64))
+        part = bt[:, p0:p1]
+        if part.shape[1] == 0:  # a shard past the table (it holds no token): one unused page
+            part = xp.zeros((bt.shape[0], 1), dtype=bt.dtype)
+        shards.append(DecodeShard(sel, q, w, kv_payload, kv_scale, xp.ascontiguousarray(part),
+                                  lengths, s0, s1))  # fmt: skip
+    floor = shards[0].floor()
+    for sh in shards[1:]:  # the all-reduce (max) of the distributed form
+        floor = xp.maximum(floor, sh.floor())
+    parts = [sh.candidates(floor) for sh in shards]
+    d = shards[0].d
+    out = merge_candidates(parts, d["K"], xp).reshape(d["B"], d["n"], d["K"])
+    for sh in shards:
+        sh.push(out)
+    return out
+
+
+def distributed_decode_step(sel, q, w, kv_payload, kv_scale, block_table, lengths, start: int,
+                            stop=None, group=None):  # fmt: skip
+    """One decode step over a cache split across the ranks of the ``torch.distributed``
+    ``group`` (default: the world; NCCL on GPUs, gloo for the numpy backend): every rank
+    passes the replicated step (q, w, the requests' global ``lengths``), its own shard's
+    paged cache (``kv_payload``, ``kv_scale``, ``block_table``: the tokens [start, stop) of
+    every request; stop None: as far as its table reaches) and its own selector ``sel``
+    (``DecodeSelectorGPU``: the shard's witnesses).  One ``all_reduce`` (max) of the rows'
+    witness τ [B·next_n] (plus an error flag), one of the error flag, one ``all_gather`` of
+    each rank's candidates [B·next_n, next_n·K]; returns the merged ids int64 [B, next_n, K]
+    on every rank — ``sharded_decode_step``'s (and a single cache's) ids.  A rank's bad input
+    is raised on every rank."""
+    xp = sel.xp
+    B, n = int(q.shape[0]), int(q.shape[1])  # q is replicated: malformed alike everywhere
+    ranks = _Ranks(group, xp)
+    dtype = np.float64 if xp is np else np.int64  # τ (numpy) or score codes (device)
+    with ranks.stream(q):
+        shard, err = None, None
         try:
-            agreed(1.0 if err else 0.0)
-        except ValueError:
-            raise (err or ValueError("a rank's shard: bad input on another rank")) from None
-        local = torch.from_dlpack(cp.ascontiguousarray(rec).view(cp.int64))
-        bufs = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(bufs, local, group=group)
-        parts = [cp.from_dlpack(x).view(cp.uint64) for x in bufs]
-        return merge_records(parts, K, cp)
+            shard = DecodeShard(sel, q, w, kv_payload, kv_scale, block_table, lengths, start, stop)
+        except ValueError as e:
+            err = e
+        floor = ranks.agreed_max(None if err else shard.floor(), err, B * n, dtype)
+        cand, err = None, None
+        try:
+            cand = shard.candidates(floor)
+        except ValueError as e:
+            err = e
+        ranks.agreed_max(None, err, 0, dtype)
+        out = merge_candidates(ranks.gather(cand), sel.K, xp).reshape(B, n, sel.K)
+        shard.push(out)
+        return out

@@ -1,0 +1,211 @@
+"""Decode over a sharded paged cache on the GPU path (``dosa_cupy.shards``: ``DecodeShard``,
+``sharded_decode_step``, ``distributed_decode_step``; docs/method.md §12 "Sharded
+contexts").
+
+CPU tests (run anywhere):
+  * the numpy backend (both scorers' bits): a step over page-aligned shards — two, many, an
+    empty one, one past every cache, a border inside a step's last next_n tokens — returns
+    the single cache's ids every step of walks with growing contexts, histories and
+    overflows; so does a cache whose keys are all equal (ties across the borders);
+  * the device backend's host code with decode.cu emulated (``fake_cupy``: score codes as
+    the floor, the selection's records re-scored by the witness kernel, global records and
+    the merge of ``shards.merge_records``) — the same;
+  * two and three ranks on gloo (``distributed_decode_step``, numpy backend), each rank
+    holding only its pages, return the single cache's ids on every rank; a rank's bad
+    block table raises a ValueError on every rank;
+  * bad shard boundaries raise a ValueError naming the argument.
+GPU test: the device backend on one GPU (every shard in one process) == the single cache.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpu_support import gpu
+from test_gpu_decode import PagedCache, _queries, fake_cupy  # noqa: F401
+
+from dosa_cupy import decode as dec
+from dosa_cupy import shards
+
+PAGE = dec.PAGE
+
+
+def _walk(starts, B, n, H, K, *, history=2, buffer=None, scorer="f16", backend="numpy",
+          seed=0, steps=5, tied=False, still=False, xp=np):  # fmt: skip
+    """Steps of a walk on one cache and on its shards ``starts``: both ids, every step.
+    ``still``: the same queries and lengths every step — the witnesses are then the exact
+    Top-K, τ the K-th score itself, and a threshold that drops a key at τ drops a winner."""
+    cache = PagedCache(B, 6 * PAGE, seed=seed)
+    if tied:  # every key of the cache equal: the Top-K is the K smallest visible ids
+        cache.kv[:] = cache.kv[:1, :1]
+        cache.scale[:] = cache.scale[0, 0]
+    rs = cache.rs
+    opts = dict(history=history, buffer=buffer, backend=backend, scorer=scorer)
+    one = dec.DecodeSelectorGPU(K, **opts)
+    sels = [dec.DecodeSelectorGPU(K, **opts) for _ in range(len(starts) - 1)]
+    L = rs.integers(1, 3 * PAGE, B).astype(np.int32)
+    L[0] = 2 * PAGE + 1  # a border (128) inside the last next_n = 2 tokens
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = (lambda a: xp.asarray(a)) if xp is not np else (lambda a: a)
+    qp, wq = _queries(rs, qf, n, H)
+    for step in range(steps):
+        if step and not still:
+            qp, wq = _queries(rs, qf, n, H)
+        args = [dev(a) for a in (qp, wq, cache.kv, cache.scale, cache.block_table, L)]
+        want = one.step(*args).ids
+        got = shards.sharded_decode_step(sels, *args, starts)
+        assert got.dtype == np.int64 and tuple(got.shape) == (B, n, K)
+        assert bool((xp.asarray(got) == xp.asarray(want)).all()), (starts, step)
+        if not still:
+            L = np.minimum(L + rs.integers(0, 70, B), cache.max_blocks * PAGE).astype(np.int32)
+
+
+STARTS = {
+    "two": [0, 2 * PAGE, 10**6],
+    "many": [0, PAGE, 2 * PAGE, 3 * PAGE, 4 * PAGE, 6 * PAGE],
+    "empty": [0, PAGE, PAGE, 5 * PAGE, 10**6],  # an empty shard, and one past every cache
+    "one": [0, 6 * PAGE],
+}
+
+
+@pytest.mark.parametrize("name", sorted(STARTS))
+@pytest.mark.parametrize(
+    "B,n,H,K,history,buffer,scorer",
+    [
+        (3, 2, 20, 16, 2, None, "f16"),
+        (2, 1, 32, 40, 1, 5, "f16"),  # a small buffer: the exact extension on some shards
+        (2, 2, 64, 8, 2, None, "fp8"),
+        (1, 1, 40, 12, 0, None, "fp8"),  # no history: τ = −inf on every shard
+    ],
+)
+def test_numpy_sharded_step_equals_one_cache(name, B, n, H, K, history, buffer, scorer):
+    _walk(STARTS[name], B, n, H, K, history=history, buffer=buffer, scorer=scorer,
+          seed=B + n + H + K)  # fmt: skip
+
+
+@pytest.mark.parametrize("scorer", ["f16", "fp8"])
+def test_ties_across_shard_borders(scorer):
+    _walk(STARTS["many"], 2, 2, 16, 24, scorer=scorer, tied=True, seed=3)
+
+
+@pytest.mark.parametrize("scorer", ["f16", "fp8"])
+def test_a_key_at_the_floor_is_kept(scorer):
+    _walk(STARTS["two"], 3, 2, 32, 16, scorer=scorer, still=True, steps=3, seed=4)
+
+
+@pytest.mark.parametrize("name", ["two", "empty"])
+@pytest.mark.parametrize("B,n,H,buffer", [(3, 2, 20, None), (2, 1, 33, 3)])
+def test_device_host_code_with_emulated_kernels(fake_cupy, monkeypatch, name, B, n, H, buffer):  # noqa: F811
+    """The device backend's sharded step (score codes, the witness kernel's records of the
+    selection, global records, merge_records) with decode.cu emulated on the CPU."""
+    monkeypatch.setattr(shards, "cupy_or_raise", dec.cupy_or_raise)
+    _walk(STARTS[name], B, n, H, 16, buffer=buffer, backend="cupy", seed=B * n + H)
+    _walk(STARTS[name], B, n, H, 16, buffer=buffer, backend="cupy", seed=7, still=True, steps=3)
+    assert "decode_witness_dedup" in fake_cupy.calls
+    assert any(c.startswith("decode_witness_mt") for c in fake_cupy.calls)
+
+
+def test_bad_shards_raise():
+    sel = dec.DecodeSelectorGPU(4, backend="numpy")
+    cache = PagedCache(1, 4 * PAGE, seed=1)
+    q, w = _queries(cache.rs, cache.rs.standard_normal((1, 1, 8, 128)), 1, 8)
+    args = (q, w, cache.kv, cache.scale, cache.block_table, np.array([100], np.int32))
+    for starts in ([0, 100, 10**6], [64, 10**6], [0, 128, 64, 10**6], [0, 128]):
+        with pytest.raises(ValueError, match="^starts:"):
+            shards.sharded_decode_step([sel, sel], *args, starts)
+    with pytest.raises(ValueError, match="^sels:"):
+        shards.sharded_decode_step([sel], *args, [0, 64, 10**6])
+    with pytest.raises(ValueError, match="^start:"):
+        shards.DecodeShard(sel, *args, -1)
+    with pytest.raises(ValueError, match="^stop:"):
+        shards.DecodeShard(sel, *args, 64, 10)
+
+
+@gpu
+def test_gpu_sharded_step_equals_one_cache():
+    import cupy as cp
+
+    for name in ("two", "empty"):
+        _walk(STARTS[name], 3, 2, 64, 64, backend="cupy", seed=5, xp=cp)
+
+
+# ---- two and three ranks on gloo (numpy backend) --------------------------------------
+
+torch = pytest.importorskip("torch", reason="the distributed engine is torch.distributed")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+RANK_STARTS = {2: [0, 2 * PAGE, None], 3: [0, PAGE, 4 * PAGE, None]}  # rank r: [s_r, s_{r+1})
+K_DIST, H_DIST, STEPS = 16, 24, 4
+
+
+def _dist_walk():
+    """The walk's inputs per step: (q, w, lengths), and the cache (B 3, next_n 2)."""
+    cache = PagedCache(3, 6 * PAGE, seed=21)
+    rs = cache.rs
+    L = np.array([2 * PAGE + 1, 40, 3 * PAGE], np.int32)
+    qf = rs.standard_normal((3, 2, H_DIST, 128))
+    out = []
+    for _ in range(STEPS):
+        q, w = _queries(rs, qf, 2, H_DIST)
+        out.append((q, w, L.copy()))
+        L = np.minimum(L + rs.integers(0, 70, 3), cache.max_blocks * PAGE).astype(np.int32)
+    return cache, out
+
+
+def _rank_worker(rank, world, bad, store, out):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        cache, steps = _dist_walk()
+        s0, s1 = RANK_STARTS[world][rank], RANK_STARTS[world][rank + 1]
+        bt = cache.block_table[:, s0 // PAGE : None if s1 is None else s1 // PAGE].copy()
+        if bad and rank == world - 1:
+            bt[:] = -5  # this rank's pages point outside its cache
+        sel = dec.DecodeSelectorGPU(K_DIST, history=2, backend="numpy")
+        ids = []
+        for q, w, L in steps:
+            try:
+                ids.append(shards.distributed_decode_step(sel, q, w, cache.kv, cache.scale, bt,
+                                                          L, s0, s1))  # fmt: skip
+            except ValueError as e:
+                (Path(out) / f"rank{rank}.err").write_text(str(e))
+                return
+        np.save(Path(out) / f"rank{rank}.npy", np.stack(ids))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world, bad, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_rank_worker, args=(world, bad, str(tmp_path / "store"),
+                                                 str(tmp_path)),
+                             nprocs=world, join=False, start_method="spawn")  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} ranks did not finish in 240 s")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_return_the_single_cache_ids(world, tmp_path):
+    _spawn(world, False, tmp_path)
+    cache, steps = _dist_walk()
+    one = dec.DecodeSelectorGPU(K_DIST, history=2, backend="numpy")
+    want = np.stack([one.step(q, w, cache.kv, cache.scale, cache.block_table, L).ids
+                     for q, w, L in steps])  # fmt: skip
+    for r in range(world):
+        assert np.array_equal(np.load(tmp_path / f"rank{r}.npy"), want), (world, r)
+
+
+def test_a_rank_with_bad_input_raises_on_every_rank(tmp_path):
+    _spawn(2, True, tmp_path)
+    assert (tmp_path / "rank1.err").read_text().startswith("block_table:")
+    assert "another rank" in (tmp_path / "rank0.err").read_text()
