@@ -1270,3 +1270,58 @@ def test_median_ms_interleaved_times_every_call_in_turn():
     calls.clear()  # one call alone (median_ms): call i on set i mod 2, the warm-up first
     assert median_ms(cp, fn("c", 3.0), 3, 2, ["x", "y"]) == (3.0, [3.0] * 3)
     assert [s for _, s in calls] == ["x", "y", "x", "y", "x"]
+
+
+# --------------------------------------------------------------------------- --cp mode
+# `dosa bench --cp` (bench/context_parallel.py) without a GPU: arguments, the dry run's plan,
+# the collectives' sizes, and the report of a synthetic run.
+
+
+def test_cp_mode_arguments_and_plan(capsys):
+    from dosa_cupy.bench import context_parallel as CP
+
+    a = CP.parse_args([])
+    assert (a.ranks, a.H, a.Qn, a.N, a.K, a.scorer) == (2, 64, 4096, 1 << 20, 2048, "f16")
+    for argv, name in ((["--ranks", "1"], "ranks"), (["--ranks", "0", "--one-gpu"], "ranks"),
+                       (["--shape", "64x4096"], "shape"), (["--shape", "65x8x64"], "shape"),
+                       (["--shape", "8x100x64"], "shape"), (["--reps", "3"], "reps"),
+                       (["--warm", "0"], "warm"), (["--K", "5000"], "K"),
+                       (["--scorer", "bf16"], "scorer")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            CP.parse_args(argv)
+    assert CP.collective_sizes(4096, 2048) == {
+        "tau_allreduce": 4 * 4097, "flag_allreduce": 4, "records_allgather": 8 * 4096 * 2048
+    }  # fmt: skip
+    assert B.main(["--cp", "--dry-run", "--ranks", "4", "--shape", "64x4096x2097152"]) == 0
+    out = capsys.readouterr().out
+    assert "4 shards (4 processes on NCCL)" in out and "[1572864, 2097152)" in out
+    assert "sharded_deepgemm" in out and "records_allgather 67,108,864" in out
+    assert B.main(["--cp", "--dry-run", "--one-gpu", "--ranks", "3", "--no-peers"]) == 0
+    assert "one process, one GPU" in capsys.readouterr().out
+
+
+def test_cp_mode_without_cupy(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert B.main(["--cp", "--ranks", "2"]) == 2
+    assert capsys.readouterr().err.startswith("dosa bench --cp: CuPy is not importable")
+
+
+def test_cp_report_of_a_synthetic_run():
+    from dosa_cupy.bench import context_parallel as CP
+
+    res = {
+        "meta": {"date_utc": "2026-12-05 00:00:00Z", "commit": "abc1234"},
+        "args": dict(regime="calibrated", H=64, Qn=4096, N=1 << 20, K=2048, ranks=2,
+                     one_gpu=False, scorer="fp8"),
+        "times_ms": {"one_gpu_dosa": 40.0, "sharded_dosa": 20.0, "sharded_deepgemm": 50.0},
+        "collectives": [dict(name="tau_allreduce", bytes=16388, ms=0.02)],
+        "pruning": [dict(shard=0, keys=524288, screened=1000, survivors_shared=10,
+                         survivors_own=40, raised=7)],
+        "ids": {"sharded_dosa == dense_topk (whole context)": True},
+    }  # fmt: skip
+    md = CP.markdown(res)
+    assert "commit abc1234" in md and "2 shards, scorer fp8" in md
+    assert "| one_gpu_dosa | 40.00 | 2.00× |" in md and "| sharded_deepgemm | 50.00 | 2.50× |" in md
+    assert "| tau_allreduce | 16,388 | 0.020 |" in md
+    assert "| 0 | 524,288 | 1,000 | 0.0100 | 0.0400 | 7 |" in md
+    assert "- sharded_dosa == dense_topk (whole context): True" in md

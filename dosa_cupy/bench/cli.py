@@ -5,9 +5,11 @@ GPU-free ``--dry-run`` and ``--merge``).  A mode flag anywhere in the arguments 
 other arguments to that mode's own ``main``: ``--decode`` (decode.py), ``--serving``
 (serving.py: the serving API's calls, docs/serving.md), ``--profile-plan``
 (profile_plan.py), ``--diag`` (diag.py), ``--screen-variants`` (screen_variants.py),
+``--cp`` (context_parallel.py: a context split across GPUs, issue 29),
 ``--case NAME`` (cases.py: small runs to put under compute-sanitizer or Nsight Compute;
-docs/running_on_gpu.md).  ``--dry-run`` also plans ``--serving`` without a GPU (its
-arguments checked, its calls listed); the other modes have no GPU-free plan and say so.
+docs/running_on_gpu.md).  ``--dry-run`` also plans ``--serving`` and ``--cp`` without a GPU
+(their arguments checked, their calls listed); the other modes have no GPU-free plan and say
+so.
 
 A bad argument is one line on stderr naming the flag, and exit code 2 (``dosa bench``, and
 ``python -m dosa_cupy.bench``); ``main(argv)`` called with a list raises the ValueError
@@ -105,6 +107,7 @@ MODES = {
     "--diag": ("diag", True),
     "--case": ("cases", True),
     "--screen-variants": ("screen_variants", True),
+    "--cp": ("context_parallel", True),
 }
 
 
@@ -153,8 +156,16 @@ def _serving_dry_run(argv: list[str]) -> int:
     return 0
 
 
+def _cp_dry_run(argv: list[str]) -> int:
+    """``--cp --dry-run``: the mode's arguments checked and its plan printed; 0."""
+    from . import context_parallel as C
+
+    print(C.plan(C.parse_args(argv)))
+    return 0
+
+
 # the modes that can plan a run without a GPU under --dry-run (the others say so)
-DRY_RUNS = {"--serving": _serving_dry_run}
+DRY_RUNS = {"--serving": _serving_dry_run, "--cp": _cp_dry_run}
 
 
 def run_mode(flag: str, argv: list[str]) -> int:
