@@ -132,6 +132,64 @@ def test_gpu_sharded_step_equals_one_cache():
         _walk(STARTS[name], 3, 2, 64, 64, backend="cupy", seed=5, xp=cp)
 
 
+def _two_gpus() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() >= 2
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _two_gpus(), reason="needs two GPUs (nvidia-h200-x2)")
+def test_distributed_decode_on_two_gpus_equals_one_cache(tmp_path):
+    """Two ranks over NCCL (one process each, the device backend): every step of a walk,
+    every rank returns the single cache's ids."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    tests = Path(__file__).resolve().parent
+    script = tmp_path / "two_ranks.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(tests)!r})
+        import numpy as np, torch, torch.distributed as dist, cupy as cp
+        rank = int(os.environ["RANK"])
+        torch.cuda.set_device(rank)
+        cp.cuda.Device(rank).use()
+        dist.init_process_group("nccl")
+        from test_gpu_decode import PagedCache, _queries
+        from dosa_cupy import decode as dec, shards
+        cache = PagedCache(3, 40 * 64, seed=2)
+        rs = cache.rs
+        one = dec.DecodeSelectorGPU(64, history=2)
+        sel = dec.DecodeSelectorGPU(64, history=2)
+        s0, s1 = (0, 17 * 64) if rank == 0 else (17 * 64, None)
+        bt = cache.block_table[:, s0 // 64 : None if s1 is None else s1 // 64].copy()
+        L = np.array([17 * 64 + 1, 300, 40 * 64 - 5], np.int32)
+        qf = rs.standard_normal((3, 2, 64, 128))
+        ok = True
+        for step in range(4):
+            q, w = _queries(rs, qf, 2, 64)
+            dev = [cp.asarray(x) for x in (q, w, cache.kv, cache.scale)]
+            want = one.step(*dev, cp.asarray(cache.block_table), cp.asarray(L)).ids
+            got = shards.distributed_decode_step(sel, *dev, cp.asarray(bt), cp.asarray(L), s0, s1)
+            ok &= bool(cp.array_equal(got, want))
+            L = np.minimum(L + 1, 40 * 64).astype(np.int32)
+        dist.destroy_process_group()
+        sys.exit(0 if ok else 1)
+    """)
+    )
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29534", "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(script)],
+                              env={**os.environ, **env, "RANK": str(r)})
+             for r in range(2)]  # fmt: skip
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+
+
 # ---- two and three ranks on gloo (numpy backend) --------------------------------------
 
 torch = pytest.importorskip("torch", reason="the distributed engine is torch.distributed")
