@@ -19,7 +19,6 @@ GPU test: the device backend on one GPU (every shard in one process) == the sing
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +196,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
+from test_shards_dist import _spawn  # noqa: E402  (the ranks' launcher, one for both files)
+
 RANK_STARTS = {2: [0, 2 * PAGE, None], 3: [0, PAGE, 4 * PAGE, None]}  # rank r: [s_r, s_{r+1})
 K_DIST, H_DIST, STEPS = 16, 24, 4
 
@@ -238,23 +239,9 @@ def _rank_worker(rank, world, bad, store, out):
         dist.destroy_process_group()
 
 
-def _spawn(world, bad, tmp_path):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_rank_worker, args=(world, bad, str(tmp_path / "store"),
-                                                 str(tmp_path)),
-                             nprocs=world, join=False, start_method="spawn")  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks did not finish in 240 s")
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_return_the_single_cache_ids(world, tmp_path):
-    _spawn(world, False, tmp_path)
+    _spawn(_rank_worker, world, (False,), tmp_path)
     cache, steps = _dist_walk()
     one = dec.DecodeSelectorGPU(K_DIST, history=2, backend="numpy")
     want = np.stack([one.step(q, w, cache.kv, cache.scale, cache.block_table, L).ids
@@ -264,6 +251,6 @@ def test_ranks_return_the_single_cache_ids(world, tmp_path):
 
 
 def test_a_rank_with_bad_input_raises_on_every_rank(tmp_path):
-    _spawn(2, True, tmp_path)
+    _spawn(_rank_worker, 2, (True,), tmp_path)
     assert (tmp_path / "rank1.err").read_text().startswith("block_table:")
     assert "another rank" in (tmp_path / "rank0.err").read_text()
