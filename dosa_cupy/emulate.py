@@ -48,7 +48,8 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
-                    sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16"):  # fmt: skip
+                    sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16",
+                    tau_floor=None):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
@@ -56,8 +57,9 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     α(Û + ρC + ε_raw) + ε_out as the GPU pipeline; Û and the scores are evaluated in
     float64 from the e4m3 values instead of the tensor cores, so this predicts survival
     (not bits); ``scorer`` and ``screen`` name the canonical scorer's and the screen's
-    arithmetic whose allowances the bound carries (``plan.build_plans``).  Returns
-    dict(survival, violations, tau): violations
+    arithmetic whose allowances the bound carries (``plan.build_plans``); ``tau_floor``
+    (float [Qn]) raises τ where it is above, as ``dosa_topk(tau_floor=)``.  Returns
+    dict(survival, survivors, screened, violations, tau): violations
     counts visible (query, key) with float64 score > U^num (must be 0).
     Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
     """
@@ -94,6 +96,8 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     tau = np.array(
         [np.sort(sm[t][seed[t]])[-K] if seed[t].sum() >= K else -np.inf for t in range(Qn)]
     )
+    if tau_floor is not None:
+        tau = np.maximum(tau, np.asarray(tau_floor, dtype=np.float64))
     mts = 1 if r <= 14 else 2
     ns = min(p_sample, pool.size)
     sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
@@ -109,6 +113,35 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     surv = screened & ~(U < tau[:, None])
     return dict(
         survival=float(surv.sum() / max(1, screened.sum())),
+        survivors=int(surv.sum()),
+        screened=int(screened.sum()),
         violations=int(((s > U) & vis).sum()),
         tau=tau,
     )
+
+
+def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[dict]:
+    """``screen_survival`` of each shard [starts[i], starts[i+1]) of the keys (docs/method.md
+    §12 "Sharded contexts"): its seeds, τ and screen on its own keys (the context's ranges
+    clipped to it), once with its own τ and once with the shards' largest.  Returns one dict
+    per non-empty shard: shard, keys, screened, survivors_own, survivors_shared, raised
+    (queries whose τ the floor raised), violations (both screens; must be 0)."""
+    from dosa_ref.shards import local_ranges
+
+    starts = [int(x) for x in starts]
+    parts, own = [], []
+    for i, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        if b > a:
+            lo, hi = local_ranges(ks, ke, a, b)
+            parts.append((i, a, b, lo, hi))
+            own.append(screen_survival(q, w, k_payload[a:b], k_scale[a:b], K, lo, hi, **kw))
+    floor = np.max([o["tau"] for o in own], axis=0)
+    out = []
+    for (i, a, b, lo, hi), o in zip(parts, own, strict=True):
+        sh = screen_survival(q, w, k_payload[a:b], k_scale[a:b], K, lo, hi, tau_floor=floor, **kw)
+        out.append(dict(
+            shard=i, keys=b - a, screened=o["screened"], survivors_own=o["survivors"],
+            survivors_shared=sh["survivors"], raised=int((floor > o["tau"]).sum()),
+            violations=o["violations"] + sh["violations"],
+        ))  # fmt: skip
+    return out

@@ -166,3 +166,26 @@ def test_sharded_decode_checks_its_arguments():
         sharded_decode_step(sel, q, w[:, :1], keys, lens)
     with pytest.raises(ValueError, match="ids"):
         sel.push(np.zeros((3, 8)))
+
+
+@pytest.mark.parametrize("name,H,r", [("calibrated", 32, 14), ("h64", 64, 30)])
+def test_emulated_screen_of_shards_with_the_shared_floor(name, H, r):
+    """The CPU emulation of the GPU screen on each shard (``emulate.sharded_survival``): the
+    bound holds on every shard with its own τ and with the shards' largest (0 violations),
+    the shared floor never keeps more survivors than a shard's own τ, and one shard is the
+    whole context with nothing raised."""
+    from dosa_cupy.emulate import screen_survival, sharded_survival
+    from dosa_ref.fp8 import quantize_keys, quantize_queries
+
+    wl = make_workload(name, 8, 8192, H=H, seed=2)
+    kp, ksc = quantize_keys(wl.k)
+    q, w = quantize_queries(wl.q, wl.w)
+    rows = sharded_survival(q, w, kp, ksc, 512, wl.ks, wl.ke, [0, 3000, 3000, 8192], r=r)
+    assert [x["shard"] for x in rows] == [0, 2] and [x["keys"] for x in rows] == [3000, 5192]
+    assert all(x["violations"] == 0 for x in rows)
+    assert all(x["survivors_shared"] <= x["survivors_own"] <= x["screened"] for x in rows)
+    assert rows[0]["raised"] > 0 and rows[0]["survivors_shared"] < rows[0]["survivors_own"]
+    (one,) = sharded_survival(q, w, kp, ksc, 512, wl.ks, wl.ke, [0, 8192], r=r)
+    whole = screen_survival(q, w, kp, ksc, 512, wl.ks, wl.ke, r=r)
+    assert one["raised"] == 0 and one["survivors_own"] == one["survivors_shared"]
+    assert one["survivors_own"] == whole["survivors"] and one["screened"] == whole["screened"]
