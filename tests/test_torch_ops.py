@@ -86,7 +86,7 @@ def test_selector_handles_are_never_reused(monkeypatch):
     from dosa_cupy import decode
 
     class Stub:
-        def __init__(self, K, history, check_layout):
+        def __init__(self, K, history, check_layout, scorer):
             self.K, self.released = K, False
 
         def release(self):
