@@ -430,7 +430,7 @@ class DecodeSelectorGPU:
         """A step's checked inputs and its shape's workspace: (d, ws), ``d`` as
         ``check_decode_inputs`` returns it.  ``ends`` (int [B, next_n]) replaces the visible
         ends that ``lengths`` imply — a shard's, in its local ids (``dosa_cupy.shards``);
-        each must lie in [0, lengths[b]]."""
+        each must lie in [0, lengths[b]], nondecreasing in j."""
         part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, self.K,
                                xp=self.xp, scorer=self.scorer)  # fmt: skip
         ws = self._workspace(part)
@@ -440,8 +440,12 @@ class DecodeSelectorGPU:
             xp = self.xp
             e = xp.asarray(ends).astype(xp.int64)
             L = d["lengths"].astype(xp.int64)[:, None]
-            if tuple(e.shape) != (d["B"], d["n"]) or bool(((e < 0) | (e > L)).any()):
-                raise ValueError(f"ends: expected int [{d['B']}, {d['n']}] in [0, lengths[b]]")
+            # nondecreasing along a request's rows: the scan reads a request's keys up to
+            # its last row's end
+            if (tuple(e.shape) != (d["B"], d["n"]) or bool(((e < 0) | (e > L)).any())
+                    or bool((e[:, :-1] > e[:, 1:]).any())):  # fmt: skip
+                raise ValueError(f"ends: expected int [{d['B']}, {d['n']}] in [0, lengths[b]], "
+                                 "nondecreasing along each row")  # fmt: skip
             d["ke"][...] = e.reshape(-1).astype(xp.int32)
         return d, ws
 

@@ -26,11 +26,13 @@ import numpy as np
 from dosa_ref.shards import local_ranges, shard_starts
 
 from ._build import cupy_or_raise
+from .decode_ops import PAGE
 
 __all__ = [
     "distributed_topk",
     "global_records",
     "merge_records",
+    "selection_records",
     "shard_records",
     "shard_starts",
     "shard_tau",
@@ -97,14 +99,8 @@ def merge_records(parts, K: int, xp):
 def shard_records(q, w, kp, ksc, K: int, ks, ke, start: int, floor=None, **options):
     """One shard's list: its Top-K by ``dosa_topk`` (screened against ``floor`` fp32 [Qn] where
     it is above the shard's own τ; None: its own) as records uint64 [Qn, K] with global ids
-    (``global_records``): the canonical scores of the selected keys (``seeds.score_seed_ids``,
-    the call's scorer).  Arguments as ``shard_tau``.  A selected key whose score is NaN (an
-    invalid scale, which ``dosa_topk`` recovers by the dense route) gets the record of code
-    0, as the selection orders it: the f16 seed kernel records no NaN score, and the
-    selection puts the NaN keys last, so they are the row's ids past its count."""
+    (``selection_records``).  Arguments as ``shard_tau``."""
     from .pipeline import dosa_topk
-    from .prepare import pad_batch
-    from .seeds import score_seed_ids
 
     cp = cupy_or_raise()
     _check_sharded_options(options)
@@ -113,8 +109,22 @@ def shard_records(q, w, kp, ksc, K: int, ks, ke, start: int, floor=None, **optio
         return cp.zeros((Qn, int(K)), dtype=cp.uint64)
     lo, hi = _local(cp.asarray(ks), cp.asarray(ke), int(start), n, cp)
     ids = dosa_topk(q, w, kp, ksc, K, lo, hi, tau_floor=floor, **options)
-    b = pad_batch(q, w, kp, ksc, K, lo, hi, check=False,
-                  scorer=options.get("scorer", "f16"))  # fmt: skip
+    return selection_records(q, w, kp, ksc, K, lo, hi, ids, int(start),
+                             options.get("scorer", "f16"))  # fmt: skip
+
+
+def selection_records(q, w, kp, ksc, K: int, lo, hi, ids, start: int, scorer: str = "f16"):
+    """The records uint64 [Qn, K] (global ids, ``global_records``) of a shard's selection
+    ``ids`` int [Qn, K] (local ids, −1 padding; the shard's keys kp, ksc and local ranges lo,
+    hi): their canonical scores on ``scorer`` (``seeds.score_seed_ids``).  A selected key
+    whose score is NaN gets the record of code 0, as the selection orders it: the f16 seed
+    kernel records no NaN score, and the selection puts the NaN keys last, so they are the
+    row's ids past its count."""
+    from .prepare import pad_batch
+    from .seeds import score_seed_ids
+
+    cp = cupy_or_raise()
+    b = pad_batch(q, w, kp, ksc, K, lo, hi, check=False, scorer=scorer)
     rec, cnt = score_seed_ids(b, cp.ascontiguousarray(ids.astype(cp.int32)))
     out = global_records(rec, cnt, int(start), cp)
     j = cp.arange(ids.shape[1])[None, :]
@@ -266,8 +276,9 @@ class DecodeShard:
     """One shard's part of a decode step (``dosa_ref.shards`` decode's rule, on a
     ``decode.DecodeSelectorGPU``): the shard holds the tokens [start, stop) of every
     request in its own paged cache (``kv_payload``, ``kv_scale``, ``block_table`` [B,
-    max_blocks]: the shard's page i holds its tokens [64·i, 64·i + 64)); ``lengths`` int [B]
-    are the requests' global context lengths.  ``sel`` keeps the shard's witnesses in its
+    max_blocks]: the shard's page i holds its tokens [64·i, 64·i + 64); stop None: as far as
+    the table reaches, start + 64·max_blocks); ``lengths`` int [B] are the requests' global
+    context lengths.  ``sel`` keeps the shard's witnesses in its
     local ids (global − start).
 
     The parts, in the order every shard runs them: ``floor`` (each row's τ of the shard's
@@ -293,9 +304,9 @@ class DecodeShard:
         if L.ndim != 1 or L.dtype.kind not in "iu":
             raise ValueError(f"lengths: expected integers [B], got {L.dtype} {tuple(L.shape)}")
         self.sel, self.start, n = sel, int(start), int(q.shape[1])
-        local = xp.clip(L.astype(xp.int64) - self.start, 0, None)
-        if stop is not None:
-            local = xp.minimum(local, int(stop) - self.start)
+        if stop is None:  # as far as the shard's block table reaches
+            stop = self.start + PAGE * int(getattr(block_table, "shape", (0, 0))[1])
+        local = xp.clip(L.astype(xp.int64) - self.start, 0, int(stop) - self.start)
         ends = xp.minimum(visible_ends(L.astype(xp.int64) - self.start, n, xp), local[:, None])
         self.d, self.ws = sel.begin(q, w, kv_payload, kv_scale, block_table,
                                     local.astype(xp.int32), ends=ends)  # fmt: skip
@@ -362,9 +373,9 @@ def _check_shard_starts(starts, mb: int) -> list:
     if s.ndim != 1 or s.size < 2 or s.dtype.kind not in "iu":
         raise ValueError(f"starts: expected integers [R + 1], got {s.tolist()}")
     s = s.astype(np.int64)
-    if s[0] != 0 or s[-1] < mb * 64 or (np.diff(s) < 0).any() or (s[1:-1] % 64).any():
+    if s[0] != 0 or s[-1] < mb * PAGE or (np.diff(s) < 0).any() or (s[1:-1] % PAGE).any():
         raise ValueError(f"starts: expected 0 ≤ … nondecreasing multiples of 64, the last "
-                         f"≥ max_blocks·64 = {mb * 64}, got {s.tolist()}")  # fmt: skip
+                         f"≥ max_blocks·64 = {mb * PAGE}, got {s.tolist()}")  # fmt: skip
     return list(zip(s[:-1].tolist(), s[1:].tolist(), strict=True))
 
 
@@ -386,7 +397,7 @@ def sharded_decode_step(sels, q, w, kv_payload, kv_scale, block_table, lengths, 
         raise ValueError(f"sels: expected {len(bounds)} selectors (one per shard), got {len(sels)}")
     shards = []
     for sel, (s0, s1) in zip(sels, bounds, strict=True):
-        p0, p1 = s0 // 64, max(s0 // 64 + 1, -(-s1 // 64))
+        p0, p1 = s0 // PAGE, max(s0 // PAGE + 1, -(-s1 // PAGE))
         part = bt[:, p0:p1]
         if part.shape[1] == 0:  # a shard past the table (it holds no token): one unused page
             part = xp.zeros((bt.shape[0], 1), dtype=bt.dtype)

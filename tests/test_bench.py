@@ -1285,6 +1285,7 @@ def test_cp_mode_arguments_and_plan(capsys):
     for argv, name in ((["--ranks", "1"], "ranks"), (["--ranks", "0", "--one-gpu"], "ranks"),
                        (["--shape", "64x4096"], "shape"), (["--shape", "65x8x64"], "shape"),
                        (["--shape", "8x100x64"], "shape"), (["--reps", "3"], "reps"),
+                       (["--shape", "64x8x4000"], "shape"),  # a shard shorter than K
                        (["--warm", "0"], "warm"), (["--K", "5000"], "K"),
                        (["--scorer", "bf16"], "scorer")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}:"):

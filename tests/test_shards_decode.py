@@ -121,6 +121,25 @@ def test_bad_shards_raise():
         shards.DecodeShard(sel, *args, -1)
     with pytest.raises(ValueError, match="^stop:"):
         shards.DecodeShard(sel, *args, 64, 10)
+    with pytest.raises(ValueError, match="^ends:"):  # decreasing along a request's rows
+        q2, w2 = np.concatenate([q, q], axis=1), np.concatenate([w, w], axis=1)
+        sel.begin(q2, w2, *args[2:], ends=np.array([[50, 40]]))
+
+
+def test_a_shard_without_stop_ends_where_its_table_does():
+    """stop None: the shard's tokens end with its block table (a shard that is not the last
+    holds 64·max_blocks tokens of a longer request), and its ids equal a stop given."""
+    cache = PagedCache(1, 4 * PAGE, seed=6)
+    q, w = _queries(cache.rs, cache.rs.standard_normal((1, 1, 8, 128)), 1, 8)
+    L = np.array([3 * PAGE + 5], np.int32)
+    bt = cache.block_table[:, :2].copy()  # the first 128 tokens of a 197-token request
+    got = []
+    for stop in (None, 2 * PAGE):
+        sel = dec.DecodeSelectorGPU(4, history=0, backend="numpy")
+        sh = shards.DecodeShard(sel, q, w, cache.kv, cache.scale, bt, L, 0, stop)
+        assert int(sh.d["lengths"][0]) == 2 * PAGE and int(sh.d["ke"][0]) == 2 * PAGE
+        got.append(sh.candidates(sh.floor()))
+    assert np.array_equal(got[0][0], got[1][0]) and got[0][0].max() < 2 * PAGE
 
 
 @gpu

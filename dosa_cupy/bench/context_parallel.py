@@ -67,6 +67,9 @@ def parse_args(argv: list[str]):
         raise ValueError(f"shape: need 1 <= H <= 64 and 1 <= Qn <= N, got {a.shape!r}")
     if a.ranks < 1 or (a.ranks < 2 and not a.one_gpu):
         raise ValueError(f"ranks: expected at least 2 (or --one-gpu with 1 or more), got {a.ranks}")
+    if a.N // a.ranks < a.K:  # each rank's lists are [Qn, K]: one shape on every rank
+        raise ValueError(f"shape: each of the {a.ranks} shards needs at least K={a.K} keys, "
+                         f"N={a.N}")  # fmt: skip
     if a.reps < 10:
         raise ValueError(f"reps: at least 10 replays, got {a.reps}")
     if a.warm < 1:
@@ -218,6 +221,7 @@ def _one_gpu(a) -> dict:
 
 
 def _spawn(a) -> dict:
+    import socket
     import tempfile
 
     import cupy as cp
@@ -226,6 +230,9 @@ def _spawn(a) -> dict:
     n = cp.cuda.runtime.getDeviceCount()
     if a.ranks > n:
         raise ValueError(f"ranks: {a.ranks} ranks need {a.ranks} GPUs, {n} visible")
+    with socket.socket() as sk:  # a free port for the ranks' rendezvous
+        sk.bind(("127.0.0.1", 0))
+        a.port = sk.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_rank, args=(a, tmp), nprocs=a.ranks, join=True,
                            start_method="spawn")  # fmt: skip
@@ -260,10 +267,10 @@ def _rank(rank: int, a, tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(a.port)
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=a.ranks)
+    dist.init_process_group("nccl", rank=rank, world_size=a.ranks,
+                            device_id=torch.device("cuda", rank))  # fmt: skip
     try:
         with cp.cuda.Device(rank), cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             res = _rank_run(rank, a, dist)
@@ -281,8 +288,8 @@ def _rank_run(rank: int, a, dist) -> dict:
         _local,
         _Ranks,
         distributed_topk,
-        global_records,
         merge_records,
+        selection_records,
         shard_starts,
         shard_tau,
     )
@@ -308,13 +315,9 @@ def _rank_run(rank: int, a, dist) -> dict:
     d_ids = distributed_topk(wl["q"], wl["w"], kp, ksc, a.K, wl["ks"], wl["ke"], s0, **opts)
 
     def sharded_dense():
-        from dosa_cupy.prepare import pad_batch
-        from dosa_cupy.seeds import score_seed_ids
-
         local = dense_topk(wl["q"], wl["w"], kp, ksc, a.K, lo, hi, check=False, **opts)
-        b = pad_batch(wl["q"], wl["w"], kp, ksc, a.K, lo, hi, check=False, scorer=a.scorer)
-        rec, cnt = score_seed_ids(b, cp.ascontiguousarray(local.astype(cp.int32)))
-        return merge_records(ranks.gather(global_records(rec, cnt, s0, cp)), a.K, cp)
+        rec = selection_records(wl["q"], wl["w"], kp, ksc, a.K, lo, hi, local, s0, a.scorer)
+        return merge_records(ranks.gather(rec), a.K, cp)
 
     sd_ids = sharded_dense()
     if rank == 0:
@@ -335,10 +338,11 @@ def _rank_run(rank: int, a, dist) -> dict:
     peer = None if a.no_peers else _deepgemm_route(wl, a, kp, ksc, lo, hi, s0)
     if peer is not None:
         times["sharded_deepgemm"] = _timed(peer, a.reps, a.warm, dist)
+        peer_ids = peer()  # on every rank: the route's collectives
         if rank == 0:
             from .peers import set_overlap
 
-            ov = set_overlap(peer(), want, cp)
+            ov = set_overlap(peer_ids, want, cp)
             ids["sharded_deepgemm vs dense_topk (sets)"] = (
                 f"overlap min {ov['overlap_min']:.4f}, pooled {ov['overlap_pooled']:.4f}"
             )
@@ -407,25 +411,23 @@ def _deepgemm_route(wl, a, kp, ksc, lo, hi, s0):
     from .peers import discover
 
     logits = discover(True).logits
-    n = int(kp.shape[0])
+    n = int(kp.shape[0])  # ≥ K (parse_args): the same [Qn, K] lists on every rank
     sub = max(1, min(a.Qn, LOGITS_BYTES // max(1, 4 * n)))
-    K = min(a.K, n)
 
     def call():
         vals, idx = [], []
         for q0 in range(0, a.Qn, sub):
             rows = slice(q0, q0 + sub)
             c = dict(q=wl["q"][rows], w=wl["w"][rows], kp=kp, ksc=ksc, ks=lo[rows], ke=hi[rows])
-            v, i = torch.topk(logits(c), K, 1)
+            v, i = torch.topk(logits(c), a.K, 1)
             vals.append(v)
-            idx.append(i + s0)
+            idx.append(torch.where(torch.isneginf(v), -1, i + s0))  # not visible: −1
         v, i = torch.cat(vals), torch.cat(idx)
         vs = [torch.empty_like(v) for _ in range(dist.get_world_size())]
         ix = [torch.empty_like(i) for _ in range(dist.get_world_size())]
         dist.all_gather(vs, v)
         dist.all_gather(ix, i)
-        v = torch.cat(vs, 1)
-        top = torch.topk(v, min(a.K, v.shape[1]), 1).indices
+        top = torch.topk(torch.cat(vs, 1), a.K, 1).indices
         return cp.from_dlpack(torch.gather(torch.cat(ix, 1), 1, top))
 
     return call
