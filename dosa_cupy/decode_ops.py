@@ -341,6 +341,26 @@ class DeviceOps:
         select_records_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
 
+    def witness_top(self, d, ws):
+        """After ``tau``: the records of each row's visible witnesses, uint64 [R, Wc] (0 past
+        the row's count; [R, 1] of 0 without a history) — a sharded step's part of the union
+        whose K-th record is every shard's threshold (``dosa_cupy.shards``)."""
+        R = d["B"] * d["n"]
+        if ws.ring is None:
+            return self.cp.zeros((R, 1), dtype=self.cp.uint64)
+        j = self.cp.arange(ws.wrec.shape[1])[None, :]
+        return self.cp.where(j < ws.wcnt.astype(self.cp.int64)[:, None], ws.wrec, np.uint64(0))
+
+    def union_floor(self, parts, K: int):
+        """int64 [R]: the score code of the K-th record of the union of the shards'
+        ``witness_top`` lists (0 where it holds fewer than K records)."""
+        from .dense import select_records
+
+        rec = self.cp.ascontiguousarray(self.cp.concatenate(parts, axis=1))
+        cnt = self.cp.full(rec.shape[0], rec.shape[1], dtype=self.cp.uint32)
+        _, kth = select_records(int(K), rec, cnt, want_ids=False, want_kth=True)
+        return self.floor_of(kth)
+
     def selected_records(self, d, ids, bufs):
         """The records of a step's selection ``ids`` int32 [R, K] (−1 padding): per row, the
         records (uint64 [R, n·K], count uint32 [R]) of the distinct ids its request's rows
@@ -428,23 +448,38 @@ class NumpyOps:
         q = self.e4m3_values(d["q"][r, :H])
         return self.score_keys(q, d["w"][r, :H].astype(np.float64), k)
 
-    def tau(self, d, ws):
-        wit = witness_table(list(ws.hist), d["B"], np) if ws.history > 0 else None
-        R = d["B"] * d["n"]
-        tau = np.full(R, -np.inf)
-        kid = np.full(R, np.iinfo(np.int64).max)
+    def _witness_lists(self, d, ws):
+        """Per row: (scores float64 [K], ids int64 [K]) of its K first visible witnesses in
+        (score desc, id asc), −inf / max-int padding, and the witness counts int64 [R]."""
+        R, K = d["B"] * d["n"], d["K"]
+        sc = np.full((R, K), -np.inf)
+        ids = np.full((R, K), np.iinfo(np.int64).max)
         cnt = np.zeros(R, dtype=np.int64)
+        wit = witness_table(list(ws.hist), d["B"], np) if ws.history > 0 else None
         if wit is None:
-            return (tau, kid), cnt
+            return sc, ids, cnt
         for r in range(R):
             row = wit[r // d["n"]]
             W = row[(row >= 0) & (row < d["ke"][r])].astype(np.int64)
             cnt[r] = W.size
-            if W.size >= d["K"]:
-                s = self._scores(d, r, W)
-                o = np.lexsort((W, -s))[d["K"] - 1]  # the K-th in (score desc, id asc)
-                tau[r], kid[r] = s[o], W[o]
-        return (tau, kid), cnt
+            s = self._scores(d, r, W)
+            o = np.lexsort((W, -s))[:K]
+            sc[r, : o.size], ids[r, : o.size] = s[o], W[o]
+        return sc, ids, cnt
+
+    def tau(self, d, ws):
+        sc, ids, cnt = self._witness_lists(d, ws)
+        return (sc[:, -1], ids[:, -1]), cnt  # the K-th (τ, id); −inf with fewer than K
+
+    def witness_top(self, d, ws):
+        """``DeviceOps.witness_top``: float64 [R, K] each row's K largest witness scores."""
+        return self._witness_lists(d, ws)[0]
+
+    def union_floor(self, parts, K: int) -> np.ndarray:
+        """float64 [R]: the K-th largest of the union of the shards' ``witness_top``."""
+        from dosa_ref.shards import union_floor
+
+        return union_floor(parts, K)
 
     def scan(self, d, thr, cap, ws):
         tau, kid = thr

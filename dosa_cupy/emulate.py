@@ -59,8 +59,9 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     (not bits); ``scorer`` and ``screen`` name the canonical scorer's and the screen's
     arithmetic whose allowances the bound carries (``plan.build_plans``); ``tau_floor``
     (float [Qn]) raises τ where it is above, as ``dosa_topk(tau_floor=)``.  Returns
-    dict(survival, survivors, screened, violations, tau): violations
-    counts visible (query, key) with float64 score > U^num (must be 0).
+    dict(survival, survivors, screened, violations, tau, seed_top): violations
+    counts visible (query, key) with float64 score > U^num (must be 0); seed_top float64
+    [Qn, K] each query's K largest seed scores (−inf padding; its last column is τ).
     Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
     """
     from dosa_ref.fp8 import key_rms
@@ -93,9 +94,11 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
         seed[t, ks[t] : min(ke[t], ks[t] + sinks)] = True
         seed[t, max(ks[t], ke[t] - window) : ke[t]] = True
     seed &= vis
-    tau = np.array(
-        [np.sort(sm[t][seed[t]])[-K] if seed[t].sum() >= K else -np.inf for t in range(Qn)]
-    )
+    top = np.full((Qn, K), -np.inf)  # each query's K largest seed scores, descending
+    for t in range(Qn):
+        v = np.sort(sm[t][seed[t]])[::-1][:K]
+        top[t, : v.size] = v
+    tau = top[:, K - 1]
     if tau_floor is not None:
         tau = np.maximum(tau, np.asarray(tau_floor, dtype=np.float64))
     mts = 1 if r <= 14 else 2
@@ -117,6 +120,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
         screened=int(screened.sum()),
         violations=int(((s > U) & vis).sum()),
         tau=tau,
+        seed_top=top,
     )
 
 
@@ -124,8 +128,11 @@ def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[
     """``screen_survival`` of each shard [starts[i], starts[i+1]) of the keys (docs/method.md
     §12 "Sharded contexts"): its seeds, τ and screen on its own keys (the context's ranges
     clipped to it), once with its own τ and once with the shards' largest.  Returns one dict
-    per non-empty shard: shard, keys, screened, survivors_own, survivors_shared, raised
-    (queries whose τ the floor raised), violations (both screens; must be 0)."""
+    per non-empty shard: shard, keys, screened, survivors_own, survivors_shared (the shards'
+    largest τ), survivors_union (the K-th largest of the union of the shards' seed scores:
+    distinct keys of the context, so also a lower bound on its K-th score, and at least the
+    largest τ), raised (queries whose τ the largest raised), violations (the three screens;
+    must be 0)."""
     from dosa_ref.shards import local_ranges
 
     starts = [int(x) for x in starts]
@@ -136,12 +143,17 @@ def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[
             parts.append((i, a, b, lo, hi))
             own.append(screen_survival(q, w, k_payload[a:b], k_scale[a:b], K, lo, hi, **kw))
     floor = np.max([o["tau"] for o in own], axis=0)
+    # the K-th of the union of the shards' seed scores (distinct keys): also a lower bound
+    union = np.sort(np.concatenate([o["seed_top"] for o in own], axis=1), axis=1)[:, -K]
     out = []
     for (i, a, b, lo, hi), o in zip(parts, own, strict=True):
-        sh = screen_survival(q, w, k_payload[a:b], k_scale[a:b], K, lo, hi, tau_floor=floor, **kw)
+        args = (q, w, k_payload[a:b], k_scale[a:b], K, lo, hi)
+        sh = screen_survival(*args, tau_floor=floor, **kw)
+        un = screen_survival(*args, tau_floor=union, **kw)
         out.append(dict(
             shard=i, keys=b - a, screened=o["screened"], survivors_own=o["survivors"],
-            survivors_shared=sh["survivors"], raised=int((floor > o["tau"]).sum()),
-            violations=o["violations"] + sh["violations"],
+            survivors_shared=sh["survivors"], survivors_union=un["survivors"],
+            raised=int((floor > o["tau"]).sum()),
+            violations=o["violations"] + sh["violations"] + un["violations"],
         ))  # fmt: skip
     return out

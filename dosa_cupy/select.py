@@ -25,6 +25,7 @@ __all__ = [
     "recovery_queries",
     "kth_ids",
     "recover",
+    "score_of_records",
     "select_ids",
     "tau_of_seeds",
 ]
@@ -111,12 +112,21 @@ def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False)
     must not share a key (docs/method.md §2).  xrec uint64 [Qn, S] or None, xcnt uint32
     [Qn]."""
     cp = cupy_or_raise()
-    Qn = seeds.rec.shape[0]
     xc = xcnt if xrec is not None else None
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
-    tau = cp.empty(Qn, dtype=cp.float32)
-    kernel("tau_from_kth")(((Qn + 255) // 256,), (256,), (kth, np.int32(Qn), tau))
+    tau = score_of_records(kth)
     return (tau, kth_ids(kth, cp)) if want_id else tau
+
+
+def score_of_records(kth):
+    """fp32 [n]: the score of each record uint64 [n], −inf for the empty record 0
+    (select.cu tau_from_kth; ``emulate.record_score`` on the host)."""
+    cp = cupy_or_raise()
+    n = int(kth.shape[0])
+    tau = cp.empty(n, dtype=cp.float32)
+    if n:
+        kernel("tau_from_kth")(((n + 255) // 256,), (256,), (kth, np.int32(n), tau))
+    return tau
 
 
 def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = False):

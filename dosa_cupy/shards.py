@@ -2,20 +2,23 @@
 "Sharded contexts"; the reference and its proof: ``dosa_ref.shards``).
 
 Each shard holds the keys [start, start + n) of the context.  A shard's seeds are real keys,
-so the K-th score among them (its τ) is a lower bound on the context's K-th score, and so is
-the largest τ of all the shards: every shard screens against that floor (``dosa_topk``'s
-``tau_floor``), keeps its Top-K (which holds every key of the context's Top-K that lies in
-the shard), and the lists — as records (score code, ~global id), the canonical scores of the
-selected keys — are merged exactly by one descending sort per query: (score desc, global id
-asc), the selection's order.
+and the shards' seeds are disjoint, so the K-th score of the union of the shards' best K
+seeds is a lower bound on the context's K-th score — at least every shard's own τ: every
+shard screens against that floor (``dosa_topk``'s ``tau_floor``), keeps its Top-K (which
+holds every key of the context's Top-K that lies in the shard), and the lists — as records
+(score code, ~global id), the canonical scores of the selected keys — are merged exactly by
+one descending sort per query: (score desc, global id asc), the selection's order.
 
     sharded_topk(...)        every shard in this process (one GPU): the merge's check, and
                              what a rank computes
     distributed_topk(...)    one shard per rank of a ``torch.distributed`` group (NCCL on
-                             GPUs): one ``all_reduce`` (max) of τ [Qn], one ``all_gather`` of
-                             the records [Qn, K] — sizes that do not depend on the data
+                             GPUs): one ``all_gather`` of the best seed records [Qn, K], one
+                             of the lists [Qn, K] — sizes that do not depend on the data
+    sharded_decode_step(...), distributed_decode_step(...)
+                             a decode step over a paged cache split into page-aligned shards
+                             (``DecodeShard``): the union's τ of the shards' witnesses
 
-A shard's seeds are scored twice (for its τ, and again inside ``dosa_topk``), as in the
+A shard's seeds are scored twice (for the floor, and again inside ``dosa_topk``), as in the
 reference.
 """
 
@@ -34,9 +37,11 @@ __all__ = [
     "merge_records",
     "selection_records",
     "shard_records",
+    "shard_seed_records",
     "shard_starts",
     "shard_tau",
     "sharded_topk",
+    "union_floor",
 ]
 
 _LOW = np.uint64(0xFFFFFFFF)
@@ -68,6 +73,50 @@ def shard_tau(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
     tau = seed_stage(b, o).tau
     # a NaN (a K-th seed of NaN score) or +inf τ comes from a query that dosa_topk recovers
     # by the dense route (invalid scales, the envelope): −inf, the bound that always holds
+    return cp.where(cp.isnan(tau) | (tau == cp.inf), cp.float32(-cp.inf), tau)
+
+
+def shard_seed_records(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
+    """uint64 [Qn, K] (CuPy): per query, the records (score code, ~global id) of the K best
+    of the shard's own seeds (``seeds.seed_stage`` with the options' strategies; their
+    canonical scores, ``selection_records``), 0 in unused slots — distinct visible keys of
+    the context.  The shards' seeds are disjoint, so the K-th record of the union of every
+    shard's list (``union_floor``) is the τ of distinct keys of the context: a lower bound on
+    its K-th score, at least every shard's own τ.  Arguments as ``shard_tau``."""
+    from .dense import select_records
+    from .options import start as begin
+    from .seeds import seed_stage
+
+    cp = cupy_or_raise()
+    _check_sharded_options(options)
+    n, Qn = int(kp.shape[0]), int(q.shape[0])
+    if n == 0:
+        return cp.zeros((Qn, int(K)), dtype=cp.uint64)
+    lo, hi = _local(cp.asarray(ks), cp.asarray(ke), int(start), n, cp)
+    o, _, _, b, empty = begin(q, w, kp, ksc, K, lo, hi, dict(options, tau_floor=None))
+    if empty is not None:
+        return cp.zeros((Qn, int(K)), dtype=cp.uint64)
+    b.raise_if_bad()
+    seeds = seed_stage(b, o)
+    ids, _ = select_records(b.K, seeds.default.rec, seeds.default.cnt)
+    return selection_records(q, w, kp, ksc, K, lo, hi, ids, int(start), b.scorer)
+
+
+def union_floor(parts, K: int):
+    """fp32 [Qn] (CuPy): the score of the K-th record of the union of the shards' lists
+    ``parts`` (``shard_seed_records``, uint64 [Qn, K_r] each, 0 in unused slots); −inf where
+    the union holds fewer than K records, and where that record's score is NaN or +inf (a
+    query that ``dosa_topk`` recovers by the dense route: −inf, the bound that always holds).
+    """
+    from .dense import select_records
+    from .select import score_of_records
+
+    cp = cupy_or_raise()
+    rec = cp.ascontiguousarray(cp.concatenate([cp.asarray(p, dtype=cp.uint64) for p in parts],
+                                              axis=1))  # fmt: skip
+    cnt = cp.full(rec.shape[0], rec.shape[1], dtype=cp.uint32)  # empty slots: the record 0
+    _, kth = select_records(int(K), rec, cnt, want_ids=False, want_kth=True)
+    tau = score_of_records(kth)
     return cp.where(cp.isnan(tau) | (tau == cp.inf), cp.float32(-cp.inf), tau)
 
 
@@ -165,10 +214,8 @@ def sharded_topk(q, w, kp, ksc, K: int, ks=None, ke=None, *, starts=None, **opti
     if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
         raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
     bounds = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
-    floor = cp.full(Qn, -np.inf, dtype=cp.float32)
-    for s0, s1 in bounds:
-        t = shard_tau(q, w, kp[s0:s1], ksc[s0:s1], K, ks, ke, s0, **options)
-        floor = cp.maximum(floor, t)
+    floor = union_floor([shard_seed_records(q, w, kp[s0:s1], ksc[s0:s1], K, ks, ke, s0, **options)
+                         for s0, s1 in bounds], K)  # fmt: skip
     parts = [shard_records(q, w, kp[s0:s1], ksc[s0:s1], K, ks, ke, s0, floor, **options)
              for s0, s1 in bounds]  # fmt: skip
     return merge_records(parts, K, cp)
@@ -178,24 +225,25 @@ def distributed_topk(q, w, kp, ksc, K: int, ks, ke, start: int, group=None, **op
     """``sharded_topk`` with one shard per rank of the ``torch.distributed`` ``group``
     (default: the world; NCCL on GPUs): every rank passes the replicated chunk (q, w, the
     context's ranges ks, ke) and its shard kp, ksc whose first key is the context's key
-    ``start``; one ``all_reduce`` (max) of τ fp32 [Qn] — with one more element, a rank's
-    error flag — gives every rank the floor, each rank builds its records [Qn, K] against it,
-    an ``all_reduce`` of the error flag and one ``all_gather`` of the records, and every rank
-    returns the merged ids int64 [Qn, K] (CuPy).  An error on one rank (bad input) is raised
+    ``start``; an ``all_reduce`` of a rank's error flag, one ``all_gather`` of each rank's
+    best seed records [Qn, K] gives every rank the floor (``union_floor``), each rank builds
+    its records [Qn, K] against it, an ``all_reduce`` of the error flag and one
+    ``all_gather`` of the records, and every rank returns the merged ids int64 [Qn, K]
+    (CuPy).  An error on one rank (bad input) is raised
     on every rank after the collective it would have missed, so no rank waits for ever.
     CuPy runs on the current torch stream of q's device, so the collectives order with the
     kernels."""
     cp = cupy_or_raise()
     _check_sharded_options(options)
-    Qn = int(q.shape[0])  # q is replicated: a malformed one fails alike on every rank
     ranks = _Ranks(group, cp)
     with ranks.stream(q):
-        tau, err = None, None
+        top, err = None, None
         try:
-            tau = shard_tau(q, w, kp, ksc, K, ks, ke, int(start), **options)
+            top = shard_seed_records(q, w, kp, ksc, K, ks, ke, int(start), **options)
         except ValueError as e:
             err = e
-        floor = ranks.agreed_max(tau, err, Qn, cp.float32)
+        ranks.agreed_max(None, err, 0, cp.float32)
+        floor = union_floor(ranks.gather(top), K)
         rec, err = None, None
         try:
             rec = shard_records(q, w, kp, ksc, K, ks, ke, int(start), floor, **options)
@@ -281,12 +329,16 @@ class DecodeShard:
     context lengths.  ``sel`` keeps the shard's witnesses in its
     local ids (global − start).
 
-    The parts, in the order every shard runs them: ``floor`` (each row's τ of the shard's
-    visible witnesses as a comparable value: int64 score codes on the device, float64 τ on
-    the numpy backend), then ``candidates(floor)`` with the shards' largest — the scan
-    compacts every visible key at or above it, the shard selects their Top-K, and returns
-    their records with global ids (device: uint64 [R, n·K], 0 in unused slots; numpy: ids
-    int64 and scores float64 [R, n·K], −1 / −inf) — and ``push`` of the merged ids."""
+    The parts, in the order every shard runs them: ``top`` (the shard's visible witnesses of
+    each row: their records uint64 [R, history·n·K] on the device, 0 past the count; their K
+    largest scores float64 [R, K] on the numpy backend), then ``candidates(floor)`` with the
+    floor of the union of every shard's ``top`` (``sel.ops.union_floor``: the K-th of
+    distinct visible witnesses of the context — the shards' witnesses are disjoint —, as a
+    score code int64 [R] on the device, τ float64 [R] on the numpy backend; the single
+    cache's τ) — the scan compacts every visible key at or above it, the shard selects their
+    Top-K, and returns their records with global ids (device: uint64 [R, n·K], 0 in unused
+    slots; numpy: ids int64 and scores float64 [R, n·K], −1 / −inf) — and ``push`` of the
+    merged ids.  Every shard's selector has the same K and history (one shape of ``top``)."""
 
     def __init__(self, sel, q, w, kv_payload, kv_scale, block_table, lengths, start: int,
                  stop=None):  # fmt: skip
@@ -312,13 +364,13 @@ class DecodeShard:
                                     local.astype(xp.int32), ends=ends)  # fmt: skip
         self.thr, self.wcnt = sel.ops.tau(self.d, self.ws)
 
-    def floor(self):
-        """Each row's comparable τ of the shard's witnesses ([R], see the class)."""
-        return self.sel.ops.floor_of(self.thr)
+    def top(self):
+        """The shard's part of the union whose K-th is the floor (see the class)."""
+        return self.sel.ops.witness_top(self.d, self.ws)
 
     def candidates(self, floor):
-        """The shard's list against ``floor`` (the shards' largest ``floor``): see the class.
-        Also sets ``compacted`` (records at or above the floor per row)."""
+        """The shard's list against ``floor`` (``sel.ops.union_floor`` of the shards' ``top``):
+        see the class.  Also sets ``compacted`` (records at or above the floor per row)."""
         sel, ops, d, ws = self.sel, self.sel.ops, self.d, self.ws
         thr = ops.thr_of_floor(floor)
         cap = d["L"] if sel.buffer is None else sel.buffer
@@ -403,11 +455,9 @@ def sharded_decode_step(sels, q, w, kv_payload, kv_scale, block_table, lengths, 
             part = xp.zeros((bt.shape[0], 1), dtype=bt.dtype)
         shards.append(DecodeShard(sel, q, w, kv_payload, kv_scale, xp.ascontiguousarray(part),
                                   lengths, s0, s1))  # fmt: skip
-    floor = shards[0].floor()
-    for sh in shards[1:]:  # the all-reduce (max) of the distributed form
-        floor = xp.maximum(floor, sh.floor())
-    parts = [sh.candidates(floor) for sh in shards]
     d = shards[0].d
+    floor = sels[0].ops.union_floor([sh.top() for sh in shards], d["K"])  # the all-gather
+    parts = [sh.candidates(floor) for sh in shards]
     out = merge_candidates(parts, d["K"], xp).reshape(d["B"], d["n"], d["K"])
     for sh in shards:
         sh.push(out)
@@ -421,28 +471,29 @@ def distributed_decode_step(sel, q, w, kv_payload, kv_scale, block_table, length
     passes the replicated step (q, w, the requests' global ``lengths``), its own shard's
     paged cache (``kv_payload``, ``kv_scale``, ``block_table``: the tokens [start, stop) of
     every request; stop None: as far as its table reaches) and its own selector ``sel``
-    (``DecodeSelectorGPU``: the shard's witnesses).  One ``all_reduce`` (max) of the rows'
-    witness τ [B·next_n] (plus an error flag), one of the error flag, one ``all_gather`` of
-    each rank's candidates [B·next_n, next_n·K]; returns the merged ids int64 [B, next_n, K]
-    on every rank — ``sharded_decode_step``'s (and a single cache's) ids.  A rank's bad input
-    is raised on every rank."""
+    (``DecodeSelectorGPU``: the shard's witnesses; the same K and history on every rank).
+    An ``all_reduce`` of an error flag, one ``all_gather`` of the rows' witnesses
+    (``DecodeShard.top``: the floor is the K-th of their union), the error flag again, one
+    ``all_gather`` of each rank's candidates [B·next_n, next_n·K]; returns the merged ids
+    int64 [B, next_n, K] on every rank — ``sharded_decode_step``'s (and a single cache's)
+    ids.  A rank's bad input is raised on every rank."""
     xp = sel.xp
     B, n = int(q.shape[0]), int(q.shape[1])  # q is replicated: malformed alike everywhere
     ranks = _Ranks(group, xp)
-    dtype = np.float64 if xp is np else np.int64  # τ (numpy) or score codes (device)
     with ranks.stream(q):
         shard, err = None, None
         try:
             shard = DecodeShard(sel, q, w, kv_payload, kv_scale, block_table, lengths, start, stop)
         except ValueError as e:
             err = e
-        floor = ranks.agreed_max(None if err else shard.floor(), err, B * n, dtype)
+        ranks.agreed_max(None, err, 0, np.float32)
+        floor = sel.ops.union_floor(ranks.gather(shard.top()), sel.K)
         cand, err = None, None
         try:
             cand = shard.candidates(floor)
         except ValueError as e:
             err = e
-        ranks.agreed_max(None, err, 0, dtype)
+        ranks.agreed_max(None, err, 0, np.float32)
         out = merge_candidates(ranks.gather(cand), sel.K, xp).reshape(B, n, sel.K)
         shard.push(out)
         return out

@@ -18,7 +18,6 @@ import numpy as np
 
 from .decode import DecodeStats, DecodeStep, _check_ranges
 from .scorer import score_keys, topk_of
-from .seeds import kth_score
 from .validate import as_array, as_float_array, check_K, check_qwk, check_ranges
 
 __all__ = [
@@ -29,8 +28,10 @@ __all__ = [
     "local_ranges",
     "merge_topk",
     "shard_list",
+    "shard_seed_top",
     "shard_starts",
     "sharded_topk",
+    "union_floor",
 ]
 
 
@@ -78,11 +79,14 @@ def _dosa_ids(*a, **o):
     return dosa_topk(*a, **o).ids
 
 
-def shard_tau(q, w, k_shard, K: int, ks, ke, start: int, **options) -> np.ndarray:
-    """float64 [Qn]: per query, τ of the shard's own seeds (``seeds.seed_set`` with the
-    options' strategies: the K-th largest canonical score among them, −inf with fewer than
-    K) — a lower bound on the shard's K-th score, hence on the context's; the largest over
-    the shards is the ``tau_floor`` every shard may screen against (docs/method.md §12)."""
+def shard_seed_top(q, w, k_shard, K: int, ks, ke, start: int, **options) -> np.ndarray:
+    """float64 [Qn, K]: per query, the K largest canonical scores of the shard's own seeds
+    (``seeds.seed_set`` with the options' strategies), descending, −inf where it has fewer —
+    scores of distinct visible keys of the context.  The shards' seeds are disjoint, so the
+    K-th largest of the union of every shard's lists (``union_floor``) is the τ of distinct
+    keys of the context: a lower bound on its K-th score, at least every shard's own τ (the
+    list's last column), and the ``tau_floor`` every shard may screen against
+    (docs/method.md §12)."""
     from .pipeline import DosaStats
     from .prepare import QueryContext, prepare_chunk
     from .seeds import seed_set
@@ -90,12 +94,28 @@ def shard_tau(q, w, k_shard, K: int, ks, ke, start: int, **options) -> np.ndarra
     lo, hi = local_ranges(ks, ke, start, start + k_shard.shape[0])
     c = prepare_chunk(q, w, k_shard, K, lo, hi, options)
     st = DosaStats(c.Qn)
-    tau = np.full(c.Qn, -np.inf)
+    top = np.full((c.Qn, c.K), -np.inf)
     for t in range(c.Qn):
         if hi[t] > lo[t]:
             ctx = QueryContext(t, int(lo[t]), int(hi[t]), c.q[t], c.w[t], c, st)
-            tau[t] = seed_set(ctx).tau(c.K)
-    return tau
+            v = np.sort(seed_set(ctx).scores)[::-1][: c.K]
+            top[t, : v.size] = v
+    return top
+
+
+def union_floor(tops, K: int) -> np.ndarray:
+    """float64 [Qn]: the K-th largest of the union of the shards' ``shard_seed_top`` lists
+    (each [Qn, K_r]; −inf padding counts as no seed), −inf where the union has fewer."""
+    a = np.concatenate([np.asarray(t, np.float64) for t in tops], axis=1)
+    if a.shape[1] < K:
+        return np.full(a.shape[0], -np.inf)
+    return np.partition(a, a.shape[1] - K, axis=1)[:, a.shape[1] - K]
+
+
+def shard_tau(q, w, k_shard, K: int, ks, ke, start: int, **options) -> np.ndarray:
+    """float64 [Qn]: per query, τ of the shard's own seeds (the K-th largest canonical score
+    among them, −inf with fewer than K): the last column of ``shard_seed_top``."""
+    return shard_seed_top(q, w, k_shard, K, ks, ke, start, **options)[:, -1]
 
 
 def shard_list(q, w, k_shard, K: int, ks, ke, start: int, select=None, **options):
@@ -132,9 +152,9 @@ def sharded_topk(q, w, k, K, ks=None, ke=None, *, starts=None, select=None, **op
     if starts.ndim != 1 or starts[0] != 0 or starts[-1] != N or (np.diff(starts) < 0).any():
         raise ValueError(f"starts: expected 0 ≤ … ≤ N={N}, nondecreasing, got {starts.tolist()}")
     bounds = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
-    floor = np.full(Qn, -np.inf)  # the shards' largest τ (docs/method.md §12)
-    for s0, s1 in bounds:
-        floor = np.maximum(floor, shard_tau(q, w, k[s0:s1], K, ks, ke, s0, **options))
+    # the K-th of the union of the shards' seed scores (docs/method.md §12)
+    floor = union_floor([shard_seed_top(q, w, k[s0:s1], K, ks, ke, s0, **options)
+                         for s0, s1 in bounds], K)  # fmt: skip
     opts = dict(options, tau_floor=floor)
     return merge_topk([shard_list(q, w, k[s0:s1], K, ks, ke, s0, select, **opts)
                        for s0, s1 in bounds], K)  # fmt: skip
@@ -144,8 +164,9 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
     """``sharded_topk`` over ``torch.distributed``: every rank of ``group`` (default: the
     world) passes the replicated chunk q [Qn, H, D], w [Qn, H] with its global ranges ks,
     ke int [Qn], and its shard k_shard [n, D] whose first key has global id ``start``; each
-    rank computes its seeds' τ (``shard_tau``), one ``all_reduce`` (max) of a float per
-    query hands every rank the largest, each rank selects its shard's list against it
+    rank scores its seeds (``shard_seed_top``), one ``all_gather`` of their K largest scores
+    per query ([Qn, K] float64) hands every rank the K-th of the union (``union_floor``),
+    each rank selects its shard's list against it
     (``shard_list`` with ``tau_floor``), the lists are exchanged by one ``all_gather`` of
     fixed-size tensors (ids int64 and scores float64, [Qn, K] per rank: sizes that do not
     depend on the data), and every rank returns the merged ids int64 [Qn, K].  Gloo on the
@@ -158,35 +179,22 @@ def distributed_topk(q, w, k_shard, K, ks, ke, start: int, group=None, select=No
         raise ValueError("ks: expected 0 ≤ ks ≤ ke, one range per query")
     if int(start) < 0:
         raise ValueError(f"start: expected ≥ 0, got {start!r}")
-    tau = _max_over_ranks(shard_tau(q, w, k_shard, K, ks, ke, int(start), **options), group)
-    opts = dict(options, tau_floor=tau)
+    top = shard_seed_top(q, w, k_shard, K, ks, ke, int(start), **options)
+    opts = dict(options, tau_floor=union_floor(_all_gather(top, group), K))
     ids, sc = shard_list(q, w, k_shard, K, ks, ke, int(start), select, **opts)
-    return merge_topk(_gather_lists(ids, sc, group), K)
+    return merge_topk(list(zip(_all_gather(ids, group), _all_gather(sc, group), strict=True)), K)
 
 
-def _max_over_ranks(tau: np.ndarray, group) -> np.ndarray:
-    """The ranks' largest τ, elementwise: one ``all_reduce`` (max) of a float64 array."""
+def _all_gather(a: np.ndarray, group) -> list:
+    """Every rank's array ``a`` (one shape and dtype on every rank) by one ``all_gather``:
+    a list in rank order."""
     import torch
     import torch.distributed as dist
 
-    t = torch.from_numpy(np.ascontiguousarray(tau, np.float64))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.numpy()
-
-
-def _gather_lists(ids: np.ndarray, sc: np.ndarray, group) -> list:
-    """Every rank's list (ids int64, scores float64, one fixed shape on every rank) by one
-    ``all_gather`` each: [(ids, scores)] in rank order."""
-    import torch
-    import torch.distributed as dist
-
-    n = dist.get_world_size(group)
-    out = []
-    for local in (torch.from_numpy(ids), torch.from_numpy(sc)):
-        bufs = [torch.empty_like(local) for _ in range(n)]
-        dist.all_gather(bufs, local, group=group)
-        out.append([b.numpy() for b in bufs])
-    return list(zip(*out, strict=True))
+    local = torch.from_numpy(np.ascontiguousarray(a))
+    bufs = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(bufs, local, group=group)
+    return [b.numpy() for b in bufs]
 
 
 # --------------------------------------------------------------------------------------
@@ -197,10 +205,11 @@ def _gather_lists(ids: np.ndarray, sc: np.ndarray, group) -> list:
 def _decode_shard(sel, q, w, keys, offset: int, ks, ke, s0: int, s1: int, tau=None):
     """One shard's part of a decode step: the keys [s0, s1) of every request's cache, where
     keys[b] holds request b's keys with global ids [offset, offset + len(keys[b])).
-    Without ``tau``: float64 [B, n] τ of the shard's visible witnesses (the K-th largest
-    canonical score, −inf with fewer than K) and the witness counts.  With ``tau`` (the
-    shards' largest): the shard's list (global ids int64 [B, n, K], scores float64
-    [B, n, K]; −1 / −inf padding) of its keys with s ≥ τ, and the records compacted."""
+    Without ``tau``: float64 [B, n, K] the K largest canonical scores of the shard's
+    visible witnesses, descending (−inf padding), and the witness counts.  With ``tau`` (the
+    K-th of the union of the shards' lists): the shard's list (global ids int64 [B, n, K],
+    scores float64 [B, n, K]; −1 / −inf padding) of its keys with s ≥ τ, and the records
+    compacted."""
 
     def span(b, j):
         end = offset + keys[b].shape[0]
@@ -209,13 +218,14 @@ def _decode_shard(sel, q, w, keys, offset: int, ks, ke, s0: int, s1: int, tau=No
     B, n = ks.shape
     K = sel.K
     if tau is None:
-        out, cnt = np.full((B, n), -np.inf), np.zeros((B, n), np.int64)
+        out, cnt = np.full((B, n, K), -np.inf), np.zeros((B, n), np.int64)
         for b in range(B):
             wit = sel.witnesses(b)
             for j in range(n):
                 a, e = span(b, j)
                 W = wit[(wit >= a) & (wit < e)]
-                out[b, j] = kth_score(score_keys(q[b, j], w[b, j], keys[b][W - offset]), K)
+                v = np.sort(score_keys(q[b, j], w[b, j], keys[b][W - offset]))[::-1][:K]
+                out[b, j, : v.size] = v
                 cnt[b, j] = W.size
         return out, cnt
     ids = np.full((B, n, K), -1, np.int64)
@@ -245,12 +255,13 @@ def sharded_decode_step(sel, q, w, k, lengths=None, *, ks=None, ke=None, starts=
     """One decode step (``decode.DecodeSelector.step``'s contract and ids) over caches whose
     keys are split into the shards ``starts`` (int [R + 1], global ids; default 2 equal
     shards of the longest cache; a request's cache ends at its own length): each shard
-    scores its visible witnesses for τ_r, the largest over the shards is every shard's
-    compaction threshold — a distinct visible witness set of one shard has its K-th score
-    at most the context's (docs/method.md §10, Prop. 4) — each shard compacts its keys with
-    s ≥ τ and selects their Top-K, and the lists are merged exactly (score desc, id asc).
-    The merged selections become ``sel``'s witnesses.  Returns ``decode.DecodeStep``
-    (stats: τ the shards' largest, witnesses and compacted summed over the shards)."""
+    scores its visible witnesses, the K-th largest of the union of the shards' K largest is
+    every shard's compaction threshold — the shards' witnesses are disjoint, so the union is
+    a distinct visible witness set, whose K-th score is at most the context's (docs/method.md
+    §10, Prop. 4): the single cache's τ — each shard compacts its keys with s ≥ τ and
+    selects their Top-K, and the lists are merged exactly (score desc, id asc).  The merged
+    selections become ``sel``'s witnesses.  Returns ``decode.DecodeStep`` (stats: τ of the
+    union, witnesses and compacted summed over the shards)."""
     q = as_float_array(q, "q", 4)
     w = as_float_array(w, "w", 3)
     if w.shape != q.shape[:3]:
@@ -263,10 +274,12 @@ def sharded_decode_step(sel, q, w, k, lengths=None, *, ks=None, ke=None, starts=
     bounds = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
     B, n = ks_a.shape
     st = DecodeStats.empty(B, n)
-    tau = np.full((B, n), -np.inf)
-    for s0, s1 in bounds:  # the all-reduce (max) of the distributed form
+    tops = []
+    for s0, s1 in bounds:  # the all-gather of the distributed form
         t, c = _decode_shard(sel, q, w, keys, 0, ks_a, ke_a, s0, s1)
-        tau, st.witnesses = np.maximum(tau, t), st.witnesses + c
+        tops.append(t.reshape(B * n, -1))
+        st.witnesses += c
+    tau = union_floor(tops, sel.K).reshape(B, n)
     parts = []
     for s0, s1 in bounds:
         ids, sc, comp = _decode_shard(sel, q, w, keys, 0, ks_a, ke_a, s0, s1, tau)
@@ -284,9 +297,10 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
     replicated step (q [B, next_n, H, D], w, the global ranges or lengths) and its shard
     ``k_shard`` — a list of B arrays, request b's keys with global ids [start, start +
     len(k_shard[b])) — and its own ``sel`` (a ``DecodeSelector``; every rank pushes the
-    same merged selections, so the ranks' witnesses stay equal).  One ``all_reduce`` (max)
-    of τ [B, next_n] and one ``all_gather`` of fixed-size lists ([B, next_n, K] ids and
-    scores); returns the merged ids int64 [B, next_n, K] on every rank.  Gloo on the CPU."""
+    same merged selections, so the ranks' witnesses stay equal).  One ``all_gather`` of the
+    K largest witness scores [B, next_n, K] (τ: the K-th of their union) and one of
+    fixed-size lists ([B, next_n, K] ids and scores); returns the merged ids int64 [B,
+    next_n, K] on every rank.  Gloo on the CPU."""
     q = as_float_array(q, "q", 4)
     w = as_float_array(w, "w", 3)
     B, n, _, D = q.shape
@@ -304,8 +318,10 @@ def distributed_decode_step(sel, q, w, k_shard, start: int, lengths=None, *, ks=
     # the caches' global lengths: no upper bound)
     ks_g, ke_g = _check_ranges(lengths, ks, ke, B, n, np.full(B, np.iinfo(np.int64).max))
     s1 = s0 + max([kb.shape[0] for kb in keys] + [0])
-    tau = _max_over_ranks(_decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)[0], group)
+    top = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1)[0].reshape(B * n, -1)
+    tau = union_floor(_all_gather(top, group), sel.K).reshape(B, n)
     ids, sc, _ = _decode_shard(sel, q, w, keys, s0, ks_g, ke_g, s0, s1, tau)
-    merged = _merge_rows(_gather_lists(ids, sc, group), sel.K)
+    merged = _merge_rows(list(zip(_all_gather(ids, group), _all_gather(sc, group),
+                                  strict=True)), sel.K)  # fmt: skip
     sel.push(merged)
     return merged

@@ -1291,7 +1291,7 @@ def test_cp_mode_arguments_and_plan(capsys):
         with pytest.raises(ValueError, match=f"^{name}:"):
             CP.parse_args(argv)
     assert CP.collective_sizes(4096, 2048) == {
-        "tau_allreduce": 4 * 4097, "flag_allreduce": 4, "records_allgather": 8 * 4096 * 2048
+        "flag_allreduce": 4, "seed_allgather": 8 * 4096 * 2048, "records_allgather": 8 * 4096 * 2048
     }  # fmt: skip
     assert B.main(["--cp", "--dry-run", "--ranks", "4", "--shape", "64x4096x2097152"]) == 0
     out = capsys.readouterr().out
@@ -1315,7 +1315,7 @@ def test_cp_report_of_a_synthetic_run():
         "args": dict(regime="calibrated", H=64, Qn=4096, N=1 << 20, K=2048, ranks=2,
                      one_gpu=False, scorer="fp8"),
         "times_ms": {"one_gpu_dosa": 40.0, "sharded_dosa": 20.0, "sharded_deepgemm": 50.0},
-        "collectives": [dict(name="tau_allreduce", bytes=16388, ms=0.02)],
+        "collectives": [dict(name="seed_allgather", bytes=16388, ms=0.02)],
         "pruning": [dict(shard=0, keys=524288, screened=1000, survivors_shared=10,
                          survivors_own=40, raised=7)],
         "ids": {"sharded_dosa == dense_topk (whole context)": True},
@@ -1323,6 +1323,6 @@ def test_cp_report_of_a_synthetic_run():
     md = CP.markdown(res)
     assert "commit abc1234" in md and "2 shards, scorer fp8" in md
     assert "| one_gpu_dosa | 40.00 | 2.00× |" in md and "| sharded_deepgemm | 50.00 | 2.50× |" in md
-    assert "| tau_allreduce | 16,388 | 0.020 |" in md
+    assert "| seed_allgather | 16,388 | 0.020 |" in md
     assert "| 0 | 524,288 | 1,000 | 0.0100 | 0.0400 | 7 |" in md
     assert "- sharded_dosa == dense_topk (whole context): True" in md

@@ -189,3 +189,26 @@ def test_emulated_screen_of_shards_with_the_shared_floor(name, H, r):
     whole = screen_survival(q, w, kp, ksc, 512, wl.ks, wl.ke, r=r)
     assert one["raised"] == 0 and one["survivors_own"] == one["survivors_shared"]
     assert one["survivors_own"] == whole["survivors"] and one["screened"] == whole["screened"]
+
+
+@pytest.mark.parametrize("name", ["calibrated", "h64", "isotropic"])
+def test_the_union_floor_is_a_valid_and_higher_floor(name):
+    """``union_floor`` of the shards' seed lists: at least every shard's own τ (so at least
+    their largest), at most the context's K-th score (the shards' seeds are distinct keys of
+    it), and on one shard equal to that shard's τ."""
+    from dosa_ref.shards import shard_seed_top, shard_tau, union_floor
+
+    wl = make_workload(name, 6, 3000, None if name == "h64" else 16, seed=4)
+    K = 48
+    starts = [0, 700, 700, 2100, 3000]
+    tops = [shard_seed_top(wl.q, wl.w, wl.k[a:b], K, wl.ks, wl.ke, a)
+            for a, b in zip(starts[:-1], starts[1:], strict=True)]  # fmt: skip
+    floor = union_floor(tops, K)
+    kth = np.sort(index_scores(wl.q, wl.w, wl.k, wl.ks, wl.ke), axis=1)[:, -K]
+    assert (floor <= kth).all()
+    assert (floor >= np.max([t[:, -1] for t in tops], axis=0)).all()
+    assert (floor > np.max([t[:, -1] for t in tops], axis=0)).any()  # strictly higher somewhere
+    one = shard_tau(wl.q, wl.w, wl.k, K, wl.ks, wl.ke, 0)
+    assert np.array_equal(union_floor([shard_seed_top(wl.q, wl.w, wl.k, K, wl.ks, wl.ke, 0)], K),
+                          one)  # fmt: skip
+    assert np.isneginf(union_floor([t[:, :5] for t in tops[:1]], K)).all()  # fewer than K

@@ -107,6 +107,35 @@ def test_device_host_code_with_emulated_kernels(fake_cupy, monkeypatch, name, B,
     assert any(c.startswith("decode_witness_mt") for c in fake_cupy.calls)
 
 
+@pytest.mark.parametrize("scorer", ["f16", "fp8"])
+def test_the_shards_floor_is_the_single_caches_tau(scorer):
+    """The K-th of the union of the shards' witnesses (disjoint, distinct) is the single
+    cache's witness τ, every row of every step."""
+    starts = STARTS["empty"]
+    B, n, H, K = 3, 2, 24, 16
+    cache = PagedCache(B, 6 * PAGE, seed=9)
+    rs = cache.rs
+    opts = dict(history=2, backend="numpy", scorer=scorer)
+    one = dec.DecodeSelectorGPU(K, **opts)
+    sels = [dec.DecodeSelectorGPU(K, **opts) for _ in range(len(starts) - 1)]
+    L = np.array([2 * PAGE + 1, 90, 5 * PAGE], np.int32)
+    qf = rs.standard_normal((B, n, H, 128))
+    for step in range(4):
+        q, w = _queries(rs, qf, n, H)
+        args = (q, w, cache.kv, cache.scale, cache.block_table, L)
+        parts = []
+        for sel, s0, s1 in zip(sels, starts[:-1], starts[1:], strict=True):
+            bt = cache.block_table[:, s0 // PAGE : max(s0 // PAGE + 1, -(-s1 // PAGE))]
+            bt = bt if bt.shape[1] else np.zeros((B, 1), np.int32)
+            parts.append(shards.DecodeShard(sel, q, w, cache.kv, cache.scale, bt, L, s0, s1))
+        floor = sels[0].ops.union_floor([sh.top() for sh in parts], K)
+        want = one.step(*args)
+        assert np.array_equal(floor.reshape(B, n), want.stats.tau), step
+        got = shards.sharded_decode_step(sels, *args, starts)  # the same histories next
+        assert np.array_equal(got, want.ids)
+        L = np.minimum(L + 30, 6 * PAGE).astype(np.int32)
+
+
 def test_bad_shards_raise():
     sel = dec.DecodeSelectorGPU(4, backend="numpy")
     cache = PagedCache(1, 4 * PAGE, seed=1)
@@ -138,7 +167,7 @@ def test_a_shard_without_stop_ends_where_its_table_does():
         sel = dec.DecodeSelectorGPU(4, history=0, backend="numpy")
         sh = shards.DecodeShard(sel, q, w, cache.kv, cache.scale, bt, L, 0, stop)
         assert int(sh.d["lengths"][0]) == 2 * PAGE and int(sh.d["ke"][0]) == 2 * PAGE
-        got.append(sh.candidates(sh.floor()))
+        got.append(sh.candidates(sel.ops.union_floor([sh.top()], 4)))
     assert np.array_equal(got[0][0], got[1][0]) and got[0][0].max() < 2 * PAGE
 
 

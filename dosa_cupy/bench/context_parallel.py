@@ -9,8 +9,9 @@ ranks' times reduced by max):
 
     one_gpu_dosa      rank 0 alone: ``dosa_topk`` on the whole context (the other ranks wait)
     one_gpu_dense     rank 0 alone: ``dense_topk`` on the whole context
-    sharded_dosa      ``shards.distributed_topk``: τ all-reduced (max), each rank screens
-                      against it, records all-gathered, merged
+    sharded_dosa      ``shards.distributed_topk``: the best seed records all-gathered, the
+                      K-th of their union the floor each rank screens against, the lists
+                      all-gathered, merged
     sharded_dense     each rank the project's dense route on its shard, records of its
                       Top-K all-gathered, merged (exact: the same ids)
     sharded_deepgemm  each rank DeepGEMM's logits on its shard + ``torch.topk``, (scores,
@@ -18,9 +19,10 @@ ranks' times reduced by max):
                       sharded route; its ids compared as sets)
 
 and each collective of ``sharded_dosa`` alone at its sizes (bytes per rank, median ms).
-Pruning per rank: ``dosa_topk(return_stats=True)`` on the rank's shard with the shared τ
-(``tau_floor``) and with its own τ — visible keys, survivors, refined keys.  Ids: every
-exact route == ``dense_topk`` on the whole context, bitwise; DeepGEMM's as sets.
+Pruning per rank: ``dosa_topk(return_stats=True)`` on the rank's shard with the shared floor
+(``tau_floor``: the K-th of the union of the ranks' best seeds) and with its own τ —
+visible keys, survivors, refined keys.  Ids: every exact route == ``dense_topk`` on the
+whole context, bitwise; DeepGEMM's as sets.
 
 ``--one-gpu`` runs the R shards in one process on one GPU (``shards.sharded_topk``; no
 collective, the shards one after another), to check ids and pruning where only one GPU is
@@ -82,9 +84,10 @@ def parse_args(argv: list[str]):
 
 
 def collective_sizes(Qn: int, K: int) -> dict:
-    """Bytes per rank of ``distributed_topk``'s collectives: the τ all-reduce (fp32 [Qn] and
-    the error flag), the second flag all-reduce, the records' all-gather (uint64 [Qn, K])."""
-    return {"tau_allreduce": 4 * (Qn + 1), "flag_allreduce": 4, "records_allgather": 8 * Qn * K}
+    """Bytes per rank of ``distributed_topk``'s collectives: the error flag's all-reduce
+    (twice), the best seed records' all-gather (the floor, uint64 [Qn, K]), the lists'
+    all-gather (uint64 [Qn, K])."""
+    return {"flag_allreduce": 4, "seed_allgather": 8 * Qn * K, "records_allgather": 8 * Qn * K}
 
 
 def plan(a) -> str:
@@ -197,18 +200,17 @@ def _one_gpu(a) -> dict:
     import cupy as cp
 
     from dosa_cupy import dense_topk
-    from dosa_cupy.shards import _local, shard_starts, shard_tau, sharded_topk
+    from dosa_cupy.shards import _local, shard_seed_records, shard_starts, sharded_topk, union_floor
 
     wl = _workload(a, 0)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], a.K, wl["ks"], wl["ke"])
     starts = shard_starts(a.N, a.ranks).tolist()
     want = dense_topk(*args, scorer=a.scorer)
     got = sharded_topk(*args, starts=starts, scorer=a.scorer)
-    floor = cp.full(a.Qn, -cp.inf, dtype=cp.float32)
-    for s0, s1 in zip(starts[:-1], starts[1:], strict=True):
-        t = shard_tau(wl["q"], wl["w"], wl["k_payload"][s0:s1], wl["k_scale"][s0:s1], a.K,
-                      wl["ks"], wl["ke"], s0, scorer=a.scorer)  # fmt: skip
-        floor = cp.maximum(floor, t)
+    tops = [shard_seed_records(wl["q"], wl["w"], wl["k_payload"][s0:s1], wl["k_scale"][s0:s1],
+                               a.K, wl["ks"], wl["ke"], s0, scorer=a.scorer)
+            for s0, s1 in zip(starts[:-1], starts[1:], strict=True)]  # fmt: skip
+    floor = union_floor(tops, a.K)
     prune = []
     for r, (s0, s1) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
         lo, hi = _local(wl["ks"], wl["ke"], s0, s1 - s0, cp)
@@ -290,8 +292,9 @@ def _rank_run(rank: int, a, dist) -> dict:
         distributed_topk,
         merge_records,
         selection_records,
+        shard_seed_records,
         shard_starts,
-        shard_tau,
+        union_floor,
     )
 
     wl = _workload(a, rank)
@@ -346,8 +349,8 @@ def _rank_run(rank: int, a, dist) -> dict:
             ids["sharded_deepgemm vs dense_topk (sets)"] = (
                 f"overlap min {ov['overlap_min']:.4f}, pooled {ov['overlap_pooled']:.4f}"
             )
-    floor = ranks.agreed_max(shard_tau(wl["q"], wl["w"], kp, ksc, a.K, wl["ks"], wl["ke"], s0,
-                                       **opts), None, a.Qn, cp.float32)  # fmt: skip
+    top = shard_seed_records(wl["q"], wl["w"], kp, ksc, a.K, wl["ks"], wl["ke"], s0, **opts)
+    floor = union_floor(ranks.gather(top), a.K)  # the shared floor of distributed_topk
     coll = _collective_times(a, ranks, dist)
     prune = [dict(p, shard=rank) for p in _pruning_local(wl, a, kp, ksc, lo, hi, floor)]
     gathered = [None] * a.ranks
@@ -387,11 +390,10 @@ def _collective_times(a, ranks, dist) -> list:
     import cupy as cp
 
     sz = collective_sizes(a.Qn, a.K)
-    tau = cp.zeros(a.Qn, dtype=cp.float32)
     rec = cp.zeros((a.Qn, a.K), dtype=cp.uint64)
     calls = {
-        "tau_allreduce": lambda: ranks.agreed_max(tau, None, a.Qn, cp.float32),
         "flag_allreduce": lambda: ranks.agreed_max(None, None, 0, cp.float32),
+        "seed_allgather": lambda: ranks.gather(rec),
         "records_allgather": lambda: ranks.gather(rec),
     }
     return [dict(name=k, bytes=sz[k], ms=_timed(f, a.reps, a.warm, dist)) for k, f in calls.items()]
