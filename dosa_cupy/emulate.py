@@ -49,7 +49,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16",
-                    tau_floor=None):  # fmt: skip
+                    tau_floor=None, anchor_segments=1):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
@@ -58,7 +58,9 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     float64 from the e4m3 values instead of the tensor cores, so this predicts survival
     (not bits); ``scorer`` and ``screen`` name the canonical scorer's and the screen's
     arithmetic whose allowances the bound carries (``plan.build_plans``); ``tau_floor``
-    (float [Qn]) raises τ where it is above, as ``dosa_topk(tau_floor=)``.  Returns
+    (float [Qn]) raises τ where it is above, as ``dosa_topk(tau_floor=)``;
+    ``anchor_segments`` S: the pool holds each anchor's Top-K within each of S equal
+    segments of the keys (S = 1: its Top-K, the pipeline's pool).  Returns
     dict(survival, survivors, screened, violations, tau, seed_top): violations
     counts visible (query, key) with float64 score > U^num (must be 0); seed_top float64
     [Qn, K] each query's K largest seed scores (−inf padding; its last column is τ).
@@ -86,7 +88,9 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     sm = np.where(vis, s, -np.inf)
     na = min(n_anchors, Qn)
     anchors = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)) if na else []
-    pool = [np.argsort(-sm[t], kind="stable")[: min(K, int(vis[t].sum()))] for t in anchors]
+    cuts = np.linspace(0, N, int(anchor_segments) + 1).round().astype(np.int64)
+    pool = [a + np.argsort(-sm[t, a:b], kind="stable")[: min(K, int(vis[t, a:b].sum()))]
+            for t in anchors for a, b in zip(cuts[:-1], cuts[1:], strict=True)]  # fmt: skip
     pool = np.unique(np.concatenate(pool)) if len(pool) else np.zeros(0, np.int64)
     seed = np.zeros((Qn, N), dtype=bool)
     seed[:, pool] = True
