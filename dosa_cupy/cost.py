@@ -153,7 +153,7 @@ class RouteMemo:
     def kind(b, o: dict) -> tuple:
         """The memo key of batch ``b`` with options ``o``."""
         p2 = lambda n: 1 << max(0, int(n) - 1).bit_length()  # noqa: E731
-        opts = (o["screen"], int(o["r"]), int(o["cert_seeds"]))
+        opts = (o["screen"], int(o["r"]), int(o["cert_seeds"]), int(o["anchor_segments"]))
         return (p2(b.Qn), p2(b.N), b.heads, b.K, *opts, b.scorer)
 
     def recall(self, key) -> RouteChoice | None:

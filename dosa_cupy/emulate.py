@@ -49,7 +49,7 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
 
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16",
-                    tau_floor=None, anchor_segments=1):  # fmt: skip
+                    tau_floor=None, anchor_segments=1, rows=None):  # fmt: skip
     """CPU emulation of the GPU screen (docs/method.md §2, §8) for small problems.
 
     Same seeds (sinks + local window + anchor pool), τ, batched plan (``plan.build_plans``
@@ -59,14 +59,17 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     (not bits); ``scorer`` and ``screen`` name the canonical scorer's and the screen's
     arithmetic whose allowances the bound carries (``plan.build_plans``); ``tau_floor``
     (float [Qn]) raises τ where it is above, as ``dosa_topk(tau_floor=)``;
-    ``anchor_segments`` S: the pool holds each anchor's Top-K within each of S equal
-    segments of the keys (S = 1: its Top-K, the pipeline's pool).  Returns
+    ``anchor_segments`` S: the pool holds each anchor's Top-K within each of S segments of
+    the keys (``dosa_ref.seeds.anchor_segments_of``; S = 1: its Top-K); ``rows`` (int [n]): the
+    queries screened (default all; the anchors are the chunk's whatever rows are screened,
+    and τ, the plan and the survival are those of ``rows``, tau_floor [n]).  Returns
     dict(survival, survivors, screened, violations, tau, seed_top): violations
     counts visible (query, key) with float64 score > U^num (must be 0); seed_top float64
-    [Qn, K] each query's K largest seed scores (−inf padding; its last column is τ).
+    [n, K] each query's K largest seed scores (−inf padding; its last column is τ).
     Arrays: q uint8 [Qn, H, 128], w fp32 [Qn, H], k_payload uint8 [N, 128], k_scale fp32 [N].
     """
     from dosa_ref.fp8 import key_rms
+    from dosa_ref.seeds import anchor_segments_of
 
     from .plan import build_plans
 
@@ -81,17 +84,30 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     N = kp.shape[0]
     alpha = np.asarray(k_scale, dtype=np.float64)
     ks, ke = np.asarray(ks, dtype=np.int64), np.asarray(ke, dtype=np.int64)
-    kv, qv = e4m3_values(kp), e4m3_values(q)
-    s = np.einsum("th,thn->tn", w.astype(np.float64), np.maximum(qv @ kv.T, 0)) * alpha
-    ids = np.arange(N)
-    vis = (ids[None] >= ks[:, None]) & (ids[None] < ke[:, None])
-    sm = np.where(vis, s, -np.inf)
+    kv = e4m3_values(kp)
+
+    def scores(t):  # float64 [len(t), N] of the queries t, −inf where not visible
+        qv = e4m3_values(q[t])
+        s = np.einsum("th,thn->tn", w[t].astype(np.float64), np.maximum(qv @ kv.T, 0)) * alpha
+        ids = np.arange(N)
+        return s, (ids[None] >= ks[t][:, None]) & (ids[None] < ke[t][:, None])
+
     na = min(n_anchors, Qn)
     anchors = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)) if na else []
-    cuts = np.linspace(0, N, int(anchor_segments) + 1).round().astype(np.int64)
-    pool = [a + np.argsort(-sm[t, a:b], kind="stable")[: min(K, int(vis[t, a:b].sum()))]
-            for t in anchors for a, b in zip(cuts[:-1], cuts[1:], strict=True)]  # fmt: skip
+    cuts = anchor_segments_of(N, anchor_segments)
+    pool = []
+    if len(anchors):
+        sa, va = scores(anchors)
+        sa = np.where(va, sa, -np.inf)
+        pool = [a + np.argsort(-sa[i, a:b], kind="stable")[: min(K, int(va[i, a:b].sum()))]
+                for i in range(len(anchors))
+                for a, b in zip(cuts[:-1], cuts[1:], strict=True)]  # fmt: skip
     pool = np.unique(np.concatenate(pool)) if len(pool) else np.zeros(0, np.int64)
+    rows = np.arange(Qn) if rows is None else np.asarray(rows, dtype=np.int64)
+    q, w, ks, ke = q[rows], w[rows], ks[rows], ke[rows]
+    Qn = rows.size
+    s, vis = scores(np.arange(Qn))
+    sm = np.where(vis, s, -np.inf)
     seed = np.zeros((Qn, N), dtype=bool)
     seed[:, pool] = True
     for t in range(Qn):

@@ -51,6 +51,7 @@ OPTIONS = {
     "window": None,
     "sinks": 16,
     "n_anchors": 4,
+    "anchor_segments": 1,
     "r": 14,
     "buffer": 65536,
     "p_sample": 256,
@@ -166,7 +167,7 @@ def check_options(kw: dict) -> dict:
     names = strategies(o["seeds"], o["seed_ids"])
     for k in ("sinks", "n_anchors", "p_sample"):
         check_count(k, o[k])
-    for k in ("buffer", "cert_cap"):
+    for k in ("buffer", "cert_cap", "anchor_segments"):
         check_count(k, o[k], 1)
     if o["window"] is not None:
         check_count("window", o["window"])

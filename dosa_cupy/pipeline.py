@@ -49,7 +49,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     Options (the shared ones mean what dosa_ref.options.OPTIONS says; defaults
         options.OPTIONS): seeds (strategies, "local+anchor" by default: the local window
         and sinks, the anchor pool; docs/method.md §2), window (None: dosa_ref's
-        default_window(K, seeds)), sinks, n_anchors; seed_ids (explicit seed ids, any integer
+        default_window(K, seeds)), sinks, n_anchors, anchor_segments (1: each anchor's Top-K;
+        S: its Top-K within each of S segments of the keys, a pool up to S times larger —
+        τ higher, the pool's scoring S times the work); seed_ids (explicit seed ids, any integer
         dtype [Qn, S], −1 padding, each id −1 or in [0, N); ids outside the query's visible
         range are ignored, repeats count once; they only raise τ); cert_seeds (0 = off;
         m ≤ 4096 turns the "certificate" strategy on: after screening, score the m survivors

@@ -90,7 +90,8 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
-    union of the exact Top-K of n_anchors evenly spaced queries), sinks, window, seed_ids
+    union of the exact Top-K of n_anchors evenly spaced queries, within each of
+    anchor_segments segments of the keys), sinks, window, seed_ids
     (validated device ids or None, ``device_seed_ids``).  ``anchors``: "rows" (default:
     ``anchor_queries``, the pool sized to its P ids, one synchronization) or the anchor rows
     given (``anchor_queries``'s array or None) — then the pool has its capacity
@@ -103,7 +104,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     if not fixed:
         anchors = anchor_queries(Qn, o["n_anchors"])
     if anchors is not None:
-        aid = anchor_ids(b.rows(anchors))
+        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
     else:
         aid = cp.zeros(0, dtype=cp.int32)
     cap = min(int(aid.size), b.N) if fixed else None
@@ -181,18 +182,51 @@ def seed_ranges(poolmask, offs, ks, ke, sinks: int, window: int):
 ANCHOR_LOGITS = 1 << 27  # the largest anchors × keys whose logits anchor_ids holds (512 MiB)
 
 
-def anchor_ids(ab: Batch):
-    """The Top-K ids int32 [n, K] of the anchor rows ``ab`` (the anchor pool's source,
-    docs/method.md §2): the dense route's — for the FP8 scorer its logits by
+def anchor_ids(ab: Batch, segments: int = 1):
+    """The Top-K ids int32 [n, S·K] of the anchor rows ``ab`` within each of the S =
+    ``segments`` segments of the keys (``dosa_ref.seeds.anchor_segments_of``; the anchor
+    pool's source, docs/method.md §2): the dense route's — for the FP8 scorer its logits by
     ``anchor_logits`` (64-key tiles of every anchor on the whole GPU) instead of the dense
     kernel, which runs one block per 8–16 queries, so a handful of anchors would scan the
     keys on one SM (~23 ms at 1M keys); then the dense route's selection (``select_rows``,
-    which takes the wide selection, many blocks per row, for a few long rows).  The same
-    logits' bits and the same selection: the dense route's ids.  Any real keys are valid
-    seeds; these are the exact Top-K all the same."""
-    if ab.scorer != "fp8" or ab.Qn * ab.N > ANCHOR_LOGITS:
+    which takes the wide selection, many blocks per row, for a few long rows), over the
+    segments as rows (``segment_select``).  The same logits' bits and the same selection:
+    the dense route's ids.  Any real keys are valid seeds; these are the exact Top-K all the
+    same."""
+    small = ab.Qn * ab.N <= ANCHOR_LOGITS
+    if segments == 1 and (ab.scorer != "fp8" or not small):
         return dense_ids(ab)
-    return select_rows(anchor_logits(ab), ab.K, ab.ks, ab.ke)
+    if ab.scorer == "fp8" and small:
+        lg = anchor_logits(ab)
+    else:
+        from .scorer import dense_logits_raw
+
+        lg = dense_logits_raw(ab.q, ab.w, ab.kp, ab.ksc, ab.ks, ab.ke, ab.scorer)
+    if segments == 1:
+        return select_rows(lg, ab.K, ab.ks, ab.ke)
+    return segment_select(lg, ab.K, ab.ks, ab.ke, segments, select_rows, cupy_or_raise())
+
+
+def segment_select(lg, K: int, ks, ke, segments: int, select, xp):
+    """Per row of the logits fp32 [n, N] (−inf where not visible), the Top-K ids within
+    each of the ``segments`` segments of the keys (``anchor_segments_of``: ⌈N / S⌉ keys
+    each): the rows' logits padded to S·⌈N / S⌉ columns (−inf) and viewed as [n·S, ⌈N/S⌉]
+    rows, each with its part of the row's range [ks, ke), selected by ``select(rows, K, ks,
+    ke)`` (int32 ids [n·S, K], −1 padding) → int32 [n, S·K] key ids, −1 padding.  xp: numpy
+    or CuPy."""
+    n, N = (int(x) for x in lg.shape)
+    S = int(segments)
+    L = -(-N // S)
+    pad = xp.full((n, S * L), -np.inf, dtype=xp.float32)
+    pad[:, :N] = lg
+    base = (xp.arange(S, dtype=xp.int64) * L)[None, :]
+    lo = xp.clip(xp.asarray(ks, dtype=xp.int64)[:, None] - base, 0, L)
+    hi = xp.maximum(xp.clip(xp.asarray(ke, dtype=xp.int64)[:, None] - base, 0, L), lo)
+    ids = select(pad.reshape(n * S, L), K, lo.reshape(-1).astype(xp.int32),
+                 hi.reshape(-1).astype(xp.int32))  # fmt: skip
+    ids = xp.asarray(ids).reshape(n, S, K).astype(xp.int64)
+    out = xp.where(ids >= 0, ids + base[:, :, None], -1)
+    return out.reshape(n, S * K).astype(xp.int32)
 
 
 def anchor_logits(ab: Batch):

@@ -57,6 +57,9 @@ OPTIONS = {
     "sinks": "local seeds: the first `sinks` visible keys",
     "n_anchors": "anchor queries spread over the chunk whose full exact Top-K seeds every "
     "query (their full scoring is counted in the work accounting)",
+    "anchor_segments": "S >= 1: each anchor contributes its exact Top-K within each of S "
+    "nearly equal segments of the keys to the pool (1: its Top-K; a larger pool raises "
+    "tau and costs its scoring for every query, docs/method.md §2)",
     "cert_seeds": "certificate-guided seeds: keys of largest bound scored exactly to raise "
     "tau (None: default_cert_seeds(K); 0: off)",
     "r": "retained heads of the plan (docs/method.md §3); r >= H means dense scoring; "
@@ -347,7 +350,8 @@ class SelectOptions:
 
     seeds: strategies ("local+anchor+certificate" by default); seed_ids: explicit ids
     [Qn, S] (−1 pads); window (None: ``default_window(K, seeds)``) / sinks: local seeds;
-    n_anchors: anchor queries; cert_seeds (None: ``default_cert_seeds(K)``).
+    n_anchors: anchor queries; anchor_segments: the segments of the keys each anchor's Top-K
+    is taken in; cert_seeds (None: ``default_cert_seeds(K)``).
     r: retained heads, "auto" (the cost model ``cost.choose_r``: an r, or dense scoring
     when screening would not pay) or an int (r ≥ H: dense scoring).  auto_dense=False
     keeps r="auto" screening with the cost model's best r (to measure the certificate).
@@ -371,6 +375,7 @@ class SelectOptions:
     window: int | None = None
     sinks: int = 16
     n_anchors: int = 4
+    anchor_segments: int = 1
     cert_seeds: int | None = None
     r: object = "auto"
     auto_dense: bool = True
@@ -389,7 +394,7 @@ class SelectOptions:
                 check_count(name, getattr(self, name))
         for name in ("sinks", "n_anchors", "slack_sample"):
             check_count(name, getattr(self, name))
-        for name in ("buffer", "refine_batch"):
+        for name in ("buffer", "refine_batch", "anchor_segments"):
             check_count(name, getattr(self, name), 1)
         if self.r != "auto":
             check_count("r", self.r, 1)

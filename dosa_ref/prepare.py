@@ -105,7 +105,7 @@ def _chunk(q, w, k, K, ks, ke, options: dict) -> Chunk:
             raise ValueError(f"tau_floor: expected a float [Qn={Qn}] below +inf, no NaN")
     pool, anchor_scored = np.zeros(0, dtype=np.int64), 0
     if "anchor" in strategies:
-        pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors)
+        pool = anchor_pool(q, w, k, ks, ke, K, opt.n_anchors, opt.anchor_segments)
         anchors = anchor_queries(Qn, opt.n_anchors)
         anchor_scored = int(np.sum(ke[anchors] - ks[anchors]))
     return Chunk(

@@ -7,7 +7,8 @@ selector scores them with the original scorer.
 Strategies (names in ``options.STRATEGIES``):
   explicit     — caller-given ids per query (e.g. the previous chunk's selections).
   local        — the ``window`` most recent visible keys plus ``sinks`` first keys.
-  anchor       — the union of the exact Top-K of ``n_anchors`` queries of the chunk.
+  anchor       — the union of the exact Top-K of ``n_anchors`` queries of the chunk (within
+                 each of ``anchor_segments`` equal segments of the keys).
   certificate  — the ``cert_seeds`` visible keys with the largest bounds U (scored
                  exactly; any exact score of a visible key is a valid witness).
 """
@@ -58,19 +59,34 @@ def anchor_queries(Qn: int, n: int) -> np.ndarray:
     return np.unique(np.linspace(0, Qn - 1, min(n, Qn)).round().astype(np.int64))
 
 
+def anchor_segments_of(N: int, segments: int) -> np.ndarray:
+    """int64 [S + 1]: the boundaries of the S segments of the keys [0, N) whose Top-K each
+    anchor contributes to the pool (docs/method.md §2): ⌈N / S⌉ keys each, the last
+    shorter (the GPU selects them as rows of one padded logits buffer)."""
+    L = -(-int(N) // int(segments))
+    return np.minimum(np.arange(int(segments) + 1, dtype=np.int64) * L, int(N))
+
+
 def anchor_pool(
-    q: np.ndarray, w: np.ndarray, k: np.ndarray, ks: np.ndarray, ke: np.ndarray, K: int, n: int
-) -> np.ndarray:
-    """Union (sorted int64) of the exact Top-K of ``n`` anchor queries spread over the chunk.
+    q: np.ndarray, w: np.ndarray, k: np.ndarray, ks: np.ndarray, ke: np.ndarray, K: int, n: int,
+    segments: int = 1,
+) -> np.ndarray:  # fmt: skip
+    """Union (sorted int64) of the exact Top-K of ``n`` anchor queries spread over the chunk,
+    within each of the ``segments`` segments of the keys (``anchor_segments_of``; 1: each
+    anchor's Top-K over its visible range).
 
     Anchors are scored fully (the fraction f of the cost model, docs/method.md §6).
     """
+    cuts = anchor_segments_of(k.shape[0], segments)
     pool = []
     for t in anchor_queries(q.shape[0], n):
         a, b = int(ks[t]), int(ke[t])
-        ids = np.arange(a, b, dtype=np.int64)
-        top, _ = topk_of(score_keys(q[t], w[t], k[a:b]), ids, K)
-        pool.append(top)
+        s = score_keys(q[t], w[t], k[a:b])
+        for c0, c1 in zip(cuts[:-1], cuts[1:], strict=True):
+            lo, hi = max(a, int(c0)), min(b, int(c1))
+            if hi > lo:
+                top, _ = topk_of(s[lo - a : hi - a], np.arange(lo, hi, dtype=np.int64), K)
+                pool.append(top)
     return np.unique(np.concatenate(pool)) if pool else np.zeros(0, dtype=np.int64)
 
 

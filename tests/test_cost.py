@@ -118,7 +118,7 @@ def _batch(Qn, N, H=64, K=2048):
     return types.SimpleNamespace(Qn=Qn, N=N, heads=H, K=K, scorer="f16")
 
 
-OPTS = {"screen": "auto", "r": 14, "cert_seeds": 0}
+OPTS = {"screen": "auto", "r": 14, "cert_seeds": 0, "anchor_segments": 1}
 
 
 def test_route_memo_remembers_per_kind_and_samples_again():
@@ -127,6 +127,7 @@ def test_route_memo_remembers_per_kind_and_samples_again():
     assert k1 == cost.RouteMemo.kind(_batch(3000, (1 << 19) + 1), OPTS)  # powers of two up
     assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20, H=32), OPTS)
     assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20), dict(OPTS, r=30))
+    assert k1 != cost.RouteMemo.kind(_batch(4096, 1 << 20), dict(OPTS, anchor_segments=4))
     assert memo.recall(k1) is None and len(memo) == 0
     memo.store(k1, cost.RouteChoice("dosa", "sampled", "wg", 30, {"dense": 9.0}, {"wg/30": 0.1},
                                     bound_work=np.ones(4)))  # fmt: skip
