@@ -7,7 +7,7 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
 
 * the route, the screen kernel and r: chosen on the shape's first step (``route="auto"``:
   the cost model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
-* the anchor pool at its capacity min(anchors · K, N), its size P on the device
+* the anchor pool at its capacity min(anchors · anchor_segments · K, N), its size P on the device
   (``seeds.seed_stage`` with given anchors, ``plan.plan_stage``'s device sample);
 * the screen build (tie-aware or plain) from the first step's τ; both are exact;
 * no overflow extension and no recovery inside the step: a query whose compact records

@@ -343,8 +343,9 @@ class DeviceOps:
 
     def witness_top(self, d, ws):
         """After ``tau``: the records of each row's visible witnesses, uint64 [R, Wc] (0 past
-        the row's count; [R, 1] of 0 without a history) — a sharded step's part of the union
-        whose K-th record is every shard's threshold (``dosa_cupy.shards``)."""
+        the row's count; [R, 1] of 0 without a history; local ids) — a sharded step's part
+        of the union whose K-th record is every shard's threshold (``dosa_cupy.shards``
+        relabels them with global ids, so no two shards' records are equal)."""
         R = d["B"] * d["n"]
         if ws.ring is None:
             return self.cp.zeros((R, 1), dtype=self.cp.uint64)

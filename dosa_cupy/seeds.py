@@ -217,8 +217,11 @@ def segment_select(lg, K: int, ks, ke, segments: int, select, xp):
     n, N = (int(x) for x in lg.shape)
     S = int(segments)
     L = -(-N // S)
-    pad = xp.full((n, S * L), -np.inf, dtype=xp.float32)
-    pad[:, :N] = lg
+    if S * L == N:  # the segments tile the rows: a view, no copy
+        pad = xp.ascontiguousarray(lg)
+    else:
+        pad = xp.full((n, S * L), -np.inf, dtype=xp.float32)
+        pad[:, :N] = lg
     base = (xp.arange(S, dtype=xp.int64) * L)[None, :]
     lo = xp.clip(xp.asarray(ks, dtype=xp.int64)[:, None] - base, 0, L)
     hi = xp.maximum(xp.clip(xp.asarray(ke, dtype=xp.int64)[:, None] - base, 0, L), lo)

@@ -197,9 +197,9 @@ def _check_sharded_options(options: dict) -> None:
 def sharded_topk(q, w, kp, ksc, K: int, ks=None, ke=None, *, starts=None, **options):
     """Top-K ids int64 [Qn, K] of the keys kp [N, 128], ksc [N] held in the shards ``starts``
     (int [R + 1], ``shard_starts``; default two nearly equal shards), every shard in this
-    process: the shards' largest τ as the floor, each shard's records against it, the exact
-    merge.  Equal to ``dense_topk`` (and ``dosa_topk``) on the whole context; options as
-    ``dosa_topk``'s."""
+    process: the K-th of the union of the shards' best seeds as the floor (``union_floor``),
+    each shard's records against it, the exact merge.  Equal to ``dense_topk`` (and
+    ``dosa_topk``) on the whole context; options as ``dosa_topk``'s."""
     cp = cupy_or_raise()
     _check_sharded_options(options)
     N = int(kp.shape[0])
@@ -329,16 +329,17 @@ class DecodeShard:
     context lengths.  ``sel`` keeps the shard's witnesses in its
     local ids (global − start).
 
-    The parts, in the order every shard runs them: ``top`` (the shard's visible witnesses of
-    each row: their records uint64 [R, history·n·K] on the device, 0 past the count; their K
-    largest scores float64 [R, K] on the numpy backend), then ``candidates(floor)`` with the
-    floor of the union of every shard's ``top`` (``sel.ops.union_floor``: the K-th of
-    distinct visible witnesses of the context — the shards' witnesses are disjoint —, as a
-    score code int64 [R] on the device, τ float64 [R] on the numpy backend; the single
-    cache's τ) — the scan compacts every visible key at or above it, the shard selects their
-    Top-K, and returns their records with global ids (device: uint64 [R, n·K], 0 in unused
-    slots; numpy: ids int64 and scores float64 [R, n·K], −1 / −inf) — and ``push`` of the
-    merged ids.  Every shard's selector has the same K and history (one shape of ``top``)."""
+    The parts, in the order every shard runs them: ``top`` (each row's visible witnesses of
+    the shard: the records of its K best with global ids, uint64 [R, ≤ K] on the device, 0
+    past the count; their K largest scores float64 [R, K] on the numpy backend), then
+    ``candidates(floor)`` with the floor of the union of every shard's ``top``
+    (``sel.ops.union_floor``: the K-th of distinct visible witnesses of the context, the
+    shards' witnesses being disjoint — the single cache's τ; a score code int64 [R] on the
+    device, τ float64 [R] on the numpy backend) — the scan compacts every visible key at or
+    above it, the shard selects their Top-K, and returns their records with global ids
+    (device: uint64 [R, n·K], 0 in unused slots; numpy: ids int64 and scores float64
+    [R, n·K], −1 / −inf) — and ``push`` of the merged ids.  Every shard's selector has the
+    same K and history (one shape of ``top``)."""
 
     def __init__(self, sel, q, w, kv_payload, kv_scale, block_table, lengths, start: int,
                  stop=None):  # fmt: skip
@@ -365,8 +366,18 @@ class DecodeShard:
         self.thr, self.wcnt = sel.ops.tau(self.d, self.ws)
 
     def top(self):
-        """The shard's part of the union whose K-th is the floor (see the class)."""
-        return self.sel.ops.witness_top(self.d, self.ws)
+        """The shard's part of the union whose K-th is the floor (see the class): on the
+        device its K largest witness records with global ids (records of two shards never
+        repeat: the selection needs distinct records), K of them whatever the history."""
+        top = self.sel.ops.witness_top(self.d, self.ws)
+        if self.sel.backend == "numpy":
+            return top
+        cp, K = cupy_or_raise(), self.d["K"]
+        cnt = self.ws.wcnt if self.ws.ring is not None else cp.zeros(top.shape[0], cp.uint32)
+        rec = global_records(top, cnt, self.start, cp)
+        if rec.shape[1] > K:  # the K largest: the union's K-th is among them
+            rec = cp.ascontiguousarray(cp.sort(rec, axis=1)[:, -K:])
+        return rec
 
     def candidates(self, floor):
         """The shard's list against ``floor`` (``sel.ops.union_floor`` of the shards' ``top``):
@@ -435,9 +446,10 @@ def sharded_decode_step(sels, q, w, kv_payload, kv_scale, block_table, lengths, 
     """One decode step (``DecodeSelectorGPU.step``'s ids) over a paged cache split into the
     page-aligned shards ``starts`` (int [R + 1]: 0, multiples of 64, the last ≥
     max_blocks·64), every shard in this process: shard r is the pages [s_r/64, s_{r+1}/64)
-    of the block table, ``sels[r]`` its selector (its witnesses in its local ids).  The
-    shards' largest witness τ is every shard's threshold, each shard's Top-K is merged
-    exactly.  Returns ids int64 [B, next_n, K] (the backend's array type)."""
+    of the block table, ``sels[r]`` its selector (its witnesses in its local ids).  The K-th
+    of the union of the shards' witnesses (the single cache's τ) is every shard's threshold,
+    each shard's Top-K is merged exactly.  Returns ids int64 [B, next_n, K] (the backend's
+    array type)."""
     if not isinstance(sels, (list, tuple)) or not sels:
         raise ValueError("sels: expected a list of DecodeSelectorGPU, one per shard")
     xp = sels[0].xp

@@ -100,13 +100,15 @@ def memory_plan(
     n_anchors=4,
     rotate=2,
     device_gib=None,
+    anchor_segments=1,
 ) -> dict:
     """Working set per query of each route and the query sub-chunk each one runs with.
 
     Returns {"subchunk": {route: queries}, "bytes_per_query": {...}, "inputs_gib",
     "notes": [why a route is sub-chunked], "skipped": reason or None}.  Routes: dense
     (fp32 logits row, N·4; torch.topk reads the same rows), dosa (survivor bitmask N/8,
-    compact records buffer·8, seed records (sinks + window + n_anchors·K)·8, plan
+    compact records buffer·8, seed records (sinks + window + min(n_anchors·S·K, N))·8 with
+    S = anchor_segments, plan
     temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one uint8
     per bitmask byte, N/8 bytes; refine.popcount_rows), fused (records + seed
     records).  Not counted: the exact extension of an overflowing refine (sized by the
@@ -115,7 +117,7 @@ def memory_plan(
     """
     budget = float(budget_gib) * GIB
     Hp = -(-int(H) // 16) * 16
-    seed_rec = (sinks + window + n_anchors * K) * 8
+    seed_rec = (sinks + window + min(n_anchors * anchor_segments * K, int(N))) * 8
     nw_bytes = -(-int(N) // 32) * 4
     plan_b = PLAN_F64_TEMPS * Hp * D * 8
     bpq = {
