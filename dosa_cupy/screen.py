@@ -17,7 +17,7 @@ rule"), run by ``tie_screen_wanted`` chunks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -326,6 +326,7 @@ class ScreenLaunch:
     grid: tuple
     smem: int
     args: tuple
+    _: KW_ONLY  # the build's flags by name: a new one cannot shift the others
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
     wgt: bool = False  # screen_wgt.cu's kernel (screen="wgt"), WGT_SPEC
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
@@ -356,7 +357,7 @@ class ScreenLaunch:
         if screen == "wg":  # screen_mt{mts}'s arguments and bounds (sm90a.BUILDS)
             grid = (grid[0], (b.Qn + qg - 1) // qg)
             name = f"screen_wg_mt{plan.mts}{suffix}"
-            return cls(name, grid, sm90a.smem_bytes(T), args, True, plan.mts, tie)
+            return cls(name, grid, sm90a.smem_bytes(T), args, hopper=True, mts=plan.mts, tie=tie)
         if screen == "wgt":  # screen_wg_mt{mts}'s arguments
             # the build of the plan's width: 32 rows for mts = 2, 16 for mts = 1 — or 8 (rows
             # 0..5, 7, 15 only) for plans that retain at most 6 heads

@@ -305,3 +305,33 @@ def test_gpu_auto_screen(regime, H, want):
         want = "wg"  # r = 14 on an sm_90a GPU: the Hopper screen
     assert st.screen == want
     assert cp.array_equal(ids, dosa_cupy.dense_topk(*args))
+
+
+@pytest.mark.parametrize("screen,mts", [("wg", 1), ("wg", 2), ("wgt", 1), ("wgt", 2), ("fp64", 2)])
+@pytest.mark.parametrize("tie", [False, True])
+def test_screen_launch_names_its_build(screen, mts, tie):
+    """``ScreenLaunch.of`` on host stand-ins: the Hopper screen's launch is the Hopper build
+    of the plan's width (hopper, mts, tie by name — a positional list once put mts in the
+    wgt flag), the transposed screen's is a wgt build, the mma.sync screen neither; the
+    flags cannot be given by position."""
+    import types
+
+    from dosa_cupy import screen as S
+
+    Qn, N = 5, 300
+    z = np.zeros
+    b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
+                              ks=z(Qn, np.int32), ke=z(Qn, np.int32))  # fmt: skip
+    plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8),
+                                 omega=z((Qn, 16 * mts)), sigma=z(Qn), C=z(Qn), eps_raw=z(Qn),
+                                 eps_out=0.0, mts=mts, r_max=None)  # fmt: skip
+    seeds = types.SimpleNamespace(tau=z(Qn, np.float32), kth_id=z(Qn, np.int32),
+                                  default_args=lambda: ())  # fmt: skip
+    zrow = z((Qn, 16 * mts), np.float32) if tie else None
+    launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), screen, False, zrow)
+    assert launch.hopper == (screen == "wg") and launch.wgt == (screen == "wgt")
+    assert launch.tie == tie and launch.name.endswith("_tie") == tie
+    if screen == "wg":
+        assert launch.mts == mts and launch.name == f"screen_wg_mt{mts}" + ("_tie" if tie else "")
+    with pytest.raises(TypeError):
+        S.ScreenLaunch("x", (1, 1), 0, (), True)  # noqa: FBT003
