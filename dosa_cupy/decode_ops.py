@@ -355,12 +355,9 @@ class DeviceOps:
     def union_floor(self, parts, K: int):
         """int64 [R]: the score code of the K-th record of the union of the shards'
         ``witness_top`` lists (0 where it holds fewer than K records)."""
-        from .dense import select_records
+        from .select import union_kth
 
-        rec = self.cp.ascontiguousarray(self.cp.concatenate(parts, axis=1))
-        cnt = self.cp.full(rec.shape[0], rec.shape[1], dtype=self.cp.uint32)
-        _, kth = select_records(int(K), rec, cnt, want_ids=False, want_kth=True)
-        return self.floor_of(kth)
+        return self.floor_of(union_kth(parts, K))
 
     def selected_records(self, d, ids, bufs):
         """The records of a step's selection ``ids`` int32 [R, K] (−1 padding): per row, the

@@ -153,7 +153,7 @@ def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[
     distinct keys of the context, so also a lower bound on its K-th score, and at least the
     largest τ), raised (queries whose τ the largest raised), violations (the three screens;
     must be 0)."""
-    from dosa_ref.shards import local_ranges
+    from dosa_ref.shards import local_ranges, union_floor
 
     starts = [int(x) for x in starts]
     parts, own = [], []
@@ -164,7 +164,7 @@ def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[
             own.append(screen_survival(q, w, k_payload[a:b], k_scale[a:b], K, lo, hi, **kw))
     floor = np.max([o["tau"] for o in own], axis=0)
     # the K-th of the union of the shards' seed scores (distinct keys): also a lower bound
-    union = np.sort(np.concatenate([o["seed_top"] for o in own], axis=1), axis=1)[:, -K]
+    union = union_floor([o["seed_top"] for o in own], K)
     out = []
     for (i, a, b, lo, hi), o in zip(parts, own, strict=True):
         args = (q, w, k_payload[a:b], k_scale[a:b], K, lo, hi)

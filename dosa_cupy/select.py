@@ -26,6 +26,7 @@ __all__ = [
     "kth_ids",
     "recover",
     "score_of_records",
+    "union_kth",
     "select_ids",
     "tau_of_seeds",
 ]
@@ -116,6 +117,19 @@ def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False)
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = score_of_records(kth)
     return (tau, kth_ids(kth, cp)) if want_id else tau
+
+
+def union_kth(parts, K: int):
+    """uint64 [rows]: the K-th record of the union of the record lists ``parts`` (uint64
+    [rows, n_i] each, 0 in unused slots — the record below every key), 0 where the union
+    holds fewer than K: one selection over the concatenated rows (the shards' floors,
+    ``dosa_cupy.shards``; records of distinct keys, as the selection needs)."""
+    cp = cupy_or_raise()
+    rec = cp.ascontiguousarray(cp.concatenate([cp.asarray(p, dtype=cp.uint64) for p in parts],
+                                              axis=1))  # fmt: skip
+    cnt = cp.full(rec.shape[0], rec.shape[1], dtype=cp.uint32)
+    _, kth = select_records(int(K), rec, cnt, want_ids=False, want_kth=True)
+    return kth
 
 
 def score_of_records(kth):

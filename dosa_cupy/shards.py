@@ -59,21 +59,8 @@ def shard_tau(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
     the options' strategies: the K-th largest canonical score among them, −inf with fewer
     than K) — a lower bound on the context's K-th score.  kp uint8 [n, 128], ksc fp32 [n]:
     the shard's keys, whose first is the context's key ``start``; ks, ke: the context's
-    visible ranges."""
-    from .options import start as begin
-    from .seeds import seed_stage
-
-    cp = cupy_or_raise()
-    _check_sharded_options(options)
-    lo, hi = _local(cp.asarray(ks), cp.asarray(ke), int(start), int(kp.shape[0]), cp)
-    o, _, _, b, empty = begin(q, w, kp, ksc, K, lo, hi, dict(options, tau_floor=None))
-    if empty is not None:
-        return cp.full(b.Qn, -np.inf, dtype=cp.float32)
-    b.raise_if_bad()
-    tau = seed_stage(b, o).tau
-    # a NaN (a K-th seed of NaN score) or +inf τ comes from a query that dosa_topk recovers
-    # by the dense route (invalid scales, the envelope): −inf, the bound that always holds
-    return cp.where(cp.isnan(tau) | (tau == cp.inf), cp.float32(-cp.inf), tau)
+    visible ranges.  The K-th of its own best seed records (``union_floor`` of one shard)."""
+    return union_floor([shard_seed_records(q, w, kp, ksc, K, ks, ke, start, **options)], K)
 
 
 def shard_seed_records(q, w, kp, ksc, K: int, ks, ke, start: int, **options):
@@ -108,15 +95,10 @@ def union_floor(parts, K: int):
     the union holds fewer than K records, and where that record's score is NaN or +inf (a
     query that ``dosa_topk`` recovers by the dense route: −inf, the bound that always holds).
     """
-    from .dense import select_records
-    from .select import score_of_records
+    from .select import score_of_records, union_kth
 
     cp = cupy_or_raise()
-    rec = cp.ascontiguousarray(cp.concatenate([cp.asarray(p, dtype=cp.uint64) for p in parts],
-                                              axis=1))  # fmt: skip
-    cnt = cp.full(rec.shape[0], rec.shape[1], dtype=cp.uint32)  # empty slots: the record 0
-    _, kth = select_records(int(K), rec, cnt, want_ids=False, want_kth=True)
-    tau = score_of_records(kth)
+    tau = score_of_records(union_kth(parts, K))
     return cp.where(cp.isnan(tau) | (tau == cp.inf), cp.float32(-cp.inf), tau)
 
 

@@ -100,7 +100,12 @@ def test_a_key_at_the_floor_is_kept(scorer):
 def test_device_host_code_with_emulated_kernels(fake_cupy, monkeypatch, name, B, n, H, buffer):  # noqa: F811
     """The device backend's sharded step (score codes, the witness kernel's records of the
     selection, global records, merge_records) with decode.cu emulated on the CPU."""
+    import dosa_cupy.dense as dense_mod
+    import dosa_cupy.select as select_mod
+
     monkeypatch.setattr(shards, "cupy_or_raise", dec.cupy_or_raise)
+    monkeypatch.setattr(select_mod, "cupy_or_raise", dec.cupy_or_raise)
+    monkeypatch.setattr(select_mod, "select_records", dense_mod.select_records)  # the fake
     _walk(STARTS[name], B, n, H, 16, buffer=buffer, backend="cupy", seed=B * n + H)
     _walk(STARTS[name], B, n, H, 16, buffer=buffer, backend="cupy", seed=7, still=True, steps=3)
     assert "decode_witness_dedup" in fake_cupy.calls
