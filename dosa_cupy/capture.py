@@ -174,8 +174,9 @@ class PrefillSelectorGPU:
             False: shapes and dtypes only (a caller that validated its inputs).
         options: ``dosa_topk``'s options that fix the method: route ("auto", default: the
             cost model's choice on a shape's first step; "dosa"; "dense"), screen ("auto":
-            decided on the first step; "fp64", "wg"; "pair" is not capturable —
-            under "auto" its chunks take "wg" where it runs, else "fp64", with the same r),
+            decided on the first step; "fp64", "wg", "wgt"; "pair" is not capturable —
+            "auto" picks it only where the Hopper screens do not run, and its chunks then
+            take "fp64" with the same r),
             r, seeds ("local+anchor", "local", "anchor"), window, sinks, n_anchors, buffer
             (compact records per query: a query with more is flagged and re-run), p_sample,
             tie_reject (the tie-aware kernels when the first step has a query at τ = 0).
@@ -265,10 +266,8 @@ class PrefillSelectorGPU:
             route = choice.route
             if route == "dosa":
                 screen, r = choice.screen, int(choice.r)
-        if route == "dosa" and screen == "pair":
-            from . import sm90a
-
-            screen = "wg" if sm90a.available() else "fp64"
+        if route == "dosa" and screen == "pair":  # auto's narrow pick off Hopper (host copies)
+            screen = "fp64"
         tie = False
         anchors = anchor_queries(b.Qn, ro["n_anchors"])
         if route == "dosa" and ro["tie_reject"]:

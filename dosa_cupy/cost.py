@@ -198,11 +198,12 @@ def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:
 
 def candidates(screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None) -> list:
     """The (screen, r) pairs the sampled decision compares: with ``screen="auto"``, the
-    paired screen alone when ``auto_screen`` picks it, else auto's kernel with r and with
+    narrow screen ("wgt" on Hopper, else "pair"; r ≤ 6) alone when ``auto_screen`` picks it,
+    else auto's kernel with r and with
     R_WIDE (one and two MMA tiles); any other screen: that screen with r.  w fp32 [Qn, Hp]
     (an ``xp`` array); ``hopper`` as in ``auto_screen``."""
     pick, rr = auto_screen(screen, r, cert_seeds, w, xp, hopper)
-    if screen != "auto" or pick == "pair" or cert_seeds:
+    if screen != "auto" or pick in ("pair", "wgt") or cert_seeds:
         return [(pick, rr)]
     alt = R_WIDE if rr != R_WIDE else r
     return [(pick, rr)] if alt == rr else [(pick, rr), (pick, alt)]

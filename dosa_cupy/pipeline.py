@@ -59,10 +59,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         in seeds: default_cert_seeds(K); slower than without at the benched shapes) with
         cert_cap (recorded survivors per query); r (retained heads, ≤ 30); buffer (compact
         records per query before an exact extension); screen ("auto", default: per chunk,
-        from the positive heads per query, "pair" with r ≤ 6, else r or 30 on "wg" where it
-        runs, on "fp64" elsewhere — ``screen.auto_screen``; "fp64": the mma.sync screen; "pair": two
-        queries per 16-row MMA tile, needs r ≤ 6, screen.cu screen_pair; "wg": the Hopper
-        warpgroup-MMA screen, sm_90a, screen_sm90a.cu, bounds bitwise equal to "fp64"'s);
+        from the positive heads per query, r ≤ 6 on "wgt" where it runs, else "pair"; wider
+        plans r or 30 on "wg" where it runs, on "fp64" elsewhere — ``screen.auto_screen``;
+        "fp64": the mma.sync screen; "pair": two queries per 16-row MMA tile, needs r ≤ 6,
+        screen.cu screen_pair; "wg": the Hopper warpgroup-MMA screen, sm_90a,
+        screen_sm90a.cu, bounds bitwise equal to "fp64"'s; "wgt": the transposed Hopper
+        screen, screen_wgt.cu, r ≤ 30, the same error model);
         tie_reject (True, default: chunks with a query at τ = 0 are screened by the
         tie-aware kernels — the rule against the K-th seed record (τ, j) and the
         zero-plateau bound, docs/method.md §7 "Tie-aware rejection and zero plateaus";

@@ -4,7 +4,7 @@ written as a survivor bitmask (one uint32 word per 32 keys).
 Screen kernels (``screen=``): "fp64" (screen_mt*), "pair" (screen_pair: two queries per
 16-row MMA tile, r ≤ 6; the tile layout is ``pair_plan``); "wg" (the fp64
 screen with its MMA as Hopper warpgroup MMA, screen_sm90a.cu via ``sm90a``: the same bounds
-bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (opt-in: the transposed Hopper
+bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (the transposed Hopper
 screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the plan rows of a group of
 queries as N — 32 rows of 4 queries for r ≤ 30, 16 rows of 8 queries for r ≤ 14, 8 rows of
 16 queries for r ≤ 6 (``wgt_rows``); its bounds obey the same error model, not the same
@@ -289,11 +289,14 @@ def auto_screen(
 ) -> tuple[str, int]:
     """(screen kernel, r) for a chunk from the positive heads per query (w fp32 [Qn, Hp];
     one device histogram, one sync).  ``screen="auto"``, certificate seeds off:
-    - "pair" with r = min(r, 6) when at least AUTO_PAIR_SHARE of the queries have at most
-      PAIR_MAX_R positive weights (docs/records/notes.md "Paired screen");
+    - r = min(r, 6) when at least AUTO_PAIR_SHARE of the queries have at most PAIR_MAX_R
+      positive weights (docs/records/notes.md "Paired screen"), on the transposed Hopper
+      screen "wgt" (its 8-row build) where it runs (``hopper``), otherwise on "pair"
+      (docs/records/benchmarks.md "The transposed screen and segmented anchors on the
+      H200": 25.0 ms against the paired screen's 38.5 ms at 1M keys, H = 64);
     - else r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN, r otherwise,
       on the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``),
-      otherwise on "fp64".
+      otherwise on "fp64" (the 16- and 32-row "wgt" builds are slower than "wg" there).
     With certificate seeds "fp64" with r; any other screen passes through.  Every choice is
     exact; this only picks the faster one."""
     if screen != "auto":
@@ -303,11 +306,11 @@ def auto_screen(
         return "fp64", r
     hist = xp.bincount(xp.sum(w > 0, axis=1).ravel(), minlength=w.shape[1] + 1)
     hist = np.asarray(hist.get() if hasattr(hist, "get") else hist)
-    if hist[: PAIR_MAX_R + 1].sum() >= AUTO_PAIR_SHARE * Qn:
-        return "pair", min(r, PAIR_MAX_R)
-    median = int(np.searchsorted(np.cumsum(hist), (Qn + 1) // 2))
     if hopper is None:
         hopper = sm90a.available()
+    if hist[: PAIR_MAX_R + 1].sum() >= AUTO_PAIR_SHARE * Qn:
+        return ("wgt" if hopper else "pair"), min(r, PAIR_MAX_R)
+    median = int(np.searchsorted(np.cumsum(hist), (Qn + 1) // 2))
     if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
         r = R_WIDE
     return ("wg" if hopper else "fp64"), r

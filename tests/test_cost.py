@@ -72,10 +72,10 @@ def _weights(Qn, H, positive):
     return w
 
 
-@pytest.mark.parametrize("hopper,kind", [(False, "fp64"), (True, "wg")])
-def test_candidates(hopper, kind):
-    few = _weights(64, 32, 3)  # every query ≤ 6 positive heads: the paired screen alone
-    assert cost.candidates("auto", 14, 0, few, np, hopper) == [("pair", 6)]
+@pytest.mark.parametrize("hopper,kind,narrow", [(False, "fp64", "pair"), (True, "wg", "wgt")])
+def test_candidates(hopper, kind, narrow):
+    few = _weights(64, 32, 3)  # every query ≤ 6 positive heads: the narrow screen alone
+    assert cost.candidates("auto", 14, 0, few, np, hopper) == [(narrow, 6)]
     some = _weights(64, 32, 10)  # median ≤ 20 positive: r = 14, and 30 to compare
     assert cost.candidates("auto", 14, 0, some, np, hopper) == [(kind, 14), (kind, 30)]
     many = _weights(64, 64, 40)  # median > 20: auto takes 30; 14 to compare

@@ -207,17 +207,20 @@ def test_pair_option_validation():
 
 
 def test_auto_screen_rule():
-    """screen="auto": pair (r ≤ 6) iff ≥ 95 % of the queries have ≤ 6 positive weights and
-    certificate seeds are off; r = 30 when the median query has > 20 positive weights;
-    on the Hopper screen where it runs, fp64 otherwise; other screens pass through
-    unchanged."""
+    """screen="auto": the narrow screen (r ≤ 6; wgt on Hopper, pair elsewhere) iff ≥ 95 % of
+    the queries have ≤ 6 positive weights and certificate seeds are off; r = 30 when the
+    median query has > 20 positive weights; on the Hopper screen where it runs, fp64
+    otherwise; other screens pass through unchanged."""
     w = -np.ones((40, 32), np.float32)
     w[:, :6] = 1.0  # |H+| = 6 everywhere
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
     assert screen.auto_screen("auto", 4, 0, w, np, hopper=False) == ("pair", 4)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wgt", 6)
+    assert screen.auto_screen("auto", 4, 0, w, np, hopper=True) == ("wgt", 4)
     assert screen.auto_screen("auto", 14, 64, w, np, hopper=True) == ("fp64", 14)
     w[:2, 6] = 1.0  # 38 / 40 = 95 % still pair
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wgt", 6)
     w[2, 6] = 1.0  # 37 / 40 < 95 %
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("fp64", 14)
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wg", 14)
