@@ -211,9 +211,13 @@ def candidates(screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None 
 
 def sample_size(screen: str) -> int:
     """Queries of one block row of the screen (QG; pairs: two queries per plan row; the
-    Hopper screens their own: sm90a.QG, screen.WGT_QG)."""
+    Hopper screen sm90a.QG); the transposed screen a third of its block row (WGT_QG / 3 =
+    128, eight groups of its 8-row build): its blocks loop over their query groups, so the
+    time scales with the groups, and a whole block row (384) would leave chunks below
+    4 · 384 queries without a sampled decision.  The scaled time then counts each block's
+    key-tile conversion three times: an overestimate of DoSA, never a changed id."""
     if screen == "wg":
         return sm90a.QG
     if screen == "wgt":
-        return WGT_QG
+        return WGT_QG // 3
     return 2 * QG if screen == "pair" else QG

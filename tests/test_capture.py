@@ -380,7 +380,7 @@ def test_auto_route_choosing_screening_is_kept(monkeypatch):
     for i, out, _, _, static in _replay_cupy(sel, sets, K):
         assert cp.array_equal(out, _dense(static, K)), f"set {i}"
     (sh,) = sel._shapes.values()
-    assert sh.route == "dosa" and sh.screen in ("wg", "fp64")  # a paired choice is converted
+    assert sh.route == "dosa" and sh.screen in ("wgt", "wg", "fp64")  # never the paired one
 
 
 @gpu
