@@ -1326,3 +1326,30 @@ def test_cp_report_of_a_synthetic_run():
     assert "| seed_allgather | 16,388 | 0.020 |" in md
     assert "| 0 | 524,288 | 1,000 | 0.0100 | 0.0400 | 7 |" in md
     assert "- sharded_dosa == dense_topk (whole context): True" in md
+
+
+def test_profile_line_split_charges_callees_to_their_own_lines(monkeypatch):
+    """``dosa bench --profile-plan``'s line split: a line that calls a traced function is
+    charged only with the time outside the callee, whose lines carry the rest (a fake clock
+    that the functions advance)."""
+    import types
+
+    from dosa_cupy.bench import profile_plan
+
+    clock = [0.0]
+    monkeypatch.setattr(profile_plan.time, "perf_counter", lambda: clock[0])
+    sync = types.SimpleNamespace(synchronize=lambda: None)
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: sync))
+
+    def inner():
+        clock[0] += 2.0
+
+    def outer():
+        clock[0] += 1.0
+        inner()
+        clock[0] += 3.0
+
+    acc = profile_plan._line_split(outer, (), cp, (inner,))
+    first = {"outer": outer.__code__.co_firstlineno, "inner": inner.__code__.co_firstlineno}
+    got = {(f, ln - first[f]): t for (f, ln), t in acc.items() if t}
+    assert got == {("outer", 1): 1.0, ("inner", 1): 2.0, ("outer", 3): 3.0}

@@ -1,9 +1,12 @@
-"""Where the plan and seed stages spend their time (issue 5 analysis; docs/records/notes.md).
+"""Where the plan, seed and route stages spend their time (issue 5 and issue 28 analysis;
+docs/records/notes.md).
 
-``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64]``
+``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64] [--scorer f16|fp8]``
 
 For ``plan.build_plans`` (the specification), ``plan.build_plans_fused`` (the
-pipeline's planner) and ``seeds.seed_stage`` on the calibrated regime: CUDA-event
+pipeline's planner), ``seeds.seed_stage`` and ``route.route_stage`` (the sampled decision,
+with the lines of its sample ``route._sample`` and ``plan.plan_stage``) on the calibrated
+regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
 per-source-line split taken with a device synchronization after every line (a trace
@@ -13,6 +16,7 @@ attributes time to lines).
 
 from __future__ import annotations
 
+import linecache
 import statistics
 import sys
 import time
@@ -20,25 +24,33 @@ import time
 from dosa_ref.cmdline import CommandParser
 
 
-def _line_split(fn, args, cp):
-    """{line number: seconds} of ``fn``'s own frame, synchronizing after each line."""
-    code = fn.__code__
-    acc: dict[int, float] = {}
+def _line_split(fn, args, cp, inner=()):
+    """{(function, line number): seconds} of ``fn``'s own frame and of the frames of the
+    functions ``inner`` it calls, synchronizing after each line; a line that calls an inner
+    function is charged only with what the callee's lines do not take."""
+    codes = {fn.__code__, *(f.__code__ for f in inner)}
+    acc: dict[tuple, float] = {}
     state = {"line": None, "t": 0.0}
 
     def tracer(frame, event, arg):
-        if frame.f_code is not code:
+        if frame.f_code not in codes:
             return None
-        if event in ("line", "return"):
+        if event in ("line", "return", "call"):
             cp.cuda.Device().synchronize()
             now = time.perf_counter()
             if state["line"] is not None:
                 acc[state["line"]] = acc.get(state["line"], 0.0) + now - state["t"]
-            state["line"], state["t"] = frame.f_lineno, now
+            state["t"] = now
+            if event == "line":
+                state["line"] = (frame.f_code.co_name, frame.f_lineno)
+            elif event == "return" and frame.f_back is not None and frame.f_back.f_code in codes:
+                state["line"] = (frame.f_back.f_code.co_name, frame.f_back.f_lineno)
+            else:
+                state["line"] = None if event == "return" else state["line"]
         return tracer
 
     cp.cuda.Device().synchronize()
-    sys.settrace(lambda f, e, a: tracer if f.f_code is code else None)
+    sys.settrace(lambda f, e, a: tracer(f, e, a) if f.f_code in codes else None)
     try:
         fn(*args)
     finally:
@@ -46,7 +58,7 @@ def _line_split(fn, args, cp):
     return acc
 
 
-def _report(name, fn, args, cp, src_lines):
+def _report(name, fn, args, cp, inner=()):
     for _ in range(2):
         fn(*args)
     ts, hs = [], []
@@ -61,45 +73,53 @@ def _report(name, fn, args, cp, src_lines):
         ts.append(cp.cuda.get_elapsed_time(a, b))
     print(f"{name}: event median {statistics.median(ts):.2f} ms, host return median "
           f"{statistics.median(hs):.2f} ms")  # fmt: skip
-    split = _line_split(fn, args, cp)
+    split = _line_split(fn, args, cp, inner)
     tot = sum(split.values())
     print(f"  per-line (synchronized, total {tot * 1e3:.2f} ms), top 15:")
-    for ln, s in sorted(split.items(), key=lambda x: -x[1])[:15]:
-        print(f"  {s * 1e3:7.2f} ms  L{ln}: {src_lines[ln - 1].strip()[:90]}")
+    for (fname, ln), s in sorted(split.items(), key=lambda x: -x[1])[:15]:
+        src = linecache.getline(_file(fname, fn, inner), ln).strip()[:80]
+        print(f"  {s * 1e3:7.2f} ms  {fname}:{ln}: {src}")
+
+
+def _file(fname, fn, inner):
+    """The source file of the traced function named ``fname``."""
+    return next(f.__code__.co_filename for f in (fn, *inner) if f.__code__.co_name == fname)
 
 
 def main(argv=None) -> int:
-    import inspect
-
     import cupy as cp
 
-    from dosa_cupy import plan, seeds
+    from dosa_cupy import plan, route, screen, seeds
+    from dosa_cupy.cost import candidates, model_for
     from dosa_cupy.options import check_options, resolve_options
-    from dosa_cupy.prepare import pad_batch
+    from dosa_cupy.prepare import key_rho, pad_batch
     from dosa_cupy.workload import make_gpu_workload
 
     ap = CommandParser(prog="dosa bench --profile-plan")
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--N", type=int, default=131072)
     ap.add_argument("--H", default="32,64")
+    ap.add_argument("--scorer", choices=("f16", "fp8"), default="f16")
     a = ap.parse_args(argv)
     for H in (int(x) for x in a.H.split(",")):
         wl = make_gpu_workload("calibrated", a.Qn, a.N, H, seed=5)
-        b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
-        o = resolve_options(check_options({}), b.K)
-        print(f"== H={H} Qn={a.Qn} N={a.N}")
-        src = inspect.getsource(sys.modules[seeds.__name__]).splitlines()
-        _report("seeds (seed_stage)", seeds.seed_stage, (b, o), cp, src)
-        pool = seeds.seed_stage(b, o).pool
+        b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"],
+                      scorer=a.scorer)  # fmt: skip
+        o = resolve_options(check_options({"scorer": a.scorer}), b.K)
+        print(f"== H={H} Qn={a.Qn} N={a.N} scorer={a.scorer}")
+        _report("seeds (seed_stage)", seeds.seed_stage, (b, o), cp)
+        sd = seeds.seed_stage(b, o)
+        rho = key_rho(b.kp)
+        model = model_for(b.scorer)
+        inner = (route._sample, plan.plan_stage, screen.auto_screen, candidates)
+        _report("route (route_stage)", route.route_stage, (b, sd, rho, o, model), cp, inner)
+        pool = sd.pool
         ns = min(o["p_sample"], int(pool.size))
         sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
-        src = inspect.getsource(sys.modules[plan.__name__]).splitlines()
-        _report(
-            "plan (build_plans)", plan.build_plans, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src
-        )
+        _report("plan (build_plans)", plan.build_plans, (b.q, b.w, b.kp, sample, 14, 1, 17), cp)
         # the pipeline's planner (one kernel per chunk, one block per query), same method
         fused = plan.build_plans_fused
-        _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp, src)
+        _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp)
     return 0
 
 
