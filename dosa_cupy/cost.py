@@ -28,6 +28,7 @@ __all__ = [
     "RouteMemo",
     "candidate_key",
     "candidates",
+    "candidates_of",
     "early_route",
     "logits_flop",
     "model_for",
@@ -197,12 +198,19 @@ def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:
 
 
 def candidates(screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None) -> list:
-    """The (screen, r) pairs the sampled decision compares: with ``screen="auto"``, the
-    narrow screen ("wgt" on Hopper, else "pair"; r ≤ 6) alone when ``auto_screen`` picks it,
-    else auto's kernel with r and with
-    R_WIDE (one and two MMA tiles); any other screen: that screen with r.  w fp32 [Qn, Hp]
-    (an ``xp`` array); ``hopper`` as in ``auto_screen``."""
-    pick, rr = auto_screen(screen, r, cert_seeds, w, xp, hopper)
+    """The (screen, r) pairs the sampled decision compares (``candidates_of`` of
+    ``auto_screen``'s pick); w fp32 [Qn, Hp] (an ``xp`` array); ``hopper`` as in
+    ``auto_screen``."""
+    return candidates_of(screen, r, cert_seeds, auto_screen(screen, r, cert_seeds, w, xp, hopper))
+
+
+def candidates_of(screen: str, r: int, cert_seeds: int, pick: tuple) -> list:
+    """The (screen, r) pairs the sampled decision compares, given ``auto_screen``'s ``pick``
+    (screen, r) for the options' ``screen`` and ``r``: with ``screen="auto"``, the narrow
+    screen ("wgt" on Hopper, else "pair"; r ≤ 6) alone when auto picks it, else auto's
+    kernel with its r and with the other of r and R_WIDE (one and two MMA tiles); any other
+    screen, or certificate seeds: the pick alone."""
+    pick, rr = pick
     if screen != "auto" or pick in ("pair", "wgt") or cert_seeds:
         return [(pick, rr)]
     alt = R_WIDE if rr != R_WIDE else r

@@ -35,13 +35,21 @@ from .cost import (
     RouteChoice,
     RouteMemo,
     candidate_key,
-    candidates,
+    candidates_of,
     early_route,
     sample_size,
 )
 from .plan import plan_stage
 from .refine import popcount_rows
-from .screen import ScreenLaunch, auto_screen, batch_plateau_rows, tie_screen_flag
+from .screen import (
+    ScreenLaunch,
+    auto_pick,
+    auto_screen,
+    auto_wanted,
+    batch_plateau_rows,
+    positive_heads_hist,
+    tie_screen_flag,
+)
 
 __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 
@@ -81,33 +89,49 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     ρ per key ``rho``; ``o`` the resolved options, route "auto" or "dosa": "dense" was
     decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
     (reason "option").  route="auto": decision 2 — screen a sample of evenly spaced queries
-    with each candidate (``cost.candidates``), timed; predict each candidate's remaining
+    with each candidate (``cost.candidates_of``), timed; predict each candidate's remaining
     time and the dense route's with ``model``; the cheapest wins.  Each candidate plans its
     sampled queries only (a query's plan does not depend on the other queries), so the
     whole chunk is planned once, after the decision, and never when the dense route wins.
-    Returns the ``RouteChoice``."""
+    Two read-backs: the chunk's counts with auto's histogram, then every candidate's
+    sample (their launches queued back to back).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
+    screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])
     if o["route"] != "auto":
-        screen, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-        return RouteChoice("dosa", "option", screen, r)
-    cands = candidates(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
-    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0])
+        return RouteChoice("dosa", "option", *auto_screen(screen, r, cert, b.w, cp))
     vis = b.visible.sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
     tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
-    pairs, screened, tie = cp.asnumpy(cp.stack([vis, screened, tie.astype(cp.int64)]))
+    parts = [cp.stack([vis, screened, tie.astype(cp.int64)])]
+    auto = auto_wanted(screen, cert, b.Qn)
+    if auto:
+        parts.append(positive_heads_hist(b.w, cp).astype(cp.int64))
+    head = cp.asnumpy(cp.concatenate(parts))  # read-back 1
+    pairs, screened, tie = head[:3]
+    pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
+    cands = candidates_of(screen, r, cert, pick)
+    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
+        return RouteChoice("dosa", "small", *cands[0], tie=bool(tie))
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    for screen, r in cands:
-        n = sample_size(screen)
-        idx = cp.linspace(0, b.Qn - 1, n).astype(cp.int64)
+    runs = []
+    for scr, rr in cands:
+        n = sample_size(scr)
+        idx = cp.asarray(np.linspace(0, b.Qn - 1, n).astype(np.int64))
         bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, r, o)
-        ms, m, vis_s, r_s = _sample(bs, plan, seeds, idx, rho, dict(o, screen=screen), bool(tie))
+        plan = plan_stage(bs, seeds.pool, rr, o)
+        runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
+                                              bool(tie))))  # fmt: skip
+    got = cp.asnumpy(cp.concatenate([run[-1][2] for run in runs]))  # read-back 2
+    at = 0
+    for scr, rr, n, idx, (start, end, _) in runs:
+        out, at = got[at : at + 2 + 2 * n], at + 2 + 2 * n
+        ms = cp.cuda.get_elapsed_time(start, end)  # its end event completed with the read-back
+        m = float(out[0]) / float(out[1]) if out[1] > 0 else 0.0
+        vis_s, r_s = out[2 : 2 + n], out[2 + n :]
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
-        key = candidate_key(screen, r)
+        key = candidate_key(scr, rr)
         scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
         choice.predicted_ms[key] = model.rest_ms(
             b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
@@ -115,15 +139,16 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
         choice.survival[key], choice.sample[key] = m, n
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
-            choice.route, choice.screen, choice.r = "dosa", screen, r
+            choice.route, choice.screen, choice.r = "dosa", scr, rr
     return choice
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
-    """(screen ms, survival, visible int64 [n], plan r int64 [n]; numpy) of the sampled
-    queries ``idx``
-    (sub-batch ``bs``, their ``plan``) with the screen ``o["screen"]``; ``tie``: the whole
-    chunk's build choice (``screen.tie_screen_wanted``).  One synchronization."""
+    """(start event, end event, int64 device [2 + 2n]: the sample's survivors, its screened
+    keys, then visible keys [n] and plan r [n]) of the sampled queries ``idx`` (sub-batch
+    ``bs``, their ``plan``) screened with ``o["screen"]``; ``tie``: the whole chunk's build
+    choice (``screen.tie_screen_wanted``).  No synchronization: the caller reads the vector
+    back, after which the end event has completed."""
     cp = cupy_or_raise()
     kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
     ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
@@ -139,7 +164,4 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     vis = bs.visible
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
     head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
-    out = cp.asnumpy(cp.concatenate([head, vis, plan.r.astype(cp.int64)]))  # one sync: the
-    s, n, q = float(out[0]), float(out[1]), bs.Qn  # end event has completed with it
-    ms = cp.cuda.get_elapsed_time(start, end)
-    return ms, (s / n if n > 0 else 0.0), out[2 : 2 + q], out[2 + q :]
+    return start, end, cp.concatenate([head, vis, plan.r.astype(cp.int64)])

@@ -38,11 +38,14 @@ __all__ = [
     "SCREENS",
     "WGT_MAX_R",
     "ScreenLaunch",
+    "auto_pick",
     "auto_screen",
+    "auto_wanted",
     "batch_plateau_rows",
     "pair_plan",
     "plateau_constants",
     "screen_stage",
+    "positive_heads_hist",
     "wgt_rows",
 ]
 
@@ -284,11 +287,15 @@ def tie_screen_flag(seeds: Seeds, o: dict, xp):
     return xp.any(seeds.tau == 0)
 
 
-def auto_screen(
-    screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None
-) -> tuple[str, int]:
-    """(screen kernel, r) for a chunk from the positive heads per query (w fp32 [Qn, Hp];
-    one device histogram, one sync).  ``screen="auto"``, certificate seeds off:
+def positive_heads_hist(w, xp):
+    """int64 [Hp + 1] on ``xp``: the number of queries with h positive weights, h = 0..Hp
+    (w fp32 [Qn, Hp]); what ``auto_pick`` reads (no synchronization)."""
+    return xp.bincount(xp.sum(w > 0, axis=1).ravel(), minlength=w.shape[1] + 1)
+
+
+def auto_pick(r: int, hist, hopper: bool | None = None) -> tuple[str, int]:
+    """``screen="auto"``'s (screen kernel, r) for a chunk without certificate seeds, from
+    ``positive_heads_hist`` read back (numpy [Hp + 1], Qn = its sum > 0):
     - r = min(r, 6) when at least AUTO_PAIR_SHARE of the queries have at most PAIR_MAX_R
       positive weights (docs/records/notes.md "Paired screen"), on the transposed Hopper
       screen "wgt" (its 8-row build) where it runs (``hopper``), otherwise on "pair"
@@ -297,15 +304,9 @@ def auto_screen(
     - else r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN, r otherwise,
       on the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``),
       otherwise on "fp64" (the 16- and 32-row "wgt" builds are slower than "wg" there).
-    With certificate seeds "fp64" with r; any other screen passes through.  Every choice is
-    exact; this only picks the faster one."""
-    if screen != "auto":
-        return screen, r
-    Qn = w.shape[0]
-    if cert_seeds or Qn == 0:
-        return "fp64", r
-    hist = xp.bincount(xp.sum(w > 0, axis=1).ravel(), minlength=w.shape[1] + 1)
-    hist = np.asarray(hist.get() if hasattr(hist, "get") else hist)
+    Every choice is exact; this only picks the faster one."""
+    hist = np.asarray(hist)
+    Qn = int(hist.sum())
     if hopper is None:
         hopper = sm90a.available()
     if hist[: PAIR_MAX_R + 1].sum() >= AUTO_PAIR_SHARE * Qn:
@@ -314,6 +315,24 @@ def auto_screen(
     if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
         r = R_WIDE
     return ("wg" if hopper else "fp64"), r
+
+
+def auto_wanted(screen: str, cert_seeds: int, Qn: int) -> bool:
+    """Whether ``auto_screen`` reads the positive heads (else its answer is fixed)."""
+    return screen == "auto" and not cert_seeds and Qn > 0
+
+
+def auto_screen(
+    screen: str, r: int, cert_seeds: int, w, xp, hopper: bool | None = None
+) -> tuple[str, int]:
+    """(screen kernel, r) for a chunk (w fp32 [Qn, Hp] on ``xp``): ``auto_pick`` of its
+    ``positive_heads_hist`` (one device histogram, one sync) when ``screen="auto"``
+    without certificate seeds; "fp64" with r under "auto" with certificate seeds (or no
+    query); any other screen passes through."""
+    if not auto_wanted(screen, cert_seeds, w.shape[0]):
+        return ("fp64" if screen == "auto" else screen), r
+    hist = positive_heads_hist(w, xp)
+    return auto_pick(r, hist.get() if hasattr(hist, "get") else hist, hopper)
 
 
 @dataclass(frozen=True)

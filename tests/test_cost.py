@@ -218,3 +218,21 @@ def test_route_memo_refresh_one_samples_every_call():
     memo = cost.RouteMemo(refresh=1)
     memo.store("k", cost.RouteChoice("dense", "sampled"))
     assert memo.recall("k") is None and memo.recall("k") is None
+
+
+def test_candidates_of_the_pick_equal_the_candidates():
+    """The route stage's one read-back path (``screen.positive_heads_hist`` →
+    ``screen.auto_pick`` → ``cost.candidates_of``) gives ``cost.candidates``' pairs."""
+    from dosa_cupy import screen
+
+    for hopper in (False, True):
+        for H, positive in ((32, 3), (32, 10), (64, 40), (64, 6)):
+            w = _weights(64, H, positive)
+            for scr, r, cert in (("auto", 14, 0), ("auto", 4, 0), ("auto", 30, 0),
+                                 ("fp64", 14, 0), ("auto", 14, 8)):  # fmt: skip
+                want = cost.candidates(scr, r, cert, w, np, hopper)
+                if screen.auto_wanted(scr, cert, w.shape[0]):
+                    pick = screen.auto_pick(r, screen.positive_heads_hist(w, np), hopper)
+                else:
+                    pick = screen.auto_screen(scr, r, cert, w, np, hopper)
+                assert cost.candidates_of(scr, r, cert, pick) == want

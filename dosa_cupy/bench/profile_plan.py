@@ -5,8 +5,8 @@ docs/records/notes.md).
 
 For ``plan.build_plans`` (the specification), ``plan.build_plans_fused`` (the
 pipeline's planner), ``seeds.seed_stage`` and ``route.route_stage`` (the sampled decision,
-with the lines of its sample ``route._sample`` and ``plan.plan_stage``) on the calibrated
-regime: CUDA-event
+with the lines of ``route._sample``, ``plan.plan_stage`` and ``screen.auto_pick``) on the
+calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
 per-source-line split taken with a device synchronization after every line (a trace
@@ -86,11 +86,21 @@ def _file(fname, fn, inner):
     return next(f.__code__.co_filename for f in (fn, *inner) if f.__code__.co_name == fname)
 
 
+def _prepare(args, scorer):
+    """What ``dosa_topk`` times as its prepare stage: ``options.start`` (the checks, the
+    padded batch), the value checks read back, ρ per key."""
+    from dosa_cupy import options, prepare
+
+    _, _, _, b, _ = options.start(*args, {"scorer": scorer})
+    b.raise_if_bad()
+    return prepare.key_rho(b.kp)
+
+
 def main(argv=None) -> int:
     import cupy as cp
 
-    from dosa_cupy import plan, route, screen, seeds
-    from dosa_cupy.cost import candidates, model_for
+    from dosa_cupy import options, plan, prepare, route, screen, seeds
+    from dosa_cupy.cost import model_for
     from dosa_cupy.options import check_options, resolve_options
     from dosa_cupy.prepare import key_rho, pad_batch
     from dosa_cupy.workload import make_gpu_workload
@@ -107,11 +117,15 @@ def main(argv=None) -> int:
                       scorer=a.scorer)  # fmt: skip
         o = resolve_options(check_options({"scorer": a.scorer}), b.K)
         print(f"== H={H} Qn={a.Qn} N={a.N} scorer={a.scorer}")
+        args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
+        inner = (options.start, prepare.pad_batch, prepare.check_inputs, prepare.pad_heads,
+                 prepare.ValueCheck.__init__, prepare.ValueCheck.raise_if_bad)  # fmt: skip
+        _report("prepare (pipeline's start, checks, ρ)", _prepare, (args, a.scorer), cp, inner)
         _report("seeds (seed_stage)", seeds.seed_stage, (b, o), cp)
         sd = seeds.seed_stage(b, o)
         rho = key_rho(b.kp)
         model = model_for(b.scorer)
-        inner = (route._sample, plan.plan_stage, screen.auto_screen, candidates)
+        inner = (route._sample, plan.plan_stage, screen.auto_pick)
         _report("route (route_stage)", route.route_stage, (b, sd, rho, o, model), cp, inner)
         pool = sd.pool
         ns = min(o["p_sample"], int(pool.size))
