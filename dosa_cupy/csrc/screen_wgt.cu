@@ -70,6 +70,20 @@ namespace dosa {
 namespace wgt {
 constexpr int kGroups = DOSA_WGT_GROUPS;
 constexpr int kThreads = 128 * kGroups;
+// Two accumulators: chunk 1's MMAs are issued before chunk 0's epilogue, so the tensor cores
+// work under it (one accumulator: MMA, epilogue, MMA, epilogue in turn within a warpgroup,
+// and the per-group barrier keeps the three warpgroups in step).  64 more accumulator
+// registers fit the 168 of three warpgroups without spills in the plain builds (ptxas -v:
+// 158 / 161 / 168 for rows 8 / 16 / 32); the tie-aware builds would spill, so they keep one
+// accumulator unless the block has at most two warpgroups.  DOSA_WGT_TWO_ACC=0 builds the
+// one-accumulator schedule everywhere (a baseline to time against).
+#ifndef DOSA_WGT_TWO_ACC
+#define DOSA_WGT_TWO_ACC 1
+#endif
+template <bool TIE>
+struct TwoAcc {
+  static constexpr bool value = DOSA_WGT_TWO_ACC && (!TIE || kGroups <= 2);
+};
 constexpr int kTile = 128 * kGroups;       // keys per block (screen.WGT_TILE)
 constexpr int kKeyPanel = kTile * 128;     // bytes of one 64-dim panel of the key tile
 constexpr int kRowPanel = 128 * 128;       // bytes of one 64-dim panel of a group's 128 rows
@@ -494,13 +508,24 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
     Lane<RQ> L;
 #pragma unroll
     for (int e = 0; e < kE; ++e) L.word[e] = L.tie[e] = 0u;
-    wait<0>();
-    pin(acc);
-    epilogue<TIE, RQ>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
-    issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
-    wait<0>();
-    pin(acc);
-    epilogue<TIE, RQ>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    if constexpr (TwoAcc<TIE>::value) {  // chunk 1's MMAs run under chunk 0's epilogue
+      float acc1[64];
+      issue_chunk(acc1, sk_addr + 128 * (128 * v + 64), rows_addr);
+      wait<1>();
+      pin(acc);
+      epilogue<TIE, RQ>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      wait<0>();
+      pin(acc1);
+      epilogue<TIE, RQ>(acc1, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    } else {
+      wait<0>();
+      pin(acc);
+      epilogue<TIE, RQ>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
+      wait<0>();
+      pin(acc);
+      epilogue<TIE, RQ>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    }
     // word 4v + w of the tile for the lane's queries E·qd + e (lanes 0..3 store)
     const int word = 4 * v + w;
 #pragma unroll
