@@ -23,6 +23,7 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -118,7 +119,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     runs = []
     for scr, rr in cands:
         n = sample_size(scr)
-        idx = cp.asarray(np.linspace(0, b.Qn - 1, n).astype(np.int64))
+        idx = _sample_rows(int(b.Qn), n, cp.cuda.Device().id)
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, rr, o)
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
@@ -141,6 +142,13 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
     return choice
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_rows(Qn: int, n: int, device: int):
+    """int64 [n] on ``device`` (the current one): the n evenly spaced sampled query rows of
+    a chunk of Qn queries, kept per shape (only read: a repeated shape copies nothing)."""
+    return cupy_or_raise().asarray(np.linspace(0, Qn - 1, n).astype(np.int64))
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

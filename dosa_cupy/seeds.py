@@ -12,6 +12,7 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,10 +79,18 @@ class Seeds:
 
 def anchor_queries(Qn: int, n_anchors: int):
     """The anchor queries: int64 [≤ n_anchors] device array of evenly spaced query rows
-    (distinct, sorted), or None when there are none (docs/method.md §2)."""
+    (distinct, sorted), or None when there are none (docs/method.md §2).  One array per
+    (Qn, count, device), kept: a call of a shape seen before copies nothing to the device
+    (callers only read it)."""
     na = min(n_anchors, Qn)
     if na <= 0:
         return None
+    return _anchor_rows(int(Qn), int(na), cupy_or_raise().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=64)
+def _anchor_rows(Qn: int, na: int, device: int):
+    """``anchor_queries``' array on ``device`` (the current one when called)."""
     rows = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64))
     return cupy_or_raise().asarray(rows)
 
