@@ -80,6 +80,20 @@ constexpr int kThreads = 128 * kGroups;
 #ifndef DOSA_WGT_TWO_ACC
 #define DOSA_WGT_TWO_ACC 1
 #endif
+// The staging of a query group's rows (stage_group).  16-dim items (DOSA_WGT_STAGE8=0, the
+// default): a thread loads 16 e4m3 codes and stores two f16 chunks, the first eight threads
+// of a warp cover both panels of one row, so each 16-byte store meets a second one on the
+// same banks (a 2-way conflict; ncu at 66f9531: 34 % of the shared-store wavefronts are
+// conflicts, docs/records/benchmarks.md, nineteenth session).  8-dim items
+// (DOSA_WGT_STAGE8=1): a thread loads 8 codes and stores one chunk, eight threads one panel of
+// one row — the eight chunk positions, no conflict.  The same bytes at the same addresses
+// (Stage8::same_layout, checked when the file compiles); built and checked on the CPU, not yet
+// timed on a GPU, so not the default.
+#ifndef DOSA_WGT_STAGE8
+#define DOSA_WGT_STAGE8 0
+#endif
+constexpr bool kStage8 = DOSA_WGT_STAGE8;
+
 template <bool TIE>
 struct TwoAcc {
   static constexpr bool value = DOSA_WGT_TWO_ACC && (!TIE || kGroups <= 2);
@@ -158,6 +172,47 @@ constexpr bool layout_holds() {
 }
 static_assert(layout_holds<32>() && layout_holds<16>() && layout_holds<8>(),
               "the N operand's layout (header)");
+
+// The byte address in a group's row buffer (two panels of 128 rows × 128 bytes) of the f16
+// chunk holding dims 8c .. 8c + 7 of N row r: panel c / 8, 16-byte chunk c mod 8 of the row,
+// 128-byte swizzled (ptx_sm90a.cuh sw128_offset).
+__host__ __device__ constexpr int row_chunk_addr(int r, int c) {
+  return (c >> 3) * kRowPanel + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// The two stagings of stage_group write the same chunks at the same addresses: the 16-dim
+// item (n, i) stores dims 16i .. 16i + 7 at panel i / 4, chunk 2(i mod 4), and dims 16i + 8
+// .. 16i + 15 at chunk 2(i mod 4) + 1; the 8-dim item (n, c) dims 8c .. 8c + 7 at
+// row_chunk_addr — and the 8-dim items cover every (row, chunk) once, each run of eight
+// consecutive items in one row and one panel at eight distinct chunk positions (the
+// conflict-free store of a quarter warp).
+template <int RQ>
+constexpr bool stage8_same_layout() {
+  using L = Rows<RQ>;
+  bool seen[2 * 128 * 8] = {};
+  for (int n = 0; n < 128; ++n) {
+    const int r = L::column(n / RQ, n % RQ);
+    for (int i = 0; i < 8; ++i)
+      for (int h = 0; h < 2; ++h) {
+        const int old = (i >> 2) * kRowPanel + r * 128 + (((2 * (i & 3) + h) ^ (r & 7)) << 4);
+        if (old != row_chunk_addr(r, 2 * i + h)) return false;
+      }
+    for (int c0 = 0; c0 < 16; c0 += 8) {
+      bool pos[8] = {};
+      for (int c = c0; c < c0 + 8; ++c) {
+        const int a = row_chunk_addr(r, c);
+        if (seen[a >> 4]) return false;
+        seen[a >> 4] = true;
+        const int p = (a >> 4) & 7;  // the 16-byte chunk position: banks 4p .. 4p + 3
+        if (pos[p]) return false;
+        pos[p] = true;
+      }
+    }
+  }
+  return true;
+}
+static_assert(stage8_same_layout<32>() && stage8_same_layout<16>() && stage8_same_layout<8>(),
+              "the 8-dim staging writes today's layout, conflict-free (stage_group)");
 }  // namespace wgt
 }  // namespace dosa
 
@@ -242,24 +297,47 @@ __device__ __forceinline__ void stage_group(
     int tile_n) {
   using L = Rows<RQ>;
   constexpr int kQ = L::kQ, kE = L::kE, kV = L::kV;
-  constexpr int kAll = 128 * 8;  // (N row, 16-dim chunk) items
-  constexpr int kItems = (kAll + kThreads - 1) / kThreads;
-  uint4 e[kItems];
+  if constexpr (kStage8) {
+    constexpr int kAll = 128 * 16;  // (N row, 8-dim chunk) items
+    constexpr int kItems = (kAll + kThreads - 1) / kThreads;
+    uint2 e[kItems];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    // (unsigned: n / RQ and n % RQ are a shift and a mask)
-    const unsigned it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
-    const int t = t0 + (int)(n / RQ);
-    e[k] = make_uint4(0u, 0u, 0u, 0u);
-    if (it < kAll && t < qend) {
-      const long long row = (long long)t * L::kStride + L::plan_row((int)(n % RQ));
-      e[k] = __ldg(reinterpret_cast<const uint4*>(rows + row * DOSA_D + 16 * i));
+    for (int k = 0; k < kItems; ++k) {
+      const unsigned it = threadIdx.x + kThreads * k, n = it >> 4, c = it & 15;
+      const int t = t0 + (int)(n / RQ);
+      e[k] = make_uint2(0u, 0u);
+      if (it < kAll && t < qend) {
+        const long long row = (long long)t * L::kStride + L::plan_row((int)(n % RQ));
+        e[k] = __ldg(reinterpret_cast<const uint2*>(rows + row * DOSA_D + 8 * c));
+      }
     }
-  }
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const unsigned it = threadIdx.x + kThreads * k, n = it >> 3;
-    if (it < kAll) store_f16(G.rows, kRowPanel, L::column(n / RQ, n % RQ), it & 7, e[k]);
+    for (int k = 0; k < kItems; ++k) {
+      const unsigned it = threadIdx.x + kThreads * k, n = it >> 4;
+      if (it < kAll)
+        *reinterpret_cast<uint4*>(G.rows + row_chunk_addr(L::column(n / RQ, n % RQ), it & 15)) =
+            make_uint4(f16x2_lo(e[k].x), f16x2_hi(e[k].x), f16x2_lo(e[k].y), f16x2_hi(e[k].y));
+    }
+  } else {
+    constexpr int kAll = 128 * 8;  // (N row, 16-dim chunk) items
+    constexpr int kItems = (kAll + kThreads - 1) / kThreads;
+    uint4 e[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      // (unsigned: n / RQ and n % RQ are a shift and a mask)
+      const unsigned it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
+      const int t = t0 + (int)(n / RQ);
+      e[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (it < kAll && t < qend) {
+        const long long row = (long long)t * L::kStride + L::plan_row((int)(n % RQ));
+        e[k] = __ldg(reinterpret_cast<const uint4*>(rows + row * DOSA_D + 16 * i));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const unsigned it = threadIdx.x + kThreads * k, n = it >> 3;
+      if (it < kAll) store_f16(G.rows, kRowPanel, L::column(n / RQ, n % RQ), it & 7, e[k]);
+    }
   }
   const int tid = threadIdx.x;
   if (tid < kQ * kV) {  // (query u, rows 4m .. 4m + 3): weights and plateau coefficients
