@@ -85,23 +85,17 @@ def wgt_rows(r_max: int) -> int:
     return 8 if r_max <= PAIR_MAX_R else 16 if r_max <= 14 else 32
 
 
-def wgt_smem_bytes(rows: int = 16) -> int:
+def wgt_smem_bytes(rows: int = 16, tile: int | None = None) -> int:
     """Dynamic shared memory of screen_wgt_rows{rows} (csrc/screen_wgt.cu Rows<RQ>::kSmemBytes,
     which the kernel checks at its start): 1 KB alignment slack, the f16 key tile (two
     128-byte-swizzled panels), two buffers of a query group's 128 f16 rows, α and ρ as fp64,
     per buffer the lanes' weights and plateau coefficients (2 · Q · 4 vectors of rows / 4
     floats, Q = 128 / rows queries) and Q query records of 56 bytes, the tile's anchor-pool
-    words."""
+    words; ``tile``: keys per block (default WGT_TILE; 128 per warpgroup of the build)."""
+    T = WGT_TILE if tile is None else int(tile)
     q = 128 // rows
     meta = 2 * q * 4 * rows + q * 56
-    return (
-        1024
-        + 2 * WGT_TILE * 128
-        + 2 * 2 * 128 * 128
-        + 2 * WGT_TILE * 8
-        + 2 * meta
-        + WGT_TILE // 32 * 4
-    )
+    return 1024 + 2 * T * 128 + 2 * 2 * 128 * 128 + 2 * T * 8 + 2 * meta + T // 32 * 4
 
 
 WGT_SPEC = KernelSpec("screen_wgt.cu", (), sm90a=True)  # sm_90a build (NVRTC, else nvcc)

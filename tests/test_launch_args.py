@@ -21,7 +21,7 @@ from dosa_cupy import _build, _signature, dense, sm90a
 from dosa_cupy._build import TILES, Kernel, KernelSpec, Module, main_spec
 from dosa_cupy._signature import LaunchCheck, Param, check_launch, preprocess, signatures
 from dosa_cupy.bench.fp8_dense import VARIANTS as FP8_DENSE
-from dosa_cupy.bench.screen_variants import QG_ARG, SURV, VARIANTS
+from dosa_cupy.bench.screen_variants import QG_ARG, SURV, VARIANTS, WGT_VARIANTS
 from dosa_cupy.decode_ops import DECODE
 from dosa_cupy.plan import PLAN
 
@@ -74,6 +74,8 @@ def _builds():
             out.append((sm90a.spec(t, defines), ["screen_wg_mt1"]))
     for source in ("screen_wgt.cu", "fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"):
         out.append((KernelSpec(source, (), sm90a=True), LAUNCHED[source]))
+    for defines, _, _ in WGT_VARIANTS.values():  # bench/screen_variants --wgt
+        out.append((KernelSpec("screen_wgt.cu", defines, sm90a=True), LAUNCHED["screen_wgt.cu"]))
     return out
 
 
@@ -157,6 +159,10 @@ def test_screen_variants_argument_positions():
     """bench/screen_variants patches the screen's arguments by position."""
     names = [p.name for p in signatures(main_spec())["screen_mt1"]]
     assert names[SURV] == "surv" and names[QG_ARG] == "QG"
+    wgt = signatures(KernelSpec("screen_wgt.cu", (), sm90a=True))
+    for rows in (8, 16, 32):  # --wgt patches the transposed screen's at the same positions
+        names = [p.name for p in wgt[f"screen_wgt_rows{rows}"]]
+        assert names[SURV] == "surv" and names[QG_ARG] == "QG"
 
 
 # ---------------------------------------------------------------------------------------

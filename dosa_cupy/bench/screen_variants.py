@@ -1,9 +1,13 @@
-"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--out DIR]``: the
-screen kernels on one captured launch of a calibrated DoSA call — ``screen_mt1`` (mma.sync)
-and builds of the Hopper screen (``csrc/screen_sm90a.cu``: warpgroups per block,
-fp32 pre-test) — timed with CUDA events (median of 10 after 2 warm-ups) on the same
-arguments, each build's survivor bitmask compared bitwise with ``screen_mt1``'s.  Method:
-docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen".
+"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--wgt]
+[--out DIR]``: the screen kernels on one captured launch of a calibrated DoSA call —
+``screen_mt1`` (mma.sync) and builds of the Hopper screen (``csrc/screen_sm90a.cu``:
+warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 after 2
+warm-ups) on the same arguments, each build's survivor bitmask compared bitwise with
+``screen_mt1``'s.  ``--wgt``: the transposed screen instead (``csrc/screen_wgt.cu``, the
+launch of a ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the
+builds of ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block), each
+compared bitwise with the default's words.  Method: docs/benchmark_method.md; records:
+docs/records/benchmarks.md "Hopper screen" and the nineteenth session's section.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ VARIANTS = {
     "diag_noreduce": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=4"),
 }
 SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
+# name → (screen_wgt.cu's defines, warpgroups per block, queries per block): its builds
+WGT_VARIANTS = {
+    "stage8": (("DOSA_WGT_STAGE8=1",), 3, 384),
+    "one_acc": (("DOSA_WGT_TWO_ACC=0",), 3, 384),
+    "g2": (("DOSA_WGT_GROUPS=2",), 2, 384),
+    "qg768": ((), 3, 768),
+    "stage8_qg768": (("DOSA_WGT_STAGE8=1",), 3, 768),
+}
 
 
 def groups_of(defines) -> int:
@@ -41,8 +53,9 @@ def _median_ms(cp, launch) -> float:
     return median_ms(cp, lambda _: launch(), reps=10)[0]
 
 
-def capture_screen(args_, cp):
-    """(kernel, grid, block, args, shared_mem) of the screen launch of one DoSA call."""
+def capture_screen(args_, cp, **options):
+    """(kernel, grid, block, args, shared_mem, name) of the screen launch of one DoSA call
+    (default ``screen="fp64"``, r = 14; ``options`` replace them)."""
     import dosa_cupy
     from dosa_cupy import screen
 
@@ -53,7 +66,7 @@ def capture_screen(args_, cp):
 
         def run(grid, block, a, shared_mem=0):
             if name.startswith("screen"):
-                cap["screen"] = (f, grid, block, a, shared_mem)
+                cap["screen"] = (f, grid, block, a, shared_mem, name)
             return f(grid, block, a, shared_mem=shared_mem)
 
         return run
@@ -61,7 +74,7 @@ def capture_screen(args_, cp):
     screen.kernel = recording
     try:
         # screen_mt1 at r = 14, whatever "auto" would pick: the variants are timed against it
-        dosa_cupy.dosa_topk(*args_, screen="fp64", r=14, route="dosa")
+        dosa_cupy.dosa_topk(*args_, **{"screen": "fp64", "r": 14, "route": "dosa", **options})
     finally:
         screen.kernel = orig
     return cap["screen"]
@@ -74,6 +87,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="comma list of variant names (default: all)")
+    ap.add_argument("--wgt", action="store_true", help="the transposed screen's builds")
     a = ap.parse_args(argv)
     import cupy as cp
 
@@ -83,7 +97,9 @@ def main(argv: list[str]) -> int:
 
     wl = make_gpu_workload("calibrated", a.Qn, a.N, a.H, seed=11)
     args_ = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
-    f, grid, block, kargs, smem = capture_screen(args_, cp)
+    if a.wgt:
+        return _wgt_main(a, args_, cp)
+    f, grid, block, kargs, smem, _ = capture_screen(args_, cp)
     surv = kargs[SURV]
     surv.fill(0xDEADBEEF)
     f(grid, block, kargs, shared_mem=smem)
@@ -122,3 +138,48 @@ def main(argv: list[str]) -> int:
             json.dump(res, fh, indent=1)
     exact = [v for n, v in res["variants"].items() if not n.startswith("diag_")]
     return 0 if all(v["survivors_equal"] for v in exact) else 1
+
+
+def _wgt_main(a, args_, cp) -> int:
+    """``--wgt``: the transposed screen's default build against ``WGT_VARIANTS``."""
+    from dosa_cupy import _build, screen
+
+    # the plain build (tie_reject off: the _tie variants take two more arguments)
+    f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=6,
+                                                       tie_reject=False)  # fmt: skip
+    nrow = int(name.removeprefix("screen_wgt_rows"))
+    surv = kargs[SURV]
+    surv.fill(0xDEADBEEF)
+    f(grid, block, kargs, shared_mem=smem)
+    ref = surv.copy()
+    ms0 = _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem))
+    res = {"H": a.H, "N": a.N, "Qn": a.Qn, "kernel": name, "default_ms": ms0}
+    print(f"{name} (default build) {res['default_ms']:.2f} ms")
+    names = a.only.split(",") if a.only else list(WGT_VARIANTS)
+    unknown = sorted(set(names) - set(WGT_VARIANTS))
+    if unknown:
+        raise ValueError(f"--only: unknown variants {unknown}; known: {list(WGT_VARIANTS)}")
+    res["variants"] = {}
+    for vname in names:
+        defs, groups, qg = WGT_VARIANTS[vname]
+        tile_keys = 128 * groups
+        sm = screen.wgt_smem_bytes(nrow, tile_keys)
+        spec = _build.KernelSpec("screen_wgt.cu", defs, sm90a=True)
+        g = _build.kernel(f"screen_wgt_rows{nrow}", sm, spec)
+        ga = list(kargs)
+        ga[QG_ARG] = np.int32(qg)
+        gg = (-(-a.N // tile_keys), -(-a.Qn // qg))
+        surv.fill(0xDEADBEEF)
+        launch = functools.partial(g, gg, (128 * groups,), tuple(ga), shared_mem=sm)
+        launch()
+        same = bool(cp.array_equal(surv, ref))
+        ms = _median_ms(cp, launch)
+        res["variants"][vname] = {"ms": ms, "survivors_equal": same, "defines": list(defs),
+                                  "groups": groups, "qg": qg}  # fmt: skip
+        print(f"{vname:12s} {ms:7.2f} ms  x{res['default_ms'] / ms:.3f} vs default  "
+              f"survivors equal: {same}")  # fmt: skip
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, f"screen_variants_wgt_H{a.H}_N{a.N}.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0 if all(v["survivors_equal"] for v in res["variants"].values()) else 1
