@@ -40,11 +40,14 @@ def test_sm90a_sources_compile_with_asynchronous_wgmma(source, tmp_path):
 
 
 @pytest.mark.skipif(_build.nvcc() is None, reason="nvcc not found on this machine")
-@pytest.mark.parametrize("define", ["DOSA_WGT_STAGE8=1", "DOSA_WGT_TWO_ACC=0", "DOSA_WGT_GROUPS=2"])
+@pytest.mark.parametrize(
+    "define", ["DOSA_WGT_STAGE8=1", "DOSA_WGT_TWO_ACC=0", "DOSA_WGT_GROUPS=2", "DOSA_WGT_WORDS=1"]
+)
 def test_transposed_screen_builds_compile(define, tmp_path):
     """The transposed screen's other builds (csrc/screen_wgt.cu: the conflict-free staging,
-    the one-accumulator schedule, two warpgroups per block) compile for sm_90a with their
-    compile-time layout checks, no serialised or waited-on wgmma and no spills."""
+    the one-accumulator schedule, two warpgroups per block, the gathered words) compile for
+    sm_90a with their compile-time layout checks, no serialised or waited-on wgmma and no
+    spills."""
     report = ptxas_report(_build.KernelSpec("screen_wgt.cu", (define,), sm90a=True), tmp_path)
     for code in ("C7510", "C7511", "C7512", "C7513", "C7514", "C7515", "C7516", "C7517",
                  "C7518", "C7519", "C7520"):  # fmt: skip

@@ -41,7 +41,18 @@ WGT_VARIANTS = {
     "g2": (("DOSA_WGT_GROUPS=2",), 2, 384),
     "qg768": ((), 3, 768),
     "stage8_qg768": (("DOSA_WGT_STAGE8=1",), 3, 768),
+    "words": (("DOSA_WGT_WORDS=1",), 3, 384),
+    "stage8_words": (("DOSA_WGT_STAGE8=1", "DOSA_WGT_WORDS=1"), 3, 384),
 }
+
+
+def wgt_words_bytes(defines, rows: int, tile_keys: int) -> int:
+    """The shared memory a ``DOSA_WGT_WORDS=1`` build adds (screen_wgt.cu Rows::kWordsBytes,
+    its 8- and 16-row builds: two buffers of Q queries' tile words and rows t), else 0."""
+    if "DOSA_WGT_WORDS=1" not in defines or rows == 32:
+        return 0
+    q = 128 // rows
+    return 2 * (q * (tile_keys // 32) + q) * 4
 
 
 def groups_of(defines) -> int:
@@ -163,7 +174,7 @@ def _wgt_main(a, args_, cp) -> int:
     for vname in names:
         defs, groups, qg = WGT_VARIANTS[vname]
         tile_keys = 128 * groups
-        sm = screen.wgt_smem_bytes(nrow, tile_keys)
+        sm = screen.wgt_smem_bytes(nrow, tile_keys) + wgt_words_bytes(defs, nrow, tile_keys)
         spec = _build.KernelSpec("screen_wgt.cu", defs, sm90a=True)
         g = _build.kernel(f"screen_wgt_rows{nrow}", sm, spec)
         ga = list(kargs)

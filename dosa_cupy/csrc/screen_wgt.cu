@@ -94,6 +94,18 @@ constexpr int kThreads = 128 * kGroups;
 #endif
 constexpr bool kStage8 = DOSA_WGT_STAGE8;
 
+// The survivor words of a query group.  Default (DOSA_WGT_WORDS=0): lanes 0..3 of each warp
+// store their queries' word of the tile, one uint32 per store (4 of a sector's 32 bytes;
+// ncu at 66f9531).  DOSA_WGT_WORDS=1: the words go to shared memory (two buffers, with the
+// queries' rows) and, after the group's barrier, the block writes each query's kTile / 32
+// words as one run.  The same words; built and compiled on the CPU, not yet timed, so not
+// the default.  Its shared memory is Rows::kSmemBytes + Rows::kWordsBytes.  The 32-row build
+// keeps the default (its registers are full: the gathered words would spill).
+#ifndef DOSA_WGT_WORDS
+#define DOSA_WGT_WORDS 0
+#endif
+constexpr bool kGatherWords = DOSA_WGT_WORDS;
+
 template <bool TIE>
 struct TwoAcc {
   static constexpr bool value = DOSA_WGT_TWO_ACC && (!TIE || kGroups <= 2);
@@ -147,6 +159,11 @@ struct Rows {
   // the 1,024-byte alignment slack, the key tile (two panels), two row buffers (two panels
   // each), α and ρ as fp64, two meta buffers, the anchor-pool words of the tile
   static constexpr int kSmemBytes = 1024 + kOffPool + (kTile / 32) * 4;
+  // DOSA_WGT_WORDS=1: two buffers of the group's words [Q][kTile / 32] and rows t [Q], after
+  // the pool words (screen.wgt_smem_bytes does not count them: the caller adds them)
+  static constexpr int kOffWords = kOffPool + (kTile / 32) * 4;
+  static constexpr int kWordsBytes = 2 * (kQ * (kTile / 32) + kQ) * 4;
+  static constexpr bool kGather = kGatherWords && RQ != 32;
   static_assert(kMetaBytes % 16 == 0, "float4-aligned meta buffers");
 };
 
@@ -540,7 +557,7 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below (screen.wgt_smem_bytes)
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)L_::kSmemBytes) __trap();
+  if (dyn < (uint32_t)(L_::kSmemBytes + (L_::kGather ? L_::kWordsBytes : 0))) __trap();
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   uint8_t* sm = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   uint8_t* sk = sm;
@@ -606,10 +623,19 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
     }
     // word 4v + w of the tile for the lane's queries E·qd + e (lanes 0..3 store)
     const int word = 4 * v + w;
+    constexpr int kW = kTile / 32;
+    uint32_t* sw = reinterpret_cast<uint32_t*>(sm + L_::kOffWords) + (gi & 1) * (kQ * kW + kQ);
+    if constexpr (L_::kGather) {  // to shared memory; written out after the barrier
 #pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      const int t = G.q[kE * qd + e].t;
-      if (lane < 4 && t >= 0 && word < nb) surv[(long long)t * NW + (n0 >> 5) + word] = L.word[e];
+      for (int e = 0; e < kE; ++e)
+        if (lane < 4) sw[(kE * qd + e) * kW + word] = L.word[e];
+      if (threadIdx.x < kQ) sw[kQ * kW + threadIdx.x] = (uint32_t)G.q[threadIdx.x].t;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        const int t = G.q[kE * qd + e].t;
+        if (lane < 4 && t >= 0 && word < nb) surv[(long long)t * NW + (n0 >> 5) + word] = L.word[e];
+      }
     }
     if constexpr (TIE) {
       if (tcnt != nullptr) {
@@ -626,6 +652,14 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
+    if constexpr (L_::kGather) {
+      // each query's words as one run (this buffer is next written two groups on, after
+      // the next group's barrier, which every thread reaches only after these stores)
+      for (int x = threadIdx.x; x < kQ * kW; x += kThreads) {
+        const int t = (int)sw[kQ * kW + x / kW], wd = x % kW;
+        if (t >= 0 && wd < nb) surv[(long long)t * NW + (n0 >> 5) + wd] = sw[x];
+      }
+    }
   }
 }
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
