@@ -124,8 +124,9 @@ class RouteChoice:
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
-    # the whole chunk's screen build read with the sample (``screen.tie_screen_wanted``;
-    # None when not sampled): the screen stage takes it instead of reading it again
+    # the whole chunk's screen build, read with the route stage's counts (sampled and
+    # "small" choices; ``screen.tie_screen_wanted``; None otherwise): the screen stage takes
+    # it instead of reading it again
     tie: bool | None = None
 
     def summary(self, reason: str | None = None) -> RouteChoice:
