@@ -12,7 +12,7 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dosa_ref.options import check_count
 
@@ -175,15 +175,27 @@ class RouteMemo:
         return len(self._seen)
 
 
-# The FP8 scorer's model (scorer.py "fp8"): H200's with the dense logits' rate of the FP8
-# dense builds (scorer.FP8_DENSE), 256·H·pairs / ms from their records at Qn = 4096, N = 1M
-# (docs/records/benchmarks.md "FP8 dense logits at the fourteenth session's builds": 91.4 ms
-# at H = 64, 51.1 ms at H = 32); the other rates are the f16 pipeline's, not yet refitted on
-# the FP8 refinement and seeds (an estimate: the choice decides time only, never ids).
-H200_FP8 = replace(
-    H200,
-    logits_flop_per_ms={32: 6.9e11, 64: 7.7e11},
-    fitted_on=H200.fitted_on + "; logits: FP8 dense records of d8ea99e (not fitted)",
+# The FP8 scorer's model (scorer.py "fp8"), fitted by `python -m dosa_cupy.bench.fit_cost` on
+# the nineteenth session's FP8 runs (docs/records/results/s19/: bench_calibrated.json at
+# 18c8484, bench_calibrated_66f9531.json, bench_trained.json at 4cdc2bd; H200, DeepGEMM in
+# the same calls): the FP8 dense logits and selection, the FP8 refinement and finish.  Its
+# dense route within 9 % of each of the ten rows it was fitted on (the f16 model's FP8
+# logits rates, which it replaces, were 9–34 % high); its early floor (the smallest DoSA
+# call measured, 10.55 ms) sends a chunk of 4,096 queries × 128K keys at H = 32 to the dense
+# route at once (measured there: dense 9.8–10.0 ms, DoSA with its decision 10.6–13.1).  Ten
+# rows of two regimes at Qn = 4096: the decision's time only, never ids.
+H200_FP8 = CostModel(
+    logits_flop_per_ms={32: 786928805290.629, 64: 841186017772.3127},
+    logits_fixed_ms=0.11400909955532199,
+    select_fixed_ms=1.0368166651044612,
+    select_ms_per_key=6.012378801172653e-09,
+    refine_ms_per_key=9.548939427159747e-10,
+    refine_ms_per_key_head=9.487810256301224e-10,
+    finish_fixed_ms=2.5079092841139414,
+    finish_ms_per_record=1.780691577217439e-08,
+    dosa_floor_ms=10.551088333129883,
+    fitted_on="18c8484 / 66f9531 / 4cdc2bd: results/s19/bench_calibrated.json, "
+    "bench_calibrated_66f9531.json, bench_trained.json",
 )
 
 
