@@ -23,14 +23,13 @@ scoring, in units of work rather than milliseconds).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import numpy as np
 
 from dosa_ref.cost import bound_fraction
 
-from ._build import cupy_or_raise
+from ._build import cupy_or_raise, device_const
 from .cost import (
     CostModel,
     RouteChoice,
@@ -119,7 +118,9 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     runs = []
     for scr, rr in cands:
         n = sample_size(scr)
-        idx = _sample_rows(int(b.Qn), n, cp.cuda.Device().id)
+        # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
+        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
+                           lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, rr, o)
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
@@ -142,13 +143,6 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
     return choice
-
-
-@functools.lru_cache(maxsize=64)
-def _sample_rows(Qn: int, n: int, device: int):
-    """int64 [n] on ``device`` (the current one): the n evenly spaced sampled query rows of
-    a chunk of Qn queries, kept per shape (only read: a repeated shape copies nothing)."""
-    return cupy_or_raise().asarray(np.linspace(0, Qn - 1, n).astype(np.int64))
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

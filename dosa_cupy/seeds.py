@@ -12,14 +12,13 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
-from ._build import cupy_or_raise, kernel, tile
+from ._build import cupy_or_raise, device_const, kernel, tile
 from .dense import _NULL, dense_ids, select_records, select_rows
 from .prepare import Batch, as_device
 from .scorer import FP8_SPEC, FP8_TILE, QG, ROWB
@@ -80,19 +79,15 @@ class Seeds:
 def anchor_queries(Qn: int, n_anchors: int):
     """The anchor queries: int64 [≤ n_anchors] device array of evenly spaced query rows
     (distinct, sorted), or None when there are none (docs/method.md §2).  One array per
-    (Qn, count, device), kept: a call of a shape seen before copies nothing to the device
-    (callers only read it)."""
+    (Qn, count, device), kept (``_build.device_const``): a call of a shape seen before copies
+    nothing to the device (callers only read it)."""
     na = min(n_anchors, Qn)
     if na <= 0:
         return None
-    return _anchor_rows(int(Qn), int(na), cupy_or_raise().cuda.Device().id)
-
-
-@functools.lru_cache(maxsize=64)
-def _anchor_rows(Qn: int, na: int, device: int):
-    """``anchor_queries``' array on ``device`` (the current one when called)."""
-    rows = np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64))
-    return cupy_or_raise().asarray(rows)
+    return device_const(
+        cupy_or_raise(), f"anchor_rows_{Qn}_{na}",
+        lambda: np.unique(np.linspace(0, Qn - 1, na).round().astype(np.int64)),
+    )  # fmt: skip
 
 
 def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:

@@ -23,16 +23,20 @@ def _rows():
     return [r for f in FILES for r in json.loads((RESULTS / f).read_text())]
 
 
-def test_committed_constants_are_the_fit_of_the_committed_measurements():
-    got = fit_cost.fit(_rows())
-    model = dataclasses.asdict(cost.H200)
+def _assert_is_fit(model: cost.CostModel, rows) -> None:
+    """Every constant of ``model`` is ``fit_cost.fit`` of ``rows`` (nothing hand-set)."""
+    got, want = fit_cost.fit(rows), dataclasses.asdict(model)
     for k, v in got.items():
         if isinstance(v, dict):
-            assert set(v) == set(model[k])
+            assert set(v) == set(want[k])
             for h in v:
-                assert v[h] == pytest.approx(model[k][h], rel=1e-12), (k, h)
+                assert v[h] == pytest.approx(want[k][h], rel=1e-12), (k, h)
         else:
-            assert v == pytest.approx(model[k], rel=1e-12), k
+            assert v == pytest.approx(want[k], rel=1e-12), k
+
+
+def test_committed_constants_are_the_fit_of_the_committed_measurements():
+    _assert_is_fit(cost.H200, _rows())
     assert "00406f8" in cost.H200.fitted_on
 
 
@@ -43,14 +47,7 @@ FP8_FILES = ("bench_calibrated.json", "bench_calibrated_66f9531.json", "bench_tr
 def test_fp8_constants_are_the_fit_of_their_measurements():
     """cost.H200_FP8 is fit_cost's fit of the FP8 runs it names (nothing hand-set)."""
     rows = [r for f in FP8_FILES for r in json.loads((S19 / f).read_text())]
-    got, model = fit_cost.fit(rows), dataclasses.asdict(cost.H200_FP8)
-    for k, v in got.items():
-        if isinstance(v, dict):
-            assert set(v) == set(model[k])
-            for h in v:
-                assert v[h] == pytest.approx(model[k][h], rel=1e-12), (k, h)
-        else:
-            assert v == pytest.approx(model[k], rel=1e-12), k
+    _assert_is_fit(cost.H200_FP8, rows)
     assert all(f in cost.H200_FP8.fitted_on for f in FP8_FILES)
     # the dense route of each row within 9 % (the fit's worst on its own rows: 8.6 %); a
     # record of the fit's accuracy, not a derived bound, so that a change that loses it fails
@@ -243,19 +240,25 @@ def test_route_memo_refresh_one_samples_every_call():
     assert memo.recall("k") is None and memo.recall("k") is None
 
 
-def test_candidates_of_the_pick_equal_the_candidates():
-    """The route stage's one read-back path (``screen.positive_heads_hist`` →
-    ``screen.auto_pick`` → ``cost.candidates_of``) gives ``cost.candidates``' pairs."""
+def test_route_stage_pick_pieces():
+    """The route stage's one read-back path, piece by piece against hand-counted values:
+    ``screen.positive_heads_hist`` counts queries per number of positive weights;
+    ``cost.candidates_of`` of a pick: the narrow screens alone, auto's wide kernel with its
+    r and the other of r and 30, an explicit screen or certificate seeds the pick alone."""
     from dosa_cupy import screen
 
-    for hopper in (False, True):
-        for H, positive in ((32, 3), (32, 10), (64, 40), (64, 6)):
-            w = _weights(64, H, positive)
-            for scr, r, cert in (("auto", 14, 0), ("auto", 4, 0), ("auto", 30, 0),
-                                 ("fp64", 14, 0), ("auto", 14, 8)):  # fmt: skip
-                want = cost.candidates(scr, r, cert, w, np, hopper)
-                if screen.auto_wanted(scr, cert, w.shape[0]):
-                    pick = screen.auto_pick(r, screen.positive_heads_hist(w, np), hopper)
-                else:
-                    pick = screen.auto_screen(scr, r, cert, w, np, hopper)
-                assert cost.candidates_of(scr, r, cert, pick) == want
+    w = -np.ones((5, 16), np.float32)
+    w[0, :3] = 1.0
+    w[1, :3] = 1.0
+    w[2, :16] = 1.0
+    w[3, 0] = 0.0  # zero is not positive
+    want = np.zeros(17, np.int64)
+    want[[3, 16, 0]] = [2, 1, 2]
+    assert (screen.positive_heads_hist(w, np) == want).all()
+    assert cost.candidates_of("auto", 14, 0, ("wgt", 6)) == [("wgt", 6)]
+    assert cost.candidates_of("auto", 14, 0, ("pair", 6)) == [("pair", 6)]
+    assert cost.candidates_of("auto", 14, 0, ("wg", 14)) == [("wg", 14), ("wg", 30)]
+    assert cost.candidates_of("auto", 14, 0, ("wg", 30)) == [("wg", 30), ("wg", 14)]
+    assert cost.candidates_of("auto", 30, 0, ("fp64", 30)) == [("fp64", 30)]
+    assert cost.candidates_of("fp64", 14, 0, ("fp64", 14)) == [("fp64", 14)]
+    assert cost.candidates_of("auto", 14, 8, ("fp64", 14)) == [("fp64", 14)]

@@ -64,6 +64,31 @@ def _median_ms(cp, launch) -> float:
     return median_ms(cp, lambda _: launch(), reps=10)[0]
 
 
+def _selected(only: str | None, known: dict) -> list:
+    """The variant names of ``--only`` (default: all of ``known``)."""
+    names = only.split(",") if only else list(known)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"--only: unknown variants {unknown}; known: {list(known)}")
+    return names
+
+
+def _timed_build(cp, launch, surv, ref) -> tuple[bool, float]:
+    """(survivor words equal to ``ref``, median ms) of a variant's ``launch`` writing
+    ``surv`` (filled with a pattern first, so an unwritten word differs)."""
+    surv.fill(0xDEADBEEF)
+    launch()
+    return bool(cp.array_equal(surv, ref)), _median_ms(cp, launch)
+
+
+def _write(out: str | None, name: str, res: dict) -> None:
+    """``res`` as ``out``/``name`` (JSON) where ``--out`` is given."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
 def capture_screen(args_, cp, **options):
     """(kernel, grid, block, args, shared_mem, name) of the screen launch of one DoSA call
     (default ``screen="fp64"``, r = 14; ``options`` replace them)."""
@@ -124,29 +149,19 @@ def main(argv: list[str]) -> int:
     }
     print(f"screen_mt1 {res['mt1_ms']:.2f} ms ({flop / res['mt1_ms'] / 1e9:.0f} TFLOP/s MMA work)")
     T, res["variants"] = tile(), {}
-    names = a.only.split(",") if a.only else list(VARIANTS)
-    unknown = sorted(set(names) - set(VARIANTS))
-    if unknown:
-        raise ValueError(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}")
-    for name in names:
+    for name in _selected(a.only, VARIANTS):
         defs = VARIANTS[name]
         g = _build.kernel("screen_wg_mt1", sm90a.smem_bytes(T), sm90a.spec(T, defs))
         qg = 96 if groups_of(defs) == 3 else 128  # queries per block (4 per warpgroup)
         ga = list(kargs)
         ga[QG_ARG] = np.int32(qg)
         gg, gb = (grid[0], (a.Qn + qg - 1) // qg), (128 * groups_of(defs),)
-        surv.fill(0xDEADBEEF)
         launch = functools.partial(g, gg, gb, tuple(ga), shared_mem=sm90a.smem_bytes(T))
-        launch()
-        same = bool(cp.array_equal(surv, ref))
-        ms = _median_ms(cp, launch)
+        same, ms = _timed_build(cp, launch, surv, ref)
         res["variants"][name] = {"ms": ms, "survivors_equal": same, "defines": list(defs)}
         print(f"{name:8s} {ms:7.2f} ms  x{res['mt1_ms'] / ms:.2f} vs mt1  "
               f"{flop / ms / 1e9:.0f} TFLOP/s  survivors equal: {same}")  # fmt: skip
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"screen_variants_H{a.H}_N{a.N}.json"), "w") as fh:
-            json.dump(res, fh, indent=1)
+    _write(a.out, f"screen_variants_H{a.H}_N{a.N}.json", res)
     exact = [v for n, v in res["variants"].items() if not n.startswith("diag_")]
     return 0 if all(v["survivors_equal"] for v in exact) else 1
 
@@ -166,12 +181,8 @@ def _wgt_main(a, args_, cp) -> int:
     ms0 = _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem))
     res = {"H": a.H, "N": a.N, "Qn": a.Qn, "kernel": name, "default_ms": ms0}
     print(f"{name} (default build) {res['default_ms']:.2f} ms")
-    names = a.only.split(",") if a.only else list(WGT_VARIANTS)
-    unknown = sorted(set(names) - set(WGT_VARIANTS))
-    if unknown:
-        raise ValueError(f"--only: unknown variants {unknown}; known: {list(WGT_VARIANTS)}")
     res["variants"] = {}
-    for vname in names:
+    for vname in _selected(a.only, WGT_VARIANTS):
         defs, groups, qg = WGT_VARIANTS[vname]
         tile_keys = 128 * groups
         sm = screen.wgt_smem_bytes(nrow, tile_keys) + wgt_words_bytes(defs, nrow, tile_keys)
@@ -180,17 +191,11 @@ def _wgt_main(a, args_, cp) -> int:
         ga = list(kargs)
         ga[QG_ARG] = np.int32(qg)
         gg = (-(-a.N // tile_keys), -(-a.Qn // qg))
-        surv.fill(0xDEADBEEF)
         launch = functools.partial(g, gg, (128 * groups,), tuple(ga), shared_mem=sm)
-        launch()
-        same = bool(cp.array_equal(surv, ref))
-        ms = _median_ms(cp, launch)
+        same, ms = _timed_build(cp, launch, surv, ref)
         res["variants"][vname] = {"ms": ms, "survivors_equal": same, "defines": list(defs),
                                   "groups": groups, "qg": qg}  # fmt: skip
         print(f"{vname:12s} {ms:7.2f} ms  x{res['default_ms'] / ms:.3f} vs default  "
               f"survivors equal: {same}")  # fmt: skip
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"screen_variants_wgt_H{a.H}_N{a.N}.json"), "w") as fh:
-            json.dump(res, fh, indent=1)
+    _write(a.out, f"screen_variants_wgt_H{a.H}_N{a.N}.json", res)
     return 0 if all(v["survivors_equal"] for v in res["variants"].values()) else 1

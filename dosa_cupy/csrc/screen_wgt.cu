@@ -87,8 +87,10 @@ constexpr int kThreads = 128 * kGroups;
 // conflicts, docs/records/benchmarks.md, nineteenth session).  8-dim items
 // (DOSA_WGT_STAGE8=1): a thread loads 8 codes and stores one chunk, eight threads one panel of
 // one row — the eight chunk positions, no conflict.  The same bytes at the same addresses
-// (Stage8::same_layout, checked when the file compiles); built and checked on the CPU, not yet
-// timed on a GPU, so not the default.
+// (stage8_same_layout, checked when the file compiles); built and checked on the CPU, not yet
+// timed on a GPU, so not the default.  The two loops of stage_group stay separate until the
+// GPU has measured them: one loop over the item width changes the default build's machine
+// code, which the GPU tests have checked; the loser is deleted then.
 #ifndef DOSA_WGT_STAGE8
 #define DOSA_WGT_STAGE8 0
 #endif
