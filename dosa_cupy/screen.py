@@ -44,8 +44,8 @@ __all__ = [
     "batch_plateau_rows",
     "pair_plan",
     "plateau_constants",
-    "screen_stage",
     "positive_heads_hist",
+    "screen_stage",
     "wgt_rows",
 ]
 
