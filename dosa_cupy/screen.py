@@ -46,6 +46,8 @@ __all__ = [
     "plateau_constants",
     "positive_heads_hist",
     "screen_stage",
+    "wgt_image_bytes",
+    "wgt_ring_smem_bytes",
     "wgt_rows",
 ]
 
@@ -99,6 +101,32 @@ def wgt_smem_bytes(rows: int = 16, tile: int | None = None) -> int:
 
 
 WGT_SPEC = KernelSpec("screen_wgt.cu", (), sm90a=True)  # sm_90a build (NVRTC, else nvcc)
+
+# The ring build of screen="wgt" (csrc/screen_wgt.cu "The ring build": each query group's image
+# built once per call by screen_wgt_image_rows*, brought into WGT_RING_SLOTS shared-memory
+# slots by bulk copies, no block barrier per group) in place of the default build.  Off until
+# the GPU has timed it against the default (dosa bench --screen-variants --wgt, "ring").
+WGT_RING = False
+WGT_RING_SLOTS = 3
+
+
+def wgt_image_bytes(rows: int) -> int:
+    """Bytes of one query group's image (csrc/screen_wgt.cu Rows<RQ>::kImageBytes): the
+    group's 128 f16 N rows (two 128-byte-swizzled panels) and its meta buffer (weights,
+    plateau coefficients, Q = 128 / rows query records of 56 bytes)."""
+    q = 128 // rows
+    return 2 * 128 * 128 + 2 * q * 4 * rows + q * 56
+
+
+def wgt_ring_smem_bytes(rows: int) -> int:
+    """Dynamic shared memory of screen_wgt_ring_rows{rows} (Rows<RQ>::kRingSmemBytes, checked
+    by the kernel): 1 KB alignment slack, the f16 key tile, WGT_RING_SLOTS slots of one image
+    each (rounded up to 1 KB: the swizzle's alignment), α and ρ as fp64, the tile's anchor-pool
+    words, per slot an mbarrier and a reader count."""
+    T, n = WGT_TILE, WGT_RING_SLOTS
+    slot = -(-wgt_image_bytes(rows) // 1024) * 1024
+    return 1024 + 2 * T * 128 + n * slot + 2 * T * 8 + T // 32 * 4 + n * 8 + n * 4
+
 
 # Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
 # query 2p + PAIR_ROWS[i][0], from mts = 1 plans (retained rows 0..5, aux rows 7 and 15).
@@ -345,6 +373,7 @@ class ScreenLaunch:
     _: KW_ONLY  # the build's flags by name: a new one cannot shift the others
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
     wgt: bool = False  # screen_wgt.cu's kernel (screen="wgt"), WGT_SPEC
+    ring: int = 0  # the wgt ring build's plan rows per query (its image kernel's), 0: not it
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
     tie: bool = False  # the tie-aware variant (name ends in _tie): kj, zrow in, tcnt out
 
@@ -380,6 +409,9 @@ class ScreenLaunch:
             r_max = plan.r_max if plan.r_max is not None else 16 * plan.mts - 2
             nrow = 32 if plan.mts == 2 else wgt_rows(min(r_max, 14))
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
+            if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow
+                name, smem = f"screen_wgt_ring_rows{nrow}{suffix}", wgt_ring_smem_bytes(nrow)
+                return cls(name, grid, smem, args, tie=tie, wgt=True, ring=nrow)
             name, smem = f"screen_wgt_rows{nrow}{suffix}", wgt_smem_bytes(nrow)
             return cls(name, grid, smem, args, tie=tie, wgt=True)
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
@@ -393,6 +425,19 @@ class ScreenLaunch:
             return kernel(self.name, self.smem, WGT_SPEC)
         return kernel(self.name, self.smem)
 
+    def images(self):
+        """The ring build's query-group images (uint8 [groups · wgt_image_bytes]), written by
+        screen_wgt_image_rows{ring} from this launch's arguments (one block per group)."""
+        cp = cupy_or_raise()
+        Qn = int(self.args[-3])
+        groups = -(-Qn // (128 // self.ring))
+        image = cp.empty(max(groups, 1) * wgt_image_bytes(self.ring), dtype=cp.uint8)
+        null = np.uint64(0)
+        tail = (null, null) + ((null,) if self.tie else ()) + (image,)  # surv, Uout[, tcnt]
+        name = f"screen_wgt_image_rows{self.ring}{'_tie' if self.tie else ''}"
+        kernel(name, 0, WGT_SPEC)((max(groups, 1),), (WGT_THREADS,), self.args + tail)
+        return image
+
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None, tcnt=None) -> None:
         """Launch: surv uint32 [Qn, NW] (written), bounds fp64 [Qn, N] or None, cert: the
         (U, id) records of the survivors (screen_cert only), tcnt uint32 [Qn] (zeroed; the
@@ -401,6 +446,8 @@ class ScreenLaunch:
         out = (surv, bounds if bounds is not None else null)
         if self.tie:
             out += (tcnt if tcnt is not None else null,)
+        if self.ring:
+            out += (self.images(),)
         self.function()(
             self.grid,
             (

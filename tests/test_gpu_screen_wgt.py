@@ -151,9 +151,11 @@ def _exact(op):
     return uh, A, x, ax
 
 
-def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG):
+def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False):
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
-    kernel takes any QG ≥ 1; a small one gives several block rows)."""
+    kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
+    ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
+    (QG a multiple of the build's 128 / nrow queries per group)."""
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -167,11 +169,19 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
              d["pool"], np.int32(Qn), np.int64(N), np.int32(qg), surv, U)  # fmt: skip
     if tie:
         args += (tcnt,)
-    name = f"screen_wgt_rows{nrow}" + ("_tie" if tie else "")
-    smem = screen.wgt_smem_bytes(nrow)
-    f = _build.kernel(name, smem, screen.WGT_SPEC)
+    t = "_tie" if tie else ""
     T = screen.WGT_TILE
     grid = ((N + T - 1) // T, (Qn + qg - 1) // qg)
+    if ring:
+        groups = -(-Qn // (128 // nrow))
+        image = cp.full(groups * screen.wgt_image_bytes(nrow), 0xA5, dtype=cp.uint8)
+        img = _build.kernel(f"screen_wgt_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
+        img((groups,), (screen.WGT_THREADS,), args + (image,))
+        name, smem = f"screen_wgt_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow)
+        args += (image,)
+    else:
+        name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
+    f = _build.kernel(name, smem, screen.WGT_SPEC)
     f(grid, (screen.WGT_THREADS,), args, shared_mem=smem)
     return cp.asnumpy(surv), cp.asnumpy(U), cp.asnumpy(tcnt)
 
@@ -199,16 +209,17 @@ def _words(bits):
 R_MAX = {32: 30, 16: 14, 8: 6}  # the retained heads of each build's plans
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["default", "ring"])
 @pytest.mark.parametrize("qg", [screen.WGT_QG, 48])  # one block row of queries, or five
 @pytest.mark.parametrize("nrow", [32, 16, 8])
 @pytest.mark.parametrize("seed", [0, 1])
 @needs_sm90a
 @gpu
-def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
-    """Plain kernel: Uout exactly on the visible keys, every U^num within the screening
-    allowance (plan.py g_scr = γ_mma + γ_{2·mts+6}(1 + γ_mma)) of α(Û + ρC + ε_raw) + ε_out,
-    and the survivor words exactly {candidates with U^num ≥ τ} — Qn and N not multiples of
-    the query group, the block's queries or the key tile."""
+def test_wgt_kernel_bounds_and_words(seed, nrow, qg, ring):
+    """Plain kernel (default and ring build): Uout exactly on the visible keys, every U^num
+    within the screening allowance (plan.py g_scr = γ_mma + γ_{2·mts+6}(1 + γ_mma)) of
+    α(Û + ρC + ε_raw) + ε_out, and the survivor words exactly {candidates with U^num ≥ τ} —
+    Qn and N not multiples of the query group, the block's queries or the key tile."""
     rs = np.random.RandomState(seed)
     Qn, N = 203, 1000 + 37 * seed
     op = _operands(rs, Qn, N, R_MAX[nrow])
@@ -217,7 +228,7 @@ def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     Uex = al * (uh + rho * op["C"][:, None] + op["er"][:, None])
     tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
     tau[5] = -np.inf
-    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg)
+    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, ring=ring)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
     mts = _nrow(R_MAX[nrow]) // 16
@@ -231,10 +242,11 @@ def test_wgt_kernel_bounds_and_words(seed, nrow, qg):
     assert np.array_equal(surv, _words(keep))
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["default", "ring"])
 @pytest.mark.parametrize("nrow", [32, 16, 8])
 @needs_sm90a
 @gpu
-def test_wgt_tie_kernel_words_and_counts(nrow):
+def test_wgt_tie_kernel_words_and_counts(nrow, ring):
     """Tie-aware kernel: survivor words = the rule against (τ, kj) with min(U, 0) on
     certified plateau keys, applied to the kernel's U^num; tie counts = the keys the strict
     rule keeps and this one rejects (keys whose plateau test is within rounding of its
@@ -250,7 +262,7 @@ def test_wgt_tie_kernel_words_and_counts(nrow):
     kj = np.where(rs.rand(Qn) < 0.5, rs.randint(0, N, size=Qn), NO_KTH).astype(np.int32)
     zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)).astype(np.float32)
     zrow[1::4] = np.nan  # plateau off
-    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow, nrow, qg=32)
+    surv, U, tcnt = _launch(op, tau, 1e-7, True, kj, zrow, nrow, qg=32, ring=ring)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis)
     z = zrow.astype(np.float64)[:, :, None]
@@ -280,3 +292,40 @@ def test_wgt_tie_kernel_words_and_counts(nrow):
     sure = ~unsure.any(axis=1)
     assert np.array_equal(tcnt[sure], (plain & ~keep).sum(1)[sure])
     assert (plain & ~keep).sum() > 0, "the tie-aware rule rejected nothing: a weak test"
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("nrow", [32, 16, 8])
+@needs_sm90a
+@gpu
+def test_wgt_ring_equals_default_bitwise(nrow, tie):
+    """The ring build against the default on one launch whose blocks run many query groups
+    (every slot of the ring refilled several times, the last block row partial): the same
+    survivor words, U^num and tie counts, bit for bit — the same MMA operands in the same
+    order, the same epilogue — repeated launches included (a race would move them)."""
+    rs = np.random.RandomState(5 + nrow)
+    Qn, N = 1000, 2100
+    op = _operands(rs, Qn, N, R_MAX[nrow])
+    tau = rs.uniform(-1.0, 1.0, size=Qn).astype(np.float32)
+    kj = rs.randint(0, N, size=Qn).astype(np.int32) if tie else None
+    zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)) if tie else None
+    ref = _launch(op, tau, 1e-7, tie, kj, zrow, nrow)
+    for _ in range(3):
+        got = _launch(op, tau, 1e-7, tie, kj, zrow, nrow, ring=True)
+        for a, b in zip(ref, got, strict=True):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("r", R)
+@needs_sm90a
+@gpu
+def test_wgt_ring_ids_equal_dense(monkeypatch, r):
+    """The ring build through the pipeline (screen.WGT_RING): ids == the dense route's on two
+    regimes, tie-aware rule on and off."""
+    monkeypatch.setattr(screen, "WGT_RING", True)
+    for regime in ("calibrated", "ties"):
+        wl, a = _args(regime, 64, Qn=700, seed=13)
+        dense = dosa_cupy.dense_topk(*a)
+        for kw in ({"tie_reject": True}, {"tie_reject": False}):
+            ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, **kw)
+            assert cp.array_equal(ids, dense), (regime, r, kw)

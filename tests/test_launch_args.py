@@ -51,8 +51,8 @@ LAUNCHED = {
     ],
     "plan.cu": [f"plan_mt{m}" for m in MT],  # plan.build_plans_fused
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
-    "screen_wgt.cu": [f"screen_wgt_rows{n}{t}" for n in (32, 16, 8)  # WGT_SPEC
-                      for t in ("", "_tie")],
+    "screen_wgt.cu": [f"screen_wgt{b}_rows{n}{t}" for b in ("", "_ring", "_image")  # WGT_SPEC
+                      for n in (32, 16, 8) for t in ("", "_tie")],
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
@@ -74,7 +74,7 @@ def _builds():
             out.append((sm90a.spec(t, defines), ["screen_wg_mt1"]))
     for source in ("screen_wgt.cu", "fp8_probe.cu", "dense_fp8.cu", "score_fp8.cu"):
         out.append((KernelSpec(source, (), sm90a=True), LAUNCHED[source]))
-    for defines, _, _ in WGT_VARIANTS.values():  # bench/screen_variants --wgt
+    for defines, *_ in WGT_VARIANTS.values():  # bench/screen_variants --wgt
         out.append((KernelSpec("screen_wgt.cu", defines, sm90a=True), LAUNCHED["screen_wgt.cu"]))
     return out
 
@@ -486,3 +486,55 @@ def test_the_emulations_check_agrees(case):
     check_args("cert_clear_below_tau", cert_args(), types_)
     with pytest.raises((AssertionError, TypeError)):
         check_args("cert_clear_below_tau", BAD[case][0], types_)
+
+
+@pytest.mark.parametrize("rows", [8, 16, 32])
+@pytest.mark.parametrize("tie", [False, True])
+def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
+    """The ring build of screen="wgt" (screen.WGT_RING): ``ScreenLaunch.of`` names the ring
+    kernel of the plan's width with its shared memory, and its call launches the image kernel
+    (one block per query group, an image of every group) and then the ring kernel, each with
+    the screen's arguments, the outputs and the image — as the kernels' parameter lists say."""
+    import types
+
+    from dosa_cupy import screen as S
+
+    sig, launched = signatures(S.WGT_SPEC), []
+
+    def kernel(name, smem=0, spec=None):
+        assert spec is S.WGT_SPEC
+        raw = FakeRaw()
+        launched.append((name, smem, raw))
+        return Kernel(raw, LaunchCheck(name, sig[name], NP))
+
+    monkeypatch.setattr(S, "kernel", kernel)
+    monkeypatch.setattr(S, "cupy_or_raise", numpy_as_cupy)
+    monkeypatch.setattr(S, "WGT_RING", True)
+    Qn, N, mts = 37, 1000, 2 if rows == 32 else 1
+    z = np.zeros
+    b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
+                              ks=z(Qn, np.int32), ke=z(Qn, np.int32))  # fmt: skip
+    plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8),
+                                 omega=z((Qn, 16 * mts), np.float32), sigma=z(Qn, np.float32),
+                                 C=z(Qn), eps_raw=z(Qn), eps_out=0.0, mts=mts,
+                                 r_max={8: 6, 16: 14, 32: None}[rows])  # fmt: skip
+    seeds = types.SimpleNamespace(
+        tau=z(Qn, np.float32),
+        kth_id=z(Qn, np.int32),
+        default_args=lambda: (np.int32(3), np.int32(17), z((N + 31) // 32, np.uint32)),
+    )
+    zrow = z((Qn, 16 * mts), np.float32) if tie else None
+    launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), "wgt", False, zrow)
+    t = "_tie" if tie else ""
+    assert launch.name == f"screen_wgt_ring_rows{rows}{t}" and launch.ring == rows
+    assert launch.smem == S.wgt_ring_smem_bytes(rows) <= 227 * 1024
+    surv = z((Qn, (N + 31) // 32), np.uint32)
+    launch(surv, None, None, z(Qn, np.uint32) if tie else None)
+    (iname, _, iraw), (rname, rsmem, rraw) = launched[-2], launched[-1]
+    assert (iname, rname) == (f"screen_wgt_image_rows{rows}{t}", launch.name)
+    groups = -(-Qn // (128 // rows))
+    (igrid, iblock, iargs, _), (rgrid, rblock, rargs, shared) = iraw.calls[0], rraw.calls[0]
+    assert igrid == (groups,) and iblock == rblock == (S.WGT_THREADS,)
+    assert iargs[-1] is rargs[-1] and iargs[-1].nbytes == groups * S.wgt_image_bytes(rows)
+    assert rgrid == launch.grid and shared == rsmem == launch.smem
+    assert rargs[len(launch.args)] is surv

@@ -5,8 +5,9 @@ warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 af
 warm-ups) on the same arguments, each build's survivor bitmask compared bitwise with
 ``screen_mt1``'s.  ``--wgt``: the transposed screen instead (``csrc/screen_wgt.cu``, the
 launch of a ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the
-builds of ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block), each
-compared bitwise with the default's words.  Method: docs/benchmark_method.md; records:
+builds of ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block, the ring
+build — its image kernel and the screen timed together), each compared bitwise with the
+default's words.  Method: docs/benchmark_method.md; records:
 docs/records/benchmarks.md "Hopper screen" and the nineteenth session's section.
 """
 
@@ -34,15 +35,18 @@ VARIANTS = {
     "diag_noreduce": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=4"),
 }
 SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
-# name → (screen_wgt.cu's defines, warpgroups per block, queries per block): its builds
+# name → (screen_wgt.cu's defines, warpgroups per block, queries per block, the ring build:
+# screen_wgt_image_rows* then screen_wgt_ring_rows*): its builds
 WGT_VARIANTS = {
-    "stage8": (("DOSA_WGT_STAGE8=1",), 3, 384),
-    "one_acc": (("DOSA_WGT_TWO_ACC=0",), 3, 384),
-    "g2": (("DOSA_WGT_GROUPS=2",), 2, 384),
-    "qg768": ((), 3, 768),
-    "stage8_qg768": (("DOSA_WGT_STAGE8=1",), 3, 768),
-    "words": (("DOSA_WGT_WORDS=1",), 3, 384),
-    "stage8_words": (("DOSA_WGT_STAGE8=1", "DOSA_WGT_WORDS=1"), 3, 384),
+    "stage8": (("DOSA_WGT_STAGE8=1",), 3, 384, False),
+    "one_acc": (("DOSA_WGT_TWO_ACC=0",), 3, 384, False),
+    "g2": (("DOSA_WGT_GROUPS=2",), 2, 384, False),
+    "qg768": ((), 3, 768, False),
+    "stage8_qg768": (("DOSA_WGT_STAGE8=1",), 3, 768, False),
+    "words": (("DOSA_WGT_WORDS=1",), 3, 384, False),
+    "stage8_words": (("DOSA_WGT_STAGE8=1", "DOSA_WGT_WORDS=1"), 3, 384, False),
+    "ring": ((), 3, 384, True),
+    "ring_qg768": ((), 3, 768, True),
 }
 
 
@@ -166,6 +170,27 @@ def main(argv: list[str]) -> int:
     return 0 if all(v["survivors_equal"] for v in exact) else 1
 
 
+def _ring_launch(cp, spec, nrow: int, grid, args: tuple, Qn: int):
+    """The ring build on the default build's arguments ``args`` (surv and Uout last): one
+    launch of screen_wgt_image_rows{nrow} (an image per query group) and one of
+    screen_wgt_ring_rows{nrow}, as screen.ScreenLaunch makes them."""
+    from dosa_cupy import _build, screen
+
+    groups = -(-Qn // (128 // nrow))
+    image = cp.empty(groups * screen.wgt_image_bytes(nrow), dtype=cp.uint8)
+    sm = screen.wgt_ring_smem_bytes(nrow)
+    img = _build.kernel(f"screen_wgt_image_rows{nrow}", 0, spec)
+    ring = _build.kernel(f"screen_wgt_ring_rows{nrow}", sm, spec)
+    null = np.uint64(0)
+    block = (screen.WGT_THREADS,)
+
+    def launch():
+        img((groups,), block, args[:-2] + (null, null, image))
+        ring(grid, block, args + (image,), shared_mem=sm)
+
+    return launch
+
+
 def _wgt_main(a, args_, cp) -> int:
     """``--wgt``: the transposed screen's default build against ``WGT_VARIANTS``."""
     from dosa_cupy import _build, screen
@@ -183,18 +208,21 @@ def _wgt_main(a, args_, cp) -> int:
     print(f"{name} (default build) {res['default_ms']:.2f} ms")
     res["variants"] = {}
     for vname in _selected(a.only, WGT_VARIANTS):
-        defs, groups, qg = WGT_VARIANTS[vname]
+        defs, groups, qg, ring = WGT_VARIANTS[vname]
         tile_keys = 128 * groups
         sm = screen.wgt_smem_bytes(nrow, tile_keys) + wgt_words_bytes(defs, nrow, tile_keys)
         spec = _build.KernelSpec("screen_wgt.cu", defs, sm90a=True)
-        g = _build.kernel(f"screen_wgt_rows{nrow}", sm, spec)
         ga = list(kargs)
         ga[QG_ARG] = np.int32(qg)
         gg = (-(-a.N // tile_keys), -(-a.Qn // qg))
-        launch = functools.partial(g, gg, (128 * groups,), tuple(ga), shared_mem=sm)
+        if ring:
+            launch = _ring_launch(cp, spec, nrow, gg, tuple(ga), a.Qn)
+        else:
+            g = _build.kernel(f"screen_wgt_rows{nrow}", sm, spec)
+            launch = functools.partial(g, gg, (128 * groups,), tuple(ga), shared_mem=sm)
         same, ms = _timed_build(cp, launch, surv, ref)
         res["variants"][vname] = {"ms": ms, "survivors_equal": same, "defines": list(defs),
-                                  "groups": groups, "qg": qg}  # fmt: skip
+                                  "groups": groups, "qg": qg, "ring": ring}  # fmt: skip
         print(f"{vname:12s} {ms:7.2f} ms  x{res['default_ms'] / ms:.3f} vs default  "
               f"survivors equal: {same}")  # fmt: skip
     _write(a.out, f"screen_variants_wgt_H{a.H}_N{a.N}.json", res)

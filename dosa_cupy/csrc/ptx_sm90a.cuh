@@ -195,6 +195,16 @@ __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// ---- bulk copy: `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned)
+// from global into shared memory, completion on `bar` (its transaction count) ----
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          (uint32_t)__cvta_generic_to_shared(dst)),
+      "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(bar))
+      : "memory");
+}
+
 // ---- bulk tensor copy (TMA): a 2-D box of the tensor map into shared memory ----
 // `tmap`: the generic address of a CUtensorMap (a __grid_constant__ parameter or global
 // memory); (x, y) the box origin in elements (x: innermost); completion on `bar`.

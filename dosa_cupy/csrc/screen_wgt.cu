@@ -58,6 +58,23 @@
 // Block: DOSA_WGT_GROUPS warpgroups, 128 keys each (tile = 128 · groups keys, converted to f16
 // once per block); query groups (QG per block, any QG ≥ 1) are staged into one of two shared
 // buffers while the other one feeds the MMAs.  Grid (ceil(N / tile), ceil(Qn / QG)).
+//
+// The ring build (screen_wgt_ring_rows*, after screen_wgt_image_rows*; screen.WGT_RING): the
+// profile of the default build (docs/records/benchmarks.md, nineteenth session) shows it
+// waiting on its staging — each group's rows loaded from L2 and converted on the block's
+// critical path, the per-group block barrier keeping the three warpgroups in step — and its
+// SASS spends ~a quarter of a group's instructions there.  The staging does not depend on the
+// key tile except through the spans' frame, so it is done once per call: the image kernel
+// writes each query group's buffer (rows, weights, plateau coefficients, QInfo) to global
+// memory with the spans in the frame of the whole context ([0, N): stage_group's ABS), and
+// the ring kernel brings the images by bulk copies (cp.async.bulk, completion on an
+// mbarrier) into kRing slots.  A warp waits only for its group's slot; the last of the
+// block's warps to finish reading a slot refills it (a count per slot), so the warpgroups
+// drift apart and the tensor cores run one warpgroup's MMAs under another's epilogue.  In
+// the context frame a key's tests read x = n0 + i against the same spans: for every key of
+// the tile the two frames keep the same keys (the clipping to [0, kTile] or [0, N] changes
+// no comparison with an offset inside the tile), so the words, U^num and tie counts are the
+// default build's bit for bit (the same MMA operands in the same order, the same epilogue).
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -115,6 +132,7 @@ struct TwoAcc {
 constexpr int kTile = 128 * kGroups;       // keys per block (screen.WGT_TILE)
 constexpr int kKeyPanel = kTile * 128;     // bytes of one 64-dim panel of the key tile
 constexpr int kRowPanel = 128 * 128;       // bytes of one 64-dim panel of a group's 128 rows
+constexpr int kRing = 3;                   // the ring build's group slots (header)
 // A query of a group as the epilogue reads it (staged once per group): its visible span
 // [lo, hi) and its candidates [clo, clo + cw) — the visible keys past the sinks and before
 // the local window, screen_wg's `vis && !seed` without the anchor-pool bit — as tile offsets,
@@ -167,6 +185,19 @@ struct Rows {
   static constexpr int kWordsBytes = 2 * (kQ * (kTile / 32) + kQ) * 4;
   static constexpr bool kGather = kGatherWords && RQ != 32;
   static_assert(kMetaBytes % 16 == 0, "float4-aligned meta buffers");
+  // The ring build (screen_wgt_ring_rows*, header "The ring build"): a group's image — its
+  // 128 N rows (two panels), then its meta buffer — as screen_wgt_image_rows* writes it and one
+  // bulk copy brings it into a slot of kRing slots (each 1,024-byte aligned: the rows'
+  // swizzle), then α, ρ, the pool words, the slots' mbarriers and their reader counts.
+  static constexpr int kImageBytes = 2 * kRowPanel + kMetaBytes;
+  static constexpr int kSlotBytes = (kImageBytes + 1023) / 1024 * 1024;
+  static constexpr int kRingOffAlpha = 2 * kKeyPanel + kRing * kSlotBytes;
+  static constexpr int kRingOffRho = kRingOffAlpha + kTile * 8;
+  static constexpr int kRingOffPool = kRingOffRho + kTile * 8;
+  static constexpr int kRingOffBar = kRingOffPool + (kTile / 32) * 4;
+  static constexpr int kRingSmemBytes = 1024 + kRingOffBar + kRing * 8 + kRing * 4;
+  static_assert(kImageBytes % 16 == 0 && kRingOffBar % 8 == 0, "bulk copies, mbarriers");
+  static_assert(kRingSmemBytes <= 227 * 1024, "the ring build fits an SM's shared memory");
 };
 
 // The layout's laws, checked when the file compiles: the columns of a group are a bijection
@@ -300,14 +331,26 @@ struct Group {
     z = w + L::kQ * L::kV;
     q = reinterpret_cast<QInfo*>(z + L::kQ * L::kV);
   }
+  // A group's image (the ring build): the rows at `base`, the meta buffer after them — the
+  // same meta layout as a buffer above, in global memory (screen_wgt_image_*) or in a slot.
+  __device__ __forceinline__ explicit Group(uint8_t* base) {
+    using L = Rows<RQ>;
+    rows = base;
+    w = reinterpret_cast<float4*>(base + 2 * kRowPanel);
+    z = w + L::kQ * L::kV;
+    q = reinterpret_cast<QInfo*>(z + L::kQ * L::kV);
+  }
 };
 
 // Stage query group t0 .. t0 + Q − 1 (queries ≥ qend: zero rows, t = −1) into a buffer: its
 // RQ plan rows per query as f16 at their columns (Rows::column); per query its weights in
 // list order (ω of the plan row, −σ_a at kAux, 0 at the second aux row) and — TIE — its
 // plateau coefficients (the plan row's; −1 everywhere where the plateau is off: no
-// condition); and the QInfo of each query (screen_wg's per-query set-up).
-template <bool TIE, int RQ>
+// condition); and the QInfo of each query (screen_wg's per-query set-up).  Its spans are
+// offsets in the frame [n0, n0 + tile_n) clipped to [0, F]: the block's key tile (F = kTile),
+// or — ABS, a group's image — the whole context (n0 = 0, tile_n = F = N): for every key of a
+// tile both frames keep the same keys (header "The ring build").
+template <bool TIE, int RQ, bool ABS = false>
 __device__ __forceinline__ void stage_group(
     int t0, int qend, const Group<RQ>& G, const uint8_t* __restrict__ rows,
     const float* __restrict__ om, const float* __restrict__ sig, const double* __restrict__ Cq,
@@ -388,8 +431,9 @@ __device__ __forceinline__ void stage_group(
       q.hi = (int)(max(hi, lo) - n0);
       const int ns = min(sinks, ke - ks);
       const long long s_hi = (long long)ks + ns, loc_lo = max(s_hi, (long long)ke - window);
-      const int shi = (int)min(max(s_hi - n0, 0LL), (long long)kTile);
-      const int llo = (int)min(max(loc_lo - n0, 0LL), (long long)kTile);
+      const long long F = ABS ? tile_n : kTile;
+      const int shi = (int)min(max(s_hi - n0, 0LL), F);
+      const int llo = (int)min(max(loc_lo - n0, 0LL), F);
       q.clo = max(q.lo, shi);
       q.cw = max(min(q.hi, llo) - q.clo, 0);
       q.t = t;
@@ -466,7 +510,7 @@ __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
 // the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
-template <bool TIE, int RQ>
+template <bool TIE, int RQ, bool ABS = false>
 __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Group<RQ>& G,
                                          const double* dsa, const double* dsr,
                                          const uint32_t* spm, Lane<RQ>& L, double eps_out,
@@ -505,10 +549,10 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
 #pragma unroll
       for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
       const float uh = u_hat<RQ>(y, weight);
-      const int i = i0 + 8 * k;
+      const int i = i0 + 8 * k, x = ABS ? (int)n0 + i : i;  // x: in the frame of Q's spans
       const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
-      if (Uout && i >= Q.lo && i < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
-      const bool cand = (unsigned)(i - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
+      if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
+      const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
       const bool plain = cand && !(U < Q.tq);  // vis && !seed, U ≥ τ
       bool pl = false;  // TIE: a certified zero-plateau key (every positive row's test holds)
       if constexpr (TIE) {  // the coefficients read where used: registers are the budget
@@ -536,6 +580,96 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   }
 #pragma unroll
   for (int e = 0; e < kE; ++e) L.word[e] |= ((bits[e >> 1] >> (16 * (e & 1))) & 0xffffu) << (16 * c);
+}
+
+// The calling warp's part of one query group in the ring build: the two chunks' MMAs on the
+// group's rows and their epilogues into L (zeroed here); TWO: chunk 1's MMAs issued before
+// chunk 0's epilogue (TwoAcc), else in turn.  The default build keeps this body
+// inline with the next group's staging after chunk 0's MMAs are issued (written there, its
+// machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
+// allocates 3 more registers, and the 32-row build spills).
+template <bool TIE, int RQ, bool ABS, bool TWO>
+__device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
+                                             const double* dsa, const double* dsr,
+                                             const uint32_t* spm, double eps_out, long long N,
+                                             long long n0, double* __restrict__ Uout, int lane,
+                                             int v, int w) {
+  const uint32_t rows_addr = (uint32_t)__cvta_generic_to_shared(G.rows);
+  float acc[64];
+  issue_chunk(acc, sk_addr + 128 * (128 * v), rows_addr);
+#pragma unroll
+  for (int e = 0; e < Rows<RQ>::kE; ++e) L.word[e] = L.tie[e] = 0u;
+  if constexpr (TWO) {  // chunk 1's MMAs run under chunk 0's epilogue
+    float acc1[64];
+    issue_chunk(acc1, sk_addr + 128 * (128 * v + 64), rows_addr);
+    wait<1>();
+    pin(acc);
+    epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    wait<0>();
+    pin(acc1);
+    epilogue<TIE, RQ, ABS>(acc1, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+  } else {
+    wait<0>();
+    pin(acc);
+    epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
+    wait<0>();
+    pin(acc);
+    epilogue<TIE, RQ, ABS>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+  }
+}
+
+// Word `word` (= 4v + w) of the tile for the lane's queries E·qd + e, written to surv by lanes
+// 0..3 (words past the tile's nb skipped).
+template <int RQ>
+__device__ __forceinline__ void store_words(const Group<RQ>& G, const Lane<RQ>& L,
+                                            uint32_t* __restrict__ surv, long long NW,
+                                            long long n0, int nb, int word, int lane) {
+  constexpr int kE = Rows<RQ>::kE;
+  const int qd = lane & 3;
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    const int t = G.q[kE * qd + e].t;
+    if (lane < 4 && t >= 0 && word < nb) surv[(long long)t * NW + (n0 >> 5) + word] = L.word[e];
+  }
+}
+
+// TIE: the warp's tie counts of the lane's queries added to tcnt (where given).
+template <bool TIE, int RQ>
+__device__ __forceinline__ void add_ties(const Group<RQ>& G, const Lane<RQ>& L,
+                                         unsigned int* __restrict__ tcnt, int lane) {
+  constexpr int kE = Rows<RQ>::kE;
+  const int qd = lane & 3;
+  if constexpr (TIE) {
+    if (tcnt != nullptr) {
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        unsigned int n = L.tie[e];
+        n += __shfl_xor_sync(0xffffffffu, n, 4);
+        n += __shfl_xor_sync(0xffffffffu, n, 8);
+        n += __shfl_xor_sync(0xffffffffu, n, 16);
+        const int t = G.q[kE * qd + e].t;
+        if (lane < 4 && n && t >= 0) atomicAdd(tcnt + t, n);
+      }
+    }
+  }
+}
+
+// The block's set-up shared by both builds: its key tile as f16 (load_keys), α and ρ as fp64
+// and the tile's anchor-pool words.
+__device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp,
+                                          const float* __restrict__ alpha,
+                                          const float* __restrict__ rho,
+                                          const uint32_t* __restrict__ poolmask, long long N,
+                                          long long n0, uint8_t* sk, double* dsa, double* dsr,
+                                          uint32_t* spm) {
+  load_keys(kp, N, n0, sk);
+  for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    dsa[i] = n0 + i < N ? (double)__ldg(alpha + n0 + i) : 0.0;
+    dsr[i] = n0 + i < N ? (double)__ldg(rho + n0 + i) : 0.0;
+  }
+  if (threadIdx.x < kTile / 32)
+    spm[threadIdx.x] = n0 + 32 * threadIdx.x < N ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
 }
 
 }  // namespace wgt
@@ -574,13 +708,7 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
   const int q0 = blockIdx.y * QG, qend = min(Qn, q0 + QG);
   const int ngroups = (qend - q0 + kQ - 1) / kQ;  // the same for every thread of the block
 
-  load_keys(kp, N, n0, sk);
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    dsa[i] = n0 + i < N ? (double)__ldg(alpha + n0 + i) : 0.0;
-    dsr[i] = n0 + i < N ? (double)__ldg(rho + n0 + i) : 0.0;
-  }
-  if (threadIdx.x < kTile / 32)
-    spm[threadIdx.x] = n0 + 32 * threadIdx.x < N ? __ldg(poolmask + (n0 >> 5) + threadIdx.x) : 0u;
+  load_tile(kp, alpha, rho, poolmask, N, n0, sk, dsa, dsr, spm);
   if (ngroups > 0)
     stage_group<TIE, RQ>(q0, qend, Group<RQ>(sm, 0), rows, om, sig, Cq, eps_raw, tau, X, ks_,
                          ke_, sinks, window, n0, tile_n);
@@ -633,25 +761,9 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
         if (lane < 4) sw[(kE * qd + e) * kW + word] = L.word[e];
       if (threadIdx.x < kQ) sw[kQ * kW + threadIdx.x] = (uint32_t)G.q[threadIdx.x].t;
     } else {
-#pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        const int t = G.q[kE * qd + e].t;
-        if (lane < 4 && t >= 0 && word < nb) surv[(long long)t * NW + (n0 >> 5) + word] = L.word[e];
-      }
+      store_words<RQ>(G, L, surv, NW, n0, nb, word, lane);
     }
-    if constexpr (TIE) {
-      if (tcnt != nullptr) {
-#pragma unroll
-        for (int e = 0; e < kE; ++e) {
-          unsigned int n = L.tie[e];
-          n += __shfl_xor_sync(0xffffffffu, n, 4);
-          n += __shfl_xor_sync(0xffffffffu, n, 8);
-          n += __shfl_xor_sync(0xffffffffu, n, 16);
-          const int t = G.q[kE * qd + e].t;
-          if (lane < 4 && n && t >= 0) atomicAdd(tcnt + t, n);
-        }
-      }
-    }
+    add_ties<TIE, RQ>(G, L, tcnt, lane);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     if constexpr (L_::kGather) {
@@ -664,9 +776,125 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
     }
   }
 }
+
+// The ring build's first kernel: the image of query group blockIdx.x (queries kQ·blockIdx.x
+// .. kQ·blockIdx.x + kQ − 1, past Qn: zero rows, t = −1) at image + blockIdx.x·kImageBytes —
+// what stage_group writes into a buffer, its spans in the frame of the whole context.  Grid
+// ceil(Qn / kQ), block kThreads.
+template <bool TIE, int RQ>
+__device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
+                                                 const float* __restrict__ zrow,
+                                                 SCREEN_WG_PARAMS_KEYS,
+                                                 unsigned int* __restrict__ tcnt,
+                                                 uint8_t* __restrict__ image) {
+  using namespace dosa::wgt;
+  using L_ = Rows<RQ>;
+  const int t0 = L_::kQ * (int)blockIdx.x;
+  if (t0 >= Qn) return;
+  const TieArgs X{kj, zrow, tcnt};
+  const Group<RQ> G(image + (long long)blockIdx.x * L_::kImageBytes);
+  stage_group<TIE, RQ, true>(t0, Qn, G, rows, om, sig, Cq, eps_raw, tau, X, ks_, ke_, sinks,
+                             window, 0, (int)N);
+}
+
+// The ring build (header "The ring build"): screen_wgt's contract, its groups' images
+// (screen_wgt_image) brought by bulk copies into kRing slots.  No block barrier after the
+// set-up: a warp waits for its group's slot to fill, and the last of the block's warps to
+// finish reading a slot refills it with the group kRing further on — so the warpgroups drift
+// apart by up to two groups and one's epilogue runs under another's MMAs.  QG must be a
+// multiple of the build's group (whole images per block).
+template <bool TIE, int RQ>
+__device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
+                                                const float* __restrict__ zrow,
+                                                SCREEN_WG_PARAMS_KEYS,
+                                                unsigned int* __restrict__ tcnt,
+                                                const uint8_t* __restrict__ image) {
+  using namespace dosa;
+  using namespace dosa::wg;
+  using namespace dosa::wgt;
+  using L_ = Rows<RQ>;
+  constexpr int kQ = L_::kQ, kWarps = kThreads / 32;
+  extern __shared__ uint8_t smem_raw[];
+  uint32_t dyn;  // the launch must give the layout below (screen.wgt_ring_smem_bytes)
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (uint32_t)L_::kRingSmemBytes || QG % kQ != 0) __trap();
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  uint8_t* sm = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  uint8_t* sk = sm;
+  uint8_t* slots = sm + 2 * kKeyPanel;
+  double* dsa = reinterpret_cast<double*>(sm + L_::kRingOffAlpha);
+  double* dsr = reinterpret_cast<double*>(sm + L_::kRingOffRho);
+  uint32_t* spm = reinterpret_cast<uint32_t*>(sm + L_::kRingOffPool);
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm + L_::kRingOffBar);
+  unsigned int* readers = reinterpret_cast<unsigned int*>(full + kRing);
+
+  const long long n0 = (long long)blockIdx.x * kTile;
+  const int tile_n = (int)min((long long)kTile, N - n0), nb = (tile_n + 31) >> 5;
+  const long long NW = (N + 31) >> 5;
+  const int q0 = blockIdx.y * QG, qend = min(Qn, q0 + QG);
+  const int ngroups = (qend - q0 + kQ - 1) / kQ;  // the same for every thread of the block
+  const uint8_t* img = image + (long long)(q0 / kQ) * L_::kImageBytes;  // the block's group 0
+  auto fill = [&](int s, int gi) {  // one thread: group gi's image into slot s
+    mbar_expect_tx(&full[s], L_::kImageBytes);
+    bulk_load(slots + s * L_::kSlotBytes, img + (long long)gi * L_::kImageBytes,
+              L_::kImageBytes, &full[s]);
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) {
+      mbar_init(&full[s], 1);
+      readers[s] = 0u;
+    }
+    fence_barrier_init();
+    for (int s = 0; s < kRing && s < ngroups; ++s) fill(s, s);  // the slots start empty
+  }
+  load_tile(kp, alpha, rho, poolmask, N, n0, sk, dsa, dsr, spm);
+  // ordinary stores above (the key tile), read by wgmma (the async proxy) below; the barrier
+  // also publishes the mbarriers' initialisation and the reader counts
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, w = warp & 3, v = warp >> 2;
+  const uint32_t sk_addr = (uint32_t)__cvta_generic_to_shared(sk);
+#pragma unroll 1
+  for (int gi = 0; gi < ngroups; ++gi) {
+    const int s = gi % kRing;
+    const unsigned int use = (unsigned int)(gi / kRing);  // the slot's fills before this one
+    // a warp is never a whole use ahead of the slot's phase: the slot is refilled only after
+    // every warp has read it, so parity names the phase
+    mbar_wait(&full[s], use & 1u);
+    __syncwarp();  // the lanes leave the spin together: the wgmma below is .sync.aligned
+    const Group<RQ> G(slots + s * L_::kSlotBytes);
+    Lane<RQ> L;
+    // the 32-row build in turn: with the ring's state, two accumulators would spill
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32>(G, sk_addr, L, dsa, dsr, spm,
+                                                                 eps_out, N, n0, Uout, lane, v, w);
+    store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
+    add_ties<TIE, RQ>(G, L, tcnt, lane);
+    // this warp has read the slot: its MMAs completed (wait<0> in screen_group), its loads of
+    // the meta buffer returned (their values are used above); the last reader refills it
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence_block();
+      const unsigned int before = atomicAdd(&readers[s], 1u);
+      if (before == kWarps * (use + 1) - 1 && gi + kRing < ngroups) {
+        // every warp's reads (released by its fence before its count) before the copy
+        // engine's writes: acquire, then the proxy fence (generic reads, async writes)
+        __threadfence_block();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fill(s, gi + kRing);
+      }
+    }
+  }
+}
+
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
+#define DOSA_WGT_RING_CALL(TIE, RQ, ...) screen_wgt_ring<TIE, RQ>(__VA_ARGS__)
+#define DOSA_WGT_IMAGE_CALL(TIE, RQ, ...) screen_wgt_image<TIE, RQ>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
+#define DOSA_WGT_RING_CALL(TIE, RQ, ...)
+#define DOSA_WGT_IMAGE_CALL(TIE, RQ, ...)
 #endif
 
 // The kernels screen_wgt_rows{32,16,8} (TIE = false) and their _tie variants (kj and zrow after
@@ -683,6 +911,33 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
                                 const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,        \
                                 unsigned int* __restrict__ tcnt) {                            \
     DOSA_WGT_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt);          \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                    \
+                               const uint8_t* __restrict__ image) {                           \
+    DOSA_WGT_RING_CALL(false, RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,   \
+                       nullptr, image);                                                       \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_ring_rows##RQ##_tie(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,         \
+                                     const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,   \
+                                     unsigned int* __restrict__ tcnt,                         \
+                                     const uint8_t* __restrict__ image) {                     \
+    DOSA_WGT_RING_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt, image); \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads)                           \
+      screen_wgt_image_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                   \
+                                uint8_t* __restrict__ image) {                                \
+    DOSA_WGT_IMAGE_CALL(false, RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,  \
+                        nullptr, image);                                                      \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads)                           \
+      screen_wgt_image_rows##RQ##_tie(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,        \
+                                      const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,  \
+                                      unsigned int* __restrict__ tcnt,                        \
+                                      uint8_t* __restrict__ image) {                          \
+    DOSA_WGT_IMAGE_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt,      \
+                        image);                                                               \
   }
 DOSA_WGT_KERNELS(32)
 DOSA_WGT_KERNELS(16)
