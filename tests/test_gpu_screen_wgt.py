@@ -306,6 +306,10 @@ def test_wgt_ring_equals_default_bitwise(nrow, tie):
     rs = np.random.RandomState(5 + nrow)
     Qn, N = 1000, 2100
     op = _operands(rs, Qn, N, R_MAX[nrow])
+    # spans a caller with check=False may pass (the frames must agree there too): ks > ke,
+    # ks < 0, ke > N, a span inside the last partial tile
+    op["ks"][10:14] = [900, -5, 1500, 2050]
+    op["ke"][10:14] = [400, 700, N + 90, 2099]
     tau = rs.uniform(-1.0, 1.0, size=Qn).astype(np.float32)
     kj = rs.randint(0, N, size=Qn).astype(np.int32) if tie else None
     zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)) if tie else None

@@ -538,3 +538,5 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
     assert iargs[-1] is rargs[-1] and iargs[-1].nbytes == groups * S.wgt_image_bytes(rows)
     assert rgrid == launch.grid and shared == rsmem == launch.smem
     assert rargs[len(launch.args)] is surv
+    src = (PKG / "csrc" / "screen_wgt.cu").read_text()  # the slots the kernel was built with
+    assert re.search(r"constexpr int kRing = (\d+);", src).group(1) == str(S.WGT_RING_SLOTS)

@@ -195,9 +195,14 @@ def _wgt_main(a, args_, cp) -> int:
     """``--wgt``: the transposed screen's default build against ``WGT_VARIANTS``."""
     from dosa_cupy import _build, screen
 
-    # the plain build (tie_reject off: the _tie variants take two more arguments)
-    f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=6,
-                                                       tie_reject=False)  # fmt: skip
+    # the plain default build (tie_reject off: the _tie variants take two more arguments;
+    # the ring build off whatever screen.WGT_RING says: it is a variant here)
+    ring_on, screen.WGT_RING = screen.WGT_RING, False
+    try:
+        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=6,
+                                                           tie_reject=False)  # fmt: skip
+    finally:
+        screen.WGT_RING = ring_on
     nrow = int(name.removeprefix("screen_wgt_rows"))
     surv = kargs[SURV]
     surv.fill(0xDEADBEEF)

@@ -132,7 +132,7 @@ struct TwoAcc {
 constexpr int kTile = 128 * kGroups;       // keys per block (screen.WGT_TILE)
 constexpr int kKeyPanel = kTile * 128;     // bytes of one 64-dim panel of the key tile
 constexpr int kRowPanel = 128 * 128;       // bytes of one 64-dim panel of a group's 128 rows
-constexpr int kRing = 3;                   // the ring build's group slots (header)
+constexpr int kRing = 3;  // the ring build's group slots (header; screen.WGT_RING_SLOTS)
 // A query of a group as the epilogue reads it (staged once per group): its visible span
 // [lo, hi) and its candidates [clo, clo + cw) — the visible keys past the sinks and before
 // the local window, screen_wg's `vis && !seed` without the anchor-pool bit — as tile offsets,
@@ -197,6 +197,7 @@ struct Rows {
   static constexpr int kRingOffBar = kRingOffPool + (kTile / 32) * 4;
   static constexpr int kRingSmemBytes = 1024 + kRingOffBar + kRing * 8 + kRing * 4;
   static_assert(kImageBytes % 16 == 0 && kRingOffBar % 8 == 0, "bulk copies, mbarriers");
+  // (three warpgroups at most: a fourth's key panels would not leave room for three slots)
   static_assert(kRingSmemBytes <= 227 * 1024, "the ring build fits an SM's shared memory");
 };
 
@@ -549,7 +550,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
 #pragma unroll
       for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
       const float uh = u_hat<RQ>(y, weight);
-      const int i = i0 + 8 * k, x = ABS ? (int)n0 + i : i;  // x: in the frame of Q's spans
+      // x: the key in the frame of Q's spans (unsigned: past MAX_KEYS a padding key wraps
+      // below every span instead of overflowing)
+      const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
       const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
       if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
       const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
@@ -875,12 +878,15 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     // the meta buffer returned (their values are used above); the last reader refills it
     __syncwarp();
     if (lane == 0) {
-      __threadfence_block();
-      const unsigned int before = atomicAdd(&readers[s], 1u);
+      // acq_rel: each warp's count releases its reads of the slot, the last count acquires
+      // every other warp's (PTX ISA "Memory Consistency Model"; one atom, no SC fence)
+      unsigned int before;
+      asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                   : "=r"(before)
+                   : "r"((uint32_t)__cvta_generic_to_shared(&readers[s]))
+                   : "memory");
       if (before == kWarps * (use + 1) - 1 && gi + kRing < ngroups) {
-        // every warp's reads (released by its fence before its count) before the copy
-        // engine's writes: acquire, then the proxy fence (generic reads, async writes)
-        __threadfence_block();
+        // the generic reads of the meta buffer before the copy engine's writes (async proxy)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         fill(s, gi + kRing);
       }
