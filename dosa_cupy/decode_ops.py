@@ -87,6 +87,21 @@ def scan(d, fused: bool, tail: tuple) -> None:
 FP8_SCAN_BLOCKS = {64: 3, 32: 5}
 FP8_WIT_BLOCKS = 4
 FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
+# The decode scan fed by the bulk tensor copy engine (score_fp8.cu decode_scan_tma: a producer
+# warpgroup copies each page and its α into slots, three consumer warpgroups score them; one
+# block per SM) in place of decode_scan.  Off until the GPU has timed it against decode_scan
+# (dosa bench --decode); the same bits (tests/test_decode_fp8.py).
+DECODE_TMA = False
+FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
+
+
+def fp8_tma_smem(nc: int) -> int:
+    """Dynamic shared memory of decode_scan_tma with ``nc`` = next_n · H MMA columns
+    (score_fp8.cu decode_tma_smem, checked by the kernel): 1 KB alignment slack, the slots'
+    key tiles (64 × 128 bytes) and α (64 floats), the query tile, a full and an empty
+    mbarrier per slot."""
+    ring = FP8_TMA_CWG * FP8_TMA_SLOTS
+    return 1024 + ring * 64 * 128 + nc * 128 + ring * 64 * 4 + 2 * ring * 8
 
 
 def scan_fp8(d, fused: bool, tail: tuple) -> None:
@@ -102,6 +117,8 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
         raise ValueError(f"q: the FP8 decode scan takes next_n <= {FP8_ROWS}, got {d['n']}")
     if not fused:
         tail[0].fill(-np.inf)
+    if DECODE_TMA and _aligned16(d["kv"], d["scale"]):  # the copy engine's alignment
+        return scan_fp8_tma(d, fused, tail)
     T = -(-L // FP8_TILE)
     gx = max(1, min(T, num_sms() * FP8_SCAN_BLOCKS[H] // B))
     name = f"decode_{'fused' if fused else 'logits'}_fp8_h{H}"
@@ -109,6 +126,32 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
         (gx, B), (128,),
         (d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
          d["ke"], np.int32(d["n"]), *tail),
+    )  # fmt: skip
+
+
+def _aligned16(*arrays) -> bool:
+    """Whether every array's data starts at a 16-byte boundary (the bulk copies' sources)."""
+    return all(int(a.data.ptr) % 16 == 0 for a in arrays)
+
+
+def scan_fp8_tma(d, fused: bool, tail: tuple) -> None:
+    """The FP8 scan by TMA (csrc/score_fp8.cu decode_scan_tma): grid (gx, B), one block per SM
+    (gx = the SMs per request, at least 1: one wave), block x taking request b's pages x,
+    x + gx, … below its rows' last visible end; the key pages through a tensor map over the
+    cache's rows (kv [num_blocks·64, 128], boxes of one page) — encoded per launch (a driver
+    call of microseconds; a cache would keep the cache array alive).  ``tail`` as ``scan``."""
+    from .tma import tensor_map_2d
+
+    H, B, L, n = d["Hp"], d["B"], d["L"], d["n"]
+    gx = max(1, min(-(-L // FP8_TILE), num_sms() // B))
+    kvmap = tensor_map_2d(d["kv"], 64, 128)
+    name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}"
+    smem = fp8_tma_smem(n * H)
+    kernel(name, smem, FP8_SPEC)(
+        (gx, B), (128 * (1 + FP8_TMA_CWG),),
+        (kvmap, d["q"], d["w"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+         d["ke"], np.int32(n), *tail),
+        shared_mem=smem,
     )  # fmt: skip
 
 

@@ -177,15 +177,22 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
 # ---- GPU (sm_90a) ----------------------------------------------------------------------
 
 
+TMA = pytest.mark.parametrize("tma", [False, True], ids=["gather", "tma"])
+
+
+@TMA
+@pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("H", [32, 64, 20, 48])  # padded heads: 20 → 32, 48 → 64
 @needs_sm90a
 @gpu
-def test_gpu_fp8_paged_logits_equal_prefill_dense(H):
+def test_gpu_fp8_paged_logits_equal_prefill_dense(monkeypatch, H, n, tma):
     """Paged FP8 logits of request b == the prefill FP8 dense logits over its gathered keys,
-    bitwise (one arithmetic for every route)."""
+    bitwise (one arithmetic for every route) — by decode_scan and by decode_scan_tma
+    (decode_ops.DECODE_TMA), which must agree with a kernel of another family."""
     import dosa_cupy
 
-    B, n = 2, 2
+    monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    B = 2
     cache = PagedCache(B, 20 * 64, seed=H + 1)
     rs = cache.rs
     L = np.array([20 * 64 - 7, 300], dtype=np.int32)
@@ -202,14 +209,18 @@ def test_gpu_fp8_paged_logits_equal_prefill_dense(H):
         assert bool(cp.all(lg[b, :, p.shape[0] :] == -cp.inf))
 
 
+@TMA
 @pytest.mark.parametrize("H", [32, 64, 48])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("B", [1, 3])
 @needs_sm90a
 @gpu
-def test_gpu_fp8_decode_walk(B, n, H):
+def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
     """The fused FP8 step == the FP8 dense decode route, bitwise, every step; on the first
-    steps also == the numpy emulation of the FP8 kernels (brute force of their bits)."""
+    steps also == the numpy emulation of the FP8 kernels (brute force of their bits) — with
+    the gathered scan and with decode_scan_tma (both routes then run it: the brute force is
+    the independent check)."""
+    monkeypatch.setattr(dops, "DECODE_TMA", tma)
     K, steps = 128, 6
     cache = PagedCache(B, 24 * 64, seed=20 * B + n + H)
     rs = cache.rs
@@ -229,12 +240,14 @@ def test_gpu_fp8_decode_walk(B, n, H):
         L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
 
 
+@TMA
 @pytest.mark.parametrize("H", [32, 64])
 @needs_sm90a
 @gpu
-def test_gpu_fp8_step_captured_in_a_cupy_graph(H):
+def test_gpu_fp8_step_captured_in_a_cupy_graph(monkeypatch, H, tma):
     """The FP8 step replayed from a CUDA graph equals the eager FP8 step and the FP8 dense
-    decode route at every step (gpu_support.replay_decode_walk)."""
+    decode route at every step (gpu_support.replay_decode_walk), both scans."""
+    monkeypatch.setattr(dops, "DECODE_TMA", tma)
     B, n, K, steps = 2, 2, 64, 5
     cache = PagedCache(B, 12 * 64, seed=H + 3)
     rs = cache.rs

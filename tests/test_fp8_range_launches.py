@@ -15,6 +15,7 @@ test_gpu_scorer_fp8.py, test_decode_fp8.py)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from dosa_cupy import seeds as seeds_mod
 from dosa_cupy import select as select_mod
 from dosa_cupy.prepare import Batch
 from dosa_cupy.scorer import FP8_SPEC
+from dosa_cupy.tma import TMAP_DTYPE
 
 NEG = np.float32(-np.inf)
 
@@ -88,10 +90,27 @@ class _Kernels:
     through the block table: _score(r, cache row of i), so a wrong page shows)."""
 
     def __init__(self):
-        self.sig, self.launches = signatures(FP8_SPEC), 0
+        self.sig, self.launches, self.names = signatures(FP8_SPEC), 0, []
 
     def get(self, name, smem=0, spec=None):
-        assert spec is FP8_SPEC and smem == 0
+        from dosa_cupy import decode_ops as dops
+
+        assert spec is FP8_SPEC
+        self.names.append(name)
+        tma = re.fullmatch(r"decode_(fused|logits)_tma_fp8_h(\d+)_n(\d)", name)
+        if tma:  # decode_scan_tma: its shared memory, four warpgroups, the map first
+            H, n = int(tma.group(2)), int(tma.group(3))
+            assert smem == dops.fp8_tma_smem(n * H)
+
+            def launch_tma(grid, block, args, shared_mem=0):
+                check_launch(name, self.sig[name], args, (np.ndarray,))
+                assert block == (128 * (1 + dops.FP8_TMA_CWG),) and shared_mem == smem
+                assert args[0].dtype == TMAP_DTYPE and int(args[7]) == n and len(grid) == 2
+                self.launches += 1
+                self._decode_tma(name, H, grid, args)
+
+            return launch_tma
+        assert smem == 0
         H = int(name.rsplit("_h", 1)[1])
 
         def launch(grid, block, args, **kw):
@@ -147,6 +166,32 @@ class _Kernels:
         for b, bx in itertools.product(range(B), range(grid[0])):
             ranges = [(0, int(ke[b * n + u])) for u in range(n)]
             _walk_rows(b * n, n, bx, grid[0], ranges, int(mb) * 64, put)
+
+    @staticmethod
+    def _decode_tma(name, H, grid, args):
+        """decode_scan_tma's walk: block (x, b) takes request b's pages x, x + gx, … below
+        ⌈max_u ke / 64⌉ and scores every key of each page for each of the request's rows."""
+        _, q, w, ksc, bt, mb, ke, n = args[:8]
+        B, n = bt.shape[0], int(n)
+        assert grid[1] == B and q.shape == (B * n, H, 128)
+        L = int(mb) * 64
+
+        def put(r, inr, i):
+            sc = _score(r, int(bt[r // n, i >> 6]) * 64 + (i & 63))
+            if "logits" in name:
+                args[8][r, i] = sc if inr else NEG
+            else:
+                thr, cnt, rec, cap = args[8:]
+                if inr and _record(sc, i) >= int(thr[r]):
+                    _append(cnt, rec, cap, r, _record(sc, i))
+
+        for b, bx in itertools.product(range(B), range(grid[0])):
+            pages = -(-max(int(ke[b * n + u]) for u in range(n)) // 64)
+            for p in range(bx, pages, grid[0]):
+                for i in range(64 * p, 64 * p + 64):
+                    assert i < L
+                    for u in range(n):
+                        put(b * n + u, i < int(ke[b * n + u]), i)
 
 
 @pytest.fixture
@@ -221,10 +266,19 @@ def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N,
 # ---- the decode scan (score_fp8.cu decode_scan: the range scorer over a request's pages) ---
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["ring", "tma"])
 @pytest.mark.parametrize("H,B,n,sms", [(64, 3, 2, 2), (32, 1, 1, 132), (64, 5, 1, 1)])
-def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms):
+def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms,
+                                                                   tma):  # fmt: skip
+    """decode_scan (gathered tiles) and decode_scan_tma (dops.DECODE_TMA: pages by the copy
+    engine): every row's logits exactly where visible (−inf elsewhere, the host's fill) and
+    exactly its records at or above the threshold, through the request's block table."""
     from dosa_cupy import decode_ops as dops
+    from dosa_cupy import tma as tma_mod
 
+    monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    monkeypatch.setattr(dops, "_aligned16", lambda *a: True)  # numpy has no device pointer
+    monkeypatch.setattr(tma_mod, "tensor_map_2d", lambda *a, **k: np.zeros(1, TMAP_DTYPE)[0])
     fk = _Kernels()
     monkeypatch.setattr(dops, "kernel", fk.get)
     monkeypatch.setattr(dops, "num_sms", lambda: sms)
@@ -259,3 +313,5 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         assert int(cnt[r]) == len(want), r
         got = {int(x) for x in rec[r, : min(int(cnt[r]), cap)]}
         assert got <= want and (len(want) > cap or got == want), r
+    assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{f'_n{n}' if tma else ''}"
+                        for k in ("logits", "fused")]  # fmt: skip

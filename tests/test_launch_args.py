@@ -58,7 +58,9 @@ LAUNCHED = {
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
                      ("score_fp8_ids", "refine_fp8", "seed_score_fp8", "seed_ids_fp8",
                       "seed_logits_fp8", "fused_fp8", "decode_logits_fp8", "decode_fused_fp8",
-                      "decode_witness_fp8")],
+                      "decode_witness_fp8")]
+                   + [f"decode_{k}_tma_fp8_h{h}_n{n}" for h in (64, 32) for n in (1, 2)
+                      for k in ("logits", "fused")],  # decode_ops.scan_fp8_tma
 }  # fmt: skip
 
 

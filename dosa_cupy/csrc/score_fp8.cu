@@ -769,6 +769,172 @@ __device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
   }
 }
 
+// The decode scan fed by the bulk tensor copy engine (issue 31; docs/method.md §10): the
+// contract of decode_scan — request b = blockIdx.y's n = NC / H rows r = b·n + u against its
+// logical keys [0, ke[r]) through its block-table row, FUSED: the records at or above thr[r]
+// to rec[r, :cap] (count[r] counts them all), else the logits out[r, i] (the host fills −inf
+// first) — with the same bits (the same fresh k32 steps added in k order, lane_partials and
+// quad_scatter: head_sums' tree, × α; a key's bits depend neither on the MMA's column count
+// nor on how its tile reached shared memory).  Instead of each block gathering its tiles with
+// cp.async and meeting at a barrier per tile, warpgroup 0 is a producer: one thread walks the
+// block's pages p = x, x + gx, … below ⌈max_u ke[r] / 64⌉ (a page is a tile: 64 tokens), reads
+// the page's cache block from the block table and copies its 64 key rows by one bulk tensor
+// copy (the map over kv [num_blocks·64, 128], 128-byte swizzle) and its 64 α by one bulk copy
+// into a slot; kCwg consumer warpgroups take the pages in turn (page k to warpgroup k mod
+// kCwg), each through its own ring of kTmaSlots slots with a full and an empty mbarrier, so a
+// consumer waits on its own slots in order (never a phase ahead) and its epilogue runs while
+// the others' MMAs and the next copies are in flight.  Both rows of a request in one MMA
+// (NC = n·H columns).  grid (gx, B), block 128·(1 + kCwg), dynamic shared memory
+// decode_tma_smem(NC) (decode_ops.fp8_tma_smem).
+constexpr int kCwg = 3;                       // consumer warpgroups (one block per SM)
+constexpr int kTmaSlots = 3;                  // slots per consumer warpgroup
+constexpr int kTmaRing = kCwg * kTmaSlots;    // slots of the block
+constexpr int kTmaThreads = 128 * (1 + kCwg);
+__host__ __device__ constexpr int decode_tma_smem(int NC) {
+  // the alignment slack, the key slots, the query tile (NC rows), the slots' α, the mbarriers
+  return 1024 + kTmaRing * kTileBytes + NC * 128 + kTmaRing * 64 * 4 + 2 * kTmaRing * 8;
+}
+
+template <int H, int NC, bool FUSED>
+__device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const uint8_t* __restrict__ q,
+                                                const float* __restrict__ w,
+                                                const float* __restrict__ ksc,
+                                                const int* __restrict__ bt, int max_blocks,
+                                                const int* __restrict__ ke, int n,
+                                                float* __restrict__ lg,
+                                                const unsigned long long* __restrict__ thr,
+                                                unsigned int* __restrict__ count,
+                                                unsigned long long* __restrict__ rec,
+                                                long long cap) {
+  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
+  constexpr int QPT = NC / H;  // the request's rows in the MMA (next_n)
+  static_assert(QPT == 1 || QPT == 2, "next_n: 1 or 2 rows per request");
+  constexpr int NA = NC / 2;
+  // setmaxnreg within the block's pool (dense_fp8_lean's rule): the producer keeps 32
+  constexpr int kLaunchRegs = (65536 / kTmaThreads) / 8 * 8;
+  constexpr int kProducerRegs = 32;
+  constexpr int kConsumerRegs = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kCwg) / 8 * 8;
+  extern __shared__ uint8_t smem_raw[];
+  uint32_t dyn;  // the launch must give the layout below
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT) __trap();
+  uint8_t* base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
+  uint8_t* sk = base;
+  uint8_t* sq = sk + kTmaRing * kTileBytes;
+  float* sa = reinterpret_cast<float*>(sq + NC * 128);
+  uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaRing * 64);
+  uint64_t* empty = full + kTmaRing;
+  __shared__ __align__(16) float sw[NC];
+
+  const int t = threadIdx.x, b = blockIdx.y, t0 = b * QPT, x0 = blockIdx.x, gx = gridDim.x;
+  int kmax = 0;
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) kmax = max(kmax, ke[t0 + u]);
+  const int pages = (kmax + 63) >> 6;  // ke ≤ max_blocks·64 (decode.validate_layout)
+  const int np = pages > x0 ? (pages - x0 + gx - 1) / gx : 0;  // the block's pages
+  if (np == 0) return;  // block-uniform, before any barrier
+  for (int it = t; it < NC * 8; it += kTmaThreads) {  // the rows (consecutive per request)
+    const int r = it >> 3, j = it & 7;
+    *reinterpret_cast<uint4*>(sq + sw128_offset(r, j)) =
+        __ldg(reinterpret_cast<const uint4*>(q + ((long long)t0 * H + r) * 128 + 16 * j));
+  }
+  for (int i = t; i < NC; i += kTmaThreads) sw[i] = w[(long long)t0 * H + i];
+  if (t == 0) {
+    for (int s = 0; s < kTmaRing; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 128);
+    }
+    fence_barrier_init();
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int wg = t >> 7;
+  const int* btrow = bt + (long long)b * max_blocks;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    if (t == 0) {
+#pragma unroll 1
+      for (int k = 0; k < np; ++k) {
+        const int c = k % kCwg, j = k / kCwg, slot = c * kTmaSlots + j % kTmaSlots;
+        if (j >= kTmaSlots) mbar_wait(&empty[slot], ((j / kTmaSlots) - 1) & 1);
+        const int page = __ldg(btrow + x0 + gx * k);
+        mbar_expect_tx(&full[slot], kTileBytes + 64 * 4);
+        tma_load_2d(sk + slot * kTileBytes, &kvmap, &full[slot], 0, page * 64);
+        bulk_load(sa + slot * 64, ksc + (long long)page * 64, 64 * 4, &full[slot]);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+  const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // uniform: descriptors in uniform registers
+  const int warp = __shfl_sync(0xffffffffu, (t >> 5) & 3, 0);
+  const int lane = t & 31, g = lane >> 2, qd = lane & 3;
+  // the lane's value after quad_scatter: row u = qd >> 1 (two rows) or the one row, key row
+  // h = qd & 1 of its pair (16·warp + g + 8h); at one row lanes 2 and 3 repeat 0 and 1
+  const int my_u = QPT > 1 ? qd >> 1 : 0, row = 16 * warp + g + 8 * (qd & 1);
+  const bool lane_emits = QPT > 1 || qd < 2;
+  int kev[QPT];
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) kev[u] = ke[t0 + u];
+  const uint64_t db = desc_sw128((uint32_t)__cvta_generic_to_shared(sq));
+  const uint64_t da0 = desc_sw128((uint32_t)__cvta_generic_to_shared(sk));
+  const long long L = (long long)max_blocks * 64;
+  RecordOut<QPT, KeepRecord<QPT>> rout{count, rec, cap, t0, KeepRecord<QPT>{}};
+  LogitOut lout{lg, L, t0};
+  if constexpr (FUSED) {
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) rout.keep.thr[u] = thr[t0 + u];
+    rout.start();
+  }
+#pragma unroll 1
+  for (int j = 0, k = c; k < np; ++j, k += kCwg) {
+    const int slot = c * kTmaSlots + j % kTmaSlots;
+    mbar_wait(&full[slot], (j / kTmaSlots) & 1);
+    const uint64_t da = da0 + (uint64_t)((slot * kTileBytes) >> 4);
+    float acc[NA], x[NA];
+    fence();
+    mma_e4m3<NC>(acc, da, db, 0);
+    mma_e4m3<NC>(x, da + 2, db + 2, 0);
+    commit();
+    wait<0>();
+    pin(acc);
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
+#pragma unroll
+    for (int s = 2; s < 4; ++s) {
+      fence();
+      mma_e4m3<NC>(x, da + 2 * s, db + 2 * s, 0);
+      commit();
+      wait<0>();
+      pin(x);
+#pragma unroll
+      for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
+    }
+    const float a = sa[slot * 64 + row];
+    mbar_arrive(&empty[slot]);  // this thread has read the slot (its MMAs completed above)
+    float2 wv[NC / 8];
+    lane_weights<NC>(sw, qd, wv);
+    float qv[QPT][2];
+    lane_partials<H, NC>(acc, wv, qv);
+    float r[1];
+    quad_scatter<QPT>(qv, qd, r);
+    const float sc = r[0] * a;
+    const long long i = 64LL * (x0 + (long long)gx * k) + row;  // the key's logical id
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) {
+      const bool emits = lane_emits && my_u == u;
+      if constexpr (FUSED)
+        rout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
+      else
+        lout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
+    }
+  }
+  if constexpr (FUSED) rout.finish(lane);
+}
+
 // Explicit ids (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*; and the
 // decode witnesses, §10): block (x, ·) takes the entries row_ids[j] (S of them) of the tiles
 // of 64 from 64·x with stride 64·gridDim.x for query tq; an entry is a key iff ks ≤ id < ke
@@ -973,3 +1139,29 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
   }
 SCORE_FP8_INST(64)
 SCORE_FP8_INST(32)
+
+// The decode scan by TMA (decode_scan_tma): H ∈ {64, 32} heads, N ∈ {1, 2} rows per request;
+// the tensor map first (a 64-byte-aligned parameter, dosa_cupy/tma.py), then decode_scan's
+// parameters without kv (the map reads it).  128·(1 + kCwg) threads, one block per SM.
+#define DECODE_TMA_INST(H, N)                                                                   \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::kTmaThreads, 1)                      \
+      decode_logits_tma_fp8_h##H##_n##N(                                                        \
+          const __grid_constant__ dosa::TensorMap kvmap, const uint8_t* q, const float* w,      \
+          const float* ksc, const int* bt, int max_blocks, const int* ke, int next_n,           \
+          float* out) {                                                                         \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), false>(                              \
+        kvmap, q, w, ksc, bt, max_blocks, ke, next_n, out, nullptr, nullptr, nullptr, 0))       \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::kTmaThreads, 1)                      \
+      decode_fused_tma_fp8_h##H##_n##N(                                                         \
+          const __grid_constant__ dosa::TensorMap kvmap, const uint8_t* q, const float* w,      \
+          const float* ksc, const int* bt, int max_blocks, const int* ke, int next_n,           \
+          const unsigned long long* thr, unsigned int* count, unsigned long long* rec,          \
+          long long cap) {                                                                      \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), true>(                               \
+        kvmap, q, w, ksc, bt, max_blocks, ke, next_n, nullptr, thr, count, rec, cap))           \
+  }
+DECODE_TMA_INST(64, 1)
+DECODE_TMA_INST(64, 2)
+DECODE_TMA_INST(32, 1)
+DECODE_TMA_INST(32, 2)
