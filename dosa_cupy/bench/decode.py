@@ -26,6 +26,7 @@ vs the project's selection on the project's own decode logits, on the same steps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -430,6 +431,18 @@ def peers_markdown(rows) -> str:
     return md_table(intro, cols, rows) + tail
 
 
+@contextlib.contextmanager
+def _decode_tma(on: bool):
+    """decode_ops.DECODE_TMA set to ``on`` for the block (the fp8tma rows), then restored."""
+    from dosa_cupy import decode_ops
+
+    was, decode_ops.DECODE_TMA = decode_ops.DECODE_TMA, on
+    try:
+        yield
+    finally:
+        decode_ops.DECODE_TMA = was
+
+
 def main(argv=None) -> int:
     ap = CommandParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxCTX,...")
@@ -456,7 +469,8 @@ def main(argv=None) -> int:
         "--scorer",
         default="f16",
         help="the canonical scorer(s) of the project's routes: f16 (default), fp8 (sm_90a), "
-        "or both, comma-separated (each shape runs once per scorer)",
+        "fp8tma (fp8 with the scan fed by the copy engine, decode_ops.DECODE_TMA), comma-"
+        "separated (each shape runs once per scorer)",
     )
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
     ap.add_argument(
@@ -476,8 +490,8 @@ def main(argv=None) -> int:
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
     scorers = a.scorer.split(",")
-    if not scorers or set(scorers) - {"f16", "fp8"}:
-        raise ValueError(f"scorer: expected f16 and/or fp8, got {a.scorer!r}")
+    if not scorers or set(scorers) - {"f16", "fp8", "fp8tma"}:
+        raise ValueError(f"scorer: expected f16, fp8 and/or fp8tma, got {a.scorer!r}")
     regimes = a.regime.split(",")
     if set(regimes) - {"synthetic", "trained"} or not regimes:
         raise ValueError(f"regime: expected synthetic and/or trained, got {a.regime!r}")
@@ -502,11 +516,12 @@ def main(argv=None) -> int:
             for n in nns:
                 for sc in scorers:
                     t0 = time.time()
-                    rows.append(
-                        bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history, a.buffer,
-                                    a.seed, lambda s: print(s, flush=True), peers=peers,
-                                    regime=regime, scorer=sc)
-                    )  # fmt: skip
+                    with _decode_tma(sc == "fp8tma"):
+                        row = bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history,
+                                          a.buffer, a.seed, lambda s: print(s, flush=True),
+                                          peers=peers, regime=regime,
+                                          scorer="fp8" if sc == "fp8tma" else sc)  # fmt: skip
+                    rows.append(dict(row, scorer=sc))
                     print(f"# {regime} {sc} {H}x{B}x{ctx} next_n={n} done in "
                           f"{time.time() - t0:.1f}s", flush=True)  # fmt: skip
                 import cupy as cp  # the shape's arrays are gone: return their memory
