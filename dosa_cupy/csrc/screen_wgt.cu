@@ -205,7 +205,7 @@ struct Rows {
 // onto 0..127, and lane qd's columns 2qd + h of block E·(i / 2) + e hold list row 2(i / 2) + h
 // of query E·qd + e — what the epilogue reads; list rows kAux, kAux2 are the plan's aux rows.
 template <int RQ>
-constexpr bool layout_holds() {
+__host__ __device__ constexpr bool layout_holds() {
   using L = Rows<RQ>;
   bool seen[128] = {};
   for (int u = 0; u < L::kQ; ++u)
@@ -238,7 +238,7 @@ __host__ __device__ constexpr int row_chunk_addr(int r, int c) {
 // consecutive items in one row and one panel at eight distinct chunk positions (the
 // conflict-free store of a quarter warp).
 template <int RQ>
-constexpr bool stage8_same_layout() {
+__host__ __device__ constexpr bool stage8_same_layout() {
   using L = Rows<RQ>;
   bool seen[2 * 128 * 8] = {};
   for (int n = 0; n < 128; ++n) {
