@@ -21,6 +21,7 @@ them): both backends need them, and the selector imports this module, not the re
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import numpy as np
@@ -134,16 +135,33 @@ def _aligned16(*arrays) -> bool:
     return all(int(a.data.ptr) % 16 == 0 for a in arrays)
 
 
+TMA_BLOCK_PAGES = 8  # a block's set-up and ring fill, in pages (tma_blocks_per_request)
+
+
+@functools.cache
+def tma_blocks_per_request(B: int, pages: int, sms: int) -> int:
+    """Blocks per request of decode_scan_tma (one block per SM): the smallest gx ≥ 1 within
+    3 % of the least waves × (pages per block + a block's fixed cost), ⌈B·gx / sms⌉ ·
+    (⌈pages / gx⌉ + TMA_BLOCK_PAGES), for the longest request's pages — one wave for a few
+    long requests; where one block per request would leave SMs idle (between sms / 2 and
+    sms requests), a few waves of smaller blocks."""
+    gxs = range(1, max(1, min(pages, 4 * sms)) + 1)
+    cost = [-(-B * gx // sms) * (-(-pages // gx) + TMA_BLOCK_PAGES) for gx in gxs]
+    best = min(cost)
+    # the fewest blocks within 3 % of the best: more waves for less is not worth the model
+    return next(gx for gx, c in zip(gxs, cost, strict=True) if c <= 1.03 * best)
+
+
 def scan_fp8_tma(d, fused: bool, tail: tuple) -> None:
     """The FP8 scan by TMA (csrc/score_fp8.cu decode_scan_tma): grid (gx, B), one block per SM
-    (gx = the SMs per request, at least 1: one wave), block x taking request b's pages x,
+    (gx: ``tma_blocks_per_request``), block x taking request b's pages x,
     x + gx, … below its rows' last visible end; the key pages through a tensor map over the
     cache's rows (kv [num_blocks·64, 128], boxes of one page) — encoded per launch (a driver
     call of microseconds; a cache would keep the cache array alive).  ``tail`` as ``scan``."""
     from .tma import tensor_map_2d
 
     H, B, L, n = d["Hp"], d["B"], d["L"], d["n"]
-    gx = max(1, min(-(-L // FP8_TILE), num_sms() // B))
+    gx = tma_blocks_per_request(B, -(-L // FP8_TILE), num_sms())
     kvmap = tensor_map_2d(d["kv"], 64, 128)
     name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}"
     smem = fp8_tma_smem(n * H)

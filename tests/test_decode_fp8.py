@@ -27,6 +27,7 @@ from test_gpu_decode import PagedCache, _FakeKernels, _queries, fake_cupy  # noq
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
 from dosa_cupy import scorer as scorer_mod
+from dosa_cupy.emulate import score_code
 from dosa_cupy.scorer import FP8_SPEC
 from dosa_ref.mma_model import fp8_fresh_scores
 from dosa_ref.scorer import topk_of
@@ -177,7 +178,16 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
 # ---- GPU (sm_90a) ----------------------------------------------------------------------
 
 
-TMA = pytest.mark.parametrize("tma", [False, True], ids=["gather", "tma"])
+# the scan: decode_scan (gathered tiles), decode_scan_tma with the device's SMs, or with one
+# SM's worth of blocks (every block takes many pages: its consumers' rings wrap)
+TMA = pytest.mark.parametrize("tma", [None, 0, 1], ids=["gather", "tma", "tma_1sm"])
+
+
+def _use_scan(monkeypatch, tma) -> None:
+    """decode_ops set to the scan ``tma`` names (TMA's values)."""
+    monkeypatch.setattr(dops, "DECODE_TMA", tma is not None)
+    if tma:
+        monkeypatch.setattr(dops, "num_sms", lambda: tma)
 
 
 @TMA
@@ -191,7 +201,7 @@ def test_gpu_fp8_paged_logits_equal_prefill_dense(monkeypatch, H, n, tma):
     (decode_ops.DECODE_TMA), which must agree with a kernel of another family."""
     import dosa_cupy
 
-    monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    _use_scan(monkeypatch, tma)
     B = 2
     cache = PagedCache(B, 20 * 64, seed=H + 1)
     rs = cache.rs
@@ -220,7 +230,7 @@ def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
     steps also == the numpy emulation of the FP8 kernels (brute force of their bits) — with
     the gathered scan and with decode_scan_tma (both routes then run it: the brute force is
     the independent check)."""
-    monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    _use_scan(monkeypatch, tma)
     K, steps = 128, 6
     cache = PagedCache(B, 24 * 64, seed=20 * B + n + H)
     rs = cache.rs
@@ -247,7 +257,7 @@ def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
 def test_gpu_fp8_step_captured_in_a_cupy_graph(monkeypatch, H, tma):
     """The FP8 step replayed from a CUDA graph equals the eager FP8 step and the FP8 dense
     decode route at every step (gpu_support.replay_decode_walk), both scans."""
-    monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    _use_scan(monkeypatch, tma)
     B, n, K, steps = 2, 2, 64, 5
     cache = PagedCache(B, 12 * 64, seed=H + 3)
     rs = cache.rs
@@ -260,3 +270,58 @@ def test_gpu_fp8_step_captured_in_a_cupy_graph(monkeypatch, H, tma):
         L = np.minimum(L + rs.integers(1, 64, B), cache.max_blocks * 64).astype(np.int32)
     dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
     replay_decode_walk(walk, dev, K, f"fp8 H={H}", scorer="fp8")
+
+
+@pytest.mark.parametrize("sms", [1, 3, 132])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("H", [32, 64])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_tma_scan_equals_gathered_scan_bitwise(monkeypatch, H, n, sms):
+    """decode_scan_tma against decode_scan on the same step, launched directly: the logits
+    bit for bit, the fused scan's counts equal and its records the same set (their order is
+    the atomics'), at a threshold that keeps about a fifth of the keys — with blocks of many
+    pages (sms = 1, 3: every consumer's ring wraps, the deferred record writes cross pages)
+    and the device's grid; lengths that end inside a page and one request longer than the
+    others."""
+    B, pages = 3, 40
+    cache = PagedCache(B, pages * 64, seed=7 * H + n)
+    rs = cache.rs
+    L = np.array([pages * 64 - 5, 130, 64 * 17], dtype=np.int32)
+    qp, wq = _queries(rs, rs.standard_normal((B, n, H, 128)), n, H)
+    q, w = _padded(qp, wq)
+    Hp = q.shape[2]
+    ke = dec.visible_ends(L, n).reshape(-1).astype(np.int32)
+    d = dict(q=cp.asarray(q.reshape(B * n, Hp, 128)), w=cp.asarray(w.reshape(B * n, Hp)),
+             kv=cp.asarray(cache.kv.reshape(-1, 128)), scale=cp.asarray(cache.scale.reshape(-1)),
+             block_table=cp.asarray(cache.block_table.astype(np.int32)),
+             max_blocks=cache.max_blocks, ke=cp.asarray(ke), n=n, B=B, Hp=Hp,
+             L=cache.max_blocks * 64, scorer="fp8")  # fmt: skip
+    R, Lk = B * n, cache.max_blocks * 64
+    out = {}
+    for tma in (False, True):
+        monkeypatch.setattr(dops, "DECODE_TMA", tma)
+        monkeypatch.setattr(dops, "num_sms", lambda: sms)
+        lg = cp.empty((R, Lk), dtype=cp.float32)
+        dops.scan_fp8(d, False, (lg,))
+        out[tma] = [lg]
+    assert cp.array_equal(out[False][0].view(cp.uint32), out[True][0].view(cp.uint32))
+    # a threshold record per row near its 80th percentile of scores (fused keeps ≥ it)
+    lg = cp.asnumpy(out[False][0])
+    thr = np.zeros(R, np.uint64)
+    for r in range(R):
+        vis = lg[r, : ke[r]]
+        if vis.size:
+            cut = np.float32(np.quantile(vis, 0.8))
+            thr[r] = np.uint64(int(score_code(np.array([cut], np.float32))[0]) << 32)
+    cap = Lk
+    for tma in (False, True):
+        monkeypatch.setattr(dops, "DECODE_TMA", tma)
+        cnt = cp.zeros(R, dtype=cp.uint32)
+        rec = cp.zeros((R, cap), dtype=cp.uint64)
+        dops.scan_fp8(d, True, (cp.asarray(thr), cnt, rec, np.int64(cap)))
+        out[tma] += [cp.asnumpy(cnt), cp.asnumpy(rec)]
+    (_, c0, r0), (_, c1, r1) = out[False], out[True]
+    assert np.array_equal(c0, c1) and c0.sum() > 0
+    for r in range(R):
+        assert np.array_equal(np.sort(r0[r, : c0[r]]), np.sort(r1[r, : c1[r]])), r

@@ -315,3 +315,23 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         assert got <= want and (len(want) > cap or got == want), r
     assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{f'_n{n}' if tma else ''}"
                         for k in ("logits", "fused")]  # fmt: skip
+
+
+@pytest.mark.parametrize("sms", [1, 7, 132])
+def test_tma_grid_is_the_fewest_blocks_near_the_least_cost(sms):
+    """decode_ops.tma_blocks_per_request: at least one block per request, within 3 % of the
+    least modelled cost over every gx, the smallest such gx; at 132 SMs and few requests of
+    many pages, one wave."""
+    from dosa_cupy import decode_ops as dops
+
+    def cost(B, P, gx):
+        return -(-B * gx // sms) * (-(-P // gx) + dops.TMA_BLOCK_PAGES)
+
+    for B in (1, 2, 3, 8, 64, 67, 131, 132, 200, 500):
+        for P in (1, 5, 64, 2048, 16384):
+            gx = dops.tma_blocks_per_request(B, P, sms)
+            best = min(cost(B, P, g) for g in range(1, max(1, min(P, 4 * sms)) + 1))
+            assert 1 <= gx <= max(1, P) and cost(B, P, gx) <= 1.03 * best, (B, P, gx)
+            assert all(cost(B, P, g) > 1.03 * best for g in range(1, gx)), (B, P, gx)
+            if sms == 132 and B in (1, 2, 8, 64) and P >= 2048:
+                assert B * gx <= sms, (B, P, gx)

@@ -828,10 +828,15 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   __shared__ __align__(16) float sw[NC];
 
   const int t = threadIdx.x, b = blockIdx.y, t0 = b * QPT, x0 = blockIdx.x, gx = gridDim.x;
-  int kmax = 0;
+  // the rows' visible ends within the request's logical keys (decode_scan's min(n_keys, ke):
+  // a layout the caller did not check must not read past its block-table row)
+  int kev[QPT], kmax = 0;
 #pragma unroll
-  for (int u = 0; u < QPT; ++u) kmax = max(kmax, ke[t0 + u]);
-  const int pages = (kmax + 63) >> 6;  // ke ≤ max_blocks·64 (decode.validate_layout)
+  for (int u = 0; u < QPT; ++u) {
+    kev[u] = min(ke[t0 + u], max_blocks * 64);
+    kmax = max(kmax, kev[u]);
+  }
+  const int pages = (kmax + 63) >> 6;
   const int np = pages > x0 ? (pages - x0 + gx - 1) / gx : 0;  // the block's pages
   if (np == 0) return;  // block-uniform, before any barrier
   for (int it = t; it < NC * 8; it += kTmaThreads) {  // the rows (consecutive per request)
@@ -875,9 +880,6 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   // h = qd & 1 of its pair (16·warp + g + 8h); at one row lanes 2 and 3 repeat 0 and 1
   const int my_u = QPT > 1 ? qd >> 1 : 0, row = 16 * warp + g + 8 * (qd & 1);
   const bool lane_emits = QPT > 1 || qd < 2;
-  int kev[QPT];
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) kev[u] = ke[t0 + u];
   const uint64_t db = desc_sw128((uint32_t)__cvta_generic_to_shared(sq));
   const uint64_t da0 = desc_sw128((uint32_t)__cvta_generic_to_shared(sk));
   const long long L = (long long)max_blocks * 64;
