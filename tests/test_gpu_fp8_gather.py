@@ -18,14 +18,25 @@ from gpu_support import cp, gpu, needs_sm90a
 RWF = 2048  # bitmask words per refine_fp8 block (score_fp8.cu RWF)
 RCAP = 2048  # survivor ids per refine_fp8 window (score_fp8.cu RCAP)
 # (N, Qn): N not a multiple of 64; 140001: three RWF blocks; both: rows of more than RCAP
-# survivors in a block (two windows and more)
-SHAPES = [(3000, 9), (140001, 7)]
+# survivors in a block (two windows and more); 300007: two blocks of refine_ws (RWFW words)
+SHAPES = [(3000, 9), (140001, 7), (300007, 5)]
+# the refine kernels: name → (words per block, threads, dynamic shared memory of H)
+REFINES = {
+    "refine_fp8": (RWF, 128, lambda H: 0),
+    "refine_ws_fp8": (8192, 512, lambda H: _refine_ws_smem(H)),  # score_fp8.cu RWFW
+}
 
 
-def _kernel(name: str):
+def _refine_ws_smem(H: int) -> int:
+    from dosa_cupy.refine import refine_ws_smem
+
+    return refine_ws_smem(H)
+
+
+def _kernel(name: str, smem: int = 0):
     from dosa_cupy._build import KernelSpec, kernel
 
-    return kernel(name, 0, KernelSpec("score_fp8.cu", (), sm90a=True))
+    return kernel(name, smem, KernelSpec("score_fp8.cu", (), sm90a=True))
 
 
 def _ranges(N: int, Qn: int):
@@ -131,11 +142,13 @@ def _refine_expected(surv, t, ks, ke, N, lg, tau) -> np.ndarray:
 
 @gpu
 @needs_sm90a
+@pytest.mark.parametrize("kname", list(REFINES))
 @pytest.mark.parametrize("H", [64, 32])
 @pytest.mark.parametrize("N,Qn", SHAPES)
-def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn):
-    """refine_fp8_h{H}: for the queries of a scrambled subset list, the records are exactly
-    {(logit, i): bit i set in a visible word, i < N, logit ≥ τ} with the dense logits' bits
+def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn, kname):
+    """refine_fp8_h{H} and refine_ws_fp8_h{H} (a producer warpgroup gathering, consumers in
+    rings; windows of 4,096 ids): for the queries of a scrambled subset list, the records are
+    exactly {(logit, i): bit i set in a visible word, i < N, logit ≥ τ} with the dense logits' bits
     (τ: a logit of the row, so s = τ is kept; −inf for one row); count[t] is their number,
     the queries off the list get none; with a small capacity the count stays exact and the
     records written are that many of them."""
@@ -148,12 +161,13 @@ def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn):
     qlist = rng.permutation(np.delete(np.arange(Qn), 5)).astype(np.int32)  # query 5 left out
     want = {t: _refine_expected(surv, t, ks, ke, N, lg, tau) for t in range(Qn)}
     NW = surv.shape[1]
-    f = _kernel(f"refine_fp8_h{H}")
+    words, threads, smem = REFINES[kname]
+    f = _kernel(f"{kname}_h{H}", smem(H))
     for cap in (max(w.size for w in want.values()) + 3, 5):
         out = _buffer(Qn, cap)
         args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], cp.asarray(tau), wl["ks"],
                 wl["ke"], cp.asarray(qlist), np.int64(N), cp.asarray(surv))  # fmt: skip
-        f((qlist.size, -(-NW // RWF)), (128,), args + out.args())
+        f((qlist.size, -(-NW // words)), (threads,), args + out.args(), shared_mem=smem(H))
         cnt, rec = cp.asnumpy(out.cnt), cp.asnumpy(out.rec)
         for t in range(Qn):
             if t not in qlist:
