@@ -26,7 +26,6 @@ vs the project's selection on the project's own decode logits, on the same steps
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -431,18 +430,6 @@ def peers_markdown(rows) -> str:
     return md_table(intro, cols, rows) + tail
 
 
-@contextlib.contextmanager
-def _decode_tma(on: bool):
-    """decode_ops.DECODE_TMA set to ``on`` for the block (the fp8tma rows), then restored."""
-    from dosa_cupy import decode_ops
-
-    was, decode_ops.DECODE_TMA = decode_ops.DECODE_TMA, on
-    try:
-        yield
-    finally:
-        decode_ops.DECODE_TMA = was
-
-
 def main(argv=None) -> int:
     ap = CommandParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxCTX,...")
@@ -500,6 +487,7 @@ def main(argv=None) -> int:
             if H not in (32, 64) or B * ctx > TRAINED_MAX_TOKENS:
                 raise ValueError(f"shapes: the trained regime needs H 32 or 64 and B·ctx ≤ "
                                  f"{TRAINED_MAX_TOKENS}, got {H}x{B}x{ctx}")  # fmt: skip
+    from .builds import builds_on
     from .timing import no_gpu_exit
 
     rc = no_gpu_exit("dosa bench --decode")
@@ -516,7 +504,7 @@ def main(argv=None) -> int:
             for n in nns:
                 for sc in scorers:
                     t0 = time.time()
-                    with _decode_tma(sc == "fp8tma"):
+                    with builds_on(("decode_tma",) if sc == "fp8tma" else ()):
                         row = bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history,
                                           a.buffer, a.seed, lambda s: print(s, flush=True),
                                           peers=peers, regime=regime,

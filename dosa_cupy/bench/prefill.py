@@ -11,6 +11,7 @@ import numpy as np
 from ..cost import logits_flop
 from . import fp8_dense
 from . import peers as peer_routes
+from .builds import builds_on, parse_builds
 from .memplan import floors_ms, memory_plan, x_floor
 from .report import device_name, ids_equal
 from .shapes import shape_name
@@ -241,14 +242,16 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         vo = dict(opts, **vopts)
         if vo.get("route_memo") == 1:  # `--variant NAME:route_memo=1`: one memo per variant
             vo["route_memo"] = dosa_cupy.RouteMemo()
+        names = parse_builds(vo.pop("builds", ""))  # kernel builds under trial (builds.py)
         v = {"options": vopts}
         res.setdefault("variants", {})[name] = v
         try:
-            v["ms"], _ = median_ms(cp, route(dosa_cupy.dosa_topk, vo), reps, rotate=dosa_cs)
-            free(cp)
-            vids, vst, vstage = _stats_run(
-                dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo
-            )  # fmt: skip
+            with builds_on(names):
+                v["ms"], _ = median_ms(cp, route(dosa_cupy.dosa_topk, vo), reps, rotate=dosa_cs)
+                free(cp)
+                vids, vst, vstage = _stats_run(
+                    dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo
+                )  # fmt: skip
         except Exception as e:  # an experimental option must not lose the shape's row
             if is_oom(e):
                 raise
