@@ -33,7 +33,7 @@ RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_f
 # path, rings per consumer warpgroup, RWFW words per block of 512 threads) in place of
 # refine_fp8.  Off until the GPU has timed it (dosa bench); the same records.
 REFINE_WS = False
-RWFW, RCAPW = 8192, 4096  # score_fp8.cu RWFW, RCAPW
+RWFW, RCAPW = 8192, 8192  # score_fp8.cu RWFW, RCAPW
 WS_SLOTS = 9  # score_fp8.cu kTmaRing
 
 

@@ -33,6 +33,31 @@
 // survival of the calibrated regime every block needs one window.
 #define RCAP 2048
 
+// Sizes every target sees (the kernels' launch bounds; the sm_90 build parses the same
+// parameter lists with empty bodies).
+#define RWFW 8192   // words per refine_ws block
+#define RCAPW 8192  // ids per refine_ws window (one window at ~3 % survival of RWFW words)
+namespace dosa {
+namespace fp8 {
+constexpr int kTileBytes = 64 * 128;       // a tile: 64 keys × 128 bytes
+constexpr int kCwg = 3;                    // decode_scan_tma / refine_ws: consumer warpgroups
+constexpr int kTmaSlots = 3;               // slots per consumer warpgroup
+constexpr int kTmaRing = kCwg * kTmaSlots;  // slots of the block
+constexpr int kTmaThreads = 128 * (1 + kCwg);  // the producer and the consumers
+constexpr int kRefThreads = kTmaThreads;       // refine_ws: decode_scan_tma's warpgroups
+// dynamic shared memory of decode_scan_tma (NC columns) and of refine_ws (H heads): the
+// alignment slack, the key slots, the query tile, the slots' α, refine_ws's window of ids,
+// the mbarriers
+__host__ __device__ constexpr int decode_tma_smem(int NC) {
+  return 1024 + kTmaRing * kTileBytes + NC * 128 + kTmaRing * 64 * 4 + 2 * kTmaRing * 8;
+}
+__host__ __device__ constexpr int refine_ws_smem(int H) {
+  return 1024 + kTmaRing * kTileBytes + H * 128 + kTmaRing * 64 * 4 + RCAPW * 4 +
+         2 * kTmaRing * 8;
+}
+}  // namespace fp8
+}  // namespace dosa
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace dosa {
 namespace fp8 {
@@ -153,7 +178,6 @@ __device__ __forceinline__ void score_ids(const uint8_t* __restrict__ q,
 // Key stages of the ring (tiles of 64 keys × 128 bytes): the gathers of kKeyStages − 1 tiles
 // are in flight while one is scored.
 constexpr int kKeyStages = 3;
-constexpr int kTileBytes = 64 * 128;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -786,14 +810,6 @@ __device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
 // the others' MMAs and the next copies are in flight.  Both rows of a request in one MMA
 // (NC = n·H columns).  grid (gx, B), block 128·(1 + kCwg), dynamic shared memory
 // decode_tma_smem(NC) (decode_ops.fp8_tma_smem).
-constexpr int kCwg = 3;                       // consumer warpgroups (one block per SM)
-constexpr int kTmaSlots = 3;                  // slots per consumer warpgroup
-constexpr int kTmaRing = kCwg * kTmaSlots;    // slots of the block
-constexpr int kTmaThreads = 128 * (1 + kCwg);
-__host__ __device__ constexpr int decode_tma_smem(int NC) {
-  // the alignment slack, the key slots, the query tile (NC rows), the slots' α, the mbarriers
-  return 1024 + kTmaRing * kTileBytes + NC * 128 + kTmaRing * 64 * 4 + 2 * kTmaRing * 8;
-}
 
 template <int H, int NC, bool FUSED>
 __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const uint8_t* __restrict__ q,
@@ -817,7 +833,7 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT) __trap();
+  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT || blockDim.x != kTmaThreads) __trap();
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
   uint8_t* sk = base;
@@ -961,16 +977,6 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 // no barrier per tile, and a block spans RWFW = 8,192 words (262,144 keys) so that the scan
 // and the query's load are paid once per ~75 tiles at 1.8 % survival.  grid (|qlist|,
 // ⌈NW / RWFW⌉), 512 threads, dynamic shared memory refine_ws_smem(H).
-#define RWFW 8192
-#define RCAPW 4096
-constexpr int kRefThreads = 512;  // the producer and kCwg consumer warpgroups
-static_assert(kRefThreads == kTmaThreads, "the consumers' ring: decode_scan_tma's");
-__host__ __device__ constexpr int refine_ws_smem(int H) {
-  // the alignment slack, the key slots, the query tile, the slots' α, a window of ids, the
-  // mbarriers
-  return 1024 + kTmaRing * kTileBytes + H * 128 + kTmaRing * 64 * 4 + RCAPW * 4 +
-         2 * kTmaRing * 8;
-}
 
 template <int H>
 __device__ __forceinline__ void refine_ws(const uint8_t* __restrict__ q, const float* __restrict__ w,
@@ -988,7 +994,8 @@ __device__ __forceinline__ void refine_ws(const uint8_t* __restrict__ q, const f
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)refine_ws_smem(H)) __trap();
+  // the layout below, and the warpgroups the mbarriers count
+  if (dyn < (uint32_t)refine_ws_smem(H) || blockDim.x != kRefThreads) __trap();
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
   uint8_t* sk = base;
