@@ -39,7 +39,7 @@ from .pipeline import dosa_topk
 from .plan import plan_stage
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
-from .screen import plateau_constants, screen_stage, tie_screen_wanted
+from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, seed_stage
 from .select import recovery_queries, select_ids
 
@@ -294,7 +294,9 @@ class PrefillSelectorGPU:
         o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
         rho = key_rho(b.kp)
         seeds = seed_stage(b, o, sh.anchors)
-        plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount)
+        plan = plan_stage(
+            b, seeds.pool, sh.r, o, seeds.pcount, screen_arith(sh.screen, sh.r, sh.tie)
+        )
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)

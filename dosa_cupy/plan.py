@@ -61,6 +61,7 @@ from .scorer import MMA_BITS, plan_scorer
 __all__ = [
     "PLAN_THREADS", "DevicePlan", "allowance_factors", "build_plans", "build_plans_fused",
     "flushed_results", "gamma", "gamma_mma", "dot_allowance", "plan_constants",
+    "screen_row_constants",
     "plan_smem_bytes", "plan_stage",
     "row_slots", "scorer_allowance", "step_exponents",
 ]  # fmt: skip
@@ -125,9 +126,12 @@ class DevicePlan:
     a_A: object = None  # float64 [Qn, D] negative aggregate
     E: object = None  # float64 [Qn] positive allowance (outward)
     r_max: int | None = None  # every plan retains at most r_max heads (the r it was built with)
+    # the screen's dot arithmetic the bound covers (``dot_allowance``): "f16" for the f16
+    # chains of every screen kernel, "fp8_fresh" for the FP8 build of "wgt" (screen.WGT_FP8)
+    screen: str = "f16"
 
 
-def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
+def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> DevicePlan:
     """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
     evenly spaced anchor-pool keys (pool int32 [P], sorted), by
@@ -137,7 +141,8 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     pool's P when ``pool`` is padded to a capacity, ``seeds.anchor_pool``): min(p_sample, capacity)
     sample keys spaced over the first P entries on the device (repeats when P is smaller;
     key 0 when P = 0) — no synchronization.  The sample only steers which heads a plan
-    retains (docs/method.md §4); every plan's bound holds for any sample."""
+    retains (docs/method.md §4); every plan's bound holds for any sample.  ``screen``: the
+    screen kernel's dot arithmetic (``screen.screen_arith`` of the chunk's screen)."""
     cp = cupy_or_raise()
     mts = 1 if r <= 14 else 2
     ns = min(o["p_sample"], int(pool.size))
@@ -146,7 +151,9 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None) -> DevicePlan:
     else:
         last = cp.maximum(pcount - 1, 0)
         sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
-    return build_plans_fused(b.q, b.w, b.kp, sample, r, mts, MMA_BITS, plan_scorer(b.scorer))
+    return build_plans_fused(
+        b.q, b.w, b.kp, sample, r, mts, MMA_BITS, plan_scorer(b.scorer), screen
+    )
 
 
 def _choose_R(xp, w, qn, p, r, neg_priority="activation"):
@@ -264,9 +271,10 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     ``scorer``: the canonical scorer's arithmetic whose error the bound covers
     (``scorer_allowance``; a call's routes run ``scorer.plan_scorer`` of its scorer).
     ``screen``: the screen's dot arithmetic (``dot_allowance``: "f16", the kernels' chain;
-    an FP8 one, e.g. "fp8_fresh" or "fp8_chained", states the bound a screen on e4m3
-    ``wgmma`` would need — its relative part in J, its per-row constant in ε_raw — for the
-    survival emulation of ``emulate.screen_survival``; no kernel runs one yet).
+    an FP8 one states the bound a screen on e4m3 ``wgmma`` needs — its relative part in J,
+    its per-row constant in ε_raw (``screen_row_constants``): "fp8_fresh" for the FP8 build
+    of "wgt" (screen.WGT_FP8), the others for the survival emulation of
+    ``emulate.screen_survival``).
     """
     cp = cupy_or_raise() if xp is None else xp
 
@@ -382,10 +390,8 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     Jn = cp.sqrt(cp.sum(J * J, axis=1)) * (1 + MU)
     C = np.sqrt(D) * (E + Jn) * (1 + MU)
     eps_raw = flushed_results(mth, mts) * TINY + cp.sum(cp.abs(wf) * a_ref, axis=1) * (1 + MU)
-    if screen != "f16":  # the screen's per-row constants, weighted as Û weighs its rows
-        a_rows = cp.sum(cp.abs(omega.astype(cp.float64)) * a_scr, axis=1)
-        a_rows += sig * (a_scr[:, last + 7] + a_scr[:, last + 15])
-        eps_raw = eps_raw + a_rows * (1 + gamma(2 * mts + 6)) * (1 + MU)
+    if screen != "f16":
+        eps_raw = eps_raw + screen_row_constants(rows, omega, sig, mts, screen, mma_bits, cp)
     # σ is stored as fp32: it must be finite there too, else the screen would weigh the aux
     # rows by −inf and could reject on a bound that is not one (recover such queries)
     valid = cp.isfinite(C) & cp.isfinite(sig) & cp.isfinite(sig.astype(cp.float32))
@@ -394,6 +400,7 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
         rows=rows,
         omega=omega,
         sigma=sig.astype(cp.float32),
+        screen=screen,
         C=cp.ascontiguousarray(C),
         eps_raw=eps_raw,
         eps_out=TINY,
@@ -408,6 +415,19 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
         E=E,
         r_max=r,
     )
+
+
+def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: int, xp):
+    """float64 [Qn]: what an FP8 screen's dots add to ε_raw (``dot_allowance``'s per-row
+    constant a_j of plan rows ``rows`` uint8 [Qn, 16·mts, 128], weighted as Û weighs them —
+    |ω_j| for every row, σ for the two aux rows — and lifted through Û's 2·mts + 6 roundings
+    and one MU); omega fp32 [Qn, 16·mts], sigma [Qn] (a power of two, fp32 or fp64: the
+    same value).  ``build_plans`` and ``build_plans_fused`` add it in the same order."""
+    _, a_scr = dot_allowance(screen, rows, mma_bits, xp)
+    last = 16 * (mts - 1)
+    a_rows = xp.sum(xp.abs(omega.astype(xp.float64)) * a_scr, axis=1)
+    a_rows += sigma.astype(xp.float64) * (a_scr[:, last + 7] + a_scr[:, last + 15])
+    return a_rows * (1 + gamma(2 * mts + 6)) * (1 + MU)
 
 
 PLAN = KernelSpec("plan.cu")
@@ -444,11 +464,14 @@ def allowance_factors(scorer: str, mth: int) -> tuple[float, float]:
     return 1 + gamma(3), 1 + gamma(16 * mth // 4 + 3)
 
 
-def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16"):
+def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16", screen: str = "f16"):
     """(g_scr, g_ref, eps_raw) exactly as ``build_plans`` computes them, eps_raw without the
-    scorer's per-query part (``scorer_allowance``'s a; 0 for the f16 chain)."""
+    scorer's per-query part (``scorer_allowance``'s a; 0 for the f16 chain) and without the
+    screen's (``screen_row_constants``)."""
     mth = Hp // 16
-    gm = gamma_mma(mma_bits)
+    gm, _ = dot_allowance(screen, np.zeros((0, D), np.uint8), mma_bits, np)
+    if np.ndim(gm):
+        raise ValueError(f"screen: the fused planner takes one g_scr, {screen!r} has one per dim")
     g_scr = gm + gamma(2 * mts + 6) * (1 + gm)
     g_ref, _ = scorer_allowance(scorer, np.zeros((0, Hp, D), np.uint8), mth, mma_bits, np)
     if np.ndim(g_ref):
@@ -456,12 +479,15 @@ def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16"):
     return g_scr, float(g_ref), flushed_results(mth, mts) * TINY
 
 
-def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="f16"):
+def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="f16",
+                      screen="f16"):  # fmt: skip
     """Batched plans for all queries, one fused kernel launch (same contract and fields as
     ``build_plans``; q uint8 [Qn, Hp, 128] with Hp = 16·MT ≤ 64, w fp32 [Qn, Hp],
     k_payload uint8 [N, 128], sample_ids: device key ids in [0, N) or None, r ≤ 16·mts − 2;
     ``scorer`` as in ``build_plans``, one with a single g_ref: "f16", "fp8_fresh",
-    "fp8_chained").
+    "fp8_chained"; ``screen`` likewise one with a single g: "f16", "fp8_fresh",
+    "fp8_chained" — an FP8 one's per-row constants added to ε_raw after the kernel by
+    ``screen_row_constants``, as ``build_plans`` adds them).
     """
     cp = cupy_or_raise()
     Qn, Hp, _ = q.shape
@@ -471,7 +497,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
         raise ValueError(f"mts: expected 1 or 2, got {mts!r}")
     nslot = 16 * mts - 2
     r = int(min(r, nslot, Hp))
-    g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits, scorer)
+    g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits, scorer, screen)
     a_step, a_epi = allowance_factors(scorer, Hp // 16)
     if sample_ids is not None and int(sample_ids.size) > 0:
         sample = cp.ascontiguousarray(sample_ids.astype(cp.int32))  # ids < N < 2^31
@@ -507,11 +533,14 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
             ),
             shared_mem=smem,
         )  # fmt: skip
+        if screen != "f16":
+            eps_raw += screen_row_constants(rows, omega, sigma, mts, screen, mma_bits, cp)
     return DevicePlan(
         mts=mts,
         rows=rows,
         omega=omega,
         sigma=sigma,
+        screen=screen,
         C=C,
         eps_raw=eps_raw,
         eps_out=TINY,

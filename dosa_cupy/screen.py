@@ -8,7 +8,7 @@ bit for bit, one build per plan width, r ≤ 14 or ≤ 30); "wgt" (the transpose
 screen of csrc/screen_wgt.cu, keys as the wgmma M operand and the plan rows of a group of
 queries as N — 32 rows of 4 queries for r ≤ 30, 16 rows of 8 queries for r ≤ 14, 8 rows of
 16 queries for r ≤ 6 (``wgt_rows``); its bounds obey the same error model, not the same
-bits);
+bits; its FP8 build, ``WGT_FP8``, screens on e4m3 wgmma under its own error model);
 "auto" (the default) chooses the kernel and r per chunk (``auto_screen``).  With
 certificate seeds the screen also records (U, id) of every survivor (screen_cert_mt*).
 Every kernel has a tie-aware variant, the same name with ``_tie`` (csrc/screen.cu "The keep
@@ -45,6 +45,7 @@ __all__ = [
     "pair_plan",
     "plateau_constants",
     "positive_heads_hist",
+    "screen_arith",
     "screen_stage",
     "wgt_image_bytes",
     "wgt_ring_smem_bytes",
@@ -108,24 +109,42 @@ WGT_SPEC = KernelSpec("screen_wgt.cu", (), sm90a=True)  # sm_90a build (NVRTC, e
 # the GPU has timed it against the default (dosa bench --screen-variants --wgt, "ring").
 WGT_RING = False
 WGT_RING_SLOTS = 3
+# The FP8 build of screen="wgt" (csrc/screen_wgt.cu "The FP8 build": the ring build with the
+# e4m3 codes as wgmma operands and fresh k32 steps; its plans carry the error model of those
+# dots, plan.build_plans(..., screen="fp8_fresh")) for plans of r ≤ 14 on chunks screened by
+# the plain rule (``screen_arith``).  Off until the GPU has timed it (dosa bench
+# --variant NAME:...,builds=fp8screen); its survivors differ from the f16 chain's (another
+# bound), its ids do not.
+WGT_FP8 = False
+WGT_FP8_MAX_R = 14  # its builds: 8 and 16 rows (mts = 1 plans)
 
 
-def wgt_image_bytes(rows: int) -> int:
-    """Bytes of one query group's image (csrc/screen_wgt.cu Rows<RQ>::kImageBytes): the
-    group's 128 f16 N rows (two 128-byte-swizzled panels) and its meta buffer (weights,
-    plateau coefficients, Q = 128 / rows query records of 56 bytes)."""
+def screen_arith(screen: str, r: int, tie: bool | None) -> str:
+    """The dot arithmetic of the screen kernel that will screen a chunk with ``screen`` (the
+    route's pick), ``r`` retained heads and the rule ``tie`` (True: tie-aware, False: plain,
+    None: not yet decided — ``tie_screen_wanted``): "fp8_fresh" for the FP8 build of "wgt"
+    (``WGT_FP8``, r ≤ WGT_FP8_MAX_R, the plain rule), else "f16" — what ``plan_stage``
+    builds the plans for (``dot_allowance``)."""
+    fp8 = WGT_FP8 and screen == "wgt" and r <= WGT_FP8_MAX_R and tie is False
+    return "fp8_fresh" if fp8 else "f16"
+
+
+def wgt_image_bytes(rows: int, fp8: bool = False) -> int:
+    """Bytes of one query group's image (csrc/screen_wgt.cu Ring<RQ, FP8>::kImageBytes): the
+    group's 128 N rows — f16 in two 128-byte-swizzled panels, ``fp8`` e4m3 in one — and its
+    meta buffer (weights, plateau coefficients, Q = 128 / rows query records of 56 bytes)."""
     q = 128 // rows
-    return 2 * 128 * 128 + 2 * q * 4 * rows + q * 56
+    return (1 if fp8 else 2) * 128 * 128 + 2 * q * 4 * rows + q * 56
 
 
-def wgt_ring_smem_bytes(rows: int) -> int:
-    """Dynamic shared memory of screen_wgt_ring_rows{rows} (Rows<RQ>::kRingSmemBytes, checked
-    by the kernel): 1 KB alignment slack, the f16 key tile, WGT_RING_SLOTS slots of one image
-    each (rounded up to 1 KB: the swizzle's alignment), α and ρ as fp64, the tile's anchor-pool
-    words, per slot an mbarrier and a reader count."""
+def wgt_ring_smem_bytes(rows: int, fp8: bool = False) -> int:
+    """Dynamic shared memory of screen_wgt[_fp8]_ring_rows{rows} (Ring<RQ, FP8>::kSmemBytes,
+    checked by the kernel): 1 KB alignment slack, the key tile (f16: two panels, ``fp8``: one),
+    WGT_RING_SLOTS slots of one image each (rounded up to 1 KB: the swizzle's alignment), α
+    and ρ as fp64, the tile's anchor-pool words, per slot an mbarrier and a reader count."""
     T, n = WGT_TILE, WGT_RING_SLOTS
-    slot = -(-wgt_image_bytes(rows) // 1024) * 1024
-    return 1024 + 2 * T * 128 + n * slot + 2 * T * 8 + T // 32 * 4 + n * 8 + n * 4
+    slot = -(-wgt_image_bytes(rows, fp8) // 1024) * 1024
+    return 1024 + (1 if fp8 else 2) * T * 128 + n * slot + 2 * T * 8 + T // 32 * 4 + n * 8 + n * 4
 
 
 # Paired screen tile (screen.cu screen_pair): row i of pair p ← row PAIR_ROWS[i][1] of
@@ -374,6 +393,7 @@ class ScreenLaunch:
     hopper: bool = False  # screen_sm90a.cu's kernel (screen="wg"), built by sm90a
     wgt: bool = False  # screen_wgt.cu's kernel (screen="wgt"), WGT_SPEC
     ring: int = 0  # the wgt ring build's plan rows per query (its image kernel's), 0: not it
+    fp8: bool = False  # the wgt FP8 build (a ring build on e4m3 operands, WGT_FP8)
     mts: int = 1  # the Hopper build's head tiles per query (sm90a.BUILDS)
     tie: bool = False  # the tie-aware variant (name ends in _tie): kj, zrow in, tcnt out
 
@@ -387,6 +407,11 @@ class ScreenLaunch:
         strict rule."""
         tie = zrow is not None
         suffix = "_tie" if tie else ""
+        if plan.screen != "f16" and (screen != "wgt" or tie or plan.mts != 1):
+            raise ValueError(
+                f"plan: built for the {plan.screen!r} dots of the FP8 'wgt' build (plain rule, "
+                f"one row tile), screened with {screen!r}{' tie-aware' if tie else ''}"
+            )
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
         rows, omega, name = plan.rows, plan.omega, f"screen{'_cert' if cert else ''}_mt{plan.mts}"
@@ -409,6 +434,9 @@ class ScreenLaunch:
             r_max = plan.r_max if plan.r_max is not None else 16 * plan.mts - 2
             nrow = 32 if plan.mts == 2 else wgt_rows(min(r_max, 14))
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
+            if plan.screen == "fp8_fresh":  # the FP8 build: a ring build (header of the file)
+                name, smem = f"screen_wgt_fp8_ring_rows{nrow}", wgt_ring_smem_bytes(nrow, True)
+                return cls(name, grid, smem, args, wgt=True, ring=nrow, fp8=True)
             if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow
                 name, smem = f"screen_wgt_ring_rows{nrow}{suffix}", wgt_ring_smem_bytes(nrow)
                 return cls(name, grid, smem, args, tie=tie, wgt=True, ring=nrow)
@@ -427,14 +455,16 @@ class ScreenLaunch:
 
     def images(self):
         """The ring build's query-group images (uint8 [groups · wgt_image_bytes]), written by
-        screen_wgt_image_rows{ring} from this launch's arguments (one block per group)."""
+        screen_wgt[_fp8]_image_rows{ring} from this launch's arguments (one block per
+        group)."""
         cp = cupy_or_raise()
         Qn = int(self.args[-3])
         groups = -(-Qn // (128 // self.ring))
-        image = cp.empty(max(groups, 1) * wgt_image_bytes(self.ring), dtype=cp.uint8)
+        image = cp.empty(max(groups, 1) * wgt_image_bytes(self.ring, self.fp8), dtype=cp.uint8)
         null = np.uint64(0)
         tail = (null, null) + ((null,) if self.tie else ()) + (image,)  # surv, Uout[, tcnt]
-        name = f"screen_wgt_image_rows{self.ring}{'_tie' if self.tie else ''}"
+        fp8 = "_fp8" if self.fp8 else ""
+        name = f"screen_wgt{fp8}_image_rows{self.ring}{'_tie' if self.tie else ''}"
         kernel(name, 0, WGT_SPEC)((max(groups, 1),), (WGT_THREADS,), self.args + tail)
         return image
 

@@ -40,6 +40,23 @@ added as (c_0 + c_1) + (c_2 + c_3): at most 6 (``eval_wgt16``); ``screen_wgt_row
 mts = 2 plan: 32 rows, aux rows 23 and 31) eight such chains added as a tree of three
 levels: at most 7 (``eval_wgt32``).  All are within γ_{2·mts+6} (γ_8 for mts = 1, γ_10 for
 mts = 2) by the same argument (``check_wgt``).
+
+The FP8 build of the transposed screen (csrc/screen_wgt.cu "The FP8 build") feeds the 8- and
+16-row orders with dots x̂_j of e4m3 fresh steps (``dosa_ref.mma_model.fresh_dots``, the
+probed wgmma model; proofs/wgmma_fresh_step.py's statement |x̂_j − x_j| ≤ g·Σ_d|q̄_jd||k̄_d|
++ a_j, g = 2^-13 + γ_3(1 + 2^-13), a_j = (1 + γ_3)Σ_s 2^(eq_s)).  Then, with A = Σ_j |ω_j|
+Σ_d|q̄_jd||k̄_d| + σ Σ_d(|v̄_0d| + |v̄_1d|)|k̄_d| and a_rows = Σ_j |ω_j| a_j + σ(a_7 + a_15)
+over the rows Û reads,
+
+    |Û_fl(x̂) − Û(x)| ≤ (g + γ_8(1 + g))·A + (1 + γ_8)·a_rows,
+
+plan.py's g_scr for screen="fp8_fresh" on A (through C) and plan.screen_row_constants on
+ε_raw.  Proof: [·]_+ is 1-Lipschitz, so |Û(x̂) − Û(x)| ≤ Σ_j |ω_j||x̂_j − x_j| + σ(|x̂_7 − x_7|
++ |x̂_15 − x_15|) ≤ g·A + a_rows; T(x̂) ≤ (1 + g)·A + a_rows likewise; the epilogue adds
+γ_8·T(x̂).  ``check_wgt_fp8`` evaluates it on e4m3 rows and keys with exact rationals (the
+exact dots from the codes' dyadic values, the model's fp32 dots at their values) and checks
+that the float64 constants the plan uses are at least the rational ones (g_scr after J's
+lift by 1 + MU, which covers the float64 roundings of the plan's constants).
 """
 
 from __future__ import annotations
@@ -48,15 +65,21 @@ from fractions import Fraction
 
 import numpy as np
 
+from dosa_cupy.plan import dot_allowance, screen_row_constants, step_exponents
+from dosa_cupy.plan import gamma as gamma_f64
 from dosa_cupy.screen import PAIR_ROWS  # the tile layout the kernel reads (no GPU needed)
+from dosa_ref.fp8 import e4m3_bits, e4m3_values
+from dosa_ref.mma_model import fresh_dots, window_rows
 
 from ._audit import Audit, Result
+from .wgmma_fresh_step import window_witness
 
 NAME = "gpu_screen_epilogue"
 STATEMENT = (
     "fp32 Û of screen_mt1 / screen_pair (γ_5 T), screen_wgt_rows16 (γ_6 T) and "
     "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr at mts = 1); "
-    "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2)"
+    "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2); the FP8 build on fresh e4m3 "
+    "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_8) a_rows (plan screen='fp8_fresh')"
 )
 
 U = Fraction(1, 2**24)
@@ -264,6 +287,93 @@ def check_wgt(x, w, sig, rows: int, context="") -> Result:
     return au.result()
 
 
+def check_wgt_fp8(q, k, w, sig, rows: int, context="") -> Result:
+    """The FP8 build's Û (module docstring, last part) for one query: q uint8 [16, 128] its
+    plan rows' e4m3 codes (aux rows 7, 15), k uint8 [n, 128] keys, w fp32 [16] (ω of the
+    rows; 0 is used at the aux rows), sig fp32 ≥ 0; rows = 8: rows 6, 8..14 empty (zero
+    codes, ω = 0), as the host launches that build for r ≤ 6 only."""
+    au = Audit(NAME, tightness=False, context=context)
+    q, w = np.array(q, dtype=np.uint8), np.array(w, dtype=np.float32)
+    if rows == 8:
+        q[[6, 8, 9, 10, 11, 12, 13, 14]] = 0
+        w[[6, 8, 9, 10, 11, 12, 13, 14]] = 0
+    w[[7, 15]] = 0
+    kept = range(6) if rows == 8 else [j for j in range(16) if j not in (7, 15)]
+    ev = eval_wgt8 if rows == 8 else eval_wgt16
+    Wt = [Fraction(float(v)) for v in w]
+    S = Fraction(float(np.float32(sig)))
+    # exact dots: e4m3 values are multiples of 2^-9, so 2^18·q̄·k̄ is an integer (< 2^43)
+    qi = (e4m3_values(q) * 512).astype(np.int64)
+    ki = (e4m3_values(k) * 512).astype(np.int64)
+    dots, mags = qi @ ki.T, np.abs(qi) @ np.abs(ki).T  # [16, n]
+    xhat = fresh_dots(q, k)  # float32 [n, 16]: the kernel's dots
+    g = Fraction(1, 2**13) + gamma(3) * (1 + Fraction(1, 2**13))
+    g_scr = g + gamma(PLAN_DEPTH) * (1 + g)
+    e = step_exponents(q, np)  # [16, 4]
+    a = [(1 + gamma(3)) * sum((Fraction(2) ** int(x) for x in e[j] if x > -1000), Fraction(0))
+         for j in range(16)]  # fmt: skip
+    a_rows = sum((abs(Wt[j]) * a[j] for j in kept), Fraction(0)) + S * (a[7] + a[15])
+    for n in range(k.shape[0]):
+        X = [Fraction(int(v), 2**18) for v in dots[:, n]]
+        M = [Fraction(int(v), 2**18) for v in mags[:, n]]
+        u_ex, _ = exact(X, Wt, S, kept)
+        A = sum((abs(Wt[j]) * M[j] for j in kept), Fraction(0)) + S * (M[7] + M[15])
+        got = ev([Fraction(float(v)) for v in xhat[n]], Wt, S)
+        err, bound = abs(got - u_ex), g_scr * A + (1 + gamma(PLAN_DEPTH)) * a_rows
+        au.ge(bound, err, "|Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_8) a_rows")
+        if bound > 0:
+            au.track("err / bound", float(err / bound))
+    # the plan's float64 constants: g_scr (build_plans: float64, within a few roundings of
+    # 2^-53 of the rational one, which the (1 + MU) lift of J covers) and the ε_raw term
+    # (screen_row_constants, lifted by its own 1 + MU)
+    g64, _ = dot_allowance("fp8_fresh", q, 17, np)
+    g64_scr = Fraction(g64 + gamma_f64(PLAN_DEPTH) * (1 + g64))
+    au.ge(g64_scr * (1 + Fraction(1, 2**30)), g_scr, "plan g_scr (1 + MU) ≥ g_scr")
+    sig1 = np.array([sig], np.float32)
+    r64 = screen_row_constants(q[None], w[None], sig1, 1, "fp8_fresh", 17, np)
+    au.ge(Fraction(float(r64[0])), (1 + gamma(PLAN_DEPTH)) * a_rows, "ε_raw term ≥ (1+γ_8) a_rows")
+    return au.result()
+
+
+def _fp8_cases(rng) -> list[dict]:
+    """e4m3 plan rows and keys for ``check_wgt_fp8``: uniform codes, quantized gaussians,
+    rows and keys whose steps lose the most in the window (one ±448 and many small values),
+    subnormal rows; σ balancing the aux rows' dot against the retained sum (cancellation)."""
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    out = []
+    for trial in range(12):
+        kind = trial % 4
+        if kind == 0:
+            q, k = rng.choice(finite, (16, 128)), rng.choice(finite, (6, 128))
+        elif kind == 1:
+            g = rng.standard_normal((22, 128))
+            v = e4m3_bits((g / np.abs(g).max(1, keepdims=True) * 448).astype(np.float32))
+            q, k = v[:16], v[16:]
+        elif kind == 2:
+            q, k = window_rows(rng, 16), window_rows(rng, 6)
+        else:
+            q = rng.integers(0, 8, (16, 128)).astype(np.uint8)  # subnormals and zeros
+            k = rng.choice(finite, (6, 128))
+        w = _fp32(rng, 16, -6, 2, signed=bool(kind % 2))
+        xs = fresh_dots(q, k).astype(np.float64)  # σ against the first key's dots
+        ret = float(np.sum(np.abs(w[:7]) * np.maximum(xs[0, :7], 0)))
+        aux = max(xs[0, 7] + xs[0, 15], 0.0)
+        sig = np.float32(min(max(ret / aux if aux > 0 and ret > 0 else 0.5, 2.0**-40), 2.0**40))
+        for rows in (16, 8):
+            out.append(dict(_check="check_wgt_fp8", q=q, k=k, w=w, sig=sig, rows=rows,
+                            context=f"wgt{rows} fp8 kind {kind} #{trial}"))  # fmt: skip
+    # wgmma_fresh_step's window witness on every row (q = 1; each key step one 448 and 31
+    # small values): every row's dot loses most of its quantum per small product, one sign
+    c = window_witness()
+    q = np.repeat(c["q"], 16, axis=0)
+    q[15] = 0
+    w = np.full(16, 0.5, np.float32)
+    for rows in (16, 8):
+        out.append(dict(_check="check_wgt_fp8", q=q, k=c["k"], w=w, sig=np.float32(0.25),
+                        rows=rows, context=f"wgt{rows} fp8 witness"))  # fmt: skip
+    return out
+
+
 def _fp32(rng, n, lo_exp, hi_exp, signed=True):
     e = rng.integers(lo_exp, hi_exp + 1, n)
     m = 1 + rng.random(n)
@@ -313,4 +423,4 @@ def cases(rng: np.random.Generator) -> list[dict]:
             else:
                 x, w, s = q[0]
                 out.append(dict(x=x, w=w, sig=s, context=f"mt1 kind {kind} #{trial}"))
-    return out
+    return out + _fp8_cases(rng)

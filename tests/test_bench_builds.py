@@ -18,7 +18,7 @@ def test_parse_builds_names_and_rejects_unknown():
 
 
 def test_builds_on_sets_and_restores_every_switch():
-    mods = {"ring": screen, "refine_ws": refine, "decode_tma": decode_ops}
+    mods = {"ring": screen, "fp8screen": screen, "refine_ws": refine, "decode_tma": decode_ops}
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     assert not any(before.values()), "every build under trial is off by default"

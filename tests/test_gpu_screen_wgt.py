@@ -151,11 +151,14 @@ def _exact(op):
     return uh, A, x, ax
 
 
-def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False):
+def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
+            fp8=False):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
-    (QG a multiple of the build's 128 / nrow queries per group)."""
+    (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
+    pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule)."""
+    ring = ring or fp8
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -173,11 +176,11 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
     T = screen.WGT_TILE
     grid = ((N + T - 1) // T, (Qn + qg - 1) // qg)
     if ring:
-        groups = -(-Qn // (128 // nrow))
-        image = cp.full(groups * screen.wgt_image_bytes(nrow), 0xA5, dtype=cp.uint8)
-        img = _build.kernel(f"screen_wgt_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
+        groups, f = -(-Qn // (128 // nrow)), "_fp8" if fp8 else ""
+        image = cp.full(groups * screen.wgt_image_bytes(nrow, fp8), 0xA5, dtype=cp.uint8)
+        img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
-        name, smem = f"screen_wgt_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow)
+        name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -333,3 +336,151 @@ def test_wgt_ring_ids_equal_dense(monkeypatch, r):
         for kw in ({"tie_reject": True}, {"tie_reject": False}):
             ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, **kw)
             assert cp.array_equal(ids, dense), (regime, r, kw)
+
+
+# ---------------------------------------------------------------------------------------
+# The FP8 build (screen.WGT_FP8; csrc/screen_wgt.cu "The FP8 build"): e4m3 operands, fresh
+# k32 steps, plans that carry those dots' error model (plan.build_plans(screen="fp8_fresh")).
+
+FP8_ROWS = [16, 8]  # its builds (mts = 1 plans)
+
+
+def _fp8_u_hat(op, nrow):
+    """float32 [Qn, N]: Û of the FP8 build as the kernel computes it — the fresh-step dots of
+    its list rows (``dosa_ref.mma_model.fresh_dots``, bit for bit the e4m3 wgmma's, k order),
+    then screen_wgt.cu u_hat's order in fp32: RQ = 8 a product and five fmaf over rows 0..5,
+    then fmaf(−σ, [y_7 + y_15]_+, ·); RQ = 16 chains of four over the retained list rows
+    (0..3), (4, 5, 6, 8), (9..12), (13, 14), the aux fmaf on the last, the pairwise tree."""
+    from dosa_ref.mma_model import fma_f32, fresh_dots
+
+    f32 = np.float32
+    plan_rows = [0, 1, 2, 3, 4, 5, 7, 15] if nrow == 8 else list(range(16))
+    aux = 6 if nrow == 8 else 7  # list position of the first aux row (its weight −σ)
+
+    def relu(v):
+        return np.maximum(v, f32(0))
+
+    Qn, N = op["om"].shape[0], op["kp"].shape[0]
+    out = np.empty((Qn, N), np.float32)
+    for t in range(Qn):
+        y = fresh_dots(op["rows"][t, plan_rows], op["kp"])  # float32 [N, nrow]
+        W = [f32(-op["sig"][t]) if i == aux else f32(0) if pr in (7, 15) else f32(op["om"][t, pr])
+             for i, pr in enumerate(plan_rows)]  # fmt: skip
+        if nrow == 8:
+            a = W[0] * relu(y[:, 0])
+            for i in range(1, 6):
+                a = fma_f32(W[i], relu(y[:, i]), a)
+            out[t] = fma_f32(W[6], relu(y[:, 6] + y[:, 7]), a)
+            continue
+        rows = [k if k < aux else k + 1 for k in range(14)]  # the retained list rows
+        c = []
+        for p in range(4):
+            chain = rows[4 * p : 4 * p + 4]
+            a = W[chain[0]] * relu(y[:, chain[0]])
+            for i in chain[1:]:
+                a = fma_f32(W[i], relu(y[:, i]), a)
+            c.append(a)
+        c[3] = fma_f32(W[aux], relu(y[:, aux] + y[:, 15]), c[3])
+        out[t] = (c[0] + c[1]) + (c[2] + c[3])
+    return out
+
+
+def _fp8_allowance(op, nrow):
+    """float64 [Qn, N]: what the FP8 build's Û may differ from the exact one by — the plan's
+    g_scr·A (plan.dot_allowance("fp8_fresh")'s relative part lifted through Û's 2·mts + 6
+    roundings) plus the per-row constants plan.screen_row_constants adds to ε_raw."""
+    from dosa_cupy.plan import dot_allowance, screen_row_constants
+
+    _, A, _, _ = _exact(op)
+    g, _ = dot_allowance("fp8_fresh", op["rows"], MMA_BITS, np)
+    g_scr = g + gamma(8) * (1 + g)  # mts = 1
+    a = screen_row_constants(op["rows"], op["om"], op["sig"], 1, "fp8_fresh", MMA_BITS, np)
+    return g_scr * A + a[:, None]
+
+
+@pytest.mark.parametrize("nrow", FP8_ROWS)
+def test_fp8_screen_model_within_its_allowance(nrow):
+    """CPU: the FP8 build's Û as the host model computes it (``_fp8_u_hat``: the e4m3 wgmma's
+    fresh steps bit for bit, the kernel's fp32 order) lies within the allowance the plan
+    covers (``_fp8_allowance``) of the exact Û — the error model's statement for this
+    epilogue on operands with every exponent of e4m3 codes up to 2^4 — and is not the exact
+    value everywhere (the model rounds)."""
+    rs = np.random.RandomState(40 + nrow)
+    op = _operands(rs, 24, 300, R_MAX[nrow])
+    uh, _, _, _ = _exact(op)
+    got = _fp8_u_hat(op, nrow).astype(np.float64)
+    err = np.abs(got - uh)
+    assert np.all(err <= _fp8_allowance(op, nrow)), float(np.max(err - _fp8_allowance(op, nrow)))
+    assert np.any(err > 0)
+
+
+@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
+@pytest.mark.parametrize("nrow", FP8_ROWS)
+@pytest.mark.parametrize("seed", [0, 1])
+@needs_sm90a
+@gpu
+def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
+    """The FP8 build on synthetic operands: Uout exactly on the visible keys; every U^num
+    the fp64 guard of the host model's Û (``_fp8_u_hat``, the dots bit for bit) — within the
+    guard's upward roundings, so any other dot or Û order shows —, and within the plan's
+    FP8 allowance of the exact Û; the survivor words exactly {candidates with U^num ≥ τ};
+    repeated launches bit for bit (a race would move them)."""
+    rs = np.random.RandomState(seed)
+    Qn, N = 203, 1000 + 37 * seed
+    op = _operands(rs, Qn, N, R_MAX[nrow])
+    uh, _, _, _ = _exact(op)
+    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
+    C, er = op["C"][:, None], op["er"][:, None]
+    Uex = al * (uh + rho * C + er)
+    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
+    tau[5] = -np.inf
+    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True)
+    vis, cand = _spans(op, N)
+    assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
+    model = _fp8_u_hat(op, nrow).astype(np.float64)
+    Um = al * (model + rho * C + er) + 1e-7
+    # five fp64 operations rounded up against five to nearest (each ≤ 1 ulp of a magnitude
+    # ≤ M): far below one fp32 ulp of Û wherever Û is not negligible beside ρC + ε_raw
+    M = al * (np.abs(model) + rho * C + er) + 1e-7
+    assert np.all((np.abs(U - Um) <= 2.0**-48 * M) | ~vis), "U^num: the model's guard"
+    slack = 16 * 2.0**-52 * (np.abs(Uex) + al * (rho * C + _fp8_allowance(op, nrow)) + 1e-7)
+    lim = al * _fp8_allowance(op, nrow) + slack
+    assert np.all((np.abs(U - Uex - 1e-7) <= lim) | ~vis), "U^num within the FP8 allowance"
+    keep = cand & ~(np.nan_to_num(U, nan=-np.inf) < tau[:, None].astype(np.float64))
+    assert np.array_equal(surv, _words(keep))
+    for _ in range(2):
+        again = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True)
+        assert np.array_equal(surv, again[0]) and np.array_equal(
+            U.view(np.uint8), again[1].view(np.uint8)
+        )
+
+
+@pytest.mark.parametrize("r", [14, 6])
+@pytest.mark.parametrize("scorer", ["fp8", "f16"])
+@needs_sm90a
+@gpu
+def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
+    """The FP8 build through the pipeline (screen.WGT_FP8): ids == the dense route's on every
+    regime of the wgt tests, tie-aware rule on (its chunks at τ = 0 take the f16 ring) and off,
+    a small record buffer (the overflow extension); with debug_bounds every U^num ≥ the
+    canonical score, and fewer or as many survivors as the f16 build's on calibrated."""
+    monkeypatch.setattr(screen, "WGT_FP8", True)
+    for regime in REGIMES:
+        wl, a = _args(regime, 64, Qn=700, seed=17)
+        dense = dosa_cupy.dense_topk(*a, scorer=scorer)
+        for kw in ({"tie_reject": True}, {"tie_reject": False}, {"buffer": 16}):
+            ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer, **kw)
+            assert cp.array_equal(ids, dense), (regime, r, scorer, kw)
+        plain = dict(route="dosa", screen="wgt", r=r, scorer=scorer, tie_reject=False)
+        ids, st = dosa_cupy.dosa_topk(*a, debug_bounds=True, return_stats=True, **plain)
+        assert cp.array_equal(ids, dense)
+        lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
+        bad, slack = guard_violations(lg, cp.asarray(st.bounds))
+        assert bad == 0, (regime, r, scorer)
+        if regime == "calibrated":
+            monkeypatch.setattr(screen, "WGT_FP8", False)
+            _, st16 = dosa_cupy.dosa_topk(*a, return_stats=True, **plain)
+            monkeypatch.setattr(screen, "WGT_FP8", True)
+            n8, n16 = int(np.sum(st.survivors)), int(np.sum(st16.survivors))
+            print(f"\n[wgt fp8] calibrated r={r} {scorer}: survivors {n8} (f16 build {n16})")
+            assert n8 <= n16 * 1.02  # the emulated table: fewer (docs/error_model.md)

@@ -490,13 +490,20 @@ def test_the_emulations_check_agrees(case):
         check_args("cert_clear_below_tau", BAD[case][0], types_)
 
 
-@pytest.mark.parametrize("rows", [8, 16, 32])
-@pytest.mark.parametrize("tie", [False, True])
-def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
-    """The ring build of screen="wgt" (screen.WGT_RING): ``ScreenLaunch.of`` names the ring
-    kernel of the plan's width with its shared memory, and its call launches the image kernel
-    (one block per query group, an image of every group) and then the ring kernel, each with
-    the screen's arguments, the outputs and the image — as the kernels' parameter lists say."""
+# (rows, tie, fp8): the ring builds, then the FP8 ones (plain rule, 8 or 16 rows)
+WGT_RING_BUILDS = [(rows, tie, False) for rows in (8, 16, 32) for tie in (False, True)] + [
+    (8, False, True),
+    (16, False, True),
+]
+
+
+@pytest.mark.parametrize("rows,tie,fp8", WGT_RING_BUILDS)
+def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
+    """The ring build of screen="wgt" (screen.WGT_RING) and its FP8 build (a plan built for
+    the "fp8_fresh" dots, whatever WGT_RING says): ``ScreenLaunch.of`` names the ring kernel
+    of the plan's width with its shared memory, and its call launches the image kernel (one
+    block per query group, an image of every group) and then the ring kernel, each with the
+    screen's arguments, the outputs and the image — as the kernels' parameter lists say."""
     import types
 
     from dosa_cupy import screen as S
@@ -511,7 +518,7 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
 
     monkeypatch.setattr(S, "kernel", kernel)
     monkeypatch.setattr(S, "cupy_or_raise", numpy_as_cupy)
-    monkeypatch.setattr(S, "WGT_RING", True)
+    monkeypatch.setattr(S, "WGT_RING", not fp8)
     Qn, N, mts = 37, 1000, 2 if rows == 32 else 1
     z = np.zeros
     b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
@@ -519,7 +526,8 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
     plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8),
                                  omega=z((Qn, 16 * mts), np.float32), sigma=z(Qn, np.float32),
                                  C=z(Qn), eps_raw=z(Qn), eps_out=0.0, mts=mts,
-                                 r_max={8: 6, 16: 14, 32: None}[rows])  # fmt: skip
+                                 r_max={8: 6, 16: 14, 32: None}[rows],
+                                 screen="fp8_fresh" if fp8 else "f16")  # fmt: skip
     seeds = types.SimpleNamespace(
         tau=z(Qn, np.float32),
         kth_id=z(Qn, np.int32),
@@ -527,21 +535,55 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie):
     )
     zrow = z((Qn, 16 * mts), np.float32) if tie else None
     launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), "wgt", False, zrow)
-    t = "_tie" if tie else ""
-    assert launch.name == f"screen_wgt_ring_rows{rows}{t}" and launch.ring == rows
-    assert launch.smem == S.wgt_ring_smem_bytes(rows) <= 227 * 1024
+    t, f = "_tie" if tie else "", "_fp8" if fp8 else ""
+    assert launch.name == f"screen_wgt{f}_ring_rows{rows}{t}" and launch.ring == rows
+    assert launch.smem == S.wgt_ring_smem_bytes(rows, fp8) <= 227 * 1024
     surv = z((Qn, (N + 31) // 32), np.uint32)
     launch(surv, None, None, z(Qn, np.uint32) if tie else None)
     (iname, _, iraw), (rname, rsmem, rraw) = launched[-2], launched[-1]
-    assert (iname, rname) == (f"screen_wgt_image_rows{rows}{t}", launch.name)
+    assert (iname, rname) == (f"screen_wgt{f}_image_rows{rows}{t}", launch.name)
     groups = -(-Qn // (128 // rows))
     (igrid, iblock, iargs, _), (rgrid, rblock, rargs, shared) = iraw.calls[0], rraw.calls[0]
     assert igrid == (groups,) and iblock == rblock == (S.WGT_THREADS,)
-    assert iargs[-1] is rargs[-1] and iargs[-1].nbytes == groups * S.wgt_image_bytes(rows)
+    assert iargs[-1] is rargs[-1] and iargs[-1].nbytes == groups * S.wgt_image_bytes(rows, fp8)
     assert rgrid == launch.grid and shared == rsmem == launch.smem
     assert rargs[len(launch.args)] is surv
     src = (PKG / "csrc" / "screen_wgt.cu").read_text()  # the slots the kernel was built with
     assert re.search(r"constexpr int kRing = (\d+);", src).group(1) == str(S.WGT_RING_SLOTS)
+
+
+@pytest.mark.parametrize("screen,tie,mts", [("wgt", True, 1), ("wg", False, 1), ("wgt", False, 2)])
+def test_fp8_plan_refused_by_other_screens(screen, tie, mts):
+    """A plan built for the FP8 build's dots (plan.screen = "fp8_fresh") screened by any other
+    kernel — another screen, the tie-aware rule, two row tiles — is a ValueError naming the
+    plan, never a launch whose bound would not cover its dots."""
+    import types
+
+    from dosa_cupy import screen as S
+
+    Qn, N, z = 5, 100, np.zeros
+    b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
+                              ks=z(Qn, np.int32), ke=z(Qn, np.int32))  # fmt: skip
+    plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8), mts=mts, r_max=6,
+                                 omega=z((Qn, 16 * mts), np.float32),
+                                 screen="fp8_fresh")  # fmt: skip
+    seeds = types.SimpleNamespace(tau=z(Qn, np.float32), kth_id=z(Qn, np.int32))
+    zrow = z((Qn, 16 * mts), np.float32) if tie else None
+    with pytest.raises(ValueError, match="plan"):
+        S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), screen, False, zrow)
+
+
+def test_screen_arith_takes_fp8_only_where_its_build_runs(monkeypatch):
+    """``screen.screen_arith``: "fp8_fresh" only with WGT_FP8 on, screen "wgt", r ≤ 14 and
+    the plain rule decided; "f16" otherwise (the tie rule undecided included)."""
+    from dosa_cupy import screen as S
+
+    assert S.screen_arith("wgt", 6, False) == "f16"  # off by default
+    monkeypatch.setattr(S, "WGT_FP8", True)
+    assert S.screen_arith("wgt", 6, False) == S.screen_arith("wgt", 14, False) == "fp8_fresh"
+    for args in (("wgt", 30, False), ("wgt", 6, True), ("wgt", 6, None), ("wg", 6, False),
+                 ("pair", 6, False), ("fp64", 14, False)):  # fmt: skip
+        assert S.screen_arith(*args) == "f16", args
 
 
 @pytest.mark.parametrize("H", [64, 32])

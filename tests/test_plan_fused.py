@@ -436,6 +436,31 @@ def test_fused_planner_covers_the_fp8_scorer(fake_cupy, H, r, mts):
         pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "fp8_k64")
 
 
+@pytest.mark.parametrize("scorer", ["f16", "fp8_fresh"])
+@pytest.mark.parametrize("H", [32, 64])
+def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, scorer):
+    """With ``screen="fp8_fresh"`` (the FP8 build of "wgt", docs/error_model.md "An FP8
+    screen") the fused planner's plan equals the specification's, ε_raw bitwise with the
+    screen's per-row constants; it is the f16-screen plan with another g_scr in C and those
+    constants on ε_raw (the rows, weights and σ unchanged); per-dim screen allowances are
+    refused."""
+    q, w, kp, _ = _workload(H, seed=H + 11)
+    sample = np.arange(0, kp.shape[0], 16)
+    fu = pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer, "fp8_fresh")
+    ref = pf.build_plans(q, w, kp, sample, 14, 1, xp=np, scorer=scorer, screen="fp8_fresh")
+    assert fu.screen == ref.screen == "fp8_fresh"
+    _compare(fu, ref, q, w, kp, sample, 14, 1)
+    f16 = pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer)
+    for k in ("rows", "omega", "sigma", "valid"):
+        assert np.array_equal(np.asarray(getattr(fu, k)), np.asarray(getattr(f16, k))), k
+    extra = pf.screen_row_constants(fu.rows, fu.omega, fu.sigma, 1, "fp8_fresh", 17, np)
+    assert np.array_equal(np.asarray(fu.eps_raw), np.asarray(f16.eps_raw) + extra)
+    assert np.all(extra[np.asarray(fu.r) > 0] > 0)  # a retained row carries its constant
+    assert not np.array_equal(np.asarray(fu.C), np.asarray(f16.C))  # another g_scr
+    with pytest.raises(ValueError, match="screen"):
+        pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer, "fp8_k64")
+
+
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])
 def test_fused_host_code_calibrated_ties(fake_cupy, H, r, mts):
     """The calibrated regime has few positive heads, so many negative heads share the
@@ -483,8 +508,9 @@ def test_emulation_matches_spec_on_ties(fake_cupy):
 
 def test_plan_stage_runs_the_fused_planner(monkeypatch):
     """plan.plan_stage hands the batch, p_sample evenly spaced pool keys, r, the row
-    tiles (1 for r ≤ 14, else 2), the screen's accumulator bits and the allowance of the
-    batch's canonical scorer to build_plans_fused."""
+    tiles (1 for r ≤ 14, else 2), the screen's accumulator bits, the allowance of the
+    batch's canonical scorer and the screen's dot arithmetic (its ``screen``, "f16" unless
+    named) to build_plans_fused."""
     from types import SimpleNamespace
 
     from dosa_cupy.scorer import MMA_BITS
@@ -496,10 +522,13 @@ def test_plan_stage_runs_the_fused_planner(monkeypatch):
     for scorer, allowance in (("f16", "f16"), ("fp8", "fp8_fresh")):
         b = SimpleNamespace(q="q", w="w", kp="kp", scorer=scorer)
         for r, mts in ((14, 1), (15, 2), (30, 2)):
-            calls.clear()
-            assert pf.plan_stage(b, pool, r, {"p_sample": 16}) == "plan"
-            (args,) = calls
-            assert args[:3] == ("q", "w", "kp") and args[4:] == (r, mts, MMA_BITS, allowance)
+            for screen in ("f16", "fp8_fresh", None):
+                calls.clear()
+                kw = {} if screen is None else {"screen": screen}
+                assert pf.plan_stage(b, pool, r, {"p_sample": 16}, **kw) == "plan"
+                (args,) = calls
+                want = (r, mts, MMA_BITS, allowance, screen or "f16")
+                assert args[:3] == ("q", "w", "kp") and args[4:] == want
         assert np.array_equal(args[3], pool[np.linspace(0, pool.size - 1, 16).astype(np.int64)])
 
 
@@ -521,19 +550,30 @@ GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
              for g in ("structured", "calibrated")]  # fmt: skip
 
 
-@pytest.mark.parametrize("scorer", ["f16", "fp8_fresh"])
+# (canonical scorer, screen dots): the f16 pipeline, the FP8 scorer with the f16 screens and
+# with the FP8 build of "wgt" (one row tile only: its builds)
+ARITHS = [("f16", "f16"), ("fp8_fresh", "f16"), ("fp8_fresh", "fp8_fresh")]
+
+
+@pytest.mark.parametrize("scorer,screen", ARITHS)
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"H{c[0]}-r{c[1]}-{c[3]}" for c in GPU_CASES])
 @gpu
-def test_fused_plan_equals_emulation_and_spec(case, scorer):
+def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
     """On the H200: the kernel equals its numpy emulation bit for bit (every field, ε_raw
-    with the scorer's per-head constant included), and plan.build_plans (CuPy) up to
-    summation order / tie breaking (_compare)."""
+    with the scorer's per-head constant included — and, for the FP8 screen, the per-row
+    constants ``screen_row_constants`` adds on the device and on the host alike), and
+    plan.build_plans (CuPy) up to summation order / tie breaking (_compare)."""
     H, r, mts, regime = case
+    if screen != "f16" and mts != 1:
+        pytest.skip("the FP8 screen builds take one row tile (screen.WGT_FP8_MAX_R)")
     _need(regime)
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
     sample = cp.arange(0, 8192, 32)
-    fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, 17, scorer)
-    ref = pf.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, scorer=scorer)
+    fu = pf.build_plans_fused(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, 17, scorer,
+                              screen)  # fmt: skip
+    ref = pf.build_plans(wl["q"], wl["w"], wl["k_payload"], sample, r, mts, scorer=scorer,
+                         screen=screen)  # fmt: skip
+    assert fu.screen == ref.screen == screen
     q, w, kp = (cp.asnumpy(wl[k]) for k in ("q", "w", "k_payload"))
     s = cp.asnumpy(sample).astype(np.int32)
     Qn, Hp = w.shape
@@ -542,12 +582,15 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer):
                     "eps_raw")}  # fmt: skip
     valid, counts = np.empty(Qn, np.uint8), np.empty((Qn, 3), np.int32)
     inR, inA = np.empty((Qn, Hp), np.uint8), np.empty((Qn, Hp), np.uint8)
-    g_scr, g_ref, eps = pf.plan_constants(Hp, mts, 17, scorer)
+    g_scr, g_ref, eps = pf.plan_constants(Hp, mts, 17, scorer, screen)
     rr = min(r, 16 * mts - 2, Hp)
     emulate_plan_kernel(q, w, kp, s, s.size, rr, mts, g_scr, g_ref, em["rows"], em["omega"],
                         em["sigma"], em["C"], valid, counts, inR, inA, em["w_fold"], em["a_A"],
                         em["E"], eps, *pf.allowance_factors(scorer, Hp // 16),
                         em["eps_raw"])  # fmt: skip
+    if screen != "f16":
+        em["eps_raw"] += pf.screen_row_constants(em["rows"], em["omega"], em["sigma"], mts,
+                                                 screen, 17, np)  # fmt: skip
     em["inR"], em["inA"] = inR.view(bool), inA.view(bool)
     diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
     assert not diff, f"kernel differs from its emulation in {diff}"

@@ -273,3 +273,28 @@ def test_wgmma_fresh_step_can_fail():
     assert W.check(c["q"], c["k"], mutate="window14").n_violations > 0
     ok = W.check(c["q"], c["k"])
     assert ok.n_violations == 0 and ok.maxima["error / dot bound"] > 0.75
+
+
+@pytest.mark.parametrize("rows", [16, 8])
+def test_gpu_screen_epilogue_fp8_can_fail(monkeypatch, rows):
+    """The FP8 build's composition: on the window witness of proofs/wgmma_fresh_step.py (q = 1,
+    each key step one 448 and 31 small values: every small product truncated by most of a
+    quantum, all of one sign), dropping the per-row constants (no step exponent: a_j = 0)
+    fails, and so does an epilogue that drops the aux term; the statement as written holds."""
+    from dosa_cupy.plan import NO_EXPONENT
+    from proofs import wgmma_fresh_step as W
+
+    g = gpu_screen_epilogue
+    c = W.window_witness()
+    q = np.repeat(c["q"], 16, axis=0)
+    q[15] = 0  # the aux dot x_7 + x_15 = x_7: its term does not cancel the retained rows' loss
+    case = dict(q=q, k=c["k"], w=np.full(16, 0.5, np.float32), sig=np.float32(0.25), rows=rows)
+    assert g.check_wgt_fp8(**case).ok
+    real = g.step_exponents
+    monkeypatch.setattr(g, "step_exponents", lambda c, xp: np.full_like(real(c, xp), NO_EXPONENT))
+    assert not g.check_wgt_fp8(**case).ok
+    monkeypatch.setattr(g, "step_exponents", real)
+    name = f"eval_wgt{rows}"
+    ev = getattr(g, name)
+    monkeypatch.setattr(g, name, lambda x, w, sig: ev(x, w, Fraction(0)))
+    assert not g.check_wgt_fp8(**case).ok

@@ -327,7 +327,7 @@ def test_screen_launch_names_its_build(screen, mts, tie):
                               ks=z(Qn, np.int32), ke=z(Qn, np.int32))  # fmt: skip
     plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8),
                                  omega=z((Qn, 16 * mts)), sigma=z(Qn), C=z(Qn), eps_raw=z(Qn),
-                                 eps_out=0.0, mts=mts, r_max=None)  # fmt: skip
+                                 eps_out=0.0, mts=mts, r_max=None, screen="f16")  # fmt: skip
     seeds = types.SimpleNamespace(tau=z(Qn, np.float32), kth_id=z(Qn, np.int32),
                                   default_args=lambda: ())  # fmt: skip
     zrow = z((Qn, 16 * mts), np.float32) if tie else None

@@ -1,10 +1,11 @@
 """The kernel builds under trial that a bench row can switch on (``--variant
 NAME:...,builds=ring+refine_ws``; ``dosa bench --decode --scorer fp8tma``): module switches
-of the library that select another build of a stage's kernel with the same results, off by
+of the library that select another build of a stage's kernel with the same ids, off by
 default until a run on the GPU has timed them.  Not options of the library: a build that
 wins becomes the stage's kernel and its switch goes away.
 
     ring        screen.WGT_RING       the transposed screen's ring build
+    fp8screen   screen.WGT_FP8        its FP8 build (e4m3 wgmma; other bounds, fewer survivors)
     refine_ws   refine.REFINE_WS      refinement with a producer warpgroup
     decode_tma  decode_ops.DECODE_TMA the decode scan fed by the copy engine
 """
@@ -17,6 +18,7 @@ import importlib
 # name → (module of dosa_cupy, its switch)
 BUILDS = {
     "ring": ("screen", "WGT_RING"),
+    "fp8screen": ("screen", "WGT_FP8"),
     "refine_ws": ("refine", "REFINE_WS"),
     "decode_tma": ("decode_ops", "DECODE_TMA"),
 }

@@ -75,6 +75,22 @@
 // the tile the two frames keep the same keys (the clipping to [0, kTile] or [0, N] changes
 // no comparison with an offset inside the tile), so the words, U^num and tie counts are the
 // default build's bit for bit (the same MMA operands in the same order, the same epilogue).
+//
+// The FP8 build (screen_wgt_fp8_ring_rows{16,8} after screen_wgt_fp8_image_rows*; screen
+// .WGT_FP8; docs/error_model.md "An FP8 screen: fresh steps again"): the ring build with both
+// operands as the e4m3 codes they are — the key tile and each image's rows one 128-byte-
+// swizzled panel of 128-byte rows, nothing converted — and the dots of e4m3 wgmma
+// m64n128k32 steps from fresh accumulators, added in k order in fp32 round-to-nearest
+// (chunk_fp8; the canonical FP8 scorer's dot, score_fp8.cu dots): four MMAs per chunk where
+// the f16 chain issues eight, at twice the rate each.  Its error is
+// plan.dot_allowance("fp8_fresh")'s (proofs/wgmma_fresh_step.py): a relative part that
+// plan.py puts in g_scr and a constant per plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to
+// ε_raw weighted as Û weighs the rows — so the plan must be built for this screen
+// (plan.build_plans(..., screen="fp8_fresh"); DevicePlan.screen), and the launch refuses
+// any other.  Û, the guard and the keep rule are the epilogue above, unchanged (its depth
+// 2·mts + 6 enters g_scr as before).  The plain rule only: the zero-plateau coefficients
+// (screen.plateau_rows) cover the f16 chain's dots, and tie-aware chunks take the f16 ring;
+// 8 or 16 rows: the 32-row epilogue beside chunk_fp8's two arrays would spill.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -185,20 +201,27 @@ struct Rows {
   static constexpr int kWordsBytes = 2 * (kQ * (kTile / 32) + kQ) * 4;
   static constexpr bool kGather = kGatherWords && RQ != 32;
   static_assert(kMetaBytes % 16 == 0, "float4-aligned meta buffers");
-  // The ring build (screen_wgt_ring_rows*, header "The ring build"): a group's image — its
-  // 128 N rows (two panels), then its meta buffer — as screen_wgt_image_rows* writes it and one
-  // bulk copy brings it into a slot of kRing slots (each 1,024-byte aligned: the rows'
-  // swizzle), then α, ρ, the pool words, the slots' mbarriers and their reader counts.
-  static constexpr int kImageBytes = 2 * kRowPanel + kMetaBytes;
+};
+
+// The ring build's layout (screen_wgt_ring_rows*, after screen_wgt_image_rows*, header "The
+// ring build"; FP8: screen_wgt_fp8_ring_rows*, header "The FP8 build"): a group's image — its
+// 128 N rows (two 64-dim f16 panels, or FP8 one 128-dim e4m3 panel), then its meta buffer — as
+// the image kernel writes it and one bulk copy brings it into a slot of kRing slots (each
+// 1,024-byte aligned: the rows' swizzle); in shared memory the key tile (as many panels), the
+// slots, α, ρ, the pool words, the slots' mbarriers and their reader counts.
+template <int RQ, bool FP8 = false>
+struct Ring {
+  static constexpr int kPanels = FP8 ? 1 : 2;
+  static constexpr int kImageBytes = kPanels * kRowPanel + Rows<RQ>::kMetaBytes;
   static constexpr int kSlotBytes = (kImageBytes + 1023) / 1024 * 1024;
-  static constexpr int kRingOffAlpha = 2 * kKeyPanel + kRing * kSlotBytes;
-  static constexpr int kRingOffRho = kRingOffAlpha + kTile * 8;
-  static constexpr int kRingOffPool = kRingOffRho + kTile * 8;
-  static constexpr int kRingOffBar = kRingOffPool + (kTile / 32) * 4;
-  static constexpr int kRingSmemBytes = 1024 + kRingOffBar + kRing * 8 + kRing * 4;
-  static_assert(kImageBytes % 16 == 0 && kRingOffBar % 8 == 0, "bulk copies, mbarriers");
+  static constexpr int kOffAlpha = kPanels * kKeyPanel + kRing * kSlotBytes;
+  static constexpr int kOffRho = kOffAlpha + kTile * 8;
+  static constexpr int kOffPool = kOffRho + kTile * 8;
+  static constexpr int kOffBar = kOffPool + (kTile / 32) * 4;
+  static constexpr int kSmemBytes = 1024 + kOffBar + kRing * 8 + kRing * 4;
+  static_assert(kImageBytes % 16 == 0 && kOffBar % 8 == 0, "bulk copies, mbarriers");
   // (three warpgroups at most: a fourth's key panels would not leave room for three slots)
-  static_assert(kRingSmemBytes <= 227 * 1024, "the ring build fits an SM's shared memory");
+  static_assert(kSmemBytes <= 227 * 1024, "the ring build fits an SM's shared memory");
 };
 
 // The layout's laws, checked when the file compiles: the columns of a group are a bijection
@@ -310,6 +333,25 @@ __device__ __forceinline__ void load_keys(const uint8_t* __restrict__ kp, long l
   }
 }
 
+// The FP8 build's key tile [n0, n0 + kTile) as e4m3 codes (zero past N): one 128-byte-swizzled
+// panel, key n at row key_row(n), all loads issued before the first store.
+__device__ __forceinline__ void load_keys_e4m3(const uint8_t* __restrict__ kp, long long N,
+                                               long long n0, uint8_t* sk) {
+  constexpr int kItems = kTile * 8 / kThreads;  // (key, 16-dim chunk) items per thread
+  uint4 e[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
+    e[k] = n0 + n < N ? __ldg(reinterpret_cast<const uint4*>(kp + (n0 + n) * DOSA_D + 16 * i))
+                      : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int it = threadIdx.x + kThreads * k;
+    *reinterpret_cast<uint4*>(sk + sw128_offset(key_row(it >> 3), it & 7)) = e[k];
+  }
+}
+
 // The operands of the TIE variant (null / unused when TIE = false).
 struct TieArgs {
   const int* __restrict__ kj;
@@ -332,26 +374,31 @@ struct Group {
     z = w + L::kQ * L::kV;
     q = reinterpret_cast<QInfo*>(z + L::kQ * L::kV);
   }
-  // A group's image (the ring build): the rows at `base`, the meta buffer after them — the
-  // same meta layout as a buffer above, in global memory (screen_wgt_image_*) or in a slot.
-  __device__ __forceinline__ explicit Group(uint8_t* base) {
+  // A group's image (the ring builds): the rows at `base` (`panels` row panels: Ring's
+  // kPanels), the meta buffer after them — the same meta layout as a buffer above, in global
+  // memory (the image kernels) or in a slot.
+  __device__ __forceinline__ static Group image(uint8_t* base, int panels) {
     using L = Rows<RQ>;
-    rows = base;
-    w = reinterpret_cast<float4*>(base + 2 * kRowPanel);
-    z = w + L::kQ * L::kV;
-    q = reinterpret_cast<QInfo*>(z + L::kQ * L::kV);
+    Group G;
+    G.rows = base;
+    G.w = reinterpret_cast<float4*>(base + panels * kRowPanel);
+    G.z = G.w + L::kQ * L::kV;
+    G.q = reinterpret_cast<QInfo*>(G.z + L::kQ * L::kV);
+    return G;
   }
+  Group() = default;
 };
 
 // Stage query group t0 .. t0 + Q − 1 (queries ≥ qend: zero rows, t = −1) into a buffer: its
-// RQ plan rows per query as f16 at their columns (Rows::column); per query its weights in
+// RQ plan rows per query as f16 at their columns (Rows::column) — FP8: as e4m3 codes, one
+// 128-byte-swizzled panel (header "The FP8 build"); per query its weights in
 // list order (ω of the plan row, −σ_a at kAux, 0 at the second aux row) and — TIE — its
 // plateau coefficients (the plan row's; −1 everywhere where the plateau is off: no
 // condition); and the QInfo of each query (screen_wg's per-query set-up).  Its spans are
 // offsets in the frame [n0, n0 + tile_n) clipped to [0, F]: the block's key tile (F = kTile),
 // or — ABS, a group's image — the whole context (n0 = 0, tile_n = F = N): for every key of a
 // tile both frames keep the same keys (header "The ring build").
-template <bool TIE, int RQ, bool ABS = false>
+template <bool TIE, int RQ, bool ABS = false, bool FP8 = false>
 __device__ __forceinline__ void stage_group(
     int t0, int qend, const Group<RQ>& G, const uint8_t* __restrict__ rows,
     const float* __restrict__ om, const float* __restrict__ sig, const double* __restrict__ Cq,
@@ -360,7 +407,22 @@ __device__ __forceinline__ void stage_group(
     int tile_n) {
   using L = Rows<RQ>;
   constexpr int kQ = L::kQ, kE = L::kE, kV = L::kV;
-  if constexpr (kStage8) {
+  if constexpr (FP8) {  // the codes as they are: 16 per (N row, 16-dim chunk) item
+    constexpr int kAll = 128 * 8;
+    constexpr int kItems = (kAll + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const unsigned it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
+      const int t = t0 + (int)(n / RQ);
+      uint4 e = make_uint4(0u, 0u, 0u, 0u);
+      if (it < kAll && t < qend) {
+        const long long row = (long long)t * L::kStride + L::plan_row((int)(n % RQ));
+        e = __ldg(reinterpret_cast<const uint4*>(rows + row * DOSA_D + 16 * i));
+      }
+      if (it < kAll)
+        *reinterpret_cast<uint4*>(G.rows + sw128_offset(L::column(n / RQ, n % RQ), (int)i)) = e;
+    }
+  } else if constexpr (kStage8) {
     constexpr int kAll = 128 * 16;  // (N row, 8-dim chunk) items
     constexpr int kItems = (kAll + kThreads - 1) / kThreads;
     uint2 e[kItems];
@@ -464,6 +526,38 @@ __device__ __forceinline__ void issue_chunk(float (&d)[64], uint32_t a, uint32_t
     mma_m64n128k16_ss(d, desc_sw128(a + (s >> 2) * kKeyPanel + (s & 3) * 32),
                       desc_sw128(b + (s >> 2) * kRowPanel + (s & 3) * 32), s > 0);
   commit();
+}
+
+// The FP8 build's dots of one chunk (header "The FP8 build"): 64 key rows (from row `a`'s byte
+// address in the e4m3 key panel) × the group's 128 N rows (`b`, one e4m3 panel), the four
+// k32 steps from fresh accumulators (scale-d = 0) added in k order in fp32 round-to-nearest,
+// d = ((x_0 + x_1) + x_2) + x_3 — score_fp8.cu dots' order; x is scratch.  A step's start
+// is 32 bytes (2 descriptor units) further in the 128-byte rows.  The pins keep each add
+// after the wait that completed its steps and the reads of x before the next step's fence.
+__device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[64], uint32_t a, uint32_t b) {
+  const uint64_t da = desc_sw128(a), db = desc_sw128(b);
+  pin(d);
+  pin(x);
+  fence();
+  mma_m64n128k32_e4m3(d, da, db, 0);
+  mma_m64n128k32_e4m3(x, da + 2, db + 2, 0);
+  commit();
+  wait<0>();
+  pin(d);
+  pin(x);
+#pragma unroll
+  for (int e = 0; e < 64; ++e) d[e] = d[e] + x[e];  // x_0 + x_1
+#pragma unroll
+  for (int s = 2; s < 4; ++s) {
+    pin(x);
+    fence();
+    mma_m64n128k32_e4m3(x, da + 2 * s, db + 2 * s, 0);
+    commit();
+    wait<0>();
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < 64; ++e) d[e] = d[e] + x[e];  // (… + x_2) + x_3
+  }
 }
 
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
@@ -591,34 +685,45 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
                                              long long n0, double* __restrict__ Uout, int lane,
                                              int v, int w) {
   const uint32_t rows_addr = (uint32_t)__cvta_generic_to_shared(G.rows);
-  float acc[64];
-  issue_chunk(acc, sk_addr + 128 * (128 * v), rows_addr);
+  if constexpr (FP8) {  // each chunk's four steps, then its epilogue (header "The FP8 build")
 #pragma unroll
-  for (int e = 0; e < Rows<RQ>::kE; ++e) L.word[e] = L.tie[e] = 0u;
-  if constexpr (TWO) {  // chunk 1's MMAs run under chunk 0's epilogue
-    float acc1[64];
-    issue_chunk(acc1, sk_addr + 128 * (128 * v + 64), rows_addr);
-    wait<1>();
-    pin(acc);
-    epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
-    wait<0>();
-    pin(acc1);
-    epilogue<TIE, RQ, ABS>(acc1, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    for (int e = 0; e < Rows<RQ>::kE; ++e) L.word[e] = L.tie[e] = 0u;
+    float acc[64], x[64];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      chunk_fp8(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      epilogue<TIE, RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    }
   } else {
-    wait<0>();
-    pin(acc);
-    epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
-    issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
-    wait<0>();
-    pin(acc);
-    epilogue<TIE, RQ, ABS>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    float acc[64];
+    issue_chunk(acc, sk_addr + 128 * (128 * v), rows_addr);
+#pragma unroll
+    for (int e = 0; e < Rows<RQ>::kE; ++e) L.word[e] = L.tie[e] = 0u;
+    if constexpr (TWO) {  // chunk 1's MMAs run under chunk 0's epilogue
+      float acc1[64];
+      issue_chunk(acc1, sk_addr + 128 * (128 * v + 64), rows_addr);
+      wait<1>();
+      pin(acc);
+      epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      wait<0>();
+      pin(acc1);
+      epilogue<TIE, RQ, ABS>(acc1, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    } else {
+      wait<0>();
+      pin(acc);
+      epilogue<TIE, RQ, ABS>(acc, 0, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      issue_chunk(acc, sk_addr + 128 * (128 * v + 64), rows_addr);
+      wait<0>();
+      pin(acc);
+      epilogue<TIE, RQ, ABS>(acc, 1, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+    }
   }
 }
 
@@ -658,15 +763,17 @@ __device__ __forceinline__ void add_ties(const Group<RQ>& G, const Lane<RQ>& L,
   }
 }
 
-// The block's set-up shared by both builds: its key tile as f16 (load_keys), α and ρ as fp64
-// and the tile's anchor-pool words.
+// The block's set-up shared by every build: its key tile as f16 (load_keys) — FP8: as e4m3
+// codes (load_keys_e4m3) —, α and ρ as fp64 and the tile's anchor-pool words.
+template <bool FP8 = false>
 __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp,
                                           const float* __restrict__ alpha,
                                           const float* __restrict__ rho,
                                           const uint32_t* __restrict__ poolmask, long long N,
                                           long long n0, uint8_t* sk, double* dsa, double* dsr,
                                           uint32_t* spm) {
-  load_keys(kp, N, n0, sk);
+  if constexpr (FP8) load_keys_e4m3(kp, N, n0, sk);
+  else load_keys(kp, N, n0, sk);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
     dsa[i] = n0 + i < N ? (double)__ldg(alpha + n0 + i) : 0.0;
     dsr[i] = n0 + i < N ? (double)__ldg(rho + n0 + i) : 0.0;
@@ -782,9 +889,9 @@ __device__ __forceinline__ void screen_wgt(SCREEN_WG_PARAMS_IN, const int* __res
 
 // The ring build's first kernel: the image of query group blockIdx.x (queries kQ·blockIdx.x
 // .. kQ·blockIdx.x + kQ − 1, past Qn: zero rows, t = −1) at image + blockIdx.x·kImageBytes —
-// what stage_group writes into a buffer, its spans in the frame of the whole context.  Grid
-// ceil(Qn / kQ), block kThreads.
-template <bool TIE, int RQ>
+// what stage_group writes into a buffer (FP8: e4m3 rows, Ring<RQ, true>), its spans in the
+// frame of the whole context.  Grid ceil(Qn / kQ), block kThreads.
+template <bool TIE, int RQ, bool FP8>
 __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                  const float* __restrict__ zrow,
                                                  SCREEN_WG_PARAMS_KEYS,
@@ -792,11 +899,12 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
                                                  uint8_t* __restrict__ image) {
   using namespace dosa::wgt;
   using L_ = Rows<RQ>;
+  using R_ = Ring<RQ, FP8>;
   const int t0 = L_::kQ * (int)blockIdx.x;
   if (t0 >= Qn) return;
   const TieArgs X{kj, zrow, tcnt};
-  const Group<RQ> G(image + (long long)blockIdx.x * L_::kImageBytes);
-  stage_group<TIE, RQ, true>(t0, Qn, G, rows, om, sig, Cq, eps_raw, tau, X, ks_, ke_, sinks,
+  const Group<RQ> G = Group<RQ>::image(image + (long long)blockIdx.x * R_::kImageBytes, R_::kPanels);
+  stage_group<TIE, RQ, true, FP8>(t0, Qn, G, rows, om, sig, Cq, eps_raw, tau, X, ks_, ke_, sinks,
                              window, 0, (int)N);
 }
 
@@ -805,8 +913,9 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // set-up: a warp waits for its group's slot to fill, and the last of the block's warps to
 // finish reading a slot refills it with the group kRing further on — so the warpgroups drift
 // apart by up to two groups and one's epilogue runs under another's MMAs.  QG must be a
-// multiple of the build's group (whole images per block).
-template <bool TIE, int RQ>
+// multiple of the build's group (whole images per block).  FP8: the e4m3 operands and the
+// fresh-step dots (header "The FP8 build"), the plain rule only.
+template <bool TIE, int RQ, bool FP8>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -816,19 +925,23 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
   using namespace dosa::wg;
   using namespace dosa::wgt;
   using L_ = Rows<RQ>;
+  using R_ = Ring<RQ, FP8>;
+  // FP8: no tie-aware build (the plateau coefficients cover the f16 chain's dots, screen.py
+  // plateau_rows) and no 32-row one (its epilogue with the two arrays of chunk_fp8 would spill)
+  static_assert(!FP8 || (!TIE && RQ != 32), "the FP8 build: the plain rule, 8 or 16 rows");
   constexpr int kQ = L_::kQ, kWarps = kThreads / 32;
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below (screen.wgt_ring_smem_bytes)
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)L_::kRingSmemBytes || QG % kQ != 0) __trap();
+  if (dyn < (uint32_t)R_::kSmemBytes || QG % kQ != 0) __trap();
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   uint8_t* sm = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   uint8_t* sk = sm;
-  uint8_t* slots = sm + 2 * kKeyPanel;
-  double* dsa = reinterpret_cast<double*>(sm + L_::kRingOffAlpha);
-  double* dsr = reinterpret_cast<double*>(sm + L_::kRingOffRho);
-  uint32_t* spm = reinterpret_cast<uint32_t*>(sm + L_::kRingOffPool);
-  uint64_t* full = reinterpret_cast<uint64_t*>(sm + L_::kRingOffBar);
+  uint8_t* slots = sm + R_::kPanels * kKeyPanel;
+  double* dsa = reinterpret_cast<double*>(sm + R_::kOffAlpha);
+  double* dsr = reinterpret_cast<double*>(sm + R_::kOffRho);
+  uint32_t* spm = reinterpret_cast<uint32_t*>(sm + R_::kOffPool);
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm + R_::kOffBar);
   unsigned int* readers = reinterpret_cast<unsigned int*>(full + kRing);
 
   const long long n0 = (long long)blockIdx.x * kTile;
@@ -836,11 +949,11 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
   const long long NW = (N + 31) >> 5;
   const int q0 = blockIdx.y * QG, qend = min(Qn, q0 + QG);
   const int ngroups = (qend - q0 + kQ - 1) / kQ;  // the same for every thread of the block
-  const uint8_t* img = image + (long long)(q0 / kQ) * L_::kImageBytes;  // the block's group 0
+  const uint8_t* img = image + (long long)(q0 / kQ) * R_::kImageBytes;  // the block's group 0
   auto fill = [&](int s, int gi) {  // one thread: group gi's image into slot s
-    mbar_expect_tx(&full[s], L_::kImageBytes);
-    bulk_load(slots + s * L_::kSlotBytes, img + (long long)gi * L_::kImageBytes,
-              L_::kImageBytes, &full[s]);
+    mbar_expect_tx(&full[s], R_::kImageBytes);
+    bulk_load(slots + s * R_::kSlotBytes, img + (long long)gi * R_::kImageBytes,
+              R_::kImageBytes, &full[s]);
   };
 
   if (threadIdx.x == 0) {
@@ -851,7 +964,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     fence_barrier_init();
     for (int s = 0; s < kRing && s < ngroups; ++s) fill(s, s);  // the slots start empty
   }
-  load_tile(kp, alpha, rho, poolmask, N, n0, sk, dsa, dsr, spm);
+  load_tile<FP8>(kp, alpha, rho, poolmask, N, n0, sk, dsa, dsr, spm);
   // ordinary stores above (the key tile), read by wgmma (the async proxy) below; the barrier
   // also publishes the mbarriers' initialisation and the reader counts
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -867,11 +980,11 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     // every warp has read it, so parity names the phase
     mbar_wait(&full[s], use & 1u);
     __syncwarp();  // the lanes leave the spin together: the wgmma below is .sync.aligned
-    const Group<RQ> G(slots + s * L_::kSlotBytes);
+    const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32>(G, sk_addr, L, dsa, dsr, spm,
-                                                                 eps_out, N, n0, Uout, lane, v, w);
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8>(
+        G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
     // this warp has read the slot: its MMAs completed (wait<0> in screen_group), its loads of
@@ -895,12 +1008,12 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 }
 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
-#define DOSA_WGT_RING_CALL(TIE, RQ, ...) screen_wgt_ring<TIE, RQ>(__VA_ARGS__)
-#define DOSA_WGT_IMAGE_CALL(TIE, RQ, ...) screen_wgt_image<TIE, RQ>(__VA_ARGS__)
+#define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
+#define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
-#define DOSA_WGT_RING_CALL(TIE, RQ, ...)
-#define DOSA_WGT_IMAGE_CALL(TIE, RQ, ...)
+#define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
+#define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
 
 // The kernels screen_wgt_rows{32,16,8} (TIE = false) and their _tie variants (kj and zrow after
@@ -921,7 +1034,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                    \
                                const uint8_t* __restrict__ image) {                           \
-    DOSA_WGT_RING_CALL(false, RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,   \
+    DOSA_WGT_RING_CALL(false, RQ, false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,   \
                        nullptr, image);                                                       \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
@@ -929,12 +1042,12 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
                                      const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,   \
                                      unsigned int* __restrict__ tcnt,                         \
                                      const uint8_t* __restrict__ image) {                     \
-    DOSA_WGT_RING_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt, image); \
+    DOSA_WGT_RING_CALL(true, RQ, false, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt, image); \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads)                           \
       screen_wgt_image_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                   \
                                 uint8_t* __restrict__ image) {                                \
-    DOSA_WGT_IMAGE_CALL(false, RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,  \
+    DOSA_WGT_IMAGE_CALL(false, RQ, false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,  \
                         nullptr, image);                                                      \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads)                           \
@@ -942,9 +1055,27 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
                                       const float* __restrict__ zrow, SCREEN_WG_PARAMS_KEYS,  \
                                       unsigned int* __restrict__ tcnt,                        \
                                       uint8_t* __restrict__ image) {                          \
-    DOSA_WGT_IMAGE_CALL(true, RQ, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt,      \
+    DOSA_WGT_IMAGE_CALL(true, RQ, false, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS, tcnt,      \
                         image);                                                               \
   }
 DOSA_WGT_KERNELS(32)
 DOSA_WGT_KERNELS(16)
 DOSA_WGT_KERNELS(8)
+
+// The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{16,8}, then
+// screen_wgt_fp8_ring_rows{16,8} — the ring kernels' parameter lists, the plain rule only.
+#define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
+                                   const uint8_t* __restrict__ image) {                       \
+    DOSA_WGT_RING_CALL(false, RQ, true, SCREEN_WG_ARGS_IN, nullptr, nullptr,                  \
+                       SCREEN_WG_ARGS_KEYS, nullptr, image);                                  \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads)                           \
+      screen_wgt_fp8_image_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,               \
+                                    uint8_t* __restrict__ image) {                            \
+    DOSA_WGT_IMAGE_CALL(false, RQ, true, SCREEN_WG_ARGS_IN, nullptr, nullptr,                 \
+                        SCREEN_WG_ARGS_KEYS, nullptr, image);                                 \
+  }
+DOSA_WGT_FP8_KERNELS(16)
+DOSA_WGT_FP8_KERNELS(8)
