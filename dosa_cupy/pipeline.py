@@ -119,11 +119,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
             return _dense_route(b, st, tm, route, seeds, stats)
     o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
     tie = route.tie
-    if tie is None and screen_arith(o["screen"], route.r, False) != "f16":
+    if tie is None and screen_arith(o["screen"], False) != "f16":
         # the FP8 build of "wgt" has no tie-aware variant: the rule is decided before the plan
         # (the synchronization screen_stage would make), a tie-aware chunk planned for f16
         tie = tie_screen_wanted(seeds, o)
-    plan = plan_stage(b, seeds.pool, route.r, o, screen=screen_arith(o["screen"], route.r, tie))
+    plan = plan_stage(b, seeds.pool, route.r, o, screen=screen_arith(o["screen"], tie))
     tm.mark("plan")  # §3–§5, §8
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
     tm.mark("screen")

@@ -123,7 +123,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
         idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
                            lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, rr, bool(tie)))
+        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie)))
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
                                               bool(tie))))  # fmt: skip
     got = cp.asnumpy(cp.concatenate([run[-1][2] for run in runs]))  # read-back 2

@@ -111,21 +111,19 @@ WGT_RING = False
 WGT_RING_SLOTS = 3
 # The FP8 build of screen="wgt" (csrc/screen_wgt.cu "The FP8 build": the ring build with the
 # e4m3 codes as wgmma operands and fresh k32 steps; its plans carry the error model of those
-# dots, plan.build_plans(..., screen="fp8_fresh")) for plans of r ≤ 14 on chunks screened by
-# the plain rule (``screen_arith``).  Off until the GPU has timed it (dosa bench
+# dots, plan.build_plans(..., screen="fp8_fresh")) on chunks screened by the plain rule
+# (``screen_arith``).  Off until the GPU has timed it (dosa bench
 # --variant NAME:...,builds=fp8screen); its survivors differ from the f16 chain's (another
 # bound), its ids do not.
 WGT_FP8 = False
-WGT_FP8_MAX_R = 14  # its builds: 8 and 16 rows (mts = 1 plans)
 
 
-def screen_arith(screen: str, r: int, tie: bool | None) -> str:
+def screen_arith(screen: str, tie: bool | None) -> str:
     """The dot arithmetic of the screen kernel that will screen a chunk with ``screen`` (the
-    route's pick), ``r`` retained heads and the rule ``tie`` (True: tie-aware, False: plain,
-    None: not yet decided — ``tie_screen_wanted``): "fp8_fresh" for the FP8 build of "wgt"
-    (``WGT_FP8``, r ≤ WGT_FP8_MAX_R, the plain rule), else "f16" — what ``plan_stage``
-    builds the plans for (``dot_allowance``)."""
-    fp8 = WGT_FP8 and screen == "wgt" and r <= WGT_FP8_MAX_R and tie is False
+    route's pick) and the rule ``tie`` (True: tie-aware, False: plain, None: not yet decided
+    — ``tie_screen_wanted``): "fp8_fresh" for the FP8 build of "wgt" (``WGT_FP8``, the plain
+    rule), else "f16" — what ``plan_stage`` builds the plans for (``dot_allowance``)."""
+    fp8 = WGT_FP8 and screen == "wgt" and tie is False
     return "fp8_fresh" if fp8 else "f16"
 
 
@@ -407,10 +405,12 @@ class ScreenLaunch:
         strict rule."""
         tie = zrow is not None
         suffix = "_tie" if tie else ""
-        if plan.screen != "f16" and (screen != "wgt" or tie or plan.mts != 1):
+        # a plan covers the dots of one screen arithmetic: f16 plans any kernel's f16 chain,
+        # "fp8_fresh" plans the FP8 build's (plain rule); no kernel runs another
+        if plan.screen != "f16" and (plan.screen != "fp8_fresh" or screen != "wgt" or tie):
             raise ValueError(
-                f"plan: built for the {plan.screen!r} dots of the FP8 'wgt' build (plain rule, "
-                f"one row tile), screened with {screen!r}{' tie-aware' if tie else ''}"
+                f"plan: built for the {plan.screen!r} dots of the FP8 'wgt' build (plain rule), "
+                f"screened with {screen!r}{' tie-aware' if tie else ''}"
             )
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)

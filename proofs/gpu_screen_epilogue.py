@@ -41,22 +41,23 @@ mts = 2 plan: 32 rows, aux rows 23 and 31) eight such chains added as a tree of 
 levels: at most 7 (``eval_wgt32``).  All are within γ_{2·mts+6} (γ_8 for mts = 1, γ_10 for
 mts = 2) by the same argument (``check_wgt``).
 
-The FP8 build of the transposed screen (csrc/screen_wgt.cu "The FP8 build") feeds the 8- and
-16-row orders with dots x̂_j of e4m3 fresh steps (``dosa_ref.mma_model.fresh_dots``, the
+The FP8 build of the transposed screen (csrc/screen_wgt.cu "The FP8 build") feeds the same
+orders with dots x̂_j of e4m3 fresh steps (``dosa_ref.mma_model.fresh_dots``, the
 probed wgmma model; proofs/wgmma_fresh_step.py's statement |x̂_j − x_j| ≤ g·Σ_d|q̄_jd||k̄_d|
 + a_j, g = 2^-13 + γ_3(1 + 2^-13), a_j = (1 + γ_3)Σ_s 2^(eq_s)).  Then, with A = Σ_j |ω_j|
 Σ_d|q̄_jd||k̄_d| + σ Σ_d(|v̄_0d| + |v̄_1d|)|k̄_d| and a_rows = Σ_j |ω_j| a_j + σ(a_7 + a_15)
 over the rows Û reads,
 
-    |Û_fl(x̂) − Û(x)| ≤ (g + γ_8(1 + g))·A + (1 + γ_8)·a_rows,
+    |Û_fl(x̂) − Û(x)| ≤ (g + γ_n(1 + g))·A + (1 + γ_n)·a_rows,   n = 2·mts + 6,
 
 plan.py's g_scr for screen="fp8_fresh" on A (through C) and plan.screen_row_constants on
 ε_raw.  Proof: [·]_+ is 1-Lipschitz, so |Û(x̂) − Û(x)| ≤ Σ_j |ω_j||x̂_j − x_j| + σ(|x̂_7 − x_7|
-+ |x̂_15 − x_15|) ≤ g·A + a_rows; T(x̂) ≤ (1 + g)·A + a_rows likewise; the epilogue adds
-γ_8·T(x̂).  ``check_wgt_fp8`` evaluates it on e4m3 rows and keys with exact rationals (the
-exact dots from the codes' dyadic values, the model's fp32 dots at their values) and checks
-that the float64 constants the plan uses are at least the rational ones (g_scr after J's
-lift by 1 + MU, which covers the float64 roundings of the plan's constants).
++ |x̂_15 − x_15|) ≤ g·A + a_rows (the aux rows 16·mts − 9 and 16·mts − 1 in general);
+T(x̂) ≤ (1 + g)·A + a_rows likewise; the epilogue adds γ_n·T(x̂).  ``check_wgt_fp8`` evaluates
+it on e4m3 rows and keys with exact rationals (the exact dots from the codes' dyadic values,
+the model's fp32 dots at their values) and checks that the float64 constants the plan uses
+are at least the rational ones (g_scr after J's lift by 1 + MU, which covers the float64
+roundings of the plan's constants).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ STATEMENT = (
     "fp32 Û of screen_mt1 / screen_pair (γ_5 T), screen_wgt_rows16 (γ_6 T) and "
     "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr at mts = 1); "
     "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2); the FP8 build on fresh e4m3 "
-    "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_8) a_rows (plan screen='fp8_fresh')"
+    "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_{2mts+6}) a_rows (plan screen='fp8_fresh')"
 )
 
 U = Fraction(1, 2**24)
@@ -288,18 +289,22 @@ def check_wgt(x, w, sig, rows: int, context="") -> Result:
 
 
 def check_wgt_fp8(q, k, w, sig, rows: int, context="") -> Result:
-    """The FP8 build's Û (module docstring, last part) for one query: q uint8 [16, 128] its
-    plan rows' e4m3 codes (aux rows 7, 15), k uint8 [n, 128] keys, w fp32 [16] (ω of the
-    rows; 0 is used at the aux rows), sig fp32 ≥ 0; rows = 8: rows 6, 8..14 empty (zero
-    codes, ω = 0), as the host launches that build for r ≤ 6 only."""
+    """The FP8 build's Û (module docstring, last part) for one query: q uint8 [16·mts, 128]
+    its plan rows' e4m3 codes (aux rows 16·mts − 9 and 16·mts − 1; mts = 2 for rows = 32),
+    k uint8 [n, 128] keys, w fp32 [16·mts] (ω of the rows; 0 is used at the aux rows), sig
+    fp32 ≥ 0; rows = 8: rows 6, 8..14 empty (zero codes, ω = 0), as the host launches that
+    build for r ≤ 6 only."""
     au = Audit(NAME, tightness=False, context=context)
     q, w = np.array(q, dtype=np.uint8), np.array(w, dtype=np.float32)
+    n_rows = q.shape[0]
+    mts, aux = n_rows // 16, (n_rows - 9, n_rows - 1)
+    depth = 2 * mts + 6  # plan.py's gamma(2·mts + 6)
     if rows == 8:
         q[[6, 8, 9, 10, 11, 12, 13, 14]] = 0
         w[[6, 8, 9, 10, 11, 12, 13, 14]] = 0
-    w[[7, 15]] = 0
-    kept = range(6) if rows == 8 else [j for j in range(16) if j not in (7, 15)]
-    ev = eval_wgt8 if rows == 8 else eval_wgt16
+    w[list(aux)] = 0
+    kept = range(6) if rows == 8 else [j for j in range(n_rows) if j not in aux]
+    ev = {8: eval_wgt8, 16: eval_wgt16, 32: eval_wgt32}[rows]
     Wt = [Fraction(float(v)) for v in w]
     S = Fraction(float(np.float32(sig)))
     # exact dots: e4m3 values are multiples of 2^-9, so 2^18·q̄·k̄ is an integer (< 2^43)
@@ -308,30 +313,30 @@ def check_wgt_fp8(q, k, w, sig, rows: int, context="") -> Result:
     dots, mags = qi @ ki.T, np.abs(qi) @ np.abs(ki).T  # [16, n]
     xhat = fresh_dots(q, k)  # float32 [n, 16]: the kernel's dots
     g = Fraction(1, 2**13) + gamma(3) * (1 + Fraction(1, 2**13))
-    g_scr = g + gamma(PLAN_DEPTH) * (1 + g)
-    e = step_exponents(q, np)  # [16, 4]
+    g_scr = g + gamma(depth) * (1 + g)
+    e = step_exponents(q, np)  # [16·mts, 4]
     a = [(1 + gamma(3)) * sum((Fraction(2) ** int(x) for x in e[j] if x > -1000), Fraction(0))
-         for j in range(16)]  # fmt: skip
-    a_rows = sum((abs(Wt[j]) * a[j] for j in kept), Fraction(0)) + S * (a[7] + a[15])
+         for j in range(n_rows)]  # fmt: skip
+    a_rows = sum((abs(Wt[j]) * a[j] for j in kept), Fraction(0)) + S * (a[aux[0]] + a[aux[1]])
     for n in range(k.shape[0]):
         X = [Fraction(int(v), 2**18) for v in dots[:, n]]
         M = [Fraction(int(v), 2**18) for v in mags[:, n]]
-        u_ex, _ = exact(X, Wt, S, kept)
-        A = sum((abs(Wt[j]) * M[j] for j in kept), Fraction(0)) + S * (M[7] + M[15])
+        u_ex, _ = exact(X, Wt, S, kept, aux)
+        A = sum((abs(Wt[j]) * M[j] for j in kept), Fraction(0)) + S * (M[aux[0]] + M[aux[1]])
         got = ev([Fraction(float(v)) for v in xhat[n]], Wt, S)
-        err, bound = abs(got - u_ex), g_scr * A + (1 + gamma(PLAN_DEPTH)) * a_rows
-        au.ge(bound, err, "|Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_8) a_rows")
+        err, bound = abs(got - u_ex), g_scr * A + (1 + gamma(depth)) * a_rows
+        au.ge(bound, err, "|Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_{2mts+6}) a_rows")
         if bound > 0:
             au.track("err / bound", float(err / bound))
     # the plan's float64 constants: g_scr (build_plans: float64, within a few roundings of
     # 2^-53 of the rational one, which the (1 + MU) lift of J covers) and the ε_raw term
     # (screen_row_constants, lifted by its own 1 + MU)
     g64, _ = dot_allowance("fp8_fresh", q, 17, np)
-    g64_scr = Fraction(g64 + gamma_f64(PLAN_DEPTH) * (1 + g64))
+    g64_scr = Fraction(g64 + gamma_f64(depth) * (1 + g64))
     au.ge(g64_scr * (1 + Fraction(1, 2**30)), g_scr, "plan g_scr (1 + MU) ≥ g_scr")
     sig1 = np.array([sig], np.float32)
-    r64 = screen_row_constants(q[None], w[None], sig1, 1, "fp8_fresh", 17, np)
-    au.ge(Fraction(float(r64[0])), (1 + gamma(PLAN_DEPTH)) * a_rows, "ε_raw term ≥ (1+γ_8) a_rows")
+    r64 = screen_row_constants(q[None], w[None], sig1, mts, "fp8_fresh", 17, np)
+    au.ge(Fraction(float(r64[0])), (1 + gamma(depth)) * a_rows, "ε_raw term ≥ (1+γ) a_rows")
     return au.result()
 
 
@@ -362,6 +367,10 @@ def _fp8_cases(rng) -> list[dict]:
         for rows in (16, 8):
             out.append(dict(_check="check_wgt_fp8", q=q, k=k, w=w, sig=sig, rows=rows,
                             context=f"wgt{rows} fp8 kind {kind} #{trial}"))  # fmt: skip
+        # an mts = 2 plan (the 32-row build): the rows twice over, the second tile reversed
+        q2, w2 = np.concatenate([q, q[::-1]]), np.concatenate([w, w])
+        out.append(dict(_check="check_wgt_fp8", q=q2, k=k, w=w2, sig=sig, rows=32,
+                        context=f"wgt32 fp8 kind {kind} #{trial}"))  # fmt: skip
     # wgmma_fresh_step's window witness on every row (q = 1; each key step one 448 and 31
     # small values): every row's dot loses most of its quantum per small product, one sign
     c = window_witness()
@@ -371,6 +380,10 @@ def _fp8_cases(rng) -> list[dict]:
     for rows in (16, 8):
         out.append(dict(_check="check_wgt_fp8", q=q, k=c["k"], w=w, sig=np.float32(0.25),
                         rows=rows, context=f"wgt{rows} fp8 witness"))  # fmt: skip
+    q2 = np.repeat(c["q"], 32, axis=0)
+    q2[31] = 0
+    out.append(dict(_check="check_wgt_fp8", q=q2, k=c["k"], w=np.full(32, 0.5, np.float32),
+                    sig=np.float32(0.25), rows=32, context="wgt32 fp8 witness"))  # fmt: skip
     return out
 
 

@@ -342,20 +342,22 @@ def test_wgt_ring_ids_equal_dense(monkeypatch, r):
 # The FP8 build (screen.WGT_FP8; csrc/screen_wgt.cu "The FP8 build"): e4m3 operands, fresh
 # k32 steps, plans that carry those dots' error model (plan.build_plans(screen="fp8_fresh")).
 
-FP8_ROWS = [16, 8]  # its builds (mts = 1 plans)
+FP8_ROWS = [32, 16, 8]  # its builds
 
 
 def _fp8_u_hat(op, nrow):
     """float32 [Qn, N]: Û of the FP8 build as the kernel computes it — the fresh-step dots of
     its list rows (``dosa_ref.mma_model.fresh_dots``, bit for bit the e4m3 wgmma's, k order),
     then screen_wgt.cu u_hat's order in fp32: RQ = 8 a product and five fmaf over rows 0..5,
-    then fmaf(−σ, [y_7 + y_15]_+, ·); RQ = 16 chains of four over the retained list rows
-    (0..3), (4, 5, 6, 8), (9..12), (13, 14), the aux fmaf on the last, the pairwise tree."""
+    then fmaf(−σ, [y_7 + y_15]_+, ·); RQ = 16 and 32 chains of four over the retained list
+    rows (RQ − 2 of them, the aux rows RQ − 9 and RQ − 1 left out), the aux fmaf on the last
+    chain, then the pairwise tree (c_0 + c_1) + (c_2 + c_3), …"""
     from dosa_ref.mma_model import fma_f32, fresh_dots
 
     f32 = np.float32
-    plan_rows = [0, 1, 2, 3, 4, 5, 7, 15] if nrow == 8 else list(range(16))
-    aux = 6 if nrow == 8 else 7  # list position of the first aux row (its weight −σ)
+    plan_rows = [0, 1, 2, 3, 4, 5, 7, 15] if nrow == 8 else list(range(nrow))
+    aux = 6 if nrow == 8 else nrow - 9  # list position of the first aux row (its weight −σ)
+    aux2 = 7 if nrow == 8 else nrow - 1
 
     def relu(v):
         return np.maximum(v, f32(0))
@@ -364,7 +366,7 @@ def _fp8_u_hat(op, nrow):
     out = np.empty((Qn, N), np.float32)
     for t in range(Qn):
         y = fresh_dots(op["rows"][t, plan_rows], op["kp"])  # float32 [N, nrow]
-        W = [f32(-op["sig"][t]) if i == aux else f32(0) if pr in (7, 15) else f32(op["om"][t, pr])
+        W = [f32(-op["sig"][t]) if i == aux else f32(0) if i == aux2 else f32(op["om"][t, pr])
              for i, pr in enumerate(plan_rows)]  # fmt: skip
         if nrow == 8:
             a = W[0] * relu(y[:, 0])
@@ -372,16 +374,21 @@ def _fp8_u_hat(op, nrow):
                 a = fma_f32(W[i], relu(y[:, i]), a)
             out[t] = fma_f32(W[6], relu(y[:, 6] + y[:, 7]), a)
             continue
-        rows = [k if k < aux else k + 1 for k in range(14)]  # the retained list rows
+        rows = [k if k < aux else k + 1 for k in range(nrow - 2)]  # the retained list rows
         c = []
-        for p in range(4):
+        for p in range(nrow // 4):
             chain = rows[4 * p : 4 * p + 4]
             a = W[chain[0]] * relu(y[:, chain[0]])
             for i in chain[1:]:
                 a = fma_f32(W[i], relu(y[:, i]), a)
             c.append(a)
-        c[3] = fma_f32(W[aux], relu(y[:, aux] + y[:, 15]), c[3])
-        out[t] = (c[0] + c[1]) + (c[2] + c[3])
+        c[-1] = fma_f32(W[aux], relu(y[:, aux] + y[:, aux2]), c[-1])
+        st = 1
+        while st < len(c):
+            for p in range(0, len(c) - st, 2 * st):
+                c[p] = c[p] + c[p + st]
+            st *= 2
+        out[t] = c[0]
     return out
 
 
@@ -392,9 +399,10 @@ def _fp8_allowance(op, nrow):
     from dosa_cupy.plan import dot_allowance, screen_row_constants
 
     _, A, _, _ = _exact(op)
+    mts = op["rows"].shape[1] // 16
     g, _ = dot_allowance("fp8_fresh", op["rows"], MMA_BITS, np)
-    g_scr = g + gamma(8) * (1 + g)  # mts = 1
-    a = screen_row_constants(op["rows"], op["om"], op["sig"], 1, "fp8_fresh", MMA_BITS, np)
+    g_scr = g + gamma(2 * mts + 6) * (1 + g)
+    a = screen_row_constants(op["rows"], op["om"], op["sig"], mts, "fp8_fresh", MMA_BITS, np)
     return g_scr * A + a[:, None]
 
 
@@ -455,16 +463,25 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
         )
 
 
-@pytest.mark.parametrize("r", [14, 6])
+@pytest.mark.parametrize("r", R)
 @pytest.mark.parametrize("scorer", ["fp8", "f16"])
 @needs_sm90a
 @gpu
 def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
     """The FP8 build through the pipeline (screen.WGT_FP8): ids == the dense route's on every
-    regime of the wgt tests, tie-aware rule on (its chunks at τ = 0 take the f16 ring) and off,
-    a small record buffer (the overflow extension); with debug_bounds every U^num ≥ the
-    canonical score, and fewer or as many survivors as the f16 build's on calibrated."""
+    regime of the wgt tests, tie-aware rule on (its chunks at τ = 0 take the f16 kernels) and
+    off, a small record buffer (the overflow extension); the FP8 kernels ran (the launches'
+    names); with debug_bounds every U^num ≥ the canonical score, and fewer or as many
+    survivors as the f16 build's on calibrated."""
     monkeypatch.setattr(screen, "WGT_FP8", True)
+    names, of = [], screen.ScreenLaunch.of
+
+    def spy(cls, *a, **k):
+        launch = of(*a, **k)
+        names.append(launch.name)
+        return launch
+
+    monkeypatch.setattr(screen.ScreenLaunch, "of", classmethod(spy))
     for regime in REGIMES:
         wl, a = _args(regime, 64, Qn=700, seed=17)
         dense = dosa_cupy.dense_topk(*a, scorer=scorer)
@@ -477,6 +494,7 @@ def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
         lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
         bad, slack = guard_violations(lg, cp.asarray(st.bounds))
         assert bad == 0, (regime, r, scorer)
+        assert names[-1] == f"screen_wgt_fp8_ring_rows{screen.wgt_rows(r)}", names[-1]
         if regime == "calibrated":
             monkeypatch.setattr(screen, "WGT_FP8", False)
             _, st16 = dosa_cupy.dosa_topk(*a, return_stats=True, **plain)

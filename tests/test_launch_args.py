@@ -490,11 +490,9 @@ def test_the_emulations_check_agrees(case):
         check_args("cert_clear_below_tau", BAD[case][0], types_)
 
 
-# (rows, tie, fp8): the ring builds, then the FP8 ones (plain rule, 8 or 16 rows)
-WGT_RING_BUILDS = [(rows, tie, False) for rows in (8, 16, 32) for tie in (False, True)] + [
-    (8, False, True),
-    (16, False, True),
-]
+# (rows, tie, fp8): the ring builds, then the FP8 ones (plain rule)
+WGT_RING_BUILDS = [(rows, tie, fp8) for rows in (8, 16, 32) for tie, fp8 in
+                   ((False, False), (True, False), (False, True))]  # fmt: skip
 
 
 @pytest.mark.parametrize("rows,tie,fp8", WGT_RING_BUILDS)
@@ -552,11 +550,16 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     assert re.search(r"constexpr int kRing = (\d+);", src).group(1) == str(S.WGT_RING_SLOTS)
 
 
-@pytest.mark.parametrize("screen,tie,mts", [("wgt", True, 1), ("wg", False, 1), ("wgt", False, 2)])
-def test_fp8_plan_refused_by_other_screens(screen, tie, mts):
+@pytest.mark.parametrize(
+    "screen,tie,mts,arith",
+    [("wgt", True, 1, "fp8_fresh"), ("wg", False, 1, "fp8_fresh"), ("wgt", True, 2, "fp8_fresh"),
+     ("wgt", False, 1, "fp8_k64"), ("fp64", False, 1, "fp8_chained")],
+)  # fmt: skip
+def test_fp8_plan_refused_by_other_screens(screen, tie, mts, arith):
     """A plan built for the FP8 build's dots (plan.screen = "fp8_fresh") screened by any other
-    kernel — another screen, the tie-aware rule, two row tiles — is a ValueError naming the
-    plan, never a launch whose bound would not cover its dots."""
+    kernel — another screen, the tie-aware rule — and a plan for dots no kernel computes
+    (the emulation's other FP8 arithmetics) are a ValueError naming the plan, never a launch
+    whose bound would not cover its dots."""
     import types
 
     from dosa_cupy import screen as S
@@ -566,7 +569,7 @@ def test_fp8_plan_refused_by_other_screens(screen, tie, mts):
                               ks=z(Qn, np.int32), ke=z(Qn, np.int32))  # fmt: skip
     plan = types.SimpleNamespace(rows=z((Qn, 16 * mts, 128), np.uint8), mts=mts, r_max=6,
                                  omega=z((Qn, 16 * mts), np.float32),
-                                 screen="fp8_fresh")  # fmt: skip
+                                 screen=arith)  # fmt: skip
     seeds = types.SimpleNamespace(tau=z(Qn, np.float32), kth_id=z(Qn, np.int32))
     zrow = z((Qn, 16 * mts), np.float32) if tie else None
     with pytest.raises(ValueError, match="plan"):
@@ -574,15 +577,14 @@ def test_fp8_plan_refused_by_other_screens(screen, tie, mts):
 
 
 def test_screen_arith_takes_fp8_only_where_its_build_runs(monkeypatch):
-    """``screen.screen_arith``: "fp8_fresh" only with WGT_FP8 on, screen "wgt", r ≤ 14 and
-    the plain rule decided; "f16" otherwise (the tie rule undecided included)."""
+    """``screen.screen_arith``: "fp8_fresh" only with WGT_FP8 on, screen "wgt" and the plain
+    rule decided; "f16" otherwise (the tie rule undecided included)."""
     from dosa_cupy import screen as S
 
-    assert S.screen_arith("wgt", 6, False) == "f16"  # off by default
+    assert S.screen_arith("wgt", False) == "f16"  # off by default
     monkeypatch.setattr(S, "WGT_FP8", True)
-    assert S.screen_arith("wgt", 6, False) == S.screen_arith("wgt", 14, False) == "fp8_fresh"
-    for args in (("wgt", 30, False), ("wgt", 6, True), ("wgt", 6, None), ("wg", 6, False),
-                 ("pair", 6, False), ("fp64", 14, False)):  # fmt: skip
+    assert S.screen_arith("wgt", False) == "fp8_fresh"
+    for args in (("wgt", True), ("wgt", None), ("wg", False), ("pair", False), ("fp64", False)):
         assert S.screen_arith(*args) == "f16", args
 
 

@@ -437,8 +437,8 @@ def test_fused_planner_covers_the_fp8_scorer(fake_cupy, H, r, mts):
 
 
 @pytest.mark.parametrize("scorer", ["f16", "fp8_fresh"])
-@pytest.mark.parametrize("H", [32, 64])
-def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, scorer):
+@pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 14, 1), (64, 30, 2)])
+def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, r, mts, scorer):
     """With ``screen="fp8_fresh"`` (the FP8 build of "wgt", docs/error_model.md "An FP8
     screen") the fused planner's plan equals the specification's, ε_raw bitwise with the
     screen's per-row constants; it is the f16-screen plan with another g_scr in C and those
@@ -446,19 +446,19 @@ def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, scorer):
     refused."""
     q, w, kp, _ = _workload(H, seed=H + 11)
     sample = np.arange(0, kp.shape[0], 16)
-    fu = pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer, "fp8_fresh")
-    ref = pf.build_plans(q, w, kp, sample, 14, 1, xp=np, scorer=scorer, screen="fp8_fresh")
+    fu = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, scorer, "fp8_fresh")
+    ref = pf.build_plans(q, w, kp, sample, r, mts, xp=np, scorer=scorer, screen="fp8_fresh")
     assert fu.screen == ref.screen == "fp8_fresh"
-    _compare(fu, ref, q, w, kp, sample, 14, 1)
-    f16 = pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer)
+    _compare(fu, ref, q, w, kp, sample, r, mts)
+    f16 = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, scorer)
     for k in ("rows", "omega", "sigma", "valid"):
         assert np.array_equal(np.asarray(getattr(fu, k)), np.asarray(getattr(f16, k))), k
-    extra = pf.screen_row_constants(fu.rows, fu.omega, fu.sigma, 1, "fp8_fresh", 17, np)
+    extra = pf.screen_row_constants(fu.rows, fu.omega, fu.sigma, mts, "fp8_fresh", 17, np)
     assert np.array_equal(np.asarray(fu.eps_raw), np.asarray(f16.eps_raw) + extra)
     assert np.all(extra[np.asarray(fu.r) > 0] > 0)  # a retained row carries its constant
     assert not np.array_equal(np.asarray(fu.C), np.asarray(f16.C))  # another g_scr
     with pytest.raises(ValueError, match="screen"):
-        pf.build_plans_fused(q, w, kp, sample, 14, 1, 17, scorer, "fp8_k64")
+        pf.build_plans_fused(q, w, kp, sample, r, mts, 17, scorer, "fp8_k64")
 
 
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])
@@ -551,7 +551,7 @@ GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
 
 
 # (canonical scorer, screen dots): the f16 pipeline, the FP8 scorer with the f16 screens and
-# with the FP8 build of "wgt" (one row tile only: its builds)
+# with the FP8 build of "wgt"
 ARITHS = [("f16", "f16"), ("fp8_fresh", "f16"), ("fp8_fresh", "fp8_fresh")]
 
 
@@ -564,8 +564,6 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
     constants ``screen_row_constants`` adds on the device and on the host alike), and
     plan.build_plans (CuPy) up to summation order / tie breaking (_compare)."""
     H, r, mts, regime = case
-    if screen != "f16" and mts != 1:
-        pytest.skip("the FP8 screen builds take one row tile (screen.WGT_FP8_MAX_R)")
     _need(regime)
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
     sample = cp.arange(0, 8192, 32)

@@ -76,21 +76,22 @@
 // no comparison with an offset inside the tile), so the words, U^num and tie counts are the
 // default build's bit for bit (the same MMA operands in the same order, the same epilogue).
 //
-// The FP8 build (screen_wgt_fp8_ring_rows{16,8} after screen_wgt_fp8_image_rows*; screen
+// The FP8 build (screen_wgt_fp8_ring_rows{32,16,8} after screen_wgt_fp8_image_rows*; screen
 // .WGT_FP8; docs/error_model.md "An FP8 screen: fresh steps again"): the ring build with both
 // operands as the e4m3 codes they are — the key tile and each image's rows one 128-byte-
 // swizzled panel of 128-byte rows, nothing converted — and the dots of e4m3 wgmma
 // m64n128k32 steps from fresh accumulators, added in k order in fp32 round-to-nearest
 // (chunk_fp8; the canonical FP8 scorer's dot, score_fp8.cu dots): four MMAs per chunk where
-// the f16 chain issues eight, at twice the rate each.  Its error is
+// the f16 chain issues eight, at twice the rate each — the 32-row build, whose registers do
+// not hold a second array of 64, as two halves of 64 columns (chunk_fp8_halves, eight m64n64
+// MMAs, the same values).  Its error is
 // plan.dot_allowance("fp8_fresh")'s (proofs/wgmma_fresh_step.py): a relative part that
 // plan.py puts in g_scr and a constant per plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to
 // ε_raw weighted as Û weighs the rows — so the plan must be built for this screen
 // (plan.build_plans(..., screen="fp8_fresh"); DevicePlan.screen), and the launch refuses
 // any other.  Û, the guard and the keep rule are the epilogue above, unchanged (its depth
 // 2·mts + 6 enters g_scr as before).  The plain rule only: the zero-plateau coefficients
-// (screen.plateau_rows) cover the f16 chain's dots, and tie-aware chunks take the f16 ring;
-// 8 or 16 rows: the 32-row epilogue beside chunk_fp8's two arrays would spill.
+// (screen.plateau_rows) cover the f16 chain's dots, and tie-aware chunks take the f16 ring.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -560,6 +561,44 @@ __device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[64], uint32
   }
 }
 
+// chunk_fp8 for the 32-row build, whose registers do not hold a second array of 64: the 128
+// columns as two halves of 64 (m64n64k32 steps; half h on N rows 64h .. 64h + 63, 8,192 bytes
+// further), each half's four fresh steps into x and added in k order into d's registers
+// 32h .. 32h + 31 — the m64n64 accumulators of columns 64h + 8j + 2qd + e are the m64n128
+// ones of block 8h + j, so d ends with the values chunk_fp8 would give, bit for bit (each
+// column's dot is the same four steps on the same operands, ptx_sm90a.cuh acc_col).
+__device__ __forceinline__ void chunk_fp8_halves(float (&d)[64], float (&x)[32], uint32_t a,
+                                                 uint32_t b) {
+  const uint64_t da = desc_sw128(a);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float(&dh)[32] = *reinterpret_cast<float(*)[32]>(&d[32 * h]);
+    const uint64_t db = desc_sw128(b + h * 64 * 128);
+    pin(dh);
+    pin(x);
+    fence();
+    mma_m64n64k32_e4m3(dh, da, db, 0);
+    mma_m64n64k32_e4m3(x, da + 2, db + 2, 0);
+    commit();
+    wait<0>();
+    pin(dh);
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) dh[e] = dh[e] + x[e];  // x_0 + x_1
+#pragma unroll
+    for (int s = 2; s < 4; ++s) {
+      pin(x);
+      fence();
+      mma_m64n64k32_e4m3(x, da + 2 * s, db + 2 * s, 0);
+      commit();
+      wait<0>();
+      pin(x);
+#pragma unroll
+      for (int e = 0; e < 32; ++e) dh[e] = dh[e] + x[e];  // (… + x_2) + x_3
+    }
+  }
+}
+
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
 // words (bits of chunk c at 16c..16c+15, valid in every lane after the butterfly) and — TIE —
 // the keys the strict rule keeps and the tie-aware rule rejects.  (Their QInfo stays in
@@ -695,10 +734,11 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
   if constexpr (FP8) {  // each chunk's four steps, then its epilogue (header "The FP8 build")
 #pragma unroll
     for (int e = 0; e < Rows<RQ>::kE; ++e) L.word[e] = L.tie[e] = 0u;
-    float acc[64], x[64];
+    float acc[64], x[RQ == 32 ? 32 : 64];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      chunk_fp8(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      if constexpr (RQ == 32) chunk_fp8_halves(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      else chunk_fp8(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
       epilogue<TIE, RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
     }
   } else {
@@ -928,7 +968,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
   using R_ = Ring<RQ, FP8>;
   // FP8: no tie-aware build (the plateau coefficients cover the f16 chain's dots, screen.py
   // plateau_rows) and no 32-row one (its epilogue with the two arrays of chunk_fp8 would spill)
-  static_assert(!FP8 || (!TIE && RQ != 32), "the FP8 build: the plain rule, 8 or 16 rows");
+  static_assert(!FP8 || !TIE, "the FP8 build: the plain rule");
   constexpr int kQ = L_::kQ, kWarps = kThreads / 32;
   extern __shared__ uint8_t smem_raw[];
   uint32_t dyn;  // the launch must give the layout below (screen.wgt_ring_smem_bytes)
@@ -1062,8 +1102,8 @@ DOSA_WGT_KERNELS(32)
 DOSA_WGT_KERNELS(16)
 DOSA_WGT_KERNELS(8)
 
-// The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{16,8}, then
-// screen_wgt_fp8_ring_rows{16,8} — the ring kernels' parameter lists, the plain rule only.
+// The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
+// screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only.
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
@@ -1077,5 +1117,6 @@ DOSA_WGT_KERNELS(8)
     DOSA_WGT_IMAGE_CALL(false, RQ, true, SCREEN_WG_ARGS_IN, nullptr, nullptr,                 \
                         SCREEN_WG_ARGS_KEYS, nullptr, image);                                 \
   }
+DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
 DOSA_WGT_FP8_KERNELS(8)
