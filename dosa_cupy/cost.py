@@ -18,7 +18,7 @@ from dosa_ref.options import check_count
 
 from . import sm90a
 from .scorer import QG
-from .screen import R_WIDE, WGT_QG, auto_screen
+from .screen import PAIR_MAX_R, R_WIDE, WGT_QG, auto_screen
 
 __all__ = [
     "H200",
@@ -224,7 +224,8 @@ def candidates_of(screen: str, r: int, cert_seeds: int, pick: tuple) -> list:
     kernel with its r and with the other of r and R_WIDE (one and two MMA tiles); any other
     screen, or certificate seeds: the pick alone."""
     pick, rr = pick
-    if screen != "auto" or pick in ("pair", "wgt") or cert_seeds:
+    narrow = pick == "pair" or (pick == "wgt" and rr <= PAIR_MAX_R)
+    if screen != "auto" or narrow or cert_seeds:
         return [(pick, rr)]
     alt = R_WIDE if rr != R_WIDE else r
     return [(pick, rr)] if alt == rr else [(pick, rr), (pick, alt)]

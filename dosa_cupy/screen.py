@@ -342,7 +342,9 @@ def auto_pick(r: int, hist, hopper: bool | None = None) -> tuple[str, int]:
       H200": 25.0 ms against the paired screen's 38.5 ms at 1M keys, H = 64);
     - else r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN, r otherwise,
       on the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``),
-      otherwise on "fp64" (the 16- and 32-row "wgt" builds are slower than "wg" there).
+      otherwise on "fp64" (the 16- and 32-row f16 "wgt" builds are slower than "wg" there);
+      with the FP8 build under trial (``WGT_FP8``) on "wgt" where it runs, so that a bench
+      row with it on times the whole default route on e4m3 screens.
     Every choice is exact; this only picks the faster one."""
     hist = np.asarray(hist)
     Qn = int(hist.sum())
@@ -353,7 +355,7 @@ def auto_pick(r: int, hist, hopper: bool | None = None) -> tuple[str, int]:
     median = int(np.searchsorted(np.cumsum(hist), (Qn + 1) // 2))
     if median > AUTO_WIDE_MEDIAN and r < R_WIDE:
         r = R_WIDE
-    return ("wg" if hopper else "fp64"), r
+    return ("wgt" if WGT_FP8 else "wg") if hopper else "fp64", r
 
 
 def auto_wanted(screen: str, cert_seeds: int, Qn: int) -> bool:

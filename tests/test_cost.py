@@ -262,3 +262,24 @@ def test_route_stage_pick_pieces():
     assert cost.candidates_of("auto", 30, 0, ("fp64", 30)) == [("fp64", 30)]
     assert cost.candidates_of("fp64", 14, 0, ("fp64", 14)) == [("fp64", 14)]
     assert cost.candidates_of("auto", 14, 8, ("fp64", 14)) == [("fp64", 14)]
+    # the FP8 build under trial takes wide plans on "wgt": r and the other of r and 30 sampled
+    assert cost.candidates_of("auto", 14, 0, ("wgt", 14)) == [("wgt", 14), ("wgt", 30)]
+    assert cost.candidates_of("wgt", 14, 0, ("wgt", 14)) == [("wgt", 14)]
+
+
+def test_auto_pick_takes_the_fp8_build_for_wide_plans(monkeypatch):
+    """``screen.auto_pick``: wide plans on "wg" on Hopper, "fp64" elsewhere — and on "wgt"
+    (its FP8 builds) on Hopper with ``WGT_FP8`` on; narrow chunks on "wgt" / "pair" either
+    way."""
+    from dosa_cupy import screen
+
+    wide = np.zeros(65, np.int64)
+    wide[30] = 10  # every query with 30 positive heads: median > AUTO_WIDE_MEDIAN
+    narrow = np.zeros(65, np.int64)
+    narrow[3] = 10
+    assert screen.auto_pick(14, wide, hopper=True) == ("wg", 30)
+    assert screen.auto_pick(14, narrow, hopper=True) == ("wgt", 6)
+    monkeypatch.setattr(screen, "WGT_FP8", True)
+    assert screen.auto_pick(14, wide, hopper=True) == ("wgt", 30)
+    assert screen.auto_pick(14, wide, hopper=False) == ("fp64", 30)
+    assert screen.auto_pick(14, narrow, hopper=False) == ("pair", 6)
