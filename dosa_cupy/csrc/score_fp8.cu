@@ -251,28 +251,7 @@ template <int H, class Hook>
 __device__ __forceinline__ void dots(uint64_t da, uint64_t db, float (&acc)[H / 2], Hook&& hook) {
   if constexpr (H == 64) {
     float x[H / 2];
-    pin(acc);
-    pin(x);
-    fence();
-    mma_e4m3<H>(acc, da, db, 0);
-    mma_e4m3<H>(x, da + 2, db + 2, 0);
-    commit();
-    hook();
-    wait<0>();
-    pin(acc);
-    pin(x);
-#pragma unroll
-    for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
-#pragma unroll
-    for (int s = 2; s < 4; ++s) {
-      fence();
-      mma_e4m3<H>(x, da + 2 * s, db + 2 * s, 0);
-      commit();
-      wait<0>();
-      pin(x);
-#pragma unroll
-      for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
-    }
+    fresh_steps<H>(acc, x, da, db, hook);
   } else {
     fresh_halves<H>(da, db, acc, hook);
   }
@@ -912,25 +891,7 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
     mbar_wait(&full[slot], (j / kTmaSlots) & 1);
     const uint64_t da = da0 + (uint64_t)((slot * kTileBytes) >> 4);
     float acc[NA], x[NA];
-    fence();
-    mma_e4m3<NC>(acc, da, db, 0);
-    mma_e4m3<NC>(x, da + 2, db + 2, 0);
-    commit();
-    wait<0>();
-    pin(acc);
-    pin(x);
-#pragma unroll
-    for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
-#pragma unroll
-    for (int s = 2; s < 4; ++s) {
-      fence();
-      mma_e4m3<NC>(x, da + 2 * s, db + 2 * s, 0);
-      commit();
-      wait<0>();
-      pin(x);
-#pragma unroll
-      for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
-    }
+    fresh_steps<NC>(acc, x, da, db, [] {});
     const float a = sa[slot * 64 + row];
     mbar_arrive(&empty[slot]);  // this thread has read the slot (its MMAs completed above)
     float2 wv[NC / 8];
@@ -1116,25 +1077,7 @@ __device__ __forceinline__ void refine_ws(const uint8_t* __restrict__ q, const f
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const uint64_t da = da0 + (uint64_t)((slot * kTileBytes) >> 4);
         float acc[H / 2], x[H / 2];
-        fence();
-        mma_e4m3<H>(acc, da, db, 0);
-        mma_e4m3<H>(x, da + 2, db + 2, 0);
-        commit();
-        wait<0>();
-        pin(acc);
-        pin(x);
-#pragma unroll
-        for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
-#pragma unroll
-        for (int s = 2; s < 4; ++s) {
-          fence();
-          mma_e4m3<H>(x, da + 2 * s, db + 2 * s, 0);
-          commit();
-          wait<0>();
-          pin(x);
-#pragma unroll
-          for (int e = 0; e < H / 2; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
-        }
+        fresh_steps<H>(acc, x, da, db, [] {});
         const float a = sa[slot * 64 + row];
         const int e = 64 * j + row, id = e < np ? sid[e] : -1;
         mbar_arrive(&empty[slot]);  // this thread has read the slot (its MMAs completed)

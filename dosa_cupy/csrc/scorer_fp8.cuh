@@ -29,6 +29,41 @@ __device__ __forceinline__ void add_half(float (&x)[2][NC / 2], float (&acc)[NC 
     acc[e] = first ? x[0][e] + x[1][e] : (acc[e] + x[0][e]) + x[1][e];
 }
 
+// The fresh-step dots of a tile of N columns (docs/error_model.md "A native FP8 scorer"; the
+// model dosa_ref.mma_model.fresh_dots): the four e4m3 k32 steps from fresh accumulators
+// (scale-d = 0) — step s at the descriptors + 2s, 32 bytes further in the 128-byte rows —
+// added in k order in fp32 round-to-nearest, acc = ((x0 + x1) + x2) + x3, with two buffers
+// of N/2 registers (x is scratch): steps 0 and 1 into acc and x, then 2 and 3 one at a time
+// into x.  hook() runs while steps 0 and 1 are in flight (a kernel's next gather, or nothing).
+// No proxy fence or barrier: the caller orders the operands' stores before the call.  The
+// pins keep each add after the wait that completed its steps.
+template <int N, class Hook>
+__device__ __forceinline__ void fresh_steps(float (&acc)[N / 2], float (&x)[N / 2], uint64_t da,
+                                            uint64_t db, Hook&& hook) {
+  pin(acc);
+  pin(x);
+  fence();
+  mma_e4m3<N>(acc, da, db, 0);
+  mma_e4m3<N>(x, da + 2, db + 2, 0);
+  commit();
+  hook();
+  wait<0>();
+  pin(acc);
+  pin(x);
+#pragma unroll
+  for (int e = 0; e < N / 2; ++e) acc[e] = acc[e] + x[e];  // x0 + x1
+#pragma unroll
+  for (int s = 2; s < 4; ++s) {
+    fence();
+    mma_e4m3<N>(x, da + 2 * s, db + 2 * s, 0);
+    commit();
+    wait<0>();
+    pin(x);
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) acc[e] = acc[e] + x[e];  // (… + x2) + x3
+  }
+}
+
 // The weights of a lane's columns of a tile of NC columns: wv[j] = (w[8j + 2qd], w[8j + 2qd
 // + 1]) from the tile's NC weights in shared memory (a kernel that keeps one tile's weights
 // for all its keys loads them once into registers).

@@ -81,20 +81,20 @@
 // operands as the e4m3 codes they are — the key tile and each image's rows one 128-byte-
 // swizzled panel of 128-byte rows, nothing converted — and the dots of e4m3 wgmma
 // m64n128k32 steps from fresh accumulators, added in k order in fp32 round-to-nearest
-// (chunk_fp8; the canonical FP8 scorer's dot, score_fp8.cu dots): four MMAs per chunk where
-// the f16 chain issues eight, at twice the rate each — the 32-row build, whose registers do
-// not hold a second array of 64, as two halves of 64 columns (chunk_fp8_halves, eight m64n64
-// MMAs, the same values).  Its error is
-// plan.dot_allowance("fp8_fresh")'s (proofs/wgmma_fresh_step.py): a relative part that
-// plan.py puts in g_scr and a constant per plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to
-// ε_raw weighted as Û weighs the rows — so the plan must be built for this screen
-// (plan.build_plans(..., screen="fp8_fresh"); DevicePlan.screen), and the launch refuses
-// any other.  Û, the guard and the keep rule are the epilogue above, unchanged (its depth
+// (chunk_fp8: the canonical FP8 scorer's dot, scorer_fp8.cuh fresh_steps): four MMAs per
+// chunk where the f16 chain issues eight, at twice the rate each — the 32-row build, whose
+// registers do not hold a second array of 64, as two halves of 64 columns (chunk_fp8<true>,
+// eight m64n64 MMAs, the same values).  Its error is plan.dot_allowance("fp8_fresh")'s
+// (proofs/wgmma_fresh_step.py): a relative part that plan.py puts in g_scr and a constant per
+// plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to ε_raw weighted as Û weighs the rows — so
+// the plan must be built for this screen (plan.build_plans(..., screen="fp8_fresh");
+// DevicePlan.screen), and the launch refuses any other.  Û, the guard and the keep rule are the epilogue above, unchanged (its depth
 // 2·mts + 6 enters g_scr as before).  The plain rule only: the zero-plateau coefficients
 // (screen.plateau_rows) cover the f16 chain's dots, and tie-aware chunks take the f16 ring.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
+#include "scorer_fp8.cuh"
 
 #ifndef DOSA_WGT_GROUPS
 #define DOSA_WGT_GROUPS 3  // warpgroups per block (one block per SM: 168 registers each)
@@ -315,7 +315,9 @@ __device__ __forceinline__ int key_row(int n) {
   return 128 * v + 64 * c + 16 * w + j;
 }
 
-// The key tile [n0, n0 + kTile) as f16 (zero past N), all loads issued before the first use.
+// The key tile [n0, n0 + kTile) as f16 (zero past N), all loads issued before the first use;
+// FP8: as the e4m3 codes, one 128-byte-swizzled panel (key n at row key_row(n) either way).
+template <bool FP8 = false>
 __device__ __forceinline__ void load_keys(const uint8_t* __restrict__ kp, long long N,
                                           long long n0, uint8_t* sk) {
   constexpr int kItems = kTile * 8 / kThreads;  // (key, 16-dim chunk) items per thread
@@ -330,26 +332,9 @@ __device__ __forceinline__ void load_keys(const uint8_t* __restrict__ kp, long l
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int it = threadIdx.x + kThreads * k;
-    store_f16(sk, kKeyPanel, key_row(it >> 3), it & 7, e[k]);
-  }
-}
-
-// The FP8 build's key tile [n0, n0 + kTile) as e4m3 codes (zero past N): one 128-byte-swizzled
-// panel, key n at row key_row(n), all loads issued before the first store.
-__device__ __forceinline__ void load_keys_e4m3(const uint8_t* __restrict__ kp, long long N,
-                                               long long n0, uint8_t* sk) {
-  constexpr int kItems = kTile * 8 / kThreads;  // (key, 16-dim chunk) items per thread
-  uint4 e[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int it = threadIdx.x + kThreads * k, n = it >> 3, i = it & 7;
-    e[k] = n0 + n < N ? __ldg(reinterpret_cast<const uint4*>(kp + (n0 + n) * DOSA_D + 16 * i))
-                      : make_uint4(0u, 0u, 0u, 0u);
-  }
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int it = threadIdx.x + kThreads * k;
-    *reinterpret_cast<uint4*>(sk + sw128_offset(key_row(it >> 3), it & 7)) = e[k];
+    const int r = key_row(it >> 3), i = it & 7;
+    if constexpr (FP8) *reinterpret_cast<uint4*>(sk + sw128_offset(r, i)) = e[k];
+    else store_f16(sk, kKeyPanel, r, i, e[k]);
   }
 }
 
@@ -530,72 +515,24 @@ __device__ __forceinline__ void issue_chunk(float (&d)[64], uint32_t a, uint32_t
 }
 
 // The FP8 build's dots of one chunk (header "The FP8 build"): 64 key rows (from row `a`'s byte
-// address in the e4m3 key panel) × the group's 128 N rows (`b`, one e4m3 panel), the four
-// k32 steps from fresh accumulators (scale-d = 0) added in k order in fp32 round-to-nearest,
-// d = ((x_0 + x_1) + x_2) + x_3 — score_fp8.cu dots' order; x is scratch.  A step's start
-// is 32 bytes (2 descriptor units) further in the 128-byte rows.  The pins keep each add
-// after the wait that completed its steps and the reads of x before the next step's fence.
-__device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[64], uint32_t a, uint32_t b) {
-  const uint64_t da = desc_sw128(a), db = desc_sw128(b);
-  pin(d);
-  pin(x);
-  fence();
-  mma_m64n128k32_e4m3(d, da, db, 0);
-  mma_m64n128k32_e4m3(x, da + 2, db + 2, 0);
-  commit();
-  wait<0>();
-  pin(d);
-  pin(x);
+// address in the e4m3 key panel) × the group's 128 N rows (`b`, one e4m3 panel) by the
+// canonical scorer's fresh steps (scorer_fp8.cuh fresh_steps: four e4m3 k32 steps from fresh
+// accumulators, d = ((x_0 + x_1) + x_2) + x_3); x is scratch.  HALVES (the 32-row build,
+// whose registers do not hold a second array of 64): the 128 columns as two halves of 64,
+// m64n64 steps on N rows 64h .. 64h + 63 (8,192 bytes further) into d's registers 32h ..
+// 32h + 31 — the m64n64 accumulators of columns 64h + 8j + 2qd + e are the m64n128 ones of
+// block 8h + j, so d ends with the same values (each column's dot is the same four steps on
+// the same operands, ptx_sm90a.cuh acc_col).
+template <bool HALVES>
+__device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[HALVES ? 32 : 64],
+                                          uint32_t a, uint32_t b) {
+  if constexpr (HALVES) {
 #pragma unroll
-  for (int e = 0; e < 64; ++e) d[e] = d[e] + x[e];  // x_0 + x_1
-#pragma unroll
-  for (int s = 2; s < 4; ++s) {
-    pin(x);
-    fence();
-    mma_m64n128k32_e4m3(x, da + 2 * s, db + 2 * s, 0);
-    commit();
-    wait<0>();
-    pin(x);
-#pragma unroll
-    for (int e = 0; e < 64; ++e) d[e] = d[e] + x[e];  // (… + x_2) + x_3
-  }
-}
-
-// chunk_fp8 for the 32-row build, whose registers do not hold a second array of 64: the 128
-// columns as two halves of 64 (m64n64k32 steps; half h on N rows 64h .. 64h + 63, 8,192 bytes
-// further), each half's four fresh steps into x and added in k order into d's registers
-// 32h .. 32h + 31 — the m64n64 accumulators of columns 64h + 8j + 2qd + e are the m64n128
-// ones of block 8h + j, so d ends with the values chunk_fp8 would give, bit for bit (each
-// column's dot is the same four steps on the same operands, ptx_sm90a.cuh acc_col).
-__device__ __forceinline__ void chunk_fp8_halves(float (&d)[64], float (&x)[32], uint32_t a,
-                                                 uint32_t b) {
-  const uint64_t da = desc_sw128(a);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float(&dh)[32] = *reinterpret_cast<float(*)[32]>(&d[32 * h]);
-    const uint64_t db = desc_sw128(b + h * 64 * 128);
-    pin(dh);
-    pin(x);
-    fence();
-    mma_m64n64k32_e4m3(dh, da, db, 0);
-    mma_m64n64k32_e4m3(x, da + 2, db + 2, 0);
-    commit();
-    wait<0>();
-    pin(dh);
-    pin(x);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) dh[e] = dh[e] + x[e];  // x_0 + x_1
-#pragma unroll
-    for (int s = 2; s < 4; ++s) {
-      pin(x);
-      fence();
-      mma_m64n64k32_e4m3(x, da + 2 * s, db + 2 * s, 0);
-      commit();
-      wait<0>();
-      pin(x);
-#pragma unroll
-      for (int e = 0; e < 32; ++e) dh[e] = dh[e] + x[e];  // (… + x_2) + x_3
-    }
+    for (int h = 0; h < 2; ++h)
+      fp8::fresh_steps<64>(*reinterpret_cast<float(*)[32]>(&d[32 * h]), x, desc_sw128(a),
+                           desc_sw128(b + h * 64 * 128), [] {});
+  } else {
+    fp8::fresh_steps<128>(d, x, desc_sw128(a), desc_sw128(b), [] {});
   }
 }
 
@@ -737,8 +674,7 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
     float acc[64], x[RQ == 32 ? 32 : 64];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      if constexpr (RQ == 32) chunk_fp8_halves(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
-      else chunk_fp8(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
       epilogue<TIE, RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
     }
   } else {
@@ -803,8 +739,8 @@ __device__ __forceinline__ void add_ties(const Group<RQ>& G, const Lane<RQ>& L,
   }
 }
 
-// The block's set-up shared by every build: its key tile as f16 (load_keys) — FP8: as e4m3
-// codes (load_keys_e4m3) —, α and ρ as fp64 and the tile's anchor-pool words.
+// The block's set-up shared by every build: its key tile (load_keys: f16, FP8 the e4m3
+// codes), α and ρ as fp64 and the tile's anchor-pool words.
 template <bool FP8 = false>
 __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp,
                                           const float* __restrict__ alpha,
@@ -812,8 +748,7 @@ __device__ __forceinline__ void load_tile(const uint8_t* __restrict__ kp,
                                           const uint32_t* __restrict__ poolmask, long long N,
                                           long long n0, uint8_t* sk, double* dsa, double* dsr,
                                           uint32_t* spm) {
-  if constexpr (FP8) load_keys_e4m3(kp, N, n0, sk);
-  else load_keys(kp, N, n0, sk);
+  load_keys<FP8>(kp, N, n0, sk);
   for (int i = threadIdx.x; i < kTile; i += kThreads) {
     dsa[i] = n0 + i < N ? (double)__ldg(alpha + n0 + i) : 0.0;
     dsr[i] = n0 + i < N ? (double)__ldg(rho + n0 + i) : 0.0;
@@ -967,7 +902,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
   using L_ = Rows<RQ>;
   using R_ = Ring<RQ, FP8>;
   // FP8: no tie-aware build (the plateau coefficients cover the f16 chain's dots, screen.py
-  // plateau_rows) and no 32-row one (its epilogue with the two arrays of chunk_fp8 would spill)
+  // plateau_rows)
   static_assert(!FP8 || !TIE, "the FP8 build: the plain rule");
   constexpr int kQ = L_::kQ, kWarps = kThreads / 32;
   extern __shared__ uint8_t smem_raw[];
