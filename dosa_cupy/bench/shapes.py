@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .builds import parse_builds
 from .memplan import estimate_seconds
 
 # the stage names of the stage-split tables and plots (dosa_topk / fused_topk timing=True)
@@ -101,7 +102,8 @@ def parse_variants(specs) -> dict[str, dict]:
 
     Each variant is one more DoSA route timed in the same run on the same inputs (e.g.
     ``cert:cert_seeds=2048``); values are ints where they parse as ints, else strings.
-    ValueError naming ``--variant`` for a malformed spec or a repeated name.
+    ValueError naming ``--variant`` for a malformed spec, a repeated name or an unknown
+    kernel build (``builds=``, builds.py) — before any GPU work, not when the row runs.
     """
     out: dict[str, dict] = {}
     for spec in specs or ():
@@ -119,6 +121,10 @@ def parse_variants(specs) -> dict[str, dict]:
                 opts[k] = v == "True"
             else:
                 opts[k] = int(v) if re.fullmatch(r"-?\d+", v) else v
+        try:
+            parse_builds(opts.get("builds", ""))
+        except ValueError as e:
+            raise ValueError(f"--variant: {name!r}: {e}") from None
         out[name] = opts
     return out
 
