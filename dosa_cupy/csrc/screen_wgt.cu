@@ -78,19 +78,22 @@
 //
 // The FP8 build (screen_wgt_fp8_ring_rows{32,16,8} after screen_wgt_fp8_image_rows*; screen
 // .WGT_FP8; docs/error_model.md "An FP8 screen: fresh steps again"): the ring build with both
-// operands as the e4m3 codes they are — the key tile and each image's rows one 128-byte-
-// swizzled panel of 128-byte rows, nothing converted — and the dots of e4m3 wgmma
-// m64n128k32 steps from fresh accumulators, added in k order in fp32 round-to-nearest
-// (chunk_fp8: the canonical FP8 scorer's dot, scorer_fp8.cuh fresh_steps): four MMAs per
-// chunk where the f16 chain issues eight, at twice the rate each — the 32-row build, whose
-// registers do not hold a second array of 64, as two halves of 64 columns (chunk_fp8<true>,
-// eight m64n64 MMAs, the same values).  Its error is plan.dot_allowance("fp8_fresh")'s
-// (proofs/wgmma_fresh_step.py): a relative part that plan.py puts in g_scr and a constant per
-// plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to ε_raw weighted as Û weighs the rows — so
-// the plan must be built for this screen (plan.build_plans(..., screen="fp8_fresh");
-// DevicePlan.screen), and the launch refuses any other.  Û, the guard and the keep rule are the epilogue above, unchanged (its depth
-// 2·mts + 6 enters g_scr as before).  The plain rule only: the zero-plateau coefficients
-// (screen.plateau_rows) cover the f16 chain's dots, and tie-aware chunks take the f16 ring.
+// operands as the e4m3 codes they are — the key tile and each image's rows one 128-byte-swizzled
+// panel of 128-byte rows, nothing converted — and the dots of e4m3 wgmma m64n128k32 steps from
+// fresh accumulators, added in k order in fp32 round-to-nearest (chunk_fp8: the canonical FP8
+// scorer's dot, scorer_fp8.cuh fresh_steps): four MMAs per chunk where the f16 chain issues eight
+// of the same tensor time (twice the products at twice the rate): half the MMA time, for three fp32
+// adds per value on the CUDA cores — the 32-row build, whose registers do not hold a second array
+// of 64, as two halves of 64 columns (chunk_fp8<true>, eight m64n64 MMAs, the same values).  Its
+// error is plan.dot_allowance("fp8_fresh")'s (proofs/wgmma_fresh_step.py): a relative part that
+// plan.py puts in g_scr and a constant per plan row, Σ_s 2^(eq_s)(1 + γ_3), that it adds to ε_raw
+// weighted as Û weighs the rows — so the plan must be built for this screen (plan.build_plans(...,
+// screen="fp8_fresh"); DevicePlan.screen), and the launch refuses any other.  Û, the guard and the
+// keep rule are the epilogue above, unchanged (its depth 2·mts + 6 enters g_scr as before).  The
+// plain rule only: the zero-plateau coefficients (screen.plateau_rows) cover the f16 chain's dots,
+// and tie-aware chunks take the f16 ring.  The adds cost issue slots: the 8-row loop is 1,921
+// instructions per warp per group against the f16 ring's 1,602 (cuobjdump, static), so the build
+// wins only where the f16 ring waits on the tensor cores (docs/records/notes.md, sessions 20–21).
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
