@@ -328,8 +328,11 @@ def tie_screen_flag(seeds: Seeds, o: dict, xp):
 
 def positive_heads_hist(w, xp):
     """int64 [Hp + 1] on ``xp``: the number of queries with h positive weights, h = 0..Hp
-    (w fp32 [Qn, Hp]); what ``auto_pick`` reads (no synchronization)."""
-    return xp.bincount(xp.sum(w > 0, axis=1).ravel(), minlength=w.shape[1] + 1)
+    (w fp32 [Qn, Hp]); what ``auto_pick`` reads.  No synchronization: a comparison with
+    every h and a column sum, not ``bincount`` (CuPy's reads the largest value back to size
+    its output — a synchronization before the route stage's one read-back)."""
+    n = xp.sum(w > 0, axis=1)
+    return xp.sum(n[:, None] == xp.arange(w.shape[1] + 1)[None, :], axis=0)
 
 
 def auto_pick(r: int, hist, hopper: bool | None = None) -> tuple[str, int]:

@@ -283,3 +283,20 @@ def test_auto_pick_takes_the_fp8_build_for_wide_plans(monkeypatch):
     assert screen.auto_pick(14, wide, hopper=True) == ("wgt", 30)
     assert screen.auto_pick(14, wide, hopper=False) == ("fp64", 30)
     assert screen.auto_pick(14, narrow, hopper=False) == ("pair", 6)
+
+
+def test_positive_heads_hist_equals_bincount():
+    """``screen.positive_heads_hist`` (no synchronization on the device) is numpy's
+    ``bincount`` of the positive weights per query with minlength Hp + 1 — empty chunks,
+    zero weights and every count from 0 to Hp included."""
+    from dosa_cupy import screen
+
+    rs = np.random.RandomState(3)
+    for Qn, H in ((0, 16), (1, 32), (70, 64), (513, 48)):
+        w = rs.standard_normal((Qn, H)).astype(np.float32)
+        w[rs.rand(Qn, H) < 0.3] = 0.0
+        if Qn > 2:
+            w[0], w[1] = 1.0, -1.0  # every head positive, none
+        want = np.bincount(np.sum(w > 0, axis=1), minlength=H + 1)
+        got = screen.positive_heads_hist(w, np)
+        assert got.dtype == np.int64 and np.array_equal(got, want), (Qn, H)
