@@ -78,6 +78,10 @@ _VALUE_ERRORS = (
 )
 CHECK_ORDER = 1 << len(_VALUE_ERRORS)  # check_values' bit for "some ks > ke"
 CHECK_ENVELOPE = CHECK_ORDER << 1  # some query's scores may overflow fp32 (envelope_queries)
+# some key scale is invalid (negative, NaN, inf): not an error — the queries that see one are
+# recovered by the dense route (docs/method.md §7 C.3); with CHECK_ENVELOPE clear as well, the
+# host knows that no query needs recovery (Batch.recovery_known_empty)
+SCALES_INVALID = CHECK_ENVELOPE << 1
 
 # The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
 # valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.
@@ -216,14 +220,22 @@ class ValueCheck:
         self._flag_envelope(w, ksc)
 
     def _flag_envelope(self, w, ksc) -> None:
-        """The score envelope joins the same flag word (one read-back; no synchronization)."""
+        """The score envelope and the presence of an invalid key scale join the same flag
+        word (one read-back; no synchronization)."""
         if ksc is not None:
             env = envelope_queries(w, ksc).any()
             self._flags |= env.astype(np.uint32) * np.uint32(CHECK_ENVELOPE)
+            some = (~valid_scales(ksc)).any()
+            self._flags |= some.astype(np.uint32) * np.uint32(SCALES_INVALID)
 
     def flag_word(self):
         """The flag word on the device (uint32 0-d; ``flags`` without the read-back)."""
         return self._flags[0]
+
+    @property
+    def read(self) -> bool:
+        """Whether the flags of this call's inputs have been read back (``flags``)."""
+        return self._bad is not None
 
     def forget(self) -> None:
         """Read the flags again on the next ``flags`` (a captured step's replay wrote them
@@ -306,6 +318,15 @@ class Batch:
         input; nothing when the checks were off or already read."""
         if self.pending is not None:
             self.pending.raise_if_bad()
+
+    def recovery_known_empty(self) -> bool:
+        """True when this call's value checks ran, were read back (``raise_if_bad``) and
+        saw no invalid key scale and no query the envelope flags — then no query needs
+        query-level recovery (``select.recovery_queries``), which the host knows without
+        device work; False otherwise (checks off, not read yet — a captured step's are read
+        only after its replay —, or something flagged)."""
+        vc = self.pending
+        return vc is not None and vc.read and not vc.flags & (SCALES_INVALID | CHECK_ENVELOPE)
 
     @property
     def heads(self) -> int:

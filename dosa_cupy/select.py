@@ -161,8 +161,11 @@ def recovery_queries(b: Batch):
     """Queries the dense route must answer (query-level recovery, docs/method.md §7 C.3):
     those that see a key with an invalid scale (α < 0, NaN, inf) and those whose scores the
     envelope cannot prove finite in fp32 (``prepare.envelope_queries``; docs/method.md §1
-    "The scorer's domain"): bool [Qn]."""
+    "The scorer's domain"): bool [Qn].  All False without device work where the call's
+    value checks, read back, saw neither (``Batch.recovery_known_empty``)."""
     cp = cupy_or_raise()
+    if b.recovery_known_empty():
+        return cp.zeros(b.Qn, dtype=cp.bool_)
     bad = ~valid_scales(b.ksc)
     pre = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(bad.astype(cp.int64))])
     sees_bad = (pre[b.ke.astype(cp.int64)] - pre[b.ks.astype(cp.int64)]) > 0

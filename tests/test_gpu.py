@@ -974,3 +974,57 @@ def test_plan_invalid_when_sigma_overflows_fp32():
     assert pl.aggregated[0] > 0 and np.isinf(pl.sigma[0])  # fp32 σ overflowed
     assert not pl.valid[0]
     assert pl.valid[1:].all()
+
+
+def test_recovery_known_empty_only_from_clean_checks_read_back(monkeypatch):
+    """CPU: ``select.recovery_queries`` skips its device work only where the call's value
+    checks were read back and flagged neither an invalid key scale nor an envelope query
+    (``Batch.recovery_known_empty``); otherwise it computes the queries that see an
+    invalid scale — checks off, not yet read (a captured step), or either bit set."""
+    import types
+
+    from gpu_support import numpy_as_cupy
+
+    from dosa_cupy import prepare, select
+    from dosa_cupy.prepare import CHECK_ENVELOPE, SCALES_INVALID, Batch
+
+    monkeypatch.setattr(select, "cupy_or_raise", numpy_as_cupy)
+    monkeypatch.setattr(prepare, "cupy_or_raise", numpy_as_cupy)
+    Qn, N, H = 4, 64, 16
+    ksc = np.ones(N, np.float32)
+    ksc[40] = np.nan  # seen by queries 2 and 3 only
+    ks, ke = np.zeros(Qn, np.int32), np.array([10, 40, 41, 64], np.int32)
+    w = np.ones((Qn, H), np.float32)
+
+    def batch(pending):
+        return Batch(np.zeros((Qn, H, 128), np.uint8), w, np.zeros((N, 128), np.uint8), ksc, 4,
+                     ks, ke, H, pending)  # fmt: skip
+
+    sees = np.array([False, False, True, True])
+    for pending, known in (
+        (None, False),
+        (types.SimpleNamespace(read=False, flags=0), False),
+        (types.SimpleNamespace(read=True, flags=SCALES_INVALID), False),
+        (types.SimpleNamespace(read=True, flags=CHECK_ENVELOPE), False),
+    ):
+        b = batch(pending)
+        assert b.recovery_known_empty() is known
+        assert np.array_equal(select.recovery_queries(b), sees)
+    clean = batch(types.SimpleNamespace(read=True, flags=0))  # the flags' word, trusted
+    assert clean.recovery_known_empty()
+    assert not select.recovery_queries(clean).any()
+
+
+@gpu
+def test_value_checks_flag_invalid_scales():
+    """The value checks' word has SCALES_INVALID exactly when some key scale is negative,
+    NaN or inf (the bit that lets a clean call skip the recovery's device work)."""
+    from dosa_cupy.prepare import SCALES_INVALID, ValueCheck
+
+    wl = make_gpu_workload("structured", 16, 4096, 32, seed=2)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["ks"], wl["ke"], 4096)
+    assert not ValueCheck(*args, wl["k_scale"]).flags & SCALES_INVALID
+    for bad in (-1.0, np.nan, np.inf):
+        ksc = wl["k_scale"].copy()
+        ksc[4095] = bad
+        assert ValueCheck(*args, ksc).flags & SCALES_INVALID, bad
