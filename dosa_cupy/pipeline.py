@@ -32,7 +32,7 @@ from .plan import plan_stage
 from .prepare import key_rho
 from .refine import popcount_rows, refine_stage
 from .route import early_choice, memo_recall, memo_store, route_stage
-from .screen import screen_arith, screen_stage, tie_screen_wanted
+from .screen import rule_and_arith, screen_stage
 from .seeds import apply_tau_floor, certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
 
@@ -118,13 +118,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         if route.route == "dense":
             return _dense_route(b, st, tm, route, seeds, stats)
     o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
-    tie = route.tie
-    if tie is None and screen_arith(o["screen"], False) != "f16":
-        # the FP8 build of "wgt" has no tie-aware variant: the rule is decided before the plan
-        # (the synchronization screen_stage would make), a tie-aware chunk planned for f16
-        tie = tie_screen_wanted(seeds, o)
-    plan = plan_stage(b, seeds.pool, route.r, o, screen=screen_arith(o["screen"], tie))
-    tm.mark("plan")  # §3–§5, §8
+    tie, arith = rule_and_arith(seeds, o, route.tie)  # the screen's rule and dots
+    plan = plan_stage(b, seeds.pool, route.r, o, screen=arith)  # §3–§5, §8
+    tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
     tm.mark("screen")
     tau, cert_scored = seeds.tau, None

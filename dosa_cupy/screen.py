@@ -45,6 +45,7 @@ __all__ = [
     "pair_plan",
     "plateau_constants",
     "positive_heads_hist",
+    "rule_and_arith",
     "screen_arith",
     "screen_stage",
     "wgt_image_bytes",
@@ -125,6 +126,17 @@ def screen_arith(screen: str, tie: bool | None) -> str:
     rule), else "f16" — what ``plan_stage`` builds the plans for (``dot_allowance``)."""
     fp8 = WGT_FP8 and screen == "wgt" and tie is False
     return "fp8_fresh" if fp8 else "f16"
+
+
+def rule_and_arith(seeds: Seeds, o: dict, tie: bool | None) -> tuple[bool | None, str]:
+    """(tie, arith) for a chunk about to be planned with ``o["screen"]``: the rule ``tie``
+    as decided so far (the route stage's, or None) — decided here (``tie_screen_wanted``,
+    the synchronization ``screen_stage`` would make) where the FP8 build could take the
+    chunk, since it has no tie-aware variant — and ``screen_arith`` of the two: the dots
+    ``plan_stage`` must build the plans for."""
+    if tie is None and screen_arith(o["screen"], False) != "f16":
+        tie = tie_screen_wanted(seeds, o)
+    return tie, screen_arith(o["screen"], tie)
 
 
 def wgt_image_bytes(rows: int, fp8: bool = False) -> int:
