@@ -84,3 +84,30 @@ def test_scorer_error_model_is_one_number():
     (bits,) = re.findall(r"static constexpr int kMmaBits = (\d+);", src)
     assert int(bits) == scorer.MMA_BITS == 17
     assert "using Scorer = ScorerF16;" in src
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
+def test_wgt_ring_sizes_are_the_kernels(tmp_path):
+    """screen.wgt_image_bytes / wgt_ring_smem_bytes equal screen_wgt.cu's Ring<RQ, FP8>
+    kImageBytes / kSmemBytes for every build (a host program prints the constants): the
+    ring kernels trap on less shared memory, and the image buffer is sized from these."""
+    from dosa_cupy import screen
+
+    prog = tmp_path / "sizes.cu"
+    cases = [(rq, fp8) for rq in (8, 16, 32) for fp8 in (False, True)]
+    lines = "".join(
+        f'  printf("%d %d\\n", dosa::wgt::Ring<{rq}, {str(fp8).lower()}>::kImageBytes, '
+        f"dosa::wgt::Ring<{rq}, {str(fp8).lower()}>::kSmemBytes);\n"
+        for rq, fp8 in cases
+    )
+    prog.write_text(f'#include "screen_wgt.cu"\n#include <cstdio>\nint main() {{\n{lines}}}\n')
+    exe = tmp_path / "sizes"
+    src = ROOT / "csrc"
+    res = subprocess.run([NVCC, "-std=c++17", f"-I{src}", str(prog), "-o", str(exe)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = [tuple(map(int, ln.split())) for ln in subprocess.run(
+        [str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()]  # fmt: skip
+    want = [(screen.wgt_image_bytes(rq, fp8), screen.wgt_ring_smem_bytes(rq, fp8))
+            for rq, fp8 in cases]  # fmt: skip
+    assert got == want
