@@ -35,6 +35,7 @@ RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_f
 REFINE_WS = False
 RWFW, RCAPW = 8192, 8192  # score_fp8.cu RWFW, RCAPW
 WS_SLOTS = 9  # score_fp8.cu kTmaRing
+WS_THREADS = 512  # score_fp8.cu kRefThreads: the producer and three consumer warpgroups
 
 
 def refine_ws_smem(H: int) -> int:
@@ -82,7 +83,12 @@ class RefineLaunch:
             H = 16 * b.mth
             smem = refine_ws_smem(H)
             f = kernel(f"refine_ws_fp8_h{H}", smem, FP8_SPEC)
-            f((int(qlist.size), -(-b.NW // RWFW)), (512,), args + out.args(), shared_mem=smem)
+            f(
+                (int(qlist.size), -(-b.NW // RWFW)),
+                (WS_THREADS,),
+                args + out.args(),
+                shared_mem=smem,
+            )
             return
         if b.scorer == "fp8":
             f, grid, block = kernel(f"refine_fp8_h{16 * b.mth}", 0, FP8_SPEC), -(-b.NW // RWF), 128
