@@ -1355,3 +1355,36 @@ def test_profile_line_split_charges_callees_to_their_own_lines(monkeypatch):
     first = {"outer": outer.__code__.co_firstlineno, "inner": inner.__code__.co_firstlineno}
     got = {(f, ln - first[f]): t for (f, ln), t in acc.items() if t}
     assert got == {("outer", 1): 1.0, ("inner", 1): 2.0, ("outer", 3): 3.0}
+
+
+def test_profile_finish_is_the_pipelines_tail(monkeypatch):
+    """``--profile-plan``'s finish: the exact selection on the seeds' and refinement's
+    records, recovery of the queries ``recovery_queries`` or an invalid plan names, int64
+    ids — the stages ``dosa_topk`` runs after refinement, in its order (fakes record the
+    calls)."""
+    from dosa_cupy import select
+    from dosa_cupy.bench import profile_plan
+
+    calls = []
+    ids = np.zeros((3, 2), np.int32)
+
+    def select_ids(K, d, r):
+        calls.append(("select", K, d, r))
+        return ids, None
+
+    def recovery_queries(b):
+        calls.append(("queries", b))
+        return np.array([False, True, False])
+
+    def recover(b, i, bad):
+        calls.append(("recover", b, i, bad.tolist()))
+
+    for name, fn in (("select_ids", select_ids), ("recovery_queries", recovery_queries),
+                     ("recover", recover)):  # fmt: skip
+        monkeypatch.setattr(select, name, fn)
+    sd = types.SimpleNamespace(default="seed records")
+    valid = np.array([True, True, False])
+    out = profile_plan._finish(2, sd, "recs", "batch", valid)
+    assert out.dtype == np.int64 and out.shape == (3, 2)
+    assert calls == [("select", 2, "seed records", "recs"), ("queries", "batch"),
+                     ("recover", "batch", ids, [False, True, True])]  # fmt: skip

@@ -4,8 +4,10 @@ docs/records/notes.md).
 ``dosa bench --profile-plan [--Qn 4096] [--N 131072] [--H 32,64] [--scorer f16|fp8]``
 
 For ``plan.build_plans`` (the specification), ``plan.build_plans_fused`` (the
-pipeline's planner), ``seeds.seed_stage`` and ``route.route_stage`` (the sampled decision,
-with the lines of ``route._sample``, ``plan.plan_stage`` and ``screen.auto_pick``) on the
+pipeline's planner), ``seeds.seed_stage``, ``route.route_stage`` (the sampled decision,
+with the lines of ``route._sample``, ``plan.plan_stage`` and ``screen.auto_pick``) and the
+pipeline's finish (``select.select_ids``, ``select.recovery_queries`` and ``select.recover``
+on a call's records, its value checks read back as ``dosa_topk`` reads them) on the
 calibrated regime: CUDA-event
 medians of 10 calls, the host time until the call returns (no synchronization; ≈ the event
 time means the stage is bound by Python and launch overhead, not by the GPU), and a
@@ -96,6 +98,34 @@ def _prepare(args, scorer):
     return prepare.key_rho(b.kp)
 
 
+def _finish(K, sd, recs, b, valid):
+    """The pipeline's stages after refinement (pipeline.dosa_topk): the exact selection,
+    the query-level recovery and the int64 ids."""
+    from dosa_cupy import select
+
+    ids, _ = select.select_ids(K, sd.default, recs)
+    select.recover(b, ids, select.recovery_queries(b) | ~valid)
+    return ids.astype("int64")
+
+
+def _report_finish(args, o, scorer, cp) -> None:
+    """``_finish`` on one call's records: its batch from ``options.start`` with the value
+    checks read back (so recovery takes the path ``dosa_topk`` takes), seeds, an r = 14 plan
+    screened by "fp64", refinement — then the finish timed and split by line."""
+    from dosa_cupy import options, plan, refine, screen, seeds, select
+    from dosa_cupy.prepare import key_rho
+
+    _, _, _, b, _ = options.start(*args, {"scorer": scorer})
+    b.raise_if_bad()
+    sd = seeds.seed_stage(b, o)
+    pl = plan.plan_stage(b, sd.pool, 14, o)
+    o2 = options.resolved(o, screen="fp64")
+    surv = screen.screen_stage(b, pl, sd, key_rho(b.kp), o2, False).surv
+    recs = refine.refine_stage(b, sd.tau, surv, int(o["buffer"]))
+    inner = (select.select_ids, select.recovery_queries, select.recover)
+    _report("finish (select, recovery, ids)", _finish, (b.K, sd, recs, b, pl.valid), cp, inner)
+
+
 def main(argv=None) -> int:
     import cupy as cp
 
@@ -134,6 +164,10 @@ def main(argv=None) -> int:
         # the pipeline's planner (one kernel per chunk, one block per query), same method
         fused = plan.build_plans_fused
         _report("plan (build_plans_fused)", fused, (b.q, b.w, b.kp, sample, 14, 1, 17), cp)
+        try:  # the newest part: a failure here keeps the lines above and the next H
+            _report_finish(args, o, a.scorer, cp)
+        except Exception as e:  # noqa: BLE001 — reported, not raised
+            print(f"finish: not profiled ({type(e).__name__}: {e})")
     return 0
 
 
