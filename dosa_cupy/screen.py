@@ -426,8 +426,9 @@ class ScreenLaunch:
         # "fp8_fresh" plans the FP8 build's (plain rule); no kernel runs another
         if plan.screen != "f16" and (plan.screen != "fp8_fresh" or screen != "wgt" or tie):
             raise ValueError(
-                f"plan: built for the {plan.screen!r} dots of the FP8 'wgt' build (plain rule), "
-                f"screened with {screen!r}{' tie-aware' if tie else ''}"
+                f"plan: built for {plan.screen!r} dots (only the FP8 'wgt' build computes any "
+                f"but 'f16': 'fp8_fresh', plain rule), screened with {screen!r}"
+                f"{' tie-aware' if tie else ''}"
             )
         T = tile()
         grid = ((b.N + T - 1) // T, (b.Qn + QG - 1) // QG)
