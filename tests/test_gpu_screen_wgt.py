@@ -396,12 +396,11 @@ def _fp8_allowance(op, nrow):
     """float64 [Qn, N]: what the FP8 build's Û may differ from the exact one by — the plan's
     g_scr·A (plan.dot_allowance("fp8_fresh")'s relative part lifted through Û's 2·mts + 6
     roundings) plus the per-row constants plan.screen_row_constants adds to ε_raw."""
-    from dosa_cupy.plan import dot_allowance, screen_row_constants
+    from dosa_cupy.plan import plan_constants, screen_row_constants
 
     _, A, _, _ = _exact(op)
     mts = op["rows"].shape[1] // 16
-    g, _ = dot_allowance("fp8_fresh", op["rows"], MMA_BITS, np)
-    g_scr = g + gamma(2 * mts + 6) * (1 + g)
+    g_scr, _, _ = plan_constants(16 * mts, mts, MMA_BITS, "f16", "fp8_fresh")  # plan.py's
     a = screen_row_constants(op["rows"], op["om"], op["sig"], mts, "fp8_fresh", MMA_BITS, np)
     return g_scr * A + a[:, None]
 
