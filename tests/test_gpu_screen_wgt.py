@@ -152,13 +152,14 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False):  # fmt: skip
+            fp8=False, barrier=False):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
-    pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule)."""
-    ring = ring or fp8
+    pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
+    ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``)."""
+    ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -181,6 +182,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
+        name += "_barrier" if barrier else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -460,6 +462,27 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
         assert np.array_equal(surv, again[0]) and np.array_equal(
             U.view(np.uint8), again[1].view(np.uint8)
         )
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["f16", "fp8"])
+@needs_sm90a
+@gpu
+def test_wgt_ring_barrier_control(fp8):
+    """The ring kernels' slot protocol (the last reader's acq_rel count, then its refill)
+    against the control that refills after a block barrier: the same words and Uout bit for
+    bit over many refills (a block row of 384 queries in 24 groups through 3 slots).  Run
+    under racecheck (docs/records/gpu_tests.md): a hazard the control also shows is not the
+    count's; one only the ring kernel shows is."""
+    rs = np.random.RandomState(7)
+    Qn, N = 384, 1500
+    op = _operands(rs, Qn, N, R_MAX[8])
+    uh, _, _, _ = _exact(op)
+    Uex = op["alpha"].astype(np.float64)[None] * uh
+    tau = np.quantile(Uex, 0.5, axis=1).astype(np.float32)
+    ring = _launch(op, tau, 1e-7, False, nrow=8, ring=True, fp8=fp8)
+    ctl = _launch(op, tau, 1e-7, False, nrow=8, ring=True, fp8=fp8, barrier=True)
+    assert np.array_equal(ring[0], ctl[0]), "survivor words"
+    assert np.array_equal(ring[1].view(np.uint8), ctl[1].view(np.uint8)), "Uout"
 
 
 @pytest.mark.parametrize("r", R)

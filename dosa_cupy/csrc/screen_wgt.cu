@@ -892,8 +892,10 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // finish reading a slot refills it with the group kRing further on — so the warpgroups drift
 // apart by up to two groups and one's epilogue runs under another's MMAs.  QG must be a
 // multiple of the build's group (whole images per block).  FP8: the e4m3 operands and the
-// fresh-step dots (header "The FP8 build"), the plain rule only.
-template <bool TIE, int RQ, bool FP8>
+// fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
+// control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
+// group, then thread 0 refills the slot: the ordering racecheck models, the same words.
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -967,6 +969,14 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     add_ties<TIE, RQ>(G, L, tcnt, lane);
     // this warp has read the slot: its MMAs completed (wait<0> in screen_group), its loads of
     // the meta buffer returned (their values are used above); the last reader refills it
+    if constexpr (BARRIER) {
+      __syncthreads();
+      if (threadIdx.x == 0 && gi + kRing < ngroups) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fill(s, gi + kRing);
+      }
+      continue;
+    }
     __syncwarp();
     if (lane == 0) {
       // acq_rel: each warp's count releases its reads of the slot, the last count acquires
@@ -987,10 +997,12 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
+#define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
+#define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
 
@@ -1058,3 +1070,15 @@ DOSA_WGT_KERNELS(8)
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
 DOSA_WGT_FP8_KERNELS(8)
+
+// The racecheck control of the ring builds' slot protocol (tests/test_gpu_screen_wgt.py
+// test_wgt_ring_barrier_control): the 8-row ring kernels with the refill after a block
+// barrier (screen_wgt_ring's BARRIER); the images of screen_wgt[_fp8]_image_rows8.
+#define DOSA_WGT_RING_BARRIER_KERNEL(NAME, FP8)                                               \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      NAME(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS, const uint8_t* __restrict__ image) {   \
+    DOSA_WGT_RING_BARRIER_CALL(FP8, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, \
+                               nullptr, image);                                               \
+  }
+DOSA_WGT_RING_BARRIER_KERNEL(screen_wgt_ring_rows8_barrier, false)
+DOSA_WGT_RING_BARRIER_KERNEL(screen_wgt_fp8_ring_rows8_barrier, true)
