@@ -90,9 +90,15 @@ FP8_WIT_BLOCKS = 4
 FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 # The decode scan fed by the bulk tensor copy engine (score_fp8.cu decode_scan_tma: a producer
 # warpgroup copies each page and its α into slots, three consumer warpgroups score them; one
-# block per SM) in place of decode_scan.  Off until the GPU has timed it against decode_scan
-# (dosa bench --decode); the same bits (tests/test_decode_fp8.py).
-DECODE_TMA = False
+# block per SM) or decode_scan (each block loads its own tiles): the same bits
+# (tests/test_decode_fp8.py).  None: ``tma_wanted``'s rule; True / False: that scan always
+# (dosa bench --decode --scorer fp8tma forces it).
+DECODE_TMA: bool | None = None
+# tma_wanted: the TMA scan from this many requests on, or for next_n ≥ 2 (the H200's decode
+# steps at 1M, docs/records/benchmarks.md session 22: graph replays 2.33 / 2.59 ms against
+# 3.23 / 4.10 at B = 64, next_n = 1, H = 32 / 64, and faster at next_n = 2 for B = 1, 8, 64;
+# slower at B = 8, next_n = 1: 0.65 / 0.67 ms against 0.52 / 0.64)
+TMA_MIN_B = 16
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 
 
@@ -118,7 +124,7 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
         raise ValueError(f"q: the FP8 decode scan takes next_n <= {FP8_ROWS}, got {d['n']}")
     if not fused:
         tail[0].fill(-np.inf)
-    if DECODE_TMA and _aligned16(d["kv"], d["scale"]):  # the copy engine's alignment
+    if tma_wanted(B, d["n"]) and _aligned16(d["kv"], d["scale"]):  # the copies' alignment
         return scan_fp8_tma(d, fused, tail)
     T = -(-L // FP8_TILE)
     gx = max(1, min(T, num_sms() * FP8_SCAN_BLOCKS[H] // B))
@@ -128,6 +134,14 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
         (d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
          d["ke"], np.int32(d["n"]), *tail),
     )  # fmt: skip
+
+
+def tma_wanted(B: int, n: int) -> bool:
+    """Whether a step of ``B`` requests of ``n`` query rows each takes the TMA scan
+    (``DECODE_TMA``; None: from TMA_MIN_B requests on or for n ≥ 2)."""
+    if DECODE_TMA is not None:
+        return bool(DECODE_TMA)
+    return B >= TMA_MIN_B or n >= 2
 
 
 def _aligned16(*arrays) -> bool:

@@ -29,20 +29,6 @@ __all__ = ["RefineLaunch", "popcount_rows", "refine_stage"]
 RW = 256  # words per warp of the refine kernel (refine.cu RW)
 REFINE_WARPS = 8  # warps per block of the refine kernel
 RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_fp8.cu RWF)
-# Refinement with a producer warpgroup (score_fp8.cu refine_ws: the gathers off the consumers'
-# path, rings per consumer warpgroup, RWFW words per block of 512 threads) in place of
-# refine_fp8.  Off until the GPU has timed it (dosa bench); the same records.
-REFINE_WS = False
-RWFW, RCAPW = 8192, 8192  # score_fp8.cu RWFW, RCAPW
-WS_SLOTS = 9  # score_fp8.cu kTmaRing
-WS_THREADS = 512  # score_fp8.cu kRefThreads: the producer and three consumer warpgroups
-
-
-def refine_ws_smem(H: int) -> int:
-    """Dynamic shared memory of refine_ws_fp8_h{H} (score_fp8.cu refine_ws_smem, checked by
-    the kernel): 1 KB alignment slack, the slots' 64 key rows and α, the query tile, a window
-    of ids, a full and an empty mbarrier per slot."""
-    return 1024 + WS_SLOTS * 64 * 128 + H * 128 + WS_SLOTS * 64 * 4 + RCAPW * 4 + 2 * WS_SLOTS * 8
 
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -79,17 +65,6 @@ class RefineLaunch:
         qlist (int32) → out.rec[t], out.cnt[t]."""
         b = self.b
         args = (b.q, b.w, b.kp, b.ksc, self.tau, b.ks, b.ke, qlist, np.int64(b.N), surv)
-        if b.scorer == "fp8" and REFINE_WS:
-            H = 16 * b.mth
-            smem = refine_ws_smem(H)
-            f = kernel(f"refine_ws_fp8_h{H}", smem, FP8_SPEC)
-            f(
-                (int(qlist.size), -(-b.NW // RWFW)),
-                (WS_THREADS,),
-                args + out.args(),
-                shared_mem=smem,
-            )
-            return
         if b.scorer == "fp8":
             f, grid, block = kernel(f"refine_fp8_h{16 * b.mth}", 0, FP8_SPEC), -(-b.NW // RWF), 128
         else:

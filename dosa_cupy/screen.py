@@ -106,17 +106,19 @@ WGT_SPEC = KernelSpec("screen_wgt.cu", (), sm90a=True)  # sm_90a build (NVRTC, e
 
 # The ring build of screen="wgt" (csrc/screen_wgt.cu "The ring build": each query group's image
 # built once per call by screen_wgt_image_rows*, brought into WGT_RING_SLOTS shared-memory
-# slots by bulk copies, no block barrier per group) in place of the default build.  Off until
-# the GPU has timed it against the default (dosa bench --screen-variants --wgt, "ring").
-WGT_RING = False
+# slots by bulk copies, no block barrier per group) — on the H200 0.2–2.3 ms faster per call
+# than the build that stages each group in the block (docs/records/benchmarks.md, session 22);
+# False: that build (the bench's comparison).
+WGT_RING = True
 WGT_RING_SLOTS = 3
 # The FP8 build of screen="wgt" (csrc/screen_wgt.cu "The FP8 build": the ring build with the
 # e4m3 codes as wgmma operands and fresh k32 steps; its plans carry the error model of those
 # dots, plan.build_plans(..., screen="fp8_fresh")) on chunks screened by the plain rule
-# (``screen_arith``).  Off until the GPU has timed it (dosa bench
-# --variant NAME:...,builds=fp8screen); its survivors differ from the f16 chain's (another
-# bound), its ids do not.
-WGT_FP8 = False
+# (``screen_arith``): its survivors differ from the f16 chain's (another bound), its ids do
+# not.  On the H200 the screen stage at 1M keys 19.8 ms against 23.0 (the f16 ring) and 24.6
+# (calibrated, r 6), 56.5 against 71.3 (trained, r 30), with 7–35 % fewer survivors (session
+# 22); False: the f16 builds (the bench's comparison).
+WGT_FP8 = True
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -358,8 +360,8 @@ def auto_pick(r: int, hist, hopper: bool | None = None) -> tuple[str, int]:
     - else r = R_WIDE when the median query has more than AUTO_WIDE_MEDIAN, r otherwise,
       on the Hopper screen "wg" where it runs (``hopper``; default: ``sm90a.available()``),
       otherwise on "fp64" (the 16- and 32-row f16 "wgt" builds are slower than "wg" there);
-      with the FP8 build under trial (``WGT_FP8``) on "wgt" where it runs, so that a bench
-      row with it on times the whole default route on e4m3 screens.
+      on "wgt" where its FP8 build runs (``WGT_FP8``: trained regime at 1M, auto 95.9 /
+      62.8 ms against 106.7 / 66.7 on "wg", H 64 / 32, session 22).
     Every choice is exact; this only picks the faster one."""
     hist = np.asarray(hist)
     Qn = int(hist.sum())

@@ -555,9 +555,9 @@ def test_parse_variants():
     assert B.parse_variants(["p:tie_reject=False,screen=wg"]) == {
         "p": {"tie_reject": False, "screen": "wg"}
     }
-    assert B.parse_variants(["n:builds=ring+fp8screen"]) == {"n": {"builds": "ring+fp8screen"}}
+    assert B.parse_variants(["n:builds=staged+f16screen"]) == {"n": {"builds": "staged+f16screen"}}
     for bad in (["nocolon"], [":a=1"], ["x:a"], ["x:=1"], ["a b:c=1"], ["x:a=1", "x:b=2"],
-                ["x:builds=ring+nope"]):  # fmt: skip
+                ["x:builds=staged+nope"]):  # fmt: skip
         with pytest.raises(ValueError, match="--variant"):
             B.parse_variants(bad)
 

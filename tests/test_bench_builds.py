@@ -1,30 +1,34 @@
-"""CPU: the kernel builds under trial that bench rows switch on (dosa_cupy/bench/builds.py):
-names parsed and checked, switches on inside the block and restored after it, also when the
-block raises."""
+"""CPU: the kernel builds that bench rows switch to (dosa_cupy/bench/builds.py): names parsed
+and checked, switches set inside the block and restored after it, also when the block
+raises."""
 
 from __future__ import annotations
 
 import pytest
 
-from dosa_cupy import decode_ops, refine, screen
+from dosa_cupy import decode_ops, screen
 from dosa_cupy.bench.builds import BUILDS, builds_on, parse_builds
 
 
 def test_parse_builds_names_and_rejects_unknown():
     assert parse_builds("") == () and parse_builds(None) == ()
-    assert parse_builds("ring+refine_ws") == ("ring", "refine_ws")
+    assert parse_builds("staged+f16screen") == ("staged", "f16screen")
     with pytest.raises(ValueError, match="builds"):
-        parse_builds("ring+nope")
+        parse_builds("staged+nope")
 
 
 def test_builds_on_sets_and_restores_every_switch():
-    mods = {"ring": screen, "fp8screen": screen, "refine_ws": refine, "decode_tma": decode_ops}
+    mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
+            "decode_gather": decode_ops}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
-    assert not any(before.values()), "every build under trial is off by default"
-    with builds_on(("ring", "decode_tma")):
-        assert screen.WGT_RING and decode_ops.DECODE_TMA and not refine.REFINE_WS
-    with pytest.raises(RuntimeError), builds_on(tuple(BUILDS)):
-        assert all(getattr(mods[n], BUILDS[n][1]) for n in BUILDS)
+    # the defaults: the ring and FP8 screen builds, the decode scan by its rule
+    assert screen.WGT_RING and screen.WGT_FP8 and decode_ops.DECODE_TMA is None
+    with builds_on(("staged", "decode_tma")):
+        assert not screen.WGT_RING and decode_ops.DECODE_TMA is True and screen.WGT_FP8
+    with builds_on(("f16screen", "decode_gather")):
+        assert screen.WGT_RING and not screen.WGT_FP8 and decode_ops.DECODE_TMA is False
+    with pytest.raises(RuntimeError), builds_on(("staged", "f16screen", "decode_tma")):
+        assert not screen.WGT_RING and not screen.WGT_FP8
         raise RuntimeError("a failing variant")
     assert {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS} == before

@@ -92,7 +92,7 @@ def _weights(Qn, H, positive):
     return w
 
 
-@pytest.mark.parametrize("hopper,kind,narrow", [(False, "fp64", "pair"), (True, "wg", "wgt")])
+@pytest.mark.parametrize("hopper,kind,narrow", [(False, "fp64", "pair"), (True, "wgt", "wgt")])
 def test_candidates(hopper, kind, narrow):
     few = _weights(64, 32, 3)  # every query ≤ 6 positive heads: the narrow screen alone
     assert cost.candidates("auto", 14, 0, few, np, hopper) == [(narrow, 6)]
@@ -268,19 +268,20 @@ def test_route_stage_pick_pieces():
 
 
 def test_auto_pick_takes_the_fp8_build_for_wide_plans(monkeypatch):
-    """``screen.auto_pick``: wide plans on "wg" on Hopper, "fp64" elsewhere — and on "wgt"
-    (its FP8 builds) on Hopper with ``WGT_FP8`` on; narrow chunks on "wgt" / "pair" either
-    way."""
+    """``screen.auto_pick``: wide plans on "wgt" (its FP8 builds) on Hopper with ``WGT_FP8``
+    on (the default), on "wg" with it off, "fp64" elsewhere; narrow chunks on "wgt" / "pair"
+    either way."""
     from dosa_cupy import screen
 
     wide = np.zeros(65, np.int64)
     wide[30] = 10  # every query with 30 positive heads: median > AUTO_WIDE_MEDIAN
     narrow = np.zeros(65, np.int64)
     narrow[3] = 10
+    assert screen.WGT_FP8, "the FP8 build is the default"
+    assert screen.auto_pick(14, wide, hopper=True) == ("wgt", 30)
+    monkeypatch.setattr(screen, "WGT_FP8", False)
     assert screen.auto_pick(14, wide, hopper=True) == ("wg", 30)
     assert screen.auto_pick(14, narrow, hopper=True) == ("wgt", 6)
-    monkeypatch.setattr(screen, "WGT_FP8", True)
-    assert screen.auto_pick(14, wide, hopper=True) == ("wgt", 30)
     assert screen.auto_pick(14, wide, hopper=False) == ("fp64", 30)
     assert screen.auto_pick(14, narrow, hopper=False) == ("pair", 6)
 

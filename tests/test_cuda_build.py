@@ -115,17 +115,16 @@ def test_wgt_ring_sizes_are_the_kernels(tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
 def test_warp_specialised_smem_sizes_are_the_kernels(tmp_path):
-    """refine.refine_ws_smem and decode_ops.fp8_tma_smem equal score_fp8.cu's refine_ws_smem
-    and decode_tma_smem (the kernels trap on less), and the launch constants the host mirrors
-    (RWFW, RCAPW, the slots, the threads) equal the source's — read from a host program."""
-    from dosa_cupy import decode_ops, refine
+    """decode_ops.fp8_tma_smem equals score_fp8.cu's decode_tma_smem (the kernel traps on
+    less), and the launch constants the host mirrors (the consumer warpgroups, the slots, the
+    threads) equal the source's — read from a host program."""
+    from dosa_cupy import decode_ops
 
     prog = tmp_path / "sizes.cu"
     prog.write_text(
         '#include "score_fp8.cu"\n#include <cstdio>\nint main() {\n'
         "  using namespace dosa::fp8;\n"
-        '  printf("%d %d %d %d %d %d\\n", refine_ws_smem(64), refine_ws_smem(32), RWFW, RCAPW,'
-        " kTmaRing, kRefThreads);\n"
+        '  printf("%d %d %d\\n", kCwg, kTmaSlots, kTmaThreads);\n'
         '  for (int nc : {32, 64, 128}) printf("%d ", decode_tma_smem(nc));\n}\n'
     )
     exe = tmp_path / "sizes"
@@ -135,7 +134,7 @@ def test_warp_specialised_smem_sizes_are_the_kernels(tmp_path):
     assert res.returncode == 0, res.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
     got = [int(x) for x in out]
-    want = [refine.refine_ws_smem(64), refine.refine_ws_smem(32), refine.RWFW, refine.RCAPW,
-            refine.WS_SLOTS, refine.WS_THREADS]  # fmt: skip
+    cwg = decode_ops.FP8_TMA_CWG
+    want = [cwg, decode_ops.FP8_TMA_SLOTS, 128 * (1 + cwg)]
     want += [decode_ops.fp8_tma_smem(nc) for nc in (32, 64, 128)]
     assert got == want

@@ -159,6 +159,7 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
     fk = _FakeFP8()
     monkeypatch.setattr(scorer_mod, "fp8_available", lambda: True)
     monkeypatch.setattr(dops, "kernel", fk.get)
+    monkeypatch.setattr(dops, "DECODE_TMA", False)  # the emulation is of decode_scan's kernels
     L = rs.integers(1, 200, B).astype(np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, scorer="fp8")
     ref = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, backend="numpy", scorer="fp8")
@@ -185,7 +186,7 @@ TMA = pytest.mark.parametrize("tma", [None, 0, 1], ids=["gather", "tma", "tma_1s
 
 def _use_scan(monkeypatch, tma) -> None:
     """decode_ops set to the scan ``tma`` names (TMA's values)."""
-    monkeypatch.setattr(dops, "DECODE_TMA", tma is not None)
+    monkeypatch.setattr(dops, "DECODE_TMA", tma is not None)  # forced either way
     if tma:
         monkeypatch.setattr(dops, "num_sms", lambda: tma)
 

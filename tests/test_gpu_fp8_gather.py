@@ -18,21 +18,13 @@ from gpu_support import cp, gpu, needs_sm90a
 RWF = 2048  # bitmask words per refine_fp8 block (score_fp8.cu RWF)
 RCAP = 2048  # survivor ids per refine_fp8 window (score_fp8.cu RCAP)
 # (N, Qn): N not a multiple of 64; 140001: three RWF blocks; both: rows of more than RCAP
-# survivors in a block (two windows and more); 300007: two blocks of refine_ws (RWFW words),
-# rows of more than its RCAPW survivors in a block; 65536: the last word whole (N % 32 = 0)
-SHAPES = [(3000, 9), (140001, 7), (300007, 5), (65536, 6)]
+# survivors in a block (two windows and more); 65536: the last word whole (N % 32 = 0)
+SHAPES = [(3000, 9), (140001, 7), (65536, 6)]
 # the refine kernels: name → (words per block, ids per window, threads, dynamic shared memory
 # of H)
 REFINES = {
     "refine_fp8": (RWF, RCAP, 128, lambda H: 0),
-    "refine_ws_fp8": (8192, 8192, 512, lambda H: _refine_ws_smem(H)),  # score_fp8.cu RWFW, RCAPW
 }
-
-
-def _refine_ws_smem(H: int) -> int:
-    from dosa_cupy.refine import refine_ws_smem
-
-    return refine_ws_smem(H)
 
 
 def _kernel(name: str, smem: int = 0):
@@ -148,9 +140,8 @@ def _refine_expected(surv, t, ks, ke, N, lg, tau) -> np.ndarray:
 @pytest.mark.parametrize("H", [64, 32])
 @pytest.mark.parametrize("N,Qn", SHAPES)
 def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn, kname):
-    """refine_fp8_h{H} and refine_ws_fp8_h{H} (a producer warpgroup gathering, consumers in
-    rings; windows of 8,192 ids): for the queries of a scrambled subset list, the records are
-    exactly {(logit, i): bit i set in a visible word, i < N, logit ≥ τ} with the dense logits' bits
+    """refine_fp8_h{H}: for the queries of a scrambled subset list, the records are exactly
+    {(logit, i): bit i set in a visible word, i < N, logit ≥ τ} with the dense logits' bits
     (τ: a logit of the row, so s = τ is kept; −inf for one row); count[t] is their number,
     the queries off the list get none; with a small capacity the count stays exact and the
     records written are that many of them."""
@@ -178,10 +169,9 @@ def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn, kn
             _check_row(rec[t], int(cnt[t]), cap, want[t], lambda i, t=t: lg[t, i], (cap, t))
     assert sum(w.size > 5 for w in want.values()) >= 3  # the small capacity overflows rows
     # query 2 (every key visible and surviving, all recorded) has more survivors in its first
-    # block than one window holds — its ids are scored in two windows or more — wherever N
-    # exceeds a window (refine_ws's windows hold more than the smallest N)
+    # block than one window holds — its ids are scored in two windows or more
     assert _bit(surv, 2, np.arange(N)).all()
-    assert min(N, 32 * words) > window or (kname == "refine_ws_fp8" and N <= window)
+    assert min(N, 32 * words) > window
 
 
 # ---------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ LAUNCHED = {
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
-                     ("score_fp8_ids", "refine_fp8", "refine_ws_fp8", "seed_score_fp8",
+                     ("score_fp8_ids", "refine_fp8", "seed_score_fp8",
                       "seed_ids_fp8", "seed_logits_fp8", "fused_fp8", "decode_logits_fp8",
                       "decode_fused_fp8", "decode_witness_fp8")]
                    + [f"decode_{k}_tma_fp8_h{h}_n{n}" for h in (64, 32) for n in (1, 2)
@@ -577,53 +577,12 @@ def test_fp8_plan_refused_by_other_screens(screen, tie, mts, arith):
 
 
 def test_screen_arith_takes_fp8_only_where_its_build_runs(monkeypatch):
-    """``screen.screen_arith``: "fp8_fresh" only with WGT_FP8 on, screen "wgt" and the plain
-    rule decided; "f16" otherwise (the tie rule undecided included)."""
+    """``screen.screen_arith``: "fp8_fresh" only with WGT_FP8 on (the default), screen "wgt"
+    and the plain rule decided; "f16" otherwise (the tie rule undecided included)."""
     from dosa_cupy import screen as S
 
-    assert S.screen_arith("wgt", False) == "f16"  # off by default
-    monkeypatch.setattr(S, "WGT_FP8", True)
-    assert S.screen_arith("wgt", False) == "fp8_fresh"
+    assert S.screen_arith("wgt", False) == "fp8_fresh"  # on by default
     for args in (("wgt", True), ("wgt", None), ("wg", False), ("pair", False), ("fp64", False)):
         assert S.screen_arith(*args) == "f16", args
-
-
-@pytest.mark.parametrize("H", [64, 32])
-def test_refine_ws_launch_passes_the_check(monkeypatch, H):
-    """refine.REFINE_WS: RefineLaunch launches refine_ws_fp8_h{H} with refine_fp8's argument
-    tuple, grid (|qlist|, ⌈NW / RWFW⌉), 512 threads and refine_ws_smem(H) bytes — the sizes
-    the kernel's source defines (RWFW, RCAPW, its slots)."""
-    import types
-
-    from dosa_cupy import refine as R
-    from dosa_cupy.scorer import FP8_SPEC
-
-    sig, launched = signatures(FP8_SPEC), []
-
-    def kernel(name, smem=0, spec=None):
-        assert spec is FP8_SPEC
-        raw = FakeRaw()
-        launched.append((name, smem, raw))
-        return Kernel(raw, LaunchCheck(name, sig[name], NP))
-
-    monkeypatch.setattr(R, "kernel", kernel)
-    monkeypatch.setattr(R, "REFINE_WS", True)
-    Qn, N = 5, 300007
-    NW = (N + 31) // 32
-    b = types.SimpleNamespace(
-        q=np.zeros((Qn, H, 128), np.uint8), w=np.zeros((Qn, H), np.float32),
-        kp=np.zeros((N, 128), np.uint8), ksc=np.zeros(N, np.float32), ks=np.zeros(Qn, np.int32),
-        ke=np.full(Qn, N, np.int32), N=N, NW=NW, mth=H // 16, scorer="fp8")  # fmt: skip
-    tail = (np.zeros(Qn, np.uint32), np.zeros((Qn, 4), np.uint64), np.int64(4))
-    out = types.SimpleNamespace(args=lambda: tail)
-    qlist = np.arange(Qn, dtype=np.int32)
-    R.RefineLaunch(b, np.zeros(Qn, np.float32)).per_query(qlist, np.zeros((Qn, NW), np.uint32), out)
-    ((name, smem, raw),) = launched
-    assert name == f"refine_ws_fp8_h{H}" and smem == R.refine_ws_smem(H)
-    grid, block, _, shared = raw.calls[0]
-    assert grid == (Qn, -(-NW // R.RWFW)) and block == (512,) and shared == smem
-    src = (PKG / "csrc" / "score_fp8.cu").read_text()
-    assert re.search(r"#define RWFW (\d+)", src).group(1) == str(R.RWFW)
-    assert re.search(r"#define RCAPW (\d+)", src).group(1) == str(R.RCAPW)
-    slots = re.search(r"constexpr int kCwg = (\d+);.*?constexpr int kTmaSlots = (\d+);", src, re.S)
-    assert int(slots.group(1)) * int(slots.group(2)) == R.WS_SLOTS
+    monkeypatch.setattr(S, "WGT_FP8", False)
+    assert S.screen_arith("wgt", False) == "f16"

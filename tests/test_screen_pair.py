@@ -209,8 +209,8 @@ def test_pair_option_validation():
 def test_auto_screen_rule():
     """screen="auto": the narrow screen (r ≤ 6; wgt on Hopper, pair elsewhere) iff ≥ 95 % of
     the queries have ≤ 6 positive weights and certificate seeds are off; r = 30 when the
-    median query has > 20 positive weights; on the Hopper screen where it runs, fp64
-    otherwise; other screens pass through unchanged."""
+    median query has > 20 positive weights; on the transposed Hopper screen (its FP8 build,
+    screen.WGT_FP8) where it runs, fp64 otherwise; other screens pass through unchanged."""
     w = -np.ones((40, 32), np.float32)
     w[:, :6] = 1.0  # |H+| = 6 everywhere
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("pair", 6)
@@ -223,27 +223,27 @@ def test_auto_screen_rule():
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wgt", 6)
     w[2, 6] = 1.0  # 37 / 40 < 95 %
     assert screen.auto_screen("auto", 14, 0, w, np, hopper=False) == ("fp64", 14)
-    assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wg", 14)
-    assert screen.auto_screen("auto", 16, 0, w, np, hopper=True) == ("wg", 16)
+    assert screen.auto_screen("auto", 14, 0, w, np, hopper=True) == ("wgt", 14)
+    assert screen.auto_screen("auto", 16, 0, w, np, hopper=True) == ("wgt", 16)
     assert screen.auto_screen("auto", 16, 0, w, np, hopper=False) == ("fp64", 16)
     assert screen.auto_screen("auto", 14, 0, w[:0], np, hopper=True) == ("fp64", 14)
     wide = -np.ones((41, 32), np.float32)
     wide[:, :20] = 1.0  # median |H+| = 20: not above AUTO_WIDE_MEDIAN
     assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 14)
     wide[:21, 20] = 1.0  # 21 of 41 queries with 21: the median is 21
-    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("wg", 30)
+    assert screen.auto_screen("auto", 14, 0, wide, np, hopper=True) == ("wgt", 30)
     assert screen.auto_screen("auto", 14, 0, wide, np, hopper=False) == ("fp64", 30)
-    assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("wg", 30)
+    assert screen.auto_screen("auto", 30, 0, wide, np, hopper=True) == ("wgt", 30)
     even = -np.ones((40, 32), np.float32)
     even[:, :20] = 1.0
     even[:20, 20] = 1.0  # 20 queries with 21, 20 with 20: the lower median is 20
-    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wg", 14)
+    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wgt", 14)
     even[20, 20] = 1.0  # 21 of 40 with 21: the lower median is 21
-    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wg", 30)
+    assert screen.auto_screen("auto", 14, 0, even, np, hopper=True) == ("wgt", 30)
     zeros = np.zeros((41, 48), np.float32)
     zeros[:, :6] = 1.0  # 6 positive, 42 zero weights: zeros are not positive heads
     zeros[:3, 6] = 1.0  # 38 of 41 ≤ 6 (92.7 %): not paired; median 6: not widened
-    assert screen.auto_screen("auto", 14, 0, zeros, np, hopper=True) == ("wg", 14)
+    assert screen.auto_screen("auto", 14, 0, zeros, np, hopper=True) == ("wgt", 14)
     for scr in ("fp64", "pair", "wg"):
         assert screen.auto_screen(scr, 6, 0, w, np) == (scr, 6)
     assert check_options({"screen": "auto"})["screen"] == "auto"  # any r, any cert_seeds

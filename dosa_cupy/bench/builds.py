@@ -1,13 +1,13 @@
-"""The kernel builds under trial that a bench row can switch on (``--variant
-NAME:...,builds=ring+refine_ws``; ``dosa bench --decode --scorer fp8tma``): module switches
-of the library that select another build of a stage's kernel with the same ids, off by
-default until a run on the GPU has timed them.  Not options of the library: a build that
-wins becomes the stage's kernel and its switch goes away.
+"""Kernel builds a bench row can switch to (``--variant NAME:...,builds=staged+f16screen``;
+``dosa bench --decode --scorer fp8tma``): module switches of the library that select another
+build of a stage's kernel with the same ids — the builds the defaults are measured against.
+Not options of the library: a build under trial is one of these until it wins.
 
-    ring        screen.WGT_RING       the transposed screen's ring build
-    fp8screen   screen.WGT_FP8        its FP8 build (e4m3 wgmma; other bounds, fewer survivors)
-    refine_ws   refine.REFINE_WS      refinement with a producer warpgroup
-    decode_tma  decode_ops.DECODE_TMA the decode scan fed by the copy engine
+    staged      screen.WGT_RING = False  the transposed screen staging each query group in
+                                         the block (not the ring of group images)
+    f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
+    decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
+    decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-# name → (module of dosa_cupy, its switch)
+# name → (module of dosa_cupy, its switch, the value the build sets)
 BUILDS = {
-    "ring": ("screen", "WGT_RING"),
-    "fp8screen": ("screen", "WGT_FP8"),
-    "refine_ws": ("refine", "REFINE_WS"),
-    "decode_tma": ("decode_ops", "DECODE_TMA"),
+    "staged": ("screen", "WGT_RING", False),
+    "f16screen": ("screen", "WGT_FP8", False),
+    "decode_tma": ("decode_ops", "DECODE_TMA", True),
+    "decode_gather": ("decode_ops", "DECODE_TMA", False),
 }
 
 
@@ -35,12 +35,12 @@ def parse_builds(spec) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def builds_on(names):
-    """The switches of ``names`` (``BUILDS``) on for the block, then restored."""
+    """The switches of ``names`` (``BUILDS``) set for the block, then restored."""
     mods = [(importlib.import_module(f"dosa_cupy.{BUILDS[n][0]}"), BUILDS[n][1]) for n in names]
     was = [getattr(m, a) for m, a in mods]
     try:
-        for m, a in mods:
-            setattr(m, a, True)
+        for (m, a), n in zip(mods, names, strict=True):
+            setattr(m, a, BUILDS[n][2])
         yield
     finally:
         for (m, a), v in zip(mods, was, strict=True):

@@ -35,25 +35,17 @@
 
 // Sizes every target sees (the kernels' launch bounds; the sm_90 build parses the same
 // parameter lists with empty bodies).
-#define RWFW 8192   // words per refine_ws block
-#define RCAPW 8192  // ids per refine_ws window (one window at ~3 % survival of RWFW words)
 namespace dosa {
 namespace fp8 {
 constexpr int kTileBytes = 64 * 128;       // a tile: 64 keys × 128 bytes
-constexpr int kCwg = 3;                    // decode_scan_tma / refine_ws: consumer warpgroups
+constexpr int kCwg = 3;                    // decode_scan_tma: consumer warpgroups
 constexpr int kTmaSlots = 3;               // slots per consumer warpgroup
 constexpr int kTmaRing = kCwg * kTmaSlots;  // slots of the block
 constexpr int kTmaThreads = 128 * (1 + kCwg);  // the producer and the consumers
-constexpr int kRefThreads = kTmaThreads;       // refine_ws: decode_scan_tma's warpgroups
-// dynamic shared memory of decode_scan_tma (NC columns) and of refine_ws (H heads): the
-// alignment slack, the key slots, the query tile, the slots' α, refine_ws's window of ids,
-// the mbarriers
+// dynamic shared memory of decode_scan_tma (NC columns): the alignment slack, the key slots,
+// the query tile, the slots' α, the mbarriers
 __host__ __device__ constexpr int decode_tma_smem(int NC) {
   return 1024 + kTmaRing * kTileBytes + NC * 128 + kTmaRing * 64 * 4 + 2 * kTmaRing * 8;
-}
-__host__ __device__ constexpr int refine_ws_smem(int H) {
-  return 1024 + kTmaRing * kTileBytes + H * 128 + kTmaRing * 64 * 4 + RCAPW * 4 +
-         2 * kTmaRing * 8;
 }
 }  // namespace fp8
 }  // namespace dosa
@@ -914,190 +906,6 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   if constexpr (FUSED) rout.finish(lane);
 }
 
-// cp.async of 4 bytes with a zero fill where the source is absent (src-size 0: nothing read).
-__device__ __forceinline__ void cp_async4z(void* dst, const void* src, bool present) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(present ? 4 : 0)
-               : "memory");
-}
-// The calling thread's arrival on `bar` once all its earlier cp.async have landed (.noinc:
-// the barrier's count includes these arrivals).
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
-               : "memory");
-}
-
-// Refinement with a producer warpgroup (issue 27): refine's contract and bits — every set
-// bit i of query t = qlist[x]'s survivor words [wlo + y·RWFW, …) ∩ its visible words is
-// scored, (s, i) appended to rec[t, :cap] iff s ≥ τ_t, count[t] counting them all — with the
-// gathers off the consumers' path: the block (four warpgroups) places its survivors' ids in
-// windows of RCAPW (one scan of the threads' popcounts, as refine), then warpgroup 0 gathers
-// each tile of 64 ids (cp.async of the key rows and their α into a slot, completion counted
-// on the slot's full mbarrier by cp.async.mbarrier.arrive) and three consumer warpgroups
-// score the tiles in turn through rings of their own (decode_scan_tma's slots and schedule):
-// no barrier per tile, and a block spans RWFW = 8,192 words (262,144 keys) so that the scan
-// and the query's load are paid once per ~75 tiles at 1.8 % survival.  grid (|qlist|,
-// ⌈NW / RWFW⌉), 512 threads, dynamic shared memory refine_ws_smem(H).
-
-template <int H>
-__device__ __forceinline__ void refine_ws(const uint8_t* __restrict__ q, const float* __restrict__ w,
-                                          const uint8_t* __restrict__ kp,
-                                          const float* __restrict__ alpha,
-                                          const float* __restrict__ tau,
-                                          const int* __restrict__ ks_, const int* __restrict__ ke_,
-                                          const int* __restrict__ qlist, long long N,
-                                          const uint32_t* __restrict__ surv,
-                                          unsigned int* __restrict__ count,
-                                          unsigned long long* __restrict__ rec, long long cap) {
-  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  static_assert(RWFW % kRefThreads == 0 && RCAPW % 64 == 0, "whole rounds, whole tiles");
-  constexpr int kWords = RWFW / kRefThreads;  // words per thread
-  extern __shared__ uint8_t smem_raw[];
-  uint32_t dyn;  // the launch must give the layout below
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  // the layout below, and the warpgroups the mbarriers count
-  if (dyn < (uint32_t)refine_ws_smem(H) || blockDim.x != kRefThreads) __trap();
-  uint8_t* base =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
-  uint8_t* sk = base;
-  uint8_t* sq = sk + kTmaRing * kTileBytes;
-  float* sa = reinterpret_cast<float*>(sq + H * 128);
-  int* sid = reinterpret_cast<int*>(sa + kTmaRing * 64);
-  uint64_t* full = reinterpret_cast<uint64_t*>(sid + RCAPW);
-  uint64_t* empty = full + kTmaRing;
-  __shared__ __align__(16) float sw[H];
-  __shared__ int wsum[kRefThreads / 32];
-
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, wg = t >> 7;
-  const int tq = qlist[blockIdx.x];
-  const long long NW = (N + 31) >> 5;
-  const long long wlo = (long long)ks_[tq] >> 5;
-  const long long whi = min(NW, ((long long)ke_[tq] + 31) >> 5);
-  const long long w0 = wlo + (long long)blockIdx.y * RWFW;
-  if (w0 >= whi) return;
-  const int nw = (int)min(whi - w0, (long long)RWFW);  // the block's words w0 + [0, nw)
-  const uint32_t* srow = surv + (long long)tq * NW + w0;
-  const long long last = NW - 1 - w0;  // the block's index of word NW − 1 (bits < N only)
-  const uint32_t tailm = (N & 31) ? (1u << (N & 31)) - 1u : 0xffffffffu;
-  auto word = [&](int k) {  // the thread's word k: block word t + 512k, masked
-    const int wi = t + kRefThreads * k;
-    const uint32_t m = wi < nw ? __ldg(srow + wi) : 0u;
-    return wi == last ? m & tailm : m;
-  };
-  int n = 0;
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) n += __popc(word(k));
-  const int incl = warp_inclusive_sum(n, lane);
-  if (lane == 31) wsum[warp] = incl;
-  if (t < H * 8) {  // the query's rows and weights (published by the barrier below)
-    const int r = t >> 3, j = t & 7;
-    *reinterpret_cast<uint4*>(sq + sw128_offset(r, j)) =
-        __ldg(reinterpret_cast<const uint4*>(q + ((long long)tq * H + r) * 128 + 16 * j));
-  }
-  if (t < H) sw[t] = w[(long long)tq * H + t];
-  if (t == 0) {
-    for (int s = 0; s < kTmaRing; ++s) {
-      mbar_init(&full[s], 128);  // the producer threads' cp.async arrivals
-      mbar_init(&empty[s], 128);
-    }
-    fence_barrier_init();
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
-  int before = 0, total = 0;
-#pragma unroll
-  for (int u = 0; u < kRefThreads / 32; ++u) {
-    const int v = wsum[u];
-    before += u < warp ? v : 0;
-    total += v;
-  }
-  if (total == 0) return;  // no survivor in the block's words (block-uniform)
-  const int first = before + incl - n;  // the position of the thread's first id
-  const float tt = tau[tq];
-  unsigned int* cnt = count + tq;
-  unsigned long long* rrow = rec + (long long)tq * cap;
-  // consumers: the lane's key row and whether it emits (decode_scan_tma's one-row layout)
-  const int c = wg - 1, g = lane >> 2, qd = lane & 3;
-  const int row = 16 * (warp & 3) + g + 8 * (qd & 1);
-  const uint64_t db = desc_sw128(smem_u32(sq));
-  const uint64_t da0 = desc_sw128(smem_u32(sk));
-  Pend pend;
-  pend.m = 0u;
-  int G = 0;  // tiles of the earlier windows (every thread counts the same)
-#pragma unroll 1
-  for (int p0 = 0; p0 < total; p0 += RCAPW) {
-    const int np = min(RCAPW, total - p0);  // the window's ids: positions p0 + [0, np)
-    int at = first - p0;
-    uint32_t words[kWords];  // all loads first (L1 hits: the scan read them)
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) words[k] = word(k);
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) {  // the thread's words' set bits, in its order
-      uint32_t m = words[k];
-      const int nk = __popc(m);
-      if (at < np && at + nk > 0) {
-        const int kb = (int)((w0 + t + kRefThreads * k) * 32);  // key ids are int
-        while (m) {
-          if ((unsigned)at < (unsigned)np) sid[at] = kb + __ffs(m) - 1;
-          m &= m - 1u;
-          ++at;
-        }
-      } else {
-        at += nk;
-      }
-    }
-    __syncthreads();  // the window's ids are published
-    const int nt = (np + 63) >> 6;
-    if (wg == 0) {  // the producer: every thread gathers its part of each tile
-#pragma unroll 1
-      for (int j = 0; j < nt; ++j) {
-        const int Gj = G + j, cj = Gj % kCwg, jj = Gj / kCwg;
-        const int slot = cj * kTmaSlots + jj % kTmaSlots;
-        if (jj >= kTmaSlots) mbar_wait(&empty[slot], ((jj / kTmaSlots) - 1) & 1);
-        uint8_t* dst = sk + slot * kTileBytes;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // 64 rows × 8 chunks of 16 bytes
-          const int it = t + 128 * i, r = it >> 3, ch = it & 7, e = 64 * j + r;
-          const int id = e < np ? sid[e] : -1;
-          cp_async16(dst + sw128_offset(r, ch), kp + (id >= 0 ? (long long)id * 128 + 16 * ch : 0),
-                     id >= 0);
-        }
-        if (t < 64) {
-          const int e = 64 * j + t, id = e < np ? sid[e] : -1;
-          cp_async4z(sa + slot * 64 + t, alpha + (id >= 0 ? id : 0), id >= 0);
-        }
-        cp_async_arrive(&full[slot]);
-      }
-    } else {  // consumer c: the window's tiles j with (G + j) mod kCwg = c
-#pragma unroll 1
-      for (int j = ((c - G) % kCwg + kCwg) % kCwg; j < nt; j += kCwg) {
-        const int jj = (G + j) / kCwg, slot = c * kTmaSlots + jj % kTmaSlots;
-        mbar_wait(&full[slot], (jj / kTmaSlots) & 1);
-        // the cp.async writes (generic proxy) before the tensor cores read them
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const uint64_t da = da0 + (uint64_t)((slot * kTileBytes) >> 4);
-        float acc[H / 2], x[H / 2];
-        fresh_steps<H>(acc, x, da, db, [] {});
-        const float a = sa[slot * 64 + row];
-        const int e = 64 * j + row, id = e < np ? sid[e] : -1;
-        mbar_arrive(&empty[slot]);  // this thread has read the slot (its MMAs completed)
-        float2 wv[H / 8];
-        lane_weights<H>(sw, qd, wv);
-        float qv[1][2];
-        lane_partials<H, H>(acc, wv, qv);
-        float r[1];
-        quad_scatter<1>(qv, qd, r);
-        const float sc = r[0] * a;
-        emit_flush(pend, lane, rrow, cap);
-        emit_issue(pend, qd < 2 && id >= 0 && sc >= tt, sc, id, lane, cnt);
-      }
-    }
-    G += nt;
-    __syncthreads();  // every read of this window's ids is done: the next may overwrite them
-  }
-  if (wg > 0) emit_flush(pend, lane, rrow, cap);
-}
-
 // Explicit ids (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*; and the
 // decode witnesses, §10): block (x, ·) takes the entries row_ids[j] (S of them) of the tiles
 // of 64 from 64·x with stride 64·gridDim.x for query tq; an entry is a key iff ks ≤ id < ke
@@ -1324,17 +1132,6 @@ SCORE_FP8_INST(32)
     DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), true>(                               \
         kvmap, q, w, ksc, bt, max_blocks, ke, next_n, nullptr, thr, count, rec, cap))           \
   }
-// Refinement with a producer warpgroup (refine_ws): refine_fp8's parameter list.
-#define REFINE_WS_INST(H)                                                                        \
-  extern "C" __global__ void __launch_bounds__(dosa::fp8::kRefThreads, 1) refine_ws_fp8_h##H(  \
-      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
-      const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,        \
-      unsigned int* count, unsigned long long* rec, long long cap) {                            \
-    DOSA_FP8_BODY(dosa::fp8::refine_ws<H>(q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count,  \
-                                          rec, cap))                                            \
-  }
-REFINE_WS_INST(64)
-REFINE_WS_INST(32)
 DECODE_TMA_INST(64, 1)
 DECODE_TMA_INST(64, 2)
 DECODE_TMA_INST(32, 1)
