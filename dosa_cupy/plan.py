@@ -417,12 +417,21 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     )
 
 
+# screen_row_constants on the device by one kernel (csrc/plan.cu screen_row_constants_fresh)
+# instead of ~25 array operations — the FP8 screen's plan cost 0.6–0.7 ms more than the f16
+# one's on the H200 (docs/records/benchmarks.md, session 22).  Off until a GPU run has checked
+# it against the array path (tests/test_gpu_plan_rows.py) and timed it.
+ROW_CONSTANTS_KERNEL = False
+
+
 def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: int, xp):
     """float64 [Qn]: what an FP8 screen's dots add to ε_raw (``dot_allowance``'s per-row
     constant a_j of plan rows ``rows`` uint8 [Qn, 16·mts, 128], weighted as Û weighs them —
     |ω_j| for every row, σ for the two aux rows — and lifted through Û's 2·mts + 6 roundings
     and one MU); omega fp32 [Qn, 16·mts], sigma [Qn] (a power of two, fp32 or fp64: the
     same value).  ``build_plans`` and ``build_plans_fused`` add it in the same order."""
+    if ROW_CONSTANTS_KERNEL and screen == "fp8_fresh" and xp is not np:
+        return _row_constants_kernel(rows, omega, sigma, mts, xp)
     _, a_scr = dot_allowance(screen, rows, mma_bits, xp)
     last = 16 * (mts - 1)
     a_rows = xp.sum(xp.abs(omega.astype(xp.float64)) * a_scr, axis=1)
@@ -430,9 +439,27 @@ def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: in
     return a_rows * (1 + gamma(2 * mts + 6)) * (1 + MU)
 
 
+def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
+    """``screen_row_constants(..., "fp8_fresh")`` by csrc/plan.cu screen_row_constants_fresh
+    (one warp per query; the same operations, the sum over rows in a warp tree)."""
+    Qn, nrow = int(rows.shape[0]), 16 * mts
+    if rows.shape[1:] != (nrow, D) or omega.shape != (Qn, nrow) or sigma.shape != (Qn,):
+        raise ValueError(f"rows: expected [Qn, {nrow}, {D}] with omega [Qn, {nrow}], sigma [Qn]")
+    out = xp.empty(Qn, dtype=xp.float64)
+    if Qn:
+        _kernel("screen_row_constants_fresh", 0)(
+            (-(-Qn // PLAN_WARPS),), (PLAN_THREADS,),
+            (xp.ascontiguousarray(rows), xp.ascontiguousarray(omega, dtype=xp.float32),
+             xp.ascontiguousarray(sigma, dtype=xp.float64), np.int32(Qn), np.int32(nrow),
+             np.float64(1 + gamma(3)), np.float64(1 + gamma(2 * mts + 6)), out),
+        )  # fmt: skip
+    return out
+
+
 PLAN = KernelSpec("plan.cu")
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)
+PLAN_WARPS = 8  # csrc/plan.cu PLAN_WARPS (screen_row_constants_fresh: one query per warp)
 
 
 def _kernel(name: str, smem: int):

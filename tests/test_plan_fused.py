@@ -246,12 +246,46 @@ def emulate_plan_kernel(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega,
         eps_raw[t] = emulate_eps_raw(q[t], w[t], float(eps_base), float(a_step), float(a_epi))
 
 
+def emulate_row_constants(rows, omega, sigma, Qn, nrow, a_step, lift, out):
+    """csrc/plan.cu screen_row_constants_fresh in numpy, operation for operation: per row the
+    steps' powers of two added in order and one product with a_step; |ω_j|·a_j summed by the
+    warp's xor butterfly (lane 0's value); then σ·(a_{last+7} + a_{last+15}), lift, 1 + MU."""
+    Qn, nrow = int(Qn), int(nrow)
+    last = nrow - 16
+    for t in range(Qn):
+        a = np.zeros(32)
+        for j in range(nrow):
+            steps = 0.0
+            for s in range(4):
+                c = rows[t, j, 32 * s : 32 * (s + 1)].astype(np.int64)
+                f = np.where((c & 0x7F) != 0, np.maximum((c >> 3) & 0xF, 1), 0)
+                if f.max() > 0:
+                    steps = steps + np.ldexp(1.0, int(f.max()) - 7)
+            a[j] = steps * float(a_step)
+        term = np.zeros(32)
+        term[:nrow] = np.abs(omega[t].astype(np.float64)) * a[:nrow]
+        for o in (16, 8, 4, 2, 1):
+            term = term + term[np.arange(32) ^ o]
+        tot = term[0] + float(sigma[t]) * (a[last + 7] + a[last + 15])
+        out[t] = (tot * float(lift)) * (1 + MU)
+
+
 class _FakePlanKernel:
     def __init__(self):
         self.sig = [t for t, _ in _signature()]
+        self.rows_sig = [t for t, _ in params(PLAN_CU.read_text(), "screen_row_constants_fresh")]
         self.calls = []
 
     def get(self, name, smem):
+        if name == "screen_row_constants_fresh":
+
+            def rows_launch(grid, block, args, shared_mem=0):
+                check_args(name, args, self.rows_sig)
+                assert grid == (-(-int(args[3]) // pf.PLAN_WARPS),) and block == (pf.PLAN_THREADS,)
+                self.calls.append(name)
+                emulate_row_constants(*args)
+
+            return rows_launch
         mt = int(re.fullmatch(r"plan_mt(\d)", name).group(1))
 
         def launch(grid, block, args, shared_mem=0):
@@ -459,6 +493,44 @@ def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, r, mts, scorer):
     assert not np.array_equal(np.asarray(fu.C), np.asarray(f16.C))  # another g_scr
     with pytest.raises(ValueError, match="screen"):
         pf.build_plans_fused(q, w, kp, sample, r, mts, 17, scorer, "fp8_k64")
+
+
+@pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 14, 1), (64, 30, 2)])
+def test_row_constants_kernel_host_code(fake_cupy, monkeypatch, H, r, mts):
+    """``plan.ROW_CONSTANTS_KERNEL``: the FP8 screen's per-row constants by
+    screen_row_constants_fresh (emulated operation for operation, its launch checked against
+    the kernel's C signature) instead of the array operations: the plan's other fields the
+    same bitwise, ε_raw the f16-screen plan's plus the kernel's constants, and each constant
+    the specification's up to the order of the sum over the query's 16·mts rows — at least
+    the exact sum lifted by 1 + γ_{2·mts+6} (what the bound needs; the MU on top covers any
+    order), and within 2·γ_{16·mts} of the array path's value (two orders of one sum of
+    nonnegative terms)."""
+    from fractions import Fraction
+
+    q, w, kp, _ = _workload(H, seed=H + 23)
+    sample = np.arange(0, kp.shape[0], 16)
+    ref = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "f16", "fp8_fresh")
+    f16 = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "f16", "f16")
+    monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", True)
+    got = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "f16", "fp8_fresh")
+    assert fake_cupy.calls[-2:] == [f"plan_mt{q.shape[1] // 16}", "screen_row_constants_fresh"]
+    for k in ("rows", "omega", "sigma", "valid", "C"):
+        assert np.array_equal(np.asarray(getattr(got, k)), np.asarray(getattr(ref, k))), k
+    out = pf._row_constants_kernel(got.rows, got.omega, got.sigma, mts, pf.cupy_or_raise())
+    assert np.array_equal(np.asarray(got.eps_raw), np.asarray(f16.eps_raw) + out)
+    monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", False)
+    spec = pf.screen_row_constants(got.rows, got.omega, got.sigma, mts, "fp8_fresh", 17, np)
+    n = 16 * mts
+    assert np.all(np.abs(out - spec) <= 2 * pf.gamma(n) * spec)
+    _, a_scr = pf.dot_allowance("fp8_fresh", np.asarray(got.rows), 17, np)
+    last = n - 16
+    for t in range(q.shape[0]):
+        ex = sum(Fraction(abs(float(o))) * Fraction(float(a))
+                 for o, a in zip(got.omega[t], a_scr[t], strict=True))  # fmt: skip
+        aux = Fraction(float(a_scr[t, last + 7])) + Fraction(float(a_scr[t, last + 15]))
+        lifted = (ex + Fraction(float(got.sigma[t])) * aux) * Fraction(1 + pf.gamma(2 * mts + 6))
+        assert Fraction(float(out[t])) >= lifted and Fraction(float(spec[t])) >= lifted, t
+    assert np.all(out[np.asarray(got.r) > 0] > 0)
 
 
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])

@@ -546,3 +546,51 @@ PLAN_INST(1)
 PLAN_INST(2)
 PLAN_INST(3)
 PLAN_INST(4)
+
+// The FP8 screen's per-row constants (plan.screen_row_constants, "fp8_fresh"; docs/error_model.md
+// "An FP8 screen"), one kernel instead of ~25 array operations after the planner
+// (plan.ROW_CONSTANTS_KERNEL).  One warp per query t, lane j ≤ nrow its plan row j:
+// a_j = (Σ_s 2^(e_s)) · a_step over the row's four k32 steps (e_s: the largest exponent of the
+// step's nonzero codes, a subnormal's −6; no term for a step of zeros: plan.step_exponents),
+// then out[t] = ((Σ_j |ω_j| a_j + σ_t (a_{last+7} + a_{last+15})) · lift) · (1 + MU) with
+// lift = 1 + γ_{2·mts+6}.  The powers of two of one row add exactly and a_j is one rounding,
+// as in the specification; the sum over rows is a warp tree where CuPy's order is unspecified
+// (the header's rounding argument: MU covers any order).  Launch: grid ⌈Qn / 8⌉, block 256.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
+    screen_row_constants_fresh(const uint8_t* __restrict__ rows, const float* __restrict__ omega,
+                               const double* __restrict__ sigma, int Qn, int nrow,
+                               double a_step, double lift, double* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * PLAN_WARPS + (threadIdx.x >> 5);
+  if (t >= Qn || nrow > 32) return;  // a whole warp leaves together
+  double a = 0.0;
+  if (lane < nrow) {
+    const uint4* row = reinterpret_cast<const uint4*>(rows + ((long long)t * nrow + lane) * DOSA_D);
+    double steps = 0.0;
+    for (int s = 0; s < 4; ++s) {
+      int fmax = 0;
+      for (int c = 0; c < 2; ++c) {
+        const uint4 v = row[2 * s + c];
+        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4; ++i) {
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t b = (wd[i] >> (8 * k)) & 0xFFu;
+            const int f = (b & 0x7Fu) ? max((int)((b >> 3) & 0xFu), 1) : 0;
+            fmax = max(fmax, f);
+          }
+        }
+      }
+      if (fmax > 0) steps = __dadd_rn(steps, ldexp(1.0, fmax - 7));
+    }
+    a = __dmul_rn(steps, a_step);
+  }
+  double term = lane < nrow ? __dmul_rn(fabs((double)omega[(long long)t * nrow + lane]), a) : 0.0;
+  for (int o = 16; o > 0; o >>= 1) term = __dadd_rn(term, __shfl_xor_sync(0xffffffffu, term, o));
+  const int last = nrow - 16;
+  const double a7 = __shfl_sync(0xffffffffu, a, last + 7);
+  const double a15 = __shfl_sync(0xffffffffu, a, last + 15);
+  if (lane == 0) {
+    const double tot = __dadd_rn(term, __dmul_rn(sigma[t], __dadd_rn(a7, a15)));
+    out[t] = __dmul_rn(__dmul_rn(tot, lift), ONE_MU);
+  }
+}

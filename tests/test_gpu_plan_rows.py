@@ -1,0 +1,64 @@
+"""The FP8 screen's per-row constants by one kernel (``plan.ROW_CONSTANTS_KERNEL``, csrc/plan.cu
+screen_row_constants_fresh) on the GPU: equal bit for bit to its numpy emulation
+(tests/test_plan_fused.py ``emulate_row_constants``, which the CPU test ties to the
+specification ``plan.screen_row_constants``), and the pipeline's ids with it on equal to the
+dense route's.  GPU tests (marked ``gpu``, skipped without CuPy / a GPU; the pipeline test
+needs sm_90a, the FP8 screen's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_support import HAVE_GPU, cp, gpu, needs_sm90a
+from test_plan_fused import emulate_row_constants
+
+from dosa_cupy import plan as pf
+
+if HAVE_GPU:
+    import dosa_cupy
+    from dosa_cupy.workload import make_gpu_workload
+
+
+def _rows(rs, Qn, mts):
+    """Plan-like operands: e4m3 rows with zero steps, subnormal-only steps and NaN codes
+    among ordinary ones, weights of both signs and zeros, σ powers of two."""
+    nrow = 16 * mts
+    rows = rs.randint(0, 256, size=(Qn, nrow, 128)).astype(np.uint8)
+    rows[:, 3, :32] = 0x80  # a step of −0 only: no term
+    rows[:, 5, 32:64] = rs.randint(0, 8, size=(Qn, 32)).astype(np.uint8)  # subnormals: 2^−6
+    rows[::7, 9] = 0  # a whole row of zeros
+    omega = (rs.standard_normal((Qn, nrow)) * (rs.rand(Qn, nrow) < 0.8)).astype(np.float32)
+    sigma = np.ldexp(1.0, rs.randint(-20, 4, size=Qn)).astype(np.float32)
+    return rows, omega, sigma
+
+
+@pytest.mark.parametrize("mts", [1, 2])
+@gpu
+def test_row_constants_kernel_equals_its_emulation(mts):
+    rs = np.random.RandomState(3 + mts)
+    Qn = 203
+    rows, omega, sigma = _rows(rs, Qn, mts)
+    got = cp.asnumpy(pf._row_constants_kernel(cp.asarray(rows), cp.asarray(omega),
+                                              cp.asarray(sigma), mts, cp))  # fmt: skip
+    want = np.empty(Qn)
+    emulate_row_constants(rows, omega, sigma.astype(np.float64), Qn, 16 * mts,
+                          1 + pf.gamma(3), 1 + pf.gamma(2 * mts + 6), want)  # fmt: skip
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    spec = pf.screen_row_constants(rows, omega, sigma, mts, "fp8_fresh", 17, np)
+    assert np.all(np.abs(got - spec) <= 2 * pf.gamma(16 * mts) * spec)
+
+
+@pytest.mark.parametrize("regime", ["calibrated", "many_positive", "ties"])
+@needs_sm90a
+@gpu
+def test_row_constants_kernel_in_the_pipeline(monkeypatch, regime):
+    """With the kernel on, DoSA on the FP8 screen (r 6, 14, 30) returns the dense route's ids."""
+    monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", True)
+    wl = make_gpu_workload(regime, 300, 12000, 64, seed=19)
+    a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 256, wl["ks"], wl["ke"])
+    for scorer in ("fp8", "f16"):
+        dense = dosa_cupy.dense_topk(*a, scorer=scorer)
+        for r in (6, 14, 30):
+            ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer,
+                                      tie_reject=False)  # fmt: skip
+            assert cp.array_equal(ids, dense), (regime, scorer, r)
