@@ -59,9 +59,9 @@ from .prepare import D
 from .scorer import MMA_BITS, plan_scorer
 
 __all__ = [
-    "PLAN_THREADS", "DevicePlan", "allowance_factors", "build_plans", "build_plans_fused",
-    "flushed_results", "gamma", "gamma_mma", "dot_allowance", "plan_constants",
-    "screen_row_constants",
+    "A_STEP", "PLAN_THREADS", "DevicePlan", "allowance_factors", "build_plans",
+    "build_plans_fused", "flushed_results", "gamma", "gamma_mma", "dot_allowance", "plan_constants",
+    "row_lift", "screen_row_constants",
     "plan_smem_bytes", "plan_stage",
     "row_slots", "scorer_allowance", "step_exponents",
 ]  # fmt: skip
@@ -73,6 +73,16 @@ TINY = 2.0**-126
 
 def gamma(n: int) -> float:
     return n * U32 / (1.0 - n * U32)
+
+
+# a dot's per-row constant a = (Σ_s 2^(e_s))·A_STEP: the fp32 adds of its four steps' results
+# (dot_allowance; the scorer's a_step of allowance_factors, the row-constants kernel's)
+A_STEP = 1 + gamma(3)
+
+
+def row_lift(mts: int) -> float:
+    """1 + γ_{2·mts+6}: Û's roundings over a plan of 16·mts rows (screen_row_constants)."""
+    return 1 + gamma(2 * mts + 6)
 
 
 def flushed_results(mth: int, mts: int) -> int:
@@ -257,7 +267,7 @@ def dot_allowance(arith: str, codes, mma_bits: int, xp):
         step_abs = step_abs * xp.asarray([1.0, 33 / 32, 1.0, 33 / 32])
     elif arith == "fp8_3fresh":  # steps 0, 1 fresh, step 3 chained on step 2
         step_abs = step_abs * xp.asarray([1.0, 1.0, 1.0, 33 / 32])
-    return gm, xp.sum(step_abs, axis=-1) * (1 + gamma(3))
+    return gm, xp.sum(step_abs, axis=-1) * A_STEP
 
 
 def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, scorer="f16",
@@ -436,7 +446,7 @@ def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: in
     last = 16 * (mts - 1)
     a_rows = xp.sum(xp.abs(omega.astype(xp.float64)) * a_scr, axis=1)
     a_rows += sigma.astype(xp.float64) * (a_scr[:, last + 7] + a_scr[:, last + 15])
-    return a_rows * (1 + gamma(2 * mts + 6)) * (1 + MU)
+    return a_rows * row_lift(mts) * (1 + MU)
 
 
 def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
@@ -451,7 +461,7 @@ def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
             (-(-Qn // PLAN_WARPS),), (PLAN_THREADS,),
             (xp.ascontiguousarray(rows), xp.ascontiguousarray(omega, dtype=xp.float32),
              xp.ascontiguousarray(sigma, dtype=xp.float64), np.int32(Qn), np.int32(nrow),
-             np.float64(1 + gamma(3)), np.float64(1 + gamma(2 * mts + 6)), out),
+             np.float64(A_STEP), np.float64(row_lift(mts)), out),
         )  # fmt: skip
     return out
 
@@ -488,7 +498,7 @@ def allowance_factors(scorer: str, mth: int) -> tuple[float, float]:
         return 0.0, 1.0
     if scorer not in ("fp8_fresh", "fp8_chained"):
         raise ValueError(f"scorer: the fused planner takes one g_ref, {scorer!r} has one per dim")
-    return 1 + gamma(3), 1 + gamma(16 * mth // 4 + 3)
+    return A_STEP, 1 + gamma(16 * mth // 4 + 3)
 
 
 def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16", screen: str = "f16"):

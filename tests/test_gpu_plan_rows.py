@@ -42,7 +42,7 @@ def test_row_constants_kernel_equals_its_emulation(mts):
                                               cp.asarray(sigma), mts, cp))  # fmt: skip
     want = np.empty(Qn)
     emulate_row_constants(rows, omega, sigma.astype(np.float64), Qn, 16 * mts,
-                          1 + pf.gamma(3), 1 + pf.gamma(2 * mts + 6), want)  # fmt: skip
+                          pf.A_STEP, pf.row_lift(mts), want)  # fmt: skip
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
     spec = pf.screen_row_constants(rows, omega, sigma, mts, "fp8_fresh", 17, np)
     assert np.all(np.abs(got - spec) <= 2 * pf.gamma(16 * mts) * spec)

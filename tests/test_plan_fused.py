@@ -528,7 +528,7 @@ def test_row_constants_kernel_host_code(fake_cupy, monkeypatch, H, r, mts):
         ex = sum(Fraction(abs(float(o))) * Fraction(float(a))
                  for o, a in zip(got.omega[t], a_scr[t], strict=True))  # fmt: skip
         aux = Fraction(float(a_scr[t, last + 7])) + Fraction(float(a_scr[t, last + 15]))
-        lifted = (ex + Fraction(float(got.sigma[t])) * aux) * Fraction(1 + pf.gamma(2 * mts + 6))
+        lifted = (ex + Fraction(float(got.sigma[t])) * aux) * Fraction(pf.row_lift(mts))
         assert Fraction(float(out[t])) >= lifted and Fraction(float(spec[t])) >= lifted, t
     assert np.all(out[np.asarray(got.r) > 0] > 0)
 
