@@ -428,10 +428,10 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
 
 
 # screen_row_constants on the device by one kernel (csrc/plan.cu screen_row_constants_fresh)
-# instead of ~25 array operations — the FP8 screen's plan cost 0.6–0.7 ms more than the f16
-# one's on the H200 (docs/records/benchmarks.md, session 22).  Off until a GPU run has checked
-# it against the array path (tests/test_gpu_plan_rows.py) and timed it.
-ROW_CONSTANTS_KERNEL = False
+# instead of ~25 array operations, which made the FP8 screen's plan 0.6–0.7 ms dearer than the
+# f16 one's (docs/records/benchmarks.md "The per-row constants' kernel"); False: the array
+# path (bench builds=rowarrays).
+ROW_CONSTANTS_KERNEL = True
 
 
 def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: int, xp):

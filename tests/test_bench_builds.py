@@ -19,14 +19,15 @@ def test_parse_builds_names_and_rejects_unknown():
 
 def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
-            "decode_gather": decode_ops, "rowkernel": plan}  # fmt: skip
+            "decode_gather": decode_ops, "rowarrays": plan}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
-    # the defaults: the ring and FP8 screen builds, the decode scan by its rule
+    # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
+    # constants' kernel
     assert screen.WGT_RING and screen.WGT_FP8 and decode_ops.DECODE_TMA is None
-    assert not plan.ROW_CONSTANTS_KERNEL  # under trial
-    with builds_on(("rowkernel",)):
-        assert plan.ROW_CONSTANTS_KERNEL
+    assert plan.ROW_CONSTANTS_KERNEL  # the per-row constants by one kernel
+    with builds_on(("rowarrays",)):
+        assert not plan.ROW_CONSTANTS_KERNEL
     with builds_on(("staged", "decode_tma")):
         assert not screen.WGT_RING and decode_ops.DECODE_TMA is True and screen.WGT_FP8
     with builds_on(("f16screen", "decode_gather")):

@@ -472,12 +472,14 @@ def test_fused_planner_covers_the_fp8_scorer(fake_cupy, H, r, mts):
 
 @pytest.mark.parametrize("scorer", ["f16", "fp8_fresh"])
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 14, 1), (64, 30, 2)])
-def test_fused_planner_covers_the_fp8_screen(fake_cupy, H, r, mts, scorer):
+def test_fused_planner_covers_the_fp8_screen(fake_cupy, monkeypatch, H, r, mts, scorer):
     """With ``screen="fp8_fresh"`` (the FP8 build of "wgt", docs/error_model.md "An FP8
     screen") the fused planner's plan equals the specification's, ε_raw bitwise with the
-    screen's per-row constants; it is the f16-screen plan with another g_scr in C and those
-    constants on ε_raw (the rows, weights and σ unchanged); per-dim screen allowances are
-    refused."""
+    screen's per-row constants by the array path (``ROW_CONSTANTS_KERNEL`` off; the kernel:
+    test_row_constants_kernel_host_code); it is the f16-screen plan with another g_scr in C
+    and those constants on ε_raw (the rows, weights and σ unchanged); per-dim screen
+    allowances are refused."""
+    monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", False)
     q, w, kp, _ = _workload(H, seed=H + 11)
     sample = np.arange(0, kp.shape[0], 16)
     fu = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, scorer, "fp8_fresh")
@@ -658,9 +660,14 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
                         em["sigma"], em["C"], valid, counts, inR, inA, em["w_fold"], em["a_A"],
                         em["E"], eps, *pf.allowance_factors(scorer, Hp // 16),
                         em["eps_raw"])  # fmt: skip
-    if screen != "f16":
-        em["eps_raw"] += pf.screen_row_constants(em["rows"], em["omega"], em["sigma"], mts,
-                                                 screen, 17, np)  # fmt: skip
+    if screen != "f16" and pf.ROW_CONSTANTS_KERNEL:  # the kernel's operations, in numpy
+        rc = np.empty(Qn)
+        emulate_row_constants(em["rows"], em["omega"], em["sigma"].astype(np.float64), Qn,
+                              16 * mts, pf.A_STEP, pf.row_lift(mts), rc)  # fmt: skip
+        em["eps_raw"] += rc
+    elif screen != "f16":  # the array path on the device: CuPy's sums, not numpy's order
+        em["eps_raw"] += cp.asnumpy(pf.screen_row_constants(
+            *(cp.asarray(em[k]) for k in ("rows", "omega", "sigma")), mts, screen, 17, cp))
     em["inR"], em["inA"] = inR.view(bool), inA.view(bool)
     diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
     assert not diff, f"kernel differs from its emulation in {diff}"
