@@ -428,9 +428,9 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
 
 
 # screen_row_constants on the device by one kernel (csrc/plan.cu screen_row_constants_fresh)
-# instead of ~25 array operations, which made the FP8 screen's plan 0.6–0.7 ms dearer than the
-# f16 one's (docs/records/benchmarks.md "The per-row constants' kernel"); False: the array
-# path (bench builds=rowarrays).
+# instead of ~25 array operations, which made the FP8 screen's plan 0.6–0.7 ms dearer than
+# the f16 one's (docs/records/benchmarks.md "the per-row constants' kernel, on an H100");
+# False: the array path (bench builds=rowarrays).
 ROW_CONSTANTS_KERNEL = True
 
 
