@@ -666,8 +666,8 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
                               16 * mts, pf.A_STEP, pf.row_lift(mts), rc)  # fmt: skip
         em["eps_raw"] += rc
     elif screen != "f16":  # the array path on the device: CuPy's sums, not numpy's order
-        em["eps_raw"] += cp.asnumpy(pf.screen_row_constants(
-            *(cp.asarray(em[k]) for k in ("rows", "omega", "sigma")), mts, screen, 17, cp))
+        dev = (cp.asarray(em[k]) for k in ("rows", "omega", "sigma"))
+        em["eps_raw"] += cp.asnumpy(pf.screen_row_constants(*dev, mts, screen, 17, cp))
     em["inR"], em["inA"] = inR.view(bool), inA.view(bool)
     diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
     assert not diff, f"kernel differs from its emulation in {diff}"
