@@ -83,6 +83,12 @@ CHECK_ENVELOPE = CHECK_ORDER << 1  # some query's scores may overflow fp32 (enve
 # host knows that no query needs recovery (Batch.recovery_known_empty)
 SCALES_INVALID = CHECK_ENVELOPE << 1
 
+# The scale and envelope checks by one kernel (csrc/prepare.cu check_scales) instead of ~15
+# array operations, the prepare stage's largest line (docs/records/benchmarks.md "the
+# per-row constants' kernel, on an H100"); off until a GPU run has compared its flag word
+# with the array path's (tests/test_gpu.py) and timed it (bench builds=scalekernel).
+SCALE_CHECK_KERNEL = False
+
 # The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
 # valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.
 SCORE_OVERFLOW = (
@@ -221,8 +227,18 @@ class ValueCheck:
 
     def _flag_envelope(self, w, ksc) -> None:
         """The score envelope and the presence of an invalid key scale join the same flag
-        word (one read-back; no synchronization)."""
-        if ksc is not None:
+        word (one read-back; no synchronization): with ``SCALE_CHECK_KERNEL`` by csrc/prepare.cu
+        check_scales (one launch), else by array operations (~15)."""
+        if ksc is not None and SCALE_CHECK_KERNEL:
+            cp = cupy_or_raise()
+            acc = cp.zeros(3, dtype=cp.uint64)  # the kernel's two maxima and its block count
+            n = max(int(ksc.size), int(w.shape[0]), 1)
+            kernel("check_scales")(
+                (min(-(-n // 256), 4 * num_sms()),), (256,),
+                (ksc, np.int64(ksc.size), w, np.int64(w.shape[0]), np.int32(w.shape[1]), acc,
+                 self._flags, np.uint32(CHECK_ENVELOPE), np.uint32(SCALES_INVALID)),
+            )  # fmt: skip
+        elif ksc is not None:
             env = envelope_queries(w, ksc).any()
             self._flags |= env.astype(np.uint32) * np.uint32(CHECK_ENVELOPE)
             some = (~valid_scales(ksc)).any()

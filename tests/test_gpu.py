@@ -1028,3 +1028,38 @@ def test_value_checks_flag_invalid_scales():
         ksc = wl["k_scale"].copy()
         ksc[4095] = bad
         assert ValueCheck(*args, ksc).flags & SCALES_INVALID, bad
+
+
+@pytest.mark.parametrize("N", [0, 1, 4096, 300_000])
+@gpu
+def test_check_scales_kernel_equals_the_array_path(monkeypatch, N):
+    """``prepare.SCALE_CHECK_KERNEL`` (csrc/prepare.cu check_scales) leaves the flag word of
+    the array path: special scales (−0, subnormals of both signs, FLT_MAX, ±inf, NaN, a
+    negative) one at a time, and the envelope's boundary ± one ulp for several α_max, over
+    one block and many (tests/test_check_scales.py emulates it on the CPU)."""
+    from dosa_cupy import prepare as prep
+
+    rs = np.random.RandomState(5)
+    base = (rs.rand(N) * 0.5 + 0.25).astype(np.float32)
+    args = (cp.zeros((64, 32, 128), cp.uint8), None, cp.zeros((max(N, 1), 128), cp.uint8),
+            cp.zeros(64, cp.int32), cp.full(64, N, cp.int32), N)  # fmt: skip
+
+    def word(w, ksc, on):
+        monkeypatch.setattr(prep, "SCALE_CHECK_KERNEL", on)
+        a = (args[0], cp.asarray(w), args[2][:N] if N else args[2][:0], *args[3:])
+        return prep.ValueCheck(*a, cp.asarray(ksc)).flags
+
+    neg_sub = np.array([0x80000001], np.uint32).view(np.float32)[0]
+    specials = [None, -0.0, np.float32(1e-45), neg_sub, np.finfo(np.float32).max, np.inf,
+                -np.inf, np.nan, -1.0]  # fmt: skip
+    for sp in specials if N else [None]:
+        ksc = base.copy()
+        if sp is not None:
+            ksc[rs.randint(N)] = sp
+        amax = max(float(ksc[(ksc >= 0) & (ksc <= np.finfo(np.float32).max)].max()), 1.0)
+        edge = 2.0**125 / (2.0**25 * amax) if N else 1e30
+        for target in (np.nextafter(np.float32(edge), np.float32(0)), np.float32(edge),
+                       np.nextafter(np.float32(edge), np.float32(np.inf)), 1.0):  # fmt: skip
+            w = np.zeros((64, 32), np.float32)
+            w[37, 3] = target
+            assert word(w, ksc, True) == word(w, ksc, False), (N, sp, target)

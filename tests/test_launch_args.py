@@ -33,7 +33,8 @@ MT = range(1, 5)
 # screen's names are built in screen.ScreenLaunch.of, which the call-site scan cannot read).
 LAUNCHED = {
     "kernels.cu": [
-        "check_values_i32", "check_values_i64", "quantize_keys_kernel", "key_rho_kernel",  # prepare
+        "check_values_i32", "check_values_i64", "check_scales", "quantize_keys_kernel",  # prepare
+        "key_rho_kernel",  # prepare
         *(f"dense_logits_mt{m}" for m in MT),  # scorer
         *(f"fused_mt{m}" for m in MT),  # fused
         "pool_mark", "pool_count", "pool_ids", "seed_ranges", "cert_clear_below_tau",  # seeds

@@ -8,6 +8,8 @@ Not options of the library: a build under trial is one of these until it wins.
     f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
+    scalekernel prepare.SCALE_CHECK_KERNEL = True  the scale and envelope checks by one
+                                         kernel (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -24,6 +26,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
+    "scalekernel": ("prepare", "SCALE_CHECK_KERNEL", True),
 }
 
 

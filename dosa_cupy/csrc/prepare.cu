@@ -134,4 +134,62 @@ __device__ __forceinline__ void check_values_impl(
 CHECK_INST(check_values_i32, int)
 CHECK_INST(check_values_i64, long long)
 
+// ---------------------------------------------------------------------------------------
+// The scale and envelope checks of prepare.ValueCheck (prepare.SCALE_CHECK_KERNEL) in one
+// launch instead of ~15 array operations (the prepare stage's largest line in the profile,
+// docs/records/benchmarks.md "the per-row constants' kernel, on an H100"):
+// scale_bit when some α is not in [0, FLT_MAX] (scorer.valid_scales), env_bit when some
+// query's fp64 Σ_h |w_h| times 2^25 · max(α_max, 1) exceeds 2^125 (prepare.envelope_queries,
+// α_max over the valid scales; never with N = 0).  Since a rounded product is monotone in
+// its factor, "some query" is the largest sum's test, so the blocks only reduce two maxima:
+// the valid scales' bits (a nonnegative float orders as its bits; −0 counts as +0, bits 0) and the
+// query sums' bits (nonnegative doubles likewise) into acc[0], acc[1]; the last block to
+// count itself into acc[2] tests them.  A query's sum runs over h in order — another order
+// than CuPy's, which can move the test only within a rounding of 2^125, 8× below FLT_MAX, so
+// either order proves the same scores finite (docs/method.md §1 "The scorer's domain").
+// acc: uint64 [3], zero.
+// ---------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) check_scales(
+    const float* __restrict__ ksc, long long N, const float* __restrict__ w, long long Qn, int H,
+    unsigned long long* __restrict__ acc, unsigned int* __restrict__ flags, unsigned int env_bit,
+    unsigned int scale_bit) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned int amax = 0u;  // bits of the largest valid α seen
+  bool bad = false;
+  for (long long i = t0; i < N; i += stride) {
+    // 0 ≤ α ≤ FLT_MAX on the bits, as IEEE compares them (a kernel built with -ftz would
+    // take a negative subnormal for −0): +0 up to FLT_MAX, or −0
+    const unsigned int b = __float_as_uint(__ldg(ksc + i));
+    if (b < 0x7f800000u)
+      amax = max(amax, b);
+    else if (b != 0x80000000u)
+      bad = true;
+  }
+  unsigned long long wmax = 0ull;  // bits of the largest Σ_h |w_h| seen
+  for (long long t = t0; t < Qn; t += stride) {
+    double s = 0.0;
+    for (int h = 0; h < H; ++h) s += fabs((double)__ldg(w + t * H + h));
+    if (s > 0.0) wmax = max(wmax, (unsigned long long)__double_as_longlong(s));
+  }
+  amax = __reduce_max_sync(0xffffffffu, amax);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+  const bool any_bad = __any_sync(0xffffffffu, bad);
+  if ((threadIdx.x & 31) == 0) {
+    if (amax) atomicMax(acc, (unsigned long long)amax);
+    if (wmax) atomicMax(acc + 1, wmax);
+    if (any_bad) atomicOr(flags, scale_bit);
+  }
+  __threadfence();  // this block's maxima are visible before it counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(acc + 2, 1ull) == gridDim.x - 1) {
+    __threadfence();
+    const volatile unsigned long long* v = acc;
+    const double a = (double)__uint_as_float((unsigned int)v[0]);
+    const double ws = __longlong_as_double((long long)v[1]);
+    if (N > 0 && ws * (33554432.0 * fmax(a, 1.0)) > 0x1p125) atomicOr(flags, env_bit);
+  }
+}
+
 #endif  // DOSA_PREPARE_CU
