@@ -29,7 +29,7 @@ import numpy as np
 
 from dosa_ref.cost import bound_fraction
 
-from ._build import cupy_or_raise, device_const
+from ._build import cupy_or_raise, device_const, kernel
 from .cost import (
     CostModel,
     RouteChoice,
@@ -53,6 +53,12 @@ from .screen import (
 )
 
 __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
+
+# The counts of the two read-backs by one kernel each (csrc/route.cu route_head,
+# route_sample) instead of ~25 array operations: the stage is host-bound (docs/records/
+# benchmarks.md "the per-row constants' kernel, on an H100"). Off until a GPU run has compared
+# them with the array path (tests/test_gpu_route.py) and timed them (bench builds=routecounts).
+COUNT_KERNELS = False
 
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
@@ -100,14 +106,8 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])
     if o["route"] != "auto":
         return RouteChoice("dosa", "option", *auto_screen(screen, r, cert, b.w, cp))
-    vis = b.visible.sum()
-    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
-    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
-    parts = [cp.stack([vis, screened, tie.astype(cp.int64)])]
     auto = auto_wanted(screen, cert, b.Qn)
-    if auto:
-        parts.append(positive_heads_hist(b.w, cp).astype(cp.int64))
-    head = cp.asnumpy(cp.concatenate(parts))  # read-back 1
+    head = cp.asnumpy(_head_counts(b, seeds, o, auto))  # read-back 1
     pairs, screened, tie = head[:3]
     pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
     cands = candidates_of(screen, r, cert, pick)
@@ -164,7 +164,47 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     start.record()
     launch(surv, None, None, tcnt)
     end.record()
+    return start, end, _sample_counts(surv, bs, seeds, idx, plan)
+
+
+def _head_counts(b, seeds, o: dict, auto: bool):
+    """int64 device [3 (+ Hp + 1 with ``auto``)]: the chunk's visible keys, those past the
+    default seeds, the tie-aware build's flag (``screen.tie_screen_flag``), then with ``auto``
+    ``screen.positive_heads_hist`` — by csrc/route.cu route_head with ``COUNT_KERNELS``."""
+    cp = cupy_or_raise()
+    if COUNT_KERNELS:
+        Qn, Hp = b.w.shape
+        out = cp.zeros(3 + (Hp + 1 if auto else 0), dtype=cp.int64)
+        kernel("route_head")(
+            (max(1, min(-(-Qn // 256), 64)),), (256,),
+            (b.ks, b.ke, seeds.default.cnt, cp.ascontiguousarray(seeds.tau), b.w, np.int32(Qn),
+             np.int32(Hp), np.int32(bool(o["tie_reject"])), np.int32(auto), out),
+        )  # fmt: skip
+        return out
+    vis = b.visible.sum()
+    screened = vis - seeds.default.cnt.astype(cp.int64).sum()
+    tie = tie_screen_flag(seeds, o, cp)  # the build the whole chunk's screen will take
+    parts = [cp.stack([vis, screened, tie.astype(cp.int64)])]
+    if auto:
+        parts.append(positive_heads_hist(b.w, cp).astype(cp.int64))
+    return cp.concatenate(parts)
+
+
+def _sample_counts(surv, bs, seeds, idx, plan):
+    """int64 device [2 + 2n] of ``_sample`` for the n sampled queries ``idx`` (sub-batch
+    ``bs``, survivor bitmask ``surv`` uint32 [n, NW], their ``plan``) — by csrc/route.cu
+    route_sample with ``COUNT_KERNELS``."""
+    cp = cupy_or_raise()
+    if COUNT_KERNELS:
+        n, NW = surv.shape
+        out = cp.zeros(2 + 2 * n, dtype=cp.int64)
+        r = cp.ascontiguousarray(plan.r.astype(cp.int32, copy=False))
+        kernel("route_sample")(
+            (max(1, min(-(-n * NW // 256), 1024)),), (256,),
+            (surv, np.int64(n), np.int64(NW), bs.ks, bs.ke, seeds.default.cnt, idx, r, out),
+        )  # fmt: skip
+        return out
     vis = bs.visible
     scr = vis - seeds.default.cnt[idx].astype(cp.int64)
     head = cp.stack([popcount_rows(surv, cp).sum(), scr.sum()])
-    return start, end, cp.concatenate([head, vis, plan.r.astype(cp.int64)])
+    return cp.concatenate([head, vis, plan.r.astype(cp.int64)])

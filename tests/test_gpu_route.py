@@ -122,3 +122,33 @@ def test_gpu_debug_bounds_turn_the_route_choice_off():
     ids, st = dosa_cupy.dosa_topk(*a, debug_bounds=True)
     assert st.route.route == "dosa" and st.route.reason == "option" and st.bounds is not None
     assert cp.array_equal(ids, dosa_cupy.dense_topk(*a))
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32)])
+@gpu
+def test_route_count_kernels_equal_the_array_path(monkeypatch, regime, H):
+    """``route.COUNT_KERNELS`` (csrc/route.cu route_head, route_sample): the two read-backs'
+    counts equal the array path's element for element on a real chunk and its seeds (the tie
+    flag on a regime with τ = 0 among its queries), and on a random sampled bitmask
+    (tests/test_route_counts.py emulates both kernels on the CPU)."""
+    from dosa_cupy import route as route_mod
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
+    from dosa_cupy.seeds import seed_stage
+
+    args = _args(regime, 300, 20000, H)
+    b = pad_batch(*args)
+    o = resolve_options(check_options({}), b.K)
+    seeds = seed_stage(b, o)
+    idx = cp.asarray(np.linspace(0, b.Qn - 1, 37).astype(np.int64))
+    bs = b.rows(idx)
+    surv = cp.asarray(np.random.RandomState(1).randint(0, 2**32, (37, bs.NW), dtype=np.uint64)
+                      .astype(np.uint32))  # fmt: skip
+    plan = dataclasses.make_dataclass("P", ["r"])(cp.arange(37, dtype=cp.int32) % 31)
+    for f, a in ((route_mod._head_counts, (b, seeds, o, True)),
+                 (route_mod._head_counts, (b, seeds, o, False)),
+                 (route_mod._sample_counts, (surv, bs, seeds, idx, plan))):  # fmt: skip
+        monkeypatch.setattr(route_mod, "COUNT_KERNELS", True)
+        got = cp.asnumpy(f(*a))
+        monkeypatch.setattr(route_mod, "COUNT_KERNELS", False)
+        assert np.array_equal(got, cp.asnumpy(f(*a))), f.__name__

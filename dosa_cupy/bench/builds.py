@@ -10,6 +10,8 @@ Not options of the library: a build under trial is one of these until it wins.
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
     scalekernel prepare.SCALE_CHECK_KERNEL = True  the scale and envelope checks by one
                                          kernel (under trial)
+    routecounts route.COUNT_KERNELS = True  the route stage's counts by two kernels (under
+                                         trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -27,6 +29,7 @@ BUILDS = {
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "scalekernel": ("prepare", "SCALE_CHECK_KERNEL", True),
+    "routecounts": ("route", "COUNT_KERNELS", True),
 }
 
 

@@ -1,0 +1,86 @@
+#ifndef DOSA_ROUTE_CU
+#define DOSA_ROUTE_CU
+#include "stage.cuh"
+
+// ---------------------------------------------------------------------------------------
+// The route stage's counts (docs/method.md §9 "Route choice"; dosa_cupy/route.py with
+// route.COUNT_KERNELS) in one launch per read-back instead of ~25 array operations: the
+// decision is host-bound (its profile, docs/records/benchmarks.md "the per-row constants'
+// kernel, on an H100"), so each array operation it drops is host time it saves.  Counts only
+// feed the cost model; every route returns the same ids.  Sums are 64-bit atomics per warp;
+// every output starts zeroed by the host.
+// ---------------------------------------------------------------------------------------
+
+// A positive fp32 on its bits (+0 < x ≤ +inf; not NaN): the comparison x > 0 of IEEE, which a
+// kernel built with -ftz would give up for a positive subnormal.
+__device__ __forceinline__ bool positive_f32(float x) {
+  return __float_as_uint(x) - 1u < 0x7f800000u;
+}
+
+__device__ __forceinline__ long long warp_sum_ll(long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Read-back 1 of route.route_stage for a chunk of Qn queries: out[0] = Σ_t (ke_t − ks_t),
+// out[1] = Σ_t (ke_t − ks_t − cnt_t) (the keys left to screen past the default seeds),
+// out[2] = 1 when tie_reject and some τ_t is ±0 (screen.tie_screen_flag), and with hist
+// out[3 + h] = the queries with h positive weights among w[t, 0 .. Hp)
+// (screen.positive_heads_hist).  out: int64 [3 + (hist ? Hp + 1 : 0)].
+extern "C" __global__ void __launch_bounds__(256) route_head(
+    const int* __restrict__ ks, const int* __restrict__ ke, const unsigned int* __restrict__ cnt,
+    const float* __restrict__ tau, const float* __restrict__ w, int Qn, int Hp, int tie_reject,
+    int hist, long long* __restrict__ out) {
+  const int stride = gridDim.x * blockDim.x;
+  long long vis = 0, scr = 0;
+  bool tie = false;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < Qn; t += stride) {
+    const long long v = (long long)ke[t] - (long long)ks[t];
+    vis += v;
+    scr += v - (long long)cnt[t];
+    tie |= tie_reject && (__float_as_uint(tau[t]) & 0x7fffffffu) == 0u;
+    if (hist) {
+      int n = 0;
+      for (int h = 0; h < Hp; ++h) n += positive_f32(__ldg(w + (long long)t * Hp + h));
+      atomicAdd(reinterpret_cast<unsigned long long*>(out + 3 + n), 1ull);
+    }
+  }
+  vis = warp_sum_ll(vis);
+  scr = warp_sum_ll(scr);
+  tie = __any_sync(0xffffffffu, tie);
+  if ((threadIdx.x & 31) == 0) {
+    if (vis) atomicAdd(reinterpret_cast<unsigned long long*>(out), (unsigned long long)vis);
+    if (scr) atomicAdd(reinterpret_cast<unsigned long long*>(out + 1), (unsigned long long)scr);
+    if (tie) atomicMax(reinterpret_cast<unsigned long long*>(out + 2), 1ull);
+  }
+}
+
+// Read-back 2's part of one sampled candidate (route._sample): the n sampled queries' survivor
+// bitmask surv uint32 [n, NW] and ranges ks, ke [n] (the sub-batch's), their rows idx [n]
+// of the chunk (cnt: the chunk's default seed counts) and plan r [n]: out[0] = the set bits of
+// surv, out[1] = Σ_i (ke_i − ks_i − cnt[idx_i]), out[2 + i] = ke_i − ks_i, out[2 + n + i] =
+// r_i.  out: int64 [2 + 2n].
+extern "C" __global__ void __launch_bounds__(256) route_sample(
+    const unsigned int* __restrict__ surv, long long n, long long NW, const int* __restrict__ ks,
+    const int* __restrict__ ke, const unsigned int* __restrict__ cnt,
+    const long long* __restrict__ idx, const int* __restrict__ r, long long* __restrict__ out) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  long long bits = 0, scr = 0;
+  for (long long i = t0; i < n * NW; i += stride) bits += __popc(__ldg(surv + i));
+  for (long long i = t0; i < n; i += stride) {
+    const long long v = (long long)ke[i] - (long long)ks[i];
+    scr += v - (long long)cnt[idx[i]];
+    out[2 + i] = v;
+    out[2 + n + i] = r[i];
+  }
+  bits = warp_sum_ll(bits);
+  scr = warp_sum_ll(scr);
+  if ((threadIdx.x & 31) == 0) {
+    if (bits) atomicAdd(reinterpret_cast<unsigned long long*>(out), (unsigned long long)bits);
+    if (scr) atomicAdd(reinterpret_cast<unsigned long long*>(out + 1), (unsigned long long)scr);
+  }
+}
+
+#endif  // DOSA_ROUTE_CU

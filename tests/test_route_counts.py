@@ -1,0 +1,154 @@
+"""CPU: the route stage's counts by two kernels (``route.COUNT_KERNELS``, csrc/route.cu
+route_head and route_sample) equal the array path's (``route._head_counts`` and
+``route._sample_counts`` with the switch off) element for element: visible and screened
+keys, the tie-aware build's flag (±0 τ only, with tie_reject), the positive-head histogram
+(positive weights on their bits: subnormals, ±0, ±inf, NaN), the sample's survivor bits,
+visible keys and plan r.  The kernels are emulated in numpy and launched through the host
+code, their arguments checked against their C signatures.  The GPU side:
+tests/test_gpu_route.py ``test_route_count_kernels_equal_the_array_path``."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from cuda_signatures import check_args, param_types, read_source
+from gpu_support import numpy_as_cupy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dosa_cupy import _build
+from dosa_cupy import route as route_mod
+from dosa_cupy import screen as screen_mod
+from dosa_cupy.prepare import Batch
+
+ROUTE_CU = read_source(_build.CSRC / "route.cu")
+SIGS = {n: param_types(ROUTE_CU, n) for n in ("route_head", "route_sample")}
+
+
+def _positive(w):
+    b = np.asarray(w, np.float32).view(np.uint32)
+    return (b - np.uint32(1)) < np.uint32(0x7F800000)  # uint32 wraps: +0 is not positive
+
+
+def emulate_route_head(ks, ke, cnt, tau, w, Qn, Hp, tie_reject, hist, out):
+    v = ke.astype(np.int64) - ks.astype(np.int64)
+    out[0] += v.sum()
+    out[1] += (v - cnt.astype(np.int64)).sum()
+    zero = (np.asarray(tau, np.float32).view(np.uint32) & 0x7FFFFFFF) == 0
+    out[2] = max(int(out[2]), int(bool(tie_reject) and zero.any()))
+    if hist:
+        n = _positive(w.reshape(int(Qn), int(Hp))).sum(axis=1)
+        np.add.at(out, 3 + n, 1)
+
+
+def emulate_route_sample(surv, n, NW, ks, ke, cnt, idx, r, out):
+    out[0] += int(sum(bin(int(x)).count("1") for x in surv.ravel()))
+    v = ke.astype(np.int64) - ks.astype(np.int64)
+    out[1] += (v - cnt[idx].astype(np.int64)).sum()
+    out[2 : 2 + int(n)] = v
+    out[2 + int(n) :] = r
+
+
+EMULATE = {"route_head": emulate_route_head, "route_sample": emulate_route_sample}
+
+
+@pytest.fixture
+def shim(monkeypatch):
+    xp = numpy_as_cupy()
+    calls = []
+
+    def kernel(name, *a):
+        def launch(grid, block, args, shared_mem=0):
+            check_args(name, args, SIGS[name])
+            assert block == (256,) and 1 <= grid[0] <= 1024
+            assert np.all(args[-1] == 0)  # out zeroed
+            calls.append(name)
+            EMULATE[name](*args)
+
+        return launch
+
+    monkeypatch.setattr(route_mod, "cupy_or_raise", lambda: xp)
+    monkeypatch.setattr(route_mod, "kernel", kernel)
+    return calls
+
+
+SPECIAL_W = [0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, np.inf, -np.inf, np.nan]
+
+
+def _chunk(rs, Qn, Hp, N=5000, special=True):
+    ks = rs.randint(0, N, Qn).astype(np.int32)
+    ke = np.minimum(N, ks + rs.randint(0, N, Qn)).astype(np.int32)
+    w = rs.standard_normal((Qn, Hp)).astype(np.float32)
+    if special:
+        w.ravel()[rs.randint(0, w.size, 12)] = rs.choice(SPECIAL_W, 12)
+    q = np.zeros((Qn, Hp, 128), np.uint8)
+    b = Batch(q, w, np.zeros((N, 128), np.uint8), np.ones(N, np.float32), 8, ks, ke, Hp)
+    tau = rs.standard_normal(Qn).astype(np.float32)
+    cnt = rs.randint(0, 50, Qn).astype(np.uint32)
+    cnt = np.minimum(cnt, (ke - ks).astype(np.uint32))
+    seeds = types.SimpleNamespace(default=types.SimpleNamespace(cnt=cnt), tau=tau)
+    return b, seeds
+
+
+def _both(monkeypatch, f, *args):
+    monkeypatch.setattr(route_mod, "COUNT_KERNELS", True)
+    got = np.asarray(f(*args))
+    monkeypatch.setattr(route_mod, "COUNT_KERNELS", False)
+    want = np.asarray(f(*args))
+    return got, want
+
+
+@pytest.mark.parametrize("tau0", [None, 0.0, -0.0, 1e-45])
+@pytest.mark.parametrize("tie_reject", [True, False])
+@pytest.mark.parametrize("auto", [True, False])
+def test_head_counts(shim, monkeypatch, tau0, tie_reject, auto):
+    rs = np.random.RandomState(7)
+    b, seeds = _chunk(rs, 300, 64)
+    if tau0 is not None:
+        seeds.tau[123] = tau0
+    o = {"tie_reject": tie_reject}
+    got, want = _both(monkeypatch, route_mod._head_counts, b, seeds, o, auto)
+    assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+    assert shim == ["route_head"]
+    assert got[2] == int(tie_reject and tau0 is not None and tau0 == 0.0)  # ±0 only
+    if auto:
+        assert got[3:].sum() == b.Qn
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 70), st.sampled_from([16, 32, 64]), st.integers(0, 2**31 - 1))
+def test_sample_counts(n, Hp, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        xp = numpy_as_cupy()
+        mp.setattr(route_mod, "cupy_or_raise", lambda: xp)
+        calls = []
+
+        def kernel(name, *a):
+            def launch(grid, block, args, shared_mem=0):
+                check_args(name, args, SIGS[name])
+                calls.append(name)
+                EMULATE[name](*args)
+
+            return launch
+
+        mp.setattr(route_mod, "kernel", kernel)
+        rs = np.random.RandomState(seed % 2**32)
+        b, seeds = _chunk(rs, 100, Hp, special=False)
+        idx = np.unique(rs.randint(0, 100, n)).astype(np.int64)
+        bs = b.rows(idx)
+        surv = rs.randint(0, 2**32, (idx.size, bs.NW), dtype=np.uint64).astype(np.uint32)
+        surv[:, rs.randint(bs.NW)] = 0
+        plan = types.SimpleNamespace(r=np.asarray(rs.randint(0, 31, (idx.size, 3)), np.int32)[:, 0])
+        got, want = _both(mp, route_mod._sample_counts, surv, bs, seeds, idx, plan)
+        assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+        assert calls == ["route_sample"]
+
+
+def test_screen_helpers_are_what_the_array_path_calls():
+    """The array path keeps screen.positive_heads_hist and tie_screen_flag: the kernel's
+    specification (the emulation above mirrors those two on the bits)."""
+    w = np.array([SPECIAL_W + [2.0] * 7], np.float32)
+    n = int(_positive(w).sum())
+    assert screen_mod.positive_heads_hist(w, np)[n] == 1
