@@ -109,9 +109,10 @@ def _finish(K, sd, recs, b, valid):
 
 
 def _report_finish(args, o, scorer, cp) -> None:
-    """``_finish`` on one call's records: its batch from ``options.start`` with the value
-    checks read back (so recovery takes the path ``dosa_topk`` takes), seeds, an r = 14 plan
-    screened by "fp64", refinement — then the finish timed and split by line."""
+    """Refinement and ``_finish`` on one call's survivors: its batch from ``options.start``
+    with the value checks read back (so recovery takes the path ``dosa_topk`` takes), seeds,
+    an r = 14 plan screened by "fp64" — then ``refine_stage`` (its records' buffer, the
+    kernel, the overflow test) and the finish, each timed and split by line."""
     from dosa_cupy import options, plan, refine, screen, seeds, select
     from dosa_cupy.prepare import key_rho
 
@@ -121,7 +122,10 @@ def _report_finish(args, o, scorer, cp) -> None:
     pl = plan.plan_stage(b, sd.pool, 14, o)
     o2 = options.resolved(o, screen="fp64")
     surv = screen.screen_stage(b, pl, sd, key_rho(b.kp), o2, False).surv
-    recs = refine.refine_stage(b, sd.tau, surv, int(o["buffer"]))
+    refine_args = (b, sd.tau, surv, int(o["buffer"]))
+    inner = (refine.RefineLaunch.per_query, select.RecordBuffer.__init__, select.extend_overflow)
+    _report("refine (refine_stage)", refine.refine_stage, refine_args, cp, inner)
+    recs = refine.refine_stage(*refine_args)
     inner = (select.select_ids, select.recovery_queries, select.recover)
     _report("finish (select, recovery, ids)", _finish, (b.K, sd, recs, b, pl.valid), cp, inner)
 
