@@ -235,8 +235,9 @@ class ValueCheck:
             n = max(int(ksc.size), int(w.shape[0]), 1)
             kernel("check_scales")(
                 (min(-(-n // 256), 4 * num_sms()),), (256,),
-                (ksc, np.int64(ksc.size), w, np.int64(w.shape[0]), np.int32(w.shape[1]), acc,
-                 self._flags, np.uint32(CHECK_ENVELOPE), np.uint32(SCALES_INVALID)),
+                (ksc, np.int64(ksc.size), w, np.int64(w.shape[0]), np.int32(w.shape[1]),
+                 np.float64(_DOT_BOUND), np.float64(ENVELOPE_MAX), acc, self._flags,
+                 np.uint32(CHECK_ENVELOPE), np.uint32(SCALES_INVALID)),
             )  # fmt: skip
         elif ksc is not None:
             env = envelope_queries(w, ksc).any()

@@ -25,7 +25,8 @@ SIG = param_types(read_source(PREPARE_CU), "check_scales")
 SMS = 132
 
 
-def emulate_check_scales(ksc, N, w, Qn, H, acc, flags, env_bit, scale_bit, grid, block):
+def emulate_check_scales(ksc, N, w, Qn, H, dot_bound, envelope_max, acc, flags, env_bit,
+                         scale_bit, grid, block):
     """csrc/prepare.cu check_scales in numpy: each thread's strided α and query loops, the
     maxima and the invalid flag reduced over its warp and block into acc and flags (maxima
     and ORs: any order), then the last block's envelope test."""
@@ -49,7 +50,7 @@ def emulate_check_scales(ksc, N, w, Qn, H, acc, flags, env_bit, scale_bit, grid,
     acc[2] = grid  # every block counted itself; the last one tests
     a = float(np.uint32(acc[0]).view(np.float32))
     ws = float(np.uint64(acc[1]).view(np.float64))
-    if int(N) > 0 and ws * (33554432.0 * max(a, 1.0)) > 2.0**125:
+    if int(N) > 0 and ws * (float(dot_bound) * max(a, 1.0)) > float(envelope_max):
         flags[0] |= env_bit
 
 
@@ -64,7 +65,8 @@ class _Fake:
             check_args(name, args, SIG)
             n = max(int(args[1]), int(args[3]), 1)
             assert grid == (min(-(-n // 256), 4 * SMS),) and block == (256,)
-            assert np.all(args[5] == 0)  # acc zeroed
+            assert (args[5], args[6]) == (prep._DOT_BOUND, prep.ENVELOPE_MAX)
+            assert np.all(args[7] == 0)  # acc zeroed
             self.calls.append(name)
             emulate_check_scales(*args, grid[0], block[0])
 

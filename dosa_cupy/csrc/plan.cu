@@ -76,10 +76,20 @@ __device__ __forceinline__ double warp_sum(double x) {
   for (int o = 16; o > 0; o >>= 1) x = __dadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-__device__ __forceinline__ int warp_sum_i(int x) {
+
+// The exponent field of one k32 step of an e4m3 row — its 32 codes in c0, c1 (plan.step_exponents
+// on the bytes): the largest field of its nonzero codes, a subnormal's counted as 1; 0 for a
+// step of zeros (no term).  The step's power of two is 2^(field − 7).
+__device__ __forceinline__ int step_field(uint4 c0, uint4 c1) {
+  const uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+  int fmax = 0;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t b = (wd[i >> 2] >> (8 * (i & 3))) & 0xffu;
+    const int f = (b & 0x7fu) ? max((int)((b >> 3) & 15u), 1) : 0;
+    fmax = max(fmax, f);
+  }
+  return fmax;
 }
 
 // Dot of two head vectors held as 4 dims per lane (lane owns dims 4·lane .. 4·lane+3).
@@ -163,15 +173,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     double term = 0.0;
     if (h < Hp) {  // whole warps (Hp·4 = 64·MT): the shuffles below see every lane
       const uint4* src = reinterpret_cast<const uint4*>(qt + h * DOSA_D + 32 * s);
-      const uint4 c0 = src[0], c1 = src[1];
-      const uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-      int fmax = 0;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const uint32_t b = (wd[i >> 2] >> (8 * (i & 3))) & 0xffu;
-        const int f = (b & 0x7fu) ? max((int)((b >> 3) & 15u), 1) : 0;
-        fmax = max(fmax, f);
-      }
+      const int fmax = step_field(src[0], src[1]);
       double p = fmax > 0 ? ldexp(1.0, fmax - 7) : 0.0;
       p = __dadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 1));  // lanes 4h .. 4h + 3: one warp
       p = __dadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 2));
@@ -243,7 +245,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     }
 #pragma unroll
     for (int i = 0; i < TH; ++i) {
-      const int c = warp_sum_i(cnt[i]);
+      const int c = dosa::warp_sum_xor(cnt[i]);
       // cupy.mean of a bool array = count / ns in float64 (one rounding); no sample: 0.5
       if (lane == 0) pf[warp * TH + i] = ns > 0 ? (double)c / (double)ns : 0.5;
     }
@@ -568,24 +570,13 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
     const uint4* row = reinterpret_cast<const uint4*>(rows + ((long long)t * nrow + lane) * DOSA_D);
     double steps = 0.0;
     for (int s = 0; s < 4; ++s) {
-      int fmax = 0;
-      for (int c = 0; c < 2; ++c) {
-        const uint4 v = row[2 * s + c];
-        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-        for (int i = 0; i < 4; ++i) {
-          for (int k = 0; k < 4; ++k) {
-            const uint32_t b = (wd[i] >> (8 * k)) & 0xFFu;
-            const int f = (b & 0x7Fu) ? max((int)((b >> 3) & 0xFu), 1) : 0;
-            fmax = max(fmax, f);
-          }
-        }
-      }
+      const int fmax = step_field(row[2 * s], row[2 * s + 1]);
       if (fmax > 0) steps = __dadd_rn(steps, ldexp(1.0, fmax - 7));
     }
     a = __dmul_rn(steps, a_step);
   }
-  double term = lane < nrow ? __dmul_rn(fabs((double)omega[(long long)t * nrow + lane]), a) : 0.0;
-  for (int o = 16; o > 0; o >>= 1) term = __dadd_rn(term, __shfl_xor_sync(0xffffffffu, term, o));
+  const double term =
+      warp_sum(lane < nrow ? __dmul_rn(fabs((double)omega[(long long)t * nrow + lane]), a) : 0.0);
   const int last = nrow - 16;
   const double a7 = __shfl_sync(0xffffffffu, a, last + 7);
   const double a15 = __shfl_sync(0xffffffffu, a, last + 15);

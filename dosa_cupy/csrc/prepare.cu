@@ -139,20 +139,21 @@ CHECK_INST(check_values_i64, long long)
 // launch instead of ~15 array operations (the prepare stage's largest line in the profile,
 // docs/records/benchmarks.md "the per-row constants' kernel, on an H100"):
 // scale_bit when some α is not in [0, FLT_MAX] (scorer.valid_scales), env_bit when some
-// query's fp64 Σ_h |w_h| times 2^25 · max(α_max, 1) exceeds 2^125 (prepare.envelope_queries,
-// α_max over the valid scales; never with N = 0).  Since a rounded product is monotone in
-// its factor, "some query" is the largest sum's test, so the blocks only reduce two maxima:
-// the valid scales' bits (a nonnegative float orders as its bits; −0 counts as +0, bits 0) and the
-// query sums' bits (nonnegative doubles likewise) into acc[0], acc[1]; the last block to
-// count itself into acc[2] tests them.  A query's sum runs over h in order — another order
-// than CuPy's, which can move the test only within a rounding of 2^125, 8× below FLT_MAX, so
-// either order proves the same scores finite (docs/method.md §1 "The scorer's domain").
+// query's fp64 Σ_h |w_h| times dot_bound · max(α_max, 1) exceeds envelope_max
+// (prepare.envelope_queries with its _DOT_BOUND and ENVELOPE_MAX, α_max over the valid
+// scales; never with N = 0).  Since a rounded product is monotone in its factor, "some
+// query" is the largest sum's test, so the blocks only reduce two maxima: the valid scales'
+// bits (a nonnegative float orders as its bits; −0 counts as +0, bits 0) and the query sums'
+// bits (nonnegative doubles likewise) into acc[0], acc[1]; the last block to count itself
+// into acc[2] tests them.  A query's sum runs over h in order — another order than CuPy's,
+// which can move the test only within a rounding of envelope_max, 8× below FLT_MAX, so either
+// order proves the same scores finite (docs/method.md §1 "The scorer's domain").
 // acc: uint64 [3], zero.
 // ---------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(256) check_scales(
     const float* __restrict__ ksc, long long N, const float* __restrict__ w, long long Qn, int H,
-    unsigned long long* __restrict__ acc, unsigned int* __restrict__ flags, unsigned int env_bit,
-    unsigned int scale_bit) {
+    double dot_bound, double envelope_max, unsigned long long* __restrict__ acc,
+    unsigned int* __restrict__ flags, unsigned int env_bit, unsigned int scale_bit) {
   const long long stride = (long long)gridDim.x * blockDim.x;
   const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   unsigned int amax = 0u;  // bits of the largest valid α seen
@@ -188,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) check_scales(
     const volatile unsigned long long* v = acc;
     const double a = (double)__uint_as_float((unsigned int)v[0]);
     const double ws = __longlong_as_double((long long)v[1]);
-    if (N > 0 && ws * (33554432.0 * fmax(a, 1.0)) > 0x1p125) atomicOr(flags, env_bit);
+    if (N > 0 && ws * (dot_bound * fmax(a, 1.0)) > envelope_max) atomicOr(flags, env_bit);
   }
 }
 

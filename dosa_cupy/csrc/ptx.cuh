@@ -40,6 +40,15 @@ __device__ __forceinline__ T warp_inclusive_sum(T x, int lane) {
   return x;
 }
 
+// Σ x over the lanes of a warp, in every lane (the xor butterfly 16, 8, 4, 2, 1): integer
+// counts and sums.
+template <class T>
+__device__ __forceinline__ T warp_sum_xor(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 // Two e4m3 (low 16 bits / high 16 bits of w) → f16x2 (exact; lower byte → lower half).
 __device__ __forceinline__ uint32_t f16x2_lo(uint32_t w) {
   uint32_t r;

@@ -17,12 +17,6 @@ __device__ __forceinline__ bool positive_f32(float x) {
   return __float_as_uint(x) - 1u < 0x7f800000u;
 }
 
-__device__ __forceinline__ long long warp_sum_ll(long long v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Read-back 1 of route.route_stage for a chunk of Qn queries: out[0] = Σ_t (ke_t − ks_t),
 // out[1] = Σ_t (ke_t − ks_t − cnt_t) (the keys left to screen past the default seeds),
 // out[2] = 1 when tie_reject and some τ_t is ±0 (screen.tie_screen_flag), and with hist
@@ -46,8 +40,8 @@ extern "C" __global__ void __launch_bounds__(256) route_head(
       atomicAdd(reinterpret_cast<unsigned long long*>(out + 3 + n), 1ull);
     }
   }
-  vis = warp_sum_ll(vis);
-  scr = warp_sum_ll(scr);
+  vis = dosa::warp_sum_xor(vis);
+  scr = dosa::warp_sum_xor(scr);
   tie = __any_sync(0xffffffffu, tie);
   if ((threadIdx.x & 31) == 0) {
     if (vis) atomicAdd(reinterpret_cast<unsigned long long*>(out), (unsigned long long)vis);
@@ -75,8 +69,8 @@ extern "C" __global__ void __launch_bounds__(256) route_sample(
     out[2 + i] = v;
     out[2 + n + i] = r[i];
   }
-  bits = warp_sum_ll(bits);
-  scr = warp_sum_ll(scr);
+  bits = dosa::warp_sum_xor(bits);
+  scr = dosa::warp_sum_xor(scr);
   if ((threadIdx.x & 31) == 0) {
     if (bits) atomicAdd(reinterpret_cast<unsigned long long*>(out), (unsigned long long)bits);
     if (scr) atomicAdd(reinterpret_cast<unsigned long long*>(out + 1), (unsigned long long)scr);
