@@ -54,8 +54,9 @@ def emulate_route_sample(surv, n, NW, ks, ke, cnt, idx, r, out):
 EMULATE = {"route_head": emulate_route_head, "route_sample": emulate_route_sample}
 
 
-@pytest.fixture
-def shim(monkeypatch):
+def _install(mp) -> list:
+    """numpy for CuPy and the emulated kernels in route.py (their arguments checked against
+    the C signatures): the names launched, in order."""
     xp = numpy_as_cupy()
     calls = []
 
@@ -69,9 +70,14 @@ def shim(monkeypatch):
 
         return launch
 
-    monkeypatch.setattr(route_mod, "cupy_or_raise", lambda: xp)
-    monkeypatch.setattr(route_mod, "kernel", kernel)
+    mp.setattr(route_mod, "cupy_or_raise", lambda: xp)
+    mp.setattr(route_mod, "kernel", kernel)
     return calls
+
+
+@pytest.fixture
+def shim(monkeypatch):
+    return _install(monkeypatch)
 
 
 SPECIAL_W = [0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, np.inf, -np.inf, np.nan]
@@ -121,19 +127,7 @@ def test_head_counts(shim, monkeypatch, tau0, tie_reject, auto):
 @given(st.integers(1, 70), st.sampled_from([16, 32, 64]), st.integers(0, 2**31 - 1))
 def test_sample_counts(n, Hp, seed):
     with pytest.MonkeyPatch.context() as mp:
-        xp = numpy_as_cupy()
-        mp.setattr(route_mod, "cupy_or_raise", lambda: xp)
-        calls = []
-
-        def kernel(name, *a):
-            def launch(grid, block, args, shared_mem=0):
-                check_args(name, args, SIGS[name])
-                calls.append(name)
-                EMULATE[name](*args)
-
-            return launch
-
-        mp.setattr(route_mod, "kernel", kernel)
+        calls = _install(mp)
         rs = np.random.RandomState(seed % 2**32)
         b, seeds = _chunk(rs, 100, Hp, special=False)
         idx = np.unique(rs.randint(0, 100, n)).astype(np.int64)
@@ -146,9 +140,10 @@ def test_sample_counts(n, Hp, seed):
         assert calls == ["route_sample"]
 
 
-def test_screen_helpers_are_what_the_array_path_calls():
-    """The array path keeps screen.positive_heads_hist and tie_screen_flag: the kernel's
-    specification (the emulation above mirrors those two on the bits)."""
+def test_positive_on_bits_is_positive_heads_hist():
+    """The kernel's positive weight on the bits (route.cu positive_f32, emulated by
+    ``_positive``) counts what screen.positive_heads_hist counts with w > 0: ±0, −subnormal,
+    −1, −inf and NaN are not positive; +subnormal, 1 and +inf are."""
     w = np.array([SPECIAL_W + [2.0] * 7], np.float32)
     n = int(_positive(w).sum())
     assert screen_mod.positive_heads_hist(w, np)[n] == 1
