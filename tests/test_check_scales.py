@@ -25,8 +25,9 @@ SIG = param_types(read_source(PREPARE_CU), "check_scales")
 SMS = 132
 
 
-def emulate_check_scales(ksc, N, w, Qn, H, dot_bound, envelope_max, acc, flags, env_bit,
-                         scale_bit, grid, block):
+def emulate_check_scales(
+    ksc, N, w, Qn, H, dot_bound, envelope_max, acc, flags, env_bit, scale_bit, grid, block
+):
     """csrc/prepare.cu check_scales in numpy: each thread's strided α and query loops, the
     maxima and the invalid flag reduced over its warp and block into acc and flags (maxima
     and ORs: any order), then the last block's envelope test."""

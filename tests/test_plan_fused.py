@@ -27,6 +27,7 @@ from gpu_support import HAVE_GPU, cp, gpu, numpy_as_cupy
 
 from dosa_cupy import plan as pf
 from dosa_ref.fp8 import e4m3_bits, e4m3_values, key_rms
+from dosa_ref.rounding import gamma_up
 
 PLAN_CU = Path(pf.__file__).parent / "csrc" / "plan.cu"
 MU = 2.0**-30
@@ -505,8 +506,8 @@ def test_row_constants_kernel_host_code(fake_cupy, monkeypatch, H, r, mts):
     same bitwise, ε_raw the f16-screen plan's plus the kernel's constants, and each constant
     the specification's up to the order of the sum over the query's 16·mts rows — at least
     the exact sum lifted by 1 + γ_{2·mts+6} (what the bound needs; the MU on top covers any
-    order), and within 2·γ_{16·mts} of the array path's value (two orders of one sum of
-    nonnegative terms)."""
+    order), and within 2·γ_{16·mts+2} of fp64 of the array path's value (the same products,
+    two orders of one sum of nonnegative terms, then the same three roundings)."""
     from fractions import Fraction
 
     q, w, kp, _ = _workload(H, seed=H + 23)
@@ -523,7 +524,7 @@ def test_row_constants_kernel_host_code(fake_cupy, monkeypatch, H, r, mts):
     monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", False)
     spec = pf.screen_row_constants(got.rows, got.omega, got.sigma, mts, "fp8_fresh", 17, np)
     n = 16 * mts
-    assert np.all(np.abs(out - spec) <= 2 * pf.gamma(n) * spec)
+    assert np.all(np.abs(out - spec) <= 2 * gamma_up(n + 2, 2.0**-53) * spec)
     _, a_scr = pf.dot_allowance("fp8_fresh", np.asarray(got.rows), 17, np)
     last = n - 16
     for t in range(q.shape[0]):
