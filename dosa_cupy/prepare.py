@@ -85,9 +85,10 @@ SCALES_INVALID = CHECK_ENVELOPE << 1
 
 # The scale and envelope checks by one kernel (csrc/prepare.cu check_scales) instead of ~15
 # array operations, the prepare stage's largest line (docs/records/benchmarks.md "the
-# per-row constants' kernel, on an H100"); off until a GPU run has compared its flag word
-# with the array path's (tests/test_gpu.py) and timed it (bench builds=scalekernel).
-SCALE_CHECK_KERNEL = False
+# per-row constants' kernel, on an H100"): the array path's flag word on the H200, 0.8–1.2 ms
+# faster per call (benchmarks.md "The scale-check and route-count kernels"; bench
+# builds=scalearrays times the array path).
+SCALE_CHECK_KERNEL = True
 
 # The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
 # valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.

@@ -56,9 +56,10 @@ __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 
 # The counts of the two read-backs by one kernel each (csrc/route.cu route_head,
 # route_sample) instead of ~25 array operations: the stage is host-bound (docs/records/
-# benchmarks.md "the per-row constants' kernel, on an H100"). Off until a GPU run has compared
-# them with the array path (tests/test_gpu_route.py) and timed them (bench builds=routecounts).
-COUNT_KERNELS = False
+# benchmarks.md "the per-row constants' kernel, on an H100"); equal to the array path on the
+# H200 and 0.0–0.6 ms faster per call (benchmarks.md "The scale-check and route-count kernels";
+# bench builds=routearrays times the array path).
+COUNT_KERNELS = True
 
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:

@@ -44,14 +44,19 @@ __all__ = [
 
 SCORERS = ("f16", "fp8")
 
-_F32_MAX = np.float32(np.finfo(np.float32).max)
+_F32_INF_BITS = np.uint32(0x7F800000)  # +inf; every smaller pattern is +0 … FLT_MAX
+_F32_NEG_ZERO_BITS = np.uint32(0x80000000)
 
 
 def valid_scales(ksc):
     """bool [N]: key scales the canonical score is defined on (0 ≤ α ≤ FLT_MAX: not
     negative, NaN or inf; the others are recovered by the dense route, docs/method.md §7
-    C.3).  Comparisons only, so numpy and CuPy arrays alike."""
-    return (ksc >= 0) & (ksc <= _F32_MAX)
+    C.3).  ksc fp32 [N], numpy or CuPy.  Decided on the bits — +0 up to FLT_MAX, or −0 —
+    because CuPy's kernels flush subnormal operands (docs/numerics.md "CuPy and CUDA
+    compilation"): a float compare on the device would take a negative subnormal for −0 and
+    call it valid where numpy and csrc/prepare.cu check_scales call it negative."""
+    b = ksc.view(np.uint32)
+    return (b < _F32_INF_BITS) | (b == _F32_NEG_ZERO_BITS)
 
 
 ROWB = 320  # bytes per f16 shared-memory key row (csrc/common.cuh ROWH)

@@ -133,6 +133,18 @@ def test_no_key_flags_no_envelope(monkeypatch):
     assert _flags(w, np.zeros(0, np.float32), monkeypatch, False) == 0
 
 
+def test_valid_scales_decides_on_the_bits():
+    """+0 … FLT_MAX and −0 are valid, a negative subnormal is not: the definition by bits that
+    the kernel uses, so a device that flushes subnormal operands (CuPy's -ftz=true) agrees
+    with numpy (tests/test_gpu.py compares the two flag words on the GPU)."""
+    from dosa_cupy.scorer import valid_scales
+
+    k = np.array(SPECIAL, np.float32)
+    want = [True, True, True, True, True, True, True, False, False, False, False, False]
+    assert valid_scales(k).tolist() == want
+    assert valid_scales(k[::2]).tolist() == want[::2]  # a strided view
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.sampled_from(SPECIAL) | st.floats(0, 2.0**20, width=32), min_size=0, max_size=40),

@@ -929,6 +929,8 @@ def test_public_ids_int64_cpu(monkeypatch):
             self._flag_envelope(w, ksc)
 
     monkeypatch.setattr(prep_mod, "ValueCheck", EmulatedCheck)
+    # the flags by the array path (tests/test_check_scales.py: the kernel sets the same word)
+    monkeypatch.setattr(prep_mod, "SCALE_CHECK_KERNEL", False)
     monkeypatch.setattr(scorer_mod, "_dense_logits_raw", logits)  # the f16 route's and the check's
     monkeypatch.setattr(dense_mod, "select_rows", select)
     q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
@@ -1038,6 +1040,7 @@ def test_check_scales_kernel_equals_the_array_path(monkeypatch, N):
     negative) one at a time, and the envelope's boundary ± one ulp for several α_max, over
     one block and many (tests/test_check_scales.py emulates it on the CPU)."""
     from dosa_cupy import prepare as prep
+    from dosa_cupy.scorer import valid_scales
 
     rs = np.random.RandomState(5)
     base = (rs.rand(N) * 0.5 + 0.25).astype(np.float32)
@@ -1056,8 +1059,8 @@ def test_check_scales_kernel_equals_the_array_path(monkeypatch, N):
         ksc = base.copy()
         if sp is not None:
             ksc[rs.randint(N)] = sp
-        amax = max(float(ksc[(ksc >= 0) & (ksc <= np.finfo(np.float32).max)].max()), 1.0)
-        edge = 2.0**125 / (2.0**25 * amax) if N else 1e30
+        ok = ksc[valid_scales(ksc)]  # the bits' definition, as the kernel and numpy take it
+        edge = 2.0**125 / (2.0**25 * max(float(ok.max()), 1.0)) if N else 1e30
         for target in (np.nextafter(np.float32(edge), np.float32(0)), np.float32(edge),
                        np.nextafter(np.float32(edge), np.float32(np.inf)), 1.0):  # fmt: skip
             w = np.zeros((64, 32), np.float32)

@@ -8,10 +8,10 @@ Not options of the library: a build under trial is one of these until it wins.
     f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
-    scalekernel prepare.SCALE_CHECK_KERNEL = True  the scale and envelope checks by one
-                                         kernel (under trial)
-    routecounts route.COUNT_KERNELS = True  the route stage's counts by two kernels (under
-                                         trial)
+    scalearrays prepare.SCALE_CHECK_KERNEL = False  the scale and envelope checks by ~15
+                                         array operations (not their one kernel)
+    routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
+                                         operations (not its two kernels)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -28,8 +28,8 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
-    "scalekernel": ("prepare", "SCALE_CHECK_KERNEL", True),
-    "routecounts": ("route", "COUNT_KERNELS", True),
+    "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
+    "routearrays": ("route", "COUNT_KERNELS", False),
 }
 
 

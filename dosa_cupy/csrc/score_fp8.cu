@@ -174,12 +174,12 @@ constexpr int kKeyStages = 3;
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
-// cp.async (PTX ISA, "cp.async"): 16 bytes global → shared without a register round trip;
-// src-size 0 writes 16 zero bytes and reads nothing (a missing key: a zero row, as
+// cp.async (PTX ISA, "cp.async"): 16 bytes global → shared (dst: a shared-window address,
+// smem_u32) without a register round trip; src-size 0 writes 16 zero bytes and reads nothing (a missing key: a zero row, as
 // gather_keys stores).  .ca: cached in L1 like gather_keys' __ldg (blocks of one SM refine
 // the same key chunk for different queries, whose survivors overlap).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool present) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool present) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(present ? 16 : 0)
                : "memory");
 }
@@ -210,24 +210,30 @@ __device__ __forceinline__ void load_queries_async(const uint8_t* __restrict__ q
     const int it = t + 128 * i, r = it >> 3, j = it & 7;  // row r (query r / H), chunk j
     const bool ok = r < nq * H;
     // rows of consecutive queries are consecutive: one 128-row swizzled layout (H % 8 == 0)
-    cp_async16(sq + sw128_offset(r, j), ok ? q + ((long long)t0 * H + r) * 128 + 16 * j : q, ok);
+    cp_async16(smem_u32(sq + sw128_offset(r, j)), ok ? q + ((long long)t0 * H + r) * 128 + 16 * j : q,
+               ok);
   }
   if (t < nq * H) cp_async4(sw + t, w + (long long)t0 * H + t);
   cp_commit();
 }
 
 // The 64 key rows id_of(r) (r = 0..63; an index of kp, or −1: a zero row) into the swizzled
-// tile sk by cp.async (the layout of gather_keys: thread t copies chunk t & 7 of rows
-// (t >> 3) + 16i).  No commit: stream_tiles commits one group per tile.
+// tile sk by cp.async (the layout of gather_keys: thread t copies chunk j = t & 7 of rows
+// r0 + 16i, r0 = t >> 3).  The rows r0 + 16i agree with r0 mod 8, so their swizzled
+// destinations are sw128_offset(r0, j) + 16i·128 and their sources kp + 16j + 128·id: one
+// destination and one source base per thread, not four (the tile loops of the record stages
+// are instruction-bound: docs/records/notes.md "Session 23").  No commit: stream_tiles
+// commits one group per tile.
 template <class IdOf>
 __device__ __forceinline__ void gather_async(const uint8_t* __restrict__ kp, uint8_t* sk,
                                              IdOf&& id_of) {
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, r0 = t >> 3, j = t & 7;
+  const uint32_t d0 = smem_u32(sk) + (uint32_t)sw128_offset(r0, j);
+  const uint8_t* src0 = kp + 16 * j;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int it = t + 128 * i, r = it >> 3, j = it & 7;
-    const int id = id_of(r);
-    cp_async16(sk + sw128_offset(r, j), kp + (id >= 0 ? (long long)id * 128 + 16 * j : 0), id >= 0);
+    const int id = id_of(r0 + 16 * i);  // −1: reads nothing (src-size 0) at kp's first row
+    cp_async16(d0 + 2048u * i, src0 + (long long)max(id, 0) * 128, id >= 0);
   }
 }
 
@@ -432,9 +438,12 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
         at += nk;
       }
     }
-    __syncthreads();  // the window's ids are published
     const int nt = (np + 63) >> 6;
-    auto id_at = [&](int e) { return e < np ? sid[e] : -1; };
+    // the last tile's missing rows: −1 (a zero row, no record), so a tile reads its 64 ids
+    // without a bound test (RCAP is a multiple of 64)
+    if (np + t < 64 * nt) sid[np + t] = -1;
+    __syncthreads();  // the window's ids are published
+    auto id_at = [&](int e) { return sid[e]; };  // e < 64·nt
     int i_nx = qd < 2 ? id_at(row) : -1;  // the lane's key of the next tile and its α
     float a_nx = i_nx >= 0 ? __ldg(alpha + i_nx) : 0.f;
     auto next = [](int j) { return j + 1; };
