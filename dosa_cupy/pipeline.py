@@ -119,7 +119,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
             return _dense_route(b, st, tm, route, seeds, stats)
     o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
     tie, arith = rule_and_arith(seeds, o, route.tie)  # the screen's rule and dots
-    plan = plan_stage(b, seeds.pool, route.r, o, screen=arith)  # §3–§5, §8
+    plan, route.plan = route.plan, None  # the sampled winner's plan of the chunk, if any
+    if plan is None or (plan.r_max, plan.screen) != (route.r, arith):
+        plan = plan_stage(b, seeds.pool, route.r, o, screen=arith)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
     tm.mark("screen")

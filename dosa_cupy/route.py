@@ -10,10 +10,12 @@ decisions, both before the expensive work:
    the fixed costs of prepare, seeds, plan and the launches), the chunk goes dense.
 2. **Sampled** (``route_stage``, after seeds, before the plan of the whole chunk): the screen
    candidates (``cost.candidates``) each plan and screen one block row of evenly spaced
-   queries (plans of those queries only: the chunk is planned after the decision), timed
-   with CUDA events; their survival and time, scaled to the chunk, plus the fitted
-   refinement and finishing costs, predict DoSA's remaining time per candidate; the dense
-   route's is predicted from the fitted logits and selection rates.  The cheapest wins.
+   queries, timed with CUDA events — the rows of the candidate's plan of the whole chunk,
+   which the chunk keeps when the candidate wins (a plan costs about the same at 128 and at
+   4,096 queries: docs/records/benchmarks.md "The decision's plans"); their survival and
+   time, scaled to the chunk, plus the fitted refinement and finishing costs, predict
+   DoSA's remaining time per candidate; the dense route's is predicted from the fitted
+   logits and selection rates.  The cheapest wins.
 
 A ``cost.RouteMemo`` (``memo_recall`` / ``memo_store``) lets a chunk of a kind seen recently
 skip both.  The model is an argument of each decision, so a caller (or a test) picks it.
@@ -61,6 +63,11 @@ __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 # bench builds=routearrays times the array path).
 COUNT_KERNELS = True
 
+# Each candidate plans the whole chunk and screens its sampled rows; the winner's plan is the
+# chunk's (docs/method.md §9 "Route choice").  False: the sampled rows planned alone and the
+# chunk planned again after the decision (bench builds=sampleplans times it).
+CHUNK_PLANS = True
+
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
     """Decision 1 for batch ``b`` (``prepare.Batch``), before any device work: the dense
@@ -98,9 +105,10 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
     (reason "option").  route="auto": decision 2 — screen a sample of evenly spaced queries
     with each candidate (``cost.candidates_of``), timed; predict each candidate's remaining
-    time and the dense route's with ``model``; the cheapest wins.  Each candidate plans its
-    sampled queries only (a query's plan does not depend on the other queries), so the
-    whole chunk is planned once, after the decision, and never when the dense route wins.
+    time and the dense route's with ``model``; the cheapest wins.  Each candidate plans the
+    whole chunk and screens its sampled rows (``DevicePlan.take``: a query's plan does not
+    depend on the other queries); the winner's plan is the chunk's (``RouteChoice.plan``),
+    so no plan is built twice when DoSA wins.
     Two read-backs: the chunk's counts with auto's histogram, then every candidate's
     sample (their launches queued back to back).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
@@ -117,14 +125,19 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    runs = []
+    runs, plans = [], {}
     for scr, rr in cands:
         n = sample_size(scr)
         # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
         idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
                            lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie)))
+        arith = screen_arith(scr, bool(tie))
+        if CHUNK_PLANS:
+            full = plans[candidate_key(scr, rr)] = plan_stage(b, seeds.pool, rr, o, screen=arith)
+            plan = full.take(idx)
+        else:
+            plan = plan_stage(bs, seeds.pool, rr, o, screen=arith)
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
                                               bool(tie))))  # fmt: skip
     got = cp.asnumpy(cp.concatenate([run[-1][2] for run in runs]))  # read-back 2
@@ -144,6 +157,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
+            choice.plan = plans.get(key)
     return choice
 
 

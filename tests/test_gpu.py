@@ -1060,7 +1060,8 @@ def test_check_scales_kernel_equals_the_array_path(monkeypatch, N):
         if sp is not None:
             ksc[rs.randint(N)] = sp
         ok = ksc[valid_scales(ksc)]  # the bits' definition, as the kernel and numpy take it
-        edge = 2.0**125 / (2.0**25 * max(float(ok.max()), 1.0)) if N else 1e30
+        amax = float(ok.max()) if ok.size else 0.0  # no valid scale: the kernel's 0
+        edge = 2.0**125 / (2.0**25 * max(amax, 1.0)) if N else 1e30
         for target in (np.nextafter(np.float32(edge), np.float32(0)), np.float32(edge),
                        np.nextafter(np.float32(edge), np.float32(np.inf)), 1.0):  # fmt: skip
             w = np.zeros((64, 32), np.float32)

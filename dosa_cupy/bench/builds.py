@@ -12,6 +12,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
                                          operations (not its two kernels)
+    sampleplans route.CHUNK_PLANS = False  the sampled decision's plans of the sampled rows
+                                         only, the chunk planned again after it
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -30,6 +32,7 @@ BUILDS = {
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
+    "sampleplans": ("route", "CHUNK_PLANS", False),
 }
 
 
