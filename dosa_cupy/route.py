@@ -10,12 +10,12 @@ decisions, both before the expensive work:
    the fixed costs of prepare, seeds, plan and the launches), the chunk goes dense.
 2. **Sampled** (``route_stage``, after seeds, before the plan of the whole chunk): the screen
    candidates (``cost.candidates``) each plan and screen one block row of evenly spaced
-   queries, timed with CUDA events — the rows of the candidate's plan of the whole chunk,
-   which the chunk keeps when the candidate wins (a plan costs about the same at 128 and at
-   4,096 queries: docs/records/benchmarks.md "The decision's plans"); their survival and
-   time, scaled to the chunk, plus the fitted refinement and finishing costs, predict
-   DoSA's remaining time per candidate; the dense route's is predicted from the fitted
-   logits and selection rates.  The cheapest wins.
+   queries (plans of those queries only: the chunk is planned after the decision; with
+   ``CHUNK_PLANS``, the rows of the candidate's plan of the whole chunk, kept when the
+   candidate wins), timed with CUDA events; their survival and time, scaled to the chunk,
+   plus the fitted refinement and finishing costs, predict DoSA's remaining time per
+   candidate; the dense route's is predicted from the fitted logits and selection rates.
+   The cheapest wins.
 
 A ``cost.RouteMemo`` (``memo_recall`` / ``memo_store``) lets a chunk of a kind seen recently
 skip both.  The model is an argument of each decision, so a caller (or a test) picks it.
@@ -64,9 +64,11 @@ __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 COUNT_KERNELS = True
 
 # Each candidate plans the whole chunk and screens its sampled rows; the winner's plan is the
-# chunk's (docs/method.md §9 "Route choice").  False: the sampled rows planned alone and the
-# chunk planned again after the decision (bench builds=sampleplans times it).
-CHUNK_PLANS = True
+# chunk's (docs/method.md §9 "Route choice").  Under trial (bench builds=chunkplans): in one
+# H100 run it saved 0.4 and 1.8 ms at 1M keys and lost 1.1 ms at 128K, H = 64
+# (docs/records/benchmarks.md "The decision's plans"); off, the sampled rows are planned
+# alone and the chunk after the decision.
+CHUNK_PLANS = False
 
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
@@ -105,10 +107,11 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
     (reason "option").  route="auto": decision 2 — screen a sample of evenly spaced queries
     with each candidate (``cost.candidates_of``), timed; predict each candidate's remaining
-    time and the dense route's with ``model``; the cheapest wins.  Each candidate plans the
-    whole chunk and screens its sampled rows (``DevicePlan.take``: a query's plan does not
-    depend on the other queries); the winner's plan is the chunk's (``RouteChoice.plan``),
-    so no plan is built twice when DoSA wins.
+    time and the dense route's with ``model``; the cheapest wins.  Each candidate plans its
+    sampled queries only (a query's plan does not depend on the other queries), so the
+    whole chunk is planned once, after the decision, and never when the dense route wins;
+    with ``CHUNK_PLANS`` each candidate plans the whole chunk and screens its sampled rows
+    (``DevicePlan.take``), and the winner's plan is the chunk's (``RouteChoice.plan``).
     Two read-backs: the chunk's counts with auto's histogram, then every candidate's
     sample (their launches queued back to back).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()

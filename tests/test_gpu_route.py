@@ -156,16 +156,19 @@ def test_route_count_kernels_equal_the_array_path(monkeypatch, regime, H):
 
 @pytest.mark.parametrize("regime,H", [("calibrated", 64), ("many_positive", 32)])
 @gpu
-def test_route_stage_plans_the_chunk_once(regime, H):
+def test_route_stage_plans_the_chunk_once(regime, H, monkeypatch):
     """The sampled decision plans the whole chunk per candidate and screens the sampled rows
     (``DevicePlan.take``): those rows equal the plans ``plan_stage`` builds for the
     sub-batch, field for field (a query's plan depends on its own q, w and the pool sample
     only), and the winner's plan, which the plan stage takes, equals a fresh plan of the
     chunk."""
+    from dosa_cupy import route as route_mod
     from dosa_cupy.options import check_options, resolve_options
     from dosa_cupy.plan import plan_stage
     from dosa_cupy.prepare import key_rho, pad_batch
     from dosa_cupy.route import route_stage
+
+    monkeypatch.setattr(route_mod, "CHUNK_PLANS", True)
     from dosa_cupy.screen import screen_arith
     from dosa_cupy.seeds import seed_stage
 
@@ -179,12 +182,13 @@ def test_route_stage_plans_the_chunk_once(regime, H):
     idx = cp.asarray(np.linspace(0, b.Qn - 1, 37).astype(np.int64))
     part = plan_stage(b.rows(idx), seeds.pool, choice.r, o, screen=arith)
 
-    def same(x, y):  # bitwise for floats (a NaN field equals itself)
+    def same(x, y):  # bitwise for floats (a NaN field equals itself); fields may be strided
+        x, y = cp.ascontiguousarray(x), cp.ascontiguousarray(y)
         return x.shape == y.shape and bool((x.view(cp.uint8) == y.view(cp.uint8)).all())
 
     for f in dataclasses.fields(fresh):
         a, c, p = (getattr(x, f.name) for x in (choice.plan, fresh, part))
         if isinstance(a, cp.ndarray):
-            assert same(a, c) and same(cp.ascontiguousarray(a[idx]), p), f.name
+            assert same(a, c) and same(a[idx], p), f.name
         else:
             assert a == c == p, f.name

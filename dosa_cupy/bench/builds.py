@@ -12,8 +12,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
                                          operations (not its two kernels)
-    sampleplans route.CHUNK_PLANS = False  the sampled decision's plans of the sampled rows
-                                         only, the chunk planned again after it
+    chunkplans  route.CHUNK_PLANS = True  the sampled decision's candidates plan the whole
+                                         chunk, the winner's plan kept (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -32,7 +32,7 @@ BUILDS = {
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
-    "sampleplans": ("route", "CHUNK_PLANS", False),
+    "chunkplans": ("route", "CHUNK_PLANS", True),
 }
 
 
