@@ -128,8 +128,8 @@ class RouteChoice:
     # "small" choices; ``screen.tie_screen_wanted``; None otherwise): the screen stage takes
     # it instead of reading it again
     tie: bool | None = None
-    # the sampled winner's plan of the whole chunk (``plan.DevicePlan``, built by the route
-    # stage for its sample; route.py): the plan stage takes it instead of planning again
+    # the sampled winner's plan of the whole chunk (``plan.DevicePlan``, built during the
+    # decision with ``route.CHUNK_PLANS``): the plan stage takes it instead of planning again
     plan: object = field(default=None, repr=False, compare=False)
 
     def summary(self, reason: str | None = None) -> RouteChoice:

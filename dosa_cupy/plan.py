@@ -48,7 +48,7 @@ and ε_out (the product by α).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -139,21 +139,6 @@ class DevicePlan:
     # the screen's dot arithmetic the bound covers (``dot_allowance``): "f16" for the f16
     # chains of every screen kernel, "fp8_fresh" for the FP8 build of "wgt" (screen.WGT_FP8)
     screen: str = "f16"
-
-    def take(self, idx) -> DevicePlan:
-        """The plans of queries ``idx`` (int64 device array): each per-query field's rows,
-        the shared ones (mts, eps_out, r_max, screen) as they are.  A query's plan depends on
-        its own q, w and the pool sample only, so these are the plans ``plan_stage`` builds
-        for the sub-batch ``Batch.rows(idx)`` (the route stage's samples)."""
-        per_query = {
-            f.name: getattr(self, f.name)[idx]
-            for f in fields(self)
-            if f.name not in _SHARED and getattr(self, f.name) is not None
-        }
-        return replace(self, **per_query)
-
-
-_SHARED = ("mts", "eps_out", "r_max", "screen")  # DevicePlan fields not indexed by query
 
 
 def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> DevicePlan:

@@ -10,9 +10,8 @@ decisions, both before the expensive work:
    the fixed costs of prepare, seeds, plan and the launches), the chunk goes dense.
 2. **Sampled** (``route_stage``, after seeds, before the plan of the whole chunk): the screen
    candidates (``cost.candidates``) each plan and screen one block row of evenly spaced
-   queries (plans of those queries only: the chunk is planned after the decision; with
-   ``CHUNK_PLANS``, the rows of the candidate's plan of the whole chunk, kept when the
-   candidate wins), timed with CUDA events; their survival and time, scaled to the chunk,
+   queries (plans of those queries only: the chunk is planned after the decision, or with
+   ``CHUNK_PLANS`` during it), timed with CUDA events; their survival and time, scaled to the chunk,
    plus the fitted refinement and finishing costs, predict DoSA's remaining time per
    candidate; the dense route's is predicted from the fitted logits and selection rates.
    The cheapest wins.
@@ -63,11 +62,12 @@ __all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
 # bench builds=routearrays times the array path).
 COUNT_KERNELS = True
 
-# Each candidate plans the whole chunk and screens its sampled rows; the winner's plan is the
-# chunk's (docs/method.md §9 "Route choice").  Under trial (bench builds=chunkplans): in one
-# H100 run it saved 0.4 and 1.8 ms at 1M keys and lost 1.1 ms at 128K, H = 64
-# (docs/records/benchmarks.md "The decision's plans"); off, the sampled rows are planned
-# alone and the chunk after the decision.
+# The first candidate's plan of the whole chunk queued behind the samples, read back by an
+# event, so the GPU plans while the host decides; kept when that candidate wins (docs/method.md
+# §9 "Route choice").  Under trial (bench builds=chunkplans): a first form that planned the
+# chunk before the samples saved 0.4 and 1.8 ms at 1M keys and lost 1.1 ms at 128K, H = 64,
+# in one H100 run (docs/records/benchmarks.md "The decision's plans"); off, the chunk is
+# planned after the decision.
 CHUNK_PLANS = False
 
 
@@ -110,8 +110,10 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     time and the dense route's with ``model``; the cheapest wins.  Each candidate plans its
     sampled queries only (a query's plan does not depend on the other queries), so the
     whole chunk is planned once, after the decision, and never when the dense route wins;
-    with ``CHUNK_PLANS`` each candidate plans the whole chunk and screens its sampled rows
-    (``DevicePlan.take``), and the winner's plan is the chunk's (``RouteChoice.plan``).
+    with ``CHUNK_PLANS`` the first candidate's plan of the chunk is queued behind the
+    samples and read-back 2 waits by an event for the samples only, so the GPU plans while
+    the host decides; the plan is the chunk's when that candidate wins
+    (``RouteChoice.plan``), and thrown away otherwise.
     Two read-backs: the chunk's counts with auto's histogram, then every candidate's
     sample (their launches queued back to back).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
@@ -135,15 +137,19 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
         idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
                            lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
-        arith = screen_arith(scr, bool(tie))
-        if CHUNK_PLANS:
-            full = plans[candidate_key(scr, rr)] = plan_stage(b, seeds.pool, rr, o, screen=arith)
-            plan = full.take(idx)
-        else:
-            plan = plan_stage(bs, seeds.pool, rr, o, screen=arith)
+        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie)))
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
                                               bool(tie))))  # fmt: skip
-    got = cp.asnumpy(cp.concatenate([run[-1][2] for run in runs]))  # read-back 2
+    counts = cp.concatenate([run[-1][2] for run in runs])
+    if CHUNK_PLANS:  # read-back 2 by an event, the first candidate's chunk plan behind it
+        got, ready = _read_back_async(counts)
+        scr, rr = cands[0]
+        plans[candidate_key(scr, rr)] = plan_stage(
+            b, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie))
+        )
+        ready.synchronize()
+    else:
+        got = cp.asnumpy(counts)  # read-back 2
     at = 0
     for scr, rr, n, idx, (start, end, _) in runs:
         out, at = got[at : at + 2 + 2 * n], at + 2 + 2 * n
@@ -162,6 +168,20 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
             choice.route, choice.screen, choice.r = "dosa", scr, rr
             choice.plan = plans.get(key)
     return choice
+
+
+def _read_back_async(x):
+    """(numpy array, event) of the device array ``x``: copied on the current stream into
+    page-locked host memory, which holds x's values once the event has completed — a
+    read-back that waits for the work queued before it, not for what is queued after."""
+    cp = cupy_or_raise()
+    import cupyx  # with CuPy
+
+    host = cupyx.empty_pinned(x.shape, dtype=x.dtype)
+    cp.asnumpy(x, out=host, blocking=False)
+    ready = cp.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

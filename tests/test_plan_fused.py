@@ -454,28 +454,6 @@ def test_fused_host_code_with_emulated_kernel(fake_cupy, case):
     _guard_check(fu, q, w, kp, mts)
 
 
-@pytest.mark.parametrize("H,r,mts", [(32, 6, 1), (64, 30, 2)])
-def test_rows_of_a_chunk_plan_are_the_plans_of_the_rows(fake_cupy, H, r, mts):
-    """``DevicePlan.take`` (the route stage screens its samples with the rows of the chunk's
-    plan): the taken rows equal the fused planner's plans of the sub-batch, field for field
-    and bit for bit; the shared fields are kept (the kernel emulated; on the GPU:
-    tests/test_gpu_route.py ``test_route_stage_plans_the_chunk_once``)."""
-    import dataclasses
-
-    q, w, kp, _ = _workload(H, seed=5 + H, pos_frac=0.5)
-    sample = np.arange(0, kp.shape[0], 16)
-    whole = pf.build_plans_fused(q, w, kp, sample, r, mts)
-    idx = np.array([0, 3, 4, q.shape[0] - 1], np.int64)
-    part = pf.build_plans_fused(q[idx], w[idx], kp, sample, r, mts)
-    got = whole.take(idx)
-    for f in dataclasses.fields(got):
-        a, b = getattr(got, f.name), getattr(part, f.name)
-        if isinstance(a, np.ndarray):
-            assert a.shape == b.shape and a.tobytes() == b.tobytes(), f.name
-        else:
-            assert a == b, f.name
-
-
 @pytest.mark.parametrize("H,r,mts", [(32, 14, 1), (64, 30, 2)])
 def test_fused_planner_covers_the_fp8_scorer(fake_cupy, H, r, mts):
     """With ``scorer="fp8_fresh"`` (the native FP8 scorer's allowance, docs/error_model.md)

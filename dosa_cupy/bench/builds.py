@@ -12,8 +12,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
                                          operations (not its two kernels)
-    chunkplans  route.CHUNK_PLANS = True  the sampled decision's candidates plan the whole
-                                         chunk, the winner's plan kept (under trial)
+    chunkplans  route.CHUNK_PLANS = True  the first candidate's plan of the whole chunk
+                                         built during the sampled decision (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
