@@ -31,7 +31,7 @@ from .options import resolved, start
 from .plan import plan_stage
 from .prepare import key_rho
 from .refine import popcount_rows, refine_stage
-from .route import early_choice, memo_recall, memo_store, route_stage
+from .route import early_choice, head_prefetch, memo_recall, memo_store, route_stage
 from .screen import rule_and_arith, screen_stage
 from .seeds import apply_tau_floor, certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_ids
@@ -105,13 +105,14 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     key, route = memo_recall(b, o)  # an earlier chunk of this kind decided
     if route is not None and route.route == "dense":
         return _dense_route(b, st, tm, route, None, stats)
+    hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     b.raise_if_bad()  # bad input raises before the screening stages
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
-        route = route_stage(b, seeds, rho, o, model)
+        route = route_stage(b, seeds, rho, o, model, hist)
         if o["route"] == "auto":  # the samples are timed as a stage; the option's pick is not
             tm.mark("route")
             memo_store(o, key, route)

@@ -53,7 +53,7 @@ from .screen import (
     tie_screen_flag,
 )
 
-__all__ = ["early_choice", "memo_recall", "memo_store", "route_stage"]
+__all__ = ["early_choice", "head_prefetch", "memo_recall", "memo_store", "route_stage"]
 
 # The counts of the two read-backs by one kernel each (csrc/route.cu route_head,
 # route_sample) instead of ~25 array operations: the stage is host-bound (docs/records/
@@ -69,6 +69,11 @@ COUNT_KERNELS = True
 # in one H100 run (docs/records/benchmarks.md "The decision's plans"); off, the chunk is
 # planned after the decision.
 CHUNK_PLANS = False
+
+# The positive-head histogram read back before the seeds (``head_prefetch``) and the chunk's
+# counts with the samples: one read-back after the seeds instead of two (docs/method.md §9
+# "Route choice").  Under trial (bench builds=onereadback).
+ONE_READBACK = False
 
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
@@ -101,7 +106,19 @@ def memo_store(o: dict, key, choice: RouteChoice) -> None:
         o["route_memo"].store(key, choice)
 
 
-def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
+def head_prefetch(b, o: dict):
+    """With ``ONE_READBACK``, for a chunk about to be seeded (route "auto", no memo choice):
+    ``screen.positive_heads_hist`` of ``b.w`` queued now and read back by an event
+    (``_read_back_async``: it waits for the work queued before it, not for the seeds queued
+    after), which ``route_stage`` takes as ``hist``; None otherwise."""
+    screen, cert = o["screen"], int(o["cert_seeds"])
+    if not ONE_READBACK or o["route"] != "auto" or not auto_wanted(screen, cert, b.Qn):
+        return None
+    cp = cupy_or_raise()
+    return _read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
+
+
+def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteChoice:
     """The route stage for batch ``b`` (``prepare.Batch``) after the seed stage (``seeds``,
     ρ per key ``rho``; ``o`` the resolved options, route "auto" or "dosa": "dense" was
     decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
@@ -113,43 +130,38 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
     with ``CHUNK_PLANS`` the first candidate's plan of the chunk is queued behind the
     samples and read-back 2 waits by an event for the samples only, so the GPU plans while
     the host decides; the plan is the chunk's when that candidate wins
-    (``RouteChoice.plan``), and thrown away otherwise.
-    Two read-backs: the chunk's counts with auto's histogram, then every candidate's
-    sample (their launches queued back to back).  Returns the ``RouteChoice``."""
+    (``RouteChoice.plan``), and thrown away otherwise.  Two read-backs: the chunk's counts
+    with auto's histogram, then every candidate's sample (their launches queued back to
+    back).  ``hist`` (``head_prefetch``'s, with ``ONE_READBACK``): the histogram read back
+    before the seeds, so the samples go out on the plain rule's build without read-back 1
+    and the chunk's counts and tie flag come with read-back 2 — the samples are taken again
+    on the tie-aware build in the rare chunk whose flag says so (the same decision as with
+    two read-backs).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])
     if o["route"] != "auto":
         return RouteChoice("dosa", "option", *auto_screen(screen, r, cert, b.w, cp))
     auto = auto_wanted(screen, cert, b.Qn)
-    head = cp.asnumpy(_head_counts(b, seeds, o, auto))  # read-back 1
-    pairs, screened, tie = head[:3]
-    pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
+    if hist is not None:  # read-back 1 before the seeds; the counts come with read-back 2
+        hist[1].synchronize()
+        pick, head_dev, tie = auto_pick(r, hist[0]), _head_counts(b, seeds, o, False), False
+    else:
+        head = cp.asnumpy(_head_counts(b, seeds, o, auto))  # read-back 1
+        pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
+        head_dev, tie = None, bool(head[2])
     cands = candidates_of(screen, r, cert, pick)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0], tie=bool(tie))
-    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=bool(tie))
+        return RouteChoice("dosa", "small", *cands[0], tie=None if head_dev is not None else tie)
+    runs, got, plans = _samples(b, seeds, rho, o, cands, tie, head_dev)
+    if head_dev is not None:
+        head, got = got[:3], got[3:]
+        if head[2] and not tie:  # a chunk for the tie-aware build: its samples taken again
+            tie = True
+            runs, got, plans = _samples(b, seeds, rho, o, cands, tie, None)
+    pairs, screened = head[:2]
+    choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=tie)
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    runs, plans = [], {}
-    for scr, rr in cands:
-        n = sample_size(scr)
-        # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
-        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
-                           lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
-        bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie)))
-        runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
-                                              bool(tie))))  # fmt: skip
-    counts = cp.concatenate([run[-1][2] for run in runs])
-    if CHUNK_PLANS:  # read-back 2 by an event, the first candidate's chunk plan behind it
-        got, ready = _read_back_async(counts)
-        scr, rr = cands[0]
-        plans[candidate_key(scr, rr)] = plan_stage(
-            b, seeds.pool, rr, o, screen=screen_arith(scr, bool(tie))
-        )
-        ready.synchronize()
-    else:
-        got = cp.asnumpy(counts)  # read-back 2
     at = 0
     for scr, rr, n, idx, (start, end, _) in runs:
         out, at = got[at : at + 2 + 2 * n], at + 2 + 2 * n
@@ -168,6 +180,35 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel) -> RouteChoice:
             choice.route, choice.screen, choice.r = "dosa", scr, rr
             choice.plan = plans.get(key)
     return choice
+
+
+def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
+    """(runs, got, plans) of the sampled decision: per candidate (screen, r) its sample —
+    ``sample_size`` evenly spaced queries planned alone and screened on ``tie``'s build
+    (``_sample``) — queued back to back, then read-back 2: ``got`` numpy int64, the chunk's
+    counts ``head_dev`` first where given, then every sample's vector; ``runs`` (screen, r,
+    n, rows, ``_sample``'s result) per candidate; ``plans`` {candidate key: plan of the
+    whole chunk} (``CHUNK_PLANS``: the first candidate's, queued behind the samples)."""
+    cp = cupy_or_raise()
+    runs, plans = [], {}
+    for scr, rr in cands:
+        n = sample_size(scr)
+        # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
+        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
+                           lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
+        bs = b.rows(idx)
+        plan = plan_stage(bs, seeds.pool, rr, o, screen=screen_arith(scr, tie))
+        runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
+                                              tie)))  # fmt: skip
+    parts = ([] if head_dev is None else [head_dev]) + [run[-1][2] for run in runs]
+    counts = cp.concatenate(parts)
+    if not CHUNK_PLANS:
+        return runs, cp.asnumpy(counts), plans  # read-back 2
+    got, ready = _read_back_async(counts)  # read-back 2 by an event, the chunk plan behind it
+    scr, rr = cands[0]
+    plans[candidate_key(scr, rr)] = plan_stage(b, seeds.pool, rr, o, screen=screen_arith(scr, tie))
+    ready.synchronize()
+    return runs, got, plans
 
 
 def _read_back_async(x):

@@ -20,7 +20,8 @@ def test_parse_builds_names_and_rejects_unknown():
 def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
-            "routearrays": route, "chunkplans": route}  # fmt: skip
+            "routearrays": route, "chunkplans": route,
+            "onereadback": route}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row

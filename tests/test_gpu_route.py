@@ -192,3 +192,24 @@ def test_route_stage_chunk_plan_is_the_plan_stage_s(regime, H, monkeypatch):
             assert same(x, y) if isinstance(x, cp.ndarray) else x == y, f.name
     monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32), ("many_positive", 64)])
+@gpu
+def test_one_read_back_decides_as_two(regime, H, monkeypatch):
+    """``route.ONE_READBACK`` (the histogram read before the seeds, the chunk's counts with
+    the samples, the samples taken again on the tie-aware build where the flag asks): the
+    same choice as the two read-backs — route, screen, r, tie, every candidate's survival —
+    and the dense route's ids (the ties regime has τ = 0 queries: the second round)."""
+    from dosa_cupy import route as route_mod
+
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    a = _args(regime, 520, 24000, H, seed=5)
+    got = {}
+    for one in (False, True):
+        monkeypatch.setattr(route_mod, "ONE_READBACK", one)
+        ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), one
+        c = st.route
+        got[one] = (c.route, c.reason, c.screen, c.r, c.tie, c.survival, set(c.predicted_ms))
+    assert got[True] == got[False]

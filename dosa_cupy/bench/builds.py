@@ -14,6 +14,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          operations (not its two kernels)
     chunkplans  route.CHUNK_PLANS = True  the first candidate's plan of the whole chunk
                                          built during the sampled decision (under trial)
+    onereadback route.ONE_READBACK = True  the sampled decision with one read-back after
+                                         the seeds (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -33,6 +35,7 @@ BUILDS = {
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),
+    "onereadback": ("route", "ONE_READBACK", True),
 }
 
 
