@@ -56,6 +56,24 @@ def test_fp8_constants_are_the_fit_of_their_measurements():
         assert pred == pytest.approx(r["logits_ms"] + r["select_ms"], rel=0.09), r["regime"]
 
 
+def test_fit_skips_the_runs_its_route_sent_dense():
+    """A bench row whose default call went dense (its stage split has no refine stage) and
+    whose variants went dense or screened: only the screened runs enter the refinement and
+    finishing fits (results/s24: the 128K H 32 row went dense early), and the result equals
+    the fit of the rows with those runs removed."""
+    rows = json.loads((RESULTS.parent / "s24/bench_calibrated_h200.json").read_text())
+    rows = [r for r in rows if isinstance(r, dict) and "H" in r]
+    assert any("refine" not in r["dosa_stage_ms"] for r in rows)  # the case is there
+    got = fit_cost.fit(rows)
+    pruned = []
+    for r in rows:
+        r = dict(r, variants={k: v for k, v in r["variants"].items() if "refine" in v["stage_ms"]})
+        if "refine" not in r["dosa_stage_ms"]:
+            r = {k: v for k, v in r.items() if k not in ("dosa_stage_ms", "kept_mean")}
+        pruned.append(r)
+    assert fit_cost.fit(pruned) == got
+
+
 def test_model_reproduces_the_dense_route_it_was_fitted_on():
     # the dense route's measured time (logits + selection) within 8 % on the 1M rows and
     # 20 % on the small ones (0.2–0.6 ms).  These are not derived bounds: they record the

@@ -47,12 +47,12 @@ def _nnls(X, y):
 
 def _dosa_points(row):
     """(H, visible, survival, kept, stage_ms, Qn·N) of the row's DoSA runs (default and
-    variants)."""
+    variants) that screened: a run its route sent dense has no refine stage to fit."""
     out = []
-    if row.get("dosa_stage_ms"):
+    if "refine" in (row.get("dosa_stage_ms") or {}):
         out.append((row["survival_pooled"], row.get("kept_mean", 0.0), row["dosa_stage_ms"]))
     for v in (row.get("variants") or {}).values():
-        if v.get("stage_ms") and v.get("survival_pooled") is not None:
+        if "refine" in (v.get("stage_ms") or {}) and v.get("survival_pooled") is not None:
             out.append((v["survival_pooled"], None, v["stage_ms"]))
     return [(row["H"], row["visible_pairs"], *p, row["Qn"] * row["N"]) for p in out]
 
