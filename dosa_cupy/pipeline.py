@@ -24,17 +24,18 @@ import numpy as np
 
 from dosa_ref.cost import bound_fraction, work_estimate
 
+from . import refine as refine_mod
 from ._build import cupy_or_raise
 from .cost import RouteChoice, candidate_key, model_for
 from .dense import dense_ids
 from .options import resolved, start
 from .plan import plan_stage
 from .prepare import key_rho
-from .refine import popcount_rows, refine_stage
+from .refine import extend_records, popcount_rows, refine_stage
 from .route import early_choice, head_prefetch, memo_recall, memo_store, route_stage
 from .screen import rule_and_arith, screen_stage
 from .seeds import apply_tau_floor, certificate_seeds, seed_stage
-from .select import recover, recovery_queries, select_ids
+from .select import recover, recovery_queries, select_extended, select_ids
 
 __all__ = ["dosa_topk"]
 
@@ -133,12 +134,21 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         tau = cp.maximum(tau, seeds.tau)  # the certificate's τ, or a higher tau_floor
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
-    recs = refine_stage(b, tau, screened.surv, int(o["buffer"]))
+    deferred = refine_mod.DEFERRED_EXTENSION  # the overflow flags read with the recovery's
+    recs = refine_stage(b, tau, screened.surv, int(o["buffer"]), extend=not deferred)
     tm.mark("refine")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
     bad = recovery_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
-    recover(b, ids, bad)
+    if deferred:  # one read-back: the overflowed rows extended, then the recovered ones
+        over, any_bad = (bool(x) for x in cp.asnumpy(cp.stack([recs.over.any(), bad.any()])))
+        if over:
+            recs = extend_records(b, tau, screened.surv, recs)
+            select_extended(b.K, seeds.default, recs, ids, kth)
+        if any_bad:
+            recover(b, ids, bad)
+    else:
+        recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32
     tm.mark("recover")
 

@@ -22,13 +22,19 @@ import numpy as np
 from ._build import cupy_or_raise, device_const, kernel
 from .prepare import Batch
 from .scorer import FP8_SPEC
-from .select import RecordBuffer, Records, extend_overflow
+from .select import RecordBuffer, Records, extend_flagged, extend_overflow
 
-__all__ = ["RefineLaunch", "popcount_rows", "refine_stage"]
+__all__ = ["RefineLaunch", "extend_records", "popcount_rows", "refine_stage"]
 
 RW = 256  # words per warp of the refine kernel (refine.cu RW)
 REFINE_WARPS = 8  # warps per block of the refine kernel
 RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_fp8.cu RWF)
+
+# The overflow check of a DoSA call read back with the recovery's (pipeline.py), so the
+# selection is queued behind the refinement without a synchronization between them; the
+# overflowed rows (rare) are extended and selected again after that read-back
+# (``extend_records``, ``select.select_extended``).  Under trial (bench builds=deferext).
+DEFERRED_EXTENSION = False
 
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -83,6 +89,23 @@ def refine_stage(b: Batch, tau, surv, cap: int, extend: bool = True) -> Records:
     xp = cupy_or_raise()
     first = RecordBuffer(b.Qn, cap)
     RefineLaunch(b, tau).per_query(xp.arange(b.Qn, dtype=xp.int32), surv, first)
+    if not extend:
+        return Records(first.rec, first.cnt, first.cnt > first.cap)
+    return extend_overflow(first, _rescore(b, tau, surv))
+
+
+def extend_records(b: Batch, tau, surv, recs: Records) -> Records:
+    """The exact extension of ``refine_stage(..., extend=False)``'s records (``recs.over``
+    flagged): the overflowed rows refined again into their complete lists (``recs.ext``;
+    ``select.extend_flagged``) — the extension after the caller has read the flags back
+    (``DEFERRED_EXTENSION``)."""
+    return extend_flagged(recs, _rescore(b, tau, surv))
+
+
+def _rescore(b: Batch, tau, surv):
+    """rescore(rows int32 [n], cap2) → RecordBuffer [n, cap2]: the rows' survivors refined
+    again as a sub-problem of those rows (``select.extend_overflow``'s argument)."""
+    xp = cupy_or_raise()
 
     def rescore(oq, cap2):
         out = RecordBuffer(int(oq.size), cap2)
@@ -90,6 +113,4 @@ def refine_stage(b: Batch, tau, surv, cap: int, extend: bool = True) -> Records:
         sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
         return out
 
-    if not extend:
-        return Records(first.rec, first.cnt, first.cnt > first.cap)
-    return extend_overflow(first, rescore)
+    return rescore

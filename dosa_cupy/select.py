@@ -83,14 +83,20 @@ def extend_overflow(first: RecordBuffer, rescore) -> Records:
     count > cap are scored again as a sub-problem of those rows only, into a [rows, max
     count] buffer — ``rescore(rows int32 [n], cap2) → RecordBuffer [n, cap2]``.  A [Qn,
     max count] table would not fit (one row with 500K records at Qn = 32K, N = 1M: 131 GB)."""
+    return extend_flagged(Records(first.rec, first.cnt, first.cnt > first.cap), rescore)
+
+
+def extend_flagged(recs: Records, rescore) -> Records:
+    """``extend_overflow`` of a first pass whose rows are flagged already (``Records.over``,
+    no ``ext``): ``recs`` with the complete lists of its overflowed rows in ``ext`` (one
+    synchronization for their number, one more for their largest count when there are any).
+    """
     xp = cupy_or_raise()
-    over = first.cnt > first.cap
-    out = Records(first.rec, first.cnt, over)
-    if int(over.sum()):
-        oq = xp.flatnonzero(over).astype(xp.int32)
-        second = rescore(oq, int(first.cnt[oq].max()))
-        out.ext = (oq, second.rec, second.cnt)
-    return out
+    if int(recs.over.sum()):
+        oq = xp.flatnonzero(recs.over).astype(xp.int32)
+        second = rescore(oq, int(recs.cnt[oq].max()))
+        recs.ext = (oq, second.rec, second.cnt)
+    return recs
 
 
 # "No K-th record": an id no visible key exceeds (ids < N ≤ 2^31 − 1), so "U = τ and i > j"
@@ -148,13 +154,20 @@ def select_ids(K: int, seeds: RecordBuffer, recs: Records, want_kth: bool = Fals
     [Qn, K], the K-th record uint64 [Qn] (0: fewer than K) or None); the overflowed rows are
     selected again from their complete lists (``recs.ext``)."""
     ids, kth = select_records(K, seeds.rec, seeds.cnt, recs.rec, recs.cnt, want_kth=want_kth)
-    if recs.ext is not None:
-        oq, rec2, cnt2 = recs.ext
-        ids[oq], k2 = select_records(K, seeds.rec[oq], seeds.cnt[oq], rec2, cnt2,
-                                     want_kth=want_kth)  # fmt: skip
-        if want_kth:
-            kth[oq] = k2
+    select_extended(K, seeds, recs, ids, kth)
     return ids, kth
+
+
+def select_extended(K: int, seeds: RecordBuffer, recs: Records, ids, kth) -> None:
+    """The rows of ``recs.ext`` (the overflowed ones) of ids int32 [Qn, K] and of the K-th
+    records kth uint64 [Qn] (or None) selected again from their complete lists, in place."""
+    if recs.ext is None:
+        return
+    oq, rec2, cnt2 = recs.ext
+    ids[oq], k2 = select_records(K, seeds.rec[oq], seeds.cnt[oq], rec2, cnt2,
+                                 want_kth=kth is not None)  # fmt: skip
+    if kth is not None:
+        kth[oq] = k2
 
 
 def recovery_queries(b: Batch):

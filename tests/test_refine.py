@@ -340,6 +340,34 @@ def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):
     assert len(fk.calls) == 1  # no second pass
 
 
+@pytest.mark.parametrize("cap", [3, 4096])
+def test_deferred_extension_equals_the_immediate_one(fake_refine, cap):
+    """``refine.DEFERRED_EXTENSION``'s pieces: ``refine_stage(..., extend=False)`` then
+    ``extend_records`` give the records, counts, flags and extension of ``refine_stage``
+    (the same rows refined again, at the same size); without an overflowed row nothing is
+    launched again."""
+    rng = np.random.default_rng(5)
+    Qn, N = 13, 333
+    surv, ks, ke = _random_case(rng, Qn, N, 0.6, "causal")
+    S = rng.standard_normal((Qn, N)).astype(np.float32)
+    tau = np.quantile(S, 0.3, axis=1).astype(np.float32)
+    q = _tag_queries(np.zeros((Qn, 16, 128), np.uint8))
+    b = Batch(q, np.zeros((Qn, 16), np.float32), np.zeros((N, 128), np.uint8),
+              np.ones(N, np.float32), 1, ks, ke)  # fmt: skip
+    fake_refine(S)
+    now = rs_mod.refine_stage(b, tau, surv, cap)
+    fk = fake_refine(S)
+    later = rs_mod.extend_records(b, tau, surv, rs_mod.refine_stage(b, tau, surv, cap, False))
+    assert len(fk.calls) == (2 if now.over.any() else 1)
+    assert np.array_equal(now.cnt, later.cnt) and np.array_equal(now.over, later.over)
+    assert (now.ext is None) == (later.ext is None) == (not now.over.any())
+    if now.ext is not None:  # the same rows at the same size and counts
+        (r0, e0, c0), (r1, e1, c1) = now.ext, later.ext
+        assert np.array_equal(r0, r1) and e0.shape == e1.shape and np.array_equal(c0, c1)
+    for t in range(Qn):  # every query's records (the buffers past the counts are not written)
+        assert np.array_equal(np.sort(now.row(t)), np.sort(later.row(t))), t
+
+
 # ---------------------------------------------------------------------------------------
 # GPU (H200)
 # ---------------------------------------------------------------------------------------
@@ -378,3 +406,23 @@ def test_gpu_refine_stage_records_exact(H, cap):
         ids = np.flatnonzero(B[t, :N])
         got = np.sort(cp.asnumpy(recs.row(t)))
         assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
+
+
+@pytest.mark.parametrize("buffer", [16, 1 << 16])
+@gpu
+def test_gpu_deferred_extension_returns_the_dense_ids(buffer, monkeypatch):
+    """``refine.DEFERRED_EXTENSION`` in a DoSA call: the overflow flags read with the
+    recovery's, the overflowed rows (every row at a buffer of 16 records) extended and
+    selected after the selection, then a query that sees an invalid scale recovered by the
+    dense route — the dense route's ids, the statistics' overflow counts as without it."""
+    wl = make_gpu_workload("calibrated", 300, 30000, 64, seed=9)
+    ksc = wl["k_scale"].copy()
+    ksc[20000] = -1.0  # the queries that see key 20000 are recovered
+    a = (wl["q"], wl["w"], wl["k_payload"], ksc, 256, wl["ks"], wl["ke"])
+    opts = dict(route="dosa", screen="wgt", r=6, buffer=buffer, return_stats=True)
+    _, now = dosa_cupy.dosa_topk(*a, **opts)
+    monkeypatch.setattr(rs_mod, "DEFERRED_EXTENSION", True)
+    ids, st = dosa_cupy.dosa_topk(*a, **opts)
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a))
+    assert np.array_equal(st.overflows, now.overflows) and st.recovered.any()
+    assert st.overflows.any() == (buffer == 16)

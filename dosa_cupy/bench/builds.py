@@ -16,6 +16,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          built during the sampled decision (under trial)
     onereadback route.ONE_READBACK = True  the sampled decision with one read-back after
                                          the seeds (under trial)
+    deferext    refine.DEFERRED_EXTENSION = True  the overflow check read back with the
+                                         recovery's (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -36,6 +38,7 @@ BUILDS = {
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),
     "onereadback": ("route", "ONE_READBACK", True),
+    "deferext": ("refine", "DEFERRED_EXTENSION", True),
 }
 
 
