@@ -144,14 +144,15 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     auto = auto_wanted(screen, cert, b.Qn)
     if hist is not None:  # read-back 1 before the seeds; the counts come with read-back 2
         hist[1].synchronize()
-        pick, head_dev, tie = auto_pick(r, hist[0]), _head_counts(b, seeds, o, False), False
+        head, pick = None, auto_pick(r, hist[0])
     else:
         head = cp.asnumpy(_head_counts(b, seeds, o, auto))  # read-back 1
         pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
-        head_dev, tie = None, bool(head[2])
+    tie = head is not None and bool(head[2])  # without read-back 1: the plain build first
     cands = candidates_of(screen, r, cert, pick)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
-        return RouteChoice("dosa", "small", *cands[0], tie=None if head_dev is not None else tie)
+        return RouteChoice("dosa", "small", *cands[0], tie=None if head is None else tie)
+    head_dev = _head_counts(b, seeds, o, False) if head is None else None
     runs, got, plans = _samples(b, seeds, rho, o, cands, tie, head_dev)
     if head_dev is not None:
         head, got = got[:3], got[3:]
