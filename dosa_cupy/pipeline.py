@@ -106,8 +106,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     key, route = memo_recall(b, o)  # an earlier chunk of this kind decided
     if route is not None and route.route == "dense":
         return _dense_route(b, st, tm, route, None, stats)
-    hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     b.raise_if_bad()  # bad input raises before the screening stages
+    hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
