@@ -123,7 +123,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tie, arith = rule_and_arith(seeds, o, route.tie)  # the screen's rule and dots
     plan, route.plan = route.plan, None  # the sampled winner's plan of the chunk, if any
     if plan is None or (plan.r_max, plan.screen) != (route.r, arith):
-        plan = plan_stage(b, seeds.pool, route.r, o, screen=arith)  # §3–§5, §8
+        plan = plan_stage(b, seeds.pool, route.r, o, seeds.sample_count, arith)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
     tm.mark("screen")

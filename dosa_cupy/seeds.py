@@ -41,6 +41,13 @@ __all__ = [
     "seed_stage",
 ]
 
+# The eager call's anchor pool at its capacity min(anchors · K, N), P on the device, as a
+# captured step builds it: no synchronization in the seed stage (its pool is sized without
+# reading P back).  Under trial (bench builds=poolcap): the pool's padding is gathered and its
+# records' buffer is wider; the plans' sample keys are spaced over the first P ids by the
+# device formula (plan_stage's pcount), the same keys up to the rounding of linspace.
+POOL_CAPACITY = False
+
 SEED_WARPS = 8  # warps per block of seed_ids
 SEEDW = 256  # seed slots per warp (seed_ids.cu SEEDW)
 
@@ -69,6 +76,13 @@ class Seeds:
     window: int
     kth_id: object = None
     pcount: object = None  # int64 0-d device array: P, the pool's ids (the rest is padding)
+    padded: bool = False  # the pool has its capacity (P ids, then padding)
+
+    @property
+    def sample_count(self):
+        """``plan_stage``'s pcount: P on the device where the pool is padded, else None
+        (the pool's size is P)."""
+        return self.pcount if self.padded else None
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -97,10 +111,11 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     union of the exact Top-K of n_anchors evenly spaced queries, within each of
     anchor_segments segments of the keys), sinks, window, seed_ids
     (validated device ids or None, ``device_seed_ids``).  ``anchors``: "rows" (default:
-    ``anchor_queries``, the pool sized to its P ids, one synchronization) or the anchor rows
-    given (``anchor_queries``'s array or None) — then the pool has its capacity
-    min(anchors · K, N) and P stays on the device (``Seeds.pcount``): the stage issues
-    kernels only, as a captured step needs (capture.py).
+    ``anchor_queries``, the pool sized to its P ids, one synchronization; with
+    ``POOL_CAPACITY`` as below) or the anchor rows given (``anchor_queries``'s array or None)
+    — then the pool has its capacity min(anchors · K, N) and P stays on the device
+    (``Seeds.pcount``, ``Seeds.sample_count``): the stage issues kernels only, as a captured
+    step needs (capture.py).
     """
     cp = cupy_or_raise()
     Qn = b.Qn
@@ -111,7 +126,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
         aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
     else:
         aid = cp.zeros(0, dtype=cp.int32)
-    cap = min(int(aid.size), b.N) if fixed else None
+    cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
     pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
@@ -137,7 +152,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
             xtable = table  # the certificate seeds are deduplicated against these
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid, offs[-1])  # fmt: skip
+                 kid, offs[-1], padded=cap is not None)  # fmt: skip
 
 
 def anchor_pool(aid, NW: int, cap: int | None = None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dosa_cupy import decode_ops, plan, prepare, refine, route, screen
+from dosa_cupy import decode_ops, plan, prepare, refine, route, screen, seeds
 from dosa_cupy.bench.builds import BUILDS, builds_on, parse_builds
 
 
@@ -21,7 +21,8 @@ def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
-            "onereadback": route, "deferext": refine}  # fmt: skip
+            "onereadback": route, "deferext": refine,
+            "poolcap": seeds}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row

@@ -213,3 +213,28 @@ def test_one_read_back_decides_as_two(regime, H, monkeypatch):
         c = st.route
         got[one] = (c.route, c.reason, c.screen, c.r, c.tie, c.survival, set(c.predicted_ms))
     assert got[True] == got[False]
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32)])
+@gpu
+def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
+    """``seeds.POOL_CAPACITY`` (the eager call's anchor pool at its capacity, P on the
+    device): the same P pool ids, the same τ and K-th ids bitwise (the same seed set), and
+    the dense route's ids through the whole call, sampled decision included."""
+    from dosa_cupy import seeds as seeds_mod
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
+
+    a = _args(regime, 520, 24000, H, seed=4)
+    b = pad_batch(*a)
+    o = resolve_options(check_options({}), b.K)
+    exact = seeds_mod.seed_stage(b, o)
+    monkeypatch.setattr(seeds_mod, "POOL_CAPACITY", True)
+    cap = seeds_mod.seed_stage(b, o)
+    P = int(exact.pool.size)
+    assert cap.padded and not exact.padded and int(cap.pcount) == P
+    assert cp.array_equal(cap.pool[:P], exact.pool) and cp.array_equal(cap.poolmask, exact.poolmask)
+    assert cp.array_equal(cap.tau.view(cp.uint32), exact.tau.view(cp.uint32))
+    assert cp.array_equal(cap.kth_id, exact.kth_id)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))

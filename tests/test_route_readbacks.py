@@ -46,7 +46,7 @@ def _install(monkeypatch, tie_flag: bool, survival: dict):
         hist = route_mod.positive_heads_hist(b.w, np) if auto else np.zeros(0, np.int64)
         return np.concatenate([[b.Qn * 1000, b.Qn * 900, int(tie_flag)], hist]).astype(np.int64)
 
-    def plan_stage(bs, pool, rr, o, screen):
+    def plan_stage(bs, pool, rr, o, pcount, screen):
         log.append(("plan", bs.Qn, rr, screen))
         return types.SimpleNamespace(r=np.full(bs.Qn, rr), r_max=rr, screen=screen, Qn=bs.Qn)
 
@@ -78,7 +78,7 @@ def _decide(monkeypatch, one: bool, chunk: bool, tie_flag: bool, positive: int, 
     o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True)
     hist = route_mod.head_prefetch(b, o)
     assert (hist is not None) == one
-    seeds = types.SimpleNamespace(pool=np.arange(10))
+    seeds = types.SimpleNamespace(pool=np.arange(10), sample_count=None)
     return route_mod.route_stage(b, seeds, None, o, NEVER_DENSE, hist), log
 
 

@@ -18,6 +18,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          the seeds (under trial)
     deferext    refine.DEFERRED_EXTENSION = True  the overflow check read back with the
                                          recovery's (under trial)
+    poolcap     seeds.POOL_CAPACITY = True  the anchor pool at its capacity, P on the device:
+                                         no synchronization in the seed stage (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -39,6 +41,7 @@ BUILDS = {
     "chunkplans": ("route", "CHUNK_PLANS", True),
     "onereadback": ("route", "ONE_READBACK", True),
     "deferext": ("refine", "DEFERRED_EXTENSION", True),
+    "poolcap": ("seeds", "POOL_CAPACITY", True),
 }
 
 
