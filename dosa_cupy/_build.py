@@ -78,6 +78,21 @@ def cupy_or_raise():
 _CONSTS: dict = {}
 
 
+def read_back_async(x):
+    """(numpy array, event) of the device array ``x``: copied on the current stream into
+    page-locked host memory, which holds x's values once the event has completed — a
+    read-back that waits for the work queued before it, not for what is queued after (the
+    route stage's read-backs, screen.tie_prefetch)."""
+    cp = cupy_or_raise()
+    import cupyx  # with CuPy
+
+    host = cupyx.empty_pinned(x.shape, dtype=x.dtype)
+    cp.asnumpy(x, out=host, blocking=False)
+    ready = cp.cuda.Event()
+    ready.record()
+    return host, ready
+
+
 def device_const(xp, name: str, make):
     """``xp.asarray(make())`` copied to the current device once and kept (per device and
     ``name``): an index or lookup table used by host code on every call.  A copy from

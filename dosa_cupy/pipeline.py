@@ -33,7 +33,7 @@ from .plan import plan_stage
 from .prepare import key_rho
 from .refine import extend_records, popcount_rows, refine_stage
 from .route import early_choice, head_prefetch, memo_recall, memo_store, route_stage
-from .screen import rule_and_arith, screen_stage
+from .screen import prefetched_tie, rule_and_arith, screen_stage, tie_prefetch
 from .seeds import apply_tau_floor, certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_extended, select_ids
 
@@ -120,12 +120,19 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         if route.route == "dense":
             return _dense_route(b, st, tm, route, seeds, stats)
     o = resolved(o, screen=route.screen)  # the decision's screen for the stages after it
-    tie, arith = rule_and_arith(seeds, o, route.tie)  # the screen's rule and dots
+    flag = tie_prefetch(seeds, o, route.tie)  # the rule read back while the chunk screens
+    tie, arith = rule_and_arith(seeds, o, False if flag is not None else route.tie)
     plan, route.plan = route.plan, None  # the sampled winner's plan of the chunk, if any
     if plan is None or (plan.r_max, plan.screen) != (route.r, arith):
         plan = plan_stage(b, seeds.pool, route.r, o, seeds.sample_count, arith)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
+    if flag is not None and prefetched_tie(flag):  # the tie-aware build after all (§7)
+        plain = arith
+        tie, arith = rule_and_arith(seeds, o, True)
+        if arith != plain:  # the plans of the FP8 build cover its own dots only
+            plan = plan_stage(b, seeds.pool, route.r, o, seeds.sample_count, arith)
+        screened = screen_stage(b, plan, seeds, rho, o, tie)
     tm.mark("screen")
     tau, cert_scored = seeds.tau, None
     if screened.cert is not None:  # certificate-guided seeds (§2): raise τ, drop survivors

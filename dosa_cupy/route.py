@@ -30,7 +30,7 @@ import numpy as np
 
 from dosa_ref.cost import bound_fraction
 
-from ._build import cupy_or_raise, device_const, kernel
+from ._build import cupy_or_raise, device_const, kernel, read_back_async
 from .cost import (
     CostModel,
     RouteChoice,
@@ -109,13 +109,13 @@ def memo_store(o: dict, key, choice: RouteChoice) -> None:
 def head_prefetch(b, o: dict):
     """With ``ONE_READBACK``, for a chunk about to be seeded (route "auto", no memo choice):
     ``screen.positive_heads_hist`` of ``b.w`` queued now and read back by an event
-    (``_read_back_async``: it waits for the work queued before it, not for the seeds queued
+    (``read_back_async``: it waits for the work queued before it, not for the seeds queued
     after), which ``route_stage`` takes as ``hist``; None otherwise."""
     screen, cert = o["screen"], int(o["cert_seeds"])
     if not ONE_READBACK or o["route"] != "auto" or not auto_wanted(screen, cert, b.Qn):
         return None
     cp = cupy_or_raise()
-    return _read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
+    return read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
 
 
 def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteChoice:
@@ -205,27 +205,13 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     counts = cp.concatenate(parts)
     if not CHUNK_PLANS:
         return runs, cp.asnumpy(counts), plans  # read-back 2
-    got, ready = _read_back_async(counts)  # read-back 2 by an event, the chunk plan behind it
+    got, ready = read_back_async(counts)  # read-back 2 by an event, the chunk plan behind it
     scr, rr = cands[0]
     plans[candidate_key(scr, rr)] = plan_stage(
         b, seeds.pool, rr, o, seeds.sample_count, screen_arith(scr, tie)
     )
     ready.synchronize()
     return runs, got, plans
-
-
-def _read_back_async(x):
-    """(numpy array, event) of the device array ``x``: copied on the current stream into
-    page-locked host memory, which holds x's values once the event has completed — a
-    read-back that waits for the work queued before it, not for what is queued after."""
-    cp = cupy_or_raise()
-    import cupyx  # with CuPy
-
-    host = cupyx.empty_pinned(x.shape, dtype=x.dtype)
-    cp.asnumpy(x, out=host, blocking=False)
-    ready = cp.cuda.Event()
-    ready.record()
-    return host, ready
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

@@ -24,7 +24,7 @@ import numpy as np
 from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
-from ._build import KernelSpec, cupy_or_raise, device_const, kernel, tile
+from ._build import KernelSpec, cupy_or_raise, device_const, kernel, read_back_async, tile
 from .plan import MU, NO_EXPONENT, DevicePlan, gamma, gamma_mma, row_slots, step_exponents
 from .prepare import Batch, D
 from .scorer import MMA_BITS, QG, ROWB
@@ -128,6 +128,30 @@ def screen_arith(screen: str, tie: bool | None) -> str:
     rule), else "f16" — what ``plan_stage`` builds the plans for (``dot_allowance``)."""
     fp8 = WGT_FP8 and screen == "wgt" and tie is False
     return "fp8_fresh" if fp8 else "f16"
+
+
+# A chunk whose rule the route stage did not decide (route="dosa", a memo's choice) planned
+# and screened on the plain rule while its tie flag is read back by an event, and screened
+# again on the tie-aware build in the rare chunk whose flag asks for it (``tie_prefetch``;
+# both rules are exact): no synchronization between the seeds and the screen.  Under trial
+# (bench builds=speculativetie).
+SPECULATIVE_TIE = False
+
+
+def tie_prefetch(seeds: Seeds, o: dict, tie: bool | None):
+    """With ``SPECULATIVE_TIE``, for a chunk whose rule is not decided yet (``tie`` None)
+    with ``tie_reject`` on: (host bool [1], event) of ``tie_screen_flag``, read back by an
+    event; None otherwise (``rule_and_arith`` and ``screen_stage`` then read the flag as
+    they need it)."""
+    if not SPECULATIVE_TIE or tie is not None or not o["tie_reject"]:
+        return None
+    return read_back_async(tie_screen_flag(seeds, o, cupy_or_raise()).reshape(1))
+
+
+def prefetched_tie(flag) -> bool:
+    """The tie flag of ``tie_prefetch`` (waits for its event: the seeds' end)."""
+    flag[1].synchronize()
+    return bool(flag[0][0])
 
 
 def rule_and_arith(seeds: Seeds, o: dict, tie: bool | None) -> tuple[bool | None, str]:

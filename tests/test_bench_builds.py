@@ -22,7 +22,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
             "onereadback": route, "deferext": refine,
-            "poolcap": seeds}  # fmt: skip
+            "poolcap": seeds, "speculativetie": screen}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row

@@ -238,3 +238,24 @@ def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
     assert cp.array_equal(cap.kth_id, exact.kth_id)
     monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32), ("equal", 64)])
+@pytest.mark.parametrize("options", [dict(route="dosa"), dict(route="dosa", screen="pair", r=6)])
+@gpu
+def test_speculative_tie_screens_as_the_decided_rule(regime, H, options, monkeypatch):
+    """``screen.SPECULATIVE_TIE`` (route="dosa": the rule is not decided by a route stage):
+    the chunk screened on the plain rule while its flag is read back, again on the tie-aware
+    build where the flag asks for it — the same screen and rule, survivors and tie counts as
+    the rule decided first, and the dense route's ids (the ties and equal regimes have τ = 0
+    queries)."""
+    from dosa_cupy import screen as screen_mod
+
+    a = _args(regime, 300, 20000, H, seed=6)
+    got = {}
+    for spec in (False, True):
+        monkeypatch.setattr(screen_mod, "SPECULATIVE_TIE", spec)
+        ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, **options)
+        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), spec
+        got[spec] = (st.screen, st.survivors.tolist(), st.tie_rejected.tolist())
+    assert got[True] == got[False]

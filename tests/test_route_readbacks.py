@@ -64,7 +64,7 @@ def _install(monkeypatch, tie_flag: bool, survival: dict):
     monkeypatch.setattr(route_mod, "_head_counts", head_counts)
     monkeypatch.setattr(route_mod, "plan_stage", plan_stage)
     monkeypatch.setattr(route_mod, "_sample", sample)
-    monkeypatch.setattr(route_mod, "_read_back_async", read_back_async)
+    monkeypatch.setattr(route_mod, "read_back_async", read_back_async)
     return log
 
 

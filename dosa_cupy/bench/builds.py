@@ -20,6 +20,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          recovery's (under trial)
     poolcap     seeds.POOL_CAPACITY = True  the anchor pool at its capacity, P on the device:
                                          no synchronization in the seed stage (under trial)
+    speculativetie screen.SPECULATIVE_TIE = True  a chunk whose rule the route did not
+                                         decide screened on the plain rule while its tie
+                                         flag is read back (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -42,6 +45,7 @@ BUILDS = {
     "onereadback": ("route", "ONE_READBACK", True),
     "deferext": ("refine", "DEFERRED_EXTENSION", True),
     "poolcap": ("seeds", "POOL_CAPACITY", True),
+    "speculativetie": ("screen", "SPECULATIVE_TIE", True),
 }
 
 
