@@ -294,9 +294,7 @@ class PrefillSelectorGPU:
         o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
         rho = key_rho(b.kp)
         seeds = seed_stage(b, o, sh.anchors)
-        plan = plan_stage(
-            b, seeds.pool, sh.r, o, seeds.sample_count, screen_arith(sh.screen, sh.tie)
-        )
+        plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount, screen_arith(sh.screen, sh.tie))
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)

@@ -124,14 +124,14 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     tie, arith = rule_and_arith(seeds, o, False if flag is not None else route.tie)
     plan, route.plan = route.plan, None  # the sampled winner's plan of the chunk, if any
     if plan is None or (plan.r_max, plan.screen) != (route.r, arith):
-        plan = plan_stage(b, seeds.pool, route.r, o, seeds.sample_count, arith)  # §3–§5, §8
+        plan = plan_stage(b, seeds.pool, route.r, o, seeds.pcount, arith)  # §3–§5, §8
     tm.mark("plan")
     screened = screen_stage(b, plan, seeds, rho, o, tie)  # §8–§9
     if flag is not None and prefetched_tie(flag):  # the tie-aware build after all (§7)
         plain = arith
         tie, arith = rule_and_arith(seeds, o, True)
         if arith != plain:  # the plans of the FP8 build cover its own dots only
-            plan = plan_stage(b, seeds.pool, route.r, o, seeds.sample_count, arith)
+            plan = plan_stage(b, seeds.pool, route.r, o, seeds.pcount, arith)
         screened = screen_stage(b, plan, seeds, rho, o, tie)
     tm.mark("screen")
     tau, cert_scored = seeds.tau, None

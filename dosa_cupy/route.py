@@ -198,7 +198,7 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
         idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
                            lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
-        plan = plan_stage(bs, seeds.pool, rr, o, seeds.sample_count, screen_arith(scr, tie))
+        plan = plan_stage(bs, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie))
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
                                               tie)))  # fmt: skip
     parts = ([] if head_dev is None else [head_dev]) + [run[-1][2] for run in runs]
@@ -208,7 +208,7 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     got, ready = read_back_async(counts)  # read-back 2 by an event, the chunk plan behind it
     scr, rr = cands[0]
     plans[candidate_key(scr, rr)] = plan_stage(
-        b, seeds.pool, rr, o, seeds.sample_count, screen_arith(scr, tie)
+        b, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie)
     )
     ready.synchronize()
     return runs, got, plans

@@ -75,14 +75,9 @@ class Seeds:
     sinks: int
     window: int
     kth_id: object = None
-    pcount: object = None  # int64 0-d device array: P, the pool's ids (the rest is padding)
-    padded: bool = False  # the pool has its capacity (P ids, then padding)
-
-    @property
-    def sample_count(self):
-        """``plan_stage``'s pcount: P on the device where the pool is padded, else None
-        (the pool's size is P)."""
-        return self.pcount if self.padded else None
+    # int64 0-d device array: P, the pool's ids, where the pool has its capacity (the rest is
+    # padding); None where the pool's size is P — plan_stage's pcount either way
+    pcount: object = None
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -114,7 +109,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     ``anchor_queries``, the pool sized to its P ids, one synchronization; with
     ``POOL_CAPACITY`` as below) or the anchor rows given (``anchor_queries``'s array or None)
     — then the pool has its capacity min(anchors · K, N) and P stays on the device
-    (``Seeds.pcount``, ``Seeds.sample_count``): the stage issues kernels only, as a captured
+    (``Seeds.pcount``): the stage issues kernels only, as a captured
     step needs (capture.py).
     """
     cp = cupy_or_raise()
@@ -152,7 +147,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
             xtable = table  # the certificate seeds are deduplicated against these
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid, offs[-1], padded=cap is not None)  # fmt: skip
+                 kid, None if cap is None else offs[-1])  # fmt: skip
 
 
 def anchor_pool(aid, NW: int, cap: int | None = None):

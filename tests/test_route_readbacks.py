@@ -78,7 +78,7 @@ def _decide(monkeypatch, one: bool, chunk: bool, tie_flag: bool, positive: int, 
     o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True)
     hist = route_mod.head_prefetch(b, o)
     assert (hist is not None) == one
-    seeds = types.SimpleNamespace(pool=np.arange(10), sample_count=None)
+    seeds = types.SimpleNamespace(pool=np.arange(10), pcount=None)
     return route_mod.route_stage(b, seeds, None, o, NEVER_DENSE, hist), log
 
 
