@@ -64,10 +64,8 @@ COUNT_KERNELS = True
 
 # The first candidate's plan of the whole chunk queued behind the samples, read back by an
 # event, so the GPU plans while the host decides; kept when that candidate wins (docs/method.md
-# §9 "Route choice").  Under trial (bench builds=chunkplans): a first form that planned the
-# chunk before the samples saved 0.4 and 1.8 ms at 1M keys and lost 1.1 ms at 128K, H = 64,
-# in one H100 run (docs/records/benchmarks.md "The decision's plans"); off, the chunk is
-# planned after the decision.
+# §9 "Route choice").  Under trial (bench builds=chunkplans; docs/records/benchmarks.md "The
+# decision's plans"); off, the chunk is planned after the decision.
 CHUNK_PLANS = False
 
 # The positive-head histogram read back before the seeds (``head_prefetch``) and the chunk's
