@@ -119,16 +119,6 @@ WGT_RING_SLOTS = 3
 # (calibrated, r 6), 56.5 against 71.3 (trained, r 30), with 7–35 % fewer survivors (session
 # 22); False: the f16 builds (the bench's comparison).
 WGT_FP8 = True
-# The lean ring kernels (csrc/screen_wgt.cu "The lean builds": the bounds output compiled out,
-# the same words and tie counts bit for bit) wherever no bounds are asked for; every ring
-# build has one but the FP8 32-row build, whose lean form spills.  Under trial (bench
-# builds=lean).
-WGT_LEAN = False
-
-
-def has_lean(name: str) -> bool:
-    """Whether the ring kernel ``name`` (screen_wgt[_fp8]_ring_rows*) has a lean build."""
-    return "_ring_rows" in name and name != "screen_wgt_fp8_ring_rows32"
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -498,14 +488,13 @@ class ScreenLaunch:
             return cls(name, grid, smem, args, tie=tie, wgt=True)
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
-    def function(self, bounds: bool = False):
+    def function(self):
         """The compiled kernel (built and loaded on first use; route.route_stage calls it
-        before timing a launch); ``bounds``: the launch writes U^num (never a lean build)."""
+        before timing a launch)."""
         if self.hopper:
             return sm90a.kernel(self.name, self.mts)
         if self.wgt:
-            lean = WGT_LEAN and not bounds and has_lean(self.name)
-            return kernel(self.name + ("_lean" if lean else ""), self.smem, WGT_SPEC)
+            return kernel(self.name, self.smem, WGT_SPEC)
         return kernel(self.name, self.smem)
 
     def images(self):
@@ -533,7 +522,7 @@ class ScreenLaunch:
             out += (tcnt if tcnt is not None else null,)
         if self.ring:
             out += (self.images(),)
-        self.function(bounds is not None)(
+        self.function()(
             self.grid,
             (
                 sm90a.threads(self.mts)

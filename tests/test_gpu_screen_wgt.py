@@ -152,16 +152,14 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False, barrier=False, lean=False):  # fmt: skip
+            fp8=False, barrier=False):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
     pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
-    ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``); ``lean``:
-    the ring kernel's lean build (``..._lean``, screen.WGT_LEAN: no U^num written — U stays
-    NaN)."""
-    ring = ring or fp8 or barrier or lean
+    ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``)."""
+    ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
     d = {k: cp.asarray(v) for k, v in op.items() if k != "r"}
@@ -184,7 +182,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
-        name += "_barrier" if barrier else "_lean" if lean else ""
+        name += "_barrier" if barrier else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -325,56 +323,6 @@ def test_wgt_ring_equals_default_bitwise(nrow, tie):
         got = _launch(op, tau, 1e-7, tie, kj, zrow, nrow, ring=True)
         for a, b in zip(ref, got, strict=True):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-@pytest.mark.parametrize("build", ["f16", "f16_tie", "fp8"])
-@pytest.mark.parametrize("nrow", [32, 16, 8])
-@needs_sm90a
-@gpu
-def test_wgt_lean_equals_ring_bitwise(nrow, build):
-    """The lean ring kernels (screen.WGT_LEAN) against the ring build on launches whose
-    blocks run many query groups, spans a check=False caller may pass included: the same
-    survivor words and tie counts bit for bit, no U^num written (the FP8 32-row build has no
-    lean kernel: ``screen.has_lean``), repeated launches included (a race would move them)."""
-    fp8, tie = build == "fp8", build == "f16_tie"
-    name = f"screen_wgt{'_fp8' if fp8 else ''}_ring_rows{nrow}{'_tie' if tie else ''}"
-    assert screen.has_lean(name) == (name != "screen_wgt_fp8_ring_rows32")
-    if not screen.has_lean(name):
-        return
-    rs = np.random.RandomState(7 + nrow)
-    Qn, N = 1000, 2100
-    op = _operands(rs, Qn, N, R_MAX[nrow])
-    op["ks"][10:14] = [900, -5, 1500, 2050]
-    op["ke"][10:14] = [400, 700, N + 90, 2099]
-    tau = rs.uniform(-1.0, 1.0, size=Qn).astype(np.float32)
-    kj = rs.randint(0, N, size=Qn).astype(np.int32) if tie else None
-    zrow = np.where(op["om"] > 0, np.float32(0.01), np.float32(-1.0)) if tie else None
-    ref = _launch(op, tau, 1e-7, tie, kj, zrow, nrow, ring=True, fp8=fp8)
-    assert 0 < int(np.unpackbits(ref[0].view(np.uint8)).sum()) < Qn * N  # words of both kinds
-    for _ in range(3):
-        surv, U, tcnt = _launch(op, tau, 1e-7, tie, kj, zrow, nrow, fp8=fp8, lean=True)
-        assert np.array_equal(surv, ref[0]) and np.array_equal(tcnt, ref[2])
-        assert np.all(np.isnan(U))
-
-
-@pytest.mark.parametrize("r", R)
-@needs_sm90a
-@gpu
-def test_wgt_lean_ids_equal_dense(monkeypatch, r):
-    """The lean ring kernels through the pipeline (screen.WGT_LEAN): ids == the dense
-    route's on two regimes, tie-aware rule on and off, and the lean kernel ran where no
-    bounds were asked for."""
-    monkeypatch.setattr(screen, "WGT_LEAN", True)
-    names = []
-    real = screen.kernel
-    monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
-    for regime in ("calibrated", "ties"):
-        wl, a = _args(regime, 64, Qn=700, seed=13)
-        dense = dosa_cupy.dense_topk(*a)
-        for kw in ({"tie_reject": True}, {"tie_reject": False}):
-            ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, **kw)
-            assert cp.array_equal(ids, dense), (regime, r, kw)
-    assert any(n.endswith("_lean") for n in names), names
 
 
 @pytest.mark.parametrize("r", R)

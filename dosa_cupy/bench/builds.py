@@ -23,8 +23,6 @@ Not options of the library: a build under trial is one of these until it wins.
     speculativetie screen.SPECULATIVE_TIE = True  a chunk whose rule the route did not
                                          decide screened on the plain rule while its tie
                                          flag is read back (under trial)
-    lean        screen.WGT_LEAN = True  the ring screens' lean kernels (no bounds output)
-                                         wherever no bounds are asked for (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -48,7 +46,6 @@ BUILDS = {
     "deferext": ("refine", "DEFERRED_EXTENSION", True),
     "poolcap": ("seeds", "POOL_CAPACITY", True),
     "speculativetie": ("screen", "SPECULATIVE_TIE", True),
-    "lean": ("screen", "WGT_LEAN", True),
 }
 
 

@@ -94,14 +94,6 @@
 // and tie-aware chunks take the f16 ring.  The adds cost issue slots: the 8-row loop is 1,921
 // instructions per warp per group against the f16 ring's 1,602 (cuobjdump, static), so the build
 // wins only where the f16 ring waits on the tensor cores (docs/records/notes.md, sessions 20–21).
-//
-// The lean builds (screen_wgt[_fp8]_ring_rows*_lean; screen.WGT_LEAN): a ring kernel with its
-// bounds output compiled out (screen_wgt_ring's BOUNDS = false; the launch passes a null Uout).
-// The store is the only use of U^num besides the keep rule, but with it each (query, key)
-// pair's epilogue ends in a branch, so ptxas schedules every pair as its own basic block and
-// keeps two copies of the epilogue: the FP8 8-row kernel is 2,448 SASS instructions with it and
-// 1,784 without (nvcc 13).  Same operands, same order, same keep rule: the same words and tie
-// counts bit for bit.  No lean FP8 32-row kernel: ptxas spills it.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -903,7 +895,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool BOUNDS = true>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -972,7 +964,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
     screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8>(
-        G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, BOUNDS ? Uout : nullptr, lane, v, w);
+        G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
     // this warp has read the slot: its MMAs completed (wait<0> in screen_group), its loads of
@@ -1005,13 +997,11 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
-#define DOSA_WGT_LEAN_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8, false, false>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
-#define DOSA_WGT_LEAN_CALL(TIE, RQ, FP8, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1080,32 +1070,6 @@ DOSA_WGT_KERNELS(8)
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
 DOSA_WGT_FP8_KERNELS(8)
-
-// The lean ring kernels (screen.WGT_LEAN; header "The lean builds"): a ring kernel's parameter
-// list with Uout not read (the launch passes null), so no bound is stored and each (query,
-// key) pair's epilogue is one basic block.  NAME: the kernel; TIE, RQ, FP8: its build.
-#define DOSA_WGT_LEAN_KERNEL(NAME, RQ, FP8)                                                   \
-  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
-      NAME(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS, const uint8_t* __restrict__ image) {   \
-    DOSA_WGT_LEAN_CALL(false, RQ, FP8, SCREEN_WG_ARGS_IN, nullptr, nullptr,                   \
-                       SCREEN_WG_ARGS_KEYS, nullptr, image);                                  \
-  }
-#define DOSA_WGT_LEAN_TIE_KERNEL(NAME, RQ)                                                    \
-  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
-      NAME(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj, const float* __restrict__ zrow,   \
-           SCREEN_WG_PARAMS_KEYS, unsigned int* __restrict__ tcnt,                            \
-           const uint8_t* __restrict__ image) {                                               \
-    DOSA_WGT_LEAN_CALL(true, RQ, false, SCREEN_WG_ARGS_IN, kj, zrow, SCREEN_WG_ARGS_KEYS,     \
-                       tcnt, image);                                                          \
-  }
-DOSA_WGT_LEAN_KERNEL(screen_wgt_fp8_ring_rows16_lean, 16, true)
-DOSA_WGT_LEAN_KERNEL(screen_wgt_fp8_ring_rows8_lean, 8, true)
-DOSA_WGT_LEAN_KERNEL(screen_wgt_ring_rows32_lean, 32, false)
-DOSA_WGT_LEAN_KERNEL(screen_wgt_ring_rows16_lean, 16, false)
-DOSA_WGT_LEAN_KERNEL(screen_wgt_ring_rows8_lean, 8, false)
-DOSA_WGT_LEAN_TIE_KERNEL(screen_wgt_ring_rows32_tie_lean, 32)
-DOSA_WGT_LEAN_TIE_KERNEL(screen_wgt_ring_rows16_tie_lean, 16)
-DOSA_WGT_LEAN_TIE_KERNEL(screen_wgt_ring_rows8_tie_lean, 8)
 
 // The racecheck control of the ring builds' slot protocol (tests/test_gpu_screen_wgt.py
 // test_wgt_ring_barrier_control): the 8-row ring kernels with the refill after a block
