@@ -33,8 +33,10 @@ RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_f
 # The overflow check of a DoSA call read back with the recovery's (pipeline.py), so the
 # selection is queued behind the refinement without a synchronization between them; the
 # overflowed rows (rare) are extended and selected again after that read-back
-# (``extend_records``, ``select.select_extended``).  Under trial (bench builds=deferext).
-DEFERRED_EXTENSION = False
+# (``extend_records``, ``select.select_extended``).  −0.3 to −0.8 ms per call with the two
+# switches below on an H100 (docs/records/benchmarks.md, session 25); bench builds=eagerext
+# reads the check right after the refinement.
+DEFERRED_EXTENSION = True
 
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)

@@ -133,9 +133,10 @@ def screen_arith(screen: str, tie: bool | None) -> str:
 # A chunk whose rule the route stage did not decide (route="dosa", a memo's choice) planned
 # and screened on the plain rule while its tie flag is read back by an event, and screened
 # again on the tie-aware build in the rare chunk whose flag asks for it (``tie_prefetch``;
-# both rules are exact): no synchronization between the seeds and the screen.  Under trial
-# (bench builds=speculativetie).
-SPECULATIVE_TIE = False
+# both rules are exact): no synchronization between the seeds and the screen.  On since
+# session 25's H100 timings (docs/records/benchmarks.md); bench builds=tiefirst reads the flag
+# before planning.
+SPECULATIVE_TIE = True
 
 
 def tie_prefetch(seeds: Seeds, o: dict, tie: bool | None):

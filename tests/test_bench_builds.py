@@ -21,14 +21,20 @@ def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
-            "onereadback": route, "deferext": refine,
-            "poolcap": seeds, "speculativetie": screen}  # fmt: skip
+            "tworeadbacks": route, "eagerext": refine,
+            "sizedpool": seeds, "tiefirst": screen}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
     # constants' kernel
     assert screen.WGT_RING and screen.WGT_FP8 and decode_ops.DECODE_TMA is None
     assert plan.ROW_CONSTANTS_KERNEL  # the per-row constants by one kernel
+    # the synchronizations session 25 removed, and the decision's plans still under trial
+    assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
+    assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS
+    with builds_on(("tworeadbacks", "eagerext", "sizedpool", "tiefirst")):
+        assert not (route.ONE_READBACK or refine.DEFERRED_EXTENSION or seeds.POOL_CAPACITY)
+        assert not screen.SPECULATIVE_TIE
     with builds_on(("rowarrays",)):
         assert not plan.ROW_CONSTANTS_KERNEL
     with builds_on(("staged", "decode_tma")):

@@ -14,15 +14,13 @@ Not options of the library: a build under trial is one of these until it wins.
                                          operations (not its two kernels)
     chunkplans  route.CHUNK_PLANS = True  the first candidate's plan of the whole chunk
                                          built during the sampled decision (under trial)
-    onereadback route.ONE_READBACK = True  the sampled decision with one read-back after
-                                         the seeds (under trial)
-    deferext    refine.DEFERRED_EXTENSION = True  the overflow check read back with the
-                                         recovery's (under trial)
-    poolcap     seeds.POOL_CAPACITY = True  the anchor pool at its capacity, P on the device:
-                                         no synchronization in the seed stage (under trial)
-    speculativetie screen.SPECULATIVE_TIE = True  a chunk whose rule the route did not
-                                         decide screened on the plain rule while its tie
-                                         flag is read back (under trial)
+    tworeadbacks route.ONE_READBACK = False  the sampled decision with the positive-head
+                                         histogram read back after the seeds (two read-backs)
+    eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
+                                         the refinement
+    sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
+    tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
+                                         waits for its tie flag before it is planned
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -42,10 +40,10 @@ BUILDS = {
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),
-    "onereadback": ("route", "ONE_READBACK", True),
-    "deferext": ("refine", "DEFERRED_EXTENSION", True),
-    "poolcap": ("seeds", "POOL_CAPACITY", True),
-    "speculativetie": ("screen", "SPECULATIVE_TIE", True),
+    "tworeadbacks": ("route", "ONE_READBACK", False),
+    "eagerext": ("refine", "DEFERRED_EXTENSION", False),
+    "sizedpool": ("seeds", "POOL_CAPACITY", False),
+    "tiefirst": ("screen", "SPECULATIVE_TIE", False),
 }
 
 
