@@ -181,7 +181,7 @@ def test_route_stage_chunk_plan_is_the_plan_stage_s(regime, H, monkeypatch):
         assert choice.plan is None  # only the first candidate's plan is built
     else:
         arith = screen_arith(choice.screen, bool(choice.tie))
-        fresh = plan_stage(b, seeds.pool, choice.r, o, screen=arith)
+        fresh = plan_stage(b, seeds.pool, choice.r, o, seeds.pcount, screen=arith)
 
         def same(x, y):  # bitwise for floats (a NaN field equals itself); fields may be strided
             x, y = cp.ascontiguousarray(x), cp.ascontiguousarray(y)

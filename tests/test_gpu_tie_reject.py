@@ -256,7 +256,7 @@ def test_gpu_plateau_cuts_survivors(screen, extra):
         assert np.all(cp.asnumpy(seeds.tau) == 0.0), "the crafted case must have τ = 0"
         scr, r = auto_screen(o["screen"], int(o["r"]), int(o["cert_seeds"]), b.w, cp)
         o = resolved(o, screen=scr)
-        plan = plan_stage(b, seeds.pool, r, o)
+        plan = plan_stage(b, seeds.pool, r, o, seeds.pcount)
         assert int(plan.omitted_positive.sum()) == 0  # P = ∅: the plateau applies
         screened = screen_stage(b, plan, seeds, key_rho(b.kp), o)
         surv[tie] = cp.asnumpy(screened.surv)
