@@ -200,10 +200,13 @@ def test_one_read_back_decides_as_two(regime, H, monkeypatch):
     """``route.ONE_READBACK`` (the histogram read before the seeds, the chunk's counts with
     the samples, the samples taken again on the tie-aware build where the flag asks): the
     same choice as the two read-backs — route, screen, r, tie, every candidate's survival —
-    and the dense route's ids (the ties regime has τ = 0 queries: the second round)."""
+    and the dense route's ids (the ties regime has τ = 0 queries: the second round).  The
+    samples' timed milliseconds are fixed at 1 (a decision between two candidates whose
+    predictions are close would otherwise follow the timing noise, not the read-backs)."""
     from dosa_cupy import route as route_mod
 
     monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(cp.cuda, "get_elapsed_time", lambda start, end: 1.0)
     a = _args(regime, 520, 24000, H, seed=5)
     got = {}
     for one in (False, True):
@@ -228,6 +231,7 @@ def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
     a = _args(regime, 520, 24000, H, seed=4)
     b = pad_batch(*a)
     o = resolve_options(check_options({}), b.K)
+    monkeypatch.setattr(seeds_mod, "POOL_CAPACITY", False)
     exact = seeds_mod.seed_stage(b, o)
     monkeypatch.setattr(seeds_mod, "POOL_CAPACITY", True)
     cap = seeds_mod.seed_stage(b, o)
