@@ -22,7 +22,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
-            "sizedpool": seeds, "tiefirst": screen}  # fmt: skip
+            "sizedpool": seeds, "tiefirst": screen, "sampleseeds": route}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -31,7 +31,7 @@ def test_builds_on_sets_and_restores_every_switch():
     assert plan.ROW_CONSTANTS_KERNEL  # the per-row constants by one kernel
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
-    assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS
+    assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and not route.SAMPLE_SEEDS
     with builds_on(("tworeadbacks", "eagerext", "sizedpool", "tiefirst")):
         assert not (route.ONE_READBACK or refine.DEFERRED_EXTENSION or seeds.POOL_CAPACITY)
         assert not screen.SPECULATIVE_TIE

@@ -125,3 +125,44 @@ def test_chunk_plan_kept_when_the_first_candidate_wins(monkeypatch, positive):
         assert (choice.plan is not None) == wins
         if wins:
             assert choice.plan.Qn == 1024 and choice.plan.r_max == choice.r
+
+
+@pytest.mark.parametrize("tie_flag", [False, True])
+@pytest.mark.parametrize("positive", [3, 50])
+def test_sample_seeds_decide_as_the_chunk_seeds(monkeypatch, tie_flag, positive):
+    """``SAMPLE_SEEDS``: given the chunk's anchor pool instead of its seeds, the route stage
+    seeds the sampled rows once (``_sample_seeds``, n = the candidates' sample size) and
+    decides as it does on the chunk's seeds — the same route, screen, r, predictions and
+    survival — but leaves the chunk's rule undecided (the sample's flag chose the samples'
+    build only) and returns the seeds it scored."""
+    full, _ = _decide(monkeypatch, True, False, tie_flag, positive, SURV)
+    monkeypatch.setattr(route_mod, "SAMPLE_SEEDS", True)
+    calls = []
+
+    def sample_seeds(b, ap, o, n):
+        calls.append((ap, n))
+        view = types.SimpleNamespace(pool=ap.pool, pcount=None)
+        return view, "scored"
+
+    monkeypatch.setattr(route_mod, "_sample_seeds", sample_seeds)
+    monkeypatch.setattr(route_mod, "ONE_READBACK", True)
+    monkeypatch.setattr(route_mod, "CHUNK_PLANS", False)
+    log = _install(monkeypatch, tie_flag, SURV)
+    monkeypatch.setattr(route_mod, "auto_pick", lambda r, h: ("wgt", 30) if h[40:].sum() else
+                        ("wgt", 6))  # fmt: skip
+    b = _Batch(1024, positive)
+    o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True, seed_ids=None,
+             tau_floor=None)  # fmt: skip
+    hist = route_mod.head_prefetch(b, o)
+    assert route_mod.sample_seeding_wanted(o, hist)
+    assert not route_mod.sample_seeding_wanted(dict(o, tau_floor=np.zeros(1024)), hist)
+    assert not route_mod.sample_seeding_wanted(o, None)
+    ap = route_mod.AnchorPool(None, np.arange(10), None, None, False)
+    got = route_mod.route_stage(b, ap, None, o, NEVER_DENSE, hist)
+    assert calls == [(ap, cost.sample_size("wgt"))]
+    for f in ("route", "reason", "screen", "r", "predicted_ms", "survival", "sample"):
+        assert getattr(got, f) == getattr(full, f), f
+    assert got.tie is None and full.tie is tie_flag and got.scored_seeds == "scored"
+    builds = [e[3] for e in log if e[0] == "sample"]
+    ncand = 2 if positive == 50 else 1
+    assert builds == [False] * ncand + ([True] * ncand if tie_flag else [])

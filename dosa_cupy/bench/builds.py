@@ -21,6 +21,8 @@ Not options of the library: a build under trial is one of these until it wins.
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
+    sampleseeds route.SAMPLE_SEEDS = True  the sampled decision on the sampled rows' seeds,
+                                         the chunk seeded only where DoSA wins (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -44,6 +46,7 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
+    "sampleseeds": ("route", "SAMPLE_SEEDS", True),
 }
 
 
