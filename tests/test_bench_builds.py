@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dosa_cupy import decode_ops, plan, prepare, refine, route, screen, seeds
+from dosa_cupy import cost, decode_ops, plan, prepare, refine, route, screen, seeds
 from dosa_cupy.bench.builds import BUILDS, builds_on, parse_builds
 
 
@@ -22,7 +22,8 @@ def test_builds_on_sets_and_restores_every_switch():
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
-            "sizedpool": seeds, "tiefirst": screen, "sampleseeds": route}  # fmt: skip
+            "sizedpool": seeds, "tiefirst": screen, "sampleseeds": route, "qg768": screen,
+            "qg1536": screen}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -32,6 +33,10 @@ def test_builds_on_sets_and_restores_every_switch():
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and not route.SAMPLE_SEEDS
+    assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128
+    with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged
+        assert screen.WGT_QG == 1536 and screen.WGT_QG % 16 == 0
+        assert cost.sample_size("wgt") == 128
     with builds_on(("tworeadbacks", "eagerext", "sizedpool", "tiefirst")):
         assert not (route.ONE_READBACK or refine.DEFERRED_EXTENSION or seeds.POOL_CAPACITY)
         assert not screen.SPECULATIVE_TIE

@@ -23,6 +23,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          waits for its tie flag before it is planned
     sampleseeds route.SAMPLE_SEEDS = True  the sampled decision on the sampled rows' seeds,
                                          the chunk seeded only where DoSA wins (under trial)
+    qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
+                                         (the decision's sample stays 128 rows: cost.py
+                                         reads WGT_QG once, at import)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -47,6 +50,8 @@ BUILDS = {
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "sampleseeds": ("route", "SAMPLE_SEEDS", True),
+    "qg768": ("screen", "WGT_QG", 768),
+    "qg1536": ("screen", "WGT_QG", 1536),
 }
 
 
