@@ -131,10 +131,6 @@ class RouteChoice:
     # the sampled winner's plan of the whole chunk (``plan.DevicePlan``, built during the
     # decision with ``route.CHUNK_PLANS``): the plan stage takes it instead of planning again
     plan: object = field(default=None, repr=False, compare=False)
-    # the seeds the decision scored where it seeded the sampled rows only (``seeds.Seeds``
-    # [Qn]-shaped, counts at those rows; route.SAMPLE_SEEDS): the statistics of a chunk the
-    # dense route then takes
-    scored_seeds: object = field(default=None, repr=False, compare=False)
 
     def summary(self, reason: str | None = None) -> RouteChoice:
         """The decision, its predictions and survivals without the per-query arrays (what a

@@ -34,7 +34,6 @@ __all__ = [
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
-    "default_seed_counts",
     "device_seed_ids",
     "device_tau_floor",
     "explicit_seed_table",
@@ -134,15 +133,6 @@ def anchor_stage(b: Batch, o: dict, anchors="rows") -> AnchorPool:
     cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
     pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     return AnchorPool(anchors, pool, poolmask, offs, cap is not None)
-
-
-def default_seed_counts(b: Batch, o: dict, ap: AnchorPool):
-    """uint32 [Qn]: each query's default seeds — its sinks, local window and visible anchor-pool
-    ids that are neither (``seed_ranges``) — the records ``seed_stage`` would write, counted
-    without scoring them (the sampled decision's count of the chunk's screened keys)."""
-    cp = cupy_or_raise()
-    rg = seed_ranges(ap.poolmask, ap.offs, b.ks, b.ke, o["sinks"], o["window"])
-    return ((rg[1] - rg[0]) + (rg[3] - rg[2]) + (rg[5] - rg[4])).astype(cp.uint32)
 
 
 def seed_stage(b: Batch, o: dict, anchors="rows", ap: AnchorPool | None = None) -> Seeds:

@@ -21,8 +21,6 @@ Not options of the library: a build under trial is one of these until it wins.
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
-    sampleseeds route.SAMPLE_SEEDS = True  the sampled decision on the sampled rows' seeds,
-                                         the chunk seeded only where DoSA wins (under trial)
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
@@ -49,7 +47,6 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
-    "sampleseeds": ("route", "SAMPLE_SEEDS", True),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
 }
