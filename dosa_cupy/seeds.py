@@ -25,10 +25,8 @@ from .scorer import FP8_SPEC, FP8_TILE, QG, ROWB
 from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
 
 __all__ = [
-    "AnchorPool",
     "Seeds",
     "anchor_pool",
-    "anchor_stage",
     "anchor_queries",
     "apply_tau_floor",
     "cert_clear",
@@ -102,57 +100,30 @@ def anchor_queries(Qn: int, n_anchors: int):
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AnchorPool:
-    """The anchor stage's output (docs/method.md §2): anchors int64 [n_anchors] (the anchor
-    queries) or None; ``anchor_pool``'s pool int32 [P] (or [cap], P ids first), poolmask
-    uint32 [NW] and offs int64 [NW + 1]; capped: the pool has its capacity (P = offs[-1] on
-    the device)."""
-
-    anchors: object
-    pool: object
-    poolmask: object
-    offs: object
-    capped: bool
-
-
-def anchor_stage(b: Batch, o: dict, anchors="rows") -> AnchorPool:
-    """The anchor pool of batch ``b`` (the first half of ``seed_stage``): the union of the
-    exact Top-K of n_anchors evenly spaced queries, within each of anchor_segments segments
-    of the keys.  ``anchors``: "rows" (``anchor_queries``; the pool sized to its P ids, one
-    synchronization, or at its capacity with ``POOL_CAPACITY``) or the anchor rows given
-    (``anchor_queries``'s array or None; the pool at its capacity min(anchors · K, N))."""
-    cp = cupy_or_raise()
-    fixed = not isinstance(anchors, str)
-    if not fixed:
-        anchors = anchor_queries(b.Qn, o["n_anchors"])
-    if anchors is not None:
-        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
-    else:
-        aid = cp.zeros(0, dtype=cp.int32)
-    cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
-    pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
-    return AnchorPool(anchors, pool, poolmask, offs, cap is not None)
-
-
-def seed_stage(b: Batch, o: dict, anchors="rows", ap: AnchorPool | None = None) -> Seeds:
+def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
     union of the exact Top-K of n_anchors evenly spaced queries, within each of
     anchor_segments segments of the keys), sinks, window, seed_ids
     (validated device ids or None, ``device_seed_ids``).  ``anchors``: "rows" (default:
-    ``anchor_queries``, the pool sized to its P ids, one synchronization; with
-    ``POOL_CAPACITY`` as below) or the anchor rows given (``anchor_queries``'s array or None)
-    — then the pool has its capacity min(anchors · K, N) and P stays on the device
-    (``Seeds.pcount``): the stage issues kernels only, as a captured
-    step needs (capture.py).  ``ap``: the anchor pool already built (``anchor_stage``, of
-    this batch or of the chunk whose rows it is), instead of ``anchors``.
+    ``anchor_queries``) or the anchor rows given (``anchor_queries``'s array or None, as a
+    captured step passes them: capture.py).  The pool has its capacity min(anchors · K, N)
+    and P stays on the device (``Seeds.pcount``), so the stage issues kernels only — with
+    the anchor rows given, or with ``POOL_CAPACITY`` (the default); otherwise the pool is
+    sized to its P ids, read back (one synchronization).
     """
     cp = cupy_or_raise()
     Qn = b.Qn
-    ap = anchor_stage(b, o, anchors) if ap is None else ap
-    anchors, pool, poolmask, offs = ap.anchors, ap.pool, ap.poolmask, ap.offs
+    fixed = not isinstance(anchors, str)
+    if not fixed:
+        anchors = anchor_queries(Qn, o["n_anchors"])
+    if anchors is not None:
+        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
+    else:
+        aid = cp.zeros(0, dtype=cp.int32)
+    cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
+    pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
     default = RecordBuffer(Qn, scap)
@@ -177,7 +148,7 @@ def seed_stage(b: Batch, o: dict, anchors="rows", ap: AnchorPool | None = None) 
             xtable = table  # the certificate seeds are deduplicated against these
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid, offs[-1] if ap.capped else None)  # fmt: skip
+                 kid, None if cap is None else offs[-1])  # fmt: skip
 
 
 def anchor_pool(aid, NW: int, cap: int | None = None):
