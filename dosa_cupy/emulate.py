@@ -9,11 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from dosa_ref.fp8 import E4M3, e4m3_bits, e4m3_values
+from dosa_ref.rounding import f32_add_ru, f32_mul_ru, f32_up
 
 __all__ = [
     "E4M3",
     "e4m3_bits",
     "e4m3_values",
+    "guard_bound_ru32",
     "record_order",
     "record_score",
     "score_code",
@@ -29,6 +31,16 @@ def score_code(s: np.ndarray) -> np.ndarray:
     code = np.where(b & np.uint32(0x80000000), ~b, b | np.uint32(0x80000000)).astype(np.uint32)
     code[np.isnan(f)] = 0
     return code
+
+
+def guard_bound_ru32(uh, rho, alpha, C, eps_raw, eps_out) -> np.ndarray:
+    """float32 U^num of the FP8 screen's fp32 guard (csrc/epilogue.cuh guard_bound_ru32,
+    bit for bit): RU(RU(α · RU(RU(Û + RU(ρ · C32)) + er32)) + eo32) in float32, every step
+    rounded toward +inf with subnormals kept, C32, er32, eo32 = C, ε_raw, ε_out (float64)
+    rounded up to float32.  uh, rho, alpha float32 arrays (broadcast); C, eps_raw float64."""
+    c32, er32, eo32 = f32_up(C), f32_up(eps_raw), f32_up(eps_out)
+    u = f32_add_ru(f32_add_ru(uh, f32_mul_ru(rho, c32)), er32)
+    return f32_add_ru(f32_mul_ru(alpha, u), eo32)
 
 
 def record_score(rec: np.ndarray) -> np.ndarray:

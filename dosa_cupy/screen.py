@@ -119,6 +119,11 @@ WGT_RING_SLOTS = 3
 # (calibrated, r 6), 56.5 against 71.3 (trained, r 30), with 7–35 % fewer survivors (session
 # 22); False: the f16 builds (the bench's comparison).
 WGT_FP8 = True
+# The FP8 build's fp32 guard (csrc/screen_wgt.cu "The fp32 guard": U^num by four fp32
+# operations rounded up instead of a conversion and four fp64 ones per (query, key) pair; a
+# bound at least as large, docs/error_model.md "The fp32 guard").  Under trial (bench
+# builds=guard32).
+WGT_GUARD32 = False
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -481,6 +486,7 @@ class ScreenLaunch:
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
             if plan.screen == "fp8_fresh":  # the FP8 build: a ring build (header of the file)
                 name, smem = f"screen_wgt_fp8_ring_rows{nrow}", wgt_ring_smem_bytes(nrow, True)
+                name += "_g32" if WGT_GUARD32 else ""
                 return cls(name, grid, smem, args, wgt=True, ring=nrow, fp8=True)
             if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow
                 name, smem = f"screen_wgt_ring_rows{nrow}{suffix}", wgt_ring_smem_bytes(nrow)

@@ -21,6 +21,8 @@ __all__ = [
     "add_up",
     "div_up",
     "down",
+    "f32_add_ru",
+    "f32_mul_ru",
     "f32_up",
     "gamma_up",
     "iv_abs",
@@ -93,6 +95,30 @@ def f32_up(x) -> np.ndarray:
         low = y.astype(np.float64) < x
         y = np.where(low, np.nextafter(y, np.float32(INF)), y).astype(np.float32)
     return y
+
+
+def f32_mul_ru(a, b) -> np.ndarray:
+    """a·b of float32 arrays correctly rounded toward +inf in float32, subnormals kept (PTX
+    mul.rp.f32 without .ftz): the float64 product of two float32 values is exact, then
+    rounded to nearest float32 and moved up one float32 where that fell below it."""
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
+    return f32_up(p)
+
+
+def f32_add_ru(a, b) -> np.ndarray:
+    """a + b of float32 arrays correctly rounded toward +inf in float32, subnormals kept (PTX
+    add.rp.f32 without .ftz): the float64 sum s with its exact error e (TwoSum: a + b = s + e
+    exactly), r = RN32(s), and r moved up one float32 where r < s + e, decided exactly as
+    r − s < e (r − s is exact: r is within a factor of two of s, or zero)."""
+    a64 = np.asarray(a, np.float32).astype(np.float64)
+    b64 = np.asarray(b, np.float32).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a64 + b64
+        bb = s - a64
+        e = (a64 - (s - bb)) + (b64 - bb)
+        r = s.astype(np.float32)
+        low = (r.astype(np.float64) - s) < e
+        return np.where(low, np.nextafter(r, np.float32(INF)), r).astype(np.float32)
 
 
 def gamma_up(n, u: float) -> float:

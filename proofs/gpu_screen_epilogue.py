@@ -58,6 +58,18 @@ it on e4m3 rows and keys with exact rationals (the exact dots from the codes' dy
 the model's fp32 dots at their values) and checks that the float64 constants the plan uses
 are at least the rational ones (g_scr after J's lift by 1 + MU, which covers the float64
 roundings of the plan's constants).
+
+The fp32 guard (csrc/epilogue.cuh ``guard_bound_ru32``, the FP8 build's ``_g32`` kernels):
+U32 = RU(RU(α · RU(RU(Û + RU(ρ·C32)) + er32)) + eo32) in float32, every step rounded toward
++inf without flush to zero, C32, er32, eo32 the float64 C, ε_raw, ε_out rounded up.  For
+ρ, α ≥ 0 each rounded value is at least its argument and the operations are monotone in the
+rounded operand (a sum in both, a product by a non-negative factor), so
+U32 ≥ α(Û + ρC + ε_raw) + ε_out exactly — the quantity the fp64 guard bounds from above
+(numerical_dominance).  ``check_guard32`` evaluates every step with exact rationals on
+adversarial inputs (subnormal, cancelling, past the float32 range, zeros), checks that
+``dosa_cupy.emulate.guard_bound_ru32`` (the kernel's bit-for-bit model, held to it by
+tests/test_gpu_screen_wgt.py) is that composition of exact upward roundings, and the
+inequality.
 """
 
 from __future__ import annotations
@@ -80,7 +92,8 @@ STATEMENT = (
     "fp32 Û of screen_mt1 / screen_pair (γ_5 T), screen_wgt_rows16 (γ_6 T) and "
     "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr at mts = 1); "
     "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2); the FP8 build on fresh e4m3 "
-    "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_{2mts+6}) a_rows (plan screen='fp8_fresh')"
+    "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_{2mts+6}) a_rows (plan screen='fp8_fresh'); "
+    "the fp32 guard: U32 ≥ α(Û + ρC + ε_raw) + ε_out"
 )
 
 U = Fraction(1, 2**24)
@@ -340,6 +353,90 @@ def check_wgt_fp8(q, k, w, sig, rows: int, context="") -> Result:
     return au.result()
 
 
+def check_guard32(uh, rho, alpha, C, er, eo, context="") -> Result:
+    """The FP8 screen's fp32 guard (csrc/epilogue.cuh guard_bound_ru32, modelled bit for bit
+    by ``dosa_cupy.emulate.guard_bound_ru32`` — the GPU test holds the kernel to that model):
+    on float32 Û, ρ ≥ 0, α ≥ 0 and float64 C, ε_raw, ε_out, each of its seven roundings is
+    the exact rational rounded up to float32 (subnormals kept, ±inf beyond the range), and
+    U32 ≥ α(Û + ρC + ε_raw) + ε_out exactly — the value the fp64 guard bounds, hence every
+    score the dominance statement covers."""
+    from dosa_cupy.emulate import guard_bound_ru32
+
+    au = Audit(NAME, tightness=False, context=context)
+    got = guard_bound_ru32(np.float32(uh), np.float32(rho), np.float32(alpha), np.float64(C),
+                           np.float64(er), np.float64(eo))  # fmt: skip
+    Fu, Fr, Fa = (Fraction(float(np.float32(v))) for v in (uh, rho, alpha))
+    Fc, Fe, Fo = (Fraction(float(v)) for v in (C, er, eo))
+
+    def up(x):
+        return Fraction(round_f32(x, True)) if abs(x) <= _F32_MAX else x  # inf stays ≥
+
+    c32, e32, o32 = up(Fc), up(Fe), up(Fo)
+    u = up(up(Fu + up(Fr * c32)) + e32)
+    want = up(up(Fa * u) + o32)
+    au.claim(np.isfinite(got) == (abs(want) <= _F32_MAX), "finite exactly where RU is")
+    if np.isfinite(got):
+        au.eq(Fraction(float(got)), want, "the model = the exact roundings up, step by step")
+        au.ge(
+            Fraction(float(got)), Fa * (Fu + Fr * Fc + Fe) + Fo, "U32 ≥ α(Û + ρC + ε_raw) + ε_out"
+        )
+    else:
+        au.claim(got > 0, "U32 = +inf only above the float32 range")
+    return au.result()
+
+
+def _guard32_cases(rng) -> list[dict]:
+    """Inputs of ``check_guard32``: moderate, wide-range (2^±100), subnormal (Û, ρ, α, C, ε
+    down to 2^-149 and below), cancelling (Û ≈ −ρC − ε_raw), huge α (results past the
+    float32 range), and zero ρ / C / ε."""
+    out = []
+    for trial in range(240):
+        kind = trial % 6
+        if kind == 0:
+            uh, rho, alpha = (
+                _fp32(rng, 1, -8, 8)[0],
+                abs(_fp32(rng, 1, -4, 4)[0]),
+                abs(_fp32(rng, 1, -6, 6)[0]),
+            )
+            C, er, eo = float(abs(_fp32(rng, 1, -8, 2)[0])) * (1 + 2.0**-40), 2.0**-20, 2.0**-126
+        elif kind == 1:
+            uh, rho, alpha = (
+                _fp32(rng, 1, -100, 100)[0],
+                abs(_fp32(rng, 1, -60, 60)[0]),
+                abs(_fp32(rng, 1, -60, 60)[0]),
+            )
+            C, er, eo = (
+                float(2.0 ** rng.integers(-90, 40)) * (1 + rng.random()),
+                2.0**-90,
+                2.0**-126,
+            )
+        elif kind == 2:  # the subnormal range of every input and result
+            uh = np.float32(rng.choice([-1, 1]) * rng.integers(0, 50) * 2.0**-149)
+            rho, alpha = (
+                np.float32(rng.integers(0, 9) * 2.0**-140),
+                np.float32(2.0 ** rng.integers(-30, 3)),
+            )
+            C, er, eo = float(rng.random()) * 2.0**-130, float(rng.random()) * 2.0**-150, 2.0**-149
+        elif kind == 3:  # cancellation: Û close to −(ρC + ε_raw)
+            rho, alpha = abs(_fp32(rng, 1, -3, 3)[0]), abs(_fp32(rng, 1, -3, 3)[0])
+            C, er = float(rng.random()), 2.0**-24
+            uh = np.float32(-(float(rho) * C + er) * (1 + rng.choice([-1, 1]) * 2.0**-23))
+            eo = 2.0**-126
+        elif kind == 4:  # huge α: α(·) past the float32 range
+            uh, rho, alpha = abs(_fp32(rng, 1, 60, 100)[0]), np.float32(1.0), np.float32(2.0**100)
+            C, er, eo = 1.0, 0.0, 2.0**-126
+        else:  # zeros: ρ, C, ε_raw, ε_out
+            uh, rho, alpha = (
+                _fp32(rng, 1, -20, 20)[0],
+                np.float32(0.0),
+                abs(_fp32(rng, 1, -3, 3)[0]),
+            )
+            C, er, eo = 0.0, 0.0, 0.0
+        out.append(dict(_check="check_guard32", uh=uh, rho=rho, alpha=alpha, C=C, er=er, eo=eo,
+                        context=f"guard32 kind {kind} #{trial}"))  # fmt: skip
+    return out
+
+
 def _fp8_cases(rng) -> list[dict]:
     """e4m3 plan rows and keys for ``check_wgt_fp8``: uniform codes, quantized gaussians,
     rows and keys whose steps lose the most in the window (one ±448 and many small values),
@@ -436,4 +533,4 @@ def cases(rng: np.random.Generator) -> list[dict]:
             else:
                 x, w, s = q[0]
                 out.append(dict(x=x, w=w, sig=s, context=f"mt1 kind {kind} #{trial}"))
-    return out + _fp8_cases(rng)
+    return out + _fp8_cases(rng) + _guard32_cases(rng)

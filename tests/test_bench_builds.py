@@ -22,7 +22,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "decode_gather": decode_ops, "rowarrays": plan, "scalearrays": prepare,
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
-            "sizedpool": seeds, "tiefirst": screen, "qg768": screen,
+            "sizedpool": seeds, "tiefirst": screen, "guard32": screen, "qg768": screen,
             "qg1536": screen}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
@@ -33,7 +33,7 @@ def test_builds_on_sets_and_restores_every_switch():
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS
-    assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128
+    assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128 and not screen.WGT_GUARD32
     with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged
         assert screen.WGT_QG == 1536 and screen.WGT_QG % 16 == 0
         assert cost.sample_size("wgt") == 128

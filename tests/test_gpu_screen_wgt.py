@@ -152,13 +152,15 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False, barrier=False):  # fmt: skip
+            fp8=False, barrier=False, g32=False):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
     pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
-    ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``)."""
+    ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``); ``g32``:
+    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``)."""
+    fp8 = fp8 or g32
     ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
@@ -182,7 +184,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
-        name += "_barrier" if barrier else ""
+        name += "_barrier" if barrier else "_g32" if g32 else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -462,6 +464,78 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
         assert np.array_equal(surv, again[0]) and np.array_equal(
             U.view(np.uint8), again[1].view(np.uint8)
         )
+
+
+@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
+@pytest.mark.parametrize("nrow", FP8_ROWS)
+@pytest.mark.parametrize("seed", [0, 1])
+@needs_sm90a
+@gpu
+def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
+    """The FP8 build's fp32 guard (screen.WGT_GUARD32; csrc/screen_wgt.cu "The fp32 guard"):
+    U^num on every visible key bit for bit the host model's (``emulate.guard_bound_ru32`` of
+    the fresh-step Û, ``_fp8_u_hat``: fp32 operations rounded up, subnormals kept), at least
+    the fp64 guard's exact value α(Û + ρC + ε_raw) + ε_out; the survivor words exactly
+    {candidates with U^num ≥ τ}, the FP8 build's words wherever the two guards agree on the
+    side of τ; repeated launches bit for bit.  Tiny ε_out and τ near zero exercise the
+    subnormal range."""
+    from dosa_cupy.emulate import guard_bound_ru32
+
+    rs = np.random.RandomState(10 + seed)
+    Qn, N = 203, 1000 + 37 * seed
+    op = _operands(rs, Qn, N, R_MAX[nrow])
+    uh, _, _, _ = _exact(op)
+    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
+    C, er = op["C"][:, None], op["er"][:, None]
+    Uex = al * (uh + rho * C + er)
+    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
+    tau[5], tau[6] = -np.inf, np.float32(2.0**-140)
+    eps_out = 2.0**-130
+    surv, U, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
+    vis, cand = _spans(op, N)
+    assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
+    model = _fp8_u_hat(op, nrow)
+    want = guard_bound_ru32(model, op["rho"][None], op["alpha"][None], C, er, eps_out)
+    assert np.array_equal(U[vis].astype(np.float32).view(np.uint32), want[vis].view(np.uint32))
+    # at least the exact α(Û + ρC + ε_raw) + ε_out, up to this float64 evaluation's own
+    # roundings (four, each ≤ 2^-53 of a magnitude ≤ M)
+    exact = al * (model.astype(np.float64) + rho * C + er) + eps_out
+    M = al * (np.abs(model.astype(np.float64)) + rho * C + er) + eps_out
+    assert np.all((U - exact >= -(2.0**-50) * M) | ~vis), "U32 ≥ the guard's exact value"
+    keep = cand & ~(np.nan_to_num(U, nan=-np.inf) < tau[:, None].astype(np.float64))
+    assert np.array_equal(surv, _words(keep))
+    ref, U64, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, fp8=True)
+    same = ((U >= tau[:, None]) == (U64 >= tau[:, None])) | ~cand
+    assert np.array_equal(_words(keep & same), _words(_unwords(ref, N) & same))
+    for _ in range(2):
+        again = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
+        assert np.array_equal(surv, again[0]) and np.array_equal(
+            U.view(np.uint8), again[1].view(np.uint8)
+        )
+
+
+def _unwords(words, N):
+    """bool [Qn, N] of survivor words uint32 [Qn, NW] (``_words``' inverse)."""
+    bits = (words[:, :, None] >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
+    return bits.reshape(words.shape[0], -1)[:, :N].astype(bool)
+
+
+@pytest.mark.parametrize("r", [6, 14, 30])
+@needs_sm90a
+@gpu
+def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r):
+    """The fp32 guard through the pipeline (screen.WGT_GUARD32): ids == the dense route's on
+    the calibrated and h64 regimes, and the _g32 kernel ran."""
+    monkeypatch.setattr(screen, "WGT_GUARD32", True)
+    names = []
+    real = screen.kernel
+    monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
+    for regime in ("calibrated", "h64"):
+        wl, a = _args(regime, 64, Qn=700, seed=17)
+        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, tie_reject=False,
+                                  scorer="fp8")  # fmt: skip
+        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), (regime, r)
+    assert any(n.endswith("_g32") for n in names), names
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["f16", "fp8"])

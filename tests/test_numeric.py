@@ -27,6 +27,8 @@ from dosa_ref.rounding import (
     add_down,
     add_up,
     div_up,
+    f32_add_ru,
+    f32_mul_ru,
     f32_up,
     matmul_enclose,
     mul_down,
@@ -58,6 +60,40 @@ def test_directed_primitives_enclose_exact(a, b):
     assert F(float(sqrt_up(x))) ** 2 >= F(x)
     y = float(f32_up(a))
     assert y == np.inf or (F(y) >= F(a) and float(np.float32(y)) == y)
+
+
+f32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+def _ru32(x: Fraction) -> float:
+    """The smallest float32 ≥ the exact rational x (+inf past the range), by search."""
+    top = F(float(np.finfo(np.float32).max))
+    if x > top:
+        return np.inf
+    f = np.float32(max(float(x), -float(top)))
+    while F(float(f)) < x:
+        f = np.nextafter(f, np.float32(np.inf))
+    while f > -np.finfo(np.float32).max:  # the next float32 below, while there is one
+        g = np.nextafter(f, np.float32(-np.inf))
+        if F(float(g)) < x:
+            break
+        f = g
+    return float(f)
+
+
+@settings(deadline=None, max_examples=400)
+@given(f32s, f32s, st.integers(-160, 40))
+def test_f32_round_up_operations_are_correctly_rounded(a, b, shift):
+    """``f32_add_ru`` / ``f32_mul_ru`` (the fp32 guard's operations, PTX add.rp / mul.rp
+    without .ftz): the smallest float32 at or above the exact sum and product, subnormals
+    and the range's end included (b scaled by 2^shift reaches every exponent gap)."""
+    b = float(np.float32(b * 2.0**shift)) if np.isfinite(np.float32(b * 2.0**shift)) else b
+    fa, fb = np.float32(a), np.float32(b)
+    got_add = float(f32_add_ru(fa, fb))
+    got_mul = float(f32_mul_ru(fa, fb))
+    want_add, want_mul = _ru32(F(float(fa)) + F(float(fb))), _ru32(F(float(fa)) * F(float(fb)))
+    assert got_add == want_add or (got_add == 0 and want_add == 0)
+    assert got_mul == want_mul or (got_mul == 0 and want_mul == 0)
 
 
 @settings(deadline=None)

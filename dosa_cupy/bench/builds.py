@@ -21,6 +21,8 @@ Not options of the library: a build under trial is one of these until it wins.
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
+    guard32     screen.WGT_GUARD32 = True  the FP8 screen's guard in fp32 rounded up (under
+                                         trial)
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
@@ -47,6 +49,7 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
+    "guard32": ("screen", "WGT_GUARD32", True),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
 }

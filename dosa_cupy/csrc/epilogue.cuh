@@ -21,6 +21,52 @@ __device__ __forceinline__ double guard_bound_ru(float uh, R rho, R alpha, doubl
   return u;
 }
 
+// The same guard in fp32, every step rounded up (docs/error_model.md "The fp32 guard"): PTX
+// add.rp / mul.rp without .ftz, so a subnormal result stays itself where the build's
+// -ftz=true would flush it to zero (below the value); C32, er32, eo32 are C, ε_raw, ε_out
+// rounded up to fp32.  Each step is at least its exact value (ρ, α ≥ 0), so U32 ≥ α(Û + ρC +
+// ε_raw) + ε_out — the value guard_bound_ru bounds — with no fp64 operation and no
+// conversion per key (proofs/gpu_screen_epilogue.py check_guard32).
+__device__ __forceinline__ float add_ru_keep_subnormal(float a, float b) {
+  float r;
+  asm("add.rp.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float mul_ru_keep_subnormal(float a, float b) {
+  float r;
+  asm("mul.rp.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+// A double rounded up to fp32, and a double that holds an fp32 value converted to it
+// (exactly): cvt without .ftz — the build's -ftz=true makes cvt.f32.f64 flush a subnormal
+// result, which costs a compare and a fix-up per conversion and, rounded up, lands below
+// the value.
+__device__ __forceinline__ float f32_ru_keep_subnormal(double x) {
+  float r;
+  asm("cvt.rp.f32.f64 %0, %1;" : "=f"(r) : "d"(x));
+  return r;
+}
+__device__ __forceinline__ float f32_of_f32_value(double x) {
+  float r;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(x));
+  return r;
+}
+// a < b on the values themselves (setp without .ftz: the build's flush would compare a
+// subnormal as zero)
+__device__ __forceinline__ bool less_keep_subnormal(float a, float b) {
+  unsigned int r;
+  asm("{\n .reg .pred p;\n setp.lt.f32 p, %1, %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(r)
+      : "f"(a), "f"(b));
+  return r != 0u;
+}
+__device__ __forceinline__ float guard_bound_ru32(float uh, float rho, float alpha, float C32,
+                                                  float er32, float eo32) {
+  const float u = add_ru_keep_subnormal(
+      add_ru_keep_subnormal(uh, mul_ru_keep_subnormal(rho, C32)), er32);
+  return add_ru_keep_subnormal(mul_ru_keep_subnormal(alpha, u), eo32);
+}
+
 // The keep rule of a screen kernel's variant TIE (screen.cu "The keep rule"; docs/method.md
 // §7) for a visible non-seed key whose strict-rule answer is `plain` (= candidate and
 // U ≥ τ): TIE = false keeps `plain`; TIE = true also rejects a record (U, i) below the K-th

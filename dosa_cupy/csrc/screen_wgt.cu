@@ -94,6 +94,15 @@
 // and tie-aware chunks take the f16 ring.  The adds cost issue slots: the 8-row loop is 1,921
 // instructions per warp per group against the f16 ring's 1,602 (cuobjdump, static), so the build
 // wins only where the f16 ring waits on the tensor cores (docs/records/notes.md, sessions 20–21).
+//
+// The fp32 guard (screen_wgt_fp8_ring_rows*_g32; screen.WGT_GUARD32, under trial): the FP8
+// build with U^num from guard_bound_ru32 (epilogue.cuh) instead of the fp64 guard — four fp32
+// operations rounded up, without flush to zero, on the query's C, ε_raw and ε_out rounded up
+// to fp32 once, in place of a conversion and four fp64 operations per (query, key) pair on the
+// fp64 pipe (half the fp32 rate on the H100 and the H200) — a shorter dependent chain for
+// a screen that the records show latency-bound (docs/records/notes.md "Session 25").  The
+// same Û, a bound at least as large (each step ≥ its exact value; docs/error_model.md "The
+// fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is written as the double of U32.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -156,9 +165,24 @@ constexpr int kRing = 3;  // the ring build's group slots (header; screen.WGT_RI
 // A query of a group as the epilogue reads it (staged once per group): its visible span
 // [lo, hi) and its candidates [clo, clo + cw) — the visible keys past the sinks and before
 // the local window, screen_wg's `vis && !seed` without the anchor-pool bit — as tile offsets,
-// kj, its row t (−1: no query), the zero-plateau switch, τ (fp64), C, ε_raw.
+// kj, its row t (−1: no query), the zero-plateau switch, τ (fp64), C, ε_raw.  The FP8 build
+// (plain rule: no kj, no plateau) holds the fp32 guard's C32, er32 and τ in their places
+// (header "The fp32 guard").
 struct QInfo {
-  int lo, hi, clo, cw, kj, t, zp, pad;
+  int lo, hi, clo, cw;
+  union {
+    int kj;
+    float C32;
+  };
+  int t;
+  union {
+    int zp;
+    float er32;
+  };
+  union {
+    int pad;
+    float tq32;
+  };
   double tq, C, er;
 };
 static_assert(sizeof(QInfo) == 56, "QInfo: 56 bytes (screen.wgt_smem_bytes)");
@@ -498,6 +522,10 @@ __device__ __forceinline__ void stage_group(
       }
       q.C = Cq[t];
       q.er = eps_raw[t];
+      if constexpr (FP8) {  // the fp32 guard's constants, rounded up once per call
+        q.C32 = f32_ru_keep_subnormal(q.C), q.er32 = f32_ru_keep_subnormal(q.er);
+        q.tq32 = tq;
+      }
     }
     G.q[u] = q;
   }
@@ -584,13 +612,14 @@ __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
 // the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
-template <bool TIE, int RQ, bool ABS = false>
+template <bool TIE, int RQ, bool ABS = false, bool G32 = false>
 __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Group<RQ>& G,
                                          const double* dsa, const double* dsr,
                                          const uint32_t* spm, Lane<RQ>& L, double eps_out,
                                          long long N, long long n0, double* __restrict__ Uout,
                                          int lane, int v, int w) {
   using L_ = Rows<RQ>;
+  static_assert(!G32 || !TIE, "the fp32 guard: the plain rule (the FP8 build)");
   constexpr int kE = L_::kE, kV = L_::kV;
   const int qd = lane & 3, g = lane >> 2;
   const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
@@ -598,6 +627,14 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   double al[2], rh[2];
 #pragma unroll
   for (int k = 0; k < 2; ++k) al[k] = dsa[i0 + 8 * k], rh[k] = dsr[i0 + 8 * k];
+  // G32: the keys' α and ρ as the fp32 values they are (exact conversions, once per chunk),
+  // ε_out rounded up (the image holds the query's constants: stage_group)
+  [[maybe_unused]] float al32[2] = {}, rh32[2] = {}, eo32 = 0.f;
+  if constexpr (G32) {
+    eo32 = f32_ru_keep_subnormal(eps_out);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) al32[k] = f32_of_f32_value(al[k]), rh32[k] = f32_of_f32_value(rh[k]);
+  }
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
@@ -626,10 +663,20 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       // x: the key in the frame of Q's spans (unsigned: past MAX_KEYS a padding key wraps
       // below every span instead of overflowing)
       const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
-      const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
-      if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
-      const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
-      const bool plain = cand && !(U < Q.tq);  // vis && !seed, U ≥ τ
+      double U;
+      bool plain;  // vis && !seed, U ≥ τ
+      if constexpr (G32) {
+        const float U32 = guard_bound_ru32(uh, rh32[k], al32[k], Q.C32, Q.er32, eo32);
+        U = (double)U32;
+        if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
+        const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
+        plain = cand && !less_keep_subnormal(U32, Q.tq32);
+      } else {
+        U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
+        if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
+        const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
+        plain = cand && !(U < Q.tq);
+      }
       bool pl = false;  // TIE: a certified zero-plateau key (every positive row's test holds)
       if constexpr (TIE) {  // the coefficients read where used: registers are the budget
         float miss = 0.f;
@@ -664,7 +711,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
@@ -678,7 +725,8 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
-      epilogue<TIE, RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
+                                  w);
     }
   } else {
     float acc[64];
@@ -895,7 +943,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -963,7 +1011,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8>(
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32>(
         G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
@@ -997,11 +1045,13 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
+#define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
+#define DOSA_WGT_G32_CALL(RQ, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1053,7 +1103,9 @@ DOSA_WGT_KERNELS(16)
 DOSA_WGT_KERNELS(8)
 
 // The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
-// screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only.
+// screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only —
+// and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard (header "The fp32
+// guard").
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
@@ -1066,6 +1118,12 @@ DOSA_WGT_KERNELS(8)
                                     uint8_t* __restrict__ image) {                            \
     DOSA_WGT_IMAGE_CALL(false, RQ, true, SCREEN_WG_ARGS_IN, nullptr, nullptr,                 \
                         SCREEN_WG_ARGS_KEYS, nullptr, image);                                 \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_fp8_ring_rows##RQ##_g32(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,          \
+                                         const uint8_t* __restrict__ image) {                 \
+    DOSA_WGT_G32_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr,  \
+                      image);                                                                 \
   }
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
