@@ -633,7 +633,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   if constexpr (G32) {
     eo32 = f32_ru_keep_subnormal(eps_out);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) al32[k] = f32_of_f32_value(al[k]), rh32[k] = f32_of_f32_value(rh[k]);
+    for (int k = 0; k < 2; ++k)
+      al32[k] = f32_of_f32_value(al[k]), rh32[k] = f32_of_f32_value(rh[k]);
   }
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
