@@ -436,15 +436,7 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
     guard's upward roundings, so any other dot or Û order shows —, and within the plan's
     FP8 allowance of the exact Û; the survivor words exactly {candidates with U^num ≥ τ};
     repeated launches bit for bit (a race would move them)."""
-    rs = np.random.RandomState(seed)
-    Qn, N = 203, 1000 + 37 * seed
-    op = _operands(rs, Qn, N, R_MAX[nrow])
-    uh, _, _, _ = _exact(op)
-    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
-    C, er = op["C"][:, None], op["er"][:, None]
-    Uex = al * (uh + rho * C + er)
-    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
-    tau[5] = -np.inf
+    op, N, (al, rho, C, er), Uex, tau = _fp8_case(np.random.RandomState(seed), seed, nrow)
     surv, U, _ = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True)
     vis, cand = _spans(op, N)
     assert np.array_equal(~np.isnan(U), vis), "Uout written exactly on the visible keys"
@@ -459,11 +451,7 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
     assert np.all((np.abs(U - Uex - 1e-7) <= lim) | ~vis), "U^num within the FP8 allowance"
     keep = cand & ~(np.nan_to_num(U, nan=-np.inf) < tau[:, None].astype(np.float64))
     assert np.array_equal(surv, _words(keep))
-    for _ in range(2):
-        again = _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True)
-        assert np.array_equal(surv, again[0]) and np.array_equal(
-            U.view(np.uint8), again[1].view(np.uint8)
-        )
+    _assert_repeats(surv, U, lambda: _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True))
 
 
 @pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
@@ -481,15 +469,8 @@ def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
     subnormal range."""
     from dosa_cupy.emulate import guard_bound_ru32
 
-    rs = np.random.RandomState(10 + seed)
-    Qn, N = 203, 1000 + 37 * seed
-    op = _operands(rs, Qn, N, R_MAX[nrow])
-    uh, _, _, _ = _exact(op)
-    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
-    C, er = op["C"][:, None], op["er"][:, None]
-    Uex = al * (uh + rho * C + er)
-    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
-    tau[5], tau[6] = -np.inf, np.float32(2.0**-140)
+    op, N, (al, rho, C, er), _, tau = _fp8_case(np.random.RandomState(10 + seed), seed, nrow)
+    tau[6] = np.float32(2.0**-140)
     eps_out = 2.0**-130
     surv, U, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
     vis, cand = _spans(op, N)
@@ -506,18 +487,34 @@ def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
     assert np.array_equal(surv, _words(keep))
     ref, U64, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, fp8=True)
     same = ((U >= tau[:, None]) == (U64 >= tau[:, None])) | ~cand
-    assert np.array_equal(_words(keep & same), _words(_unwords(ref, N) & same))
+    ref_keep = np.unpackbits(ref.view(np.uint8), axis=1, bitorder="little")[:, :N].astype(bool)
+    assert np.array_equal(keep & same, ref_keep & same)
+    _assert_repeats(surv, U, lambda: _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True))
+
+
+def _fp8_case(rs, seed, nrow):
+    """Synthetic operands of the FP8 build's kernel tests (203 queries, 1000 + 37·seed keys,
+    the build's retained heads): (op, N, (α, ρ, C, ε_raw) broadcast as float64 rows and
+    columns, the exact α(Û + ρC + ε_raw), τ float32 [Qn] at its 0.6 quantile per query,
+    query 5's τ = −inf)."""
+    Qn, N = 203, 1000 + 37 * seed
+    op = _operands(rs, Qn, N, R_MAX[nrow])
+    uh, _, _, _ = _exact(op)
+    al, rho = op["alpha"].astype(np.float64)[None], op["rho"].astype(np.float64)[None]
+    C, er = op["C"][:, None], op["er"][:, None]
+    Uex = al * (uh + rho * C + er)
+    tau = np.quantile(Uex, 0.6, axis=1).astype(np.float32)
+    tau[5] = -np.inf
+    return op, N, (al, rho, C, er), Uex, tau
+
+
+def _assert_repeats(surv, U, launch):
+    """Two more ``launch()``es give the words and U^num bit for bit (a race would move them)."""
     for _ in range(2):
-        again = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
+        again = launch()
         assert np.array_equal(surv, again[0]) and np.array_equal(
             U.view(np.uint8), again[1].view(np.uint8)
         )
-
-
-def _unwords(words, N):
-    """bool [Qn, N] of survivor words uint32 [Qn, NW] (``_words``' inverse)."""
-    bits = (words[:, :, None] >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
-    return bits.reshape(words.shape[0], -1)[:, :N].astype(bool)
 
 
 @pytest.mark.parametrize("r", [6, 14, 30])

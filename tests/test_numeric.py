@@ -38,6 +38,7 @@ from dosa_ref.rounding import (
     sum_up,
 )
 from dosa_ref.scorer import score_keys
+from proofs.gpu_screen_epilogue import round_f32  # the exact fp32 rounding of a rational
 
 F = Fraction
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -65,22 +66,6 @@ def test_directed_primitives_enclose_exact(a, b):
 f32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 
-def _ru32(x: Fraction) -> float:
-    """The smallest float32 ≥ the exact rational x (+inf past the range), by search."""
-    top = F(float(np.finfo(np.float32).max))
-    if x > top:
-        return np.inf
-    f = np.float32(max(float(x), -float(top)))
-    while F(float(f)) < x:
-        f = np.nextafter(f, np.float32(np.inf))
-    while f > -np.finfo(np.float32).max:  # the next float32 below, while there is one
-        g = np.nextafter(f, np.float32(-np.inf))
-        if F(float(g)) < x:
-            break
-        f = g
-    return float(f)
-
-
 @settings(deadline=None, max_examples=400)
 @given(f32s, f32s, st.integers(-160, 40))
 def test_f32_round_up_operations_are_correctly_rounded(a, b, shift):
@@ -91,7 +76,8 @@ def test_f32_round_up_operations_are_correctly_rounded(a, b, shift):
     fa, fb = np.float32(a), np.float32(b)
     got_add = float(f32_add_ru(fa, fb))
     got_mul = float(f32_mul_ru(fa, fb))
-    want_add, want_mul = _ru32(F(float(fa)) + F(float(fb))), _ru32(F(float(fa)) * F(float(fb)))
+    want_add = round_f32(F(float(fa)) + F(float(fb)), up=True)
+    want_mul = round_f32(F(float(fa)) * F(float(fb)), up=True)
     assert got_add == want_add or (got_add == 0 and want_add == 0)
     assert got_mul == want_mul or (got_mul == 0 and want_mul == 0)
 
