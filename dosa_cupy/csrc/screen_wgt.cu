@@ -100,9 +100,10 @@
 // operations rounded up, without flush to zero, on the query's C, ε_raw and ε_out rounded up
 // to fp32 once, in place of a conversion and four fp64 operations per (query, key) pair on the
 // fp64 pipe (half the fp32 rate on the H100 and the H200) — a shorter dependent chain for
-// a screen that the records show latency-bound (docs/records/notes.md "Session 25").  The
-// same Û, a bound at least as large (each step ≥ its exact value; docs/error_model.md "The
-// fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is written as the double of U32.
+// a screen that the records show latency-bound (docs/records/benchmarks.md
+// "the lean screen kernels").  The same Û, a bound at least as large (each step ≥ its exact
+// value; docs/error_model.md "The fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is
+// written as the double of U32.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -664,6 +665,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       // x: the key in the frame of Q's spans (unsigned: past MAX_KEYS a padding key wraps
       // below every span instead of overflowing)
       const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
+      // the store and the candidate test in each branch, in the default's order: taken out of
+      // the branches (U < τ decided first) they change the machine code of every default
+      // build, which the records measured (python -m dosa_cupy.sass --compare)
       double U;
       bool plain;  // vis && !seed, U ≥ τ
       if constexpr (G32) {
@@ -1105,8 +1109,8 @@ DOSA_WGT_KERNELS(8)
 
 // The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
 // screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only —
-// and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard (header "The fp32
-// guard").
+// and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard
+// (header "The fp32 guard").
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
