@@ -33,8 +33,9 @@ RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_f
 # The overflow check of a DoSA call read back with the recovery's (pipeline.py), so the
 # selection is queued behind the refinement without a synchronization between them; the
 # overflowed rows (rare) are extended and selected again after that read-back
-# (``extend_records``, ``select.select_extended``).  −0.3 to −0.8 ms per call with the two
-# switches below on an H100 (docs/records/benchmarks.md, session 25); bench builds=eagerext
+# (``extend_records``, ``select.select_extended``).  With seeds.POOL_CAPACITY and
+# screen.SPECULATIVE_TIE −0.3 to −0.8 ms per call on an H100
+# (docs/records/benchmarks.md "The synchronization builds switched on"); bench builds=eagerext
 # reads the check right after the refinement.
 DEFERRED_EXTENSION = True
 

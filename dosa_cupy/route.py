@@ -70,8 +70,9 @@ CHUNK_PLANS = False
 
 # The positive-head histogram read back before the seeds (``head_prefetch``) and the chunk's
 # counts with the samples: one read-back after the seeds instead of two (docs/method.md §9
-# "Route choice").  −0.1 to −1.0 ms per sampled call on an H100 (docs/records/benchmarks.md,
-# session 25); bench builds=tworeadbacks reads the histogram after the seeds.
+# "Route choice").  −0.1 to −1.0 ms per sampled call on an H100
+# (docs/records/benchmarks.md "The synchronization builds switched on"); bench
+# builds=tworeadbacks reads the histogram after the seeds.
 ONE_READBACK = True
 
 

@@ -138,9 +138,9 @@ def screen_arith(screen: str, tie: bool | None) -> str:
 # A chunk whose rule the route stage did not decide (route="dosa", a memo's choice) planned
 # and screened on the plain rule while its tie flag is read back by an event, and screened
 # again on the tie-aware build in the rare chunk whose flag asks for it (``tie_prefetch``;
-# both rules are exact): no synchronization between the seeds and the screen.  On since
-# session 25's H100 timings (docs/records/benchmarks.md); bench builds=tiefirst reads the flag
-# before planning.
+# both rules are exact): no synchronization between the seeds and the screen (the H100's
+# timings: docs/records/benchmarks.md "The synchronization builds switched on"); bench
+# builds=tiefirst reads the flag before planning.
 SPECULATIVE_TIE = True
 
 

@@ -45,8 +45,9 @@ __all__ = [
 # captured step builds it: no synchronization in the seed stage (its pool is sized without
 # reading P back): the pool's padding is gathered and its records' buffer is wider; the
 # plans' sample keys are spaced over the first P ids by the device formula (plan_stage's
-# pcount), the same keys up to the rounding of linspace.  On since session 25's H100 timings
-# (docs/records/benchmarks.md); bench builds=sizedpool sizes the pool by reading P back.
+# pcount), the same keys up to the rounding of linspace (the H100's timings:
+# docs/records/benchmarks.md "The synchronization builds switched on"); bench builds=sizedpool sizes
+# the pool by reading P back.
 POOL_CAPACITY = True
 
 SEED_WARPS = 8  # warps per block of seed_ids
