@@ -50,6 +50,15 @@ __all__ = [
 # the pool by reading P back.
 POOL_CAPACITY = True
 
+# The eager call's sinks and local window scored on a side stream while the anchor pool is
+# built on the caller's stream (the anchors' logits, their selection and the pool are a chain
+# of small launches that leave most SMs idle: docs/records/benchmarks.md "The synchronization
+# builds switched on"), joined by an event before τ.  The records are appended by atomic
+# counts, so their order within a query's list is the kernels' schedule either way, and every
+# reader takes them as a set (the K-th record, the selection).  A captured step (anchors
+# given) keeps one stream.  Under trial (bench builds=sidestream); off, one stream.
+SIDE_STREAM = False
+
 SEED_WARPS = 8  # warps per block of seed_ids
 SEEDW = 256  # seed slots per warp (seed_ids.cu SEEDW)
 
@@ -119,21 +128,31 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     fixed = not isinstance(anchors, str)
     if not fixed:
         anchors = anchor_queries(Qn, o["n_anchors"])
+    keys = (b.kp, b.ksc, None)
+    side = None
+    if SIDE_STREAM and POOL_CAPACITY and not fixed and anchors is not None:
+        # the records' buffer sized before the pool exists (anchor_ids: [anchors, S·K] ids)
+        cap = min(int(anchors.size) * o["anchor_segments"] * b.K, b.N)
+        default = RecordBuffer(Qn, max(o["sinks"] + o["window"] + max(cap, 1), 1))
+        side = _local_seeds_aside(b, keys, o["sinks"], o["window"], default)
     if anchors is not None:
         aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
     else:
         aid = cp.zeros(0, dtype=cp.int32)
-    cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
+    if side is not None and min(int(aid.size), b.N) != cap:
+        raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
+    if side is None:
+        cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
     pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
-    scap = max(o["sinks"] + o["window"] + int(pool.size), 1)
-    default = RecordBuffer(Qn, scap)
-    # three tiled launches, one per kind of default seed: sinks, local window, anchor pool
-    # (seeds.cu seed_score); the pool's keys are gathered once for every query (with a
-    # capacity, its padding ids are key 0: gathered, never in a query's range [rg4, rg5))
-    keys = (b.kp, b.ksc, None)
-    score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
-    score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default)
+    if side is None:
+        default = RecordBuffer(Qn, max(o["sinks"] + o["window"] + int(pool.size), 1))
+        # three tiled launches, one per kind of default seed: sinks, local window, anchor
+        # pool (seeds.cu seed_score)
+        score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
+        score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default)
+    # the pool's keys are gathered once for every query (with a capacity, its padding ids
+    # are key 0: gathered, never in a query's range [rg4, rg5))
     if pool.size:
         score_seed_tiles(b, (b.kp[pool], b.ksc[pool], pool), (rg[4], rg[5]), pool.size, default)
     # Explicit seeds (docs/method.md §2): distinct visible ids that are not default seeds, so
@@ -147,9 +166,42 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
         xrec, xcnt = score_seed_ids(b, table)
         if xrec is not None:
             xtable = table  # the certificate seeds are deduplicated against these
+    if side is not None:
+        cp.cuda.get_current_stream().wait_event(side)  # the sinks' and window's records
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
                  kid, None if cap is None else offs[-1])  # fmt: skip
+
+
+def _side_stream(cp):
+    """The current device's side stream of the seed stage (non-blocking, kept)."""
+    dev = cp.cuda.Device().id
+    if dev not in _SIDE:
+        _SIDE[dev] = cp.cuda.Stream(non_blocking=True)
+    return _SIDE[dev]
+
+
+_SIDE: dict = {}
+
+
+def _local_seeds_aside(b: Batch, keys: tuple, sinks: int, window: int, out: RecordBuffer):
+    """``SIDE_STREAM``: the sinks and the local window of every query of ``b`` scored into
+    ``out`` on the side stream after the work queued so far on the current stream (``out``
+    zeroed there); returns the event the caller's stream waits on before reading ``out``."""
+    cp = cupy_or_raise()
+    fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+    fork.record()
+    side = _side_stream(cp)
+    side.wait_event(fork)
+    with side:
+        rg = cp.empty((4, b.Qn), dtype=cp.int32)
+        if b.Qn:
+            args = (b.ks, b.ke, np.int32(sinks), np.int32(window), np.int32(b.Qn), rg)
+            kernel("local_ranges")((-(-b.Qn // 256),), (256,), args)
+        score_seed_tiles(b, keys, (rg[0], rg[1]), sinks, out)
+        score_seed_tiles(b, keys, (rg[2], rg[3]), window, out)
+        join.record(side)
+    return join
 
 
 def anchor_pool(aid, NW: int, cap: int | None = None):

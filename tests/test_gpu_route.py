@@ -244,6 +244,39 @@ def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
 
 
+@pytest.mark.parametrize("regime,H,anchors", [("calibrated", 64, 4), ("ties", 32, 4),
+                                               ("equal", 64, 4), ("calibrated", 32, 0)])
+@gpu
+def test_side_stream_gives_the_same_seeds(regime, H, anchors, monkeypatch):
+    """``seeds.SIDE_STREAM`` (the sinks and the local window scored on a side stream while
+    the anchor pool is built): the same records as one stream — each query's list equal as
+    a set (their order is the atomic appends' either way), its count, τ and K-th ids bitwise —
+    and the dense route's ids through the whole call, sampled decision included; with no
+    anchors the stage keeps one stream."""
+    from dosa_cupy import seeds as seeds_mod
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
+
+    a = _args(regime, 520, 24000, H, seed=5)
+    b = pad_batch(*a)
+    o = resolve_options(check_options({"n_anchors": anchors}), b.K)
+    got = {}
+    for side in (False, True):
+        monkeypatch.setattr(seeds_mod, "SIDE_STREAM", side)
+        got[side] = seeds_mod.seed_stage(b, o)
+    one, two = got[False], got[True]
+    assert cp.array_equal(one.default.cnt, two.default.cnt)
+    assert two.default.cap == one.default.cap
+    n = cp.asnumpy(one.default.cnt).astype(np.int64)
+    r1, r2 = cp.asnumpy(one.default.rec), cp.asnumpy(two.default.rec)
+    for t in range(b.Qn):
+        assert np.array_equal(np.sort(r1[t, : n[t]]), np.sort(r2[t, : n[t]])), t
+    assert cp.array_equal(one.tau.view(cp.uint32), two.tau.view(cp.uint32))
+    assert cp.array_equal(one.kth_id, two.kth_id)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    assert cp.array_equal(dosa_cupy.dosa_topk(*a, n_anchors=anchors), dosa_cupy.dense_topk(*a))
+
+
 @pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32), ("equal", 64)])
 @pytest.mark.parametrize("options", [dict(route="dosa"), dict(route="dosa", screen="pair", r=6)])
 @gpu

@@ -26,6 +26,9 @@ Not options of the library: a build under trial is one of these until it wins.
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
+    sidestream  seeds.SIDE_STREAM = True  the eager call's sinks and local window scored on a
+                                         side stream while the anchor pool is built (under
+                                         trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -52,6 +55,7 @@ BUILDS = {
     "guard32": ("screen", "WGT_GUARD32", True),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
+    "sidestream": ("seeds", "SIDE_STREAM", True),
 }
 
 

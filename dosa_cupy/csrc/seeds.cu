@@ -51,21 +51,41 @@ __device__ __forceinline__ int pool_rank(const unsigned int* mask, const long lo
 // of its ids in [ks + ns, loc_lo) — pool ids below are sinks or not visible, above are local
 // seeds, so no key appears in two ranges.  rg int32 [6, Qn].  Reference:
 // dosa_ref.stages.seed_ranges.
+// The sinks [ks, ks + ns) and the local window [loc_lo, ke) of a query with range [ks, ke):
+// rg[0..3] of seed_ranges.
+__device__ __forceinline__ void local_range(const int* ks_, const int* ke_, int sinks,
+                                            int window, int Qn, int t, int* rg, int& ns,
+                                            int& loc_lo) {
+  const int ks = ks_[t], ke = ke_[t];
+  ns = min(sinks, ke - ks);
+  loc_lo = max(ks + ns, ke - window);
+  rg[t] = ks;
+  rg[Qn + t] = ks + ns;
+  rg[2 * Qn + t] = loc_lo;
+  rg[3 * Qn + t] = ke;
+}
+
 extern "C" __global__ void seed_ranges(const unsigned int* __restrict__ mask,
                                        const long long* __restrict__ offs, long long NW,
                                        const int* __restrict__ ks_, const int* __restrict__ ke_,
                                        int sinks, int window, int Qn, int* __restrict__ rg) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= Qn) return;
-  const int ks = ks_[t], ke = ke_[t];
-  const int ns = min(sinks, ke - ks);
-  const int loc_lo = max(ks + ns, ke - window);
-  rg[t] = ks;
-  rg[Qn + t] = ks + ns;
-  rg[2 * Qn + t] = loc_lo;
-  rg[3 * Qn + t] = ke;
-  rg[4 * Qn + t] = pool_rank(mask, offs, NW, ks + ns);
+  int ns, loc_lo;
+  local_range(ks_, ke_, sinks, window, Qn, t, rg, ns, loc_lo);
+  rg[4 * Qn + t] = pool_rank(mask, offs, NW, ks_[t] + ns);
   rg[5 * Qn + t] = pool_rank(mask, offs, NW, loc_lo);
+}
+
+// rg int32 [4, Qn]: seed_ranges' first four rows only (the sinks and the local window, which
+// do not depend on the anchor pool), so that they can be scored while the pool is built
+// (seeds.py SIDE_STREAM).
+extern "C" __global__ void local_ranges(const int* __restrict__ ks_, const int* __restrict__ ke_,
+                                        int sinks, int window, int Qn, int* __restrict__ rg) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= Qn) return;
+  int ns, loc_lo;
+  local_range(ks_, ke_, sinks, window, Qn, t, rg, ns, loc_lo);
 }
 
 // ---------------------------------------------------------------------------------------
