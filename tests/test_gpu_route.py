@@ -244,8 +244,10 @@ def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
 
 
-@pytest.mark.parametrize("regime,H,anchors", [("calibrated", 64, 4), ("ties", 32, 4),
-                                               ("equal", 64, 4), ("calibrated", 32, 0)])
+@pytest.mark.parametrize(
+    "regime,H,anchors",
+    [("calibrated", 64, 4), ("ties", 32, 4), ("equal", 64, 4), ("calibrated", 32, 0)],
+)
 @gpu
 def test_side_stream_gives_the_same_seeds(regime, H, anchors, monkeypatch):
     """``seeds.SIDE_STREAM`` (the sinks and the local window scored on a side stream while
