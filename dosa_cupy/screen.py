@@ -124,10 +124,6 @@ WGT_FP8 = True
 # bound at least as large, docs/error_model.md "The fp32 guard").  Under trial (bench
 # builds=guard32).
 WGT_GUARD32 = False
-# The FP8 8-row build's split chunk (csrc/screen_wgt.cu "The split chunk": each chunk's two
-# halves of 64 columns with their step chains in flight together; the same words and U^num
-# bit for bit).  Under trial (bench builds=fp8split).
-WGT_SPLIT = False
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -490,7 +486,6 @@ class ScreenLaunch:
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
             if plan.screen == "fp8_fresh":  # the FP8 build: a ring build (header of the file)
                 name, smem = f"screen_wgt_fp8_ring_rows{nrow}", wgt_ring_smem_bytes(nrow, True)
-                name += "_split" if WGT_SPLIT and nrow == 8 else ""
                 name += "_g32" if WGT_GUARD32 else ""
                 return cls(name, grid, smem, args, wgt=True, ring=nrow, fp8=True)
             if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow

@@ -23,7 +23,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
             "sizedpool": seeds, "tiefirst": screen, "guard32": screen, "qg768": screen,
-            "qg1536": screen, "sidestream": seeds, "fp8split": screen}  # fmt: skip
+            "qg1536": screen, "sidestream": seeds}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -34,7 +34,6 @@ def test_builds_on_sets_and_restores_every_switch():
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and not seeds.SIDE_STREAM
     assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128 and not screen.WGT_GUARD32
-    assert not screen.WGT_SPLIT
     with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged
         assert screen.WGT_QG == 1536 and screen.WGT_QG % 16 == 0
         assert cost.sample_size("wgt") == 128

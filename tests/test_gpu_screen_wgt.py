@@ -152,16 +152,15 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False, barrier=False, g32=False, split=False):  # fmt: skip
+            fp8=False, barrier=False, g32=False):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
     pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
     ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``); ``g32``:
-    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``); ``split``: the FP8
-    8-row build's split chunk (``screen_wgt_fp8_ring_rows8_split[_g32]``)."""
-    fp8 = fp8 or g32 or split
+    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``)."""
+    fp8 = fp8 or g32
     ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
     NW = (N + 31) // 32
@@ -185,8 +184,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
-        name += "_barrier" if barrier else ""
-        name += ("_split" if split else "") + ("_g32" if g32 else "")
+        name += "_barrier" if barrier else "_g32" if g32 else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -494,27 +492,6 @@ def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
     _assert_repeats(surv, U, lambda: _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True))
 
 
-@pytest.mark.parametrize("g32", [False, True], ids=["f64", "g32"])
-@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
-@pytest.mark.parametrize("seed", [0, 1])
-@needs_sm90a
-@gpu
-def test_wgt_fp8_split_kernel_bit_for_bit(seed, qg, g32):
-    """The split chunk (screen.WGT_SPLIT; csrc/screen_wgt.cu "The split chunk": each chunk's
-    halves in flight together, Û's first four rows summed while the second half's last step
-    runs): the survivor words and U^num on every key bit for bit those of the FP8 8-row ring
-    kernel of the same guard (the same dots, the same Û in the same order); repeated
-    launches bit for bit."""
-    op, N, _, _, tau = _fp8_case(np.random.RandomState(20 + seed), seed, 8)
-    surv, U, _ = _launch(op, tau, 1e-7, False, nrow=8, qg=qg, fp8=True, g32=g32, split=True)
-    ref, Uref, _ = _launch(op, tau, 1e-7, False, nrow=8, qg=qg, fp8=True, g32=g32)
-    assert np.array_equal(surv, ref)
-    assert np.array_equal(U.view(np.uint64), Uref.view(np.uint64))
-    _assert_repeats(
-        surv, U, lambda: _launch(op, tau, 1e-7, False, nrow=8, qg=qg, g32=g32, split=True)
-    )
-
-
 def _fp8_case(rs, seed, nrow):
     """Synthetic operands of the FP8 build's kernel tests (203 queries, 1000 + 37·seed keys,
     the build's retained heads): (op, N, (α, ρ, C, ε_raw) broadcast as float64 rows and
@@ -556,25 +533,6 @@ def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r):
                                   scorer="fp8")  # fmt: skip
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), (regime, r)
     assert any(n.endswith("_g32") for n in names), names
-
-
-@pytest.mark.parametrize("g32", [False, True], ids=["f64", "g32"])
-@needs_sm90a
-@gpu
-def test_wgt_fp8_split_ids_equal_dense(monkeypatch, g32):
-    """The split chunk through the pipeline (screen.WGT_SPLIT, with either guard): ids == the
-    dense route's on the calibrated and h64 regimes at r 6, and the _split kernel ran."""
-    monkeypatch.setattr(screen, "WGT_SPLIT", True)
-    monkeypatch.setattr(screen, "WGT_GUARD32", g32)
-    names = []
-    real = screen.kernel
-    monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
-    for regime in ("calibrated", "h64"):
-        wl, a = _args(regime, 64, Qn=700, seed=19)
-        ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=6, tie_reject=False,
-                                  scorer="fp8")  # fmt: skip
-        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), regime
-    assert any("_split" in n for n in names), names
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["f16", "fp8"])

@@ -175,7 +175,7 @@ def test_every_sm90a_source_builds_under_nvrtc(source):
         allowed = KNOWN_SM90A.get((source, k), (0, 0))
         assert int(spill[1]) <= allowed[0] and int(spill[2]) <= allowed[1], (k, props)
         checked += 1
-    assert checked == {"screen_wgt.cu": 31, "score_fp8.cu": 8}.get(source, 0), checked
+    assert checked == {"screen_wgt.cu": 29, "score_fp8.cu": 8}.get(source, 0), checked
 
 
 @pytest.mark.skipif(LIB is None, reason="libnvrtc not found on this machine")

@@ -23,8 +23,6 @@ Not options of the library: a build under trial is one of these until it wins.
                                          waits for its tie flag before it is planned
     guard32     screen.WGT_GUARD32 = True  the FP8 screen's guard in fp32 rounded up (under
                                          trial)
-    fp8split    screen.WGT_SPLIT = True  the FP8 8-row screen with each chunk's two halves
-                                         in flight together (under trial)
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
@@ -55,7 +53,6 @@ BUILDS = {
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard32": ("screen", "WGT_GUARD32", True),
-    "fp8split": ("screen", "WGT_SPLIT", True),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
     "sidestream": ("seeds", "SIDE_STREAM", True),

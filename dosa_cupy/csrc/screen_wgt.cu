@@ -104,15 +104,6 @@
 // "the lean screen kernels").  The same Û, a bound at least as large (each step ≥ its exact
 // value; docs/error_model.md "The fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is
 // written as the double of U32.
-//
-// The split chunk (screen_wgt_fp8_ring_rows8_split[_g32]; screen.WGT_SPLIT, under trial): the
-// FP8 8-row build with each chunk's 128 columns as two halves of 64 whose step chains are in
-// flight together (chunk_fp8_split) — the FP8 build waits on each k32 step before its adds,
-// and with three warps per scheduler those waits are not hidden (docs/records/notes.md,
-// "Session 25").  Half 0 holds list rows 0..3 of every query (blocks E·(i / 2) + e < 8), so
-// the first four terms of Û's chain are summed while half 1's last step runs and the
-// epilogue continues that chain with rows 4, 5 and the aux sum: the same dots, the same Û in
-// the same order, the default FP8 kernel's words and U^num bit for bit.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -577,61 +568,6 @@ __device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[HALVES ? 32
   }
 }
 
-// The FP8 build's chunk with its halves interleaved (RQ = 8; screen.WGT_SPLIT, under trial;
-// header "The split chunk"): chunk_fp8<true>'s m64n64 steps — half h on N rows 64h .. 64h +
-// 63 into d's registers 32h .. 32h + 31, the same four fresh steps added in the same order,
-// so d ends with the same values — but both halves' step chains in flight at once: each wait
-// completes one half's step while the other half's runs (wait<1>), and `head` runs on half
-// 0's finished sums while half 1's last step is in flight.  x is scratch (two halves of 32).
-template <class Head>
-__device__ __forceinline__ void chunk_fp8_split(float (&d)[64], float (&x)[64], uint32_t a,
-                                                uint32_t b, Head&& head) {
-  float(&d0)[32] = *reinterpret_cast<float(*)[32]>(&d[0]);
-  float(&d1)[32] = *reinterpret_cast<float(*)[32]>(&d[32]);
-  float(&x0)[32] = *reinterpret_cast<float(*)[32]>(&x[0]);
-  float(&x1)[32] = *reinterpret_cast<float(*)[32]>(&x[32]);
-  const uint64_t da = desc_sw128(a), db0 = desc_sw128(b), db1 = desc_sw128(b + 64 * 128);
-  pin(d);
-  pin(x);
-  fence();
-  mma_e4m3<64>(d0, da, db0, 0);
-  mma_e4m3<64>(x0, da + 2, db0 + 2, 0);
-  commit();
-  mma_e4m3<64>(d1, da, db1, 0);
-  mma_e4m3<64>(x1, da + 2, db1 + 2, 0);
-  commit();
-#pragma unroll
-  for (int s = 2; s < 4; ++s) {  // steps 0 + 1, then + 2 of each half; issue step s
-    wait<1>();  // half 0's steps before s
-    pin(d0);
-    pin(x0);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) d0[e] = d0[e] + x0[e];
-    fence();
-    mma_e4m3<64>(x0, da + 2 * s, db0 + 2 * s, 0);
-    commit();
-    wait<1>();  // half 1's steps before s
-    pin(d1);
-    pin(x1);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) d1[e] = d1[e] + x1[e];
-    fence();
-    mma_e4m3<64>(x1, da + 2 * s, db1 + 2 * s, 0);
-    commit();
-  }
-  wait<1>();  // half 0's step 3
-  pin(d0);
-  pin(x0);
-#pragma unroll
-  for (int e = 0; e < 32; ++e) d0[e] = d0[e] + x0[e];
-  head();
-  wait<0>();  // half 1's step 3
-  pin(d1);
-  pin(x1);
-#pragma unroll
-  for (int e = 0; e < 32; ++e) d1[e] = d1[e] + x1[e];
-}
-
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
 // words (bits of chunk c at 16c..16c+15, valid in every lane after the butterfly) and — TIE —
 // the keys the strict rule keeps and the tie-aware rule rejects.  (Their QInfo stays in
@@ -643,28 +579,14 @@ struct Lane {
 };
 
 // Û of one (key, query) from its RQ values y (list order) and weights W(i) (header's orders).
-// RQ = 8 in two parts: list rows 0..3 (the first half's columns, chunk_fp8_split), then
-// rows 4, 5 and the aux sum on that partial sum — u_hat<8> is the tail of the head.
-template <class Yt, class Wt>
-__device__ __forceinline__ float u_hat8_head(Yt&& y, Wt&& W) {
-  float a = W(0) * fmaxf(y(0), 0.f);
-#pragma unroll
-  for (int i = 1; i < 4; ++i) a = fmaf(W(i), fmaxf(y(i), 0.f), a);
-  return a;
-}
-template <class Yt, class Wt>
-__device__ __forceinline__ float u_hat8_tail(Yt&& y, Wt&& W, float a) {
-#pragma unroll
-  for (int i = 4; i < 6; ++i) a = fmaf(W(i), fmaxf(y(i), 0.f), a);
-  return fmaf(W(6), fmaxf(y(6) + y(7), 0.f), a);  // −σ_a [x_7 + x_15]_+
-}
-
 template <int RQ, class Wt>
 __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
   auto r = [](float v) { return fmaxf(v, 0.f); };
   if constexpr (RQ == 8) {
-    auto yi = [&](int i) { return y[i]; };
-    return u_hat8_tail(yi, W, u_hat8_head(yi, W));
+    float a = W(0) * r(y[0]);
+#pragma unroll
+    for (int i = 1; i < 6; ++i) a = fmaf(W(i), r(y[i]), a);
+    return fmaf(W(6), r(y[6] + y[7]), a);  // −σ_a [x_7 + x_15]_+
   } else {
     // the retained rows (every list row but the aux rows kAux, RQ − 1) in chains of four —
     // RQ = 16: (0..3), (4, 5, 6, 8), (9..12), (13, 14) —, the aux fmaf on the last chain,
@@ -691,16 +613,14 @@ __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
 // the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
-template <bool TIE, int RQ, bool ABS = false, bool G32 = false, bool SPLIT = false>
+template <bool TIE, int RQ, bool ABS = false, bool G32 = false>
 __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Group<RQ>& G,
                                          const double* dsa, const double* dsr,
                                          const uint32_t* spm, Lane<RQ>& L, double eps_out,
                                          long long N, long long n0, double* __restrict__ Uout,
-                                         int lane, int v, int w,
-                                         const float (*heads)[2] = nullptr) {
+                                         int lane, int v, int w) {
   using L_ = Rows<RQ>;
   static_assert(!G32 || !TIE, "the fp32 guard: the plain rule (the FP8 build)");
-  static_assert(!SPLIT || (RQ == 8 && !TIE), "the split chunk: the FP8 8-row build");
   constexpr int kE = L_::kE, kV = L_::kV;
   const int qd = lane & 3, g = lane >> 2;
   const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
@@ -741,11 +661,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       float y[RQ];
 #pragma unroll
       for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
-      float uh;
-      if constexpr (SPLIT)  // rows 0..3 summed while the second half's last step ran
-        uh = u_hat8_tail([&](int i) { return y[i]; }, weight, heads[e][k]);
-      else
-        uh = u_hat<RQ>(y, weight);
+      const float uh = u_hat<RQ>(y, weight);
       // x: the key in the frame of Q's spans (unsigned: past MAX_KEYS a padding key wraps
       // below every span instead of overflowing)
       const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
@@ -794,32 +710,13 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   for (int e = 0; e < kE; ++e) L.word[e] |= ((bits[e >> 1] >> (16 * (e & 1))) & 0xffffu) << (16 * c);
 }
 
-// The split chunk's head (RQ = 8): rows 0..3 of Û (u_hat8_head) of the lane's (query e,
-// key k) pairs from the first half of d (list rows 0..3 sit in blocks E·(i / 2) + e < 8).
-template <int RQ>
-__device__ __forceinline__ void u_hat_heads(const float (&d)[64], const Group<RQ>& G, int qd,
-                                            float (&heads)[Rows<RQ>::kE][2]) {
-  constexpr int kE = Rows<RQ>::kE, kV = Rows<RQ>::kV;
-  static_assert(RQ == 8 && 4 * (kE * 1 + kE - 1) + 3 < 32, "rows 0..3 in the first half");
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const float4 a = G.w[(e * kV) * 4 + qd];
-    const float W4[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      heads[e][k] = u_hat8_head([&](int i) { return d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)]; },
-                                [&](int i) { return W4[i]; });
-  }
-}
-
 // The calling warp's part of one query group in the ring build: the two chunks' MMAs on the
 // group's rows and their epilogues into L (zeroed here); TWO: chunk 1's MMAs issued before
 // chunk 0's epilogue (TwoAcc), else in turn.  The default build keeps this body
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false,
-          bool SPLIT = false>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
@@ -832,17 +729,9 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
     float acc[64], x[RQ == 32 ? 32 : 64];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      if constexpr (SPLIT) {
-        float heads[Rows<RQ>::kE][2];
-        chunk_fp8_split(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr,
-                        [&] { u_hat_heads<RQ>(acc, G, lane & 3, heads); });
-        epilogue<TIE, RQ, ABS, G32, true>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout,
-                                          lane, v, w, heads);
-      } else {
-        chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
-        epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
-                                    w);
-      }
+      chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
+                                  w);
     }
   } else {
     float acc[64];
@@ -1059,8 +948,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false,
-          bool SPLIT = false>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -1128,7 +1016,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32, SPLIT>(
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32>(
         G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
@@ -1164,14 +1052,12 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
 #define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
-#define DOSA_WGT_SPLIT_CALL(G32, ...) screen_wgt_ring<false, 8, true, false, G32, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
 #define DOSA_WGT_G32_CALL(RQ, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
-#define DOSA_WGT_SPLIT_CALL(G32, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
 
@@ -1247,17 +1133,6 @@ DOSA_WGT_KERNELS(8)
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
 DOSA_WGT_FP8_KERNELS(8)
-
-// The split chunk (header "The split chunk"): screen_wgt_fp8_ring_rows8_split and its fp32
-// guard, screen_wgt_fp8_ring_rows8_split_g32 — the FP8 8-row ring kernel's parameter list.
-#define DOSA_WGT_SPLIT_KERNEL(NAME, G32)                                                      \
-  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
-      NAME(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS, const uint8_t* __restrict__ image) {   \
-    DOSA_WGT_SPLIT_CALL(G32, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,        \
-                        nullptr, image);                                                      \
-  }
-DOSA_WGT_SPLIT_KERNEL(screen_wgt_fp8_ring_rows8_split, false)
-DOSA_WGT_SPLIT_KERNEL(screen_wgt_fp8_ring_rows8_split_g32, true)
 
 // The racecheck control of the ring builds' slot protocol (tests/test_gpu_screen_wgt.py
 // test_wgt_ring_barrier_control): the 8-row ring kernels with the refill after a block
