@@ -121,9 +121,11 @@ WGT_RING_SLOTS = 3
 WGT_FP8 = True
 # The FP8 build's fp32 guard (csrc/screen_wgt.cu "The fp32 guard": U^num by four fp32
 # operations rounded up instead of a conversion and four fp64 ones per (query, key) pair; a
-# bound at least as large, docs/error_model.md "The fp32 guard").  Under trial (bench
-# builds=guard32).
-WGT_GUARD32 = False
+# bound at least as large, docs/error_model.md "The fp32 guard").  −1.5 to −1.8 ms per call
+# at 1M keys, −0.2 to −0.4 at 128K, on an H100 in two runs (docs/records/benchmarks.md "The
+# fp32 guard and the seeds' side stream switched on"); bench builds=guard64 times the fp64
+# guard.
+WGT_GUARD32 = True
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:

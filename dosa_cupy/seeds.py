@@ -56,8 +56,10 @@ POOL_CAPACITY = True
 # builds switched on"), joined by an event before τ.  The records are appended by atomic
 # counts, so their order within a query's list is the kernels' schedule either way, and every
 # reader takes them as a set (the K-th record, the selection).  A captured step (anchors
-# given) keeps one stream.  Under trial (bench builds=sidestream); off, one stream.
-SIDE_STREAM = False
+# given) keeps one stream.  −0.2 to −0.4 ms per call on an H100 in two runs
+# (docs/records/benchmarks.md "The fp32 guard and the seeds' side stream switched on"); bench
+# builds=onestream scores them on the caller's stream.
+SIDE_STREAM = True
 
 SEED_WARPS = 8  # warps per block of seed_ids
 SEEDW = 256  # seed slots per warp (seed_ids.cu SEEDW)

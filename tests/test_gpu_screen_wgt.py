@@ -520,10 +520,12 @@ def _assert_repeats(surv, U, launch):
 @pytest.mark.parametrize("r", [6, 14, 30])
 @needs_sm90a
 @gpu
-def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r):
-    """The fp32 guard through the pipeline (screen.WGT_GUARD32): ids == the dense route's on
-    the calibrated and h64 regimes, and the _g32 kernel ran."""
-    monkeypatch.setattr(screen, "WGT_GUARD32", True)
+@pytest.mark.parametrize("g32", [True, False], ids=["g32", "f64"])
+def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32):
+    """Either guard of the FP8 build through the pipeline (screen.WGT_GUARD32, the fp32 one
+    by default): ids == the dense route's on the calibrated and h64 regimes, and the kernel of
+    that guard ran."""
+    monkeypatch.setattr(screen, "WGT_GUARD32", g32)
     names = []
     real = screen.kernel
     monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
@@ -532,7 +534,8 @@ def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r):
         ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, tie_reject=False,
                                   scorer="fp8")  # fmt: skip
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), (regime, r)
-    assert any(n.endswith("_g32") for n in names), names
+    ring = [n for n in names if "_fp8_ring_" in n]
+    assert ring and all(n.endswith("_g32") == g32 for n in ring), names
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["f16", "fp8"])
@@ -587,7 +590,8 @@ def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
         lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
         bad, slack = guard_violations(lg, cp.asarray(st.bounds))
         assert bad == 0, (regime, r, scorer)
-        assert names[-1] == f"screen_wgt_fp8_ring_rows{screen.wgt_rows(r)}", names[-1]
+        g = "_g32" if screen.WGT_GUARD32 else ""
+        assert names[-1] == f"screen_wgt_fp8_ring_rows{screen.wgt_rows(r)}{g}", names[-1]
         if regime == "calibrated":
             monkeypatch.setattr(screen, "WGT_FP8", False)
             _, st16 = dosa_cupy.dosa_topk(*a, return_stats=True, **plain)

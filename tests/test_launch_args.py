@@ -538,7 +538,8 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     zrow = z((Qn, 16 * mts), np.float32) if tie else None
     launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), "wgt", False, zrow)
     t, f = "_tie" if tie else "", "_fp8" if fp8 else ""
-    assert launch.name == f"screen_wgt{f}_ring_rows{rows}{t}" and launch.ring == rows
+    g = "_g32" if fp8 and S.WGT_GUARD32 else ""  # the FP8 build's guard (screen.WGT_GUARD32)
+    assert launch.name == f"screen_wgt{f}_ring_rows{rows}{t}{g}" and launch.ring == rows
     assert launch.smem == S.wgt_ring_smem_bytes(rows, fp8) <= 227 * 1024
     surv = z((Qn, (N + 31) // 32), np.uint32)
     launch(surv, None, None, z(Qn, np.uint32) if tie else None)

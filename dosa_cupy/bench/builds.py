@@ -21,14 +21,14 @@ Not options of the library: a build under trial is one of these until it wins.
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
-    guard32     screen.WGT_GUARD32 = True  the FP8 screen's guard in fp32 rounded up (under
-                                         trial)
+    guard64     screen.WGT_GUARD32 = False  the FP8 screen's guard in fp64 (not the fp32
+                                         one rounded up)
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
-    sidestream  seeds.SIDE_STREAM = True  the eager call's sinks and local window scored on a
-                                         side stream while the anchor pool is built (under
-                                         trial)
+    onestream   seeds.SIDE_STREAM = False  the eager call's sinks and local window scored on
+                                         the caller's stream after the anchor pool (no side
+                                         stream)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -52,10 +52,10 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
-    "guard32": ("screen", "WGT_GUARD32", True),
+    "guard64": ("screen", "WGT_GUARD32", False),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
-    "sidestream": ("seeds", "SIDE_STREAM", True),
+    "onestream": ("seeds", "SIDE_STREAM", False),
 }
 
 

@@ -95,7 +95,7 @@
 // instructions per warp per group against the f16 ring's 1,602 (cuobjdump, static), so the build
 // wins only where the f16 ring waits on the tensor cores (docs/records/notes.md, sessions 20–21).
 //
-// The fp32 guard (screen_wgt_fp8_ring_rows*_g32; screen.WGT_GUARD32, under trial): the FP8
+// The fp32 guard (screen_wgt_fp8_ring_rows*_g32; screen.WGT_GUARD32, the default): the FP8
 // build with U^num from guard_bound_ru32 (epilogue.cuh) instead of the fp64 guard — four fp32
 // operations rounded up, without flush to zero, on the query's C, ε_raw and ε_out rounded up
 // to fp32 once, in place of a conversion and four fp64 operations per (query, key) pair on the
