@@ -413,7 +413,9 @@ def test_check_values_kernel_equals_reference():
 def test_anchor_pool_kernels_equal_reference(N):
     """seeds.anchor_pool and seed_ranges (bitmask + prefix counts, csrc/seeds.cu) equal the
     sort-based references: the sorted distinct ids, the bitmask, and the seed ranges — with
-    repeats, −1 padding, ids 0 and N − 1, ranges ending at N, and no anchor id at all."""
+    repeats, −1 padding, ids 0 and N − 1, ranges ending at N, and no anchor id at all;
+    local_ranges writes seed_ranges' first four rows."""
+    from dosa_cupy._build import kernel
     from dosa_cupy.seeds import anchor_pool, seed_ranges
     from dosa_ref import stages
 
@@ -433,9 +435,14 @@ def test_anchor_pool_kernels_equal_reference(N):
         assert pool.dtype == cp.int32 and np.array_equal(cp.asnumpy(pool), want)
         assert np.array_equal(cp.asnumpy(mask), stages.pool_mask(want, NW))
         for sinks, window in ((0, 0), (3, 7), (16, 2048)):
-            rg = seed_ranges(mask, offs, cp.asarray(ks, dtype=cp.int32),
-                             cp.asarray(ke, dtype=cp.int32), sinks, window)  # fmt: skip
+            ks_d, ke_d = cp.asarray(ks, dtype=cp.int32), cp.asarray(ke, dtype=cp.int32)
+            rg = seed_ranges(mask, offs, ks_d, ke_d, sinks, window)
             assert np.array_equal(cp.asnumpy(rg), stages.seed_ranges(want, ks, ke, sinks, window))
+            # local_ranges (seeds.SIDE_STREAM): seed_ranges' sinks and window rows
+            loc = cp.full((4, ks.size), -7, dtype=cp.int32)
+            args = (ks_d, ke_d, np.int32(sinks), np.int32(window), np.int32(ks.size), loc)
+            kernel("local_ranges")((1,), (256,), args)
+            assert cp.array_equal(loc, rg[:4])
 
 
 @pytest.mark.parametrize("tile_n", [128, 256])

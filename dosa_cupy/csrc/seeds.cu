@@ -46,11 +46,6 @@ __device__ __forceinline__ int pool_rank(const unsigned int* mask, const long lo
   return (int)(offs[w] + (w < NW ? __popc(mask[w] & below) : 0));
 }
 
-// The default seeds of query t as three index ranges (docs/method.md §2): rg[0..1] the sinks
-// [ks, ks + ns), rg[2..3] the local window [loc_lo, ke), rg[4..5] the anchor pool's indices
-// of its ids in [ks + ns, loc_lo) — pool ids below are sinks or not visible, above are local
-// seeds, so no key appears in two ranges.  rg int32 [6, Qn].  Reference:
-// dosa_ref.stages.seed_ranges.
 // The sinks [ks, ks + ns) and the local window [loc_lo, ke) of a query with range [ks, ke):
 // rg[0..3] of seed_ranges.
 __device__ __forceinline__ void local_range(const int* ks_, const int* ke_, int sinks,
@@ -65,6 +60,11 @@ __device__ __forceinline__ void local_range(const int* ks_, const int* ke_, int 
   rg[3 * Qn + t] = ke;
 }
 
+// The default seeds of query t as three index ranges (docs/method.md §2): rg[0..1] the sinks
+// [ks, ks + ns), rg[2..3] the local window [loc_lo, ke), rg[4..5] the anchor pool's indices
+// of its ids in [ks + ns, loc_lo) — pool ids below are sinks or not visible, above are local
+// seeds, so no key appears in two ranges.  rg int32 [6, Qn].  Reference:
+// dosa_ref.stages.seed_ranges.
 extern "C" __global__ void seed_ranges(const unsigned int* __restrict__ mask,
                                        const long long* __restrict__ offs, long long NW,
                                        const int* __restrict__ ks_, const int* __restrict__ ke_,
