@@ -130,25 +130,27 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     fixed = not isinstance(anchors, str)
     if not fixed:
         anchors = anchor_queries(Qn, o["n_anchors"])
-    keys = (b.kp, b.ksc, None)
+    # the pool at its capacity min(anchors · S·K, N) — anchor_ids gives S·K ids per anchor
+    # row, so it is known before the pool exists —, or None: sized to its P ids
+    cap = None
+    if fixed or POOL_CAPACITY:
+        ids = 0 if anchors is None else int(anchors.size) * o["anchor_segments"] * b.K
+        cap = min(ids, b.N)
+    keys, width = (b.kp, b.ksc, None), o["sinks"] + o["window"]
     side = None
-    if SIDE_STREAM and POOL_CAPACITY and not fixed and anchors is not None:
-        # the records' buffer sized before the pool exists (anchor_ids: [anchors, S·K] ids)
-        cap = min(int(anchors.size) * o["anchor_segments"] * b.K, b.N)
-        default = RecordBuffer(Qn, max(o["sinks"] + o["window"] + max(cap, 1), 1))
+    if SIDE_STREAM and cap is not None and not fixed and anchors is not None:
+        default = RecordBuffer(Qn, width + max(cap, 1))  # the pool's size at its capacity
         side = _local_seeds_aside(b, keys, o["sinks"], o["window"], default)
     if anchors is not None:
         aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
     else:
         aid = cp.zeros(0, dtype=cp.int32)
-    if side is not None and min(int(aid.size), b.N) != cap:
+    if cap is not None and min(int(aid.size), b.N) != cap:
         raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
-    if side is None:
-        cap = min(int(aid.size), b.N) if fixed or POOL_CAPACITY else None
     pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     if side is None:
-        default = RecordBuffer(Qn, max(o["sinks"] + o["window"] + int(pool.size), 1))
+        default = RecordBuffer(Qn, max(width + int(pool.size), 1))
         # three tiled launches, one per kind of default seed: sinks, local window, anchor
         # pool (seeds.cu seed_score)
         score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
@@ -175,15 +177,15 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
                  kid, None if cap is None else offs[-1])  # fmt: skip
 
 
+_SIDE: dict = {}  # device id → the seed stage's side stream
+
+
 def _side_stream(cp):
     """The current device's side stream of the seed stage (non-blocking, kept)."""
     dev = cp.cuda.Device().id
     if dev not in _SIDE:
         _SIDE[dev] = cp.cuda.Stream(non_blocking=True)
     return _SIDE[dev]
-
-
-_SIDE: dict = {}
 
 
 def _local_seeds_aside(b: Batch, keys: tuple, sinks: int, window: int, out: RecordBuffer):

@@ -425,11 +425,17 @@ def test_fp8_screen_model_within_its_allowance(nrow):
     assert np.any(err > 0)
 
 
-@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
-@pytest.mark.parametrize("nrow", FP8_ROWS)
-@pytest.mark.parametrize("seed", [0, 1])
-@needs_sm90a
-@gpu
+def _fp8_kernel_cases(test):
+    """The FP8 kernel tests' cases (``_fp8_case``): two seeds, every FP8 row build, the
+    default block row and one of 48 queries (several block rows); sm_90a and a GPU."""
+    for mark in (gpu, needs_sm90a, pytest.mark.parametrize("seed", [0, 1]),
+                 pytest.mark.parametrize("nrow", FP8_ROWS),
+                 pytest.mark.parametrize("qg", [screen.WGT_QG, 48])):  # fmt: skip
+        test = mark(test)
+    return test
+
+
+@_fp8_kernel_cases
 def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
     """The FP8 build on synthetic operands: Uout exactly on the visible keys; every U^num
     the fp64 guard of the host model's Û (``_fp8_u_hat``, the dots bit for bit) — within the
@@ -454,11 +460,7 @@ def test_wgt_fp8_kernel_bounds_and_words(seed, nrow, qg):
     _assert_repeats(surv, U, lambda: _launch(op, tau, 1e-7, False, nrow=nrow, qg=qg, fp8=True))
 
 
-@pytest.mark.parametrize("qg", [screen.WGT_QG, 48])
-@pytest.mark.parametrize("nrow", FP8_ROWS)
-@pytest.mark.parametrize("seed", [0, 1])
-@needs_sm90a
-@gpu
+@_fp8_kernel_cases
 def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
     """The FP8 build's fp32 guard (screen.WGT_GUARD32; csrc/screen_wgt.cu "The fp32 guard"):
     U^num on every visible key bit for bit the host model's (``emulate.guard_bound_ru32`` of
