@@ -298,3 +298,85 @@ def test_speculative_tie_screens_as_the_decided_rule(regime, H, options, monkeyp
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), spec
         got[spec] = (st.screen, st.survivors.tolist(), st.tie_rejected.tolist())
     assert got[True] == got[False]
+
+
+@pytest.mark.parametrize("regime,H", [("calibrated", 64), ("ties", 32)])
+@gpu
+def test_sample_seeds_are_the_chunk_seeds_of_the_sampled_rows(regime, H):
+    """``route._sample_seeds`` (``route.SAMPLE_SEEDS``): the sampled rows seeded alone with the
+    chunk's anchor pool have the chunk's seed stage's τ and K-th ids at those rows, bit for
+    bit (a query's seeds do not depend on the other queries), NaN and NO_KTH_ID elsewhere;
+    the decision's counts are the chunk's default seeds (``default_seed_counts`` == the
+    records the seed stage writes), the scored counts the sampled rows' only.  The chunk's
+    seeds from the pool built apart (``anchor_stage``), with a cancellation never fired,
+    are the default seed stage's: counts, τ and K-th ids bitwise."""
+    from dosa_cupy import route as route_mod
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
+    from dosa_cupy.seeds import SeedCancel, anchor_stage, seed_stage
+    from dosa_cupy.select import NO_KTH_ID
+
+    a = _args(regime, 520, 24000, H, seed=6)
+    b = pad_batch(*a)
+    o = resolve_options(check_options({}), b.K)
+    ap = anchor_stage(b, o)
+    full = seed_stage(b, o, ap=ap, cancel=SeedCancel.new())
+    base = seed_stage(b, o)
+    assert cp.array_equal(full.default.cnt, base.default.cnt)
+    assert cp.array_equal(full.tau.view(cp.uint32), base.tau.view(cp.uint32))
+    assert cp.array_equal(full.kth_id, base.kth_id) and cp.array_equal(full.pool, base.pool)
+    n = cost.sample_size("wgt")
+    dec, scored = route_mod._sample_seeds(b, ap, o, n)
+    idx = cp.asnumpy(route_mod.sample_rows(b.Qn, n))
+    rest = np.setdiff1d(np.arange(b.Qn), idx)
+    assert len(np.unique(idx)) == n and len(rest) == b.Qn - n
+    tau, want = cp.asnumpy(dec.tau), cp.asnumpy(full.tau)
+    assert np.array_equal(tau[idx].view(np.uint32), want[idx].view(np.uint32))
+    assert np.isnan(tau[rest]).all()
+    kth = cp.asnumpy(dec.kth_id)
+    assert np.array_equal(kth[idx], cp.asnumpy(full.kth_id)[idx]) and (kth[rest] == NO_KTH_ID).all()
+    assert cp.array_equal(dec.default.cnt, full.default.cnt)
+    got, cnt = cp.asnumpy(scored.default.cnt), cp.asnumpy(full.default.cnt)
+    assert np.array_equal(got[idx], cnt[idx]) and (got[rest] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "regime,H", [("calibrated", 64), ("many_positive", 32), ("isotropic", 64), ("ties", 32)]
+)
+@gpu
+def test_sample_seeds_decide_as_the_chunk_seeds(regime, H, monkeypatch):
+    """``route.SAMPLE_SEEDS`` through the pipeline (the samples' milliseconds fixed at 1, so
+    the decision follows the counts), a chunk the dense route takes first — its speculative
+    seeds cancelled — then one DoSA takes, on a new epoch: the dense route's ids every time;
+    where DoSA wins, the chunk's seeds (queued behind the samples, or seeded after a
+    retake on the tie-aware build) are the whole seed stage's, as without the build (every
+    query's seed count); where the dense route wins, the statistics count the sampled rows'
+    seeds only; and, on regimes with no τ = 0 (where the samples' build follows the
+    sampled rows' flag, which may differ from the chunk's), the same choice — route,
+    screen, r, survival per candidate."""
+    from dosa_cupy import route as route_mod
+    from dosa_cupy import seeds as seeds_mod
+
+    monkeypatch.setattr(cp.cuda, "get_elapsed_time", lambda start, end: 1.0)
+    a = _args(regime, 520, 24000, H, seed=5)
+    dense = dosa_cupy.dense_topk(*a)
+    for model in (ALWAYS_DENSE, NEVER_DENSE):
+        monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
+        got, seeded = {}, {}
+        for on in (False, True):
+            monkeypatch.setattr(route_mod, "SAMPLE_SEEDS", on)
+            epoch = seeds_mod._EPOCH[0]
+            ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+            assert cp.array_equal(ids, dense), (model is NEVER_DENSE, on)
+            assert seeds_mod._EPOCH[0] == epoch + on  # one speculative seed stage per call
+            c = st.route
+            got[on] = (c.route, c.reason, c.screen, c.r, c.survival, set(c.predicted_ms))
+            seeded[on] = st.seeds.tolist()
+            if c.route == "dense":
+                n = len(np.flatnonzero(st.seeds))
+                assert (n <= cost.sample_size("wgt")) if on else n > 128
+        assert got[True][0] == got[False][0] == ("dense" if model is ALWAYS_DENSE else "dosa")
+        if got[True][0] == "dosa":
+            assert seeded[True] == seeded[False]
+        if regime != "ties":
+            assert got[True] == got[False]
