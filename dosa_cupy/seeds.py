@@ -12,6 +12,7 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -135,11 +136,14 @@ class SeedCancel:
     """The cancellation of a speculative seed stage (docs/method.md §9 "Route choice": the
     chunk's seeds queued before the decision reads its samples back): the seed kernels of
     this call leave at once (csrc/record.cuh block_cancelled) once ``fire`` has written
-    ``epoch`` into ``flag`` (int64 [1] on the device, one per device, kept).  Each call takes
-    a new epoch (``SeedCancel.new``), so a write for one call never cancels another; the
-    seeds of a cancelled call are never read (its caller took the dense route)."""
+    ``epoch`` into ``flag`` (int64 [1] on the device, one per device, kept) by a copy on
+    ``stream``.  Each call takes a new epoch (``SeedCancel.new``: a process-wide counter
+    whose step is atomic, so calls from several threads never share one), so a write for one
+    call never cancels another's seeds; the seeds of a cancelled call are never read (its
+    caller took the dense route)."""
 
     flag: object
+    stream: object
     epoch: int
 
     @staticmethod
@@ -148,25 +152,23 @@ class SeedCancel:
         cp = cupy_or_raise()
         dev = cp.cuda.Device().id
         if dev not in _CANCEL:
-            _CANCEL[dev] = (cp.zeros(1, dtype=cp.int64), cp.cuda.Stream(non_blocking=True))
-        _EPOCH[0] += 1
-        return SeedCancel(_CANCEL[dev][0], _EPOCH[0])
+            _CANCEL.setdefault(
+                dev, (cp.zeros(1, dtype=cp.int64), cp.cuda.Stream(non_blocking=True))
+            )
+        return SeedCancel(*_CANCEL[dev], next(_EPOCHS))
 
     def args(self) -> tuple:
         """The seed kernels' (cancel, epoch) arguments."""
         return (self.flag, np.int64(self.epoch))
 
     def fire(self) -> None:
-        """Cancel: ``epoch`` written into ``flag`` by a copy on a stream of its own (not
-        behind the seed kernels on the caller's stream), so the blocks not yet started see
-        it and leave."""
-        cp = cupy_or_raise()
-        flag, stream = _CANCEL[cp.cuda.Device().id]
-        flag.set(np.array([self.epoch], dtype=np.int64), stream=stream)
+        """Cancel: ``epoch`` written into ``flag`` by a copy on ``stream`` (not behind the seed
+        kernels on the caller's stream), so the blocks not yet started see it and leave."""
+        self.flag.set(np.array([self.epoch], dtype=np.int64), stream=self.stream)
 
 
 _CANCEL: dict = {}  # device id → (the cancellation flag, the stream that writes it)
-_EPOCH = [0]  # the last epoch handed out (SeedCancel.new)
+_EPOCHS = itertools.count(1)  # SeedCancel.new's epochs (the flag starts at 0: no epoch)
 _NO_CANCEL = (_NULL, np.int64(0))  # the seed kernels' arguments of a launch that is not cancelled
 
 

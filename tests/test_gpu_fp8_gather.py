@@ -287,7 +287,7 @@ def test_seed_score_fp8_cancelled_by_its_epoch_only(H):
     hi = np.full(Qn, N, dtype=np.int32)
     keys = (wl["k_payload"], wl["k_scale"], None)
     mine, later = SeedCancel.new(), SeedCancel.new()
-    assert later.epoch == mine.epoch + 1 and later.flag is mine.flag
+    assert later.epoch > mine.epoch and later.flag is mine.flag
     mine.fire()
     cp.cuda.runtime.deviceSynchronize()  # the flag's copy ran on its own stream
     assert int(mine.flag[0]) == mine.epoch

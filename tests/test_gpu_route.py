@@ -358,6 +358,9 @@ def test_sample_seeds_decide_as_the_chunk_seeds(regime, H, monkeypatch):
     from dosa_cupy import seeds as seeds_mod
 
     monkeypatch.setattr(cp.cuda, "get_elapsed_time", lambda start, end: 1.0)
+    made, new = [], seeds_mod.SeedCancel.new
+    monkeypatch.setattr(seeds_mod.SeedCancel, "new", staticmethod(lambda: made.append(new())
+                                                                  or made[-1]))  # fmt: skip
     a = _args(regime, 520, 24000, H, seed=5)
     dense = dosa_cupy.dense_topk(*a)
     for model in (ALWAYS_DENSE, NEVER_DENSE):
@@ -365,10 +368,10 @@ def test_sample_seeds_decide_as_the_chunk_seeds(regime, H, monkeypatch):
         got, seeded = {}, {}
         for on in (False, True):
             monkeypatch.setattr(route_mod, "SAMPLE_SEEDS", on)
-            epoch = seeds_mod._EPOCH[0]
+            before = len(made)
             ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
             assert cp.array_equal(ids, dense), (model is NEVER_DENSE, on)
-            assert seeds_mod._EPOCH[0] == epoch + on  # one speculative seed stage per call
+            assert len(made) == before + on  # one speculative seed stage per call
             c = st.route
             got[on] = (c.route, c.reason, c.screen, c.r, c.survival, set(c.predicted_ms))
             seeded[on] = st.seeds.tolist()
@@ -380,3 +383,4 @@ def test_sample_seeds_decide_as_the_chunk_seeds(regime, H, monkeypatch):
             assert seeded[True] == seeded[False]
         if regime != "ties":
             assert got[True] == got[False]
+    assert len({c.epoch for c in made}) == len(made) == 2  # an epoch per call

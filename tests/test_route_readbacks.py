@@ -213,3 +213,36 @@ def test_sample_seeds_decide_as_the_chunk_seeds(monkeypatch, tie_flag, positive,
         assert log.index(("fire",)) < first_tie
     handed = not dense_wins and not tie_flag
     assert got.chunk_seeds == ("chunk seeds" if handed else None)
+
+
+def test_seed_cancel_epochs_are_never_shared(monkeypatch):
+    """``seeds.SeedCancel.new``: one flag and stream per device, and an epoch per call that no
+    other call gets, also when calls come from several threads at once (a shared epoch would
+    let one call's cancellation stop another call's seeds); every epoch is above the flag's
+    initial 0."""
+    import threading
+
+    from dosa_cupy import seeds
+
+    shim = types.SimpleNamespace(
+        zeros=np.zeros, int64=np.int64,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
+                                   Stream=lambda non_blocking: object()),
+    )  # fmt: skip
+    monkeypatch.setattr(seeds, "cupy_or_raise", lambda: shim)
+    monkeypatch.setattr(seeds, "_CANCEL", {})
+    got = [[] for _ in range(4)]
+
+    def take(out):
+        out.extend(seeds.SeedCancel.new() for _ in range(2000))
+
+    threads = [threading.Thread(target=take, args=(g,)) for g in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = [c for g in got for c in g]
+    assert len({c.epoch for c in made}) == len(made) == 8000
+    assert min(c.epoch for c in made) > 0
+    assert len({id(c.flag) for c in made}) == 1 and len({id(c.stream) for c in made}) == 1
+    assert made[0].args()[1] == np.int64(made[0].epoch)
