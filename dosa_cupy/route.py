@@ -220,25 +220,27 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     cands = candidates_of(screen, r, cert, pick)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
         return RouteChoice("dosa", "small", *cands[0], tie=None if head is None else tie)
-    scored = behind = None
+    scored = cancel = behind = None
     if isinstance(seeds, AnchorPool):  # SAMPLE_SEEDS: the sampled rows seeded alone
         ap = seeds
         sizes = {sample_size(s) for s, _ in cands}  # one screen kernel: one sample size
         if len(sizes) == 1:
             seeds, scored = _sample_seeds(b, ap, o, sizes.pop())
             cancel = SeedCancel.new()
-            behind = (cancel, lambda: seed_stage(b, o, ap=ap, cancel=cancel))
+
+            def behind():  # the chunk's seeds, queued behind the samples
+                return seed_stage(b, o, ap=ap, cancel=cancel)
         else:
             seeds = seed_stage(b, o, ap=ap)
     head_dev = _head_counts(b, seeds, o, False) if head is None else None
-    runs, got, plans, chunk = _samples(b, seeds, rho, o, cands, tie, head_dev,
-                                       None if behind is None else behind[1])  # fmt: skip
+    runs, got, plans, chunk = _samples(b, seeds, rho, o, cands, tie, head_dev, behind)
     if head_dev is not None:
         head, got = got[:3], got[3:]
         if head[2] and not tie:  # a chunk for the tie-aware build: its samples taken again
             tie = True
-            if behind is not None:  # not behind the chunk's seeds: those are seeded after
-                behind, chunk = behind[0].fire(), None  # the decision, where DoSA wins
+            if cancel is not None:  # not behind the chunk's seeds: those are seeded after
+                cancel.fire()  # the decision, where DoSA wins
+                cancel = chunk = None
             runs, got, plans, _ = _samples(b, seeds, rho, o, cands, tie, None)
     pairs, screened = head[:2]
     tie = tie if scored is None else None  # the sampled rows' flag is not the chunk's
@@ -263,9 +265,9 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
             choice.plan = plans.get(key)
-    if behind is not None:  # the chunk's seeds queued behind the samples
+    if cancel is not None:  # the chunk's seeds queued behind the samples
         if choice.route == "dense":
-            behind[0].fire()  # their blocks not yet started leave; never read
+            cancel.fire()  # their blocks not yet started leave; never read
         else:
             choice.chunk_seeds = chunk
     return choice

@@ -359,8 +359,12 @@ def test_sample_seeds_decide_as_the_chunk_seeds(regime, H, monkeypatch):
 
     monkeypatch.setattr(cp.cuda, "get_elapsed_time", lambda start, end: 1.0)
     made, new = [], seeds_mod.SeedCancel.new
-    monkeypatch.setattr(seeds_mod.SeedCancel, "new", staticmethod(lambda: made.append(new())
-                                                                  or made[-1]))  # fmt: skip
+
+    def counted():  # SeedCancel.new, each cancellation kept
+        made.append(new())
+        return made[-1]
+
+    monkeypatch.setattr(seeds_mod.SeedCancel, "new", staticmethod(counted))
     a = _args(regime, 520, 24000, H, seed=5)
     dense = dosa_cupy.dense_topk(*a)
     for model in (ALWAYS_DENSE, NEVER_DENSE):

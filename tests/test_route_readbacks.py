@@ -68,18 +68,31 @@ def _install(monkeypatch, tie_flag: bool, survival: dict):
     return log
 
 
-def _decide(monkeypatch, one: bool, chunk: bool, tie_flag: bool, positive: int, survival):
+def _chunk(monkeypatch, one: bool, chunk: bool, tie_flag: bool, positive: int, survival):
+    """The stubs installed (``_install``) with the read-back switches, and a chunk of 1,024
+    queries with ``positive`` positive heads: (batch, options, ``head_prefetch``'s histogram,
+    the stubs' log)."""
     monkeypatch.setattr(route_mod, "ONE_READBACK", one)
     monkeypatch.setattr(route_mod, "CHUNK_PLANS", chunk)
     log = _install(monkeypatch, tie_flag, survival)
     monkeypatch.setattr(route_mod, "auto_pick", lambda r, h: ("wgt", 30) if h[40:].sum() else
                         ("wgt", 6))  # fmt: skip
     b = _Batch(1024, positive)
-    o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True)
+    o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True, seed_ids=None,
+             tau_floor=None)  # fmt: skip
     hist = route_mod.head_prefetch(b, o)
     assert (hist is not None) == one
-    seeds = types.SimpleNamespace(pool=np.arange(10), pcount=None)
-    return route_mod.route_stage(b, seeds, None, o, NEVER_DENSE, hist), log
+    return b, o, hist, log
+
+
+def _chunk_seeds():
+    """The stand-in of a chunk's seeds: what the samples' plans read."""
+    return types.SimpleNamespace(pool=np.arange(10), pcount=None)
+
+
+def _decide(monkeypatch, one: bool, chunk: bool, tie_flag: bool, positive: int, survival):
+    b, o, hist, log = _chunk(monkeypatch, one, chunk, tie_flag, positive, survival)
+    return route_mod.route_stage(b, _chunk_seeds(), None, o, NEVER_DENSE, hist), log
 
 
 SURV = {(s, r, t): v for (s, r), v in {("wgt", 6): 0.02, ("wgt", 30): 0.01, ("wgt", 14): 0.03}
@@ -147,17 +160,8 @@ def test_sample_seeds_decide_as_the_chunk_seeds(monkeypatch, tie_flag, positive,
     are taken again on the tie-aware build (which must not wait behind them; the pipeline
     then seeds the chunk after the decision)."""
     model = ALWAYS_DENSE if dense_wins else NEVER_DENSE
-    monkeypatch.setattr(route_mod, "ONE_READBACK", True)
-    monkeypatch.setattr(route_mod, "CHUNK_PLANS", False)
-    log = _install(monkeypatch, tie_flag, SURV)
-    monkeypatch.setattr(route_mod, "auto_pick", lambda r, h: ("wgt", 30) if h[40:].sum() else
-                        ("wgt", 6))  # fmt: skip
-    b = _Batch(1024, positive)
-    o = dict(route="auto", screen="auto", r=14, cert_seeds=0, tie_reject=True, seed_ids=None,
-             tau_floor=None)  # fmt: skip
-    hist = route_mod.head_prefetch(b, o)
-    seeds = types.SimpleNamespace(pool=np.arange(10), pcount=None)
-    full = route_mod.route_stage(b, seeds, None, o, model, hist)
+    b, o, hist, log = _chunk(monkeypatch, True, False, tie_flag, positive, SURV)
+    full = route_mod.route_stage(b, _chunk_seeds(), None, o, model, hist)
     monkeypatch.setattr(route_mod, "SAMPLE_SEEDS", True)
     assert route_mod.sample_seeding_wanted(o, hist)
     assert not route_mod.sample_seeding_wanted(dict(o, tau_floor=np.zeros(1024)), hist)
@@ -167,7 +171,7 @@ def test_sample_seeds_decide_as_the_chunk_seeds(monkeypatch, tie_flag, positive,
 
     def sample_seeds(b, ap, o, n):
         calls.append((ap, n))
-        return types.SimpleNamespace(pool=ap.pool, pcount=None), "scored"
+        return _chunk_seeds(), "scored"
 
     class Cancel:
         made = []
