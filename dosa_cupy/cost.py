@@ -32,6 +32,7 @@ __all__ = [
     "early_route",
     "logits_flop",
     "model_for",
+    "samples_any_screen",
 ]
 
 
@@ -238,6 +239,13 @@ def candidates_of(screen: str, r: int, cert_seeds: int, pick: tuple) -> list:
         return [(pick, rr)]
     alt = R_WIDE if rr != R_WIDE else r
     return [(pick, rr)] if alt == rr else [(pick, rr), (pick, alt)]
+
+
+def samples_any_screen(Qn: int) -> bool:
+    """Whether a chunk of ``Qn`` queries is sampled whichever screens are the candidates:
+    at least four of the largest sample (``sample_size``; ``route.route_stage`` sends a
+    smaller chunk to DoSA unsampled, reason "small")."""
+    return Qn >= 4 * max(sample_size(s) for s in ("fp64", "pair", "wg", "wgt"))
 
 
 def sample_size(screen: str) -> int:

@@ -84,7 +84,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         "dosa": always screen, with ``screen``'s pick; "dense": the dense route); route_memo
         (None, default; a ``cost.RouteMemo``, with route="auto" only: chunks of a kind seen
         recently take its remembered route without seeding or sampling, every refresh-th
-        call samples again — for a caller running one layer over many chunks);
+        call samples again, and a chunk of ≥ 512 queries is sampled rather than sent dense
+        by the early rule — for a caller running one layer over many chunks);
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is

@@ -18,9 +18,10 @@ decisions, both before the expensive work:
    The cheapest wins.
 
 A ``cost.RouteMemo`` (``memo_recall`` / ``memo_store``) lets a chunk of a kind seen recently
-skip both.  The model is an argument of each decision, so a caller (or a test) picks it.
-The reference side's counterpart is ``dosa_ref.cost.choose_r`` (per query: an r, or dense
-scoring, in units of work rather than milliseconds).
+skip both; with one, a chunk large enough to be sampled skips the early rule (its kind is
+sampled once per ``refresh`` chunks instead).  The model is an argument of each decision, so a
+caller (or a test) picks it.  The reference side's counterpart is ``dosa_ref.cost.choose_r``
+(per query: an r, or dense scoring, in units of work rather than milliseconds).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .cost import (
     candidates_of,
     early_route,
     sample_size,
+    samples_any_screen,
 )
 from .plan import plan_stage
 from .refine import popcount_rows
@@ -105,8 +107,13 @@ def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
     """Decision 1 for batch ``b`` (``prepare.Batch``), before any device work: the dense
     route's ``RouteChoice`` when the options ask for it (reason "option") or when
     ``cost.early_route`` predicts it faster than any DoSA call ("early"), with its
-    predicted time at every key visible; None when the chunk goes on to the seeds."""
-    if o["route"] == "dense" or (o["route"] == "auto" and early_route(model, b.Qn, b.N, b.heads)):
+    predicted time at every key visible; None when the chunk goes on to the seeds.  With a
+    ``route_memo`` a chunk that every candidate would sample (``cost.samples_any_screen``)
+    skips the early rule: the memo pays the sampled decision once per ``refresh`` chunks of
+    its kind, so a measurement replaces the floor's guess (docs/method.md §9 "Route
+    choice")."""
+    early = o["route"] == "auto" and not (o["route_memo"] is not None and samples_any_screen(b.Qn))
+    if o["route"] == "dense" or (early and early_route(model, b.Qn, b.N, b.heads)):
         reason = "option" if o["route"] == "dense" else "early"
         pred = {"dense": model.dense_ms(b.Qn, b.N, float(b.Qn) * b.N, b.heads)}  # all visible
         return RouteChoice("dense", reason, predicted_ms=pred)

@@ -231,6 +231,27 @@ def test_early_decision_at_the_floor_goes_dense():
     assert not cost.early_route(_model(select_fixed_ms=1.0 + 1e-9), 4, 8, 32)
 
 
+@pytest.mark.parametrize("Qn", [511, 512, 4096])
+def test_a_memo_samples_where_the_early_rule_would_go_dense(Qn):
+    """With a ``route_memo`` the early rule gives way to the sample for a chunk every
+    candidate samples (Qn ≥ 4 × 128); without one, or for a smaller chunk, it still sends
+    the chunk dense before any device work; route="dense" stays dense."""
+    from types import SimpleNamespace
+
+    from dosa_cupy.route import early_choice
+
+    m = _model(select_fixed_ms=1.0)  # dense predicted 1.0 ms ≤ the floor: early rule fires
+    b = SimpleNamespace(Qn=Qn, N=8, heads=32)
+    plain = {"route": "auto", "route_memo": None}
+    memo = {"route": "auto", "route_memo": cost.RouteMemo()}
+    assert early_choice(b, plain, m).reason == "early"
+    got = early_choice(b, memo, m)
+    assert (got is None) is (Qn >= 512) and cost.samples_any_screen(Qn) is (Qn >= 512)
+    if got is not None:
+        assert (got.route, got.reason) == ("dense", "early")
+    assert early_choice(b, {"route": "dense", "route_memo": None}, m).reason == "option"
+
+
 def test_model_refinement_and_finish_within_2x_of_the_fitted_rows():
     # DoSA's stages after the screen (refine + select + recover) against the model's rest
     # without the screen: a two-parameter line through survivals from 0.7 % to 74 %, so the

@@ -117,6 +117,23 @@ def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
 
 
 @gpu
+def test_gpu_a_memo_samples_a_chunk_the_early_rule_sends_dense():
+    """With a memo, a chunk that the early rule sends dense (520 × 24,000 at H 32 on the
+    committed model) is sampled once and the next chunk of its kind takes the memo's route;
+    ids stay the dense route's."""
+    _, st = dosa_cupy.dosa_topk(*_args("calibrated", 520, 24000, 32), return_stats=True)
+    assert (st.route.route, st.route.reason) == ("dense", "early")
+    memo = dosa_cupy.RouteMemo()
+    reasons = []
+    for seed in (1, 2):
+        a = _args("calibrated", 520, 24000, 32, seed=seed)
+        ids, st = dosa_cupy.dosa_topk(*a, route_memo=memo, return_stats=True)
+        assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)), seed
+        reasons.append(st.route.reason)
+    assert reasons == ["sampled", "memo"]
+
+
+@gpu
 def test_gpu_debug_bounds_turn_the_route_choice_off():
     a = _args("calibrated", 16, 16384, 64)  # a chunk the early decision would send dense
     ids, st = dosa_cupy.dosa_topk(*a, debug_bounds=True)
