@@ -132,12 +132,6 @@ class RouteChoice:
     # the sampled winner's plan of the whole chunk (``plan.DevicePlan``, built during the
     # decision with ``route.CHUNK_PLANS``): the plan stage takes it instead of planning again
     plan: object = field(default=None, repr=False, compare=False)
-    # with ``route.SAMPLE_SEEDS`` (the decision on the sampled rows' seeds): the seeds it
-    # scored (``seeds.Seeds`` [Qn]-shaped, counts at the sampled rows only; the statistics of
-    # a chunk the dense route then takes), and the chunk's own seeds, queued before the
-    # samples were read back (the seed stage takes them where DoSA won)
-    scored_seeds: object = field(default=None, repr=False, compare=False)
-    chunk_seeds: object = field(default=None, repr=False, compare=False)
 
     def summary(self, reason: str | None = None) -> RouteChoice:
         """The decision, its predictions and survivals without the per-query arrays (what a

@@ -32,16 +32,9 @@ from .options import resolved, start
 from .plan import plan_stage
 from .prepare import key_rho
 from .refine import extend_records, popcount_rows, refine_stage
-from .route import (
-    early_choice,
-    head_prefetch,
-    memo_recall,
-    memo_store,
-    route_stage,
-    sample_seeding_wanted,
-)
+from .route import early_choice, head_prefetch, memo_recall, memo_store, route_stage
 from .screen import prefetched_tie, rule_and_arith, screen_stage, tie_prefetch
-from .seeds import anchor_stage, apply_tau_floor, certificate_seeds, seed_stage
+from .seeds import apply_tau_floor, certificate_seeds, seed_stage
 from .select import recover, recovery_queries, select_extended, select_ids
 
 __all__ = ["dosa_topk"]
@@ -118,20 +111,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
-    if route is None and sample_seeding_wanted(o, hist):  # the decision on the sample's seeds
-        ap = anchor_stage(b, o)  # the chunk's anchor pool, then the sampled rows' seeds (§2, §9)
-        route = route_stage(b, ap, rho, o, model, hist)
-        tm.mark("route")
-        memo_store(o, key, route)
-        if route.route == "dense":
-            return _dense_route(b, st, tm, route, route.scored_seeds, stats)
-        seeds, route.chunk_seeds = route.chunk_seeds, None  # queued behind the samples
-        if seeds is None:
-            seeds = seed_stage(b, o, ap=ap)
-        tm.mark("seeds")
-    else:
-        seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds (§2)
-        tm.mark("seeds")
+    seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
+    tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
         route = route_stage(b, seeds, rho, o, model, hist)
         if o["route"] == "auto":  # the samples are timed as a stage; the option's pick is not

@@ -8,8 +8,7 @@ decisions, both before the expensive work:
 1. **Early** (``early_choice``, no device work): when even the dense route's predicted time
    at every key visible is below the smallest DoSA call measured (``CostModel.dosa_floor_ms``:
    the fixed costs of prepare, seeds, plan and the launches), the chunk goes dense.
-2. **Sampled** (``route_stage``, after seeds — with ``SAMPLE_SEEDS`` after the anchor pool
-   and the sampled rows' seeds only —, before the plan of the whole chunk): the screen
+2. **Sampled** (``route_stage``, after seeds, before the plan of the whole chunk): the screen
    candidates (``cost.candidates``) each plan and screen one block row of evenly spaced
    queries (plans of those queries only: the chunk is planned after the decision, or with
    ``CHUNK_PLANS`` during it), timed with CUDA events; their survival and time, scaled to the chunk,
@@ -55,18 +54,8 @@ from .screen import (
     screen_arith,
     tie_screen_flag,
 )
-from .seeds import AnchorPool, SeedCancel, default_seed_counts, seed_stage
-from .select import NO_KTH_ID, RecordBuffer
 
-__all__ = [
-    "early_choice",
-    "head_prefetch",
-    "memo_recall",
-    "memo_store",
-    "route_stage",
-    "sample_rows",
-    "sample_seeding_wanted",
-]
+__all__ = ["early_choice", "head_prefetch", "memo_recall", "memo_store", "route_stage"]
 
 # The counts of the two read-backs by one kernel each (csrc/route.cu route_head,
 # route_sample) instead of ~25 array operations: the stage is host-bound (docs/records/
@@ -87,20 +76,6 @@ CHUNK_PLANS = False
 # (docs/records/benchmarks.md "The synchronization builds switched on"); bench
 # builds=tworeadbacks reads the histogram after the seeds.
 ONE_READBACK = True
-
-# The sampled decision before the chunk's seeds: the anchor pool, then the seeds of the
-# sampled rows only (their τ and K-th records: what their screens need) and the chunk's
-# counts from its seed ranges; the chunk's own seeds are queued behind the samples, which
-# are read back by an event, so the GPU seeds the chunk while the host decides, and where
-# the dense route wins their kernels are cancelled (``seeds.SeedCancel``: the blocks not yet
-# started leave at once) — a chunk the dense route takes pays the anchors and the sample,
-# not every query's seeds (docs/method.md §9 "Route choice").  The whole chunk's tie rule is
-# then read with its seeds (``screen.tie_prefetch``).  Applies with ONE_READBACK's
-# histogram and without explicit seeds or a τ floor (``sample_seeding_wanted``).  Under
-# trial (bench builds=sampleseeds; its first form, without the chunk's seeds queued before
-# the read-back, measured +1.0 ms where DoSA won: docs/records/benchmarks.md "The
-# synchronization builds switched on").
-SAMPLE_SEEDS = False
 
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
@@ -150,43 +125,6 @@ def head_prefetch(b, o: dict):
     return read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
 
 
-def sample_seeding_wanted(o: dict, hist) -> bool:
-    """Whether the route stage seeds the sampled rows only (``SAMPLE_SEEDS``): a sampled
-    decision with ``head_prefetch``'s histogram ``hist``, no explicit seeds, no τ floor."""
-    return SAMPLE_SEEDS and hist is not None and o["seed_ids"] is None and o["tau_floor"] is None
-
-
-def sample_rows(Qn: int, n: int):
-    """int64 device [n]: the n evenly spaced sampled rows of a chunk of Qn queries, kept per
-    shape (a repeated shape copies nothing)."""
-    cp = cupy_or_raise()
-    return device_const(cp, f"sample_rows_{Qn}_{n}",
-                        lambda: np.linspace(0, Qn - 1, n).astype(np.int64))  # fmt: skip
-
-
-def _sample_seeds(b, ap: AnchorPool, o: dict, n: int):
-    """(decision, scored) ``Seeds`` of the chunk ``b`` whose sampled rows (``sample_rows``)
-    are seeded alone with the chunk's anchor pool ``ap`` (``SAMPLE_SEEDS``), both
-    [Qn]-shaped: ``decision`` — τ and the K-th ids at the sampled rows (NaN and NO_KTH_ID
-    elsewhere: no other row is screened, and NaN is no τ = 0 for the tie flag), the default
-    seed counts of every query (``default_seed_counts``: the chunk's screened keys), the
-    records not filled; ``scored`` — the seeds the decision scored, for the statistics of a
-    chunk the dense route then takes (counts at the sampled rows, 0 elsewhere)."""
-    cp = cupy_or_raise()
-    idx = sample_rows(b.Qn, n)
-    sub = seed_stage(b.rows(idx), o, ap=ap)
-    tau = cp.full(b.Qn, np.nan, dtype=cp.float32)
-    tau[idx] = sub.tau
-    kth = cp.full(b.Qn, NO_KTH_ID, dtype=cp.int32)
-    kth[idx] = sub.kth_id
-    counts = RecordBuffer(b.Qn, 1)  # the counts only (no record of another row is read)
-    counts.cnt = default_seed_counts(b, o, ap)
-    decision = replace(sub, default=counts, tau=tau, kth_id=kth, xcnt=cp.zeros(b.Qn, cp.uint32))
-    scored = RecordBuffer(b.Qn, 1)
-    scored.cnt[idx] = sub.default.cnt
-    return decision, replace(decision, default=scored)
-
-
 def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteChoice:
     """The route stage for batch ``b`` (``prepare.Batch``) after the seed stage (``seeds``,
     ρ per key ``rho``; ``o`` the resolved options, route "auto" or "dosa": "dense" was
@@ -205,13 +143,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     before the seeds, so the samples go out on the plain rule's build without read-back 1
     and the chunk's counts and tie flag come with read-back 2 — the samples are taken again
     on the tie-aware build in the rare chunk whose flag says so (the same decision as with
-    two read-backs).  ``seeds``: the chunk's ``Seeds``, or its ``AnchorPool`` alone
-    (``SAMPLE_SEEDS``, with ``hist``): then the sampled rows are seeded here
-    (``_sample_seeds``), the chunk's seeds are queued behind the samples and either handed
-    on (``RouteChoice.chunk_seeds``, where DoSA wins) or cancelled (where the dense route
-    does), the choice leaves the chunk's rule undecided (``tie`` None: the sample's τ chose
-    the samples' build only) and carries the seeds the decision scored
-    (``RouteChoice.scored_seeds``).  Returns the ``RouteChoice``."""
+    two read-backs).  Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])
     if o["route"] != "auto":
@@ -227,32 +159,15 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     cands = candidates_of(screen, r, cert, pick)
     if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
         return RouteChoice("dosa", "small", *cands[0], tie=None if head is None else tie)
-    scored = cancel = behind = None
-    if isinstance(seeds, AnchorPool):  # SAMPLE_SEEDS: the sampled rows seeded alone
-        ap = seeds
-        sizes = {sample_size(s) for s, _ in cands}  # one screen kernel: one sample size
-        if len(sizes) == 1:
-            seeds, scored = _sample_seeds(b, ap, o, sizes.pop())
-            cancel = SeedCancel.new()
-
-            def behind():  # the chunk's seeds, queued behind the samples
-                return seed_stage(b, o, ap=ap, cancel=cancel)
-        else:
-            seeds = seed_stage(b, o, ap=ap)
     head_dev = _head_counts(b, seeds, o, False) if head is None else None
-    runs, got, plans, chunk = _samples(b, seeds, rho, o, cands, tie, head_dev, behind)
+    runs, got, plans = _samples(b, seeds, rho, o, cands, tie, head_dev)
     if head_dev is not None:
         head, got = got[:3], got[3:]
         if head[2] and not tie:  # a chunk for the tie-aware build: its samples taken again
             tie = True
-            if cancel is not None:  # not behind the chunk's seeds: those are seeded after
-                cancel.fire()  # the decision, where DoSA wins
-                cancel = chunk = None
-            runs, got, plans, _ = _samples(b, seeds, rho, o, cands, tie, None)
+            runs, got, plans = _samples(b, seeds, rho, o, cands, tie, None)
     pairs, screened = head[:2]
-    tie = tie if scored is None else None  # the sampled rows' flag is not the chunk's
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=tie)
-    choice.scored_seeds = scored
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
     at = 0
@@ -272,45 +187,38 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
             choice.plan = plans.get(key)
-    if cancel is not None:  # the chunk's seeds queued behind the samples
-        if choice.route == "dense":
-            cancel.fire()  # their blocks not yet started leave; never read
-        else:
-            choice.chunk_seeds = chunk
     return choice
 
 
-def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev, behind=None):
-    """(runs, got, plans, queued) of the sampled decision: per candidate (screen, r) its
-    sample — ``sample_size`` evenly spaced queries planned alone and screened on ``tie``'s
-    build (``_sample``) — queued back to back, then read-back 2: ``got`` numpy int64, the
-    chunk's counts ``head_dev`` first where given, then every sample's vector; ``runs``
-    (screen, r, n, rows, ``_sample``'s result) per candidate; ``plans`` {candidate key: plan
-    of the whole chunk} (``CHUNK_PLANS``: the first candidate's, queued behind the samples);
-    ``queued``: what ``behind()`` returned (None without it) — work queued behind the
-    samples, the read-back waiting by an event for the samples only."""
+def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
+    """(runs, got, plans) of the sampled decision: per candidate (screen, r) its sample —
+    ``sample_size`` evenly spaced queries planned alone and screened on ``tie``'s build
+    (``_sample``) — queued back to back, then read-back 2: ``got`` numpy int64, the chunk's
+    counts ``head_dev`` first where given, then every sample's vector; ``runs`` (screen, r,
+    n, rows, ``_sample``'s result) per candidate; ``plans`` {candidate key: plan of the
+    whole chunk} (``CHUNK_PLANS``: the first candidate's, queued behind the samples)."""
     cp = cupy_or_raise()
     runs, plans = [], {}
     for scr, rr in cands:
         n = sample_size(scr)
-        idx = sample_rows(b.Qn, n)
+        # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
+        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
+                           lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie))
         runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
                                               tie)))  # fmt: skip
     parts = ([] if head_dev is None else [head_dev]) + [run[-1][2] for run in runs]
     counts = cp.concatenate(parts)
-    if not CHUNK_PLANS and behind is None:
-        return runs, cp.asnumpy(counts), plans, None  # read-back 2
-    got, ready = read_back_async(counts)  # read-back 2 by an event, the work behind it
-    queued = None if behind is None else behind()
-    if CHUNK_PLANS:
-        scr, rr = cands[0]
-        plans[candidate_key(scr, rr)] = plan_stage(
-            b, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie)
-        )
+    if not CHUNK_PLANS:
+        return runs, cp.asnumpy(counts), plans  # read-back 2
+    got, ready = read_back_async(counts)  # read-back 2 by an event, the chunk plan behind it
+    scr, rr = cands[0]
+    plans[candidate_key(scr, rr)] = plan_stage(
+        b, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie)
+    )
     ready.synchronize()
-    return runs, got, plans, queued
+    return runs, got, plans
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):

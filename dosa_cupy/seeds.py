@@ -12,7 +12,6 @@ candidate set is unchanged.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,17 +25,13 @@ from .scorer import FP8_SPEC, FP8_TILE, QG, ROWB
 from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
 
 __all__ = [
-    "AnchorPool",
-    "SeedCancel",
     "Seeds",
     "anchor_pool",
     "anchor_queries",
-    "anchor_stage",
     "apply_tau_floor",
     "cert_clear",
     "certificate_seeds",
     "check_seed_ids",
-    "default_seed_counts",
     "device_seed_ids",
     "device_tau_floor",
     "explicit_seed_table",
@@ -117,106 +112,7 @@ def anchor_queries(Qn: int, n_anchors: int):
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AnchorPool:
-    """The anchor pool of a chunk (docs/method.md §2; ``anchor_stage``): anchors int64
-    [n_anchors] (the anchor queries) or None; ``anchor_pool``'s pool int32 [P] (or [cap],
-    its P ids first), poolmask uint32 [NW] and offs int64 [NW + 1]; cap: the pool's
-    capacity where it has one (P = offs[-1] stays on the device), else None."""
-
-    anchors: object
-    pool: object
-    poolmask: object
-    offs: object
-    cap: int | None
-
-
-@dataclass(frozen=True)
-class SeedCancel:
-    """The cancellation of a speculative seed stage (docs/method.md §9 "Route choice": the
-    chunk's seeds queued before the decision reads its samples back): the seed kernels of
-    this call leave at once (csrc/record.cuh block_cancelled) once ``fire`` has written
-    ``epoch`` into ``flag`` (int64 [1] on the device, one per device, kept) by a copy on
-    ``stream``.  Each call takes a new epoch (``SeedCancel.new``: a process-wide counter
-    whose step is atomic, so calls from several threads never share one), so a write for one
-    call never cancels another's seeds; the seeds of a cancelled call are never read (its
-    caller took the dense route)."""
-
-    flag: object
-    stream: object
-    epoch: int
-
-    @staticmethod
-    def new() -> SeedCancel:
-        """A fresh epoch on the current device's flag."""
-        cp = cupy_or_raise()
-        dev = cp.cuda.Device().id
-        if dev not in _CANCEL:
-            _CANCEL.setdefault(
-                dev, (cp.zeros(1, dtype=cp.int64), cp.cuda.Stream(non_blocking=True))
-            )
-        return SeedCancel(*_CANCEL[dev], next(_EPOCHS))
-
-    def args(self) -> tuple:
-        """The seed kernels' (cancel, epoch) arguments."""
-        return (self.flag, np.int64(self.epoch))
-
-    def fire(self) -> None:
-        """Cancel: ``epoch`` written into ``flag`` by a copy on ``stream`` (not behind the seed
-        kernels on the caller's stream), so the blocks not yet started see it and leave."""
-        self.flag.set(np.array([self.epoch], dtype=np.int64), stream=self.stream)
-
-
-_CANCEL: dict = {}  # device id → (the cancellation flag, the stream that writes it)
-_EPOCHS = itertools.count(1)  # SeedCancel.new's epochs (the flag starts at 0: no epoch)
-_NO_CANCEL = (_NULL, np.int64(0))  # the seed kernels' arguments of a launch that is not cancelled
-
-
-def _pool_capacity(b: Batch, o: dict, anchors, fixed: bool) -> int | None:
-    """The anchor pool's capacity min(anchors · S·K, N) — anchor_ids gives S·K ids per
-    anchor row, so it is known before the pool exists — with the anchor rows given (a
-    captured step) or ``POOL_CAPACITY``; None: the pool sized to its P ids (read back)."""
-    if not (fixed or POOL_CAPACITY):
-        return None
-    ids = 0 if anchors is None else int(anchors.size) * o["anchor_segments"] * b.K
-    return min(ids, b.N)
-
-
-def _anchor_pool_of(b: Batch, o: dict, anchors, cap: int | None) -> AnchorPool:
-    """The anchor pool of the anchor rows ``anchors`` (or None) at capacity ``cap``."""
-    cp = cupy_or_raise()
-    if anchors is not None:
-        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
-    else:
-        aid = cp.zeros(0, dtype=cp.int32)
-    if cap is not None and min(int(aid.size), b.N) != cap:
-        raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
-    return AnchorPool(anchors, *anchor_pool(aid, b.NW, cap), cap)
-
-
-def anchor_stage(b: Batch, o: dict, anchors="rows") -> AnchorPool:
-    """The anchor pool of batch ``b`` alone (the first part of ``seed_stage``): the union of
-    the exact Top-K of n_anchors evenly spaced queries within each of anchor_segments
-    segments of the keys.  ``anchors`` as in ``seed_stage``."""
-    fixed = not isinstance(anchors, str)
-    if not fixed:
-        anchors = anchor_queries(b.Qn, o["n_anchors"])
-    return _anchor_pool_of(b, o, anchors, _pool_capacity(b, o, anchors, fixed))
-
-
-def default_seed_counts(b: Batch, o: dict, ap: AnchorPool):
-    """uint32 [Qn]: each query's default seeds — its sinks, local window and the visible
-    anchor-pool ids that are neither (``seed_ranges``) — the records ``seed_stage`` writes
-    for it, counted without scoring them."""
-    cp = cupy_or_raise()
-    rg = seed_ranges(ap.poolmask, ap.offs, b.ks, b.ke, o["sinks"], o["window"])
-    return ((rg[1] - rg[0]) + (rg[3] - rg[2]) + (rg[5] - rg[4])).astype(cp.uint32)
-
-
-def seed_stage(
-    b: Batch, o: dict, anchors="rows", ap: AnchorPool | None = None,
-    cancel: SeedCancel | None = None,
-) -> Seeds:  # fmt: skip
+def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
@@ -227,39 +123,42 @@ def seed_stage(
     captured step passes them: capture.py).  The pool has its capacity min(anchors · K, N)
     and P stays on the device (``Seeds.pcount``), so the stage issues kernels only — with
     the anchor rows given, or with ``POOL_CAPACITY`` (the default); otherwise the pool is
-    sized to its P ids, read back (one synchronization).  ``ap``: the anchor pool already
-    built (``anchor_stage``, of ``b`` or of the chunk whose rows ``b`` holds) instead of
-    ``anchors``; then one stream.  ``cancel``: the seed kernels' cancellation
-    (``SeedCancel``) of a speculative stage, whose Seeds its caller reads only where it did
-    not fire it.
+    sized to its P ids, read back (one synchronization).
     """
     cp = cupy_or_raise()
     Qn = b.Qn
+    fixed = not isinstance(anchors, str)
+    if not fixed:
+        anchors = anchor_queries(Qn, o["n_anchors"])
+    # the pool at its capacity min(anchors · S·K, N) — anchor_ids gives S·K ids per anchor
+    # row, so it is known before the pool exists —, or None: sized to its P ids
+    cap = None
+    if fixed or POOL_CAPACITY:
+        ids = 0 if anchors is None else int(anchors.size) * o["anchor_segments"] * b.K
+        cap = min(ids, b.N)
     keys, width = (b.kp, b.ksc, None), o["sinks"] + o["window"]
-    side = default = None
-    if ap is None:
-        fixed = not isinstance(anchors, str)
-        if not fixed:
-            anchors = anchor_queries(Qn, o["n_anchors"])
-        cap = _pool_capacity(b, o, anchors, fixed)
-        if SIDE_STREAM and cap is not None and not fixed and anchors is not None:
-            default = RecordBuffer(Qn, width + max(cap, 1))  # the pool's size at its capacity
-            side = _local_seeds_aside(b, keys, o["sinks"], o["window"], default)
-        ap = _anchor_pool_of(b, o, anchors, cap)
-    pool, poolmask, offs = ap.pool, ap.poolmask, ap.offs
-    stop = _NO_CANCEL if cancel is None else cancel.args()
+    side = None
+    if SIDE_STREAM and cap is not None and not fixed and anchors is not None:
+        default = RecordBuffer(Qn, width + max(cap, 1))  # the pool's size at its capacity
+        side = _local_seeds_aside(b, keys, o["sinks"], o["window"], default)
+    if anchors is not None:
+        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
+    else:
+        aid = cp.zeros(0, dtype=cp.int32)
+    if cap is not None and min(int(aid.size), b.N) != cap:
+        raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
+    pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     if side is None:
         default = RecordBuffer(Qn, max(width + int(pool.size), 1))
         # three tiled launches, one per kind of default seed: sinks, local window, anchor
         # pool (seeds.cu seed_score)
-        score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default, stop)
-        score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default, stop)
+        score_seed_tiles(b, keys, (rg[0], rg[1]), o["sinks"], default)
+        score_seed_tiles(b, keys, (rg[2], rg[3]), o["window"], default)
     # the pool's keys are gathered once for every query (with a capacity, its padding ids
     # are key 0: gathered, never in a query's range [rg4, rg5))
     if pool.size:
-        score_seed_tiles(b, (b.kp[pool], b.ksc[pool], pool), (rg[4], rg[5]), pool.size, default,
-                         stop)  # fmt: skip
+        score_seed_tiles(b, (b.kp[pool], b.ksc[pool], pool), (rg[4], rg[5]), pool.size, default)
     # Explicit seeds (docs/method.md §2): distinct visible ids that are not default seeds, so
     # the union below has no key twice (a repeated key could lift τ above τ_K(Ω)).
     xcnt = cp.zeros(Qn, dtype=cp.uint32)
@@ -274,8 +173,8 @@ def seed_stage(
     if side is not None:
         cp.cuda.get_current_stream().wait_event(side)  # the sinks' and window's records
     tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
-    return Seeds(ap.anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"],
-                 o["window"], kid, None if ap.cap is None else offs[-1])  # fmt: skip
+    return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
+                 kid, None if cap is None else offs[-1])  # fmt: skip
 
 
 _SIDE: dict = {}  # device id → the seed stage's side stream
@@ -303,8 +202,8 @@ def _local_seeds_aside(b: Batch, keys: tuple, sinks: int, window: int, out: Reco
         if b.Qn:
             args = (b.ks, b.ke, np.int32(sinks), np.int32(window), np.int32(b.Qn), rg)
             kernel("local_ranges")((-(-b.Qn // 256),), (256,), args)
-        score_seed_tiles(b, keys, (rg[0], rg[1]), sinks, out, _NO_CANCEL)
-        score_seed_tiles(b, keys, (rg[2], rg[3]), window, out, _NO_CANCEL)
+        score_seed_tiles(b, keys, (rg[0], rg[1]), sinks, out)
+        score_seed_tiles(b, keys, (rg[2], rg[3]), window, out)
         join.record(side)
     return join
 
@@ -450,16 +349,13 @@ def launch_fp8_ranges(f, Qn: int, H: int, keys: int, args) -> None:
         f((gx, -(-(z - a) // qb)), (128,), args(a, z))
 
 
-def score_seed_tiles(
-    b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer, stop: tuple
-) -> None:
+def score_seed_tiles(b: Batch, keys: tuple, rg: tuple, width: int, out: RecordBuffer) -> None:
     """Append to ``out`` the records of keys [lo[t], hi[t]) (``rg`` = (lo, hi) int32 [Qn])
     of the key array ``keys`` = (payload uint8 [n, 128], scale fp32 [n], idmap int32 [n] or
     None) for every query t of ``b``; a record's id is idmap[i], or i without an idmap
     (kernel seed_score_mt*: key tiles shared by QG queries; the canonical scorer's scores).
     ``width`` ≥ every range's length sizes the grid: QG consecutive causal queries span
-    at most width + QG − 1 keys; wider spans are still covered (the kernel loops).
-    ``stop``: the kernels' (cancel, epoch) arguments (``SeedCancel.args``, or none)."""
+    at most width + QG − 1 keys; wider spans are still covered (the kernel loops)."""
     kp, ksc, idmap = keys
     lo, hi = rg
     n = int(kp.shape[0])
@@ -472,7 +368,7 @@ def score_seed_tiles(
             kernel(f"seed_score_fp8_h{H}", 0, FP8_SPEC), b.Qn, H, min(n, int(width) + 128 // H - 1),
             lambda a, z: (b.q[a:z], b.w[a:z], kp, ksc, np.int64(n), lo[a:z], hi[a:z],
                           _NULL if idmap is None else idmap, np.int32(z - a), out.cnt[a:z],
-                          out.rec[a:z], np.int64(out.cap), *stop),
+                          out.rec[a:z], np.int64(out.cap)),
         )  # fmt: skip
         return
     T = tile()
@@ -482,7 +378,7 @@ def score_seed_tiles(
         (gx, -(-b.Qn // QG)),
         (256,),
         (b.q, b.w, kp, ksc, np.int64(n), lo, hi, _NULL if idmap is None else idmap,
-         np.int32(b.Qn), np.int32(QG)) + out.args() + stop,
+         np.int32(b.Qn), np.int32(QG)) + out.args(),
         shared_mem=smem,
     )  # fmt: skip
 

@@ -23,8 +23,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
-            "qg1536": screen, "onestream": seeds, "sampleseeds": route,
-            "floor6": cost}  # fmt: skip
+            "qg1536": screen, "onestream": seeds, "floor6": cost}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -34,7 +33,6 @@ def test_builds_on_sets_and_restores_every_switch():
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and seeds.SIDE_STREAM
-    assert not route.SAMPLE_SEEDS  # under trial
     assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128 and screen.WGT_GUARD32
     with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged
         assert screen.WGT_QG == 1536 and screen.WGT_QG % 16 == 0
@@ -43,9 +41,9 @@ def test_builds_on_sets_and_restores_every_switch():
         assert not (route.ONE_READBACK or refine.DEFERRED_EXTENSION or seeds.POOL_CAPACITY)
         assert not screen.SPECULATIVE_TIE
     floor = cost.H200_FP8.dosa_floor_ms
-    with builds_on(("rowarrays", "onestream", "guard64", "sampleseeds", "floor6")):
+    with builds_on(("rowarrays", "onestream", "guard64", "floor6")):
         assert not (plan.ROW_CONSTANTS_KERNEL or seeds.SIDE_STREAM or screen.WGT_GUARD32)
-        assert route.SAMPLE_SEEDS and cost.model_for("fp8").dosa_floor_ms == 6.0
+        assert cost.model_for("fp8").dosa_floor_ms == 6.0
     assert cost.model_for("fp8").dosa_floor_ms == floor
     with builds_on(("staged", "decode_tma")):
         assert not screen.WGT_RING and decode_ops.DECODE_TMA is True and screen.WGT_FP8

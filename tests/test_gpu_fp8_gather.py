@@ -179,14 +179,11 @@ def test_refine_fp8_records_equal_the_dense_logits_at_the_survivors(H, N, Qn, kn
 # ---------------------------------------------------------------------------------------
 
 
-def _seed_score(H: int, wl, keys, lo, hi, gx: int, stop=None):
+def _seed_score(H: int, wl, keys, lo, hi, gx: int):
     """seed_score_fp8_h{H} on the key array ``keys`` = (payload, scale, idmap or None) for the
     ranges lo, hi (int32 [Qn]), grid (gx, ⌈Qn / QB⌉) with QB = 128 / H queries per block
-    (score_fp8.cu seed_score; seeds.score_seed_tiles), ``stop`` its (cancel, epoch)
-    arguments (None: no flag): (cap, count, records) on the host."""
+    (score_fp8.cu seed_score; seeds.score_seed_tiles): (cap, count, records) on the host."""
     from dosa_cupy.dense import _NULL
-
-    stop = (_NULL, np.int64(0)) if stop is None else stop
 
     kp, ksc, idmap = keys
     Qn = lo.size
@@ -194,8 +191,7 @@ def _seed_score(H: int, wl, keys, lo, hi, gx: int, stop=None):
     out = _buffer(Qn, cap)
     args = (wl["q"], wl["w"], kp, ksc, np.int64(kp.shape[0]), cp.asarray(lo), cp.asarray(hi),
             _NULL if idmap is None else idmap, np.int32(Qn))  # fmt: skip
-    _kernel(f"seed_score_fp8_h{H}")((gx, -(-Qn // (128 // H))), (128,),
-                                    args + out.args() + tuple(stop))  # fmt: skip
+    _kernel(f"seed_score_fp8_h{H}")((gx, -(-Qn // (128 // H))), (128,), args + out.args())
     return cap, cp.asnumpy(out.cnt), cp.asnumpy(out.rec)
 
 
@@ -269,33 +265,6 @@ def test_seed_score_fp8_query_groups_share_key_tiles(H, gx):
     cap, cnt, rec = _seed_score(H, wl, keys, lo, hi, gx)
     _check_seed_rows(lo, hi, pool, cap, cnt, rec, lg)
     assert cnt[0] == 0 and cnt[3] == 0 and cnt[2] == 452 and cnt[7] == 3000 - 2384
-
-
-@gpu
-@needs_sm90a
-@pytest.mark.parametrize("H", [64, 32])
-def test_seed_score_fp8_cancelled_by_its_epoch_only(H):
-    """A speculative seed launch's cancellation (record.cuh block_cancelled; seeds.SeedCancel):
-    with the flag holding the launch's epoch no block writes a record; with another epoch in
-    the flag (an earlier call's cancellation) every record is written, as without a flag.
-    And ``SeedCancel.fire`` cancels exactly its own epoch."""
-    from dosa_cupy.seeds import SeedCancel
-
-    N, Qn = 3000, 9
-    wl, _, _, lg = _case(H, N, Qn)
-    lo = np.zeros(Qn, dtype=np.int32)
-    hi = np.full(Qn, N, dtype=np.int32)
-    keys = (wl["k_payload"], wl["k_scale"], None)
-    mine, later = SeedCancel.new(), SeedCancel.new()
-    assert later.epoch > mine.epoch and later.flag is mine.flag
-    mine.fire()
-    cp.cuda.runtime.deviceSynchronize()  # the flag's copy ran on its own stream
-    assert int(mine.flag[0]) == mine.epoch
-    cap, cnt, _ = _seed_score(H, wl, keys, lo, hi, 2, mine.args())
-    assert (cnt == 0).all()
-    cap, cnt, rec = _seed_score(H, wl, keys, lo, hi, 2, later.args())
-    _check_seed_rows(lo, hi, np.arange(N, dtype=np.int32), cap, cnt, rec, lg)
-    assert (cnt == N).all()
 
 
 @gpu

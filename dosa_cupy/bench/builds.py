@@ -26,12 +26,9 @@ Not options of the library: a build under trial is one of these until it wins.
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
-    sampleseeds route.SAMPLE_SEEDS = True  the sampled decision on the sampled rows' seeds,
-                                         the chunk's seeds queued behind the samples and
-                                         cancelled where the dense route wins (under trial)
     floor6      cost.H200_FP8 with dosa_floor_ms = 6.0  the early decision's floor at the
                                          smallest DoSA call the H100 measured (6.5 ms, 128K
-                                         H 32), so such chunks are sampled (with sampleseeds)
+                                         H 32), so such chunks are sampled
     onestream   seeds.SIDE_STREAM = False  the eager call's sinks and local window scored on
                                          the caller's stream after the anchor pool (no side
                                          stream)
@@ -65,7 +62,6 @@ BUILDS = {
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
     "onestream": ("seeds", "SIDE_STREAM", False),
-    "sampleseeds": ("route", "SAMPLE_SEEDS", True),
     "floor6": ("cost", "H200_FP8", dataclasses.replace(cost.H200_FP8, dosa_floor_ms=6.0)),
 }
 

@@ -87,16 +87,4 @@ __device__ __forceinline__ void for_each_survivor_batch(const uint32_t* __restri
   }
 }
 
-// A speculative launch's cancellation (docs/method.md §9 "Route choice", the chunk's seeds
-// queued before the decision): true in every thread of the block when *cancel holds `epoch`
-// (the host writes the call's epoch there once the call takes the dense route; a later
-// call's epoch never matches it).  Thread 0 reads it once and the block leaves together
-// (the vote is also a barrier); a null flag never cancels.
-__device__ __forceinline__ bool block_cancelled(const long long* cancel, long long epoch) {
-  bool c = false;
-  if (threadIdx.x == 0 && cancel != nullptr)
-    c = *reinterpret_cast<const volatile long long*>(cancel) == epoch;
-  return __syncthreads_or(c);
-}
-
 }  // namespace dosa

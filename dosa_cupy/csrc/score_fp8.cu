@@ -18,9 +18,7 @@
 // tile_sums (dots below: the same MMAs, the same adds in the same order):
 //   refine_fp8_h{H}       the set bits of the query's survivor bitmask (refinement, §9)
 //   seed_score_fp8_h{H}   key ranges [lo, hi) of a key array, record id idmap[i] (seeds, §2);
-//                         128 / H consecutive queries per block share each gathered key tile;
-//                         a block of a cancelled speculative launch leaves at once
-//                         (record.cuh block_cancelled)
+//                         128 / H consecutive queries per block share each gathered key tile
 //   seed_ids_fp8_h{H}     a table of explicit seed ids (seeds, §2)
 #include "scorer_fp8.cuh"
 #include "record.cuh"  // make_record: one record format for all stages
@@ -677,11 +675,10 @@ __device__ __forceinline__ void seed_score(const uint8_t* __restrict__ q,
                                            const int* __restrict__ lo_, const int* __restrict__ hi_,
                                            const int* __restrict__ idmap, int Qn,
                                            unsigned int* __restrict__ count,
-                                           unsigned long long* __restrict__ rec, long long cap,
-                                           const long long* cancel, long long epoch) {
+                                           unsigned long long* __restrict__ rec, long long cap) {
   constexpr int QB = 128 / H;  // queries per block: 128 B-tile rows (16 KB) at either H
   const int t0 = blockIdx.y * QB;
-  if (t0 >= Qn || block_cancelled(cancel, epoch)) return;
+  if (t0 >= Qn) return;
   RecordOut<QB, KeepAll> out{count, rec, cap, t0, KeepAll{}};
   range_scores<H, QB>(
       q, w, kp, alpha, n_keys, t0, min(QB, Qn - t0),
@@ -1077,9 +1074,9 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
   extern "C" __global__ void __launch_bounds__(128, SEED_SCORE_BLOCKS(H)) seed_score_fp8_h##H(                        \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
       const int* lo, const int* hi, const int* idmap, int Qn, unsigned int* count,             \
-      unsigned long long* rec, long long cap, const long long* cancel, long long epoch) {      \
+      unsigned long long* rec, long long cap) {                                                \
     DOSA_FP8_BODY(dosa::fp8::seed_score<H>(q, w, kp, alpha, n_keys, lo, hi, idmap, Qn, count, \
-                                           rec, cap, cancel, epoch))                           \
+                                           rec, cap))                                          \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(128, SEED_IDS_BLOCKS(H)) seed_ids_fp8_h##H(                          \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const int* ks,  \

@@ -107,9 +107,7 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
                                long long n_keys, const int* __restrict__ lo_,
                                const int* __restrict__ hi_, const int* __restrict__ idmap, int Qn,
                                int QG, unsigned int* __restrict__ count,
-                               unsigned long long* __restrict__ rec, long long cap,
-                               const long long* cancel, long long epoch) {
-  if (block_cancelled(cancel, epoch)) return;
+                               unsigned long long* __restrict__ rec, long long cap) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sk = smem;
   float* sa = reinterpret_cast<float*>(smem + TILE_N * ROWH);
@@ -165,9 +163,8 @@ __device__ void seed_score_impl(const uint8_t* __restrict__ q, const float* __re
   extern "C" __global__ void __launch_bounds__(256) seed_score_mt##MT(                            \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \
       const int* lo, const int* hi, const int* idmap, int Qn, int QG, unsigned int* count,       \
-      unsigned long long* rec, long long cap, const long long* cancel, long long epoch) {        \
-    seed_score_impl<MT>(q, w, kp, alpha, n_keys, lo, hi, idmap, Qn, QG, count, rec, cap, cancel,  \
-                        epoch);                                                                  \
+      unsigned long long* rec, long long cap) {                                                  \
+    seed_score_impl<MT>(q, w, kp, alpha, n_keys, lo, hi, idmap, Qn, QG, count, rec, cap);         \
   }
 SEED_INST(1)
 SEED_INST(2)
