@@ -498,27 +498,38 @@ class ScreenLaunch:
         return cls(name + suffix, grid, T * ROWB + T * 8, args, tie=tie)
 
     def function(self):
-        """The compiled kernel (built and loaded on first use; route.route_stage calls it
-        before timing a launch)."""
+        """The compiled kernel (built and loaded on first use)."""
         if self.hopper:
             return sm90a.kernel(self.name, self.mts)
         if self.wgt:
             return kernel(self.name, self.smem, WGT_SPEC)
         return kernel(self.name, self.smem)
 
+    def image_function(self):
+        """The ring build's image kernel screen_wgt[_fp8]_image_rows{ring}[_tie] (built and
+        loaded on first use)."""
+        fp8 = "_fp8" if self.fp8 else ""
+        return kernel(f"screen_wgt{fp8}_image_rows{self.ring}{'_tie' if self.tie else ''}", 0,
+                      WGT_SPEC)  # fmt: skip
+
+    def load(self) -> None:
+        """Build and load every kernel of the launch — the ring build's image kernel too — so
+        that a timed launch times no build (route.route_stage's samples: a build inside the
+        first call's sample made that call's decision, and a memo's, go dense)."""
+        self.function()
+        if self.ring:
+            self.image_function()
+
     def images(self):
         """The ring build's query-group images (uint8 [groups · wgt_image_bytes]), written by
-        screen_wgt[_fp8]_image_rows{ring} from this launch's arguments (one block per
-        group)."""
+        ``image_function`` from this launch's arguments (one block per group)."""
         cp = cupy_or_raise()
         Qn = int(self.args[-3])
         groups = -(-Qn // (128 // self.ring))
         image = cp.empty(max(groups, 1) * wgt_image_bytes(self.ring, self.fp8), dtype=cp.uint8)
         null = np.uint64(0)
         tail = (null, null) + ((null,) if self.tie else ()) + (image,)  # surv, Uout[, tcnt]
-        fp8 = "_fp8" if self.fp8 else ""
-        name = f"screen_wgt{fp8}_image_rows{self.ring}{'_tie' if self.tie else ''}"
-        kernel(name, 0, WGT_SPEC)((max(groups, 1),), (WGT_THREADS,), self.args + tail)
+        self.image_function()((max(groups, 1),), (WGT_THREADS,), self.args + tail)
         return image
 
     def __call__(self, surv, bounds=None, cert: RecordBuffer | None = None, tcnt=None) -> None:

@@ -591,3 +591,19 @@ def test_screen_arith_takes_fp8_only_where_its_build_runs(monkeypatch):
         assert S.screen_arith(*args) == "f16", args
     monkeypatch.setattr(S, "WGT_FP8", False)
     assert S.screen_arith("wgt", False) == "f16"
+
+
+@pytest.mark.parametrize("ring,fp8,tie", [(0, False, False), (8, True, False), (16, False, True)])
+def test_screen_launch_load_builds_every_kernel_it_runs(monkeypatch, ring, fp8, tie):
+    """``ScreenLaunch.load`` (what route.route_stage calls before timing a sample) builds the
+    ring build's image kernel as well as the screen kernel, so no build lands in the timed
+    launch; the image kernel is the one ``images`` launches."""
+    from dosa_cupy import screen
+
+    built = []
+    monkeypatch.setattr(screen, "kernel", lambda name, *a: built.append(name) or name)
+    name = f"screen_wgt{'_fp8' if fp8 else ''}_ring_rows{ring or 8}"
+    launch = screen.ScreenLaunch(name, (1, 1), 0, (), wgt=True, ring=ring, fp8=fp8, tie=tie)
+    launch.load()
+    image = f"screen_wgt{'_fp8' if fp8 else ''}_image_rows{ring}{'_tie' if tie else ''}"
+    assert built == ([name, image] if ring else [name])
