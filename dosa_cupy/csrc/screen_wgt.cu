@@ -638,7 +638,6 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       al32[k] = f32_of_f32_value(al[k]), rh32[k] = f32_of_f32_value(rh[k]);
   }
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
-  [[maybe_unused]] const uint32_t bit_g = 1u << g;
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
     // the query's weights in registers, except in the tie-aware 32-row build, which reads
@@ -695,10 +694,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
         pl = Q.zp && miss == 0.f;
       }
       const bool p = DOSA_KEEP(TIE, plain, U, Q.tq, pl, n0 + i, Q.kj);
-      if constexpr (G32)  // the lane's bit as a constant shift of 1 << g: no shift by g per pair
-        bits[e >> 1] |= p ? bit_g << (16 * (e & 1) + 8 * k) : 0u;
-      else
-        bits[e >> 1] |= (p ? 1u : 0u) << (16 * (e & 1) + g + 8 * k);
+      bits[e >> 1] |= (p ? 1u : 0u) << (16 * (e & 1) + g + 8 * k);
       if constexpr (TIE) L.tie[e] += (plain && !p) ? 1u : 0u;
     }
   }
