@@ -577,8 +577,31 @@ def test_variants_with_a_fake_gpu(monkeypatch):
     assert v["stage_ms"]["screen"] > 0 and 0 <= v["survival_pooled"] <= 1
     md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
     assert "DoSA variants" in md and "| cert | cert_seeds=8 |" in md
+    assert "mean_ms" not in v and "Memo variants" not in md
     r["variants"]["cert"]["ids_equal_dense"] = False
     assert B.ids_equal(r) is False
+
+
+def test_a_memo_variant_reports_its_mean_over_two_refresh_cycles(monkeypatch):
+    """A ``route_memo=1`` variant is timed over two refresh cycles of its memo (its sampled
+    calls among the timed ones): the median and the mean per call, the mean in bench.md."""
+    _fake_gpu(monkeypatch)
+    from dosa_cupy.bench import prefill
+
+    seen = []
+    real = prefill.median_ms
+
+    def spy(cp, fn, reps, **kw):
+        seen.append(reps)
+        return real(cp, fn, reps, **kw)
+
+    monkeypatch.setattr(prefill, "median_ms", spy)
+    r = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
+                      variants={"memo": {"route_memo": 1}})  # fmt: skip
+    v = r["variants"]["memo"]
+    assert 32 in seen and v["mean_ms"] > 0 and v["ids_equal_dense"]
+    md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
+    assert "Memo variants" in md and "memo" in md.split("Memo variants")[1]
 
 
 def test_failing_variant_keeps_the_row(monkeypatch):

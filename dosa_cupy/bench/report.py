@@ -149,6 +149,19 @@ def markdown(rows, meta=None) -> str:
                     f"{cell(v.get('survival_pooled'), '{:.4f}')} | "
                     f"{v.get('ids_equal_dense', 'error: ' + v.get('error', '?'))} |\n"
                 )
+    memo = [(r, n, v) for r in done for n, v in (r.get("variants") or {}).items()
+            if v.get("mean_ms")]  # fmt: skip
+    if memo:
+        out.append(
+            "\nMemo variants (`route_memo=1`): the median above is the remembered route's; over "
+            "two refresh cycles, their sampled calls included, the mean per call is "
+            + "; ".join(
+                f"{r.get('regime', '-')} H {r['H']} N {r['N']} {n} {v['mean_ms']:.2f} ms "
+                f"({cell(r['dense_route_ms'] / v['mean_ms'], '{:.2f}×')} the dense route)"
+                for r, n, v in memo
+            )
+            + ".\n"
+        )
     out.append(peers.markdown(done, cell, _shape_cols))
     if done:
         out.append(
