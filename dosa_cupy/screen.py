@@ -514,8 +514,9 @@ class ScreenLaunch:
 
     def load(self) -> None:
         """Build and load every kernel of the launch — the ring build's image kernel too — so
-        that a timed launch times no build (route.route_stage's samples: a build inside the
-        first call's sample made that call's decision, and a memo's, go dense)."""
+        that a timed launch times no build: route.route_stage times its samples, and a build
+        inside one sends the decision dense (docs/records/benchmarks.md "A memo that samples
+        where the early rule would go dense")."""
         self.function()
         if self.ring:
             self.image_function()
