@@ -18,7 +18,7 @@ from dosa_ref.options import check_count
 
 from . import sm90a
 from .scorer import QG
-from .screen import PAIR_MAX_R, R_WIDE, WGT_QG, auto_screen
+from .screen import PAIR_MAX_R, R_WIDE, SCREENS, WGT_QG, auto_screen
 
 __all__ = [
     "H200",
@@ -32,6 +32,7 @@ __all__ = [
     "early_route",
     "logits_flop",
     "model_for",
+    "samples",
     "samples_any_screen",
 ]
 
@@ -235,11 +236,16 @@ def candidates_of(screen: str, r: int, cert_seeds: int, pick: tuple) -> list:
     return [(pick, rr)] if alt == rr else [(pick, rr), (pick, alt)]
 
 
+def samples(Qn: int, screens) -> bool:
+    """Whether ``route.route_stage`` samples a chunk of ``Qn`` queries with these candidate
+    screens: at least four of their largest sample (``sample_size``); a smaller chunk goes to
+    DoSA unsampled (reason "small")."""
+    return Qn >= 4 * max(sample_size(s) for s in screens)
+
+
 def samples_any_screen(Qn: int) -> bool:
-    """Whether a chunk of ``Qn`` queries is sampled whichever screens are the candidates:
-    at least four of the largest sample (``sample_size``; ``route.route_stage`` sends a
-    smaller chunk to DoSA unsampled, reason "small")."""
-    return Qn >= 4 * max(sample_size(s) for s in ("fp64", "pair", "wg", "wgt"))
+    """Whether a chunk of ``Qn`` queries is sampled whichever screens are the candidates."""
+    return samples(Qn, [s for s in SCREENS if s != "auto"])
 
 
 def sample_size(screen: str) -> int:

@@ -40,6 +40,7 @@ from .cost import (
     candidates_of,
     early_route,
     sample_size,
+    samples,
     samples_any_screen,
 )
 from .plan import plan_stage
@@ -157,7 +158,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
         pick = auto_pick(r, head[3:]) if auto else auto_screen(screen, r, cert, b.w, cp)
     tie = head is not None and bool(head[2])  # without read-back 1: the plain build first
     cands = candidates_of(screen, r, cert, pick)
-    if b.Qn < 4 * max(sample_size(s) for s, _ in cands):
+    if not samples(b.Qn, [s for s, _ in cands]):
         return RouteChoice("dosa", "small", *cands[0], tie=None if head is None else tie)
     head_dev = _head_counts(b, seeds, o, False) if head is None else None
     runs, got, plans = _samples(b, seeds, rho, o, cands, tie, head_dev)

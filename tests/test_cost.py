@@ -247,6 +247,7 @@ def test_a_memo_samples_where_the_early_rule_would_go_dense(Qn):
     assert early_choice(b, plain, m).reason == "early"
     got = early_choice(b, memo, m)
     assert (got is None) is (Qn >= 512) and cost.samples_any_screen(Qn) is (Qn >= 512)
+    assert cost.samples(Qn, ["fp64"]) and cost.samples(Qn, ["wgt"]) is (Qn >= 512)  # 64, 128
     if got is not None:
         assert (got.route, got.reason) == ("dense", "early")
     assert early_choice(b, {"route": "dense", "route_memo": None}, m).reason == "option"

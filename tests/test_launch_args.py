@@ -596,8 +596,8 @@ def test_screen_arith_takes_fp8_only_where_its_build_runs(monkeypatch):
 @pytest.mark.parametrize("ring,fp8,tie", [(0, False, False), (8, True, False), (16, False, True)])
 def test_screen_launch_load_builds_every_kernel_it_runs(monkeypatch, ring, fp8, tie):
     """``ScreenLaunch.load`` (what route.route_stage calls before timing a sample) builds the
-    ring build's image kernel as well as the screen kernel, so no build lands in the timed
-    launch; the image kernel is the one ``images`` launches."""
+    ring build's image kernel (``image_function``, which ``images`` launches) as well as the
+    screen kernel, so no build lands in the timed launch."""
     from dosa_cupy import screen
 
     built = []

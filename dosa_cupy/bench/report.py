@@ -154,7 +154,7 @@ def markdown(rows, meta=None) -> str:
     if memo:
         out.append(
             "\nMemo variants (`route_memo=1`): the median above is the remembered route's; over "
-            "two refresh cycles, their sampled calls included, the mean per call is "
+            "at least two refresh cycles, their sampled calls included, the mean per call is "
             + "; ".join(
                 f"{r.get('regime', '-')} H {r['H']} N {r['N']} {n} {v['mean_ms']:.2f} ms "
                 f"({cell(r['dense_route_ms'] / v['mean_ms'], '{:.2f}×')} the dense route)"
