@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from . import refine as refine_mod
-from ._build import cupy_or_raise
+from ._build import cupy_or_raise, read_back_async
 from .cost import RouteChoice, candidate_key, model_for
 from .dense import dense_ids
 from .options import resolved, start
@@ -35,7 +35,7 @@ from .refine import extend_records, popcount_rows, refine_stage
 from .route import early_choice, head_prefetch, memo_recall, memo_store, route_stage
 from .screen import prefetched_tie, rule_and_arith, screen_stage, tie_prefetch
 from .seeds import apply_tau_floor, certificate_seeds, seed_stage
-from .select import recover, recovery_queries, select_extended, select_ids
+from .select import overflow_counts, recover, recovery_queries, select_extended, select_ids
 
 __all__ = ["dosa_topk"]
 
@@ -144,17 +144,22 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
     deferred = refine_mod.DEFERRED_EXTENSION  # the overflow flags read with the recovery's
     recs = refine_stage(b, tau, screened.surv, int(o["buffer"]), extend=not deferred)
+    bad = recovery_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
+    counts = None
+    if deferred and refine_mod.PREFETCH_COUNTS:  # read back while the selection runs
+        counts = read_back_async(overflow_counts(recs, bad))
     tm.mark("refine")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
-    bad = recovery_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
     if deferred:  # one read-back: the overflowed rows extended, then the recovered ones
-        over, any_bad = (bool(x) for x in cp.asnumpy(cp.stack([recs.over.any(), bad.any()])))
-        if over:
-            recs = extend_records(b, tau, screened.surv, recs)
+        if counts is None:
+            counts = read_back_async(overflow_counts(recs, bad))
+        counts[1].synchronize()
+        n_over, top, n_bad = (int(x) for x in counts[0])
+        if n_over:
+            recs = extend_records(b, tau, screened.surv, recs, (n_over, top))
             select_extended(b.K, seeds.default, recs, ids, kth)
-        if any_bad:
-            recover(b, ids, bad)
+        recover(b, ids, bad, n_bad)
     else:
         recover(b, ids, bad)
     ids = ids.astype(cp.int64)  # public contract (docs/design.md); the kernels write int32

@@ -39,6 +39,13 @@ RWF = 2048  # bitmask words per block of the FP8 scorer's refine kernel (score_f
 # reads the check right after the refinement.
 DEFERRED_EXTENSION = True
 
+# With DEFERRED_EXTENSION: the overflowed rows, their largest count and the recovered rows
+# (``select.overflow_counts``) read back by an event right after the refinement, while the
+# selection runs, so the extension and the recovery are queued without a synchronization of
+# their own (one read-back where there were four); bench builds=latecounts reads the flags
+# after the selection (docs/method.md §7 "Candidate buffers and recovery (C.3)").
+PREFETCH_COUNTS = True
+
 
 _PC8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
@@ -97,12 +104,12 @@ def refine_stage(b: Batch, tau, surv, cap: int, extend: bool = True) -> Records:
     return extend_overflow(first, _rescore(b, tau, surv))
 
 
-def extend_records(b: Batch, tau, surv, recs: Records) -> Records:
+def extend_records(b: Batch, tau, surv, recs: Records, counted=None) -> Records:
     """The exact extension of ``refine_stage(..., extend=False)``'s records (``recs.over``
     flagged): the overflowed rows refined again into their complete lists (``recs.ext``;
-    ``select.extend_flagged``) — the extension after the caller has read the flags back
-    (``DEFERRED_EXTENSION``)."""
-    return extend_flagged(recs, _rescore(b, tau, surv))
+    ``select.extend_flagged``, with its ``counted`` read back by the caller) — the extension
+    after the caller has read the flags back (``DEFERRED_EXTENSION``)."""
+    return extend_flagged(recs, _rescore(b, tau, surv), counted)
 
 
 def _rescore(b: Batch, tau, surv):

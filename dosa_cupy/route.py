@@ -235,7 +235,7 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
     tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
-    launch.load()  # every kernel of the launch built and loaded before the timed launch
+    launch.prime(surv, tcnt)  # built, loaded and launched once in the process before it is timed
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     launch(surv, None, None, tcnt)

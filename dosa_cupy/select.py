@@ -21,7 +21,9 @@ __all__ = [
     "RecordBuffer",
     "Records",
     "extend_overflow",
+    "flagged_rows",
     "NO_KTH_ID",
+    "overflow_counts",
     "recovery_queries",
     "kth_ids",
     "recover",
@@ -86,17 +88,45 @@ def extend_overflow(first: RecordBuffer, rescore) -> Records:
     return extend_flagged(Records(first.rec, first.cnt, first.cnt > first.cap), rescore)
 
 
-def extend_flagged(recs: Records, rescore) -> Records:
+def extend_flagged(recs: Records, rescore, counted: tuple[int, int] | None = None) -> Records:
     """``extend_overflow`` of a first pass whose rows are flagged already (``Records.over``,
-    no ``ext``): ``recs`` with the complete lists of its overflowed rows in ``ext`` (one
-    synchronization for their number, one more for their largest count when there are any).
-    """
+    no ``ext``): ``recs`` with the complete lists of its overflowed rows in ``ext``.
+    ``counted``: (overflowed rows, their largest count), read back by the caller
+    (``overflow_counts``), so nothing here synchronizes; None: one synchronization for
+    their number, one more for their largest count when there are any."""
     xp = cupy_or_raise()
-    if int(recs.over.sum()):
-        oq = xp.flatnonzero(recs.over).astype(xp.int32)
-        second = rescore(oq, int(recs.cnt[oq].max()))
+    if counted is None:
+        n = int(recs.over.sum())
+        oq = xp.flatnonzero(recs.over).astype(xp.int32) if n else None
+        counted = (n, int(recs.cnt[oq].max()) if n else 0)
+    else:
+        oq = flagged_rows(recs.over, counted[0], xp) if counted[0] else None
+    if counted[0]:
+        second = rescore(oq, counted[1])
         recs.ext = (oq, second.rec, second.cnt)
     return recs
+
+
+def flagged_rows(mask, n: int, xp):
+    """int32 [n]: the indices of the True entries of ``mask`` (bool [Qn], an ``xp`` array)
+    in ascending order — ``flatnonzero`` — given their number ``n`` (read back by the
+    caller), without a synchronization: each flagged row is scattered to its rank, the
+    others to a slot past the end that is dropped."""
+    pos = xp.cumsum(mask, dtype=xp.int64) - 1
+    out = xp.zeros(n + 1, dtype=xp.int32)
+    out[xp.where(mask, pos, n)] = xp.arange(mask.shape[0], dtype=xp.int32)
+    return out[:n]
+
+
+def overflow_counts(recs: Records, bad):
+    """int64 device [3]: the overflowed rows of ``recs`` (``Records.over``), the largest
+    count among them (0 without one) and the rows of ``bad`` (bool [Qn], the query-level
+    recovery's) — what the exact extension and the recovery need on the host, read back
+    once (pipeline.py, ``refine.PREFETCH_COUNTS``)."""
+    cp = cupy_or_raise()
+    over_cnt = cp.where(recs.over, recs.cnt.astype(cp.int64), 0)
+    top = over_cnt.max() if over_cnt.size else cp.zeros((), dtype=cp.int64)
+    return cp.stack([recs.over.sum(dtype=cp.int64), top, bad.sum(dtype=cp.int64)])
 
 
 # "No K-th record": an id no visible key exceeds (ids < N ≤ 2^31 − 1), so "U = τ and i > j"
@@ -185,11 +215,18 @@ def recovery_queries(b: Batch):
     return sees_bad | envelope_queries(b.w, b.ksc)
 
 
-def recover(b: Batch, ids, bad) -> None:
+def recover(b: Batch, ids, bad, n: int | None = None) -> None:
     """Query-level recovery (docs/method.md §7 C.3): the rows ``bad`` (bool [Qn]) of ids
-    int32 [Qn, K] are replaced by the dense route's ids, in place."""
+    int32 [Qn, K] are replaced by the dense route's ids, in place.  ``n``: the number of
+    rows of ``bad``, read back by the caller (``overflow_counts``: no synchronization
+    here); None: read back here."""
     cp = cupy_or_raise()
-    if not bool(bad.any()):
+    if n is None:
+        if not bool(bad.any()):
+            return
+        bq = cp.flatnonzero(bad)
+    elif n:
+        bq = flagged_rows(bad, n, cp)
+    else:
         return
-    bq = cp.flatnonzero(bad)
     ids[bq] = dense_ids(b.rows(bq))

@@ -23,7 +23,8 @@ def test_builds_on_sets_and_restores_every_switch():
             "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
-            "qg1536": screen, "onestream": seeds, "floor6": cost}  # fmt: skip
+            "qg1536": screen, "onestream": seeds, "floor6": cost,
+            "latecounts": refine}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -32,6 +33,9 @@ def test_builds_on_sets_and_restores_every_switch():
     assert plan.ROW_CONSTANTS_KERNEL  # the per-row constants by one kernel
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
+    assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
+    with builds_on(("latecounts",)):
+        assert not refine.PREFETCH_COUNTS and refine.DEFERRED_EXTENSION
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and seeds.SIDE_STREAM
     assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128 and screen.WGT_GUARD32
     with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged

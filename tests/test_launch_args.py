@@ -607,3 +607,40 @@ def test_screen_launch_load_builds_every_kernel_it_runs(monkeypatch, ring, fp8, 
     launch.load()
     image = f"screen_wgt{'_fp8' if fp8 else ''}_image_rows{ring}{'_tie' if tie else ''}"
     assert built == ([name, image] if ring else [name])
+
+
+def test_screen_launch_prime_launches_once_per_build_and_zeroes_the_tie_count(monkeypatch):
+    """``ScreenLaunch.prime`` (what route.route_stage calls before timing a sample) loads the
+    launch every time, launches it untimed only on the build's first use in the process on
+    its device, and leaves the tie-aware count zeroed after that launch."""
+    from types import SimpleNamespace
+
+    from dosa_cupy import screen
+
+    device = SimpleNamespace(id=0)
+    fake_cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: device))
+    monkeypatch.setattr(screen, "cupy_or_raise", lambda: fake_cp)
+    monkeypatch.setattr(screen, "_PRIMED", set())
+    loads, runs = [], []
+    monkeypatch.setattr(screen.ScreenLaunch, "load", lambda self: loads.append(self.name))
+
+    def run(self, surv, bounds=None, cert=None, tcnt=None):
+        runs.append(self.name)
+        if tcnt is not None:
+            tcnt += 5  # the tie-aware variant adds to its count
+
+    monkeypatch.setattr(screen.ScreenLaunch, "__call__", run)
+    tie = screen.ScreenLaunch("screen_wgt_ring_rows8_tie", (1, 1), 0, (), wgt=True, ring=8,
+                              tie=True)  # fmt: skip
+    plain = screen.ScreenLaunch("screen_wgt_ring_rows8", (1, 1), 0, (), wgt=True, ring=8)
+    tcnt = np.zeros(4, dtype=np.uint32)
+    tie.prime(None, tcnt)
+    assert runs == [tie.name] and not tcnt.any()
+    tie.prime(None, tcnt)
+    plain.prime(None)
+    plain.prime(None)
+    assert runs == [tie.name, plain.name]
+    device.id = 1  # the same build on another device is primed there too
+    plain.prime(None)
+    assert runs == [tie.name, plain.name, plain.name]
+    assert loads == [tie.name] * 2 + [plain.name] * 3

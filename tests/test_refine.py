@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from cuda_signatures import check_args, param_types, read_source
 from gpu_support import HAVE_GPU, cp, gpu
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dosa_cupy import refine as rs_mod
 from dosa_cupy import select as select_mod
@@ -368,6 +370,73 @@ def test_deferred_extension_equals_the_immediate_one(fake_refine, cap):
         assert np.array_equal(np.sort(now.row(t)), np.sort(later.row(t))), t
 
 
+def test_extension_with_counts_read_back_equals_the_one_that_reads_them(fake_refine):
+    """``select.extend_flagged`` given (overflowed rows, their largest count) by the caller
+    (``select.overflow_counts``, read back once: ``refine.PREFETCH_COUNTS``) extends the
+    same rows at the same size as when it reads them itself; with none flagged it launches
+    nothing."""
+    rng = np.random.default_rng(11)
+    Qn, N = 17, 400
+    surv, ks, ke = _random_case(rng, Qn, N, 0.6, "causal")
+    S = rng.standard_normal((Qn, N)).astype(np.float32)
+    tau = np.quantile(S, 0.3, axis=1).astype(np.float32)
+    q = _tag_queries(np.zeros((Qn, 16, 128), np.uint8))
+    b = Batch(q, np.zeros((Qn, 16), np.float32), np.zeros((N, 128), np.uint8),
+              np.ones(N, np.float32), 1, ks, ke)  # fmt: skip
+    for cap in (3, 4096):
+        fake_refine(S)
+        own = rs_mod.extend_records(b, tau, surv, rs_mod.refine_stage(b, tau, surv, cap, False))
+        fk = fake_refine(S)
+        first = rs_mod.refine_stage(b, tau, surv, cap, False)
+        bad = np.zeros(Qn, bool)
+        bad[[2, 9]] = True
+        n, top, nbad = (int(x) for x in select_mod.overflow_counts(first, bad))
+        assert (n, nbad) == (int(first.over.sum()), 2)
+        assert top == (int(first.cnt[first.over].max()) if n else 0)
+        given = rs_mod.extend_records(b, tau, surv, first, (n, top))
+        assert len(fk.calls) == (2 if n else 1)
+        assert (own.ext is None) == (given.ext is None) == (n == 0)
+        if n:
+            (r0, e0, c0), (r1, e1, c1) = own.ext, given.ext
+            assert np.array_equal(r0, r1) and e0.shape == e1.shape and np.array_equal(c0, c1)
+            assert r1.dtype == np.int32
+        for t in range(Qn):
+            assert np.array_equal(np.sort(own.row(t)), np.sort(given.row(t))), t
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), max_size=70))
+def test_flagged_rows_is_flatnonzero(flags):
+    """``select.flagged_rows`` (the rows of a mask from their count, without a
+    synchronization) equals ``flatnonzero``, in order, for every mask."""
+    mask = np.array(flags, dtype=bool)
+    got = select_mod.flagged_rows(mask, int(mask.sum()), np)
+    assert got.dtype == np.int32 and got.tolist() == np.flatnonzero(mask).tolist()
+
+
+def test_recover_with_its_count_given_replaces_the_same_rows(monkeypatch):
+    """``select.recover`` with the number of bad rows given (read back by the caller) replaces
+    the same rows as when it reads the mask itself, and launches nothing for none."""
+    from gpu_support import numpy_as_cupy
+
+    monkeypatch.setattr(select_mod, "cupy_or_raise", numpy_as_cupy)
+    seen = []
+
+    class B:
+        def rows(self, idx):
+            seen.append(np.asarray(idx).tolist())
+            return idx
+
+    monkeypatch.setattr(select_mod, "dense_ids", lambda rows: -1 - np.asarray(rows)[:, None])
+    bad = np.array([False, True, False, False, True])
+    a, c = np.zeros((5, 2), np.int32), np.zeros((5, 2), np.int32)
+    select_mod.recover(B(), a, bad)
+    select_mod.recover(B(), c, bad, 2)
+    assert np.array_equal(a, c) and seen == [[1, 4], [1, 4]]
+    select_mod.recover(B(), c, np.zeros(5, bool), 0)
+    assert seen == [[1, 4], [1, 4]]
+
+
 # ---------------------------------------------------------------------------------------
 # GPU (H200)
 # ---------------------------------------------------------------------------------------
@@ -408,13 +477,16 @@ def test_gpu_refine_stage_records_exact(H, cap):
         assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("buffer", [16, 1 << 16])
 @gpu
-def test_gpu_deferred_extension_returns_the_dense_ids(buffer, monkeypatch):
+def test_gpu_deferred_extension_returns_the_dense_ids(buffer, prefetch, monkeypatch):
     """``refine.DEFERRED_EXTENSION`` in a DoSA call: the overflow flags read with the
-    recovery's, the overflowed rows (every row at a buffer of 16 records) extended and
-    selected after the selection, then a query that sees an invalid scale recovered by the
-    dense route — the dense route's ids, the statistics' overflow counts as without it."""
+    recovery's (``refine.PREFETCH_COUNTS``: while the selection runs, or after it), the
+    overflowed rows (every row at a buffer of 16 records) extended and selected after the
+    selection, then a query that sees an invalid scale recovered by the dense route — the
+    dense route's ids, the statistics' overflow counts as without it."""
+    monkeypatch.setattr(rs_mod, "PREFETCH_COUNTS", prefetch)
     wl = make_gpu_workload("calibrated", 300, 30000, 64, seed=9)
     ksc = wl["k_scale"].copy()
     ksc[20000] = -1.0  # the queries that see key 20000 are recovered

@@ -18,6 +18,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          histogram read back after the seeds (two read-backs)
     eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
                                          the refinement
+    latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
+                                         read back after the selection
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
@@ -56,6 +58,7 @@ BUILDS = {
     "chunkplans": ("route", "CHUNK_PLANS", True),
     "tworeadbacks": ("route", "ONE_READBACK", False),
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
+    "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard64": ("screen", "WGT_GUARD32", False),
