@@ -37,6 +37,11 @@ __all__ = [
 ]
 
 
+# The transposed screen's sample: a third of its block row (``sample_size``); bench
+# builds=sample384 samples a whole one.
+WGT_SAMPLE = WGT_QG // 3
+
+
 def candidate_key(screen: str, r: int) -> str:
     """The name of a screen candidate in a ``RouteChoice``'s predictions and survivals."""
     return f"{screen}/{r}"
@@ -113,7 +118,8 @@ class RouteChoice:
     screen that ran (None when dense); predicted_ms: the model's time per candidate
     ("dense", and "screen/r" such as "pair/6" or "wg/14": the time after the plan);
     survival: the
-    sampled survival per candidate; sample: the sampled queries per candidate.
+    sampled survival per candidate; sample: the sampled queries per candidate; sample_ms:
+    the measured screen time of each candidate's sample (before it is scaled to the chunk).
     """
 
     route: str
@@ -123,6 +129,7 @@ class RouteChoice:
     predicted_ms: dict = field(default_factory=dict)
     survival: dict = field(default_factory=dict)
     sample: dict = field(default_factory=dict)
+    sample_ms: dict = field(default_factory=dict)
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
@@ -139,7 +146,7 @@ class RouteChoice:
         ``RouteMemo`` keeps), with ``reason`` replaced when given."""
         c = self
         return RouteChoice(c.route, reason or c.reason, c.screen, c.r, dict(c.predicted_ms),
-                           dict(c.survival))  # fmt: skip
+                           dict(c.survival), sample_ms=dict(c.sample_ms))  # fmt: skip
 
 
 class RouteMemo:
@@ -250,13 +257,14 @@ def samples_any_screen(Qn: int) -> bool:
 
 def sample_size(screen: str) -> int:
     """Queries of one block row of the screen (QG; pairs: two queries per plan row; the
-    Hopper screen sm90a.QG); the transposed screen a third of its block row (WGT_QG / 3 =
-    128, eight groups of its 8-row build): its blocks loop over their query groups, so the
-    time scales with the groups, and a whole block row (384) would leave chunks below
-    4 · 384 queries without a sampled decision.  The scaled time then counts each block's
-    key-tile conversion three times: an overestimate of DoSA, never a changed id."""
+    Hopper screen sm90a.QG); the transposed screen ``WGT_SAMPLE``, a third of its block row
+    (WGT_QG / 3 = 128, eight groups of its 8-row build): its blocks loop over their query
+    groups, so the time scales with the groups, and a whole block row (384) would leave
+    chunks below 4 · 384 queries without a sampled decision.  The scaled time then counts
+    each block's key-tile conversion three times: an overestimate of DoSA, never a changed
+    id."""
     if screen == "wg":
         return sm90a.QG
     if screen == "wgt":
-        return WGT_QG // 3
+        return WGT_SAMPLE
     return 2 * QG if screen == "pair" else QG

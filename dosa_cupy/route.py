@@ -78,6 +78,15 @@ CHUNK_PLANS = False
 # builds=tworeadbacks reads the histogram after the seeds.
 ONE_READBACK = True
 
+# A gate in front of each timed sample (csrc/route.cu route_gate): the stream waits until the
+# host has queued the launches it times, so an idle GPU does not time the host's launch
+# overhead — which the decision scales 32-fold (docs/method.md §9 "Route choice").  Never an
+# id; bench builds=nogate times the samples without it.
+SAMPLE_GATE = True
+GATE_MAX_NS = 2_000_000  # a gate the host does not open opens itself after 2 ms
+
+_GATES: dict = {}  # device id → [page-locked uint32 word the gates read, the last ticket]
+
 
 def early_choice(b, o: dict, model: CostModel) -> RouteChoice | None:
     """Decision 1 for batch ``b`` (``prepare.Batch``), before any device work: the dense
@@ -179,11 +188,13 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
         vis_s, r_s = out[2 : 2 + n], out[2 + n :]
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(scr, rr)
-        scale = -(-b.Qn // n)  # block rows of the whole chunk per sampled block row
+        # block rows of the whole chunk per sampled block row; the transposed screen's blocks
+        # loop over their query groups, so its time scales with the queries (cost.sample_size)
+        scale = b.Qn / n if scr == "wgt" else -(-b.Qn // n)
         choice.predicted_ms[key] = model.rest_ms(
             b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
         )
-        choice.survival[key], choice.sample[key] = m, n
+        choice.survival[key], choice.sample[key], choice.sample_ms[key] = m, n, ms
         if choice.predicted_ms[key] < best:
             best = choice.predicted_ms[key]
             choice.route, choice.screen, choice.r = "dosa", scr, rr
@@ -236,11 +247,39 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)
     tcnt = cp.zeros(bs.Qn, dtype=cp.uint32) if tie else None
     launch.prime(surv, tcnt)  # built, loaded and launched once in the process before it is timed
+    opened = _gate() if SAMPLE_GATE else None
     start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    launch(surv, None, None, tcnt)
-    end.record()
+    try:
+        start.record()
+        launch(surv, None, None, tcnt)
+        end.record()
+    finally:
+        if opened is not None:
+            opened()
     return start, end, _sample_counts(surv, bs, seeds, idx, plan)
+
+
+def _gate():
+    """Queue csrc/route.cu route_gate on the current stream with the next ticket of the
+    device's gate word (page-locked; tickets count up, so a gate never waits on a later
+    one's word); returns the function that opens it (writes the ticket) — the caller calls
+    it once the timed launches are queued."""
+    cp = cupy_or_raise()
+    dev = cp.cuda.Device().id
+    if dev not in _GATES:
+        import cupyx  # with CuPy
+
+        _GATES[dev] = [cupyx.zeros_pinned(1, dtype=np.uint32), 0]
+    g = _GATES[dev]
+    g[1] = (g[1] + 1) & 0xFFFFFFFF
+    word, ticket = g[0], g[1]
+    kernel("route_gate")((1,), (1,), (np.uint64(word.ctypes.data), np.uint32(ticket),
+                                      np.int64(GATE_MAX_NS)))  # fmt: skip
+
+    def opened() -> None:
+        word[0] = ticket
+
+    return opened
 
 
 def _head_counts(b, seeds, o: dict, auto: bool):

@@ -475,7 +475,8 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
                 visible=np.full(n, 100), scored=np.full(n, 5), anchor_scored=10,
                 route=cost.RouteChoice("dosa", "sampled", "pair", 6,
                                        predicted_ms={"dense": 2.0, "pair/6": 1.5},
-                                       survival={"pair/6": 0.03}) if name == "dosa" else None,
+                                       survival={"pair/6": 0.03},
+                                       sample_ms={"pair/6": 0.04}) if name == "dosa" else None,
             )  # fmt: skip
             return ids, st
 
@@ -519,7 +520,8 @@ def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
     assert len(r["dosa_routes"]) == Qn // 8
     assert r["dosa_routes"][0] == {"route": "dosa", "reason": "sampled", "screen": "pair",
                                    "r": 6, "predicted_ms": {"dense": 2.0, "pair/6": 1.5},
-                                   "survival": {"pair/6": 0.03}}  # fmt: skip
+                                   "survival": {"pair/6": 0.03},
+                                   "sample_ms": {"pair/6": 0.04}}  # fmt: skip
     assert r["scored_fraction"] == pytest.approx(0.05)
     assert r["anchor_scored_fraction"] == pytest.approx(10 * (Qn // 8) / (100 * Qn))
     table = B.route_table([r])

@@ -24,7 +24,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "tworeadbacks": route, "eagerext": refine,
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
             "qg1536": screen, "onestream": seeds, "floor6": cost,
-            "latecounts": refine}  # fmt: skip
+            "latecounts": refine, "nogate": route, "sample384": cost}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -34,8 +34,10 @@ def test_builds_on_sets_and_restores_every_switch():
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
-    with builds_on(("latecounts",)):
+    assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows
+    with builds_on(("latecounts", "nogate", "sample384")):
         assert not refine.PREFETCH_COUNTS and refine.DEFERRED_EXTENSION
+        assert not route.SAMPLE_GATE and cost.sample_size("wgt") == 384
     assert screen.SPECULATIVE_TIE and not route.CHUNK_PLANS and seeds.SIDE_STREAM
     assert screen.WGT_QG == 384 and cost.sample_size("wgt") == 128 and screen.WGT_GUARD32
     with builds_on(("qg1536",)):  # whole groups of every build; the sample unchanged

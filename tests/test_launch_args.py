@@ -46,7 +46,7 @@ LAUNCHED = {
         "select_kernel", "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
         "tau_from_kth",  # select
         "e4m3_round_f64",  # plan
-        "route_head", "route_sample",  # route (COUNT_KERNELS)
+        "route_head", "route_sample", "route_gate",  # route (COUNT_KERNELS, SAMPLE_GATE)
     ],
     "decode.cu": [  # decode_ops
         *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),

@@ -147,3 +147,66 @@ def test_positive_on_bits_is_positive_heads_hist():
     w = np.array([SPECIAL_W + [2.0] * 7], np.float32)
     n = int(_positive(w).sum())
     assert screen_mod.positive_heads_hist(w, np)[n] == 1
+
+
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_sample_gate_waits_for_the_timed_launch(monkeypatch, gate, fails):
+    """``route.SAMPLE_GATE``: ``route._sample`` queues csrc/route.cu route_gate (its
+    arguments checked against the build's signature: the page-locked word's address, the
+    next ticket, the time limit) after priming the launch and before the start event, and
+    opens it (writes the ticket) only after the end event is queued — also when the launch
+    raises; without the switch nothing is queued and the word is untouched."""
+    from cuda_signatures import built_params
+
+    from dosa_cupy import _signature
+    from dosa_cupy.seeds import Seeds
+
+    log, word = [], np.zeros(1, np.uint32)
+    monkeypatch.setattr(route_mod, "SAMPLE_GATE", gate)
+    monkeypatch.setattr(route_mod, "_GATES", {0: [word, 7]})
+
+    class Event:
+        def record(self):
+            log.append(("event", int(word[0])))
+
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), Event=Event),
+        empty=np.empty, zeros=np.zeros, uint32=np.uint32,
+    )  # fmt: skip
+    monkeypatch.setattr(route_mod, "cupy_or_raise", lambda: fake)
+    params = built_params("route_gate")
+
+    def kernel(name, *a):
+        def launch(grid, block, args, shared_mem=0):
+            _signature.check_launch(name, params, args, (np.ndarray,))
+            assert (name, grid, block) == ("route_gate", (1,), (1,))
+            assert int(args[0]) == word.ctypes.data and int(args[2]) == route_mod.GATE_MAX_NS
+            log.append(("gate", int(args[1]), int(word[0])))
+
+        return launch
+
+    class Launch:
+        def prime(self, surv, tcnt):
+            log.append("prime")
+
+        def __call__(self, surv, bounds, cert, tcnt):
+            log.append(("screen", int(word[0])))
+            if fails:
+                raise RuntimeError("launch")
+
+    monkeypatch.setattr(route_mod, "kernel", kernel)
+    monkeypatch.setattr(route_mod, "ScreenLaunch", types.SimpleNamespace(of=lambda *a: Launch()))
+    monkeypatch.setattr(route_mod, "_sample_counts", lambda *a: "counts")
+    seeds = Seeds(None, None, None, None, None, np.zeros(9, np.float32), None, 0, 0)
+    bs = types.SimpleNamespace(Qn=3, NW=2)
+    idx = np.array([0, 4, 8])
+    try:
+        got = route_mod._sample(bs, None, seeds, idx, None, {"screen": "wgt"}, False)
+    except RuntimeError:
+        assert fails
+    else:
+        assert not fails and got[2] == "counts"
+    timed = [("event", 0), ("screen", 0)] + ([] if fails else [("event", 0)])
+    assert log == ["prime"] + ([("gate", 8, 0)] if gate else []) + timed
+    assert int(word[0]) == (8 if gate else 0)

@@ -14,6 +14,10 @@ Not options of the library: a build under trial is one of these until it wins.
                                          operations (not its two kernels)
     chunkplans  route.CHUNK_PLANS = True  the first candidate's plan of the whole chunk
                                          built during the sampled decision (under trial)
+    nogate      route.SAMPLE_GATE = False  the sampled decision's timed samples without the
+                                         gate that waits for the host's launches
+    sample384   cost.WGT_SAMPLE = 384  the transposed screen's sample a whole block row (not
+                                         a third of one)
     tworeadbacks route.ONE_READBACK = False  the sampled decision with the positive-head
                                          histogram read back after the seeds (two read-backs)
     eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
@@ -56,6 +60,8 @@ BUILDS = {
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),
+    "nogate": ("route", "SAMPLE_GATE", False),
+    "sample384": ("cost", "WGT_SAMPLE", 384),
     "tworeadbacks": ("route", "ONE_READBACK", False),
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),

@@ -27,6 +27,13 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t a0, const 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The GPU's global nanosecond timer (%globaltimer): the route gate's time limit.
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Inclusive prefix sum of x over the lanes of a warp (lane L gets Σ_{l ≤ L} x_l): the
 // shuffle-up scan of the selection's histograms and of the survivor and record stages'
 // bit counts.

@@ -77,4 +77,18 @@ extern "C" __global__ void __launch_bounds__(256) route_sample(
   }
 }
 
+// The gate in front of a timed sample (route._sample with route.SAMPLE_GATE; docs/method.md
+// §9 "Route choice"): one thread waits until the host, having queued the timed launches,
+// has written a count ≥ ticket into the page-locked word *opened (a host pointer, usable on
+// the device under unified addressing), or until max_ns have passed — so the sample's start
+// event is not recorded while an idle GPU waits for the host to queue the launches it times,
+// a gap that the decision would scale 32-fold.  The limit keeps a gate the host never opens
+// from holding the stream.  It times nothing itself and never changes an id.
+extern "C" __global__ void route_gate(const volatile unsigned int* opened, unsigned int ticket,
+                                      long long max_ns) {
+  const uint64_t t0 = dosa::global_timer_ns();
+  while ((int)(*opened - ticket) < 0 && dosa::global_timer_ns() - t0 < (uint64_t)max_ns)
+    __nanosleep(2000);
+}
+
 #endif  // DOSA_ROUTE_CU
