@@ -134,6 +134,38 @@ def test_gpu_a_memo_samples_a_chunk_the_early_rule_sends_dense():
 
 
 @gpu
+def test_gpu_the_sample_gate_opens_on_its_ticket_and_by_itself():
+    """csrc/route.cu route_gate (``route.SAMPLE_GATE``): a gate the host opens after queuing
+    the work behind it lets that work run at once; a gate nobody opens holds the stream for
+    its time limit and no longer (it never hangs a stream); every sampled decision behind
+    gates returns the dense route's ids, with each candidate's sample time recorded."""
+    from dosa_cupy import route
+
+    def timed(open_it: bool, limit_ns: int) -> float:
+        saved = route.GATE_MAX_NS
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        route.GATE_MAX_NS = limit_ns
+        try:
+            opened = route._gate()
+        finally:
+            route.GATE_MAX_NS = saved
+        end.record()
+        if open_it:
+            opened()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end)
+
+    assert timed(True, 2_000_000_000) < 100.0  # opened: far below its 2 s limit
+    held = timed(False, 20_000_000)  # never opened: 20 ms, then it opens itself
+    assert 15.0 <= held < 1000.0, held
+    a = _args("calibrated", 1024, 30000, 64)
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, route_memo=dosa_cupy.RouteMemo())
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)) and st.route.reason == "sampled"
+    assert st.route.sample_ms and all(v > 0 for v in st.route.sample_ms.values())
+
+
+@gpu
 def test_gpu_debug_bounds_turn_the_route_choice_off():
     a = _args("calibrated", 16, 16384, 64)  # a chunk the early decision would send dense
     ids, st = dosa_cupy.dosa_topk(*a, debug_bounds=True)
