@@ -119,6 +119,20 @@ def num_sms() -> int:
 
 _SMS: dict = {}
 
+
+def device_name() -> str:
+    """The current device's name (cached per device): the cost model's pick
+    (``cost.model_for``)."""
+    cp = cupy_or_raise()
+    dev = cp.cuda.Device().id
+    if dev not in _NAMES:
+        name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
+        _NAMES[dev] = name.decode() if isinstance(name, bytes) else str(name)
+    return _NAMES[dev]
+
+
+_NAMES: dict = {}
+
 TILES = (128, 256)
 _state = {"tile": 256}  # 256: +8–12 % over 128 (docs/records/notes.md v6); set_tile
 

@@ -23,6 +23,7 @@ from .screen import PAIR_MAX_R, R_WIDE, SCREENS, WGT_QG, auto_screen
 __all__ = [
     "H200",
     "H200_FP8",
+    "H100_FP8",
     "CostModel",
     "RouteChoice",
     "RouteMemo",
@@ -62,6 +63,7 @@ class CostModel:
     dense selection = select_fixed_ms + select_ms_per_key · Qn · N;
     refinement = refine_ms_per_key · Qn · N + refine_ms_per_key_head · survivors · H;
     DoSA's selection and recovery = finish_fixed_ms + finish_ms_per_record · records;
+    the plan = plan_ms_per_query_head · Qn · H;
     dosa_floor_ms: the smallest DoSA call measured (the early decision).
     """
 
@@ -74,6 +76,7 @@ class CostModel:
     finish_fixed_ms: float
     finish_ms_per_record: float
     dosa_floor_ms: float
+    plan_ms_per_query_head: float = 0.0
     fitted_on: str = ""
 
     def dense_ms(self, Qn: int, N: int, pairs: float, H: int) -> float:
@@ -91,6 +94,15 @@ class CostModel:
         records = min(survivors, 16.0 * K * Qn)
         return screen_ms + refine + self.finish_fixed_ms + self.finish_ms_per_record * records
 
+    def plan_ms(self, Qn: int, H: int) -> float:
+        """The plan stage's predicted time for Qn queries with H heads."""
+        return self.plan_ms_per_query_head * Qn * H
+
+    def dosa_ms(self, Qn: int, N: int, K: int, survivors: float, H: int, screen_ms: float):
+        """DoSA's predicted time from the route decision on: the chunk's plan, then
+        ``rest_ms`` (the sampled decision's candidates: nothing of the plan is spent yet)."""
+        return self.plan_ms(Qn, H) + self.rest_ms(Qn, N, K, survivors, H, screen_ms)
+
 
 # Fitted by `python -m dosa_cupy.bench.fit_cost` on docs/records/results/2026-12-01_00406f8/
 # (bench_prefill.json, bench_iso_many.json, bench_small_qn.json: H200, commit 00406f8).
@@ -104,6 +116,7 @@ H200 = CostModel(
     finish_fixed_ms=1.694305378625485,
     finish_ms_per_record=1.5755722196898893e-08,
     dosa_floor_ms=6.120543956756592,
+    plan_ms_per_query_head=8.237489943605586e-06,
     fitted_on="00406f8: results/2026-12-01_00406f8/bench_{prefill,iso_many,small_qn}.json",
 )
 
@@ -116,7 +129,8 @@ class RouteChoice:
     "memo" (a ``RouteMemo``'s earlier choice) or "small" (too few queries to sample: DoSA
     with ``auto_screen``'s pick); screen, r: the
     screen that ran (None when dense); predicted_ms: the model's time per candidate
-    ("dense", and "screen/r" such as "pair/6" or "wg/14": the time after the plan);
+    ("dense", and "screen/r" such as "pair/6" or "wg/14": the time from the decision on,
+    the plan included);
     survival: the
     sampled survival per candidate; sample: the sampled queries per candidate; sample_ms:
     the measured screen time of each candidate's sample (before it is scaled to the chunk).
@@ -130,6 +144,9 @@ class RouteChoice:
     survival: dict = field(default_factory=dict)
     sample: dict = field(default_factory=dict)
     sample_ms: dict = field(default_factory=dict)
+    # this call's prepare and seeds (ms, measured), charged to DoSA's candidates when a memo
+    # keeps the choice for later chunks (route.route_stage); 0 otherwise
+    spent_ms: float = 0.0
     # the samples' bound evaluations in full key scorings, per query (numpy [Qn]; the
     # work accounting of docs/method.md §6 "Cost" counts them)
     bound_work: object = None
@@ -146,7 +163,8 @@ class RouteChoice:
         ``RouteMemo`` keeps), with ``reason`` replaced when given."""
         c = self
         return RouteChoice(c.route, reason or c.reason, c.screen, c.r, dict(c.predicted_ms),
-                           dict(c.survival), sample_ms=dict(c.sample_ms))  # fmt: skip
+                           dict(c.survival), sample_ms=dict(c.sample_ms),
+                           spent_ms=c.spent_ms)  # fmt: skip
 
 
 class RouteMemo:
@@ -206,14 +224,44 @@ H200_FP8 = CostModel(
     finish_fixed_ms=2.5079092841139414,
     finish_ms_per_record=1.780691577217439e-08,
     dosa_floor_ms=10.551088333129883,
+    plan_ms_per_query_head=6.239787384961697e-06,
     fitted_on="18c8484 / 66f9531 / 4cdc2bd: results/s19/bench_calibrated.json, "
     "bench_calibrated_66f9531.json, bench_trained.json",
 )
 
+# The FP8 scorer's model on an H100 (``model_for`` picks it by the device's name), fitted by
+# `python -m dosa_cupy.bench.fit_cost` on the twenty-ninth session's H100 runs at 814722a
+# (docs/records/results/s29/: call3_cal_814722a_h100.json, call4_ab_814722a_h100.json,
+# call4_reg_814722a_h100.json; the kernels of every route since 2697382): its selection,
+# refinement, finish and plan on the H100's kernels and host (the H200 model's finish, 2.5 ms
+# fixed, is 1.1 ms here).  All but one constant are the fit; the early floor is H200_FP8's:
+# the fit's own floor (9.31 ms, the smallest DoSA call of these rows) would send every chunk
+# of 4,096 queries × 128K keys at H 32 to the sample, which costs the regimes the dense route
+# wins 3–4 ms per call (docs/records/benchmarks.md "The sampled rows' seeds measured",
+# `floor6`) — a per-call decision's price that issue 28 is about, not a fit.
+H100_FP8 = CostModel(
+    logits_flop_per_ms={32: 811139191094.3784, 64: 866820126722.7852},
+    logits_fixed_ms=0.2531925777473183,
+    select_fixed_ms=0.18830799127554335,
+    select_ms_per_key=7.290922145961669e-09,
+    refine_ms_per_key=1.4158968642016953e-10,
+    refine_ms_per_key_head=9.56730670116026e-10,
+    finish_fixed_ms=1.0656041259571907,
+    finish_ms_per_record=6.052394761752866e-08,
+    dosa_floor_ms=H200_FP8.dosa_floor_ms,
+    plan_ms_per_query_head=6.139916532370112e-06,
+    fitted_on="814722a: results/s29/call3_cal_814722a_h100.json, call4_ab_814722a_h100.json, "
+    "call4_reg_814722a_h100.json (H100; the early floor: H200_FP8's)",
+)
 
-def model_for(scorer: str) -> CostModel:
-    """The cost model of the ``scorer``'s kernels (scorer.py): ``H200`` or ``H200_FP8``."""
-    return H200_FP8 if scorer == "fp8" else H200
+
+def model_for(scorer: str, device: str = "") -> CostModel:
+    """The cost model of the ``scorer``'s kernels (scorer.py) on the GPU named ``device``:
+    ``H100_FP8`` for the FP8 scorer on an H100, ``H200_FP8`` for it elsewhere, ``H200`` for
+    the f16 scorer."""
+    if scorer != "fp8":
+        return H200
+    return H100_FP8 if "H100" in device else H200_FP8
 
 
 def early_route(model: CostModel, Qn: int, N: int, H: int) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from . import refine as refine_mod
-from ._build import cupy_or_raise, read_back_async
+from ._build import cupy_or_raise, device_name, read_back_async
 from .cost import RouteChoice, candidate_key, model_for
 from .dense import dense_ids
 from .options import resolved, start
@@ -100,7 +100,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     # the route choice (docs/method.md §9 "Route choice"; route.py with the cost model of the
     # call's scorer, cost.py): decision 1 from the shapes alone, then a memo's choice, before
     # any device work
-    model = model_for(b.scorer)
+    model = model_for(b.scorer, device_name())
     route = early_choice(b, o, model)
     if route is not None:
         return _dense_route(b, st, tm, route, None, stats)
@@ -109,12 +109,19 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         return _dense_route(b, st, tm, route, None, stats)
     b.raise_if_bad()  # bad input raises before the screening stages
     hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
+    # the span of DoSA's own prepare and seeds, which a memo's DoSA choice pays on every call
+    # it is recalled for and its dense choice does not (route.route_stage)
+    prefix = (cp.cuda.Event(), cp.cuda.Event()) if route is None else None
+    if prefix is not None:
+        prefix[0].record()
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
     tm.mark("prepare")
     seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
+    if prefix is not None:
+        prefix[1].record()
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
-        route = route_stage(b, seeds, rho, o, model, hist)
+        route = route_stage(b, seeds, rho, o, model, hist, prefix)
         if o["route"] == "auto":  # the samples are timed as a stage; the option's pick is not
             tm.mark("route")
             memo_store(o, key, route)

@@ -135,7 +135,7 @@ def head_prefetch(b, o: dict):
     return read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
 
 
-def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteChoice:
+def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None) -> RouteChoice:
     """The route stage for batch ``b`` (``prepare.Batch``) after the seed stage (``seeds``,
     ρ per key ``rho``; ``o`` the resolved options, route "auto" or "dosa": "dense" was
     decided by ``early_choice``).  route="dosa": DoSA with ``screen.auto_screen``'s pick
@@ -153,7 +153,12 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     before the seeds, so the samples go out on the plain rule's build without read-back 1
     and the chunk's counts and tie flag come with read-back 2 — the samples are taken again
     on the tie-aware build in the rare chunk whose flag says so (the same decision as with
-    two read-backs).  Returns the ``RouteChoice``."""
+    two read-backs).  Each candidate's prediction is its time from the decision on — the
+    chunk's plan and the rest (``CostModel.dosa_ms``); with a ``route_memo``, which applies
+    the choice to later chunks that have spent nothing yet, the candidates are also charged
+    this call's prepare and seeds (``prefix``: CUDA events around them, completed by
+    read-back 2; ``RouteChoice.spent_ms``), which a remembered dense route skips.
+    Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])
     if o["route"] != "auto":
@@ -180,6 +185,8 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=tie)
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
+    if prefix is not None and o["route_memo"] is not None:
+        choice.spent_ms = cp.cuda.get_elapsed_time(*prefix)  # completed before read-back 2
     at = 0
     for scr, rr, n, idx, (start, end, _) in runs:
         out, at = got[at : at + 2 + 2 * n], at + 2 + 2 * n
@@ -191,12 +198,12 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None) -> RouteCho
         # block rows of the whole chunk per sampled block row; the transposed screen's blocks
         # loop over their query groups, so its time scales with the queries (cost.sample_size)
         scale = b.Qn / n if scr == "wgt" else -(-b.Qn // n)
-        choice.predicted_ms[key] = model.rest_ms(
+        choice.predicted_ms[key] = model.dosa_ms(
             b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
         )
         choice.survival[key], choice.sample[key], choice.sample_ms[key] = m, n, ms
-        if choice.predicted_ms[key] < best:
-            best = choice.predicted_ms[key]
+        if choice.predicted_ms[key] + choice.spent_ms < best:
+            best = choice.predicted_ms[key] + choice.spent_ms
             choice.route, choice.screen, choice.r = "dosa", scr, rr
             choice.plan = plans.get(key)
     return choice

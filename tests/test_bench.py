@@ -521,7 +521,7 @@ def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
     assert r["dosa_routes"][0] == {"route": "dosa", "reason": "sampled", "screen": "pair",
                                    "r": 6, "predicted_ms": {"dense": 2.0, "pair/6": 1.5},
                                    "survival": {"pair/6": 0.03},
-                                   "sample_ms": {"pair/6": 0.04}}  # fmt: skip
+                                   "sample_ms": {"pair/6": 0.04}, "spent_ms": 0.0}  # fmt: skip
     assert r["scored_fraction"] == pytest.approx(0.05)
     assert r["anchor_scored_fraction"] == pytest.approx(10 * (Qn // 8) / (100 * Qn))
     table = B.route_table([r])

@@ -373,7 +373,7 @@ def test_auto_route_choosing_screening_is_kept(monkeypatch):
 
     never_dense = dataclasses.replace(cost.H200, dosa_floor_ms=0.0,
                                       logits_flop_per_ms={32: 1.0, 64: 1.0})  # fmt: skip
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: never_dense)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": never_dense)
     K = 256
     sel = C.PrefillSelectorGPU(K)
     sets = _sets("calibrated", 512, 16384, 64, 2, seed=4)

@@ -56,6 +56,47 @@ def test_fp8_constants_are_the_fit_of_their_measurements():
         assert pred == pytest.approx(r["logits_ms"] + r["select_ms"], rel=0.09), r["regime"]
 
 
+S29 = Path(__file__).resolve().parents[1] / "docs/records/results/s29"
+H100_FILES = ("call3_cal_814722a_h100.json", "call4_ab_814722a_h100.json",
+              "call4_reg_814722a_h100.json")  # fmt: skip
+
+
+def test_h100_constants_are_the_fit_of_their_measurements_but_the_floor():
+    """cost.H100_FP8 is fit_cost's fit of the H100 runs it names, every constant but the
+    early floor, which is H200_FP8's (the fit's own would send every 4,096 × 128K chunk at
+    H 32 to the sample: cost.py)."""
+    rows = [r for f in H100_FILES for r in json.loads((S29 / f).read_text())]
+    assert all(r["device"] == "NVIDIA H100 80GB HBM3" for r in rows)
+    got = dict(fit_cost.fit(rows), dosa_floor_ms=cost.H200_FP8.dosa_floor_ms)
+    want = dataclasses.asdict(cost.H100_FP8)
+    for k, v in got.items():
+        if isinstance(v, dict):
+            assert {h: pytest.approx(x, rel=1e-12) for h, x in v.items()} == want[k], k
+        else:
+            assert v == pytest.approx(want[k], rel=1e-12), k
+    assert fit_cost.fit(rows)["dosa_floor_ms"] < cost.H100_FP8.dosa_floor_ms
+    assert all(f in cost.H100_FP8.fitted_on for f in H100_FILES)
+
+
+def test_model_for_picks_the_scorer_s_and_the_device_s_model():
+    assert cost.model_for("fp8", "NVIDIA H100 80GB HBM3") is cost.H100_FP8
+    assert cost.model_for("fp8", "NVIDIA H200") is cost.H200_FP8
+    assert cost.model_for("fp8") is cost.H200_FP8
+    assert cost.model_for("f16", "NVIDIA H100 80GB HBM3") is cost.H200
+
+
+def test_dosa_ms_is_the_plan_and_the_rest():
+    """A candidate's prediction from the decision on: the chunk's plan (p · Qn · H, not
+    spent yet when the decision is taken) plus the screen, refinement and finish."""
+    for m in (cost.H200, cost.H200_FP8, cost.H100_FP8):
+        assert m.plan_ms_per_query_head > 0
+        args = (4096, 131072, 2048, 2e7, 64, 3.0)
+        assert m.dosa_ms(*args) == pytest.approx(
+            m.plan_ms_per_query_head * 4096 * 64 + m.rest_ms(*args), rel=1e-15
+        )
+        assert m.plan_ms(4096, 32) == pytest.approx(m.plan_ms(4096, 64) / 2)
+
+
 def test_fit_skips_the_runs_its_route_sent_dense():
     """A bench row whose default call went dense (its stage split has no refine stage) and
     whose variants went dense or screened: only the screened runs enter the refinement and

@@ -58,7 +58,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
     dense = dosa_cupy.dense_topk(*a)
     seen = {}
     for name, model in (("sampled", SAMPLED), ("dosa", NEVER_DENSE), ("dense", ALWAYS_DENSE)):
-        monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
+        monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="", m=model: m)
         ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
         assert cp.array_equal(ids, dense), name
         assert st.route.reason == "sampled", name
@@ -83,7 +83,7 @@ def test_gpu_every_branch_is_exact(regime, H, monkeypatch):
 def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
     """The sample screens the sampled queries exactly as the whole chunk's screen does
     (same plans, same τ, same build): its survival equals theirs in the full run."""
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     a = _args(regime, 520, 24000, H, seed=11)
     _, st = dosa_cupy.dosa_topk(*a, return_stats=True)
     for key, m in st.route.survival.items():
@@ -100,7 +100,7 @@ def test_gpu_sampled_survival_is_the_full_screens(regime, H, monkeypatch):
 def test_gpu_route_memo_reuses_the_choice(model, want, monkeypatch):
     """A second chunk of the same kind takes the remembered route without sampling (and,
     when dense, without seeds); ids stay the dense route's; the refresh samples again."""
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: model)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": model)
     memo = dosa_cupy.RouteMemo(refresh=3)
     reasons = []
     for seed in (1, 2, 3, 4):
@@ -163,6 +163,10 @@ def test_gpu_the_sample_gate_opens_on_its_ticket_and_by_itself():
     ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, route_memo=dosa_cupy.RouteMemo())
     assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)) and st.route.reason == "sampled"
     assert st.route.sample_ms and all(v > 0 for v in st.route.sample_ms.values())
+    assert st.route.spent_ms > 0  # with a memo, DoSA is charged this call's prepare and seeds
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
+    if st.route.reason == "sampled":  # without one, nothing spent is charged
+        assert st.route.spent_ms == 0.0
 
 
 @gpu
@@ -239,7 +243,7 @@ def test_route_stage_chunk_plan_is_the_plan_stage_s(regime, H, monkeypatch):
         for f in dataclasses.fields(fresh):
             x, y = getattr(choice.plan, f.name), getattr(fresh, f.name)
             assert same(x, y) if isinstance(x, cp.ndarray) else x == y, f.name
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
 
 
@@ -254,7 +258,7 @@ def test_one_read_back_decides_as_two(regime, H, monkeypatch):
     predictions are close would otherwise follow the timing noise, not the read-backs)."""
     from dosa_cupy import route as route_mod
 
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     monkeypatch.setattr(cp.cuda, "get_elapsed_time", lambda start, end: 1.0)
     a = _args(regime, 520, 24000, H, seed=5)
     got = {}
@@ -289,7 +293,7 @@ def test_pool_at_capacity_gives_the_same_seeds(regime, H, monkeypatch):
     assert cp.array_equal(cap.pool[:P], exact.pool) and cp.array_equal(cap.poolmask, exact.poolmask)
     assert cp.array_equal(cap.tau.view(cp.uint32), exact.tau.view(cp.uint32))
     assert cp.array_equal(cap.kth_id, exact.kth_id)
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     assert cp.array_equal(dosa_cupy.dosa_topk(*a), dosa_cupy.dense_topk(*a))
 
 
@@ -324,7 +328,7 @@ def test_side_stream_gives_the_same_seeds(regime, H, anchors, monkeypatch):
         assert np.array_equal(np.sort(r1[t, : n[t]]), np.sort(r2[t, : n[t]])), t
     assert cp.array_equal(one.tau.view(cp.uint32), two.tau.view(cp.uint32))
     assert cp.array_equal(one.kth_id, two.kth_id)
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     assert cp.array_equal(dosa_cupy.dosa_topk(*a, n_anchors=anchors), dosa_cupy.dense_topk(*a))
 
 

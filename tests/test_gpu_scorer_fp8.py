@@ -65,7 +65,7 @@ def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
         pytest.skip("h64 is a 64-head regime")
     a = _args(regime, 300, 20000, H)
     dense = dosa_cupy.dense_topk(*a, scorer="fp8")
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     screens = [("fp64", 14), ("fp64", 30), ("pair", 6)]
     if sm90a.available():
         screens += [("wg", 14), ("wg", 30)]
@@ -81,7 +81,7 @@ def test_fp8_every_route_equals_the_fp8_dense_route(regime, H, monkeypatch):
     ids = dosa_cupy.dosa_topk(*a, scorer="fp8", route="dosa", screen="fp64", cert_seeds=512)
     assert cp.array_equal(ids, dense)
     for model in (SAMPLED, NEVER_DENSE):
-        monkeypatch.setattr(pipeline, "model_for", lambda scorer, m=model: m)
+        monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="", m=model: m)
         ids = dosa_cupy.dosa_topk(*a, scorer="fp8")
         assert cp.array_equal(ids, dense)
     from dosa_cupy import seeds
@@ -104,7 +104,7 @@ def test_fp8_recovery_and_capture_equal_the_fp8_dense_route(monkeypatch):
     ksc = ksc.copy()
     ksc[5000] = cp.nan  # a NaN scale: the queries that see key 5000 are recovered
     dense = dosa_cupy.dense_topk(q, w, kp, ksc, K, ks, ke, scorer="fp8", check=False)
-    monkeypatch.setattr(pipeline, "model_for", lambda scorer: NEVER_DENSE)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": NEVER_DENSE)
     ids, st = dosa_cupy.dosa_topk(q, w, kp, ksc, K, ks, ke, scorer="fp8", route="dosa",
                                   check=False, return_stats=True)  # fmt: skip
     assert st.recovered.any() and cp.array_equal(ids, dense)

@@ -9,7 +9,7 @@ Each file is a ``dosa bench`` JSON (a list of shape rows); every row gives
 The fits are least squares of non-negative linear models (docs/method.md §9 lists them):
 logits = l0 + flop / R (one R per head count), selection = s0 + s1 · rows · N,
 refinement = f0 · Qn · N + f1 · survivors · H (the survivor bitmask is read whole), DoSA's
-selection and recovery = g0 + g1 · kept records.
+selection and recovery = g0 + g1 · kept records, the plan = p1 · Qn · H.
 The early test's floor is the smallest DoSA call measured (``dosa_ms``).
 """
 
@@ -71,6 +71,8 @@ def fit(rows: list) -> dict:
     pts = [p for r in rows for p in _dosa_points(r)]
     f0, f1 = _nnls([[p[5], p[2] * p[1] * p[0]] for p in pts],
                             [p[4]["refine"] for p in pts])  # fmt: skip
+    planned = [(r, p) for r in rows for p in _dosa_points(r) if "plan" in p[4]]
+    (p1,) = _nnls([[r["Qn"] * p[0]] for r, p in planned], [p[4]["plan"] for r, p in planned])
     kept = [(r, p) for r in rows for p in _dosa_points(r) if p[3] is not None]
     g0, g1 = _nnls2([p[3] * r["Qn"] for r, p in kept],
                     [p[4]["select"] + p[4].get("recover", 0.0) for r, p in kept])  # fmt: skip
@@ -84,6 +86,7 @@ def fit(rows: list) -> dict:
         "finish_fixed_ms": g0,
         "finish_ms_per_record": g1,
         "dosa_floor_ms": float(min(r["dosa_ms"] for r in rows if r.get("dosa_ms"))),
+        "plan_ms_per_query_head": p1,
     }
 
 

@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from dosa_cupy import options, plan, prepare, route, screen, seeds
+    from dosa_cupy._build import device_name
     from dosa_cupy.cost import model_for
     from dosa_cupy.options import check_options, resolve_options
     from dosa_cupy.prepare import key_rho, pad_batch
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
         _report("seeds (seed_stage)", seeds.seed_stage, (b, o), cp)
         sd = seeds.seed_stage(b, o)
         rho = key_rho(b.kp)
-        model = model_for(b.scorer)
+        model = model_for(b.scorer, device_name())
         inner = (route._sample, plan.plan_stage, screen.auto_pick)
         _report("route (route_stage)", route.route_stage, (b, sd, rho, o, model), cp, inner)
         pool = sd.pool
