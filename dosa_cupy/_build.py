@@ -219,7 +219,9 @@ class Module:
 @functools.cache
 def launch_check(spec: KernelSpec, name: str) -> LaunchCheck:
     """The argument check of kernel ``name`` of ``spec`` (one per kernel and build, so its
-    memory of checked argument types lasts the process)."""
+    memory of checked argument types lasts the process; made on the kernel's first use in
+    the process, which ``first_uses`` counts)."""
+    _FIRST_USES[0] += 1
     sig = signatures(spec, CSRC)
     if name not in sig:
         raise LookupError(
@@ -227,6 +229,16 @@ def launch_check(spec: KernelSpec, name: str) -> LaunchCheck:
             f"kernel {name!r}; it defines {sorted(sig)}"
         )
     return LaunchCheck(name, sig[name], (cupy_or_raise().ndarray,))
+
+
+_FIRST_USES = [0]
+
+
+def first_uses() -> int:
+    """Kernels used for the first time in this process so far (each build and name once): a
+    span of device work during which it grew may hold a build or a module load, so a
+    measurement of that span is not the work's time (pipeline.py, the memo's prefix)."""
+    return _FIRST_USES[0]
 
 
 @functools.cache

@@ -25,7 +25,7 @@ import numpy as np
 from dosa_ref.cost import bound_fraction, work_estimate
 
 from . import refine as refine_mod
-from ._build import cupy_or_raise, device_name, read_back_async
+from ._build import cupy_or_raise, device_name, first_uses, read_back_async
 from .cost import RouteChoice, candidate_key, model_for
 from .dense import dense_ids
 from .options import resolved, start
@@ -110,8 +110,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     b.raise_if_bad()  # bad input raises before the screening stages
     hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     # the span of DoSA's own prepare and seeds, which a memo's DoSA choice pays on every call
-    # it is recalled for and its dense choice does not (route.route_stage)
-    prefix = (cp.cuda.Event(), cp.cuda.Event()) if route is None else None
+    # it is recalled for and its dense choice does not (route.route_stage); not taken where a
+    # kernel is used for the first time in it (a build or a load, not the stages' time)
+    prefix = (cp.cuda.Event(), cp.cuda.Event(), first_uses()) if route is None else None
     if prefix is not None:
         prefix[0].record()
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)
@@ -119,6 +120,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     seeds = apply_tau_floor(seed_stage(b, o), o["tau_floor"])  # default + explicit seeds, τ (§2)
     if prefix is not None:
         prefix[1].record()
+        prefix = prefix[:2] if first_uses() == prefix[2] else None
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
         route = route_stage(b, seeds, rho, o, model, hist, prefix)

@@ -157,7 +157,9 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None
     chunk's plan and the rest (``CostModel.dosa_ms``); with a ``route_memo``, which applies
     the choice to later chunks that have spent nothing yet, the candidates are also charged
     this call's prepare and seeds (``prefix``: CUDA events around them, completed by
-    read-back 2; ``RouteChoice.spent_ms``), which a remembered dense route skips.
+    read-back 2; ``RouteChoice.spent_ms``), which a remembered dense route skips — None
+    where those stages used a kernel for the first time in the process (their span then
+    holds its build: pipeline.py), and nothing is charged.
     Returns the ``RouteChoice``."""
     cp = cupy_or_raise()
     screen, r, cert = o["screen"], int(o["r"]), int(o["cert_seeds"])

@@ -644,3 +644,19 @@ def test_screen_launch_prime_launches_once_per_build_and_zeroes_the_tie_count(mo
     plain.prime(None)
     assert runs == [tie.name, plain.name, plain.name]
     assert loads == [tie.name] * 2 + [plain.name] * 3
+
+
+def test_first_uses_counts_each_kernel_s_first_launch_check_once(monkeypatch):
+    """``_build.first_uses`` grows by one on the first use of a kernel of a build in the
+    process (its launch check is made then, once) and not on later uses: what pipeline.py
+    reads to leave a span with a build out of the memo's prefix."""
+    monkeypatch.setattr(_build, "cupy_or_raise", lambda: types.SimpleNamespace(ndarray=np.ndarray))
+    _build.launch_check.cache_clear()
+    spec = _build.main_spec()
+    n = _build.first_uses()
+    _build.launch_check(spec, "route_gate")
+    _build.launch_check(spec, "route_gate")
+    assert _build.first_uses() == n + 1
+    _build.launch_check(spec, "route_head")
+    assert _build.first_uses() == n + 2
+    _build.launch_check.cache_clear()
