@@ -112,7 +112,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     # the span of DoSA's own prepare and seeds, which a memo's DoSA choice pays on every call
     # it is recalled for and its dense choice does not (route.route_stage); not taken where a
     # kernel is used for the first time in it (a build or a load, not the stages' time)
-    prefix = (cp.cuda.Event(), cp.cuda.Event(), first_uses()) if route is None else None
+    memo_decides = route is None and o["route"] == "auto" and o["route_memo"] is not None
+    prefix = (cp.cuda.Event(), cp.cuda.Event(), first_uses()) if memo_decides else None
     if prefix is not None:
         prefix[0].record()
     rho = key_rho(b.kp)  # prepare (docs/method.md §8)

@@ -270,9 +270,9 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
 
 def _gate():
     """Queue csrc/route.cu route_gate on the current stream with the next ticket of the
-    device's gate word (page-locked; tickets count up, so a gate never waits on a later
-    one's word); returns the function that opens it (writes the ticket) — the caller calls
-    it once the timed launches are queued."""
+    device's gate word (page-locked; the tickets count up and the word only ever moves to a
+    later one, so opening a gate opens every earlier one too); returns the function that
+    opens it (writes its ticket) — the caller calls it once the timed launches are queued."""
     cp = cupy_or_raise()
     dev = cp.cuda.Device().id
     if dev not in _GATES:
