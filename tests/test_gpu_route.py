@@ -160,12 +160,16 @@ def test_gpu_the_sample_gate_opens_on_its_ticket_and_by_itself():
     held = timed(False, 20_000_000)  # never opened: 20 ms, then it opens itself
     assert 15.0 <= held < 1000.0, held
     a = _args("calibrated", 1024, 30000, 64)
-    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, route_memo=dosa_cupy.RouteMemo())
-    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a)) and st.route.reason == "sampled"
-    assert st.route.sample_ms and all(v > 0 for v in st.route.sample_ms.values())
-    assert st.route.spent_ms > 0  # with a memo, DoSA is charged this call's prepare and seeds
+    dense = dosa_cupy.dense_topk(*a)
+    # a first call may use its kernels for the first time (a fresh process) and then is
+    # charged nothing; the second one's prepare and seeds are charged (pipeline.py)
+    for warm in (False, True):
+        ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, route_memo=dosa_cupy.RouteMemo())
+        assert cp.array_equal(ids, dense) and st.route.reason == "sampled"
+        assert st.route.sample_ms and all(v > 0 for v in st.route.sample_ms.values())
+        assert st.route.spent_ms > 0 if warm else st.route.spent_ms >= 0
     ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
-    if st.route.reason == "sampled":  # without one, nothing spent is charged
+    if st.route.reason == "sampled":  # without a memo nothing spent is charged
         assert st.route.spent_ms == 0.0
 
 
