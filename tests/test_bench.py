@@ -476,7 +476,8 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
                 route=cost.RouteChoice("dosa", "sampled", "pair", 6,
                                        predicted_ms={"dense": 2.0, "pair/6": 1.5},
                                        survival={"pair/6": 0.03},
-                                       sample_ms={"pair/6": 0.04}) if name == "dosa" else None,
+                                       sample_ms={"pair/6": 0.04},
+                                       sample={"pair/6": 4}) if name == "dosa" else None,
             )  # fmt: skip
             return ids, st
 
@@ -521,11 +522,17 @@ def test_bench_shape_sub_chunks_with_a_fake_gpu(monkeypatch):
     assert r["dosa_routes"][0] == {"route": "dosa", "reason": "sampled", "screen": "pair",
                                    "r": 6, "predicted_ms": {"dense": 2.0, "pair/6": 1.5},
                                    "survival": {"pair/6": 0.03},
-                                   "sample_ms": {"pair/6": 0.04}, "spent_ms": 0.0}  # fmt: skip
+                                   "sample_ms": {"pair/6": 0.04}, "sample": {"pair/6": 4},
+                                   "spent_ms": 0.0}  # fmt: skip
     assert r["scored_fraction"] == pytest.approx(0.05)
     assert r["anchor_scored_fraction"] == pytest.approx(10 * (Qn // 8) / (100 * Qn))
     table = B.route_table([r])
     assert "| dosa (sampled, pair/6) | 16.00 |" in table  # 8 sub-chunks × 2 ms predicted
+    # each sub-chunk's 0.04 ms sample of 4 queries scaled to its Qn / 8 queries (the pair
+    # screen by whole block rows), summed; beside the screen stage's measured Qn / 8 ms
+    sub = Qn // 8
+    scaled = 8 * 0.04 * -(-sub // 4)
+    assert f"| {scaled:.2f} | {float(Qn // 8):.2f} |" in table
     for k in ("logits", "dense_route", "fused", "dosa"):
         assert r[f"{k}_floor_ms"] > 0 and r["x_floor"][k] is not None
     assert r["device"] == "fake GPU" and json.loads(logs[-1])["N"] == N

@@ -34,10 +34,12 @@ def _survival(survivors, screened) -> dict:
 
 def _route_record(rc) -> dict:
     """A ``cost.RouteChoice`` as JSON: route, reason, screen, r, predicted ms, survival,
-    each sample's measured screen ms and the spent prefix charged with a memo."""
+    each sample's measured screen ms and queries, and the spent prefix charged with a
+    memo."""
     return {"route": rc.route, "reason": rc.reason, "screen": rc.screen, "r": rc.r,
             "predicted_ms": dict(rc.predicted_ms), "survival": dict(rc.survival),
-            "sample_ms": dict(rc.sample_ms), "spent_ms": rc.spent_ms}  # fmt: skip
+            "sample_ms": dict(rc.sample_ms), "sample": dict(rc.sample),
+            "spent_ms": rc.spent_ms}  # fmt: skip
 
 
 def _scored_fractions(parts) -> tuple[float, float]:

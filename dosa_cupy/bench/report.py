@@ -297,7 +297,8 @@ def route_table(rows) -> str:
     of each sub-chunk (reason, screen/r), the model's dense-route time against the measured
     one, DoSA's predicted time (its stages up to the choice, measured, plus the chosen
     candidate's predicted rest; the dense time when dense was chosen) against the measured
-    DoSA time, and the fraction of visible keys fully scored."""
+    DoSA time, the chosen candidate's sampled screen time scaled to the chunk against the
+    measured screen stage, and the fraction of visible keys fully scored."""
     nan = float("nan")
 
     def names(r):
@@ -321,6 +322,17 @@ def route_table(rows) -> str:
         )
         return before + rest
 
+    def scaled_screen(r):  # the chosen candidates' samples scaled as route.route_stage does
+        routes, total = r["dosa_routes"], 0.0
+        for x in routes:
+            key = candidate_key(x["screen"], x["r"]) if x["screen"] else None
+            n = (x.get("sample") or {}).get(key)
+            if x["route"] != "dosa" or not n or key not in (x.get("sample_ms") or {}):
+                return nan
+            qn = r["Qn"] / len(routes)  # the sub-chunk's queries
+            total += x["sample_ms"][key] * (qn / n if x["screen"] == "wgt" else -(-qn // n))
+        return total
+
     cols = [
         ("regime", lambda r: str(r.get("regime", "-"))), ("H", lambda r: str(r["H"])),
         ("Qn", lambda r: str(r["Qn"])), ("N", lambda r: str(r["N"])), ("route", names),
@@ -328,6 +340,8 @@ def route_table(rows) -> str:
         ("dense measured", lambda r: cell(r.get("dense_route_ms"))),
         ("DoSA predicted", lambda r: cell(dosa(r))),
         ("DoSA measured", lambda r: cell(r.get("dosa_ms"))),
+        ("screen: sample scaled", lambda r: cell(scaled_screen(r))),
+        ("screen measured", lambda r: cell((r.get("dosa_stage_ms") or {}).get("screen"))),
         ("fully scored", lambda r: cell(r.get("scored_fraction"), "{:.4f}")),
     ]  # fmt: skip
     intro = "\nRoute choice (dosa_cupy/cost.py; predictions of the committed model, ms):\n\n"
