@@ -24,6 +24,7 @@ import numpy as np
 
 from dosa_ref.cost import bound_fraction, work_estimate
 
+from . import prepare as prepare_mod
 from . import refine as refine_mod
 from ._build import cupy_or_raise, device_name, first_uses, read_back_async
 from .cost import RouteChoice, candidate_key, model_for
@@ -107,7 +108,10 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     key, route = memo_recall(b, o)  # an earlier chunk of this kind decided
     if route is not None and route.route == "dense":
         return _dense_route(b, st, tm, route, None, stats)
-    b.raise_if_bad()  # bad input raises before the screening stages
+    if prepare_mod.DEFER_CHECKS:  # read back once the seeds are queued (prepare.py)
+        b.prefetch_checks()
+    else:
+        b.raise_if_bad()  # bad input raises before the screening stages
     hist = head_prefetch(b, o) if route is None else None  # read back before the seeds
     # the span of DoSA's own prepare and seeds, which a memo's DoSA choice pays on every call
     # it is recalled for and its dense choice does not (route.route_stage); not taken where a
@@ -122,6 +126,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if prefix is not None:
         prefix[1].record()
         prefix = prefix[:2] if first_uses() == prefix[2] else None
+    b.raise_if_bad()  # bad input raises before the screening stages (read already, or now)
     tm.mark("seeds")
     if route is None:  # the route stage: decision 2 (sampled screens) or the options' screen
         route = route_stage(b, seeds, rho, o, model, hist, prefix)

@@ -11,7 +11,7 @@ import numpy as np
 
 from dosa_ref.validate import as_array, check_int_dtype, check_K
 
-from ._build import cupy_or_raise, kernel, num_sms
+from ._build import cupy_or_raise, kernel, num_sms, read_back_async
 from .scorer import check_scorer, overflowing_scores, padded_heads, valid_scales
 
 __all__ = [
@@ -89,6 +89,15 @@ SCALES_INVALID = CHECK_ENVELOPE << 1
 # faster per call (benchmarks.md "The scale-check and route-count kernels"; bench
 # builds=scalearrays times the array path).
 SCALE_CHECK_KERNEL = True
+
+# A DoSA call's value checks read back by an event once its seed stage is queued, instead of
+# by a synchronization before it, so that the host queues the seeds while the GPU checks
+# (the launches queued before the read-back run on the ranges clamped into [0, N] with
+# ks ≤ ke: ``ValueCheck``; bad input still raises before anything is screened or returned).
+# Under trial (bench builds=deferchecks: the seed stage is host-bound at 128K keys,
+# docs/records/benchmarks.md "The finish's counts in one read-back; the sample behind a
+# gate"); off: read back before the seeds.
+DEFER_CHECKS = False
 
 # The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
 # valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.
@@ -205,6 +214,7 @@ class ValueCheck:
     """
 
     scorer = "f16"  # the call's scorer, whose scores the overflow check computes (pad_batch)
+    _copy = None  # (host flag word, event) of ``prefetch`` until ``flags`` reads it
 
     def __init__(self, q, w, kp, ks, ke, N: int, ksc=None):
         cp = cupy_or_raise()
@@ -258,13 +268,23 @@ class ValueCheck:
     def forget(self) -> None:
         """Read the flags again on the next ``flags`` (a captured step's replay wrote them
         anew, capture.py)."""
-        self._bad = None
+        self._bad = self._copy = None
+
+    def prefetch(self) -> None:
+        """Copy the flag word to the host by an event (``_build.read_back_async``: it waits
+        for the checks, not for what is queued after them); ``flags`` then waits for that
+        event instead of synchronizing the stream (``DEFER_CHECKS``)."""
+        if self._bad is None and self._copy is None:
+            self._copy = read_back_async(self._flags)
 
     @property
     def flags(self) -> int:
         """Bit i set when check i of ``_VALUE_ERRORS`` fails, ``CHECK_ORDER`` when some
         ks > ke (one synchronization, the first time)."""
-        if self._bad is None:
+        if self._bad is None and self._copy is not None:  # prefetched: wait for its event
+            self._copy[1].synchronize()
+            self._bad, self._copy = int(self._copy[0][0]), None
+        elif self._bad is None:
             self._bad = int(cupy_or_raise().asnumpy(self._flags)[0])
         return self._bad
 
@@ -332,10 +352,17 @@ class Batch:
     scorer: str = "f16"  # the canonical scorer every stage of the call scores with (scorer.py)
 
     def raise_if_bad(self) -> None:
-        """Read back the deferred value checks (one synchronization) and raise on bad
-        input; nothing when the checks were off or already read."""
+        """Read back the deferred value checks (one synchronization, or the wait for a
+        ``prefetch_checks`` copy) and raise on bad input; nothing when the checks were off
+        or already read."""
         if self.pending is not None:
             self.pending.raise_if_bad()
+
+    def prefetch_checks(self) -> None:
+        """Start the value checks' read-back by an event (``ValueCheck.prefetch``;
+        ``DEFER_CHECKS``): ``raise_if_bad`` later waits for the checks only."""
+        if self.pending is not None:
+            self.pending.prefetch()
 
     def recovery_known_empty(self) -> bool:
         """True when this call's value checks ran, were read back (``raise_if_bad``) and

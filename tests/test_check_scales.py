@@ -159,3 +159,37 @@ def test_kernel_flags_equal_the_array_path(ksc, wv, Qn):
         w = w.astype(np.float32)
         k = np.asarray(ksc, np.float32)
         assert _flags(w, k, mp, True) == _flags(w, k, mp, False), (ksc, wv, Qn, H)
+
+
+def test_prefetched_flags_are_read_from_their_copy(monkeypatch):
+    """``ValueCheck.prefetch`` (``prepare.DEFER_CHECKS``) copies the flag word by an event;
+    ``flags`` then waits for that event and reads the copy — no stream synchronization — and
+    reads it once; ``forget`` drops both, so the next read synchronizes again."""
+    events, copies = [], []
+
+    class Event:
+        def synchronize(self):
+            events.append("wait")
+
+    def read_back_async(x):
+        copies.append(int(x[0]))
+        return np.array(x, copy=True), Event()
+
+    def no_sync():
+        raise AssertionError("flags synchronized the stream despite its prefetched copy")
+
+    monkeypatch.setattr(prep, "read_back_async", read_back_async)
+    monkeypatch.setattr(prep, "cupy_or_raise", no_sync)
+    vc = object.__new__(prep.ValueCheck)
+    vc._flags, vc._bad = np.array([prep.CHECK_ORDER], dtype=np.uint32), None
+    assert vc._copy is None and not vc.read
+    vc.prefetch()
+    vc.prefetch()  # one copy
+    vc._flags[0] = 0  # written after the copy: the copy is what the checks left
+    assert vc.flags == prep.CHECK_ORDER and vc.read
+    assert vc.flags == prep.CHECK_ORDER and events == ["wait"] and copies == [prep.CHECK_ORDER]
+    vc.prefetch()  # already read: nothing copied
+    assert copies == [prep.CHECK_ORDER]
+    vc.forget()
+    monkeypatch.setattr(prep, "cupy_or_raise", numpy_as_cupy)
+    assert vc.flags == 0 and events == ["wait"]

@@ -322,11 +322,16 @@ def test_bad_input_raises():
             dosa_cupy.dosa_topk(*args[:4], bad_k, *args[5:])
 
 
+@pytest.mark.parametrize("defer", [False, True])
 @gpu
-def test_value_checks_name_the_argument_and_can_be_skipped():
+def test_value_checks_name_the_argument_and_can_be_skipped(defer, monkeypatch):
     """prepare.check_inputs reads every value check back in one synchronization and still
     names the argument of the first failing one; ``check=False`` skips them and returns
-    the same ids on valid inputs."""
+    the same ids on valid inputs — also with ``prepare.DEFER_CHECKS`` (a DoSA call reads
+    them back after its seeds are queued on the clamped ranges)."""
+    from dosa_cupy import prepare
+
+    monkeypatch.setattr(prepare, "DEFER_CHECKS", defer)
     wl = make_gpu_workload("structured", 8, 1024, 32, seed=2)
     args = [wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"]]
     q_nan, kp_nan, w_inf = wl["q"].copy(), wl["k_payload"].copy(), wl["w"].copy()

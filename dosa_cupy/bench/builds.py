@@ -24,6 +24,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          the refinement
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
                                          read back after the selection
+    deferchecks prepare.DEFER_CHECKS = True  a DoSA call's value checks read back by an
+                                         event after its seeds are queued (under trial)
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
@@ -65,6 +67,7 @@ BUILDS = {
     "tworeadbacks": ("route", "ONE_READBACK", False),
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
+    "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard64": ("screen", "WGT_GUARD32", False),
