@@ -280,7 +280,8 @@ class ValueCheck:
     @property
     def flags(self) -> int:
         """Bit i set when check i of ``_VALUE_ERRORS`` fails, ``CHECK_ORDER`` when some
-        ks > ke (one synchronization, the first time)."""
+        ks > ke (read the first time: one synchronization, or after ``prefetch`` the wait
+        for its copy's event)."""
         if self._bad is None and self._copy is not None:  # prefetched: wait for its event
             self._copy[1].synchronize()
             self._bad, self._copy = int(self._copy[0][0]), None
