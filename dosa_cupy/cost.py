@@ -34,6 +34,7 @@ __all__ = [
     "logits_flop",
     "model_for",
     "samples",
+    "sample_scale",
     "samples_any_screen",
 ]
 
@@ -301,6 +302,13 @@ def samples(Qn: int, screens) -> bool:
 def samples_any_screen(Qn: int) -> bool:
     """Whether a chunk of ``Qn`` queries is sampled whichever screens are the candidates."""
     return samples(Qn, [s for s in SCREENS if s != "auto"])
+
+
+def sample_scale(screen: str, Qn: int, n: int) -> float:
+    """The factor from a sample of ``n`` queries' screen time to a chunk of ``Qn``'s: the
+    chunk's block rows per sampled block row, or for the transposed screen, whose blocks
+    loop over their query groups, its queries per sampled query (``sample_size``)."""
+    return Qn / n if screen == "wgt" else float(-(-Qn // n))
 
 
 def sample_size(screen: str) -> int:

@@ -39,6 +39,7 @@ from .cost import (
     candidate_key,
     candidates_of,
     early_route,
+    sample_scale,
     sample_size,
     samples,
     samples_any_screen,
@@ -187,7 +188,7 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None
     choice = RouteChoice("dense", "sampled", bound_work=np.zeros(b.Qn), tie=tie)
     choice.predicted_ms["dense"] = model.dense_ms(b.Qn, b.N, float(pairs), b.heads)
     best = choice.predicted_ms["dense"]
-    if prefix is not None and o["route_memo"] is not None:
+    if prefix is not None:  # given with a route memo only (pipeline.py)
         choice.spent_ms = cp.cuda.get_elapsed_time(*prefix)  # completed before read-back 2
     at = 0
     for scr, rr, n, idx, (start, end, _) in runs:
@@ -197,11 +198,8 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None
         vis_s, r_s = out[2 : 2 + n], out[2 + n :]
         np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(scr, rr)
-        # block rows of the whole chunk per sampled block row; the transposed screen's blocks
-        # loop over their query groups, so its time scales with the queries (cost.sample_size)
-        scale = b.Qn / n if scr == "wgt" else -(-b.Qn // n)
         choice.predicted_ms[key] = model.dosa_ms(
-            b.Qn, b.N, b.K, m * float(screened), b.heads, ms * scale
+            b.Qn, b.N, b.K, m * float(screened), b.heads, ms * sample_scale(scr, b.Qn, n)
         )
         choice.survival[key], choice.sample[key], choice.sample_ms[key] = m, n, ms
         if choice.predicted_ms[key] + choice.spent_ms < best:

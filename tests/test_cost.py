@@ -382,3 +382,12 @@ def test_positive_heads_hist_equals_bincount():
         want = np.bincount(np.sum(w > 0, axis=1), minlength=H + 1)
         got = screen.positive_heads_hist(w, np)
         assert got.dtype == np.int64 and np.array_equal(got, want), (Qn, H)
+
+
+def test_sample_scale_counts_block_rows_or_the_transposed_screen_s_queries():
+    """``cost.sample_scale``: whole block rows (rounded up) for the block-row screens; the
+    queries themselves for the transposed screen, whose blocks loop over query groups."""
+    assert cost.sample_scale("wgt", 4096, 128) == 32.0
+    assert cost.sample_scale("wgt", 4000, 128) == pytest.approx(4000 / 128)
+    assert cost.sample_scale("pair", 4000, 128) == 32.0
+    assert cost.sample_scale("wg", 4096, 96) == 43.0

@@ -167,7 +167,8 @@ def test_gpu_the_sample_gate_opens_on_its_ticket_and_by_itself():
         ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, route_memo=dosa_cupy.RouteMemo())
         assert cp.array_equal(ids, dense) and st.route.reason == "sampled"
         assert st.route.sample_ms and all(v > 0 for v in st.route.sample_ms.values())
-        assert st.route.spent_ms > 0 if warm else st.route.spent_ms >= 0
+        if warm:
+            assert st.route.spent_ms > 0
     ids, st = dosa_cupy.dosa_topk(*a, return_stats=True)
     if st.route.reason == "sampled":  # without a memo nothing spent is charged
         assert st.route.spent_ms == 0.0

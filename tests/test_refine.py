@@ -342,20 +342,27 @@ def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):
     assert len(fk.calls) == 1  # no second pass
 
 
-@pytest.mark.parametrize("cap", [3, 4096])
-def test_deferred_extension_equals_the_immediate_one(fake_refine, cap):
-    """``refine.DEFERRED_EXTENSION``'s pieces: ``refine_stage(..., extend=False)`` then
-    ``extend_records`` give the records, counts, flags and extension of ``refine_stage``
-    (the same rows refined again, at the same size); without an overflowed row nothing is
-    launched again."""
-    rng = np.random.default_rng(5)
-    Qn, N = 13, 333
+def _extension_case(seed: int, Qn: int, N: int):
+    """(batch, survivor mask, scores [Qn, N], τ at each row's 30 % quantile) of a causal
+    chunk for the fake refine kernel (``fake_refine``)."""
+    rng = np.random.default_rng(seed)
     surv, ks, ke = _random_case(rng, Qn, N, 0.6, "causal")
     S = rng.standard_normal((Qn, N)).astype(np.float32)
     tau = np.quantile(S, 0.3, axis=1).astype(np.float32)
     q = _tag_queries(np.zeros((Qn, 16, 128), np.uint8))
     b = Batch(q, np.zeros((Qn, 16), np.float32), np.zeros((N, 128), np.uint8),
               np.ones(N, np.float32), 1, ks, ke)  # fmt: skip
+    return b, surv, S, tau
+
+
+@pytest.mark.parametrize("cap", [3, 4096])
+def test_deferred_extension_equals_the_immediate_one(fake_refine, cap):
+    """``refine.DEFERRED_EXTENSION``'s pieces: ``refine_stage(..., extend=False)`` then
+    ``extend_records`` give the records, counts, flags and extension of ``refine_stage``
+    (the same rows refined again, at the same size); without an overflowed row nothing is
+    launched again."""
+    b, surv, S, tau = _extension_case(5, 13, 333)
+    Qn = b.Qn
     fake_refine(S)
     now = rs_mod.refine_stage(b, tau, surv, cap)
     fk = fake_refine(S)
@@ -375,14 +382,8 @@ def test_extension_with_counts_read_back_equals_the_one_that_reads_them(fake_ref
     (``select.overflow_counts``, read back once: ``refine.PREFETCH_COUNTS``) extends the
     same rows at the same size as when it reads them itself; with none flagged it launches
     nothing."""
-    rng = np.random.default_rng(11)
-    Qn, N = 17, 400
-    surv, ks, ke = _random_case(rng, Qn, N, 0.6, "causal")
-    S = rng.standard_normal((Qn, N)).astype(np.float32)
-    tau = np.quantile(S, 0.3, axis=1).astype(np.float32)
-    q = _tag_queries(np.zeros((Qn, 16, 128), np.uint8))
-    b = Batch(q, np.zeros((Qn, 16), np.float32), np.zeros((N, 128), np.uint8),
-              np.ones(N, np.float32), 1, ks, ke)  # fmt: skip
+    b, surv, S, tau = _extension_case(11, 17, 400)
+    Qn = b.Qn
     for cap in (3, 4096):
         fake_refine(S)
         own = rs_mod.extend_records(b, tau, surv, rs_mod.refine_stage(b, tau, surv, cap, False))

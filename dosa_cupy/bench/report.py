@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ..cost import candidate_key
+from ..cost import candidate_key, sample_scale
 from . import peers
 from .memplan import FP8_PEAK, HBM, row_floors, x_floor
 from .shapes import DOSA_STAGES, FUSED_STAGES, shape_name, sort_key
@@ -330,7 +330,7 @@ def route_table(rows) -> str:
             if x["route"] != "dosa" or not n or key not in (x.get("sample_ms") or {}):
                 return nan
             qn = r["Qn"] / len(routes)  # the sub-chunk's queries
-            total += x["sample_ms"][key] * (qn / n if x["screen"] == "wgt" else -(-qn // n))
+            total += x["sample_ms"][key] * sample_scale(x["screen"], qn, n)
         return total
 
     cols = [
