@@ -9,6 +9,8 @@ Uout is written exactly on the visible keys, and the survivor words and tie coun
 exactly the keep rule applied to the kernel's own U^num.  GPU tests need compute capability
 9.0 (sm_90a)."""
 
+import re
+
 import numpy as np
 import pytest
 from gpu_support import HAVE_GPU, cp, gpu, guard_violations, needs_sm90a
@@ -152,14 +154,17 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False, barrier=False, g32=False):  # fmt: skip
+            fp8=False, barrier=False, g32=False, ilp=False, uout=True):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
     pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
     ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``); ``g32``:
-    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``)."""
+    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``); ``ilp``: its
+    interleaved epilogue (``..._g32i``); ``uout`` False: no Uout (a null pointer, as the
+    pipeline launches it; U comes back all NaN)."""
+    g32 = g32 or ilp
     fp8 = fp8 or g32
     ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
@@ -172,7 +177,8 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
     if tie:
         args += (cp.asarray(kj), cp.asarray(zrow))
     args += (d["kp"], d["alpha"], d["rho"], d["ks"], d["ke"], np.int32(3), np.int32(17),
-             d["pool"], np.int32(Qn), np.int64(N), np.int32(qg), surv, U)  # fmt: skip
+             d["pool"], np.int32(Qn), np.int64(N), np.int32(qg), surv,
+             U if uout else np.uint64(0))  # fmt: skip
     if tie:
         args += (tcnt,)
     t = "_tie" if tie else ""
@@ -184,7 +190,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
-        name += "_barrier" if barrier else "_g32" if g32 else ""
+        name += "_barrier" if barrier else "_g32i" if ilp else "_g32" if g32 else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -494,6 +500,25 @@ def test_wgt_fp8_guard32_kernel_bit_for_bit(seed, nrow, qg):
     _assert_repeats(surv, U, lambda: _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True))
 
 
+@_fp8_kernel_cases
+def test_wgt_fp8_ilp_kernel_equals_g32(seed, nrow, qg):
+    """The interleaved epilogue (screen.WGT_ILP; csrc/screen_wgt.cu "The interleaved
+    epilogue"): U^num and the survivor words bit for bit the fp32 guard's build's, with Uout
+    given and — the pipeline's launch — without it (a null Uout: the words alone, and
+    nothing written to U); repeated launches bit for bit.  Tiny ε_out and τ near zero as in
+    the fp32 guard's test."""
+    op, N, _, _, tau = _fp8_case(np.random.RandomState(20 + seed), seed, nrow)
+    tau[6] = np.float32(2.0**-140)
+    eps_out = 2.0**-130
+    ref = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
+    surv, U, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, ilp=True)
+    assert np.array_equal(surv, ref[0]), "survivor words"
+    assert np.array_equal(U.view(np.uint8), ref[1].view(np.uint8)), "U^num"
+    bare, Unull, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, ilp=True, uout=False)
+    assert np.array_equal(bare, ref[0]) and np.all(np.isnan(Unull)), "no Uout"
+    _assert_repeats(surv, U, lambda: _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, ilp=True))
+
+
 def _fp8_case(rs, seed, nrow):
     """Synthetic operands of the FP8 build's kernel tests (203 queries, 1000 + 37·seed keys,
     the build's retained heads): (op, N, (α, ρ, C, ε_raw) broadcast as float64 rows and
@@ -522,12 +547,15 @@ def _assert_repeats(surv, U, launch):
 @pytest.mark.parametrize("r", [6, 14, 30])
 @needs_sm90a
 @gpu
-@pytest.mark.parametrize("g32", [True, False], ids=["g32", "f64"])
-def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32):
+@pytest.mark.parametrize(
+    "g32,ilp", [(True, False), (True, True), (False, False)], ids=["g32", "g32i", "f64"]
+)
+def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32, ilp):
     """Either guard of the FP8 build through the pipeline (screen.WGT_GUARD32, the fp32 one
-    by default): ids == the dense route's on the calibrated and h64 regimes, and the kernel of
-    that guard ran."""
+    by default; ``g32i``: its interleaved epilogue, screen.WGT_ILP): ids == the dense route's
+    on the calibrated and h64 regimes, and the kernel of that build ran."""
     monkeypatch.setattr(screen, "WGT_GUARD32", g32)
+    monkeypatch.setattr(screen, "WGT_ILP", ilp)
     names = []
     real = screen.kernel
     monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
@@ -537,7 +565,8 @@ def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32):
                                   scorer="fp8")  # fmt: skip
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), (regime, r)
     ring = [n for n in names if "_fp8_ring_" in n]
-    assert ring and all(n.endswith("_g32") == g32 for n in ring), names
+    end = "_g32i" if ilp else "_g32" if g32 else ""
+    assert ring and all(re.fullmatch(rf"screen_wgt_fp8_ring_rows\d+{end}", n) for n in ring), names
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["f16", "fp8"])

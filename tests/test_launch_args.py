@@ -494,13 +494,15 @@ def test_the_emulations_check_agrees(case):
         check_args("cert_clear_below_tau", BAD[case][0], types_)
 
 
-# (rows, tie, fp8): the ring builds, then the FP8 ones (plain rule)
-WGT_RING_BUILDS = [(rows, tie, fp8) for rows in (8, 16, 32) for tie, fp8 in
-                   ((False, False), (True, False), (False, True))]  # fmt: skip
+# (rows, tie, fp8, ilp): the ring builds, then the FP8 ones (plain rule), the FP8 ones with
+# the interleaved epilogue (screen.WGT_ILP)
+WGT_RING_BUILDS = [(rows, tie, fp8, fp8 and ilp) for rows in (8, 16, 32) for tie, fp8, ilp in
+                   ((False, False, False), (True, False, False), (False, True, False),
+                    (False, True, True))]  # fmt: skip
 
 
-@pytest.mark.parametrize("rows,tie,fp8", WGT_RING_BUILDS)
-def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
+@pytest.mark.parametrize("rows,tie,fp8,ilp", WGT_RING_BUILDS)
+def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8, ilp):
     """The ring build of screen="wgt" (screen.WGT_RING) and its FP8 build (a plan built for
     the "fp8_fresh" dots, whatever WGT_RING says): ``ScreenLaunch.of`` names the ring kernel
     of the plan's width with its shared memory, and its call launches the image kernel (one
@@ -521,6 +523,7 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     monkeypatch.setattr(S, "kernel", kernel)
     monkeypatch.setattr(S, "cupy_or_raise", numpy_as_cupy)
     monkeypatch.setattr(S, "WGT_RING", not fp8)
+    monkeypatch.setattr(S, "WGT_ILP", ilp)
     Qn, N, mts = 37, 1000, 2 if rows == 32 else 1
     z = np.zeros
     b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
@@ -538,7 +541,8 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     zrow = z((Qn, 16 * mts), np.float32) if tie else None
     launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), "wgt", False, zrow)
     t, f = "_tie" if tie else "", "_fp8" if fp8 else ""
-    g = "_g32" if fp8 and S.WGT_GUARD32 else ""  # the FP8 build's guard (screen.WGT_GUARD32)
+    # the FP8 build's guard (screen.WGT_GUARD32) and its interleaved epilogue (WGT_ILP)
+    g = ("_g32i" if ilp else "_g32") if fp8 and S.WGT_GUARD32 else ""
     assert launch.name == f"screen_wgt{f}_ring_rows{rows}{t}{g}" and launch.ring == rows
     assert launch.smem == S.wgt_ring_smem_bytes(rows, fp8) <= 227 * 1024
     surv = z((Qn, (N + 31) // 32), np.uint32)

@@ -7,7 +7,10 @@ warm-ups) on the same arguments, each build's survivor bitmask compared bitwise 
 launch of a ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the
 builds of ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block, the ring
 build — its image kernel and the screen timed together), each compared bitwise with the
-default's words.  Method: docs/benchmark_method.md; records:
+default's words.  ``--fp8``: the FP8 build's fp32-guard kernel (``screen="wgt"``, r = 6, its
+captured launch, the group images built by the call) against its builds of ``FP8_VARIANTS``
+on the same arguments, with the MMA work's rate and its share of the FP8 tensor-core rate.
+Method: docs/benchmark_method.md; records:
 docs/records/benchmarks.md "Hopper screen" and the nineteenth session's section.
 """
 
@@ -21,6 +24,7 @@ import numpy as np
 
 from dosa_ref.cmdline import CommandParser
 
+from .memplan import FP8_PEAK
 from .timing import median_ms
 
 # name → the build's defines (screen_sm90a.cu's knobs; DOSA_WG_GROUPS always given)
@@ -35,6 +39,7 @@ VARIANTS = {
     "diag_noreduce": ("DOSA_WG_GROUPS=3", "DOSA_WG_DIAG=4"),
 }
 SURV, QG_ARG = 18, 17  # positions of surv and QG in the screen kernels' arguments
+FP8_RATE_TFLOPS = FP8_PEAK / 1e12
 # name → (screen_wgt.cu's defines, warpgroups per block, queries per block, the ring build:
 # screen_wgt_image_rows* then screen_wgt_ring_rows*): its builds
 WGT_VARIANTS = {
@@ -48,6 +53,9 @@ WGT_VARIANTS = {
     "ring": ((), 3, 384, True),
     "ring_qg768": ((), 3, 768, True),
 }
+
+# name → the kernel's suffix in place of the default's "_g32" (screen_wgt.cu's FP8 ring builds)
+FP8_VARIANTS = {"g32i": "_g32i", "f64": ""}
 
 
 def wgt_words_bytes(defines, rows: int, tile_keys: int) -> int:
@@ -127,7 +135,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="comma list of variant names (default: all)")
-    ap.add_argument("--wgt", action="store_true", help="the transposed screen's builds")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--wgt", action="store_true", help="the transposed screen's builds")
+    which.add_argument("--fp8", action="store_true", help="the FP8 screen's builds")
     a = ap.parse_args(argv)
     import cupy as cp
 
@@ -139,6 +149,8 @@ def main(argv: list[str]) -> int:
     args_ = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 2048, wl["ks"], wl["ke"])
     if a.wgt:
         return _wgt_main(a, args_, cp)
+    if a.fp8:
+        return _fp8_main(a, args_, wl, cp)
     f, grid, block, kargs, smem, _ = capture_screen(args_, cp)
     surv = kargs[SURV]
     surv.fill(0xDEADBEEF)
@@ -231,4 +243,54 @@ def _wgt_main(a, args_, cp) -> int:
         print(f"{vname:12s} {ms:7.2f} ms  x{res['default_ms'] / ms:.3f} vs default  "
               f"survivors equal: {same}")  # fmt: skip
     _write(a.out, f"screen_variants_wgt_H{a.H}_N{a.N}.json", res)
+    return 0 if all(v["survivors_equal"] for v in res["variants"].values()) else 1
+
+
+def _fp8_main(a, args_, wl, cp) -> int:
+    """``--fp8``: the FP8 build's default kernel (``screen_wgt_fp8_ring_rows{n}_g32``, whatever
+    ``screen.WGT_ILP`` says) against ``FP8_VARIANTS`` on its captured launch.  The MMA work is
+    counted as issued: every block's key tile against every query of its block row, 8 plan
+    rows per query (the 8-row build), 128 dims; the share is of the FP8 rate that
+    docs/numerics.md measured on the H200 (1,455 TFLOP/s)."""
+    from dosa_cupy import _build, screen
+
+    ilp, screen.WGT_ILP = screen.WGT_ILP, False
+    try:
+        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=6,
+                                                           tie_reject=False)  # fmt: skip
+    finally:
+        screen.WGT_ILP = ilp
+    if not name.endswith("_g32"):
+        raise ValueError(f"--fp8: the call screened with {name}, not the FP8 build's fp32 guard")
+    surv = kargs[SURV]
+    surv.fill(0xDEADBEEF)
+    f(grid, block, kargs, shared_mem=smem)
+    ref = surv.copy()
+    rows = int(name.removesuffix("_g32").rsplit("rows", 1)[1])
+    qpad = grid[1] * int(kargs[QG_ARG])
+    work = float(grid[0] * screen.WGT_TILE) * qpad * rows * 128 * 2  # issued MMA work (flop)
+    visible = float(cp.sum(cp.clip(wl["ke"] - wl["ks"], 0, None))) * rows * 128 * 2
+
+    def rates(ms: float) -> dict:
+        return {"ms": ms, "tflops_issued": work / ms / 1e9,
+                "fp8_rate_share": work / ms / 1e9 / FP8_RATE_TFLOPS,
+                "tflops_visible": visible / ms / 1e9}  # fmt: skip
+
+    ms0 = _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem))
+    res = {"H": a.H, "N": a.N, "Qn": a.Qn, "kernel": name, "default": rates(ms0),
+           "variants": {}}  # fmt: skip
+    print(f"{name} (default build) {ms0:.2f} ms, {work / ms0 / 1e9:.0f} TFLOP/s issued "
+          f"({work / ms0 / 1e9 / FP8_RATE_TFLOPS:.1%} of the FP8 rate)")  # fmt: skip
+    base = name.removesuffix("_g32")
+    for vname in _selected(a.only, FP8_VARIANTS):
+        g = _build.kernel(base + FP8_VARIANTS[vname], smem, screen.WGT_SPEC)
+        launch = functools.partial(g, grid, block, kargs, shared_mem=smem)
+        same, ms = _timed_build(cp, launch, surv, ref)
+        res["variants"][vname] = {**rates(ms), "survivors_equal": same}
+        print(f"{vname:8s} {ms:7.2f} ms  x{ms0 / ms:.3f} vs default  "
+              f"{work / ms / 1e9:.0f} TFLOP/s issued  survivors equal: {same}")  # fmt: skip
+    # the default again after the variants (a drift of the clocks shows here)
+    res["default_again_ms"] = _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem))
+    print(f"{name} (default build, again) {res['default_again_ms']:.2f} ms")
+    _write(a.out, f"screen_variants_fp8_H{a.H}_N{a.N}.json", res)
     return 0 if all(v["survivors_equal"] for v in res["variants"].values()) else 1

@@ -104,6 +104,18 @@
 // "the lean screen kernels").  The same Û, a bound at least as large (each step ≥ its exact
 // value; docs/error_model.md "The fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is
 // written as the double of U32.
+//
+// The interleaved epilogue (screen_wgt_fp8_ring_rows*_g32i; screen.WGT_ILP, under trial;
+// epilogue_ilp): the fp32 guard's build with each chunk's epilogue written as loads, then the
+// lane's 2·E (key, query) pairs' Û and guards in one branch-free run, then the keep bits,
+// then U^num where Uout is given.  In the _g32 build every pair is one dependent chain of
+// about twelve fp32 operations (a product, six fmaf, the guard's five rounded-up steps: the
+// cuobjdump of rows8 shows them back to back), and the test of Uout before each pair's
+// store splits the pairs into separate blocks, so a warp waits out each operation's latency:
+// the FP8 screen's profile on the H100 (docs/records/benchmarks.md, twenty-third session)
+// gives 5.0 cycles per issued instruction with 3 warps per scheduler, the largest stall
+// "wait" (a fixed-latency dependency, 1.03 cycles per instruction).  Each pair's operations
+// and their order are the _g32 build's, so U^num and the words are its bits.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -610,6 +622,23 @@ __device__ __forceinline__ float u_hat(const float (&y)[RQ], Wt&& W) {
   }
 }
 
+// The OR over the 8 lanes of a qd (lanes qd + 4g) of chunk c's keep bits (bit 16(e mod 2) + g
+// + 8k of bits[e / 2]): every lane then holds, for its queries E·qd + e, the 16 bits of the
+// warp's keys 16c + 0..15 of its word, put into L.word.
+template <int RQ>
+__device__ __forceinline__ void merge_bits(uint32_t (&bits)[(Rows<RQ>::kE + 1) / 2], int c,
+                                           Lane<RQ>& L) {
+  constexpr int kE = Rows<RQ>::kE;
+#pragma unroll
+  for (int h = 0; h < (kE + 1) / 2; ++h) {
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 4);
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 8);
+    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 16);
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) L.word[e] |= ((bits[e >> 1] >> (16 * (e & 1))) & 0xffffu) << (16 * c);
+}
+
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
 // the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
@@ -698,16 +727,77 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       if constexpr (TIE) L.tie[e] += (plain && !p) ? 1u : 0u;
     }
   }
-  // OR over the 8 lanes of this qd (lanes qd + 4g): every lane then holds, for its queries
-  // E·qd + e, the 16 bits of the warp's keys 16c + 0..15 of its word
+  merge_bits<RQ>(bits, c, L);
+}
+
+// The fp32 guard's epilogue with the lane's pairs interleaved (G32, the plain rule; header
+// "The interleaved epilogue"): epilogue<false, RQ, ABS, true>'s values, words and U^num bit
+// for bit — every pair's Û, guard and keep test are the same operations in the same order —
+// with the loads first, then the 2·E pairs' Û and guards as one run without a branch (the
+// chains independent, so the scheduler can interleave them), then the keep bits, and U^num
+// stored after them where Uout is given.
+template <int RQ, bool ABS>
+__device__ __forceinline__ void epilogue_ilp(const float (&d)[64], int c, const Group<RQ>& G,
+                                             const double* dsa, const double* dsr,
+                                             const uint32_t* spm, Lane<RQ>& L, double eps_out,
+                                             long long N, long long n0,
+                                             double* __restrict__ Uout, int lane, int v, int w) {
+  using L_ = Rows<RQ>;
+  constexpr int kE = L_::kE, kV = L_::kV;
+  const int qd = lane & 3, g = lane >> 2;
+  const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
+  const uint32_t pool = spm[4 * v + w] >> (16 * c + g);  // bit 8k: key k in the pool
+  const float eo32 = f32_ru_keep_subnormal(eps_out);
+  float al32[2], rh32[2];
 #pragma unroll
-  for (int h = 0; h < (kE + 1) / 2; ++h) {
-    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 4);
-    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 8);
-    bits[h] |= __shfl_xor_sync(0xffffffffu, bits[h], 16);
+  for (int k = 0; k < 2; ++k)
+    al32[k] = f32_of_f32_value(dsa[i0 + 8 * k]), rh32[k] = f32_of_f32_value(dsr[i0 + 8 * k]);
+  // the lane's queries: weights (E·RQ = 32 registers in every build) and constants
+  float W[kE][RQ], C32[kE], er32[kE], tq32[kE];
+  int clo[kE], cw[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+#pragma unroll
+    for (int m = 0; m < kV; ++m) {
+      const float4 a = G.w[(e * kV + m) * 4 + qd];
+      W[e][4 * m] = a.x, W[e][4 * m + 1] = a.y, W[e][4 * m + 2] = a.z, W[e][4 * m + 3] = a.w;
+    }
+    const QInfo& Q = G.q[kE * qd + e];
+    C32[e] = Q.C32, er32[e] = Q.er32, tq32[e] = Q.tq32, clo[e] = Q.clo, cw[e] = Q.cw;
   }
+  float U32[kE][2];
 #pragma unroll
-  for (int e = 0; e < kE; ++e) L.word[e] |= ((bits[e >> 1] >> (16 * (e & 1))) & 0xffffu) << (16 * c);
+  for (int e = 0; e < kE; ++e)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float y[RQ];  // list row i: accumulator 4j + 2k + (i mod 2) of block j = E·(i / 2) + e
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) y[i] = d[4 * (kE * (i >> 1) + e) + 2 * k + (i & 1)];
+      const float uh = u_hat<RQ>(y, [&](int i) { return W[e][i]; });
+      U32[e][k] = guard_bound_ru32(uh, rh32[k], al32[k], C32[e], er32[e], eo32);
+    }
+  uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
+#pragma unroll
+  for (int e = 0; e < kE; ++e)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
+      const bool cand = (unsigned)(x - clo[e]) < (unsigned)cw[e] && !((pool >> (8 * k)) & 1u);
+      const bool p = cand && !less_keep_subnormal(U32[e][k], tq32[e]);
+      bits[e >> 1] |= (p ? 1u : 0u) << (16 * (e & 1) + g + 8 * k);
+    }
+  if (Uout) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const QInfo& Q = G.q[kE * qd + e];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
+        if (x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = (double)U32[e][k];
+      }
+    }
+  }
+  merge_bits<RQ>(bits, c, L);
 }
 
 // The calling warp's part of one query group in the ring build: the two chunks' MMAs on the
@@ -716,7 +806,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false,
+          bool ILP = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
@@ -730,8 +821,13 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
-      epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
-                                  w);
+      if constexpr (ILP) {
+        static_assert(G32 && !TIE, "the interleaved epilogue: the fp32 guard, the plain rule");
+        epilogue_ilp<RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      } else {
+        epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
+                                    w);
+      }
     }
   } else {
     float acc[64];
@@ -948,7 +1044,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false, bool ILP = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -1016,7 +1112,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32>(
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32, ILP>(
         G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
@@ -1051,12 +1147,15 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
 #define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
+#define DOSA_WGT_G32I_CALL(RQ, ...) \
+  screen_wgt_ring<false, RQ, true, false, true, true>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
 #define DOSA_WGT_G32_CALL(RQ, ...)
+#define DOSA_WGT_G32I_CALL(RQ, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1110,7 +1209,8 @@ DOSA_WGT_KERNELS(8)
 // The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
 // screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only —
 // and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard
-// (header "The fp32 guard").
+// (header "The fp32 guard"), and screen_wgt_fp8_ring_rows{32,16,8}_g32i, the fp32 guard's
+// build with the interleaved epilogue (header "The interleaved epilogue").
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
@@ -1129,6 +1229,12 @@ DOSA_WGT_KERNELS(8)
                                          const uint8_t* __restrict__ image) {                 \
     DOSA_WGT_G32_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr,  \
                       image);                                                                 \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_fp8_ring_rows##RQ##_g32i(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,         \
+                                          const uint8_t* __restrict__ image) {                \
+    DOSA_WGT_G32I_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr, \
+                       image);                                                                \
   }
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
