@@ -128,9 +128,11 @@ WGT_FP8 = True
 WGT_GUARD32 = True
 # The fp32 guard's build with the interleaved epilogue (csrc/screen_wgt.cu "The interleaved
 # epilogue": the same U^num and words, each chunk's (key, query) pairs computed as one
-# branch-free run, so their dependent chains overlap); under trial: bench builds=ilp, and
-# ``dosa bench --screen-variants --fp8`` times the two kernels on one launch.
-WGT_ILP = False
+# branch-free run, so their dependent chains overlap): the 8-row kernel 1.13× faster on one
+# captured launch at 1M and 128K keys, H 32 and 64, on an H100 (``dosa bench
+# --screen-variants --fp8``; docs/records/benchmarks.md "The FP8 screen's interleaved
+# epilogue"); bench builds=seqepilogue times the build without it.
+WGT_ILP = True
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:

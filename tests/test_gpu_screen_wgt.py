@@ -621,7 +621,7 @@ def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
         lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
         bad, slack = guard_violations(lg, cp.asarray(st.bounds))
         assert bad == 0, (regime, r, scorer)
-        g = "_g32" if screen.WGT_GUARD32 else ""
+        g = ("_g32i" if screen.WGT_ILP else "_g32") if screen.WGT_GUARD32 else ""
         assert names[-1] == f"screen_wgt_fp8_ring_rows{screen.wgt_rows(r)}{g}", names[-1]
         if regime == "calibrated":
             monkeypatch.setattr(screen, "WGT_FP8", False)

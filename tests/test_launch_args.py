@@ -56,7 +56,9 @@ LAUNCHED = {
                + ["screen_row_constants_fresh"],  # plan.screen_row_constants
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
     "screen_wgt.cu": [f"screen_wgt{b}_rows{n}{t}" for b in ("", "_ring", "_image")  # WGT_SPEC
-                      for n in (32, 16, 8) for t in ("", "_tie")],
+                      for n in (32, 16, 8) for t in ("", "_tie")]
+                     + [f"screen_wgt_fp8_ring_rows{n}{g}" for n in (32, 16, 8)  # FP8 builds
+                        for g in ("", "_g32", "_g32i")],
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages

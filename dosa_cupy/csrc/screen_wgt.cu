@@ -105,7 +105,7 @@
 // value; docs/error_model.md "The fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is
 // written as the double of U32.
 //
-// The interleaved epilogue (screen_wgt_fp8_ring_rows*_g32i; screen.WGT_ILP, under trial;
+// The interleaved epilogue (screen_wgt_fp8_ring_rows*_g32i; screen.WGT_ILP, the default;
 // epilogue_ilp): the fp32 guard's build with each chunk's epilogue written as loads, then the
 // lane's 2·E (key, query) pairs' Û and guards in one branch-free run, then the keep bits,
 // then U^num where Uout is given.  In the _g32 build every pair is one dependent chain of
@@ -115,7 +115,10 @@
 // the FP8 screen's profile on the H100 (docs/records/benchmarks.md, twenty-third session)
 // gives 5.0 cycles per issued instruction with 3 warps per scheduler, the largest stall
 // "wait" (a fixed-latency dependency, 1.03 cycles per instruction).  Each pair's operations
-// and their order are the _g32 build's, so U^num and the words are its bits.
+// and their order are the _g32 build's, so U^num and the words are its bits.  On an H100 the
+// 8-row kernel is 1.13× faster on one captured launch (1M and 128K keys, H 32 and 64): 2.75
+// instructions issued per cycle against 2.56, 4.36 cycles per warp instruction against 4.67
+// (ncu; docs/records/benchmarks.md "The FP8 screen's interleaved epilogue").
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
