@@ -1,7 +1,7 @@
-"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--wgt]
-[--out DIR]``: the screen kernels on one captured launch of a calibrated DoSA call —
-``screen_mt1`` (mma.sync) and builds of the Hopper screen (``csrc/screen_sm90a.cu``:
-warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 after 2
+"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--wgt |
+--fp8 [--r 6|14|30]] [--out DIR]``: the screen kernels on one captured launch of a
+calibrated DoSA call — ``screen_mt1`` (mma.sync) and builds of the Hopper screen
+(``csrc/screen_sm90a.cu``: warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 after 2
 warm-ups) on the same arguments, each build's survivor bitmask compared bitwise with
 ``screen_mt1``'s.  ``--wgt``: the transposed screen instead (``csrc/screen_wgt.cu``, the
 launch of a ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the
@@ -136,6 +136,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--Qn", type=int, default=4096)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="comma list of variant names (default: all)")
+    ap.add_argument("--r", type=int, default=6, choices=(6, 14, 30),
+                    help="--fp8: the plan's retained heads (6: the 8-row build, 14: 16 rows, "
+                    "30: 32 rows)")  # fmt: skip
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--wgt", action="store_true", help="the transposed screen's builds")
     which.add_argument("--fp8", action="store_true", help="the FP8 screen's builds")
@@ -248,18 +251,18 @@ def _wgt_main(a, args_, cp) -> int:
 
 
 def _fp8_main(a, args_, wl, cp) -> int:
-    """``--fp8``: the FP8 build's fp32-guard kernel without the interleaved epilogue
+    """``--fp8``: the FP8 build's fp32-guard kernel of ``--r`` without the interleaved epilogue
     (``screen_wgt_fp8_ring_rows{n}_g32``, whatever ``screen.WGT_ILP`` says) against
     ``FP8_VARIANTS`` on its captured launch (the f64 guard's words differ where the two guards
     fall on either side of τ; the other builds' are compared bitwise).  The MMA work is
-    counted as issued: every block's key tile against every query of its block row, 8 plan
-    rows per query (the 8-row build), 128 dims; the share is of the FP8 rate that
+    counted as issued: every block's key tile against every query of its block row, the
+    build's plan rows per query (8, 16 or 32), 128 dims; the share is of the FP8 rate that
     docs/numerics.md measured on the H200 (1,455 TFLOP/s)."""
     from dosa_cupy import _build, screen
 
     ilp, screen.WGT_ILP = screen.WGT_ILP, False
     try:
-        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=6,
+        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=a.r,
                                                            tie_reject=False)  # fmt: skip
     finally:
         screen.WGT_ILP = ilp
@@ -296,6 +299,7 @@ def _fp8_main(a, args_, wl, cp) -> int:
     # the default again after the variants (a drift of the clocks shows here)
     res["default_again_ms"] = _median_ms(cp, lambda: f(grid, block, kargs, shared_mem=smem))
     print(f"{name} (default build, again) {res['default_again_ms']:.2f} ms")
-    _write(a.out, f"screen_variants_fp8_H{a.H}_N{a.N}.json", res)
+    res["r"] = a.r
+    _write(a.out, f"screen_variants_fp8_H{a.H}_N{a.N}_r{a.r}.json", res)
     exact = [v for n, v in res["variants"].items() if n != "f64"]
     return 0 if all(v["survivors_equal"] for v in exact) else 1
