@@ -1,18 +1,17 @@
-"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--wgt |
---fp8 [--r 6|14|30]] [--out DIR]``: the screen kernels on one captured launch of a
-calibrated DoSA call — ``screen_mt1`` (mma.sync) and builds of the Hopper screen
-(``csrc/screen_sm90a.cu``: warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 after 2
-warm-ups) on the same arguments, each build's survivor bitmask compared bitwise with
-``screen_mt1``'s.  ``--wgt``: the transposed screen instead (``csrc/screen_wgt.cu``, the
-launch of a ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the
-builds of ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block, the ring
-build — its image kernel and the screen timed together), each compared bitwise with the
-default's words.  ``--fp8``: the FP8 build's fp32-guard kernel (``screen="wgt"``, r = 6, its
-captured launch, the group images built by the call) against its builds of ``FP8_VARIANTS``
-on the same arguments, with the MMA work's rate and its share of the FP8 tensor-core rate.
-Method: docs/benchmark_method.md; records:
-docs/records/benchmarks.md "Hopper screen" and the nineteenth session's section.
-"""
+"""``dosa bench --screen-variants [--H 32] [--N 1048576] [--Qn 4096] [--only A,B] [--wgt | --fp8
+[--r 6|14|30]] [--out DIR]``: the screen kernels on one captured launch of a calibrated DoSA
+call — ``screen_mt1`` (mma.sync) and builds of the Hopper screen (``csrc/screen_sm90a.cu``:
+warpgroups per block, fp32 pre-test) — timed with CUDA events (median of 10 after 2 warm-ups) on
+the same arguments, each build's survivor bitmask compared bitwise with ``screen_mt1``'s.
+``--wgt``: the transposed screen instead (``csrc/screen_wgt.cu``, the launch of a
+``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the builds of
+``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block, the ring build — its
+image kernel and the screen timed together), each compared bitwise with the default's words.
+``--fp8``: the FP8 build's fp32-guard kernel (``screen="wgt"``, r = ``--r``, its captured launch, the
+group images built by the call) against its builds of ``FP8_VARIANTS`` on the same arguments,
+with the MMA work's rate and its share of the FP8 tensor-core rate. Method:
+docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen" and the nineteenth
+session's section."""
 
 from __future__ import annotations
 
