@@ -7,8 +7,8 @@ the same arguments, each build's survivor bitmask compared bitwise with ``screen
 ``screen="wgt"``, r = 6 call: its 8-row build) — the default build and the builds of
 ``WGT_VARIANTS`` (staging, accumulators, warpgroups, queries per block, the ring build — its
 image kernel and the screen timed together), each compared bitwise with the default's words.
-``--fp8``: the FP8 build's fp32-guard kernel (``screen="wgt"``, r = ``--r``, its captured launch, the
-group images built by the call) against its builds of ``FP8_VARIANTS`` on the same arguments,
+``--fp8``: the FP8 build's fp32-guard kernel (``screen="wgt"``, r = ``--r``, its captured launch,
+the group images built by the call) against its builds of ``FP8_VARIANTS`` on the same arguments,
 with the MMA work's rate and its share of the FP8 tensor-core rate. Method:
 docs/benchmark_method.md; records: docs/records/benchmarks.md "Hopper screen" and the nineteenth
 session's section."""
