@@ -126,13 +126,6 @@ WGT_FP8 = True
 # fp32 guard and the seeds' side stream switched on"); bench builds=guard64 times the fp64
 # guard.
 WGT_GUARD32 = True
-# The fp32 guard's build with the interleaved epilogue (csrc/screen_wgt.cu "The interleaved
-# epilogue": the same U^num and words, each chunk's (key, query) pairs computed as one
-# branch-free run, so their dependent chains overlap): the 8-row kernel 1.13× faster on one
-# captured launch at 1M and 128K keys, H 32 and 64, on an H100 (``dosa bench
-# --screen-variants --fp8``; docs/records/benchmarks.md "The FP8 screen's interleaved
-# epilogue"); bench builds=seqepilogue times the build without it.
-WGT_ILP = True
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -495,7 +488,7 @@ class ScreenLaunch:
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
             if plan.screen == "fp8_fresh":  # the FP8 build: a ring build (header of the file)
                 name, smem = f"screen_wgt_fp8_ring_rows{nrow}", wgt_ring_smem_bytes(nrow, True)
-                name += ("_g32i" if WGT_ILP else "_g32") if WGT_GUARD32 else ""
+                name += "_g32" if WGT_GUARD32 else ""
                 return cls(name, grid, smem, args, wgt=True, ring=nrow, fp8=True)
             if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow
                 name, smem = f"screen_wgt_ring_rows{nrow}{suffix}", wgt_ring_smem_bytes(nrow)

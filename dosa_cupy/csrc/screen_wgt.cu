@@ -105,20 +105,17 @@
 // value; docs/error_model.md "The fp32 guard"), the words {candidates with U32 ≥ τ}; U^num is
 // written as the double of U32.
 //
-// The interleaved epilogue (screen_wgt_fp8_ring_rows*_g32i; screen.WGT_ILP, the default;
-// epilogue_ilp): the fp32 guard's build with each chunk's epilogue written as loads, then the
-// lane's 2·E (key, query) pairs' Û and guards in one branch-free run, then the keep bits,
-// then U^num where Uout is given.  In the _g32 build every pair is one dependent chain of
-// about twelve fp32 operations (a product, six fmaf, the guard's five rounded-up steps: the
-// cuobjdump of rows8 shows them back to back), and the test of Uout before each pair's
-// store splits the pairs into separate blocks, so a warp waits out each operation's latency:
-// the FP8 screen's profile on the H100 (docs/records/benchmarks.md, twenty-third session)
-// gives 5.0 cycles per issued instruction with 3 warps per scheduler, the largest stall
-// "wait" (a fixed-latency dependency, 1.03 cycles per instruction).  Each pair's operations
-// and their order are the _g32 build's, so U^num and the words are its bits.  On an H100 the
-// 8-row kernel is 1.13× faster on one captured launch (1M and 128K keys, H 32 and 64): 2.75
-// instructions issued per cycle against 2.56, 4.36 cycles per warp instruction against 4.67
-// (ncu; docs/records/benchmarks.md "The FP8 screen's interleaved epilogue").
+// The interleaved epilogue (epilogue_g32, the fp32 guard's kernels): each chunk's epilogue
+// as loads, then the lane's 2·E (key, query) pairs' Û and guards in one branch-free run, then
+// the keep bits, then U^num where Uout is given.  Written as the fp64 guard's epilogue is —
+// each pair its Û, guard and keep test in turn, U^num stored under a test of Uout — every pair
+// is one dependent chain of about twelve fp32 operations (a product, six fmaf, the guard's
+// five rounded-up steps; the cuobjdump of rows8 showed them back to back) and the tests split
+// the pairs into separate blocks, so a warp waits out each operation's latency.  The same
+// operations in the same order per pair, so the same U^num and words; on an H100 the 8-row
+// kernel 1.13× faster (16.96 → 15.01 ms at 1M keys, H 64, one captured launch; 2.75
+// instructions issued per cycle against 2.56), the 16- and 32-row ones 1.055× and 1.036×
+// (docs/records/benchmarks.md "The FP8 screen's interleaved epilogue").
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -645,14 +642,13 @@ __device__ __forceinline__ void merge_bits(uint32_t (&bits)[(Rows<RQ>::kE + 1) /
 // The epilogue of chunk c of the calling warp: Û (header), the guard and the keep rule for
 // the lane's keys 128v + 32w + 16c + g + 8k (k = 0, 1) and queries E·qd + e, U^num into Uout
 // (visible keys) and the survivor bits into L.word.
-template <bool TIE, int RQ, bool ABS = false, bool G32 = false>
+template <bool TIE, int RQ, bool ABS = false>
 __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Group<RQ>& G,
                                          const double* dsa, const double* dsr,
                                          const uint32_t* spm, Lane<RQ>& L, double eps_out,
                                          long long N, long long n0, double* __restrict__ Uout,
                                          int lane, int v, int w) {
   using L_ = Rows<RQ>;
-  static_assert(!G32 || !TIE, "the fp32 guard: the plain rule (the FP8 build)");
   constexpr int kE = L_::kE, kV = L_::kV;
   const int qd = lane & 3, g = lane >> 2;
   const int i0 = 128 * v + 32 * w + 16 * c + g;  // tile offset of the lane's key k = 0
@@ -660,15 +656,6 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   double al[2], rh[2];
 #pragma unroll
   for (int k = 0; k < 2; ++k) al[k] = dsa[i0 + 8 * k], rh[k] = dsr[i0 + 8 * k];
-  // G32: the keys' α and ρ as the fp32 values they are (exact conversions, once per chunk),
-  // ε_out rounded up (the image holds the query's constants: stage_group)
-  [[maybe_unused]] float al32[2] = {}, rh32[2] = {}, eo32 = 0.f;
-  if constexpr (G32) {
-    eo32 = f32_ru_keep_subnormal(eps_out);
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      al32[k] = f32_of_f32_value(al[k]), rh32[k] = f32_of_f32_value(rh[k]);
-  }
   uint32_t bits[(kE + 1) / 2] = {};  // bit 16(e mod 2) + g + 8k of bits[e / 2]: key k, query E·qd + e
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
@@ -700,20 +687,10 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       // the store and the candidate test in each branch, in the default's order: taken out of
       // the branches (U < τ decided first) they change the machine code of every default
       // build, which the records measured (python -m dosa_cupy.sass --compare)
-      double U;
-      bool plain;  // vis && !seed, U ≥ τ
-      if constexpr (G32) {
-        const float U32 = guard_bound_ru32(uh, rh32[k], al32[k], Q.C32, Q.er32, eo32);
-        U = (double)U32;
-        if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
-        const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
-        plain = cand && !less_keep_subnormal(U32, Q.tq32);
-      } else {
-        U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
-        if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
-        const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
-        plain = cand && !(U < Q.tq);
-      }
+      const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
+      if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
+      const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
+      const bool plain = cand && !(U < Q.tq);  // vis && !seed, U ≥ τ
       bool pl = false;  // TIE: a certified zero-plateau key (every positive row's test holds)
       if constexpr (TIE) {  // the coefficients read where used: registers are the budget
         float miss = 0.f;
@@ -733,14 +710,12 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
   merge_bits<RQ>(bits, c, L);
 }
 
-// The fp32 guard's epilogue with the lane's pairs interleaved (G32, the plain rule; header
-// "The interleaved epilogue"): epilogue<false, RQ, ABS, true>'s values, words and U^num bit
-// for bit — every pair's Û, guard and keep test are the same operations in the same order —
-// with the loads first, then the 2·E pairs' Û and guards as one run without a branch (the
-// chains independent, so the scheduler can interleave them), then the keep bits, and U^num
-// stored after them where Uout is given.
+// The fp32 guard's epilogue (G32, the plain rule; header "The fp32 guard", "The interleaved
+// epilogue"): the loads first, then the lane's 2·E pairs' Û and guards as one run without a
+// branch (independent chains, so the scheduler interleaves them), then the keep bits, and
+// U^num stored after them where Uout is given.
 template <int RQ, bool ABS>
-__device__ __forceinline__ void epilogue_ilp(const float (&d)[64], int c, const Group<RQ>& G,
+__device__ __forceinline__ void epilogue_g32(const float (&d)[64], int c, const Group<RQ>& G,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, Lane<RQ>& L, double eps_out,
                                              long long N, long long n0,
@@ -809,8 +784,7 @@ __device__ __forceinline__ void epilogue_ilp(const float (&d)[64], int c, const 
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false,
-          bool ILP = false>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
@@ -824,12 +798,11 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
-      if constexpr (ILP) {
-        static_assert(G32 && !TIE, "the interleaved epilogue: the fp32 guard, the plain rule");
-        epilogue_ilp<RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
+      if constexpr (G32) {
+        static_assert(!TIE, "the fp32 guard: the plain rule (the FP8 build)");
+        epilogue_g32<RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
       } else {
-        epilogue<TIE, RQ, ABS, G32>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v,
-                                    w);
+        epilogue<TIE, RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
       }
     }
   } else {
@@ -1047,7 +1020,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false, bool ILP = false>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -1115,7 +1088,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32, ILP>(
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32>(
         G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
@@ -1150,15 +1123,12 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
 #define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
-#define DOSA_WGT_G32I_CALL(RQ, ...) \
-  screen_wgt_ring<false, RQ, true, false, true, true>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
 #define DOSA_WGT_G32_CALL(RQ, ...)
-#define DOSA_WGT_G32I_CALL(RQ, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1211,9 +1181,8 @@ DOSA_WGT_KERNELS(8)
 
 // The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
 // screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only —
-// and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard
-// (header "The fp32 guard"), and screen_wgt_fp8_ring_rows{32,16,8}_g32i, the fp32 guard's
-// build with the interleaved epilogue (header "The interleaved epilogue").
+// and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard and its
+// interleaved epilogue (headers "The fp32 guard", "The interleaved epilogue").
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
@@ -1232,12 +1201,6 @@ DOSA_WGT_KERNELS(8)
                                          const uint8_t* __restrict__ image) {                 \
     DOSA_WGT_G32_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr,  \
                       image);                                                                 \
-  }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
-      screen_wgt_fp8_ring_rows##RQ##_g32i(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,         \
-                                          const uint8_t* __restrict__ image) {                \
-    DOSA_WGT_G32I_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr, \
-                       image);                                                                \
   }
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
