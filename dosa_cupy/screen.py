@@ -126,6 +126,10 @@ WGT_FP8 = True
 # fp32 guard and the seeds' side stream switched on"); bench builds=guard64 times the fp64
 # guard.
 WGT_GUARD32 = True
+# The fp32 guard's kernels with the pipelined halves (csrc/screen_wgt.cu "The pipelined
+# halves": one half's adds under the other half's step, the same values); under trial, not
+# measured yet: bench builds=pipe, ``dosa bench --screen-variants --fp8`` (variant g32p).
+WGT_PIPE = False
 
 
 def screen_arith(screen: str, tie: bool | None) -> str:
@@ -488,7 +492,7 @@ class ScreenLaunch:
             grid = ((b.N + WGT_TILE - 1) // WGT_TILE, (b.Qn + qg - 1) // qg)
             if plan.screen == "fp8_fresh":  # the FP8 build: a ring build (header of the file)
                 name, smem = f"screen_wgt_fp8_ring_rows{nrow}", wgt_ring_smem_bytes(nrow, True)
-                name += "_g32" if WGT_GUARD32 else ""
+                name += ("_g32p" if WGT_PIPE else "_g32") if WGT_GUARD32 else ""
                 return cls(name, grid, smem, args, wgt=True, ring=nrow, fp8=True)
             if WGT_RING:  # whole groups per block: WGT_QG is a multiple of 128 / nrow
                 name, smem = f"screen_wgt_ring_rows{nrow}{suffix}", wgt_ring_smem_bytes(nrow)

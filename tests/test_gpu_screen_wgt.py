@@ -154,15 +154,17 @@ def _exact(op):
 
 
 def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG, ring=False,
-            fp8=False, barrier=False, g32=False, uout=True):  # fmt: skip
+            fp8=False, barrier=False, g32=False, pipe=False, uout=True):  # fmt: skip
     """One launch of screen_wgt_rows{nrow}[_tie] with ``qg`` queries per block row (the
     kernel takes any QG ≥ 1; a small one gives several block rows) — or, ``ring``, of the
     ring build: screen_wgt_image_rows{nrow}[_tie], then screen_wgt_ring_rows{nrow}[_tie]
     (QG a multiple of the build's 128 / nrow queries per group); ``fp8``: the FP8 build's
     pair, screen_wgt_fp8_image_rows{nrow} and screen_wgt_fp8_ring_rows{nrow} (plain rule);
     ``barrier``: the ring kernel's racecheck control (``..._ring_rows8_barrier``); ``g32``:
-    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``); ``uout`` False: no
-    Uout (a null pointer, as the pipeline launches it; U comes back all NaN)."""
+    the FP8 build's fp32 guard (``screen_wgt_fp8_ring_rows{nrow}_g32``); ``pipe``: its
+    pipelined halves (``..._g32p``); ``uout`` False: no Uout (a null pointer, as the pipeline
+    launches it; U comes back all NaN)."""
+    g32 = g32 or pipe
     fp8 = fp8 or g32
     ring = ring or fp8 or barrier
     Qn, N = op["om"].shape[0], op["kp"].shape[0]
@@ -188,7 +190,7 @@ def _launch(op, tau, eps_out, tie, kj=None, zrow=None, nrow=16, qg=screen.WGT_QG
         img = _build.kernel(f"screen_wgt{f}_image_rows{nrow}{t}", 0, screen.WGT_SPEC)
         img((groups,), (screen.WGT_THREADS,), args + (image,))
         name, smem = f"screen_wgt{f}_ring_rows{nrow}{t}", screen.wgt_ring_smem_bytes(nrow, fp8)
-        name += "_barrier" if barrier else "_g32" if g32 else ""
+        name += "_barrier" if barrier else "_g32p" if pipe else "_g32" if g32 else ""
         args += (image,)
     else:
         name, smem = f"screen_wgt_rows{nrow}{t}", screen.wgt_smem_bytes(nrow)
@@ -512,6 +514,24 @@ def test_wgt_fp8_guard32_words_without_uout(seed, nrow, qg):
     assert np.array_equal(bare, ref[0]) and np.all(np.isnan(Unull)), "no Uout"
 
 
+@_fp8_kernel_cases
+def test_wgt_fp8_pipe_kernel_equals_g32(seed, nrow, qg):
+    """The pipelined halves (screen.WGT_PIPE; csrc/screen_wgt.cu "The pipelined halves"):
+    U^num and the survivor words bit for bit the fp32 guard's kernel's, with Uout and without
+    it; repeated launches bit for bit (a race between a half's adds and the other half's step
+    would move them)."""
+    op, N, _, _, tau = _fp8_case(np.random.RandomState(30 + seed), seed, nrow)
+    tau[6] = np.float32(2.0**-140)
+    eps_out = 2.0**-130
+    ref = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, g32=True)
+    surv, U, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, pipe=True)
+    assert np.array_equal(surv, ref[0]), "survivor words"
+    assert np.array_equal(U.view(np.uint8), ref[1].view(np.uint8)), "U^num"
+    bare, Unull, _ = _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, pipe=True, uout=False)
+    assert np.array_equal(bare, ref[0]) and np.all(np.isnan(Unull)), "no Uout"
+    _assert_repeats(surv, U, lambda: _launch(op, tau, eps_out, False, nrow=nrow, qg=qg, pipe=True))
+
+
 def _fp8_case(rs, seed, nrow):
     """Synthetic operands of the FP8 build's kernel tests (203 queries, 1000 + 37·seed keys,
     the build's retained heads): (op, N, (α, ρ, C, ε_raw) broadcast as float64 rows and
@@ -540,12 +560,15 @@ def _assert_repeats(surv, U, launch):
 @pytest.mark.parametrize("r", [6, 14, 30])
 @needs_sm90a
 @gpu
-@pytest.mark.parametrize("g32", [True, False], ids=["g32", "f64"])
-def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32):
+@pytest.mark.parametrize(
+    "g32,pipe", [(True, False), (True, True), (False, False)], ids=["g32", "g32p", "f64"]
+)
+def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32, pipe):
     """Either guard of the FP8 build through the pipeline (screen.WGT_GUARD32, the fp32 one
-    by default): ids == the dense route's on the calibrated and h64 regimes, and the kernel of
-    that guard ran."""
+    by default; ``g32p``: its pipelined halves, screen.WGT_PIPE): ids == the dense route's on
+    the calibrated and h64 regimes, and the kernel of that build ran."""
     monkeypatch.setattr(screen, "WGT_GUARD32", g32)
+    monkeypatch.setattr(screen, "WGT_PIPE", pipe)
     names = []
     real = screen.kernel
     monkeypatch.setattr(screen, "kernel", lambda n, *a, **k: names.append(n) or real(n, *a, **k))
@@ -555,7 +578,7 @@ def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32):
                                   scorer="fp8")  # fmt: skip
         assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8")), (regime, r)
     ring = [n for n in names if "_fp8_ring_" in n]
-    end = "_g32" if g32 else ""
+    end = "_g32p" if pipe else "_g32" if g32 else ""
     assert ring and all(re.fullmatch(rf"screen_wgt_fp8_ring_rows\d+{end}", n) for n in ring), names
 
 
@@ -611,7 +634,7 @@ def test_wgt_fp8_ids_equal_dense(monkeypatch, r, scorer):
         lg = dosa_cupy.dense_logits(*a[:4], a[5], a[6], scorer=scorer)
         bad, slack = guard_violations(lg, cp.asarray(st.bounds))
         assert bad == 0, (regime, r, scorer)
-        g = "_g32" if screen.WGT_GUARD32 else ""
+        g = ("_g32p" if screen.WGT_PIPE else "_g32") if screen.WGT_GUARD32 else ""
         assert names[-1] == f"screen_wgt_fp8_ring_rows{screen.wgt_rows(r)}{g}", names[-1]
         if regime == "calibrated":
             monkeypatch.setattr(screen, "WGT_FP8", False)

@@ -58,7 +58,7 @@ LAUNCHED = {
     "screen_wgt.cu": [f"screen_wgt{b}_rows{n}{t}" for b in ("", "_ring", "_image")  # WGT_SPEC
                       for n in (32, 16, 8) for t in ("", "_tie")]
                      + [f"screen_wgt_fp8_ring_rows{n}{g}" for n in (32, 16, 8)  # FP8 builds
-                        for g in ("", "_g32")],
+                        for g in ("", "_g32", "_g32p")],
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
@@ -496,13 +496,15 @@ def test_the_emulations_check_agrees(case):
         check_args("cert_clear_below_tau", BAD[case][0], types_)
 
 
-# (rows, tie, fp8): the ring builds, then the FP8 ones (plain rule)
-WGT_RING_BUILDS = [(rows, tie, fp8) for rows in (8, 16, 32) for tie, fp8 in
-                   ((False, False), (True, False), (False, True))]  # fmt: skip
+# (rows, tie, fp8, pipe): the ring builds, then the FP8 ones (plain rule), the FP8 ones with
+# the pipelined halves (screen.WGT_PIPE)
+WGT_RING_BUILDS = [(rows, tie, fp8, pipe) for rows in (8, 16, 32) for tie, fp8, pipe in
+                   ((False, False, False), (True, False, False), (False, True, False),
+                    (False, True, True))]  # fmt: skip
 
 
-@pytest.mark.parametrize("rows,tie,fp8", WGT_RING_BUILDS)
-def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
+@pytest.mark.parametrize("rows,tie,fp8,pipe", WGT_RING_BUILDS)
+def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8, pipe):
     """The ring build of screen="wgt" (screen.WGT_RING) and its FP8 build (a plan built for
     the "fp8_fresh" dots, whatever WGT_RING says): ``ScreenLaunch.of`` names the ring kernel
     of the plan's width with its shared memory, and its call launches the image kernel (one
@@ -523,6 +525,7 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     monkeypatch.setattr(S, "kernel", kernel)
     monkeypatch.setattr(S, "cupy_or_raise", numpy_as_cupy)
     monkeypatch.setattr(S, "WGT_RING", not fp8)
+    monkeypatch.setattr(S, "WGT_PIPE", pipe)
     Qn, N, mts = 37, 1000, 2 if rows == 32 else 1
     z = np.zeros
     b = types.SimpleNamespace(Qn=Qn, N=N, kp=z((N, 128), np.uint8), ksc=z(N, np.float32),
@@ -540,7 +543,8 @@ def test_wgt_ring_launches_pass_the_check(monkeypatch, rows, tie, fp8):
     zrow = z((Qn, 16 * mts), np.float32) if tie else None
     launch = S.ScreenLaunch.of(b, plan, seeds, z(N, np.float32), "wgt", False, zrow)
     t, f = "_tie" if tie else "", "_fp8" if fp8 else ""
-    g = "_g32" if fp8 and S.WGT_GUARD32 else ""  # the FP8 build's guard (screen.WGT_GUARD32)
+    # the FP8 build's guard (screen.WGT_GUARD32) and its pipelined halves (WGT_PIPE)
+    g = ("_g32p" if pipe else "_g32") if fp8 and S.WGT_GUARD32 else ""
     assert launch.name == f"screen_wgt{f}_ring_rows{rows}{t}{g}" and launch.ring == rows
     assert launch.smem == S.wgt_ring_smem_bytes(rows, fp8) <= 227 * 1024
     surv = z((Qn, (N + 31) // 32), np.uint32)

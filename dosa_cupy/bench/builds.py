@@ -31,6 +31,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          waits for its tie flag before it is planned
     guard64     screen.WGT_GUARD32 = False  the FP8 screen's guard in fp64 (not the fp32
                                          one rounded up)
+    pipe        screen.WGT_PIPE = True  the FP8 screen's fp32-guard kernels with the pipelined
+                                         halves (under trial)
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
@@ -71,6 +73,7 @@ BUILDS = {
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard64": ("screen", "WGT_GUARD32", False),
+    "pipe": ("screen", "WGT_PIPE", True),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
     "onestream": ("seeds", "SIDE_STREAM", False),

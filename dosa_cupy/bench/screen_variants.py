@@ -53,8 +53,9 @@ WGT_VARIANTS = {
     "ring_qg768": ((), 3, 768, True),
 }
 
-# name → the kernel's suffix (screen_wgt.cu's FP8 ring builds): the fp64 guard
-FP8_VARIANTS = {"f64": ""}
+# name → the kernel's suffix (screen_wgt.cu's FP8 ring builds): the fp32 guard's kernel with
+# the pipelined halves (under trial), the fp64 guard
+FP8_VARIANTS = {"g32p": "_g32p", "f64": ""}
 
 
 def wgt_words_bytes(defines, rows: int, tile_keys: int) -> int:
@@ -250,7 +251,8 @@ def _wgt_main(a, args_, cp) -> int:
 
 def _fp8_main(a, args_, wl, cp) -> int:
     """``--fp8``: the FP8 build's fp32-guard kernel of ``--r``
-    (``screen_wgt_fp8_ring_rows{n}_g32``) against ``FP8_VARIANTS`` on its captured launch (the
+    (``screen_wgt_fp8_ring_rows{n}_g32``, whatever ``screen.WGT_PIPE`` says) against
+    ``FP8_VARIANTS`` on its captured launch (the
     f64 guard's words differ where the two guards fall on either side of τ; any other build's
     are compared bitwise).  The MMA work is
     counted as issued: every block's key tile against every query of its block row, the
@@ -258,8 +260,12 @@ def _fp8_main(a, args_, wl, cp) -> int:
     docs/numerics.md measured on the H200 (1,455 TFLOP/s)."""
     from dosa_cupy import _build, screen
 
-    f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=a.r,
-                                                       tie_reject=False)  # fmt: skip
+    pipe, screen.WGT_PIPE = screen.WGT_PIPE, False
+    try:
+        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=a.r,
+                                                           tie_reject=False)  # fmt: skip
+    finally:
+        screen.WGT_PIPE = pipe
     if not name.endswith("_g32"):
         raise ValueError(f"--fp8: the call screened with {name}, not the FP8 build's fp32 guard")
     surv = kargs[SURV]

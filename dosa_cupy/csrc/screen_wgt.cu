@@ -116,6 +116,14 @@
 // kernel 1.13× faster (16.96 → 15.01 ms at 1M keys, H 64, one captured launch; 2.75
 // instructions issued per cycle against 2.56), the 16- and 32-row ones 1.055× and 1.036×
 // (docs/records/benchmarks.md "The FP8 screen's interleaved epilogue").
+//
+// The pipelined halves (screen_wgt_fp8_ring_rows{16,8}_g32p; screen.WGT_PIPE, under trial;
+// chunk_fp8_pipe): the fp32 guard's kernels with each chunk's fresh steps issued as two halves
+// of 64 columns (m64n64, as the 32-row build's) whose steps overlap the other half's adds:
+// the _g32 build issues steps 0 and 1, waits, adds, issues step 2, waits, adds, issues step 3,
+// waits and adds — three waits per chunk with nothing of the warp's own to do under them; here
+// the warp adds one half while the other half's next step runs, with the same registers (d
+// and one buffer of 64) and the same values in them, bit for bit.  Not measured yet.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
@@ -580,6 +588,62 @@ __device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[HALVES ? 32
   }
 }
 
+// The FP8 build's dots of one chunk with the halves in a pipeline (PIPE; header "The
+// pipelined halves"): the values of chunk_fp8<false> in the same registers — each column's
+// dot the same four fresh steps added in k order, ((x_0 + x_1) + x_2) + x_3, as m64n64 steps
+// on the 64 N rows of half h into d[32h ..] (chunk_fp8<true>'s halves) — with the two halves'
+// steps 0 and 1 in one commit group, and then each half's next step issued as soon as its
+// buffer is added, so that one half's adds run while the other half's step is in flight.
+__device__ __forceinline__ void chunk_fp8_pipe(float (&d)[64], float (&x)[64], uint32_t a,
+                                               uint32_t b) {
+  float(&d0)[32] = *reinterpret_cast<float(*)[32]>(&d[0]);
+  float(&d1)[32] = *reinterpret_cast<float(*)[32]>(&d[32]);
+  float(&x0)[32] = *reinterpret_cast<float(*)[32]>(&x[0]);
+  float(&x1)[32] = *reinterpret_cast<float(*)[32]>(&x[32]);
+  const uint64_t da = desc_sw128(a), db0 = desc_sw128(b), db1 = desc_sw128(b + 64 * 128);
+  auto add = [](float(&acc)[32], float(&y)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc[e] = acc[e] + y[e];
+  };
+  pin(d);
+  pin(x);
+  fence();
+  fp8::mma_e4m3<64>(d0, da, db0, 0);
+  fp8::mma_e4m3<64>(x0, da + 2, db0 + 2, 0);
+  fp8::mma_e4m3<64>(d1, da, db1, 0);
+  fp8::mma_e4m3<64>(x1, da + 2, db1 + 2, 0);
+  commit();
+  wait<0>();
+  pin(d);
+  pin(x);
+  add(d0, x0);  // x_0 + x_1, half 0
+  fence();
+  fp8::mma_e4m3<64>(x0, da + 4, db0 + 4, 0);  // step 2, half 0
+  commit();
+  add(d1, x1);  // x_0 + x_1, half 1, under half 0's step 2
+  fence();
+  fp8::mma_e4m3<64>(x1, da + 4, db1 + 4, 0);  // step 2, half 1
+  commit();
+  wait<1>();
+  pin(x0);
+  add(d0, x0);  // + x_2, half 0, under half 1's step 2
+  fence();
+  fp8::mma_e4m3<64>(x0, da + 6, db0 + 6, 0);  // step 3, half 0
+  commit();
+  wait<1>();
+  pin(x1);
+  add(d1, x1);  // + x_2, half 1, under half 0's step 3
+  fence();
+  fp8::mma_e4m3<64>(x1, da + 6, db1 + 6, 0);  // step 3, half 1
+  commit();
+  wait<1>();
+  pin(x0);
+  add(d0, x0);  // + x_3, half 0, under half 1's step 3
+  wait<0>();
+  pin(x1);
+  add(d1, x1);  // + x_3, half 1
+}
+
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
 // words (bits of chunk c at 16c..16c+15, valid in every lane after the butterfly) and — TIE —
 // the keys the strict rule keeps and the tie-aware rule rejects.  (Their QInfo stays in
@@ -784,7 +848,8 @@ __device__ __forceinline__ void epilogue_g32(const float (&d)[64], int c, const 
 // inline with the next group's staging after chunk 0's MMAs are issued (written there, its
 // machine code is the one the GPU has measured: as a call with the staging passed in, ptxas
 // allocates 3 more registers, and the 32-row build spills).
-template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false>
+template <bool TIE, int RQ, bool ABS, bool TWO, bool FP8 = false, bool G32 = false,
+          bool PIPE = false>
 __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_addr, Lane<RQ>& L,
                                              const double* dsa, const double* dsr,
                                              const uint32_t* spm, double eps_out, long long N,
@@ -797,7 +862,10 @@ __device__ __forceinline__ void screen_group(const Group<RQ>& G, uint32_t sk_add
     float acc[64], x[RQ == 32 ? 32 : 64];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      chunk_fp8<RQ == 32>(acc, x, sk_addr + 128 * (128 * v + 64 * c), rows_addr);
+      // (the 32-row build keeps its halves in turn: its registers do not hold a second 32)
+      const uint32_t a = sk_addr + 128 * (128 * v + 64 * c);
+      if constexpr (PIPE && RQ != 32) chunk_fp8_pipe(acc, x, a, rows_addr);
+      else chunk_fp8<RQ == 32>(acc, x, a, rows_addr);
       if constexpr (G32) {
         static_assert(!TIE, "the fp32 guard: the plain rule (the FP8 build)");
         epilogue_g32<RQ, ABS>(acc, c, G, dsa, dsr, spm, L, eps_out, N, n0, Uout, lane, v, w);
@@ -1020,7 +1088,7 @@ __device__ __forceinline__ void screen_wgt_image(SCREEN_WG_PARAMS_IN, const int*
 // fresh-step dots (header "The FP8 build"), the plain rule only.  BARRIER: the racecheck
 // control (screen_wgt[_fp8]_ring_rows8_barrier, tests only) — a block barrier after each
 // group, then thread 0 refills the slot: the ordering racecheck models, the same words.
-template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false>
+template <bool TIE, int RQ, bool FP8, bool BARRIER = false, bool G32 = false, bool PIPE = false>
 __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* __restrict__ kj,
                                                 const float* __restrict__ zrow,
                                                 SCREEN_WG_PARAMS_KEYS,
@@ -1088,7 +1156,7 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
     const Group<RQ> G = Group<RQ>::image(slots + s * R_::kSlotBytes, R_::kPanels);
     Lane<RQ> L;
     // the 32-row build in turn: with the ring's state, two accumulators would spill
-    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32>(
+    screen_group<TIE, RQ, true, TwoAcc<TIE>::value && RQ != 32, FP8, G32, PIPE>(
         G, sk_addr, L, dsa, dsr, spm, eps_out, N, n0, Uout, lane, v, w);
     store_words<RQ>(G, L, surv, NW, n0, nb, 4 * v + w, lane);
     add_ties<TIE, RQ>(G, L, tcnt, lane);
@@ -1123,12 +1191,15 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
 #define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
+#define DOSA_WGT_G32P_CALL(RQ, ...) \
+  screen_wgt_ring<false, RQ, true, false, true, true>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
 #define DOSA_WGT_G32_CALL(RQ, ...)
+#define DOSA_WGT_G32P_CALL(RQ, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1182,7 +1253,9 @@ DOSA_WGT_KERNELS(8)
 // The FP8 build (header "The FP8 build"): screen_wgt_fp8_image_rows{32,16,8}, then
 // screen_wgt_fp8_ring_rows{32,16,8} — the ring kernels' parameter lists, the plain rule only —
 // and screen_wgt_fp8_ring_rows{32,16,8}_g32, the same with the fp32 guard and its
-// interleaved epilogue (headers "The fp32 guard", "The interleaved epilogue").
+// interleaved epilogue (headers "The fp32 guard", "The interleaved epilogue"), and
+// screen_wgt_fp8_ring_rows{32,16,8}_g32p, those with the pipelined halves (header "The
+// pipelined halves"; the 32-row one the _g32 kernel's code).
 #define DOSA_WGT_FP8_KERNELS(RQ)                                                              \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,                \
@@ -1201,6 +1274,12 @@ DOSA_WGT_KERNELS(8)
                                          const uint8_t* __restrict__ image) {                 \
     DOSA_WGT_G32_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr,  \
                       image);                                                                 \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
+      screen_wgt_fp8_ring_rows##RQ##_g32p(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,         \
+                                          const uint8_t* __restrict__ image) {                \
+    DOSA_WGT_G32P_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr, \
+                       image);                                                                \
   }
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
