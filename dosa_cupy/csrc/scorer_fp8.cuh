@@ -64,6 +64,66 @@ __device__ __forceinline__ void fresh_steps(float (&acc)[N / 2], float (&x)[N / 
   }
 }
 
+// fresh_steps' values in the same registers with the tile's two halves of N/2 columns in a
+// pipeline (screen_wgt.cu "The pipelined halves"; a lean dense-logits build with it spilled
+// 8 bytes under NVRTC at the consumers' 160 registers, so none is built): each half's steps
+// as m64n(N/2) MMAs — half h's columns N/2·h + 8j + 2qd + e in acc[N/4·h ..], the
+// registers of the m64nN accumulator (ptx_sm90a.cuh acc_col; a column's bits do not depend on
+// N, the probe's position checks) — on B operands db0 and db1 (half 1's rows); both halves'
+// steps 0 and 1 in one group, then each half's next step issued as soon as its buffer is
+// added, so one half's adds run while the other half's step is in flight.  Per value the same
+// ((x0 + x1) + x2) + x3.
+template <int N>
+__device__ __forceinline__ void fresh_steps_pipe(float (&acc)[N / 2], float (&x)[N / 2],
+                                                 uint64_t da, uint64_t db0, uint64_t db1) {
+  constexpr int Q = N / 4;  // accumulators of a half
+  float(&d0)[Q] = *reinterpret_cast<float(*)[Q]>(&acc[0]);
+  float(&d1)[Q] = *reinterpret_cast<float(*)[Q]>(&acc[Q]);
+  float(&x0)[Q] = *reinterpret_cast<float(*)[Q]>(&x[0]);
+  float(&x1)[Q] = *reinterpret_cast<float(*)[Q]>(&x[Q]);
+  auto add = [](float(&a)[Q], float(&y)[Q]) {
+#pragma unroll
+    for (int e = 0; e < Q; ++e) a[e] = a[e] + y[e];
+  };
+  pin(acc);
+  pin(x);
+  fence();
+  mma_e4m3<N / 2>(d0, da, db0, 0);
+  mma_e4m3<N / 2>(x0, da + 2, db0 + 2, 0);
+  mma_e4m3<N / 2>(d1, da, db1, 0);
+  mma_e4m3<N / 2>(x1, da + 2, db1 + 2, 0);
+  commit();
+  wait<0>();
+  pin(acc);
+  pin(x);
+  add(d0, x0);  // x0 + x1, half 0
+  fence();
+  mma_e4m3<N / 2>(x0, da + 4, db0 + 4, 0);  // step 2, half 0
+  commit();
+  add(d1, x1);  // x0 + x1, half 1, under half 0's step 2
+  fence();
+  mma_e4m3<N / 2>(x1, da + 4, db1 + 4, 0);  // step 2, half 1
+  commit();
+  wait<1>();
+  pin(x0);
+  add(d0, x0);  // + x2, half 0, under half 1's step 2
+  fence();
+  mma_e4m3<N / 2>(x0, da + 6, db0 + 6, 0);  // step 3, half 0
+  commit();
+  wait<1>();
+  pin(x1);
+  add(d1, x1);  // + x2, half 1, under half 0's step 3
+  fence();
+  mma_e4m3<N / 2>(x1, da + 6, db1 + 6, 0);  // step 3, half 1
+  commit();
+  wait<1>();
+  pin(x0);
+  add(d0, x0);  // + x3, half 0, under half 1's step 3
+  wait<0>();
+  pin(x1);
+  add(d1, x1);  // + x3, half 1
+}
+
 // The weights of a lane's columns of a tile of NC columns: wv[j] = (w[8j + 2qd], w[8j + 2qd
 // + 1]) from the tile's NC weights in shared memory (a kernel that keeps one tile's weights
 // for all its keys loads them once into registers).

@@ -589,59 +589,12 @@ __device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[HALVES ? 32
 }
 
 // The FP8 build's dots of one chunk with the halves in a pipeline (PIPE; header "The
-// pipelined halves"): the values of chunk_fp8<false> in the same registers — each column's
-// dot the same four fresh steps added in k order, ((x_0 + x_1) + x_2) + x_3, as m64n64 steps
-// on the 64 N rows of half h into d[32h ..] (chunk_fp8<true>'s halves) — with the two halves'
-// steps 0 and 1 in one commit group, and then each half's next step issued as soon as its
-// buffer is added, so that one half's adds run while the other half's step is in flight.
+// pipelined halves"): chunk_fp8<false>'s values in the same registers (scorer_fp8.cuh
+// fresh_steps_pipe: the halves' m64n64 steps on N rows 64h .. into d[32h ..], as
+// chunk_fp8<true>'s).
 __device__ __forceinline__ void chunk_fp8_pipe(float (&d)[64], float (&x)[64], uint32_t a,
                                                uint32_t b) {
-  float(&d0)[32] = *reinterpret_cast<float(*)[32]>(&d[0]);
-  float(&d1)[32] = *reinterpret_cast<float(*)[32]>(&d[32]);
-  float(&x0)[32] = *reinterpret_cast<float(*)[32]>(&x[0]);
-  float(&x1)[32] = *reinterpret_cast<float(*)[32]>(&x[32]);
-  const uint64_t da = desc_sw128(a), db0 = desc_sw128(b), db1 = desc_sw128(b + 64 * 128);
-  auto add = [](float(&acc)[32], float(&y)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) acc[e] = acc[e] + y[e];
-  };
-  pin(d);
-  pin(x);
-  fence();
-  fp8::mma_e4m3<64>(d0, da, db0, 0);
-  fp8::mma_e4m3<64>(x0, da + 2, db0 + 2, 0);
-  fp8::mma_e4m3<64>(d1, da, db1, 0);
-  fp8::mma_e4m3<64>(x1, da + 2, db1 + 2, 0);
-  commit();
-  wait<0>();
-  pin(d);
-  pin(x);
-  add(d0, x0);  // x_0 + x_1, half 0
-  fence();
-  fp8::mma_e4m3<64>(x0, da + 4, db0 + 4, 0);  // step 2, half 0
-  commit();
-  add(d1, x1);  // x_0 + x_1, half 1, under half 0's step 2
-  fence();
-  fp8::mma_e4m3<64>(x1, da + 4, db1 + 4, 0);  // step 2, half 1
-  commit();
-  wait<1>();
-  pin(x0);
-  add(d0, x0);  // + x_2, half 0, under half 1's step 2
-  fence();
-  fp8::mma_e4m3<64>(x0, da + 6, db0 + 6, 0);  // step 3, half 0
-  commit();
-  wait<1>();
-  pin(x1);
-  add(d1, x1);  // + x_2, half 1, under half 0's step 3
-  fence();
-  fp8::mma_e4m3<64>(x1, da + 6, db1 + 6, 0);  // step 3, half 1
-  commit();
-  wait<1>();
-  pin(x0);
-  add(d0, x0);  // + x_3, half 0, under half 1's step 3
-  wait<0>();
-  pin(x1);
-  add(d1, x1);  // + x_3, half 1
+  fp8::fresh_steps_pipe<128>(d, x, desc_sw128(a), desc_sw128(b), desc_sw128(b + 64 * 128));
 }
 
 // The per-thread state of a query group for the lane's E queries E·qd + e: their survivor
