@@ -701,9 +701,9 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], int c, const Grou
       // x: the key in the frame of Q's spans (unsigned: past MAX_KEYS a padding key wraps
       // below every span instead of overflowing)
       const int i = i0 + 8 * k, x = ABS ? (int)((unsigned)n0 + (unsigned)i) : i;
-      // the store and the candidate test in each branch, in the default's order: taken out of
-      // the branches (U < τ decided first) they change the machine code of every default
-      // build, which the records measured (python -m dosa_cupy.sass --compare)
+      // the store, then the candidate test: in the other order (U < τ decided first) the
+      // machine code of these builds changes, which the records measured (python -m
+      // dosa_cupy.sass --compare)
       const double U = guard_bound_ru(uh, rh[k], al[k], Q.C, Q.er, eps_out);
       if (Uout && x >= Q.lo && x < Q.hi) Uout[(long long)Q.t * N + n0 + i] = U;
       const bool cand = (unsigned)(x - Q.clo) < (unsigned)Q.cw && !((pool >> (8 * k)) & 1u);
