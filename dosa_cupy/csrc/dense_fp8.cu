@@ -249,12 +249,6 @@ __device__ __forceinline__ void dense_fp8_chained(const TensorMap& kmap, const u
 // scorer, session 15": issue-bound at ~440 instructions per 64 × 128 tile, 20 % of the
 // warps' cycles waiting on the fresh steps).
 
-// A 128-byte-swizzled K-major descriptor (desc_sw128) from its low word: shared addresses are
-// below 2^18, so the step offsets (+2 per 32 bytes) never carry into the high word, a
-// constant the compiler keeps out of the per-tile arithmetic.
-__device__ __forceinline__ uint32_t desc_lo(uint32_t saddr) { return ((saddr & 0x3FFFFu) >> 4) | 0x10000u; }
-__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (0x40000040ull << 32) | lo; }
-
 // One fresh e4m3 k32 step (scale-d = 0) into d.  The accumulators are read-write operands
 // although scale-d = 0 ignores them: with write-only ones ptxas serialises the wgmmas
 // (C7512) once several buffers are in flight.

@@ -25,6 +25,14 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
          ((uint64_t)(1024u >> 4) << 32) | ((uint64_t)1u << 62);
 }
 
+// desc_sw128 from its low word: shared addresses are below 2^18, so the step offsets (+2 per
+// 32 bytes) never carry into the high word, a constant the compiler keeps out of the
+// per-tile arithmetic (desc_of(desc_lo(a)) == desc_sw128(a)).
+__device__ __forceinline__ uint32_t desc_lo(uint32_t saddr) {
+  return ((saddr & 0x3FFFFu) >> 4) | 0x10000u;
+}
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (0x40000040ull << 32) | lo; }
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
