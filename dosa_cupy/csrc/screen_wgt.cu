@@ -124,8 +124,10 @@
 // waits and adds — three waits per chunk with nothing of the warp's own to do under them; here
 // the warp adds one half while the other half's next step runs, with the same registers (d
 // and one buffer of 64) and the same values in them, bit for bit; and the chunk's descriptors
-// kept in uniform registers (chunk_fp8_pipe: ~100 fewer instructions in the 8-row kernel,
-// cuobjdump).  Not measured yet.
+// kept in uniform registers (chunk_fp8_pipe: the key tile's descriptor, which the _g32
+// kernels compute in each lane and move to a uniform register per MMA; the halves' extra
+// MMAs take that back in the loop, ~1,176 instructions per group either way, cuobjdump).
+// Not measured yet.
 // sm_90a only; every other target compiles this file to an empty module (NVRTC and nvcc).
 #include "epilogue.cuh"
 #include "ptx_sm90a.cuh"
