@@ -97,28 +97,23 @@ __device__ __forceinline__ void fresh_steps_pipe(float (&acc)[N / 2], float (&x)
   pin(acc);
   pin(x);
   add(d0, x0);  // x0 + x1, half 0
-  fence();
-  mma_e4m3<N / 2>(x0, da + 4, db0 + 4, 0);  // step 2, half 0
-  commit();
-  add(d1, x1);  // x0 + x1, half 1, under half 0's step 2
-  fence();
-  mma_e4m3<N / 2>(x1, da + 4, db1 + 4, 0);  // step 2, half 1
-  commit();
-  wait<1>();
-  pin(x0);
-  add(d0, x0);  // + x2, half 0, under half 1's step 2
-  fence();
-  mma_e4m3<N / 2>(x0, da + 6, db0 + 6, 0);  // step 3, half 0
-  commit();
-  wait<1>();
-  pin(x1);
-  add(d1, x1);  // + x2, half 1, under half 0's step 3
-  fence();
-  mma_e4m3<N / 2>(x1, da + 6, db1 + 6, 0);  // step 3, half 1
-  commit();
-  wait<1>();
-  pin(x0);
-  add(d0, x0);  // + x3, half 0, under half 1's step 3
+#pragma unroll
+  for (int s = 2; s < 4; ++s) {
+    fence();
+    mma_e4m3<N / 2>(x0, da + 2 * s, db0 + 2 * s, 0);  // step s, half 0
+    commit();
+    if (s > 2) {  // half 1's step s − 1 done (half 0's step s in flight)
+      wait<1>();
+      pin(x1);
+    }
+    add(d1, x1);  // + x_{s−1} of half 1 (x0 + x1 at s = 2), under half 0's step s
+    fence();
+    mma_e4m3<N / 2>(x1, da + 2 * s, db1 + 2 * s, 0);  // step s, half 1
+    commit();
+    wait<1>();  // half 0's step s done
+    pin(x0);
+    add(d0, x0);  // + x_s, half 0, under half 1's step s
+  }
   wait<0>();
   pin(x1);
   add(d1, x1);  // + x3, half 1

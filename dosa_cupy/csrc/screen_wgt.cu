@@ -595,11 +595,10 @@ __device__ __forceinline__ void chunk_fp8(float (&d)[64], float (&x)[HALVES ? 32
 // The FP8 build's dots of one chunk with the halves in a pipeline (PIPE; header "The
 // pipelined halves"): chunk_fp8<false>'s values in the same registers (scorer_fp8.cuh
 // fresh_steps_pipe: the halves' m64n64 steps on N rows 64h .. into d[32h ..], as
-// chunk_fp8<true>'s).
-// The descriptors' low words pass through a shuffle from lane 0: the compiler then knows
-// them to be the same in every lane and keeps them and their step offsets in uniform
-// registers (as dense_fp8.cu's consumers do) instead of computing every MMA's descriptor in
-// each lane and moving it there (the _g32 kernels: ~45 instructions per four MMAs).
+// chunk_fp8<true>'s).  The descriptors' low words pass through a shuffle from lane 0: the
+// compiler then knows them to be the same in every lane and keeps them and their step
+// offsets in uniform registers (as dense_fp8.cu's consumers do) instead of computing them in
+// each lane and moving them there before each MMA (cuobjdump of the halves without it).
 __device__ __forceinline__ void chunk_fp8_pipe(float (&d)[64], float (&x)[64], uint32_t a,
                                                uint32_t b) {
   const uint32_t alo = __shfl_sync(0xffffffffu, desc_lo(a), 0);
@@ -1153,16 +1152,14 @@ __device__ __forceinline__ void screen_wgt_ring(SCREEN_WG_PARAMS_IN, const int* 
 
 #define DOSA_WGT_CALL(TIE, RQ, ...) screen_wgt<TIE, RQ>(__VA_ARGS__)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...) screen_wgt_ring<TIE, RQ, FP8>(__VA_ARGS__)
-#define DOSA_WGT_G32_CALL(RQ, ...) screen_wgt_ring<false, RQ, true, false, true>(__VA_ARGS__)
-#define DOSA_WGT_G32P_CALL(RQ, ...) \
-  screen_wgt_ring<false, RQ, true, false, true, true>(__VA_ARGS__)
+#define DOSA_WGT_G32_CALL(RQ, PIPE, ...) \
+  screen_wgt_ring<false, RQ, true, false, true, PIPE>(__VA_ARGS__)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...) screen_wgt_ring<false, 8, FP8, true>(__VA_ARGS__)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...) screen_wgt_image<TIE, RQ, FP8>(__VA_ARGS__)
 #else
 #define DOSA_WGT_CALL(TIE, RQ, ...)
 #define DOSA_WGT_RING_CALL(TIE, RQ, FP8, ...)
-#define DOSA_WGT_G32_CALL(RQ, ...)
-#define DOSA_WGT_G32P_CALL(RQ, ...)
+#define DOSA_WGT_G32_CALL(RQ, PIPE, ...)
 #define DOSA_WGT_RING_BARRIER_CALL(FP8, ...)
 #define DOSA_WGT_IMAGE_CALL(TIE, RQ, FP8, ...)
 #endif
@@ -1235,14 +1232,14 @@ DOSA_WGT_KERNELS(8)
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ##_g32(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,          \
                                          const uint8_t* __restrict__ image) {                 \
-    DOSA_WGT_G32_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr,  \
-                      image);                                                                 \
+    DOSA_WGT_G32_CALL(RQ, false, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,    \
+                      nullptr, image);                                                        \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(dosa::wgt::kThreads, 1)                        \
       screen_wgt_fp8_ring_rows##RQ##_g32p(SCREEN_WG_PARAMS_IN, SCREEN_WG_PARAMS_KEYS,         \
                                           const uint8_t* __restrict__ image) {                \
-    DOSA_WGT_G32P_CALL(RQ, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS, nullptr, \
-                       image);                                                                \
+    DOSA_WGT_G32_CALL(RQ, true, SCREEN_WG_ARGS_IN, nullptr, nullptr, SCREEN_WG_ARGS_KEYS,     \
+                      nullptr, image);                                                        \
   }
 DOSA_WGT_FP8_KERNELS(32)
 DOSA_WGT_FP8_KERNELS(16)
