@@ -82,12 +82,13 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     first = RecordBuffer(b.Qn, int(o["buffer"]))
     FusedLaunch(b, seeds.tau, seeds)(first)
 
-    def rescore(oq, cap2):  # the exact extension of the overflowed rows only
+    def rescore(oq, cap2, floor):  # the exact extension of the overflowed rows only
         out = RecordBuffer(int(oq.size), cap2)
-        FusedLaunch(b.rows(oq), seeds.tau[oq], seeds)(out)
+        tau = seeds.tau[oq] if floor is None else cp.maximum(seeds.tau[oq], floor)
+        FusedLaunch(b.rows(oq), tau, seeds)(out)
         return out
 
-    recs = extend_overflow(first, rescore)
+    recs = extend_overflow(first, rescore, b.K)
     tm.mark("score+filter")
     ids, kth = select_ids(b.K, seeds.default, recs, want_kth=o["return_stats"])
     tm.mark("select")

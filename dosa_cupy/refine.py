@@ -101,7 +101,7 @@ def refine_stage(b: Batch, tau, surv, cap: int, extend: bool = True) -> Records:
     RefineLaunch(b, tau).per_query(xp.arange(b.Qn, dtype=xp.int32), surv, first)
     if not extend:
         return Records(first.rec, first.cnt, first.cnt > first.cap)
-    return extend_overflow(first, _rescore(b, tau, surv))
+    return extend_overflow(first, _rescore(b, tau, surv), b.K)
 
 
 def extend_records(b: Batch, tau, surv, recs: Records, counted=None) -> Records:
@@ -109,17 +109,18 @@ def extend_records(b: Batch, tau, surv, recs: Records, counted=None) -> Records:
     flagged): the overflowed rows refined again into their complete lists (``recs.ext``;
     ``select.extend_flagged``, with its ``counted`` read back by the caller) — the extension
     after the caller has read the flags back (``DEFERRED_EXTENSION``)."""
-    return extend_flagged(recs, _rescore(b, tau, surv), counted)
+    return extend_flagged(recs, _rescore(b, tau, surv), b.K, counted)
 
 
 def _rescore(b: Batch, tau, surv):
-    """rescore(rows int32 [n], cap2) → RecordBuffer [n, cap2]: the rows' survivors refined
-    again as a sub-problem of those rows (``select.extend_overflow``'s argument)."""
+    """rescore(rows int32 [n], cap2, floor fp32 [n] or None) → RecordBuffer [n, cap2]: the
+    rows' survivors refined again as a sub-problem of those rows against max(τ, floor)
+    (``select.extend_overflow``'s argument)."""
     xp = cupy_or_raise()
 
-    def rescore(oq, cap2):
+    def rescore(oq, cap2, floor):
         out = RecordBuffer(int(oq.size), cap2)
-        sub = RefineLaunch(b.rows(oq), tau[oq])
+        sub = RefineLaunch(b.rows(oq), tau[oq] if floor is None else xp.maximum(tau[oq], floor))
         sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
         return out
 

@@ -20,6 +20,7 @@ from .scorer import valid_scales
 __all__ = [
     "RecordBuffer",
     "Records",
+    "captured_floor",
     "extend_overflow",
     "flagged_rows",
     "NO_KTH_ID",
@@ -80,20 +81,25 @@ def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def extend_overflow(first: RecordBuffer, rescore) -> Records:
+def extend_overflow(first: RecordBuffer, rescore, K: int) -> Records:
     """``Records`` of a first pass, extended exactly (docs/method.md §7 C.3): the rows with
     count > cap are scored again as a sub-problem of those rows only, into a [rows, max
-    count] buffer — ``rescore(rows int32 [n], cap2) → RecordBuffer [n, cap2]``.  A [Qn,
-    max count] table would not fit (one row with 500K records at Qn = 32K, N = 1M: 131 GB)."""
-    return extend_flagged(Records(first.rec, first.cnt, first.cnt > first.cap), rescore)
+    count] buffer — ``rescore(rows int32 [n], cap2, floor fp32 [n]) → RecordBuffer [n,
+    cap2]``, which keeps the records s ≥ max(τ, floor) of each row, ``floor`` the score of
+    the K-th record the first pass kept (``captured_floor``).  A [Qn, max count] table
+    would not fit (one row with 500K records at Qn = 32K, N = 1M: 131 GB)."""
+    return extend_flagged(Records(first.rec, first.cnt, first.cnt > first.cap), rescore, K)
 
 
-def extend_flagged(recs: Records, rescore, counted: tuple[int, int] | None = None) -> Records:
+def extend_flagged(recs: Records, rescore, K: int,
+                   counted: tuple[int, int] | None = None) -> Records:  # fmt: skip
     """``extend_overflow`` of a first pass whose rows are flagged already (``Records.over``,
     no ``ext``): ``recs`` with the complete lists of its overflowed rows in ``ext``.
     ``counted``: (overflowed rows, their largest count), read back by the caller
     (``overflow_counts``), so nothing here synchronizes; None: one synchronization for
-    their number, one more for their largest count when there are any."""
+    their number, one more for their largest count when there are any.  An extended row
+    holds the records s ≥ max(τ, floor) of its survivors (``captured_floor``): every key
+    of its Top-K, fewer records to select from."""
     xp = cupy_or_raise()
     if counted is None:
         n = int(recs.over.sum())
@@ -102,9 +108,27 @@ def extend_flagged(recs: Records, rescore, counted: tuple[int, int] | None = Non
     else:
         oq = flagged_rows(recs.over, counted[0], xp) if counted[0] else None
     if counted[0]:
-        second = rescore(oq, counted[1])
+        floor = captured_floor(K, recs, oq) if RAISED_EXTENSION else None
+        second = rescore(oq, counted[1], floor)
         recs.ext = (oq, second.rec, second.cnt)
     return recs
+
+
+# The overflowed rows refined again against the K-th record their first pass kept, not only
+# against τ (``captured_floor``; docs/method.md §7 C.3): the records a row's second pass
+# selects from shrink from every survivor with s ≥ τ (330K at 1M H 64) to about K·count/cap.
+# Bench build plainext refines them against τ alone.
+RAISED_EXTENSION = True
+
+
+def captured_floor(K: int, recs: Records, oq):
+    """fp32 [n]: the score of the K-th largest record that the first pass kept in each
+    overflowed row ``oq`` (int32 [n]; ``recs.rec[oq, :cap]``), −inf where it kept fewer
+    than K.  Those records are exact scores of distinct visible keys, so by Prop. 4
+    (docs/method.md §2) the floor is ≤ the row's K-th score: every key of the row's Top-K
+    has s ≥ floor, and a second pass may keep s ≥ max(τ, floor) only (§7 C.3)."""
+    _, kth = select_records(int(K), recs.rec[oq], recs.cnt[oq], want_ids=False, want_kth=True)
+    return score_of_records(kth)
 
 
 def flagged_rows(mask, n: int, xp):

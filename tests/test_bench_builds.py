@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dosa_cupy import cost, decode_ops, plan, prepare, refine, route, screen, seeds
+from dosa_cupy import cost, decode_ops, plan, prepare, refine, route, screen, seeds, select
 from dosa_cupy.bench.builds import BUILDS, builds_on, parse_builds
 
 
@@ -25,7 +25,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
             "qg1536": screen, "onestream": seeds, "floor6": cost,
             "latecounts": refine, "nogate": route, "sample384": cost,
-            "deferchecks": prepare, "pipe": screen}  # fmt: skip
+            "deferchecks": prepare, "nopipe": screen, "plainext": select}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -35,10 +35,14 @@ def test_builds_on_sets_and_restores_every_switch():
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
+    assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
+    with builds_on(("plainext",)):
+        assert not select.RAISED_EXTENSION
+    assert select.RAISED_EXTENSION
     assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows
-    assert not prepare.DEFER_CHECKS and not screen.WGT_PIPE  # under trial
-    with builds_on(("deferchecks", "pipe")):
-        assert prepare.DEFER_CHECKS and screen.WGT_PIPE
+    assert not prepare.DEFER_CHECKS and screen.WGT_PIPE  # under trial; the pipelined halves
+    with builds_on(("deferchecks", "nopipe")):
+        assert prepare.DEFER_CHECKS and not screen.WGT_PIPE
     with builds_on(("latecounts", "nogate", "sample384")):
         assert not refine.PREFETCH_COUNTS and refine.DEFERRED_EXTENSION
         assert not route.SAMPLE_GATE and cost.sample_size("wgt") == 384

@@ -170,6 +170,7 @@ CASES = [
     ("equal", 32, 8192, 32, 512, {}),
     ("adversarial", 64, 16384, 64, 512, {}),
     ("structured", 64, 16384, 32, 512, {"buffer": 16}),
+    ("structured", 64, 16384, 32, 64, {"buffer": 64}),  # buffer ≥ K: the raised extension
     ("structured", 64, 16384, 32, 512, {"n_anchors": 0, "window": 64}),
     # dosa_ref.workloads regimes (skipped when that module is absent)
     ("calibrated", 128, 32768, 32, 2048, {}),
@@ -195,8 +196,50 @@ def test_dosa_equals_dense(case):
         f"overflows={int(st.overflows.sum())} recovered={int(st.recovered.sum())}"
     )
     assert np.array_equal(dense, ids)
-    if opt.get("buffer") == 16:
+    if "buffer" in opt:
         assert st.overflows.any()
+
+
+@pytest.mark.parametrize("route", ["dosa", "fused"])
+@gpu
+def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
+    """The overflowed rows refined again against max(τ, the K-th record their first pass
+    kept) (``select.captured_floor``, docs/method.md §7 C.3): ids == the dense route's with
+    the floor and without it (bench build plainext), and the second pass keeps fewer
+    records with it; the floor is the host's K-th of the kept records, bit for bit."""
+    from dosa_cupy import refine as refine_mod
+    from dosa_cupy import select as select_mod
+    from dosa_cupy.emulate import record_score
+
+    wl = make_gpu_workload("structured", 64, 16384, 32, seed=11)
+    K, buffer = 64, 64
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+    dense = dosa_cupy.dense_topk(*args)
+    seen, floors = {}, []
+    real_floor, real_extend = select_mod.captured_floor, select_mod.extend_flagged
+
+    def floor_spy(k, recs, oq):
+        f = real_floor(k, recs, oq)
+        floors.append((cp.asnumpy(recs.rec[oq]), cp.asnumpy(recs.cnt[oq]), cp.asnumpy(f)))
+        return f
+
+    def extend_spy(recs, rescore, k, counted=None):
+        out = real_extend(recs, rescore, k, counted)
+        seen[select_mod.RAISED_EXTENSION] = int(out.ext[2].sum()) if out.ext else 0
+        return out
+
+    monkeypatch.setattr(select_mod, "captured_floor", floor_spy)
+    monkeypatch.setattr(select_mod, "extend_flagged", extend_spy)  # extend_overflow's
+    monkeypatch.setattr(refine_mod, "extend_flagged", extend_spy)  # the deferred extension's
+    run = dosa_cupy.fused_topk if route == "fused" else dosa_cupy.dosa_topk
+    for raised in (True, False):
+        monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
+        assert cp.array_equal(run(*args, buffer=buffer), dense), raised
+    assert 0 < seen[True] < seen[False], seen
+    rec, cnt, f = floors[0]
+    for j in range(rec.shape[0]):
+        kept = np.sort(rec[j, : min(int(cnt[j]), buffer)])[::-1]
+        assert record_score(kept[K - 1 : K]).view(np.uint32)[0] == f[j : j + 1].view(np.uint32)[0]
 
 
 @gpu

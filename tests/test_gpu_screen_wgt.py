@@ -565,8 +565,8 @@ def _assert_repeats(surv, U, launch):
 )
 def test_wgt_fp8_guard32_ids_equal_dense(monkeypatch, r, g32, pipe):
     """Either guard of the FP8 build through the pipeline (screen.WGT_GUARD32, the fp32 one
-    by default; ``g32p``: its pipelined halves, screen.WGT_PIPE): ids == the dense route's on
-    the calibrated and h64 regimes, and the kernel of that build ran."""
+    by default; ``g32p``: with its pipelined halves, screen.WGT_PIPE, the default): ids ==
+    the dense route's on the calibrated and h64 regimes, and the kernel of that build ran."""
     monkeypatch.setattr(screen, "WGT_GUARD32", g32)
     monkeypatch.setattr(screen, "WGT_PIPE", pipe)
     names = []

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from dosa_cupy import refine as rs_mod
 from dosa_cupy import select as select_mod
-from dosa_cupy.emulate import score_code
+from dosa_cupy.emulate import record_order, record_score, score_code
 from dosa_cupy.prepare import Batch
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
@@ -268,12 +268,25 @@ class _FakeRefine:
         emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(q, cnt, rec, int(cap), tau))
 
 
+def _host_kth(K, recA, cntA, want_ids=True, want_kth=False):
+    """select_records' K-th records on the host (the extension's ``captured_floor``): the
+    K-th largest of each row's first min(count, cap) records, 0 where there are fewer."""
+    assert not want_ids and want_kth and recA.dtype == np.uint64 and cntA.dtype == np.uint32
+    kth = np.zeros(recA.shape[0], dtype=np.uint64)
+    for r in range(recA.shape[0]):
+        kept = np.sort(recA[r, : min(int(cntA[r]), recA.shape[1])])[::-1]
+        kth[r] = kept[K - 1] if kept.size >= K else 0
+    return None, kth
+
+
 @pytest.fixture
 def fake_refine(monkeypatch):
     def install(S):
         fk = _FakeRefine(S)
         monkeypatch.setattr(rs_mod, "cupy_or_raise", lambda: np)
         monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
+        monkeypatch.setattr(select_mod, "select_records", _host_kth)
+        monkeypatch.setattr(select_mod, "score_of_records", record_score)
         monkeypatch.setattr(rs_mod, "kernel", lambda name: fk.get(name))
         return fk
 
@@ -291,7 +304,14 @@ def _tag_queries(q):
     (13, 333, 0.6, "causal", 4096), (13, 333, 0.6, "causal", 3),
     (30, 777, 0.3, "window", 1), (5, 1000, 0.2, "arbitrary", 50), (9, 31, 0.9, "arbitrary", 2),
 ])  # fmt: skip
-def test_refine_stage_records_and_extension(fake_refine, mt, Qn, N, density, kind, cap):
+@pytest.mark.parametrize("raised", [True, False])
+def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N, density, kind,
+                                            cap, raised):  # fmt: skip
+    """The first pass keeps the records s ≥ τ (counted past the capacity); an overflowed row
+    is refined again into its complete list of the records s ≥ max(τ, floor), floor the
+    K-th record its first pass kept (``select.captured_floor``; τ alone with
+    ``RAISED_EXTENSION`` off), and its Top-K over that list is its Top-K over s ≥ τ."""
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
     rng = np.random.default_rng(Qn + N + mt)
     surv, ks, ke = _random_case(rng, Qn, N, density, kind)
     S = rng.standard_normal((Qn, N)).astype(np.float32)
@@ -299,30 +319,39 @@ def test_refine_stage_records_and_extension(fake_refine, mt, Qn, N, density, kin
     tau = np.quantile(S, 0.4, axis=1).astype(np.float32)
     tau[0] = -np.inf
     Hp = 16 * mt
+    K = 1 + mt % 3  # 1, 2 or 3: floors from a kept list shorter than K, and ties at the floor
     q = _tag_queries(np.zeros((Qn, Hp, 128), np.uint8))
     w = np.zeros((Qn, Hp), np.float32)
     kp = np.zeros((N, 128), np.uint8)
     ksc = np.ones(N, np.float32)
     fk = fake_refine(S)
-    recs = rs_mod.refine_stage(Batch(q, w, kp, ksc, 1, ks, ke), tau, surv, cap)
+    recs = rs_mod.refine_stage(Batch(q, w, kp, ksc, K, ks, ke), tau, surv, cap)
     assert fk.calls and all(c == f"refine_mt{mt}" for c in fk.calls)
     B = _bits(surv)
     want_cnt = np.array([int(np.sum(B[t, :N] & (S[t] >= tau[t]))) for t in range(Qn)])
     assert recs.cnt.tolist() == want_cnt.tolist()
     assert recs.rec.shape == (Qn, cap)
     assert recs.over.tolist() == (want_cnt > cap).tolist()
-    if recs.over.any():  # the extension holds exactly the overflowed rows, at exact size
+    floor = tau.copy()  # each row's threshold of its complete list
+    if recs.over.any():  # the extension holds exactly the overflowed rows
         rows, rec2, cnt2 = recs.ext
         assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
-        assert rec2.shape == (rows.size, want_cnt.max())
-        assert cnt2.tolist() == want_cnt[rows].tolist()  # both passes, the same count
+        assert rec2.shape == (rows.size, want_cnt.max())  # the largest first-pass count
+        for t in rows.tolist() if raised else []:
+            kept = np.sort(record_score(recs.rec[t]))[::-1]
+            floor[t] = max(tau[t], kept[K - 1]) if cap >= K else tau[t]
+        want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
+        assert cnt2.tolist() == want2
         assert len(fk.calls) == 2  # the first pass and the overflowed rows' pass
     else:
         assert recs.ext is None and len(fk.calls) == 1
     for t in range(Qn):
-        ids = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))
+        ids = np.flatnonzero(B[t, :N] & (S[t] >= floor[t]))
         row = np.sort(recs.row(t))
         assert np.array_equal(row, np.sort(_record(S[t, ids], ids))), t
+        every = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))  # the row's Top-K is kept
+        top = record_order(S[t, every], every, K)
+        assert np.isin(top, ids).all(), t
 
 
 def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):

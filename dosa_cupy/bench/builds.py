@@ -22,6 +22,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          histogram read back after the seeds (two read-backs)
     eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
                                          the refinement
+    plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
+                                         alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
                                          read back after the selection
     deferchecks prepare.DEFER_CHECKS = True  a DoSA call's value checks read back by an
@@ -31,8 +33,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          waits for its tie flag before it is planned
     guard64     screen.WGT_GUARD32 = False  the FP8 screen's guard in fp64 (not the fp32
                                          one rounded up)
-    pipe        screen.WGT_PIPE = True  the FP8 screen's fp32-guard kernels with the pipelined
-                                         halves (under trial)
+    nopipe      screen.WGT_PIPE = False  the FP8 screen's fp32-guard kernels without the
+                                         pipelined halves
     qg768, qg1536 screen.WGT_QG = 768, 1536  the transposed screen's queries per block row
                                          (the decision's sample stays 128 rows: cost.py
                                          reads WGT_QG once, at import)
@@ -69,11 +71,12 @@ BUILDS = {
     "tworeadbacks": ("route", "ONE_READBACK", False),
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
+    "plainext": ("select", "RAISED_EXTENSION", False),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard64": ("screen", "WGT_GUARD32", False),
-    "pipe": ("screen", "WGT_PIPE", True),
+    "nopipe": ("screen", "WGT_PIPE", False),
     "qg768": ("screen", "WGT_QG", 768),
     "qg1536": ("screen", "WGT_QG", 1536),
     "onestream": ("seeds", "SIDE_STREAM", False),

@@ -54,8 +54,8 @@ WGT_VARIANTS = {
 }
 
 # name → the kernel's suffix (screen_wgt.cu's FP8 ring builds): the fp32 guard's kernel with
-# the pipelined halves (under trial), the fp64 guard
-FP8_VARIANTS = {"g32p": "_g32p", "f64": ""}
+# and without the pipelined halves, the fp64 guard (the default build's own is skipped)
+FP8_VARIANTS = {"g32p": "_g32p", "g32": "_g32", "f64": ""}
 
 
 def wgt_words_bytes(defines, rows: int, tile_keys: int) -> int:
@@ -250,9 +250,9 @@ def _wgt_main(a, args_, cp) -> int:
 
 
 def _fp8_main(a, args_, wl, cp) -> int:
-    """``--fp8``: the FP8 build's fp32-guard kernel of ``--r``
-    (``screen_wgt_fp8_ring_rows{n}_g32``, whatever ``screen.WGT_PIPE`` says) against
-    ``FP8_VARIANTS`` on its captured launch (the
+    """``--fp8``: the FP8 build's default fp32-guard kernel of ``--r``
+    (``screen_wgt_fp8_ring_rows{n}_g32p``, or ``_g32`` without ``screen.WGT_PIPE``) against
+    the other ``FP8_VARIANTS`` on its captured launch (the
     f64 guard's words differ where the two guards fall on either side of τ; any other build's
     are compared bitwise).  The MMA work is
     counted as issued: every block's key tile against every query of its block row, the
@@ -260,19 +260,16 @@ def _fp8_main(a, args_, wl, cp) -> int:
     docs/numerics.md measured on the H200 (1,455 TFLOP/s)."""
     from dosa_cupy import _build, screen
 
-    pipe, screen.WGT_PIPE = screen.WGT_PIPE, False
-    try:
-        f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=a.r,
-                                                           tie_reject=False)  # fmt: skip
-    finally:
-        screen.WGT_PIPE = pipe
-    if not name.endswith("_g32"):
+    f, grid, block, kargs, smem, name = capture_screen(args_, cp, screen="wgt", r=a.r,
+                                                       tie_reject=False)  # fmt: skip
+    own = "_g32p" if screen.WGT_PIPE else "_g32"
+    if not name.endswith(own):
         raise ValueError(f"--fp8: the call screened with {name}, not the FP8 build's fp32 guard")
     surv = kargs[SURV]
     surv.fill(0xDEADBEEF)
     f(grid, block, kargs, shared_mem=smem)
     ref = surv.copy()
-    rows = int(name.removesuffix("_g32").rsplit("rows", 1)[1])
+    rows = int(name.removesuffix(own).rsplit("rows", 1)[1])
     qpad = grid[1] * int(kargs[QG_ARG])
     work = float(grid[0] * screen.WGT_TILE) * qpad * rows * 128 * 2  # issued MMA work (flop)
     visible = float(cp.sum(cp.clip(wl["ke"] - wl["ks"], 0, None))) * rows * 128 * 2
@@ -288,6 +285,8 @@ def _fp8_main(a, args_, wl, cp) -> int:
     print(f"{name} (default build) {ms0:.2f} ms, {work / ms0 / 1e9:.0f} TFLOP/s issued "
           f"({work / ms0 / 1e9 / FP8_RATE_TFLOPS:.1%} of the FP8 rate)")  # fmt: skip
     for vname in _selected(a.only, FP8_VARIANTS):
+        if FP8_VARIANTS[vname] == own:
+            continue
         g = _build.kernel(
             f"screen_wgt_fp8_ring_rows{rows}{FP8_VARIANTS[vname]}", smem, screen.WGT_SPEC
         )
