@@ -477,13 +477,18 @@ if HAVE_GPU:
 
 
 @pytest.mark.parametrize("H", [16, 32, 48, 64])
-@pytest.mark.parametrize("cap", [1 << 16, 5])
+@pytest.mark.parametrize("cap,raised", [(1 << 16, True), (5, True), (5, False)])
 @gpu
-def test_gpu_refine_stage_records_exact(H, cap):
+def test_gpu_refine_stage_records_exact(monkeypatch, H, cap, raised):
     """τ = −inf, random survivor masks: the records are exactly the dense route's records
     of the surviving keys (bit-identical scores; no duplicate, none missing), MT = H/16 =
-    1..4, with and without the overflow extension."""
+    1..4, with and without the overflow extension; an extended row's are those with
+    s ≥ the best record its first pass kept (K = 1; ``select.captured_floor``), or all of
+    them without ``select.RAISED_EXTENSION``."""
+    from dosa_cupy.emulate import record_score
     from dosa_cupy.prepare import pad_batch
+
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
 
     Qn, N = 203, 20000
     wl = make_gpu_workload("structured", Qn, N, H, seed=35)
@@ -501,8 +506,12 @@ def test_gpu_refine_stage_records_exact(H, cap):
     B = _bits(surv)
     recs = rs_mod.refine_stage(batch, tau, cp.asarray(surv), cap)
     assert cp.asnumpy(recs.cnt).tolist() == B[:, :N].sum(axis=1).tolist()
+    over, kept = cp.asnumpy(recs.over), cp.asnumpy(recs.rec)
+    assert over.any() == (cap == 5)
     for t in range(Qn):
         ids = np.flatnonzero(B[t, :N])
+        if raised and over[t]:  # the first pass's best kept record raises the floor
+            ids = ids[lg[t, ids] >= record_score(kept[t]).max()]
         got = np.sort(cp.asnumpy(recs.row(t)))
         assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
 
