@@ -24,10 +24,6 @@ __all__ = [
 
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
 SEL_BLOCKS = 264
-# select_kernel_agg (csrc/select.cu hist_count: the digit passes' counts added once per warp
-# and bin, docs/method.md §9 "The histogram's atomics"; the same selection); under trial:
-# bench build selagg.
-SELECT_AGG = False
 
 _NULL = np.uint64(0)
 
@@ -83,7 +79,7 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
         return _NULL if a is None else a
 
     blocks, buf = scr
-    kernel("select_kernel_agg" if SELECT_AGG else "select_kernel")(
+    kernel("select_kernel")(
         (blocks,),
         (512,),
         (

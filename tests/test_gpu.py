@@ -125,15 +125,8 @@ def test_gpu_plan_matches_reference(H):
             assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("agg", [False, True], ids=["select_kernel", "select_kernel_agg"])
 @gpu
-def test_select_matches_host_order(monkeypatch, agg):
-    """dense_topk's ids == the host's (score desc, id asc) order of the dense logits, with
-    either selection kernel (dense.SELECT_AGG: the digit passes counted once per warp and
-    bin)."""
-    from dosa_cupy import dense as dense_mod
-
-    monkeypatch.setattr(dense_mod, "SELECT_AGG", agg)
+def test_select_matches_host_order():
     wl = make_gpu_workload("ties", 32, 20000, 32, seed=5)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     ids = cp.asnumpy(
@@ -154,16 +147,11 @@ def test_select_matches_host_order(monkeypatch, agg):
         assert np.array_equal(lgc[t, a:b].view(np.uint32), lg[t, a:b].view(np.uint32))
 
 
-@pytest.mark.parametrize("agg", [False, True], ids=["select_kernel", "select_kernel_agg"])
 @pytest.mark.parametrize("regime,N", [("equal", 150000), ("ties", 150000), ("structured", 70000)])
 @gpu
-def test_select_large_rows(monkeypatch, regime, N, agg):
+def test_select_large_rows(regime, N):
     """Rows longer than the selection scratch (65,536): all-equal scores (the K-th record is
-    found only in the id digits), few distinct values, and a plain row; either selection
-    kernel (dense.SELECT_AGG)."""
-    from dosa_cupy import dense as dense_mod
-
-    monkeypatch.setattr(dense_mod, "SELECT_AGG", agg)
+    found only in the id digits), few distinct values, and a plain row."""
     wl = make_gpu_workload(regime, 4, N, 16, seed=6, causal=False)
     a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
     lg = cp.asnumpy(dosa_cupy.dense_logits(*a))
@@ -557,17 +545,13 @@ def test_seed_records_are_the_default_seeds_with_dense_scores(layout, H, tile_n,
         assert np.array_equal(codes, score_code(lg[t, ids[order]])), t
 
 
-@pytest.mark.parametrize("agg", [False, True], ids=["select_kernel", "select_kernel_agg"])
 @gpu
-def test_select_kth_only_equals_sorted_selection(monkeypatch, agg):
+def test_select_kth_only_equals_sorted_selection():
     """select_kernel without ids (the seeds' τ, the decode threshold) returns the least
     record at or above the radix threshold instead of sorting: the same K-th record as the
     sorted path, for rows with fewer than, exactly and more than K records, tied score codes,
-    a second record list, and K from 1 to 4096; either selection kernel (dense.SELECT_AGG)."""
-    from dosa_cupy import dense as dense_mod
+    a second record list, and K from 1 to 4096."""
     from dosa_cupy.dense import select_records
-
-    monkeypatch.setattr(dense_mod, "SELECT_AGG", agg)
 
     rng = np.random.default_rng(11)
     for K in (1, 7, 2048, 4096):

@@ -48,19 +48,9 @@ struct SelShared {
   int bin, above, cnt, n;
 };
 
-// One digit pass's count of a record into hist[bin] when take is set, the lanes of a warp
-// with the same bin adding their number with one shared atomic (docs/method.md §9 "The
-// histogram's atomics": a row's scores share a few top digits, and lanes that add to one
-// address are serialised); every lane of the warp calls it.
-__device__ __forceinline__ void hist_count(unsigned* hist, unsigned bin, bool take) {
-  const unsigned peers = __match_any_sync(0xffffffffu, take ? bin : 0xffffffffu);
-  if (take && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-}
-
 // Exact Top-K of one row's records into ids_row (K ids, −1 pads) and *kth (either may be
-// null); buf: the block's candidate scratch of scap records.  AGG: hist_count's warp
-// aggregation (the same counts, so the same selection).
-template <int SRC, bool AGG>
+// null); buf: the block's candidate scratch of scap records.
+template <int SRC>
 __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, SelShared& sh,
                                            unsigned long long* __restrict__ buf, long long scap,
                                            int* __restrict__ ids_row,
@@ -78,21 +68,7 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
       const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
       for (int i = tid; i < NBIN; i += SEL_THREADS) sh.hist[i] = 0u;
       __syncthreads();
-      if constexpr (AGG) {  // one trip count in every thread: whole warps at hist_count
-        if (in_buf) {
-          for (long long base = 0; base < nbuf; base += SEL_THREADS) {
-            const bool in = base + tid < nbuf;
-            const unsigned long long r = in ? buf[base + tid] : 0ull;
-            hist_count(sh.hist, (unsigned)((r >> shf) & bm), in && (r & mask) == prefix);
-          }
-        } else {
-          for (long long base = 0; base < n; base += SEL_THREADS) {
-            const bool in = base + tid < n;
-            const unsigned long long r = in ? src.get(base + tid) : 0ull;
-            hist_count(sh.hist, (unsigned)((r >> shf) & bm), in && (r & mask) == prefix);
-          }
-        }
-      } else if (in_buf) {
+      if (in_buf) {
         for (long long i = tid; i < nbuf; i += SEL_THREADS) {
           const unsigned long long r = buf[i];
           if ((r & mask) == prefix) atomicAdd(&sh.hist[(r >> shf) & bm], 1u);
@@ -215,10 +191,7 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   __syncthreads();
 }
 
-// The rows of select_kernel / select_kernel_agg (the latter with hist_count's warp
-// aggregation; dense.SELECT_AGG picks it).
-template <bool AGG>
-__device__ __forceinline__ void select_rows_impl(
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
     int mode, int rows, int K, const float* __restrict__ logits, long long ld,
     const int* __restrict__ ks_, const int* __restrict__ ke_,
     const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
@@ -238,40 +211,16 @@ __device__ __forceinline__ void select_rows_impl(
       src.logits = logits + (long long)row * ld;
       src.ks = ks_[row];
       src.ke = ke_[row];
-      select_row<0, AGG>(src, K, sh, buf, scap, ids_row, kth);
+      select_row(src, K, sh, buf, scap, ids_row, kth);
     } else {
       SelSource<1> src;
       src.ra = recA + (long long)row * capA;
       src.na = min((long long)cntA[row], capA);
       src.rb = recB ? recB + (long long)row * capB : nullptr;
       src.nb = recB ? min((long long)cntB[row], capB) : 0;
-      select_row<1, AGG>(src, K, sh, buf, scap, ids_row, kth);
+      select_row(src, K, sh, buf, scap, ids_row, kth);
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
-    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
-    const int* __restrict__ ks_, const int* __restrict__ ke_,
-    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
-    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
-    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
-    unsigned long long* __restrict__ kth_out) {
-  select_rows_impl<false>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
-                          scratch, scap, ids_out, kth_out);
-}
-
-// Two blocks of 512 per SM, as select_kernel's 56 registers give (dense.SEL_BLOCKS): without
-// the bound ptxas takes 96 registers for the aggregated passes' loops.
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) select_kernel_agg(
-    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
-    const int* __restrict__ ks_, const int* __restrict__ ke_,
-    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
-    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
-    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
-    unsigned long long* __restrict__ kth_out) {
-  select_rows_impl<true>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
-                         scratch, scap, ids_out, kth_out);
 }
 
 // ---------------------------------------------------------------------------------------
