@@ -24,6 +24,10 @@ __all__ = [
 
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
 SEL_BLOCKS = 264
+# select_kernel_ilp (csrc/select.cu each_record: four loads of each thread in flight in every
+# pass over a row's records, docs/method.md §9 "The selection's loads"; the same selection);
+# under trial, not measured yet: bench build selilp.
+SELECT_ILP = False
 
 _NULL = np.uint64(0)
 
@@ -79,7 +83,7 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
         return _NULL if a is None else a
 
     blocks, buf = scr
-    kernel("select_kernel")(
+    kernel("select_kernel_ilp" if SELECT_ILP else "select_kernel")(
         (blocks,),
         (512,),
         (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dosa_cupy import cost, decode_ops, plan, prepare, refine, route, screen, seeds, select
+from dosa_cupy import cost, decode_ops, dense, plan, prepare, refine, route, screen, seeds, select
 from dosa_cupy.bench.builds import BUILDS, builds_on, parse_builds
 
 
@@ -25,7 +25,8 @@ def test_builds_on_sets_and_restores_every_switch():
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
             "qg1536": screen, "onestream": seeds, "floor6": cost,
             "latecounts": refine, "nogate": route, "sample384": cost,
-            "deferchecks": prepare, "nopipe": screen, "plainext": select}  # fmt: skip
+            "deferchecks": prepare, "nopipe": screen, "plainext": select,
+            "selilp": dense}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -36,9 +37,9 @@ def test_builds_on_sets_and_restores_every_switch():
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
     assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
-    with builds_on(("plainext",)):
-        assert not select.RAISED_EXTENSION
-    assert select.RAISED_EXTENSION
+    with builds_on(("plainext", "selilp")):
+        assert not select.RAISED_EXTENSION and dense.SELECT_ILP
+    assert select.RAISED_EXTENSION and not dense.SELECT_ILP  # the selection's loads: trial
     assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows
     assert not prepare.DEFER_CHECKS and screen.WGT_PIPE  # under trial; the pipelined halves
     with builds_on(("deferchecks", "nopipe")):

@@ -125,8 +125,14 @@ def test_gpu_plan_matches_reference(H):
             assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
 @gpu
-def test_select_matches_host_order():
+def test_select_matches_host_order(monkeypatch, ilp):
+    """dense_topk's ids == the host's (score desc, id asc) order of the dense logits, with
+    either selection kernel (dense.SELECT_ILP: four loads of each thread in flight)."""
+    from dosa_cupy import dense as dense_mod
+
+    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
     wl = make_gpu_workload("ties", 32, 20000, 32, seed=5)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     ids = cp.asnumpy(
@@ -147,11 +153,16 @@ def test_select_matches_host_order():
         assert np.array_equal(lgc[t, a:b].view(np.uint32), lg[t, a:b].view(np.uint32))
 
 
+@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
 @pytest.mark.parametrize("regime,N", [("equal", 150000), ("ties", 150000), ("structured", 70000)])
 @gpu
-def test_select_large_rows(regime, N):
+def test_select_large_rows(monkeypatch, regime, N, ilp):
     """Rows longer than the selection scratch (65,536): all-equal scores (the K-th record is
-    found only in the id digits), few distinct values, and a plain row."""
+    found only in the id digits), few distinct values, and a plain row; either selection
+    kernel (dense.SELECT_ILP)."""
+    from dosa_cupy import dense as dense_mod
+
+    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
     wl = make_gpu_workload(regime, 4, N, 16, seed=6, causal=False)
     a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
     lg = cp.asnumpy(dosa_cupy.dense_logits(*a))
@@ -545,13 +556,17 @@ def test_seed_records_are_the_default_seeds_with_dense_scores(layout, H, tile_n,
         assert np.array_equal(codes, score_code(lg[t, ids[order]])), t
 
 
+@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
 @gpu
-def test_select_kth_only_equals_sorted_selection():
+def test_select_kth_only_equals_sorted_selection(monkeypatch, ilp):
     """select_kernel without ids (the seeds' τ, the decode threshold) returns the least
     record at or above the radix threshold instead of sorting: the same K-th record as the
     sorted path, for rows with fewer than, exactly and more than K records, tied score codes,
-    a second record list, and K from 1 to 4096."""
+    a second record list, and K from 1 to 4096; either selection kernel (dense.SELECT_ILP)."""
+    from dosa_cupy import dense as dense_mod
     from dosa_cupy.dense import select_records
+
+    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
 
     rng = np.random.default_rng(11)
     for K in (1, 7, 2048, 4096):
@@ -570,15 +585,20 @@ def test_select_kth_only_equals_sorted_selection():
         for extra in (False, True):
             args = (K, cp.asarray(rec), cp.asarray(cnt.astype(np.uint32)))
             more = (cp.asarray(recB), cp.asarray(cntB)) if extra else ()
-            _, k_sorted = select_records(*args, *more, want_kth=True)
+            got, k_sorted = select_records(*args, *more, want_kth=True)
             none, k_only = select_records(*args, *more, want_ids=False, want_kth=True)
             assert none is None and cp.array_equal(k_only, k_sorted), (K, extra)
+            got = cp.asnumpy(got)
             for r in range(rows):  # numpy: the K-th largest record, 0 below K records
                 rr = rec[r, : cnt[r]]
                 if extra:
                     rr = np.concatenate([rr, recB[r, : cntB[r]]])
                 want = np.sort(rr)[-K] if rr.size >= K else 0
                 assert int(k_only[r]) == int(want), (K, extra, r)
+                top = np.sort(rr)[::-1][:K]  # the ids in record order, −1 padded
+                top_ids = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+                assert np.array_equal(got[r, : top.size], top_ids), (K, extra, r)
+                assert (got[r, top.size :] == -1).all(), (K, extra, r)
 
 
 @gpu

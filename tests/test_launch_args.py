@@ -43,7 +43,8 @@ LAUNCHED = {
         *(f"screen{c}_mt{m}{t}" for c in ("", "_cert") for m in (1, 2) for t in ("", "_tie")),
         "screen_pair", "screen_pair_tie",  # screen
         *(f"refine_mt{m}" for m in MT),  # refine
-        "select_kernel", "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
+        "select_kernel", "select_kernel_ilp",  # dense (SELECT_ILP)
+        "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
         "tau_from_kth",  # select
         "e4m3_round_f64",  # plan
         "route_head", "route_sample", "route_gate",  # route (COUNT_KERNELS, SAMPLE_GATE)

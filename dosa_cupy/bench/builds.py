@@ -22,6 +22,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          histogram read back after the seeds (two read-backs)
     eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
                                          the refinement
+    selilp      dense.SELECT_ILP = True  the selection's passes with four loads of each
+                                         thread in flight (select_kernel_ilp; under trial)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -72,6 +74,7 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
+    "selilp": ("dense", "SELECT_ILP", True),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),

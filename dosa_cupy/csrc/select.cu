@@ -48,9 +48,28 @@ struct SelShared {
   int bin, above, cnt, n;
 };
 
+// f(get(i)) for i = tid, tid + SEL_THREADS, … < n, ILP records loaded before any is used,
+// so that ILP loads of each thread are in flight at once (docs/method.md §9 "The selection's
+// loads": the passes wait on their loads, long-scoreboard stalls first); the same records
+// reach f, in another order.  select_row's ILP = 1 build keeps its plain loops (the GPU-tested
+// select_kernel, instruction for instruction).
+template <int ILP, class Get, class F>
+__device__ __forceinline__ void each_record(long long n, Get get, F f) {
+  long long i = threadIdx.x;
+  for (; i + (ILP - 1) * (long long)SEL_THREADS < n; i += ILP * (long long)SEL_THREADS) {
+    unsigned long long r[ILP];
+#pragma unroll
+    for (int u = 0; u < ILP; ++u) r[u] = get(i + u * (long long)SEL_THREADS);
+#pragma unroll
+    for (int u = 0; u < ILP; ++u) f(r[u]);
+  }
+  for (; i < n; i += SEL_THREADS) f(get(i));
+}
+
 // Exact Top-K of one row's records into ids_row (K ids, −1 pads) and *kth (either may be
-// null); buf: the block's candidate scratch of scap records.
-template <int SRC>
+// null); buf: the block's candidate scratch of scap records.  ILP: each_record's loads in
+// flight per thread (1: select_kernel, 4: select_kernel_ilp; the same selection).
+template <int SRC, int ILP>
 __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, SelShared& sh,
                                            unsigned long long* __restrict__ buf, long long scap,
                                            int* __restrict__ ids_row,
@@ -68,7 +87,13 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
       const unsigned bm = d < 5 ? (NBIN - 1) : 511u;
       for (int i = tid; i < NBIN; i += SEL_THREADS) sh.hist[i] = 0u;
       __syncthreads();
-      if (in_buf) {
+      const auto count = [&](unsigned long long r) {
+        if ((r & mask) == prefix) atomicAdd(&sh.hist[(r >> shf) & bm], 1u);
+      };
+      if constexpr (ILP > 1) {
+        if (in_buf) each_record<ILP>(nbuf, [&](long long i) { return buf[i]; }, count);
+        else each_record<ILP>(n, [&](long long i) { return src.get(i); }, count);
+      } else if (in_buf) {
         for (long long i = tid; i < nbuf; i += SEL_THREADS) {
           const unsigned long long r = buf[i];
           if ((r & mask) == prefix) atomicAdd(&sh.hist[(r >> shf) & bm], 1u);
@@ -120,9 +145,16 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
       if (!in_buf && cnt <= scap) {
         if (tid == 0) sh.n = 0;
         __syncthreads();
-        for (long long i = tid; i < n; i += SEL_THREADS) {
-          const unsigned long long r = src.get(i);
+        const auto keep = [&](unsigned long long r) {
           if ((r & mask) == prefix) buf[atomicAdd(&sh.n, 1)] = r;
+        };
+        if constexpr (ILP > 1) {
+          each_record<ILP>(n, [&](long long i) { return src.get(i); }, keep);
+        } else {
+          for (long long i = tid; i < n; i += SEL_THREADS) {
+            const unsigned long long r = src.get(i);
+            if ((r & mask) == prefix) buf[atomicAdd(&sh.n, 1)] = r;
+          }
         }
         __syncthreads();
         nbuf = sh.n;
@@ -136,9 +168,15 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
     if (tid == 0) sh.sel[0] = ~0ull;
     __syncthreads();
     unsigned long long mn = ~0ull;
-    for (long long i = tid; i < n; i += SEL_THREADS) {
-      const unsigned long long r = src.get(i);
-      if (r >= T && r < mn) mn = r;
+    if constexpr (ILP > 1) {
+      each_record<ILP>(n, [&](long long i) { return src.get(i); }, [&](unsigned long long r) {
+        if (r >= T && r < mn) mn = r;
+      });
+    } else {
+      for (long long i = tid; i < n; i += SEL_THREADS) {
+        const unsigned long long r = src.get(i);
+        if (r >= T && r < mn) mn = r;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -154,11 +192,21 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   // collect every record >= T (exactly min(K, n) of them)
   if (tid == 0) sh.n = 0;
   __syncthreads();
-  for (long long i = tid; i < n; i += SEL_THREADS) {
-    const unsigned long long r = src.get(i);
+  const auto collect = [&](unsigned long long r) {
     if (r >= T) {
       const int p = atomicAdd(&sh.n, 1);
       if (p < SEL_KMAX) sh.sel[p] = r;
+    }
+  };
+  if constexpr (ILP > 1) {
+    each_record<ILP>(n, [&](long long i) { return src.get(i); }, collect);
+  } else {
+    for (long long i = tid; i < n; i += SEL_THREADS) {
+      const unsigned long long r = src.get(i);
+      if (r >= T) {
+        const int p = atomicAdd(&sh.n, 1);
+        if (p < SEL_KMAX) sh.sel[p] = r;
+      }
     }
   }
   __syncthreads();
@@ -191,7 +239,9 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
+// The rows of select_kernel (ILP 1) and select_kernel_ilp (ILP 4; dense.SELECT_ILP).
+template <int ILP>
+__device__ __forceinline__ void select_rows_impl(
     int mode, int rows, int K, const float* __restrict__ logits, long long ld,
     const int* __restrict__ ks_, const int* __restrict__ ke_,
     const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
@@ -211,16 +261,39 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
       src.logits = logits + (long long)row * ld;
       src.ks = ks_[row];
       src.ke = ke_[row];
-      select_row(src, K, sh, buf, scap, ids_row, kth);
+      select_row<0, ILP>(src, K, sh, buf, scap, ids_row, kth);
     } else {
       SelSource<1> src;
       src.ra = recA + (long long)row * capA;
       src.na = min((long long)cntA[row], capA);
       src.rb = recB ? recB + (long long)row * capB : nullptr;
       src.nb = recB ? min((long long)cntB[row], capB) : 0;
-      select_row(src, K, sh, buf, scap, ids_row, kth);
+      select_row<1, ILP>(src, K, sh, buf, scap, ids_row, kth);
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
+    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
+    const int* __restrict__ ks_, const int* __restrict__ ke_,
+    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
+    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
+    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
+    unsigned long long* __restrict__ kth_out) {
+  select_rows_impl<1>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
+                          scratch, scap, ids_out, kth_out);
+}
+
+// Two blocks of 512 per SM, as select_kernel's 56 registers give (dense.SEL_BLOCKS).
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) select_kernel_ilp(
+    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
+    const int* __restrict__ ks_, const int* __restrict__ ke_,
+    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
+    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
+    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
+    unsigned long long* __restrict__ kth_out) {
+  select_rows_impl<4>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
+                          scratch, scap, ids_out, kth_out);
 }
 
 // ---------------------------------------------------------------------------------------
