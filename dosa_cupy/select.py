@@ -59,8 +59,9 @@ class Records:
     rec uint64 [Qn, cap], cnt uint32 [Qn] (the number of records of the first pass, also
     past cap), over bool [Qn] (cnt > cap); ext = (rows int [n], rec2 uint64 [n, cap2], cnt2
     uint32 [n]) or None: the complete lists of the overflowed rows, counted by the pass
-    that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]; cnt2 = cnt[rows] whenever
-    both passes score the same survivors, which the tests check).
+    that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]: its records s ≥ max(τ, floor),
+    ``captured_floor``; cnt2 = cnt[rows] where the floor is −inf or ``RAISED_EXTENSION`` is
+    off, which the tests check).
     """
 
     rec: object
@@ -115,9 +116,11 @@ def extend_flagged(recs: Records, rescore, K: int,
 
 
 # The overflowed rows refined again against the K-th record their first pass kept, not only
-# against τ (``captured_floor``; docs/method.md §7 C.3): the records a row's second pass
-# selects from shrink from every survivor with s ≥ τ (330K at 1M H 64) to about K·count/cap.
-# Bench build plainext refines them against τ alone.
+# against τ (``captured_floor``; docs/method.md §7 C.3): a row's second pass keeps fewer than
+# its count of records s ≥ τ (more than the buffer's 65,536) for the selection to read
+# (tests/test_gpu.py test_raised_extension_selects_from_fewer_records).  No change in the
+# call's time was resolved on an H100 (docs/records/benchmarks.md "The raised extension and
+# the pipelined halves"); bench build plainext refines them against τ alone.
 RAISED_EXTENSION = True
 
 
