@@ -14,6 +14,7 @@ from dosa_ref.rounding import f32_add_ru, f32_mul_ru, f32_up
 __all__ = [
     "E4M3",
     "e4m3_bits",
+    "e4m3_sq_units",
     "e4m3_values",
     "guard_bound_ru32",
     "record_order",
@@ -21,6 +22,16 @@ __all__ = [
     "score_code",
     "screen_survival",
 ]
+
+
+def e4m3_sq_units(codes) -> np.ndarray:
+    """uint64: the square of each e4m3 code's value in units of 2^-18, the host mirror of
+    prepare.cu ``e4m3_sq_units`` (a NaN code as the value (8 + 7)·2^5, as the kernels'
+    ``e4m3_value`` decodes it; docs/method.md §8 "ρ from integer squares")."""
+    b = np.asarray(codes, dtype=np.uint64)
+    e, m = (b >> np.uint64(3)) & np.uint64(15), b & np.uint64(7)
+    normal = ((np.uint64(8) + m) ** np.uint64(2)) << (np.uint64(2) * e - np.uint64(2) * (e > 0))
+    return np.where(e > 0, normal, m * m).astype(np.uint64)
 
 
 def score_code(s: np.ndarray) -> np.ndarray:

@@ -460,11 +460,22 @@ def quantize_keys(k, scale_fmt: str = "amax"):
     return payload, scale, rho
 
 
+# key_rho by key_rho_int_kernel (csrc/prepare.cu: eight lanes per key, the squares summed as
+# integers; the same ρ bit for bit, docs/method.md §8 "ρ from integer squares"): the ρ kernel
+# of a 1M-key call took 0.42 ms under Nsight Compute on an H100, ~10× its read of the
+# payload (docs/records/benchmarks.md "The raised extension and the pipelined halves");
+# under trial, not measured yet: bench build rhoint.
+RHO_INT = False
+
+
 def key_rho(k_payload):
     """ρ_i (fp32, rounded up) with ρ_i·√D ≥ ‖k̄_i‖ for e4m3 payloads [N, 128]."""
     cp = cupy_or_raise()
     kp = cp.ascontiguousarray(as_device(k_payload, "k_payload", np.uint8))
     N = kp.shape[0]
     rho = cp.empty(N, dtype=cp.float32)
-    _launch_tokens("key_rho_kernel", N, kp, np.int64(N), rho)
+    if RHO_INT and N and kp.data.ptr % 16 == 0:  # its 16-byte loads
+        kernel("key_rho_int_kernel")((-(-8 * N // 256),), (256,), (kp, np.int64(N), rho))
+    else:
+        _launch_tokens("key_rho_kernel", N, kp, np.int64(N), rho)
     return rho

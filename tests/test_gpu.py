@@ -57,7 +57,37 @@ def test_quantize_keys_bitmatch(fmt):
     rho = cp.asnumpy(rho).astype(np.float64)
     assert np.all(rho * rho * 128 >= np.sum(v * v, axis=1))
     assert np.all(rho <= key_rms(pr))
-    assert np.array_equal(cp.asnumpy(dosa_cupy.key_rho(p)), cp.asnumpy(dosa_cupy.key_rho(p)))
+    # key_rho of the payload: the quantizer's ρ bit for bit (the same exact ‖k̄‖²)
+    assert np.array_equal(
+        cp.asnumpy(dosa_cupy.key_rho(p)).view(np.uint32), rho.astype(np.float32).view(np.uint32)
+    )
+
+
+@pytest.mark.parametrize("N", [1, 3, 4, 5, 4099])
+@gpu
+def test_key_rho_int_kernel_equals_key_rho_kernel(monkeypatch, N):
+    """prepare.RHO_INT (key_rho_int_kernel: eight lanes per key, integer squares) gives
+    key_rho_kernel's ρ bit for bit — every e4m3 code, NaN codes included, subnormals, the
+    largest values, a last warp with fewer than four keys — and a payload that is not
+    16-byte aligned falls back to key_rho_kernel."""
+    from dosa_cupy import prepare
+
+    rs = np.random.default_rng(N)
+    p = rs.integers(0, 256, (N, 128), dtype=np.uint8)
+    p[0, : min(128, 256)] = np.arange(128, dtype=np.uint8) + (128 if N % 2 else 0)
+    if N > 4:
+        p[1] = 0x7E  # the largest finite code in every slot
+        p[2] = rs.integers(0, 8, 128, dtype=np.uint8)  # subnormals and zeros
+    dp = cp.asarray(p)
+    monkeypatch.setattr(prepare, "RHO_INT", False)
+    want = cp.asnumpy(dosa_cupy.key_rho(dp)).view(np.uint32)
+    monkeypatch.setattr(prepare, "RHO_INT", True)
+    assert np.array_equal(cp.asnumpy(dosa_cupy.key_rho(dp)).view(np.uint32), want)
+    raw = cp.zeros(N * 128 + 1, dtype=cp.uint8)
+    raw[1:] = dp.ravel()
+    off = raw[1:].reshape(N, 128)  # one byte past an aligned allocation
+    assert off.data.ptr % 16 == 1
+    assert np.array_equal(cp.asnumpy(dosa_cupy.key_rho(off)).view(np.uint32), want)
 
 
 def _ref_scores(wl, qs):

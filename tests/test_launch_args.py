@@ -34,7 +34,7 @@ MT = range(1, 5)
 LAUNCHED = {
     "kernels.cu": [
         "check_values_i32", "check_values_i64", "check_scales", "quantize_keys_kernel",  # prepare
-        "key_rho_kernel",  # prepare
+        "key_rho_kernel", "key_rho_int_kernel",  # prepare (RHO_INT)
         *(f"dense_logits_mt{m}" for m in MT),  # scorer
         *(f"fused_mt{m}" for m in MT),  # fused
         "pool_mark", "pool_count", "pool_ids", "seed_ranges", "local_ranges",  # seeds

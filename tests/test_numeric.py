@@ -392,3 +392,19 @@ def test_fp8_topk_prunes_and_reports_guard_cost():
         rtol=1e-6,
         atol=1e-3,
     )
+
+
+def test_e4m3_squares_are_exact_integer_units():
+    """docs/method.md §8 "ρ from integer squares": every e4m3 code's square is an integer
+    number of 2^-18 units (``emulate.e4m3_sq_units``, the mirror of prepare.cu's), equal to
+    the float64 square of its value; a NaN code counts as (8 + 7)·2^5, as the kernels decode
+    it; 128 of the largest sum below 2^53, so the int64 sum converts to float64 exactly."""
+    from dosa_cupy.emulate import e4m3_sq_units
+
+    codes = np.arange(256, dtype=np.uint8)
+    units = e4m3_sq_units(codes)
+    v = e4m3_values(codes)
+    ok = ~np.isnan(v)
+    assert np.array_equal(units[ok].astype(np.float64) * 2.0**-18, v[ok] ** 2)
+    assert (units[~ok] == 480**2 * 2**18).all()
+    assert int(units.max()) * 128 < 2**53

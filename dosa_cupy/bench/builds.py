@@ -24,6 +24,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          the refinement
     selilp      dense.SELECT_ILP = True  the selection's passes with four loads of each
                                          thread in flight (select_kernel_ilp; under trial)
+    rhoint      prepare.RHO_INT = True  ρ by eight lanes per key and integer squares
+                                         (key_rho_int_kernel; under trial)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -75,6 +77,7 @@ BUILDS = {
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
     "selilp": ("dense", "SELECT_ILP", True),
+    "rhoint": ("prepare", "RHO_INT", True),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),

@@ -75,6 +75,35 @@ extern "C" __global__ void key_rho_kernel(const uint8_t* __restrict__ payload, l
   if (lane == 0) rho[tok] = rho_of_sumsq(ss);
 }
 
+// The square of an e4m3 code's value in units of 2^-18, the value that e4m3_value gives (a
+// NaN code's too: (8 + 7)·2^5): normal ((8 + m)·2^(e−10))² = (8 + m)²·2^(2e−2) units,
+// subnormal (m·2^-9)² = m² units.  At most 15²·2^28 < 2^36.
+__device__ __forceinline__ unsigned long long e4m3_sq_units(uint32_t b) {
+  const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  return e ? (unsigned long long)((8u + m) * (8u + m)) << (2u * e - 2u)
+           : (unsigned long long)(m * m);
+}
+
+// key_rho_kernel's ρ with eight lanes per token (a lane's 16 codes by one 16-byte load) and
+// the squares summed as integers (docs/method.md §8 "ρ from integer squares"): a key's 128
+// squares are < 2^43 units, so their sum is exact in int64 and converts to fp64 exactly —
+// the fp64 sum key_rho_kernel forms (exact in every order), so the same ρ bit for bit.
+// Launch: ⌈8N / 256⌉ blocks of 256 (whole warps; a lane past the last token loads nothing);
+// payload 16-byte aligned (prepare.key_rho checks).
+extern "C" __global__ void key_rho_int_kernel(const uint8_t* __restrict__ payload, long long N,
+                                              float* __restrict__ rho) {
+  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 16-byte chunk
+  const bool ok = (c >> 3) < N;
+  const uint4 v = ok ? reinterpret_cast<const uint4*>(payload)[c] : make_uint4(0u, 0u, 0u, 0u);
+  unsigned long long s = 0ull;
+  const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s += e4m3_sq_units((w4[i >> 2] >> (8 * (i & 3))) & 0xffu);
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // the token's 8
+  if (ok && (c & 7) == 0) rho[c >> 3] = rho_of_sumsq((double)s * 0x1p-18);
+}
+
 // ---------------------------------------------------------------------------------------
 // The value checks of prepare.check_inputs (docs/design.md "Public contract") in one pass, so a
 // call reads them back with one synchronization.  Bits of *flags:
