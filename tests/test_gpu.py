@@ -68,8 +68,9 @@ def test_quantize_keys_bitmatch(fmt):
 def test_key_rho_int_kernel_equals_key_rho_kernel(monkeypatch, N):
     """prepare.RHO_INT (key_rho_int_kernel: eight lanes per key, integer squares) gives
     key_rho_kernel's ρ bit for bit — every e4m3 code, NaN codes included, subnormals, the
-    largest values, a last warp with fewer than four keys — and a payload that is not
-    16-byte aligned falls back to key_rho_kernel."""
+    largest values, a last warp with fewer than four keys — and a payload that is 4-byte
+    but not 16-byte aligned (key_rho_kernel's loads are 4 bytes wide) falls back to
+    key_rho_kernel."""
     from dosa_cupy import prepare
 
     rs = np.random.default_rng(N)
@@ -83,10 +84,10 @@ def test_key_rho_int_kernel_equals_key_rho_kernel(monkeypatch, N):
     want = cp.asnumpy(dosa_cupy.key_rho(dp)).view(np.uint32)
     monkeypatch.setattr(prepare, "RHO_INT", True)
     assert np.array_equal(cp.asnumpy(dosa_cupy.key_rho(dp)).view(np.uint32), want)
-    raw = cp.zeros(N * 128 + 1, dtype=cp.uint8)
-    raw[1:] = dp.ravel()
-    off = raw[1:].reshape(N, 128)  # one byte past an aligned allocation
-    assert off.data.ptr % 16 == 1
+    raw = cp.zeros(N * 128 + 4, dtype=cp.uint8)
+    raw[4:] = dp.ravel()
+    off = raw[4:].reshape(N, 128)  # four bytes past an aligned allocation
+    assert off.data.ptr % 16 == 4
     assert np.array_equal(cp.asnumpy(dosa_cupy.key_rho(off)).view(np.uint32), want)
 
 
