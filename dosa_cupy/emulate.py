@@ -30,8 +30,8 @@ def e4m3_sq_units(codes) -> np.ndarray:
     ``e4m3_value`` decodes it; docs/method.md §8 "ρ from integer squares")."""
     b = np.asarray(codes, dtype=np.uint64)
     e, m = (b >> np.uint64(3)) & np.uint64(15), b & np.uint64(7)
-    normal = ((np.uint64(8) + m) ** np.uint64(2)) << (np.uint64(2) * e - np.uint64(2) * (e > 0))
-    return np.where(e > 0, normal, m * m).astype(np.uint64)
+    shift = np.where(e > 0, np.uint64(2) * e - np.uint64(2), np.uint64(0))  # 2e − 2, normals
+    return np.where(e > 0, (np.uint64(8) + m) ** np.uint64(2) << shift, m * m).astype(np.uint64)
 
 
 def score_code(s: np.ndarray) -> np.ndarray:

@@ -156,14 +156,19 @@ def test_gpu_plan_matches_reference(H):
             assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
-@gpu
-def test_select_matches_host_order(monkeypatch, ilp):
-    """dense_topk's ids == the host's (score desc, id asc) order of the dense logits, with
-    either selection kernel (dense.SELECT_ILP: four loads of each thread in flight)."""
+@pytest.fixture(params=[False, True], ids=["select_kernel", "select_kernel_ilp"])
+def either_select(request, monkeypatch):
+    """Each selection kernel in turn (dense.SELECT_ILP: four loads of each thread in
+    flight)."""
     from dosa_cupy import dense as dense_mod
 
-    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
+    monkeypatch.setattr(dense_mod, "SELECT_ILP", request.param)
+
+
+@gpu
+def test_select_matches_host_order(either_select):
+    """dense_topk's ids == the host's (score desc, id asc) order of the dense logits, with
+    either selection kernel."""
     wl = make_gpu_workload("ties", 32, 20000, 32, seed=5)
     lg = cp.asnumpy(dosa_cupy.dense_logits(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"]))
     ids = cp.asnumpy(
@@ -184,16 +189,12 @@ def test_select_matches_host_order(monkeypatch, ilp):
         assert np.array_equal(lgc[t, a:b].view(np.uint32), lg[t, a:b].view(np.uint32))
 
 
-@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
 @pytest.mark.parametrize("regime,N", [("equal", 150000), ("ties", 150000), ("structured", 70000)])
 @gpu
-def test_select_large_rows(monkeypatch, regime, N, ilp):
+def test_select_large_rows(either_select, regime, N):
     """Rows longer than the selection scratch (65,536): all-equal scores (the K-th record is
     found only in the id digits), few distinct values, and a plain row; either selection
-    kernel (dense.SELECT_ILP)."""
-    from dosa_cupy import dense as dense_mod
-
-    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
+    kernel."""
     wl = make_gpu_workload(regime, 4, N, 16, seed=6, causal=False)
     a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
     lg = cp.asnumpy(dosa_cupy.dense_logits(*a))
@@ -587,17 +588,13 @@ def test_seed_records_are_the_default_seeds_with_dense_scores(layout, H, tile_n,
         assert np.array_equal(codes, score_code(lg[t, ids[order]])), t
 
 
-@pytest.mark.parametrize("ilp", [False, True], ids=["select_kernel", "select_kernel_ilp"])
 @gpu
-def test_select_kth_only_equals_sorted_selection(monkeypatch, ilp):
+def test_select_kth_only_equals_sorted_selection(either_select):
     """select_kernel without ids (the seeds' τ, the decode threshold) returns the least
     record at or above the radix threshold instead of sorting: the same K-th record as the
     sorted path, for rows with fewer than, exactly and more than K records, tied score codes,
-    a second record list, and K from 1 to 4096; either selection kernel (dense.SELECT_ILP)."""
-    from dosa_cupy import dense as dense_mod
+    a second record list, and K from 1 to 4096; either selection kernel."""
     from dosa_cupy.dense import select_records
-
-    monkeypatch.setattr(dense_mod, "SELECT_ILP", ilp)
 
     rng = np.random.default_rng(11)
     for K in (1, 7, 2048, 4096):

@@ -51,8 +51,9 @@ struct SelShared {
 // f(get(i)) for i = tid, tid + SEL_THREADS, … < n, ILP records loaded before any is used,
 // so that ILP loads of each thread are in flight at once (docs/method.md §9 "The selection's
 // loads": the passes wait on their loads, long-scoreboard stalls first); the same records
-// reach f, in another order.  select_row's ILP = 1 build keeps its plain loops (the GPU-tested
-// select_kernel, instruction for instruction).
+// reach f, in another order.  select_row's ILP = 1 build keeps its plain loops: through this
+// helper (or its lambdas in those loops) ptxas allocates the GPU-tested select_kernel
+// differently (60 registers, not 56; cuobjdump), so it keeps them instruction for instruction.
 template <int ILP, class Get, class F>
 __device__ __forceinline__ void each_record(long long n, Get get, F f) {
   long long i = threadIdx.x;
@@ -239,15 +240,22 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   __syncthreads();
 }
 
+// The parameter list of select_kernel and its builds, and the arguments that hand it on.
+#define DOSA_SELECT_PARAMS                                                                         \
+  int mode, int rows, int K, const float* __restrict__ logits, long long ld,                       \
+      const int* __restrict__ ks_, const int* __restrict__ ke_,                                    \
+      const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA,          \
+      long long capA, const unsigned long long* __restrict__ recB,                                 \
+      const unsigned int* __restrict__ cntB, long long capB,                                       \
+      unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,         \
+      unsigned long long* __restrict__ kth_out
+#define DOSA_SELECT_ARGS                                                                           \
+  mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB, scratch, scap,          \
+      ids_out, kth_out
+
 // The rows of select_kernel (ILP 1) and select_kernel_ilp (ILP 4; dense.SELECT_ILP).
 template <int ILP>
-__device__ __forceinline__ void select_rows_impl(
-    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
-    const int* __restrict__ ks_, const int* __restrict__ ke_,
-    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
-    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
-    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
-    unsigned long long* __restrict__ kth_out) {
+__device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS) {
   __shared__ SelShared sh;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -273,27 +281,14 @@ __device__ __forceinline__ void select_rows_impl(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(
-    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
-    const int* __restrict__ ks_, const int* __restrict__ ke_,
-    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
-    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
-    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
-    unsigned long long* __restrict__ kth_out) {
-  select_rows_impl<1>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
-                          scratch, scap, ids_out, kth_out);
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(DOSA_SELECT_PARAMS) {
+  select_rows_impl<1>(DOSA_SELECT_ARGS);
 }
 
 // Two blocks of 512 per SM, as select_kernel's 56 registers give (dense.SEL_BLOCKS).
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) select_kernel_ilp(
-    int mode, int rows, int K, const float* __restrict__ logits, long long ld,
-    const int* __restrict__ ks_, const int* __restrict__ ke_,
-    const unsigned long long* __restrict__ recA, const unsigned int* __restrict__ cntA, long long capA,
-    const unsigned long long* __restrict__ recB, const unsigned int* __restrict__ cntB, long long capB,
-    unsigned long long* __restrict__ scratch, long long scap, int* __restrict__ ids_out,
-    unsigned long long* __restrict__ kth_out) {
-  select_rows_impl<4>(mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB,
-                          scratch, scap, ids_out, kth_out);
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
+    select_kernel_ilp(DOSA_SELECT_PARAMS) {
+  select_rows_impl<4>(DOSA_SELECT_ARGS);
 }
 
 // ---------------------------------------------------------------------------------------
