@@ -25,9 +25,11 @@ __all__ = [
 SCRATCH = 1 << 16  # candidate scratch per selection block, in records
 SEL_BLOCKS = 264
 # select_kernel_ilp (csrc/select.cu each_record: four loads of each thread in flight in every
-# pass over a row's records, docs/method.md §9 "The selection's loads"; the same selection);
-# under trial, not measured yet: bench build selilp.
-SELECT_ILP = False
+# pass over a row's records, docs/method.md §9 "The selection's loads"; the same selection):
+# 1.15× faster on the dense route's rows and a DoSA call's records on an H100
+# (docs/records/benchmarks.md "The selection's loads and ρ from integer squares"); bench build
+# noilp keeps select_kernel.
+SELECT_ILP = True
 
 _NULL = np.uint64(0)
 

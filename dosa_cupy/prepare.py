@@ -461,11 +461,10 @@ def quantize_keys(k, scale_fmt: str = "amax"):
 
 
 # key_rho by key_rho_int_kernel (csrc/prepare.cu: eight lanes per key, the squares summed as
-# integers; the same ρ bit for bit, docs/method.md §8 "ρ from integer squares"): the ρ kernel
-# of a 1M-key call took 0.42 ms under Nsight Compute on an H100, ~10× its read of the
-# payload (docs/records/benchmarks.md "The raised extension and the pipelined halves");
-# under trial, not measured yet: bench build rhoint.
-RHO_INT = False
+# integers; the same ρ bit for bit, docs/method.md §8 "ρ from integer squares"): 2.6× faster
+# than key_rho_kernel at 1M keys on an H100 (docs/records/benchmarks.md "The selection's
+# loads and ρ from integer squares"); bench build rhofloat keeps key_rho_kernel.
+RHO_INT = True
 
 
 def key_rho(k_payload):

@@ -454,11 +454,14 @@ def test_module_gives_checked_kernels(fake_cupy):
 # ---------------------------------------------------------------------------------------
 
 
-def test_host_launches_pass_the_check(monkeypatch):
+@pytest.mark.parametrize("ilp", [True, False], ids=["select_kernel_ilp", "select_kernel"])
+def test_host_launches_pass_the_check(monkeypatch, ilp):
     """dense's selections (logits rows, record lists with and without the optional lists,
-    the wide selection), run on numpy through the build's Kernel wrapper: every launch's
-    tuple, null pointers (np.uint64(0)) included, passes the check of the kernel as built."""
+    the wide selection), run on numpy through the build's Kernel wrapper, with either
+    selection kernel (dense.SELECT_ILP): every launch's tuple, null pointers (np.uint64(0))
+    included, passes the check of the kernel as built."""
     sig, launched = signatures(main_spec()), []
+    monkeypatch.setattr(dense, "SELECT_ILP", ilp)
 
     def kernel(name, *_):
         raw = FakeRaw()
@@ -477,7 +480,8 @@ def test_host_launches_pass_the_check(monkeypatch):
     wide = np.zeros((2, dense.WIDE_MIN_N), np.float32)
     dense.select_rows(wide, 5, ks[:2], np.full(2, dense.WIDE_MIN_N, np.int32))
     names = {n for n, _ in launched}
-    assert names == {"select_kernel", "select_wide_hist", "select_wide_cut", "select_wide_compact"}
+    rows = "select_kernel_ilp" if ilp else "select_kernel"
+    assert names == {rows, "select_wide_hist", "select_wide_cut", "select_wide_compact"}
     assert all(len(raw.calls) == 1 for _, raw in launched)  # every launch reached "CuPy"
     for name, raw in launched:  # the emulations' check agrees (it knows no null pointer)
         args = raw.calls[0][2]

@@ -1,6 +1,7 @@
-"""CPU: the three host launches of select_kernel (dense.py: logits rows, record lists, the
-wide selection's per-row choice) pass the kernel the arguments its signature in select.cu
-names, in order — one helper builds them (`dense._select_kernel`)."""
+"""CPU: the three host launches of select_kernel and select_kernel_ilp (dense.py: logits
+rows, record lists, the wide selection's per-row choice; one parameter list,
+DOSA_SELECT_PARAMS) pass the kernel the arguments its signature in select.cu names, in
+order — one helper builds them (`dense._select_kernel`)."""
 
 import numpy as np
 import pytest
@@ -13,14 +14,18 @@ from dosa_cupy._build import CSRC
 SIG = [n for _, n in params(read_source(CSRC / "select.cu"), r"select_kernel")]
 
 
-@pytest.fixture
-def launches(monkeypatch):
+@pytest.fixture(params=[True, False], ids=["select_kernel_ilp", "select_kernel"])
+def launches(monkeypatch, request):
     calls = []
     shim = numpy_as_cupy()
+    monkeypatch.setattr(dense, "SELECT_ILP", request.param)
+    rows = "select_kernel_ilp" if request.param else "select_kernel"
 
     def kernel(name, *_):
+        assert name in {rows, "select_wide_hist", "select_wide_cut", "select_wide_compact"}
+
         def launch(grid, block, args, **kw):
-            named = dict(zip(SIG, args, strict=True)) if name == "select_kernel" else args
+            named = dict(zip(SIG, args, strict=True)) if name == rows else args
             calls.append((name, grid, named))
 
         return launch
@@ -33,7 +38,7 @@ def launches(monkeypatch):
 
 
 def _sel(calls):
-    (a,) = [c[2] for c in calls if c[0] == "select_kernel"]
+    (a,) = [c[2] for c in calls if c[0] in ("select_kernel", "select_kernel_ilp")]
     return a
 
 

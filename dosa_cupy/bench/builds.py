@@ -22,10 +22,10 @@ Not options of the library: a build under trial is one of these until it wins.
                                          histogram read back after the seeds (two read-backs)
     eagerext    refine.DEFERRED_EXTENSION = False  the overflow check read back right after
                                          the refinement
-    selilp      dense.SELECT_ILP = True  the selection's passes with four loads of each
-                                         thread in flight (select_kernel_ilp; under trial)
-    rhoint      prepare.RHO_INT = True  ρ by eight lanes per key and integer squares
-                                         (key_rho_int_kernel; under trial)
+    noilp       dense.SELECT_ILP = False  the selection's passes with one load of each
+                                         thread in flight (select_kernel)
+    rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
+                                         (key_rho_kernel)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -76,8 +76,8 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
-    "selilp": ("dense", "SELECT_ILP", True),
-    "rhoint": ("prepare", "RHO_INT", True),
+    "noilp": ("dense", "SELECT_ILP", False),
+    "rhofloat": ("prepare", "RHO_INT", False),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
