@@ -158,7 +158,8 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         tm.mark("cert")
     # refine with compact writeback, exact extension on overflow (§7 C.3, §9)
     deferred = refine_mod.DEFERRED_EXTENSION  # the overflow flags read with the recovery's
-    recs = refine_stage(b, tau, screened.surv, int(o["buffer"]), extend=not deferred)
+    recs = refine_stage(b, tau, screened.surv, int(o["buffer"]), extend=not deferred,
+                        spill=refine_mod.SPILL)  # fmt: skip
     bad = recovery_queries(b) | ~plan.valid  # query-level recovery (§7 C.3)
     counts = None
     if deferred and refine_mod.PREFETCH_COUNTS:  # read back while the selection runs
@@ -170,9 +171,9 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         if counts is None:
             counts = read_back_async(overflow_counts(recs, bad))
         counts[1].synchronize()
-        n_over, top, n_bad = (int(x) for x in counts[0])
+        n_over, top, n_bad, spilled = (int(x) for x in counts[0])
         if n_over:
-            recs = extend_records(b, tau, screened.surv, recs, (n_over, top))
+            recs = extend_records(b, tau, screened.surv, recs, (n_over, top), spilled)
             select_extended(b.K, seeds.default, recs, ids, kth)
         recover(b, ids, bad, n_bad)
     else:

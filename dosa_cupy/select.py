@@ -20,6 +20,7 @@ from .scorer import valid_scales
 __all__ = [
     "RecordBuffer",
     "Records",
+    "SpillBuffer",
     "captured_floor",
     "extend_overflow",
     "flagged_rows",
@@ -52,6 +53,24 @@ class RecordBuffer:
         return (self.cnt, self.rec, np.int64(self.cap))
 
 
+class SpillBuffer:
+    """The spill of a first refinement pass (docs/method.md §7 C.3 "The spill"): the records
+    past their row's cap, rec uint64 [cap] with their rows row int32 [cap], in the order the
+    kernel appended them; count uint32 [1] (zeroed) counts every spilled record, also past
+    ``cap``, so a full spill is detected and the extension scores the rows again."""
+
+    def __init__(self, cap: int):
+        cp = cupy_or_raise()
+        self.cap = int(cap)
+        self.count = cp.zeros(1, dtype=cp.uint32)
+        self.rec = cp.empty(self.cap, dtype=cp.uint64)
+        self.row = cp.empty(self.cap, dtype=cp.int32)
+
+    def args(self) -> tuple:
+        """(count, rec, row, cap): the trailing parameters of refine_fp8_spill_h*."""
+        return (self.count, self.rec, self.row, np.int64(self.cap))
+
+
 @dataclass
 class Records:
     """Compact records of every query (docs/method.md §9), with the exact overflow extension.
@@ -61,13 +80,15 @@ class Records:
     uint32 [n]) or None: the complete lists of the overflowed rows, counted by the pass
     that wrote them (rows[j]'s records are rec2[j, :cnt2[j]]: its records s ≥ max(τ, floor),
     ``captured_floor``; cnt2 = cnt[rows] where the floor is −inf or ``RAISED_EXTENSION`` is
-    off, which the tests check).
+    off, which the tests check).  spill: the first pass's records past cap
+    (``SpillBuffer``), or None where it kept none.
     """
 
     rec: object
     cnt: object
     over: object
     ext: tuple | None = None
+    spill: SpillBuffer | None = None
 
     def row(self, t: int):
         """Query t's records (host or device array; for tests and diagnostics)."""
@@ -146,14 +167,17 @@ def flagged_rows(mask, n: int, xp):
 
 
 def overflow_counts(recs: Records, bad):
-    """int64 device [3]: the overflowed rows of ``recs`` (``Records.over``), the largest
-    count among them (0 without one) and the rows of ``bad`` (bool [Qn], the query-level
-    recovery's) — what the exact extension and the recovery need on the host, read back
-    once (pipeline.py, ``refine.PREFETCH_COUNTS``)."""
+    """int64 device [4]: the overflowed rows of ``recs`` (``Records.over``), the largest
+    count among them (0 without one), the rows of ``bad`` (bool [Qn], the query-level
+    recovery's) and the spilled records (``Records.spill``; 0 without a spill) — what the
+    exact extension and the recovery need on the host, read back once (pipeline.py,
+    ``refine.PREFETCH_COUNTS``)."""
     cp = cupy_or_raise()
     over_cnt = cp.where(recs.over, recs.cnt.astype(cp.int64), 0)
     top = over_cnt.max() if over_cnt.size else cp.zeros((), dtype=cp.int64)
-    return cp.stack([recs.over.sum(dtype=cp.int64), top, bad.sum(dtype=cp.int64)])
+    sp = recs.spill
+    spilled = sp.count[0].astype(cp.int64) if sp is not None else cp.zeros((), dtype=cp.int64)
+    return cp.stack([recs.over.sum(dtype=cp.int64), top, bad.sum(dtype=cp.int64), spilled])
 
 
 # "No K-th record": an id no visible key exceeds (ids < N ≤ 2^31 − 1), so "U = τ and i > j"

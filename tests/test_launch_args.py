@@ -45,7 +45,7 @@ LAUNCHED = {
         *(f"refine_mt{m}" for m in MT),  # refine
         "select_kernel", "select_kernel_ilp",  # dense (SELECT_ILP)
         "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
-        "tau_from_kth",  # select
+        "tau_from_kth", "extend_from_spill",  # select, refine (SPILL)
         "e4m3_round_f64",  # plan
         "route_head", "route_sample", "route_gate",  # route (COUNT_KERNELS, SAMPLE_GATE)
     ],
@@ -63,7 +63,7 @@ LAUNCHED = {
     "fp8_probe.cu": ["fp8_wgmma_probe", "fp8_wgmma_probe_n32", "fp8_wgmma_probe_n16", "tma_probe"],
     "dense_fp8.cu": [f"dense_fp8_h{h}_{v}" for h in (32, 64) for v in FP8_DENSE],  # bench/fp8_dense
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
-                     ("score_fp8_ids", "refine_fp8", "seed_score_fp8",
+                     ("score_fp8_ids", "refine_fp8", "refine_fp8_spill", "seed_score_fp8",
                       "seed_ids_fp8", "seed_logits_fp8", "fused_fp8", "decode_logits_fp8",
                       "decode_fused_fp8", "decode_witness_fp8")]
                    + [f"decode_{k}_tma_fp8_h{h}_n{n}" for h in (64, 32) for n in (1, 2)

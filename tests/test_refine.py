@@ -420,8 +420,8 @@ def test_extension_with_counts_read_back_equals_the_one_that_reads_them(fake_ref
         first = rs_mod.refine_stage(b, tau, surv, cap, False)
         bad = np.zeros(Qn, bool)
         bad[[2, 9]] = True
-        n, top, nbad = (int(x) for x in select_mod.overflow_counts(first, bad))
-        assert (n, nbad) == (int(first.over.sum()), 2)
+        n, top, nbad, spilled = (int(x) for x in select_mod.overflow_counts(first, bad))
+        assert (n, nbad, spilled) == (int(first.over.sum()), 2, 0)  # no spill asked for
         assert top == (int(first.cnt[first.over].max()) if n else 0)
         given = rs_mod.extend_records(b, tau, surv, first, (n, top))
         assert len(fk.calls) == (2 if n else 1)
@@ -537,3 +537,87 @@ def test_gpu_deferred_extension_returns_the_dense_ids(buffer, prefetch, monkeypa
     assert cp.array_equal(ids, dosa_cupy.dense_topk(*a))
     assert np.array_equal(st.overflows, now.overflows) and st.recovered.any()
     assert st.overflows.any() == (buffer == 16)
+
+
+@pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("cap,raised,ratio", [(5, True, 1000.0), (300, True, 1.0),
+                                              (5, False, 1000.0), (5, True, 0.0),
+                                              (300, True, 0.01)])  # fmt: skip
+@gpu
+def test_gpu_spill_extension_equals_refining_again(monkeypatch, H, cap, raised, ratio):
+    """The FP8 refinement with its spill (``refine.SPILL``, refine_fp8_spill_h{H}): the
+    first pass's records are those without it, the spill holds every record past a row's
+    cap (its count = Σ (count − cap) over the overflowed rows), and each overflowed row's
+    extension from the spill (``extend_from_spill``; no second refinement) holds exactly
+    the records a second refinement writes — the dense FP8 logits' records of its survivors
+    at or above max(τ, the K-th kept record).  A spill too small for them (ratio 0, 0.01)
+    falls back to the second refinement, with the same records."""
+    from dosa_cupy.prepare import pad_batch
+
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
+    monkeypatch.setattr(rs_mod, "SPILL_RATIO", ratio)
+    again = []
+    real_rescore = rs_mod._rescore
+
+    def rescore_spy(b, tau, surv):
+        f = real_rescore(b, tau, surv)
+        return lambda *a: again.append(a[0].size) or f(*a)
+
+    monkeypatch.setattr(rs_mod, "_rescore", rescore_spy)
+    Qn, N = 203, 20000
+    wl = make_gpu_workload("calibrated", Qn, N, H, seed=36)
+    ks, ke = wl["ks"], wl["ke"]
+    a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"])
+    batch = pad_batch(*a, 1, ks, ke, scorer="fp8")
+    lg = cp.asnumpy(dosa_cupy.dense_logits(*a, ks, ke, scorer="fp8"))
+    rng = np.random.default_rng(H + cap)
+    surv, _, _ = _random_case(rng, Qn, N, 0.3, "causal")
+    key = np.arange(surv.shape[1] * 32)
+    vis = (key[None, :] >= cp.asnumpy(ks)[:, None]) & (key[None, :] < cp.asnumpy(ke)[:, None])
+    surv = _pack(_bits(surv) & vis)
+    B = _bits(surv)
+    # τ: the 40th best visible score of the even rows, the 2,000th of the odd ones (about 12
+    # and 600 records of the surviving 30 %: the odd rows overflow either cap)
+    srt = np.sort(np.where(vis[:, :N], lg, -np.inf), axis=1)
+    tau = np.where(np.arange(Qn) % 2, srt[:, -2000], srt[:, -40]).astype(np.float32)
+    tau_d = cp.asarray(tau)
+    recs = rs_mod.refine_stage(batch, tau_d, cp.asarray(surv), cap, spill=True)
+    plain = rs_mod.refine_stage(batch, tau_d, cp.asarray(surv), cap, extend=False)
+    cnt, over = cp.asnumpy(recs.cnt).astype(np.int64), cp.asnumpy(recs.over)
+    assert np.array_equal(cnt, cp.asnumpy(plain.cnt)) and over.any()
+    kept = cp.asnumpy(recs.rec)
+    spilled = int(np.maximum(cnt - cap, 0).sum())
+    assert int(recs.spill.count[0]) == spilled
+    assert recs.spill.cap == int(Qn * cap * ratio)
+    assert (again == []) == (spilled <= recs.spill.cap), (again, spilled, recs.spill.cap)
+    if spilled <= recs.spill.cap:  # every record past cap, with its row
+        rows = cp.asnumpy(recs.spill.row[:spilled])
+        assert np.array_equal(np.bincount(rows, minlength=Qn), np.maximum(cnt - cap, 0))
+    for t in range(Qn):
+        ids = np.flatnonzero(B[t, :N])
+        ids = ids[lg[t, ids] >= tau[t]]
+        if raised and over[t]:  # the K-th (K = 1) kept record raises the floor
+            ids = ids[lg[t, ids] >= record_score(kept[t]).max()]
+        got = np.sort(cp.asnumpy(recs.row(t)))
+        assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
+
+
+@pytest.mark.parametrize("spill", [True, False])
+@pytest.mark.parametrize("ratio", [0.125, 0.0])
+@pytest.mark.parametrize("buffer", [16, 256])
+@gpu
+def test_gpu_spill_in_a_dosa_call_returns_the_dense_ids(monkeypatch, buffer, ratio, spill):
+    """A DoSA call on the FP8 scorer whose rows overflow their buffer: the ids are the dense
+    route's with the spill (``refine.SPILL``), with a spill too small (ratio 0: the rows
+    scored again) and without one, and the statistics' overflow counts agree."""
+    monkeypatch.setattr(rs_mod, "SPILL", spill)
+    monkeypatch.setattr(rs_mod, "SPILL_RATIO", ratio)
+    wl = make_gpu_workload("calibrated", 300, 30000, 64, seed=9)
+    a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 256, wl["ks"], wl["ke"])
+    opts = dict(route="dosa", screen="wgt", r=6, buffer=buffer, scorer="fp8")
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, **opts)
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8"))
+    assert st.overflows.any()
+    monkeypatch.setattr(rs_mod, "SPILL", not spill)
+    _, other = dosa_cupy.dosa_topk(*a, return_stats=True, **opts)
+    assert np.array_equal(st.overflows, other.overflows)

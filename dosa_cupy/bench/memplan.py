@@ -4,6 +4,7 @@ rough wall-time model for splitting a sweep into parts."""
 
 from __future__ import annotations
 
+from ..refine import SPILL_RATIO
 from .timing import WARM
 
 # H200 ceilings measured in docs/numerics.md ("Measured on an H200", 2026-11-30):
@@ -107,8 +108,8 @@ def memory_plan(
     Returns {"subchunk": {route: queries}, "bytes_per_query": {...}, "inputs_gib",
     "notes": [why a route is sub-chunked], "skipped": reason or None}.  Routes: dense
     (fp32 logits row, N·4; torch.topk reads the same rows), dosa (survivor bitmask N/8,
-    compact records buffer·8, seed records (sinks + window + min(n_anchors·S·K, N))·8 with
-    S = anchor_segments, plan
+    compact records buffer·8 and the FP8 refinement's spill buffer·12·refine.SPILL_RATIO,
+    seed records (sinks + window + min(n_anchors·S·K, N))·8 with S = anchor_segments, plan
     temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one uint8
     per bitmask byte, N/8 bytes; refine.popcount_rows), fused (records + seed
     records).  Not counted: the exact extension of an overflowing refine (sized by the
@@ -120,10 +121,11 @@ def memory_plan(
     seed_rec = (sinks + window + min(n_anchors * anchor_segments * K, int(N))) * 8
     nw_bytes = -(-int(N) // 32) * 4
     plan_b = PLAN_F64_TEMPS * Hp * D * 8
+    recs = buffer * 8 + int(buffer * SPILL_RATIO * 12)  # the spill: uint64 record, int32 row
     bpq = {
         "dense": int(N) * 4,
-        "dosa": nw_bytes + buffer * 8 + seed_rec + plan_b,
-        "dosa_stats": nw_bytes + nw_bytes + buffer * 8 + seed_rec + plan_b,
+        "dosa": nw_bytes + recs + seed_rec + plan_b,
+        "dosa_stats": nw_bytes + nw_bytes + recs + seed_rec + plan_b,
         "fused": buffer * 8 + seed_rec,
     }
     # rotated input sets: e4m3 queries (+ padded copy), fp32 weights, keys, ranges

@@ -123,7 +123,7 @@ def _report_finish(args, o, scorer, cp) -> None:
     o2 = options.resolved(o, screen="fp64")
     surv = screen.screen_stage(b, pl, sd, key_rho(b.kp), o2, False).surv
     refine_args = (b, sd.tau, surv, int(o["buffer"]))
-    inner = (refine.RefineLaunch.per_query, select.RecordBuffer.__init__, select.extend_overflow)
+    inner = (refine.RefineLaunch.per_query, select.RecordBuffer.__init__, select.extend_flagged)
     _report("refine (refine_stage)", refine.refine_stage, refine_args, cp, inner)
     recs = refine.refine_stage(*refine_args)
     inner = (select.select_ids, select.recovery_queries, select.recover)

@@ -17,6 +17,7 @@
 // overlaps other work instead of adding to it.  The scores are those of tile_dots and
 // tile_sums (dots below: the same MMAs, the same adds in the same order):
 //   refine_fp8_h{H}       the set bits of the query's survivor bitmask (refinement, §9)
+//   refine_fp8_spill_h{H} the same, a row's records past its cap appended to the spill
 //   seed_score_fp8_h{H}   key ranges [lo, hi) of a key array, record id idmap[i] (seeds, §2);
 //                         128 / H consecutive queries per block share each gathered key tile
 //   seed_ids_fp8_h{H}     a table of explicit seed ids (seeds, §2)
@@ -306,6 +307,46 @@ __device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned lon
   }
 }
 
+// The spill of refinement's first pass (docs/method.md §7 C.3 "The spill"): the records of a
+// row past its cap, appended with their row to one pool that every row of the launch shares
+// (rec[:cap], row[:cap]).  count counts every spilled record, also past cap, so a full pool
+// is detected: the extension then scores the overflowed rows again.  With the pool, an
+// overflowed row's records s ≥ τ are all kept (its cap and its spilled ones), and its
+// extension selects among them instead of scoring its survivors a second time.
+struct Spill {
+  unsigned int* count;
+  unsigned long long* rec;
+  int* row;
+  long long cap;
+};
+struct NoSpill {};  // records past cap are counted only (the rows scored again on overflow)
+
+__device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned long long* rec,
+                                           long long cap, NoSpill, int) {
+  emit_flush(e, lane, rec, cap);
+}
+// emit_flush, and the warp's records past cap appended to the spill (one atomicAdd per warp;
+// a row overflows rarely, so the test is the only cost of the common case).
+__device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned long long* rec,
+                                           long long cap, const Spill& sp, int row) {
+  emit_flush(e, lane, rec, cap);
+  if (e.m == 0u) return;  // warp-uniform
+  const unsigned base = __shfl_sync(0xffffffffu, e.base, 0);
+  if ((long long)base + __popc(e.m) <= cap) return;  // warp-uniform: nothing past cap
+  const unsigned at = base + __popc(e.m & ((1u << lane) - 1u));
+  const unsigned m = __ballot_sync(0xffffffffu, ((e.m >> lane) & 1u) && (long long)at >= cap);
+  unsigned first = 0u;
+  if (lane == 0) first = atomicAdd(sp.count, (unsigned)__popc(m));
+  first = __shfl_sync(0xffffffffu, first, 0);
+  if ((m >> lane) & 1u) {
+    const unsigned k = first + __popc(m & ((1u << lane) - 1u));
+    if ((long long)k < sp.cap) {
+      sp.rec[k] = make_record(e.sc, e.id);
+      sp.row[k] = row;
+    }
+  }
+}
+
 // The ring (the multistage cp.async pipeline of the CUDA C++ Programming Guide, "Asynchronous
 // Data Copies"): the tiles j, next(j), next(next(j)), … below nt (block-uniform); tile k of
 // the sequence uses stage k mod KST.  Ring::issue gathers the next tile not yet gathered
@@ -359,8 +400,9 @@ __device__ __forceinline__ void stream_tiles(int j, int nt, Next&& next, Issue&&
 // block without one exits (survival is a few percent: the common case).  The ids of
 // positions [p0, p0 + RCAP) are written to the shared list (usually one window holds them
 // all) and streamed through the key ring in tiles of 64, the last one partial.  Bits of the
-// last word past N are ignored (no key there to gather).
-template <int H>
+// last word past N are ignored (no key there to gather).  SP: NoSpill, or Spill (records
+// past cap appended to the spill, refine_fp8_spill_h{H}).
+template <int H, class SP = NoSpill>
 __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                        const uint8_t* __restrict__ kp,
                                        const float* __restrict__ alpha,
@@ -368,7 +410,8 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
                                        const int* __restrict__ ke_, const int* __restrict__ qlist,
                                        long long N, const uint32_t* __restrict__ surv,
                                        unsigned int* __restrict__ count,
-                                       unsigned long long* __restrict__ rec, long long cap) {
+                                       unsigned long long* __restrict__ rec, long long cap,
+                                       SP spill = SP{}) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   static_assert(RWF % 128 == 0 && RCAP % 64 == 0, "RWF: words of 128 threads; RCAP: tiles");
   __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
@@ -466,12 +509,12 @@ __device__ __forceinline__ void refine(const uint8_t* __restrict__ q, const floa
           float sv[1][2];
           tile_sums<H>(acc, sw, qd, sv);
           const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
-          emit_flush(pend, lane, rrow, cap);
+          emit_flush(pend, lane, rrow, cap, spill, tq);
           emit_issue(pend, i >= 0 && sc >= tt, sc, i, lane, cnt);
         });
     __syncthreads();  // every read of sid and of the key stages of this window is done
   }
-  emit_flush(pend, lane, rrow, cap);
+  emit_flush(pend, lane, rrow, cap, spill, tq);
 }
 
 // Where a stage's keys live: a key id's row of kp and alpha — the key array itself
@@ -1070,6 +1113,15 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
       unsigned int* count, unsigned long long* rec, long long cap) {                           \
     DOSA_FP8_BODY(dosa::fp8::refine<H>(q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count,   \
                                        rec, cap))                                              \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, REFINE_BLOCKS(H)) refine_fp8_spill_h##H(   \
+      const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
+      const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,       \
+      unsigned int* count, unsigned long long* rec, long long cap, unsigned int* spill_count,  \
+      unsigned long long* spill_rec, int* spill_row, long long spill_cap) {                    \
+    DOSA_FP8_BODY(dosa::fp8::refine<H>(                                                        \
+        q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count, rec, cap,                         \
+        dosa::fp8::Spill{spill_count, spill_rec, spill_row, spill_cap}))                       \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(128, SEED_SCORE_BLOCKS(H)) seed_score_fp8_h##H(                        \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, long long n_keys, \

@@ -411,4 +411,40 @@ extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows,
   tau[t] = r ? code_score((uint32_t)(r >> 32)) : NEG_INF;
 }
 
+// The overflow extension from the spill (docs/method.md §7 C.3 "The spill"): for the
+// overflowed rows oq[j] (j < n), the records s ≥ floor[j] among those the first pass kept
+// (rec[oq[j], :cap], all cap of them: the row overflowed) and those it spilled (srec[k] with
+// slot[srow[k]] = j, k < ns) are appended to rec2[j, :cap2], cnt2[j] counting them — the
+// records a second refinement of the rows against floor would write, in another order.
+// s ≥ floor is tested on the record's score, which code_score returns as the scorer computed
+// it (−0 as +0, equal under ≥), so the test is the refine kernel's own.  One thread per
+// record, a grid-stride loop over the kept records, then the spilled ones.
+extern "C" __global__ void extend_from_spill(const unsigned long long* __restrict__ rec,
+                                             long long cap, const int* __restrict__ oq, int n,
+                                             const int* __restrict__ slot,
+                                             const unsigned long long* __restrict__ srec,
+                                             const int* __restrict__ srow, long long ns,
+                                             const float* __restrict__ floor,
+                                             unsigned int* __restrict__ cnt2,
+                                             unsigned long long* __restrict__ rec2,
+                                             long long cap2) {
+  const long long kept = (long long)n * cap;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < kept + ns;
+       i += (long long)gridDim.x * blockDim.x) {
+    int j;
+    unsigned long long r;
+    if (i < kept) {
+      j = (int)(i / cap);
+      r = rec[(long long)oq[j] * cap + i % cap];
+    } else {
+      j = slot[srow[i - kept]];
+      r = srec[i - kept];
+    }
+    if (j >= 0 && code_score((uint32_t)(r >> 32)) >= floor[j]) {
+      const unsigned at = atomicAdd(cnt2 + j, 1u);
+      if ((long long)at < cap2) rec2[(long long)j * cap2 + at] = r;
+    }
+  }
+}
+
 #endif  // DOSA_SELECT_CU
