@@ -56,13 +56,14 @@ class RecordBuffer:
 class SpillBuffer:
     """The spill of a first refinement pass (docs/method.md §7 C.3 "The spill"): the records
     past their row's cap, rec uint64 [cap] with their rows row int32 [cap], in the order the
-    kernel appended them; count uint32 [1] (zeroed) counts every spilled record, also past
-    ``cap``, so a full spill is detected and the extension scores the rows again."""
+    kernel appended them; count uint64 [1] (zeroed) counts every spilled record, also past
+    ``cap`` (64-bit: Qn · N records can pass 2^32), so a full spill is detected and the
+    extension scores the rows again."""
 
     def __init__(self, cap: int):
         cp = cupy_or_raise()
         self.cap = int(cap)
-        self.count = cp.zeros(1, dtype=cp.uint32)
+        self.count = cp.zeros(1, dtype=cp.uint64)
         self.rec = cp.empty(self.cap, dtype=cp.uint64)
         self.row = cp.empty(self.cap, dtype=cp.int32)
 

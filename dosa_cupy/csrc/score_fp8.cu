@@ -310,11 +310,13 @@ __device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned lon
 // The spill of refinement's first pass (docs/method.md §7 C.3 "The spill"): the records of a
 // row past its cap, appended with their row to one pool that every row of the launch shares
 // (rec[:cap], row[:cap]).  count counts every spilled record, also past cap, so a full pool
-// is detected: the extension then scores the overflowed rows again.  With the pool, an
+// is detected: the extension then scores the overflowed rows again.  It is 64-bit: a chunk
+// of Qn rows of N keys can spill up to Qn · N records, past 2^32 at Qn · N = 4,096 · 1M,
+// and a 32-bit count that wrapped would read as a pool that held them all.  With the pool, an
 // overflowed row's records s ≥ τ are all kept (its cap and its spilled ones), and its
 // extension selects among them instead of scoring its survivors a second time.
 struct Spill {
-  unsigned int* count;
+  unsigned long long* count;
   unsigned long long* rec;
   int* row;
   long long cap;
@@ -335,12 +337,12 @@ __device__ __forceinline__ void emit_flush(const Pend& e, int lane, unsigned lon
   if ((long long)base + __popc(e.m) <= cap) return;  // warp-uniform: nothing past cap
   const unsigned at = base + __popc(e.m & ((1u << lane) - 1u));
   const unsigned m = __ballot_sync(0xffffffffu, ((e.m >> lane) & 1u) && (long long)at >= cap);
-  unsigned first = 0u;
-  if (lane == 0) first = atomicAdd(sp.count, (unsigned)__popc(m));
+  unsigned long long first = 0ull;
+  if (lane == 0) first = atomicAdd(sp.count, (unsigned long long)__popc(m));
   first = __shfl_sync(0xffffffffu, first, 0);
   if ((m >> lane) & 1u) {
-    const unsigned k = first + __popc(m & ((1u << lane) - 1u));
-    if ((long long)k < sp.cap) {
+    const unsigned long long k = first + __popc(m & ((1u << lane) - 1u));
+    if (k < (unsigned long long)sp.cap) {
       sp.rec[k] = make_record(e.sc, e.id);
       sp.row[k] = row;
     }
@@ -1117,7 +1119,8 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
   extern "C" __global__ void __launch_bounds__(128, REFINE_BLOCKS(H)) refine_fp8_spill_h##H(   \
       const uint8_t* q, const float* w, const uint8_t* kp, const float* alpha, const float* tau, \
       const int* ks, const int* ke, const int* qlist, long long N, const uint32_t* surv,       \
-      unsigned int* count, unsigned long long* rec, long long cap, unsigned int* spill_count,  \
+      unsigned int* count, unsigned long long* rec, long long cap,                             \
+      unsigned long long* spill_count,                                                         \
       unsigned long long* spill_rec, int* spill_row, long long spill_cap) {                    \
     DOSA_FP8_BODY(dosa::fp8::refine<H>(                                                        \
         q, w, kp, alpha, tau, ks, ke, qlist, N, surv, count, rec, cap,                         \
