@@ -34,6 +34,7 @@ from dosa_cupy.prepare import Batch
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
 KERNELS_SRC = read_source(CSRC / "kernels.cu")
+FP8_SRC = read_source(CSRC / "score_fp8.cu")
 REFINE_CU = (CSRC / "refine.cu").read_text()  # as written (its #defines included)
 HOT = 4  # consecutive queries that share a "hot" survivor set in the random masks
 
@@ -228,8 +229,10 @@ def _record(s, ids):
 
 
 class _FakeRefine:
-    """refine_mt* emulated (loop decomposition above) with a fixed score table S[t, i];
-    every launch argument is checked against the C signature."""
+    """refine_mt* emulated (loop decomposition above) with a fixed score table S[t, i] —
+    and the FP8 scorer's refine_fp8_h*, refine_fp8_spill_h* (its blocks of RWF words; the
+    records past a row's cap appended to the spill) and extend_from_spill (the extension
+    from the spill, select.cu); every launch argument is checked against the C signature."""
 
     def __init__(self, S):
         self.S = S
@@ -237,6 +240,8 @@ class _FakeRefine:
         self.calls = []
 
     def get(self, name):
+        if name.startswith("refine_fp8") or name == "extend_from_spill":
+            return self._fp8(name)
         assert re.fullmatch(r"refine_mt\d", name), name
         mt = int(name[-1])
 
@@ -249,7 +254,35 @@ class _FakeRefine:
 
         return launch
 
-    def _emit(self, q, cnt, rec, cap, tau):
+    def _fp8(self, name):
+        m = re.fullmatch(r"refine_fp8(_spill)?_h(32|64)|extend_from_spill", name)
+        assert m, name
+        src = KERNELS_SRC if name == "extend_from_spill" else FP8_SRC
+        sig = param_types(src, rf"\b{name[:-2]}##H" if m.group(2) else rf"\b{name}\b")
+
+        def launch(grid, block, args, **kw):
+            check_args(name, args, sig)
+            assert not kw
+            self.calls.append(name)
+            if name == "extend_from_spill":
+                return _emulate_extend_from_spill(*args)
+            assert block == (128,) and len(grid) == 2
+            assert args[0].shape[1] == int(m.group(2))  # q: the kernel's heads
+            q, _, _, _, tau, ks, ke, qlist, N, surv, cnt, rec, cap, *spill = args
+            emit = self._emit(q, cnt, rec, int(cap), tau, spill or None)
+            NW = surv.shape[1]
+            for x in range(grid[0]):  # blocks (x, y): RWF words of query qlist[x] each
+                t = int(qlist[x])
+                wlo, whi = int(ks[t]) >> 5, min(NW, (int(ke[t]) + 31) >> 5)
+                for y in range(grid[1]):
+                    for wi in range(wlo + y * rs_mod.RWF, min(whi, wlo + (y + 1) * rs_mod.RWF)):
+                        for bit in range(32):
+                            if (int(surv[t, wi]) >> bit) & 1 and 32 * wi + bit < int(N):
+                                emit(t, 32 * wi + bit)
+
+        return launch
+
+    def _emit(self, q, cnt, rec, cap, tau, spill=None):
         # the score table is indexed by the query's identity, which the test writes into
         # q[t, 0, :4] (_tag_queries): the overflow extension launches on q[rows] sub-arrays
         qid = np.ascontiguousarray(q[:, 0, :4]).view(np.uint32)[:, 0]
@@ -261,11 +294,30 @@ class _FakeRefine:
                 cnt[t] += 1  # counts past the capacity
                 if at < cap:
                     rec[t, at] = _record(s, i)
+                elif spill is not None:  # refine_fp8_spill: past cap, to the spill
+                    count, srec, srow, scap = spill
+                    k = int(count[0])
+                    count[0] += 1  # counts past the spill's capacity
+                    if k < int(scap):
+                        srec[k], srow[k] = _record(s, i), t
 
         return on_pair
 
     def refine(self, grid, q, w, kp, ksc, tau, ks, ke, qlist, N, surv, cnt, rec, cap):
         emulate_refine(grid, int(N), ks, ke, qlist, surv, self._emit(q, cnt, rec, int(cap), tau))
+
+
+def _emulate_extend_from_spill(rec, cap, oq, n, slot, srec, srow, ns, floor, cnt2, rec2, cap2):
+    """select.cu extend_from_spill: the kept records of the rows oq, then the spilled ones,
+    appended to row slot[row] of rec2 where their score ≥ floor of that row."""
+    kept = [(j, rec[oq[j], c]) for j in range(int(n)) for c in range(int(cap))]
+    spilled = [(slot[srow[k]], srec[k]) for k in range(int(ns))]
+    for j, r in kept + spilled:
+        if j >= 0 and record_score(np.array([r], np.uint64))[0] >= floor[j]:
+            at = int(cnt2[j])
+            cnt2[j] += 1
+            if at < int(cap2):
+                rec2[j, at] = r
 
 
 def _host_kth(K, recA, cntA, want_ids=True, want_kth=False):
@@ -287,7 +339,7 @@ def fake_refine(monkeypatch):
         monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
         monkeypatch.setattr(select_mod, "select_records", _host_kth)
         monkeypatch.setattr(select_mod, "score_of_records", record_score)
-        monkeypatch.setattr(rs_mod, "kernel", lambda name: fk.get(name))
+        monkeypatch.setattr(rs_mod, "kernel", lambda name, *_: fk.get(name))
         return fk
 
     return install
@@ -352,6 +404,65 @@ def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N,
         every = np.flatnonzero(B[t, :N] & (S[t] >= tau[t]))  # the row's Top-K is kept
         top = record_order(S[t, every], every, K)
         assert np.isin(top, ids).all(), t
+
+
+@pytest.mark.parametrize("mt", [2, 4])
+@pytest.mark.parametrize("cap,ratio", [(3, 100.0), (3, 0.0), (40, 1.0), (40, 0.05), (4096, 1.0)])
+@pytest.mark.parametrize("raised", [True, False])
+@pytest.mark.parametrize("deferred", [True, False])
+def test_spill_extension_on_the_cpu(fake_refine, monkeypatch, mt, cap, ratio, raised, deferred):
+    """The FP8 refinement with its spill (``refine_stage(..., spill=True)``; the kernels
+    emulated, their arguments checked against the C signatures): the spill holds every
+    record past a row's cap, with its row; an overflowed row's complete list comes from the
+    kept and spilled records (extend_from_spill, no second refinement) where the spill held
+    them all, else from a second refinement (refine_fp8_h*), and is the same either way —
+    the records s ≥ max(τ, floor); eagerly or from the counts read back by the caller
+    (``select.overflow_counts``: its fourth count is the spill's)."""
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
+    monkeypatch.setattr(rs_mod, "SPILL_RATIO", ratio)
+    rng = np.random.default_rng(cap + mt)
+    Qn, N = 17, 700
+    surv, ks, ke = _random_case(rng, Qn, N, 0.5, "causal")
+    S = rng.standard_normal((Qn, N)).astype(np.float32)
+    S[:, ::5] = 0.25  # ties
+    tau = np.quantile(S, 0.3, axis=1).astype(np.float32)
+    tau[1] = -np.inf
+    Hp, K = 16 * mt, 2
+    q = _tag_queries(np.zeros((Qn, Hp, 128), np.uint8))
+    b = Batch(q, np.zeros((Qn, Hp), np.float32), np.zeros((N, 128), np.uint8),
+              np.ones(N, np.float32), K, ks, ke, scorer="fp8")  # fmt: skip
+    fk = fake_refine(S)
+    if deferred:
+        recs = rs_mod.refine_stage(b, tau, surv, cap, extend=False, spill=True)
+        n, top, _, spilled = (int(x) for x in select_mod.overflow_counts(recs, np.zeros(Qn, bool)))
+        if n:
+            recs = rs_mod.extend_records(b, tau, surv, recs, (n, top), spilled)
+    else:
+        recs = rs_mod.refine_stage(b, tau, surv, cap, spill=True)
+    B = _bits(surv)
+    want_cnt = np.array([int(np.sum(B[t, :N] & (S[t] >= tau[t]))) for t in range(Qn)])
+    assert recs.cnt.tolist() == want_cnt.tolist()
+    past = np.maximum(want_cnt - cap, 0)
+    assert int(recs.spill.count[0]) == past.sum() and recs.spill.cap == int(Qn * cap * ratio)
+    fits = past.sum() <= recs.spill.cap
+    if fits:
+        got = np.bincount(recs.spill.row[: past.sum()], minlength=Qn)
+        assert got.tolist() == past.tolist()
+    first = f"refine_fp8_spill_h{Hp}"
+    again = [] if not past.any() else ["extend_from_spill"] if fits else [f"refine_fp8_h{Hp}"]
+    assert fk.calls == [first] + again
+    floor = tau.copy()
+    if past.any():
+        rows, _, cnt2 = recs.ext
+        assert rows.tolist() == np.flatnonzero(past).tolist()
+        for t in rows.tolist() if raised else []:
+            kept = np.sort(record_score(recs.rec[t]))[::-1]
+            floor[t] = max(tau[t], kept[K - 1])
+        want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
+        assert cnt2.tolist() == want2
+    for t in range(Qn):
+        ids = np.flatnonzero(B[t, :N] & (S[t] >= floor[t]))
+        assert np.array_equal(np.sort(recs.row(t)), np.sort(_record(S[t, ids], ids))), t
 
 
 def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):
