@@ -26,8 +26,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          thread in flight (select_kernel)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
-    rescore     refine.SPILL = False  the overflowed rows' survivors refined again (no spill
-                                         of the FP8 refinement's records past cap)
+    spill       refine.SPILL = True  the FP8 refinement's records past cap kept in a spill
+                                         for the overflow extension (under trial)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -78,7 +78,7 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
-    "rescore": ("refine", "SPILL", False),
+    "spill": ("refine", "SPILL", True),
     "noilp": ("dense", "SELECT_ILP", False),
     "rhofloat": ("prepare", "RHO_INT", False),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),

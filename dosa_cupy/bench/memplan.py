@@ -4,7 +4,7 @@ rough wall-time model for splitting a sweep into parts."""
 
 from __future__ import annotations
 
-from ..refine import SPILL_RATIO
+from .. import refine
 from .timing import WARM
 
 # H200 ceilings measured in docs/numerics.md ("Measured on an H200", 2026-11-30):
@@ -108,7 +108,8 @@ def memory_plan(
     Returns {"subchunk": {route: queries}, "bytes_per_query": {...}, "inputs_gib",
     "notes": [why a route is sub-chunked], "skipped": reason or None}.  Routes: dense
     (fp32 logits row, N·4; torch.topk reads the same rows), dosa (survivor bitmask N/8,
-    compact records buffer·8 and the FP8 refinement's spill buffer·12·refine.SPILL_RATIO,
+    compact records buffer·8 and the FP8 refinement's spill buffer·12·refine.SPILL_RATIO
+    (with ``refine.SPILL``),
     seed records (sinks + window + min(n_anchors·S·K, N))·8 with S = anchor_segments, plan
     temporaries), dosa_stats (dosa + the survivor popcount of return_stats: one uint8
     per bitmask byte, N/8 bytes; refine.popcount_rows), fused (records + seed
@@ -121,7 +122,8 @@ def memory_plan(
     seed_rec = (sinks + window + min(n_anchors * anchor_segments * K, int(N))) * 8
     nw_bytes = -(-int(N) // 32) * 4
     plan_b = PLAN_F64_TEMPS * Hp * D * 8
-    recs = buffer * 8 + int(buffer * SPILL_RATIO * 12)  # the spill: uint64 record, int32 row
+    # the spill, where it is on: a uint64 record and an int32 row each
+    recs = buffer * 8 + (int(buffer * refine.SPILL_RATIO * 12) if refine.SPILL else 0)
     bpq = {
         "dense": int(N) * 4,
         "dosa": nw_bytes + recs + seed_rec + plan_b,
