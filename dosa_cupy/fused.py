@@ -15,7 +15,14 @@ from .options import start
 from .prepare import Batch
 from .scorer import FP8_SPEC, QG, ROWB
 from .seeds import Seeds, apply_tau_floor, launch_fp8_ranges, seed_stage
-from .select import RecordBuffer, extend_overflow, recover, recovery_queries, select_ids
+from .select import (
+    RecordBuffer,
+    extend_overflow,
+    raised_tau,
+    recover,
+    recovery_queries,
+    select_ids,
+)
 
 __all__ = ["FusedLaunch", "fused_topk"]
 
@@ -84,8 +91,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
     def rescore(oq, cap2, floor):  # the exact extension of the overflowed rows only
         out = RecordBuffer(int(oq.size), cap2)
-        tau = seeds.tau[oq] if floor is None else cp.maximum(seeds.tau[oq], floor)
-        FusedLaunch(b.rows(oq), tau, seeds)(out)
+        FusedLaunch(b.rows(oq), raised_tau(seeds.tau, oq, floor), seeds)(out)
         return out
 
     recs = extend_overflow(first, rescore, b.K)

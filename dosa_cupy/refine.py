@@ -24,7 +24,7 @@ import numpy as np
 from ._build import cupy_or_raise, device_const, kernel
 from .prepare import Batch
 from .scorer import FP8_SPEC
-from .select import RecordBuffer, Records, SpillBuffer, extend_flagged
+from .select import RecordBuffer, Records, SpillBuffer, extend_flagged, raised_tau
 
 __all__ = ["RefineLaunch", "extend_records", "popcount_rows", "refine_stage"]
 
@@ -153,12 +153,11 @@ def _extension(b: Batch, tau, surv, recs: Records, spilled: int | None):
         out = RecordBuffer(n, cap2)
         slot = xp.full(recs.cnt.shape[0], -1, dtype=xp.int32)
         slot[oq] = xp.arange(n, dtype=xp.int32)
-        fl = tau[oq] if floor is None else xp.maximum(tau[oq], floor)
         grid = max(1, min(-(-(n * cap + ns) // 256), 4096))
         kernel("extend_from_spill")(
             (grid,), (256,),
             (recs.rec, np.int64(cap), oq, np.int32(n), slot, sp.rec, sp.row, np.int64(ns),
-             xp.ascontiguousarray(fl, dtype=xp.float32)) + out.args(),
+             xp.ascontiguousarray(raised_tau(tau, oq, floor), dtype=xp.float32)) + out.args(),
         )  # fmt: skip
         return out
 
@@ -173,7 +172,7 @@ def _rescore(b: Batch, tau, surv):
 
     def rescore(oq, cap2, floor):
         out = RecordBuffer(int(oq.size), cap2)
-        sub = RefineLaunch(b.rows(oq), tau[oq] if floor is None else xp.maximum(tau[oq], floor))
+        sub = RefineLaunch(b.rows(oq), raised_tau(tau, oq, floor))
         sub.per_query(xp.arange(int(oq.size), dtype=xp.int32), surv[oq], out)
         return out
 

@@ -26,6 +26,7 @@ __all__ = [
     "flagged_rows",
     "NO_KTH_ID",
     "overflow_counts",
+    "raised_tau",
     "recovery_queries",
     "kth_ids",
     "recover",
@@ -154,6 +155,14 @@ def captured_floor(K: int, recs: Records, oq):
     has s ≥ floor, and a second pass may keep s ≥ max(τ, floor) only (§7 C.3)."""
     _, kth = select_records(int(K), recs.rec[oq], recs.cnt[oq], want_ids=False, want_kth=True)
     return score_of_records(kth)
+
+
+def raised_tau(tau, oq, floor):
+    """fp32 [n]: the threshold of the overflowed rows ``oq``'s second pass — their τ (fp32
+    [Qn]) raised to ``floor`` (``captured_floor``), or τ alone where floor is None
+    (``RAISED_EXTENSION`` off): the records s ≥ it hold the rows' Top-K (§7 C.3)."""
+    xp = cupy_or_raise()
+    return tau[oq] if floor is None else xp.maximum(tau[oq], floor)
 
 
 def flagged_rows(mask, n: int, xp):
