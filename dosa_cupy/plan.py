@@ -14,8 +14,10 @@ weights, E, the negative aggregate with its two e4m3 aux rows, the envelope J an
 in float64 with the same outward allowances.  Its differences from ``build_plans``, all
 legal (plan.cu header): float64 reductions in another order (covered by MU = 2^-30, below);
 ties of the R priority key broken by head index (as ``_choose_R``'s stable sort); p_h in one
-fixed fp32 summation order.  Why a kernel: ``build_plans`` costs 7–9 ms at Qn = 4096 in ~100
-CuPy launches and 37–74 ms at Qn = 32K in float64 [Qn, H, 128] temporaries
+fixed fp32 summation order (or, with ``ACTIVATION_I8``, from the exact integer dots of the
+activation images, as ``build_plans`` then computes them).  Why a kernel: ``build_plans``
+costs 7–9 ms at Qn = 4096 in ~100 CuPy launches and 37–74 ms at Qn = 32K in float64
+[Qn, H, 128] temporaries
 (docs/records/notes.md); the kernel reads q once and writes only the plan.
 
 The certificate the screening kernel evaluates, in payload units (multiply by α_i ≥ 0):
@@ -296,7 +298,9 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
     qf = table[q]  # float64 [Qn, Hp, D] exact payload values
     wf = w.astype(cp.float64)
     qn = cp.sqrt(cp.sum(qf * qf, axis=2))
-    if sample_ids is not None and int(sample_ids.size) > 0:
+    if sample_ids is not None and int(sample_ids.size) > 0 and ACTIVATION_I8:
+        p = activation_frequency_i8(q, k_payload[sample_ids], cp)
+    elif sample_ids is not None and int(sample_ids.size) > 0:
         ksmp = table[k_payload[sample_ids]].astype(cp.float32)
         x = cp.einsum("thd,sd->ths", qf.astype(cp.float32), ksmp)
         p = cp.mean(x > 0, axis=2)
@@ -467,6 +471,16 @@ def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
 
 
 PLAN = KernelSpec("plan.cu")
+
+# The activation frequencies p_h from the activation images' dots (``activation_image_trunc``:
+# e4m3 codes scaled per row by a power of two and truncated toward zero to int8) on the s8
+# tensor cores — exact integers, so the same in every order — instead of 32 fp32 FMAs per
+# head and key in one order; the planner then keeps no u_h rows (recomputed where read), for
+# three blocks per SM instead of two (docs/method.md §2 "activation frequency").  p_h only
+# steers R and A (§3, §5): every plan's bound holds for any p.  Under trial (bench
+# builds=plani8, docs/records/benchmarks.md "The plan's activation pass"); off, plan_mt*.
+ACTIVATION_I8 = False
+ACT_STRIDE = 160  # csrc/plan.cu PLAN_ACT_STRIDE (bytes per row of an activation image)
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)
 PLAN_WARPS = 8  # csrc/plan.cu PLAN_WARPS (screen_row_constants_fresh: one query per warp)
@@ -482,10 +496,42 @@ def _kernel(name: str, smem: int):
     return raise_smem_limit(f, smem, PLAN, name)
 
 
-def plan_smem_bytes(Hp: int) -> int:
+def plan_smem_bytes(Hp: int, i8: bool = False) -> int:
     """Dynamic shared memory of plan_mt{Hp/16}: q as fp32 [Hp, 128] + max(u_h float64
-    [Hp, 128], one chunk of sample keys fp32 [128, PLAN_KC])."""
+    [Hp, 128], one chunk of sample keys fp32 [128, PLAN_KC]); of plan_i8_mt{Hp/16} (``i8``):
+    q as fp32 + the activation images of q and of one chunk, int8 [Hp + PLAN_KC, ACT_STRIDE]."""
+    if i8:
+        return Hp * D * 4 + (Hp + PLAN_KC) * ACT_STRIDE
     return Hp * D * 4 + max(Hp * D * 8, D * PLAN_KC * 4)
+
+
+def activation_image_trunc(codes, xp=np):
+    """The activation image of e4m3 rows (csrc/plan.cu ``activation_image_quarter``): int8
+    [..., 128] of uint8 codes [..., 128].  With e' = max(e, 1) the exponent field of a nonzero
+    finite code, S its significand (8 + m, or m for a subnormal) and F the row's largest e',
+    the code's magnitude S·2^(e'−10)·2^(13−F) truncated toward zero, (S·8) >> (F − e') ∈
+    [0, 120], with the code's sign; zero and NaN codes give 0.  The image is the row times
+    2^(13−F) to within one unit per coordinate (toward zero), so the sign of an image dot is
+    that of the exact dot except near 0."""
+    c = codes.astype(xp.int32)
+    a = c & 0x7F
+    e = a >> 3
+    ok = (a != 0) & (a != 0x7F)
+    ef = xp.maximum(e, 1)
+    F = xp.max(xp.where(ok, ef, 0), axis=-1, keepdims=True)
+    S = xp.where(e > 0, 8 + (a & 7), a & 7)
+    mag = xp.where(ok, (S << 3) >> xp.where(ok, F - ef, 0), 0)
+    return xp.where(c & 0x80, -mag, mag).astype(xp.int8)
+
+
+def activation_frequency_i8(q, k_sample, xp=np):
+    """p_h of ``ACTIVATION_I8``: the fraction of sample keys whose activation image's dot with
+    head h's is > 0 — float64 [Qn, Hp] of q uint8 [Qn, Hp, 128] and k_sample uint8 [ns, 128]
+    e4m3 codes (ns ≥ 1); the dots are exact integers (|dot| ≤ 128·120² < 2^31)."""
+    qi = activation_image_trunc(q, xp).astype(xp.int32)
+    ki = activation_image_trunc(k_sample, xp).astype(xp.int32)
+    x = xp.einsum("thd,sd->ths", qi, ki)
+    return (x > 0).sum(axis=2).astype(xp.float64) / xp.float64(k_sample.shape[0])
 
 
 def allowance_factors(scorer: str, mth: int) -> tuple[float, float]:
@@ -559,8 +605,9 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
     E = cp.empty(Qn, dtype=cp.float64)
     eps_raw = cp.empty(Qn, dtype=cp.float64)
     if Qn:
-        smem = plan_smem_bytes(Hp)
-        _kernel(f"plan_mt{Hp // 16}", smem)(
+        i8 = ACTIVATION_I8
+        smem = plan_smem_bytes(Hp, i8)
+        _kernel(f"plan_i8_mt{Hp // 16}" if i8 else f"plan_mt{Hp // 16}", smem)(
             (Qn,),
             (PLAN_THREADS,),
             (

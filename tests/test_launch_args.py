@@ -53,7 +53,7 @@ LAUNCHED = {
         *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),
         "decode_layout", "decode_witness_dedup", "decode_ring_push", "decode_ring_advance",
     ],
-    "plan.cu": [f"plan_mt{m}" for m in MT]  # plan.build_plans_fused
+    "plan.cu": [f"plan{a}_mt{m}" for a in ("", "_i8") for m in MT]  # build_plans_fused
                + ["screen_row_constants_fresh"],  # plan.screen_row_constants
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
     "screen_wgt.cu": [f"screen_wgt{b}_rows{n}{t}" for b in ("", "_ring", "_image")  # WGT_SPEC

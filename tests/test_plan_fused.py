@@ -38,7 +38,7 @@ MU = 2.0**-30
 
 
 def _signature():
-    return params(PLAN_CU.read_text(), r"plan_mt##MT")
+    return params(PLAN_CU.read_text(), r"__global__ void BOUNDS NAME")  # PLAN_KERNEL
 
 
 def test_signature_and_constants_match_source():
@@ -95,10 +95,11 @@ def emulate_eps_raw(qb, w, eps_base, a_step, a_epi):
     return eps_base + S * (1 + MU)
 
 
-def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
+def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref, kcodes=None):
     """One block of plan_mt{Hp/16}: qb uint8 [Hp, 128], w fp32 [Hp], ksmp fp32 [ns, 128]
-    (decoded sample keys).  Returns a dict of the kernel's per-query outputs (ε_raw:
-    ``emulate_eps_raw``)."""
+    (decoded sample keys); of plan_i8_mt{Hp/16} with ``kcodes`` (the sample keys' uint8 codes
+    [ns, 128]: p_h from the activation images' exact dots).  Returns a dict of the kernel's
+    per-query outputs (ε_raw: ``emulate_eps_raw``)."""
     Hp = qb.shape[0]
     qs = e4m3_values(qb).astype(np.float32)  # exact
     q64 = qs.astype(np.float64)
@@ -106,7 +107,9 @@ def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
     qn = np.array([np.sqrt(_dot4(q64[h], q64[h])) for h in range(Hp)])
     # activation frequencies: fp32 fmaf over d = 0..127 in order (products exact)
     ns = ksmp.shape[0]
-    if ns:
+    if ns and kcodes is not None:
+        p = pf.activation_frequency_i8(qb[None], kcodes)[0]
+    elif ns:
         acc = np.zeros((Hp, ns), dtype=np.float32)
         for d in range(128):
             acc = acc + qs[:, d, None] * ksmp[None, :, d]  # exact product, one fp32 rounding
@@ -235,12 +238,15 @@ def emulate_plan_query(qb, w, ksmp, r, mts, g_scr, g_ref):
 
 def emulate_plan_kernel(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C,
                         valid, counts, inR, inA, w_fold, a_A, E, eps_base, a_step, a_epi,
-                        eps_raw):  # fmt: skip
-    """plan_mt* over the grid (Qn blocks): writes the output arrays like the kernel."""
+                        eps_raw, i8=False):  # fmt: skip
+    """plan_mt* (plan_i8_mt* with ``i8``) over the grid (Qn blocks): writes the output arrays
+    like the kernel."""
     ns = int(ns)
     ksmp = e4m3_values(kp[sample[:ns]]).astype(np.float32) if ns else np.zeros((0, 128), np.float32)
+    kcodes = kp[sample[:ns]] if i8 else None
     for t in range(q.shape[0]):
-        o = emulate_plan_query(q[t], w[t], ksmp, int(r), int(mts), float(g_scr), float(g_ref))
+        o = emulate_plan_query(q[t], w[t], ksmp, int(r), int(mts), float(g_scr), float(g_ref),
+                               kcodes)  # fmt: skip
         rows[t], omega[t], sigma[t], C[t], E[t] = o["rows"], o["omega"], o["sigma"], o["C"], o["E"]
         valid[t], counts[t], inR[t], inA[t] = o["valid"], o["counts"], o["inR"], o["inA"]
         w_fold[t], a_A[t] = o["w_fold"], o["a_A"]
@@ -287,20 +293,21 @@ class _FakePlanKernel:
                 emulate_row_constants(*args)
 
             return rows_launch
-        mt = int(re.fullmatch(r"plan_mt(\d)", name).group(1))
+        i8, mt = re.fullmatch(r"plan_(i8_)?mt(\d)", name).groups()
+        i8, mt = bool(i8), int(mt)
 
         def launch(grid, block, args, shared_mem=0):
             check_args(name, args, self.sig)
             q = args[0]
             assert q.shape[1] == 16 * mt and grid == (q.shape[0],) and block == (pf.PLAN_THREADS,)
-            assert shared_mem == smem == pf.plan_smem_bytes(16 * mt)
+            assert shared_mem == smem == pf.plan_smem_bytes(16 * mt, i8)
             assert shared_mem + 12 * 1024 <= 227 * 1024  # + static smem (≤ 10.7 KB, ptxas)
             ns = int(args[4])
             assert ns <= args[3].size and np.all(
                 (args[3][:ns] >= 0) & (args[3][:ns] < args[2].shape[0])
             )
             self.calls.append(name)
-            emulate_plan_kernel(*args)
+            emulate_plan_kernel(*args, i8=i8)
 
         return launch
 
@@ -347,6 +354,8 @@ def _priority_keys(q, w, kp, sample, r):
     wf = w.astype(np.float64)
     if sample is None:
         pe = ps = np.full(w.shape, 0.5)
+    elif pf.ACTIVATION_I8:  # one exact p (the images' integer dots) on both sides
+        pe = ps = pf.activation_frequency_i8(q, kp[sample])
     else:
         ks = e4m3_values(kp[sample]).astype(np.float32)
         pe = np.mean(np.einsum("thd,sd->ths", qf.astype(np.float32), ks) > 0, axis=2)
@@ -428,6 +437,60 @@ def _guard_check(pl, q, w, kp, mts):
     return float(np.min(U - s))
 
 
+def _image_rows(seed, n=64):
+    """e4m3 rows with every code and wide exponent spreads: random codes, rows of one
+    exponent field, rows with one large code among small ones, NaN and zero codes."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 256, size=(n, 128), dtype=np.uint8)
+    rows[0] = np.arange(128, dtype=np.uint8)  # every nonnegative code (0x7f: NaN)
+    rows[1] = np.arange(128, 256, dtype=np.uint8)
+    rows[2] = 0
+    rows[3, :] = 0x08 | rng.integers(0, 8, 128, dtype=np.uint8)  # field 1 only
+    rows[4, :] = rng.integers(0, 8, 128, dtype=np.uint8)  # subnormals only
+    rows[5, :] = 0x7F  # NaN only
+    rows[6, :] = rng.integers(0, 0x18, 128, dtype=np.uint8)
+    rows[6, 5] = 0x77  # one code of field 14
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_activation_image_is_the_row_scaled_and_truncated(seed):
+    """``plan.activation_image_trunc`` (csrc/plan.cu activation_image_quarter): each
+    coordinate is the code's value times 2^(13−F) truncated toward zero — |image| ≤
+    |v|·2^(13−F) < |image| + 1, the same sign — F the row's largest exponent field of its
+    nonzero finite codes; zero and NaN codes give 0; |image| ≤ 120, so a dot of two images
+    is an exact int32 (128·120² < 2^31)."""
+    rows = _image_rows(seed)
+    img = pf.activation_image_trunc(rows)
+    assert img.dtype == np.int8 and img.shape == rows.shape
+    v = e4m3_values(rows)
+    fin = np.isfinite(v) & (v != 0)
+    field = np.maximum((rows.astype(np.int64) >> 3) & 15, 1)
+    F = np.max(np.where(fin, field, 0), axis=1, keepdims=True)
+    x = np.where(fin, v, 0.0) * np.exp2(13.0 - F)  # exact: a power-of-two scaling
+    m = np.abs(img.astype(np.float64))
+    assert np.all(m <= np.abs(x)) and np.all(np.abs(x) < m + 1)
+    assert np.all((img == 0) | (np.sign(img) == np.sign(x)))
+    assert np.all(img[~fin] == 0) and int(np.abs(img.astype(np.int64)).max()) <= 120
+    assert np.all(np.abs(img[fin & (field == F)].astype(np.int64)) >= 8)  # the row's top
+
+
+def test_activation_frequency_i8_counts_exact_image_dots():
+    """p_h of ``ACTIVATION_I8`` = #{keys: image dot > 0} / ns with the dots in int64 (the
+    einsum's int32 cannot overflow), 0 where the images' dot is 0; a head and a key of the
+    same row have a positive dot unless the image is 0."""
+    rows = _image_rows(3, 48)
+    q = rows[:32].reshape(2, 16, 128)
+    k = rows[16:48]
+    p = pf.activation_frequency_i8(q, k)
+    qi = pf.activation_image_trunc(q).astype(np.int64)
+    ki = pf.activation_image_trunc(k).astype(np.int64)
+    want = (np.einsum("thd,sd->ths", qi, ki) > 0).sum(axis=2) / np.float64(k.shape[0])
+    assert p.dtype == np.float64 and np.array_equal(p, want)
+    own = pf.activation_frequency_i8(rows[None, 16:32], rows[16:17])[0, 0]
+    assert own == (1.0 if np.any(pf.activation_image_trunc(rows[16])) else 0.0)
+
+
 CPU_CASES = [  # (H, r, mts, pos_frac, sample)
     (32, 14, 1, 0.75, True),
     (32, 30, 2, 0.75, True),
@@ -441,16 +504,21 @@ CPU_CASES = [  # (H, r, mts, pos_frac, sample)
 @pytest.mark.parametrize(
     "case", CPU_CASES, ids=[f"H{c[0]}-r{c[1]}-pos{c[3]}-s{int(c[4])}" for c in CPU_CASES]
 )
-def test_fused_host_code_with_emulated_kernel(fake_cupy, case):
+@pytest.mark.parametrize("i8", [False, True], ids=["f32", "i8"])
+def test_fused_host_code_with_emulated_kernel(fake_cupy, monkeypatch, case, i8):
+    """Both activation passes (``plan.ACTIVATION_I8``): the kernel's launch and its emulated
+    plan against the specification's, which computes the same p."""
+    monkeypatch.setattr(pf, "ACTIVATION_I8", i8)
     H, r, mts, pos_frac, use_sample = case
     q, w, kp, _ = _workload(H, seed=H + r, pos_frac=pos_frac)
     sample = np.arange(0, kp.shape[0], 16) if use_sample else None
     fu = pf.build_plans_fused(q, w, kp, sample, r, mts)
     ref = pf.build_plans(q, w, kp, sample, r, mts, xp=np)
-    assert fake_cupy.calls == [f"plan_mt{q.shape[1] // 16}"]
+    assert fake_cupy.calls == [f"plan_{'i8_' if i8 else ''}mt{q.shape[1] // 16}"]
     assert fu.rows.shape == ref.rows.shape and fu.omega.dtype == np.float32
     assert fu.valid.dtype == np.bool_ and fu.inR.dtype == np.bool_
-    _compare(fu, ref, q, w, kp, sample, r, mts)
+    same = _compare(fu, ref, q, w, kp, sample, r, mts)
+    assert same == q.shape[0] or not i8  # one p: every query's R is the specification's
     _guard_check(fu, q, w, kp, mts)
 
 
@@ -630,14 +698,18 @@ GPU_CASES = [(H, r, m, g) for H in (32, 64) for r, m in ((14, 1), (30, 2))
 ARITHS = [("f16", "f16"), ("fp8_fresh", "f16"), ("fp8_fresh", "fp8_fresh")]
 
 
+@pytest.mark.parametrize("i8", [False, True], ids=["f32", "i8"])
 @pytest.mark.parametrize("scorer,screen", ARITHS)
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"H{c[0]}-r{c[1]}-{c[3]}" for c in GPU_CASES])
 @gpu
-def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
+def test_fused_plan_equals_emulation_and_spec(monkeypatch, case, scorer, screen, i8):
     """On the H200: the kernel equals its numpy emulation bit for bit (every field, ε_raw
     with the scorer's per-head constant included — and, for the FP8 screen, the per-row
     constants ``screen_row_constants`` adds on the device and on the host alike), and
-    plan.build_plans (CuPy) up to summation order / tie breaking (_compare)."""
+    plan.build_plans (CuPy) up to summation order / tie breaking (_compare) — on both
+    activation passes (``plan.ACTIVATION_I8``; with it, R equals the specification's on
+    every query)."""
+    monkeypatch.setattr(pf, "ACTIVATION_I8", i8)
     H, r, mts, regime = case
     _need(regime)
     wl = make_gpu_workload(regime, 24, 8192, H, seed=31)
@@ -660,7 +732,7 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
     emulate_plan_kernel(q, w, kp, s, s.size, rr, mts, g_scr, g_ref, em["rows"], em["omega"],
                         em["sigma"], em["C"], valid, counts, inR, inA, em["w_fold"], em["a_A"],
                         em["E"], eps, *pf.allowance_factors(scorer, Hp // 16),
-                        em["eps_raw"])  # fmt: skip
+                        em["eps_raw"], i8=i8)  # fmt: skip
     if screen != "f16" and pf.ROW_CONSTANTS_KERNEL:  # the kernel's operations, in numpy
         rc = np.empty(Qn)
         emulate_row_constants(em["rows"], em["omega"], em["sigma"].astype(np.float64), Qn,
@@ -673,7 +745,7 @@ def test_fused_plan_equals_emulation_and_spec(case, scorer, screen):
     diff = [k for k in em if not np.array_equal(cp.asnumpy(getattr(fu, k)), em[k], equal_nan=True)]
     assert not diff, f"kernel differs from its emulation in {diff}"
     assert np.array_equal(cp.asnumpy(fu.r), counts[:, 0])
-    same = _compare(fu, ref, q, w, kp, s, r, mts, min_same=0.5)
+    same = _compare(fu, ref, q, w, kp, s, r, mts, min_same=1.0 if i8 else 0.5)
     print(f"\n[plan-fused] {regime} H={H} r={r}: spec-identical R on {same}/{Qn} queries")
 
 
@@ -681,9 +753,11 @@ FUSED_CASES = [("structured", 32, 14), ("structured", 64, 30), ("calibrated", 32
                ("calibrated", 64, 30), ("gaussian", 64, 14), ("ties", 32, 14)]  # fmt: skip
 
 
+@pytest.mark.parametrize("i8", [False, True], ids=["f32", "i8"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[f"{c[0]}-H{c[1]}-r{c[2]}" for c in FUSED_CASES])
 @gpu
-def test_dosa_fused_planner_equals_dense(case):
+def test_dosa_fused_planner_equals_dense(monkeypatch, case, i8):
+    monkeypatch.setattr(pf, "ACTIVATION_I8", i8)
     regime, H, r = case
     _need(regime)
     wl = make_gpu_workload(regime, 256, 32768, H, seed=13)

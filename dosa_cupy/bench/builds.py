@@ -50,6 +50,9 @@ Not options of the library: a build under trial is one of these until it wins.
     onestream   seeds.SIDE_STREAM = False  the eager call's sinks and local window scored on
                                          the caller's stream after the anchor pool (no side
                                          stream)
+    plani8      plan.ACTIVATION_I8 = True  the plan's activation frequencies from the
+                                         activation images' integer dots on the s8 tensor
+                                         cores (under trial)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -69,6 +72,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
+    "plani8": ("plan", "ACTIVATION_I8", True),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),

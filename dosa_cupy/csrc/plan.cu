@@ -45,6 +45,8 @@
 #define PLAN_WARPS 8
 #define PLAN_KC 64  // sample keys per chunk of the activation-frequency pass
 #define PLAN_HMAX 64
+#define PLAN_I8_BLOCKS 3  // plan_i8_mt*: blocks per SM (≤ 85 registers; shared memory fits 3)
+#define PLAN_ACT_STRIDE 160  // bytes per row of the activation images (conflict-free uint2 loads)
 
 namespace {
 
@@ -92,6 +94,40 @@ __device__ __forceinline__ int step_field(uint4 c0, uint4 c1) {
   return fmax;
 }
 
+// The activation pass's integer image of one row of e4m3 codes (plan.activation_image_trunc;
+// docs/method.md §2 "activation frequency"): with e' = max(e, 1) the exponent field of a
+// nonzero finite code (S its significand, 8 + m or m for a subnormal) and F the largest e'
+// of the row, the code's magnitude S·2^(e'−10) times 2^(13−F), truncated toward zero:
+// (S << 3) >> (F − e') ∈ [0, 120], the sign kept; zero and NaN codes give 0.  Four lanes
+// 4i .. 4i+3 of one warp hold one row, 32 codes each (c0, c1), and write its 32 bytes to dst.
+__device__ __forceinline__ void activation_image_quarter(uint4 c0, uint4 c1, uint8_t* dst) {
+  const uint32_t wd[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+  int F = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t a = (wd[i >> 2] >> (8 * (i & 3))) & 0x7fu;
+    if (a != 0u && a != 0x7fu) F = max(F, max((int)(a >> 3), 1));
+  }
+  F = max(F, __shfl_xor_sync(0xffffffffu, F, 1));
+  F = max(F, __shfl_xor_sync(0xffffffffu, F, 2));
+  uint32_t out[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t packed = 0u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t b = (wd[j] >> (8 * i)) & 0xffu, a = b & 0x7fu, e = a >> 3;
+      const int ef = e ? (int)e : 1;
+      const uint32_t S = e ? 8u + (a & 7u) : (a & 7u);
+      const int mag = (a != 0u && a != 0x7fu) ? (int)((S << 3) >> (F - ef)) : 0;
+      packed |= ((uint32_t)((b & 0x80u) ? -mag : mag) & 0xffu) << (8 * i);
+    }
+    out[j] = packed;
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 // Dot of two head vectors held as 4 dims per lane (lane owns dims 4·lane .. 4·lane+3).
 __device__ __forceinline__ double dot4(const double (&a)[4], const double (&b)[4]) {
   double s = __dmul_rn(a[0], b[0]);
@@ -119,7 +155,7 @@ __device__ __forceinline__ double nan_min(double a, double b) {
 // g_scr, g_ref: the screening / reference arithmetic coefficients of plan.py (host);
 // eps_base, a_step, a_epi: ε_raw's constant part and the factors of the canonical scorer's
 // per-head constant (plan.allowance_factors; a_step = 0 for the f16 chain, which has none).
-template <int MT>
+template <int MT, bool I8>
 __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict__ w,
                           const uint8_t* __restrict__ kp, const int* __restrict__ sample, int ns,
                           int r, int mts, double g_scr, double g_ref, uint8_t* __restrict__ rows,
@@ -141,6 +177,10 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   float* qs = reinterpret_cast<float*>(plan_smem);                        // [Hp][128]
   double* us = reinterpret_cast<double*>(plan_smem + Hp * DOSA_D * 4);    // [Hp][128]
   float* ks = reinterpret_cast<float*>(us);                               // [128][KC]
+  // I8: no u_h rows (recomputed where read); the activation images of q and of one chunk of
+  // sample keys, int8 [Hp + KC][PLAN_ACT_STRIDE], follow q
+  uint8_t* qi = plan_smem + Hp * DOSA_D * 4;
+  uint8_t* ki = qi + Hp * PLAN_ACT_STRIDE;
 
   __shared__ double wf[Hp], qn[Hp], pf[Hp], key[Hp], beta[Hp], wt[Hp], dn[Hp], gbest[Hp];
   __shared__ int order[Hp], jstar[Hp], plist[Hp];
@@ -173,6 +213,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     double term = 0.0;
     if (h < Hp) {  // whole warps (Hp·4 = 64·MT): the shuffles below see every lane
       const uint4* src = reinterpret_cast<const uint4*>(qt + h * DOSA_D + 32 * s);
+      if constexpr (I8) activation_image_quarter(src[0], src[1], qi + h * PLAN_ACT_STRIDE + 32 * s);
       const int fmax = step_field(src[0], src[1]);
       double p = fmax > 0 ? ldexp(1.0, fmax - 7) : 0.0;
       p = __dadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 1));  // lanes 4h .. 4h + 3: one warp
@@ -194,6 +235,66 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
 
   // ---- Activation frequencies p_h over the sample keys (docs/method.md §3, §5). ----
+  if constexpr (I8) {
+    // The integer images' dots on the s8 tensor cores (exact in any order: plan.ACTIVATION_I8):
+    // warp w takes keys 8w .. 8w+7 of each chunk of KC = 64 and every head tile; lane (g, c)
+    // loads bytes 32s + 8c .. +7 of head rows g, g+8 and of key g for k32 step s — logical k
+    // 4c..4c+3 ↔ the first four, 16+4c.. ↔ the last four, in A and B alike.
+    __shared__ int cnt_s[Hp];
+    if (tid < Hp) cnt_s[tid] = 0;
+    const int g = lane >> 2, c = lane & 3;
+    int cnt[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) cnt[mt][0] = cnt[mt][1] = 0;
+    for (int c0 = 0; c0 < ns; c0 += PLAN_KC) {
+      __syncthreads();  // previous chunk consumed (the first: q's images written)
+      {
+        const int kk = tid >> 2, part = tid & 3;
+        const int s = c0 + kk;
+        uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+        if (s < ns) {
+          const uint4* src =
+              reinterpret_cast<const uint4*>(kp + (long long)sample[s] * DOSA_D + 32 * part);
+          v0 = src[0];
+          v1 = src[1];
+        }
+        activation_image_quarter(v0, v1, ki + kk * PLAN_ACT_STRIDE + 32 * part);
+      }
+      __syncthreads();
+      int acc[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        const uint2 b =
+            *reinterpret_cast<const uint2*>(ki + (8 * warp + g) * PLAN_ACT_STRIDE + 32 * st + 8 * c);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint8_t* qa = qi + (16 * mt + g) * PLAN_ACT_STRIDE + 32 * st + 8 * c;
+          const uint2 lo = *reinterpret_cast<const uint2*>(qa);
+          const uint2 hi = *reinterpret_cast<const uint2*>(qa + 8 * PLAN_ACT_STRIDE);
+          dosa::mma_s8(acc[mt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        cnt[mt][0] += (acc[mt][0] > 0) + (acc[mt][1] > 0);  // head 16mt + g, keys 2c, 2c+1
+        cnt[mt][1] += (acc[mt][2] > 0) + (acc[mt][3] > 0);  // head 16mt + g + 8
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int v = cnt[mt][half];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (c == 0 && v) atomicAdd(&cnt_s[16 * mt + 8 * half + g], v);
+      }
+    __syncthreads();
+    // cupy.mean of a bool array = count / ns in float64 (one rounding); no sample: 0.5
+    if (tid < Hp) pf[tid] = ns > 0 ? (double)cnt_s[tid] / (double)ns : 0.5;
+  } else {
   // Warp w owns heads [w·TH, w·TH + TH); lane owns keys 2·lane, 2·lane+1 of each chunk of
   // KC = 64 keys, stored transposed ks[d][key] (conflict-free float2 loads; q broadcast).
   {
@@ -249,6 +350,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
       // cupy.mean of a bool array = count / ns in float64 (one rounding); no sample: 0.5
       if (lane == 0) pf[warp * TH + i] = ns > 0 ? (double)c / (double)ns : 0.5;
     }
+  }
   }
   __syncthreads();
 
@@ -337,8 +439,10 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     }
     const double dnh = sqrt(dot4(dv, dv));
     const double wp = wf[h];
+    if constexpr (!I8) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) us[h * DOSA_D + 4 * lane + i] = __dmul_rn(wp, dv[i]);
+      for (int i = 0; i < 4; ++i) us[h * DOSA_D + 4 * lane + i] = __dmul_rn(wp, dv[i]);
+    }
     if (lane == 0) {
       jstar[h] = jb;
       use[h] = u_;
@@ -348,6 +452,14 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
     }
   }
   __syncthreads();
+
+  // u_h's coordinate d, w_h·(q_h − β_h q_j*) — the anchor projection's operations again (I8
+  // keeps no u_h rows, for occupancy: docs/records/benchmarks.md "The plan's activation pass").
+  auto u_coord = [&](int h, int d) -> double {
+    const double a = (double)qs[h * DOSA_D + d];
+    const double dv = use[h] ? __dsub_rn(a, __dmul_rn(beta[h], (double)qs[jstar[h] * DOSA_D + d])) : a;
+    return __dmul_rn(wf[h], dv);
+  };
 
   // ---- Folded weights w̃_j = w_j + Σ_{h∈P, j*_h=j} w_h β_h (h ascending). ----
   if (tid < Hp) {
@@ -374,8 +486,19 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
         ++a;
       }
       const int b = a + rem;
-      const double* ua = us + plist[a] * DOSA_D + 4 * lane;
-      const double* ub = us + plist[b] * DOSA_D + 4 * lane;
+      double ubuf[8];  // I8: u_h's coordinates recomputed (no u_h rows)
+      const double* ua = ubuf;
+      const double* ub = ubuf + 4;
+      if constexpr (!I8) {
+        ua = us + plist[a] * DOSA_D + 4 * lane;
+        ub = us + plist[b] * DOSA_D + 4 * lane;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          ubuf[i] = u_coord(plist[a], 4 * lane + i);
+          ubuf[4 + i] = u_coord(plist[b], 4 * lane + i);
+        }
+      }
       double s = __dmul_rn(ua[0], ub[0]);
       s = __dadd_rn(s, __dmul_rn(ua[1], ub[1]));
       s = __dadd_rn(s, __dmul_rn(ua[2], ub[2]));
@@ -388,7 +511,8 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
   if (tid < DOSA_D) {
     double s = 0.0;
-    for (int ip = 0; ip < nP; ++ip) s = __dadd_rn(s, us[plist[ip] * DOSA_D + tid]);
+    for (int ip = 0; ip < nP; ++ip)
+      s = __dadd_rn(s, I8 ? u_coord(plist[ip], tid) : us[plist[ip] * DOSA_D + tid]);
     const double sq = warp_sum(__dmul_rn(s, s));
     if (lane == 0) red[warp] = sq;
   }
@@ -532,8 +656,12 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   }
 }
 
-#define PLAN_INST(MT)                                                                          \
-  extern "C" __global__ void __launch_bounds__(PLAN_THREADS) plan_mt##MT(                      \
+// The planner's kernels: plan_mt<MT> (fp32 activation dots, in order) and plan_i8_mt<MT> (the
+// activation images' dots on the s8 tensor cores: plan.ACTIVATION_I8).
+#define PLAN_BOUNDS __launch_bounds__(PLAN_THREADS)
+#define PLAN_BOUNDS_I8 __launch_bounds__(PLAN_THREADS, PLAN_I8_BLOCKS)
+#define PLAN_KERNEL(NAME, MT, I8, BOUNDS)                                                      \
+  extern "C" __global__ void BOUNDS NAME(                                                      \
       const uint8_t* __restrict__ q, const float* __restrict__ w,                              \
       const uint8_t* __restrict__ kp, const int* __restrict__ sample, int ns, int r, int mts,  \
       double g_scr, double g_ref, uint8_t* __restrict__ rows, float* __restrict__ omega,      \
@@ -541,9 +669,13 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
       int* __restrict__ counts, uint8_t* __restrict__ inR, uint8_t* __restrict__ inA,         \
       double* __restrict__ w_fold, double* __restrict__ a_A, double* __restrict__ E,         \
       double eps_base, double a_step, double a_epi, double* __restrict__ eps_raw) {           \
-    plan_impl<MT>(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C, valid,    \
-                  counts, inR, inA, w_fold, a_A, E, eps_base, a_step, a_epi, eps_raw);         \
+    plan_impl<MT, I8>(q, w, kp, sample, ns, r, mts, g_scr, g_ref, rows, omega, sigma, C,       \
+                      valid, counts, inR, inA, w_fold, a_A, E, eps_base, a_step, a_epi,        \
+                      eps_raw);                                                                \
   }
+#define PLAN_INST(MT) \
+  PLAN_KERNEL(plan_mt##MT, MT, false, PLAN_BOUNDS)                \
+  PLAN_KERNEL(plan_i8_mt##MT, MT, true, PLAN_BOUNDS_I8)
 PLAN_INST(1)
 PLAN_INST(2)
 PLAN_INST(3)

@@ -27,6 +27,17 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t a0, const 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// One integer tensor-core step: D = A·B + D, m16n8k32, s8 inputs, s32 accumulator — exact
+// in any order (the plan's activation pass, docs/method.md §2 "activation frequency").
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t a0, const uint32_t a1,
+                                       const uint32_t a2, const uint32_t a3, const uint32_t b0,
+                                       const uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // The GPU's global nanosecond timer (%globaltimer): the route gate's time limit.
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
