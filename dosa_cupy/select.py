@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._build import cupy_or_raise, kernel
-from .dense import dense_ids, select_records
+from ._build import cupy_or_raise, kernel, num_sms
+from .dense import NBIN, WSEL_THREADS, dense_ids, select_records
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -147,14 +147,51 @@ def extend_flagged(recs: Records, rescore, K: int,
 RAISED_EXTENSION = True
 
 
+# The captured floor found by many blocks per overflowed row (``captured_floor``: the lower
+# edge of the K-th kept record's 22-bit code bucket, csrc/select.cu floor_wide_hist) instead
+# of one block per row selecting its K-th kept record (0.35 ms for the 53 rows of a 1M H 64
+# chunk on an H100: docs/records/benchmarks.md "The selection's loads and ρ from integer
+# squares").  Under trial (bench build widefloor); off, the K-th kept record itself.
+FLOOR_WIDE = False
+
+
 def captured_floor(K: int, recs: Records, oq):
-    """fp32 [n]: the score of the K-th largest record that the first pass kept in each
-    overflowed row ``oq`` (int32 [n]; ``recs.rec[oq, :cap]``), −inf where it kept fewer
-    than K.  Those records are exact scores of distinct visible keys, so by Prop. 4
-    (docs/method.md §2) the floor is ≤ the row's K-th score: every key of the row's Top-K
-    has s ≥ floor, and a second pass may keep s ≥ max(τ, floor) only (§7 C.3)."""
+    """fp32 [n]: a floor of each overflowed row ``oq`` (int32 [n]) from the records its
+    first pass kept (``recs.rec[oq, :cap]``): the score of the K-th largest of them, −inf
+    where it kept fewer than K — or with ``FLOOR_WIDE`` the lower edge of that record's
+    22-bit score-code bucket (≤ its score, within a relative 2^-13 for normal scores).
+    Those records are exact scores of distinct visible keys, so by Prop. 4 (docs/method.md
+    §2) either floor is ≤ the row's K-th score: every key of the row's Top-K has s ≥ floor,
+    and a second pass may keep s ≥ max(τ, floor) only (§7 C.3)."""
+    if FLOOR_WIDE:
+        return _floor_wide(int(K), recs.rec, oq)
     _, kth = select_records(int(K), recs.rec[oq], recs.cnt[oq], want_ids=False, want_kth=True)
     return score_of_records(kth)
+
+
+def _floor_wide(K: int, rec, oq):
+    """``captured_floor`` with ``FLOOR_WIDE``: floor_wide_hist and select_wide_cut at two
+    levels over the cap records of each row ``oq`` of ``rec`` uint64 [Qn, cap] (full rows),
+    then floor_of_cut — no synchronization."""
+    cp = cupy_or_raise()
+    n, cap = int(oq.shape[0]), int(rec.shape[1])
+    floor = cp.empty(n, dtype=cp.float32)
+    if n == 0:
+        return floor
+    xb = max(1, min(-(-cap // (8 * WSEL_THREADS)), -(-4 * num_sms() // n)))
+    hist = cp.zeros((2, n, NBIN), dtype=cp.uint32)
+    state = cp.empty((n, 4), dtype=cp.uint32)
+    spare = cp.empty(n, dtype=cp.uint32)  # select_wide_cut's record counts (no records here)
+    ks, ke = cp.zeros(n, dtype=cp.int32), cp.full(n, cap, dtype=cp.int32)
+    for level in (0, 1):
+        kernel("floor_wide_hist")(
+            (xb, n), (WSEL_THREADS,), (np.int32(level), rec, np.int64(cap), oq, state, hist[level])
+        )  # fmt: skip
+        kernel("select_wide_cut")(
+            (n,), (1024,), (np.int32(level), np.int32(K), ks, ke, hist[level], state, spare)
+        )  # fmt: skip
+    kernel("floor_of_cut")((-(-n // 256),), (256,), (state, np.int32(n), floor))
+    return floor
 
 
 def raised_tau(tau, oq, floor):

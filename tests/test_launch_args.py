@@ -46,6 +46,7 @@ LAUNCHED = {
         "select_kernel", "select_kernel_ilp",  # dense (SELECT_ILP)
         "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
         "tau_from_kth", "extend_from_spill",  # select, refine (SPILL)
+        "floor_wide_hist", "floor_of_cut",  # select (FLOOR_WIDE)
         "e4m3_round_f64",  # plan
         "route_head", "route_sample", "route_gate",  # route (COUNT_KERNELS, SAMPLE_GATE)
     ],

@@ -331,15 +331,95 @@ def _host_kth(K, recA, cntA, want_ids=True, want_kth=False):
     return None, kth
 
 
+def _code_score(c):
+    """record.cuh code_score on uint32 codes → fp32 (NaN for the codes below −inf's)."""
+    c = np.asarray(c, dtype=np.uint32)
+    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c)
+    return b.astype(np.uint32).view(np.float32)
+
+
+class _FakeFloor:
+    """select.cu floor_wide_hist, select_wide_cut and floor_of_cut emulated (the captured
+    floor of ``select.FLOOR_WIDE``), each launch checked against its C signature; the
+    histograms count in grid-stride order, which only a count depends on."""
+
+    NAMES = ("floor_wide_hist", "select_wide_cut", "floor_of_cut")
+
+    def __init__(self):
+        self.sig = {n: param_types(KERNELS_SRC, rf"void (?:__launch_bounds__\(\w+\) )?{n}\b")
+                    for n in self.NAMES}  # fmt: skip
+        self.calls = []
+
+    def get(self, name):
+        assert name in self.NAMES, name
+
+        def launch(grid, block, args, **kw):
+            check_args(name, args, self.sig[name])
+            assert not kw
+            self.calls.append(name)
+            getattr(self, name)(grid, *args)
+
+        return launch
+
+    @staticmethod
+    def floor_wide_hist(grid, level, rec, cap, oq, state, hist):
+        assert grid[1] == oq.size and grid[0] >= 1
+        for j, t in enumerate(oq.tolist()):
+            c = (rec[t, : int(cap)] >> np.uint64(32)).astype(np.int64)
+            if level == 0:
+                hist[j] += np.bincount(c >> 21, minlength=2048).astype(np.uint32)
+            elif not state[j, 3]:
+                sel = c[(c >> 21) == int(state[j, 0])]
+                hist[j] += np.bincount((sel >> 10) & 2047, minlength=2048).astype(np.uint32)
+
+    @staticmethod
+    def select_wide_cut(grid, level, K, ks, ke, hist, state, cnt):
+        for j in range(grid[0]):
+            if level == 0:
+                cnt[j] = 0
+                if int(ke[j]) - int(ks[j]) <= K:
+                    state[j] = (0, 0, 0, 1)
+                    continue
+            elif state[j, 3]:
+                continue
+            kk = int(K) - (int(state[j, 1]) if level else 0)
+            top = np.cumsum(hist[j][::-1].astype(np.int64))  # counts of bins ≥ 2047 − i
+            i = int(np.argmax(top >= kk))
+            d = 2047 - i
+            above = int(top[i]) - int(hist[j][d])
+            if level == 0:
+                state[j, 0], state[j, 1], state[j, 3] = d, above, 0
+            else:
+                state[j, 2] = (int(state[j, 0]) << 21) | (d << 10)
+
+    @staticmethod
+    def floor_of_cut(grid, state, n, floor):
+        f = _code_score(state[: int(n), 2])
+        floor[: int(n)] = np.where((state[: int(n), 3] != 0) | np.isnan(f), -np.inf, f)
+
+
+def _wide_floor_of(kept_codes, K):
+    """The captured floor of ``FLOOR_WIDE`` on the host: the lower edge of the K-th largest
+    kept code's 22-bit bucket as a score, −inf where at most K records were kept."""
+    c = np.sort(np.asarray(kept_codes, dtype=np.uint64))[::-1]
+    if c.size <= K:
+        return -np.inf
+    return float(_code_score(np.uint32(int(c[K - 1]) & 0xFFFFFC00)))
+
+
 @pytest.fixture
 def fake_refine(monkeypatch):
     def install(S):
         fk = _FakeRefine(S)
+        ff = _FakeFloor()
         monkeypatch.setattr(rs_mod, "cupy_or_raise", lambda: np)
         monkeypatch.setattr(select_mod, "cupy_or_raise", lambda: np)  # the record buffers
         monkeypatch.setattr(select_mod, "select_records", _host_kth)
         monkeypatch.setattr(select_mod, "score_of_records", record_score)
+        monkeypatch.setattr(select_mod, "kernel", lambda name, *_: ff.get(name))
+        monkeypatch.setattr(select_mod, "num_sms", lambda: 3)
         monkeypatch.setattr(rs_mod, "kernel", lambda name, *_: fk.get(name))
+        fk.floor = ff
         return fk
 
     return install
@@ -356,14 +436,16 @@ def _tag_queries(q):
     (13, 333, 0.6, "causal", 4096), (13, 333, 0.6, "causal", 3),
     (30, 777, 0.3, "window", 1), (5, 1000, 0.2, "arbitrary", 50), (9, 31, 0.9, "arbitrary", 2),
 ])  # fmt: skip
-@pytest.mark.parametrize("raised", [True, False])
+@pytest.mark.parametrize("raised", [True, "wide", False])
 def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N, density, kind,
                                             cap, raised):  # fmt: skip
     """The first pass keeps the records s ≥ τ (counted past the capacity); an overflowed row
     is refined again into its complete list of the records s ≥ max(τ, floor), floor the
-    K-th record its first pass kept (``select.captured_floor``; τ alone with
-    ``RAISED_EXTENSION`` off), and its Top-K over that list is its Top-K over s ≥ τ."""
-    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
+    K-th record its first pass kept (``select.captured_floor``; the lower edge of its 22-bit
+    code bucket with ``FLOOR_WIDE``, "wide"; τ alone with ``RAISED_EXTENSION`` off), and its
+    Top-K over that list is its Top-K over s ≥ τ."""
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", bool(raised))
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", raised == "wide")
     rng = np.random.default_rng(Qn + N + mt)
     surv, ks, ke = _random_case(rng, Qn, N, density, kind)
     S = rng.standard_normal((Qn, N)).astype(np.float32)
@@ -389,7 +471,14 @@ def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N,
         rows, rec2, cnt2 = recs.ext
         assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
         assert rec2.shape == (rows.size, want_cnt.max())  # the largest first-pass count
-        for t in rows.tolist() if raised else []:
+        for t in rows.tolist() if raised == "wide" else []:
+            fl = _wide_floor_of(recs.rec[t] >> np.uint64(32), K)
+            kept = np.sort(record_score(recs.rec[t]))[::-1]
+            assert fl <= (kept[K - 1] if cap >= K else np.inf)  # a floor: ≤ the K-th kept
+            floor[t] = max(tau[t], fl)
+        if raised == "wide":
+            assert fk.floor.calls == ["floor_wide_hist", "select_wide_cut"] * 2 + ["floor_of_cut"]
+        for t in rows.tolist() if raised is True else []:
             kept = np.sort(record_score(recs.rec[t]))[::-1]
             floor[t] = max(tau[t], kept[K - 1]) if cap >= K else tau[t]
         want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
@@ -408,7 +497,7 @@ def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N,
 
 @pytest.mark.parametrize("mt", [2, 4])
 @pytest.mark.parametrize("cap,ratio", [(3, 100.0), (3, 0.0), (40, 1.0), (40, 0.05), (4096, 1.0)])
-@pytest.mark.parametrize("raised", [True, False])
+@pytest.mark.parametrize("raised", [True, "wide", False])
 @pytest.mark.parametrize("deferred", [True, False])
 def test_spill_extension_on_the_cpu(fake_refine, monkeypatch, mt, cap, ratio, raised, deferred):
     """The FP8 refinement with its spill (``refine_stage(..., spill=True)``; the kernels
@@ -416,9 +505,11 @@ def test_spill_extension_on_the_cpu(fake_refine, monkeypatch, mt, cap, ratio, ra
     record past a row's cap, with its row; an overflowed row's complete list comes from the
     kept and spilled records (extend_from_spill, no second refinement) where the spill held
     them all, else from a second refinement (refine_fp8_h*), and is the same either way —
-    the records s ≥ max(τ, floor); eagerly or from the counts read back by the caller
+    the records s ≥ max(τ, floor) (floor: ``select.captured_floor``, "wide" its
+    ``FLOOR_WIDE`` form); eagerly or from the counts read back by the caller
     (``select.overflow_counts``: its fourth count is the spill's)."""
-    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
+    monkeypatch.setattr(select_mod, "RAISED_EXTENSION", bool(raised))
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", raised == "wide")
     monkeypatch.setattr(rs_mod, "SPILL_RATIO", ratio)
     rng = np.random.default_rng(cap + mt)
     Qn, N = 17, 700
@@ -455,14 +546,49 @@ def test_spill_extension_on_the_cpu(fake_refine, monkeypatch, mt, cap, ratio, ra
     if past.any():
         rows, _, cnt2 = recs.ext
         assert rows.tolist() == np.flatnonzero(past).tolist()
-        for t in rows.tolist() if raised else []:
+        for t in rows.tolist() if raised is True else []:
             kept = np.sort(record_score(recs.rec[t]))[::-1]
             floor[t] = max(tau[t], kept[K - 1])
+        for t in rows.tolist() if raised == "wide" else []:
+            floor[t] = max(tau[t], _wide_floor_of(recs.rec[t] >> np.uint64(32), K))
         want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
         assert cnt2.tolist() == want2
     for t in range(Qn):
         ids = np.flatnonzero(B[t, :N] & (S[t] >= floor[t]))
         assert np.array_equal(np.sort(recs.row(t)), np.sort(_record(S[t, ids], ids))), t
+
+
+@pytest.mark.parametrize("cap,K", [(64, 5), (64, 64), (200, 1), (9, 30)])
+def test_wide_floor_is_the_bucket_edge_of_the_kth_kept_record(fake_refine, monkeypatch, cap, K):
+    """``select.captured_floor`` with ``FLOOR_WIDE`` (floor_wide_hist, select_wide_cut,
+    floor_of_cut emulated; arguments checked against the C signatures): per overflowed row
+    the lower edge of its K-th kept record's 22-bit code bucket as a score — ≤ that record's
+    score, within one bucket — on negative, zero (−0 as +0), tied and bucket-edge scores;
+    −inf where at most K records were kept."""
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", True)
+    rng = np.random.default_rng(cap + K)
+    Qn = 7
+    scale = np.exp2(rng.integers(-20, 20, (Qn, 1)))
+    S = (rng.standard_normal((Qn, cap)) * scale).astype(np.float32)
+    S[1] = -np.abs(S[1])  # a row of negative scores
+    S[2, ::3] = -0.0
+    S[3] = S[3, 0]  # one tied score
+    S[4] = _code_score(np.uint32(0xC0000000) + np.arange(cap, dtype=np.uint32) * 0x400)  # edges
+    ids = np.arange(cap)
+    rec = np.stack([_record(S[t], ids) for t in range(Qn)])
+    recs = select_mod.Records(rec, np.full(Qn, cap + 1, np.uint32), np.ones(Qn, bool))
+    fk = fake_refine(np.zeros((Qn, cap), np.float32))
+    oq = np.array([0, 1, 2, 3, 4, 6], dtype=np.int32)
+    floor = select_mod.captured_floor(K, recs, oq)
+    assert floor.dtype == np.float32 and floor.shape == (oq.size,)
+    assert fk.floor.calls == ["floor_wide_hist", "select_wide_cut"] * 2 + ["floor_of_cut"]
+    for j, t in enumerate(oq.tolist()):
+        assert floor[j] == _wide_floor_of(rec[t] >> np.uint64(32), K), (t, floor[j])
+        if cap > K:
+            kth = np.sort(S[t])[::-1][K - 1]
+            assert floor[j] <= kth and (score_code(kth) >> 10) == (score_code(floor[j]) >> 10)
+        else:
+            assert floor[j] == -np.inf
 
 
 def test_refine_stage_without_extension_flags_the_overflowed_rows(fake_refine):

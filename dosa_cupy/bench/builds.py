@@ -28,6 +28,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          (key_rho_kernel)
     spill       refine.SPILL = True  the FP8 refinement's records past cap kept in a spill
                                          for the overflow extension (under trial)
+    widefloor   select.FLOOR_WIDE = True  the overflowed rows' captured floor by many blocks
+                                         per row (the lower edge of the K-th kept record's
+                                         22-bit code bucket; under trial)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -82,6 +85,7 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
+    "widefloor": ("select", "FLOOR_WIDE", True),
     "spill": ("refine", "SPILL", True),
     "noilp": ("dense", "SELECT_ILP", False),
     "rhofloat": ("prepare", "RHO_INT", False),

@@ -403,6 +403,43 @@ extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_compact(
   }
 }
 
+// The captured floor by many blocks per row (docs/method.md §7 C.3; select.FLOOR_WIDE): for
+// the overflowed rows oq[j] (j < n), select_wide_hist's two levels over the score codes of the
+// cap records the first pass kept (rec[oq[j], :cap], all of them: the row overflowed), then
+// select_wide_cut on the ranges [0, cap) finds T, the lower edge of the 22-bit code bucket of
+// the row's K-th kept record; floor_of_cut turns it into a score.  code_score(T) ≤ that
+// record's score (codes are monotone), so it is a floor: ≤ the row's K-th score (Prop. 4).
+extern "C" __global__ void __launch_bounds__(WSEL_THREADS) floor_wide_hist(
+    int level, const unsigned long long* __restrict__ rec, long long cap,
+    const int* __restrict__ oq, const unsigned* __restrict__ state, unsigned* __restrict__ hist) {
+  __shared__ unsigned h[NBIN];
+  const int j = blockIdx.y, tid = threadIdx.x;
+  if (level == 1 && state[4 * j + 3]) return;
+  for (int i = tid; i < NBIN; i += WSEL_THREADS) h[i] = 0u;
+  __syncthreads();
+  const unsigned long long* r = rec + (long long)oq[j] * cap;
+  const uint32_t d1 = level ? state[4 * j] : 0u;
+  const long long stride = (long long)gridDim.x * WSEL_THREADS;
+  for (long long i = (long long)blockIdx.x * WSEL_THREADS + tid; i < cap; i += stride) {
+    const uint32_t c = (uint32_t)(__ldg(r + i) >> 32);
+    if (level == 0) atomicAdd(&h[c >> 21], 1u);
+    else if ((c >> 21) == d1) atomicAdd(&h[(c >> 10) & (NBIN - 1)], 1u);
+  }
+  __syncthreads();
+  for (int i = tid; i < NBIN; i += WSEL_THREADS)
+    if (h[i]) atomicAdd(&hist[(long long)j * NBIN + i], h[i]);
+}
+
+// floor[j] = code_score(T) of select_wide_cut's state, −inf where the row holds at most K
+// records (done) or where T is below every finite score's code (a NaN's code).
+extern "C" __global__ void floor_of_cut(const unsigned* __restrict__ state, int n,
+                                        float* __restrict__ floor) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  const float f = code_score(state[4 * j + 2]);
+  floor[j] = (state[4 * j + 3] || f != f) ? NEG_INF : f;
+}
+
 // τ from the K-th seed record (−inf when fewer than K seeds: nothing is pruned).
 extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows, float* tau) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
