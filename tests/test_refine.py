@@ -858,3 +858,54 @@ def test_gpu_spill_in_a_dosa_call_returns_the_dense_ids(monkeypatch, buffer, rat
     monkeypatch.setattr(rs_mod, "SPILL", not spill)
     _, other = dosa_cupy.dosa_topk(*a, return_stats=True, **opts)
     assert np.array_equal(st.overflows, other.overflows)
+
+
+@pytest.mark.parametrize("cap,K", [(65536, 2048), (4096, 2048), (3000, 100), (100, 100)])
+@gpu
+def test_gpu_wide_floor_is_the_bucket_edge(monkeypatch, cap, K):
+    """``select.captured_floor`` with ``FLOOR_WIDE`` on the GPU (floor_wide_hist,
+    select_wide_cut, floor_of_cut) equals the host's bucket edge of the K-th kept record
+    (``_wide_floor_of``) on every overflowed row — full rows of random, negative, tied and
+    bucket-edge scores — and is ≤ the exact floor of ``FLOOR_WIDE`` off."""
+    rng = np.random.default_rng(cap + K)
+    Qn = 41
+    scale = np.exp2(rng.integers(-30, 30, (Qn, 1)))
+    S = (rng.standard_normal((Qn, cap)) * scale).astype(np.float32)
+    S[1] = -np.abs(S[1])
+    S[2, ::3] = -0.0
+    S[3] = S[3, 0]
+    S[4] = _code_score(np.uint32(0xC0000000) + (np.arange(cap, dtype=np.uint32) % 4096) * 0x400)
+    ids = np.arange(cap)
+    rec = np.stack([_record(S[t], rng.permutation(ids)) for t in range(Qn)])
+    over = np.ones(Qn, bool)
+    over[5::7] = False
+    recs = select_mod.Records(cp.asarray(rec), cp.full(Qn, cap + 1, dtype=cp.uint32),
+                              cp.asarray(over))  # fmt: skip
+    oq = cp.asarray(np.flatnonzero(over).astype(np.int32))
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", True)
+    wide = cp.asnumpy(select_mod.captured_floor(K, recs, oq))
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", False)
+    exact = cp.asnumpy(select_mod.captured_floor(K, recs, oq))
+    for j, t in enumerate(np.flatnonzero(over).tolist()):
+        assert wide[j] == _wide_floor_of(rec[t] >> np.uint64(32), K), (t, wide[j])
+        assert wide[j] <= exact[j], t
+
+
+@pytest.mark.parametrize("spill", [True, False])
+@pytest.mark.parametrize("H", [32, 64])
+@gpu
+def test_gpu_wide_floor_in_a_dosa_call_returns_the_dense_ids(monkeypatch, spill, H):
+    """A DoSA call on the FP8 scorer whose rows overflow, with the wide captured floor
+    (``select.FLOOR_WIDE``) and with the spill or the second refinement: the dense route's
+    ids, and the overflowed rows are the same as with the exact floor."""
+    monkeypatch.setattr(rs_mod, "SPILL", spill)
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", True)
+    wl = make_gpu_workload("calibrated", 300, 30000, H, seed=19)
+    a = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 256, wl["ks"], wl["ke"])
+    opts = dict(route="dosa", screen="wgt", r=6, buffer=16, scorer="fp8")
+    ids, st = dosa_cupy.dosa_topk(*a, return_stats=True, **opts)
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer="fp8"))
+    assert st.overflows.any()
+    monkeypatch.setattr(select_mod, "FLOOR_WIDE", False)
+    _, other = dosa_cupy.dosa_topk(*a, return_stats=True, **opts)
+    assert np.array_equal(st.overflows, other.overflows)
