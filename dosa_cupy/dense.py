@@ -30,6 +30,11 @@ SEL_BLOCKS = 264
 # (docs/records/benchmarks.md "The selection's loads and ρ from integer squares"); bench build
 # noilp keeps select_kernel.
 SELECT_ILP = True
+# select_kernel_buf (csrc/select.cu select_row's ABOVE, docs/method.md §9 "The selection's
+# passes"): select_kernel_ilp whose compaction also keeps the records above the K-th's bin,
+# so the last pass reads the scratch instead of the row — one pass over the row fewer, the
+# same selection.  Under trial (bench build selbuf); off, select_kernel_ilp.
+SELECT_BUF = False
 
 _NULL = np.uint64(0)
 
@@ -85,7 +90,13 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
         return _NULL if a is None else a
 
     blocks, buf = scr
-    kernel("select_kernel_ilp" if SELECT_ILP else "select_kernel")(
+    kernel(
+        "select_kernel_buf"
+        if SELECT_BUF
+        else "select_kernel_ilp"
+        if SELECT_ILP
+        else "select_kernel"
+    )(
         (blocks,),
         (512,),
         (

@@ -27,7 +27,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "latecounts": refine, "nogate": route, "sample384": cost,
             "deferchecks": prepare, "nopipe": screen, "plainext": select,
             "noilp": dense, "rhofloat": prepare, "spill": refine, "plani8": plan,
-            "widefloor": select}  # fmt: skip
+            "widefloor": select, "selbuf": dense}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -40,10 +40,11 @@ def test_builds_on_sets_and_restores_every_switch():
     assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
     assert not refine.SPILL  # the spill of the records past cap: under trial
     assert not plan.ACTIVATION_I8  # the plan's activation pass on the s8 tensor cores: too
-    assert not select.FLOOR_WIDE  # the captured floor by many blocks per row: too
-    with builds_on(("plainext", "noilp", "rhofloat", "spill", "plani8", "widefloor")):
+    assert not select.FLOOR_WIDE and not dense.SELECT_BUF  # by many blocks per row; the
+    # selection's last pass over its scratch: too
+    with builds_on(("plainext", "noilp", "rhofloat", "spill", "plani8", "widefloor", "selbuf")):
         assert not select.RAISED_EXTENSION and not dense.SELECT_ILP and not prepare.RHO_INT
-        assert refine.SPILL and plan.ACTIVATION_I8 and select.FLOOR_WIDE
+        assert refine.SPILL and plan.ACTIVATION_I8 and select.FLOOR_WIDE and dense.SELECT_BUF
     assert select.RAISED_EXTENSION and dense.SELECT_ILP  # four loads of each thread in flight
     assert prepare.RHO_INT  # ρ from integer squares
     assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows

@@ -156,13 +156,14 @@ def test_gpu_plan_matches_reference(H):
             assert np.array_equal(got, want)
 
 
-@pytest.fixture(params=[False, True], ids=["select_kernel", "select_kernel_ilp"])
+@pytest.fixture(params=["select_kernel", "select_kernel_ilp", "select_kernel_buf"])
 def either_select(request, monkeypatch):
     """Each selection kernel in turn (dense.SELECT_ILP: four loads of each thread in
-    flight)."""
+    flight; dense.SELECT_BUF: the last pass over the scratch)."""
     from dosa_cupy import dense as dense_mod
 
-    monkeypatch.setattr(dense_mod, "SELECT_ILP", request.param)
+    monkeypatch.setattr(dense_mod, "SELECT_ILP", request.param != "select_kernel")
+    monkeypatch.setattr(dense_mod, "SELECT_BUF", request.param == "select_kernel_buf")
 
 
 @gpu

@@ -43,7 +43,7 @@ LAUNCHED = {
         *(f"screen{c}_mt{m}{t}" for c in ("", "_cert") for m in (1, 2) for t in ("", "_tie")),
         "screen_pair", "screen_pair_tie",  # screen
         *(f"refine_mt{m}" for m in MT),  # refine
-        "select_kernel", "select_kernel_ilp",  # dense (SELECT_ILP)
+        "select_kernel", "select_kernel_ilp", "select_kernel_buf",  # dense (SELECT_ILP, _BUF)
         "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
         "tau_from_kth", "extend_from_spill",  # select, refine (SPILL)
         "floor_wide_hist", "floor_of_cut",  # select (FLOOR_WIDE)
@@ -455,14 +455,15 @@ def test_module_gives_checked_kernels(fake_cupy):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ilp", [True, False], ids=["select_kernel_ilp", "select_kernel"])
-def test_host_launches_pass_the_check(monkeypatch, ilp):
+@pytest.mark.parametrize("rows", ["select_kernel_buf", "select_kernel_ilp", "select_kernel"])
+def test_host_launches_pass_the_check(monkeypatch, rows):
     """dense's selections (logits rows, record lists with and without the optional lists,
-    the wide selection), run on numpy through the build's Kernel wrapper, with either
-    selection kernel (dense.SELECT_ILP): every launch's tuple, null pointers (np.uint64(0))
-    included, passes the check of the kernel as built."""
+    the wide selection), run on numpy through the build's Kernel wrapper, with each
+    selection kernel (dense.SELECT_ILP, SELECT_BUF): every launch's tuple, null pointers
+    (np.uint64(0)) included, passes the check of the kernel as built."""
     sig, launched = signatures(main_spec()), []
-    monkeypatch.setattr(dense, "SELECT_ILP", ilp)
+    monkeypatch.setattr(dense, "SELECT_ILP", rows != "select_kernel")
+    monkeypatch.setattr(dense, "SELECT_BUF", rows == "select_kernel_buf")
 
     def kernel(name, *_):
         raw = FakeRaw()
@@ -481,7 +482,6 @@ def test_host_launches_pass_the_check(monkeypatch, ilp):
     wide = np.zeros((2, dense.WIDE_MIN_N), np.float32)
     dense.select_rows(wide, 5, ks[:2], np.full(2, dense.WIDE_MIN_N, np.int32))
     names = {n for n, _ in launched}
-    rows = "select_kernel_ilp" if ilp else "select_kernel"
     assert names == {rows, "select_wide_hist", "select_wide_cut", "select_wide_compact"}
     assert all(len(raw.calls) == 1 for _, raw in launched)  # every launch reached "CuPy"
     for name, raw in launched:  # the emulations' check agrees (it knows no null pointer)

@@ -14,12 +14,13 @@ from dosa_cupy._build import CSRC
 SIG = [n for _, n in params(read_source(CSRC / "select.cu"), r"select_kernel")]
 
 
-@pytest.fixture(params=[True, False], ids=["select_kernel_ilp", "select_kernel"])
+@pytest.fixture(params=["select_kernel_buf", "select_kernel_ilp", "select_kernel"])
 def launches(monkeypatch, request):
     calls = []
     shim = numpy_as_cupy()
-    monkeypatch.setattr(dense, "SELECT_ILP", request.param)
-    rows = "select_kernel_ilp" if request.param else "select_kernel"
+    monkeypatch.setattr(dense, "SELECT_ILP", request.param != "select_kernel")
+    monkeypatch.setattr(dense, "SELECT_BUF", request.param == "select_kernel_buf")
+    rows = request.param
 
     def kernel(name, *_):
         assert name in {rows, "select_wide_hist", "select_wide_cut", "select_wide_compact"}
@@ -38,7 +39,7 @@ def launches(monkeypatch, request):
 
 
 def _sel(calls):
-    (a,) = [c[2] for c in calls if c[0] in ("select_kernel", "select_kernel_ilp")]
+    (a,) = [c[2] for c in calls if c[0].startswith("select_kernel")]
     return a
 
 

@@ -24,6 +24,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          the refinement
     noilp       dense.SELECT_ILP = False  the selection's passes with one load of each
                                          thread in flight (select_kernel)
+    selbuf      dense.SELECT_BUF = True  the selection's last pass over the scratch, which
+                                         also keeps the records above the K-th's bin
+                                         (select_kernel_buf; under trial)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
     spill       refine.SPILL = True  the FP8 refinement's records past cap kept in a spill
@@ -88,6 +91,7 @@ BUILDS = {
     "widefloor": ("select", "FLOOR_WIDE", True),
     "spill": ("refine", "SPILL", True),
     "noilp": ("dense", "SELECT_ILP", False),
+    "selbuf": ("dense", "SELECT_BUF", True),
     "rhofloat": ("prepare", "RHO_INT", False),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),

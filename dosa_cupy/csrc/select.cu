@@ -69,8 +69,13 @@ __device__ __forceinline__ void each_record(long long n, Get get, F f) {
 
 // Exact Top-K of one row's records into ids_row (K ids, −1 pads) and *kth (either may be
 // null); buf: the block's candidate scratch of scap records.  ILP: each_record's loads in
-// flight per thread (1: select_kernel, 4: select_kernel_ilp; the same selection).
-template <int SRC, int ILP>
+// flight per thread (1: select_kernel, 4: select_kernel_ilp; the same selection).  ABOVE
+// (select_kernel_buf; docs/method.md §9 "The selection's passes"): where the K − kk records
+// above the bin fit the scratch beside the bin's, the compaction keeps them too (every record
+// at or above the bin's lower edge), and the final pass (collect, or the K-th alone) reads
+// the scratch, not the row: one pass over the row fewer, the same records ≥ T; the same
+// passes as ILP's otherwise.
+template <int SRC, int ILP, bool ABOVE = false>
 __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, SelShared& sh,
                                            unsigned long long* __restrict__ buf, long long scap,
                                            int* __restrict__ ids_row,
@@ -78,6 +83,8 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   const int tid = threadIdx.x;
   const long long n = src.size();
   unsigned long long T = 0ull;  // select every record >= T
+  [[maybe_unused]] bool from_buf = false;  // ABOVE: every record >= T is in buf[0 .. nfrom)
+  [[maybe_unused]] long long nfrom = 0;
   if (n > K) {
     unsigned long long prefix = 0ull, mask = 0ull;
     int kk = K;
@@ -144,10 +151,17 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
         break;
       }
       if (!in_buf && cnt <= scap) {
+        // ABOVE: the K − kk records above the bin kept too where they fit — prefix has zeros
+        // below the digits fixed so far, so r >= prefix is "in the bin or above"
+        const bool all = ABOVE && cnt + (long long)(K - kk) <= scap;
         if (tid == 0) sh.n = 0;
         __syncthreads();
         const auto keep = [&](unsigned long long r) {
-          if ((r & mask) == prefix) buf[atomicAdd(&sh.n, 1)] = r;
+          if constexpr (ABOVE) {
+            if (all ? r >= prefix : (r & mask) == prefix) buf[atomicAdd(&sh.n, 1)] = r;
+          } else if ((r & mask) == prefix) {
+            buf[atomicAdd(&sh.n, 1)] = r;
+          }
         };
         if constexpr (ILP > 1) {
           each_record<ILP>(n, [&](long long i) { return src.get(i); }, keep);
@@ -160,16 +174,24 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
         __syncthreads();
         nbuf = sh.n;
         in_buf = true;
+        if constexpr (ABOVE) from_buf = all;
         __syncthreads();
       }
     }
+    if constexpr (ABOVE) nfrom = nbuf;
   }
   if (!ids_row) {
     // only the K-th record (τ of the seeds): the least record >= T, no sort
     if (tid == 0) sh.sel[0] = ~0ull;
     __syncthreads();
     unsigned long long mn = ~0ull;
-    if constexpr (ILP > 1) {
+    if constexpr (ABOVE) {
+      const auto least = [&](unsigned long long r) {
+        if (r >= T && r < mn) mn = r;
+      };
+      if (from_buf) each_record<ILP>(nfrom, [&](long long i) { return buf[i]; }, least);
+      else each_record<ILP>(n, [&](long long i) { return src.get(i); }, least);
+    } else if constexpr (ILP > 1) {
       each_record<ILP>(n, [&](long long i) { return src.get(i); }, [&](unsigned long long r) {
         if (r >= T && r < mn) mn = r;
       });
@@ -199,7 +221,10 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
       if (p < SEL_KMAX) sh.sel[p] = r;
     }
   };
-  if constexpr (ILP > 1) {
+  if constexpr (ABOVE) {
+    if (from_buf) each_record<ILP>(nfrom, [&](long long i) { return buf[i]; }, collect);
+    else each_record<ILP>(n, [&](long long i) { return src.get(i); }, collect);
+  } else if constexpr (ILP > 1) {
     each_record<ILP>(n, [&](long long i) { return src.get(i); }, collect);
   } else {
     for (long long i = tid; i < n; i += SEL_THREADS) {
@@ -253,8 +278,9 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   mode, rows, K, logits, ld, ks_, ke_, recA, cntA, capA, recB, cntB, capB, scratch, scap,          \
       ids_out, kth_out
 
-// The rows of select_kernel (ILP 1) and select_kernel_ilp (ILP 4; dense.SELECT_ILP).
-template <int ILP>
+// The rows of select_kernel (ILP 1), select_kernel_ilp (ILP 4; dense.SELECT_ILP) and
+// select_kernel_buf (ILP 4, ABOVE; dense.SELECT_BUF).
+template <int ILP, bool ABOVE = false>
 __device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS) {
   __shared__ SelShared sh;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
@@ -269,14 +295,14 @@ __device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS) {
       src.logits = logits + (long long)row * ld;
       src.ks = ks_[row];
       src.ke = ke_[row];
-      select_row<0, ILP>(src, K, sh, buf, scap, ids_row, kth);
+      select_row<0, ILP, ABOVE>(src, K, sh, buf, scap, ids_row, kth);
     } else {
       SelSource<1> src;
       src.ra = recA + (long long)row * capA;
       src.na = min((long long)cntA[row], capA);
       src.rb = recB ? recB + (long long)row * capB : nullptr;
       src.nb = recB ? min((long long)cntB[row], capB) : 0;
-      select_row<1, ILP>(src, K, sh, buf, scap, ids_row, kth);
+      select_row<1, ILP, ABOVE>(src, K, sh, buf, scap, ids_row, kth);
     }
   }
 }
@@ -289,6 +315,11 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) select_kernel(DOSA_SEL
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
     select_kernel_ilp(DOSA_SELECT_PARAMS) {
   select_rows_impl<4>(DOSA_SELECT_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
+    select_kernel_buf(DOSA_SELECT_PARAMS) {
+  select_rows_impl<4, true>(DOSA_SELECT_ARGS);
 }
 
 // ---------------------------------------------------------------------------------------
