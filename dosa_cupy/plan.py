@@ -478,7 +478,7 @@ PLAN = KernelSpec("plan.cu")
 # head and key in one order; the planner then keeps no u_h rows (recomputed where read), for
 # three blocks per SM instead of two (docs/method.md §2 "activation frequency").  p_h only
 # steers R and A (§3, §5): every plan's bound holds for any p.  Under trial (bench
-# builds=plani8, docs/records/benchmarks.md "The plan's activation pass"); off, plan_mt*.
+# builds=plani8); off, plan_mt*.
 ACTIVATION_I8 = False
 ACT_STRIDE = 160  # csrc/plan.cu PLAN_ACT_STRIDE (bytes per row of an activation image)
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS

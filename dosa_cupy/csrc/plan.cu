@@ -454,7 +454,7 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
   __syncthreads();
 
   // u_h's coordinate d, w_h·(q_h − β_h q_j*) — the anchor projection's operations again (I8
-  // keeps no u_h rows, for occupancy: docs/records/benchmarks.md "The plan's activation pass").
+  // keeps no u_h rows, for occupancy: docs/method.md §2 "activation frequency").
   auto u_coord = [&](int h, int d) -> double {
     const double a = (double)qs[h * DOSA_D + d];
     const double dv = use[h] ? __dsub_rn(a, __dmul_rn(beta[h], (double)qs[jstar[h] * DOSA_D + d])) : a;
