@@ -107,6 +107,24 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
     )  # fmt: skip
 
 
+def wide_cut(K: int, ks, ke, cnt, count):
+    """The wide selection's threshold (docs/method.md §9 "Few long rows"): per row of the
+    ranges [ks, ke) (int32 [rows]), ``count(level, state, hist)`` launches a histogram kernel
+    of the row's score codes at that level into hist uint32 [rows, NBIN], and select_wide_cut
+    cuts it, for levels 0 and 1.  Returns state uint32 [rows, 4] = {d1*, above, T, done};
+    cnt uint32 [rows] is zeroed (the compaction's counts)."""
+    cp = cupy_or_raise()
+    rows = int(ks.shape[0])
+    hist = cp.zeros((2, rows, NBIN), dtype=cp.uint32)
+    state = cp.empty((rows, 4), dtype=cp.uint32)
+    for level in (0, 1):
+        count(level, state, hist[level])
+        kernel("select_wide_cut")(
+            (rows,), (1024,), (np.int32(level), np.int32(K), ks, ke, hist[level], state, cnt)
+        )  # fmt: skip
+    return state
+
+
 def _select_rows_wide(logits, K, ks, ke, ids):
     """select_rows for few long rows (docs/method.md §9 "Few long rows"): a two-level
     histogram of the score codes with many blocks per row finds a code T such that every
@@ -116,19 +134,12 @@ def _select_rows_wide(logits, K, ks, ke, ids):
     rows, N = logits.shape
     cap = K + WIDE_EXTRA
     xb = max(1, min(-(-N // (8 * WSEL_THREADS)), -(-4 * num_sms() // rows)))
-    hist = cp.zeros((2, rows, NBIN), dtype=cp.uint32)
-    state = cp.empty((rows, 4), dtype=cp.uint32)
     cnt = cp.empty(rows, dtype=cp.uint32)
     rec = cp.empty((rows, cap), dtype=cp.uint64)
     ld = np.int64(N)
-    for level in (0, 1):
-        kernel("select_wide_hist")(
-            (xb, rows), (WSEL_THREADS,),
-            (np.int32(level), logits, ld, ks, ke, state, hist[level]),
-        )  # fmt: skip
-        kernel("select_wide_cut")(
-            (rows,), (1024,), (np.int32(level), np.int32(K), ks, ke, hist[level], state, cnt)
-        )  # fmt: skip
+    state = wide_cut(K, ks, ke, cnt, lambda level, state, hist: kernel("select_wide_hist")(
+        (xb, rows), (WSEL_THREADS,), (np.int32(level), logits, ld, ks, ke, state, hist)
+    ))  # fmt: skip
     kernel("select_wide_compact")(
         (xb, rows), (WSEL_THREADS,), (logits, ld, ks, ke, state, np.int64(cap), cnt, rec)
     )  # fmt: skip

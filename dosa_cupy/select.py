@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import cupy_or_raise, kernel, num_sms
-from .dense import NBIN, WSEL_THREADS, dense_ids, select_records
+from .dense import WSEL_THREADS, dense_ids, select_records, wide_cut
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -179,17 +179,11 @@ def _floor_wide(K: int, rec, oq):
     if n == 0:
         return floor
     xb = max(1, min(-(-cap // (8 * WSEL_THREADS)), -(-4 * num_sms() // n)))
-    hist = cp.zeros((2, n, NBIN), dtype=cp.uint32)
-    state = cp.empty((n, 4), dtype=cp.uint32)
     spare = cp.empty(n, dtype=cp.uint32)  # select_wide_cut's record counts (no records here)
     ks, ke = cp.zeros(n, dtype=cp.int32), cp.full(n, cap, dtype=cp.int32)
-    for level in (0, 1):
-        kernel("floor_wide_hist")(
-            (xb, n), (WSEL_THREADS,), (np.int32(level), rec, np.int64(cap), oq, state, hist[level])
-        )  # fmt: skip
-        kernel("select_wide_cut")(
-            (n,), (1024,), (np.int32(level), np.int32(K), ks, ke, hist[level], state, spare)
-        )  # fmt: skip
+    state = wide_cut(K, ks, ke, spare, lambda level, state, hist: kernel("floor_wide_hist")(
+        (xb, n), (WSEL_THREADS,), (np.int32(level), rec, np.int64(cap), oq, state, hist)
+    ))  # fmt: skip
     kernel("floor_of_cut")((-(-n // 256),), (256,), (state, np.int32(n), floor))
     return floor
 

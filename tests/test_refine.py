@@ -27,6 +27,7 @@ from gpu_support import HAVE_GPU, cp, gpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dosa_cupy import dense as dense_mod
 from dosa_cupy import refine as rs_mod
 from dosa_cupy import select as select_mod
 from dosa_cupy.emulate import record_order, record_score, score_code
@@ -332,10 +333,9 @@ def _host_kth(K, recA, cntA, want_ids=True, want_kth=False):
 
 
 def _code_score(c):
-    """record.cuh code_score on uint32 codes → fp32 (NaN for the codes below −inf's)."""
-    c = np.asarray(c, dtype=np.uint32)
-    b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c)
-    return b.astype(np.uint32).view(np.float32)
+    """record.cuh code_score on uint32 codes → fp32: ``emulate.record_score`` of the records
+    with those codes (NaN for the codes below −inf's; code 0, no record there, −inf)."""
+    return record_score(np.asarray(c, dtype=np.uint64) << np.uint64(32))
 
 
 class _FakeFloor:
@@ -417,6 +417,8 @@ def fake_refine(monkeypatch):
         monkeypatch.setattr(select_mod, "select_records", _host_kth)
         monkeypatch.setattr(select_mod, "score_of_records", record_score)
         monkeypatch.setattr(select_mod, "kernel", lambda name, *_: ff.get(name))
+        monkeypatch.setattr(dense_mod, "cupy_or_raise", lambda: np)  # dense.wide_cut
+        monkeypatch.setattr(dense_mod, "kernel", lambda name, *_: ff.get(name))
         monkeypatch.setattr(select_mod, "num_sms", lambda: 3)
         monkeypatch.setattr(rs_mod, "kernel", lambda name, *_: fk.get(name))
         fk.floor = ff

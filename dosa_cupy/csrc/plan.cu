@@ -128,6 +128,19 @@ __device__ __forceinline__ void activation_image_quarter(uint4 c0, uint4 c1, uin
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// Quarter `part` (32 codes) of sample key s of the activation pass into v0, v1 — zeros past
+// the sample's ns keys (their dots are 0: not active).
+__device__ __forceinline__ void sample_quarter(const uint8_t* __restrict__ kp,
+                                               const int* __restrict__ sample, int ns, int s,
+                                               int part, uint4& v0, uint4& v1) {
+  v0 = v1 = make_uint4(0u, 0u, 0u, 0u);
+  if (s < ns) {
+    const uint4* src = reinterpret_cast<const uint4*>(kp + (long long)sample[s] * DOSA_D + 32 * part);
+    v0 = src[0];
+    v1 = src[1];
+  }
+}
+
 // Dot of two head vectors held as 4 dims per lane (lane owns dims 4·lane .. 4·lane+3).
 __device__ __forceinline__ double dot4(const double (&a)[4], const double (&b)[4]) {
   double s = __dmul_rn(a[0], b[0]);
@@ -250,14 +263,8 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
       __syncthreads();  // previous chunk consumed (the first: q's images written)
       {
         const int kk = tid >> 2, part = tid & 3;
-        const int s = c0 + kk;
-        uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-        if (s < ns) {
-          const uint4* src =
-              reinterpret_cast<const uint4*>(kp + (long long)sample[s] * DOSA_D + 32 * part);
-          v0 = src[0];
-          v1 = src[1];
-        }
+        uint4 v0, v1;
+        sample_quarter(kp, sample, ns, c0 + kk, part, v0, v1);
         activation_image_quarter(v0, v1, ki + kk * PLAN_ACT_STRIDE + 32 * part);
       }
       __syncthreads();
@@ -305,14 +312,8 @@ __device__ void plan_impl(const uint8_t* __restrict__ q, const float* __restrict
       __syncthreads();  // previous chunk consumed
       {
         const int kk = tid >> 2, part = tid & 3;  // 64 keys × 4 quarters of 32 bytes
-        const int s = c0 + kk;
-        uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-        if (s < ns) {
-          const uint4* src =
-              reinterpret_cast<const uint4*>(kp + (long long)sample[s] * DOSA_D + 32 * part);
-          v0 = src[0];
-          v1 = src[1];
-        }
+        uint4 v0, v1;
+        sample_quarter(kp, sample, ns, c0 + kk, part, v0, v1);
         const uint32_t wd[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int i = 0; i < 32; ++i)

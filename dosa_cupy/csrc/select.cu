@@ -342,10 +342,21 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
 #define WSEL_THREADS 256
 #define WCUT_THREADS 1024
 
-__device__ __forceinline__ void wsel_count(int level, uint32_t d1, float v, unsigned* h) {
-  const uint32_t c = score_code(v);
+// One score code into the block's histogram h of its level (the top 11 bits; at level 1 the
+// next 11 of the codes in bin d1), and the block's histogram added to the row's in global
+// memory: the logits rows' (select_wide_hist) and the captured floor's (floor_wide_hist).
+__device__ __forceinline__ void wsel_count_code(int level, uint32_t d1, uint32_t c, unsigned* h) {
   if (level == 0) atomicAdd(&h[c >> 21], 1u);
   else if ((c >> 21) == d1) atomicAdd(&h[(c >> 10) & (NBIN - 1)], 1u);
+}
+
+__device__ __forceinline__ void wsel_count(int level, uint32_t d1, float v, unsigned* h) {
+  wsel_count_code(level, d1, score_code(v), h);
+}
+
+__device__ __forceinline__ void wsel_flush(const unsigned* h, unsigned* __restrict__ hist_row) {
+  for (int i = threadIdx.x; i < NBIN; i += WSEL_THREADS)
+    if (h[i]) atomicAdd(&hist_row[i], h[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_hist(
@@ -376,8 +387,7 @@ extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_hist(
       wsel_count(level, d1, __ldg(lr + i), h);
   }
   __syncthreads();
-  for (int i = tid; i < NBIN; i += WSEL_THREADS)
-    if (h[i]) atomicAdd(&hist[(long long)row * NBIN + i], h[i]);
+  wsel_flush(h, hist + (long long)row * NBIN);
 }
 
 extern "C" __global__ void __launch_bounds__(WCUT_THREADS) select_wide_cut(
@@ -451,14 +461,10 @@ extern "C" __global__ void __launch_bounds__(WSEL_THREADS) floor_wide_hist(
   const unsigned long long* r = rec + (long long)oq[j] * cap;
   const uint32_t d1 = level ? state[4 * j] : 0u;
   const long long stride = (long long)gridDim.x * WSEL_THREADS;
-  for (long long i = (long long)blockIdx.x * WSEL_THREADS + tid; i < cap; i += stride) {
-    const uint32_t c = (uint32_t)(__ldg(r + i) >> 32);
-    if (level == 0) atomicAdd(&h[c >> 21], 1u);
-    else if ((c >> 21) == d1) atomicAdd(&h[(c >> 10) & (NBIN - 1)], 1u);
-  }
+  for (long long i = (long long)blockIdx.x * WSEL_THREADS + tid; i < cap; i += stride)
+    wsel_count_code(level, d1, (uint32_t)(__ldg(r + i) >> 32), h);
   __syncthreads();
-  for (int i = tid; i < NBIN; i += WSEL_THREADS)
-    if (h[i]) atomicAdd(&hist[(long long)j * NBIN + i], h[i]);
+  wsel_flush(h, hist + (long long)j * NBIN);
 }
 
 // floor[j] = code_score(T) of select_wide_cut's state, −inf where the row holds at most K
