@@ -477,9 +477,10 @@ PLAN = KernelSpec("plan.cu")
 # tensor cores — exact integers, so the same in every order — instead of 32 fp32 FMAs per
 # head and key in one order; the planner then keeps no u_h rows (recomputed where read), for
 # three blocks per SM instead of two (docs/method.md §2 "activation frequency").  p_h only
-# steers R and A (§3, §5): every plan's bound holds for any p.  Under trial (bench
-# builds=plani8); off, plan_mt*.
-ACTIVATION_I8 = False
+# steers R and A (§3, §5): every plan's bound holds for any p.  0.65 ms against 1.09 ms at
+# H 64 on an H100 (docs/records/benchmarks.md "The four builds under trial on a GPU"); bench
+# builds=planf32 keeps plan_mt*.
+ACTIVATION_I8 = True
 ACT_STRIDE = 160  # csrc/plan.cu PLAN_ACT_STRIDE (bytes per row of an activation image)
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)

@@ -151,8 +151,10 @@ RAISED_EXTENSION = True
 # edge of the K-th kept record's 22-bit code bucket, csrc/select.cu floor_wide_hist) instead
 # of one block per row selecting its K-th kept record (0.35 ms for the 53 rows of a 1M H 64
 # chunk on an H100: docs/records/benchmarks.md "The selection's loads and ρ from integer
-# squares").  Under trial (bench build widefloor); off, the K-th kept record itself.
-FLOOR_WIDE = False
+# squares"; measured together with the three other builds of
+# docs/records/benchmarks.md "The four builds under trial on a GPU").
+# Bench build kthfloor takes the K-th kept record itself.
+FLOOR_WIDE = True
 
 
 def captured_floor(K: int, recs: Records, oq):

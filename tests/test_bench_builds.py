@@ -26,8 +26,8 @@ def test_builds_on_sets_and_restores_every_switch():
             "qg1536": screen, "onestream": seeds, "floor6": cost,
             "latecounts": refine, "nogate": route, "sample384": cost,
             "deferchecks": prepare, "nopipe": screen, "plainext": select,
-            "noilp": dense, "rhofloat": prepare, "spill": refine, "plani8": plan,
-            "widefloor": select, "selbuf": dense}  # fmt: skip
+            "noilp": dense, "rhofloat": prepare, "rescore": refine, "planf32": plan,
+            "kthfloor": select, "collectrow": dense}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -38,13 +38,14 @@ def test_builds_on_sets_and_restores_every_switch():
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
     assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
-    assert not refine.SPILL  # the spill of the records past cap: under trial
-    assert not plan.ACTIVATION_I8  # the plan's activation pass on the s8 tensor cores: too
-    assert not select.FLOOR_WIDE and not dense.SELECT_BUF  # by many blocks per row; the
-    # selection's last pass over its scratch: too
-    with builds_on(("plainext", "noilp", "rhofloat", "spill", "plani8", "widefloor", "selbuf")):
+    assert refine.SPILL  # the FP8 refinement's records past cap kept for the extension
+    assert plan.ACTIVATION_I8  # the plan's activation pass on the s8 tensor cores
+    assert select.FLOOR_WIDE and dense.SELECT_BUF  # the floor by many blocks per row; the
+    # selection's last pass over its scratch
+    with builds_on(("plainext", "noilp", "rhofloat", "rescore", "planf32", "kthfloor",
+                    "collectrow")):  # fmt: skip
         assert not select.RAISED_EXTENSION and not dense.SELECT_ILP and not prepare.RHO_INT
-        assert refine.SPILL and plan.ACTIVATION_I8 and select.FLOOR_WIDE and dense.SELECT_BUF
+        assert not (refine.SPILL or plan.ACTIVATION_I8 or select.FLOOR_WIDE or dense.SELECT_BUF)
     assert select.RAISED_EXTENSION and dense.SELECT_ILP  # four loads of each thread in flight
     assert prepare.RHO_INT  # ρ from integer squares
     assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows

@@ -24,16 +24,16 @@ Not options of the library: a build under trial is one of these until it wins.
                                          the refinement
     noilp       dense.SELECT_ILP = False  the selection's passes with one load of each
                                          thread in flight (select_kernel)
-    selbuf      dense.SELECT_BUF = True  the selection's last pass over the scratch, which
-                                         also keeps the records above the K-th's bin
-                                         (select_kernel_buf; under trial)
+    collectrow  dense.SELECT_BUF = False  the selection's last pass over the row
+                                         (select_kernel_ilp, not select_kernel_buf's pass
+                                         over the scratch)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
-    spill       refine.SPILL = True  the FP8 refinement's records past cap kept in a spill
-                                         for the overflow extension (under trial)
-    widefloor   select.FLOOR_WIDE = True  the overflowed rows' captured floor by many blocks
-                                         per row (the lower edge of the K-th kept record's
-                                         22-bit code bucket; under trial)
+    rescore     refine.SPILL = False  the overflowed rows' survivors refined again (no spill
+                                         of the FP8 refinement's records past cap)
+    kthfloor    select.FLOOR_WIDE = False  the overflowed rows' captured floor by one block
+                                         per row, the K-th kept record itself (not the lower
+                                         edge of its 22-bit code bucket by many blocks)
     plainext    select.RAISED_EXTENSION = False  the overflowed rows refined again against τ
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
@@ -56,9 +56,9 @@ Not options of the library: a build under trial is one of these until it wins.
     onestream   seeds.SIDE_STREAM = False  the eager call's sinks and local window scored on
                                          the caller's stream after the anchor pool (no side
                                          stream)
-    plani8      plan.ACTIVATION_I8 = True  the plan's activation frequencies from the
-                                         activation images' integer dots on the s8 tensor
-                                         cores (under trial)
+    planf32     plan.ACTIVATION_I8 = False  the plan's activation frequencies from fp32
+                                         dots in one order (plan_mt*, not the activation
+                                         images' integer dots on the s8 tensor cores)
     rowarrays   plan.ROW_CONSTANTS_KERNEL = False  the FP8 screen's per-row constants by
                                          ~25 array operations (not its one kernel)
 """
@@ -78,7 +78,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
-    "plani8": ("plan", "ACTIVATION_I8", True),
+    "planf32": ("plan", "ACTIVATION_I8", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
     "routearrays": ("route", "COUNT_KERNELS", False),
     "chunkplans": ("route", "CHUNK_PLANS", True),
@@ -88,10 +88,10 @@ BUILDS = {
     "eagerext": ("refine", "DEFERRED_EXTENSION", False),
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
-    "widefloor": ("select", "FLOOR_WIDE", True),
-    "spill": ("refine", "SPILL", True),
+    "kthfloor": ("select", "FLOOR_WIDE", False),
+    "rescore": ("refine", "SPILL", False),
     "noilp": ("dense", "SELECT_ILP", False),
-    "selbuf": ("dense", "SELECT_BUF", True),
+    "collectrow": ("dense", "SELECT_BUF", False),
     "rhofloat": ("prepare", "RHO_INT", False),
     "deferchecks": ("prepare", "DEFER_CHECKS", True),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
