@@ -54,7 +54,8 @@ PREFETCH_COUNTS = True
 # of scoring its survivors again: at 1M keys, H 64, the 53 overflowed rows of the calibrated
 # chunk cost 1.37 ms of scoring again on an H100 (docs/records/benchmarks.md "The selection's
 # loads and ρ from integer squares"); with the spill the calibrated 1M calls were 1.03–1.04×
-# faster (docs/records/benchmarks.md "The four builds under trial on a GPU").  Bench build rescore scores them again.
+# faster (docs/records/benchmarks.md "The four builds under trial on a GPU").  Bench build
+# rescore scores them again.
 SPILL = True
 SPILL_RATIO = 0.125  # the spill holds Qn · cap · SPILL_RATIO records (a full one: scored again)
 
