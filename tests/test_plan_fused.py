@@ -584,7 +584,8 @@ def test_row_constants_kernel_host_code(fake_cupy, monkeypatch, H, r, mts):
     f16 = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "f16", "f16")
     monkeypatch.setattr(pf, "ROW_CONSTANTS_KERNEL", True)
     got = pf.build_plans_fused(q, w, kp, sample, r, mts, 17, "f16", "fp8_fresh")
-    assert fake_cupy.calls[-2:] == [f"plan_mt{q.shape[1] // 16}", "screen_row_constants_fresh"]
+    plan_kernel = f"plan_{'i8_' if pf.ACTIVATION_I8 else ''}mt{q.shape[1] // 16}"
+    assert fake_cupy.calls[-2:] == [plan_kernel, "screen_row_constants_fresh"]
     for k in ("rows", "omega", "sigma", "valid", "C"):
         assert np.array_equal(np.asarray(getattr(got, k)), np.asarray(getattr(ref, k))), k
     out = pf._row_constants_kernel(got.rows, got.omega, got.sigma, mts, pf.cupy_or_raise())
