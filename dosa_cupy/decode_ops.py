@@ -100,6 +100,11 @@ DECODE_TMA: bool | None = None
 # slower at B = 8, next_n = 1: 0.65 / 0.67 ms against 0.52 / 0.64)
 TMA_MIN_B = 16
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
+# A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
+# records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9
+# "Few rows of few records") instead of select_kernel's one block per row: the same
+# selection.  Under trial (bench --decode --scorer fp8:rankselect); off, select_kernel.
+RANK_SELECT = False
 
 
 def fp8_tma_smem(nc: int) -> int:
@@ -372,6 +377,18 @@ class Workspace:
             self.ring[b] = -1
 
 
+def select_into(K, rec, cnt, ids, kth, scr) -> None:
+    """A step's exact selection of its record rows (``dense.select_records_into``'s
+    arguments): by select_rank where ``RANK_SELECT`` is on and the rows are at most
+    dense.RANK_ROWS, else by select_kernel."""
+    from .dense import RANK_ROWS, select_records_into, select_records_rank_into
+
+    if RANK_SELECT and int(rec.shape[0]) <= RANK_ROWS:
+        select_records_rank_into(K, rec, cnt, ids, kth, scr)
+    else:
+        select_records_into(K, rec, cnt, ids, kth, scr)
+
+
 class DeviceOps:
     """The fused step's device operations on a ``Workspace``: witnesses → threshold record
     (their K-th; 0 when fewer than K), scan with compact writeback at or above it, exact
@@ -403,8 +420,6 @@ class DeviceOps:
             _kernel(f"decode_witness_mt{d['Hp'] // 16}")(grid, (32 * WARPS,), args)
 
     def tau(self, d, ws):
-        from .dense import select_records_into
-
         if ws.ring is None:
             return ws.thr, ws.wcnt
         Wc = int(ws.ring.shape[1])
@@ -413,7 +428,7 @@ class DeviceOps:
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
         self.witness_records(d, ws.wit, ws.wcnt, ws.wrec)
-        select_records_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
+        select_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
 
     def witness_top(self, d, ws):
@@ -461,9 +476,7 @@ class DeviceOps:
         return rec, ws.cnt
 
     def select(self, d, rec, cnt, want_kth, ws):
-        from .dense import select_records_into
-
-        select_records_into(d["K"], rec, cnt, ws.ids, ws.kth if want_kth else None, ws.scratch)
+        select_into(d["K"], rec, cnt, ws.ids, ws.kth if want_kth else None, ws.scratch)
         return ws.ids, (record_scores(ws.kth) if want_kth else None)
 
     def push(self, d, ws, ids) -> None:

@@ -109,6 +109,42 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
     )  # fmt: skip
 
 
+# select_rank (csrc/select.cu, docs/method.md §9 "Few rows of few records"): at most RANK_ROWS
+# rows of records, each row's records ranked by many blocks at once where it holds at most
+# rank_max(rows), else selected by one block as select_kernel_buf does; the same selection.
+# The decode step's two selections take it (decode_ops.RANK_SELECT).
+RANK_ROWS = 4
+RANK_PER_BLOCK = 64  # csrc/select.cu RANK_PER_BLOCK: records a block ranks
+
+
+def rank_max(rows: int) -> int:
+    """Records of a row that select_rank ranks, for ``rows`` rows (more: its one-block
+    selection).  Ranking n records compares n² pairs in n / 64 blocks; up to rows · n = 16K
+    they fit one wave of two blocks per SM with a few thousand comparisons per thread."""
+    return 8192 if rows <= 2 else 4096
+
+
+def select_records_rank_into(K, rec, cnt, ids, kth, scr) -> None:
+    """``select_records_into`` for at most RANK_ROWS rows of one record list (rec uint64
+    [rows, cap], cnt uint32 [rows]) by select_rank; ids int32 [rows, K] and kth uint64 [rows]
+    may be None; ``scr`` = ``scratch(rows)``.  One launch, no allocation (capturable)."""
+    rows = int(rec.shape[0])
+    blocks, buf = scr
+    if not 1 <= rows <= RANK_ROWS:
+        raise ValueError(f"rec: select_rank takes 1 to {RANK_ROWS} rows, got {rows}")
+    if blocks < rows:
+        raise ValueError(f"scr: a scratch region per row needed ({rows}), got {blocks}")
+    rm = rank_max(rows)
+    kernel("select_rank")(
+        (-(-rm // RANK_PER_BLOCK), rows),
+        (512,),
+        (
+            np.int32(K), rec, cnt, np.int64(rec.shape[1]), np.int64(rm), buf,
+            np.int64(SCRATCH), _NULL if ids is None else ids, _NULL if kth is None else kth,
+        ),
+    )  # fmt: skip
+
+
 def wide_cut(K: int, ks, ke, cnt, count):
     """The wide selection's threshold (docs/method.md §9 "Few long rows"): per row of the
     ranges [ks, ke) (int32 [rows]), ``count(level, state, hist)`` launches a histogram kernel

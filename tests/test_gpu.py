@@ -631,6 +631,49 @@ def test_select_kth_only_equals_sorted_selection(either_select):
 
 
 @gpu
+def test_select_rank_equals_select_kernel():
+    """select_rank (dense.select_records_rank_into: the decode step's selection of at most
+    RANK_ROWS rows by rank) == select_kernel_buf and the host's record order, ids and K-th
+    record bitwise: rows of 0, K − 1, K, K + 1 records, at and past rank_max (the one-block
+    path), tied score codes (the id decides), K from 1 to 4096, 1 to RANK_ROWS rows."""
+    from dosa_cupy import dense as dense_mod
+
+    rng = np.random.default_rng(29)
+    for rows in (1, 2, 3, 4):
+        rm = dense_mod.rank_max(rows)
+        for K in (1, 7, 300, 2048, 4096):
+            cap = rm + 700
+            cnt = rng.integers(0, rm + 1, rows)
+            pick = [0, K - 1, K, K + 1, rm, rm + 1, cap, rng.integers(K, rm + 1)]
+            cnt[: min(rows, 2)] = rng.choice(pick, min(rows, 2), replace=False)
+            cnt = np.minimum(cnt, cap).astype(np.uint32)
+            code = rng.integers(0, 40, (rows, cap)).astype(np.uint64) + np.uint64(0x80000000)
+            ids = np.stack([rng.permutation(1 << 20)[:cap] for _ in range(rows)])
+            rec = (code << np.uint64(32)) | (~ids.astype(np.uint64) & np.uint64(0xFFFFFFFF))
+            rec_d, cnt_d = cp.asarray(rec), cp.asarray(cnt)
+            got_ids = cp.full((rows, K), -7, dtype=cp.int32)
+            got_kth = cp.full(rows, 7, dtype=cp.uint64)
+            dense_mod.select_records_rank_into(K, rec_d, cnt_d, got_ids, got_kth,
+                                               dense_mod.scratch(rows))  # fmt: skip
+            only_kth = cp.full(rows, 7, dtype=cp.uint64)
+            dense_mod.select_records_rank_into(K, rec_d, cnt_d, None, only_kth,
+                                               dense_mod.scratch(rows))  # fmt: skip
+            want_ids, want_kth = dense_mod.select_records(K, rec_d, cnt_d, want_kth=True)
+            assert cp.array_equal(got_ids, want_ids), (rows, K, cnt)
+            assert cp.array_equal(got_kth, want_kth) and cp.array_equal(only_kth, want_kth)
+            got = cp.asnumpy(got_ids)
+            for r in range(rows):  # the host's order: records descending, −1 padded
+                top = np.sort(rec[r, : cnt[r]])[::-1][:K]
+                top_ids = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+                assert np.array_equal(got[r, : top.size], top_ids), (rows, K, r)
+                assert (got[r, top.size :] == -1).all(), (rows, K, r)
+    with pytest.raises(ValueError, match="rec"):
+        big = cp.zeros((dense_mod.RANK_ROWS + 1, 8), dtype=cp.uint64)
+        dense_mod.select_records_rank_into(1, big, cp.zeros(big.shape[0], cp.uint32), None,
+                                           None, dense_mod.scratch(big.shape[0]))  # fmt: skip
+
+
+@gpu
 def test_public_ids_int64():
     """docs/design.md: dense_topk, dosa_topk and fused_topk return the dosa_ref.topk_ids
     contract — int64 [Qn, K], −1 padding — also on the empty early-return path."""

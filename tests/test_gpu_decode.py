@@ -481,11 +481,18 @@ def _check_against_reference(ids, qp, wq, cache, L, K):
     return worst
 
 
+@pytest.fixture(params=[False, True], ids=["select_kernel", "select_rank"])
+def rank_select(request, monkeypatch):
+    """The decode step's selections by select_kernel, then by select_rank where the step has
+    at most dense.RANK_ROWS query rows (decode_ops.RANK_SELECT)."""
+    monkeypatch.setattr(dops, "RANK_SELECT", request.param)
+
+
 @pytest.mark.parametrize("H", [32, 64])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("B", [1, 3])
 @gpu
-def test_gpu_decode_walk(B, n, H):
+def test_gpu_decode_walk(rank_select, B, n, H):
     K, steps = 256, 8
     cache = PagedCache(B, 40 * 64, seed=10 * B + n + H)
     rs = cache.rs
@@ -708,7 +715,7 @@ def _graph_walk_inputs(B, n, H, seed, steps):
 
 @pytest.mark.parametrize("B,n,H", [(2, 1, 64), (3, 2, 32), (1, 2, 20)])
 @gpu
-def test_gpu_step_captured_in_a_cupy_graph(B, n, H):
+def test_gpu_step_captured_in_a_cupy_graph(rank_select, B, n, H):
     """The step with check_layout=False, the default buffer, return_stats=False and out=
     allocates nothing and never synchronizes: captured once in a CuPy stream graph and
     replayed on new inputs copied into the same buffers, its ids equal an eager selector's

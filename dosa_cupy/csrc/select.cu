@@ -323,6 +323,74 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
 }
 
 // ---------------------------------------------------------------------------------------
+// Few rows of few records, by rank (docs/method.md §9 "Few rows of few records"): a decode
+// step of one or two query rows selects from a few thousand records (its witnesses' K-th,
+// then the records its scan kept), where select_kernel's one block per row spends its time
+// in the passes' barriers and the sort with the rest of the GPU idle.  Records are distinct,
+// so record i's rank #{j : rec[j] > rec[i]} is its place in the order (score desc, id asc):
+// the ranks below K are the selection, rank K − 1 its K-th record.  Grid (gx, rows): block x
+// ranks records [64x, 64x + 64) of its row, its 512 threads 64 records × 8 slices of each
+// tile of SEL_KMAX records staged in shared memory (a warp's lanes read one record at a
+// time: a broadcast).  A row of more than rank_max records is selected by block 0 alone as
+// select_kernel_buf selects it (scratch: scap records per row).  Outputs as select_kernel's.
+// ---------------------------------------------------------------------------------------
+#define RANK_PER_BLOCK 64
+#define RANK_SLICES (SEL_THREADS / RANK_PER_BLOCK)
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
+    select_rank(int K, const unsigned long long* __restrict__ rec,
+                const unsigned int* __restrict__ cnt, long long cap, long long rank_max,
+                unsigned long long* __restrict__ scratch, long long scap,
+                int* __restrict__ ids_out, unsigned long long* __restrict__ kth_out) {
+  __shared__ SelShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  const long long n = min((long long)cnt[row], cap);
+  const unsigned long long* __restrict__ r_row = rec + (long long)row * cap;
+  int* ids_row = ids_out ? ids_out + (long long)row * K : nullptr;
+  unsigned long long* kth = kth_out ? kth_out + row : nullptr;
+  if (n > rank_max) {  // row-uniform: the one-block selection
+    if (blockIdx.x == 0) {
+      SelSource<1> src;
+      src.ra = r_row;
+      src.na = n;
+      src.rb = nullptr;
+      src.nb = 0;
+      select_row<1, 4, true>(src, K, sh, scratch + (long long)row * scap, scap, ids_row, kth);
+    }
+    return;
+  }
+  if (blockIdx.x == 0) {  // the padding of a row of fewer than K records
+    if (ids_row)
+      for (long long p = n + tid; p < K; p += SEL_THREADS) ids_row[p] = -1;
+    if (kth && tid == 0 && n < K) *kth = 0ull;
+  }
+  const long long i0 = (long long)blockIdx.x * RANK_PER_BLOCK;
+  if (i0 >= n) return;  // block-uniform
+  const int il = tid % RANK_PER_BLOCK, slice = tid / RANK_PER_BLOCK;
+  const long long i = i0 + il;
+  const unsigned long long mine = i < n ? r_row[i] : ~0ull;
+  if (tid < RANK_PER_BLOCK) sh.hist[tid] = 0u;
+  unsigned rank = 0u;
+  for (long long s = 0; s < n; s += SEL_KMAX) {
+    const int m = (int)min(n - s, (long long)SEL_KMAX);
+    __syncthreads();  // the previous tile read (and, first, the counters zeroed)
+    for (int j = tid; j < m; j += SEL_THREADS) sh.sel[j] = r_row[s + j];
+    __syncthreads();
+#pragma unroll 8
+    for (int j = slice; j < m; j += RANK_SLICES) rank += sh.sel[j] > mine ? 1u : 0u;
+  }
+  atomicAdd(&sh.hist[il], rank);
+  __syncthreads();
+  if (slice == 0 && i < n) {
+    const unsigned rk = sh.hist[il];
+    if (rk < (unsigned)K) {
+      if (ids_row) ids_row[rk] = (int)(~(uint32_t)(mine & 0xffffffffull));
+      if (kth && rk == (unsigned)K - 1u) *kth = mine;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Wide selection of few long logits rows (docs/method.md §9 "Few long rows").  One block per
 // row (select_kernel alone) leaves most SMs idle when rows are few, so the threshold is found
 // by many blocks per row first:
