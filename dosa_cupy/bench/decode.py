@@ -457,7 +457,8 @@ def main(argv=None) -> int:
         default="f16",
         help="the canonical scorer(s) of the project's routes: f16 (default), fp8 (sm_90a), "
         "fp8tma (fp8 with the scan fed by the copy engine, decode_ops.DECODE_TMA), comma-"
-        "separated (each shape runs once per scorer)",
+        "separated (each shape runs once per scorer); SCORER:B1+B2 runs it with the kernel "
+        "builds B1, B2 (bench/builds.py, e.g. fp8:rankselect)",
     )
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
     ap.add_argument(
@@ -477,8 +478,11 @@ def main(argv=None) -> int:
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
     scorers = a.scorer.split(",")
-    if not scorers or set(scorers) - {"f16", "fp8", "fp8tma"}:
+    if not scorers or {sc.partition(":")[0] for sc in scorers} - {"f16", "fp8", "fp8tma"}:
         raise ValueError(f"scorer: expected f16, fp8 and/or fp8tma, got {a.scorer!r}")
+    from .builds import builds_on, parse_builds
+
+    builds = {sc: parse_builds(sc.partition(":")[2]) for sc in scorers}
     regimes = a.regime.split(",")
     if set(regimes) - {"synthetic", "trained"} or not regimes:
         raise ValueError(f"regime: expected synthetic and/or trained, got {a.regime!r}")
@@ -487,7 +491,6 @@ def main(argv=None) -> int:
             if H not in (32, 64) or B * ctx > TRAINED_MAX_TOKENS:
                 raise ValueError(f"shapes: the trained regime needs H 32 or 64 and B·ctx ≤ "
                                  f"{TRAINED_MAX_TOKENS}, got {H}x{B}x{ctx}")  # fmt: skip
-    from .builds import builds_on
     from .timing import no_gpu_exit
 
     rc = no_gpu_exit("dosa bench --decode")
@@ -504,11 +507,13 @@ def main(argv=None) -> int:
             for n in nns:
                 for sc in scorers:
                     t0 = time.time()
-                    with builds_on(("decode_tma",) if sc == "fp8tma" else ()):
+                    base = sc.partition(":")[0]
+                    tma = ("decode_tma",) if base == "fp8tma" else ()
+                    with builds_on(tma + builds[sc]):
                         row = bench_shape(H, B, ctx, n, a.K, a.reps, a.warm, a.history,
                                           a.buffer, a.seed, lambda s: print(s, flush=True),
                                           peers=peers, regime=regime,
-                                          scorer="fp8" if sc == "fp8tma" else sc)  # fmt: skip
+                                          scorer="fp8" if base == "fp8tma" else base)  # fmt: skip
                     rows.append(dict(row, scorer=sc))
                     print(f"# {regime} {sc} {H}x{B}x{ctx} next_n={n} done in "
                           f"{time.time() - t0:.1f}s", flush=True)  # fmt: skip
