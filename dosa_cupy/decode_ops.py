@@ -87,6 +87,19 @@ def scan(d, fused: bool, tail: tuple) -> None:
 # per row of the witness scoring (each streams its tiles of 64 witnesses through the key ring).
 FP8_SCAN_BLOCKS = {64: 3, 32: 5}
 FP8_WIT_BLOCKS = 4
+# The witnesses of a step of few rows spread over up to one block per SM instead of
+# FP8_WIT_BLOCKS per row (``witness_blocks``): at B = 1 a row's 4,096 witnesses are 64 tiles,
+# 16 for each of four blocks in turn.  The same records, in another order (every reader
+# takes them as a set).  Under trial (bench build witspread); off, FP8_WIT_BLOCKS per row.
+WITNESS_SPREAD = False
+
+
+def witness_blocks(tiles: int, rows: int, sms: int) -> int:
+    """Blocks per row of decode_witness_fp8 for ``tiles`` tiles of 64 witnesses and ``rows``
+    query rows: FP8_WIT_BLOCKS, or with ``WITNESS_SPREAD`` up to ``sms`` blocks in all (at
+    least FP8_WIT_BLOCKS per row), never more than the tiles."""
+    per_row = max(FP8_WIT_BLOCKS, sms // max(1, rows)) if WITNESS_SPREAD else FP8_WIT_BLOCKS
+    return max(1, min(tiles, per_row))
 FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 # The decode scan fed by the bulk tensor copy engine (score_fp8.cu decode_scan_tma: a producer
 # warpgroup copies each page and its α into slots, three consumer warpgroups score them; one
@@ -413,7 +426,7 @@ class DeviceOps:
         )  # fmt: skip
         R = d["B"] * d["n"]
         if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
-            gx = max(1, min(-(-Wc // FP8_TILE), FP8_WIT_BLOCKS))
+            gx = witness_blocks(-(-Wc // FP8_TILE), R, num_sms())
             kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
         else:
             grid = (_grid_x(Wc, WIT_KEYS), R)

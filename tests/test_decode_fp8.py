@@ -251,6 +251,36 @@ def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
         L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
 
 
+@pytest.mark.parametrize("B,n,H", [(1, 1, 64), (1, 2, 32), (2, 2, 64), (3, 2, 32)])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_small_step_by_rank_with_spread_witnesses(monkeypatch, B, n, H):
+    """decode_ops.RANK_SELECT and WITNESS_SPREAD on (steps of at most dense.RANK_ROWS rows
+    select by select_rank; the witnesses of few rows spread over many blocks): the FP8 step
+    == the FP8 dense decode route bitwise at every step, eager (with the overflow path too)
+    and replayed from a CUDA graph; B · n = 6 rows takes select_kernel beside them."""
+    monkeypatch.setattr(dops, "RANK_SELECT", True)
+    monkeypatch.setattr(dops, "WITNESS_SPREAD", True)
+    K, steps = 512, 6
+    cache = PagedCache(B, 48 * 64, seed=30 * B + n + H)
+    rs = cache.rs
+    L = rs.integers(K, 24 * 64, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
+    small = dec.DecodeSelectorGPU(K, history=2, buffer=3, scorer="fp8")  # overflow path
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
+    walk = []
+    for step in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        walk.append((args[0], args[1], args[-1]))
+        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
+        assert cp.array_equal(sel.step(*args).ids, dense), step
+        assert cp.array_equal(small.step(*args).ids, dense), step
+        L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
+    replay_decode_walk(walk, dev, K, f"fp8 rank B={B} n={n} H={H}", scorer="fp8")
+
+
 @TMA
 @pytest.mark.parametrize("H", [32, 64])
 @needs_sm90a

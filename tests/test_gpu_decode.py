@@ -142,6 +142,19 @@ def test_record_scores_inverse():
     assert dops.record_scores(np.zeros(2, np.uint64)).tolist() == [-np.inf, -np.inf]
 
 
+def test_witness_blocks():
+    """decode_witness_fp8's blocks per row: FP8_WIT_BLOCKS, or with WITNESS_SPREAD up to one
+    block per SM in all (at least FP8_WIT_BLOCKS per row), never more than the tiles."""
+    assert dops.witness_blocks(64, 1, 132) == dops.FP8_WIT_BLOCKS
+    assert dops.witness_blocks(2, 1, 132) == 2 and dops.witness_blocks(0, 1, 132) == 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dops, "WITNESS_SPREAD", True)
+        assert dops.witness_blocks(64, 1, 132) == 64
+        assert dops.witness_blocks(64, 2, 132) == 64 and dops.witness_blocks(64, 4, 132) == 33
+        assert dops.witness_blocks(64, 128, 132) == dops.FP8_WIT_BLOCKS
+        assert dops.witness_blocks(3, 128, 132) == 3
+
+
 def test_kernel_names_and_constants_match_source():
     src = (Path(dec.__file__).parent / "csrc" / "decode.cu").read_text()
     for pre in ("decode_logits_mt", "decode_fused_mt", "decode_witness_mt"):

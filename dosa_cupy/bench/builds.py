@@ -10,6 +10,8 @@ Not options of the library: a build under trial is one of these until it wins.
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
     rankselect  decode_ops.RANK_SELECT = True  a decode step of at most 4 query rows selects
                                          by select_rank (under trial)
+    witspread   decode_ops.WITNESS_SPREAD = True  a decode step's witnesses scored by up to
+                                         one block per SM (under trial)
     scalearrays prepare.SCALE_CHECK_KERNEL = False  the scale and envelope checks by ~15
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
@@ -80,6 +82,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "rankselect": ("decode_ops", "RANK_SELECT", True),
+    "witspread": ("decode_ops", "WITNESS_SPREAD", True),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "planf32": ("plan", "ACTIVATION_I8", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),
