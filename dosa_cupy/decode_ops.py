@@ -90,8 +90,10 @@ FP8_WIT_BLOCKS = 4
 # The witnesses of a step of few rows spread over up to one block per SM instead of
 # FP8_WIT_BLOCKS per row (``witness_blocks``): at B = 1 a row's 4,096 witnesses are 64 tiles,
 # 16 for each of four blocks in turn.  The same records, in another order (every reader
-# takes them as a set).  Under trial (bench build witspread); off, FP8_WIT_BLOCKS per row.
-WITNESS_SPREAD = False
+# takes them as a set).  With RANK_SELECT, B = 1 steps replayed 1.45–1.68× faster on an H100
+# (docs/records/benchmarks.md "Four builds on by default; the decode step's selection by
+# rank"); bench build witblocks4 keeps FP8_WIT_BLOCKS per row.
+WITNESS_SPREAD = True
 
 
 def witness_blocks(tiles: int, rows: int, sms: int) -> int:
@@ -100,6 +102,8 @@ def witness_blocks(tiles: int, rows: int, sms: int) -> int:
     least FP8_WIT_BLOCKS per row), never more than the tiles."""
     per_row = max(FP8_WIT_BLOCKS, sms // max(1, rows)) if WITNESS_SPREAD else FP8_WIT_BLOCKS
     return max(1, min(tiles, per_row))
+
+
 FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 # The decode scan fed by the bulk tensor copy engine (score_fp8.cu decode_scan_tma: a producer
 # warpgroup copies each page and its α into slots, three consumer warpgroups score them; one
@@ -116,8 +120,10 @@ FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
 # records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9
 # "Few rows of few records") instead of select_kernel's one block per row: the same
-# selection.  Under trial (bench --decode --scorer fp8:rankselect); off, select_kernel.
-RANK_SELECT = False
+# selection, B = 1 steps replayed 1.11–1.29× faster on an H100 (docs/records/benchmarks.md
+# "Four builds on by default; the decode step's selection by rank"); bench build blockselect
+# keeps select_kernel.
+RANK_SELECT = True
 
 
 def fp8_tma_smem(nc: int) -> int:

@@ -30,12 +30,11 @@ SEL_BLOCKS = 264
 # (docs/records/benchmarks.md "The selection's loads and ρ from integer squares"); bench build
 # noilp keeps select_kernel.
 SELECT_ILP = True
-# select_kernel_buf (csrc/select.cu select_row's ABOVE, docs/method.md §9 "The selection's
-# passes"): select_kernel_ilp whose compaction also keeps the records above the K-th's bin,
-# so the last pass reads the scratch instead of the row — one pass over the row fewer, the
-# same selection: 1.06–1.12× faster DoSA calls at 128K keys on an H100
-# (docs/records/benchmarks.md "The four builds under trial on a GPU"); bench build collectrow keeps
-# select_kernel_ilp.
+# select_kernel_buf (csrc/select.cu select_row's ABOVE, docs/method.md §9 "The selection's passes"):
+# select_kernel_ilp whose compaction also keeps the records above the K-th's bin, so the last pass
+# reads the scratch instead of the row — one pass over the row fewer, the same selection: 1.06–1.12×
+# faster DoSA calls at 128K keys on an H100 (docs/records/benchmarks.md "Four builds on by default;
+# the decode step's selection by rank"); bench build collectrow keeps select_kernel_ilp.
 SELECT_BUF = True
 
 _NULL = np.uint64(0)

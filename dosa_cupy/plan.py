@@ -472,14 +472,14 @@ def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
 
 PLAN = KernelSpec("plan.cu")
 
-# The activation frequencies p_h from the activation images' dots (``activation_image_trunc``:
-# e4m3 codes scaled per row by a power of two and truncated toward zero to int8) on the s8
-# tensor cores — exact integers, so the same in every order — instead of 32 fp32 FMAs per
-# head and key in one order; the planner then keeps no u_h rows (recomputed where read), for
-# three blocks per SM instead of two (docs/method.md §2 "activation frequency").  p_h only
-# steers R and A (§3, §5): every plan's bound holds for any p.  0.65 ms against 1.09 ms at
-# H 64 on an H100 (docs/records/benchmarks.md "The four builds under trial on a GPU"); bench
-# builds=planf32 keeps plan_mt*.
+# The activation frequencies p_h from the activation images' dots (``activation_image_trunc``: e4m3
+# codes scaled per row by a power of two and truncated toward zero to int8) on the s8 tensor cores —
+# exact integers, so the same in every order — instead of 32 fp32 FMAs per head and key in one
+# order; the planner then keeps no u_h rows (recomputed where read), for three blocks per SM instead
+# of two (docs/method.md §2 "activation frequency").  p_h only steers R and A (§3, §5): every plan's
+# bound holds for any p.  0.65 ms against 1.09 ms at H 64 on an H100 (docs/records/benchmarks.md
+# "Four builds on by default; the decode step's selection by rank"); bench builds=planf32 keeps
+# plan_mt*.
 ACTIVATION_I8 = True
 ACT_STRIDE = 160  # csrc/plan.cu PLAN_ACT_STRIDE (bytes per row of an activation image)
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS

@@ -49,13 +49,13 @@ DEFERRED_EXTENSION = True
 PREFETCH_COUNTS = True
 
 # The FP8 refinement's records past a row's cap appended to a spill shared by the call's rows
-# (refine_fp8_spill_h*, docs/method.md §7 C.3 "The spill"), so that an overflowed row's
-# extension selects among the records its first pass scored (``extend_from_spill``) instead
-# of scoring its survivors again: at 1M keys, H 64, the 53 overflowed rows of the calibrated
-# chunk cost 1.37 ms of scoring again on an H100 (docs/records/benchmarks.md "The selection's
-# loads and ρ from integer squares"); with the spill the calibrated 1M calls were 1.03–1.04×
-# faster (docs/records/benchmarks.md "The four builds under trial on a GPU").  Bench build
-# rescore scores them again.
+# (refine_fp8_spill_h*, docs/method.md §7 C.3 "The spill"), so that an overflowed row's extension
+# selects among the records its first pass scored (``extend_from_spill``) instead of scoring its
+# survivors again: at 1M keys, H 64, the 53 overflowed rows of the calibrated chunk cost 1.37 ms of
+# scoring again on an H100 (docs/records/benchmarks.md "The selection's loads and ρ from integer
+# squares"); with the spill the calibrated 1M calls were 1.03–1.04× faster
+# (docs/records/benchmarks.md "Four builds on by default; the decode step's selection by
+# rank").  Bench build rescore scores them again.
 SPILL = True
 SPILL_RATIO = 0.125  # the spill holds Qn · cap · SPILL_RATIO records (a full one: scored again)
 

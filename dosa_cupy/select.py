@@ -147,13 +147,12 @@ def extend_flagged(recs: Records, rescore, K: int,
 RAISED_EXTENSION = True
 
 
-# The captured floor found by many blocks per overflowed row (``captured_floor``: the lower
-# edge of the K-th kept record's 22-bit code bucket, csrc/select.cu floor_wide_hist) instead
-# of one block per row selecting its K-th kept record (0.35 ms for the 53 rows of a 1M H 64
-# chunk on an H100: docs/records/benchmarks.md "The selection's loads and ρ from integer
-# squares"; measured together with the three other builds of
-# docs/records/benchmarks.md "The four builds under trial on a GPU").
-# Bench build kthfloor takes the K-th kept record itself.
+# The captured floor found by many blocks per overflowed row (``captured_floor``: the lower edge of
+# the K-th kept record's 22-bit code bucket, csrc/select.cu floor_wide_hist) instead of one block
+# per row selecting its K-th kept record (0.35 ms for the 53 rows of a 1M H 64 chunk on an H100:
+# docs/records/benchmarks.md "The selection's loads and ρ from integer squares"; measured together
+# with the three other builds of docs/records/benchmarks.md "Four builds on by default; the decode
+# step's selection by rank"). Bench build kthfloor takes the K-th kept record itself.
 FLOOR_WIDE = True
 
 
@@ -161,7 +160,8 @@ def captured_floor(K: int, recs: Records, oq):
     """fp32 [n]: a floor of each overflowed row ``oq`` (int32 [n]) from the records its
     first pass kept (``recs.rec[oq, :cap]``): the score of the K-th largest of them, −inf
     where it kept fewer than K — or with ``FLOOR_WIDE`` the lower edge of that record's
-    22-bit score-code bucket (≤ its score, within a relative 2^-13 for normal scores).
+    22-bit score-code bucket (≤ its score, within a relative 2^-13 for normal scores; −inf
+    where it kept at most K: the wide cut takes such a row whole).
     Those records are exact scores of distinct visible keys, so by Prop. 4 (docs/method.md
     §2) either floor is ≤ the row's K-th score: every key of the row's Top-K has s ≥ floor,
     and a second pass may keep s ≥ max(τ, floor) only (§7 C.3)."""

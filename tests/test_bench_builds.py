@@ -19,7 +19,7 @@ def test_parse_builds_names_and_rejects_unknown():
 
 def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
-            "decode_gather": decode_ops, "rankselect": decode_ops, "witspread": decode_ops,
+            "decode_gather": decode_ops, "blockselect": decode_ops, "witblocks4": decode_ops,
             "rowarrays": plan,
             "scalearrays": prepare, "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
@@ -69,10 +69,10 @@ def test_builds_on_sets_and_restores_every_switch():
         assert not (plan.ROW_CONSTANTS_KERNEL or seeds.SIDE_STREAM or screen.WGT_GUARD32)
         assert cost.model_for("fp8").dosa_floor_ms == 6.0
     assert cost.model_for("fp8").dosa_floor_ms == floor
-    # the decode step's selection by rank and its witnesses spread: under trial
-    assert not decode_ops.RANK_SELECT and not decode_ops.WITNESS_SPREAD
-    with builds_on(("rankselect", "witspread")):
-        assert decode_ops.RANK_SELECT and decode_ops.WITNESS_SPREAD
+    # the decode step's selection by rank and its witnesses spread over the SMs
+    assert decode_ops.RANK_SELECT and decode_ops.WITNESS_SPREAD
+    with builds_on(("blockselect", "witblocks4")):
+        assert not decode_ops.RANK_SELECT and not decode_ops.WITNESS_SPREAD
     with builds_on(("staged", "decode_tma")):
         assert not screen.WGT_RING and decode_ops.DECODE_TMA is True and screen.WGT_FP8
     with builds_on(("f16screen", "decode_gather")):

@@ -251,16 +251,18 @@ def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
         L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["rank_spread", "block_four"])
 @pytest.mark.parametrize("B,n,H", [(1, 1, 64), (1, 2, 32), (2, 2, 64), (3, 2, 32)])
 @needs_sm90a
 @gpu
-def test_gpu_fp8_small_step_by_rank_with_spread_witnesses(monkeypatch, B, n, H):
+def test_gpu_fp8_small_step_by_rank_with_spread_witnesses(monkeypatch, B, n, H, small):
     """decode_ops.RANK_SELECT and WITNESS_SPREAD on (steps of at most dense.RANK_ROWS rows
-    select by select_rank; the witnesses of few rows spread over many blocks): the FP8 step
-    == the FP8 dense decode route bitwise at every step, eager (with the overflow path too)
-    and replayed from a CUDA graph; B · n = 6 rows takes select_kernel beside them."""
-    monkeypatch.setattr(dops, "RANK_SELECT", True)
-    monkeypatch.setattr(dops, "WITNESS_SPREAD", True)
+    select by select_rank; the witnesses of few rows spread over many blocks) and both off
+    (select_kernel, four witness blocks per row): the FP8 step == the FP8 dense decode route
+    bitwise at every step, eager (with the overflow path too) and replayed from a CUDA
+    graph; B · n = 6 rows takes select_kernel either way."""
+    monkeypatch.setattr(dops, "RANK_SELECT", small)
+    monkeypatch.setattr(dops, "WITNESS_SPREAD", small)
     K, steps = 512, 6
     cache = PagedCache(B, 48 * 64, seed=30 * B + n + H)
     rs = cache.rs

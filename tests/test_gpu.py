@@ -250,13 +250,15 @@ def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
     """The overflowed rows refined again against max(τ, the K-th record their first pass
     kept) (``select.captured_floor``, docs/method.md §7 C.3): ids == the dense route's with
     the floor and without it (bench build plainext), and the second pass keeps fewer
-    records with it; the floor is the host's K-th of the kept records, bit for bit."""
+    records with it; the floor is the host's K-th of the kept records, bit for bit — or with
+    ``FLOOR_WIDE`` the lower edge of that record's 22-bit code bucket (the buffer holds more
+    than K records: the wide floor is −inf where a row kept at most K)."""
     from dosa_cupy import refine as refine_mod
     from dosa_cupy import select as select_mod
     from dosa_cupy.emulate import record_score
 
     wl = make_gpu_workload("structured", 64, 16384, 32, seed=11)
-    K, buffer = 64, 64
+    K, buffer = 64, 80
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
     dense = dosa_cupy.dense_topk(*args)
     seen, floors = {}, []
@@ -283,7 +285,11 @@ def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
     rec, cnt, f = floors[0]
     for j in range(rec.shape[0]):
         kept = np.sort(rec[j, : min(int(cnt[j]), buffer)])[::-1]
-        assert record_score(kept[K - 1 : K]).view(np.uint32)[0] == f[j : j + 1].view(np.uint32)[0]
+        want = kept[K - 1 : K]
+        if select_mod.FLOOR_WIDE:  # the bucket's lower edge: the code's low 10 bits cleared
+            want = (want >> np.uint64(32)) & np.uint64(0xFFFFFC00)
+            want = want << np.uint64(32)
+        assert record_score(want).view(np.uint32)[0] == f[j : j + 1].view(np.uint32)[0]
 
 
 @gpu

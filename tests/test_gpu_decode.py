@@ -795,9 +795,9 @@ def test_bench_shapes_and_arguments():
     with pytest.raises(ValueError, match="^next-n:"):
         bd.main(["--next-n", "3"])
     with pytest.raises(ValueError, match="^scorer:"):
-        bd.main(["--scorer", "fp8,fp9:rankselect"])
+        bd.main(["--scorer", "fp8,fp9:blockselect"])
     with pytest.raises(ValueError, match="^builds:"):  # a scorer's builds are checked by name
-        bd.main(["--scorer", "fp8:rankselect+nope"])
+        bd.main(["--scorer", "fp8:blockselect+nope"])
     row = dict(H=32, B=1, ctx=131072, next_n=1, dense_ms=2.0, dosa_ms=1.0, speedup=2.0)
     row.update(step_ratio_median=2.0, compaction=0.01, overflow_steps=0, ids_equal=True)
     md = bd.markdown([row])

@@ -407,6 +407,17 @@ def _wide_floor_of(kept_codes, K):
     return float(_code_score(np.uint32(int(c[K - 1]) & 0xFFFFFC00)))
 
 
+def _floor_of_kept(kept, K):
+    """``select.captured_floor`` of a full row's kept records uint64 [cap] on the host: the
+    K-th largest record's score, or with ``FLOOR_WIDE`` the lower edge of its code's 22-bit
+    bucket (−inf where at most K were kept)."""
+    from dosa_cupy.emulate import record_score
+
+    if select_mod.FLOOR_WIDE:
+        return _wide_floor_of(kept >> np.uint64(32), K)
+    return float(np.sort(record_score(kept))[::-1][K - 1])
+
+
 @pytest.fixture
 def fake_refine(monkeypatch):
     def install(S):
@@ -722,9 +733,9 @@ def test_gpu_refine_stage_records_exact(monkeypatch, H, cap, raised):
     """τ = −inf, random survivor masks: the records are exactly the dense route's records
     of the surviving keys (bit-identical scores; no duplicate, none missing), MT = H/16 =
     1..4, with and without the overflow extension; an extended row's are those with
-    s ≥ the best record its first pass kept (K = 1; ``select.captured_floor``), or all of
-    them without ``select.RAISED_EXTENSION``."""
-    from dosa_cupy.emulate import record_score
+    s ≥ the floor of the records its first pass kept (K = 1; ``select.captured_floor``: the
+    best of them, or with ``FLOOR_WIDE`` the lower edge of its code's bucket), or all of them
+    without ``select.RAISED_EXTENSION``."""
     from dosa_cupy.prepare import pad_batch
 
     monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
@@ -750,7 +761,7 @@ def test_gpu_refine_stage_records_exact(monkeypatch, H, cap, raised):
     for t in range(Qn):
         ids = np.flatnonzero(B[t, :N])
         if raised and over[t]:  # the first pass's best kept record raises the floor
-            ids = ids[lg[t, ids] >= record_score(kept[t]).max()]
+            ids = ids[lg[t, ids] >= _floor_of_kept(kept[t], 1)]
         got = np.sort(cp.asnumpy(recs.row(t)))
         assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
 
@@ -789,8 +800,8 @@ def test_gpu_spill_extension_equals_refining_again(monkeypatch, H, cap, raised, 
     cap (its count = Σ (count − cap) over the overflowed rows), and each overflowed row's
     extension from the spill (``extend_from_spill``; no second refinement) holds exactly
     the records a second refinement writes — the dense FP8 logits' records of its survivors
-    at or above max(τ, the K-th kept record).  A spill too small for them (ratio 0, 0.01)
-    falls back to the second refinement, with the same records."""
+    at or above max(τ, the captured floor of its kept records).  A spill too small for them
+    (ratio 0, 0.01) falls back to the second refinement, with the same records."""
     from dosa_cupy.prepare import pad_batch
 
     monkeypatch.setattr(select_mod, "RAISED_EXTENSION", raised)
@@ -836,7 +847,7 @@ def test_gpu_spill_extension_equals_refining_again(monkeypatch, H, cap, raised, 
         ids = np.flatnonzero(B[t, :N])
         ids = ids[lg[t, ids] >= tau[t]]
         if raised and over[t]:  # the K-th (K = 1) kept record raises the floor
-            ids = ids[lg[t, ids] >= record_score(kept[t]).max()]
+            ids = ids[lg[t, ids] >= _floor_of_kept(kept[t], 1)]
         got = np.sort(cp.asnumpy(recs.row(t)))
         assert np.array_equal(got, np.sort(_record(lg[t, ids], ids))), t
 

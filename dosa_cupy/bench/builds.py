@@ -8,10 +8,10 @@ Not options of the library: a build under trial is one of these until it wins.
     f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
-    rankselect  decode_ops.RANK_SELECT = True  a decode step of at most 4 query rows selects
-                                         by select_rank (under trial)
-    witspread   decode_ops.WITNESS_SPREAD = True  a decode step's witnesses scored by up to
-                                         one block per SM (under trial)
+    blockselect decode_ops.RANK_SELECT = False  a decode step of at most 4 query rows
+                                         selects by select_kernel (not select_rank)
+    witblocks4  decode_ops.WITNESS_SPREAD = False  a decode step's witnesses scored by four
+                                         blocks per row (not up to one block per SM)
     scalearrays prepare.SCALE_CHECK_KERNEL = False  the scale and envelope checks by ~15
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
@@ -81,8 +81,8 @@ BUILDS = {
     "f16screen": ("screen", "WGT_FP8", False),
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
-    "rankselect": ("decode_ops", "RANK_SELECT", True),
-    "witspread": ("decode_ops", "WITNESS_SPREAD", True),
+    "blockselect": ("decode_ops", "RANK_SELECT", False),
+    "witblocks4": ("decode_ops", "WITNESS_SPREAD", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "planf32": ("plan", "ACTIVATION_I8", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),

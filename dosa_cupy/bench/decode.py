@@ -458,7 +458,7 @@ def main(argv=None) -> int:
         help="the canonical scorer(s) of the project's routes: f16 (default), fp8 (sm_90a), "
         "fp8tma (fp8 with the scan fed by the copy engine, decode_ops.DECODE_TMA), comma-"
         "separated (each shape runs once per scorer); SCORER:B1+B2 runs it with the kernel "
-        "builds B1, B2 (bench/builds.py, e.g. fp8:rankselect)",
+        "builds B1, B2 (bench/builds.py, e.g. fp8:blockselect+witblocks4)",
     )
     ap.add_argument("--out", default=None, help="directory for bench_decode.json / .md")
     ap.add_argument(
