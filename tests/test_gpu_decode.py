@@ -145,11 +145,14 @@ def test_record_scores_inverse():
 def test_witness_blocks():
     """decode_witness_fp8's blocks per row: FP8_WIT_BLOCKS, or with WITNESS_SPREAD up to one
     block per SM in all (at least FP8_WIT_BLOCKS per row), never more than the tiles."""
-    assert dops.witness_blocks(64, 1, 132) == dops.FP8_WIT_BLOCKS
-    assert dops.witness_blocks(2, 1, 132) == 2 and dops.witness_blocks(0, 1, 132) == 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dops, "WITNESS_SPREAD", False)
+        assert dops.witness_blocks(64, 1, 132) == dops.FP8_WIT_BLOCKS
+        assert dops.witness_blocks(2, 1, 132) == 2 and dops.witness_blocks(0, 1, 132) == 1
+    assert dops.WITNESS_SPREAD  # the default
     with pytest.MonkeyPatch.context() as m:
         m.setattr(dops, "WITNESS_SPREAD", True)
-        assert dops.witness_blocks(64, 1, 132) == 64
+        assert dops.witness_blocks(64, 1, 132) == 64 and dops.witness_blocks(0, 1, 132) == 1
         assert dops.witness_blocks(64, 2, 132) == 64 and dops.witness_blocks(64, 4, 132) == 33
         assert dops.witness_blocks(64, 128, 132) == dops.FP8_WIT_BLOCKS
         assert dops.witness_blocks(3, 128, 132) == 3
@@ -1060,6 +1063,24 @@ def _fake_select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None
         kth[...] = k
 
 
+def _fake_select_rank_into(K, rec, cnt, ids, kth, scr):
+    """select_rank emulated: each record's rank = the row's records greater than it (distinct
+    records: a permutation), its id at that place below K, rank K − 1 the K-th record."""
+    import dosa_cupy.dense as dense_mod
+
+    assert rec.shape[0] <= dense_mod.RANK_ROWS and rec.dtype == np.uint64
+    for r in range(rec.shape[0]):
+        x = rec[r, : min(int(cnt[r]), rec.shape[1])]
+        rank = (x[None, :] > x[:, None]).sum(axis=1)
+        assert np.unique(rank).size == rank.size  # distinct records
+        sel = rank < K
+        if ids is not None:
+            ids[r] = -1
+            ids[r, rank[sel]] = (~(x[sel] & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
+        if kth is not None:
+            kth[r] = x[rank == K - 1][0] if x.size >= K else 0
+
+
 def _fake_select_rows(logits, K, ks, ke):
     rows = logits.shape[0]
     rec = np.zeros((rows, logits.shape[1]), dtype=np.uint64)
@@ -1088,7 +1109,8 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(dops, "_kernel", fk.get)
     monkeypatch.setattr(dops, "num_sms", lambda: 3)
     monkeypatch.setattr(dense_mod, "select_records_into", _fake_select_records_into)
-    monkeypatch.setattr(dense_mod, "scratch", lambda rows: (1, None))
+    monkeypatch.setattr(dense_mod, "select_records_rank_into", _fake_select_rank_into)
+    monkeypatch.setattr(dense_mod, "scratch", lambda rows: (rows, None))
     monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
     monkeypatch.setattr(dense_mod, "select_rows", _fake_select_rows)
     return fk
