@@ -40,6 +40,11 @@ SELECT_BUF = True
 _NULL = np.uint64(0)
 
 
+def _opt(a):
+    """An optional device array as a kernel argument: the null pointer for None."""
+    return _NULL if a is None else a
+
+
 def dense_logits(q, w, k_payload, k_scale, ks=None, ke=None, scorer: str = "f16"):
     """Canonical FP8 logits s[t, i] = α_i Σ_h w'_h [q̄_h·k̄_i]_+ (fp32 [Qn, N]) of the
     ``scorer`` (scorer.py: "f16" or "fp8"); −inf where key i is not visible to query t.  Same
@@ -87,9 +92,6 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
     def lst(r):  # a record list: (records, counts, capacity)
         return (_NULL, _NULL, np.int64(0)) if r is None else (*r, np.int64(r[0].shape[1]))
 
-    def opt(a):
-        return _NULL if a is None else a
-
     blocks, buf = scr
     kernel(
         "select_kernel_buf"
@@ -101,9 +103,9 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
         (blocks,),
         (512,),
         (
-            np.int32(mode), np.int32(R), np.int32(K), opt(logits),
-            np.int64(logits.shape[1] if logits is not None else 0), opt(ks), opt(ke),
-            *lst(recA), *lst(recB), buf, np.int64(SCRATCH), opt(ids), opt(kth),
+            np.int32(mode), np.int32(R), np.int32(K), _opt(logits),
+            np.int64(logits.shape[1] if logits is not None else 0), _opt(ks), _opt(ke),
+            *lst(recA), *lst(recB), buf, np.int64(SCRATCH), _opt(ids), _opt(kth),
         ),
     )  # fmt: skip
 
@@ -139,9 +141,15 @@ def select_records_rank_into(K, rec, cnt, ids, kth, scr) -> None:
         (512,),
         (
             np.int32(K), rec, cnt, np.int64(rec.shape[1]), np.int64(rm), buf,
-            np.int64(SCRATCH), _NULL if ids is None else ids, _NULL if kth is None else kth,
+            np.int64(SCRATCH), _opt(ids), _opt(kth),
         ),
     )  # fmt: skip
+
+
+def wide_blocks(n: int, rows: int) -> int:
+    """Blocks per row of the wide histograms over rows of ``n`` entries (select_wide_hist,
+    floor_wide_hist): about eight entries per thread, and about four blocks per SM in all."""
+    return max(1, min(-(-n // (8 * WSEL_THREADS)), -(-4 * num_sms() // rows)))
 
 
 def wide_cut(K: int, ks, ke, cnt, count):
@@ -170,7 +178,7 @@ def _select_rows_wide(logits, K, ks, ke, ids):
     cp = cupy_or_raise()
     rows, N = logits.shape
     cap = K + WIDE_EXTRA
-    xb = max(1, min(-(-N // (8 * WSEL_THREADS)), -(-4 * num_sms() // rows)))
+    xb = wide_blocks(N, rows)
     cnt = cp.empty(rows, dtype=cp.uint32)
     rec = cp.empty((rows, cap), dtype=cp.uint64)
     ld = np.int64(N)

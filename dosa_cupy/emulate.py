@@ -21,6 +21,7 @@ __all__ = [
     "record_score",
     "score_code",
     "screen_survival",
+    "wide_floor",
 ]
 
 
@@ -61,6 +62,19 @@ def record_score(rec: np.ndarray) -> np.ndarray:
     c = (rec >> np.uint64(32)).astype(np.uint32)
     b = np.where(c & np.uint32(0x80000000), c & np.uint32(0x7FFFFFFF), ~c).astype(np.uint32)
     return np.where(rec == 0, np.float32(-np.inf), b.view(np.float32))
+
+
+def wide_floor(kept: np.ndarray, K: int) -> float:
+    """The captured floor of ``select.FLOOR_WIDE`` on one overflowed row's kept records
+    (uint64, the whole buffer): the lower edge of the K-th largest record's 22-bit score-code
+    bucket as a score — the host mirror of select.cu floor_wide_hist, select_wide_cut and
+    floor_of_cut; −inf where at most K records were kept (the cut takes such a row whole) or
+    where the edge lies below every finite score's code."""
+    c = np.sort(np.asarray(kept, dtype=np.uint64) >> np.uint64(32))[::-1]
+    if c.size <= K:
+        return float("-inf")
+    f = record_score(np.array([(int(c[K - 1]) & 0xFFFFFC00) << 32], dtype=np.uint64))[0]
+    return float("-inf") if np.isnan(f) else float(f)
 
 
 def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:

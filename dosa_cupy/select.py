@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._build import cupy_or_raise, kernel, num_sms
-from .dense import WSEL_THREADS, dense_ids, select_records, wide_cut
+from ._build import cupy_or_raise, kernel
+from .dense import WSEL_THREADS, dense_ids, select_records, wide_blocks, wide_cut
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -180,7 +180,7 @@ def _floor_wide(K: int, rec, oq):
     floor = cp.empty(n, dtype=cp.float32)
     if n == 0:
         return floor
-    xb = max(1, min(-(-cap // (8 * WSEL_THREADS)), -(-4 * num_sms() // n)))
+    xb = wide_blocks(cap, n)
     spare = cp.empty(n, dtype=cp.uint32)  # select_wide_cut's record counts (no records here)
     ks, ke = cp.zeros(n, dtype=cp.int32), cp.full(n, cap, dtype=cp.int32)
     state = wide_cut(K, ks, ke, spare, lambda level, state, hist: kernel("floor_wide_hist")(

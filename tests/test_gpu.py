@@ -255,7 +255,7 @@ def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
     than K records: the wide floor is −inf where a row kept at most K)."""
     from dosa_cupy import refine as refine_mod
     from dosa_cupy import select as select_mod
-    from dosa_cupy.emulate import record_score
+    from dosa_cupy.emulate import record_score, wide_floor
 
     wl = make_gpu_workload("structured", 64, 16384, 32, seed=11)
     K, buffer = 64, 80
@@ -285,11 +285,11 @@ def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
     rec, cnt, f = floors[0]
     for j in range(rec.shape[0]):
         kept = np.sort(rec[j, : min(int(cnt[j]), buffer)])[::-1]
-        want = kept[K - 1 : K]
-        if select_mod.FLOOR_WIDE:  # the bucket's lower edge: the code's low 10 bits cleared
-            want = (want >> np.uint64(32)) & np.uint64(0xFFFFFC00)
-            want = want << np.uint64(32)
-        assert record_score(want).view(np.uint32)[0] == f[j : j + 1].view(np.uint32)[0]
+        if select_mod.FLOOR_WIDE:  # the lower edge of the K-th kept record's code bucket
+            want = np.float32(wide_floor(kept, K)).reshape(1)
+        else:
+            want = record_score(kept[K - 1 : K])
+        assert want.view(np.uint32)[0] == f[j : j + 1].view(np.uint32)[0]
 
 
 @gpu

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from dosa_cupy import dense as dense_mod
 from dosa_cupy import refine as rs_mod
 from dosa_cupy import select as select_mod
-from dosa_cupy.emulate import record_order, record_score, score_code
+from dosa_cupy.emulate import record_order, record_score, score_code, wide_floor
 from dosa_cupy.prepare import Batch
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
@@ -398,24 +398,13 @@ class _FakeFloor:
         floor[: int(n)] = np.where((state[: int(n), 3] != 0) | np.isnan(f), -np.inf, f)
 
 
-def _wide_floor_of(kept_codes, K):
-    """The captured floor of ``FLOOR_WIDE`` on the host: the lower edge of the K-th largest
-    kept code's 22-bit bucket as a score, −inf where at most K records were kept."""
-    c = np.sort(np.asarray(kept_codes, dtype=np.uint64))[::-1]
-    if c.size <= K:
-        return -np.inf
-    return float(_code_score(np.uint32(int(c[K - 1]) & 0xFFFFFC00)))
-
-
 def _floor_of_kept(kept, K):
     """``select.captured_floor`` of a full row's kept records uint64 [cap] on the host: the
-    K-th largest record's score, or with ``FLOOR_WIDE`` the lower edge of its code's 22-bit
-    bucket (−inf where at most K were kept)."""
-    from dosa_cupy.emulate import record_score
-
+    K-th largest record's score (−inf where fewer than K were kept), or with ``FLOOR_WIDE``
+    ``emulate.wide_floor``."""
     if select_mod.FLOOR_WIDE:
-        return _wide_floor_of(kept >> np.uint64(32), K)
-    return float(np.sort(record_score(kept))[::-1][K - 1])
+        return wide_floor(kept, K)
+    return float(np.sort(record_score(kept))[::-1][K - 1]) if kept.size >= K else -np.inf
 
 
 @pytest.fixture
@@ -430,7 +419,7 @@ def fake_refine(monkeypatch):
         monkeypatch.setattr(select_mod, "kernel", lambda name, *_: ff.get(name))
         monkeypatch.setattr(dense_mod, "cupy_or_raise", lambda: np)  # dense.wide_cut
         monkeypatch.setattr(dense_mod, "kernel", lambda name, *_: ff.get(name))
-        monkeypatch.setattr(select_mod, "num_sms", lambda: 3)
+        monkeypatch.setattr(dense_mod, "num_sms", lambda: 3)  # dense.wide_blocks
         monkeypatch.setattr(rs_mod, "kernel", lambda name, *_: fk.get(name))
         fk.floor = ff
         return fk
@@ -484,16 +473,13 @@ def test_refine_stage_records_and_extension(fake_refine, monkeypatch, mt, Qn, N,
         rows, rec2, cnt2 = recs.ext
         assert rows.tolist() == np.flatnonzero(want_cnt > cap).tolist()
         assert rec2.shape == (rows.size, want_cnt.max())  # the largest first-pass count
-        for t in rows.tolist() if raised == "wide" else []:
-            fl = _wide_floor_of(recs.rec[t] >> np.uint64(32), K)
+        for t in rows.tolist() if raised else []:
+            fl = _floor_of_kept(recs.rec[t], K)
             kept = np.sort(record_score(recs.rec[t]))[::-1]
             assert fl <= (kept[K - 1] if cap >= K else np.inf)  # a floor: ≤ the K-th kept
             floor[t] = max(tau[t], fl)
         if raised == "wide":
             assert fk.floor.calls == ["floor_wide_hist", "select_wide_cut"] * 2 + ["floor_of_cut"]
-        for t in rows.tolist() if raised is True else []:
-            kept = np.sort(record_score(recs.rec[t]))[::-1]
-            floor[t] = max(tau[t], kept[K - 1]) if cap >= K else tau[t]
         want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
         assert cnt2.tolist() == want2
         assert len(fk.calls) == 2  # the first pass and the overflowed rows' pass
@@ -559,11 +545,8 @@ def test_spill_extension_on_the_cpu(fake_refine, monkeypatch, mt, cap, ratio, ra
     if past.any():
         rows, _, cnt2 = recs.ext
         assert rows.tolist() == np.flatnonzero(past).tolist()
-        for t in rows.tolist() if raised is True else []:
-            kept = np.sort(record_score(recs.rec[t]))[::-1]
-            floor[t] = max(tau[t], kept[K - 1])
-        for t in rows.tolist() if raised == "wide" else []:
-            floor[t] = max(tau[t], _wide_floor_of(recs.rec[t] >> np.uint64(32), K))
+        for t in rows.tolist() if raised else []:
+            floor[t] = max(tau[t], _floor_of_kept(recs.rec[t], K))
         want2 = [int(np.sum(B[t, :N] & (S[t] >= floor[t]))) for t in rows.tolist()]
         assert cnt2.tolist() == want2
     for t in range(Qn):
@@ -596,7 +579,7 @@ def test_wide_floor_is_the_bucket_edge_of_the_kth_kept_record(fake_refine, monke
     assert floor.dtype == np.float32 and floor.shape == (oq.size,)
     assert fk.floor.calls == ["floor_wide_hist", "select_wide_cut"] * 2 + ["floor_of_cut"]
     for j, t in enumerate(oq.tolist()):
-        assert floor[j] == _wide_floor_of(rec[t] >> np.uint64(32), K), (t, floor[j])
+        assert floor[j] == wide_floor(rec[t], K), (t, floor[j])
         if cap > K:
             kth = np.sort(S[t])[::-1][K - 1]
             assert floor[j] <= kth and (score_code(kth) >> 10) == (score_code(floor[j]) >> 10)
@@ -878,7 +861,7 @@ def test_gpu_spill_in_a_dosa_call_returns_the_dense_ids(monkeypatch, buffer, rat
 def test_gpu_wide_floor_is_the_bucket_edge(monkeypatch, cap, K):
     """``select.captured_floor`` with ``FLOOR_WIDE`` on the GPU (floor_wide_hist,
     select_wide_cut, floor_of_cut) equals the host's bucket edge of the K-th kept record
-    (``_wide_floor_of``) on every overflowed row — full rows of random, negative, tied and
+    (``emulate.wide_floor``) on every overflowed row — full rows of random, negative, tied and
     bucket-edge scores — and is ≤ the exact floor of ``FLOOR_WIDE`` off."""
     rng = np.random.default_rng(cap + K)
     Qn = 41
@@ -900,7 +883,7 @@ def test_gpu_wide_floor_is_the_bucket_edge(monkeypatch, cap, K):
     monkeypatch.setattr(select_mod, "FLOOR_WIDE", False)
     exact = cp.asnumpy(select_mod.captured_floor(K, recs, oq))
     for j, t in enumerate(np.flatnonzero(over).tolist()):
-        assert wide[j] == _wide_floor_of(rec[t] >> np.uint64(32), K), (t, wide[j])
+        assert wide[j] == wide_floor(rec[t], K), (t, wide[j])
         assert wide[j] <= exact[j], t
 
 

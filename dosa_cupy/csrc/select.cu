@@ -422,6 +422,16 @@ __device__ __forceinline__ void wsel_count(int level, uint32_t d1, float v, unsi
   wsel_count_code(level, d1, score_code(v), h);
 }
 
+// The block's histogram h zeroed at the start of a level; false (the block returns) where the
+// row is done — level 1 of a row that level 0 took whole.
+__device__ __forceinline__ bool wsel_begin(int level, const unsigned* __restrict__ state, int row,
+                                           unsigned* h) {
+  if (level == 1 && state[4 * row + 3]) return false;
+  for (int i = threadIdx.x; i < NBIN; i += WSEL_THREADS) h[i] = 0u;
+  __syncthreads();
+  return true;
+}
+
 __device__ __forceinline__ void wsel_flush(const unsigned* h, unsigned* __restrict__ hist_row) {
   for (int i = threadIdx.x; i < NBIN; i += WSEL_THREADS)
     if (h[i]) atomicAdd(&hist_row[i], h[i]);
@@ -432,9 +442,7 @@ extern "C" __global__ void __launch_bounds__(WSEL_THREADS) select_wide_hist(
     const int* __restrict__ ke_, const unsigned* __restrict__ state, unsigned* __restrict__ hist) {
   __shared__ unsigned h[NBIN];
   const int row = blockIdx.y, tid = threadIdx.x;
-  if (level == 1 && state[4 * row + 3]) return;
-  for (int i = tid; i < NBIN; i += WSEL_THREADS) h[i] = 0u;
-  __syncthreads();
+  if (!wsel_begin(level, state, row, h)) return;
   const long long a = ks_[row], e = ke_[row];
   const float* lr = logits + (long long)row * ld;
   const uint32_t d1 = level ? state[4 * row] : 0u;
@@ -523,9 +531,7 @@ extern "C" __global__ void __launch_bounds__(WSEL_THREADS) floor_wide_hist(
     const int* __restrict__ oq, const unsigned* __restrict__ state, unsigned* __restrict__ hist) {
   __shared__ unsigned h[NBIN];
   const int j = blockIdx.y, tid = threadIdx.x;
-  if (level == 1 && state[4 * j + 3]) return;
-  for (int i = tid; i < NBIN; i += WSEL_THREADS) h[i] = 0u;
-  __syncthreads();
+  if (!wsel_begin(level, state, j, h)) return;
   const unsigned long long* r = rec + (long long)oq[j] * cap;
   const uint32_t d1 = level ? state[4 * j] : 0u;
   const long long stride = (long long)gridDim.x * WSEL_THREADS;
