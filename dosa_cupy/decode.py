@@ -466,6 +466,10 @@ class DecodeSelectorGPU:
         xp, ops, K = self.xp, self._ops, self.K
         d, ws = self.begin(q, w, kv_payload, kv_scale, block_table, lengths)
         B, n = d["B"], d["n"]
+        if out is None:
+            out = xp.empty((B, n, K), dtype=xp.int64)
+        elif tuple(out.shape) != (B, n, K) or out.dtype != np.int64:
+            raise ValueError(f"out: expected int64 {(B, n, K)}, got {out.dtype} {out.shape}")
         thr, wcnt = ops.tau(d, ws)
         # buffer None: room for every visible key of a row, so nothing can overflow and the
         # step needs no host synchronization; a bounded buffer costs one (docs/method.md §10)
@@ -478,12 +482,10 @@ class DecodeSelectorGPU:
             if self.last_overflow:  # exact extension: re-scan with the exact count
                 rec, cnt = ops.scan(d, thr, need, ws)
         ids, kth = ops.select(d, rec, cnt, return_stats, ws)
-        ops.push(d, ws, ids)  # witnesses of the next steps
-        if out is None:
-            out = ids.reshape(B, n, K).astype(xp.int64)
-        else:
-            if tuple(out.shape) != (B, n, K) or out.dtype != np.int64:
-                raise ValueError(f"out: expected int64 {(B, n, K)}, got {out.dtype} {out.shape}")
+        # the witnesses of the next steps, and the ids into out (one launch with STEP_FOLD)
+        dense_out = out.flags.c_contiguous
+        ops.push(d, ws, ids, out if dense_out else None)
+        if not dense_out:
             out[...] = ids.reshape(B, n, K)
         st = None
         if return_stats:

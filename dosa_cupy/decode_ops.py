@@ -124,6 +124,12 @@ FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # "Four builds on by default; the decode step's selection by rank"); bench build blockselect
 # keeps select_kernel.
 RANK_SELECT = True
+# A step's bookkeeping folded into the launches around it (docs/method.md §10 "No per-step
+# host work"): the dedup also zeroes the witnesses' and the scan's counters
+# (decode_witness_dedup_zero), and decode_step_finish writes the ids into ``out`` and the ring
+# and moves the ring's counter — four graph nodes fewer than the chain (two memsets, the
+# counter's advance, the ids' int64 copy). Bench build stepchain keeps the chain.
+STEP_FOLD = True
 
 
 def fp8_tma_smem(nc: int) -> int:
@@ -243,14 +249,20 @@ def raise_layout(b_len, flat, L, bt, mb: int, nb: int) -> None:
         raise ValueError(f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})")
 
 
-def dedup(src, dst) -> None:
+def dedup(src, dst, counts=None, n: int = 0) -> None:
     """decode_witness_dedup: each row of src int32 [B, Wc] (−1 = empty) into dst (may be
-    src) with one copy of every id kept in place and every other copy and empty slot −1."""
+    src) with one copy of every id kept in place and every other copy and empty slot −1.
+    ``counts`` (uint32 [2, B·n], optional): also zeroed, request b's ``n`` entries of each
+    row by its block (decode_witness_dedup_zero)."""
     B, Wc = (int(x) for x in src.shape)
     P2 = 1 << (2 * Wc - 1).bit_length()  # hash slots: a power of two ≥ 2·Wc
-    _kernel("decode_witness_dedup", 4 * P2)(
-        (B,), (1024,), (src, dst, np.int32(Wc), np.int32(P2)), shared_mem=4 * P2
-    )
+    args = (src, dst, np.int32(Wc), np.int32(P2))
+    if counts is None:
+        _kernel("decode_witness_dedup", 4 * P2)((B,), (1024,), args, shared_mem=4 * P2)
+    else:
+        _kernel("decode_witness_dedup_zero", 4 * P2)(
+            (B,), (1024,), (*args, counts, np.int32(n)), shared_mem=4 * P2
+        )
 
 
 def witness_table_device(entries, B: int):
@@ -371,12 +383,15 @@ class Workspace:
         self.w = cp.zeros((R, Hp), dtype=cp.float32) if Hp != H else None
         self.ring = cp.full((B, Wc), -1, dtype=cp.int32) if Wc else None
         self.ctr = cp.zeros(1, dtype=cp.int32)
+        self.done = cp.zeros(1, dtype=cp.uint32)  # decode_step_finish's blocks (0 at rest)
         self.wit = cp.empty((B, Wc), dtype=cp.int32) if Wc else None
         self.wrec = cp.empty((R, Wc), dtype=cp.uint64) if Wc else None
-        self.wcnt = cp.zeros(R, dtype=cp.uint32)
+        # the witnesses' and the scan's record counters side by side, so that one launch
+        # zeroes both (STEP_FOLD); ``zeroed``: whether they were zeroed since the last scan
+        self.counts = cp.zeros((2, R), dtype=cp.uint32)
+        self.wcnt, self.cnt, self.zeroed = self.counts[0], self.counts[1], False
         self.thr = cp.zeros(R, dtype=cp.uint64)  # stays 0 (every key) without history
         self.rec = cp.empty((R, cap), dtype=cp.uint64)
-        self.cnt = cp.empty(R, dtype=cp.uint32)
         self.ids = cp.empty((R, K), dtype=cp.int32)
         self.kth = cp.empty(R, dtype=cp.uint64)
         self.scratch = scratch(R)
@@ -420,12 +435,14 @@ class DeviceOps:
     def workspace(self, B, n, H, K, L, history, cap):
         return Workspace(B, n, H, K, L, history, cap, self.scorer)
 
-    def witness_records(self, d, wit, wcnt, wrec) -> None:
+    def witness_records(self, d, wit, wcnt, wrec, zeroed: bool = False) -> None:
         """Records uint64 [R, Wc] (into ``wrec``, compacted, their count per row in ``wcnt``
         uint32 [R]) of the ids of ``wit`` int32 [B, Wc] that row r sees (0 ≤ id < ke[r]):
-        ids distinct per request, −1 empty; scored by the scan's device function."""
+        ids distinct per request, −1 empty; scored by the scan's device function.
+        ``zeroed``: ``wcnt`` is already 0 (else zeroed here)."""
         Wc = int(wit.shape[1])
-        wcnt.fill(0)
+        if not zeroed:
+            wcnt.fill(0)
         args = (
             d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
             d["ke"], np.int32(d["n"]), wit, np.int32(Wc), wcnt, wrec,
@@ -442,11 +459,12 @@ class DeviceOps:
         if ws.ring is None:
             return ws.thr, ws.wcnt
         Wc = int(ws.ring.shape[1])
+        ws.zeroed = STEP_FOLD and Wc <= DEDUP_MAX  # the dedup zeroes both counters
         if Wc <= DEDUP_MAX:
-            dedup(ws.ring, ws.wit)
+            dedup(ws.ring, ws.wit, *((ws.counts, d["n"]) if ws.zeroed else ()))
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
-        self.witness_records(d, ws.wit, ws.wcnt, ws.wrec)
+        self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=ws.zeroed)
         select_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
 
@@ -490,7 +508,9 @@ class DeviceOps:
     def scan(self, d, thr, cap, ws):
         R = d["B"] * d["n"]
         rec = ws.rec if cap == ws.rec.shape[1] else self.cp.empty((R, cap), dtype=self.cp.uint64)
-        ws.cnt.fill(0)
+        if not ws.zeroed:  # else zeroed by this step's dedup (STEP_FOLD)
+            ws.cnt.fill(0)
+        ws.zeroed = False  # an extension's scan counts again from 0
         scan(d, True, (thr, ws.cnt, rec, np.int64(cap)))
         return rec, ws.cnt
 
@@ -498,16 +518,29 @@ class DeviceOps:
         select_into(d["K"], rec, cnt, ws.ids, ws.kth if want_kth else None, ws.scratch)
         return ws.ids, (record_scores(ws.kth) if want_kth else None)
 
-    def push(self, d, ws, ids) -> None:
-        if ws.ring is None:
+    def push(self, d, ws, ids, out=None) -> None:
+        """The step's ids int32 [R, K] into the ring (the witnesses of the next steps) and,
+        when given, into ``out`` (int64 [B, n, K], C-contiguous)."""
+        from .dense import _opt
+
+        B, nK = d["B"], d["n"] * d["K"]
+        if STEP_FOLD and (ws.ring is not None or out is not None):
+            h = 0 if ws.ring is None else int(ws.ring.shape[1]) // nK
+            _kernel("decode_step_finish")(
+                (-(-B * nK // 256),), (256,),
+                (ids, _opt(out), _opt(ws.ring), ws.ctr, ws.done, np.int32(B), np.int32(nK),
+                 np.int32(h)),
+            )  # fmt: skip
             return
-        B, Wc = (int(x) for x in ws.ring.shape)
-        nK = d["n"] * d["K"]
-        _kernel("decode_ring_push")(
-            (-(-B * nK // 256),), (256,),
-            (ids, ws.ring, ws.ctr, np.int32(B), np.int32(nK), np.int32(Wc // nK)),
-        )  # fmt: skip
-        _kernel("decode_ring_advance")((1,), (32,), (ws.ctr,))
+        if ws.ring is not None:
+            _kernel("decode_ring_push")(
+                (-(-B * nK // 256),), (256,),
+                (ids, ws.ring, ws.ctr, np.int32(B), np.int32(nK),
+                 np.int32(int(ws.ring.shape[1]) // nK)),
+            )  # fmt: skip
+            _kernel("decode_ring_advance")((1,), (32,), (ws.ctr,))
+        if out is not None:
+            out[...] = ids.reshape(out.shape)
 
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
@@ -637,9 +670,11 @@ class NumpyOps:
         tau = np.asarray(tau, dtype=np.float64)
         return tau, np.full(tau.shape, np.iinfo(np.int64).max)
 
-    def push(self, d, ws, ids) -> None:
+    def push(self, d, ws, ids, out=None) -> None:
         if ws.history > 0:
             ws.hist.append(np.asarray(ids).reshape(d["B"], -1).astype(np.int32))
+        if out is not None:
+            out[...] = np.asarray(ids).reshape(out.shape)
 
 
 class NumpyWorkspace:

@@ -40,15 +40,19 @@ def built_params(name: str):
 
 
 def check_args(name: str, args, types) -> None:
-    """A launch of kernel ``name`` passes one argument per parameter, of its type;
-    arrays are C-contiguous; and the package's launch check (numpy arrays standing in for
-    CuPy's) accepts the same arguments."""
+    """A launch of kernel ``name`` passes one argument per parameter, of its type (or, for a
+    pointer, np.uint64(0): the null pointer of an optional buffer, dense._NULL); arrays are
+    C-contiguous; and the package's launch check (numpy arrays standing in for CuPy's)
+    accepts the same arguments."""
     assert len(args) == len(types), (name, len(args), len(types))
+    ps = built_params(name)
+    assert ps is not None, f"{name}: no build defines this kernel"
     for i, (a, t) in enumerate(zip(args, types, strict=True)):
+        if ps[i].pointer and type(a) is np.uint64:
+            assert int(a) == 0, (name, i, "a raw address other than the null pointer")
+            continue
         assert np.asarray(a).dtype == t, (name, i, np.asarray(a).dtype, t)
         if isinstance(a, np.ndarray):
             assert a.flags.c_contiguous, (name, i)
-    ps = built_params(name)
-    assert ps is not None, f"{name}: no build defines this kernel"
     assert [p.dtype for p in ps] == list(types), (name, "signature differs from the build's")
     check_launch(name, ps, args, (np.ndarray,))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -716,6 +717,46 @@ def test_gpu_witness_dedup_equals_host(widths, B):
         assert np.all((got[b] == cat[b]) | (got[b] == -1))  # in place
 
 
+@pytest.mark.parametrize("B,n,Wc", [(1, 1, 4096), (3, 2, 8192), (64, 2, 8192)])
+@gpu
+def test_gpu_dedup_zero_and_step_finish_equal_the_chain(B, n, Wc):
+    """decode_witness_dedup_zero keeps the same entries as decode_witness_dedup and zeroes
+    both counter rows; decode_step_finish writes the ids into out and into the ring slot
+    that decode_ring_push fills, and moves the counter as decode_ring_advance — over
+    several launches of many blocks (B·n·K / 256 of them: the last one re-arms ``done``)."""
+    rs = np.random.default_rng(B * 100 + n)
+    K = Wc // (2 * n)
+    ring = cp.asarray(rs.integers(-1, Wc, (B, Wc)).astype(np.int32))
+    want, got = cp.empty_like(ring), cp.empty_like(ring)
+    dops.dedup(ring, want)
+    counts = cp.full((2, B * n), 7, dtype=cp.uint32)
+    dops.dedup(ring, got, counts, n)
+    # which copy of an id is kept may differ between launches; the kept set may not
+    for b in range(B):
+        a, g = cp.asnumpy(want[b]), cp.asnumpy(got[b])
+        assert np.array_equal(np.sort(a[a >= 0]), np.sort(g[g >= 0]))
+    assert int(counts.max()) == 0
+    d = {"B": B, "n": n, "K": K}
+    chain, fold = (
+        types.SimpleNamespace(
+            ring=ring.copy(), ctr=cp.zeros(1, cp.int32), done=cp.zeros(1, cp.uint32)
+        )
+        for _ in range(2)
+    )
+    ops = dops.DeviceOps("f16")
+    for t in range(3):
+        ids = cp.asarray(rs.integers(-1, 1 << 20, (B * n, K)).astype(np.int32))
+        out = cp.full((B, n, K), -7, dtype=cp.int64)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(dops, "STEP_FOLD", False)
+            ops.push(d, chain, ids)
+        ops.push(d, fold, ids, out)
+        assert cp.array_equal(out.reshape(B * n, K), ids.astype(cp.int64)), t
+        assert cp.array_equal(fold.ring, chain.ring)
+        assert int(fold.ctr[0]) == t + 1 == int(chain.ctr[0])
+        assert int(fold.done[0]) == 0
+
+
 def _graph_walk_inputs(B, n, H, seed, steps):
     cache = PagedCache(B, 12 * 64, seed=seed)
     rs = cache.rs
@@ -916,7 +957,8 @@ def _signatures():
     out = {n: param_types(src, rf"\b{n}_mt##MT") for n in
            re.findall(r"(decode_\w+)_mt##MT\(", src)}  # fmt: skip
     for name in ("decode_layout", "decode_witness_dedup", "decode_ring_push",
-                 "decode_ring_advance"):  # fmt: skip
+                 "decode_ring_advance", "decode_witness_dedup_zero",
+                 "decode_step_finish"):  # fmt: skip
         out[name] = param_types(src, rf"\b{name}")
     return out
 
@@ -940,16 +982,23 @@ def _check_geometry(base, grid, args, kw):
     elif base == "decode_layout":
         B, mb = int(args[0].shape[0]), int(args[2])
         assert grid[1] == B and grid[0] * 256 >= mb and (grid[0] - 1) * 256 < max(mb, 1)
-    elif base == "decode_witness_dedup":
+    elif base in ("decode_witness_dedup", "decode_witness_dedup_zero"):
         Wc, P2 = int(args[2]), int(args[3])
         assert grid == (args[0].shape[0],) and kw.get("shared_mem") == 4 * P2
         assert P2 >= 2 * Wc > P2 // 2 and P2 & (P2 - 1) == 0  # load ≤ ½, no larger than needed
+        if base == "decode_witness_dedup_zero":  # counts uint32 [2, B·n]
+            assert args[4].shape == (2, args[0].shape[0] * int(args[5]))
     elif base == "decode_ring_advance":
         assert grid == (1,)
     elif base == "decode_ring_push":
         B, nK, h = int(args[3]), int(args[4]), int(args[5])
         assert grid[0] * 256 >= B * nK > (grid[0] - 1) * 256
         assert args[1].shape == (B, h * nK)
+    elif base == "decode_step_finish":
+        B, nK, h = int(args[5]), int(args[6]), int(args[7])
+        assert grid[0] * 256 >= B * nK > (grid[0] - 1) * 256
+        assert type(args[2]) is np.uint64 or args[2].shape == (B, h * nK)
+        assert type(args[1]) is np.uint64 or args[1].size == B * nK
 
 
 class _FakeKernels:
@@ -967,11 +1016,13 @@ class _FakeKernels:
             check_args(name, args, types)
             # a kernel reads its arrays as dense row-major buffers
             assert all(a.flags.c_contiguous for a in args if isinstance(a, np.ndarray)), name
-            want = {"decode_witness_dedup": (1024,), "decode_ring_advance": (32,)}.get(base, (256,))
+            want = {"decode_witness_dedup": (1024,), "decode_witness_dedup_zero": (1024,),
+                    "decode_ring_advance": (32,)}.get(base, (256,))  # fmt: skip
             assert len(grid) in (1, 2) and block == want
             _check_geometry(base, grid, args, kw)
             self.calls.append(name)
-            getattr(self, base)(*args)
+            # an optional buffer's null pointer (dense._NULL) reaches the emulation as None
+            getattr(self, base)(*(None if type(a) is np.uint64 else a for a in args))
 
         return launch
 
@@ -995,21 +1046,26 @@ class _FakeKernels:
             out[r] = -np.inf
             out[r, :e] = self._scores(q, w, kv, ksc, bt, r, int(n), np.arange(e))
 
+    # The scan and the witness scoring count their records from the counter's value, as the
+    # kernels' atomicAdd does: a counter the step did not zero misplaces them.
     def decode_fused(self, q, w, kv, ksc, bt, mb, ke, n, ld, nreq, per, thr, cnt, rec, cap):
         for r in range(cnt.shape[0]):
             ids = np.arange(int(ke[r]))
             s = self._scores(q, w, kv, ksc, bt, r, int(n), ids)
             keep = self._record(s, ids) >= thr[r]
-            cnt[r] = keep.sum()
-            m = min(int(cap), int(keep.sum()))
-            rec[r, :m] = self._record(s[keep], ids[keep])[:m]
+            a = int(cnt[r])
+            cnt[r] = a + keep.sum()
+            m = max(0, min(int(cap), int(cnt[r])) - a)
+            rec[r, a : a + m] = self._record(s[keep], ids[keep])[:m]
 
     def decode_witness(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec):
         for r in range(cnt.shape[0]):
             row = wit[r // int(n)]
             ids = row[(row >= 0) & (row < ke[r])].astype(np.int64)
-            cnt[r] = ids.size
-            rec[r, : ids.size] = self._record(self._scores(q, w, kv, ksc, bt, r, int(n), ids), ids)
+            a = int(cnt[r])
+            cnt[r] = a + ids.size
+            got = self._record(self._scores(q, w, kv, ksc, bt, r, int(n), ids), ids)
+            rec[r, a : a + ids.size] = got[: max(0, rec.shape[1] - a)]
 
     def decode_layout(self, L, bt, mb, nb, n, check, ke, bad):
         ke[:] = dec.visible_ends(L, int(n)).reshape(-1)
@@ -1031,6 +1087,18 @@ class _FakeKernels:
                 row[i] = v if v >= 0 and v not in seen else -1
                 seen.add(v)
         dst[:] = a
+
+    def decode_witness_dedup_zero(self, src, dst, Wc, P2, counts, n):
+        self.decode_witness_dedup(src, dst, Wc, P2)
+        counts[...] = 0  # every block zeroes its request's rows: all of them
+
+    def decode_step_finish(self, ids, out, ring, ctr, done, B, nK, h):
+        assert int(done[0]) == 0  # re-armed by the previous launch's last block
+        if out is not None:
+            out.reshape(-1)[:] = ids.reshape(-1)
+        if ring is not None:
+            self.decode_ring_push(ids, ring, ctr, B, nK, h)
+            self.decode_ring_advance(ctr)
 
     def decode_ring_push(self, ids, ring, ctr, B, nK, h):
         slot = int(ctr[0]) % int(h)
@@ -1116,11 +1184,19 @@ def fake_cupy(monkeypatch):
     return fk
 
 
+@pytest.fixture(params=[True, False], ids=["fold", "chain"])
+def step_fold(request, monkeypatch):
+    """The decode step's bookkeeping folded into the dedup and decode_step_finish, then as
+    the chain of memsets, push, advance and copy (decode_ops.STEP_FOLD)."""
+    monkeypatch.setattr(dops, "STEP_FOLD", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize(
     "B,n,H,buffer,K",
     [(1, 1, 32, None, 16), (3, 2, 20, 40, 16), (2, 2, 64, 1, 16), (2, 1, 33, None, 257)],
 )
-def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer, K):
+def test_cupy_host_code_with_emulated_kernels(fake_cupy, step_fold, B, n, H, buffer, K):
     cache = PagedCache(B, 8 * 64, seed=B + n + H)
     rs = cache.rs
     L = rs.integers(1, 200, B).astype(np.int32)
@@ -1149,6 +1225,10 @@ def test_cupy_host_code_with_emulated_kernels(fake_cupy, B, n, H, buffer, K):
     names = {re.sub(r"\d$", "", c) for c in fake_cupy.calls}
     assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt"} <= names
     assert f"decode_fused_mt{-(-H // 16)}" in fake_cupy.calls
+    folded = {"decode_witness_dedup_zero", "decode_step_finish"}
+    chain = {"decode_witness_dedup", "decode_ring_push", "decode_ring_advance"}
+    on, off = (folded, chain) if step_fold else (chain, folded)
+    assert names >= on and not names & off
 
 
 def test_cupy_host_code_nan_codes_without_value_scan(fake_cupy):

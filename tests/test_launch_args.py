@@ -54,6 +54,7 @@ LAUNCHED = {
     "decode.cu": [  # decode_ops
         *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),
         "decode_layout", "decode_witness_dedup", "decode_ring_push", "decode_ring_advance",
+        "decode_witness_dedup_zero", "decode_step_finish",  # decode_ops (STEP_FOLD)
     ],
     "plan.cu": [f"plan{a}_mt{m}" for a in ("", "_i8") for m in MT]  # build_plans_fused
                + ["screen_row_constants_fresh"],  # plan.screen_row_constants

@@ -12,6 +12,10 @@ Not options of the library: a build under trial is one of these until it wins.
                                          selects by select_kernel (not select_rank)
     witblocks4  decode_ops.WITNESS_SPREAD = False  a decode step's witnesses scored by four
                                          blocks per row (not up to one block per SM)
+    stepchain   decode_ops.STEP_FOLD = False  a decode step's counters zeroed by two memsets,
+                                         its ring pushed and advanced by two launches and its
+                                         ids copied by a third (not folded into the dedup
+                                         and decode_step_finish)
     scalearrays prepare.SCALE_CHECK_KERNEL = False  the scale and envelope checks by ~15
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
@@ -83,6 +87,7 @@ BUILDS = {
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "blockselect": ("decode_ops", "RANK_SELECT", False),
     "witblocks4": ("decode_ops", "WITNESS_SPREAD", False),
+    "stepchain": ("decode_ops", "STEP_FOLD", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "planf32": ("plan", "ACTIVATION_I8", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),

@@ -326,12 +326,22 @@ extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
 // not, and that set is all the threshold depends on (its K-th record).  dst may be src: a
 // thread reads its entry before writing it.  One block of DEC_DEDUP_THREADS per row; dynamic
 // shared memory 4·P2 bytes.
+//
+// kZeroCounts (decode_witness_dedup_zero, docs/method.md §10 "No per-step host work"): block b
+// also zeroes its request's next_n entries of each of the step's two counters, counts[0, ·]
+// (the witness records) and counts[1, ·] (the scan's records), counts uint32 [2, R] with
+// R = B·next_n — the two memsets of the step, in the launch that precedes both readers.
 #define DEC_DEDUP_THREADS 1024
-extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
-    const int* src, int* dst, int Wc, int P2) {
+template <bool kZeroCounts>
+__device__ __forceinline__ void dec_dedup(const int* src, int* dst, int Wc, int P2,
+                                          unsigned* counts, int next_n) {
   extern __shared__ int dd[];
   const int* in = src + (long long)blockIdx.x * Wc;
   int* row = dst + (long long)blockIdx.x * Wc;
+  if (kZeroCounts && threadIdx.x < 2 * next_n) {
+    const int R = gridDim.x * next_n, c = threadIdx.x / next_n, j = threadIdx.x % next_n;
+    counts[(long long)c * R + (long long)blockIdx.x * next_n + j] = 0u;
+  }
   for (int i = threadIdx.x; i < P2; i += blockDim.x) dd[i] = -1;
   __syncthreads();
   for (int i = threadIdx.x; i < Wc; i += blockDim.x) {
@@ -353,6 +363,16 @@ extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_d
   }
 }
 
+extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
+    const int* src, int* dst, int Wc, int P2) {
+  dec_dedup<false>(src, dst, Wc, P2, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup_zero(
+    const int* src, int* dst, int Wc, int P2, unsigned int* counts, int next_n) {
+  dec_dedup<true>(src, dst, Wc, P2, counts, next_n);
+}
+
 // The witness ring (dosa_cupy/decode_ops.py): ring [B, h·nK] int32, slot s = ctr % h holds a
 // step's selection ids [B, nK].  decode_ring_push writes the step's ids into the slot;
 // decode_ring_advance moves the counter in a launch of its own, after every block of the
@@ -368,4 +388,33 @@ extern "C" __global__ void decode_ring_push(const int* __restrict__ ids, int* __
 
 extern "C" __global__ void decode_ring_advance(int* ctr) {
   if (threadIdx.x == 0 && blockIdx.x == 0) ctr[0] = (int)((unsigned)ctr[0] + 1u);
+}
+
+// A step's last launch (docs/method.md §10 "No per-step host work"): the selection's ids
+// [B·nK] int32 into out (int64 [B·nK]; null: none) and into ring slot ctr % h (ring null: no
+// history); the block that finishes last moves ctr and re-arms done (uint32, 0 between
+// launches) — the push, the counter's advance and the ids' int64 copy in one graph node.
+// Every block reads ctr before its thread 0 counts the block done, so the counter moves
+// after the last read of it.  grid ceil(B·nK / 256), 256 threads.
+extern "C" __global__ void decode_step_finish(const int* __restrict__ ids,
+                                              long long* __restrict__ out, int* __restrict__ ring,
+                                              int* ctr, unsigned int* done, int B, int nK,
+                                              int h) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned c = ring != nullptr ? (unsigned)*(volatile int*)ctr : 0u;
+  const unsigned slot = ring != nullptr ? c % (unsigned)h : 0u;
+  if (i < (long long)B * nK) {
+    const int v = ids[i];
+    if (out != nullptr) out[i] = v;
+    if (ring != nullptr) ring[(i / nK) * h * nK + (long long)slot * nK + i % nK] = v;
+  }
+  if (ring == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      *ctr = (int)(c + 1u);
+      *done = 0u;
+    }
+  }
 }
