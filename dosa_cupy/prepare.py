@@ -94,10 +94,12 @@ SCALE_CHECK_KERNEL = True
 # by a synchronization before it, so that the host queues the seeds while the GPU checks
 # (the launches queued before the read-back run on the ranges clamped into [0, N] with
 # ks ≤ ke: ``ValueCheck``; bad input still raises before anything is screened or returned).
-# Under trial (bench builds=deferchecks: the seed stage is host-bound at 128K keys,
-# docs/records/benchmarks.md "The finish's counts in one read-back; the sample behind a
-# gate"); off: read back before the seeds.
-DEFER_CHECKS = False
+# The seed stage is host-bound at 128K keys (docs/records/benchmarks.md "The finish's counts
+# in one read-back; the sample behind a gate"); on an H100 the deferred read-back was
+# 1.01–1.12× faster per call with equal ids (benchmarks.md "The decode step's bookkeeping
+# folded; the value checks deferred"). Bench build syncchecks reads them back before the
+# seeds.
+DEFER_CHECKS = True
 
 # The GPU scorer's domain (docs/method.md §1 "The scorer's domain"): every visible key with a
 # valid scale (α ≥ 0, finite) has a finite fp32 score, or every route raises this.

@@ -873,7 +873,8 @@ def test_decode_key_floor_and_x_floor():
     assert BD.key_floor_ms([0, 0]) == 0.0
     xf = BD.x_floors({"dense_ms": 2 * fl, "dosa_ms": fl, "dg_logits_ms": None}, fl)
     assert xf == {"dense": pytest.approx(2.0), "dosa": pytest.approx(1.0), "dg_logits": None,
-                  "dg_topk": None, "dosa_graph": None, "dg_graph": None}  # fmt: skip
+                  "dg_topk": None, "dosa_graph": None, "dg_graph": None, "dosa_b2b": None,
+                  "dg_b2b": None}  # fmt: skip
     assert BD.x_floors({"dense_ms": 1.0}, 0.0)["dense"] is None
 
 
@@ -1051,9 +1052,13 @@ def test_decode_peers_with_fakes(monkeypatch):
     assert p.notes == [] and p.deep_gemm is not None
     r = _decode_row(p)
     assert r["ids_equal"] and r["peer_errors"] == {} and r["peer_notes"] == []
-    # warm-up + 3 steps, alone and + topk; the graph: warm-up, capture, 3 replays
-    assert calls == {"meta": 4 + 5, "logits": 2 * 4 + 5}
+    # warm-up + 3 steps, alone and + topk; the graph: warm-up, capture, 3 replays; back to
+    # back: a graph per step (3 captures), replayed in B2B_ROUNDS rounds
+    b2b = 3 + BD.B2B_ROUNDS * 3
+    assert calls == {"meta": 4 + 5 + b2b, "logits": 2 * 4 + 5 + b2b}
     assert r["dg_graph_overlap_min"] == 1.0 and r["dosa_graph_ids_equal"]
+    assert r["dg_b2b_overlap_min"] == 1.0 and r["dosa_b2b_ids_equal"]
+    assert len(r["dosa_b2b_ms_all"]) == len(r["dg_b2b_ms_all"]) == BD.B2B_ROUNDS
     # the garbage past each row's end was masked: DeepGEMM's set == the dense route's
     assert r["dg_overlap_min"] == 1.0 and r["dg_overlap_pooled"] == 1.0
     assert r["own_select_ids_equal"] and r["own_torch_overlap_min"] == 1.0
@@ -1198,6 +1203,7 @@ def test_decode_ids_checks_can_fail(monkeypatch, tmp_path, wrong):
     key = "ids_equal" if wrong == "eager" else "dosa_graph_ids_equal"
     other = "dosa_graph_ids_equal" if wrong == "eager" else "ids_equal"
     assert r[key] is False and r[other] is True
+    assert r["dosa_b2b_ids_equal"] is (wrong == "eager")  # the back-to-back graphs use out=
     argv = ["--shapes", "32x2x300", "--K", "16", "--warm", "1", "--no-peers"]
     assert BD.main(argv + ["--out", str(tmp_path)]) == 1
 

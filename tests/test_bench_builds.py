@@ -27,7 +27,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
             "qg1536": screen, "onestream": seeds, "floor6": cost,
             "latecounts": refine, "nogate": route, "sample384": cost,
-            "deferchecks": prepare, "nopipe": screen, "plainext": select,
+            "syncchecks": prepare, "nopipe": screen, "plainext": select,
             "noilp": dense, "rhofloat": prepare, "rescore": refine, "planf32": plan,
             "kthfloor": select, "collectrow": dense}  # fmt: skip
     assert set(mods) == set(BUILDS)
@@ -51,9 +51,9 @@ def test_builds_on_sets_and_restores_every_switch():
     assert select.RAISED_EXTENSION and dense.SELECT_ILP  # four loads of each thread in flight
     assert prepare.RHO_INT  # ρ from integer squares
     assert route.SAMPLE_GATE and cost.WGT_SAMPLE == 128  # the samples behind a gate, 128 rows
-    assert not prepare.DEFER_CHECKS and screen.WGT_PIPE  # under trial; the pipelined halves
-    with builds_on(("deferchecks", "nopipe")):
-        assert prepare.DEFER_CHECKS and not screen.WGT_PIPE
+    assert prepare.DEFER_CHECKS and screen.WGT_PIPE  # the checks by an event; the halves
+    with builds_on(("syncchecks", "nopipe")):
+        assert not prepare.DEFER_CHECKS and not screen.WGT_PIPE
     with builds_on(("latecounts", "nogate", "sample384")):
         assert not refine.PREFETCH_COUNTS and refine.DEFERRED_EXTENSION
         assert not route.SAMPLE_GATE and cost.sample_size("wgt") == 384

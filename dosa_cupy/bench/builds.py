@@ -46,8 +46,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          alone (not also the K-th record they kept)
     latecounts  refine.PREFETCH_COUNTS = False  the extension's and the recovery's counts
                                          read back after the selection
-    deferchecks prepare.DEFER_CHECKS = True  a DoSA call's value checks read back by an
-                                         event after its seeds are queued (under trial)
+    syncchecks  prepare.DEFER_CHECKS = False  a DoSA call's value checks read back by a
+                                         synchronization before its seeds are queued (not
+                                         by an event after)
     sizedpool   seeds.POOL_CAPACITY = False  the eager call's anchor pool sized to P (read back)
     tiefirst    screen.SPECULATIVE_TIE = False  a chunk whose rule the route did not decide
                                          waits for its tie flag before it is planned
@@ -104,7 +105,7 @@ BUILDS = {
     "noilp": ("dense", "SELECT_ILP", False),
     "collectrow": ("dense", "SELECT_BUF", False),
     "rhofloat": ("prepare", "RHO_INT", False),
-    "deferchecks": ("prepare", "DEFER_CHECKS", True),
+    "syncchecks": ("prepare", "DEFER_CHECKS", False),
     "sizedpool": ("seeds", "POOL_CAPACITY", False),
     "tiefirst": ("screen", "SPECULATIVE_TIE", False),
     "guard64": ("screen", "WGT_GUARD32", False),

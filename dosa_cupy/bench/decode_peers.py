@@ -221,7 +221,15 @@ def run_deepgemm_graph(p, c, timed) -> dict:
         ts.append(t)
         own = c["dense_ids"][i].reshape(out.shape[0], K)
         ov.append(set_overlap(cp.from_dlpack(out.clone()), own, cp)["overlap_min"])
-    return {**medians("dg_graph", ts), "dg_graph_overlap_min": min(ov)}
+    # one graph per step with its input copies, launched back to back (bench.decode.
+    # back_to_back; the DoSA side's dosa_b2b_ms)
+    whole = {i: torch_capture(torch, lambda i=i: (put(i), body())[1]) for i in c["idx"]}
+    b2b = c["back_to_back"]([whole[i][0] for i in c["idx"]], lambda: None)
+    ov_b2b = [set_overlap(cp.from_dlpack(whole[i][1]),
+                          c["dense_ids"][i].reshape(out.shape[0], K), cp)["overlap_min"]
+              for i in c["idx"]]  # fmt: skip
+    return {**medians("dg_graph", ts), "dg_graph_overlap_min": min(ov),
+            **medians("dg_b2b", b2b), "dg_b2b_overlap_min": min(ov_b2b)}  # fmt: skip
 
 
 def _own_step(p, c, i, timed):
@@ -274,7 +282,7 @@ def medians(name: str, ts: list[float]) -> dict:
 
 PEER_KEYS = (
     "dg_meta_ms", "dg_logits_ms", "dg_topk_ms", "dg_overlap_min", "dg_overlap_pooled",
-    "dg_graph_ms", "dg_graph_overlap_min",
+    "dg_graph_ms", "dg_graph_overlap_min", "dg_b2b_ms", "dg_b2b_overlap_min",
     "own_select_ms", "own_torch_topk_ms", "own_select_ids_equal", "own_torch_overlap_min",
 )  # fmt: skip
 
@@ -285,7 +293,8 @@ def run(p: DecodePeers | None, c: dict, timed, log) -> dict:
 
     ``c``: cp, B, n, H, K, warm, idx (timed steps), walk (per step (q uint8 [B, n, H, 128],
     w fp32 [B, n, H])), lengths (per step int32 [B]), kv uint8 [nb, 64, 128], sc fp32
-    [nb, 64], bt int32 [B, max_blocks], dense_ids ({step: int64 [B, n, K]}).
+    [nb, 64], bt int32 [B, max_blocks], dense_ids ({step: int64 [B, n, K]}), back_to_back
+    (graphs, rebuild → ms per step of each round: ``bench.decode.back_to_back``).
     """
     res: dict = dict.fromkeys(PEER_KEYS)
     res.update(peer_notes=[] if p is None else list(p.notes), peer_errors={})
