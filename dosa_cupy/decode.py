@@ -230,14 +230,22 @@ def validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, K, *, xp=n
 
 
 def complete_inputs(part: dict, *, check_values: bool = False, check_layout: bool = True,
-                    bufs=None) -> dict:  # fmt: skip
+                    bufs=None, ke_later: bool = False) -> dict:  # fmt: skip
     """The device half of ``check_decode_inputs``: visible ends, the layout check, the
-    opt-in value scan and the head padding, in the buffers of ``bufs`` when given."""
+    opt-in value scan and the head padding, in the buffers of ``bufs`` when given.
+    ``ke_later``: where the visible ends would take a launch of their own without a check
+    (device arrays, int32 lengths and block table, ``check_layout`` False), leave
+    ``bufs.ke`` to the step's dedup (``decode_ops.DeviceOps.tau``) and mark the result's
+    ``ke_later``."""
     xp, q, w, kv, sc = part["xp"], part["q"], part["w"], part["kv"], part["scale"]
     bt, L, B, n, H, Hp = (part[k] for k in ("block_table", "lengths", "B", "n", "H", "Hp"))
     mb, nb = part["max_blocks"], part["num_blocks"]
     R = B * n
-    if xp is not np and L.dtype == np.int32 and bt.dtype == np.int32:
+    device_ends = xp is not np and L.dtype == np.int32 and bt.dtype == np.int32
+    ke_later = bool(ke_later and device_ends and not check_layout and bufs is not None)
+    if ke_later:
+        ke = bufs.ke  # written by the step's dedup, before its first reader
+    elif device_ends:
         ke = layout_device(L, bt, mb, nb, n, check_layout, bufs)  # one launch (+ one sync)
     else:
         if check_layout:
@@ -268,7 +276,7 @@ def complete_inputs(part: dict, *, check_values: bool = False, check_layout: boo
         scale=xp.ascontiguousarray(sc.reshape(nb * PAGE)),
         block_table=xp.ascontiguousarray(bt.astype(xp.int32, copy=False)),
         lengths=xp.ascontiguousarray(L.astype(xp.int32, copy=False)),
-        ke=xp.ascontiguousarray(ke),
+        ke=xp.ascontiguousarray(ke), ke_later=ke_later,
     )  # fmt: skip
 
 
@@ -434,8 +442,12 @@ class DecodeSelectorGPU:
         part = validate_shapes(q, w, kv_payload, kv_scale, block_table, lengths, self.K,
                                xp=self.xp, scorer=self.scorer)  # fmt: skip
         ws = self._workspace(part)
+        # the visible ends by the step's dedup where it runs one (no launch of their own;
+        # not for a shard, whose ends replace them below)
+        later = ends is None and self._ops.dedup_folds(ws)
         d = complete_inputs(part, check_values=self.check_values, check_layout=self.check_layout,
-                            bufs=ws if self.backend == "cupy" else None)  # fmt: skip
+                            bufs=ws if self.backend == "cupy" else None,
+                            ke_later=later)  # fmt: skip
         if ends is not None:
             xp = self.xp
             e = xp.asarray(ends).astype(xp.int64)

@@ -249,11 +249,14 @@ def raise_layout(b_len, flat, L, bt, mb: int, nb: int) -> None:
         raise ValueError(f"block_table: block_table[{b}, {i}]={int(bt[b, i])} outside [0, {nb})")
 
 
-def dedup(src, dst, counts=None, n: int = 0) -> None:
+def dedup(src, dst, counts=None, n: int = 0, lengths=None, ke=None) -> None:
     """decode_witness_dedup: each row of src int32 [B, Wc] (−1 = empty) into dst (may be
     src) with one copy of every id kept in place and every other copy and empty slot −1.
     ``counts`` (uint32 [2, B·n], optional): also zeroed, request b's ``n`` entries of each
-    row by its block (decode_witness_dedup_zero)."""
+    row by its block (decode_witness_dedup_zero); with it, ``lengths`` int32 [B] and ``ke``
+    int32 [B·n] (optional): the visible ends written as ``decode_layout`` without its check."""
+    from .dense import _opt
+
     B, Wc = (int(x) for x in src.shape)
     P2 = 1 << (2 * Wc - 1).bit_length()  # hash slots: a power of two ≥ 2·Wc
     args = (src, dst, np.int32(Wc), np.int32(P2))
@@ -261,8 +264,9 @@ def dedup(src, dst, counts=None, n: int = 0) -> None:
         _kernel("decode_witness_dedup", 4 * P2)((B,), (1024,), args, shared_mem=4 * P2)
     else:
         _kernel("decode_witness_dedup_zero", 4 * P2)(
-            (B,), (1024,), (*args, counts, np.int32(n)), shared_mem=4 * P2
-        )
+            (B,), (1024,), (*args, counts, np.int32(n), _opt(lengths), _opt(ke)),
+            shared_mem=4 * P2,
+        )  # fmt: skip
 
 
 def witness_table_device(entries, B: int):
@@ -459,14 +463,23 @@ class DeviceOps:
         if ws.ring is None:
             return ws.thr, ws.wcnt
         Wc = int(ws.ring.shape[1])
-        ws.zeroed = STEP_FOLD and Wc <= DEDUP_MAX  # the dedup zeroes both counters
-        if Wc <= DEDUP_MAX:
-            dedup(ws.ring, ws.wit, *((ws.counts, d["n"]) if ws.zeroed else ()))
+        ws.zeroed = self.dedup_folds(ws)  # the dedup zeroes both counters
+        if ws.zeroed:  # and writes the visible ends that begin left to it
+            ends = (d["lengths"], d["ke"]) if d.get("ke_later") else (None, None)
+            dedup(ws.ring, ws.wit, ws.counts, d["n"], *ends)
+        elif Wc <= DEDUP_MAX:
+            dedup(ws.ring, ws.wit)
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
         self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=ws.zeroed)
         select_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
+
+    @staticmethod
+    def dedup_folds(ws) -> bool:
+        """Whether ``tau`` on ``ws`` runs decode_witness_dedup_zero (``STEP_FOLD``, a
+        history within DEDUP_MAX), which also writes the visible ends (``begin``)."""
+        return STEP_FOLD and ws.ring is not None and int(ws.ring.shape[1]) <= DEDUP_MAX
 
     def witness_top(self, d, ws):
         """After ``tau``: the records of each row's visible witnesses, uint64 [R, Wc] (0 past
@@ -669,6 +682,10 @@ class NumpyOps:
         """The threshold of every key whose score is at or above τ float64 [R]."""
         tau = np.asarray(tau, dtype=np.float64)
         return tau, np.full(tau.shape, np.iinfo(np.int64).max)
+
+    @staticmethod
+    def dedup_folds(ws) -> bool:
+        return False
 
     def push(self, d, ws, ids, out=None) -> None:
         if ws.history > 0:

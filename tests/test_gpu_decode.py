@@ -374,6 +374,31 @@ def test_fresh_selector_state(backend, request):
     sel.reset()
 
 
+def test_cupy_host_code_unchecked_layout_ends_by_the_dedup(fake_cupy, step_fold):
+    """Without the layout check, a step whose dedup folds (STEP_FOLD) leaves the visible ends
+    to it — no decode_layout launch — and selects the dense route's ids with the stats'
+    visible ends; the chain launches decode_layout.  A first step of a shape (empty ring)
+    and history 0 (no dedup) are covered too."""
+    B, n, H, K = 2, 2, 32, 8
+    cache = PagedCache(B, 4 * 64, seed=31)
+    rs = cache.rs
+    qf = rs.standard_normal((B, n, H, 128))
+    L = np.array([200, 77], dtype=np.int32)
+    for history in (2, 0):
+        sel = dec.DecodeSelectorGPU(K, history=history, check_layout=False)
+        for _ in range(3):
+            qp, wq = _queries(rs, qf, n, H)
+            args = (qp, wq, cache.kv, cache.scale, cache.block_table, L)
+            dense = dec.dense_decode_topk(*args, K)
+            before = len(fake_cupy.calls)
+            st = sel.step(*args)
+            mine = fake_cupy.calls[before:]
+            assert np.array_equal(st.ids, dense)
+            assert np.array_equal(st.stats.visible, dec.visible_ends(L, n))
+            assert ("decode_layout" in mine) == (not step_fold or history == 0)
+            L = L + 1
+
+
 def test_cupy_host_code_out_and_layouts(fake_cupy):
     """out= receives the ids (and is what the step returns); a non-contiguous q and an int64
     block table give the same ids as contiguous int32 inputs."""
@@ -720,9 +745,10 @@ def test_gpu_witness_dedup_equals_host(widths, B):
 @pytest.mark.parametrize("B,n,Wc", [(1, 1, 4096), (3, 2, 8192), (64, 2, 8192)])
 @gpu
 def test_gpu_dedup_zero_and_step_finish_equal_the_chain(B, n, Wc):
-    """decode_witness_dedup_zero keeps the same entries as decode_witness_dedup and zeroes
-    both counter rows; decode_step_finish writes the ids into out and into the ring slot
-    that decode_ring_push fills, and moves the counter as decode_ring_advance — over
+    """decode_witness_dedup_zero keeps the same entries as decode_witness_dedup, zeroes
+    both counter rows and writes the visible ends; decode_step_finish writes the ids into
+    out and into the ring slot that decode_ring_push fills, and moves the counter as
+    decode_ring_advance — over
     several launches of many blocks (B·n·K / 256 of them: the last one re-arms ``done``)."""
     rs = np.random.default_rng(B * 100 + n)
     K = Wc // (2 * n)
@@ -730,7 +756,10 @@ def test_gpu_dedup_zero_and_step_finish_equal_the_chain(B, n, Wc):
     want, got = cp.empty_like(ring), cp.empty_like(ring)
     dops.dedup(ring, want)
     counts = cp.full((2, B * n), 7, dtype=cp.uint32)
-    dops.dedup(ring, got, counts, n)
+    L = rs.integers(0, 3 * n, B).astype(np.int32)  # ends clamped at 0 among them
+    ke = cp.full(B * n, -5, dtype=cp.int32)
+    dops.dedup(ring, got, counts, n, cp.asarray(L), ke)
+    assert np.array_equal(cp.asnumpy(ke), dec.visible_ends(L, n).reshape(-1))
     # which copy of an id is kept may differ between launches; the kept set may not
     for b in range(B):
         a, g = cp.asnumpy(want[b]), cp.asnumpy(got[b])
@@ -986,8 +1015,11 @@ def _check_geometry(base, grid, args, kw):
         Wc, P2 = int(args[2]), int(args[3])
         assert grid == (args[0].shape[0],) and kw.get("shared_mem") == 4 * P2
         assert P2 >= 2 * Wc > P2 // 2 and P2 & (P2 - 1) == 0  # load ≤ ½, no larger than needed
-        if base == "decode_witness_dedup_zero":  # counts uint32 [2, B·n]
-            assert args[4].shape == (2, args[0].shape[0] * int(args[5]))
+        if base == "decode_witness_dedup_zero":  # counts uint32 [2, B·n], ke int32 [B·n]
+            B, n = args[0].shape[0], int(args[5])
+            assert args[4].shape == (2, B * n)
+            assert (type(args[6]) is np.uint64) == (type(args[7]) is np.uint64)
+            assert type(args[7]) is np.uint64 or (args[6].shape, args[7].shape) == ((B,), (B * n,))
     elif base == "decode_ring_advance":
         assert grid == (1,)
     elif base == "decode_ring_push":
@@ -1088,9 +1120,11 @@ class _FakeKernels:
                 seen.add(v)
         dst[:] = a
 
-    def decode_witness_dedup_zero(self, src, dst, Wc, P2, counts, n):
+    def decode_witness_dedup_zero(self, src, dst, Wc, P2, counts, n, lengths, ke):
         self.decode_witness_dedup(src, dst, Wc, P2)
         counts[...] = 0  # every block zeroes its request's rows: all of them
+        if ke is not None:
+            ke[:] = dec.visible_ends(lengths, int(n)).reshape(-1)
 
     def decode_step_finish(self, ids, out, ring, ctr, done, B, nK, h):
         assert int(done[0]) == 0  # re-armed by the previous launch's last block

@@ -330,17 +330,22 @@ extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
 // kZeroCounts (decode_witness_dedup_zero, docs/method.md §10 "No per-step host work"): block b
 // also zeroes its request's next_n entries of each of the step's two counters, counts[0, ·]
 // (the witness records) and counts[1, ·] (the scan's records), counts uint32 [2, R] with
-// R = B·next_n — the two memsets of the step, in the launch that precedes both readers.
+// R = B·next_n — the two memsets of the step, in the launch that precedes both readers — and,
+// where ke is not null, writes its rows' visible ends ke[b·n + j] = max(0, lengths[b] − n +
+// j + 1) as decode_layout does without its check.
 #define DEC_DEDUP_THREADS 1024
 template <bool kZeroCounts>
 __device__ __forceinline__ void dec_dedup(const int* src, int* dst, int Wc, int P2,
-                                          unsigned* counts, int next_n) {
+                                          unsigned* counts, int next_n, const int* lengths,
+                                          int* ke) {
   extern __shared__ int dd[];
   const int* in = src + (long long)blockIdx.x * Wc;
   int* row = dst + (long long)blockIdx.x * Wc;
   if (kZeroCounts && threadIdx.x < 2 * next_n) {
     const int R = gridDim.x * next_n, c = threadIdx.x / next_n, j = threadIdx.x % next_n;
     counts[(long long)c * R + (long long)blockIdx.x * next_n + j] = 0u;
+    if (ke != nullptr && c == 0)
+      ke[blockIdx.x * next_n + j] = max(0, lengths[blockIdx.x] - next_n + j + 1);
   }
   for (int i = threadIdx.x; i < P2; i += blockDim.x) dd[i] = -1;
   __syncthreads();
@@ -365,12 +370,13 @@ __device__ __forceinline__ void dec_dedup(const int* src, int* dst, int Wc, int 
 
 extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup(
     const int* src, int* dst, int Wc, int P2) {
-  dec_dedup<false>(src, dst, Wc, P2, nullptr, 0);
+  dec_dedup<false>(src, dst, Wc, P2, nullptr, 0, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_DEDUP_THREADS) decode_witness_dedup_zero(
-    const int* src, int* dst, int Wc, int P2, unsigned int* counts, int next_n) {
-  dec_dedup<true>(src, dst, Wc, P2, counts, next_n);
+    const int* src, int* dst, int Wc, int P2, unsigned int* counts, int next_n,
+    const int* lengths, int* ke) {
+  dec_dedup<true>(src, dst, Wc, P2, counts, next_n, lengths, ke);
 }
 
 // The witness ring (dosa_cupy/decode_ops.py): ring [B, h·nK] int32, slot s = ctr % h holds a
