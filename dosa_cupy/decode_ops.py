@@ -9,10 +9,12 @@ no host synchronization, which is what a CUDA graph capture needs (docs/method.m
 per-step host work").
 
 The witness ring: ``ring`` int32 [B, history·next_n·K] holds the last ``history`` steps'
-selections, slot ``ctr % history`` the newest; ``decode_ring_push`` writes a step's ids
-into the slot and ``decode_ring_advance`` moves the counter, both on the device, so a
-replayed graph rotates the slots by itself.  ``decode_witness_dedup`` turns the ring into
-a table of distinct witnesses (``witness_table``'s ids per row).
+selections; a step writes its ids into slot ``ctr % history`` and moves the counter, both
+on the device (``decode_step_finish``, which also writes the caller's int64 ids; with
+``STEP_FOLD`` off, ``decode_ring_push`` and ``decode_ring_advance``), so a replayed graph
+rotates the slots by itself.  ``decode_witness_dedup`` turns the ring into a table of
+distinct witnesses (``witness_table``'s ids per row); ``decode_witness_dedup_zero`` also
+zeroes the step's record counters and writes its visible ends.
 
 The paged cache's layout (``physical_rows``, ``page_rows``, ``gather_request_keys``) and the
 witness table live here too, below the selector (``dosa_cupy.decode``, which re-exports
