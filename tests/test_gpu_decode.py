@@ -396,6 +396,10 @@ def test_cupy_host_code_unchecked_layout_ends_by_the_dedup(fake_cupy, step_fold)
             assert np.array_equal(st.ids, dense)
             assert np.array_equal(st.stats.visible, dec.visible_ends(L, n))
             assert ("decode_layout" in mine) == (not step_fold or history == 0)
+            if step_fold and history:  # the step's decode.cu launches, nothing else
+                base = [re.sub(r"_mt\d$", "", c) for c in mine]
+                assert base == ["decode_witness_dedup_zero", "decode_witness", "decode_fused",
+                                "decode_step_finish"], base  # fmt: skip
             L = L + 1
 
 
