@@ -6,6 +6,8 @@ the selection kernel's two sources (docs/method.md §7, §9).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from dosa_ref.options import check_flag
@@ -67,18 +69,56 @@ WSEL_THREADS = 256  # csrc/select.cu
 NBIN = 2048
 
 
-def select_rows(logits, K, ks, ke):
-    """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range [ks, ke)
-    (int32 [Qn] each) of fp32 logits [Qn, N]; order score desc, id asc."""
+@dataclass(frozen=True)
+class RowsWork:
+    """Every device buffer of ``select_rows`` for ``rows`` rows of ``n`` logits and K
+    (``rows_work``): ids int32 [rows, K] (the result) and the selection's scratch; for the
+    wide selection also its histograms uint32 [2, rows, NBIN], state uint32 [rows, 4],
+    counts uint32 [rows] and records uint64 [rows, K + WIDE_EXTRA] (None otherwise).  A call
+    with it allocates nothing, so it can be captured in a CUDA graph."""
+
+    shape: tuple
+    ids: object
+    scr: tuple
+    hist: object = None
+    state: object = None
+    cnt: object = None
+    rec: object = None
+
+
+def _wide(rows: int, n: int) -> bool:
+    """Whether ``select_rows`` takes the wide selection for ``rows`` rows of ``n`` logits."""
+    return 0 < rows <= WIDE_ROWS and n >= WIDE_MIN_N
+
+
+def rows_work(rows: int, n: int, K: int) -> RowsWork:
+    """The buffers of ``select_rows`` on logits [rows, n] at K (``RowsWork``)."""
     cp = cupy_or_raise()
+    ids = cp.empty((rows, K), dtype=cp.int32)
+    if not _wide(rows, n):
+        return RowsWork((rows, n, K), ids, scratch(rows))
+    return RowsWork(
+        (rows, n, K), ids, scratch(rows), hist=cp.empty((2, rows, NBIN), dtype=cp.uint32),
+        state=cp.empty((rows, 4), dtype=cp.uint32), cnt=cp.empty(rows, dtype=cp.uint32),
+        rec=cp.empty((rows, K + WIDE_EXTRA), dtype=cp.uint64),
+    )  # fmt: skip
+
+
+def select_rows(logits, K, ks, ke, work: RowsWork | None = None):
+    """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range [ks, ke)
+    (int32 [Qn] each) of fp32 logits [Qn, N]; order score desc, id asc.  ``work``
+    (``rows_work(Qn, N, K)``): the buffers to use (the ids are ``work.ids``); else new."""
     Qn, N = logits.shape
-    ids = cp.empty((Qn, K), dtype=cp.int32)
+    if work is None:
+        work = rows_work(Qn, N, K)
+    elif work.shape != (Qn, N, K):
+        raise ValueError(f"work: built for {work.shape}, got logits {(Qn, N)} and K={K}")
     if Qn == 0:
-        return ids
-    if Qn <= WIDE_ROWS and N >= WIDE_MIN_N:
-        return _select_rows_wide(logits, K, ks, ke, ids)
-    _select_kernel(0, K, scratch(Qn), ids, None, rows=(logits, ks, ke))
-    return ids
+        return work.ids
+    if _wide(Qn, N):
+        return _select_rows_wide(logits, K, ks, ke, work)
+    _select_kernel(0, K, work.scr, work.ids, None, rows=(logits, ks, ke))
+    return work.ids
 
 
 def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> None:
@@ -152,16 +192,21 @@ def wide_blocks(n: int, rows: int) -> int:
     return max(1, min(-(-n // (8 * WSEL_THREADS)), -(-4 * num_sms() // rows)))
 
 
-def wide_cut(K: int, ks, ke, cnt, count):
+def wide_cut(K: int, ks, ke, cnt, count, hist=None, state=None):
     """The wide selection's threshold (docs/method.md §9 "Few long rows"): per row of the
     ranges [ks, ke) (int32 [rows]), ``count(level, state, hist)`` launches a histogram kernel
     of the row's score codes at that level into hist uint32 [rows, NBIN], and select_wide_cut
     cuts it, for levels 0 and 1.  Returns state uint32 [rows, 4] = {d1*, above, T, done};
-    cnt uint32 [rows] is zeroed (the compaction's counts)."""
+    cnt uint32 [rows] is zeroed (the compaction's counts).  ``hist`` uint32 [2, rows, NBIN]
+    (zeroed here) and ``state``: buffers to use, else new."""
     cp = cupy_or_raise()
     rows = int(ks.shape[0])
-    hist = cp.zeros((2, rows, NBIN), dtype=cp.uint32)
-    state = cp.empty((rows, 4), dtype=cp.uint32)
+    if hist is None:
+        hist = cp.zeros((2, rows, NBIN), dtype=cp.uint32)
+    else:
+        hist.fill(0)
+    if state is None:
+        state = cp.empty((rows, 4), dtype=cp.uint32)
     for level in (0, 1):
         count(level, state, hist[level])
         kernel("select_wide_cut")(
@@ -170,26 +215,24 @@ def wide_cut(K: int, ks, ke, cnt, count):
     return state
 
 
-def _select_rows_wide(logits, K, ks, ke, ids):
+def _select_rows_wide(logits, K, ks, ke, work: RowsWork):
     """select_rows for few long rows (docs/method.md §9 "Few long rows"): a two-level
     histogram of the score codes with many blocks per row finds a code T such that every
     key of the Top-K has code >= T; those keys' records are compacted and selected, and a
     row whose records did not fit is selected from its logits (select_kernel mode 2)."""
-    cp = cupy_or_raise()
     rows, N = logits.shape
-    cap = K + WIDE_EXTRA
+    cnt, rec = work.cnt, work.rec
+    cap = int(rec.shape[1])
     xb = wide_blocks(N, rows)
-    cnt = cp.empty(rows, dtype=cp.uint32)
-    rec = cp.empty((rows, cap), dtype=cp.uint64)
     ld = np.int64(N)
     state = wide_cut(K, ks, ke, cnt, lambda level, state, hist: kernel("select_wide_hist")(
         (xb, rows), (WSEL_THREADS,), (np.int32(level), logits, ld, ks, ke, state, hist)
-    ))  # fmt: skip
+    ), work.hist, work.state)  # fmt: skip
     kernel("select_wide_compact")(
         (xb, rows), (WSEL_THREADS,), (logits, ld, ks, ke, state, np.int64(cap), cnt, rec)
     )  # fmt: skip
-    _select_kernel(2, K, scratch(rows), ids, None, rows=(logits, ks, ke), recA=(rec, cnt))
-    return ids
+    _select_kernel(2, K, work.scr, work.ids, None, rows=(logits, ks, ke), recA=(rec, cnt))
+    return work.ids
 
 
 def select_records(K, recA, cntA, recB=None, cntB=None, want_ids=True, want_kth=False):

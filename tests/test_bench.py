@@ -1,6 +1,7 @@
 """``dosa bench`` without a GPU: sweep grid and order, parts, filter, memory sub-chunks,
 floors, markdown, --merge and plots on synthetic rows (CuPy is never imported here)."""
 
+import contextlib
 import json
 import sys
 import time
@@ -448,9 +449,18 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
         cols = np.arange(kp.shape[0])[None, :]
         return np.where((cols >= ks[:, None]) & (cols < ke[:, None]), s, -np.inf)
 
-    def select(lg, K, ks, ke):
+    def select(lg, K, ks, ke, work=None):  # dense.select_rows: each row's range [ks, ke)
+        lg = np.asarray(lg)
+        if ks is not None:
+            cols = np.arange(lg.shape[1])[None, :]
+            lg = np.where((cols >= np.asarray(ks)[:, None]) & (cols < np.asarray(ke)[:, None]),
+                          lg, -np.inf)  # fmt: skip
         ids = np.argsort(-lg, axis=1, kind="stable")[:, :K].astype(np.int32)
-        return np.where(np.take_along_axis(lg, ids, 1) > -np.inf, ids, -1)
+        ids = np.where(np.take_along_axis(lg, ids, 1) > -np.inf, ids, -1)
+        if work is None:
+            return ids
+        work.ids[...] = ids
+        return work.ids
 
     def topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None, scorer="f16"):
         chunk = chunk or q.shape[0]
@@ -491,6 +501,8 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
     monkeypatch.setattr(prepare, "pad_heads", lambda q, w, scorer="f16": (q, w))
     monkeypatch.setattr(scorer_mod, "dense_logits_raw", logits)
     monkeypatch.setattr(dense, "select_rows", select)
+    monkeypatch.setattr(dense, "rows_work", lambda rows, n, K: types.SimpleNamespace(
+        ids=np.full((rows, K), 3, np.int32)))  # fmt: skip
     monkeypatch.setattr(dense, "_dense_topk_raw", topk_raw)
     monkeypatch.setattr(dosa_cupy, "dosa_topk", route("dosa"))
     monkeypatch.setattr(dosa_cupy, "fused_topk", route("fused"))
@@ -874,7 +886,7 @@ def test_decode_key_floor_and_x_floor():
     xf = BD.x_floors({"dense_ms": 2 * fl, "dosa_ms": fl, "dg_logits_ms": None}, fl)
     assert xf == {"dense": pytest.approx(2.0), "dosa": pytest.approx(1.0), "dg_logits": None,
                   "dg_topk": None, "dosa_graph": None, "dg_graph": None, "dosa_b2b": None,
-                  "dg_b2b": None}  # fmt: skip
+                  "dg_b2b": None, "dg_select_b2b": None}  # fmt: skip
     assert BD.x_floors({"dense_ms": 1.0}, 0.0)["dense"] is None
 
 
@@ -931,7 +943,9 @@ def _fake_torch():
     t.topk = lambda x, K, dim=-1: types.SimpleNamespace(
         indices=np.argsort(-np.asarray(x), axis=dim, kind="stable")[..., :K].astype(np.int64)
     )
-    t.cuda = types.SimpleNamespace(empty_cache=lambda: None)
+    t.cuda = types.SimpleNamespace(
+        empty_cache=lambda: None, current_stream=lambda: types.SimpleNamespace(cuda_stream=0)
+    )
     return t
 
 
@@ -985,6 +999,7 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
     for name in ("zeros", "empty", "arange", "ascontiguousarray", "uint8", "float32"):
         setattr(cp, name, getattr(np, name))
     cp.asnumpy = cp.from_dlpack = np.asarray
+    cp.cuda.ExternalStream = lambda ptr: contextlib.nullcontext()  # torch's capture stream
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "deep_gemm", deep_gemm)
 
@@ -1053,12 +1068,16 @@ def test_decode_peers_with_fakes(monkeypatch):
     r = _decode_row(p)
     assert r["ids_equal"] and r["peer_errors"] == {} and r["peer_notes"] == []
     # warm-up + 3 steps, alone and + topk; the graph: warm-up, capture, 3 replays; back to
-    # back: a graph per step (3 captures), replayed in B2B_ROUNDS rounds
+    # back: a graph per step (3 captures), replayed in B2B_ROUNDS rounds; DeepGEMM + the
+    # project's selection the same way after one warm-up step
     b2b = 3 + BD.B2B_ROUNDS * 3
-    assert calls == {"meta": 4 + 5 + b2b, "logits": 2 * 4 + 5 + b2b}
+    assert calls == {"meta": 4 + 5 + b2b + 1 + b2b, "logits": 2 * 4 + 5 + b2b + 1 + b2b}
     assert r["dg_graph_overlap_min"] == 1.0 and r["dosa_graph_ids_equal"]
     assert r["dg_b2b_overlap_min"] == 1.0 and r["dosa_b2b_ids_equal"]
+    # the selection reads each row's range only: DeepGEMM's tail garbage is never selected
+    assert r["dg_select_overlap_min"] == 1.0
     assert len(r["dosa_b2b_ms_all"]) == len(r["dg_b2b_ms_all"]) == BD.B2B_ROUNDS
+    assert len(r["dg_select_b2b_ms_all"]) == BD.B2B_ROUNDS
     # the garbage past each row's end was masked: DeepGEMM's set == the dense route's
     assert r["dg_overlap_min"] == 1.0 and r["dg_overlap_pooled"] == 1.0
     assert r["own_select_ids_equal"] and r["own_torch_overlap_min"] == 1.0

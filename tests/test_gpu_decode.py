@@ -696,6 +696,12 @@ def test_gpu_wide_select_equals_host_sort(kind):
     finally:
         dm.WIDE_ROWS = old
     assert np.array_equal(one, got)
+    # with its buffers given (dense.rows_work), twice on the same buffers (the histograms
+    # zeroed again): the same ids
+    work = dm.rows_work(R, N, K)
+    for _ in range(2):
+        again = dm.select_rows(cp.asarray(x), K, cp.asarray(ks), cp.asarray(ke), work=work)
+        assert again is work.ids and np.array_equal(cp.asnumpy(again), got)
 
 
 @gpu

@@ -482,7 +482,16 @@ def test_host_launches_pass_the_check(monkeypatch, rows):
     dense.select_records(6, ra, ca, ra.copy(), ca.copy(), want_kth=True)
     dense.select_records(6, ra, ca, want_ids=False, want_kth=True)
     wide = np.zeros((2, dense.WIDE_MIN_N), np.float32)
-    dense.select_rows(wide, 5, ks[:2], np.full(2, dense.WIDE_MIN_N, np.int32))
+    wke = np.full(2, dense.WIDE_MIN_N, np.int32)
+    dense.select_rows(wide, 5, ks[:2], wke)
+    # with its buffers given (dense.rows_work, as a captured step passes them): the result
+    # is work.ids, and buffers built for another shape are refused
+    for x, kk, k in ((lg, ke, 7), (wide, wke, 5)):
+        work = dense.rows_work(x.shape[0], x.shape[1], k)
+        assert dense.select_rows(x, k, ks[: x.shape[0]], kk, work=work) is work.ids
+        assert (work.hist is None) == (x is lg)  # the wide selection's buffers only for it
+        with pytest.raises(ValueError, match="^work:"):
+            dense.select_rows(x, k + 1, ks[: x.shape[0]], kk, work=work)
     names = {n for n, _ in launched}
     assert names == {rows, "select_wide_hist", "select_wide_cut", "select_wide_compact"}
     assert all(len(raw.calls) == 1 for _, raw in launched)  # every launch reached "CuPy"

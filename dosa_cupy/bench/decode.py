@@ -177,7 +177,7 @@ def x_floors(res: dict, floor: float) -> dict:
     keys = {"dense": "dense_ms", "dosa": "dosa_ms", "dg_logits": "dg_logits_ms",
             "dg_topk": "dg_topk_ms", "dosa_graph": "dosa_graph_ms",
             "dg_graph": "dg_graph_ms", "dosa_b2b": "dosa_b2b_ms",
-            "dg_b2b": "dg_b2b_ms"}  # fmt: skip
+            "dg_b2b": "dg_b2b_ms", "dg_select_b2b": "dg_select_b2b_ms"}  # fmt: skip
     return {k: (res[v] / floor if res.get(v) is not None and floor else None)
             for k, v in keys.items()}  # fmt: skip
 
@@ -431,6 +431,8 @@ def graph_markdown(rows) -> str:
         ("DoSA b2b ms", lambda r: _cell(r.get("dosa_b2b_ms"))), ("×floor", _xf("dosa_b2b")),
         ("DG+topk b2b ms", lambda r: _cell(r.get("dg_b2b_ms"))), ("×floor", _xf("dg_b2b")),
         ("DG b2b / DoSA b2b", ratio("dosa_b2b_ms", "dg_b2b_ms")),
+        ("DG+select b2b ms", lambda r: _cell(r.get("dg_select_b2b_ms"))),
+        ("DG+select b2b / DoSA b2b", ratio("dosa_b2b_ms", "dg_select_b2b_ms")),
         ("DoSA graph ids == dense (per step, b2b)",
          lambda r: f"{r.get('dosa_graph_ids_equal')}, {r.get('dosa_b2b_ids_equal')}"),
     ]  # fmt: skip
@@ -442,7 +444,9 @@ def graph_markdown(rows) -> str:
         'timed). "b2b": one graph per step holding its input copies, the step and a copy '
         "of its output, the steps' graphs launched back to back and timed as a sequence "
         "(per step, median of rounds): the device time of a step inside a serving stack's "
-        "captured decode, without the host's launch gaps.\n\n"
+        "captured decode, without the host's launch gaps. \"DG+select\": DeepGEMM's "
+        "metadata + logits and the project's exact selection (`select_rows`) on them, "
+        "captured and timed back to back the same way.\n\n"
     )
     return md_table(intro, cols, [r for r in rows if r.get("dosa_graph_ms") is not None])
 

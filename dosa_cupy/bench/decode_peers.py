@@ -9,7 +9,10 @@ the decode benchmark's own steps and inputs:
 - ``dg_topk``: those logits with each row's tail past its visible end set to −inf, then
   ``torch.topk`` — a full Top-K route;
 - ``own_torch_topk`` vs ``own_select``: ``torch.topk`` and the project's exact selection
-  (``dosa_cupy.dense.select_rows``) on the same rows of the project's own decode logits.
+  (``dosa_cupy.dense.select_rows``) on the same rows of the project's own decode logits;
+- ``dg_graph`` / ``dg_b2b``: DeepGEMM + mask + topk captured in CUDA graphs, replayed per
+  step or back to back; ``dg_select_b2b``: DeepGEMM's logits + the project's exact selection
+  on them, captured and launched back to back the same way.
 
 DeepGEMM accumulates in another order than the project's canonical scorer, so its ids are
 compared with the dense route's as sets (``peers.set_overlap``), never bitwise.  A missing
@@ -232,6 +235,50 @@ def run_deepgemm_graph(p, c, timed) -> dict:
             **medians("dg_b2b", b2b), "dg_b2b_overlap_min": min(ov_b2b)}  # fmt: skip
 
 
+def _capture_stream(cp, torch):
+    """A CuPy stream on torch's current stream (inside ``torch.cuda.graph``: its capture
+    stream), so that CuPy's launches join the torch graph."""
+    return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+
+def run_deepgemm_select_graph(p, c, timed) -> dict:
+    """DeepGEMM's metadata + logits and the project's exact selection on them
+    (``dense.select_rows`` over each row's visible range [0, ke): the tail past it is never
+    read, so no mask) captured in one torch.cuda.CUDAGraph per step with its input copies,
+    the selection's buffers allocated before the captures (``dense.rows_work``), launched
+    back to back (``c["back_to_back"]``) as dg_b2b.  Returns dg_select_b2b_ms (+ ``_all``)
+    and dg_select_overlap_min (DeepGEMM's low bits differ: sets against the dense ids)."""
+    from dosa_cupy.dense import rows_work, select_rows
+
+    torch, cp, K = p.torch, c["cp"], c["K"]
+    steps = _dg_steps(p, c)
+    meta, logits, L = _dg_calls(p, c)
+    R = c["B"] * c["n"]
+    st = {k: steps[0][k].clone() for k in ("q", "w", "ctx")}
+    ke = cp.from_dlpack(st["ctx"]).reshape(R)  # the visible ends, a view of ctx
+    ks = cp.zeros(R, dtype=cp.int32)
+
+    def body(i, work):
+        for k in ("q", "w", "ctx"):
+            st[k].copy_(steps[i][k])
+        st["meta"] = meta(st)
+        lg = logits(st)
+        with _capture_stream(cp, torch):
+            select_rows(cp.from_dlpack(lg), K, ks, ke, work=work)
+        return work.ids
+
+    works = {i: rows_work(R, L, K) for i in c["idx"]}
+    for i in range(c["warm"]):  # eager warm-up: JIT builds outside the captures
+        body(i, works[c["idx"][0]])
+    # the graph's output stays CuPy's (work.ids): no exchange with torch inside the capture
+    whole = {i: torch_capture(torch, lambda i=i: body(i, works[i]))[0] for i in c["idx"]}
+    b2b = c["back_to_back"]([whole[i] for i in c["idx"]], lambda: None)
+    ov = [set_overlap(works[i].ids.astype(cp.int64),
+                      c["dense_ids"][i].reshape(R, K), cp)["overlap_min"]
+          for i in c["idx"]]  # fmt: skip
+    return {**medians("dg_select_b2b", b2b), "dg_select_overlap_min": min(ov)}
+
+
 def _own_step(p, c, i, timed):
     """Step ``i``: the project's decode logits (untimed) as [B·n, L], then select_rows and
     torch.topk on them, each timed: (select ms, topk ms, select ids int32 [B·n, K], topk ids
@@ -283,6 +330,7 @@ def medians(name: str, ts: list[float]) -> dict:
 PEER_KEYS = (
     "dg_meta_ms", "dg_logits_ms", "dg_topk_ms", "dg_overlap_min", "dg_overlap_pooled",
     "dg_graph_ms", "dg_graph_overlap_min", "dg_b2b_ms", "dg_b2b_overlap_min",
+    "dg_select_b2b_ms", "dg_select_overlap_min",
     "own_select_ms", "own_torch_topk_ms", "own_select_ids_equal", "own_torch_overlap_min",
 )  # fmt: skip
 
@@ -302,7 +350,11 @@ def run(p: DecodePeers | None, c: dict, timed, log) -> dict:
         return res
     routes = [("own_select", run_own_select)]
     if p.deep_gemm is not None:
-        routes[:0] = [("deepgemm", run_deepgemm), ("deepgemm_graph", run_deepgemm_graph)]
+        routes[:0] = [
+            ("deepgemm", run_deepgemm),
+            ("deepgemm_graph", run_deepgemm_graph),
+            ("deepgemm_select_graph", run_deepgemm_select_graph),
+        ]
     for name, fn in routes:
         try:
             res.update(fn(p, c, timed))
