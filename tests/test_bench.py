@@ -451,6 +451,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
 
     def select(lg, K, ks, ke, work=None):  # dense.select_rows: each row's range [ks, ke)
         lg = np.asarray(lg)
+        assert lg.flags.c_contiguous  # the kernels read rows of lg.shape[1] entries
         if ks is not None:
             cols = np.arange(lg.shape[1])[None, :]
             lg = np.where((cols >= np.asarray(ks)[:, None]) & (cols < np.asarray(ke)[:, None]),
@@ -1000,6 +1001,7 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
         setattr(cp, name, getattr(np, name))
     cp.asnumpy = cp.from_dlpack = np.asarray
     cp.cuda.ExternalStream = lambda ptr: contextlib.nullcontext()  # torch's capture stream
+    cp.lib = np.lib
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "deep_gemm", deep_gemm)
 
@@ -1069,9 +1071,10 @@ def test_decode_peers_with_fakes(monkeypatch):
     assert r["ids_equal"] and r["peer_errors"] == {} and r["peer_notes"] == []
     # warm-up + 3 steps, alone and + topk; the graph: warm-up, capture, 3 replays; back to
     # back: a graph per step (3 captures), replayed in B2B_ROUNDS rounds; DeepGEMM + the
-    # project's selection the same way after one warm-up step
+    # project's selection the same way after a call for its rows' shape and a warm-up step
     b2b = 3 + BD.B2B_ROUNDS * 3
-    assert calls == {"meta": 4 + 5 + b2b + 1 + b2b, "logits": 2 * 4 + 5 + b2b + 1 + b2b}
+    sel = 1 + 1 + b2b  # the rows' shape, one warm-up step, the graphs
+    assert calls == {"meta": 4 + 5 + b2b + sel, "logits": 2 * 4 + 5 + b2b + sel}
     assert r["dg_graph_overlap_min"] == 1.0 and r["dosa_graph_ids_equal"]
     assert r["dg_b2b_overlap_min"] == 1.0 and r["dosa_b2b_ids_equal"]
     # the selection reads each row's range only: DeepGEMM's tail garbage is never selected

@@ -241,6 +241,23 @@ def _capture_stream(cp, torch):
     return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
 
+def _rows_of(cp, lg):
+    """DeepGEMM's logits ``lg`` (torch fp32 [R, L]) as a C-contiguous CuPy array over the
+    same memory: its rows whole, [R, row stride] — DeepGEMM allocates each row padded to an
+    aligned length and returns the column slice [:, :L], which the selection kernels (rows
+    of ``logits.shape[1]`` entries) cannot take; a selection of each row's range [0, ke),
+    ke ≤ L, never reads the padding."""
+    x = cp.from_dlpack(lg)
+    if x.flags.c_contiguous:
+        return x
+    R, L = (int(v) for v in x.shape)
+    item = x.dtype.itemsize
+    stride = x.strides[0] // item
+    if x.strides[1] != item or stride < L:
+        raise ValueError(f"DeepGEMM logits: strides {x.strides} are not padded rows")
+    return cp.lib.stride_tricks.as_strided(x, shape=(R, stride), strides=(stride * item, item))
+
+
 def run_deepgemm_select_graph(p, c, timed) -> dict:
     """DeepGEMM's metadata + logits and the project's exact selection on them
     (``dense.select_rows`` over each row's visible range [0, ke): the tail past it is never
@@ -252,22 +269,26 @@ def run_deepgemm_select_graph(p, c, timed) -> dict:
 
     torch, cp, K = p.torch, c["cp"], c["K"]
     steps = _dg_steps(p, c)
-    meta, logits, L = _dg_calls(p, c)
+    meta, logits, _ = _dg_calls(p, c)
     R = c["B"] * c["n"]
     st = {k: steps[0][k].clone() for k in ("q", "w", "ctx")}
     ke = cp.from_dlpack(st["ctx"]).reshape(R)  # the visible ends, a view of ctx
     ks = cp.zeros(R, dtype=cp.int32)
 
-    def body(i, work):
+    def body(i, work=None):  # work None: the logits' rows, for their shape
         for k in ("q", "w", "ctx"):
             st[k].copy_(steps[i][k])
         st["meta"] = meta(st)
         lg = logits(st)
         with _capture_stream(cp, torch):
-            select_rows(cp.from_dlpack(lg), K, ks, ke, work=work)
+            rows = _rows_of(cp, lg)
+            if work is None:
+                return rows.shape
+            select_rows(rows, K, ks, ke, work=work)
         return work.ids
 
-    works = {i: rows_work(R, L, K) for i in c["idx"]}
+    shape = body(0)  # [R, DeepGEMM's row stride]: the selection's rows
+    works = {i: rows_work(*shape, K) for i in c["idx"]}
     for i in range(c["warm"]):  # eager warm-up: JIT builds outside the captures
         body(i, works[c["idx"][0]])
     # the graph's output stays CuPy's (work.ids): no exchange with torch inside the capture
