@@ -263,7 +263,8 @@ def run_deepgemm_select_graph(p, c, timed) -> dict:
     (``dense.select_rows`` over each row's visible range [0, ke): the tail past it is never
     read, so no mask) captured in one torch.cuda.CUDAGraph per step with its input copies,
     the selection's buffers allocated before the captures (``dense.rows_work``), launched
-    back to back (``c["back_to_back"]``) as dg_b2b.  Returns dg_select_b2b_ms (+ ``_all``)
+    back to back (``c["back_to_back"]``) as DeepGEMM + topk's are for dg_b2b_ms.  Returns
+    dg_select_b2b_ms (+ ``_all``)
     and dg_select_overlap_min (DeepGEMM's low bits differ: sets against the dense ids)."""
     from dosa_cupy.dense import rows_work, select_rows
 
