@@ -307,11 +307,11 @@ def paged_logits(q, w, kv_payload, kv_scale, block_table, lengths, *, check_valu
 
 def _dense_ids_raw(d):
     cp = cupy_or_raise()
-    from .dense import select_rows
+    from .dense import _select_rows
 
     lg = _logits_raw(d)
     R = lg.shape[0]
-    ids = select_rows(lg, d["K"], cp.zeros(R, dtype=cp.int32), d["ke"])
+    ids = _select_rows(lg, d["K"], cp.zeros(R, dtype=cp.int32), d["ke"])
     return ids.astype(cp.int64).reshape(d["B"], d["n"], d["K"])
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dosa_ref.options import check_flag
+from dosa_ref.validate import check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
 from .prepare import Batch, pad_batch
@@ -104,10 +105,45 @@ def rows_work(rows: int, n: int, K: int) -> RowsWork:
     )  # fmt: skip
 
 
-def select_rows(logits, K, ks, ke, work: RowsWork | None = None):
+SEL_KMAX = 4096  # csrc/select.cu SEL_KMAX: the selection kernel's largest K
+
+
+def select_rows(logits, K, ks=None, ke=None, work: RowsWork | None = None):
     """Exact Top-K ids (int32 [Qn, K], −1 padded) of each row's visible range [ks, ke)
-    (int32 [Qn] each) of fp32 logits [Qn, N]; order score desc, id asc.  ``work``
-    (``rows_work(Qn, N, K)``): the buffers to use (the ids are ``work.ids``); else new."""
+    of fp32 logits [Qn, N] (a C-contiguous CuPy array); order score desc, id asc.
+
+    ks, ke: int32 [Qn] device arrays with 0 ≤ ks ≤ ke ≤ N (None: 0 and N).  ``work``
+    (``rows_work(Qn, N, K)``): the buffers to use (the ids are ``work.ids``); else new.  Bad
+    input raises a ValueError naming the argument; the ranges are checked on the device
+    with one read-back (``_select_rows``, the library's own calls, checks nothing)."""
+    cp = cupy_or_raise()
+    check_K(K, max_K=SEL_KMAX, why="the selection kernel's limit")
+    if not isinstance(logits, cp.ndarray) or logits.dtype != np.float32 or logits.ndim != 2:
+        raise ValueError(f"logits: expected a float32 [Qn, N] CuPy array, got {_what(logits)}")
+    if not logits.flags.c_contiguous:
+        raise ValueError(f"logits: expected a C-contiguous array, strides {logits.strides}")
+    Qn, N = (int(x) for x in logits.shape)
+    ends = []
+    for name, a, fill in (("ks", ks, 0), ("ke", ke, N)):
+        if a is None:
+            a = cp.full(Qn, fill, dtype=cp.int32)
+        elif not isinstance(a, cp.ndarray) or a.dtype != np.int32 or a.shape != (Qn,):
+            raise ValueError(f"{name}: expected an int32 [{Qn}] CuPy array, got {_what(a)}")
+        ends.append(cp.ascontiguousarray(a))
+    ks, ke = ends
+    if Qn and bool(((ks < 0) | (ks > ke) | (ke > N)).any()):  # the one read-back
+        raise ValueError(f"ks, ke: every row needs 0 <= ks <= ke <= N = {N}")
+    return _select_rows(logits, int(K), ks, ke, work)
+
+
+def _what(a) -> str:
+    dt, sh = getattr(a, "dtype", None), getattr(a, "shape", None)
+    return f"{type(a).__name__} of dtype {dt} and shape {sh}" if sh is not None else repr(a)
+
+
+def _select_rows(logits, K, ks, ke, work: RowsWork | None = None):
+    """``select_rows`` without its checks: the library's own calls, whose inputs are valid
+    by construction (int32 [Qn] ranges within [0, N], float32 C-contiguous logits)."""
     Qn, N = logits.shape
     if work is None:
         work = rows_work(Qn, N, K)
@@ -292,7 +328,7 @@ def _dense_topk_raw(q, w, kp, ksc, K, ks, ke, chunk=None, scorer: str = "f16"):
     for a in range(0, Qn, chunk):
         b = min(Qn, a + chunk)
         lg = dense_logits_raw(q[a:b], w[a:b], kp, ksc, ks[a:b], ke[a:b], scorer)
-        out[a:b] = select_rows(lg, K, ks[a:b], ke[a:b])
+        out[a:b] = _select_rows(lg, K, ks[a:b], ke[a:b])
         del lg
     return out
 

@@ -19,7 +19,7 @@ import numpy as np
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
 from ._build import cupy_or_raise, device_const, kernel, tile
-from .dense import _NULL, dense_ids, select_records, select_rows
+from .dense import _NULL, _select_rows, dense_ids, select_records
 from .prepare import Batch, as_device
 from .scorer import FP8_SPEC, FP8_TILE, QG, ROWB
 from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
@@ -275,8 +275,8 @@ def anchor_ids(ab: Batch, segments: int = 1):
 
         lg = dense_logits_raw(ab.q, ab.w, ab.kp, ab.ksc, ab.ks, ab.ke, ab.scorer)
     if segments == 1:
-        return select_rows(lg, ab.K, ab.ks, ab.ke)
-    return segment_select(lg, ab.K, ab.ks, ab.ke, segments, select_rows, cupy_or_raise())
+        return _select_rows(lg, ab.K, ab.ks, ab.ke)
+    return segment_select(lg, ab.K, ab.ks, ab.ke, segments, _select_rows, cupy_or_raise())
 
 
 def segment_select(lg, K: int, ks, ke, segments: int, select, xp):

@@ -502,6 +502,7 @@ def _fake_gpu(monkeypatch, oom_shapes=()):
     monkeypatch.setattr(prepare, "pad_heads", lambda q, w, scorer="f16": (q, w))
     monkeypatch.setattr(scorer_mod, "dense_logits_raw", logits)
     monkeypatch.setattr(dense, "select_rows", select)
+    monkeypatch.setattr(dense, "_select_rows", select)
     monkeypatch.setattr(dense, "rows_work", lambda rows, n, K: types.SimpleNamespace(
         ids=np.full((rows, K), 3, np.int32)))  # fmt: skip
     monkeypatch.setattr(dense, "_dense_topk_raw", topk_raw)
@@ -932,6 +933,33 @@ class _TorchT(np.ndarray):
         np.copyto(self, np.asarray(src))
         return self
 
+    # the view methods of bench.peers.padded_rows (DeepGEMM's padded rows taken whole)
+    def _root(self):
+        a = self
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    def stride(self):
+        return tuple(s // self.itemsize for s in self.strides)
+
+    def storage_offset(self):
+        at = self.__array_interface__["data"][0] - self._root().__array_interface__["data"][0]
+        return at // self.itemsize
+
+    def element_size(self):
+        return self.itemsize
+
+    def untyped_storage(self):
+        return types.SimpleNamespace(nbytes=lambda: self._root().nbytes)
+
+    def as_strided(self, shape, strides):
+        st = tuple(s * self.itemsize for s in strides)
+        return np.lib.stride_tricks.as_strided(self, shape, st).view(_TorchT)
+
+    def contiguous(self):
+        return np.ascontiguousarray(self).view(_TorchT)
+
 
 def _fake_torch():
     import ml_dtypes
@@ -1001,7 +1029,6 @@ def _fake_decode(monkeypatch, torch=None, deep_gemm=None):
         setattr(cp, name, getattr(np, name))
     cp.asnumpy = cp.from_dlpack = np.asarray
     cp.cuda.ExternalStream = lambda ptr: contextlib.nullcontext()  # torch's capture stream
-    cp.lib = np.lib
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "deep_gemm", deep_gemm)
 

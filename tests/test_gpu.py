@@ -1086,7 +1086,7 @@ def test_public_ids_int64_cpu(monkeypatch):
     # the flags by the array path (tests/test_check_scales.py: the kernel sets the same word)
     monkeypatch.setattr(prep_mod, "SCALE_CHECK_KERNEL", False)
     monkeypatch.setattr(scorer_mod, "_dense_logits_raw", logits)  # the f16 route's and the check's
-    monkeypatch.setattr(dense_mod, "select_rows", select)
+    monkeypatch.setattr(dense_mod, "_select_rows", select)
     q, w, kp, ksc = _cpu_workload(16, Qn=4, N=300)
     ke = np.array([300, 100, 5, 0], np.int32)
     ids = dense_mod.dense_topk(q, w, kp, ksc, 8, None, ke)

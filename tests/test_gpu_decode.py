@@ -1224,7 +1224,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(dense_mod, "select_records_rank_into", _fake_select_rank_into)
     monkeypatch.setattr(dense_mod, "scratch", lambda rows: (rows, None))
     monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
-    monkeypatch.setattr(dense_mod, "select_rows", _fake_select_rows)
+    monkeypatch.setattr(dense_mod, "_select_rows", _fake_select_rows)
     return fk
 
 

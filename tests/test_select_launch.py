@@ -77,3 +77,39 @@ def test_wide_rows(launches):
     assert a["mode"] == 2 and a["logits"] is lg and a["ld"] == dense.WIDE_MIN_N
     assert a["capA"] == 5 + dense.WIDE_EXTRA and a["recA"].shape == (2, a["capA"])
     assert a["capB"] == 0 and a["ids_out"] is ids
+
+
+def _bad_rows_inputs():
+    lg = np.zeros((3, 100), np.float32)
+    ks, ke = np.zeros(3, np.int32), np.full(3, 100, np.int32)
+    good = dict(logits=lg, K=7, ks=ks, ke=ke)
+    return [
+        ("K", dict(good, K=0)), ("K", dict(good, K=dense.SEL_KMAX + 1)), ("K", dict(good, K=7.0)),
+        ("logits", dict(good, logits=lg.astype(np.float64))),
+        ("logits", dict(good, logits=lg[0])), ("logits", dict(good, logits=lg.tolist())),
+        ("logits", dict(good, logits=np.zeros((100, 3), np.float32).T)),
+        ("ks", dict(good, ks=ks.astype(np.int64))), ("ks", dict(good, ks=ks[:2])),
+        ("ke", dict(good, ke=ke.reshape(3, 1))),
+        ("ks, ke", dict(good, ke=np.array([100, 101, 5], np.int32))),  # past N
+        ("ks, ke", dict(good, ks=np.array([0, 6, 0], np.int32), ke=np.array([9, 5, 9], np.int32))),
+        ("ks, ke", dict(good, ks=np.array([-1, 0, 0], np.int32))),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,kw", _bad_rows_inputs())
+def test_select_rows_refuses_bad_input(launches, name, kw):
+    """The public selection of logits rows names the bad argument and launches nothing: a K
+    past the kernel's limit, logits that are not a float32 C-contiguous matrix, ranges of
+    another dtype or shape, or outside 0 <= ks <= ke <= N (a row read past its end would
+    select another row's keys)."""
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        dense.select_rows(**kw)
+    assert launches == []
+
+
+def test_select_rows_default_ranges(launches):
+    """ks, ke None: every row whole, [0, N)."""
+    lg = np.zeros((3, 100), np.float32)
+    dense.select_rows(lg, 7)
+    a = _sel(launches)
+    assert a["ks_"].tolist() == [0, 0, 0] and a["ke_"].tolist() == [100, 100, 100]

@@ -28,7 +28,7 @@ import numpy as np
 
 from dosa_cupy.decode_ops import PAGE, D  # PAGE is also DeepGEMM's block_kv on SM90
 
-from .peers import _why, set_overlap
+from .peers import _why, padded_rows, set_overlap
 from .timing import free
 
 
@@ -241,23 +241,6 @@ def _capture_stream(cp, torch):
     return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
 
-def _rows_of(cp, lg):
-    """DeepGEMM's logits ``lg`` (torch fp32 [R, L]) as a C-contiguous CuPy array over the
-    same memory: its rows whole, [R, row stride] — DeepGEMM allocates each row padded to an
-    aligned length and returns the column slice [:, :L], which the selection kernels (rows
-    of ``logits.shape[1]`` entries) cannot take; a selection of each row's range [0, ke),
-    ke ≤ L, never reads the padding."""
-    x = cp.from_dlpack(lg)
-    if x.flags.c_contiguous:
-        return x
-    R, L = (int(v) for v in x.shape)
-    item = x.dtype.itemsize
-    stride = x.strides[0] // item
-    if x.strides[1] != item or stride < L:
-        raise ValueError(f"DeepGEMM logits: strides {x.strides} are not padded rows")
-    return cp.lib.stride_tricks.as_strided(x, shape=(R, stride), strides=(stride * item, item))
-
-
 def run_deepgemm_select_graph(p, c, timed) -> dict:
     """DeepGEMM's metadata + logits and the project's exact selection on them
     (``dense.select_rows`` over each row's visible range [0, ke): the tail past it is never
@@ -266,7 +249,7 @@ def run_deepgemm_select_graph(p, c, timed) -> dict:
     back to back (``c["back_to_back"]``) as DeepGEMM + topk's are for dg_b2b_ms.  Returns
     dg_select_b2b_ms (+ ``_all``)
     and dg_select_overlap_min (DeepGEMM's low bits differ: sets against the dense ids)."""
-    from dosa_cupy.dense import rows_work, select_rows
+    from dosa_cupy.dense import _select_rows, rows_work
 
     torch, cp, K = p.torch, c["cp"], c["K"]
     steps = _dg_steps(p, c)
@@ -281,11 +264,11 @@ def run_deepgemm_select_graph(p, c, timed) -> dict:
             st[k].copy_(steps[i][k])
         st["meta"] = meta(st)
         lg = logits(st)
-        with _capture_stream(cp, torch):
-            rows = _rows_of(cp, lg)
+        with _capture_stream(cp, torch):  # DeepGEMM pads its rows: take them whole
+            rows = padded_rows(lg, cp)
             if work is None:
                 return rows.shape
-            select_rows(rows, K, ks, ke, work=work)
+            _select_rows(rows, K, ks, ke, work=work)
         return work.ids
 
     shape = body(0)  # [R, DeepGEMM's row stride]: the selection's rows
@@ -306,7 +289,7 @@ def _own_step(p, c, i, timed):
     torch.topk on them, each timed: (select ms, topk ms, select ids int32 [B·n, K], topk ids
     CuPy int64 [B·n, K]); the logits are dropped on return."""
     from dosa_cupy.decode import paged_logits, visible_ends
-    from dosa_cupy.dense import select_rows
+    from dosa_cupy.dense import _select_rows
 
     torch, cp, K = p.torch, c["cp"], c["K"]
     q, w = c["walk"][i]
@@ -315,7 +298,7 @@ def _own_step(p, c, i, timed):
     ke = cp.ascontiguousarray(visible_ends(c["lengths"][i], c["n"], cp).reshape(-1))
     ks = cp.zeros(ke.shape[0], dtype=cp.int32)
     tl = torch.from_dlpack(lg)
-    (t1,), (ids,) = timed(lambda _: select_rows(lg, K, ks, ke), [i])
+    (t1,), (ids,) = timed(lambda _: _select_rows(lg, K, ks, ke), [i])
     (t2,), (tk,) = timed(lambda _: torch.topk(tl, K, dim=-1).indices, [i])
     return t1, t2, ids, cp.from_dlpack(tk)
 

@@ -60,14 +60,14 @@ def discover(enabled: bool | None = None) -> Peers | None:
         return p
     import cupy as cp
 
-    from dosa_cupy.dense import select_rows
+    from dosa_cupy.dense import _select_rows
 
     def tv(x):
         return torch.as_tensor(x, device="cuda")
 
     p.from_own = torch.from_dlpack
     p.selects["torch.topk"] = lambda lg, c, K: cp.from_dlpack(torch.topk(lg, K, 1).indices)
-    p.selects["select_rows"] = lambda lg, c, K: select_rows(
+    p.selects["select_rows"] = lambda lg, c, K: _select_rows(
         padded_rows(lg, cp), K, c["ks"], c["ke"]
     )
     try:

@@ -109,7 +109,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
 
     import dosa_cupy
     from dosa_cupy import workload
-    from dosa_cupy.dense import _dense_topk_raw, select_rows
+    from dosa_cupy.dense import _dense_topk_raw, _select_rows
     from dosa_cupy.prepare import check_inputs, pad_heads
     from dosa_cupy.scorer import dense_logits_raw
 
@@ -200,9 +200,9 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     for c in dchunks[0]:
         lg = own_logits(c)
         arg = [(lg, c["ks"], c["ke"])]
-        m, _ = median_ms(cp, lambda a: select_rows(a[0], K, a[1], a[2]), reps, rotate=arg)
+        m, _ = median_ms(cp, lambda a: _select_rows(a[0], K, a[1], a[2]), reps, rotate=arg)
         sel_ms += m
-        ids_c = select_rows(lg, K, c["ks"], c["ke"])
+        ids_c = _select_rows(lg, K, c["ks"], c["ke"])
         dense_parts.append(ids_c)
         if torch is not None:
             tl = torch.from_dlpack(lg)
