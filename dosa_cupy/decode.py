@@ -492,7 +492,7 @@ class DecodeSelectorGPU:
             need = ops.max_count(cnt)  # the one host sync of a bounded buffer
             self.last_overflow = need > cap
             if self.last_overflow:  # exact extension: re-scan with the exact count
-                rec, cnt = ops.scan(d, thr, need, ws)
+                rec, cnt = ops.scan(d, thr, need, ws, again=True)
         ids, kth = ops.select(d, rec, cnt, return_stats, ws)
         # the witnesses of the next steps, and the ids into out (one launch with STEP_FOLD)
         dense_out = out.flags.c_contiguous

@@ -29,6 +29,7 @@ from collections import deque
 import numpy as np
 
 from ._build import KernelSpec, cupy_or_raise, kernel, num_sms
+from .dense import SEL_KMAX
 from .emulate import record_score
 from .scorer import FP8_SPEC, FP8_TILE, padded_heads
 
@@ -48,7 +49,7 @@ def scan_smem(tile: int, stages: int) -> int:
 
 SCAN_SMEM = scan_smem(SCAN_TILE, SCAN_STAGES)
 DEDUP_MAX = 1 << 14  # witnesses per request that decode_witness_dedup hashes in shared memory
-KMAX = 4096  # selection kernel limit (select.cu SEL_KMAX)
+KMAX = SEL_KMAX  # the selection kernel's limit
 DECODE = KernelSpec("decode.cu")  # decode.cu's own ring shape (SCAN_TILE, SCAN_STAGES)
 NONE = 2**31 - 1  # decode_layout: no violation
 
@@ -393,9 +394,9 @@ class Workspace:
         self.wit = cp.empty((B, Wc), dtype=cp.int32) if Wc else None
         self.wrec = cp.empty((R, Wc), dtype=cp.uint64) if Wc else None
         # the witnesses' and the scan's record counters side by side, so that one launch
-        # zeroes both (STEP_FOLD); ``zeroed``: whether they were zeroed since the last scan
+        # zeroes both (STEP_FOLD)
         self.counts = cp.zeros((2, R), dtype=cp.uint32)
-        self.wcnt, self.cnt, self.zeroed = self.counts[0], self.counts[1], False
+        self.wcnt, self.cnt = self.counts[0], self.counts[1]
         self.thr = cp.zeros(R, dtype=cp.uint64)  # stays 0 (every key) without history
         self.rec = cp.empty((R, cap), dtype=cp.uint64)
         self.ids = cp.empty((R, K), dtype=cp.int32)
@@ -465,15 +466,15 @@ class DeviceOps:
         if ws.ring is None:
             return ws.thr, ws.wcnt
         Wc = int(ws.ring.shape[1])
-        ws.zeroed = self.dedup_folds(ws)  # the dedup zeroes both counters
-        if ws.zeroed:  # and writes the visible ends that begin left to it
+        folds = self.dedup_folds(ws)  # the dedup zeroes both counters
+        if folds:  # and writes the visible ends that begin left to it
             ends = (d["lengths"], d["ke"]) if d.get("ke_later") else (None, None)
             dedup(ws.ring, ws.wit, ws.counts, d["n"], *ends)
         elif Wc <= DEDUP_MAX:
             dedup(ws.ring, ws.wit)
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
-        self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=ws.zeroed)
+        self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=folds)
         select_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
 
@@ -520,12 +521,14 @@ class DeviceOps:
         is at or above the code's (the lowest id part, 0)."""
         return code.astype(self.cp.uint64) << np.uint64(32)
 
-    def scan(self, d, thr, cap, ws):
+    def scan(self, d, thr, cap, ws, again: bool = False):
+        """The step's scan after ``tau``; ``again``: the exact extension's second scan (its
+        counters count from 0 again; the first scan's were zeroed by ``tau``'s dedup where
+        it folds, ``dedup_folds``)."""
         R = d["B"] * d["n"]
         rec = ws.rec if cap == ws.rec.shape[1] else self.cp.empty((R, cap), dtype=self.cp.uint64)
-        if not ws.zeroed:  # else zeroed by this step's dedup (STEP_FOLD)
+        if again or not self.dedup_folds(ws):
             ws.cnt.fill(0)
-        ws.zeroed = False  # an extension's scan counts again from 0
         scan(d, True, (thr, ws.cnt, rec, np.int64(cap)))
         return rec, ws.cnt
 
@@ -634,7 +637,7 @@ class NumpyOps:
 
         return union_floor(parts, K)
 
-    def scan(self, d, thr, cap, ws):
+    def scan(self, d, thr, cap, ws, again: bool = False):
         tau, kid = thr
         R = d["B"] * d["n"]
         rec, cnt = [], np.zeros(R, dtype=np.int64)

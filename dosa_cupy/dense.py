@@ -14,6 +14,7 @@ from dosa_ref.options import check_flag
 from dosa_ref.validate import check_K
 
 from ._build import cupy_or_raise, kernel, num_sms
+from ._signature import _what
 from .prepare import Batch, pad_batch
 from .scorer import dense_logits_raw
 
@@ -134,11 +135,6 @@ def select_rows(logits, K, ks=None, ke=None, work: RowsWork | None = None):
     if Qn and bool(((ks < 0) | (ks > ke) | (ke > N)).any()):  # the one read-back
         raise ValueError(f"ks, ke: every row needs 0 <= ks <= ke <= N = {N}")
     return _select_rows(logits, int(K), ks, ke, work)
-
-
-def _what(a) -> str:
-    dt, sh = getattr(a, "dtype", None), getattr(a, "shape", None)
-    return f"{type(a).__name__} of dtype {dt} and shape {sh}" if sh is not None else repr(a)
 
 
 def _select_rows(logits, K, ks, ke, work: RowsWork | None = None):

@@ -371,7 +371,7 @@ class DecodeShard:
         if sel.buffer is not None:
             need = ops.max_count(cnt)
             if need > cap:  # the exact extension, as in a step
-                rec, cnt = ops.scan(d, thr, need, ws)
+                rec, cnt = ops.scan(d, thr, need, ws, again=True)
         self.compacted = cnt
         ids, _ = ops.select(d, rec, cnt, False, ws)
         if sel.backend == "numpy":
