@@ -16,6 +16,7 @@ from .validate import check_K, check_qwk, check_ranges, check_scores
 __all__ = [
     "ENVELOPE_MAX",
     "SCORE_OVERFLOW",
+    "envelope_weights",
     "finite_envelope",
     "index_scores",
     "key_amax",
@@ -76,22 +77,29 @@ def key_amax(k: np.ndarray) -> float:
     return float(np.max(np.abs(k))) if k.size else 0.0
 
 
+def envelope_weights(w_t: np.ndarray) -> np.ndarray:
+    """float64 [H]: max(1, |w_h|), the head factors of ``finite_envelope``'s E (exact)."""
+    return np.maximum(np.abs(np.asarray(w_t, dtype=np.float64)), 1.0)
+
+
 def finite_envelope(q_t: np.ndarray, w_t: np.ndarray, k_amax: float) -> bool:
     """True when ``score_keys(q_t, w_t, k)`` is finite, every intermediate included, for
     every key with max |k_ij| ≤ ``k_amax`` (docs/method.md §1 "The scorer's domain").
 
     ``q_t`` float64 [H, D], ``w_t`` float64 [H].  The envelope
-    E = (Σ_h |w_h| ‖q_h‖_1) · k_amax bounds |q_h·k|·|w_h| summed over heads, and every
-    partial sum of score_keys is below (1 + γ_{D+H+1}) E in any summation order, FMA or
-    not; a computed E ≤ ``ENVELOPE_MAX`` = 2^1022 keeps that below DBL_MAX
-    (proofs/score_envelope.py).  False is no claim: the caller scores the query in full,
-    and ``score_keys`` then raises ``SCORE_OVERFLOW`` if a score is not finite.
+    E = (Σ_h max(1, |w_h|) ‖q_h‖_1) · k_amax bounds every head's dot |q_h·k| (the weight
+    floored at 1: a head of weight 0 or below 1 still computes its dot, and 0 · ∞ is NaN)
+    and |q_h·k|·|w_h| summed over heads, and every partial sum of score_keys is below
+    (1 + γ_{D+H+1}) E in any summation order, FMA or not; a computed E ≤ ``ENVELOPE_MAX`` =
+    2^1022 keeps that below DBL_MAX (proofs/score_envelope.py).  False is no claim: the
+    caller scores the query in full, and ``score_keys`` then raises ``SCORE_OVERFLOW`` if a
+    score is not finite.
     """
     H, D = q_t.shape
     if D + H + 2 > _ENVELOPE_TERMS_MAX:
         return False
     with np.errstate(over="ignore", invalid="ignore"):
-        e = float(np.abs(w_t) @ np.abs(q_t).sum(axis=1)) * float(k_amax)
+        e = float(envelope_weights(w_t) @ np.abs(q_t).sum(axis=1)) * float(k_amax)
     return bool(e <= ENVELOPE_MAX)  # False for inf and nan
 
 
