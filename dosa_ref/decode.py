@@ -49,12 +49,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .certificate import upper_bound
 from .options import check_flag
-from .scorer import score_keys, topk_of
-from .seeds import kth_score
+from .plan import activation_frequency, build_plan
+from .scorer import finite_envelope, key_amax, score_keys, topk_of
+from .seeds import kth_score, stride_sample
 from .validate import as_float_array, check_K, int_array
 
 __all__ = ["DecodeSelector", "DecodeStats", "DecodeStep"]
+
+PLAN_SAMPLE = 1024  # keys per row for the certificate plan's activation frequencies (§3)
 
 
 @dataclass
@@ -63,8 +67,10 @@ class DecodeStats:
 
     witnesses: visible witnesses scored for τ; tau: τ = τ_K(witnesses) (−inf when fewer
     than K); compacted: records written (visible keys with s ≥ τ); visible: |Ω|;
-    tau_final: the K-th selected score τ_K(Ω) (−inf when fewer than K visible).
-    Invariants: compacted ≥ min(K, visible), tau ≤ tau_final.
+    tau_final: the K-th selected score τ_K(Ω) (−inf when fewer than K visible);
+    scored: visible keys scored in full (|Ω| without the certificate screen, its survivors
+    with it: ``DecodeSelector(screen_r=…)``).
+    Invariants: compacted ≤ scored ≤ visible, compacted ≥ min(K, visible), tau ≤ tau_final.
     """
 
     witnesses: np.ndarray
@@ -72,11 +78,23 @@ class DecodeStats:
     compacted: np.ndarray
     visible: np.ndarray
     tau_final: np.ndarray
+    scored: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.scored is None:  # a scan scores every visible key
+            self.scored = np.array(self.visible, copy=True)
 
     @classmethod
     def empty(cls, B: int, n: int) -> DecodeStats:
         z = lambda: np.zeros((B, n), dtype=np.int64)
-        return cls(z(), np.full((B, n), -np.inf), z(), z(), np.full((B, n), -np.inf))
+        return cls(z(), np.full((B, n), -np.inf), z(), z(), np.full((B, n), -np.inf), z())
+
+    @property
+    def survival(self) -> float:
+        """Σ scored / Σ visible: the share of visible keys scored in full (1.0 without the
+        certificate screen; nan for an empty step)."""
+        n = int(self.visible.sum())
+        return float(self.scored.sum()) / n if n else float("nan")
 
     @property
     def compaction(self) -> float:
@@ -90,7 +108,9 @@ class DecodeStats:
             witnesses=int(self.witnesses.sum()),
             compacted=int(self.compacted.sum()),
             visible=int(self.visible.sum()),
+            scored=int(self.scored.sum()),
             compaction=self.compaction,
+            survival=self.survival,
         )
 
 
@@ -156,21 +176,33 @@ class DecodeSelector:
         within_step: also use the selections of queries 0..j−1 of the same request and
             step as witnesses for query j (safe for the same reason; default off, since a
             kernel scores the next_n queries of a step together).
+        screen_r: retained heads of the certificate screen (docs/method.md §10 "The
+            certificate in decode"; 1 ≤ screen_r < H); 0 (default): every visible key is
+            scored in full.  With r, a row with a threshold plans its r retained heads
+            (activation frequencies from ``PLAN_SAMPLE`` evenly spaced visible keys),
+            bounds every visible key by eq. (9) rounded up, and scores in full only the
+            keys whose bound is at least τ — the same ids, fewer keys scored
+            (``DecodeStats.scored``).
 
     State is per request slot ``b`` (the index along q's first axis).  A step with a
     larger B gives the new slots empty witnesses; ``reset()`` clears slots (efficiency
     only: stale witnesses are never wrong, see the module docstring).
     """
 
-    def __init__(self, K: int, history: int = 2, within_step: bool = False):
+    def __init__(self, K: int, history: int = 2, within_step: bool = False, screen_r: int = 0):
         self.K = check_K(K)
         if isinstance(history, bool) or not isinstance(history, (int, np.integer)):
             raise ValueError(f"history: expected a nonnegative integer, got {history!r}")
         if history < 0:
             raise ValueError(f"history: must be >= 0, got {history}")
         check_flag("within_step", within_step)
+        if isinstance(screen_r, bool) or not isinstance(screen_r, (int, np.integer)):
+            raise ValueError(f"screen_r: expected a nonnegative integer, got {screen_r!r}")
+        if screen_r < 0:
+            raise ValueError(f"screen_r: must be >= 0, got {screen_r}")
         self.history = int(history)
         self.within_step = bool(within_step)
+        self.screen_r = int(screen_r)
         self._hist: list[deque] = []
 
     # -- witness state -------------------------------------------------------------------
@@ -241,6 +273,8 @@ class DecodeSelector:
             raise ValueError(f"q: need next_n >= 1, got shape {q.shape}")
         if H < 1:
             raise ValueError(f"q: need at least one head, got shape {q.shape}")
+        if self.screen_r >= H:
+            raise ValueError(f"screen_r: must be below the {H} heads of q, got {self.screen_r}")
         if D < 1:
             raise ValueError(f"q: need head dimension D >= 1, got shape {q.shape}")
         if w.shape != (B, n, H):
@@ -277,17 +311,39 @@ class DecodeSelector:
         W = wit[(wit >= a) & (wit < e)]
         s_W = score_keys(q_t, w_t, kb[W])
         tau = kth_score(s_W, K)
-        # 3: full scoring of every visible key, compact writeback of s ≥ τ.
-        s = score_keys(q_t, w_t, kb[a:e])  # raises scorer.SCORE_OVERFLOW, as the brute force
-        if not np.array_equal(s[W - a], s_W):
+        # 3: full scoring of every visible key — or, with the certificate screen, of the
+        # keys whose bound reaches τ — and compact writeback of s ≥ τ.
+        vis = self._scored(q_t, w_t, kb, a, e, tau, W)
+        s = score_keys(q_t, w_t, kb[vis])  # raises scorer.SCORE_OVERFLOW, as the brute force
+        if not np.array_equal(s[np.searchsorted(vis, W)], s_W):
             # The proof needs the witness score to be the full scan's score of that key.
             raise RuntimeError("score_keys is not deterministic per key; τ would be unsafe")
         keep = s >= tau
-        c_ids = a + np.flatnonzero(keep).astype(np.int64)
+        c_ids = vis[keep]
         c_s = s[keep]
         st.witnesses[b, j] = W.size
         st.tau[b, j] = tau
         st.compacted[b, j] = c_ids.size
         st.visible[b, j] = e - a
+        st.scored[b, j] = vis.size
         # 4: exact selection over the compacted records (Theorem 1).
         return topk_of(c_s, c_ids, K)
+
+    def _scored(self, q_t, w_t, kb, a: int, e: int, tau: float, W) -> np.ndarray:
+        """The visible ids int64 (ascending) that the row scores in full: all of [a, e),
+        or with ``screen_r`` those whose certificate U_i (eq. (9), rounded up: U_i ≥ the
+        computed s_i, docs/method.md §6) is at least τ, plus the witnesses.  A key with
+        U_i < τ has s_i < τ ≤ τ_K(Ω), so it holds no record at or above τ (Theorem 1).
+        Witnesses stay (they may lie below τ, and step 3's check compares their scores).
+        A row whose scores the finiteness envelope cannot prove is scored in full, so the
+        step raises where the brute force raises (docs/method.md §1 "The scorer's domain")."""
+        ids = np.arange(a, e, dtype=np.int64)
+        if not self.screen_r or tau == -np.inf or e <= a:
+            return ids
+        k = kb[a:e]
+        if not finite_envelope(q_t, w_t, key_amax(k)):
+            return ids
+        p = activation_frequency(q_t, k[stride_sample(0, e - a, PLAN_SAMPLE)])
+        plan = build_plan(q_t, w_t, p, self.screen_r)
+        U = upper_bound(plan, k, rounding="up", q_t=q_t, w_t=w_t)
+        return np.union1d(ids[~(U < tau)], W)  # a NaN bound survives

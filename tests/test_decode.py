@@ -109,7 +109,8 @@ def walks(draw, data=None, mode=None, next_n=None, B=None, shared=None, short=Fa
         # Contexts grow by 0..next_n+1 keys; ks of the "ranges" mode jumps forward.
         L = np.minimum(L + rng.integers(0, n + 2, size=B), np.array(Ns))
         ks_walk = ks_walk + rng.integers(0, K + 1, size=B) * (rng.random(B) < 0.5)
-    cfg = dict(K=K, history=history, within_step=within)
+    screen_r = draw(st.integers(0, H - 1))
+    cfg = dict(K=K, history=history, within_step=within, screen_r=screen_r)
     params = dict(seed=seed, data=data, mode=mode, next_n=n, B=B, shared=shared, H=H, D=D)
     params.update(steps=steps, window=window, Ns=Ns, **cfg)
     return Walk(params, cfg, out)
@@ -140,7 +141,11 @@ def _run_walk(cfg, walk):
         s = res.stats
         np.testing.assert_array_equal(s.visible, ke - ks)
         assert np.all(s.compacted >= np.minimum(K, s.visible))
-        assert np.all(s.compacted <= s.visible)
+        assert np.all(s.compacted <= s.scored)
+        assert np.all(s.scored <= s.visible)
+        if not cfg["screen_r"]:
+            np.testing.assert_array_equal(s.scored, s.visible)
+        assert np.all(s.scored[s.tau == -np.inf] == s.visible[s.tau == -np.inf])
         assert np.all(s.witnesses <= s.visible)
         assert np.all((s.tau == -np.inf) == (s.witnesses < K))
         full = s.visible >= K
@@ -288,6 +293,54 @@ def test_compaction_on_coherent_walk(seed, n):
         L = L + n
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 2])
+def test_certificate_screen_prunes_and_stays_exact(seed, n):
+    # Heads close to one direction: the omitted heads project onto a retained anchor with a
+    # small residual (docs/method.md §4), so the bound is tight and most keys fall below τ.
+    rng = np.random.default_rng(seed)
+    B, H, D, K, N, r = 2, 8, 16, 8, 3000, 2
+    k = rng.standard_normal((N, D))
+    base = rng.standard_normal((B, n, 1, D))
+    q = base + 0.05 * rng.standard_normal((B, n, H, D))
+    w = np.abs(rng.standard_normal((B, n, H))) + 0.1
+    L = np.array([2500, 2900])
+    plain, screened = DecodeSelector(K), DecodeSelector(K, screen_r=r)
+    for t in range(4):
+        a, b = plain.step(q, w, k, L), screened.step(q, w, k, L)
+        want = topk_ids(
+            index_scores(
+                q.reshape(B * n, H, D),
+                w.reshape(B * n, H),
+                k,
+                ke=(L[:, None] - n + 1 + np.arange(n)).ravel(),
+            ),
+            K,
+        ).reshape(B, n, K)
+        np.testing.assert_array_equal(b.ids, want)
+        np.testing.assert_array_equal(a.ids, want)
+        np.testing.assert_array_equal(b.stats.tau, a.stats.tau)  # the same witnesses
+        np.testing.assert_array_equal(b.stats.compacted, a.stats.compacted)
+        if t == 0:
+            np.testing.assert_array_equal(b.stats.scored, b.stats.visible)
+        else:
+            assert b.stats.survival < 0.2, b.stats.totals()
+        q = q + 0.01 * rng.standard_normal(q.shape)
+        L = L + n
+
+
+@pytest.mark.parametrize("r", [-1, 1.5, True, "2"])
+def test_bad_screen_r_names_argument(r):
+    with pytest.raises(ValueError, match="screen_r"):
+        DecodeSelector(4, screen_r=r)
+
+
+def test_screen_r_must_leave_a_head_out():
+    q, w, k = np.ones((1, 1, 2, 3)), np.ones((1, 1, 2)), np.ones((5, 3))
+    with pytest.raises(ValueError, match="screen_r"):
+        DecodeSelector(2, screen_r=2).step(q, w, k, np.array([5]))
+
+
 def test_history_zero_disables_witnesses():
     rng = np.random.default_rng(0)
     k = rng.standard_normal((50, 4))
@@ -399,3 +452,20 @@ def test_score_overflow_is_rejected():
     q = np.full((1, 1, 1, 2), 1e200)
     with pytest.raises(ValueError, match="^q, w, k: a visible key.s score overflows float64"):
         DecodeSelector(1).step(q, np.ones((1, 1, 1)), k, np.array([4]))
+
+
+@pytest.mark.parametrize("screen_r", [0, 1])
+def test_overflow_of_a_zero_weight_head_raises_with_the_screen(screen_r):
+    # Head 1 has weight 0 and a dot that overflows on key 350 only (0 · ∞ is NaN): the brute
+    # force raises, so the screened step must too — the finiteness envelope floors each
+    # weight at 1 (docs/method.md §1), and a row it cannot prove is scored in full.
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((400, 4))
+    k[350] = 1e10
+    q = rng.standard_normal((1, 1, 2, 4))
+    q[0, 0, 1] = 1e300
+    w = np.array([[[1.0, 0.0]]])
+    sel = DecodeSelector(8, screen_r=screen_r)
+    sel.step(q, w, k, np.array([300]))  # key 350 not yet visible: witnesses, no error
+    with pytest.raises(ValueError, match="overflows float64"):
+        sel.step(q, w, k, np.array([400]))
