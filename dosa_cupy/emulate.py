@@ -15,6 +15,7 @@ __all__ = [
     "E4M3",
     "e4m3_bits",
     "e4m3_sq_units",
+    "decode_survival",
     "e4m3_values",
     "guard_bound_ru32",
     "record_order",
@@ -179,6 +180,58 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
         tau=tau,
         seed_top=top,
     )
+
+
+def decode_survival(q, w, k_payload, k_scale, ke, tau, *, r=14, p_sample=1024, scorer="fp8_fresh",
+                    screen="fp8_fresh") -> dict:  # fmt: skip
+    """CPU emulation of a certificate screen in decode (docs/method.md §10 "The certificate
+    in decode") for the rows of one request: each row's plan (``plan.build_plans`` with
+    numpy, r retained heads, activation frequencies from ``p_sample`` keys evenly spaced
+    over the request's visible keys; ``scorer`` / ``screen`` the arithmetic whose
+    allowances the bound carries, as in ``screen_survival``) and U^num = α(Û + ρC + ε_raw)
+    + ε_out against the row's threshold score; Û and the scores in float64 from the e4m3
+    values, so this predicts survival (not bits).  q uint8 [n, H, 128], w fp32 [n, H],
+    k_payload uint8 [N, 128] and k_scale fp32 [N] the request's keys in logical order, ke
+    int [n] the rows' visible ends, tau float [n] their thresholds (−inf: no threshold,
+    every visible key survives).  Returns dict(survival float [n] (survivors / visible),
+    survivors int [n], visible int [n], violations: visible (row, key) pairs with score >
+    U^num, must be 0)."""
+    from dosa_ref.fp8 import key_rms
+
+    from .plan import build_plans
+
+    q = np.asarray(q, dtype=np.uint8)
+    w = np.asarray(w, dtype=np.float32)
+    n, H, D = q.shape
+    Hp = -(-H // 16) * 16
+    if Hp != H:
+        q = np.concatenate([q, np.zeros((n, Hp - H, D), np.uint8)], axis=1)
+        w = np.concatenate([w, np.zeros((n, Hp - H), np.float32)], axis=1)
+    kp = np.asarray(k_payload, dtype=np.uint8)
+    alpha = np.asarray(k_scale, dtype=np.float64)
+    ke = np.asarray(ke, dtype=np.int64)
+    tau = np.asarray(tau, dtype=np.float64)
+    rho = key_rms(kp).astype(np.float64)
+    mts = 1 if r <= 14 else 2
+    last = 16 * (mts - 1)
+    out = dict(survival=np.zeros(n), survivors=np.zeros(n, np.int64), visible=ke.copy(),
+               violations=0)  # fmt: skip
+    for j in range(n):
+        e = int(ke[j])
+        kv = e4m3_values(kp[:e])
+        sample = np.linspace(0, e - 1, min(p_sample, e)).astype(np.int64) if e else None
+        pl = build_plans(q[j : j + 1], w[j : j + 1], kp[:e], sample, r, mts, xp=np,
+                         scorer=scorer, screen=screen)  # fmt: skip
+        X = e4m3_values(pl.rows[0]) @ kv.T  # [16·mts, e]
+        Uh = pl.omega[0].astype(np.float64) @ np.maximum(X, 0)
+        Uh -= float(pl.sigma[0]) * np.maximum(X[last + 7] + X[last + 15], 0)
+        U = alpha[:e] * (Uh + rho[:e] * pl.C[0] + pl.eps_raw[0]) + pl.eps_out
+        s = (w[j].astype(np.float64) @ np.maximum(e4m3_values(q[j]) @ kv.T, 0)) * alpha[:e]
+        out["violations"] += int((s > U).sum())
+        keep = ~(U < tau[j])
+        out["survivors"][j] = int(keep.sum())
+        out["survival"][j] = keep.sum() / e if e else 0.0
+    return out
 
 
 def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[dict]:
