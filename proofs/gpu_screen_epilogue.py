@@ -70,6 +70,15 @@ adversarial inputs (subnormal, cancelling, past the float32 range, zeros), check
 ``dosa_cupy.emulate.guard_bound_ru32`` (the kernel's bit-for-bit model, held to it by
 tests/test_gpu_screen_wgt.py) is that composition of exact upward roundings, and the
 inequality.
+
+The decode screen's order (``eval_dec``; docs/method.md §10 "The certificate in decode"; no
+kernel evaluates it yet — it is the order a screen in ``decode_scan_tma``'s layout would
+have, checked before the kernel is written): the plan's 16·mts rows are MMA columns, lane qd
+holds rows 8b + 2qd and 8b + 2qd + 1 of each block b of eight, runs one fmaf chain over them
+(the aux rows 16·mts − 9 and 16·mts − 1 are both lane 3's; its chain ends with the aux
+fmaf), and two butterfly adds give (c_0 + c_1) + (c_2 + c_3) in every lane.  A term passes
+through at most 4 + 2 = 6 roundings at mts = 1 and 8 + 2 = 10 at mts = 2 (lane 3's first
+term: 7 + 2), within γ_{2·mts+6} by the same argument (``check_dec``).
 """
 
 from __future__ import annotations
@@ -93,12 +102,14 @@ STATEMENT = (
     "screen_wgt_rows8 (γ_7 T): |Û_fl − Û| ≤ γ_8 T (plan g_scr at mts = 1); "
     "screen_wgt_rows32 (γ_7 T) ≤ γ_10 T (g_scr at mts = 2); the FP8 build on fresh e4m3 "
     "dots: |Û_fl(x̂) − Û(x)| ≤ g_scr A + (1 + γ_{2mts+6}) a_rows (plan screen='fp8_fresh'); "
-    "the fp32 guard: U32 ≥ α(Û + ρC + ε_raw) + ε_out"
+    "the fp32 guard: U32 ≥ α(Û + ρC + ε_raw) + ε_out; the decode screen's lane order "
+    "(γ_6 T / γ_10 T at mts = 1 / 2)"
 )
 
 U = Fraction(1, 2**24)
 DEPTH = 5  # roundings per term in both layouts at mts = 1
 DEPTH_WGT = {32: 7, 16: 6, 8: 7}  # screen_wgt.cu u_hat, per build (plan rows per query)
+DEPTH_DEC = {16: 6, 32: 10}  # the decode screen's lane order (eval_dec), per plan rows
 PLAN_DEPTH = 2 * 1 + 6  # plan.py: gamma(2 * mts + 6)
 
 
@@ -236,6 +247,27 @@ def eval_wgt32(x, w, sig) -> Fraction:
     return _eval_chains(x, w, sig, 32)
 
 
+def eval_dec(x, w, sig, n_rows: int) -> Fraction:
+    """The order a decode screen over ``decode_scan_tma``'s layout would evaluate Û in
+    (docs/records/notes.md "Session 36"; no kernel evaluates it yet): the plan's n_rows = 16·mts
+    rows are MMA columns, lane qd holds rows 8b + 2qd and 8b + 2qd + 1 of every block b of 8,
+    so each lane runs one chain over its rows in order (a product, then fmaf; the aux rows
+    n_rows − 9 and n_rows − 1 both fall in lane 3, whose chain ends with the aux fmaf), and
+    two butterfly adds (xor 1, then xor 2) give every lane (c_0 + c_1) + (c_2 + c_3)."""
+    aux = (n_rows - 9, n_rows - 1)
+    c = []
+    for qd in range(4):
+        mine = [8 * b + 2 * qd + h for b in range(n_rows // 8) for h in (0, 1)]
+        ret = [j for j in mine if j not in aux]
+        a = rn(w[ret[0]] * _relu(x[ret[0]]))
+        for j in ret[1:]:
+            a = rn(w[j] * _relu(x[j]) + a)  # fmaf: one rounding
+        if qd == 3:
+            a = rn(-sig * _relu(rn(x[aux[0]] + x[aux[1]])) + a)
+        c.append(a)
+    return rn(rn(c[0] + c[1]) + rn(c[2] + c[3]))
+
+
 def exact(x, w, sig, rows, aux=(7, 15)) -> tuple[Fraction, Fraction]:
     """(Û, T) of one query: retained rows ``rows``, aux rows ``aux``."""
     ret = sum((w[j] * _relu(x[j]) for j in rows), Fraction(0))
@@ -294,6 +326,23 @@ def check_wgt(x, w, sig, rows: int, context="") -> Result:
         got, kept = eval_wgt32(F, Wt, S), [j for j in range(32) if j not in aux]
     u_ex, T = exact(F, Wt, S, kept, aux)
     err, depth = abs(got - u_ex), DEPTH_WGT[rows]
+    au.ge(gamma(depth) * T, err, f"|Û_fl − Û| ≤ γ_{depth} T")
+    au.ge(gamma(plan_depth) * T, gamma(depth) * T, f"γ_{depth} T ≤ γ_{{2mts+6}} T")
+    if T > 0:
+        au.track("err / (u T)", float(err / (U * T)))
+    return au.result()
+
+
+def check_dec(x, w, sig, rows: int, context="") -> Result:
+    """``eval_dec`` on one query's plan of ``rows`` = 16 or 32 rows (x, w: that many fp32
+    values, sig ≥ 0): within γ_{DEPTH_DEC[rows]} T, and DEPTH_DEC[rows] ≤ 2·mts + 6."""
+    au = Audit(NAME, tightness=False, context=context)
+    F = [Fraction(float(np.float32(v))) for v in x]
+    Wt = [Fraction(float(np.float32(v))) for v in w]
+    S = Fraction(float(np.float32(sig)))
+    aux = (rows - 9, rows - 1)
+    u_ex, T = exact(F, Wt, S, [j for j in range(rows) if j not in aux], aux)
+    err, depth, plan_depth = abs(eval_dec(F, Wt, S, rows) - u_ex), DEPTH_DEC[rows], rows // 8 + 6
     au.ge(gamma(depth) * T, err, f"|Û_fl − Û| ≤ γ_{depth} T")
     au.ge(gamma(plan_depth) * T, gamma(depth) * T, f"γ_{depth} T ≤ γ_{{2mts+6}} T")
     if T > 0:
@@ -493,7 +542,7 @@ def _fp32(rng, n, lo_exp, hi_exp, signed=True):
 
 def cases(rng: np.random.Generator) -> list[dict]:
     out = []
-    for layout in ("mt1", "pair", "wgt16", "wgt8", "wgt32"):
+    for layout in ("mt1", "pair", "wgt16", "wgt8", "wgt32", "dec16", "dec32"):
         for trial in range(60):
             kind = trial % 5
             q = []
@@ -524,11 +573,12 @@ def cases(rng: np.random.Generator) -> list[dict]:
                 (x, w, s), (xb, wb, sb) = q
                 out.append(dict(x=x, w=w, sig=s, xb=xb, wb=wb, sigb=sb,
                                 context=f"pair kind {kind} #{trial}"))  # fmt: skip
-            elif layout.startswith("wgt"):
+            elif layout.startswith(("wgt", "dec")):
                 x, w, s = q[0]
-                if layout == "wgt32":  # an mts = 2 plan: the same kinds of rows twice over
+                if layout.endswith("32"):  # an mts = 2 plan: the same kinds of rows twice over
                     x, w = np.concatenate([x, x[::-1]]), np.concatenate([w, w])
-                out.append(dict(_check="check_wgt", x=x, w=w, sig=s, rows=int(layout[3:]),
+                fn = "check_wgt" if layout.startswith("wgt") else "check_dec"
+                out.append(dict(_check=fn, x=x, w=w, sig=s, rows=int(layout[3:]),
                                 context=f"{layout} kind {kind} #{trial}"))  # fmt: skip
             else:
                 x, w, s = q[0]
