@@ -85,6 +85,31 @@ def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:
     return ids[order[:K]]
 
 
+def _padded_heads(q, w):
+    """(q uint8 [Qn, Hp, D], w fp32 [Qn, Hp]) with the heads padded by zeros to Hp = a multiple
+    of 16, as the kernels take them (exact +0 terms)."""
+    q = np.asarray(q, dtype=np.uint8)
+    w = np.asarray(w, dtype=np.float32)
+    Qn, H, D = q.shape
+    Hp = -(-H // 16) * 16
+    if Hp != H:
+        q = np.concatenate([q, np.zeros((Qn, Hp - H, D), np.uint8)], axis=1)
+        w = np.concatenate([w, np.zeros((Qn, Hp - H), np.float32)], axis=1)
+    return q, w
+
+
+def _u_num(pl, kv, alpha, rho, mts: int) -> np.ndarray:
+    """float64 [Qn, n]: U^num = α(Û + ρC + ε_raw) + ε_out of the plans ``pl`` (``plan.
+    build_plans``, mts row tiles) for keys of e4m3 values kv float64 [n, 128], scales alpha
+    and RMS summaries rho float64 [n]; Û in float64 (docs/method.md §8)."""
+    X = np.einsum("tjd,nd->tjn", e4m3_values(pl.rows), kv)
+    last = 16 * (mts - 1)
+    aux = X[:, last + 7] + X[:, last + 15]
+    Uh = np.einsum("tj,tjn->tn", pl.omega.astype(np.float64), np.maximum(X, 0))
+    Uh -= pl.sigma.astype(np.float64)[:, None] * np.maximum(aux, 0)
+    return alpha[None] * (Uh + rho[None] * pl.C[:, None] + pl.eps_raw[:, None]) + pl.eps_out
+
+
 def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, window=2048,
                     sinks=16, n_anchors=4, p_sample=256, scorer="f16", screen="f16",
                     tau_floor=None, anchor_segments=1, rows=None):  # fmt: skip
@@ -111,13 +136,8 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
 
     from .plan import build_plans
 
-    q = np.asarray(q, dtype=np.uint8)
-    w = np.asarray(w, dtype=np.float32)
-    Qn, H, D = q.shape
-    Hp = -(-H // 16) * 16
-    if Hp != H:
-        q = np.concatenate([q, np.zeros((Qn, Hp - H, D), np.uint8)], axis=1)
-        w = np.concatenate([w, np.zeros((Qn, Hp - H), np.float32)], axis=1)
+    q, w = _padded_heads(q, w)
+    Qn = q.shape[0]
     kp = np.asarray(k_payload, dtype=np.uint8)
     N = kp.shape[0]
     alpha = np.asarray(k_scale, dtype=np.float64)
@@ -163,13 +183,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     ns = min(p_sample, pool.size)
     sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
     pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np, scorer=scorer, screen=screen)
-    X = np.einsum("tjd,nd->tjn", e4m3_values(pl.rows), kv)
-    last = 16 * (mts - 1)
-    aux = X[:, last + 7] + X[:, last + 15]
-    Uh = np.einsum("tj,tjn->tn", pl.omega.astype(np.float64), np.maximum(X, 0))
-    Uh -= pl.sigma.astype(np.float64)[:, None] * np.maximum(aux, 0)
-    rho = key_rms(kp).astype(np.float64)
-    U = alpha[None] * (Uh + rho[None] * pl.C[:, None] + pl.eps_raw[:, None]) + pl.eps_out
+    U = _u_num(pl, kv, alpha, key_rms(kp).astype(np.float64), mts)
     screened = vis & ~seed
     surv = screened & ~(U < tau[:, None])
     return dict(
@@ -200,20 +214,14 @@ def decode_survival(q, w, k_payload, k_scale, ke, tau, *, r=14, p_sample=1024, s
 
     from .plan import build_plans
 
-    q = np.asarray(q, dtype=np.uint8)
-    w = np.asarray(w, dtype=np.float32)
-    n, H, D = q.shape
-    Hp = -(-H // 16) * 16
-    if Hp != H:
-        q = np.concatenate([q, np.zeros((n, Hp - H, D), np.uint8)], axis=1)
-        w = np.concatenate([w, np.zeros((n, Hp - H), np.float32)], axis=1)
+    q, w = _padded_heads(q, w)
+    n = q.shape[0]
     kp = np.asarray(k_payload, dtype=np.uint8)
     alpha = np.asarray(k_scale, dtype=np.float64)
     ke = np.asarray(ke, dtype=np.int64)
     tau = np.asarray(tau, dtype=np.float64)
     rho = key_rms(kp).astype(np.float64)
     mts = 1 if r <= 14 else 2
-    last = 16 * (mts - 1)
     out = dict(survival=np.zeros(n), survivors=np.zeros(n, np.int64), visible=ke.copy(),
                violations=0)  # fmt: skip
     for j in range(n):
@@ -222,10 +230,7 @@ def decode_survival(q, w, k_payload, k_scale, ke, tau, *, r=14, p_sample=1024, s
         sample = np.linspace(0, e - 1, min(p_sample, e)).astype(np.int64) if e else None
         pl = build_plans(q[j : j + 1], w[j : j + 1], kp[:e], sample, r, mts, xp=np,
                          scorer=scorer, screen=screen)  # fmt: skip
-        X = e4m3_values(pl.rows[0]) @ kv.T  # [16·mts, e]
-        Uh = pl.omega[0].astype(np.float64) @ np.maximum(X, 0)
-        Uh -= float(pl.sigma[0]) * np.maximum(X[last + 7] + X[last + 15], 0)
-        U = alpha[:e] * (Uh + rho[:e] * pl.C[0] + pl.eps_raw[0]) + pl.eps_out
+        U = _u_num(pl, kv, alpha[:e], rho[:e], mts)[0]
         s = (w[j].astype(np.float64) @ np.maximum(e4m3_values(q[j]) @ kv.T, 0)) * alpha[:e]
         out["violations"] += int((s > U).sum())
         keep = ~(U < tau[j])

@@ -126,6 +126,16 @@ def _brute(kw, ks, ke, K):
     return out
 
 
+def _brute_lengths(q, w, k, L, K):
+    """The brute force of a step over shared keys ``k`` with context lengths ``L`` (query j
+    of request b sees [0, L[b] − next_n + j + 1)): int64 [B, next_n, K]."""
+    B, n, H, D = q.shape
+    ke = (np.asarray(L)[:, None] - n + 1 + np.arange(n)).ravel()
+    return topk_ids(index_scores(q.reshape(B * n, H, D), w.reshape(B * n, H), k, ke=ke), K).reshape(
+        B, n, K
+    )
+
+
 def _run_walk(cfg, walk):
     """Run the walk, check every step against brute force and the stats invariants."""
     K, history = cfg["K"], cfg["history"]
@@ -271,15 +281,7 @@ def test_compaction_on_coherent_walk(seed, n):
     sel = DecodeSelector(K)
     for t in range(6):
         res = sel.step(q, w, k, L)
-        want = topk_ids(
-            index_scores(
-                q.reshape(B * n, H, D),
-                w.reshape(B * n, H),
-                k,
-                ke=(L[:, None] - n + 1 + np.arange(n)).ravel(),
-            ),
-            K,
-        ).reshape(B, n, K)
+        want = _brute_lengths(q, w, k, L, K)
         np.testing.assert_array_equal(res.ids, want)
         s = res.stats
         if t == 0:
@@ -308,15 +310,7 @@ def test_certificate_screen_prunes_and_stays_exact(seed, n):
     plain, screened = DecodeSelector(K), DecodeSelector(K, screen_r=r)
     for t in range(4):
         a, b = plain.step(q, w, k, L), screened.step(q, w, k, L)
-        want = topk_ids(
-            index_scores(
-                q.reshape(B * n, H, D),
-                w.reshape(B * n, H),
-                k,
-                ke=(L[:, None] - n + 1 + np.arange(n)).ravel(),
-            ),
-            K,
-        ).reshape(B, n, K)
+        want = _brute_lengths(q, w, k, L, K)
         np.testing.assert_array_equal(b.ids, want)
         np.testing.assert_array_equal(a.ids, want)
         np.testing.assert_array_equal(b.stats.tau, a.stats.tau)  # the same witnesses
