@@ -511,5 +511,6 @@ class DecodeSelectorGPU:
                 compacted=host(cnt).astype(np.int64).reshape(B, n),
                 visible=host(d["ke"]).astype(np.int64).reshape(B, n),
                 tau_final=np.asarray(kth, dtype=np.float64).reshape(B, n),
+                scored=None if (sc := ops.scored(d, ws)) is None else sc.reshape(B, n),
             )
         return DecodeStep(ids=out, stats=st)

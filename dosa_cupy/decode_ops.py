@@ -220,6 +220,95 @@ def scan_fp8_tma(d, fused: bool, tail: tuple) -> None:
     )  # fmt: skip
 
 
+# The decode screen (csrc/score_fp8.cu decode_screen_tma and decode_survivors_fp8;
+# docs/method.md §10 "The certificate in decode"): None — a step's scan scores every visible
+# key — or r, the retained heads of each row's plan: a step on the FP8 scorer then plans its
+# rows (``plan.build_plans_fused`` for the FP8 screen's dots, ``screen_step``), screens the
+# request's pages fed by TMA with those plans against the rows' thresholds, and scores only
+# the survivors, appending the records at or above the threshold as the scan does — the
+# same records, so the same ids.  Under trial (bench builds screen14, screen30): not the
+# default until a GPU has measured it.
+SCREEN_R: int | None = None
+SCREEN_SAMPLE = 1024  # the plans' activation-frequency sample: cache rows evenly spaced
+
+
+def screen_wanted(d) -> bool:
+    """Whether a step of ``d`` (check_decode_inputs' dict) screens (``SCREEN_R``): the FP8
+    scorer and a cache the bulk copies can read (16-byte aligned)."""
+    return SCREEN_R is not None and d["scorer"] == "fp8" and _aligned16(d["kv"], d["scale"])
+
+
+class ScreenBuffers:
+    """The decode screen's buffers of one step shape: the rows' plans (the arrays of
+    ``build_plans_fused``, written again every step), the plans' sample of cache rows, and
+    the survivors — ids int32 [B, L] (room for every visible key) and counts uint32 [B]."""
+
+    def __init__(self, B: int, L: int, r: int):
+        cp = cupy_or_raise()
+        self.r, self.mts = int(r), 1 if r <= 14 else 2
+        self.plan = None  # the first step's plan: its arrays are reused (build_plans_fused out)
+        self.sample, self.sample_rows = None, -1
+        self.sids = cp.empty((B, L), dtype=cp.int32)
+        self.scount = cp.zeros(B, dtype=cp.uint32)
+
+    def sample_of(self, rows: int):
+        """int32 [min(SCREEN_SAMPLE, rows)]: cache rows evenly spaced over [0, rows) (made
+        once per cache size)."""
+        if rows != self.sample_rows:
+            cp = cupy_or_raise()
+            ns = max(1, min(SCREEN_SAMPLE, rows))
+            self.sample = (cp.arange(ns, dtype=cp.int64) * (rows - 1) // max(ns - 1, 1)).astype(
+                cp.int32
+            )
+            self.sample_rows = rows
+        return self.sample
+
+
+def screen_step(d, thr, ws) -> None:
+    """The screen of a step (after ``DeviceOps.tau``): plans of its R rows with SCREEN_R
+    retained heads (``plan.build_plans_fused``, the canonical scorer's and the FP8 screen's
+    allowances, activation frequencies from ``ScreenBuffers.sample_of``: any sample gives a
+    valid plan), then decode_screen_tma_r{16·mts}_n{next_n} — grid (gx, B) as the TMA scan,
+    one block per SM — appending each request's survivors to ``ws.scr``."""
+    from .plan import build_plans_fused
+    from .scorer import MMA_BITS, plan_scorer
+    from .tma import tensor_map_2d
+
+    B, n, L = d["B"], d["n"], d["L"]
+    if ws.scr is None or ws.scr.r != SCREEN_R or ws.scr.sids.shape != (B, L):
+        ws.scr = ScreenBuffers(B, L, SCREEN_R)
+    s = ws.scr
+    arith = plan_scorer(d["scorer"])
+    s.plan = pl = build_plans_fused(d["q"], d["w"], d["kv"], s.sample_of(int(d["kv"].shape[0])),
+                                    s.r, s.mts, MMA_BITS, arith, arith, out=s.plan)  # fmt: skip
+    s.scount.fill(0)
+    nc = n * 16 * s.mts
+    smem = fp8_tma_smem(nc)
+    gx = tma_blocks_per_request(B, -(-L // FP8_TILE), num_sms())
+    kernel(f"decode_screen_tma_r{16 * s.mts}_n{n}", smem, FP8_SPEC)(
+        (gx, B), (128 * (1 + FP8_TMA_CWG),),
+        (tensor_map_2d(d["kv"], 64, 128), pl.rows, pl.omega, pl.sigma, pl.C, pl.eps_raw,
+         np.float64(pl.eps_out), pl.scratch[0], d["scale"], d["block_table"],
+         np.int32(d["max_blocks"]), d["ke"], np.int32(n), thr, s.scount, s.sids, np.int64(L)),
+        shared_mem=smem,
+    )  # fmt: skip
+
+
+def score_survivors(d, thr, cnt, rec, cap: int, scr) -> None:
+    """decode_survivors_fp8_h{Hp}: every row's records at or above its threshold among its
+    request's survivors (``scr``), into rec [R, cap] with counts cnt [R] (zeroed by the
+    caller; they count past cap) — grid (gx, R), gx as the witnesses' blocks for a row of L
+    ids (a block exits when its tiles hold no survivor)."""
+    R = d["B"] * d["n"]
+    gx = witness_blocks(-(-d["L"] // FP8_TILE), R, num_sms())
+    kernel(f"decode_survivors_fp8_h{d['Hp']}", 0, FP8_SPEC)(
+        (gx, R), (128,),
+        (d["q"], d["w"], d["kv"], d["scale"], d["block_table"], np.int32(d["max_blocks"]),
+         d["ke"], np.int32(d["n"]), scr.scount, scr.sids, np.int64(scr.sids.shape[1]), thr, cnt,
+         rec, np.int64(cap)),
+    )  # fmt: skip
+
+
 def layout_device(L, bt, mb: int, nb: int, n: int, check: bool, bufs=None):
     """ke int32 [B·n] by the decode_layout kernel and, when ``check``, its layout verdict
     read back in one transfer (ValueError naming the argument, as the host check).
@@ -402,6 +491,8 @@ class Workspace:
         self.ids = cp.empty((R, K), dtype=cp.int32)
         self.kth = cp.empty(R, dtype=cp.uint64)
         self.scratch = scratch(R)
+        self.scr = None  # the decode screen's buffers (ScreenBuffers), made by its first step
+        self.screened = False  # whether the last step's scan was the screen
 
     def witnesses(self, b: int) -> np.ndarray:
         if self.ring is None or not 0 <= b < self.ring.shape[0]:
@@ -529,8 +620,23 @@ class DeviceOps:
         rec = ws.rec if cap == ws.rec.shape[1] else self.cp.empty((R, cap), dtype=self.cp.uint64)
         if again or not self.dedup_folds(ws):
             ws.cnt.fill(0)
-        scan(d, True, (thr, ws.cnt, rec, np.int64(cap)))
+        ws.screened = screen_wanted(d)
+        if ws.screened:  # the screen, then its survivors (the extension: those again)
+            if not again:
+                screen_step(d, thr, ws)
+            score_survivors(d, thr, ws.cnt, rec, cap, ws.scr)
+        else:
+            scan(d, True, (thr, ws.cnt, rec, np.int64(cap)))
         return rec, ws.cnt
+
+    def scored(self, d, ws):
+        """int64 [R] (host): the keys each row scored in full — after a screened step, its
+        request's survivors within the row's visible end; None after a scan (every visible
+        key)."""
+        if not getattr(ws, "screened", False):
+            return None
+        sc = self.cp.asnumpy(ws.scr.scount).astype(np.int64)
+        return np.minimum(np.repeat(sc, d["n"]), self.cp.asnumpy(d["ke"]).astype(np.int64))
 
     def select(self, d, rec, cnt, want_kth, ws):
         select_into(d["K"], rec, cnt, ws.ids, ws.kth if want_kth else None, ws.scratch)
@@ -662,6 +768,10 @@ class NumpyOps:
 
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
+
+    def scored(self, d, ws):
+        """None: the emulation scores every visible key (the screen changes no id)."""
+        return None
 
     def thr_score(self, thr) -> np.ndarray:
         return np.asarray(thr[0], dtype=np.float64)

@@ -15,6 +15,8 @@ __all__ = [
     "E4M3",
     "e4m3_bits",
     "e4m3_sq_units",
+    "decode_key_rho",
+    "decode_screen_keep",
     "decode_survival",
     "e4m3_values",
     "guard_bound_ru32",
@@ -272,3 +274,101 @@ def sharded_survival(q, w, k_payload, k_scale, K, ks, ke, starts, **kw) -> list[
             violations=o["violations"] + sh["violations"] + un["violations"],
         ))  # fmt: skip
     return out
+
+
+# key_rho_bound's lift (csrc/score_fp8.cu kRhoLift): RU32(1 / (2·(1 − 2^-11)^7))
+RHO_LIFT = np.float32(float.fromhex("0x1.00e072p-1"))
+
+
+def _f16_fma_sq(t, acc):
+    """fma.rn.f16x2 of t·t + acc per f16 lane: t = an e4m3 value · 2^-3 and acc f16 values,
+    all multiples of 2^-24 below 2^16, so t² + acc is exact in float64 and rounds once."""
+    return (t * t + acc.astype(np.float64)).astype(np.float16)
+
+
+def f32_sqrt_ru(x) -> np.ndarray:
+    """PTX sqrt.rp.f32 (subnormals kept): the least float32 r with r² ≥ x (x float32 ≥ 0;
+    NaN stays NaN).  r² of a float32 is exact in float64."""
+    from dosa_ref.rounding import f32_up
+
+    x64 = np.asarray(x, np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        r = f32_up(np.sqrt(x64))
+        r = np.where(r.astype(np.float64) ** 2 < x64, np.nextafter(r, np.float32(np.inf)), r)
+        lo = np.nextafter(r, np.float32(0))
+        r = np.where((lo >= 0) & (lo.astype(np.float64) ** 2 >= x64), lo, r)
+    return np.asarray(r, dtype=np.float32)
+
+
+def decode_key_rho(codes) -> np.ndarray:
+    """float32 [n]: ρ of the decode screen (csrc/score_fp8.cu key_rho_bound), bit for bit, of
+    keys codes uint8 [n, 128]: per half of the dims (a lane), four f16 chains (word m of each
+    16-byte chunk, its two code pairs in turn, the chunks in order) of fma(t, t, acc) with t =
+    value · 2^-3, each f16 pair's halves summed in fp32 rounded up, the four sums as ((0 + 1) +
+    (2 + 3)), the halves' sums added, times RHO_LIFT and the square root, all rounded up."""
+    from dosa_ref.rounding import f32_add_ru, f32_mul_ru
+
+    k = np.asarray(codes, dtype=np.uint8)
+    v = e4m3_values(k) / 8.0  # exact
+    half_sums = []
+    for half in range(2):
+        sums = []
+        for m in range(4):
+            lo = np.zeros(k.shape[0], np.float16)
+            hi = np.zeros(k.shape[0], np.float16)
+            for i in range(4):
+                for p in range(2):
+                    d = 64 * half + 16 * i + 4 * m + 2 * p  # the pair's low code
+                    lo = _f16_fma_sq(v[:, d], lo)
+                    hi = _f16_fma_sq(v[:, d + 1], hi)
+            sums.append(f32_add_ru(lo.astype(np.float32), hi.astype(np.float32)))
+        half_sums.append(f32_add_ru(f32_add_ru(sums[0], sums[1]), f32_add_ru(sums[2], sums[3])))
+    t = f32_add_ru(half_sums[0], half_sums[1])
+    return f32_sqrt_ru(f32_mul_ru(t, RHO_LIFT))
+
+
+def decode_screen_keep(rows, omega, sigma, C, eps_raw, eps_out, valid, thr, kv, alpha, ke):
+    """bool [n]: the keys a request's rows keep in the decode screen (csrc/score_fp8.cu
+    decode_screen_tma), bit for bit, from its QPT rows' plans — rows uint8 [QPT, RQ, 128], omega
+    fp32 [QPT, RQ], sigma fp32 [QPT], C and eps_raw float64 [QPT], eps_out float, valid bool
+    [QPT] (``plan.build_plans_fused``'s fields, or ``build_plans``') — their threshold records
+    thr uint64 [QPT] and visible ends ke int [QPT], for the request's keys kv uint8 [n, 128]
+    (logical order) with scales alpha fp32 [n]: the fresh-step dots (``mma_model.fresh_dots``),
+    per lane qd of a quad one fmaf chain over its plan rows 8j + 2qd + e in order, then
+    fmaf(−σ or 0, [x_{RQ−9} + x_{RQ−1}]_+, ·) (−σ in lane 3), the quad's sums (c0 + c1) + (c2 +
+    c3), ``guard_bound_ru32`` with ``decode_key_rho``, kept unless U < τ (τ = −inf for a
+    record 0, a NaN score or an invalid plan) within each row's visible end; a key is kept if
+    some row keeps it."""
+    from dosa_ref.mma_model import fma_f32, fresh_dots
+
+    rows = np.asarray(rows, np.uint8)
+    QPT, RQ = rows.shape[:2]
+    kv = np.asarray(kv, np.uint8)
+    n = kv.shape[0]
+    alpha = np.asarray(alpha, np.float32)
+    rho = decode_key_rho(kv)
+    ids = np.arange(n)
+    keep = np.zeros(n, dtype=bool)
+    for u in range(QPT):
+        x = fresh_dots(rows[u], kv)  # float32 [n, RQ]
+        y = np.maximum(x, np.float32(0))
+        om = np.asarray(omega[u], np.float32)
+        c = []
+        for qd in range(4):
+            cols = [8 * j + 2 * qd + e for j in range(RQ // 8) for e in (0, 1)]
+            a = (y[:, cols[0]] * om[cols[0]]).astype(np.float32)
+            for col in cols[1:]:
+                a = fma_f32(np.full(n, om[col], np.float32), y[:, col], a)
+            sneg = -np.float32(sigma[u]) if qd == 3 else np.float32(0)
+            aux = np.maximum((x[:, 8 * (RQ // 8 - 2) + 2 * qd + 1]
+                              + x[:, 8 * (RQ // 8 - 1) + 2 * qd + 1]).astype(np.float32),
+                             np.float32(0))  # fmt: skip
+            c.append(fma_f32(np.full(n, sneg, np.float32), aux, a))
+        c01, c23 = (c[0] + c[1]).astype(np.float32), (c[2] + c[3]).astype(np.float32)
+        uh = (c01 + c23).astype(np.float32)
+        U = guard_bound_ru32(uh, rho, alpha, C[u], eps_raw[u], eps_out)
+        tau = record_score(np.array([thr[u]], np.uint64))[0]
+        if not bool(valid[u]) or np.isnan(tau):
+            tau = np.float32(-np.inf)
+        keep |= (ids < int(ke[u])) & ~(U < tau)
+    return keep

@@ -141,6 +141,9 @@ class DevicePlan:
     # the screen's dot arithmetic the bound covers (``dot_allowance``): "f16" for the f16
     # chains of every screen kernel, "fp8_fresh" for the FP8 build of "wgt" (screen.WGT_FP8)
     screen: str = "f16"
+    # build_plans_fused's own buffers (its raw valid flags, counts and the FP8 screen's row
+    # constants), kept so that a plan can be built again into the same arrays (``out``)
+    scratch: tuple | None = None
 
 
 def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> DevicePlan:
@@ -438,14 +441,16 @@ def build_plans(q, w, k_payload, sample_ids, r, mts, mma_bits=17, xp=None, score
 ROW_CONSTANTS_KERNEL = True
 
 
-def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: int, xp):
+def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: int, xp,
+                         out=None):  # fmt: skip
     """float64 [Qn]: what an FP8 screen's dots add to ε_raw (``dot_allowance``'s per-row
     constant a_j of plan rows ``rows`` uint8 [Qn, 16·mts, 128], weighted as Û weighs them —
     |ω_j| for every row, σ for the two aux rows — and lifted through Û's 2·mts + 6 roundings
     and one MU); omega fp32 [Qn, 16·mts], sigma [Qn] (a power of two, fp32 or fp64: the
-    same value).  ``build_plans`` and ``build_plans_fused`` add it in the same order."""
+    same value).  ``build_plans`` and ``build_plans_fused`` add it in the same order.
+    ``out`` (float64 [Qn]): the kernel's result array, where the kernel computes it."""
     if ROW_CONSTANTS_KERNEL and screen == "fp8_fresh" and xp is not np:
-        return _row_constants_kernel(rows, omega, sigma, mts, xp)
+        return _row_constants_kernel(rows, omega, sigma, mts, xp, out=out)
     _, a_scr = dot_allowance(screen, rows, mma_bits, xp)
     last = 16 * (mts - 1)
     a_rows = xp.sum(xp.abs(omega.astype(xp.float64)) * a_scr, axis=1)
@@ -453,13 +458,14 @@ def screen_row_constants(rows, omega, sigma, mts: int, screen: str, mma_bits: in
     return a_rows * row_lift(mts) * (1 + MU)
 
 
-def _row_constants_kernel(rows, omega, sigma, mts: int, xp):
+def _row_constants_kernel(rows, omega, sigma, mts: int, xp, out=None):
     """``screen_row_constants(..., "fp8_fresh")`` by csrc/plan.cu screen_row_constants_fresh
-    (one warp per query; the same operations, the sum over rows in a warp tree)."""
+    (one warp per query; the same operations, the sum over rows in a warp tree), into
+    ``out`` (float64 [Qn]) when given."""
     Qn, nrow = int(rows.shape[0]), 16 * mts
     if rows.shape[1:] != (nrow, D) or omega.shape != (Qn, nrow) or sigma.shape != (Qn,):
         raise ValueError(f"rows: expected [Qn, {nrow}, {D}] with omega [Qn, {nrow}], sigma [Qn]")
-    out = xp.empty(Qn, dtype=xp.float64)
+    out = xp.empty(Qn, dtype=xp.float64) if out is None else out
     if Qn:
         _kernel("screen_row_constants_fresh", 0)(
             (-(-Qn // PLAN_WARPS),), (PLAN_THREADS,),
@@ -564,14 +570,16 @@ def plan_constants(Hp: int, mts: int, mma_bits: int, scorer: str = "f16", screen
 
 
 def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="f16",
-                      screen="f16"):  # fmt: skip
+                      screen="f16", out: DevicePlan | None = None):  # fmt: skip
     """Batched plans for all queries, one fused kernel launch (same contract and fields as
     ``build_plans``; q uint8 [Qn, Hp, 128] with Hp = 16·MT ≤ 64, w fp32 [Qn, Hp],
     k_payload uint8 [N, 128], sample_ids: device key ids in [0, N) or None, r ≤ 16·mts − 2;
     ``scorer`` as in ``build_plans``, one with a single g_ref: "f16", "fp8_fresh",
     "fp8_chained"; ``screen`` likewise one with a single g: "f16", "fp8_fresh",
     "fp8_chained" — an FP8 one's per-row constants added to ε_raw after the kernel by
-    ``screen_row_constants``, as ``build_plans`` adds them).
+    ``screen_row_constants``, as ``build_plans`` adds them).  ``out``: a plan this function
+    returned for the same Qn, Hp and mts, whose arrays are written again (a decode step's
+    plans: no allocation with int32 sample ids; the returned plan holds those arrays).
     """
     cp = cupy_or_raise()
     Qn, Hp, _ = q.shape
@@ -584,7 +592,7 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
     g_scr, g_ref, eps = plan_constants(Hp, mts, mma_bits, scorer, screen)
     a_step, a_epi = allowance_factors(scorer, Hp // 16)
     if sample_ids is not None and int(sample_ids.size) > 0:
-        sample = cp.ascontiguousarray(sample_ids.astype(cp.int32))  # ids < N < 2^31
+        sample = cp.ascontiguousarray(sample_ids.astype(cp.int32, copy=False))  # ids < N < 2^31
         ns = int(sample.size)
     else:
         sample = cp.zeros(1, dtype=cp.int32)
@@ -593,18 +601,27 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
     w = cp.ascontiguousarray(w.astype(cp.float32, copy=False))
     kp = cp.ascontiguousarray(k_payload)
     nrow = 16 * mts
-    rows = cp.empty((Qn, nrow, D), dtype=cp.uint8)
-    omega = cp.empty((Qn, nrow), dtype=cp.float32)
-    sigma = cp.empty(Qn, dtype=cp.float32)
-    C = cp.empty(Qn, dtype=cp.float64)
-    valid = cp.empty(Qn, dtype=cp.uint8)
-    counts = cp.empty((Qn, 3), dtype=cp.int32)
-    inR = cp.empty((Qn, Hp), dtype=cp.uint8)
-    inA = cp.empty((Qn, Hp), dtype=cp.uint8)
-    w_fold = cp.empty((Qn, Hp), dtype=cp.float64)
-    a_A = cp.empty((Qn, D), dtype=cp.float64)
-    E = cp.empty(Qn, dtype=cp.float64)
-    eps_raw = cp.empty(Qn, dtype=cp.float64)
+    if out is not None:
+        if out.mts != mts or tuple(out.rows.shape) != (Qn, nrow, D) or out.inR.shape[1] != Hp:
+            raise ValueError(f"out: a plan of {Qn} queries, {Hp} heads and mts {mts} expected")
+        rows, omega, sigma, C, eps_raw = out.rows, out.omega, out.sigma, out.C, out.eps_raw
+        valid, counts, rowc = out.scratch
+        inR, inA = out.inR.view(cp.uint8), out.inA.view(cp.uint8)
+        w_fold, a_A, E = out.w_fold, out.a_A, out.E
+    else:
+        rows = cp.empty((Qn, nrow, D), dtype=cp.uint8)
+        omega = cp.empty((Qn, nrow), dtype=cp.float32)
+        sigma = cp.empty(Qn, dtype=cp.float32)
+        C = cp.empty(Qn, dtype=cp.float64)
+        valid = cp.empty(Qn, dtype=cp.uint8)
+        counts = cp.empty((Qn, 3), dtype=cp.int32)
+        inR = cp.empty((Qn, Hp), dtype=cp.uint8)
+        inA = cp.empty((Qn, Hp), dtype=cp.uint8)
+        w_fold = cp.empty((Qn, Hp), dtype=cp.float64)
+        a_A = cp.empty((Qn, D), dtype=cp.float64)
+        E = cp.empty(Qn, dtype=cp.float64)
+        eps_raw = cp.empty(Qn, dtype=cp.float64)
+        rowc = cp.empty(Qn, dtype=cp.float64) if screen != "f16" else None
     if Qn:
         i8 = ACTIVATION_I8
         smem = plan_smem_bytes(Hp, i8)
@@ -619,7 +636,8 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
             shared_mem=smem,
         )  # fmt: skip
         if screen != "f16":
-            eps_raw += screen_row_constants(rows, omega, sigma, mts, screen, mma_bits, cp)
+            eps_raw += screen_row_constants(rows, omega, sigma, mts, screen, mma_bits, cp,
+                                            out=rowc)  # fmt: skip
     return DevicePlan(
         mts=mts,
         rows=rows,
@@ -639,4 +657,5 @@ def build_plans_fused(q, w, k_payload, sample_ids, r, mts, mma_bits=17, scorer="
         a_A=a_A,
         E=E,
         r_max=r,
+        scratch=(valid, counts, rowc),
     )

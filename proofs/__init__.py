@@ -43,6 +43,7 @@ MODULES = [
     "gpu_zero_plateau",
     "score_envelope",
     "wgmma_fresh_step",
+    "decode_rho",
 ]
 
 

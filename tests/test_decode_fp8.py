@@ -358,3 +358,69 @@ def test_gpu_fp8_tma_scan_equals_gathered_scan_bitwise(monkeypatch, H, n, sms):
     assert np.array_equal(c0, c1) and c0.sum() > 0
     for r in range(R):
         assert np.array_equal(np.sort(r0[r, : c0[r]]), np.sort(r1[r, : c1[r]])), r
+
+
+# ---- the decode screen (decode_ops.SCREEN_R; score_fp8.cu decode_screen_tma) --------------
+
+
+def _screen_survivors_match_emulation(sel, cache, L, label) -> None:
+    """After a screened step of ``sel``: each request's survivor list (its ids distinct, in
+    [0, max ke)) equals ``emulate.decode_screen_keep`` of the step's own device plans and
+    thresholds, bit for bit."""
+    from dosa_cupy.emulate import decode_screen_keep
+
+    ws = sel._ws
+    s, pl = ws.scr, ws.scr.plan
+    n = ws.key[1]
+    get = cp.asnumpy
+    rows, om, sig, C, er = (get(x) for x in (pl.rows, pl.omega, pl.sigma, pl.C, pl.eps_raw))
+    valid, thr, ke = get(pl.valid), get(ws.thr), get(ws.ke)
+    cnt, sids = get(s.scount), get(s.sids)
+    for b, (kp, ksc) in enumerate(dec.gather_request_keys(cache.kv, cache.scale,
+                                                          cache.block_table, L)):  # fmt: skip
+        r = slice(b * n, b * n + n)
+        want = decode_screen_keep(rows[r], om[r], sig[r], C[r], er[r], pl.eps_out, valid[r],
+                                  thr[r], kp, ksc, ke[r])  # fmt: skip
+        got = sids[b, : int(cnt[b])]
+        assert np.unique(got).size == got.size, f"{label} request {b}: an id appended twice"
+        assert np.array_equal(np.sort(got), np.flatnonzero(want)), f"{label} request {b}"
+
+
+@pytest.mark.parametrize("sms", [None, 1], ids=["grid", "1sm"])
+@pytest.mark.parametrize("r", [14, 30])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("H", [64, 32])
+@needs_sm90a
+@gpu
+def test_gpu_decode_screen_equals_dense_and_its_emulation(monkeypatch, H, n, r, sms):
+    """A screened FP8 step == the FP8 dense decode route bitwise at every step (also with a
+    bounded buffer: the extension scores the survivors again), its survivors == the kernel's
+    numpy model on the step's own plans and thresholds (whose pruning
+    tests/test_decode_certificate.py shows), with the stats' scored counts between the
+    compacted and the visible ones; then the walk replayed from a CUDA graph. With one SM's
+    worth of blocks every consumer's ring wraps."""
+    monkeypatch.setattr(dops, "SCREEN_R", r)
+    if sms:
+        monkeypatch.setattr(dops, "num_sms", lambda: sms)
+    B, K, steps = 2, 64, 5
+    cache = PagedCache(B, 20 * 64, seed=11 * H + 3 * n + r)
+    rs = cache.rs
+    L = rs.integers(8 * 64, 12 * 64, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
+    small = dec.DecodeSelectorGPU(K, history=2, buffer=5, scorer="fp8")  # overflow path
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
+    walk = []
+    for step in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        walk.append((args[0], args[1], args[-1]))
+        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
+        out = sel.step(*args)
+        assert cp.array_equal(out.ids, dense), step
+        st = out.stats
+        assert np.all(st.scored <= st.visible) and np.all(st.compacted <= st.scored), step
+        _screen_survivors_match_emulation(sel, cache, L, f"step {step}")
+        assert cp.array_equal(small.step(*args).ids, dense), step
+        L = np.minimum(L + rs.integers(1, 200, B), cache.max_blocks * 64).astype(np.int32)
+    replay_decode_walk(walk, dev, K, f"screen r={r} n={n} H={H}", scorer="fp8")

@@ -8,6 +8,9 @@ Not options of the library: a build under trial is one of these until it wins.
     f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
+    screen14, screen30 decode_ops.SCREEN_R = 14, 30  a decode step on the FP8 scorer screened
+                                         with plans of 14 or 30 retained heads, only the
+                                         survivors scored (not the scan of every key)
     blockselect decode_ops.RANK_SELECT = False  a decode step of at most 4 query rows
                                          selects by select_kernel (not select_rank)
     witblocks4  decode_ops.WITNESS_SPREAD = False  a decode step's witnesses scored by four
@@ -86,6 +89,8 @@ BUILDS = {
     "f16screen": ("screen", "WGT_FP8", False),
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
+    "screen14": ("decode_ops", "SCREEN_R", 14),
+    "screen30": ("decode_ops", "SCREEN_R", 30),
     "blockselect": ("decode_ops", "RANK_SELECT", False),
     "witblocks4": ("decode_ops", "WITNESS_SPREAD", False),
     "stepchain": ("decode_ops", "STEP_FOLD", False),

@@ -23,6 +23,7 @@
 //   seed_ids_fp8_h{H}     a table of explicit seed ids (seeds, §2)
 #include "scorer_fp8.cuh"
 #include "record.cuh"  // make_record: one record format for all stages
+#include "epilogue.cuh"  // guard_bound_ru32: the screens' fp32 guard, written once
 
 // Bitmask words per refine_fp8 block (the host launches ⌈NW / RWF⌉ blocks per query in y,
 // dosa_cupy/refine.py RWF): 65,536 keys, so at a survival of 0.5–2 % a block scores 5–20
@@ -818,47 +819,32 @@ __device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
   }
 }
 
-// The decode scan fed by the bulk tensor copy engine (issue 31; docs/method.md §10): the
-// contract of decode_scan — request b = blockIdx.y's n = NC / H rows r = b·n + u against its
-// logical keys [0, ke[r]) through its block-table row, FUSED: the records at or above thr[r]
-// to rec[r, :cap] (count[r] counts them all), else the logits out[r, i] (the host fills −inf
-// first) — with the same bits (the same fresh k32 steps added in k order, lane_partials and
-// quad_scatter: head_sums' tree, × α; a key's bits depend neither on the MMA's column count
-// nor on how its tile reached shared memory).  Instead of each block gathering its tiles with
-// cp.async and meeting at a barrier per tile, warpgroup 0 is a producer: one thread walks the
-// block's pages p = x, x + gx, … below ⌈max_u ke[r] / 64⌉ (a page is a tile: 64 tokens), reads
-// the page's cache block from the block table and copies its 64 key rows by one bulk tensor
-// copy (the map over kv [num_blocks·64, 128], 128-byte swizzle) and its 64 α by one bulk copy
-// into a slot; kCwg consumer warpgroups take the pages in turn (page k to warpgroup k mod
-// kCwg), each through its own ring of kTmaSlots slots with a full and an empty mbarrier, so a
-// consumer waits on its own slots in order (never a phase ahead) and its epilogue runs while
-// the others' MMAs and the next copies are in flight.  Both rows of a request in one MMA
-// (NC = n·H columns).  grid (gx, B), block 128·(1 + kCwg), dynamic shared memory
-// decode_tma_smem(NC) (decode_ops.fp8_tma_smem).
-
-template <int H, int NC, bool FUSED>
-__device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const uint8_t* __restrict__ q,
-                                                const float* __restrict__ w,
-                                                const float* __restrict__ ksc,
-                                                const int* __restrict__ bt, int max_blocks,
-                                                const int* __restrict__ ke, int n,
-                                                float* __restrict__ lg,
-                                                const unsigned long long* __restrict__ thr,
-                                                unsigned int* __restrict__ count,
-                                                unsigned long long* __restrict__ rec,
-                                                long long cap) {
-  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
-  constexpr int QPT = NC / H;  // the request's rows in the MMA (next_n)
-  static_assert(QPT == 1 || QPT == 2, "next_n: 1 or 2 rows per request");
-  constexpr int NA = NC / 2;
+// The frame of the decode kernels fed by the bulk tensor copy engine (decode_scan_tma,
+// decode_screen_tma): request b = blockIdx.y's first `pages` logical pages, block x taking
+// pages x, x + gx, …; the B tile is the NC rows src[b·NC .. b·NC + NC) of 128 e4m3 bytes
+// (the request's query heads, or its rows' plan rows) with their NC weights wsrc[b·NC ..].
+// Warpgroup 0 is the producer: one thread reads each page's cache block from the block-table
+// row and copies its 64 key rows by one bulk tensor copy (the map over kv [num_blocks·64,
+// 128], 128-byte swizzle) and its 64 α by one bulk copy into a slot.  kCwg consumer
+// warpgroups take the pages in turn (page k to warpgroup k mod kCwg), each through its own
+// ring of kTmaSlots slots with a full and an empty mbarrier, so a consumer waits on its own
+// slots in order (never a phase ahead).  The consumers call start(sw, warp, lane) once, then
+// page(p, da, db, sa, sk, done) for each of their pages p (da, db: the slot's key tile and
+// the B tile as descriptors; sa: the slot's 64 α; sk: its key bytes; done: the slot's empty
+// mbarrier, on which every consumer thread arrives once it has read the slot), then
+// finish(lane).
+// Dynamic shared memory decode_tma_smem(NC).
+template <int NC, class Start, class Page, class Finish>
+__device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t* __restrict__ src,
+                                          const float* __restrict__ wsrc,
+                                          const float* __restrict__ ksc,
+                                          const int* __restrict__ bt, int max_blocks, int pages,
+                                          Start&& start, Page&& page, Finish&& finish) {
   // setmaxnreg within the block's pool (dense_fp8_lean's rule): the producer keeps 32
   constexpr int kLaunchRegs = (65536 / kTmaThreads) / 8 * 8;
   constexpr int kProducerRegs = 32;
   constexpr int kConsumerRegs = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kCwg) / 8 * 8;
   extern __shared__ uint8_t smem_raw[];
-  uint32_t dyn;  // the launch must give the layout below
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT || blockDim.x != kTmaThreads) __trap();
   uint8_t* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
   uint8_t* sk = base;
@@ -868,24 +854,15 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   uint64_t* empty = full + kTmaRing;
   __shared__ __align__(16) float sw[NC];
 
-  const int t = threadIdx.x, b = blockIdx.y, t0 = b * QPT, x0 = blockIdx.x, gx = gridDim.x;
-  // the rows' visible ends within the request's logical keys (decode_scan's min(n_keys, ke):
-  // a layout the caller did not check must not read past its block-table row)
-  int kev[QPT], kmax = 0;
-#pragma unroll
-  for (int u = 0; u < QPT; ++u) {
-    kev[u] = min(ke[t0 + u], max_blocks * 64);
-    kmax = max(kmax, kev[u]);
-  }
-  const int pages = (kmax + 63) >> 6;
+  const int t = threadIdx.x, b = blockIdx.y, x0 = blockIdx.x, gx = gridDim.x;
   const int np = pages > x0 ? (pages - x0 + gx - 1) / gx : 0;  // the block's pages
   if (np == 0) return;  // block-uniform, before any barrier
   for (int it = t; it < NC * 8; it += kTmaThreads) {  // the rows (consecutive per request)
     const int r = it >> 3, j = it & 7;
     *reinterpret_cast<uint4*>(sq + sw128_offset(r, j)) =
-        __ldg(reinterpret_cast<const uint4*>(q + ((long long)t0 * H + r) * 128 + 16 * j));
+        __ldg(reinterpret_cast<const uint4*>(src + ((long long)b * NC + r) * 128 + 16 * j));
   }
-  for (int i = t; i < NC; i += kTmaThreads) sw[i] = w[(long long)t0 * H + i];
+  for (int i = t; i < NC; i += kTmaThreads) sw[i] = wsrc[(long long)b * NC + i];
   if (t == 0) {
     for (int s = 0; s < kTmaRing; ++s) {
       mbar_init(&full[s], 1);
@@ -916,48 +893,297 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
   const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // uniform: descriptors in uniform registers
   const int warp = __shfl_sync(0xffffffffu, (t >> 5) & 3, 0);
-  const int lane = t & 31, g = lane >> 2, qd = lane & 3;
-  // the lane's value after quad_scatter: row u = qd >> 1 (two rows) or the one row, key row
-  // h = qd & 1 of its pair (16·warp + g + 8h); at one row lanes 2 and 3 repeat 0 and 1
-  const int my_u = QPT > 1 ? qd >> 1 : 0, row = 16 * warp + g + 8 * (qd & 1);
-  const bool lane_emits = QPT > 1 || qd < 2;
+  const int lane = t & 31;
   const uint64_t db = desc_sw128((uint32_t)__cvta_generic_to_shared(sq));
   const uint64_t da0 = desc_sw128((uint32_t)__cvta_generic_to_shared(sk));
-  const long long L = (long long)max_blocks * 64;
-  RecordOut<QPT, KeepRecord<QPT>> rout{count, rec, cap, t0, KeepRecord<QPT>{}};
-  LogitOut lout{lg, L, t0};
-  if constexpr (FUSED) {
-#pragma unroll
-    for (int u = 0; u < QPT; ++u) rout.keep.thr[u] = thr[t0 + u];
-    rout.start();
-  }
+  start(sw, warp, lane);
 #pragma unroll 1
   for (int j = 0, k = c; k < np; ++j, k += kCwg) {
     const int slot = c * kTmaSlots + j % kTmaSlots;
     mbar_wait(&full[slot], (j / kTmaSlots) & 1);
     const uint64_t da = da0 + (uint64_t)((slot * kTileBytes) >> 4);
-    float acc[NA], x[NA];
-    fresh_steps<NC>(acc, x, da, db, [] {});
-    const float a = sa[slot * 64 + row];
-    mbar_arrive(&empty[slot]);  // this thread has read the slot (its MMAs completed above)
-    float2 wv[NC / 8];
-    lane_weights<NC>(sw, qd, wv);
-    float qv[QPT][2];
-    lane_partials<H, NC>(acc, wv, qv);
-    float r[1];
-    quad_scatter<QPT>(qv, qd, r);
-    const float sc = r[0] * a;
-    const long long i = 64LL * (x0 + (long long)gx * k) + row;  // the key's logical id
+    page(x0 + gx * k, da, db, sa + slot * 64, sk + slot * kTileBytes, &empty[slot]);
+  }
+  finish(lane);
+}
+
+// The decode scan fed by the bulk tensor copy engine (issue 31; docs/method.md §10): the
+// contract of decode_scan — request b = blockIdx.y's n = NC / H rows r = b·n + u against its
+// logical keys [0, ke[r]) through its block-table row, FUSED: the records at or above thr[r]
+// to rec[r, :cap] (count[r] counts them all), else the logits out[r, i] (the host fills −inf
+// first) — with the same bits (the same fresh k32 steps added in k order, lane_partials and
+// quad_scatter: head_sums' tree, × α; a key's bits depend neither on the MMA's column count
+// nor on how its tile reached shared memory).  Instead of each block gathering its tiles with
+// cp.async and meeting at a barrier per tile, the pages below ⌈max_u ke[r] / 64⌉ (a page is
+// a tile: 64 tokens) come through tma_pages' ring, so a consumer's epilogue runs while the
+// others' MMAs and the next copies are in flight.  Both rows of a request in one MMA (NC =
+// n·H columns).  grid (gx, B), block 128·(1 + kCwg), dynamic shared memory
+// decode_tma_smem(NC) (decode_ops.fp8_tma_smem).
+template <int H, int NC, bool FUSED>
+__device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const uint8_t* __restrict__ q,
+                                                const float* __restrict__ w,
+                                                const float* __restrict__ ksc,
+                                                const int* __restrict__ bt, int max_blocks,
+                                                const int* __restrict__ ke, int n,
+                                                float* __restrict__ lg,
+                                                const unsigned long long* __restrict__ thr,
+                                                unsigned int* __restrict__ count,
+                                                unsigned long long* __restrict__ rec,
+                                                long long cap) {
+  static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
+  constexpr int QPT = NC / H;  // the request's rows in the MMA (next_n)
+  static_assert(QPT == 1 || QPT == 2, "next_n: 1 or 2 rows per request");
+  constexpr int NA = NC / 2;
+  uint32_t dyn;  // the launch must give tma_pages' layout
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT || blockDim.x != kTmaThreads) __trap();
+  const int t0 = blockIdx.y * QPT;
+  // the rows' visible ends within the request's logical keys (decode_scan's min(n_keys, ke):
+  // a layout the caller did not check must not read past its block-table row)
+  int kev[QPT], kmax = 0;
 #pragma unroll
-    for (int u = 0; u < QPT; ++u) {
-      const bool emits = lane_emits && my_u == u;
-      if constexpr (FUSED)
-        rout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
-      else
-        lout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
+  for (int u = 0; u < QPT; ++u) {
+    kev[u] = min(ke[t0 + u], max_blocks * 64);
+    kmax = max(kmax, kev[u]);
+  }
+  const long long L = (long long)max_blocks * 64;
+  RecordOut<QPT, KeepRecord<QPT>> rout{count, rec, cap, t0, KeepRecord<QPT>{}};
+  LogitOut lout{lg, L, t0};
+  const float* sw = nullptr;
+  int qd = 0, my_u = 0, row = 0;
+  bool lane_emits = false;
+  tma_pages<NC>(
+      kvmap, q, w, ksc, bt, max_blocks, (kmax + 63) >> 6,
+      [&](const float* sw_, int warp, int lane) {
+        sw = sw_;
+        qd = lane & 3;
+        // the lane's value after quad_scatter: row u = qd >> 1 (two rows) or the one row, key
+        // row h = qd & 1 of its pair (16·warp + g + 8h); at one row lanes 2 and 3 repeat 0, 1
+        my_u = QPT > 1 ? qd >> 1 : 0;
+        row = 16 * warp + (lane >> 2) + 8 * (qd & 1);
+        lane_emits = QPT > 1 || qd < 2;
+        if constexpr (FUSED) {
+#pragma unroll
+          for (int u = 0; u < QPT; ++u) rout.keep.thr[u] = thr[t0 + u];
+          rout.start();
+        }
+      },
+      [&](int p, uint64_t da, uint64_t db, const float* sa, const uint8_t*, uint64_t* done) {
+        const int lane = threadIdx.x & 31;
+        float acc[NA], x[NA];
+        fresh_steps<NC>(acc, x, da, db, [] {});
+        const float a = sa[row];
+        mbar_arrive(done);  // this thread has read the slot (its MMAs completed above)
+        float2 wv[NC / 8];
+        lane_weights<NC>(sw, qd, wv);
+        float qv[QPT][2];
+        lane_partials<H, NC>(acc, wv, qv);
+        float r[1];
+        quad_scatter<QPT>(qv, qd, r);
+        const float sc = r[0] * a;
+        const long long i = 64LL * p + row;  // the key's logical id
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+          const bool emits = lane_emits && my_u == u;
+          if constexpr (FUSED)
+            rout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
+          else
+            lout.put(u, i < kev[u], emits, sc, (int)i, i, lane);
+        }
+      },
+      [&](int lane) {
+        if constexpr (FUSED) rout.finish(lane);
+      });
+}
+
+// ---- The decode screen (docs/method.md §10 "The certificate in decode") ----
+
+// e4m3 pairs as f16 pairs (exact: every e4m3 value is an f16 value), and the f16 arithmetic of
+// key_rho_bound in PTX (f16 has no flush to zero: its subnormals are kept).
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(unsigned short v) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
+  return r;
+}
+__device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hfma2_rn(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+// the two halves of an f16 pair as fp32 (exact), summed rounded up
+__device__ __forceinline__ float f16x2_sum_ru(uint32_t v) {
+  float lo, hi;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+      : "=f"(lo), "=f"(hi)
+      : "r"(v));
+  return add_ru_keep_subnormal(lo, hi);
+}
+__device__ __forceinline__ float sqrt_ru_keep_subnormal(float x) {
+  float r;
+  asm("sqrt.rp.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// RU32(1 / (2·(1 − 2^-11)^7)): key_rho_bound's lift of its half-sum (docs/error_model.md
+// "The decode screen's ρ"; proofs/decode_rho.py checks the constant and the bound).
+constexpr float kRhoLift = 0x1.00e072p-1f;
+
+// An upper bound on the RMS of key row r's 128 e4m3 values in the 128-byte-swizzled tile sk,
+// ρ ≥ ‖k̄‖ / √128 (docs/error_model.md "The decode screen's ρ"), by two lanes of a warp: lane
+// half = lane & 1 takes the row's chunks 4·half .. 4·half + 3 (64 codes), the pair's lanes are
+// adjacent, and both return the same ρ.  Each code pair is an exact f16 pair x; t = x · 2^-3 is
+// exact and t² a multiple of 2^-24 at most 56² (an f16 value); four f16 chains of eight fused
+// steps acc ← fma(t, t, acc) (one rounding each, to nearest; at most 8 · 3136 < 65504, no
+// overflow; below 2^-14 the sums are exact multiples of 2^-24) hold the lane's squares / 64
+// within a factor (1 − 2^-11)^7 below; their halves are summed in fp32 rounded up, the pair's
+// two sums added rounded up (T ≥ (1 − 2^-11)^7 ‖k̄‖² / 64), and ρ = RU(√RU(T · kRhoLift)) ≥
+// √(‖k̄‖² / 128).  A NaN code makes ρ NaN, so U^num is NaN and the key is kept.
+__device__ __forceinline__ float key_rho_bound(const uint8_t* sk, int r, int half) {
+  constexpr uint32_t kEighth = 0x30003000u;  // (2^-3, 2^-3) in f16
+  uint32_t acc[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = *reinterpret_cast<const uint4*>(sk + sw128_offset(r, 4 * half + i));
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const uint32_t x = f16x2_of_e4m3x2((unsigned short)(wd[m] >> (16 * p)));
+        const uint32_t t = hmul2_rn(x, kEighth);
+        acc[m] = hfma2_rn(t, t, acc[m]);
+      }
     }
   }
-  if constexpr (FUSED) rout.finish(lane);
+  float sum = add_ru_keep_subnormal(add_ru_keep_subnormal(f16x2_sum_ru(acc[0]), f16x2_sum_ru(acc[1])),
+                                    add_ru_keep_subnormal(f16x2_sum_ru(acc[2]), f16x2_sum_ru(acc[3])));
+  sum = add_ru_keep_subnormal(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+  return sqrt_ru_keep_subnormal(mul_ru_keep_subnormal(sum, kRhoLift));
+}
+
+// A warp's survivor ids of one page (every lane calls it): lanes with p append id to ids[0 ..
+// cap) through one atomicAdd per warp; count counts every survivor, also past cap.
+__device__ __forceinline__ void emit_ids(bool p, int id, int lane, unsigned int* count, int* ids,
+                                         long long cap) {
+  const unsigned m = __ballot_sync(0xffffffffu, p);
+  if (m == 0u) return;  // warp-uniform
+  unsigned base = 0u;
+  if (lane == 0) base = atomicAdd(count, (unsigned)__popc(m));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (p) {
+    const unsigned at = base + __popc(m & ((1u << lane) - 1u));
+    if ((long long)at < cap) ids[at] = id;
+  }
+}
+
+// The decode screen over pages fed by the bulk tensor copy engine (issue 31; docs/method.md
+// §10 "The certificate in decode"): request b = blockIdx.y's QPT rows r = b·QPT + u, each with
+// a plan of RQ = 16·mts e4m3 rows (plan.build_plans_fused with screen "fp8_fresh": retained
+// heads, the aux rows RQ − 9 and RQ − 1, zero rows, ω, σ, C, ε_raw, valid), against the
+// request's pages below ⌈max_u ke[r] / 64⌉ through tma_pages' ring (the B tile: the QPT rows'
+// plans, NC = QPT·RQ columns; plans [B·QPT, RQ, 128] are consecutive per request).  Per page:
+// the plans' dots by fresh_steps (the FP8 screen's dot arithmetic, its allowance in the plan);
+// each key's ρ (key_rho_bound) while the MMAs run; per lane and row one chain over the lane's
+// plan rows in column order — a product, then fmaf, the aux rows' weight being 0 — ending with
+// fmaf(−σ, [x_aux0 + x_aux1]_+, ·) in lane qd = 3 (+0 elsewhere), and quad_scatter's two
+// butterfly adds: Û in the order proofs/gpu_screen_epilogue.py eval_dec checks (depth ≤ 2·mts
+// + 6, within the plan's g_scr); U^num = guard_bound_ru32(Û, ρ, α, C, ε_raw, ε_out) (≥ the
+// key's canonical score, docs/method.md §8).  A visible key (id < ke[r]) is kept for row r
+// unless U^num < τ_r, τ_r the score of the row's threshold record thr[r] (−inf where thr[r]
+// is 0 — fewer than K witnesses —, NaN, or the plan is not valid: every key kept); a key kept
+// by some row of the request is appended once to sids[b·scap ..] (scount[b] counts them all).
+// A key whose record is at or above thr[r] has s ≥ τ_r, so U^num ≥ τ_r: it is kept.  grid (gx,
+// B), block 128·(1 + kCwg), dynamic shared memory decode_tma_smem(QPT·RQ).
+template <int RQ, int QPT>
+__device__ __forceinline__ void decode_screen_tma(
+    const TensorMap& kvmap, const uint8_t* __restrict__ rows, const float* __restrict__ om,
+    const float* __restrict__ sig, const double* __restrict__ Cq,
+    const double* __restrict__ eps_raw, double eps_out, const uint8_t* __restrict__ valid,
+    const float* __restrict__ ksc, const int* __restrict__ bt, int max_blocks,
+    const int* __restrict__ ke, int n, const unsigned long long* __restrict__ thr,
+    unsigned int* __restrict__ scount, int* __restrict__ sids, long long scap) {
+  static_assert(RQ == 16 || RQ == 32, "RQ: the 16·mts rows of a plan");
+  static_assert(QPT == 1 || QPT == 2, "next_n: 1 or 2 rows per request");
+  constexpr int NC = QPT * RQ, NA = NC / 2, NB = RQ / 8;  // NB: a row's column blocks
+  uint32_t dyn;  // the launch must give tma_pages' layout
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (uint32_t)decode_tma_smem(NC) || n != QPT || blockDim.x != kTmaThreads) __trap();
+  const int b = blockIdx.y, t0 = b * QPT;
+  int kev[QPT], kmax = 0;
+#pragma unroll
+  for (int u = 0; u < QPT; ++u) {
+    kev[u] = min(ke[t0 + u], max_blocks * 64);
+    kmax = max(kmax, kev[u]);
+  }
+  int* srow = sids + (long long)b * scap;
+  float tau[QPT], c32[QPT], er32[QPT], sneg[QPT];
+  const float eo32 = f32_ru_keep_subnormal(eps_out);
+  const float* sw = nullptr;
+  int qd = 0, row = 0, my_u = 0, src = 0;
+  tma_pages<NC>(
+      kvmap, rows, om, ksc, bt, max_blocks, (kmax + 63) >> 6,
+      [&](const float* sw_, int warp, int lane) {
+        sw = sw_;
+        qd = lane & 3;
+        row = 16 * warp + (lane >> 2) + 8 * (qd & 1);  // quad_scatter's key row
+        my_u = QPT > 1 ? qd >> 1 : 0;
+        src = 2 * ((lane >> 2) + 8 * (qd & 1));  // the lane pair that computed its ρ
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+          const unsigned long long th = thr[t0 + u];
+          const float ts = code_score((uint32_t)(th >> 32));
+          tau[u] = (th == 0ull || valid[t0 + u] == 0 || ts != ts) ? neg_inf() : ts;
+          c32[u] = f32_ru_keep_subnormal(Cq[t0 + u]);
+          er32[u] = f32_ru_keep_subnormal(eps_raw[t0 + u]);
+          sneg[u] = qd == 3 ? -sig[t0 + u] : 0.f;
+        }
+      },
+      [&](int p, uint64_t da, uint64_t db, const float* sa, const uint8_t* sk, uint64_t* done) {
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        float acc[NA], x[NA];
+        float rho_pair = 0.f;  // ρ of key 16·warp + lane / 2 (this lane and its neighbour)
+        fresh_steps<NC>(acc, x, da, db,
+                        [&] { rho_pair = key_rho_bound(sk, 16 * warp + (lane >> 1), lane & 1); });
+        const float a = sa[row];
+        mbar_arrive(done);  // this thread has read the slot (its MMAs completed above)
+        const float rho = __shfl_sync(0xffffffffu, rho_pair, src);
+        float2 wv[NC / 8];
+        lane_weights<NC>(sw, qd, wv);
+        float q[QPT][2];
+#pragma unroll
+        for (int u = 0; u < QPT; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float c = 0.f;
+#pragma unroll
+            for (int jb = 0; jb < NB; ++jb) {
+              const int j = NB * u + jb;
+              const float y0 = acc[4 * j + 2 * h], y1 = acc[4 * j + 2 * h + 1];
+              c = jb == 0 ? wv[j].x * relu(y0) : fmaf(wv[j].x, relu(y0), c);
+              c = fmaf(wv[j].y, relu(y1), c);
+            }
+            const float ya = acc[4 * (NB * u + NB - 2) + 2 * h + 1];
+            const float yb = acc[4 * (NB * u + NB - 1) + 2 * h + 1];
+            q[u][h] = fmaf(sneg[u], relu(ya + yb), c);
+          }
+        float uh[1];
+        quad_scatter<QPT>(q, qd, uh);
+        const long long i = 64LL * p + row;  // the key's logical id
+        // the lane's row's constants by selects (an index by my_u would put the arrays in
+        // local memory)
+        const bool u1 = QPT > 1 && my_u == 1;
+        const float U = guard_bound_ru32(uh[0], rho, a, u1 ? c32[QPT - 1] : c32[0],
+                                         u1 ? er32[QPT - 1] : er32[0], eo32);
+        bool keep = i < (u1 ? kev[QPT - 1] : kev[0]) &&
+                    !less_keep_subnormal(U, u1 ? tau[QPT - 1] : tau[0]);
+        if constexpr (QPT == 2) keep |= __shfl_xor_sync(0xffffffffu, keep, 2);  // either row
+        emit_ids(qd < 2 && keep, (int)i, lane, scount + b, srow, scap);
+      },
+      [](int) {});
 }
 
 // Explicit ids (docs/method.md §2, the FP8 counterpart of seed_ids.cu seed_ids_mt*; and the
@@ -966,17 +1192,19 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
 // (−1 padding and ids out of the visible range are skipped) and every key's record (s, id),
 // its payload and α at keys.row(id), goes to rrow[:S], no threshold (*cnt ≤ S: no overflow;
 // like seed_score, a key is recorded whatever its score — the f16 seed_ids_mt* tests
-// s ≥ −inf, which differs only for a NaN).  A block whose tiles hold padding only (rows are
+// s ≥ −inf, which differs only for a NaN).  THR (the decode screen's survivors): only the
+// records at or above thr go to rrow[:cap], *cnt counting them all (past cap: an overflow).  A block whose tiles hold padding only (rows are
 // padded at the end) exits before loading its query; within the ring a tile of padding only
 // is not scored (its warps' ballots at the gather, read after the next barrier).  128
 // threads.
-template <int H, class Keys>
+template <int H, class Keys, bool THR = false>
 __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                           const uint8_t* __restrict__ kp,
                                           const float* __restrict__ alpha, int tq, int ks, int ke,
                                           const int* __restrict__ row_ids, long long S, Keys keys,
                                           unsigned int* __restrict__ cnt,
-                                          unsigned long long* __restrict__ rrow) {
+                                          unsigned long long* __restrict__ rrow,
+                                          unsigned long long thr = 0ull, long long cap = 0) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
   __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
   __shared__ __align__(1024) uint8_t sq[H * 128];
@@ -1035,10 +1263,10 @@ __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const f
         float sv[1][2];
         tile_sums<H>(acc, sw, qd, sv);
         const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
-        emit_flush(pend, lane, rrow, S);
-        emit_issue(pend, i >= 0, sc, i, lane, cnt);
+        emit_flush(pend, lane, rrow, THR ? cap : S);
+        emit_issue(pend, i >= 0 && (!THR || make_record(sc, i) >= thr), sc, i, lane, cnt);
       });
-  emit_flush(pend, lane, rrow, S);
+  emit_flush(pend, lane, rrow, THR ? cap : S);
 }
 
 // Explicit seeds: query tq = blockIdx.y, the entries ids[tq, :S] (int32 [Qn, S]) visible in
@@ -1073,6 +1301,31 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
   const int r = blockIdx.y, b = r / n;
   id_scores<H>(q, w, kv, ksc, r, 0, ke[r], wit + (long long)b * Wc, Wc,
                PagedKeys{bt + (long long)b * max_blocks}, count + r, rec + (long long)r * Wc);
+}
+
+// The decode screen's survivors (decode_screen_tma): row r = blockIdx.y of request b = r / n
+// scores the first min(scount[b], scap) ids of sids[b·scap ..] (distinct: each key is appended
+// once) visible to it, [0, ke[r]), on the canonical scorer, and appends the records at or above
+// its threshold record thr[r] to rec[r, :cap] (count[r] counts them all).  grid (gx, B·n),
+// 128 threads.
+template <int H>
+__device__ __forceinline__ void decode_survivors(const uint8_t* __restrict__ q,
+                                                 const float* __restrict__ w,
+                                                 const uint8_t* __restrict__ kv,
+                                                 const float* __restrict__ ksc,
+                                                 const int* __restrict__ bt, int max_blocks,
+                                                 const int* __restrict__ ke, int n,
+                                                 const unsigned int* __restrict__ scount,
+                                                 const int* __restrict__ sids, long long scap,
+                                                 const unsigned long long* __restrict__ thr,
+                                                 unsigned int* __restrict__ count,
+                                                 unsigned long long* __restrict__ rec,
+                                                 long long cap) {
+  const int r = blockIdx.y, b = r / n;
+  const long long S = min((long long)scount[b], scap);
+  id_scores<H, PagedKeys, true>(q, w, kv, ksc, r, 0, ke[r], sids + (long long)b * scap, S,
+                                PagedKeys{bt + (long long)b * max_blocks}, count + r,
+                                rec + (long long)r * cap, thr[r], cap);
 }
 
 }  // namespace fp8
@@ -1175,6 +1428,19 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
 SCORE_FP8_INST(64)
 SCORE_FP8_INST(32)
 
+// The decode screen's survivors (decode_survivors): seed_ids' build.
+#define DECODE_SURVIVORS_INST(H)                                                                \
+  extern "C" __global__ void __launch_bounds__(128, SEED_IDS_BLOCKS(H)) decode_survivors_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, const unsigned int* scount, const int* sids,  \
+      long long scap, const unsigned long long* thr, unsigned int* count,                      \
+      unsigned long long* rec, long long cap) {                                                \
+    DOSA_FP8_BODY(dosa::fp8::decode_survivors<H>(q, w, kv, ksc, bt, max_blocks, ke, next_n,    \
+                                                 scount, sids, scap, thr, count, rec, cap))    \
+  }
+DECODE_SURVIVORS_INST(64)
+DECODE_SURVIVORS_INST(32)
+
 // The decode scan by TMA (decode_scan_tma): H ∈ {64, 32} heads, N ∈ {1, 2} rows per request;
 // the tensor map first (a 64-byte-aligned parameter, dosa_cupy/tma.py), then decode_scan's
 // parameters without kv (the map reads it).  128·(1 + kCwg) threads, one block per SM.
@@ -1200,3 +1466,23 @@ DECODE_TMA_INST(64, 1)
 DECODE_TMA_INST(64, 2)
 DECODE_TMA_INST(32, 1)
 DECODE_TMA_INST(32, 2)
+
+// The decode screen (decode_screen_tma): RQ ∈ {16, 32} plan rows (mts 1, 2), N ∈ {1, 2} rows
+// per request; the tensor map first, then the plans, the cache's scales and layout, the rows'
+// thresholds and the survivor list.  128·(1 + kCwg) threads, one block per SM.
+#define DECODE_SCREEN_INST(RQ, N)                                                               \
+  extern "C" __global__ void __launch_bounds__(dosa::fp8::kTmaThreads, 1)                      \
+      decode_screen_tma_r##RQ##_n##N(                                                           \
+          const __grid_constant__ dosa::TensorMap kvmap, const uint8_t* rows, const float* om,  \
+          const float* sig, const double* Cq, const double* eps_raw, double eps_out,            \
+          const uint8_t* valid, const float* ksc, const int* bt, int max_blocks, const int* ke, \
+          int next_n, const unsigned long long* thr, unsigned int* scount, int* sids,           \
+          long long scap) {                                                                     \
+    DOSA_FP8_BODY(dosa::fp8::decode_screen_tma<RQ, N>(kvmap, rows, om, sig, Cq, eps_raw,        \
+                                                      eps_out, valid, ksc, bt, max_blocks, ke,  \
+                                                      next_n, thr, scount, sids, scap))         \
+  }
+DECODE_SCREEN_INST(16, 1)
+DECODE_SCREEN_INST(16, 2)
+DECODE_SCREEN_INST(32, 1)
+DECODE_SCREEN_INST(32, 2)
