@@ -884,7 +884,7 @@ def test_bench_shapes_and_arguments():
     row = dict(H=32, B=1, ctx=131072, next_n=1, dense_ms=2.0, dosa_ms=1.0, speedup=2.0)
     row.update(step_ratio_median=2.0, compaction=0.01, overflow_steps=0, ids_equal=True)
     md = bd.markdown([row])
-    assert "| 32 | 1 | 131,072 | 1 | 2.000 | 1.000 | 2.00× |" in md
+    assert "| 32 | 1 | 131,072 | 1 | f16 | 2.000 | 1.000 | 2.00× |" in md
 
 
 @pytest.mark.parametrize("shape", ["32x1x131072", "64x8x131072"])

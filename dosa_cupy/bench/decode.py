@@ -285,6 +285,7 @@ def bench_shape(H, B, ctx, n, K, reps, warm, history, buffer, seed, log, peers=N
         dense_ms_all=ts_dense, dosa_ms_all=ts_dosa,
         step_ratio_median=statistics.median(a / b for a, b in zip(ts_dense, ts_dosa, strict=True)),
         overflow_steps=int(over), compaction=last.compaction,
+        survival=getattr(last, "survival", None),  # the keys scored in full (the screen's)
         witnesses_mean=float(last.witnesses.mean()), ids_equal=equal, gen_s=gen_s,
     )  # fmt: skip
     res.update(_dosa_graph(cp, sel_args=(K, history, buffer, scorer), c=dict(
@@ -395,15 +396,16 @@ def markdown(rows) -> str:
     """The decode table (the key-read floor and time / floor after the original columns)
     and, for rows with peer fields, the peers table and the reasons peers did not run."""
     head = (
-        "| regime | H | B | ctx | next_n | dense ms | DoSA ms | speedup | step ratio "
-        "| compaction | overflow steps | ids equal | key floor ms | dense ×floor "
-        "| DoSA ×floor |\n|" + "---|" * 15 + "\n"
+        "| regime | H | B | ctx | next_n | scorer | dense ms | DoSA ms | speedup | step ratio "
+        "| compaction | scored | overflow steps | ids equal | key floor ms | dense ×floor "
+        "| DoSA ×floor |\n|" + "---|" * 17 + "\n"
     )
     body = "".join(
         f"| {r.get('regime', 'synthetic')} | {r['H']} | {r['B']} | {r['ctx']:,} "
-        f"| {r['next_n']} | {r['dense_ms']:.3f} "
+        f"| {r['next_n']} | {r.get('scorer', 'f16')} | {r['dense_ms']:.3f} "
         f"| {r['dosa_ms']:.3f} | {r['speedup']:.2f}× | {r['step_ratio_median']:.2f}× "
-        f"| {r['compaction']:.4f} | {r['overflow_steps']} | {r['ids_equal']} "
+        f"| {r['compaction']:.4f} | {_cell(r.get('survival'), '{:.4f}')} "
+        f"| {r['overflow_steps']} | {r['ids_equal']} "
         f"| {_cell(r.get('key_floor_ms'), '{:.4f}')} "
         f"| {_cell((r.get('x_floor') or {}).get('dense'), '{:.2f}×')} "
         f"| {_cell((r.get('x_floor') or {}).get('dosa'), '{:.2f}×')} |\n"
