@@ -25,8 +25,9 @@ kernel's arithmetic, bit for bit, in numpy) against the exact ‖k̄‖² / 128 
 each f16 chain's exactness assumptions (multiples of 2^-24, no overflow).  Cases: every code
 at its largest magnitude (448), at the smallest subnormal, zero keys, keys mixing both ends,
 random keys, and keys whose chains round at every step (squares just past f16 midpoints).
-Tightness: a key of one nonzero code per chain meets no rounding, so ρ is within kRhoLift's
-and the fp32 roundings' lift of the exact RMS.
+Tightness: kRhoLift is the least fp32 value at or above 1 / (2 (1 − 2^-11)^7) (the next
+smaller one is below it); a key of one nonzero code per chain meets no rounding, so its ρ
+is within kRhoLift's and the fp32 roundings' lift of the exact RMS.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ def _source_lift() -> Fraction:
 
 
 def check(k, context="") -> Result:
-    au = Audit(NAME, tightness=False, context=context)
+    au = Audit(NAME, tightness=True, context=context)
     need = 1 / (2 * (1 - U16) ** 7)
     lift = Fraction(float(RHO_LIFT))
     au.ge(lift, need, "kRhoLift ≥ 1 / (2 (1 − 2^-11)^7)")
+    # tight: kRhoLift is the least fp32 value that satisfies it
+    au.tight(Fraction(float(np.nextafter(RHO_LIFT, np.float32(0)))) < need)
     au.eq(_source_lift(), lift, "the kernel's kRhoLift == the model's")
     au.ge(Fraction(65504), 8 * 3136 * (1 + U16) ** 7, "an f16 chain of 8 squares cannot overflow")
     k = np.asarray(k, dtype=np.uint8)
