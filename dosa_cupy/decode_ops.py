@@ -114,10 +114,14 @@ FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 # (tests/test_decode_fp8.py).  None: ``tma_wanted``'s rule; True / False: that scan always
 # (dosa bench --decode --scorer fp8tma forces it).
 DECODE_TMA: bool | None = None
-# tma_wanted: the TMA scan from this many requests on, or for next_n ≥ 2 (the H200's decode
-# steps at 1M, docs/records/benchmarks.md session 22: graph replays 2.33 / 2.59 ms against
-# 3.23 / 4.10 at B = 64, next_n = 1, H = 32 / 64, and faster at next_n = 2 for B = 1, 8, 64;
-# slower at B = 8, next_n = 1: 0.65 / 0.67 ms against 0.52 / 0.64)
+# tma_wanted: the TMA scan from this many requests on, or for next_n ≥ 2 with 64 padded heads
+# (the H200's decode steps at 1M, docs/records/benchmarks.md session 22: graph replays 2.33 /
+# 2.59 ms against 3.23 / 4.10 at B = 64, next_n = 1, H = 32 / 64, and faster at next_n = 2 for
+# B = 1, 8, 64; slower at B = 8, next_n = 1: 0.65 / 0.67 ms against 0.52 / 0.64).  At 32 heads
+# and next_n 2 below TMA_MIN_B the gathering scan is as fast or faster (an H100, session 37,
+# back-to-back replays: B = 8, 1M 0.591 against 0.666 ms; 128K 0.166 / 0.168; B = 1 0.107 /
+# 0.112 at 1M, 0.049 / 0.048 at 128K), while at 64 heads TMA stays ahead (B = 8, 1M: 0.675
+# against 0.784).
 TMA_MIN_B = 16
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
@@ -157,7 +161,7 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
         raise ValueError(f"q: the FP8 decode scan takes next_n <= {FP8_ROWS}, got {d['n']}")
     if not fused:
         tail[0].fill(-np.inf)
-    if tma_wanted(B, d["n"]) and _aligned16(d["kv"], d["scale"]):  # the copies' alignment
+    if tma_wanted(B, d["n"], H) and _aligned16(d["kv"], d["scale"]):  # the copies' alignment
         return scan_fp8_tma(d, fused, tail)
     T = -(-L // FP8_TILE)
     gx = max(1, min(T, num_sms() * FP8_SCAN_BLOCKS[H] // B))
@@ -169,12 +173,13 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
     )  # fmt: skip
 
 
-def tma_wanted(B: int, n: int) -> bool:
-    """Whether a step of ``B`` requests of ``n`` query rows each takes the TMA scan
-    (``DECODE_TMA``; None: from TMA_MIN_B requests on or for n ≥ 2)."""
+def tma_wanted(B: int, n: int, Hp: int = 64) -> bool:
+    """Whether a step of ``B`` requests of ``n`` query rows of ``Hp`` padded heads each takes
+    the TMA scan (``DECODE_TMA``; None: from TMA_MIN_B requests on, or for n ≥ 2 at 64
+    heads)."""
     if DECODE_TMA is not None:
         return bool(DECODE_TMA)
-    return B >= TMA_MIN_B or n >= 2
+    return B >= TMA_MIN_B or (n >= 2 and Hp == 64)
 
 
 def _aligned16(*arrays) -> bool:

@@ -21,7 +21,7 @@ def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "blockselect": decode_ops, "witblocks4": decode_ops,
             "stepchain": decode_ops, "screen14": decode_ops, "screen30": decode_ops,
-            "rank16": dense,
+            "rank4": dense,
             "rowarrays": plan,
             "scalearrays": prepare, "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,

@@ -13,8 +13,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          survivors scored (not the scan of every key)
     blockselect decode_ops.RANK_SELECT = False  a decode step of at most 4 query rows
                                          selects by select_kernel (not select_rank)
-    rank16      dense.RANK_ROWS = 16   a decode step of up to 16 query rows (B = 8 at next_n 2)
-                                         selects by select_rank (not select_kernel_buf)
+    rank4       dense.RANK_ROWS = 4    a decode step of five to eight query rows (B = 8 at
+                                         next_n 1) selects by select_kernel_buf (not
+                                         select_rank)
     witblocks4  decode_ops.WITNESS_SPREAD = False  a decode step's witnesses scored by four
                                          blocks per row (not up to one block per SM)
     stepchain   decode_ops.STEP_FOLD = False  a decode step's counters zeroed by two memsets,
@@ -94,7 +95,7 @@ BUILDS = {
     "screen14": ("decode_ops", "SCREEN_R", 14),
     "screen30": ("decode_ops", "SCREEN_R", 30),
     "blockselect": ("decode_ops", "RANK_SELECT", False),
-    "rank16": ("dense", "RANK_ROWS", 16),
+    "rank4": ("dense", "RANK_ROWS", 4),
     "witblocks4": ("decode_ops", "WITNESS_SPREAD", False),
     "stepchain": ("decode_ops", "STEP_FOLD", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
