@@ -188,8 +188,8 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> N
 # The decode step's two selections take it (decode_ops.RANK_SELECT).  Eight rows (B = 8 at
 # next_n 1): on an H100 such steps replayed 1.02–1.12× faster than with select_kernel_buf
 # (back to back, 128K and 1M, H 32 / 64), while 16 rows (B = 8 at next_n 2) were 0.95–0.98×
-# (docs/records/benchmarks.md "The decode screen on the GPU; …", session 37); bench build
-# rank4 keeps the earlier four.
+# (docs/records/benchmarks.md "The decode screen on the GPU; the decode grid with DeepGEMM +
+# exact select"); bench build rank4 keeps the earlier four.
 RANK_ROWS = 8
 RANK_PER_BLOCK = 64  # csrc/select.cu RANK_PER_BLOCK: records a block ranks
 
