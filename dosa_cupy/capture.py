@@ -36,7 +36,7 @@ from ._build import cupy_or_raise
 from .dense import _dense_topk_raw, dense_ids
 from .options import check_options, resolve_options, resolved, strategies
 from .pipeline import dosa_topk
-from .plan import plan_stage
+from .plan import plan_stage, row_tiles
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
 from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wanted
@@ -273,7 +273,7 @@ class PrefillSelectorGPU:
         if route == "dosa" and ro["tie_reject"]:
             tie = tie_screen_wanted(seed_stage(b, ro, anchors), ro)
         if tie:  # device constants copied once, before the allocations are measured
-            plateau_constants(cupy_or_raise(), 1 if r <= 14 else 2)
+            plateau_constants(cupy_or_raise(), row_tiles(r))
         return _Shape(route, screen, r, bool(tie), anchors)
 
     def _run(self, sh: _Shape, q, w, k_payload, k_scale, ks, ke, out) -> PrefillStep:

@@ -250,7 +250,9 @@ class ScreenBuffers:
 
     def __init__(self, B: int, L: int, r: int):
         cp = cupy_or_raise()
-        self.r, self.mts = int(r), 1 if r <= 14 else 2
+        from .plan import row_tiles
+
+        self.r, self.mts = int(r), row_tiles(r)
         self.plan = None  # the first step's plan: its arrays are reused (build_plans_fused out)
         self.sample, self.sample_rows = None, -1
         self.sids = cp.empty((B, L), dtype=cp.int32)
@@ -497,7 +499,6 @@ class Workspace:
         self.kth = cp.empty(R, dtype=cp.uint64)
         self.scratch = scratch(R)
         self.scr = None  # the decode screen's buffers (ScreenBuffers), made by its first step
-        self.screened = False  # whether the last step's scan was the screen
 
     def witnesses(self, b: int) -> np.ndarray:
         if self.ring is None or not 0 <= b < self.ring.shape[0]:
@@ -625,8 +626,7 @@ class DeviceOps:
         rec = ws.rec if cap == ws.rec.shape[1] else self.cp.empty((R, cap), dtype=self.cp.uint64)
         if again or not self.dedup_folds(ws):
             ws.cnt.fill(0)
-        ws.screened = screen_wanted(d)
-        if ws.screened:  # the screen, then its survivors (the extension: those again)
+        if screen_wanted(d):  # the screen, then its survivors (the extension: those again)
             if not again:
                 screen_step(d, thr, ws)
             score_survivors(d, thr, ws.cnt, rec, cap, ws.scr)
@@ -638,7 +638,7 @@ class DeviceOps:
         """int64 [R] (host): the keys each row scored in full — after a screened step, its
         request's survivors within the row's visible end; None after a scan (every visible
         key)."""
-        if not getattr(ws, "screened", False):
+        if not screen_wanted(d):
             return None
         sc = self.cp.asnumpy(ws.scr.scount).astype(np.int64)
         return np.minimum(np.repeat(sc, d["n"]), self.cp.asnumpy(d["ke"]).astype(np.int64))

@@ -20,6 +20,7 @@ __all__ = [
     "decode_survival",
     "e4m3_values",
     "guard_bound_ru32",
+    "make_records",
     "record_order",
     "record_score",
     "score_code",
@@ -56,6 +57,13 @@ def guard_bound_ru32(uh, rho, alpha, C, eps_raw, eps_out) -> np.ndarray:
     c32, er32, eo32 = f32_up(C), f32_up(eps_raw), f32_up(eps_out)
     u = f32_add_ru(f32_add_ru(uh, f32_mul_ru(rho, c32)), er32)
     return f32_add_ru(f32_mul_ru(alpha, u), eo32)
+
+
+def make_records(scores, ids) -> np.ndarray:
+    """uint64 records (code << 32 | ~id) of float32 scores and int ids ≥ 0: the host mirror of
+    record.cuh make_record (the larger record is the earlier in (score desc, id asc))."""
+    low = ~np.asarray(ids).astype(np.uint32)
+    return (score_code(scores).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
 
 
 def record_score(rec: np.ndarray) -> np.ndarray:
@@ -136,7 +144,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     from dosa_ref.fp8 import key_rms
     from dosa_ref.seeds import anchor_segments_of
 
-    from .plan import build_plans
+    from .plan import build_plans, row_tiles
 
     q, w = _padded_heads(q, w)
     Qn = q.shape[0]
@@ -181,7 +189,7 @@ def screen_survival(q, w, k_payload, k_scale, K, ks, ke, *, r=14, mma_bits=17, w
     tau = top[:, K - 1]
     if tau_floor is not None:
         tau = np.maximum(tau, np.asarray(tau_floor, dtype=np.float64))
-    mts = 1 if r <= 14 else 2
+    mts = row_tiles(r)
     ns = min(p_sample, pool.size)
     sample = pool[np.linspace(0, pool.size - 1, ns).astype(np.int64)] if ns else None
     pl = build_plans(q, w, kp, sample, r, mts, mma_bits, xp=np, scorer=scorer, screen=screen)
@@ -214,7 +222,7 @@ def decode_survival(q, w, k_payload, k_scale, ke, tau, *, r=14, p_sample=1024, s
     U^num, must be 0)."""
     from dosa_ref.fp8 import key_rms
 
-    from .plan import build_plans
+    from .plan import build_plans, row_tiles
 
     q, w = _padded_heads(q, w)
     n = q.shape[0]
@@ -223,7 +231,7 @@ def decode_survival(q, w, k_payload, k_scale, ke, tau, *, r=14, p_sample=1024, s
     ke = np.asarray(ke, dtype=np.int64)
     tau = np.asarray(tau, dtype=np.float64)
     rho = key_rms(kp).astype(np.float64)
-    mts = 1 if r <= 14 else 2
+    mts = row_tiles(r)
     out = dict(survival=np.zeros(n), survivors=np.zeros(n, np.int64), visible=ke.copy(),
                violations=0)  # fmt: skip
     for j in range(n):

@@ -146,6 +146,12 @@ class DevicePlan:
     scratch: tuple | None = None
 
 
+def row_tiles(r: int) -> int:
+    """The 16-row tiles (mts) of a plan with r retained heads: one for r ≤ 14 (14 retained
+    rows and the two aux rows), two beyond (``row_slots``)."""
+    return 1 if r <= 14 else 2
+
+
 def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> DevicePlan:
     """The plan stage: plans of batch ``b`` (``prepare.Batch``) with r retained heads
     (mts = 1 row tile for r ≤ 14, else 2), activation frequencies from ``o["p_sample"]``
@@ -159,7 +165,7 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> De
     retains (docs/method.md §4); every plan's bound holds for any sample.  ``screen``: the
     screen kernel's dot arithmetic (``screen.screen_arith`` of the chunk's screen)."""
     cp = cupy_or_raise()
-    mts = 1 if r <= 14 else 2
+    mts = row_tiles(r)
     ns = min(o["p_sample"], int(pool.size))
     if pcount is None:
         sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None

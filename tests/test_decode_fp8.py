@@ -251,6 +251,21 @@ def test_gpu_fp8_decode_walk(monkeypatch, B, n, H, tma):
         L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
 
 
+def _walk_steps(cache, L, H: int, n: int, K: int, steps: int, grow: int):
+    """The steps of a drifting FP8 decode walk on ``cache`` from lengths L (int32 [B], grown by
+    up to ``grow`` keys a step within the cache; queries drawn after L from ``cache.rs``):
+    yields (step, args, dense, L) — the step's device arguments, the FP8 dense decode route's
+    ids on them and its host lengths."""
+    rs, B = cache.rs, cache.B
+    qf = rs.standard_normal((B, n, H, 128))
+    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
+    for step in range(steps):
+        qp, wq = _queries(rs, qf, n, H)
+        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+        yield step, args, dec.dense_decode_topk(*args, K, scorer="fp8"), L
+        L = np.minimum(L + rs.integers(1, grow, B), cache.max_blocks * 64).astype(np.int32)
+
+
 @pytest.mark.parametrize("small", [True, False], ids=["rank_spread", "block_four"])
 @pytest.mark.parametrize("B,n,H", [(1, 1, 64), (1, 2, 32), (2, 2, 64), (3, 2, 32)])
 @needs_sm90a
@@ -269,18 +284,12 @@ def test_gpu_fp8_small_step_by_rank_with_spread_witnesses(monkeypatch, B, n, H, 
     L = rs.integers(K, 24 * 64, B).astype(np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
     small = dec.DecodeSelectorGPU(K, history=2, buffer=3, scorer="fp8")  # overflow path
-    qf = rs.standard_normal((B, n, H, 128))
-    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
     walk = []
-    for step in range(steps):
-        qp, wq = _queries(rs, qf, n, H)
-        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+    for step, args, dense, _ in _walk_steps(cache, L, H, n, K, steps, 300):
         walk.append((args[0], args[1], args[-1]))
-        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
         assert cp.array_equal(sel.step(*args).ids, dense), step
         assert cp.array_equal(small.step(*args).ids, dense), step
-        L = np.minimum(L + rs.integers(1, 300, B), cache.max_blocks * 64).astype(np.int32)
-    replay_decode_walk(walk, dev, K, f"fp8 rank B={B} n={n} H={H}", scorer="fp8")
+    replay_decode_walk(walk, list(args[2:5]), K, f"fp8 rank B={B} n={n} H={H}", scorer="fp8")
 
 
 @TMA
@@ -408,19 +417,13 @@ def test_gpu_decode_screen_equals_dense_and_its_emulation(monkeypatch, H, n, r, 
     L = rs.integers(8 * 64, 12 * 64, B).astype(np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
     small = dec.DecodeSelectorGPU(K, history=2, buffer=5, scorer="fp8")  # overflow path
-    qf = rs.standard_normal((B, n, H, 128))
-    dev = [cp.asarray(x) for x in (cache.kv, cache.scale, cache.block_table)]
     walk = []
-    for step in range(steps):
-        qp, wq = _queries(rs, qf, n, H)
-        args = (cp.asarray(qp), cp.asarray(wq), *dev, cp.asarray(L))
+    for step, args, dense, Lh in _walk_steps(cache, L, H, n, K, steps, 200):
         walk.append((args[0], args[1], args[-1]))
-        dense = dec.dense_decode_topk(*args, K, scorer="fp8")
         out = sel.step(*args)
         assert cp.array_equal(out.ids, dense), step
         st = out.stats
         assert np.all(st.scored <= st.visible) and np.all(st.compacted <= st.scored), step
-        _screen_survivors_match_emulation(sel, cache, L, f"step {step}")
+        _screen_survivors_match_emulation(sel, cache, Lh, f"step {step}")
         assert cp.array_equal(small.step(*args).ids, dense), step
-        L = np.minimum(L + rs.integers(1, 200, B), cache.max_blocks * 64).astype(np.int32)
-    replay_decode_walk(walk, dev, K, f"screen r={r} n={n} H={H}", scorer="fp8")
+    replay_decode_walk(walk, list(args[2:5]), K, f"screen r={r} n={n} H={H}", scorer="fp8")

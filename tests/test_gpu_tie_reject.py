@@ -22,7 +22,7 @@ from gpu_support import cp, gpu, needs_sm90a
 import dosa_cupy
 from dosa_cupy import sm90a
 from dosa_cupy.options import check_options
-from dosa_cupy.plan import build_plans, gamma_mma
+from dosa_cupy.plan import build_plans, gamma_mma, row_tiles
 from dosa_cupy.screen import PAIR_ROWS, pair_gather, plateau_rows
 from dosa_cupy.select import NO_KTH_ID, kth_ids
 from dosa_ref.fp8 import e4m3_bits, e4m3_values
@@ -74,7 +74,7 @@ def test_plateau_rows(n_pos, r):
     rng = np.random.default_rng(n_pos + r)
     Hp = 32
     q, w, kp = _e4m3_problem(rng, 3, Hp, n_pos, 4)
-    mts = 1 if r <= 14 else 2
+    mts = row_tiles(r)
     plan = build_plans(q, w, kp, None, r, mts, 17, xp=np)
     z = plateau_rows(plan, w, 17, np)
     assert z.dtype == np.float32 and z.shape == (3, 16 * mts)

@@ -5,6 +5,7 @@ rough wall-time model for splitting a sweep into parts."""
 from __future__ import annotations
 
 from .. import refine
+from ..plan import row_tiles
 from .timing import WARM
 
 # H200 ceilings measured in docs/numerics.md ("Measured on an H200", 2026-11-30):
@@ -43,8 +44,8 @@ def causal_pairs(Qn: int, N: int) -> float:
 
 def screen_rows(r: int) -> int:
     """MMA rows the screen runs per query: one 16-row tile for r ≤ 14, two beyond
-    (``mts`` in pipeline.dosa_topk: r retained rows + 2 aux rows per tile)."""
-    return SCREEN_TILE * (1 if r <= 14 else 2)
+    (``plan.row_tiles``: r retained rows + 2 aux rows per tile)."""
+    return SCREEN_TILE * row_tiles(r)
 
 
 def floors_ms(H, Qn, N, pairs=None, survival=None, r: int = 14) -> dict:
