@@ -877,15 +877,31 @@ __device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t*
   const int* btrow = bt + (long long)b * max_blocks;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-    if (t == 0) {
+    if (t < 32) {
+      // Warp 0's lanes read the block-table entries of the next 32 pages while lane 0 issues
+      // this chunk's copies: a page's copy never waits on its entry's load (at a page stride
+      // of gx entries every entry is a cache line of its own once gx ≥ 32; docs/method.md §10
+      // "The scan fed by TMA").
+      const int lane = t;
+      auto entry = [&](int k) { return k < np ? __ldg(btrow + x0 + gx * k) : 0; };
+      int cur = entry(lane);
 #pragma unroll 1
-      for (int k = 0; k < np; ++k) {
-        const int c = k % kCwg, j = k / kCwg, slot = c * kTmaSlots + j % kTmaSlots;
-        if (j >= kTmaSlots) mbar_wait(&empty[slot], ((j / kTmaSlots) - 1) & 1);
-        const int page = __ldg(btrow + x0 + gx * k);
-        mbar_expect_tx(&full[slot], kTileBytes + 64 * 4);
-        tma_load_2d(sk + slot * kTileBytes, &kvmap, &full[slot], 0, page * 64);
-        bulk_load(sa + slot * 64, ksc + (long long)page * 64, 64 * 4, &full[slot]);
+      for (int k0 = 0; k0 < np; k0 += 32) {
+        const int next = entry(k0 + 32 + lane);
+        const int m = min(32, np - k0);  // warp-uniform
+#pragma unroll 1
+        for (int i = 0; i < m; ++i) {
+          const int page = __shfl_sync(0xffffffffu, cur, i);
+          if (lane == 0) {
+            const int k = k0 + i;
+            const int c = k % kCwg, j = k / kCwg, slot = c * kTmaSlots + j % kTmaSlots;
+            if (j >= kTmaSlots) mbar_wait(&empty[slot], ((j / kTmaSlots) - 1) & 1);
+            mbar_expect_tx(&full[slot], kTileBytes + 64 * 4);
+            tma_load_2d(sk + slot * kTileBytes, &kvmap, &full[slot], 0, page * 64);
+            bulk_load(sa + slot * 64, ksc + (long long)page * 64, 64 * 4, &full[slot]);
+          }
+        }
+        cur = next;
       }
     }
     return;
