@@ -123,6 +123,13 @@ DECODE_TMA: bool | None = None
 # 0.112 at 1M, 0.049 / 0.048 at 128K), while at 64 heads TMA stays ahead (B = 8, 1M: 0.675
 # against 0.784).
 TMA_MIN_B = 16
+# The TMA scan's producer warp reads the block-table entries of the next 32 pages while it
+# issues the copies (score_fp8.cu tma_pages' AHEAD, the kernels ending in _ahead; docs/method.md
+# §10 "The scan fed by TMA"): at B = 1 and 8 a block's pages are gx ≥ 32 entries apart, so
+# reading each entry when its page is due puts a load in front of every copy.  The same copies,
+# so the same bits.  Under trial (bench build tmaahead): not the default until a GPU has
+# measured it.
+TMA_AHEAD = False
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
 # records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9
@@ -215,7 +222,7 @@ def scan_fp8_tma(d, fused: bool, tail: tuple) -> None:
     H, B, L, n = d["Hp"], d["B"], d["L"], d["n"]
     gx = tma_blocks_per_request(B, -(-L // FP8_TILE), num_sms())
     kvmap = tensor_map_2d(d["kv"], 64, 128)
-    name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}"
+    name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}{'_ahead' * TMA_AHEAD}"
     smem = fp8_tma_smem(n * H)
     kernel(name, smem, FP8_SPEC)(
         (gx, B), (128 * (1 + FP8_TMA_CWG),),

@@ -314,18 +314,22 @@ def test_gpu_fp8_step_captured_in_a_cupy_graph(monkeypatch, H, tma):
     replay_decode_walk(walk, dev, K, f"fp8 H={H}", scorer="fp8")
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["due", "ahead"])
 @pytest.mark.parametrize("sms", [1, 3, 132])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("H", [32, 64])
 @needs_sm90a
 @gpu
-def test_gpu_fp8_tma_scan_equals_gathered_scan_bitwise(monkeypatch, H, n, sms):
+def test_gpu_fp8_tma_scan_equals_gathered_scan_bitwise(monkeypatch, H, n, sms, ahead):
     """decode_scan_tma against decode_scan on the same step, launched directly: the logits
     bit for bit, the fused scan's counts equal and its records the same set (their order is
     the atomics'), at a threshold that keeps about a fifth of the keys — with blocks of many
-    pages (sms = 1, 3: every consumer's ring wraps, the deferred record writes cross pages)
-    and the device's grid; lengths that end inside a page and one request longer than the
-    others."""
+    pages (sms = 1, 3: every consumer's ring wraps, the deferred record writes cross pages;
+    at sms = 1 a block's 40 pages cross the producer's 32-page chunk of block-table entries
+    read ahead) and the device's grid; lengths that end inside a page and one request longer
+    than the others; the producer reading each entry when its page is due or ahead
+    (dops.TMA_AHEAD)."""
+    monkeypatch.setattr(dops, "TMA_AHEAD", ahead)
     B, pages = 3, 40
     cache = PagedCache(B, pages * 64, seed=7 * H + n)
     rs = cache.rs

@@ -97,9 +97,10 @@ class _Kernels:
 
         assert spec is FP8_SPEC
         self.names.append(name)
-        tma = re.fullmatch(r"decode_(fused|logits)_tma_fp8_h(\d+)_n(\d)", name)
+        tma = re.fullmatch(r"decode_(fused|logits)_tma_fp8_h(\d+)_n(\d)(_ahead)?", name)
         if tma:  # decode_scan_tma: its shared memory, four warpgroups, the map first
             H, n = int(tma.group(2)), int(tma.group(3))
+            assert (tma.group(4) is not None) == dops.TMA_AHEAD  # the build switched
             assert smem == dops.fp8_tma_smem(n * H)
 
             def launch_tma(grid, block, args, shared_mem=0):
@@ -266,17 +267,21 @@ def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N,
 # ---- the decode scan (score_fp8.cu decode_scan: the range scorer over a request's pages) ---
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["ring", "tma"])
+@pytest.mark.parametrize(
+    "tma,ahead", [(False, False), (True, False), (True, True)], ids=["ring", "tma", "tma_ahead"]
+)
 @pytest.mark.parametrize("H,B,n,sms", [(64, 3, 2, 2), (32, 1, 1, 132), (64, 5, 1, 1)])
 def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms,
-                                                                   tma):  # fmt: skip
+                                                                   tma, ahead):  # fmt: skip
     """decode_scan (gathered tiles) and decode_scan_tma (dops.DECODE_TMA: pages by the copy
-    engine): every row's logits exactly where visible (−inf elsewhere, the host's fill) and
-    exactly its records at or above the threshold, through the request's block table."""
+    engine; dops.TMA_AHEAD: its build that reads the block table ahead): every row's logits
+    exactly where visible (−inf elsewhere, the host's fill) and exactly its records at or
+    above the threshold, through the request's block table."""
     from dosa_cupy import decode_ops as dops
     from dosa_cupy import tma as tma_mod
 
     monkeypatch.setattr(dops, "DECODE_TMA", tma)
+    monkeypatch.setattr(dops, "TMA_AHEAD", ahead)
     monkeypatch.setattr(dops, "_aligned16", lambda *a: True)  # numpy has no device pointer
     monkeypatch.setattr(tma_mod, "tensor_map_2d", lambda *a, **k: np.zeros(1, TMAP_DTYPE)[0])
     fk = _Kernels()
@@ -313,7 +318,8 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         assert int(cnt[r]) == len(want), r
         got = {int(x) for x in rec[r, : min(int(cnt[r]), cap)]}
         assert got <= want and (len(want) > cap or got == want), r
-    assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{f'_n{n}' if tma else ''}"
+    sfx = f"_n{n}{'_ahead' * ahead}" if tma else ""
+    assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{sfx}"
                         for k in ("logits", "fused")]  # fmt: skip
 
 

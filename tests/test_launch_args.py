@@ -69,8 +69,9 @@ LAUNCHED = {
                      ("score_fp8_ids", "refine_fp8", "refine_fp8_spill", "seed_score_fp8",
                       "seed_ids_fp8", "seed_logits_fp8", "fused_fp8", "decode_logits_fp8",
                       "decode_fused_fp8", "decode_witness_fp8", "decode_survivors_fp8")]
-                   + [f"decode_{k}_tma_fp8_h{h}_n{n}" for h in (64, 32) for n in (1, 2)
-                      for k in ("logits", "fused")]  # decode_ops.scan_fp8_tma
+                   + [f"decode_{k}_tma_fp8_h{h}_n{n}{a}" for h in (64, 32) for n in (1, 2)
+                      for k in ("logits", "fused")
+                      for a in ("", "_ahead")]  # decode_ops.scan_fp8_tma
                    + [f"decode_screen_tma_r{r}_n{n}" for r in (16, 32)
                       for n in (1, 2)],  # decode_ops.screen_step
 }  # fmt: skip

@@ -175,7 +175,7 @@ def test_every_sm90a_source_builds_under_nvrtc(source):
         allowed = KNOWN_SM90A.get((source, k), (0, 0))
         assert int(spill[1]) <= allowed[0] and int(spill[2]) <= allowed[1], (k, props)
         checked += 1
-    assert checked == {"screen_wgt.cu": 32, "score_fp8.cu": 8}.get(source, 0), checked
+    assert checked == {"screen_wgt.cu": 32, "score_fp8.cu": 16}.get(source, 0), checked
 
 
 @pytest.mark.skipif(LIB is None, reason="libnvrtc not found on this machine")
@@ -193,7 +193,7 @@ def test_decode_tma_consumers_ask_no_more_registers_than_the_block_holds():
     ptx = nvrtc_compile(LIB, src, opts, get="PTX")[0].decode(errors="replace")
     entries = dict(re.findall(r"\.entry (\w+)\((.*?)(?=\.entry |\Z)", ptx, re.S))
     names = [k for k in entries if "_tma_fp8_" in k]
-    assert len(names) == 8, names
+    assert len(names) == 16, names
     for k in names:
         used = int(re.search(rf"Compiling entry function '{k}'.*?Used (\d+) registers",
                              log, re.S).group(1))  # fmt: skip

@@ -8,6 +8,8 @@ Not options of the library: a build under trial is one of these until it wins.
     f16screen   screen.WGT_FP8 = False   its f16 builds where the FP8 build would screen
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
+    tmaahead    decode_ops.TMA_AHEAD = True  the TMA scan's producer reads the block table
+                                         32 pages ahead of its copies (under trial)
     screen14, screen30 decode_ops.SCREEN_R = 14, 30  a decode step on the FP8 scorer screened
                                          with plans of 14 or 30 retained heads, only the
                                          survivors scored (not the scan of every key)
@@ -92,6 +94,7 @@ BUILDS = {
     "f16screen": ("screen", "WGT_FP8", False),
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
+    "tmaahead": ("decode_ops", "TMA_AHEAD", True),
     "screen14": ("decode_ops", "SCREEN_R", 14),
     "screen30": ("decode_ops", "SCREEN_R", 30),
     "blockselect": ("decode_ops", "RANK_SELECT", False),

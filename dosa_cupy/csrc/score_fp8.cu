@@ -823,18 +823,21 @@ __device__ __forceinline__ void decode_scan(const uint8_t* __restrict__ q,
 // decode_screen_tma): request b = blockIdx.y's first `pages` logical pages, block x taking
 // pages x, x + gx, …; the B tile is the NC rows src[b·NC .. b·NC + NC) of 128 e4m3 bytes
 // (the request's query heads, or its rows' plan rows) with their NC weights wsrc[b·NC ..].
-// Warpgroup 0 is the producer: one thread reads each page's cache block from the block-table
-// row and copies its 64 key rows by one bulk tensor copy (the map over kv [num_blocks·64,
-// 128], 128-byte swizzle) and its 64 α by one bulk copy into a slot.  kCwg consumer
-// warpgroups take the pages in turn (page k to warpgroup k mod kCwg), each through its own
-// ring of kTmaSlots slots with a full and an empty mbarrier, so a consumer waits on its own
+// Warpgroup 0 is the producer: a thread reads each page's cache block from the block-table
+// row (AHEAD: below) and copies its 64 key rows by one bulk tensor copy (the map over kv
+// [num_blocks·64, 128], 128-byte swizzle) and its 64 α by one bulk copy into a slot.  kCwg
+// consumer warpgroups take the pages in turn (page k to warpgroup k mod kCwg), each through its
+// own ring of kTmaSlots slots with a full and an empty mbarrier, so a consumer waits on its own
 // slots in order (never a phase ahead).  The consumers call start(sw, warp, lane) once, then
 // page(p, da, db, sa, sk, done) for each of their pages p (da, db: the slot's key tile and
 // the B tile as descriptors; sa: the slot's 64 α; sk: its key bytes; done: the slot's empty
 // mbarrier, on which every consumer thread arrives once it has read the slot), then
 // finish(lane).
+// AHEAD (docs/method.md §10 "The scan fed by TMA"): the producer warp's lanes read the
+// block-table entries of the next 32 pages while lane 0 issues the current copies; else one
+// thread reads each entry when its page is due.  The copies are the same either way.
 // Dynamic shared memory decode_tma_smem(NC).
-template <int NC, class Start, class Page, class Finish>
+template <int NC, bool AHEAD, class Start, class Page, class Finish>
 __device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t* __restrict__ src,
                                           const float* __restrict__ wsrc,
                                           const float* __restrict__ ksc,
@@ -877,11 +880,15 @@ __device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t*
   const int* btrow = bt + (long long)b * max_blocks;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-    if (t < 32) {
-      // Warp 0's lanes read the block-table entries of the next 32 pages while lane 0 issues
-      // this chunk's copies: a page's copy never waits on its entry's load (at a page stride
-      // of gx entries every entry is a cache line of its own once gx ≥ 32; docs/method.md §10
-      // "The scan fed by TMA").
+    // one page's copies into its consumer's next slot, once that slot is empty
+    auto issue = [&](int k, int page) {
+      const int c = k % kCwg, j = k / kCwg, slot = c * kTmaSlots + j % kTmaSlots;
+      if (j >= kTmaSlots) mbar_wait(&empty[slot], ((j / kTmaSlots) - 1) & 1);
+      mbar_expect_tx(&full[slot], kTileBytes + 64 * 4);
+      tma_load_2d(sk + slot * kTileBytes, &kvmap, &full[slot], 0, page * 64);
+      bulk_load(sa + slot * 64, ksc + (long long)page * 64, 64 * 4, &full[slot]);
+    };
+    if (AHEAD && t < 32) {
       const int lane = t;
       auto entry = [&](int k) { return k < np ? __ldg(btrow + x0 + gx * k) : 0; };
       int cur = entry(lane);
@@ -892,17 +899,13 @@ __device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t*
 #pragma unroll 1
         for (int i = 0; i < m; ++i) {
           const int page = __shfl_sync(0xffffffffu, cur, i);
-          if (lane == 0) {
-            const int k = k0 + i;
-            const int c = k % kCwg, j = k / kCwg, slot = c * kTmaSlots + j % kTmaSlots;
-            if (j >= kTmaSlots) mbar_wait(&empty[slot], ((j / kTmaSlots) - 1) & 1);
-            mbar_expect_tx(&full[slot], kTileBytes + 64 * 4);
-            tma_load_2d(sk + slot * kTileBytes, &kvmap, &full[slot], 0, page * 64);
-            bulk_load(sa + slot * 64, ksc + (long long)page * 64, 64 * 4, &full[slot]);
-          }
+          if (lane == 0) issue(k0 + i, page);
         }
         cur = next;
       }
+    } else if (!AHEAD && t == 0) {
+#pragma unroll 1
+      for (int k = 0; k < np; ++k) issue(k, __ldg(btrow + x0 + gx * k));
     }
     return;
   }
@@ -935,7 +938,7 @@ __device__ __forceinline__ void tma_pages(const TensorMap& kvmap, const uint8_t*
 // others' MMAs and the next copies are in flight.  Both rows of a request in one MMA (NC =
 // n·H columns).  grid (gx, B), block 128·(1 + kCwg), dynamic shared memory
 // decode_tma_smem(NC) (decode_ops.fp8_tma_smem).
-template <int H, int NC, bool FUSED>
+template <int H, int NC, bool FUSED, bool AHEAD>
 __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const uint8_t* __restrict__ q,
                                                 const float* __restrict__ w,
                                                 const float* __restrict__ ksc,
@@ -968,7 +971,7 @@ __device__ __forceinline__ void decode_scan_tma(const TensorMap& kvmap, const ui
   const float* sw = nullptr;
   int qd = 0, my_u = 0, row = 0;
   bool lane_emits = false;
-  tma_pages<NC>(
+  tma_pages<NC, AHEAD>(
       kvmap, q, w, ksc, bt, max_blocks, (kmax + 63) >> 6,
       [&](const float* sw_, int warp, int lane) {
         sw = sw_;
@@ -1140,7 +1143,7 @@ __device__ __forceinline__ void decode_screen_tma(
   const float eo32 = f32_ru_keep_subnormal(eps_out);
   const float* sw = nullptr;
   int qd = 0, row = 0, my_u = 0, src = 0;
-  tma_pages<NC>(
+  tma_pages<NC, false>(
       kvmap, rows, om, ksc, bt, max_blocks, (kmax + 63) >> 6,
       [&](const float* sw_, int warp, int lane) {
         sw = sw_;
@@ -1459,29 +1462,34 @@ DECODE_SURVIVORS_INST(32)
 
 // The decode scan by TMA (decode_scan_tma): H ∈ {64, 32} heads, N ∈ {1, 2} rows per request;
 // the tensor map first (a 64-byte-aligned parameter, dosa_cupy/tma.py), then decode_scan's
-// parameters without kv (the map reads it).  128·(1 + kCwg) threads, one block per SM.
-#define DECODE_TMA_INST(H, N)                                                                   \
+// parameters without kv (the map reads it).  128·(1 + kCwg) threads, one block per SM.  The
+// names ending in _ahead read the block table ahead (tma_pages' AHEAD; decode_ops.TMA_AHEAD).
+#define DECODE_TMA_INST(H, N, AHEAD, SFX)                                                       \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::kTmaThreads, 1)                      \
-      decode_logits_tma_fp8_h##H##_n##N(                                                        \
+      decode_logits_tma_fp8_h##H##_n##N##SFX(                                                   \
           const __grid_constant__ dosa::TensorMap kvmap, const uint8_t* q, const float* w,      \
           const float* ksc, const int* bt, int max_blocks, const int* ke, int next_n,           \
           float* out) {                                                                         \
-    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), false>(                              \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), false, AHEAD>(                       \
         kvmap, q, w, ksc, bt, max_blocks, ke, next_n, out, nullptr, nullptr, nullptr, 0))       \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::kTmaThreads, 1)                      \
-      decode_fused_tma_fp8_h##H##_n##N(                                                         \
+      decode_fused_tma_fp8_h##H##_n##N##SFX(                                                    \
           const __grid_constant__ dosa::TensorMap kvmap, const uint8_t* q, const float* w,      \
           const float* ksc, const int* bt, int max_blocks, const int* ke, int next_n,           \
           const unsigned long long* thr, unsigned int* count, unsigned long long* rec,          \
           long long cap) {                                                                      \
-    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), true>(                               \
+    DOSA_FP8_BODY(dosa::fp8::decode_scan_tma<H, (N) * (H), true, AHEAD>(                        \
         kvmap, q, w, ksc, bt, max_blocks, ke, next_n, nullptr, thr, count, rec, cap))           \
   }
-DECODE_TMA_INST(64, 1)
-DECODE_TMA_INST(64, 2)
-DECODE_TMA_INST(32, 1)
-DECODE_TMA_INST(32, 2)
+DECODE_TMA_INST(64, 1, false, )
+DECODE_TMA_INST(64, 2, false, )
+DECODE_TMA_INST(32, 1, false, )
+DECODE_TMA_INST(32, 2, false, )
+DECODE_TMA_INST(64, 1, true, _ahead)
+DECODE_TMA_INST(64, 2, true, _ahead)
+DECODE_TMA_INST(32, 1, true, _ahead)
+DECODE_TMA_INST(32, 2, true, _ahead)
 
 // The decode screen (decode_screen_tma): RQ ∈ {16, 32} plan rows (mts 1, 2), N ∈ {1, 2} rows
 // per request; the tensor map first, then the plans, the cache's scales and layout, the rows'
