@@ -125,10 +125,10 @@ DECODE_TMA: bool | None = None
 TMA_MIN_B = 16
 # The TMA scan's producer warp reads the block-table entries of the next 32 pages while it
 # issues the copies (score_fp8.cu tma_pages' AHEAD, the kernels ending in _ahead; docs/method.md
-# §10 "The scan fed by TMA"): at B = 1 and 8 a block's pages are gx ≥ 32 entries apart, so
-# reading each entry when its page is due puts a load in front of every copy.  The same copies,
-# so the same bits.  Under trial (bench build tmaahead): not the default until a GPU has
-# measured it.
+# §10 "The scan fed by TMA"): at B = 8 and 1 (1M keys) a block's pages are 16 and 128 entries
+# apart, so reading each entry when its page is due puts a load from L2 in front of most
+# copies.  The same copies, so the same bits.  Under trial (bench build tmaahead): not the
+# default until a GPU has measured it.
 TMA_AHEAD = False
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
