@@ -31,7 +31,8 @@ import numpy as np
 from ._build import KernelSpec, cupy_or_raise, kernel, num_sms
 from .dense import SEL_KMAX
 from .emulate import record_score
-from .scorer import FP8_SPEC, FP8_TILE, padded_heads
+from .plan import build_plans_fused, row_tiles
+from .scorer import FP8_SPEC, FP8_TILE, MMA_BITS, padded_heads, plan_scorer
 
 PAGE = 64  # tokens per KV block (csrc/decode.cu DEC_PAGE)
 D = 128
@@ -257,8 +258,6 @@ class ScreenBuffers:
 
     def __init__(self, B: int, L: int, r: int):
         cp = cupy_or_raise()
-        from .plan import row_tiles
-
         self.r, self.mts = int(r), row_tiles(r)
         self.plan = None  # the first step's plan: its arrays are reused (build_plans_fused out)
         self.sample, self.sample_rows = None, -1
@@ -284,8 +283,6 @@ def screen_step(d, thr, ws) -> None:
     allowances, activation frequencies from ``ScreenBuffers.sample_of``: any sample gives a
     valid plan), then decode_screen_tma_r{16·mts}_n{next_n} — grid (gx, B) as the TMA scan,
     one block per SM — appending each request's survivors to ``ws.scr``."""
-    from .plan import build_plans_fused
-    from .scorer import MMA_BITS, plan_scorer
     from .tma import tensor_map_2d
 
     B, n, L = d["B"], d["n"], d["L"]

@@ -23,6 +23,7 @@ from gpu_support import HAVE_GPU, cp, gpu, guard_violations
 
 import dosa_cupy.seeds as sd
 import dosa_cupy.select as sel
+from dosa_cupy.emulate import make_records
 from dosa_cupy.options import check_options
 from dosa_ref.stages import cert_clear_below_tau
 
@@ -51,11 +52,7 @@ def test_screen_cert_signature_extends_screen():
     assert re.findall(r"SCREEN_INST\((\d)\)", SRC) == ["1", "2"]
 
 
-def _record(u, ids):
-    from dosa_cupy.emulate import score_code
-
-    low = (~ids.astype(np.int64)) & 0xFFFFFFFF
-    return (score_code(u).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
+_record = make_records  # (U, id) records, record.cuh make_record
 
 
 def _code_score(c):

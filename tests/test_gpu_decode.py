@@ -30,6 +30,7 @@ from gpu_support import cp, gpu, numpy_as_cupy, replay_decode_walk
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
+from dosa_cupy.emulate import make_records
 from dosa_ref.decode import DecodeSelector
 from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
 
@@ -1075,12 +1076,7 @@ class _FakeKernels:
         s = (np.maximum(e4m3_values(q[r]) @ k.T, 0) * w[r].astype(np.float64)[:, None]).sum(0)
         return (s.astype(np.float32) * ksc[rows]).astype(np.float32)
 
-    @staticmethod
-    def _record(s, ids):
-        from dosa_cupy.emulate import score_code
-
-        low = (~ids.astype(np.int64)) & 0xFFFFFFFF
-        return (score_code(s).astype(np.uint64) << np.uint64(32)) | low.astype(np.uint64)
+    _record = staticmethod(make_records)  # record.cuh make_record
 
     def decode_logits(self, q, w, kv, ksc, bt, mb, ke, n, ld, nreq, per, out):
         for r in range(out.shape[0]):

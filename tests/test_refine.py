@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from dosa_cupy import dense as dense_mod
 from dosa_cupy import refine as rs_mod
 from dosa_cupy import select as select_mod
-from dosa_cupy.emulate import record_order, record_score, score_code, wide_floor
+from dosa_cupy.emulate import make_records, record_order, record_score, score_code, wide_floor
 from dosa_cupy.prepare import Batch
 
 CSRC = Path(rs_mod.__file__).parent / "csrc"
@@ -222,11 +222,7 @@ def test_signature_parses():
 # ---------------------------------------------------------------------------------------
 
 
-def _record(s, ids):
-    low = (~np.asarray(ids, dtype=np.int64)) & 0xFFFFFFFF
-    return (score_code(np.asarray(s, np.float32)).astype(np.uint64) << np.uint64(32)) | low.astype(
-        np.uint64
-    )
+_record = make_records  # record.cuh make_record
 
 
 class _FakeRefine:

@@ -20,14 +20,10 @@ from gpu_support import cp, gpu, needs_sm90a, numpy_as_cupy
 
 from dosa_cupy import seeds as seeds_mod
 from dosa_cupy import shards
-from dosa_cupy.emulate import score_code
+from dosa_cupy.emulate import make_records
 from dosa_ref.scorer import topk_of
 
-
-def _records(scores, ids):
-    """uint64 records code(s) << 32 | ~id (record.cuh make_record), numpy."""
-    low = (~np.asarray(ids).astype(np.uint32)).astype(np.uint64)
-    return (score_code(np.asarray(scores, np.float32)).astype(np.uint64) << np.uint64(32)) | low
+_records = make_records  # uint64 records code(s) << 32 | ~id (record.cuh make_record)
 
 
 @pytest.mark.parametrize("sizes", [(40, 60), (0, 100), (33, 0, 67), (1, 1, 98)])
