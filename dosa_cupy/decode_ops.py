@@ -131,6 +131,12 @@ TMA_MIN_B = 16
 # copies.  The same copies, so the same bits.  Under trial (bench build tmaahead): not the
 # default until a GPU has measured it.
 TMA_AHEAD = False
+# The FP8 witnesses' K-th record selected by the last block of each row of their own kernel
+# (score_fp8.cu decode_witness_kth, select_block.cuh; docs/method.md §10 "The witnesses' K-th
+# in their kernel") instead of a selection launch after them: the same threshold record, one
+# launch fewer a step.  Under trial (bench build witkth): not the default until a GPU has
+# measured it.
+WITNESS_KTH = False
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
 # records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9
@@ -497,6 +503,8 @@ class Workspace:
         # zeroes both (STEP_FOLD)
         self.counts = cp.zeros((2, R), dtype=cp.uint32)
         self.wcnt, self.cnt = self.counts[0], self.counts[1]
+        # decode_witness_kth's finished blocks per row (0 at rest; the last block resets it)
+        self.ticket = cp.zeros(R, dtype=cp.uint32) if Wc else None
         self.thr = cp.zeros(R, dtype=cp.uint64)  # stays 0 (every key) without history
         self.rec = cp.empty((R, cap), dtype=cp.uint64)
         self.ids = cp.empty((R, K), dtype=cp.int32)
@@ -543,11 +551,13 @@ class DeviceOps:
     def workspace(self, B, n, H, K, L, history, cap):
         return Workspace(B, n, H, K, L, history, cap, self.scorer)
 
-    def witness_records(self, d, wit, wcnt, wrec, zeroed: bool = False) -> None:
+    def witness_records(self, d, wit, wcnt, wrec, zeroed: bool = False, kth=None) -> None:
         """Records uint64 [R, Wc] (into ``wrec``, compacted, their count per row in ``wcnt``
         uint32 [R]) of the ids of ``wit`` int32 [B, Wc] that row r sees (0 ≤ id < ke[r]):
         ids distinct per request, −1 empty; scored by the scan's device function.
-        ``zeroed``: ``wcnt`` is already 0 (else zeroed here)."""
+        ``zeroed``: ``wcnt`` is already 0 (else zeroed here).  ``kth`` (FP8 only): (ticket
+        uint32 [R], thr uint64 [R]) — the same kernel also writes each row's K-th record to
+        thr (0 below K records; decode_witness_kth)."""
         Wc = int(wit.shape[1])
         if not zeroed:
             wcnt.fill(0)
@@ -558,6 +568,11 @@ class DeviceOps:
         R = d["B"] * d["n"]
         if d["scorer"] == "fp8":  # csrc/score_fp8.cu decode_witness: tiles of 64 per block
             gx = witness_blocks(-(-Wc // FP8_TILE), R, num_sms())
+            if kth is not None:
+                kernel(f"decode_witness_kth_fp8_h{d['Hp']}", 0, FP8_SPEC)(
+                    (gx, R), (128,), (*args, np.int32(d["K"]), *kth)
+                )
+                return
             kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
         else:
             grid = (_grid_x(Wc, WIT_KEYS), R)
@@ -575,9 +590,19 @@ class DeviceOps:
             dedup(ws.ring, ws.wit)
         else:  # beyond the shared-memory hash set: sort on the device (allocates)
             ws.wit[...] = witness_table([ws.ring], d["B"], self.cp)
+        if self.kth_in_witnesses(d):  # the K-th by the witnesses' last blocks
+            kth = (ws.ticket, ws.thr)
+            self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=folds, kth=kth)
+            return ws.thr, ws.wcnt
         self.witness_records(d, ws.wit, ws.wcnt, ws.wrec, zeroed=folds)
         select_into(d["K"], ws.wrec, ws.wcnt, None, ws.thr, ws.scratch)
         return ws.thr, ws.wcnt
+
+    @staticmethod
+    def kth_in_witnesses(d) -> bool:
+        """Whether ``tau`` takes the witnesses' K-th from decode_witness_kth (``WITNESS_KTH``
+        on the FP8 scorer) instead of a selection launch."""
+        return WITNESS_KTH and d["scorer"] == "fp8"
 
     @staticmethod
     def dedup_folds(ws) -> bool:

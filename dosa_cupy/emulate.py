@@ -19,6 +19,7 @@ __all__ = [
     "decode_screen_keep",
     "decode_survival",
     "e4m3_values",
+    "block_kth_record",
     "guard_bound_ru32",
     "make_records",
     "record_order",
@@ -86,6 +87,40 @@ def wide_floor(kept: np.ndarray, K: int) -> float:
         return float("-inf")
     f = record_score(np.array([(int(c[K - 1]) & 0xFFFFFC00) << 32], dtype=np.uint64))[0]
     return float("-inf") if np.isnan(f) else float(f)
+
+
+KTH_WIDTHS = (11, 11, 10, 11, 11, 10)  # select_block.cuh: the digits, from the top
+
+
+def block_kth_record(rec, k: int) -> tuple[int, int]:
+    """The k-th largest (1 ≤ k ≤ len) of uint64 records by select_block.cuh's procedure, step
+    for step: digits of KTH_WIDTHS from the top, each pass counting the next digit of the
+    records that share the bits found so far, the digit of rank k taken and k lowered by the
+    count above it, and a last pass fetching the one record left with the found bits where a
+    digit's bin holds one.  Returns (the record, the passes over ``rec`` it read) — the record
+    equals ``np.sort(rec)[-k]`` (tests/test_decode_witness_kth.py holds it to that)."""
+    rec = np.asarray(rec, dtype=np.uint64).ravel()
+    if not 1 <= k <= rec.size:
+        raise ValueError(f"k: expected 1 <= k <= {rec.size}, got {k}")
+    prefix, fixed, passes = 0, 0, 0
+    for w in KTH_WIDTHS:
+        shift = 64 - fixed - w
+        top = rec >> np.uint64(64 - fixed) if fixed else np.zeros_like(rec)
+        sel = rec[top == np.uint64(prefix >> (64 - fixed) if fixed else 0)]
+        hist = np.bincount(((sel >> np.uint64(shift)) & np.uint64((1 << w) - 1)).astype(np.int64),
+                           minlength=1 << w)  # fmt: skip
+        passes += 1
+        above = np.concatenate([np.cumsum(hist[::-1])[::-1][1:], [0]])  # #(digit > b)
+        b = int(np.flatnonzero((above < k) & (k <= above + hist))[-1])
+        prefix |= b << shift
+        fixed += w
+        k -= int(above[b])
+        if fixed == 64:
+            return prefix, passes
+        if hist[b] == 1:
+            passes += 1
+            return int(rec[(rec >> np.uint64(shift)) == np.uint64(prefix >> shift)][0]), passes
+    raise AssertionError("not reached: the sixth digit fixes all 64 bits")
 
 
 def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from test_gpu_decode import PagedCache, _FakeKernels, _queries, fake_cupy  # noq
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
 from dosa_cupy import scorer as scorer_mod
-from dosa_cupy.emulate import score_code
+from dosa_cupy.emulate import block_kth_record, score_code
 from dosa_cupy.scorer import FP8_SPEC
 from dosa_ref.mma_model import fp8_fresh_scores
 from dosa_ref.scorer import topk_of
@@ -121,7 +121,7 @@ class _FakeFP8(_FakeKernels):
             check_args(name, args, [p.dtype for p in self.sig[name]])
             assert block == (128,) and len(grid) == 2 and not kw, (name, grid, block, kw)
             assert args[0].shape[1] == H, "the build of the padded heads"
-            if base == "decode_witness_fp8":
+            if base in ("decode_witness_fp8", "decode_witness_kth_fp8"):
                 Wc = int(args[9])
                 assert grid[1] == args[6].shape[0] and 1 <= grid[0] <= max(1, -(-Wc // 64))
             else:  # block (x, b): request b's tiles x, x + gx, … of 64 keys
@@ -151,15 +151,33 @@ class _FakeFP8(_FakeKernels):
     def decode_witness_fp8(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec):
         self.decode_witness(q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec)
 
+    def decode_witness_kth_fp8(self, q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec, K, ticket,
+                               thr):  # fmt: skip
+        """The witnesses, then each row's K-th record by select_block.cuh's procedure (its
+        host twin), 0 below K records; the tickets are 0 before and after."""
+        assert not ticket.any(), "decode_witness_kth's tickets are 0 at rest"
+        self.decode_witness(q, w, kv, ksc, bt, mb, ke, n, wit, Wc, cnt, rec)
+        for r in range(cnt.shape[0]):
+            m = min(int(cnt[r]), int(Wc))
+            thr[r] = block_kth_record(rec[r, :m], int(K))[0] if m >= K else 0
 
+
+@pytest.mark.parametrize("kth", [False, True], ids=["select", "witkth"])
 @pytest.mark.parametrize("B,n,H,buffer,K", [(2, 2, 32, None, 8), (3, 1, 64, 1, 16)])
-def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, H, buffer, K):  # noqa: F811
+def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, H, buffer, K,  # noqa: F811
+                                                  kth):  # fmt: skip
+    """``kth``: the witnesses' K-th by decode_witness_kth (decode_ops.WITNESS_KTH), so a step
+    with a history selects once (its scan's records), not twice."""
     cache = PagedCache(B, 4 * 64, seed=B + n + H)
     rs = cache.rs
     fk = _FakeFP8()
     monkeypatch.setattr(scorer_mod, "fp8_available", lambda: True)
     monkeypatch.setattr(dops, "kernel", fk.get)
     monkeypatch.setattr(dops, "DECODE_TMA", False)  # the emulation is of decode_scan's kernels
+    monkeypatch.setattr(dops, "WITNESS_KTH", kth)
+    selections = []
+    select_into = dops.select_into
+    monkeypatch.setattr(dops, "select_into", lambda *a: selections.append(1) or select_into(*a))
     L = rs.integers(1, 200, B).astype(np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, scorer="fp8")
     ref = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, backend="numpy", scorer="fp8")
@@ -168,12 +186,18 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
         qp, wq = _queries(rs, qf, n, H)
         args = (qp, wq, cache.kv, cache.scale, cache.block_table, L)
         dense = dec.dense_decode_topk(*args, K, scorer="fp8")
+        selections.clear()
         out = sel.step(*args)
+        assert len(selections) == (1 if kth else 2), step  # a step with a history
         assert np.array_equal(out.ids, dense), step
-        assert np.array_equal(out.ids, ref.step(*args).ids), step
+        got = ref.step(*args)
+        assert np.array_equal(out.ids, got.ids), step
+        # the threshold record is the selection's K-th either way
+        assert np.array_equal(out.stats.tau, got.stats.tau), step
         L = np.minimum(L + rs.integers(1, 40, B), cache.max_blocks * 64).astype(np.int32)
+    witness = "decode_witness_kth_fp8" if kth else "decode_witness_fp8"
     assert {c.rsplit("_h", 1)[0] for c in fk.calls} == {
-        "decode_logits_fp8", "decode_fused_fp8", "decode_witness_fp8"}  # fmt: skip
+        "decode_logits_fp8", "decode_fused_fp8", witness}  # fmt: skip
 
 
 # ---- GPU (sm_90a) ----------------------------------------------------------------------
@@ -290,6 +314,43 @@ def test_gpu_fp8_small_step_by_rank_with_spread_witnesses(monkeypatch, B, n, H, 
         assert cp.array_equal(sel.step(*args).ids, dense), step
         assert cp.array_equal(small.step(*args).ids, dense), step
     replay_decode_walk(walk, list(args[2:5]), K, f"fp8 rank B={B} n={n} H={H}", scorer="fp8")
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize(
+    "B,n,H,K,history",
+    [(1, 1, 64, 2048, 2), (1, 2, 32, 2048, 4), (3, 2, 64, 512, 2), (8, 1, 32, 300, 2)],
+)
+@needs_sm90a
+@gpu
+def test_gpu_fp8_witness_kth_equals_the_selection_bitwise(monkeypatch, B, n, H, K, history, ties):
+    """decode_witness_kth (decode_ops.WITNESS_KTH): after every step of a walk, each row's
+    threshold record equals the K-th that select_into finds in the same witness records, and
+    the host's sort of them (0 below K records) — up to 16,384 witnesses a row (history 4,
+    next_n 2) and, with ``ties``, every page the same 64 keys, so that thousands of witnesses
+    share each score and the K-th is decided in the id's digits; the step's ids equal the
+    FP8 dense decode route's, eager and replayed from a CUDA graph."""
+    monkeypatch.setattr(dops, "WITNESS_KTH", True)
+    cache = PagedCache(B, 400 * 64, seed=40 * B + n + H + K)
+    if ties:
+        cache.kv[...] = cache.kv[:1]
+        cache.scale[...] = cache.scale[:1]
+    L = cache.rs.integers(K // 2, 200 * 64, B).astype(np.int32)
+    sel = dec.DecodeSelectorGPU(K, history=history, scorer="fp8")
+    walk = []
+    for step, args, dense, _ in _walk_steps(cache, L, H, n, K, 5, 3000):
+        walk.append((args[0], args[1], args[-1]))
+        assert cp.array_equal(sel.step(*args).ids, dense), step
+        ws = sel._ws
+        kth = cp.zeros_like(ws.thr)
+        dops.select_into(K, ws.wrec, ws.wcnt, None, kth, ws.scratch)
+        assert cp.array_equal(ws.thr, kth), step
+        cnt, wrec = cp.asnumpy(ws.wcnt), cp.asnumpy(ws.wrec)
+        for r in range(B * n):
+            c = np.sort(wrec[r, : cnt[r]])
+            assert int(ws.thr[r]) == (int(c[-K]) if c.size >= K else 0), (step, r)
+        assert not ws.ticket.any(), step  # the last blocks reset the tickets
+    replay_decode_walk(walk, list(args[2:5]), K, f"fp8 witkth B={B} n={n} H={H}", scorer="fp8")
 
 
 @TMA

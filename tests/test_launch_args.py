@@ -68,7 +68,8 @@ LAUNCHED = {
     "score_fp8.cu": [f"{k}_h{h}" for h in (64, 32) for k in  # bench/fp8_dense; the FP8 stages
                      ("score_fp8_ids", "refine_fp8", "refine_fp8_spill", "seed_score_fp8",
                       "seed_ids_fp8", "seed_logits_fp8", "fused_fp8", "decode_logits_fp8",
-                      "decode_fused_fp8", "decode_witness_fp8", "decode_survivors_fp8")]
+                      "decode_fused_fp8", "decode_witness_fp8", "decode_survivors_fp8",
+                      "decode_witness_kth_fp8")]  # decode_ops (WITNESS_KTH)
                    + [f"decode_{k}_tma_fp8_h{h}_n{n}{a}" for h in (64, 32) for n in (1, 2)
                       for k in ("logits", "fused")
                       for a in ("", "_ahead")]  # decode_ops.scan_fp8_tma

@@ -10,6 +10,9 @@ Not options of the library: a build under trial is one of these until it wins.
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
     tmaahead    decode_ops.TMA_AHEAD = True  the TMA scan's producer reads the block table
                                          32 pages ahead of its copies (under trial)
+    witkth      decode_ops.WITNESS_KTH = True  the FP8 decode witnesses' K-th record
+                                         selected by their kernel's last block per row
+                                         (not a selection launch; under trial)
     screen14, screen30 decode_ops.SCREEN_R = 14, 30  a decode step on the FP8 scorer screened
                                          with plans of 14 or 30 retained heads, only the
                                          survivors scored (not the scan of every key)
@@ -95,6 +98,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "tmaahead": ("decode_ops", "TMA_AHEAD", True),
+    "witkth": ("decode_ops", "WITNESS_KTH", True),
     "screen14": ("decode_ops", "SCREEN_R", 14),
     "screen30": ("decode_ops", "SCREEN_R", 30),
     "blockselect": ("decode_ops", "RANK_SELECT", False),

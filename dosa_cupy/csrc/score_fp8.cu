@@ -24,6 +24,7 @@
 #include "scorer_fp8.cuh"
 #include "record.cuh"  // make_record: one record format for all stages
 #include "epilogue.cuh"  // guard_bound_ru32: the screens' fp32 guard, written once
+#include "select_block.cuh"  // block_kth_record: the witnesses' K-th in their kernel
 
 // Bitmask words per refine_fp8 block (the host launches ⌈NW / RWF⌉ blocks per query in y,
 // dosa_cupy/refine.py RWF): 65,536 keys, so at a survival of 0.5–2 % a block scores 5–20
@@ -1322,6 +1323,43 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
                PagedKeys{bt + (long long)b * max_blocks}, count + r, rec + (long long)r * Wc);
 }
 
+// The witnesses' threshold record in their own kernel (docs/method.md §10 "The witnesses' K-th
+// in their kernel"): after decode_witness, the last block of row r to finish (a ticket per row,
+// ticket[r] = 0 at rest and again after) selects the K-th of the row's count[r] records by
+// block_kth_record and writes it to thr[r] — 0 where the row has fewer than K — which is the
+// record select_kernel / select_rank write as the K-th, so the step's selection launch of the
+// witnesses goes.  Every block takes a ticket, also one that found no visible witness.
+template <int H>
+__device__ __forceinline__ void decode_witness_kth(const uint8_t* __restrict__ q,
+                                                   const float* __restrict__ w,
+                                                   const uint8_t* __restrict__ kv,
+                                                   const float* __restrict__ ksc,
+                                                   const int* __restrict__ bt, int max_blocks,
+                                                   const int* __restrict__ ke, int n,
+                                                   const int* __restrict__ wit, int Wc,
+                                                   unsigned int* __restrict__ count,
+                                                   unsigned long long* __restrict__ rec, int K,
+                                                   unsigned int* __restrict__ ticket,
+                                                   unsigned long long* __restrict__ thr) {
+  __shared__ KthShared ksh;
+  __shared__ unsigned last;
+  decode_witness<H>(q, w, kv, ksc, bt, max_blocks, ke, n, wit, Wc, count, rec);
+  const int r = blockIdx.y;
+  __threadfence();  // this block's records and count before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket + r, 1u) == gridDim.x - 1u;
+  __syncthreads();
+  if (!last) return;  // block-uniform
+  __threadfence();  // every block's records, seen after the last ticket
+  const long long m = min((long long)atomicAdd(count + r, 0u), (long long)Wc);
+  const unsigned long long v =
+      m >= K ? block_kth_record<128>(rec + (long long)r * Wc, m, (unsigned)K, ksh) : 0ull;
+  if (threadIdx.x == 0) {
+    thr[r] = v;
+    ticket[r] = 0u;  // for the next step (a graph replays the same buffers)
+  }
+}
+
 // The decode screen's survivors (decode_screen_tma): row r = blockIdx.y of request b = r / n
 // scores the first min(scount[b], scap) ids of sids[b·scap ..] (distinct: each key is appended
 // once) visible to it, [0, ke[r]), on the canonical scorer, and appends the records at or above
@@ -1371,6 +1409,9 @@ __device__ __forceinline__ void decode_survivors(const uint8_t* __restrict__ q,
 // The decode scan (range_scores with two rows and a threshold): 3 at H = 64 (4 spills its
 // records' state), 5 at H = 32; its witnesses as seed_ids.
 #define DECODE_BLOCKS(H) ((H) == 64 ? 3 : 5)
+// The witnesses with their K-th (decode_witness_kth): 4 at H = 64 (5 spills), 5 at H = 32
+// (its static shared memory, 38 KB, admits no more).
+#define WITNESS_KTH_BLOCKS(H) ((H) == 64 ? 4 : 5)
 // The fused route (range_scores with the anchor-pool test and τ): 4 at either H (5 spills
 // at H = 32).
 #define FUSED_BLOCKS(H) 4
@@ -1443,6 +1484,13 @@ __device__ __forceinline__ void decode_survivors(const uint8_t* __restrict__ q,
       unsigned long long* rec) {                                                               \
     DOSA_FP8_BODY(dosa::fp8::decode_witness<H>(q, w, kv, ksc, bt, max_blocks, ke, next_n, wit, \
                                                Wc, count, rec))                                \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128, WITNESS_KTH_BLOCKS(H)) decode_witness_kth_fp8_h##H( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, const int* wit, int Wc, unsigned int* count,  \
+      unsigned long long* rec, int K, unsigned int* ticket, unsigned long long* thr) {         \
+    DOSA_FP8_BODY(dosa::fp8::decode_witness_kth<H>(q, w, kv, ksc, bt, max_blocks, ke, next_n,  \
+                                                   wit, Wc, count, rec, K, ticket, thr))       \
   }
 SCORE_FP8_INST(64)
 SCORE_FP8_INST(32)
