@@ -126,11 +126,27 @@ DECODE_TMA: bool | None = None
 TMA_MIN_B = 16
 # The TMA scan's producer warp reads the block-table entries of the next 32 pages while it
 # issues the copies (score_fp8.cu tma_pages' AHEAD, the kernels ending in _ahead; docs/method.md
-# §10 "The scan fed by TMA"): at B = 8 and 1 (1M keys) a block's pages are 16 and 128 entries
-# apart, so reading each entry when its page is due puts a load from L2 in front of most
-# copies.  The same copies, so the same bits.  Under trial (bench build tmaahead): not the
-# default until a GPU has measured it.
-TMA_AHEAD = False
+# §10 "The scan fed by TMA"): a block's pages are gx entries apart (gx = 2 at B = 64, 16 at
+# B = 8, 128 at B = 1, 1M keys), so reading each entry when its page is due puts a load from
+# L2 in front of most copies.  The same copies, so the same bits.  None: the read-ahead where
+# a block's pages are at least TMA_AHEAD_MIN_GX entries apart (``tma_ahead``), and the TMA scan
+# for every step (``tma_wanted``); True / False: the read-ahead always / never (bench builds
+# tmaahead / tmadue; tmadue is the rule before it: the gathering scan below TMA_MIN_B
+# requests except next_n ≥ 2 at 64 heads).  On an H100 (docs/records/benchmarks.md "The
+# TMA scan's block table read ahead"), back-to-back replays at 1M: B = 8, next_n 2, H 64
+# 0.537 against 0.673 ms; B = 8, next_n 1 0.425 / 0.429 against the gathering scan's 0.532 /
+# 0.463 (H 64 / 32); B = 1 0.081 / 0.082 against 0.094 / 0.086; at B = 64 (gx = 2) within
+# the runs' spread either way (3.70–3.87 against 3.65–3.72 ms at next_n 2, H 64).
+TMA_AHEAD: bool | None = None
+TMA_AHEAD_MIN_GX = 8
+
+
+def tma_ahead(gx: int) -> bool:
+    """Whether decode_scan_tma with ``gx`` blocks per request reads the block table ahead
+    (``TMA_AHEAD``; None: from TMA_AHEAD_MIN_GX blocks per request on)."""
+    return bool(TMA_AHEAD) if TMA_AHEAD is not None else gx >= TMA_AHEAD_MIN_GX
+
+
 # The FP8 witnesses' K-th record selected by the last block of each row of their own kernel
 # (score_fp8.cu decode_witness_kth, select_block.cuh; docs/method.md §10 "The witnesses' K-th
 # in their kernel") instead of a selection launch after them: the same threshold record, one
@@ -189,10 +205,12 @@ def scan_fp8(d, fused: bool, tail: tuple) -> None:
 
 def tma_wanted(B: int, n: int, Hp: int = 64) -> bool:
     """Whether a step of ``B`` requests of ``n`` query rows of ``Hp`` padded heads each takes
-    the TMA scan (``DECODE_TMA``; None: from TMA_MIN_B requests on, or for n ≥ 2 at 64
-    heads)."""
+    the TMA scan (``DECODE_TMA``; None: always where its producer may read ahead —
+    ``TMA_AHEAD`` not False — else from TMA_MIN_B requests on, or for n ≥ 2 at 64 heads)."""
     if DECODE_TMA is not None:
         return bool(DECODE_TMA)
+    if TMA_AHEAD is not False:
+        return True
     return B >= TMA_MIN_B or (n >= 2 and Hp == 64)
 
 
@@ -229,7 +247,8 @@ def scan_fp8_tma(d, fused: bool, tail: tuple) -> None:
     H, B, L, n = d["Hp"], d["B"], d["L"], d["n"]
     gx = tma_blocks_per_request(B, -(-L // FP8_TILE), num_sms())
     kvmap = tensor_map_2d(d["kv"], 64, 128)
-    name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}{'_ahead' * TMA_AHEAD}"
+    ahead = "_ahead" * tma_ahead(gx)
+    name = f"decode_{'fused' if fused else 'logits'}_tma_fp8_h{H}_n{n}{ahead}"
     smem = fp8_tma_smem(n * H)
     kernel(name, smem, FP8_SPEC)(
         (gx, B), (128 * (1 + FP8_TMA_CWG),),

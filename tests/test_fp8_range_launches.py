@@ -100,11 +100,12 @@ class _Kernels:
         tma = re.fullmatch(r"decode_(fused|logits)_tma_fp8_h(\d+)_n(\d)(_ahead)?", name)
         if tma:  # decode_scan_tma: its shared memory, four warpgroups, the map first
             H, n = int(tma.group(2)), int(tma.group(3))
-            assert (tma.group(4) is not None) == dops.TMA_AHEAD  # the build switched
             assert smem == dops.fp8_tma_smem(n * H)
 
             def launch_tma(grid, block, args, shared_mem=0):
                 check_launch(name, self.sig[name], args, (np.ndarray,))
+                # the read-ahead build by its switch and rule (tma_ahead of the grid)
+                assert (tma.group(4) is not None) == dops.tma_ahead(grid[0]), (name, grid)
                 assert block == (128 * (1 + dops.FP8_TMA_CWG),) and shared_mem == smem
                 assert args[0].dtype == TMAP_DTYPE and int(args[7]) == n and len(grid) == 2
                 self.launches += 1
@@ -268,15 +269,18 @@ def test_range_launches_cover_exactly_the_ranges(kernels, monkeypatch, H, Qn, N,
 
 
 @pytest.mark.parametrize(
-    "tma,ahead", [(False, False), (True, False), (True, True)], ids=["ring", "tma", "tma_ahead"]
+    "tma,ahead",
+    [(False, False), (True, False), (True, True), (None, None)],
+    ids=["ring", "tma", "tma_ahead", "rule"],
 )
 @pytest.mark.parametrize("H,B,n,sms", [(64, 3, 2, 2), (32, 1, 1, 132), (64, 5, 1, 1)])
 def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, H, B, n, sms,
                                                                    tma, ahead):  # fmt: skip
     """decode_scan (gathered tiles) and decode_scan_tma (dops.DECODE_TMA: pages by the copy
-    engine; dops.TMA_AHEAD: its build that reads the block table ahead): every row's logits
-    exactly where visible (−inf elsewhere, the host's fill) and exactly its records at or
-    above the threshold, through the request's block table."""
+    engine; dops.TMA_AHEAD: its build that reads the block table ahead; both None: their
+    rules, which take the TMA scan, reading ahead from TMA_AHEAD_MIN_GX blocks per request):
+    every row's logits exactly where visible (−inf elsewhere, the host's fill) and exactly its
+    records at or above the threshold, through the request's block table."""
     from dosa_cupy import decode_ops as dops
     from dosa_cupy import tma as tma_mod
 
@@ -318,9 +322,35 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         assert int(cnt[r]) == len(want), r
         got = {int(x) for x in rec[r, : min(int(cnt[r]), cap)]}
         assert got <= want and (len(want) > cap or got == want), r
-    sfx = f"_n{n}{'_ahead' * ahead}" if tma else ""
+    tma = tma is not False  # the rule takes the TMA scan
+    gx = dops.tma_blocks_per_request(B, mb, sms)
+    sfx = f"_n{n}{'_ahead' * dops.tma_ahead(gx)}" if tma else ""
     assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{sfx}"
                         for k in ("logits", "fused")]  # fmt: skip
+    assert ahead is not None or dops.tma_ahead(gx) == (gx >= dops.TMA_AHEAD_MIN_GX)
+
+
+def test_tma_scan_and_read_ahead_rules(monkeypatch):
+    """decode_ops.tma_wanted / tma_ahead: by default every step takes the TMA scan, whose
+    producer reads ahead from TMA_AHEAD_MIN_GX blocks per request (B = 1 and 8 at 1M keys on
+    132 SMs, not B = 64); TMA_AHEAD False restores the rule before it (the gathering scan
+    below TMA_MIN_B requests except next_n ≥ 2 at 64 heads) and never reads ahead; True
+    always reads ahead; DECODE_TMA forces the scan either way."""
+    from dosa_cupy import decode_ops as dops
+
+    pages = (1 << 20) // 64
+    gx = {B: dops.tma_blocks_per_request(B, pages, 132) for B in (1, 8, 64)}
+    assert dops.TMA_AHEAD is None and dops.DECODE_TMA is None
+    assert [dops.tma_ahead(gx[B]) for B in (1, 8, 64)] == [True, True, False], gx
+    assert all(dops.tma_wanted(B, n, H) for B in (1, 8, 64) for n in (1, 2) for H in (32, 64))
+    monkeypatch.setattr(dops, "TMA_AHEAD", False)
+    assert not any(dops.tma_ahead(g) for g in gx.values())
+    assert not dops.tma_wanted(8, 1, 64) and not dops.tma_wanted(1, 2, 32)
+    assert dops.tma_wanted(dops.TMA_MIN_B, 1, 32) and dops.tma_wanted(1, 2, 64)
+    monkeypatch.setattr(dops, "TMA_AHEAD", True)
+    assert all(dops.tma_ahead(g) for g in gx.values())
+    monkeypatch.setattr(dops, "DECODE_TMA", False)
+    assert not dops.tma_wanted(64, 2, 64)
 
 
 @pytest.mark.parametrize("sms", [1, 7, 132])

@@ -9,7 +9,12 @@ Not options of the library: a build under trial is one of these until it wins.
     decode_tma  decode_ops.DECODE_TMA = True   every decode step on the TMA-fed scan
     decode_gather decode_ops.DECODE_TMA = False  every decode step on the gathering scan
     tmaahead    decode_ops.TMA_AHEAD = True  the TMA scan's producer reads the block table
-                                         32 pages ahead of its copies (under trial)
+                                         32 pages ahead of its copies at every B (not only
+                                         from 8 blocks per request)
+    tmadue      decode_ops.TMA_AHEAD = False  the TMA scan's producer reads each entry when
+                                         its page is due, and the gathering scan below 16
+                                         requests except next_n ≥ 2 at 64 heads (the rule
+                                         before the read-ahead)
     witkth      decode_ops.WITNESS_KTH = True  the FP8 decode witnesses' K-th record
                                          selected by their kernel's last block per row
                                          (not a selection launch; under trial)
@@ -98,6 +103,7 @@ BUILDS = {
     "decode_tma": ("decode_ops", "DECODE_TMA", True),
     "decode_gather": ("decode_ops", "DECODE_TMA", False),
     "tmaahead": ("decode_ops", "TMA_AHEAD", True),
+    "tmadue": ("decode_ops", "TMA_AHEAD", False),
     "witkth": ("decode_ops", "WITNESS_KTH", True),
     "screen14": ("decode_ops", "SCREEN_R", 14),
     "screen30": ("decode_ops", "SCREEN_R", 30),
