@@ -871,6 +871,11 @@ def test_bench_shapes_and_arguments():
     assert {s[0] for s in shapes} == {32, 64} and {s[1] for s in shapes} == {1, 8, 64}
     assert {s[2] for s in shapes} == {131072, 262144, 524288, 1048576}
     assert bd.parse_shapes(bd.DEFAULT_SHAPES, "64x64x1048576") == [(64, 64, 1048576)]
+    # comma-separated alternatives, as the prefill bench's --filter
+    two = bd.parse_shapes(bd.DEFAULT_SHAPES, "x131072, x1048576")
+    assert len(two) == 12 and {s[2] for s in two} == {131072, 1048576}
+    with pytest.raises(ValueError, match="^filter:"):
+        bd.main(["--filter", "x999"])
     for bad in ("32x1", "axbxc", "65x1x1024", "32x0x1024"):
         with pytest.raises(ValueError, match="^shapes:"):
             bd.parse_shapes(bad)

@@ -45,11 +45,13 @@ CHUNK = 1 << 22  # tokens generated per chunk (float32 chunk: 2 GiB)
 
 
 def parse_shapes(spec: str, filt: str | None = None) -> list[tuple[int, int, int]]:
-    """ "HxBxCTX,..." → [(H, B, ctx)], keeping shapes whose text contains ``filt``."""
+    """ "HxBxCTX,..." → [(H, B, ctx)], keeping shapes whose text contains one of the
+    comma-separated substrings of ``filt`` (the prefill bench's ``--filter``)."""
+    keys = [f.strip() for f in (filt or "").split(",") if f.strip()]
     out = []
     for sh in spec.split(","):
         sh = sh.strip()
-        if not sh or (filt and filt not in sh):
+        if not sh or (keys and not any(k in sh for k in keys)):
             continue
         parts = sh.split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
@@ -499,7 +501,9 @@ def peers_markdown(rows) -> str:
 def main(argv=None) -> int:
     ap = CommandParser(prog="dosa bench --decode", description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="HxBxCTX,...")
-    ap.add_argument("--filter", default=None, help="only shapes whose HxBxCTX contains this")
+    ap.add_argument("--filter", default=None,
+                    help="keep shapes whose HxBxCTX contains one of these comma-separated "
+                         "substrings")  # fmt: skip
     ap.add_argument("--next-n", default="1", help="queries per request per step, e.g. 1,2")
     ap.add_argument("--K", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
@@ -543,6 +547,8 @@ def main(argv=None) -> int:
     if any(x not in (1, 2) for x in nns):
         raise ValueError(f"next-n: expected values in {{1, 2}}, got {a.next_n!r}")
     shapes = parse_shapes(a.shapes, a.filter)
+    if not shapes:
+        raise ValueError(f"filter: no shape of --shapes contains any of {a.filter!r}")
     scorers = a.scorer.split(",")
     if not scorers or {sc.partition(":")[0] for sc in scorers} - {"f16", "fp8", "fp8tma"}:
         raise ValueError(f"scorer: expected f16, fp8 and/or fp8tma, got {a.scorer!r}")
