@@ -115,15 +115,15 @@ FP8_ROWS = 2  # query rows per request the decode scan takes (decode_scan's QB)
 # (tests/test_decode_fp8.py).  None: ``tma_wanted``'s rule; True / False: that scan always
 # (dosa bench --decode --scorer fp8tma forces it).
 DECODE_TMA: bool | None = None
-# tma_wanted without the read-ahead (TMA_AHEAD False, the build tmadue): the TMA scan from
-# this many requests on, or for next_n ≥ 2 with 64 padded heads, the TMA scan's producer
-# then loading each block-table entry when its page is due (the H200's decode steps at 1M, docs/records/benchmarks.md session 22: graph replays 2.33 /
-# 2.59 ms against 3.23 / 4.10 at B = 64, next_n = 1, H = 32 / 64, and faster at next_n = 2 for
-# B = 1, 8, 64; slower at B = 8, next_n = 1: 0.65 / 0.67 ms against 0.52 / 0.64).  At 32 heads
-# and next_n 2 below TMA_MIN_B the gathering scan is as fast or faster (an H100, session 37,
-# back-to-back replays: B = 8, 1M 0.591 against 0.666 ms; 128K 0.166 / 0.168; B = 1 0.107 /
-# 0.112 at 1M, 0.049 / 0.048 at 128K), while at 64 heads TMA stays ahead (B = 8, 1M: 0.675
-# against 0.784).
+# tma_wanted without the read-ahead (TMA_AHEAD False, the build tmadue): the TMA scan from this many
+# requests on, or for next_n ≥ 2 with 64 padded heads, the TMA scan's producer then loading each
+# block-table entry when its page is due (the H200's decode steps at 1M, docs/records/benchmarks.md
+# session 22: graph replays 2.33 / 2.59 ms against 3.23 / 4.10 at B = 64, next_n = 1, H = 32 / 64,
+# and faster at next_n = 2 for B = 1, 8, 64; slower at B = 8, next_n = 1: 0.65 / 0.67 ms against
+# 0.52 / 0.64).  At 32 heads and next_n 2 below TMA_MIN_B the gathering scan is as fast or faster
+# (an H100, session 37, back-to-back replays: B = 8, 1M 0.591 against 0.666 ms; 128K 0.166 / 0.168;
+# B = 1 0.107 / 0.112 at 1M, 0.049 / 0.048 at 128K), while at 64 heads TMA stays ahead (B = 8, 1M:
+# 0.675 against 0.784).
 TMA_MIN_B = 16
 # The TMA scan's producer warp reads the block-table entries of the next 32 pages while it
 # issues the copies (score_fp8.cu tma_pages' AHEAD, the kernels ending in _ahead; docs/method.md
