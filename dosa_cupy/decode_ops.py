@@ -151,10 +151,10 @@ def tma_ahead(gx: int) -> bool:
 # The FP8 witnesses' K-th record selected by the last block of each row of their own kernel
 # (score_fp8.cu decode_witness_kth, select_block.cuh; docs/method.md §10 "The witnesses' K-th
 # in their kernel") instead of a selection launch after them: the same threshold record, one
-# launch fewer a step.  Under trial (bench build witkth): at 2b4230c the last block took
-# 9–12 µs for 4,096–8,192 records on an H100, no faster than the launch it saves
-# (docs/records/benchmarks.md "The TMA scan's block table read ahead"); its batched loads
-# are unmeasured.
+# launch fewer a step.  Off (bench build witkth): on an H100 the last block took 9–12 µs for
+# 4,096–8,192 records, about the launch it saves — 3–5 % faster steps at B = 8, next_n 1,
+# 128K, 4–14 % slower at B = 1, next_n 1; its batched variants were slower
+# (docs/records/benchmarks.md "The TMA scan's block table read ahead").
 WITNESS_KTH = False
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's

@@ -59,33 +59,13 @@ __device__ __forceinline__ void kth_digit(KthShared& sh, unsigned k) {
   __syncthreads();
 }
 
-// Every record of rec[0 .. n) to f(v), 8 loads of a thread in flight before any f (the
-// records sit in L2: one latency a batch instead of one a record); the trip count is the
-// block's, so the warps stay converged for f's warp-wide steps.  v = 0 and ok = false past n.
-template <int T, class F>
-__device__ __forceinline__ void for_each_record(const unsigned long long* __restrict__ rec,
-                                                long long n, F&& f) {
-  constexpr int kBatch = 8;
-  for (long long base = 0; base < n; base += (long long)kBatch * T) {
-    unsigned long long v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const long long i = base + (long long)u * T + threadIdx.x;
-      v[u] = i < n ? __ldcg(rec + i) : 0ull;
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) f(v[u], base + (long long)u * T + threadIdx.x < n);
-  }
-}
-
 // The k-th largest (1 ≤ k ≤ n) of rec[0 .. n), read through L2 (records other blocks of the
 // grid wrote: the caller has ordered them by a fence).  Every thread of the block calls it
-// and gets the record.  A warp's lanes that count the same bin add once (the witnesses of a
-// row share their first digits: without it the first pass's atomics queue on a few bins).
+// and gets the record.
 template <int T>
 __device__ __forceinline__ unsigned long long block_kth_record(
     const unsigned long long* __restrict__ rec, long long n, unsigned k, KthShared& sh) {
-  const int t = threadIdx.x, lane = t & 31;
+  const int t = threadIdx.x;
   unsigned long long prefix = 0ull;  // the K-th record's bits found so far
   int fixed = 0;                     // how many, from the top
 #pragma unroll 1
@@ -93,12 +73,11 @@ __device__ __forceinline__ unsigned long long block_kth_record(
     const int w = d % 3 == 2 ? 10 : 11, shift = 64 - fixed - w;
     for (int i = t; i < kKthBins; i += T) sh.hist[i] = 0u;
     __syncthreads();
-    for_each_record<T>(rec, n, [&](unsigned long long v, bool ok) {
-      const bool in = ok && (fixed == 0 || (v >> (64 - fixed)) == (prefix >> (64 - fixed)));
-      const int bin = in ? (int)((unsigned)(v >> shift) & ((1u << w) - 1u)) : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(same) - 1) atomicAdd(&sh.hist[bin], (unsigned)__popc(same));
-    });
+    for (long long i = t; i < n; i += T) {
+      const unsigned long long v = __ldcg(rec + i);
+      if (fixed == 0 || (v >> (64 - fixed)) == (prefix >> (64 - fixed)))
+        atomicAdd(&sh.hist[(unsigned)(v >> shift) & ((1u << w) - 1u)], 1u);
+    }
     __syncthreads();
     kth_digit<T>(sh, k);
     const unsigned b = sh.digit, left = sh.hist[b];
@@ -108,9 +87,10 @@ __device__ __forceinline__ unsigned long long block_kth_record(
     if (fixed == 64) return prefix;
     __syncthreads();  // every thread has read digit, above and hist[b]
     if (left == 1u) {  // one record has these bits: fetch it
-      for_each_record<T>(rec, n, [&](unsigned long long v, bool ok) {
-        if (ok && (v >> shift) == (prefix >> shift)) sh.found = v;
-      });
+      for (long long i = t; i < n; i += T) {
+        const unsigned long long v = __ldcg(rec + i);
+        if ((v >> shift) == (prefix >> shift)) sh.found = v;
+      }
       __syncthreads();
       return sh.found;
     }
