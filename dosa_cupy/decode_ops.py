@@ -156,6 +156,12 @@ def tma_ahead(gx: int) -> bool:
 # 128K, 4–14 % slower at B = 1, next_n 1; its batched variants were slower
 # (docs/records/benchmarks.md "The TMA scan's block table read ahead").
 WITNESS_KTH = False
+# At next_n 2 the FP8 witnesses of a request's two rows scored by one block on each gathered
+# tile (score_fp8.cu decode_witness_fp8_h{H}_n2: id_scores' QB = 2, one N = H MMA per row, so
+# the same records), not by one block per row, which gathers every witness twice — 0.033 ms
+# of a 0.17 ms step at B = 8, 128K, H 64 on an H100 (docs/records/notes.md "Session 39").
+# Under trial (bench build witrows): not the default until a GPU has measured it.
+WITNESS_ROWS = False
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
 # records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9
@@ -594,6 +600,10 @@ class DeviceOps:
                 kernel(f"decode_witness_kth_fp8_h{d['Hp']}", 0, FP8_SPEC)(
                     (gx, R), (128,), (*args, np.int32(d["K"]), *kth)
                 )
+                return
+            if WITNESS_ROWS and d["n"] == 2:  # a block per request: both rows on each tile
+                gx = witness_blocks(-(-Wc // FP8_TILE), d["B"], num_sms())
+                kernel(f"decode_witness_fp8_h{d['Hp']}_n2", 0, FP8_SPEC)((gx, d["B"]), (128,), args)
                 return
             kernel(f"decode_witness_fp8_h{d['Hp']}", 0, FP8_SPEC)((gx, R), (128,), args)
         else:

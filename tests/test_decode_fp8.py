@@ -114,16 +114,19 @@ class _FakeFP8(_FakeKernels):
 
     def get(self, name, smem=0, spec=None):
         assert spec is FP8_SPEC and smem == 0, (name, spec)
-        m = re.fullmatch(r"(decode_\w+_fp8)_h(\d+)", name)
-        base, H = m.group(1), int(m.group(2))
+        m = re.fullmatch(r"(decode_\w+_fp8)_h(\d+)(_n2)?", name)
+        base, H, rows = m.group(1), int(m.group(2)), m.group(3) is not None
 
         def launch(grid, block, args, **kw):
             check_args(name, args, [p.dtype for p in self.sig[name]])
             assert block == (128,) and len(grid) == 2 and not kw, (name, grid, block, kw)
             assert args[0].shape[1] == H, "the build of the padded heads"
             if base in ("decode_witness_fp8", "decode_witness_kth_fp8"):
-                Wc = int(args[9])
-                assert grid[1] == args[6].shape[0] and 1 <= grid[0] <= max(1, -(-Wc // 64))
+                Wc, n = int(args[9]), int(args[7])
+                # a block per row, or per request with both rows (decode_witness_fp8_h{H}_n2)
+                assert not rows or (n == 2 and base == "decode_witness_fp8"), name
+                assert grid[1] == args[6].shape[0] // (n if rows else 1), (name, grid)
+                assert 1 <= grid[0] <= max(1, -(-Wc // 64))
             else:  # block (x, b): request b's tiles x, x + gx, … of 64 keys
                 B, mb = args[4].shape[0], int(args[5])
                 assert grid[1] == B and 1 <= grid[0] <= mb
@@ -162,12 +165,15 @@ class _FakeFP8(_FakeKernels):
             thr[r] = block_kth_record(rec[r, :m], int(K))[0] if m >= K else 0
 
 
-@pytest.mark.parametrize("kth", [False, True], ids=["select", "witkth"])
+@pytest.mark.parametrize("kth,rows", [(False, False), (True, False), (False, True)],
+                         ids=["select", "witkth", "witrows"])  # fmt: skip
 @pytest.mark.parametrize("B,n,H,buffer,K", [(2, 2, 32, None, 8), (3, 1, 64, 1, 16)])
 def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, H, buffer, K,  # noqa: F811
-                                                  kth):  # fmt: skip
+                                                  kth, rows):  # fmt: skip
     """``kth``: the witnesses' K-th by decode_witness_kth (decode_ops.WITNESS_KTH), so a step
-    with a history selects once (its scan's records), not twice."""
+    with a history selects once (its scan's records), not twice; ``rows``: at next_n 2 both
+    rows of a request's witnesses by one launch of decode_witness_fp8_h{H}_n2, a block per
+    request (decode_ops.WITNESS_ROWS)."""
     cache = PagedCache(B, 4 * 64, seed=B + n + H)
     rs = cache.rs
     fk = _FakeFP8()
@@ -175,6 +181,7 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
     monkeypatch.setattr(dops, "kernel", fk.get)
     monkeypatch.setattr(dops, "DECODE_TMA", False)  # the emulation is of decode_scan's kernels
     monkeypatch.setattr(dops, "WITNESS_KTH", kth)
+    monkeypatch.setattr(dops, "WITNESS_ROWS", rows)
     selections = []
     select_into = dops.select_into
     monkeypatch.setattr(dops, "select_into", lambda *a: selections.append(1) or select_into(*a))
@@ -198,6 +205,7 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
     witness = "decode_witness_kth_fp8" if kth else "decode_witness_fp8"
     assert {c.rsplit("_h", 1)[0] for c in fk.calls} == {
         "decode_logits_fp8", "decode_fused_fp8", witness}  # fmt: skip
+    assert any(c.endswith("_n2") for c in fk.calls) == (rows and n == 2)
 
 
 # ---- GPU (sm_90a) ----------------------------------------------------------------------
@@ -351,6 +359,36 @@ def test_gpu_fp8_witness_kth_equals_the_selection_bitwise(monkeypatch, B, n, H, 
             assert int(ws.thr[r]) == (int(c[-K]) if c.size >= K else 0), (step, r)
         assert not ws.ticket.any(), step  # the last blocks reset the tickets
     replay_decode_walk(walk, list(args[2:5]), K, f"fp8 witkth B={B} n={n} H={H}", scorer="fp8")
+
+
+@pytest.mark.parametrize("H,B,K", [(64, 3, 512), (32, 8, 300), (48, 1, 2048)])
+@needs_sm90a
+@gpu
+def test_gpu_fp8_witness_rows_equal_a_block_per_row(monkeypatch, H, B, K):
+    """decode_witness_fp8_h{H}_n2 (decode_ops.WITNESS_ROWS, next_n 2): after every step of a
+    walk, each row's witness records equal, as a set, those of decode_witness_fp8 (a block
+    per row) on the same witness table, and so do the threshold records; the step's ids equal
+    the FP8 dense decode route's, eager and replayed from a CUDA graph."""
+    n = 2
+    cache = PagedCache(B, 300 * 64, seed=50 * B + H + K)
+    L = cache.rs.integers(K // 2, 150 * 64, B).astype(np.int32)
+    monkeypatch.setattr(dops, "WITNESS_ROWS", True)
+    sel = dec.DecodeSelectorGPU(K, history=2, scorer="fp8")
+    walk = []
+    for step, args, dense, _ in _walk_steps(cache, L, H, n, K, 5, 2000):
+        walk.append((args[0], args[1], args[-1]))
+        assert cp.array_equal(sel.step(*args).ids, dense), step
+        ws = sel._ws
+        d, _ = sel.begin(*args)  # the step's inputs again (the ring untouched)
+        got = [np.sort(cp.asnumpy(ws.wrec[r, : int(ws.wcnt[r])])) for r in range(B * n)]
+        cnt, rec = cp.zeros_like(ws.wcnt), cp.zeros_like(ws.wrec)
+        with monkeypatch.context() as m:
+            m.setattr(dops, "WITNESS_ROWS", False)
+            sel._ops.witness_records(d, ws.wit, cnt, rec)
+        for r in range(B * n):
+            want = np.sort(cp.asnumpy(rec[r, : int(cnt[r])]))
+            assert np.array_equal(got[r], want), (step, r)
+    replay_decode_walk(walk, list(args[2:5]), K, f"fp8 witrows B={B} H={H}", scorer="fp8")
 
 
 @TMA

@@ -70,6 +70,7 @@ LAUNCHED = {
                       "seed_ids_fp8", "seed_logits_fp8", "fused_fp8", "decode_logits_fp8",
                       "decode_fused_fp8", "decode_witness_fp8", "decode_survivors_fp8",
                       "decode_witness_kth_fp8")]  # decode_ops (WITNESS_KTH)
+                   + [f"decode_witness_fp8_h{h}_n2" for h in (64, 32)]  # (WITNESS_ROWS)
                    + [f"decode_{k}_tma_fp8_h{h}_n{n}{a}" for h in (64, 32) for n in (1, 2)
                       for k in ("logits", "fused")
                       for a in ("", "_ahead")]  # decode_ops.scan_fp8_tma

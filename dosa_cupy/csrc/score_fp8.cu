@@ -1216,19 +1216,24 @@ __device__ __forceinline__ void decode_screen_tma(
 // records at or above thr go to rrow[:cap], *cnt counting them all (past cap: an overflow).  A block whose tiles hold padding only (rows are
 // padded at the end) exits before loading its query; within the ring a tile of padding only
 // is not scored (its warps' ballots at the gather, read after the next barrier).  128
-// threads.
-template <int H, class Keys, bool THR = false>
+// threads.  QB > 1 (the decode witnesses of a request's rows): the QB consecutive queries
+// tq .. tq + QB − 1 share the entries and each key tile, query u scoring it by its own N = H
+// MMA (range_scores' way: a key's bits are those of the query alone), its keys those below
+// ke_rows[u] (ke: the largest of them), its records to rrow + u·S and its count to cnt + u.
+template <int H, class Keys, bool THR = false, int QB = 1>
 __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const float* __restrict__ w,
                                           const uint8_t* __restrict__ kp,
                                           const float* __restrict__ alpha, int tq, int ks, int ke,
                                           const int* __restrict__ row_ids, long long S, Keys keys,
                                           unsigned int* __restrict__ cnt,
                                           unsigned long long* __restrict__ rrow,
-                                          unsigned long long thr = 0ull, long long cap = 0) {
+                                          unsigned long long thr = 0ull, long long cap = 0,
+                                          const int* __restrict__ ke_rows = nullptr) {
   static_assert(H == 64 || H == 32, "H: 64 or 32 heads");
+  static_assert(QB == 1 || (QB * H <= 128 && !THR), "QB: the witnesses' rows, 128 B-tile rows");
   __shared__ __align__(1024) uint8_t sk[kKeyStages * kTileBytes];
-  __shared__ __align__(1024) uint8_t sq[H * 128];
-  __shared__ __align__(16) float sw[H];
+  __shared__ __align__(1024) uint8_t sq[QB * H * 128];
+  __shared__ __align__(16) float sw[QB * H];
   __shared__ int sany[kKeyStages][4];  // per stage and warp: a key among the warp's rows
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, qd = lane & 3;
   const int nt = (int)((S + 63) >> 6), gx = gridDim.x;
@@ -1240,9 +1245,11 @@ __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const f
   bool any = false;
   for (int j = blockIdx.x; j < nt; j += gx) any |= t < 64 && id_of(j, t) >= 0;
   if (!__syncthreads_or(any)) return;  // block-uniform
-  load_queries_async<H, 1>(q, w, tq, 1, sq, sw);
+  load_queries_async<H, QB>(q, w, tq, QB, sq, sw);
   const int row = emit_row(warp, lane);
-  const uint64_t db = desc_sw128(smem_u32(sq));
+  int ke_u[QB];  // each query's visible end (QB = 1: ke, the entries' test)
+#pragma unroll
+  for (int u = 0; u < QB; ++u) ke_u[u] = QB == 1 ? ke : __ldg(ke_rows + u);
   int i_nx;  // the lane's key of the next tile and its α
   float a_nx;
   auto prefetch = [&](int j) {
@@ -1250,8 +1257,9 @@ __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const f
     a_nx = i_nx >= 0 ? __ldg(alpha + keys.row(i_nx)) : 0.f;
   };
   prefetch(blockIdx.x);
-  Pend pend;
-  pend.m = 0u;
+  Pend pend[QB];
+#pragma unroll
+  for (int u = 0; u < QB; ++u) pend[u].m = 0u;
   auto next = [&](int j) { return j + gx; };
   auto gather = [&](int j, int s) {
     bool key = false;
@@ -1275,18 +1283,26 @@ __device__ __forceinline__ void id_scores(const uint8_t* __restrict__ q, const f
           prefetch(jn);
           return;
         }
-        float acc[H / 2];
-        dots<H>(desc_sw128(smem_u32(sk + s * kTileBytes)), db, acc, [&] {
-          issue();
-          prefetch(jn);
-        });
-        float sv[1][2];
-        tile_sums<H>(acc, sw, qd, sv);
-        const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
-        emit_flush(pend, lane, rrow, THR ? cap : S);
-        emit_issue(pend, i >= 0 && (!THR || make_record(sc, i) >= thr), sc, i, lane, cnt);
+        const uint64_t da = desc_sw128(smem_u32(sk + s * kTileBytes));
+#pragma unroll
+        for (int u = 0; u < QB; ++u) {
+          float acc[H / 2];
+          dots<H>(da, desc_sw128(smem_u32(sq + u * H * 128)), acc, [&] {
+            if (u == 0) {
+              issue();
+              prefetch(jn);
+            }
+          });
+          float sv[1][2];
+          tile_sums<H>(acc, sw + u * H, qd, sv);
+          const float sc = ((qd & 1) ? sv[0][1] : sv[0][0]) * a;
+          const bool key = i >= 0 && (QB == 1 || i < ke_u[u]);
+          emit_flush(pend[u], lane, rrow + u * S, THR ? cap : S);
+          emit_issue(pend[u], key && (!THR || make_record(sc, i) >= thr), sc, i, lane, cnt + u);
+        }
       });
-  emit_flush(pend, lane, rrow, THR ? cap : S);
+#pragma unroll
+  for (int u = 0; u < QB; ++u) emit_flush(pend[u], lane, rrow + u * S, THR ? cap : S);
 }
 
 // Explicit seeds: query tq = blockIdx.y, the entries ids[tq, :S] (int32 [Qn, S]) visible in
@@ -1307,8 +1323,10 @@ __device__ __forceinline__ void seed_ids(const uint8_t* __restrict__ q, const fl
 // The decode witnesses (docs/method.md §10; decode.cu dec_witness_impl): row r = blockIdx.y
 // of request b = r / n scores the distinct witness ids wit[b, :Wc] (−1: empty) visible to it,
 // [0, ke[r]), through the request's block-table row; records to rec[r, :Wc] (count[r]).
-// grid (gx, B·n), 128 threads.
-template <int H>
+// grid (gx, B·n), 128 threads.  QB = n > 1 (decode_witness_fp8_h{H}_n2): block (x, b) takes
+// the n rows of request b, r = b·n .., on each gathered tile (id_scores' QB) — the same
+// records, the request's witnesses gathered once instead of n times; grid (gx, B).
+template <int H, int QB = 1>
 __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
                                                const float* __restrict__ w,
                                                const uint8_t* __restrict__ kv,
@@ -1318,9 +1336,17 @@ __device__ __forceinline__ void decode_witness(const uint8_t* __restrict__ q,
                                                const int* __restrict__ wit, int Wc,
                                                unsigned int* __restrict__ count,
                                                unsigned long long* __restrict__ rec) {
-  const int r = blockIdx.y, b = r / n;
-  id_scores<H>(q, w, kv, ksc, r, 0, ke[r], wit + (long long)b * Wc, Wc,
-               PagedKeys{bt + (long long)b * max_blocks}, count + r, rec + (long long)r * Wc);
+  if constexpr (QB == 1) {
+    const int r = blockIdx.y, b = r / n;
+    id_scores<H>(q, w, kv, ksc, r, 0, ke[r], wit + (long long)b * Wc, Wc,
+                 PagedKeys{bt + (long long)b * max_blocks}, count + r, rec + (long long)r * Wc);
+  } else {  // n == QB; a request's visible ends are nondecreasing along its rows
+    const int b = blockIdx.y, r = b * QB;
+    id_scores<H, PagedKeys, false, QB>(q, w, kv, ksc, r, 0, ke[r + QB - 1],
+                                       wit + (long long)b * Wc, Wc,
+                                       PagedKeys{bt + (long long)b * max_blocks}, count + r,
+                                       rec + (long long)r * Wc, 0ull, 0, ke + r);
+  }
 }
 
 // The witnesses' threshold record in their own kernel (docs/method.md §10 "The witnesses' K-th
@@ -1409,6 +1435,9 @@ __device__ __forceinline__ void decode_survivors(const uint8_t* __restrict__ q,
 // The decode scan (range_scores with two rows and a threshold): 3 at H = 64 (4 spills its
 // records' state), 5 at H = 32; its witnesses as seed_ids.
 #define DECODE_BLOCKS(H) ((H) == 64 ? 3 : 5)
+// The witnesses of a request's two rows (decode_witness<H, 2>): 4 at either H (its static
+// shared memory, 41 / 33 KB, and its registers).
+#define WITNESS_ROWS_BLOCKS(H) 4
 // The witnesses with their K-th (decode_witness_kth): 4 at H = 64 (5 spills), 5 at H = 32
 // (its static shared memory, 38 KB, admits no more).
 #define WITNESS_KTH_BLOCKS(H) ((H) == 64 ? 4 : 5)
@@ -1494,6 +1523,18 @@ __device__ __forceinline__ void decode_survivors(const uint8_t* __restrict__ q,
   }
 SCORE_FP8_INST(64)
 SCORE_FP8_INST(32)
+
+// The decode witnesses of a request's two rows in one block (decode_witness's QB = 2).
+#define DECODE_WITNESS_ROWS_INST(H)                                                             \
+  extern "C" __global__ void __launch_bounds__(128, WITNESS_ROWS_BLOCKS(H)) decode_witness_fp8_h##H##_n2( \
+      const uint8_t* q, const float* w, const uint8_t* kv, const float* ksc, const int* bt,    \
+      int max_blocks, const int* ke, int next_n, const int* wit, int Wc, unsigned int* count,  \
+      unsigned long long* rec) {                                                               \
+    DOSA_FP8_BODY(dosa::fp8::decode_witness<H, 2>(q, w, kv, ksc, bt, max_blocks, ke, next_n,   \
+                                                  wit, Wc, count, rec))                        \
+  }
+DECODE_WITNESS_ROWS_INST(64)
+DECODE_WITNESS_ROWS_INST(32)
 
 // The decode screen's survivors (decode_survivors): seed_ids' build.
 #define DECODE_SURVIVORS_INST(H)                                                                \
