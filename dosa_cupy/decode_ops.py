@@ -158,10 +158,11 @@ def tma_ahead(gx: int) -> bool:
 WITNESS_KTH = False
 # At next_n 2 the FP8 witnesses of a request's two rows scored by one block on each gathered
 # tile (score_fp8.cu decode_witness_fp8_h{H}_n2: id_scores' QB = 2, one N = H MMA per row, so
-# the same records), not by one block per row, which gathers every witness twice — 0.033 ms
-# of a 0.17 ms step at B = 8, 128K, H 64 on an H100 (docs/records/notes.md "Session 39").
-# Under trial (bench build witrows): not the default until a GPU has measured it.
-WITNESS_ROWS = False
+# the same records), not by one block per row, which gathers every witness twice.  On an
+# H100 (docs/records/benchmarks.md "The TMA scan's block table read ahead") the witnesses of
+# a B = 8, 128K step took 0.024 / 0.022 ms against 0.033 (H 64 / 32), the step back to back
+# 0.149 / 0.139 against 0.157 / 0.151 ms.  Bench build witperrow: a block per row.
+WITNESS_ROWS = True
 FP8_TMA_CWG, FP8_TMA_SLOTS = 3, 3  # score_fp8.cu kCwg, kTmaSlots
 # A step of at most dense.RANK_ROWS query rows selects its witnesses' K-th and its scan's
 # records by select_rank (many blocks rank a row's few thousand records; docs/method.md §9

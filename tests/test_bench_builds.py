@@ -20,7 +20,7 @@ def test_parse_builds_names_and_rejects_unknown():
 def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "tmaahead": decode_ops, "tmadue": decode_ops,
-            "blockselect": decode_ops, "witkth": decode_ops, "witrows": decode_ops,
+            "blockselect": decode_ops, "witkth": decode_ops, "witperrow": decode_ops,
             "witblocks4": decode_ops, "stepchain": decode_ops, "screen14": decode_ops,
             "screen30": decode_ops, "rank4": dense,
             "rowarrays": plan,
@@ -40,7 +40,7 @@ def test_builds_on_sets_and_restores_every_switch():
     assert decode_ops.SCREEN_R is None  # the decode screen under trial: off by default
     assert decode_ops.TMA_AHEAD is None  # the block table read ahead by its rule
     assert not decode_ops.WITNESS_KTH  # the witnesses' K-th in their kernel: off
-    assert not decode_ops.WITNESS_ROWS  # a request's two witness rows in one block: under trial
+    assert decode_ops.WITNESS_ROWS  # a request's two witness rows in one block
     assert plan.ROW_CONSTANTS_KERNEL  # the per-row constants by one kernel
     # the synchronizations session 25 removed, and the decision's plans still under trial
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY

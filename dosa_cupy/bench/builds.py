@@ -18,9 +18,9 @@ Not options of the library: a build under trial is one of these until it wins.
     witkth      decode_ops.WITNESS_KTH = True  the FP8 decode witnesses' K-th record
                                          selected by their kernel's last block per row
                                          (not a selection launch; under trial)
-    witrows     decode_ops.WITNESS_ROWS = True  at next_n 2 the FP8 decode witnesses of a
-                                         request's two rows scored by one block on each
-                                         gathered tile (not a block per row; under trial)
+    witperrow   decode_ops.WITNESS_ROWS = False  at next_n 2 the FP8 decode witnesses
+                                         scored by a block per row (not one block for a
+                                         request's two rows, which gathers each tile once)
     screen14, screen30 decode_ops.SCREEN_R = 14, 30  a decode step on the FP8 scorer screened
                                          with plans of 14 or 30 retained heads, only the
                                          survivors scored (not the scan of every key)
@@ -108,7 +108,7 @@ BUILDS = {
     "tmaahead": ("decode_ops", "TMA_AHEAD", True),
     "tmadue": ("decode_ops", "TMA_AHEAD", False),
     "witkth": ("decode_ops", "WITNESS_KTH", True),
-    "witrows": ("decode_ops", "WITNESS_ROWS", True),
+    "witperrow": ("decode_ops", "WITNESS_ROWS", False),
     "screen14": ("decode_ops", "SCREEN_R", 14),
     "screen30": ("decode_ops", "SCREEN_R", 30),
     "blockselect": ("decode_ops", "RANK_SELECT", False),
