@@ -164,8 +164,14 @@ def test_every_sm90a_source_builds_under_nvrtc(source):
     from dosa_cupy import _build
 
     log = _nvrtc_sm90a_log(_build.KernelSpec(source, (), sm90a=True))
-    ours = ("screen_wgt", "decode_logits_tma", "decode_fused_tma", "decode_witness_kth",
-            "decode_witness_fp8_h64_n2", "decode_witness_fp8_h32_n2")
+    ours = (
+        "screen_wgt",
+        "decode_logits_tma",
+        "decode_fused_tma",
+        "decode_witness_kth",
+        "decode_witness_fp8_h64_n2",
+        "decode_witness_fp8_h32_n2",
+    )
     serialized = re.findall(r"\(C75(?:12|14|15|17|18)\)[^\n]*function '(\w+)'", log)
     assert not [k for k in serialized if k.startswith(ours)], log
     checked = 0
