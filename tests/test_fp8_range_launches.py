@@ -323,11 +323,12 @@ def test_decode_scan_launches_cover_each_request_through_its_pages(monkeypatch, 
         got = {int(x) for x in rec[r, : min(int(cnt[r]), cap)]}
         assert got <= want and (len(want) > cap or got == want), r
     tma = tma is not False  # the rule takes the TMA scan
-    gx = dops.tma_blocks_per_request(B, mb, sms)
-    sfx = f"_n{n}{'_ahead' * dops.tma_ahead(gx)}" if tma else ""
+    # the rule's read-ahead: none on these requests of 5 pages (at most 5 blocks each, below
+    # TMA_AHEAD_MIN_GX; test_tma_scan_and_read_ahead_rules has the grids that read ahead)
+    assert ahead is not None or dops.tma_blocks_per_request(B, mb, sms) < dops.TMA_AHEAD_MIN_GX
+    sfx = f"_n{n}{'_ahead' * bool(ahead)}" if tma else ""
     assert fk.names == [f"decode_{k}{'_tma' if tma else ''}_fp8_h{H}{sfx}"
                         for k in ("logits", "fused")]  # fmt: skip
-    assert ahead is not None or dops.tma_ahead(gx) == (gx >= dops.TMA_AHEAD_MIN_GX)
 
 
 def test_tma_scan_and_read_ahead_rules(monkeypatch):

@@ -38,6 +38,7 @@ from dosa_ref.cmdline import CommandParser
 
 from .memplan import HBM, KEY_BYTES
 from .report import md_table
+from .shapes import filter_match
 
 CTXS = (131072, 262144, 524288, 1048576)
 DEFAULT_SHAPES = ",".join(f"{H}x{B}x{c}" for H in (32, 64) for B in (1, 8, 64) for c in CTXS)
@@ -46,12 +47,11 @@ CHUNK = 1 << 22  # tokens generated per chunk (float32 chunk: 2 GiB)
 
 def parse_shapes(spec: str, filt: str | None = None) -> list[tuple[int, int, int]]:
     """ "HxBxCTX,..." → [(H, B, ctx)], keeping shapes whose text contains one of the
-    comma-separated substrings of ``filt`` (the prefill bench's ``--filter``)."""
-    keys = [f.strip() for f in (filt or "").split(",") if f.strip()]
+    comma-separated substrings of ``filt`` (``shapes.filter_match``, as the prefill bench)."""
     out = []
     for sh in spec.split(","):
         sh = sh.strip()
-        if not sh or (keys and not any(k in sh for k in keys)):
+        if not sh or not filter_match(sh, filt):
             continue
         parts = sh.split("x")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):

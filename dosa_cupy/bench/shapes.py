@@ -57,12 +57,16 @@ def sweep_shapes() -> list[tuple[int, int, int]]:
     return sorted(grid, key=lambda s: (s[1], -s[2], s[0]))
 
 
+def filter_match(name: str, filt: str | None) -> bool:
+    """Whether a shape's ``name`` contains one of the comma-separated substrings of ``filt``
+    (every name without a filter): ``--filter`` of the prefill and the decode bench."""
+    keys = [f.strip() for f in (filt or "").split(",") if f.strip()]
+    return not keys or any(k in name for k in keys)
+
+
 def filter_shapes(shapes, filt: str | None):
     """Shapes whose HxQnxN contains one of the comma-separated substrings of ``filt``."""
-    if not filt:
-        return list(shapes)
-    keys = [f.strip() for f in filt.split(",") if f.strip()]
-    return [s for s in shapes if any(k in shape_name(*s) for k in keys)]
+    return [s for s in shapes if filter_match(shape_name(*s), filt)]
 
 
 def parse_part(spec: str | None) -> tuple[int, int]:
