@@ -493,10 +493,10 @@ class DecodeSelectorGPU:
             self.last_overflow = need > cap
             if self.last_overflow:  # exact extension: re-scan with the exact count
                 rec, cnt = ops.scan(d, thr, need, ws, again=True)
-        # the selection, the witnesses of the next steps and the ids into out (one launch
-        # after the selection's with STEP_FOLD, none at few rows with FINISH_IN_SELECT)
+        ids, kth = ops.select(d, rec, cnt, return_stats, ws)
+        # the witnesses of the next steps, and the ids into out (one launch with STEP_FOLD)
         dense_out = out.flags.c_contiguous
-        ids, kth = ops.select_push(d, rec, cnt, return_stats, ws, out if dense_out else None)
+        ops.push(d, ws, ids, out if dense_out else None)
         if not dense_out:
             out[...] = ids.reshape(B, n, K)
         st = None

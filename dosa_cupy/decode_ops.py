@@ -177,12 +177,6 @@ RANK_SELECT = True
 # and moves the ring's counter — four graph nodes fewer than the chain (two memsets, the
 # counter's advance, the ids' int64 copy). Bench build stepchain keeps the chain.
 STEP_FOLD = True
-# With STEP_FOLD, a step that selects by select_rank (RANK_SELECT, at most dense.RANK_ROWS
-# rows) writes its ids into ``out`` and the ring and moves the ring's counter in the
-# selection's own launch (csrc/select.cu select_rank_finish) — decode_step_finish's work, one
-# graph node fewer (docs/method.md §10 "No per-step host work").  Bench build
-# finishlaunch keeps decode_step_finish.
-FINISH_IN_SELECT = True
 
 
 def fp8_tma_smem(nc: int) -> int:
@@ -739,31 +733,6 @@ class DeviceOps:
         if out is not None:
             out[...] = ids.reshape(out.shape)
 
-    def select_push(self, d, rec, cnt, want_kth, ws, out=None):
-        """``select`` then ``push``: in the selection's launch where ``finish_folds``."""
-        from .dense import RankFinish, select_records_rank_into
-
-        if not self.finish_folds(d, ws, out):
-            ids, kth = self.select(d, rec, cnt, want_kth, ws)
-            self.push(d, ws, ids, out)
-            return ids, kth
-        nK = d["n"] * d["K"]
-        h = 0 if ws.ring is None else int(ws.ring.shape[1]) // nK
-        fin = RankFinish(out, ws.ring, ws.ctr, ws.done, d["n"], h)
-        kth = ws.kth if want_kth else None
-        select_records_rank_into(d["K"], rec, cnt, ws.ids, kth, ws.scratch, fin)
-        return ws.ids, (record_scores(ws.kth) if want_kth else None)
-
-    @staticmethod
-    def finish_folds(d, ws, out) -> bool:
-        """Whether ``select_push`` writes the ids into ``out`` and the ring by
-        select_rank_finish (``FINISH_IN_SELECT`` with ``STEP_FOLD``, a selection by
-        select_rank, a ring or an ``out`` to write)."""
-        from .dense import RANK_ROWS
-
-        rank = RANK_SELECT and d["B"] * d["n"] <= RANK_ROWS
-        return FINISH_IN_SELECT and STEP_FOLD and rank and (ws.ring is not None or out is not None)
-
     def max_count(self, cnt):
         return int(cnt.max()) if cnt.size else 0
 
@@ -899,12 +868,6 @@ class NumpyOps:
     @staticmethod
     def dedup_folds(ws) -> bool:
         return False
-
-    def select_push(self, d, rec, cnt, want_kth, ws, out=None):
-        """``select`` then ``push`` (the device may do both in one launch)."""
-        ids, kth = self.select(d, rec, cnt, want_kth, ws)
-        self.push(d, ws, ids, out)
-        return ids, kth
 
     def push(self, d, ws, ids, out=None) -> None:
         if ws.history > 0:

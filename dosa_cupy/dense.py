@@ -201,49 +201,24 @@ def rank_max(rows: int) -> int:
     return 8192 if rows <= 2 else 4096
 
 
-@dataclass(frozen=True)
-class RankFinish:
-    """The copies of a decode step's ids that select_rank_finish makes as it writes them
-    (decode_step_finish's work, csrc/select.cu): ``out`` int64 [rows·K] (None: none),
-    ``ring`` int32 [B, h·n·K] (None: no history) with its counter ``ctr`` int32 [1] (slot
-    ctr % h, moved by one) and ``done`` uint32 [1] (0 between launches); ``n`` query rows
-    per request (rows = B·n), ``h`` the ring's slots."""
-
-    out: object
-    ring: object
-    ctr: object
-    done: object
-    n: int
-    h: int
-
-
-def select_records_rank_into(K, rec, cnt, ids, kth, scr, finish: RankFinish | None = None) -> None:
+def select_records_rank_into(K, rec, cnt, ids, kth, scr) -> None:
     """``select_records_into`` for at most RANK_ROWS rows of one record list (rec uint64
     [rows, cap], cnt uint32 [rows]) by select_rank; ids int32 [rows, K] and kth uint64 [rows]
-    may be None; ``scr`` = ``scratch(rows)``.  ``finish`` (``RankFinish``, ids given): by
-    select_rank_finish, which also writes the ids where decode_step_finish would.  One launch,
-    no allocation (capturable)."""
+    may be None; ``scr`` = ``scratch(rows)``.  One launch, no allocation (capturable)."""
     rows = int(rec.shape[0])
     blocks, buf = scr
     if not 1 <= rows <= RANK_ROWS:
         raise ValueError(f"rec: select_rank takes 1 to {RANK_ROWS} rows, got {rows}")
     if blocks < rows:
         raise ValueError(f"scr: a scratch region per row needed ({rows}), got {blocks}")
-    if finish is not None and ids is None:
-        raise ValueError("ids: select_rank_finish copies the ids it writes, so it needs them")
     rm = rank_max(rows)
-    args = (
-        np.int32(K), rec, cnt, np.int64(rec.shape[1]), np.int64(rm), buf, np.int64(SCRATCH),
-        _opt(ids), _opt(kth),
-    )  # fmt: skip
-    grid = (-(-rm // RANK_PER_BLOCK), rows)
-    if finish is None:
-        kernel("select_rank")(grid, (512,), args)
-        return
-    f = finish
-    kernel("select_rank_finish")(
-        grid, (512,),
-        (*args, _opt(f.out), _opt(f.ring), f.ctr, f.done, np.int32(f.n), np.int32(f.h)),
+    kernel("select_rank")(
+        (-(-rm // RANK_PER_BLOCK), rows),
+        (512,),
+        (
+            np.int32(K), rec, cnt, np.int64(rec.shape[1]), np.int64(rm), buf,
+            np.int64(SCRATCH), _opt(ids), _opt(kth),
+        ),
     )  # fmt: skip
 
 

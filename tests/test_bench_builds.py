@@ -21,8 +21,7 @@ def test_builds_on_sets_and_restores_every_switch():
     mods = {"staged": screen, "f16screen": screen, "decode_tma": decode_ops,
             "decode_gather": decode_ops, "tmaahead": decode_ops, "tmadue": decode_ops,
             "blockselect": decode_ops, "witkth": decode_ops, "witperrow": decode_ops,
-            "witblocks4": decode_ops, "stepchain": decode_ops, "finishlaunch": decode_ops,
-            "screen14": decode_ops,
+            "witblocks4": decode_ops, "stepchain": decode_ops, "screen14": decode_ops,
             "screen30": decode_ops, "rank4": dense,
             "rowarrays": plan,
             "scalearrays": prepare, "routearrays": route, "chunkplans": route,
@@ -79,7 +78,6 @@ def test_builds_on_sets_and_restores_every_switch():
     assert cost.model_for("fp8").dosa_floor_ms == floor
     # the decode step's selection by rank and its witnesses spread over the SMs
     assert decode_ops.RANK_SELECT and decode_ops.WITNESS_SPREAD
-    assert decode_ops.FINISH_IN_SELECT  # a few rows' ids copied by their selection's launch
     with builds_on(("blockselect", "witblocks4")):
         assert not decode_ops.RANK_SELECT and not decode_ops.WITNESS_SPREAD
     with builds_on(("staged", "decode_tma")):

@@ -26,7 +26,6 @@ from test_gpu_decode import PagedCache, _FakeKernels, _queries, fake_cupy  # noq
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
-from dosa_cupy import dense as dense_mod
 from dosa_cupy import scorer as scorer_mod
 from dosa_cupy.emulate import block_kth_record, score_code
 from dosa_cupy.scorer import FP8_SPEC
@@ -186,14 +185,6 @@ def test_cupy_host_code_with_emulated_fp8_kernels(fake_cupy, monkeypatch, B, n, 
     selections = []
     select_into = dops.select_into
     monkeypatch.setattr(dops, "select_into", lambda *a: selections.append(1) or select_into(*a))
-    rank_into = dense_mod.select_records_rank_into  # fake_cupy's: the folded final selection
-
-    def rank_finish(*a):
-        if len(a) > 6 and a[6] is not None:  # select_rank_finish (decode_ops.FINISH_IN_SELECT)
-            selections.append(1)
-        rank_into(*a)
-
-    monkeypatch.setattr(dense_mod, "select_records_rank_into", rank_finish)
     L = rs.integers(1, 200, B).astype(np.int32)
     sel = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, scorer="fp8")
     ref = dec.DecodeSelectorGPU(K, history=2, buffer=buffer, backend="numpy", scorer="fp8")

@@ -30,7 +30,6 @@ from gpu_support import cp, gpu, numpy_as_cupy, replay_decode_walk
 
 from dosa_cupy import decode as dec
 from dosa_cupy import decode_ops as dops
-from dosa_cupy import dense as dense_mod
 from dosa_cupy.emulate import make_records
 from dosa_ref.decode import DecodeSelector
 from dosa_ref.fp8 import e4m3_values, quantize_keys, quantize_queries
@@ -376,16 +375,11 @@ def test_fresh_selector_state(backend, request):
     sel.reset()
 
 
-@pytest.mark.parametrize("in_select", [True, False], ids=["finish_in_select", "finish_launch"])
-def test_cupy_host_code_unchecked_layout_ends_by_the_dedup(fake_cupy, step_fold, in_select,
-                                                            monkeypatch):  # fmt: skip
+def test_cupy_host_code_unchecked_layout_ends_by_the_dedup(fake_cupy, step_fold):
     """Without the layout check, a step whose dedup folds (STEP_FOLD) leaves the visible ends
     to it — no decode_layout launch — and selects the dense route's ids with the stats'
-    visible ends; the chain launches decode_layout.  Its four rows' ids reach the ring by
-    select_rank_finish (FINISH_IN_SELECT) or by decode_step_finish after the selection.  A
-    first step of a shape (empty ring) and history 0 (no dedup) are covered too."""
-    monkeypatch.setattr(dops, "FINISH_IN_SELECT", in_select)
-    last = "select_rank_finish" if in_select else "decode_step_finish"
+    visible ends; the chain launches decode_layout.  A first step of a shape (empty ring)
+    and history 0 (no dedup) are covered too."""
     B, n, H, K = 2, 2, 32, 8
     cache = PagedCache(B, 4 * 64, seed=31)
     rs = cache.rs
@@ -406,7 +400,7 @@ def test_cupy_host_code_unchecked_layout_ends_by_the_dedup(fake_cupy, step_fold,
             if step_fold and history:  # the step's decode.cu launches, nothing else
                 base = [re.sub(r"_mt\d$", "", c) for c in mine]
                 assert base == ["decode_witness_dedup_zero", "decode_witness", "decode_fused",
-                                last], base  # fmt: skip
+                                "decode_step_finish"], base  # fmt: skip
             L = L + 1
 
 
@@ -757,64 +751,6 @@ def test_gpu_witness_dedup_equals_host(widths, B):
         assert kept.size == np.unique(kept).size  # each id once
         assert np.array_equal(np.sort(kept), want[b][want[b] >= 0])  # the same ids
         assert np.all((got[b] == cat[b]) | (got[b] == -1))  # in place
-
-
-@pytest.mark.parametrize("B,n,K,h", [(1, 1, 2048, 2), (1, 2, 2048, 2), (4, 2, 300, 3),
-                                     (8, 1, 2048, 2), (3, 2, 7, 0)])  # fmt: skip
-@gpu
-def test_gpu_select_rank_finish_equals_select_rank_and_step_finish(B, n, K, h):
-    """select_rank_finish (decode_ops.FINISH_IN_SELECT) == select_rank, then
-    decode_step_finish: the same ids and K-th records, the same int64 ids in out, the same
-    ring (slot ctr % h) and counter, done re-armed — over several launches, on rows of 0,
-    K − 1, K, K + 1 records, past rank_max (the one-block path) and with tied score codes;
-    h = 0: no ring (out only); then a ring without out."""
-    rows = B * n
-    rm = dense_mod.rank_max(rows)
-    rs = np.random.default_rng(B * 1000 + n * 100 + K)
-    cap = rm + 500
-    ops = dops.DeviceOps("fp8")
-    d = {"B": B, "n": n, "K": K}
-
-    def make():  # a step's buffers: the ring (counter at 5), done, the ids, the K-th records
-        return types.SimpleNamespace(
-            ring=cp.full((B, h * n * K), -3, dtype=cp.int32) if h else None,
-            ctr=cp.asarray(np.array([5], dtype=np.int32)), done=cp.zeros(1, cp.uint32),
-            ids=cp.full((rows, K), -7, dtype=cp.int32), kth=cp.full(rows, 7, dtype=cp.uint64),
-        )  # fmt: skip
-
-    chain, fold = make(), make()
-    for t in range(4):
-        cnt = rs.integers(0, rm + 1, rows)
-        pick = [0, K - 1, K, K + 1, rm + 1, cap]
-        cnt[: min(rows, len(pick))] = rs.permutation(pick)[: min(rows, len(pick))]
-        cnt = np.minimum(cnt, cap).astype(np.uint32)
-        code = rs.integers(0, 40, (rows, cap)).astype(np.uint64) + np.uint64(0x80000000)
-        idv = np.stack([rs.permutation(1 << 20)[:cap] for _ in range(rows)])
-        rec = cp.asarray((code << np.uint64(32)) | (~idv.astype(np.uint64) & np.uint64(0xFFFFFFFF)))
-        cnt_d = cp.asarray(cnt)
-        outs = [cp.full((B, n, K), -9, dtype=cp.int64) if (h == 0 or t % 2 == 0) else None
-                for _ in range(2)]  # fmt: skip
-        dense_mod.select_records_rank_into(K, rec, cnt_d, chain.ids, chain.kth,
-                                           dense_mod.scratch(rows))  # fmt: skip
-        if chain.ring is not None or outs[0] is not None:
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(dops, "FINISH_IN_SELECT", False)
-                ops.push(d, chain, chain.ids, outs[0])
-        fin = dense_mod.RankFinish(outs[1], fold.ring, fold.ctr, fold.done, n, h)
-        dense_mod.select_records_rank_into(K, rec, cnt_d, fold.ids, fold.kth,
-                                           dense_mod.scratch(rows), fin)  # fmt: skip
-        assert cp.array_equal(fold.ids, chain.ids) and cp.array_equal(fold.kth, chain.kth), t
-        if outs[0] is not None:
-            assert cp.array_equal(outs[1], outs[0]), t
-            assert cp.array_equal(outs[1].reshape(rows, K), chain.ids.astype(cp.int64)), t
-        if h:
-            assert cp.array_equal(fold.ring, chain.ring), t
-            assert int(fold.ctr[0]) == int(chain.ctr[0]) == 6 + t
-        assert int(fold.done[0]) == 0 == int(chain.done[0])
-    with pytest.raises(ValueError, match="ids"):
-        dense_mod.select_records_rank_into(K, rec, cnt_d, None, fold.kth, dense_mod.scratch(rows),
-                                           dense_mod.RankFinish(None, fold.ring, fold.ctr,
-                                                                fold.done, n, h))  # fmt: skip
 
 
 @pytest.mark.parametrize("B,n,Wc", [(1, 1, 4096), (3, 2, 8192), (64, 2, 8192)])
@@ -1240,13 +1176,12 @@ def _fake_select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None
         kth[...] = k
 
 
-def _fake_select_rank_into(K, rec, cnt, ids, kth, scr, finish=None):
+def _fake_select_rank_into(K, rec, cnt, ids, kth, scr):
     """select_rank emulated: each record's rank = the row's records greater than it (distinct
-    records: a permutation), its id at that place below K, rank K − 1 the K-th record; with
-    ``finish`` (select_rank_finish) then decode_step_finish's copies of the ids."""
+    records: a permutation), its id at that place below K, rank K − 1 the K-th record."""
+    import dosa_cupy.dense as dense_mod
 
     assert rec.shape[0] <= dense_mod.RANK_ROWS and rec.dtype == np.uint64
-    assert finish is None or ids is not None
     for r in range(rec.shape[0]):
         x = rec[r, : min(int(cnt[r]), rec.shape[1])]
         rank = (x[None, :] > x[:, None]).sum(axis=1)
@@ -1257,12 +1192,6 @@ def _fake_select_rank_into(K, rec, cnt, ids, kth, scr, finish=None):
             ids[r, rank[sel]] = (~(x[sel] & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
         if kth is not None:
             kth[r] = x[rank == K - 1][0] if x.size >= K else 0
-    if finish is not None:
-        f, R = finish, rec.shape[0]
-        assert R % f.n == 0 and f.done.dtype == np.uint32 and f.ctr.dtype == np.int32
-        assert f.ring is None or f.ring.shape == (R // f.n, f.h * f.n * K)
-        _FakeKernels().decode_step_finish(ids, f.out, f.ring, f.ctr, f.done, R // f.n, f.n * K,
-                                          f.h)  # fmt: skip
 
 
 def _fake_select_rows(logits, K, ks, ke):
@@ -1279,6 +1208,7 @@ def _fake_select_rows(logits, K, ks, ke):
 @pytest.fixture
 def fake_cupy(monkeypatch):
 
+    import dosa_cupy.dense as dense_mod
     import dosa_cupy.prepare as prep
 
     shim = numpy_as_cupy()
@@ -1292,13 +1222,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(dops, "_kernel", fk.get)
     monkeypatch.setattr(dops, "num_sms", lambda: 3)
     monkeypatch.setattr(dense_mod, "select_records_into", _fake_select_records_into)
-
-    def rank_into(*args, **kw):  # select_rank_finish is a launch of the step's chain
-        if len(args) > 6 and args[6] is not None:
-            fk.calls.append("select_rank_finish")
-        _fake_select_rank_into(*args, **kw)
-
-    monkeypatch.setattr(dense_mod, "select_records_rank_into", rank_into)
+    monkeypatch.setattr(dense_mod, "select_records_rank_into", _fake_select_rank_into)
     monkeypatch.setattr(dense_mod, "scratch", lambda rows: (rows, None))
     monkeypatch.setattr(dense_mod, "select_records", _fake_select_records)
     monkeypatch.setattr(dense_mod, "_select_rows", _fake_select_rows)
@@ -1346,12 +1270,9 @@ def test_cupy_host_code_with_emulated_kernels(fake_cupy, step_fold, B, n, H, buf
     names = {re.sub(r"\d$", "", c) for c in fake_cupy.calls}
     assert {"decode_logits_mt", "decode_fused_mt", "decode_witness_mt"} <= names
     assert f"decode_fused_mt{-(-H // 16)}" in fake_cupy.calls
-    # few rows: the ids reach the ring by their selection's launch (FINISH_IN_SELECT)
-    fin = "select_rank_finish" if B * n <= dense_mod.RANK_ROWS else "decode_step_finish"
-    folded = {"decode_witness_dedup_zero", fin}
+    folded = {"decode_witness_dedup_zero", "decode_step_finish"}
     chain = {"decode_witness_dedup", "decode_ring_push", "decode_ring_advance"}
-    finishes = {"select_rank_finish", "decode_step_finish"}
-    on, off = (folded, chain | (finishes - {fin})) if step_fold else (chain, folded | finishes)
+    on, off = (folded, chain) if step_fold else (chain, folded)
     assert names >= on and not names & off
 
 

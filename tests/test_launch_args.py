@@ -45,7 +45,7 @@ LAUNCHED = {
         *(f"refine_mt{m}" for m in MT),  # refine
         "select_kernel", "select_kernel_ilp", "select_kernel_buf",  # dense (SELECT_ILP, _BUF)
         "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
-        "select_rank", "select_rank_finish",  # dense (decode_ops.RANK_SELECT, FINISH_IN_SELECT)
+        "select_rank",  # dense (decode_ops.RANK_SELECT)
         "tau_from_kth", "extend_from_spill",  # select, refine (SPILL)
         "floor_wide_hist", "floor_of_cut",  # select (FLOOR_WIDE)
         "e4m3_round_f64",  # plan

@@ -35,10 +35,6 @@ Not options of the library: a build under trial is one of these until it wins.
                                          its ring pushed and advanced by two launches and its
                                          ids copied by a third (not folded into the dedup
                                          and decode_step_finish)
-    finishlaunch decode_ops.FINISH_IN_SELECT = False  a decode step of at most 8 query rows
-                                         writes its ids into out and the ring by
-                                         decode_step_finish after its selection (not by
-                                         the selection, select_rank_finish)
     scalearrays prepare.SCALE_CHECK_KERNEL = False  the scale and envelope checks by ~15
                                          array operations (not their one kernel)
     routearrays route.COUNT_KERNELS = False  the route stage's counts by ~25 array
@@ -119,7 +115,6 @@ BUILDS = {
     "rank4": ("dense", "RANK_ROWS", 4),
     "witblocks4": ("decode_ops", "WITNESS_SPREAD", False),
     "stepchain": ("decode_ops", "STEP_FOLD", False),
-    "finishlaunch": ("decode_ops", "FINISH_IN_SELECT", False),
     "rowarrays": ("plan", "ROW_CONSTANTS_KERNEL", False),
     "planf32": ("plan", "ACTIVATION_I8", False),
     "scalearrays": ("prepare", "SCALE_CHECK_KERNEL", False),

@@ -334,7 +334,6 @@ extern "C" __global__ void decode_layout(const int* __restrict__ lengths,
 // where ke is not null, writes its rows' visible ends ke[b·n + j] = max(0, lengths[b] − n +
 // j + 1) as decode_layout does without its check.
 #define DEC_DEDUP_THREADS 1024
-#define DEC_DEDUP_ILP 8
 template <bool kZeroCounts>
 __device__ __forceinline__ void dec_dedup(const int* src, int* dst, int Wc, int P2,
                                           unsigned* counts, int next_n, const int* lengths,
@@ -348,41 +347,24 @@ __device__ __forceinline__ void dec_dedup(const int* src, int* dst, int Wc, int 
     if (ke != nullptr && c == 0)
       ke[blockIdx.x * next_n + j] = max(0, lengths[blockIdx.x] - next_n + j + 1);
   }
-  // a thread's DEC_DEDUP_ILP entries loaded before any is inserted, so their loads are in
-  // flight together — the first batch's while the slots are cleared (one at a time, each
-  // insertion's atomics waited on the next load: docs/method.md §10 "No per-step host
-  // work"); a thread reads each of its entries before it writes it, so dst may be src
-  int v[DEC_DEDUP_ILP];
-  const auto load = [&](int i0) {
-#pragma unroll
-    for (int u = 0; u < DEC_DEDUP_ILP; ++u) {
-      const int i = i0 + u * (int)blockDim.x;
-      v[u] = i < Wc ? in[i] : -1;
-    }
-  };
-  load(threadIdx.x);
   for (int i = threadIdx.x; i < P2; i += blockDim.x) dd[i] = -1;
   __syncthreads();
-  for (int i0 = threadIdx.x; i0 < Wc; i0 += DEC_DEDUP_ILP * blockDim.x) {
-    if (i0 != (int)threadIdx.x) load(i0);
-#pragma unroll
-    for (int u = 0; u < DEC_DEDUP_ILP; ++u) {
-      const int i = i0 + u * (int)blockDim.x;
-      int keep = -1;
-      if (v[u] >= 0) {
-        unsigned h = ((unsigned)v[u] * 2654435761u) & (unsigned)(P2 - 1);
-        while (true) {
-          const int old = atomicCAS(dd + h, -1, v[u]);
-          if (old == -1) {  // inserted: this copy is the row's witness v
-            keep = v[u];
-            break;
-          }
-          if (old == v[u]) break;  // another copy of v is in
-          h = (h + 1u) & (unsigned)(P2 - 1);
+  for (int i = threadIdx.x; i < Wc; i += blockDim.x) {
+    const int v = in[i];
+    int keep = -1;
+    if (v >= 0) {
+      unsigned h = ((unsigned)v * 2654435761u) & (unsigned)(P2 - 1);
+      while (true) {
+        const int old = atomicCAS(dd + h, -1, v);
+        if (old == -1) {  // inserted: this copy is the row's witness v
+          keep = v;
+          break;
         }
+        if (old == v) break;  // another copy of v is in
+        h = (h + 1u) & (unsigned)(P2 - 1);
       }
-      if (i < Wc) row[i] = keep;
     }
+    row[i] = keep;
   }
 }
 

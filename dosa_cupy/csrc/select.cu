@@ -337,39 +337,11 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
 #define RANK_PER_BLOCK 64
 #define RANK_SLICES (SEL_THREADS / RANK_PER_BLOCK)
 
-// decode_step_finish's copies made by the selection that writes the ids (select_rank_finish,
-// docs/method.md §10 "No per-step host work"): id p of row r (r = b·n + j, request b, query
-// row j of its n) also into out[r·K + p] (int64, null: none) and into the ring's slot of the
-// step, ring[b, slot·n·K + j·K + p] (int32 [B, h·n·K], null: no history) — the places
-// decode_step_finish writes it.  The ring's counter moves once every block has written (the
-// wrapper below).  kOn false: no copies (select_rank).
-template <bool kOn>
-struct RankFinish {
-  long long* out;
-  int* ring;
-  int n, h, K;
-  unsigned slot;
-  __device__ __forceinline__ void put(int row, long long p, int id) const {
-    if constexpr (kOn) {
-      if (out) out[(long long)row * K + p] = id;
-      if (ring) {
-        const long long nK = (long long)n * K;
-        ring[((long long)(row / n) * h + slot) * nK + (long long)(row % n) * K + p] = id;
-      }
-    }
-  }
-};
-
-// select_rank's rows (below); fin: where its ids also go (RankFinish).  Every return is
-// uniform over the block.
-template <bool kFinish>
-__device__ __forceinline__ void select_rank_rows(int K, const unsigned long long* __restrict__ rec,
-                                                 const unsigned int* __restrict__ cnt,
-                                                 long long cap, long long rank_max,
-                                                 unsigned long long* __restrict__ scratch,
-                                                 long long scap, int* __restrict__ ids_out,
-                                                 unsigned long long* __restrict__ kth_out,
-                                                 const RankFinish<kFinish>& fin) {
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
+    select_rank(int K, const unsigned long long* __restrict__ rec,
+                const unsigned int* __restrict__ cnt, long long cap, long long rank_max,
+                unsigned long long* __restrict__ scratch, long long scap,
+                int* __restrict__ ids_out, unsigned long long* __restrict__ kth_out) {
   __shared__ SelShared sh;
   const int row = blockIdx.y, tid = threadIdx.x;
   const long long n = min((long long)cnt[row], cap);
@@ -384,17 +356,12 @@ __device__ __forceinline__ void select_rank_rows(int K, const unsigned long long
       src.rb = nullptr;
       src.nb = 0;
       select_row<1, 4, true>(src, K, sh, scratch + (long long)row * scap, scap, ids_row, kth);
-      if constexpr (kFinish)  // each thread reads back the ids it wrote (select_row's loop)
-        for (int p = tid; p < K; p += SEL_THREADS) fin.put(row, p, ids_row[p]);
     }
     return;
   }
   if (blockIdx.x == 0) {  // the padding of a row of fewer than K records
     if (ids_row)
-      for (long long p = n + tid; p < K; p += SEL_THREADS) {
-        ids_row[p] = -1;
-        fin.put(row, p, -1);
-      }
+      for (long long p = n + tid; p < K; p += SEL_THREADS) ids_row[p] = -1;
     if (kth && tid == 0 && n < K) *kth = 0ull;
   }
   const long long i0 = (long long)blockIdx.x * RANK_PER_BLOCK;
@@ -417,42 +384,8 @@ __device__ __forceinline__ void select_rank_rows(int K, const unsigned long long
   if (slice == 0 && i < n) {
     const unsigned rk = sh.hist[il];
     if (rk < (unsigned)K) {
-      const int id = (int)(~(uint32_t)(mine & 0xffffffffull));
-      if (ids_row) ids_row[rk] = id;
-      fin.put(row, rk, id);
+      if (ids_row) ids_row[rk] = (int)(~(uint32_t)(mine & 0xffffffffull));
       if (kth && rk == (unsigned)K - 1u) *kth = mine;
-    }
-  }
-}
-
-#define DOSA_RANK_PARAMS                                                                   \
-  int K, const unsigned long long* __restrict__ rec, const unsigned int* __restrict__ cnt, \
-      long long cap, long long rank_max, unsigned long long* __restrict__ scratch,         \
-      long long scap, int* __restrict__ ids_out, unsigned long long* __restrict__ kth_out
-#define DOSA_RANK_ARGS K, rec, cnt, cap, rank_max, scratch, scap, ids_out, kth_out
-
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) select_rank(DOSA_RANK_PARAMS) {
-  select_rank_rows<false>(DOSA_RANK_ARGS, RankFinish<false>{});
-}
-
-// select_rank with decode_step_finish folded in (dosa_cupy/decode_ops.py FINISH_IN_SELECT):
-// the ids (ids_out, not null) also into out and the ring's slot ctr % h (RankFinish; n: query
-// rows per request), and the block that counts itself done last moves ctr and re-arms done
-// (uint32, 0 between launches), as decode_step_finish does.  Every block reads ctr before its
-// thread 0 counts the block done, so the counter moves after the last read of it.
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
-    select_rank_finish(DOSA_RANK_PARAMS, long long* __restrict__ out, int* __restrict__ ring,
-                       int* ctr, unsigned int* done, int n, int h) {
-  const unsigned c = ring != nullptr ? (unsigned)*(volatile int*)ctr : 0u;
-  const RankFinish<true> fin{out, ring, n, h, K, ring != nullptr ? c % (unsigned)h : 0u};
-  select_rank_rows<true>(DOSA_RANK_ARGS, fin);
-  if (ring == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1) {
-      *ctr = (int)(c + 1u);
-      *done = 0u;
     }
   }
 }
