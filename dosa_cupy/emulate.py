@@ -12,7 +12,6 @@ from dosa_ref.fp8 import E4M3, e4m3_bits, e4m3_values
 from dosa_ref.rounding import f32_add_ru, f32_mul_ru, f32_up
 
 __all__ = [
-    "sort_desc_places",
     "E4M3",
     "e4m3_bits",
     "e4m3_sq_units",
@@ -122,45 +121,6 @@ def block_kth_record(rec, k: int) -> tuple[int, int]:
             passes += 1
             return int(rec[(rec >> np.uint64(shift)) == np.uint64(prefix >> shift)][0]), passes
     raise AssertionError("not reached: the sixth digit fixes all 64 bits")
-
-
-SORT_THREADS, SORT_PER_THREAD = 512, 8  # csrc/select.cu SEL_THREADS, SORT_PER_THREAD
-
-
-def sort_desc_places(rec) -> np.ndarray:
-    """uint64 records (distinct, at most 4,096) sorted descending by select.cu sort_desc's
-    network in its layout, stage for stage: P2 places (the least power of two ≥ len, padded
-    with 0), thread t's registers the places 8t .. 8t + 7; a stage at distance j < 8 pairs a
-    thread's registers, 8 ≤ j ≤ 128 a warp's lanes t and t ^ j / 8, j ≥ 256 threads through
-    shared memory; of a pair the lower place of a descending run (place & k2 = 0) keeps the
-    larger record.  Returns the P2 places (tests/test_select_passes.py holds them to a sort)."""
-    rec = np.asarray(rec, dtype=np.uint64).ravel()
-    m = rec.size
-    if m > SORT_THREADS * SORT_PER_THREAD:
-        raise ValueError(f"rec: at most {SORT_THREADS * SORT_PER_THREAD} records, got {m}")
-    P2 = 1 << max(0, (m - 1).bit_length()) if m else 1
-    x = np.zeros((SORT_THREADS, SORT_PER_THREAD), dtype=np.uint64)
-    x.reshape(-1)[:m] = rec
-    tid = np.arange(SORT_THREADS)[:, None]
-    base = SORT_PER_THREAD * tid
-    e = np.arange(SORT_PER_THREAD)[None, :]
-    k2 = 2
-    while k2 <= P2:
-        j = k2 >> 1
-        while j > 0:
-            if j < SORT_PER_THREAD:  # the thread's registers e and e ^ j
-                lo = (e & j) == 0  # the register of the pair's lower place
-                desc = ((base + e) & k2) == 0
-                y = x[:, np.arange(SORT_PER_THREAD) ^ j]
-                big = lo == desc  # the lower place of a descending pair keeps the larger
-            else:  # lanes or threads tid ^ d, the same register (shuffle or shared memory)
-                d = j // SORT_PER_THREAD
-                y = x[np.arange(SORT_THREADS) ^ d]
-                big = ((tid & d) == 0) == ((base & k2) == 0)
-            x = np.where(big, np.maximum(x, y), np.minimum(x, y))
-            j >>= 1
-        k2 <<= 1
-    return x.reshape(-1)[:P2].copy()
 
 
 def record_order(scores: np.ndarray, ids: np.ndarray, K: int) -> np.ndarray:

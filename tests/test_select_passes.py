@@ -5,8 +5,7 @@ remaining kk — with and without ``ABOVE`` (select_kernel_buf, dense.SELECT_BUF
 compaction also keeps the K − kk records above the bin, and the last pass reads the
 scratch).  Both return the K largest records (score desc, id asc) and the K-th; ``ABOVE``
 reads the row one pass fewer wherever the records above the bin fit beside it, and never
-more often.  The selected records' sort (select.cu sort_desc: registers, lanes, shared
-memory) is modelled by its host twin ``emulate.sort_desc_places``.  The kernels themselves are
+more often.  The kernels themselves are
 checked against the host's order on the GPU (tests/test_gpu.py ``either_select``)."""
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dosa_cupy.emulate import sort_desc_places
 
 
 def model_select_row(rec, K: int, scap: int, above: bool):
@@ -97,32 +94,3 @@ def test_above_saves_a_pass_where_the_scratch_fills(n, K, scap, saved):
     buf, _, p1 = model_select_row(rec, K, scap, above=True)
     assert np.array_equal(plain, buf)
     assert p1 == p0 - saved
-
-
-@settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 4096), spread=st.sampled_from([40, 1 << 20, 1 << 62]),
-       seed=st.integers(0, 2**31))  # fmt: skip
-def test_sort_network_sorts_descending(n, spread, seed):
-    """sort_desc's network in its layout (8 places a thread; registers, shuffles, shared
-    memory) puts n distinct records in descending order in places 0 .. n − 1, the padding
-    (0) after them — tied score codes (spread 40: the ids decide) and sizes around powers of
-    two included."""
-    rs = np.random.default_rng(seed)
-    code = rs.integers(1, spread, n, dtype=np.uint64)
-    rec = np.unique((code << np.uint64(20)) | rs.permutation(1 << 20)[:n].astype(np.uint64))
-    rs.shuffle(rec)
-    got = sort_desc_places(rec)
-    P2 = 1 << max(0, (rec.size - 1).bit_length()) if rec.size else 1
-    assert got.size == P2
-    assert np.array_equal(got[: rec.size], np.sort(rec)[::-1])
-    assert not got[rec.size :].any()
-
-
-@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 255, 256, 257, 2048, 4095, 4096])
-def test_sort_network_at_the_layout_edges(n):
-    """Sizes at the network's layout edges: within one thread's registers (≤ 8), one warp
-    (≤ 256 places), all of shared memory (4,096)."""
-    rec = np.random.default_rng(n).permutation(np.arange(1, n + 1, dtype=np.uint64) * 7919)
-    assert np.array_equal(sort_desc_places(rec)[:n], np.sort(rec)[::-1])
-    with pytest.raises(ValueError, match="rec"):
-        sort_desc_places(np.arange(1, 4098, dtype=np.uint64))

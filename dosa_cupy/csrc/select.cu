@@ -67,72 +67,6 @@ __device__ __forceinline__ void each_record(long long n, Get get, F f) {
   for (; i < n; i += SEL_THREADS) f(get(i));
 }
 
-// The selected records sorted descending (docs/method.md §9 "The selection's passes"): the
-// bitonic network over P2 places (a power of two ≤ SEL_KMAX), held SORT_PER_THREAD to a thread
-// — thread t the places 8t .. 8t + 7 — so that a stage's compare-exchanges at distance j run
-// in the thread's registers (j < 8), between the lanes of a warp (8 ≤ j ≤ 128, shuffles) or
-// through shared memory (j ≥ 256, two barriers), not each stage through shared memory with a
-// barrier (66 of them at P2 = 2048).  Place i of a run of k2 places sorts descending where
-// i & k2 = 0; of a pair (i, i ^ j) the lower place then keeps the larger record.  Records are
-// distinct, so the order is the one order of the set (emulate.sort_desc_places is the host
-// twin of the network and its layout).
-#define SORT_PER_THREAD (SEL_KMAX / SEL_THREADS)
-static_assert(SORT_PER_THREAD == 8, "the sort's layout: 8 places a thread");
-
-// stage j = J < 8 of run k2: the pairs (e, e ^ J) of the thread's places base + e
-template <int J>
-__device__ __forceinline__ void sort_stage_regs(unsigned long long (&x)[SORT_PER_THREAD],
-                                                int base, int k2) {
-#pragma unroll
-  for (int e = 0; e < SORT_PER_THREAD; ++e) {
-    const int p = e ^ J;
-    if (p > e) {
-      const bool desc = ((base + e) & k2) == 0;
-      const unsigned long long a = x[e], b = x[p];
-      const bool swap = desc ? a < b : a > b;
-      x[e] = swap ? b : a;
-      x[p] = swap ? a : b;
-    }
-  }
-}
-
-// a stage whose partner place i ^ j is register e of thread t ^ (j / 8), its value y: the
-// thread's places keep the larger records where it holds the lower place of a descending
-// run or the upper place of an ascending one (k2 ≥ 16: one direction per thread)
-__device__ __forceinline__ void sort_keep(unsigned long long& xe, unsigned long long y, bool big) {
-  xe = big ? (y > xe ? y : xe) : (y < xe ? y : xe);
-}
-
-__device__ __forceinline__ void sort_desc(unsigned long long (&x)[SORT_PER_THREAD], int P2,
-                                          unsigned long long* __restrict__ buf) {
-  const int tid = threadIdx.x, base = SORT_PER_THREAD * tid;
-  for (int k2 = 2; k2 <= P2; k2 <<= 1) {
-    for (int j = k2 >> 1; j > 0; j >>= 1) {  // k2 and j are uniform over the block
-      if (j < SORT_PER_THREAD) {
-        if (j == 4) sort_stage_regs<4>(x, base, k2);
-        else if (j == 2) sort_stage_regs<2>(x, base, k2);
-        else sort_stage_regs<1>(x, base, k2);
-        continue;
-      }
-      const int d = j / SORT_PER_THREAD;  // the partner thread: tid ^ d
-      const bool big = ((tid & d) == 0) == ((base & k2) == 0);
-      if (d < 32) {  // within the warp
-#pragma unroll
-        for (int e = 0; e < SORT_PER_THREAD; ++e)
-          sort_keep(x[e], __shfl_xor_sync(0xffffffffu, x[e], d), big);
-        continue;
-      }
-      __syncthreads();  // the last stage's reads of buf are done
-#pragma unroll
-      for (int e = 0; e < SORT_PER_THREAD; ++e) buf[base + e] = x[e];
-      __syncthreads();
-      const int pb = SORT_PER_THREAD * (tid ^ d);
-#pragma unroll
-      for (int e = 0; e < SORT_PER_THREAD; ++e) sort_keep(x[e], buf[pb + e], big);
-    }
-  }
-}
-
 // Exact Top-K of one row's records into ids_row (K ids, −1 pads) and *kth (either may be
 // null); buf: the block's candidate scratch of scap records.  ILP: each_record's loads in
 // flight per thread (1: select_kernel, 4: select_kernel_ilp; the same selection).  ABOVE
@@ -179,24 +113,19 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
         }
       }
       __syncthreads();
-      // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid; the inclusive scan of
-      // their sums by warp shuffles, then of the warps' totals by warp 0 (two barriers, not
-      // a Hillis–Steele scan's eighteen: docs/method.md §9 "The selection's passes")
+      // bins from the top: thread tid owns bins 2047-4tid .. 2044-4tid
       unsigned loc = 0;
 #pragma unroll
       for (int qd = 0; qd < 4; ++qd) loc += sh.hist[NBIN - 1 - 4 * tid - qd];
-      const int lane = tid & 31, warp = tid >> 5;
-      unsigned incl = warp_inclusive_sum(loc, lane);
-      if (lane == 31) sh.wsum[warp] = incl;
+      sh.wsum[tid] = loc;
       __syncthreads();
-      if (warp == 0) {
-        const unsigned v = lane < SEL_THREADS / 32 ? sh.wsum[lane] : 0u;
-        const unsigned w = warp_inclusive_sum(v, lane);
-        if (lane < SEL_THREADS / 32) sh.wsum[lane] = w;
+      for (int o = 1; o < SEL_THREADS; o <<= 1) {  // inclusive scan (Hillis–Steele)
+        const unsigned y = tid >= o ? sh.wsum[tid - o] : 0u;
+        __syncthreads();
+        sh.wsum[tid] += y;
+        __syncthreads();
       }
-      __syncthreads();
-      incl += warp ? sh.wsum[warp - 1] : 0u;
-      const unsigned excl = incl - loc;
+      const unsigned incl = sh.wsum[tid], excl = incl - loc;
       if (excl < (unsigned)kk && incl >= (unsigned)kk) {
         unsigned acc = excl;
 #pragma unroll
@@ -310,25 +239,29 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   const int m = min(sh.n, SEL_KMAX);
   int P2 = 1;
   while (P2 < m) P2 <<= 1;
-  unsigned long long x[SORT_PER_THREAD];  // thread tid: places 8·tid .. 8·tid + 7
-#pragma unroll
-  for (int e = 0; e < SORT_PER_THREAD; ++e) {
-    const int i = SORT_PER_THREAD * tid + e;
-    x[e] = i < m ? sh.sel[i] : 0ull;  // 0: below every record (the padding to P2)
-  }
-  sort_desc(x, P2, sh.sel);
-  if (ids_row) {
-#pragma unroll
-    for (int e = 0; e < SORT_PER_THREAD; ++e) {
-      const int i = SORT_PER_THREAD * tid + e;
-      if (i < K) ids_row[i] = i < m ? (int)(~(uint32_t)(x[e] & 0xffffffffull)) : -1;
+  for (int i = m + tid; i < P2; i += SEL_THREADS) sh.sel[i] = 0ull;
+  __syncthreads();
+  for (int k2 = 2; k2 <= P2; k2 <<= 1) {
+    for (int j = k2 >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < P2; i += SEL_THREADS) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const unsigned long long a = sh.sel[i], b = sh.sel[ixj];
+          const bool desc = (i & k2) == 0;
+          if (desc ? (a < b) : (a > b)) {
+            sh.sel[i] = b;
+            sh.sel[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
     }
   }
-  if (kth) {
-#pragma unroll
-    for (int e = 0; e < SORT_PER_THREAD; ++e)
-      if (SORT_PER_THREAD * tid + e == K - 1) *kth = (m >= K) ? x[e] : 0ull;
+  if (ids_row) {
+    for (int i = tid; i < K; i += SEL_THREADS)
+      ids_row[i] = i < m ? (int)(~(uint32_t)(sh.sel[i] & 0xffffffffull)) : -1;
   }
+  if (kth && tid == 0) *kth = (m >= K) ? sh.sel[K - 1] : 0ull;
   __syncthreads();
 }
 
