@@ -296,6 +296,27 @@ def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> N
                    recB=(recB, cntB) if recB is not None else None)  # fmt: skip
 
 
+def select_records_keep_into(K, rec, cnt, keep, keep_cnt, kth, scr) -> None:
+    """The K-th record kth uint64 [rows] of one record list (rec uint64 [rows, cap], cnt
+    uint32 [rows]; 0 where a row holds fewer than K) by select_kernel_keep, which also writes
+    each row's records at or above it — its min(K, count) largest, unordered — into keep
+    uint64 [rows, K] with their count keep_cnt uint32 [rows]; ``scr`` = ``scratch(rows)``.
+    One launch, no allocation."""
+    rows = int(rec.shape[0])
+    if tuple(keep.shape) != (rows, K) or keep_cnt.shape[0] != rows:
+        raise ValueError(f"keep: expected [{rows}, {K}] records and [{rows}] counts")
+    blocks, buf = scr
+    kernel("select_kernel_keep")(
+        (blocks,),
+        (512,),
+        (
+            np.int32(1), np.int32(rows), np.int32(K), _NULL, np.int64(0), _NULL, _NULL,
+            rec, cnt, np.int64(rec.shape[1]), _NULL, _NULL, np.int64(0), buf,
+            np.int64(SCRATCH), _NULL, kth, keep, keep_cnt,
+        ),
+    )  # fmt: skip
+
+
 def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=True,
                scorer: str = "f16"):  # fmt: skip
     """The dense route: canonical logits of every visible key (the ``scorer``'s, scorer.py:

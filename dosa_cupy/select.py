@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import cupy_or_raise, kernel
-from .dense import WSEL_THREADS, dense_ids, select_records, wide_blocks, wide_cut
+from .dense import (
+    WSEL_THREADS,
+    dense_ids,
+    scratch,
+    select_records,
+    select_records_keep_into,
+    wide_blocks,
+    wide_cut,
+)
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -155,6 +163,13 @@ RAISED_EXTENSION = True
 # step's selection by rank"). Bench build kthfloor takes the K-th kept record itself.
 FLOOR_WIDE = True
 
+# The seeds' τ selection keeps each query's K largest default seed records (Seeds.top), and
+# the call's final selection takes them instead of every default seed record (docs/method.md
+# §9 "The seeds' K records"): the same Top-K from K + survivors records per row instead of
+# sinks + window + pool + survivors.  Off where explicit seeds join τ.  Bench build
+# allseeds selects from every default seed record.
+TOP_SEEDS = True
+
 
 def captured_floor(K: int, recs: Records, oq):
     """fp32 [n]: a floor of each overflowed row ``oq`` (int32 [n]) from the records its
@@ -237,13 +252,25 @@ def kth_ids(kth, xp=np):
     return xp.where(kth == 0, int(NO_KTH_ID), ids).astype(xp.int32)
 
 
-def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False):
+def tau_of_seeds(
+    K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False, keep: RecordBuffer | None = None
+):
     """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
     fewer than K; with ``want_id`` also its id j int32 [Qn] (``kth_ids``).  The two lists
     must not share a key (docs/method.md §2).  xrec uint64 [Qn, S] or None, xcnt uint32
-    [Qn]."""
+    [Qn].  ``keep`` (``RecordBuffer`` [Qn, K], no explicit seeds): also each row's records at
+    or above its K-th, unordered, by the same launch (select_kernel_keep)."""
     cp = cupy_or_raise()
     xc = xcnt if xrec is not None else None
+    if keep is not None:
+        if xrec is not None or keep.cap != K:
+            raise ValueError(f"keep: the K = {K} records of the default seeds alone")
+        kth = cp.empty(seeds.rec.shape[0], dtype=cp.uint64)
+        if kth.size:
+            select_records_keep_into(K, seeds.rec, seeds.cnt, keep.rec, keep.cnt, kth,
+                                     scratch(kth.size))  # fmt: skip
+        tau = score_of_records(kth)
+        return (tau, kth_ids(kth, cp)) if want_id else tau
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = score_of_records(kth)
     return (tau, kth_ids(kth, cp)) if want_id else tau

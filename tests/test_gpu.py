@@ -637,6 +637,51 @@ def test_select_kth_only_equals_sorted_selection(either_select):
 
 
 @gpu
+def test_select_keep_equals_kth_and_top_records():
+    """select_kernel_keep (select.TOP_SEEDS: the seeds' τ selection that keeps the seed
+    records a call's final selection needs) returns select_kernel_buf's K-th record bitwise
+    and keeps each row's min(K, count) largest records — as a set, each once — for rows with
+    0, fewer than, exactly and more than K records, tied score codes, K from 1 to 4096; and
+    the Top-K of kept ∪ other records equals the Top-K of all of them."""
+    from dosa_cupy.dense import scratch, select_records, select_records_keep_into
+
+    rng = np.random.default_rng(23)
+    for K in (1, 7, 2048, 4096):
+        rows, cap = 40, 9000
+        cnt = rng.integers(0, cap + 1, rows)
+        cnt[:4] = (0, K - 1, K, K + 1)
+        cnt = np.minimum(np.maximum(cnt, 0), cap).astype(np.uint32)
+        code = rng.integers(0, 50, (rows, cap)).astype(np.uint64) + np.uint64(0x80000000)
+        ids = np.stack([rng.permutation(1 << 20)[:cap] for _ in range(rows)]).astype(np.uint64)
+        rec = (code << np.uint64(32)) | (~ids & np.uint64(0xFFFFFFFF))
+        rec_d, cnt_d = cp.asarray(rec), cp.asarray(cnt)
+        keep = cp.full((rows, K), 7, dtype=cp.uint64)
+        kcnt = cp.full(rows, 99999, dtype=cp.uint32)
+        kth = cp.full(rows, 5, dtype=cp.uint64)
+        select_records_keep_into(K, rec_d, cnt_d, keep, kcnt, kth, scratch(rows))
+        _, want_kth = select_records(K, rec_d, cnt_d, want_ids=False, want_kth=True)
+        assert cp.array_equal(kth, want_kth), K
+        keep, kcnt = cp.asnumpy(keep), cp.asnumpy(kcnt)
+        # a second list (other keys: ids past 2^20) whose Top-K with the kept records is the
+        # Top-K with every record
+        recB = (np.uint64(0x80000019) << np.uint64(32)) | (
+            ~np.arange(1 << 21, (1 << 21) + rows * 64, dtype=np.uint64).reshape(rows, 64)
+            & np.uint64(0xFFFFFFFF)
+        )
+        cntB = cp.full(rows, 64, dtype=cp.uint32)
+        with_all, _ = select_records(K, rec_d, cnt_d, cp.asarray(recB), cntB)
+        with_kept, _ = select_records(K, cp.asarray(keep), cp.asarray(kcnt), cp.asarray(recB), cntB)
+        assert cp.array_equal(with_kept, with_all), K
+        for r in range(rows):
+            top = np.sort(rec[r, : cnt[r]])[::-1][:K]
+            assert int(kcnt[r]) == top.size, (K, r)
+            assert np.array_equal(np.sort(keep[r, : kcnt[r]]), np.sort(top)), (K, r)
+    with pytest.raises(ValueError, match="keep"):
+        select_records_keep_into(8, rec_d, cnt_d, cp.zeros((rows, 7), cp.uint64), kcnt, kth,
+                                 scratch(rows))  # fmt: skip
+
+
+@gpu
 def test_select_rank_equals_select_kernel():
     """select_rank (dense.select_records_rank_into: the decode step's selection of at most
     RANK_ROWS rows by rank) == select_kernel_buf and the host's record order, ids and K-th
