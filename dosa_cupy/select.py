@@ -166,9 +166,11 @@ FLOOR_WIDE = True
 # The seeds' τ selection keeps each query's K largest default seed records (Seeds.top), and
 # the call's final selection takes them instead of every default seed record (docs/method.md
 # §9 "The seeds' K records"): the same Top-K from K + survivors records per row instead of
-# sinks + window + pool + survivors.  Off where explicit seeds join τ.  Bench build
-# allseeds selects from every default seed record.
-TOP_SEEDS = True
+# sinks + window + pool + survivors.  Never where explicit seeds join τ.  Under trial (bench
+# build topseeds): on an H100, one run, 8.58 against 9.08 ms at 128K H 64, 7.85 against 7.80
+# at 128K H 32, 25.09 against 24.19 at 1M H 64 (docs/records/benchmarks.md "The seeds' K
+# records"), within the runs' spread — off until a run shows it faster.
+TOP_SEEDS = False
 
 
 def captured_floor(K: int, recs: Records, oq):
