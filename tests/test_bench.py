@@ -605,6 +605,49 @@ def test_variants_with_a_fake_gpu(monkeypatch):
     assert B.ids_equal(r) is False
 
 
+def test_paired_variants_are_timed_in_turn_under_their_builds(monkeypatch):
+    """``--paired``: the DoSA call and each variant without a memo timed in turn (one
+    interleaved timing of 2·reps replays, the DoSA call under a name no variant can take),
+    each variant's calls under its own builds and the DoSA call under none; a memo variant
+    and a failed one are left out; bench.md gets the paired table."""
+    _fake_gpu(monkeypatch)
+    import dosa_cupy
+    from dosa_cupy import seeds
+    from dosa_cupy.bench import prefill
+
+    seen, flags = [], []
+    real_il = prefill.median_ms_interleaved
+
+    def spy(cp, fns, reps, **kw):
+        seen.append((sorted(fns), reps))
+        return real_il(cp, fns, reps, **kw)
+
+    real = dosa_cupy.dosa_topk
+
+    def topk(*a, **kw):
+        if kw.get("screen") == "broken":
+            raise RuntimeError("kernel not found")
+        flags.append((kw.get("cert_seeds"), seeds.SIDE_STREAM))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(prefill, "median_ms_interleaved", spy)
+    monkeypatch.setattr(dosa_cupy, "dosa_topk", topk)
+    variants = {"b": {"builds": "onestream", "cert_seeds": 8}, "memo": {"route_memo": 1},
+                "bad": {"screen": "broken"}}  # fmt: skip
+    r = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
+                      variants=variants, paired=True)  # fmt: skip
+    assert seen == [(sorted([prefill.BASE, "b"]), 20)]
+    assert r["dosa_paired_ms"] > 0 and r["variants"]["b"]["paired_ms"] > 0
+    assert "paired_ms" not in r["variants"]["memo"] and "paired_ms" not in r["variants"]["bad"]
+    # the variant's calls under its build (the side stream off), every other call without
+    assert all(side is (cert is None) for cert, side in flags) and (8, False) in flags
+    md = B.markdown([dict(r, tile=256, commit="c", date_utc="d")])
+    assert "Paired (`--paired`)" in md and "| b |" in md.split("Paired (`--paired`)")[1]
+    plain = B.bench_shape(16, 64, 2048, 8, "structured", 10, 2, {"r": 14}, lambda s: None,
+                          variants={"b": {"builds": "onestream"}})  # fmt: skip
+    assert "dosa_paired_ms" not in plain and len(seen) == 1  # off without --paired
+
+
 def test_a_memo_variant_reports_its_mean_over_two_refresh_cycles(monkeypatch):
     """A ``route_memo=1`` variant is timed over two refresh cycles of its memo (its sampled
     calls among the timed ones): the median and the mean per call, the mean in bench.md."""

@@ -292,6 +292,13 @@ def _main(argv: list[str]) -> int:
         "calls); repeatable",
     )
     ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="also time the DoSA call and every variant without a memo in turn, one call of "
+        "each per replay (twice --reps replays): the comparison of builds under trial that "
+        "no drift between blocks of replays can tilt",
+    )
+    ap.add_argument(
         "--peers",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -367,6 +374,7 @@ def _main(argv: list[str]) -> int:
                     mem=mem,
                     parallel_setup=not a.serial_setup, variants=variants,
                     inputs=(getattr(a, "input_groups", None) or {}).get(regime), peers=peers,
+                    paired=getattr(a, "paired", False),
                 )  # fmt: skip
                 row["tile"] = tile
             except Exception as e:

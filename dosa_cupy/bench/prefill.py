@@ -15,7 +15,7 @@ from .builds import builds_on, parse_builds
 from .memplan import floors_ms, memory_plan, x_floor
 from .report import device_name, ids_equal
 from .shapes import shape_name
-from .timing import free, is_oom, median_ms, slices
+from .timing import free, is_oom, median_ms, median_ms_interleaved, slices
 
 
 def _survival(survivors, screened) -> dict:
@@ -93,18 +93,56 @@ def _stats_run(fn, s, sub, K, opts):
     return [cp.concatenate(run) for run in runs], cat, stage
 
 
+BASE = "(base)"  # the DoSA call's name among the paired calls (no variant's name: shapes.py)
+
+
+def paired_variants(cp, res: dict, run_opts: dict, calls: tuple, reps: int, rotate) -> None:
+    """``--paired``: the DoSA call and each variant of ``res`` that ran and keeps no memo
+    (``run_opts``: name → its options, builds included; ``calls`` = (the DoSA call,
+    ``route(fn, options)`` that makes a variant's call)) timed in turn — every replay one
+    call of each (``timing.median_ms_interleaved``, 2·``reps`` replays) — so that a drift of
+    the GPU or the host between the variants' own blocks of replays falls on all of them
+    alike (docs/benchmark_method.md "Timing"): ``res["dosa_paired_ms"]`` and
+    each variant's ``paired_ms``.  Nothing where no variant qualifies."""
+    import dosa_cupy
+
+    base, route = calls
+    fns = {}
+    for name, v in (res.get("variants") or {}).items():
+        o = dict(run_opts.get(name) or {})
+        if "error" in v or "ms" not in v or o.get("route_memo") is not None:
+            continue
+        names = parse_builds(o.pop("builds", ""))
+        call = route(dosa_cupy.dosa_topk, o)
+
+        def under_builds(cs, call=call, names=names):
+            with builds_on(names):
+                call(cs)
+
+        fns[name] = under_builds
+    if not fns:
+        return
+    times = median_ms_interleaved(cp, {BASE: base, **fns}, 2 * reps, rotate=rotate)
+    free(cp)
+    res["dosa_paired_ms"] = times[BASE][0]
+    for name in fns:
+        res["variants"][name]["paired_ms"] = times[name][0]
+
+
 def _ratio(a, b):
     """a / b, None where a route did not run."""
     return None if a is None else a / b
 
 
 def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_setup=True,
-                variants=None, inputs=None, peers=None):  # fmt: skip
+                variants=None, inputs=None, peers=None, paired=False):  # fmt: skip
     """One shape: every route timed on the same rotated inputs, ids cross-checked, floors,
     survival and stage split.  ``mem``: ``memory_plan`` of the shape (sub-chunk sizes);
     ``parallel_setup``: generate the rotated input sets in threads; ``inputs``: workload
     files (``--inputs``), one rotated input set each (then ``rot`` = their number);
-    ``peers``: ``peers.discover()`` (None: no peer section in the row)."""
+    ``peers``: ``peers.discover()`` (None: no peer section in the row); ``paired``
+    (``--paired``): the DoSA call and its variants without a memo also timed in turn
+    (``paired_variants``)."""
     import cupy as cp
 
     import dosa_cupy
@@ -258,10 +296,12 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     del fids
     free(cp)
     # Variants: more DoSA routes (other options) on the same inputs, same run.
+    run_opts: dict = {}
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
         if vo.get("route_memo") == 1:  # `--variant NAME:route_memo=1`: one memo per variant
             vo["route_memo"] = dosa_cupy.RouteMemo()
+        run_opts[name] = dict(vo)  # its call's options, builds included (paired_variants)
         names = parse_builds(vo.pop("builds", ""))  # kernel builds under trial (builds.py)
         v = {"options": vopts}
         res.setdefault("variants", {})[name] = v
@@ -296,6 +336,9 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         v["speedup_vs_fused"] = _ratio(res["fused_ms"], v["ms"])
         del vids
         free(cp)
+    if paired:
+        base = route(dosa_cupy.dosa_topk, opts)
+        paired_variants(cp, res, run_opts, (base, route), reps, dosa_cs)
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)
     res["dosa_ids_equal_dense"] = _all_equal(cp, ids, dense_ids)
     res["dosa_stage_ms"] = stage

@@ -149,6 +149,21 @@ def markdown(rows, meta=None) -> str:
                     f"{cell(v.get('survival_pooled'), '{:.4f}')} | "
                     f"{v.get('ids_equal_dense', 'error: ' + v.get('error', '?'))} |\n"
                 )
+    paired = [(r, n, v) for r in done for n, v in (r.get("variants") or {}).items()
+              if v.get("paired_ms") and r.get("dosa_paired_ms")]  # fmt: skip
+    if paired:
+        out.append(
+            "\nPaired (`--paired`): the DoSA call and each variant without a memo timed in turn, "
+            "one call of each per replay (twice `--reps` replays; docs/benchmark_method.md), "
+            "medians:\n\n| regime | H | Qn | N | variant | DoSA ms | variant ms | "
+            "DoSA / variant |\n|" + "---|" * 8 + "\n"
+        )
+        for r, n, v in paired:
+            out.append(
+                f"| {r.get('regime', '-')} | {r['H']} | {r['Qn']} | {r['N']} | {n} | "
+                f"{cell(r['dosa_paired_ms'])} | {cell(v['paired_ms'])} | "
+                f"{cell(r['dosa_paired_ms'] / v['paired_ms'], '{:.3f}×')} |\n"
+            )
     memo = [(r, n, v) for r in done for n, v in (r.get("variants") or {}).items()
             if v.get("mean_ms")]  # fmt: skip
     if memo:
