@@ -244,6 +244,50 @@ def test_dosa_equals_dense(case):
         assert st.overflows.any()
 
 
+TOP_SEEDS_CASES = [c for c in CASES if c[0] in ("ties", "equal", "adversarial", "calibrated")
+                   or "buffer" in c[5] or c[5].get("n_anchors") == 0]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TOP_SEEDS_CASES,
+                         ids=[f"{c[0]}-H{c[3]}-{c[5]}" for c in TOP_SEEDS_CASES])  # fmt: skip
+@gpu
+def test_top_seeds_equals_dense(monkeypatch, case):
+    """select.TOP_SEEDS (build topseeds): the final selection and the overflow extension from
+    the seeds' K largest records — ids == dense bitwise, the same K-th score and τ as without
+    it, on tied and equal scores, overflowing buffers and a pool-less call; with explicit
+    seeds the default seed records stay whole (no kept set)."""
+    import dosa_cupy.pipeline as pipeline_mod
+    from dosa_cupy import select as select_mod
+
+    regime, Qn, N, H, K, opt = case
+    _need_regime(regime)
+    wl = make_gpu_workload(regime, Qn, N, H, seed=11)
+    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
+    _, st0 = dosa_cupy.dosa_topk(*args, return_stats=True, **opt)
+    kept = []
+    real = pipeline_mod.seed_stage
+
+    def spy(*a, **kw):  # the DoSA call's seeds: with their kept K records or without
+        out = real(*a, **kw)
+        kept.append(out.top is not None)
+        return out
+
+    monkeypatch.setattr(select_mod, "TOP_SEEDS", True)
+    monkeypatch.setattr(pipeline_mod, "seed_stage", spy)
+    dense, ids, st = _run_both(wl, K, **opt)
+    assert np.array_equal(dense, ids)
+    assert np.array_equal(st.tau.view(np.uint32), st0.tau.view(np.uint32))
+    assert np.array_equal(st.tau_final.view(np.uint64), st0.tau_final.view(np.uint64))
+    assert kept and all(kept)
+    if "buffer" in opt:
+        assert st.overflows.any()
+    kept.clear()
+    # explicit seeds away from the sinks, the window and (K ≤ 2,048 of N ≥ 8,192) most pools
+    x = cp.asnumpy(wl["ks"]).astype(np.int64)[:, None] + 600 + np.arange(4)[None, :]
+    ids_x = dosa_cupy.dosa_topk(*args, seed_ids=cp.asarray(x), **opt)
+    assert cp.array_equal(ids_x, cp.asarray(dense)) and kept and not any(kept)
+
+
 @pytest.mark.parametrize("route", ["dosa", "fused"])
 @gpu
 def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
