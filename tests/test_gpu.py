@@ -282,8 +282,10 @@ def test_top_seeds_equals_dense(monkeypatch, case):
     if "buffer" in opt:
         assert st.overflows.any()
     kept.clear()
-    # explicit seeds away from the sinks, the window and (K ≤ 2,048 of N ≥ 8,192) most pools
-    x = cp.asnumpy(wl["ks"]).astype(np.int64)[:, None] + 600 + np.arange(4)[None, :]
+    # 32 explicit seeds away from the sinks and the window: not all of them in the anchor
+    # pool (at most a quarter of the keys here), so the call scores explicit seeds
+    x = cp.asnumpy(wl["ks"]).astype(np.int64)[:, None] + 600 + 37 * np.arange(32)[None, :]
+    assert (x < cp.asnumpy(wl["ke"])[:, None] - max(2048, 2 * K)).all()  # the default window
     ids_x = dosa_cupy.dosa_topk(*args, seed_ids=cp.asarray(x), **opt)
     assert cp.array_equal(ids_x, cp.asarray(dense)) and kept and not any(kept)
 
