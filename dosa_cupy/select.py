@@ -264,16 +264,15 @@ def tau_of_seeds(
     or above its K-th, unordered, by the same launch (select_kernel_keep)."""
     cp = cupy_or_raise()
     xc = xcnt if xrec is not None else None
-    if keep is not None:
-        if xrec is not None or keep.cap != K:
-            raise ValueError(f"keep: the K = {K} records of the default seeds alone")
+    if keep is None:
+        _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
+    elif xrec is not None or keep.cap != K:
+        raise ValueError(f"keep: the K = {K} records of the default seeds alone")
+    else:
         kth = cp.empty(seeds.rec.shape[0], dtype=cp.uint64)
         if kth.size:
             select_records_keep_into(K, seeds.rec, seeds.cnt, keep.rec, keep.cnt, kth,
                                      scratch(kth.size))  # fmt: skip
-        tau = score_of_records(kth)
-        return (tau, kth_ids(kth, cp)) if want_id else tau
-    _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = score_of_records(kth)
     return (tau, kth_ids(kth, cp)) if want_id else tau
 

@@ -96,20 +96,19 @@ def _stats_run(fn, s, sub, K, opts):
 BASE = "(base)"  # the DoSA call's name among the paired calls (no variant's name: shapes.py)
 
 
-def paired_variants(cp, res: dict, run_opts: dict, calls: tuple, reps: int, rotate) -> None:
-    """``--paired``: the DoSA call and each variant of ``res`` that ran and keeps no memo
-    (``run_opts``: name → its options, builds included; ``calls`` = (the DoSA call,
-    ``route(fn, options)`` that makes a variant's call)) timed in turn — every replay one
+def paired_variants(cp, res: dict, opts: dict, route, reps: int, rotate) -> None:
+    """``--paired``: the DoSA call (options ``opts``) and each variant of ``res`` that ran and
+    keeps no memo (its options over ``opts``, builds included; ``route(fn, options)`` makes a
+    call of input sets) timed in turn — every replay one
     call of each (``timing.median_ms_interleaved``, 2·``reps`` replays) — so that a drift of
     the GPU or the host between the variants' own blocks of replays falls on all of them
     alike (docs/benchmark_method.md "Timing"): ``res["dosa_paired_ms"]`` and
     each variant's ``paired_ms``.  Nothing where no variant qualifies."""
     import dosa_cupy
 
-    base, route = calls
     fns = {}
     for name, v in (res.get("variants") or {}).items():
-        o = dict(run_opts.get(name) or {})
+        o = dict(opts, **v["options"])
         if "error" in v or "ms" not in v or o.get("route_memo") is not None:
             continue
         names = parse_builds(o.pop("builds", ""))
@@ -122,6 +121,7 @@ def paired_variants(cp, res: dict, run_opts: dict, calls: tuple, reps: int, rota
         fns[name] = under_builds
     if not fns:
         return
+    base = route(dosa_cupy.dosa_topk, opts)
     times = median_ms_interleaved(cp, {BASE: base, **fns}, 2 * reps, rotate=rotate)
     free(cp)
     res["dosa_paired_ms"] = times[BASE][0]
@@ -296,12 +296,10 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     del fids
     free(cp)
     # Variants: more DoSA routes (other options) on the same inputs, same run.
-    run_opts: dict = {}
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
         if vo.get("route_memo") == 1:  # `--variant NAME:route_memo=1`: one memo per variant
             vo["route_memo"] = dosa_cupy.RouteMemo()
-        run_opts[name] = dict(vo)  # its call's options, builds included (paired_variants)
         names = parse_builds(vo.pop("builds", ""))  # kernel builds under trial (builds.py)
         v = {"options": vopts}
         res.setdefault("variants", {})[name] = v
@@ -337,8 +335,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
         del vids
         free(cp)
     if paired:
-        base = route(dosa_cupy.dosa_topk, opts)
-        paired_variants(cp, res, run_opts, (base, route), reps, dosa_cs)
+        paired_variants(cp, res, opts, route, reps, dosa_cs)
     ids, st, stage = _stats_run(dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, opts)
     res["dosa_ids_equal_dense"] = _all_equal(cp, ids, dense_ids)
     res["dosa_stage_ms"] = stage

@@ -84,6 +84,7 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
                                            unsigned long long* __restrict__ kth,
                                            unsigned long long* __restrict__ keep_row = nullptr,
                                            unsigned int* __restrict__ keep_cnt = nullptr) {
+  static_assert(!KEEP || ABOVE, "KEEP: select_kernel_buf's passes");
   const int tid = threadIdx.x;
   const long long n = src.size();
   unsigned long long T = 0ull;  // select every record >= T
