@@ -297,7 +297,7 @@ class PrefillSelectorGPU:
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount, screen_arith(sh.screen, sh.tie))
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
-        ids, _ = select_ids(b.K, seeds.final, recs)
+        ids, _ = select_ids(b.K, seeds.default, recs)
         redo = recovery_queries(b) | ~plan.valid | recs.over
         out[...] = cp.where(redo[:, None], FLAGGED, ids)
         status[1] = cp.count_nonzero(redo)

@@ -153,13 +153,11 @@ def _select_rows(logits, K, ks, ke, work: RowsWork | None = None):
     return work.ids
 
 
-def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None, keep=None) -> None:
+def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None) -> None:
     """One launch of select_kernel (csrc/select.cu; ``mode`` 0: logits rows, 1: record
     lists, 2: per row either).  ``rows`` = (logits fp32 [R, N], ks, ke int32 [R]); ``recA``,
     ``recB`` = (records uint64 [R, cap], counts uint32 [R]); ``scr`` = ``scratch(R)``; ids
-    int32 [R, K] and kth uint64 [R] may be None.  ``keep`` = (uint64 [R, K], uint32 [R]),
-    mode 1 without ids: select_kernel_keep (select_kernel_buf's passes, whatever the builds),
-    which also keeps each row's records at or above its K-th."""
+    int32 [R, K] and kth uint64 [R] may be None."""
     logits, ks, ke = rows if rows is not None else (None, None, None)
     R = (logits if logits is not None else recA[0]).shape[0]
 
@@ -168,9 +166,7 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None, keep
 
     blocks, buf = scr
     kernel(
-        "select_kernel_keep"
-        if keep is not None
-        else "select_kernel_buf"
+        "select_kernel_buf"
         if SELECT_BUF
         else "select_kernel_ilp"
         if SELECT_ILP
@@ -182,7 +178,6 @@ def _select_kernel(mode, K, scr, ids, kth, rows=None, recA=None, recB=None, keep
             np.int32(mode), np.int32(R), np.int32(K), _opt(logits),
             np.int64(logits.shape[1] if logits is not None else 0), _opt(ks), _opt(ke),
             *lst(recA), *lst(recB), buf, np.int64(SCRATCH), _opt(ids), _opt(kth),
-            *(keep or ()),
         ),
     )  # fmt: skip
 
@@ -299,18 +294,6 @@ def select_records_into(K, recA, cntA, ids, kth, scr, recB=None, cntB=None) -> N
     one kernel and allocates nothing (a CUDA-graph capturable step uses it)."""
     _select_kernel(1, K, scr, ids, kth, recA=(recA, cntA),
                    recB=(recB, cntB) if recB is not None else None)  # fmt: skip
-
-
-def select_records_keep_into(K, rec, cnt, keep, keep_cnt, kth, scr) -> None:
-    """The K-th record kth uint64 [rows] of one record list (rec uint64 [rows, cap], cnt
-    uint32 [rows]; 0 where a row holds fewer than K) by select_kernel_keep, which also writes
-    each row's records at or above it — its min(K, count) largest, unordered — into keep
-    uint64 [rows, K] with their count keep_cnt uint32 [rows]; ``scr`` = ``scratch(rows)``.
-    One launch, no allocation."""
-    rows = int(rec.shape[0])
-    if tuple(keep.shape) != (rows, K) or keep_cnt.shape[0] != rows:
-        raise ValueError(f"keep: expected [{rows}, {K}] records and [{rows}] counts")
-    _select_kernel(1, K, scr, None, kth, recA=(rec, cnt), keep=(keep, keep_cnt))
 
 
 def dense_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, chunk=None, check=True,

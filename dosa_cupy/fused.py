@@ -96,7 +96,7 @@ def fused_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
 
     recs = extend_overflow(first, rescore, b.K)
     tm.mark("score+filter")
-    ids, kth = select_ids(b.K, seeds.final, recs, want_kth=o["return_stats"])
+    ids, kth = select_ids(b.K, seeds.default, recs, want_kth=o["return_stats"])
     tm.mark("select")
     bad = recovery_queries(b)
     recover(b, ids, bad)

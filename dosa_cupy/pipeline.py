@@ -165,7 +165,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     if deferred and refine_mod.PREFETCH_COUNTS:  # read back while the selection runs
         counts = read_back_async(overflow_counts(recs, bad))
     tm.mark("refine")
-    ids, kth = select_ids(b.K, seeds.final, recs, want_kth=stats)  # exact selection (§7, §9)
+    ids, kth = select_ids(b.K, seeds.default, recs, want_kth=stats)  # exact selection (§7, §9)
     tm.mark("select")
     if deferred:  # one read-back: the overflowed rows extended, then the recovered ones
         if counts is None:
@@ -174,7 +174,7 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         n_over, top, n_bad, spilled = (int(x) for x in counts[0])
         if n_over:
             recs = extend_records(b, tau, screened.surv, recs, (n_over, top), spilled)
-            select_extended(b.K, seeds.final, recs, ids, kth)
+            select_extended(b.K, seeds.default, recs, ids, kth)
         recover(b, ids, bad, n_bad)
     else:
         recover(b, ids, bad)

@@ -18,7 +18,6 @@ import numpy as np
 
 from dosa_ref.options import check_seed_ids as check_ref_seed_ids
 
-from . import select as select_mod
 from ._build import cupy_or_raise, device_const, kernel, tile
 from .dense import _NULL, _select_rows, dense_ids, select_records
 from .prepare import Batch, as_device
@@ -76,9 +75,7 @@ class Seeds:
     xcnt uint32 [Qn] (explicit seed records), tau fp32 [Qn] (K-th record of default ∪
     explicit seeds), xtable int32 [Qn, S'] (the explicit seeds that were scored, or None),
     sinks, window: the default seeds' geometry; kth_id int32 [Qn]: the id j of the K-th
-    record (τ, j) (``select.kth_ids``; the tie-aware screen, docs/method.md §7); top: the
-    default seed records at or above τ (``RecordBuffer`` [Qn, K]: each query's K largest,
-    unordered) where ``select.TOP_SEEDS`` kept them (no explicit seeds), else None.
+    record (τ, j) (``select.kth_ids``; the tie-aware screen, docs/method.md §7).
     """
 
     anchors: object
@@ -94,14 +91,6 @@ class Seeds:
     # int64 0-d device array: P, the pool's ids, where the pool has its capacity (the rest is
     # padding); None where the pool's size is P — plan_stage's pcount either way
     pcount: object = None
-    top: RecordBuffer | None = None
-
-    @property
-    def final(self) -> RecordBuffer:
-        """The seed records of a call's final selection: ``top`` where kept, else
-        ``default`` — the same Top-K (a seed record below the seeds' K-th has K seed records
-        above it; docs/method.md §9 "The seeds' K records")."""
-        return self.default if self.top is None else self.top
 
     def default_args(self) -> tuple:
         """(sinks, window, poolmask): how the screen and the fused kernel recognize a default
@@ -183,10 +172,9 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
             xtable = table  # the certificate seeds are deduplicated against these
     if side is not None:
         cp.cuda.get_current_stream().wait_event(side)  # the sinks' and window's records
-    top = RecordBuffer(Qn, b.K) if select_mod.TOP_SEEDS and xrec is None else None
-    tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True, keep=top)
+    tau, kid = tau_of_seeds(b.K, default, xrec, xcnt, want_id=True)
     return Seeds(anchors, pool, poolmask, default, xcnt, tau, xtable, o["sinks"], o["window"],
-                 kid, None if cap is None else offs[-1], top)  # fmt: skip
+                 kid, None if cap is None else offs[-1])  # fmt: skip
 
 
 _SIDE: dict = {}  # device id → the seed stage's side stream

@@ -13,15 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import cupy_or_raise, kernel
-from .dense import (
-    WSEL_THREADS,
-    dense_ids,
-    scratch,
-    select_records,
-    select_records_keep_into,
-    wide_blocks,
-    wide_cut,
-)
+from .dense import WSEL_THREADS, dense_ids, select_records, wide_blocks, wide_cut
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -163,15 +155,6 @@ RAISED_EXTENSION = True
 # step's selection by rank"). Bench build kthfloor takes the K-th kept record itself.
 FLOOR_WIDE = True
 
-# The seeds' τ selection keeps each query's K largest default seed records (Seeds.top), and
-# the call's final selection takes them instead of every default seed record (docs/method.md
-# §9 "The seeds' K records"): the same Top-K from K + survivors records per row instead of
-# sinks + window + pool + survivors.  Never where explicit seeds join τ.  Under trial (bench
-# build topseeds): on an H100, one run, 8.58 against 9.08 ms at 128K H 64, 7.85 against 7.80
-# at 128K H 32, 25.09 against 24.19 at 1M H 64 (docs/records/benchmarks.md "The seeds' K
-# records"), within the runs' spread — off until a run shows it faster.
-TOP_SEEDS = False
-
 
 def captured_floor(K: int, recs: Records, oq):
     """fp32 [n]: a floor of each overflowed row ``oq`` (int32 [n]) from the records its
@@ -254,25 +237,14 @@ def kth_ids(kth, xp=np):
     return xp.where(kth == 0, int(NO_KTH_ID), ids).astype(xp.int32)
 
 
-def tau_of_seeds(
-    K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False, keep: RecordBuffer | None = None
-):
+def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False):
     """τ = K-th record of default ∪ extra seed records (Prop. 4): fp32 [Qn], −inf when
     fewer than K; with ``want_id`` also its id j int32 [Qn] (``kth_ids``).  The two lists
     must not share a key (docs/method.md §2).  xrec uint64 [Qn, S] or None, xcnt uint32
-    [Qn].  ``keep`` (``RecordBuffer`` [Qn, K], no explicit seeds): also each row's records at
-    or above its K-th, unordered, by the same launch (select_kernel_keep)."""
+    [Qn]."""
     cp = cupy_or_raise()
     xc = xcnt if xrec is not None else None
-    if keep is None:
-        _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
-    elif xrec is not None or keep.cap != K:
-        raise ValueError(f"keep: the K = {K} records of the default seeds alone")
-    else:
-        kth = cp.empty(seeds.rec.shape[0], dtype=cp.uint64)
-        if kth.size:
-            select_records_keep_into(K, seeds.rec, seeds.cnt, keep.rec, keep.cnt, kth,
-                                     scratch(kth.size))  # fmt: skip
+    _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
     tau = score_of_records(kth)
     return (tau, kth_ids(kth, cp)) if want_id else tau
 

@@ -31,7 +31,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "latecounts": refine, "nogate": route, "sample384": cost,
             "syncchecks": prepare, "nopipe": screen, "plainext": select,
             "noilp": dense, "rhofloat": prepare, "rescore": refine, "planf32": plan,
-            "kthfloor": select, "collectrow": dense, "topseeds": select}  # fmt: skip
+            "kthfloor": select, "collectrow": dense}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -46,7 +46,6 @@ def test_builds_on_sets_and_restores_every_switch():
     assert route.ONE_READBACK and refine.DEFERRED_EXTENSION and seeds.POOL_CAPACITY
     assert refine.PREFETCH_COUNTS  # the finish's counts read back while the selection runs
     assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
-    assert not select.TOP_SEEDS  # the seeds' K records kept for the final selection: a trial
     assert refine.SPILL  # the FP8 refinement's records past cap kept for the extension
     assert plan.ACTIVATION_I8  # the plan's activation pass on the s8 tensor cores
     assert select.FLOOR_WIDE and dense.SELECT_BUF  # the floor by many blocks per row; the

@@ -244,52 +244,6 @@ def test_dosa_equals_dense(case):
         assert st.overflows.any()
 
 
-TOP_SEEDS_CASES = [c for c in CASES if c[0] in ("ties", "equal", "adversarial", "calibrated")
-                   or "buffer" in c[5] or c[5].get("n_anchors") == 0]  # fmt: skip
-
-
-@pytest.mark.parametrize("case", TOP_SEEDS_CASES,
-                         ids=[f"{c[0]}-H{c[3]}-{c[5]}" for c in TOP_SEEDS_CASES])  # fmt: skip
-@gpu
-def test_top_seeds_equals_dense(monkeypatch, case):
-    """select.TOP_SEEDS (build topseeds): the final selection and the overflow extension from
-    the seeds' K largest records — ids == dense bitwise, the same K-th score and τ as without
-    it, on tied and equal scores, overflowing buffers and a pool-less call; with explicit
-    seeds the default seed records stay whole (no kept set)."""
-    import dosa_cupy.pipeline as pipeline_mod
-    from dosa_cupy import select as select_mod
-
-    regime, Qn, N, H, K, opt = case
-    _need_regime(regime)
-    wl = make_gpu_workload(regime, Qn, N, H, seed=11)
-    args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], K, wl["ks"], wl["ke"])
-    _, st0 = dosa_cupy.dosa_topk(*args, return_stats=True, **opt)
-    kept = []
-    real = pipeline_mod.seed_stage
-
-    def spy(*a, **kw):  # the DoSA call's seeds: with their kept K records or without
-        out = real(*a, **kw)
-        kept.append(out.top is not None)
-        return out
-
-    monkeypatch.setattr(select_mod, "TOP_SEEDS", True)
-    monkeypatch.setattr(pipeline_mod, "seed_stage", spy)
-    dense, ids, st = _run_both(wl, K, **opt)
-    assert np.array_equal(dense, ids)
-    assert np.array_equal(st.tau.view(np.uint32), st0.tau.view(np.uint32))
-    assert np.array_equal(st.tau_final.view(np.uint64), st0.tau_final.view(np.uint64))
-    assert kept and all(kept)
-    if "buffer" in opt:
-        assert st.overflows.any()
-    kept.clear()
-    # 32 explicit seeds away from the sinks and the window: not all of them in the anchor
-    # pool (at most a quarter of the keys here), so the call scores explicit seeds
-    x = cp.asnumpy(wl["ks"]).astype(np.int64)[:, None] + 600 + 37 * np.arange(32)[None, :]
-    assert (x < cp.asnumpy(wl["ke"])[:, None] - max(2048, 2 * K)).all()  # the default window
-    ids_x = dosa_cupy.dosa_topk(*args, seed_ids=cp.asarray(x), **opt)
-    assert cp.array_equal(ids_x, cp.asarray(dense)) and kept and not any(kept)
-
-
 @pytest.mark.parametrize("route", ["dosa", "fused"])
 @gpu
 def test_raised_extension_selects_from_fewer_records(monkeypatch, route):
@@ -680,51 +634,6 @@ def test_select_kth_only_equals_sorted_selection(either_select):
                 top_ids = (~(top & np.uint64(0xFFFFFFFF))).astype(np.uint32).view(np.int32)
                 assert np.array_equal(got[r, : top.size], top_ids), (K, extra, r)
                 assert (got[r, top.size :] == -1).all(), (K, extra, r)
-
-
-@gpu
-def test_select_keep_equals_kth_and_top_records():
-    """select_kernel_keep (select.TOP_SEEDS: the seeds' τ selection that keeps the seed
-    records a call's final selection needs) returns select_kernel_buf's K-th record bitwise
-    and keeps each row's min(K, count) largest records — as a set, each once — for rows with
-    0, fewer than, exactly and more than K records, tied score codes, K from 1 to 4096; and
-    the Top-K of kept ∪ other records equals the Top-K of all of them."""
-    from dosa_cupy.dense import scratch, select_records, select_records_keep_into
-
-    rng = np.random.default_rng(23)
-    for K in (1, 7, 2048, 4096):
-        rows, cap = 40, 9000
-        cnt = rng.integers(0, cap + 1, rows)
-        cnt[:4] = (0, K - 1, K, K + 1)
-        cnt = np.minimum(np.maximum(cnt, 0), cap).astype(np.uint32)
-        code = rng.integers(0, 50, (rows, cap)).astype(np.uint64) + np.uint64(0x80000000)
-        ids = np.stack([rng.permutation(1 << 20)[:cap] for _ in range(rows)]).astype(np.uint64)
-        rec = (code << np.uint64(32)) | (~ids & np.uint64(0xFFFFFFFF))
-        rec_d, cnt_d = cp.asarray(rec), cp.asarray(cnt)
-        keep = cp.full((rows, K), 7, dtype=cp.uint64)
-        kcnt = cp.full(rows, 99999, dtype=cp.uint32)
-        kth = cp.full(rows, 5, dtype=cp.uint64)
-        select_records_keep_into(K, rec_d, cnt_d, keep, kcnt, kth, scratch(rows))
-        _, want_kth = select_records(K, rec_d, cnt_d, want_ids=False, want_kth=True)
-        assert cp.array_equal(kth, want_kth), K
-        keep, kcnt = cp.asnumpy(keep), cp.asnumpy(kcnt)
-        # a second list (other keys: ids past 2^20) whose Top-K with the kept records is the
-        # Top-K with every record
-        recB = (np.uint64(0x80000019) << np.uint64(32)) | (
-            ~np.arange(1 << 21, (1 << 21) + rows * 64, dtype=np.uint64).reshape(rows, 64)
-            & np.uint64(0xFFFFFFFF)
-        )
-        cntB = cp.full(rows, 64, dtype=cp.uint32)
-        with_all, _ = select_records(K, rec_d, cnt_d, cp.asarray(recB), cntB)
-        with_kept, _ = select_records(K, cp.asarray(keep), cp.asarray(kcnt), cp.asarray(recB), cntB)
-        assert cp.array_equal(with_kept, with_all), K
-        for r in range(rows):
-            top = np.sort(rec[r, : cnt[r]])[::-1][:K]
-            assert int(kcnt[r]) == top.size, (K, r)
-            assert np.array_equal(np.sort(keep[r, : kcnt[r]]), np.sort(top)), (K, r)
-    with pytest.raises(ValueError, match="keep"):
-        select_records_keep_into(8, rec_d, cnt_d, cp.zeros((rows, 7), cp.uint64), kcnt, kth,
-                                 scratch(rows))  # fmt: skip
 
 
 @gpu

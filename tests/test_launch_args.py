@@ -44,7 +44,6 @@ LAUNCHED = {
         "screen_pair", "screen_pair_tie",  # screen
         *(f"refine_mt{m}" for m in MT),  # refine
         "select_kernel", "select_kernel_ilp", "select_kernel_buf",  # dense (SELECT_ILP, _BUF)
-        "select_kernel_keep",  # dense (select.TOP_SEEDS)
         "select_wide_hist", "select_wide_cut", "select_wide_compact",  # dense
         "select_rank",  # dense (decode_ops.RANK_SELECT)
         "tau_from_kth", "extend_from_spill",  # select, refine (SPILL)

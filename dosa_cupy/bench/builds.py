@@ -54,9 +54,6 @@ Not options of the library: a build under trial is one of these until it wins.
     collectrow  dense.SELECT_BUF = False  the selection's last pass over the row
                                          (select_kernel_ilp, not select_kernel_buf's pass
                                          over the scratch)
-    topseeds    select.TOP_SEEDS = True  a call's final selection from the K default seed
-                                         records at or above τ that the seeds' selection
-                                         kept (not every default seed record; under trial)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
     rescore     refine.SPILL = False  the overflowed rows' survivors refined again (no spill
@@ -130,7 +127,6 @@ BUILDS = {
     "latecounts": ("refine", "PREFETCH_COUNTS", False),
     "plainext": ("select", "RAISED_EXTENSION", False),
     "kthfloor": ("select", "FLOOR_WIDE", False),
-    "topseeds": ("select", "TOP_SEEDS", True),
     "rescore": ("refine", "SPILL", False),
     "noilp": ("dense", "SELECT_ILP", False),
     "collectrow": ("dense", "SELECT_BUF", False),

@@ -74,17 +74,12 @@ __device__ __forceinline__ void each_record(long long n, Get get, F f) {
 // above the bin fit the scratch beside the bin's, the compaction keeps them too (every record
 // at or above the bin's lower edge), and the final pass (collect, or the K-th alone) reads
 // the scratch, not the row: one pass over the row fewer, the same records ≥ T; the same
-// passes as ILP's otherwise.  KEEP (select_kernel_keep, without ids; docs/method.md §9 "The
-// seeds' K records"): the records ≥ T — the min(K, n) largest, unordered — also into
-// keep_row [K] and their count into *keep_cnt, in the pass that finds the least of them.
-template <int SRC, int ILP, bool ABOVE = false, bool KEEP = false>
+// passes as ILP's otherwise.
+template <int SRC, int ILP, bool ABOVE = false>
 __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, SelShared& sh,
                                            unsigned long long* __restrict__ buf, long long scap,
                                            int* __restrict__ ids_row,
-                                           unsigned long long* __restrict__ kth,
-                                           unsigned long long* __restrict__ keep_row = nullptr,
-                                           unsigned int* __restrict__ keep_cnt = nullptr) {
-  static_assert(!KEEP || ABOVE, "KEEP: select_kernel_buf's passes");
+                                           unsigned long long* __restrict__ kth) {
   const int tid = threadIdx.x;
   const long long n = src.size();
   unsigned long long T = 0ull;  // select every record >= T
@@ -188,22 +183,9 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
   if (!ids_row) {
     // only the K-th record (τ of the seeds): the least record >= T, no sort
     if (tid == 0) sh.sel[0] = ~0ull;
-    if constexpr (KEEP) {
-      if (tid == 0) sh.n = 0;
-    }
     __syncthreads();
     unsigned long long mn = ~0ull;
-    if constexpr (ABOVE && KEEP) {
-      const auto least_kept = [&](unsigned long long r) {
-        if (r >= T) {
-          if (r < mn) mn = r;
-          const int p = atomicAdd(&sh.n, 1);
-          if (p < K) keep_row[p] = r;
-        }
-      };
-      if (from_buf) each_record<ILP>(nfrom, [&](long long i) { return buf[i]; }, least_kept);
-      else each_record<ILP>(n, [&](long long i) { return src.get(i); }, least_kept);
-    } else if constexpr (ABOVE) {
+    if constexpr (ABOVE) {
       const auto least = [&](unsigned long long r) {
         if (r >= T && r < mn) mn = r;
       };
@@ -227,9 +209,6 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
     if ((tid & 31) == 0) atomicMin(&sh.sel[0], mn);
     __syncthreads();
     if (kth && tid == 0) *kth = (n >= K) ? sh.sel[0] : 0ull;
-    if constexpr (KEEP) {
-      if (tid == 0) *keep_cnt = (unsigned)min(sh.n, K);
-    }
     __syncthreads();
     return;
   }
@@ -301,10 +280,8 @@ __device__ __forceinline__ void select_row(const SelSource<SRC>& src, int K, Sel
 
 // The rows of select_kernel (ILP 1), select_kernel_ilp (ILP 4; dense.SELECT_ILP) and
 // select_kernel_buf (ILP 4, ABOVE; dense.SELECT_BUF).
-template <int ILP, bool ABOVE = false, bool KEEP = false>
-__device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS,
-                                                 unsigned long long* __restrict__ keep = nullptr,
-                                                 unsigned int* __restrict__ keep_cnt = nullptr) {
+template <int ILP, bool ABOVE = false>
+__device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS) {
   __shared__ SelShared sh;
   unsigned long long* buf = scratch + (long long)blockIdx.x * scap;
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -325,11 +302,7 @@ __device__ __forceinline__ void select_rows_impl(DOSA_SELECT_PARAMS,
       src.na = min((long long)cntA[row], capA);
       src.rb = recB ? recB + (long long)row * capB : nullptr;
       src.nb = recB ? min((long long)cntB[row], capB) : 0;
-      if constexpr (KEEP)
-        select_row<1, ILP, ABOVE, true>(src, K, sh, buf, scap, nullptr, kth,
-                                        keep + (long long)row * K, keep_cnt + row);
-      else
-        select_row<1, ILP, ABOVE>(src, K, sh, buf, scap, ids_row, kth);
+      select_row<1, ILP, ABOVE>(src, K, sh, buf, scap, ids_row, kth);
     }
   }
 }
@@ -347,16 +320,6 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
     select_kernel_buf(DOSA_SELECT_PARAMS) {
   select_rows_impl<4, true>(DOSA_SELECT_ARGS);
-}
-
-// select_kernel_buf's K-th record of record lists (mode 1, no ids) that also keeps each row's
-// records at or above it — its K largest, unordered — in keep [rows, K] with their count in
-// keep_cnt [rows] (select.TOP_SEEDS: the seeds' τ and the seed records a call's final
-// selection needs; docs/method.md §9 "The seeds' K records").
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2)
-    select_kernel_keep(DOSA_SELECT_PARAMS, unsigned long long* __restrict__ keep,
-                       unsigned int* __restrict__ keep_cnt) {
-  select_rows_impl<4, true, true>(DOSA_SELECT_ARGS, keep, keep_cnt);
 }
 
 // ---------------------------------------------------------------------------------------
