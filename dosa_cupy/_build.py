@@ -254,14 +254,28 @@ def module(spec: KernelSpec) -> Module:
     return Module(raw, spec)
 
 
+# The Kernels that ``kernel`` handed out, by name and build: a launch looks its kernel up
+# again on every call, and CuPy's RawModule makes a new RawKernel (and asks the driver for the
+# function) on every get_function — host time in front of every launch of a call
+# (docs/records/benchmarks.md "a prefill call's host and GPU timelines").  A RawKernel
+# resolves the current device at each launch, so one entry serves every device.  Bench build
+# kernellookup looks each launch's kernel up again.
+KERNEL_CACHE = True
+_KERNELS: dict = {}
+
+
 def kernel(name: str, smem: int = 0, spec: KernelSpec | None = None) -> Kernel:
     """Kernel ``name`` of ``spec``'s module (default: ``main_spec()``, kernels.cu at the
     current tile size), its dynamic shared-memory limit raised to ``smem`` when a launch
-    needs more than 48 KB; its launches are checked against its parameter list."""
-    spec = main_spec() if spec is None else spec
-    f = module(spec).get_function(name)
+    needs more than 48 KB; its launches are checked against its parameter list.  Made once
+    per name and build (``_KERNELS``)."""
+    key = (name, _state["tile"], UNROLL) if spec is None else (name, spec)
+    f = _KERNELS.get(key) if KERNEL_CACHE else None
+    if f is None:
+        f = module(main_spec() if spec is None else spec).get_function(name)
+        _KERNELS[key] = f
     if smem > 48 * 1024:
-        raise_smem_limit(f, smem, spec, name)
+        raise_smem_limit(f, smem, *key)
     return f
 
 

@@ -56,7 +56,7 @@ import numpy as np
 
 from dosa_ref.fp8 import e4m3_bits, e4m3_values
 
-from ._build import KernelSpec, cupy_or_raise, module, raise_smem_limit
+from ._build import KernelSpec, cupy_or_raise, kernel, raise_smem_limit
 from .prepare import D
 from .scorer import MMA_BITS, plan_scorer
 
@@ -505,8 +505,7 @@ def _kernel(name: str, smem: int):
     Always (not only above 48 KB): plan.cu also has 7–11 KB of static shared memory, and
     the default limit is 48 KB for static + dynamic together — plan_mt2 asks for exactly
     48 KB of dynamic memory and would fail to launch otherwise."""
-    f = module(PLAN).get_function(name)
-    return raise_smem_limit(f, smem, PLAN, name)
+    return raise_smem_limit(kernel(name, spec=PLAN), smem, PLAN, name)
 
 
 def plan_smem_bytes(Hp: int, i8: bool = False) -> int:

@@ -56,6 +56,9 @@ Not options of the library: a build under trial is one of these until it wins.
                                          over the scratch)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
+    kernellookup _build.KERNEL_CACHE = False  every launch looks its kernel up in the
+                                         module again (CuPy makes a new RawKernel each time;
+                                         not one Kernel per name and build)
     rescore     refine.SPILL = False  the overflowed rows' survivors refined again (no spill
                                          of the FP8 refinement's records past cap)
     kthfloor    select.FLOOR_WIDE = False  the overflowed rows' captured floor by one block
@@ -128,6 +131,7 @@ BUILDS = {
     "plainext": ("select", "RAISED_EXTENSION", False),
     "kthfloor": ("select", "FLOOR_WIDE", False),
     "rescore": ("refine", "SPILL", False),
+    "kernellookup": ("_build", "KERNEL_CACHE", False),
     "noilp": ("dense", "SELECT_ILP", False),
     "collectrow": ("dense", "SELECT_BUF", False),
     "rhofloat": ("prepare", "RHO_INT", False),
