@@ -44,6 +44,7 @@ from .cost import (
     samples,
     samples_any_screen,
 )
+from .dense import _NULL
 from .plan import plan_stage
 from .refine import popcount_rows
 from .screen import (
@@ -126,14 +127,20 @@ def memo_store(o: dict, key, choice: RouteChoice) -> None:
 
 def head_prefetch(b, o: dict):
     """With ``ONE_READBACK``, for a chunk about to be seeded (route "auto", no memo choice):
-    ``screen.positive_heads_hist`` of ``b.w`` queued now and read back by an event
-    (``read_back_async``: it waits for the work queued before it, not for the seeds queued
-    after), which ``route_stage`` takes as ``hist``; None otherwise."""
+    ``screen.positive_heads_hist`` of ``b.w`` queued now — with ``COUNT_KERNELS`` by
+    route_head alone (one launch in front of the seeds instead of six array operations, while
+    the GPU waits for the call's first work) — and read back by an event (``read_back_async``:
+    it waits for the work queued before it, not for the seeds queued after), which
+    ``route_stage`` takes as ``hist``; None otherwise."""
     screen, cert = o["screen"], int(o["cert_seeds"])
     if not ONE_READBACK or o["route"] != "auto" or not auto_wanted(screen, cert, b.Qn):
         return None
     cp = cupy_or_raise()
-    return read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
+    if not COUNT_KERNELS:
+        return read_back_async(positive_heads_hist(b.w, cp).astype(cp.int64))
+    out = cp.zeros(3 + b.w.shape[1] + 1, dtype=cp.int64)
+    _route_head(b, None, False, True, out)  # the histogram alone: no seeds yet
+    return read_back_async(out[3:])
 
 
 def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None) -> RouteChoice:
@@ -295,13 +302,8 @@ def _head_counts(b, seeds, o: dict, auto: bool):
     ``screen.positive_heads_hist`` — by csrc/route.cu route_head with ``COUNT_KERNELS``."""
     cp = cupy_or_raise()
     if COUNT_KERNELS:
-        Qn, Hp = b.w.shape
-        out = cp.zeros(3 + (Hp + 1 if auto else 0), dtype=cp.int64)
-        kernel("route_head")(
-            (max(1, min(-(-Qn // 256), 64)),), (256,),
-            (b.ks, b.ke, seeds.default.cnt, cp.ascontiguousarray(seeds.tau), b.w, np.int32(Qn),
-             np.int32(Hp), np.int32(bool(o["tie_reject"])), np.int32(auto), out),
-        )  # fmt: skip
+        out = cp.zeros(3 + (b.w.shape[1] + 1 if auto else 0), dtype=cp.int64)
+        _route_head(b, seeds, bool(o["tie_reject"]), auto, out)
         return out
     vis = b.visible.sum()
     screened = vis - seeds.default.cnt.astype(cp.int64).sum()
@@ -310,6 +312,19 @@ def _head_counts(b, seeds, o: dict, auto: bool):
     if auto:
         parts.append(positive_heads_hist(b.w, cp).astype(cp.int64))
     return cp.concatenate(parts)
+
+
+def _route_head(b, seeds, tie_reject: bool, hist: bool, out) -> None:
+    """csrc/route.cu route_head over batch ``b`` into ``out`` (int64 device, zeroed, [3 (+ Hp
+    + 1 with ``hist``)]); ``seeds`` None: the histogram alone (its ranges and τ not read)."""
+    cp = cupy_or_raise()
+    Qn, Hp = b.w.shape
+    ranges = (_NULL,) * 4 if seeds is None else (
+        b.ks, b.ke, seeds.default.cnt, cp.ascontiguousarray(seeds.tau))  # fmt: skip
+    kernel("route_head")(
+        (max(1, min(-(-Qn // 256), 64)),), (256,),
+        (*ranges, b.w, np.int32(Qn), np.int32(Hp), np.int32(tie_reject), np.int32(hist), out),
+    )  # fmt: skip
 
 
 def _sample_counts(surv, bs, seeds, idx, plan):

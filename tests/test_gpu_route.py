@@ -188,7 +188,8 @@ def test_route_count_kernels_equal_the_array_path(monkeypatch, regime, H):
     """``route.COUNT_KERNELS`` (csrc/route.cu route_head, route_sample): the two read-backs'
     counts equal the array path's element for element on a real chunk and its seeds (the tie
     flag on a regime with τ = 0 among its queries), and on a random sampled bitmask
-    (tests/test_route_counts.py emulates both kernels on the CPU)."""
+    (tests/test_route_counts.py emulates both kernels on the CPU); the histogram read back
+    before the seeds (``route.head_prefetch``: route_head with a null ks) likewise."""
     from dosa_cupy import route as route_mod
     from dosa_cupy.options import check_options, resolve_options
     from dosa_cupy.prepare import pad_batch
@@ -203,9 +204,17 @@ def test_route_count_kernels_equal_the_array_path(monkeypatch, regime, H):
     surv = cp.asarray(np.random.RandomState(1).randint(0, 2**32, (37, bs.NW), dtype=np.uint64)
                       .astype(np.uint32))  # fmt: skip
     plan = dataclasses.make_dataclass("P", ["r"])(cp.arange(37, dtype=cp.int32) % 31)
+    ao = dict(o, route="auto", screen="auto", cert_seeds=0)
+
+    def prefetched(b, ao):  # read back before the seeds: route_head with a null ks
+        host, ready = route_mod.head_prefetch(b, ao)
+        ready.synchronize()
+        return np.array(host)
+
     for f, a in ((route_mod._head_counts, (b, seeds, o, True)),
                  (route_mod._head_counts, (b, seeds, o, False)),
-                 (route_mod._sample_counts, (surv, bs, seeds, idx, plan))):  # fmt: skip
+                 (route_mod._sample_counts, (surv, bs, seeds, idx, plan)),
+                 (prefetched, (b, ao))):  # fmt: skip
         monkeypatch.setattr(route_mod, "COUNT_KERNELS", True)
         got = cp.asnumpy(f(*a))
         monkeypatch.setattr(route_mod, "COUNT_KERNELS", False)

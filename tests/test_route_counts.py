@@ -33,11 +33,12 @@ def _positive(w):
 
 
 def emulate_route_head(ks, ke, cnt, tau, w, Qn, Hp, tie_reject, hist, out):
-    v = ke.astype(np.int64) - ks.astype(np.int64)
-    out[0] += v.sum()
-    out[1] += (v - cnt.astype(np.int64)).sum()
-    zero = (np.asarray(tau, np.float32).view(np.uint32) & 0x7FFFFFFF) == 0
-    out[2] = max(int(out[2]), int(bool(tie_reject) and zero.any()))
+    if isinstance(ks, np.ndarray):  # a null ks: the histogram alone (route.head_prefetch)
+        v = ke.astype(np.int64) - ks.astype(np.int64)
+        out[0] += v.sum()
+        out[1] += (v - cnt.astype(np.int64)).sum()
+        zero = (np.asarray(tau, np.float32).view(np.uint32) & 0x7FFFFFFF) == 0
+        out[2] = max(int(out[2]), int(bool(tie_reject) and zero.any()))
     if hist:
         n = _positive(w.reshape(int(Qn), int(Hp))).sum(axis=1)
         np.add.at(out, 3 + n, 1)
@@ -121,6 +122,20 @@ def test_head_counts(shim, monkeypatch, tau0, tie_reject, auto):
     assert got[2] == int(tie_reject and tau0 is not None and tau0 == 0.0)  # ±0 only
     if auto:
         assert got[3:].sum() == b.Qn
+
+
+@pytest.mark.parametrize("Hp", [16, 32, 64])
+def test_head_prefetch_histogram(shim, monkeypatch, Hp):
+    """``route.head_prefetch``: the positive-head histogram read back before the seeds, by
+    route_head with a null ks (no ranges, seed counts or τ read), equals the array path's."""
+    rs = np.random.RandomState(11)
+    b, _ = _chunk(rs, 257, Hp)
+    monkeypatch.setattr(route_mod, "read_back_async", lambda x: (np.array(x), None))
+    o = dict(route="auto", screen="auto", cert_seeds=0)
+    got, want = _both(monkeypatch, lambda: route_mod.head_prefetch(b, o)[0])
+    assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+    assert got.shape == (Hp + 1,) and got.sum() == b.Qn
+    assert shim == ["route_head"]
 
 
 @settings(max_examples=40, deadline=None)

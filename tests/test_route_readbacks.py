@@ -61,7 +61,12 @@ def _install(monkeypatch, tie_flag: bool, survival: dict):
         log.append(("async",))
         return np.asarray(x), types.SimpleNamespace(synchronize=lambda: log.append(("wait",)))
 
+    def route_head(b, seeds, tie_reject, hist, out):  # head_prefetch's: the histogram alone
+        assert seeds is None and hist
+        out[3:] = route_mod.positive_heads_hist(b.w, np)
+
     monkeypatch.setattr(route_mod, "_head_counts", head_counts)
+    monkeypatch.setattr(route_mod, "_route_head", route_head)
     monkeypatch.setattr(route_mod, "plan_stage", plan_stage)
     monkeypatch.setattr(route_mod, "_sample", sample)
     monkeypatch.setattr(route_mod, "read_back_async", read_back_async)

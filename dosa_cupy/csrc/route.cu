@@ -21,7 +21,9 @@ __device__ __forceinline__ bool positive_f32(float x) {
 // out[1] = Σ_t (ke_t − ks_t − cnt_t) (the keys left to screen past the default seeds),
 // out[2] = 1 when tie_reject and some τ_t is ±0 (screen.tie_screen_flag), and with hist
 // out[3 + h] = the queries with h positive weights among w[t, 0 .. Hp)
-// (screen.positive_heads_hist).  out: int64 [3 + (hist ? Hp + 1 : 0)].
+// (screen.positive_heads_hist).  out: int64 [3 + (hist ? Hp + 1 : 0)].  ks = null: the
+// histogram alone, before the seeds exist (route.head_prefetch; ke, cnt and tau unread, out[0]
+// to out[2] left as they are).
 extern "C" __global__ void __launch_bounds__(256) route_head(
     const int* __restrict__ ks, const int* __restrict__ ke, const unsigned int* __restrict__ cnt,
     const float* __restrict__ tau, const float* __restrict__ w, int Qn, int Hp, int tie_reject,
@@ -30,10 +32,12 @@ extern "C" __global__ void __launch_bounds__(256) route_head(
   long long vis = 0, scr = 0;
   bool tie = false;
   for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < Qn; t += stride) {
-    const long long v = (long long)ke[t] - (long long)ks[t];
-    vis += v;
-    scr += v - (long long)cnt[t];
-    tie |= tie_reject && (__float_as_uint(tau[t]) & 0x7fffffffu) == 0u;
+    if (ks) {
+      const long long v = (long long)ke[t] - (long long)ks[t];
+      vis += v;
+      scr += v - (long long)cnt[t];
+      tie |= tie_reject && (__float_as_uint(tau[t]) & 0x7fffffffu) == 0u;
+    }
     if (hist) {
       int n = 0;
       for (int h = 0; h < Hp; ++h) n += positive_f32(__ldg(w + (long long)t * Hp + h));
