@@ -25,6 +25,7 @@ caller (or a test) picks it.  The reference side's counterpart is ``dosa_ref.cos
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -198,12 +199,12 @@ def route_stage(b, seeds, rho, o: dict, model: CostModel, hist=None, prefix=None
     if prefix is not None:  # given with a route memo only (pipeline.py)
         choice.spent_ms = cp.cuda.get_elapsed_time(*prefix)  # completed before read-back 2
     at = 0
-    for scr, rr, n, idx, (start, end, _) in runs:
+    for scr, rr, n, rows, (start, end, _) in runs:
         out, at = got[at : at + 2 + 2 * n], at + 2 + 2 * n
         ms = cp.cuda.get_elapsed_time(start, end)  # its end event completed with the read-back
         m = float(out[0]) / float(out[1]) if out[1] > 0 else 0.0
         vis_s, r_s = out[2 : 2 + n], out[2 + n :]
-        np.add.at(choice.bound_work, cp.asnumpy(idx), vis_s * bound_fraction(r_s, b.heads))
+        np.add.at(choice.bound_work, rows, vis_s * bound_fraction(r_s, b.heads))
         key = candidate_key(scr, rr)
         choice.predicted_ms[key] = model.dosa_ms(
             b.Qn, b.N, b.K, m * float(screened), b.heads, ms * sample_scale(scr, b.Qn, n)
@@ -221,19 +222,20 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     ``sample_size`` evenly spaced queries planned alone and screened on ``tie``'s build
     (``_sample``) — queued back to back, then read-back 2: ``got`` numpy int64, the chunk's
     counts ``head_dev`` first where given, then every sample's vector; ``runs`` (screen, r,
-    n, rows, ``_sample``'s result) per candidate; ``plans`` {candidate key: plan of the
-    whole chunk} (``CHUNK_PLANS``: the first candidate's, queued behind the samples)."""
+    n, the sampled rows numpy int64 [n], ``_sample``'s result) per candidate; ``plans``
+    {candidate key: plan of the whole chunk} (``CHUNK_PLANS``: the first candidate's, queued
+    behind the samples)."""
     cp = cupy_or_raise()
     runs, plans = [], {}
     for scr, rr in cands:
         n = sample_size(scr)
         # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
-        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}",
-                           lambda n=n: np.linspace(0, b.Qn - 1, n).astype(np.int64))  # fmt: skip
+        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}", lambda n=n: _sample_rows(b.Qn, n))
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie))
-        runs.append((scr, rr, n, idx, _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr),
-                                              tie)))  # fmt: skip
+        # the rows' host copy for the bound work: no read-back between read-back 2 and the plan
+        runs.append((scr, rr, n, _sample_rows(b.Qn, n),
+                     _sample(bs, plan, seeds, idx, rho, dict(o, screen=scr), tie)))  # fmt: skip
     parts = ([] if head_dev is None else [head_dev]) + [run[-1][2] for run in runs]
     counts = cp.concatenate(parts)
     if not CHUNK_PLANS:
@@ -245,6 +247,15 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     )
     ready.synchronize()
     return runs, got, plans
+
+
+@functools.cache
+def _sample_rows(Qn: int, n: int):
+    """int64 numpy [n]: the n evenly spaced sampled rows of a chunk of Qn queries (read-only:
+    one array per shape)."""
+    rows = np.linspace(0, Qn - 1, n).astype(np.int64)
+    rows.flags.writeable = False
+    return rows
 
 
 def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
