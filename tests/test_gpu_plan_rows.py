@@ -65,3 +65,40 @@ def test_row_constants_kernel_in_the_pipeline(monkeypatch, regime):
             ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer,
                                       tie_reject=False)  # fmt: skip
             assert cp.array_equal(ids, dense), (regime, scorer, r)
+
+
+@pytest.mark.parametrize("scorer", ["f16", "fp8"])
+@pytest.mark.parametrize("n_pos,r", [(3, 6), (9, 14), (20, 30)])
+@gpu
+def test_plateau_kernel_bitwise(monkeypatch, scorer, n_pos, r):
+    """``screen.PLATEAU_KERNEL`` (csrc/plan.cu plateau_rows_z): the zero-plateau rows bit for
+    bit the array path's on the device, on planner-made plans with zero rows, an invalid
+    plan and a positive subnormal weight (tests/test_gpu_tie_reject.py ties the kernel's
+    emulation to the array path on the CPU); and with the kernel on, the pipeline's ids on
+    the crafted zero plateau (τ = 0 in every query) equal the dense route's."""
+    from test_gpu_tie_reject import _args, _e4m3_problem, plateau_workload
+
+    from dosa_cupy import screen as screen_mod
+    from dosa_cupy.plan import build_plans, row_tiles
+
+    rng = np.random.default_rng(n_pos * 31 + r)
+    Qn, Hp = 333, 32
+    q, w, kp = _e4m3_problem(rng, Qn, Hp, n_pos, 4)
+    q[1] = 0
+    w[2, 0] = np.float32(1e-45)
+    plan = build_plans(cp.asarray(q), cp.asarray(w), cp.asarray(kp), None, r, row_tiles(r), 17,
+                       xp=cp)  # fmt: skip
+    plan.valid[3] = False
+    wd = cp.asarray(w)
+    monkeypatch.setattr(screen_mod, "PLATEAU_KERNEL", False)
+    want = cp.asnumpy(screen_mod.plateau_rows(plan, wd, 17, cp, scorer))
+    monkeypatch.setattr(screen_mod, "PLATEAU_KERNEL", True)
+    got = cp.asnumpy(screen_mod.plateau_rows(plan, wd, 17, cp, scorer))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    a = _args(plateau_workload(), 512)  # τ = 0 in every query: the tie-aware screen runs
+    ids, st = dosa_cupy.dosa_topk(*a, route="dosa", screen="fp64", scorer=scorer,
+                                  return_stats=True)  # fmt: skip
+    assert cp.array_equal(ids, dosa_cupy.dense_topk(*a, scorer=scorer))
+    # the plateau rows were used (on the f16 chain, whose z is small enough to reject here,
+    # as tests/test_gpu_tie_reject.py finds on this workload)
+    assert st.tie_rejected.sum() > 0 or scorer == "fp8"

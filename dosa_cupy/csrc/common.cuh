@@ -6,6 +6,13 @@
 
 namespace dosa {
 
+// A positive fp32 on its bits (+0 < x ≤ +inf; not NaN): the comparison x > 0 of IEEE, which a
+// kernel built with -ftz would give up for a positive subnormal (route.cu's histogram,
+// plan.cu's zero-plateau rows).
+__device__ __forceinline__ bool positive_f32(float x) {
+  return __float_as_uint(x) - 1u < 0x7f800000u;
+}
+
 // ---------------------------------------------------------------------------------------
 // Tie-aware rejection and zero plateaus (docs/method.md §7 "Tie-aware rejection and zero
 // plateaus"; the GPU statement and its check: proofs/gpu_zero_plateau.py).

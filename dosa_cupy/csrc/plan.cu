@@ -718,3 +718,52 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
     out[t] = __dmul_rn(__dmul_rn(tot, lift), ONE_MU);
   }
 }
+
+// The tie-aware screens' zero-plateau coefficients (screen.plateau_rows; docs/method.md §7
+// "Tie-aware rejection and zero plateaus", proofs/gpu_zero_plateau.py), one kernel instead of
+// ~25 array operations per chunk of queries (screen.PLATEAU_KERNEL).  One warp per query t,
+// lane j < nrow its plan row j: sq = Σ_d v_d² over the row's e4m3 values (table), exact in
+// float64 and so the same in any order; with the FP8 scorer steps = Σ_s 2^(field_s − 12) over
+// its k32 steps (step_field; exact); coef = √D·(c1·√sq + c2·steps) (fp8) or c1·√sq, every
+// product and sum rounded once, as the array path's separate operations round them;
+// z_j = RU32(coef·(1 + MU)) where row j is a retained-head slot with ω_j > 0, else −1 (> 0 on
+// the bits, dosa::positive_f32, as for w: this build flushes subnormals); every
+// row NaN where the query does not qualify (its plan not valid, a positive head omitted, or
+// fewer such rows than positive weights among w[t, 0 .. Hp)).  Launch: grid ⌈Qn / 8⌉, block 256.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
+    plateau_rows_z(const uint8_t* __restrict__ rows, const float* __restrict__ omega,
+                   const uint8_t* __restrict__ valid, const int* __restrict__ omitted,
+                   const float* __restrict__ w, const double* __restrict__ table,
+                   const uint8_t* __restrict__ slot, int Qn, int nrow, int Hp, int fp8,
+                   double sqrt_d, double c1, double c2, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * PLAN_WARPS + (threadIdx.x >> 5);
+  if (t >= Qn || nrow > 32) return;  // a whole warp leaves together
+  bool pos = false;
+  float z = -1.0f;
+  if (lane < nrow) {
+    const uint8_t* row = rows + ((long long)t * nrow + lane) * DOSA_D;
+    double sq = 0.0;
+    for (int d = 0; d < DOSA_D; ++d) {
+      const double v = table[row[d]];
+      sq = __dadd_rn(sq, __dmul_rn(v, v));
+    }
+    double coef = __dmul_rn(c1, __dsqrt_rn(sq));
+    if (fp8) {
+      const uint4* r4 = reinterpret_cast<const uint4*>(row);
+      double steps = 0.0;
+      for (int s = 0; s < 4; ++s) {
+        const int f = step_field(r4[2 * s], r4[2 * s + 1]);
+        if (f > 0) steps = __dadd_rn(steps, ldexp(1.0, f - 12));
+      }
+      coef = __dmul_rn(sqrt_d, __dadd_rn(coef, __dmul_rn(c2, steps)));
+    }
+    pos = slot[lane] && dosa::positive_f32(omega[(long long)t * nrow + lane]);
+    if (pos) z = __double2float_ru(__dmul_rn(coef, ONE_MU));
+  }
+  int npos = 0;
+  for (int h = lane; h < Hp; h += 32) npos += dosa::positive_f32(w[(long long)t * Hp + h]);
+  npos = __reduce_add_sync(0xffffffffu, npos);
+  const bool ok = valid[t] && omitted[t] == 0 && __popc(__ballot_sync(0xffffffffu, pos)) == npos;
+  if (lane < nrow) out[(long long)t * nrow + lane] = ok ? z : __int_as_float(0x7fc00000);
+}

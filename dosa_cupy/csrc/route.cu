@@ -11,12 +11,6 @@
 // every output starts zeroed by the host.
 // ---------------------------------------------------------------------------------------
 
-// A positive fp32 on its bits (+0 < x ≤ +inf; not NaN): the comparison x > 0 of IEEE, which a
-// kernel built with -ftz would give up for a positive subnormal.
-__device__ __forceinline__ bool positive_f32(float x) {
-  return __float_as_uint(x) - 1u < 0x7f800000u;
-}
-
 // Read-back 1 of route.route_stage for a chunk of Qn queries: out[0] = Σ_t (ke_t − ks_t),
 // out[1] = Σ_t (ke_t − ks_t − cnt_t) (the keys left to screen past the default seeds),
 // out[2] = 1 when tie_reject and some τ_t is ±0 (screen.tie_screen_flag), and with hist
@@ -40,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(256) route_head(
     }
     if (hist) {
       int n = 0;
-      for (int h = 0; h < Hp; ++h) n += positive_f32(__ldg(w + (long long)t * Hp + h));
+      for (int h = 0; h < Hp; ++h) n += dosa::positive_f32(__ldg(w + (long long)t * Hp + h));
       atomicAdd(reinterpret_cast<unsigned long long*>(out + 3 + n), 1ull);
     }
   }
