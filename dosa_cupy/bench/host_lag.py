@@ -25,6 +25,8 @@ from collections import defaultdict
 
 from dosa_ref.cmdline import CommandParser
 
+from .kernel_times import call_flags
+
 __all__ = ["POINTS", "main", "probed", "summarize"]
 
 # module of dosa_cupy → the functions whose entry and exit are marked (as the module calls
@@ -147,13 +149,7 @@ def _run(a) -> None:
 def main(argv=None) -> None:
     ap = CommandParser(prog="python -m dosa_cupy.bench.host_lag",
                        description=__doc__.split("\n")[0])  # fmt: skip
-    ap.add_argument("--regime", default="calibrated")
-    ap.add_argument("--H", type=int, default=64)
-    ap.add_argument("--Qn", type=int, default=4096)
-    ap.add_argument("--N", type=int, default=131072)
-    ap.add_argument("--K", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--scorer", default="fp8", choices=("fp8", "f16"))
+    call_flags(ap)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     a = ap.parse_args(argv)

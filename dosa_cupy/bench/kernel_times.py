@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 from dosa_ref.cmdline import CommandParser
 
-__all__ = ["main", "parse_ncu_csv", "summarize"]
+__all__ = ["call_flags", "main", "parse_ncu_csv", "summarize"]
 
 METRIC = "gpu__time_duration.sum"
 _MS_PER_UNIT = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0,
@@ -85,18 +85,24 @@ def _summary(paths: list[str]) -> None:
             print(f"  {ms:9.3f} ms  x{n:<4d} {name}")
 
 
+def call_flags(ap) -> None:
+    """The flags of one prefill call's workload (``workload.make_gpu_workload``) and scorer:
+    --regime, --H, --Qn, --N, --K, --seed, --scorer (also ``bench.host_lag``'s)."""
+    ap.add_argument("--regime", default="calibrated")
+    ap.add_argument("--H", type=int, default=64)
+    ap.add_argument("--Qn", type=int, default=4096)
+    ap.add_argument("--N", type=int, default=131072)
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scorer", default="fp8", choices=("fp8", "f16"))
+
+
 def main(argv=None) -> None:
     ap = CommandParser(prog="python -m dosa_cupy.bench.kernel_times",
                        description=__doc__.split("\n")[0])  # fmt: skip
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one call between profiler start and stop (under ncu)")
-    r.add_argument("--regime", default="calibrated")
-    r.add_argument("--H", type=int, default=64)
-    r.add_argument("--Qn", type=int, default=4096)
-    r.add_argument("--N", type=int, default=131072)
-    r.add_argument("--K", type=int, default=2048)
-    r.add_argument("--seed", type=int, default=1)
-    r.add_argument("--scorer", default="fp8", choices=("fp8", "f16"))
+    call_flags(r)
     r.add_argument("--route", default="dosa", choices=("dosa", "dense", "auto"))
     s = sub.add_parser("summary", help="per-kernel totals of ncu --csv files")
     s.add_argument("csv", nargs="+")
