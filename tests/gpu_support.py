@@ -61,6 +61,13 @@ def guard_violations(logits, bounds):
     return int(cp.sum(vis & (s > bounds))), float(slack.min())
 
 
+def positive_f32(x):
+    """x > 0 on the fp32 bits (csrc/common.cuh dosa::positive_f32: +0 < x ≤ +inf, subnormals
+    counted, NaN not): bool array of x's shape."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return (b - np.uint32(1)) < np.uint32(0x7F800000)  # uint32 wraps: +0 is not positive
+
+
 def numpy_as_cupy():
     """numpy standing in for CuPy in CPU tests of host code (every numpy name, and
     ``asnumpy``), to put in place of a module's ``cupy_or_raise``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_support import cp, gpu, needs_sm90a
+from gpu_support import cp, gpu, needs_sm90a, positive_f32
 
 import dosa_cupy
 from dosa_cupy import sm90a
@@ -108,16 +108,14 @@ def test_plateau_rows_margin_holds_on_many_rows():
     assert (z[pos] >= need[pos]).all()
 
 
-def _positive_bits(x):
-    """x > 0 on the fp32 bits (csrc/common.cuh positive_f32: subnormals count)."""
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return (b - np.uint32(1)) < np.uint32(0x7F800000)
-
-
 def _emulate_plateau_rows_z(rows, omega, valid, omitted, w, table, slot, Qn, nrow, Hp, fp8,
                             sqrt_d, c1, c2, out):  # fmt: skip
     """csrc/plan.cu plateau_rows_z in numpy, operation for operation (each float64 operation
-    rounded once; the fp32 result rounded up)."""
+    rounded once; the fp32 result rounded up, ``screen._f32_up``; a step's field as
+    ``plan.step_exponents`` reads it, e = field − 7)."""
+    from dosa_cupy.plan import NO_EXPONENT, step_exponents
+    from dosa_cupy.screen import _f32_up
+
     Qn, nrow, Hp = int(Qn), int(nrow), int(Hp)
     codes = rows.reshape(Qn, nrow, 128)
     v = table[codes]
@@ -126,19 +124,15 @@ def _emulate_plateau_rows_z(rows, omega, valid, omitted, w, table, slot, Qn, nro
         sq = sq + v[:, :, d] * v[:, :, d]
     coef = c1 * np.sqrt(sq)
     if fp8:
-        c = codes.reshape(Qn, nrow, 4, 32)
-        field = np.where((c & 0x7F) != 0, np.maximum((c >> 3) & 0xF, 1), 0).max(axis=-1)
-        field = field.astype(np.int64)  # the kernel's int (no uint8 wrap below 12)
+        e = step_exponents(codes, np)
         steps = np.zeros((Qn, nrow))
-        for s in range(4):
-            steps = steps + np.where(field[..., s] > 0, np.ldexp(1.0, field[..., s] - 12), 0.0)
+        for s in range(4):  # 2^(field − 12) per step, in the kernel's order
+            steps = steps + np.where(e[..., s] > NO_EXPONENT, np.ldexp(1.0, e[..., s] - 5), 0.0)
         coef = sqrt_d * (coef + c2 * steps)
-    x = coef * (1.0 + 2.0**-30)
-    y = x.astype(np.float32)
-    ru = np.where(y.astype(np.float64) < x, np.nextafter(y, np.float32(np.inf)), y)
-    pos = slot[None, :].astype(bool) & _positive_bits(omega.reshape(Qn, nrow))
+    ru = _f32_up(coef * (1.0 + 2.0**-30), np)
+    pos = slot[None, :].astype(bool) & positive_f32(omega.reshape(Qn, nrow))
     z = np.where(pos, ru, np.float32(-1.0))
-    npos = _positive_bits(w.reshape(Qn, Hp)).sum(axis=1)
+    npos = positive_f32(w.reshape(Qn, Hp)).sum(axis=1)
     ok = valid.astype(bool) & (omitted == 0) & (pos.sum(axis=1) == npos)
     out[...] = np.where(ok[:, None], z, np.float32(np.nan)).astype(np.float32)
 

@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 from cuda_signatures import check_args, param_types, read_source
-from gpu_support import numpy_as_cupy
+from gpu_support import numpy_as_cupy, positive_f32
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,11 +27,6 @@ ROUTE_CU = read_source(_build.CSRC / "route.cu")
 SIGS = {n: param_types(ROUTE_CU, n) for n in ("route_head", "route_sample")}
 
 
-def _positive(w):
-    b = np.asarray(w, np.float32).view(np.uint32)
-    return (b - np.uint32(1)) < np.uint32(0x7F800000)  # uint32 wraps: +0 is not positive
-
-
 def emulate_route_head(ks, ke, cnt, tau, w, Qn, Hp, tie_reject, hist, out):
     if isinstance(ks, np.ndarray):  # a null ks: the histogram alone (route.head_prefetch)
         v = ke.astype(np.int64) - ks.astype(np.int64)
@@ -40,7 +35,7 @@ def emulate_route_head(ks, ke, cnt, tau, w, Qn, Hp, tie_reject, hist, out):
         zero = (np.asarray(tau, np.float32).view(np.uint32) & 0x7FFFFFFF) == 0
         out[2] = max(int(out[2]), int(bool(tie_reject) and zero.any()))
     if hist:
-        n = _positive(w.reshape(int(Qn), int(Hp))).sum(axis=1)
+        n = positive_f32(w.reshape(int(Qn), int(Hp))).sum(axis=1)
         np.add.at(out, 3 + n, 1)
 
 
@@ -156,11 +151,11 @@ def test_sample_counts(n, Hp, seed):
 
 
 def test_positive_on_bits_is_positive_heads_hist():
-    """The kernel's positive weight on the bits (route.cu positive_f32, emulated by
-    ``_positive``) counts what screen.positive_heads_hist counts with w > 0: ±0, −subnormal,
-    −1, −inf and NaN are not positive; +subnormal, 1 and +inf are."""
+    """The kernel's positive weight on the bits (common.cuh dosa::positive_f32, emulated by
+    ``gpu_support.positive_f32``) counts what screen.positive_heads_hist counts with w > 0:
+    ±0, −subnormal, −1, −inf and NaN are not positive; +subnormal, 1 and +inf are."""
     w = np.array([SPECIAL_W + [2.0] * 7], np.float32)
-    n = int(_positive(w).sum())
+    n = int(positive_f32(w).sum())
     assert screen_mod.positive_heads_hist(w, np)[n] == 1
 
 
