@@ -25,18 +25,7 @@ from dosa_ref.fp8 import e4m3_values
 
 from . import sm90a
 from ._build import KernelSpec, cupy_or_raise, device_const, kernel, read_back_async, tile
-from .plan import (
-    MU,
-    NO_EXPONENT,
-    PLAN,
-    PLAN_THREADS,
-    PLAN_WARPS,
-    DevicePlan,
-    gamma,
-    gamma_mma,
-    row_slots,
-    step_exponents,
-)
+from .plan import MU, NO_EXPONENT, DevicePlan, gamma, gamma_mma, row_slots, step_exponents
 from .prepare import Batch, D
 from .scorer import MMA_BITS, QG, ROWB
 from .seeds import Seeds
@@ -276,13 +265,6 @@ def pair_gather(x, fill: float, xp):
 
 _QCHUNK = 2048  # queries per step of plateau_rows (a float64 [chunk, 16·mts, 128] temporary)
 
-# The zero-plateau coefficients by one kernel (csrc/plan.cu plateau_rows_z) instead of ~25
-# array operations per chunk of queries, which cost a tie-aware chunk ~1.2 ms of host time at
-# each sample and again at its screen (docs/records/benchmarks.md "a prefill call's host and GPU
-# timelines").  Under trial (bench build plateaukernel): the same bits as the array path in
-# the CPU's emulation of the kernel; not yet run on a GPU.
-PLATEAU_KERNEL = False
-
 
 def _f32_up(x, xp):
     """float64 → the least fp32 ≥ x (NaN stays NaN)."""
@@ -336,8 +318,6 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp, scorer: str = "f16"):
     the few float64 roundings of the products are far below MU.  xp: numpy or CuPy; no host
     synchronization.
     """
-    if PLATEAU_KERNEL and xp is not np:
-        return _plateau_rows_kernel(plan, w, mma_bits, xp, scorer)
     Qn, nrow = plan.omega.shape
     table, slot = plateau_constants(xp, plan.mts)
     sq = xp.empty((Qn, nrow), dtype=xp.float64)
@@ -357,44 +337,14 @@ def plateau_rows(plan: DevicePlan, w, mma_bits: int, xp, scorer: str = "f16"):
     )
     # in fp64 (a few roundings of 2^-53 each) lifted by one (1 + MU) = 1 + 2^-30, then
     # rounded up to fp32: z ≥ the exact coefficient (proofs/gpu_zero_plateau.py checks it)
-    c1, c2 = _plateau_coefficients(mma_bits, scorer)
-    if scorer == "fp8":
-        coef = np.sqrt(D) * (c1 * xp.sqrt(sq) + c2 * steps)
-    else:
-        coef = c1 * xp.sqrt(sq)
-    z = xp.where(pos, _f32_up(coef * (1.0 + MU), xp), xp.float32(-1.0))
-    return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
-
-
-def _plateau_coefficients(mma_bits: int, scorer: str) -> tuple:
-    """(c1, c2) of ``plateau_rows``' coefficient: √D·(c1·√sq + c2·steps) for the FP8 scorer,
-    c1·√sq for the f16 chain (c2 = 0), each a float64 rounded as its expression rounds."""
     gm = gamma_mma(mma_bits, D)
     if scorer == "fp8":
         g8 = 2.0**-13 + gamma(3) * (1 + 2.0**-13)
-        return gm + g8, 1 + gamma(3)
-    return 2.0 * gm * np.sqrt(D), 0.0
-
-
-def _plateau_rows_kernel(plan: DevicePlan, w, mma_bits: int, xp, scorer: str):
-    """``plateau_rows`` by csrc/plan.cu plateau_rows_z (one warp per query; the same
-    operations, each rounded once as the array path's): fp32 [Qn, 16·mts]."""
-    Qn, nrow = plan.omega.shape
-    table, slot = plateau_constants(xp, plan.mts)
-    c1, c2 = _plateau_coefficients(mma_bits, scorer)
-    w = xp.ascontiguousarray(w, dtype=xp.float32)
-    out = xp.empty((Qn, nrow), dtype=xp.float32)
-    if Qn:
-        kernel("plateau_rows_z", 0, PLAN)(
-            (-(-Qn // PLAN_WARPS),), (PLAN_THREADS,),
-            (xp.ascontiguousarray(plan.rows), xp.ascontiguousarray(plan.omega),
-             xp.ascontiguousarray(plan.valid).view(xp.uint8),
-             xp.ascontiguousarray(plan.omitted_positive, dtype=xp.int32), w, table,
-             slot.view(xp.uint8), np.int32(Qn), np.int32(nrow), np.int32(w.shape[1]),
-             np.int32(scorer == "fp8"), np.float64(np.sqrt(D)), np.float64(c1), np.float64(c2),
-             out),
-        )  # fmt: skip
-    return out
+        coef = np.sqrt(D) * ((gm + g8) * xp.sqrt(sq) + (1 + gamma(3)) * steps)
+    else:
+        coef = 2.0 * gm * np.sqrt(D) * xp.sqrt(sq)
+    z = xp.where(pos, _f32_up(coef * (1.0 + MU), xp), xp.float32(-1.0))
+    return xp.ascontiguousarray(xp.where(ok[:, None], z, xp.float32(np.nan)).astype(xp.float32))
 
 
 def _step_exponent_sum(codes, xp):

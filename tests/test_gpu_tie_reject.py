@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_support import cp, gpu, needs_sm90a, positive_f32
+from gpu_support import cp, gpu, needs_sm90a
 
 import dosa_cupy
 from dosa_cupy import sm90a
@@ -106,81 +106,6 @@ def test_plateau_rows_margin_holds_on_many_rows():
     pos = plan.omega > 0
     assert pos.sum() == 768 * 6
     assert (z[pos] >= need[pos]).all()
-
-
-def _emulate_plateau_rows_z(rows, omega, valid, omitted, w, table, slot, Qn, nrow, Hp, fp8,
-                            sqrt_d, c1, c2, out):  # fmt: skip
-    """csrc/plan.cu plateau_rows_z in numpy, operation for operation (each float64 operation
-    rounded once; the fp32 result rounded up, ``screen._f32_up``; a step's field as
-    ``plan.step_exponents`` reads it, e = field − 7)."""
-    from dosa_cupy.plan import NO_EXPONENT, step_exponents
-    from dosa_cupy.screen import _f32_up
-
-    Qn, nrow, Hp = int(Qn), int(nrow), int(Hp)
-    codes = rows.reshape(Qn, nrow, 128)
-    v = table[codes]
-    sq = np.zeros((Qn, nrow))
-    for d in range(128):  # the kernel's order (exact in float64 in any order)
-        sq = sq + v[:, :, d] * v[:, :, d]
-    coef = c1 * np.sqrt(sq)
-    if fp8:
-        e = step_exponents(codes, np)
-        steps = np.zeros((Qn, nrow))
-        for s in range(4):  # 2^(field − 12) per step, in the kernel's order
-            steps = steps + np.where(e[..., s] > NO_EXPONENT, np.ldexp(1.0, e[..., s] - 5), 0.0)
-        coef = sqrt_d * (coef + c2 * steps)
-    ru = _f32_up(coef * (1.0 + 2.0**-30), np)
-    pos = slot[None, :].astype(bool) & positive_f32(omega.reshape(Qn, nrow))
-    z = np.where(pos, ru, np.float32(-1.0))
-    npos = positive_f32(w.reshape(Qn, Hp)).sum(axis=1)
-    ok = valid.astype(bool) & (omitted == 0) & (pos.sum(axis=1) == npos)
-    out[...] = np.where(ok[:, None], z, np.float32(np.nan)).astype(np.float32)
-
-
-@pytest.mark.parametrize("scorer", ["f16", "fp8"])
-@pytest.mark.parametrize("n_pos,r", [(0, 14), (3, 6), (9, 14), (20, 14), (20, 30)])
-def test_plateau_kernel_equals_the_array_path(monkeypatch, scorer, n_pos, r):
-    """``screen.PLATEAU_KERNEL``: plateau_rows_z (emulated operation for operation, launched
-    through ``plateau_rows`` with its arguments checked against the C signature) gives the
-    array path's bits: retained and other rows, queries that do not qualify (an omitted
-    positive head, an invalid plan), positive subnormal weights, zero rows.  The GPU side:
-    tests/test_gpu_plan_rows.py ``test_plateau_kernel_bitwise``."""
-    from cuda_signatures import check_args, param_types, read_source
-    from gpu_support import numpy_as_cupy
-
-    from dosa_cupy import _build
-    from dosa_cupy import screen as screen_mod
-
-    sig = param_types(read_source(_build.CSRC / "plan.cu"), "plateau_rows_z")
-    launched = []
-
-    def kernel(name, smem, spec):
-        assert (name, smem, spec) == ("plateau_rows_z", 0, screen_mod.PLAN)
-
-        def launch(grid, block, args):
-            check_args(name, args, sig)
-            assert block == (256,) and grid[0] * 8 >= int(args[7])
-            launched.append(name)
-            _emulate_plateau_rows_z(*args)
-
-        return launch
-
-    rng = np.random.default_rng(n_pos * 31 + r)
-    Hp, Qn = 32, 9
-    q, w, kp = _e4m3_problem(rng, Qn, Hp, n_pos, 4)
-    q[1] = 0  # zero rows
-    if n_pos:
-        w[2, 0] = np.float32(1e-45)  # a positive subnormal weight
-    mts = row_tiles(r)
-    plan = build_plans(q, w, kp, None, r, mts, 17, xp=np)
-    plan.valid[3] = False  # an invalid plan
-    want = plateau_rows(plan, w, 17, np, scorer)
-    monkeypatch.setattr(screen_mod, "PLATEAU_KERNEL", True)
-    monkeypatch.setattr(screen_mod, "kernel", kernel)
-    got = plateau_rows(plan, w, 17, numpy_as_cupy(), scorer)
-    assert launched == ["plateau_rows_z"]
-    assert got.dtype == np.float32 and got.shape == want.shape
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize(

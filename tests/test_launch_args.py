@@ -57,8 +57,7 @@ LAUNCHED = {
         "decode_witness_dedup_zero", "decode_step_finish",  # decode_ops (STEP_FOLD)
     ],
     "plan.cu": [f"plan{a}_mt{m}" for a in ("", "_i8") for m in MT]  # build_plans_fused
-               + ["screen_row_constants_fresh"]  # plan.screen_row_constants
-               + ["plateau_rows_z"],  # screen.plateau_rows (PLATEAU_KERNEL)
+               + ["screen_row_constants_fresh"],  # plan.screen_row_constants
     "screen_sm90a.cu": ["screen_wg_mt{m}", "screen_wg_mt{m}_tie"],  # screen (wg), sm90a
     "screen_wgt.cu": [f"screen_wgt{b}_rows{n}{t}" for b in ("", "_ring", "_image")  # WGT_SPEC
                       for n in (32, 16, 8) for t in ("", "_tie")]

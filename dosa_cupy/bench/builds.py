@@ -56,8 +56,6 @@ Not options of the library: a build under trial is one of these until it wins.
                                          over the scratch)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
-    plateaukernel screen.PLATEAU_KERNEL = True  the tie-aware screens' zero-plateau rows by
-                                         one kernel (not ~25 array operations; under trial)
     kernellookup _build.KERNEL_CACHE = False  every launch looks its kernel up in the
                                          module again (CuPy makes a new RawKernel each time;
                                          not one Kernel per name and build)
@@ -134,7 +132,6 @@ BUILDS = {
     "kthfloor": ("select", "FLOOR_WIDE", False),
     "rescore": ("refine", "SPILL", False),
     "kernellookup": ("_build", "KERNEL_CACHE", False),
-    "plateaukernel": ("screen", "PLATEAU_KERNEL", True),
     "noilp": ("dense", "SELECT_ILP", False),
     "collectrow": ("dense", "SELECT_BUF", False),
     "rhofloat": ("prepare", "RHO_INT", False),

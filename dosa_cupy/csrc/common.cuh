@@ -7,8 +7,7 @@
 namespace dosa {
 
 // A positive fp32 on its bits (+0 < x ≤ +inf; not NaN): the comparison x > 0 of IEEE, which a
-// kernel built with -ftz would give up for a positive subnormal (route.cu's histogram,
-// plan.cu's zero-plateau rows).
+// kernel built with -ftz would give up for a positive subnormal (route.cu's histogram).
 __device__ __forceinline__ bool positive_f32(float x) {
   return __float_as_uint(x) - 1u < 0x7f800000u;
 }
