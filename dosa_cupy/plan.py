@@ -170,6 +170,9 @@ def plan_stage(b, pool, r: int, o: dict, pcount=None, screen: str = "f16") -> De
     ns = min(o["p_sample"], int(pool.size))
     if pcount is None:
         sample = pool[cp.linspace(0, pool.size - 1, ns).astype(cp.int64)] if ns else None
+    elif POOL_SAMPLE_KERNEL and ns:  # csrc/seeds.cu pool_sample: one launch
+        sample = cp.empty(ns, dtype=cp.int32)
+        kernel("pool_sample")((-(-ns // 256),), (256,), (pool, pcount, np.int64(ns), sample))
     else:
         last = cp.maximum(pcount - 1, 0)
         sample = pool[cp.arange(ns, dtype=cp.int64) * last // max(ns - 1, 1)]
@@ -494,6 +497,12 @@ PLAN = KernelSpec("plan.cu")
 # "Four builds on by default; the decode step's selection by rank"); bench builds=planf32 keeps
 # plan_mt*.
 ACTIVATION_I8 = True
+# The activation sample's ids of a pool at its capacity by one kernel (csrc/seeds.cu
+# pool_sample) instead of six array operations: host time in front of every plan, three plans
+# a sampled call (docs/records/benchmarks.md "The sampled decision's host work"); the same
+# ids.  bench builds=samplearrays takes the array operations.
+POOL_SAMPLE_KERNEL = True
+
 ACT_STRIDE = 160  # csrc/plan.cu PLAN_ACT_STRIDE (bytes per row of an activation image)
 PLAN_THREADS = 256  # csrc/plan.cu PLAN_THREADS
 PLAN_KC = 64  # csrc/plan.cu PLAN_KC (sample keys per chunk)

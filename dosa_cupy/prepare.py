@@ -405,10 +405,17 @@ class Batch:
         return (self.N + 31) // 32
 
     def rows(self, idx) -> Batch:
-        """The sub-problem of queries ``idx`` (same keys; the overflow extension, recovery,
-        anchors)."""
-        return Batch(self.q[idx], self.w[idx], self.kp, self.ksc, self.K, self.ks[idx],
-                     self.ke[idx], self.H, scorer=self.scorer)  # fmt: skip
+        """The sub-problem of queries ``idx`` (an integer array of rows; same keys; the
+        overflow extension, recovery, anchors, the sampled decision).  By ``take``, not
+        ``a[idx]``: CuPy's advanced indexing costs about twice the host time of ``take`` for
+        the same gather, and a call makes two sub-batches in front of an idle GPU
+        (docs/records/benchmarks.md "The sampled decision's host work")."""
+
+        def take(a):
+            return a.take(idx, axis=0)
+
+        return Batch(take(self.q), take(self.w), self.kp, self.ksc, self.K, take(self.ks),
+                     take(self.ke), self.H, scorer=self.scorer)  # fmt: skip
 
 
 def pad_batch(q, w, k_payload, k_scale, K, ks=None, ke=None, check: bool = True,

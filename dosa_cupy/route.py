@@ -265,8 +265,8 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     choice (``screen.tie_screen_wanted``).  No synchronization: the caller reads the vector
     back, after which the end event has completed."""
     cp = cupy_or_raise()
-    kth = seeds.kth_id[idx] if seeds.kth_id is not None else None
-    ss = replace(seeds, tau=seeds.tau[idx], kth_id=kth)
+    kth = seeds.kth_id.take(idx) if seeds.kth_id is not None else None
+    ss = replace(seeds, tau=seeds.tau.take(idx), kth_id=kth)
     zrow = batch_plateau_rows(bs, plan, cp) if tie else None
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._build import cupy_or_raise, kernel
-from .dense import WSEL_THREADS, dense_ids, select_records, wide_blocks, wide_cut
+from .dense import _NULL, WSEL_THREADS, dense_ids, select_records, wide_blocks, wide_cut
 from .prepare import Batch, envelope_queries
 from .scorer import valid_scales
 
@@ -245,8 +245,10 @@ def tau_of_seeds(K: int, seeds: RecordBuffer, xrec, xcnt, want_id: bool = False)
     cp = cupy_or_raise()
     xc = xcnt if xrec is not None else None
     _, kth = select_records(K, seeds.rec, seeds.cnt, xrec, xc, want_ids=False, want_kth=True)
-    tau = score_of_records(kth)
-    return (tau, kth_ids(kth, cp)) if want_id else tau
+    if not want_id:
+        return score_of_records(kth)
+    ids = cp.empty(int(kth.shape[0]), dtype=cp.int32)
+    return score_of_records(kth, ids), ids
 
 
 def union_kth(parts, K: int):
@@ -262,14 +264,16 @@ def union_kth(parts, K: int):
     return kth
 
 
-def score_of_records(kth):
+def score_of_records(kth, ids=None):
     """fp32 [n]: the score of each record uint64 [n], −inf for the empty record 0
-    (select.cu tau_from_kth; ``emulate.record_score`` on the host)."""
+    (select.cu tau_from_kth; ``emulate.record_score`` on the host); with ``ids`` (int32 [n],
+    written) also each record's id, ``kth_ids``'s values, in the same launch."""
     cp = cupy_or_raise()
     n = int(kth.shape[0])
     tau = cp.empty(n, dtype=cp.float32)
     if n:
-        kernel("tau_from_kth")(((n + 255) // 256,), (256,), (kth, np.int32(n), tau))
+        out = _NULL if ids is None else ids
+        kernel("tau_from_kth")(((n + 255) // 256,), (256,), (kth, np.int32(n), tau, out))
     return tau
 
 

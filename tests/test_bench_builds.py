@@ -43,7 +43,8 @@ def test_builds_on_sets_and_restores_every_switch():
             "latecounts": refine, "nogate": route, "sample384": cost,
             "syncchecks": prepare, "nopipe": screen, "plainext": select,
             "noilp": dense, "rhofloat": prepare, "rescore": refine, "planf32": plan,
-            "kthfloor": select, "collectrow": dense, "kernellookup": _build}  # fmt: skip
+            "kthfloor": select, "collectrow": dense, "kernellookup": _build,
+            "samplearrays": plan}  # fmt: skip
     assert set(mods) == set(BUILDS)
     before = {n: getattr(mods[n], BUILDS[n][1]) for n in BUILDS}
     # the defaults: the ring and FP8 screen builds, the decode scan by its rule, the row
@@ -60,6 +61,7 @@ def test_builds_on_sets_and_restores_every_switch():
     assert select.RAISED_EXTENSION  # overflowed rows refined again against their kept K-th
     assert refine.SPILL  # the FP8 refinement's records past cap kept for the extension
     assert _build.KERNEL_CACHE  # one Kernel per name and build, not a lookup per launch
+    assert plan.POOL_SAMPLE_KERNEL  # the plan's sample ids by one kernel
     assert plan.ACTIVATION_I8  # the plan's activation pass on the s8 tensor cores
     assert select.FLOOR_WIDE and dense.SELECT_BUF  # the floor by many blocks per row; the
     # selection's last pass over its scratch

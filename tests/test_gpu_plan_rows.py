@@ -65,3 +65,36 @@ def test_row_constants_kernel_in_the_pipeline(monkeypatch, regime):
             ids = dosa_cupy.dosa_topk(*a, route="dosa", screen="wgt", r=r, scorer=scorer,
                                       tie_reject=False)  # fmt: skip
             assert cp.array_equal(ids, dense), (regime, scorer, r)
+
+
+@pytest.mark.parametrize("P,cap,ns", [(0, 8, 5), (1, 8, 8), (5, 64, 7), (40, 64, 64),
+                                      (3000, 4096, 2048), (4096, 4096, 1)])  # fmt: skip
+@gpu
+def test_pool_sample_kernel_is_the_array_path(monkeypatch, P, cap, ns):
+    """``plan.POOL_SAMPLE_KERNEL`` (csrc/seeds.cu pool_sample): the plan's activation sample
+    ids of a pool at its capacity (P ids, zeros after) equal the array path's
+    pool[arange(ns) · max(P − 1, 0) // max(ns − 1, 1)] — repeats where P < ns, key 0 where
+    P = 0; and plan_stage's plans with it equal those with the array path bit for bit."""
+    from dosa_cupy.options import check_options, resolve_options
+    from dosa_cupy.prepare import pad_batch
+
+    rs = np.random.RandomState(P + ns)
+    pool = np.zeros(cap, dtype=np.int32)
+    pool[:P] = np.sort(rs.choice(50_000, size=P, replace=False))
+    pool_d, pcount = cp.asarray(pool), cp.asarray(np.int64(P))
+    got = cp.empty(ns, dtype=cp.int32)
+    dosa_cupy._build.kernel("pool_sample")((-(-ns // 256),), (256,),
+                                           (pool_d, pcount, np.int64(ns), got))  # fmt: skip
+    want = pool[np.arange(ns, dtype=np.int64) * max(P - 1, 0) // max(ns - 1, 1)]
+    assert np.array_equal(cp.asnumpy(got), want)
+    wl = make_gpu_workload("calibrated", 37, 50_000, 32, seed=P)
+    b = pad_batch(wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], 64, wl["ks"], wl["ke"],
+                  scorer="fp8")  # fmt: skip
+    o = dict(resolve_options(check_options({}), b.K), p_sample=ns)
+    plans = []
+    for on in (True, False):
+        monkeypatch.setattr(pf, "POOL_SAMPLE_KERNEL", on)
+        plans.append(pf.plan_stage(b, pool_d, 14, o, pcount, "fp8_fresh"))
+    for name in ("rows", "omega", "sigma", "C", "eps_raw", "valid", "inR", "inA"):
+        x, y = (cp.ascontiguousarray(getattr(p, name)).view(cp.uint8) for p in plans)
+        assert bool((x == y).all()), name

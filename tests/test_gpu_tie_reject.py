@@ -282,3 +282,22 @@ def test_gpu_wg_tie_survivors_equal_screen_mt1():
         _, b = dosa_cupy.dosa_topk(*args, screen="fp64", return_stats=True)
         assert np.array_equal(a.survivors, b.survivors)
         assert np.array_equal(a.tie_rejected, b.tie_rejected)
+
+
+@gpu
+def test_tau_from_kth_writes_the_kth_ids():
+    """select.cu tau_from_kth with an ids array (``select.tau_of_seeds`` with want_id): τ as
+    without it, and the ids ``kth_ids``'s (NO_KTH_ID for the empty record 0)."""
+    from dosa_cupy.select import score_of_records
+
+    rs = np.random.RandomState(5)
+    rec = rs.randint(0, 2**63, size=1000, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    rec[::9] = 0
+    ids = np.array([0, 1, 2**31 - 2, 77], dtype=np.int64)
+    rec[:4] = (np.uint64(0x3F800000) << np.uint64(32)) | ((~ids) & 0xFFFFFFFF).astype(np.uint64)
+    kth = cp.asarray(rec)
+    got = cp.empty(kth.shape[0], dtype=cp.int32)
+    tau = score_of_records(kth, got)
+    assert bool((tau.view(cp.uint32) == score_of_records(kth).view(cp.uint32)).all())
+    assert cp.array_equal(got, kth_ids(kth, cp))
+    assert cp.asnumpy(got[:4]).tolist() == [0, 1, 2**31 - 2, 77]

@@ -38,6 +38,7 @@ LAUNCHED = {
         *(f"dense_logits_mt{m}" for m in MT),  # scorer
         *(f"fused_mt{m}" for m in MT),  # fused
         "pool_mark", "pool_count", "pool_ids", "seed_ranges", "local_ranges",  # seeds
+        "pool_sample",  # plan (POOL_SAMPLE_KERNEL)
         "cert_clear_below_tau",  # seeds
         *(f"seed_score_mt{m}" for m in MT), *(f"seed_ids_mt{m}" for m in MT),  # seeds
         *(f"screen{c}_mt{m}{t}" for c in ("", "_cert") for m in (1, 2) for t in ("", "_tie")),

@@ -56,6 +56,8 @@ Not options of the library: a build under trial is one of these until it wins.
                                          over the scratch)
     rhofloat    prepare.RHO_INT = False  ρ by one warp per key and float64 squares
                                          (key_rho_kernel)
+    samplearrays plan.POOL_SAMPLE_KERNEL = False  the plan's activation sample ids by six
+                                         array operations (not csrc/seeds.cu pool_sample)
     kernellookup _build.KERNEL_CACHE = False  every launch looks its kernel up in the
                                          module again (CuPy makes a new RawKernel each time;
                                          not one Kernel per name and build)
@@ -132,6 +134,7 @@ BUILDS = {
     "kthfloor": ("select", "FLOOR_WIDE", False),
     "rescore": ("refine", "SPILL", False),
     "kernellookup": ("_build", "KERNEL_CACHE", False),
+    "samplearrays": ("plan", "POOL_SAMPLE_KERNEL", False),
     "noilp": ("dense", "SELECT_ILP", False),
     "collectrow": ("dense", "SELECT_BUF", False),
     "rhofloat": ("prepare", "RHO_INT", False),

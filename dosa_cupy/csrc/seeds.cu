@@ -39,6 +39,20 @@ extern "C" __global__ void pool_ids(const unsigned int* __restrict__ mask,
   }
 }
 
+// The plan's activation sample (plan.plan_stage with a pool at its capacity): out[i] =
+// pool[i·last / max(ns − 1, 1)], last = max(P − 1, 0), P = *pcount the pool's ids on the
+// device, i < ns — the array path's arange · last // (ns − 1) in one launch instead of six
+// array operations in front of every plan (docs/records/benchmarks.md "The sampled
+// decision's host work").  Integer arithmetic, nonnegative: the same ids.
+extern "C" __global__ void pool_sample(const int* __restrict__ pool,
+                                       const long long* __restrict__ pcount, long long ns,
+                                       int* __restrict__ out) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= ns) return;
+  const long long last = max(*pcount - 1, 0ll);
+  out[i] = pool[i * last / max(ns - 1, 1ll)];
+}
+
 __device__ __forceinline__ int pool_rank(const unsigned int* mask, const long long* offs,
                                          long long NW, int x) {
   const long long w = x >> 5;

@@ -551,12 +551,16 @@ extern "C" __global__ void floor_of_cut(const unsigned* __restrict__ state, int 
   floor[j] = (state[4 * j + 3] || f != f) ? NEG_INF : f;
 }
 
-// τ from the K-th seed record (−inf when fewer than K seeds: nothing is pruned).
-extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows, float* tau) {
+// τ from the K-th seed record (−inf when fewer than K seeds: nothing is pruned) and, where
+// ids is not null, the record's id j (select.kth_ids: ~ of the low word, NO_KTH_ID for the
+// empty record 0) — one launch for the pair the seed stage reads (select.tau_of_seeds).
+extern "C" __global__ void tau_from_kth(const unsigned long long* kth, int rows, float* tau,
+                                        int* ids) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= rows) return;
   const unsigned long long r = kth[t];
   tau[t] = r ? code_score((uint32_t)(r >> 32)) : NEG_INF;
+  if (ids) ids[t] = r ? (int)~(uint32_t)r : dosa::kNoKthId;
 }
 
 // The overflow extension from the spill (docs/method.md §7 C.3 "The spill"): for the
