@@ -407,8 +407,8 @@ class Batch:
     def rows(self, idx) -> Batch:
         """The sub-problem of queries ``idx`` (an integer array of rows; same keys; the
         overflow extension, recovery, anchors, the sampled decision).  By ``take``, not
-        ``a[idx]``: CuPy's advanced indexing costs about twice the host time of ``take`` for
-        the same gather, and a call makes two sub-batches in front of an idle GPU
+        ``a[idx]``: CuPy's advanced indexing first prepares a general index on the host, and
+        a sampled call makes two sub-batches while its GPU waits for the host
         (docs/records/benchmarks.md "The sampled decision's host work")."""
 
         def take(a):
