@@ -5,8 +5,14 @@ cannot hold such reads, and memory that CuPy's pool hands to a captured kernel i
 to other work afterwards.  ``PrefillSelectorGPU`` runs the same stages with every size
 fixed by the chunk's shape and every branch fixed when a shape is first seen:
 
-* the route, the screen kernel and r: chosen on the shape's first step (``route="auto"``:
-  the cost model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
+* the screen kernel and r: chosen on the shape's first step (``route="auto"``: the cost
+  model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
+* the route: with ``route="auto"``, where the first step's choice was sampled, chosen per
+  step inside the step (``route_per_step``, the default): the prefix seeds the chunk and
+  screens the sample, csrc/route.cu route_pick applies the cost model's ``LinearRule`` to the
+  counts on the device, and an if/else graph node runs DoSA's stages or the dense route's
+  (_graph.py; docs/method.md §9 "A route chosen inside a graph"); otherwise fixed on the
+  first step;
 * the anchor pool at its capacity min(anchors · anchor_segments · K, N), its size P on the device
   (``seeds.seed_stage`` with given anchors, ``plan.plan_stage``'s device sample);
 * the screen build (tie-aware or plain) from the first step's τ; both are exact;
@@ -15,9 +21,10 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
   device, its ids row is written as ``FLAGGED`` (−2, never a key id), and ``finish``
   re-runs exactly those queries on the dense route outside the graph (docs/method.md §7
   C.3) — a candidate is never dropped;
-* temporaries from an arena per shape (``Arena``): the shape's first step measures the
-  bytes its allocations take, later steps take the same sequence of blocks from one
-  allocation, so a captured graph keeps its addresses for the selector's life.
+* temporaries from arenas per shape (``Arena``; one for the prefix, one per route's body):
+  the shape's first step measures the bytes its allocations take (running both bodies
+  where the route is chosen per step), later steps take the same sequence of blocks from
+  each allocation, so a captured graph keeps its addresses for the selector's life.
 
 The value checks (``check=True``) run inside the step and are read by ``finish``, which
 raises the same ``ValueError`` as ``dosa_topk``; the ranges are clamped on the device
@@ -26,19 +33,23 @@ first, so a bad range never reads out of bounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dosa_ref.options import check_flag
 
-from ._build import cupy_or_raise
+from . import _graph
+from ._build import cupy_or_raise, device_name
+from .cost import LinearRule, model_for, sample_scale
 from .dense import _dense_topk_raw, dense_ids
 from .options import check_options, resolve_options, resolved, strategies
 from .pipeline import dosa_topk
 from .plan import plan_stage, row_tiles
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
+from .route import chunk_counts, pick_route, sample_counts, sample_rows
 from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, seed_stage
 from .select import recovery_queries, select_ids
@@ -122,17 +133,21 @@ class _Counter:
 @dataclass
 class PrefillStep:
     """One step's result: ``ids`` (the ``out`` given, int64 or int32 [Qn, K]; rows
-    ``FLAGGED`` until ``finish``) and what ``finish`` reads: status int64 [2] (the value
-    checks' flag word, the number of flagged rows), redo bool [Qn] or None, the step's
-    ``Batch`` (its inputs, for the re-run) and its ``ValueCheck`` or None — device arrays
-    at fixed addresses, rewritten by every replay of a graph that captured this step."""
+    ``FLAGGED`` until ``finish``) and what ``finish`` reads: status int64 [3] (the value
+    checks' flag word, the number of flagged rows, 1 where the route chosen in the step was
+    DoSA's), redo bool [Qn] or None, the step's ``Batch`` (its inputs, for the re-run) and
+    its ``ValueCheck`` or None — device arrays at fixed addresses, rewritten by every replay
+    of a graph that captured this step.  ``route``: "dosa" or "dense", the route the step
+    took — where the step chooses it (``PrefillSelectorGPU``'s ``route_per_step``), that of
+    the run ``finish`` read last ("per_step" before)."""
 
     ids: object
     status: object
     redo: object
     batch: Batch
     check: object = None
-    keep: object = None  # the shape's arena and anchors: alive as long as this step is
+    keep: object = None  # the shape's arenas and anchors: alive as long as this step is
+    route: str = "dense"
 
     def finish(self) -> int:
         """Complete this step or the last replay of the graph that captured it: read the
@@ -145,6 +160,8 @@ class PrefillStep:
         if status[0] and self.check is not None:
             self.check.forget()
             self.check.raise_if_bad()
+        if self.keep is not None and self.keep.route == "per_step":
+            self.route = "dosa" if status[2] else "dense"
         n = int(status[1])
         if n:
             rows = cp.flatnonzero(self.redo)
@@ -156,12 +173,15 @@ class PrefillStep:
 class _Shape:
     """What a shape's first step fixed."""
 
-    route: str  # "dosa" or "dense"
+    route: str  # "dosa", "dense" or "per_step" (DoSA's body or the dense route's, per step)
     screen: str | None
     r: int | None
     tie: bool
     anchors: object  # int64 [na] device rows or None
-    arena: Arena | None = None
+    rule: object = None  # per_step: float64 [7] device, cost.LinearRule.coefficients
+    side: object = None  # per_step: the stream the if/else node's bodies are captured from
+    arenas: dict | None = None  # part → Arena, from the first step's sizes
+    sizes: dict = field(default_factory=dict)  # part → bytes, measured by the first step
 
 
 class PrefillSelectorGPU:
@@ -182,6 +202,11 @@ class PrefillSelectorGPU:
             tie_reject (the tie-aware kernels when the first step has a query at τ = 0).
             Options that need host reads per call (seed_ids, cert_seeds, statistics,
             route_memo) raise ValueError.
+        route_per_step: with route "auto", where the shape's first step took the sampled
+            decision, every later step (eager or replayed) chooses between DoSA and the
+            dense route itself, from its own seeds and sample (module doc); False, or where
+            conditional graph nodes are not available (``_graph.available``): the first
+            step's route is kept.  Ids never depend on it.
 
     Use: ``h = step(..., out=)`` issues kernels only once a shape has been seen (its first
     step is eager: it decides and measures); capture a later step in a graph, replay it on
@@ -189,18 +214,20 @@ class PrefillSelectorGPU:
     ``PrefillStep``) with the replay's stream current: one 16-byte read; the flagged rows
     of ``out`` are completed exactly.  Ids equal ``dense_topk``'s after ``finish``; it
     reads the inputs as they are when it runs (call it before writing the next chunk).
-    Graphs of one shape share its arena: replay them in stream order, each followed by its
-    own step's ``finish``.  An arena holds all of a step's temporaries (no reuse; an estimated
-    2.5–3 GB at Qn = 4096, 128K keys, default buffer); ``release`` frees them.
+    Graphs of one shape share its arenas: replay them in stream order, each followed by its
+    own step's ``finish``.  The arenas hold all of a step's temporaries (no reuse; an estimated
+    2.5–3 GB for DoSA's stages at Qn = 4096, 128K keys, default buffer, and the dense route's
+    logits beside them where the route is chosen per step); ``release`` frees them.
     """
 
-    def __init__(self, K: int, *, check: bool = True, **options):
+    def __init__(self, K: int, *, check: bool = True, route_per_step: bool = True, **options):
         for name, off in _NOT_CAPTURABLE.items():
             if name in options and not _is_off(options[name], off):
                 raise ValueError(f"{name}: not available in a captured step, got {options[name]!r}")
         if options.get("screen") == "pair":
             raise ValueError("screen: 'pair' is not available in a captured step (host copies)")
         self.check = check_flag("check", check)
+        self.route_per_step = check_flag("route_per_step", route_per_step)
         o = check_options(dict(options, check=self.check))
         if not set(strategies(o["seeds"], None)) <= {"local", "anchor"}:
             raise ValueError(f"seeds: a captured step takes local and anchor, got {o['seeds']!r}")
@@ -224,23 +251,13 @@ class PrefillSelectorGPU:
         out = _device_out(out, q.shape[0] if q.ndim else 0, self.K)  # before any work
         key = (cp.cuda.Device().id, *_shape_key(q, w, k_payload, k_scale, ks, ke, out))
         sh = self._shapes.get(key)
-        if sh is None:  # eager: decide, measure the allocations, size the arena
+        if sh is None:  # eager: decide, measure the allocations, size the arenas
             sh = self._first(q, w, k_payload, k_scale, ks, ke)
-            counter = _Counter(cp.cuda.get_allocator())
-            with cp.cuda.using_allocator(counter.malloc):
-                res = self._run(sh, q, w, k_payload, k_scale, ks, ke, out)
-            sh.arena = Arena(counter.nbytes)
+            res = self._run(sh, q, w, k_payload, k_scale, ks, ke, out)
+            sh.arenas = {part: Arena(n) for part, n in sh.sizes.items()}
             self._shapes[key] = sh
             return res
-        sh.arena.reset()
-        with cp.cuda.using_allocator(sh.arena.malloc):
-            res = self._run(sh, q, w, k_payload, k_scale, ks, ke, out)
-        if sh.arena.used != sh.arena.nbytes:
-            raise RuntimeError(
-                f"arena: this step took {sh.arena.used} bytes, its shape's first step "
-                f"{sh.arena.nbytes} (the allocation sequence changed; a bug, please report)"
-            )
-        return res
+        return self._run(sh, q, w, k_payload, k_scale, ks, ke, out)
 
     def release(self) -> None:
         """Free every shape's arena and decisions.  Graphs that captured a step of this
@@ -258,6 +275,7 @@ class PrefillSelectorGPU:
             return _Shape("dense", None, None, False, None)
         ro = resolve_options(o, b.K)
         route, screen, r = o["route"], o["screen"], int(o["r"])
+        rule = None
         if route == "auto" or screen == "auto":
             opts = {k: v for k, v in o.items() if k not in ("check", "return_stats")}
             _, st = dosa_topk(q, w, k_payload, k_scale, self.K, ks, ke, check=False,
@@ -266,42 +284,126 @@ class PrefillSelectorGPU:
             route = choice.route
             if route == "dosa":
                 screen, r = choice.screen, int(choice.r)
-        if route == "dosa" and screen == "pair":  # auto's narrow pick off Hopper (host copies)
+            if o["route"] == "auto" and self._per_step(choice):
+                screen, r, rule = self._rule(b, choice)
+                route = "per_step"
+        if route != "dense" and screen == "pair":  # auto's narrow pick off Hopper (host copies)
             screen = "fp64"
+        cp = cupy_or_raise()
         tie = False
         anchors = anchor_queries(b.Qn, ro["n_anchors"])
-        if route == "dosa" and ro["tie_reject"]:
+        if route != "dense" and ro["tie_reject"]:
             tie = tie_screen_wanted(seed_stage(b, ro, anchors), ro)
-        if tie:  # device constants copied once, before the allocations are measured
-            plateau_constants(cupy_or_raise(), row_tiles(r))
-        return _Shape(route, screen, r, bool(tie), anchors)
+        # device constants copied once, before the allocations are measured
+        if tie:
+            plateau_constants(cp, row_tiles(r))
+        sh = _Shape(route, screen, r, bool(tie), anchors)
+        if route == "per_step":
+            sample_rows(b.Qn, screen)
+            sh.rule = cp.asarray(rule.coefficients(), dtype=cp.float64)
+            sh.side = cp.cuda.Stream(non_blocking=True)
+        return sh
+
+    def _per_step(self, choice) -> bool:
+        """Whether a shape whose first step chose ``choice`` (a ``RouteChoice``) chooses its
+        route per step: the sampled decision, ``route_per_step``, conditional nodes here."""
+        return self.route_per_step and choice.reason == "sampled" and _graph.available()
+
+    def _rule(self, b: Batch, choice) -> tuple:
+        """(screen, r, ``cost.LinearRule``) of a shape whose route is chosen per step: DoSA's
+        body takes the sampled candidate predicted fastest, whose sample's measured time, per
+        visible pair of the first step, is the screen's share of the rule."""
+        cands = {k: v for k, v in choice.predicted_ms.items() if k != "dense"}
+        key = min(cands, key=lambda k: (cands[k], k))
+        screen, r = key.split("/")  # cost.candidate_key's "screen/r"
+        pairs = float(b.visible.sum())
+        screen_ms = choice.sample_ms[key] * sample_scale(screen, b.Qn, choice.sample[key])
+        model = model_for(b.scorer, device_name())
+        rule = LinearRule.of(model, b.Qn, b.N, b.K, b.heads, screen_ms / pairs if pairs else 0.0)
+        return screen, int(r), rule
 
     def _run(self, sh: _Shape, q, w, k_payload, k_scale, ks, ke, out) -> PrefillStep:
-        """The stages with fixed sizes and branches; kernels only (module doc)."""
+        """The stages with fixed sizes and branches; kernels only (module doc), but for the
+        route's read-back of an eager step whose route is chosen per step."""
         cp = cupy_or_raise()
-        b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True,
-                      scorer=self._o["scorer"])  # fmt: skip
-        status = cp.zeros(2, dtype=cp.int64)
-        if b.pending is not None:
-            status[0] = b.pending.flag_word()
-        if b.Qn == 0 or b.N == 0:
-            out[...] = -1
-            return PrefillStep(out, status, None, b, b.pending, sh)
-        if sh.route == "dense":
-            ids = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke, scorer=b.scorer)
-            out[...] = ids
-            return PrefillStep(out, status, None, b, b.pending, sh)
-        o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
-        rho = key_rho(b.kp)
-        seeds = seed_stage(b, o, sh.anchors)
+        rho = seeds = o = None
+        with self._part(sh, "prefix"):
+            b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True,
+                          scorer=self._o["scorer"])  # fmt: skip
+            status = cp.zeros(3, dtype=cp.int64)
+            if b.pending is not None:
+                status[0] = b.pending.flag_word()
+            if b.Qn == 0 or b.N == 0:
+                out[...] = -1
+                return PrefillStep(out, status, None, b, b.pending, sh)
+            if sh.route != "dense":
+                o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
+            if sh.route == "per_step":
+                rho, seeds = key_rho(b.kp), seed_stage(b, o, sh.anchors)
+                stream = cp.cuda.get_current_stream()
+                cond = _graph.condition(stream) if _graph.capturing(stream) else 0
+                sample = sample_counts(b, seeds, rho, o, sh.screen, sh.r, sh.tie)
+                pick_route(chunk_counts(b, seeds, o), sample, sh.rule, cond, status[2:])
+        step = PrefillStep(out, status, None, b, b.pending, sh, route=sh.route)
+
+        def dosa() -> None:
+            with self._part(sh, "dosa"):
+                self._dosa(sh, step, o, rho, seeds)
+
+        def dense() -> None:
+            with self._part(sh, "dense"):
+                out[...] = _dense_topk_raw(b.q, b.w, b.kp, b.ksc, b.K, b.ks, b.ke,
+                                           scorer=b.scorer)  # fmt: skip
+                if sh.route == "per_step":  # a step whose DoSA body ran first (below)
+                    status[1] = 0
+
+        if sh.route != "per_step":
+            (dosa if sh.route == "dosa" else dense)()
+        elif cond:
+            _graph.if_else(stream, sh.side, cond, dosa, dense)
+        else:  # eager: the one read-back; the first step runs both (their arenas' sizes)
+            step.route = "dosa" if int(status[2]) else "dense"
+            bodies = (dense, dosa) if step.route == "dosa" else (dosa, dense)
+            for body in bodies if sh.arenas is None else bodies[1:]:
+                body()
+        return step
+
+    def _dosa(self, sh: _Shape, step: PrefillStep, o: dict, rho, seeds) -> None:
+        """DoSA's stages from the plan on (from the seeds where the prefix did not run
+        them) into ``step``'s ids, status[1] and redo."""
+        cp = cupy_or_raise()
+        b = step.batch
+        if seeds is None:
+            rho, seeds = key_rho(b.kp), seed_stage(b, o, sh.anchors)
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount, screen_arith(sh.screen, sh.tie))
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)
-        redo = recovery_queries(b) | ~plan.valid | recs.over
-        out[...] = cp.where(redo[:, None], FLAGGED, ids)
-        status[1] = cp.count_nonzero(redo)
-        return PrefillStep(out, status, redo, b, b.pending, sh)
+        step.redo = recovery_queries(b) | ~plan.valid | recs.over
+        step.ids[...] = cp.where(step.redo[:, None], FLAGGED, ids)
+        step.status[1] = cp.count_nonzero(step.redo)
+
+    @contextlib.contextmanager
+    def _part(self, sh: _Shape, part: str):
+        """Allocations of one part of a step ("prefix", "dosa", "dense"): on the shape's
+        first step counted into ``sh.sizes``, later from the part's arena, whose blocks must
+        come out as the first step's did."""
+        cp = cupy_or_raise()
+        if sh.arenas is None:
+            counter = _Counter(cp.cuda.get_allocator())
+            with cp.cuda.using_allocator(counter.malloc):
+                yield
+            sh.sizes[part] = sh.sizes.get(part, 0) + counter.nbytes
+            return
+        arena = sh.arenas[part]
+        arena.reset()
+        with cp.cuda.using_allocator(arena.malloc):
+            yield
+        if arena.used != arena.nbytes:
+            raise RuntimeError(
+                f"arena: this step's {part} took {arena.used} bytes, its shape's first step "
+                f"{arena.nbytes} (the allocation sequence changed; a bug, please report)"
+            )
 
 
 def _shape_key(q, w, kp, ksc, ks, ke, out) -> tuple:

@@ -25,6 +25,7 @@ __all__ = [
     "H200_FP8",
     "H100_FP8",
     "CostModel",
+    "LinearRule",
     "RouteChoice",
     "RouteMemo",
     "candidate_key",
@@ -103,6 +104,76 @@ class CostModel:
         """DoSA's predicted time from the route decision on: the chunk's plan, then
         ``rest_ms`` (the sampled decision's candidates: nothing of the plan is spent yet)."""
         return self.plan_ms(Qn, H) + self.rest_ms(Qn, N, K, survivors, H, screen_ms)
+
+
+@dataclass(frozen=True)
+class LinearRule:
+    """A ``CostModel``'s two predictions for one chunk shape as functions of a step's counts:
+    the route decision of a captured prefill step, which runs on the device (csrc/route.cu
+    route_pick; capture.py; docs/method.md §9 "A route chosen inside a graph").
+
+    DoSA  = dosa_fixed + dosa_per_survivor·S + dosa_per_record·min(S, record_cap)
+            + dosa_per_pair·pairs
+    dense = dense_fixed + dense_per_pair·pairs
+
+    for S survivors and ``pairs`` visible (query, key) pairs: ``CostModel.dosa_ms`` with the
+    screen's time proportional to the pairs (``screen_ms_per_pair``, measured on the shape's
+    first step) and ``CostModel.dense_ms``.  The ``*_rn`` methods are the kernel's host twin:
+    the same double operations in the same order, each rounded to nearest (no fused
+    multiply-add on either side), so both take the same branch on the same counts."""
+
+    dosa_fixed: float
+    dosa_per_survivor: float
+    dosa_per_record: float
+    record_cap: float
+    dosa_per_pair: float
+    dense_fixed: float
+    dense_per_pair: float
+
+    @classmethod
+    def of(cls, model: CostModel, Qn: int, N: int, K: int, H: int,
+           screen_ms_per_pair: float) -> LinearRule:  # fmt: skip
+        """The rule of a chunk of Qn queries × N keys, selection size K, H heads."""
+        h = min(model.logits_flop_per_ms, key=lambda x: (abs(x - H), x))
+        return cls(
+            dosa_fixed=model.plan_ms(Qn, H) + model.refine_ms_per_key * Qn * N
+            + model.finish_fixed_ms,
+            dosa_per_survivor=model.refine_ms_per_key_head * H,
+            dosa_per_record=model.finish_ms_per_record,
+            record_cap=16.0 * K * Qn,
+            dosa_per_pair=float(screen_ms_per_pair),
+            dense_fixed=model.logits_fixed_ms + model.select_fixed_ms
+            + model.select_ms_per_key * Qn * N,
+            dense_per_pair=logits_flop(1.0, H) / model.logits_flop_per_ms[h],
+        )  # fmt: skip
+
+    def coefficients(self) -> tuple[float, ...]:
+        """route_pick's ``rule`` [7], in its order."""
+        return (self.dosa_fixed, self.dosa_per_survivor, self.dosa_per_record, self.record_cap,
+                self.dosa_per_pair, self.dense_fixed, self.dense_per_pair)  # fmt: skip
+
+    @staticmethod
+    def survivors_rn(head, sample) -> float:
+        """The chunk's predicted survivors: the sample's survival (``sample[0] / sample[1]``,
+        0 for an empty sample) × the chunk's keys past the default seeds (``head[1]``)."""
+        m = float(sample[0]) / float(sample[1]) if int(sample[1]) > 0 else 0.0
+        return m * float(head[1])
+
+    def dosa_ms_rn(self, survivors: float, pairs: float) -> float:
+        """DoSA's predicted time from the decision on (the chunk's plan included)."""
+        t = self.dosa_fixed + self.dosa_per_survivor * survivors
+        t = t + self.dosa_per_record * min(survivors, self.record_cap)
+        return t + self.dosa_per_pair * pairs
+
+    def dense_ms_rn(self, pairs: float) -> float:
+        """The dense route's predicted time."""
+        return self.dense_fixed + self.dense_per_pair * pairs
+
+    def picks_dosa(self, head, sample) -> bool:
+        """route_pick's branch for the counts ``head`` (route_head's: visible pairs, keys past
+        the default seeds) and ``sample`` (route_sample's: survivors, screened keys)."""
+        pairs = float(head[0])
+        return self.dosa_ms_rn(self.survivors_rn(head, sample), pairs) < self.dense_ms_rn(pairs)
 
 
 # Fitted by `python -m dosa_cupy.bench.fit_cost` on docs/records/results/2026-12-01_00406f8/

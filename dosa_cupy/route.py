@@ -56,10 +56,21 @@ from .screen import (
     batch_plateau_rows,
     positive_heads_hist,
     screen_arith,
+    screen_stage,
     tie_screen_flag,
 )
 
-__all__ = ["early_choice", "head_prefetch", "memo_recall", "memo_store", "route_stage"]
+__all__ = [
+    "chunk_counts",
+    "early_choice",
+    "head_prefetch",
+    "memo_recall",
+    "memo_store",
+    "pick_route",
+    "route_stage",
+    "sample_counts",
+    "sample_rows",
+]
 
 # The counts of the two read-backs by one kernel each (csrc/route.cu route_head,
 # route_sample) instead of ~25 array operations: the stage is host-bound (docs/records/
@@ -228,9 +239,7 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     cp = cupy_or_raise()
     runs, plans = [], {}
     for scr, rr in cands:
-        n = sample_size(scr)
-        # the n evenly spaced sampled rows, kept per shape (a repeated shape copies nothing)
-        idx = device_const(cp, f"sample_rows_{b.Qn}_{n}", lambda n=n: _sample_rows(b.Qn, n))
+        idx, n = sample_rows(b.Qn, scr)
         bs = b.rows(idx)
         plan = plan_stage(bs, seeds.pool, rr, o, seeds.pcount, screen_arith(scr, tie))
         # the rows' host copy for the bound work: no read-back between read-back 2 and the plan
@@ -249,6 +258,47 @@ def _samples(b, seeds, rho, o: dict, cands, tie: bool, head_dev):
     return runs, got, plans
 
 
+def sample_rows(Qn: int, screen: str) -> tuple:
+    """(int64 device [n], n): the n = ``cost.sample_size(screen)`` evenly spaced sampled rows
+    of a chunk of Qn queries, copied to the device once per shape and kept (a repeated shape
+    copies nothing; a captured step may not copy from the host)."""
+    n = sample_size(screen)
+    idx = device_const(cupy_or_raise(), f"sample_rows_{Qn}_{n}", lambda: _sample_rows(Qn, n))
+    return idx, n
+
+
+def sample_counts(b, seeds, rho, o: dict, screen: str, r: int, tie: bool):
+    """int64 device [2 + 2n]: ``_sample``'s counts of candidate (``screen``, r) for batch ``b``
+    after its seed stage (``seeds``, ρ per key ``rho``, resolved options ``o``; ``tie``: the
+    build), untimed and without a read-back — the captured step's sample (capture.py), which
+    ``pick_route`` reads on the device.  Kernels only, from ``sample_rows``' kept rows."""
+    idx, _ = sample_rows(b.Qn, screen)
+    bs = b.rows(idx)
+    plan = plan_stage(bs, seeds.pool, r, o, seeds.pcount, screen_arith(screen, tie))
+    surv = screen_stage(bs, plan, _sample_seeds(seeds, idx), rho, dict(o, screen=screen), tie).surv
+    return _sample_counts(surv, bs, seeds, idx, plan)
+
+
+def chunk_counts(b, seeds, o: dict):
+    """int64 device [3]: the chunk's visible pairs, its keys past the default seeds and the
+    tie-aware build's flag (``_head_counts`` without the histogram), for ``pick_route``."""
+    return _head_counts(b, seeds, o, False)
+
+
+def pick_route(head, sample, rule, cond: int, pick) -> None:
+    """Queue csrc/route.cu route_pick: ``pick`` (int64 device [1]) = 1 where the cost model's
+    ``rule`` (float64 device [7], ``cost.LinearRule.coefficients``) predicts DoSA faster for
+    the counts ``head`` (``chunk_counts``) and ``sample`` (``sample_counts``), else 0; ``cond``
+    ≠ 0: the handle of the conditional graph node that takes the same value (_graph.py)."""
+    kernel("route_pick")((1,), (1,), (head, sample, rule, np.uint64(cond), pick))
+
+
+def _sample_seeds(seeds, idx):
+    """``seeds`` with the sampled rows' τ and K-th ids (what a sample's screen reads)."""
+    kth = seeds.kth_id.take(idx) if seeds.kth_id is not None else None
+    return replace(seeds, tau=seeds.tau.take(idx), kth_id=kth)
+
+
 @functools.cache
 def _sample_rows(Qn: int, n: int):
     """int64 numpy [n]: the n evenly spaced sampled rows of a chunk of Qn queries (read-only:
@@ -265,8 +315,7 @@ def _sample(bs, plan, seeds, idx, rho, o: dict, tie: bool):
     choice (``screen.tie_screen_wanted``).  No synchronization: the caller reads the vector
     back, after which the end event has completed."""
     cp = cupy_or_raise()
-    kth = seeds.kth_id.take(idx) if seeds.kth_id is not None else None
-    ss = replace(seeds, tau=seeds.tau.take(idx), kth_id=kth)
+    ss = _sample_seeds(seeds, idx)
     zrow = batch_plateau_rows(bs, plan, cp) if tie else None
     launch = ScreenLaunch.of(bs, plan, ss, rho, o["screen"], False, zrow)
     surv = cp.empty((bs.Qn, bs.NW), dtype=cp.uint32)

@@ -153,6 +153,43 @@ def test_an_empty_chunk_takes_no_route(monkeypatch):
         assert sh.route == "dense" and sh.anchors is None
 
 
+def test_route_per_step_is_a_flag():
+    with pytest.raises(ValueError, match="^route_per_step:"):
+        C.PrefillSelectorGPU(8, route_per_step="yes")
+    assert not C.PrefillSelectorGPU(8, route_per_step=False).route_per_step
+
+
+def test_per_step_rule_takes_the_fastest_sampled_candidate(monkeypatch):
+    """A shape whose route is chosen per step: DoSA's body takes the sampled candidate
+    predicted fastest (even where the dense route won the first step), and the rule's screen
+    share is that candidate's measured sample time scaled to the chunk, per visible pair."""
+    from dosa_cupy import cost
+
+    monkeypatch.setattr(C, "device_name", lambda: "NVIDIA H200")
+    b = types.SimpleNamespace(Qn=4096, N=131072, K=2048, heads=64, scorer="fp8",
+                              visible=np.full(4096, 65536, np.int64))  # fmt: skip
+    choice = cost.RouteChoice(
+        "dense", "sampled", predicted_ms={"dense": 5.0, "wg/14": 7.0, "wgt/6": 6.0, "wg/30": 9.0},
+        sample={"wg/14": 96, "wgt/6": 128, "wg/30": 96},
+        sample_ms={"wg/14": 0.2, "wgt/6": 0.1, "wg/30": 0.3},
+    )  # fmt: skip
+    screen, r, rule = C.PrefillSelectorGPU(2048)._rule(b, choice)
+    assert (screen, r) == ("wgt", 6)
+    want = cost.LinearRule.of(cost.H200_FP8, 4096, 131072, 2048, 64,
+                              0.1 * (4096 / 128) / (4096 * 65536))  # fmt: skip
+    assert rule == want
+
+
+def test_conditional_nodes_need_cuda_bindings_13(monkeypatch):
+    """Without cuda.bindings ≥ 13 (``_graph._runtime`` None) no shape chooses per step."""
+    from dosa_cupy import _graph, cost
+
+    monkeypatch.setattr(_graph, "_runtime", lambda: None)
+    assert not _graph.available()
+    sampled = cost.RouteChoice("dosa", "sampled", "wgt", 6)
+    assert not C.PrefillSelectorGPU(8)._per_step(sampled)
+
+
 def test_addresses():
     dev = types.SimpleNamespace(__cuda_array_interface__={"data": (1027, False)})
     assert C._address(dev) == 1027
@@ -292,10 +329,10 @@ def _dense(x, K):
     return dense_topk(*x[:4], K, x[4], x[5])
 
 
-def _replay_cupy(sel, sets, K, out_dtype=np.int64, mutate=None):
+def _replay_cupy(sel, sets, K, out_dtype=np.int64, mutate=None, steps=None):
     """Eager first step on sets[0], capture of a step on static copies, replays on every
     set copied in; yields (set index, ids after replay, rows re-run by finish, ids before
-    finish)."""
+    finish); ``steps``: a list that receives the captured step's ``PrefillStep``."""
     static = [a.copy() for a in sets[0]]
     out = cp.empty((static[0].shape[0], K), dtype=out_dtype)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -306,6 +343,8 @@ def _replay_cupy(sel, sets, K, out_dtype=np.int64, mutate=None):
         h = sel.step(*static, out=out)
         graph = stream.end_capture()
     stream.synchronize()
+    if steps is not None:
+        steps.append(h)
     for i, x in enumerate(sets):
         for dst, src in zip(static, x, strict=True):
             dst[...] = src
@@ -365,8 +404,9 @@ def test_captured_route_choices(route):
 
 @gpu
 def test_auto_route_choosing_screening_is_kept(monkeypatch):
-    """route="auto" with a cost model under which screening always wins: the shape's first
-    step chooses DoSA (the sampled decision), and the replays screen with that choice."""
+    """route="auto", ``route_per_step=False``, with a cost model under which screening always
+    wins: the shape's first step chooses DoSA (the sampled decision), and the replays screen
+    with that choice."""
     import dataclasses
 
     from dosa_cupy import cost, pipeline
@@ -375,12 +415,127 @@ def test_auto_route_choosing_screening_is_kept(monkeypatch):
                                       logits_flop_per_ms={32: 1.0, 64: 1.0})  # fmt: skip
     monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": never_dense)
     K = 256
-    sel = C.PrefillSelectorGPU(K)
+    sel = C.PrefillSelectorGPU(K, route_per_step=False)
     sets = _sets("calibrated", 512, 16384, 64, 2, seed=4)
     for i, out, _, _, static in _replay_cupy(sel, sets, K):
         assert cp.array_equal(out, _dense(static, K)), f"set {i}"
     (sh,) = sel._shapes.values()
     assert sh.route == "dosa" and sh.screen in ("wgt", "wg", "fp64")  # never the paired one
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the route chosen per step (route_per_step; csrc/route.cu route_pick, _graph.py)
+# ---------------------------------------------------------------------------------------
+
+DOSA_RULE = (0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0)  # DoSA predicted 0 ms, dense 1 ms
+DENSE_RULE = (1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # DoSA 1 ms, dense 0 ms
+
+
+def _per_step_selector(monkeypatch, K, **kw):
+    """A selector under a cost model without the early floor: a shape's first step (Qn ≥
+    512) takes the sampled decision, so its route is chosen per step."""
+    import dataclasses
+
+    from dosa_cupy import _graph, cost, pipeline
+
+    if not _graph.available():
+        pytest.skip("conditional graph nodes need cuda-bindings >= 13 and a CUDA 12.8 driver")
+    sampled = dataclasses.replace(cost.H200_FP8, dosa_floor_ms=0.0)
+    monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": sampled)
+    monkeypatch.setattr(C, "model_for", lambda scorer, device="": sampled)
+    return C.PrefillSelectorGPU(K, **kw)
+
+
+def _mixed_sets(regimes, Qn, N, H, seed):
+    """One input set per regime (the same shape), in the given order."""
+    return [_sets(r, Qn, N, H, 1, seed=seed + i)[0] for i, r in enumerate(regimes)]
+
+
+@gpu
+def test_route_pick_is_its_host_twin():
+    """csrc/route.cu route_pick == ``cost.LinearRule.picks_dosa`` on random counts and rules,
+    exact ties (DoSA = dense: dense) and empty samples included."""
+    from dosa_cupy import cost, route
+
+    rs = np.random.default_rng(5)
+    pick = cp.zeros(1, dtype=cp.int64)
+    seen = set()
+    for i in range(400):
+        if i % 4 == 0:  # small integers and halves: ties are exact
+            rule = cost.LinearRule(1.0, 0.5, 0.0, 1e9, 0.0, float(rs.integers(1, 8)), 0.0)
+            head = (100, int(rs.integers(0, 64)))
+            sample = (int(rs.integers(0, 4)), int(rs.integers(0, 4)))
+        else:
+            scale = np.array([5.0, 1e-8, 1e-8, 1e9, 1e-9, 10.0, 1e-8])
+            rule = cost.LinearRule(*(rs.uniform(0, 2, 7) * scale).tolist())
+            pairs = int(rs.integers(0, 1 << 31))
+            head = (pairs, int(rs.integers(0, pairs + 1)))
+            scr = int(rs.integers(0, 1 << 24))
+            sample = (int(rs.integers(0, scr + 1)), scr)
+        route.pick_route(cp.asarray(head, dtype=cp.int64), cp.asarray(sample, dtype=cp.int64),
+                         cp.asarray(rule.coefficients(), dtype=cp.float64), 0, pick)  # fmt: skip
+        want = rule.picks_dosa(head, sample)
+        assert int(pick[0]) == int(want), f"case {i}: {rule} {head} {sample}"
+        seen.add(want)
+    assert seen == {True, False}
+
+
+@gpu
+def test_captured_route_chosen_per_replay(monkeypatch):
+    """One graph, replayed on calibrated and isotropic inputs in turn, its rule on the device
+    set per replay to DoSA, to dense, or the cost model's: each replay runs the body its rule
+    picks — DoSA's writes the redo rows, the dense route's leaves them — and ids ==
+    dense_topk after ``finish``, every replay; eager steps likewise."""
+    K = 256
+    sel = _per_step_selector(monkeypatch, K)
+    sets = _mixed_sets(["calibrated", "isotropic"] * 3, 512, 16384, 64, seed=31)
+    rules, steps = {}, []
+
+    def set_rule(i, static):
+        (sh,) = sel._shapes.values()
+        assert sh.route == "per_step"
+        rules.setdefault("model", sh.rule.copy())
+        rule = (DOSA_RULE, DENSE_RULE, None)[i % 3]
+        sh.rule[...] = rules["model"] if rule is None else cp.asarray(rule, dtype=cp.float64)
+        steps[0].redo.fill(True)  # the DoSA body rewrites it; the dense body does not
+
+    taken = []
+    for i, out, _, _, static in _replay_cupy(sel, sets, K, mutate=set_rule, steps=steps):
+        h = steps[0]
+        assert cp.array_equal(out, _dense(static, K)), f"replay {i}"
+        if i % 3 < 2:
+            assert h.route == ("dosa", "dense")[i % 3], f"replay {i}"
+        assert bool(h.redo.all()) == (h.route == "dense"), f"replay {i}: the other body ran"
+        taken.append(h.route)
+    (sh,) = sel._shapes.values()
+    for i, x in enumerate(sets[:3]):  # eager steps, arenas of the shape, the same rules
+        sh.rule[...] = cp.asarray(DENSE_RULE if i % 2 else DOSA_RULE, dtype=cp.float64)
+        out = cp.full((512, K), 7, dtype=cp.int64)
+        h = sel.step(*x, out=out)
+        h.finish()
+        assert h.route == ("dense" if i % 2 else "dosa")
+        assert cp.array_equal(out, _dense(x, K)), f"eager {i}"
+
+
+@gpu
+@pytest.mark.parametrize("H", [32, 64])
+def test_captured_route_per_step_on_every_regime(monkeypatch, H):
+    """The cost model's own rule, one graph replayed on every regime of the prefill cases in
+    turn (the same shape): ids == dense_topk after ``finish`` whichever route each replay
+    chose."""
+    K = 256
+    sel = _per_step_selector(monkeypatch, K)
+    regimes = ["calibrated", "isotropic", "ties", "equal", "gaussian", "structured",
+               "many_positive", "h64", "trained", "calibrated"]  # fmt: skip
+    try:
+        sets = _mixed_sets(regimes, 512, 16384, H, seed=51)
+    except pytest.skip.Exception:  # the trained regime without its encoder and corpus
+        regimes.remove("trained")
+        sets = _mixed_sets(regimes, 512, 16384, H, seed=51)
+    steps = []
+    for i, out, _, _, static in _replay_cupy(sel, sets, K, steps=steps):
+        assert cp.array_equal(out, _dense(static, K)), f"{regimes[i]}: replay != dense"
+        assert steps[0].route in ("dosa", "dense")
 
 
 @gpu
@@ -501,6 +656,40 @@ def test_captured_in_a_torch_graph():
         g.replay()
         torch.cuda.synchronize()
         h.finish()
+        assert cp.array_equal(out, _dense(static, K)), f"set {i + 1}"
+
+
+@gpu
+def test_route_per_step_captured_in_a_torch_graph(monkeypatch):
+    """The per-step route under torch.cuda.CUDAGraph (capture mode "global"): the if/else
+    node's bodies captured beside torch's capture; replays forced to DoSA, then dense, then
+    DoSA by the rule on the device: the body the rule picks runs, ids == dense_topk."""
+    torch = pytest.importorskip("torch")
+    K = 256
+    sets = _mixed_sets(["calibrated", "isotropic", "h64", "calibrated"], 512, 16384, 64, seed=61)
+    static = [a.copy() for a in sets[0]]
+    out = cp.empty((512, K), dtype=cp.int64)
+    sel = _per_step_selector(monkeypatch, K)
+    sel.step(*static, out=out).finish()
+    sel.step(*static, out=out).finish()  # the arenas' first step (outside the capture)
+    (sh,) = sel._shapes.values()
+    assert sh.route == "per_step"
+    cp.cuda.Device().synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            h = sel.step(*static, out=out)
+    for i, x in enumerate(sets[1:]):
+        want = ("dense", "dosa")[i % 2]
+        sh.rule[...] = cp.asarray(DOSA_RULE if want == "dosa" else DENSE_RULE, dtype=cp.float64)
+        h.redo.fill(True)
+        for dst, src in zip(static, x, strict=True):
+            dst[...] = src
+        cp.cuda.Device().synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        h.finish()
+        assert h.route == want and bool(h.redo.all()) == (want == "dense")
         assert cp.array_equal(out, _dense(static, K)), f"set {i + 1}"
 
 

@@ -391,3 +391,44 @@ def test_sample_scale_counts_block_rows_or_the_transposed_screen_s_queries():
     assert cost.sample_scale("wgt", 4000, 128) == pytest.approx(4000 / 128)
     assert cost.sample_scale("pair", 4000, 128) == 32.0
     assert cost.sample_scale("wg", 4096, 96) == 43.0
+
+
+# ---------------------------------------------------------------------------------------
+# The captured step's rule (csrc/route.cu route_pick's host twin)
+# ---------------------------------------------------------------------------------------
+
+RULE_SHAPES = [(4096, 131072, 2048, 64), (4096, 1048576, 2048, 32), (512, 16384, 256, 20),
+               (64, 8192, 64, 64)]  # fmt: skip
+
+
+@pytest.mark.parametrize("model", [cost.H200, cost.H200_FP8, cost.H100_FP8])
+@pytest.mark.parametrize("Qn,N,K,H", RULE_SHAPES)
+def test_linear_rule_is_the_model(model, Qn, N, K, H):
+    """The rule's two predictions are ``CostModel.dosa_ms`` (the screen's time proportional
+    to the pairs) and ``CostModel.dense_ms`` up to rounding, on both sides of the records'
+    cap; the coefficients come in route_pick's order."""
+    rs = np.random.default_rng(Qn + N + H)
+    per_pair = 1e-9
+    rule = cost.LinearRule.of(model, Qn, N, K, H, per_pair)
+    assert rule.coefficients() == tuple(getattr(rule, f.name) for f in dataclasses.fields(rule))
+    for _ in range(50):
+        pairs = float(rs.integers(1, Qn * N + 1))
+        surv = float(rs.choice([rs.integers(0, pairs + 1), 16.0 * K * Qn * rs.uniform(1, 3)]))
+        want = model.dosa_ms(Qn, N, K, surv, H, per_pair * pairs)
+        assert rule.dosa_ms_rn(surv, pairs) == pytest.approx(want, rel=1e-12)
+        assert rule.dense_ms_rn(pairs) == pytest.approx(model.dense_ms(Qn, N, pairs, H), rel=1e-12)
+
+
+def test_linear_rule_picks_dosa_strictly_below_the_dense_prediction():
+    """Survivors = the sample's survival × the chunk's keys past the seeds (0 for an empty
+    sample); DoSA only where its prediction is below the dense route's — a tie goes dense,
+    as in ``route.route_stage``."""
+    rule = cost.LinearRule(1.0, 0.5, 0.0, 1e9, 0.0, 3.0, 0.0)  # DoSA = 1 + S/2, dense = 3
+    assert cost.LinearRule.survivors_rn((100, 80), (3, 12)) == 20.0
+    assert cost.LinearRule.survivors_rn((100, 80), (3, 0)) == 0.0
+    assert not rule.picks_dosa((100, 80), (1, 20))  # S = 4: DoSA 3 = dense 3, a tie
+    assert rule.picks_dosa((100, 80), (1, 40))  # S = 2: 2 < 3
+    assert not rule.picks_dosa((100, 80), (1, 10))  # S = 8: 5 ≥ 3
+    capped = cost.LinearRule(0.0, 0.0, 1.0, 4.0, 0.0, 4.5, 0.0)  # DoSA = min(S, 4) < 4.5
+    assert capped.picks_dosa((100, 80), (1, 1))  # S = 80, capped at 4
+    assert not cost.LinearRule(0.0, 0.0, 1.0, 5.0, 0.0, 5.0, 0.0).picks_dosa((100, 80), (1, 1))

@@ -335,9 +335,12 @@ def _graph(cp, a, H, Qn, log) -> dict:
             cp, replay, a.reps, a.warm, sets
         )
         row[f"{route}_route"] = next(iter(sel._shapes.values())).route
+        taken = set()
         for s, d in zip(sets, want, strict=True):
             replay(s)
             eq = eq and bool(cp.array_equal(s[route][1].ids, d))
+            taken.add(s[route][1].route)  # the replay's own choice where it chooses per step
+        row[f"{route}_taken"] = sorted(taken)
         del sel
         for s in sets:
             s.pop(route)
@@ -397,7 +400,9 @@ TABLES = {  # part → (title, columns)
         ("graph ids equal", _v("dosa_graph_ids_equal"))]),
     "graph": ("(e) Prefill captured in CUDA graphs: replay + finish vs eager (check=False)", [
         ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")),
-        ("auto route", _v("auto_route")), ("auto graph ms", _ms("auto_graph_ms")),
+        ("auto route", _v("auto_route")),
+        ("auto replays took", lambda r: ", ".join(r.get("auto_taken", [])) or "-"),
+        ("auto graph ms", _ms("auto_graph_ms")),
         ("dosa graph ms", _ms("dosa_graph_ms")), ("dense graph ms", _ms("dense_graph_ms")),
         ("DoSA eager ms", _ms("dosa_eager_ms")), ("dense eager ms", _ms("dense_eager_ms")),
         ("auto graph / dense graph", _x("auto_graph_over_dense_graph")),

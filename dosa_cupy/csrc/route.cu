@@ -89,4 +89,43 @@ extern "C" __global__ void route_gate(const volatile unsigned int* opened, unsig
     __nanosleep(2000);
 }
 
+// The runtime's device-side setter of a conditional graph node's value (CUDA ≥ 12.4).  nvcc
+// declares it through cuda_runtime.h, which it includes in every translation unit; NVRTC
+// includes no runtime header, and the one that declares it (cuda_device_runtime_api.h) needs
+// the toolkit's crt headers, which a machine with CuPy's wheels alone lacks — so the NVRTC
+// build declares it itself, as the runtime does: a builtin, not a symbol to link.
+#if defined(__CUDACC_RTC__)
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(
+    unsigned long long handle, unsigned int value);
+#endif
+
+// The route of a captured prefill step (dosa_cupy/capture.py; docs/method.md §9 "A route
+// chosen inside a graph"): the cost model's two predictions, each linear in the counts, for
+// the chunk's counts head (route_head: head[0] visible pairs, head[1] keys past the default
+// seeds) and its sample's (route_sample: sample[0] survivors, sample[1] screened keys):
+//   survivors = sample[0] / sample[1] · head[1]          (0 for an empty sample)
+//   DoSA  = rule[0] + rule[1]·survivors + rule[2]·min(survivors, rule[3]) + rule[4]·head[0]
+//   dense = rule[5] + rule[6]·head[0]
+// (cost.LinearRule, whose host twin evaluates the same operations in the same order, each
+// rounded to nearest: no contraction into an FMA, so both sides take the same branch).
+// *pick = 1 when DoSA is predicted faster, else 0; cond ≠ 0: a conditional node's handle,
+// set to *pick (the if/else node runs DoSA's body on 1, the dense route's on 0).  One thread.
+// Only the time depends on it: both bodies return the same ids.
+extern "C" __global__ void route_pick(const long long* __restrict__ head,
+                                      const long long* __restrict__ sample,
+                                      const double* __restrict__ rule, unsigned long long cond,
+                                      long long* __restrict__ pick) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const double pairs = (double)head[0];
+  const double m = sample[1] > 0 ? __ddiv_rn((double)sample[0], (double)sample[1]) : 0.0;
+  const double surv = __dmul_rn(m, (double)head[1]);
+  double dosa = __dadd_rn(rule[0], __dmul_rn(rule[1], surv));
+  dosa = __dadd_rn(dosa, __dmul_rn(rule[2], fmin(surv, rule[3])));
+  dosa = __dadd_rn(dosa, __dmul_rn(rule[4], pairs));
+  const double dense = __dadd_rn(rule[5], __dmul_rn(rule[6], pairs));
+  const unsigned int take = dosa < dense ? 1u : 0u;
+  *pick = take;
+  if (cond) cudaGraphSetConditional(cond, take);
+}
+
 #endif  // DOSA_ROUTE_CU
