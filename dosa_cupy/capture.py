@@ -54,7 +54,7 @@ from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wa
 from .seeds import anchor_queries, seed_stage
 from .select import recovery_queries, select_ids
 
-__all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep"]
+__all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep", "StepGraphs"]
 
 FLAGGED = -2  # the ids row of a query ``finish`` must still complete (not a key id, not −1)
 ALIGN = 256  # bytes: every arena block starts on this boundary (CuPy's pool uses 512)
@@ -404,6 +404,93 @@ class PrefillSelectorGPU:
                 f"arena: this step's {part} took {arena.used} bytes, its shape's first step "
                 f"{arena.nbytes} (the allocation sequence changed; a bug, please report)"
             )
+
+
+class StepGraphs:
+    """``dosa_topk(..., graph=StepGraphs())``: each call through a captured step of its chunk
+    shape (docs/serving.md "Prefill capture"), for a caller that selects over many chunks of
+    a few shapes.  Per shape and options, the first call runs the step eagerly (the shape's
+    first step: decides, sizes the arenas), the second captures it, every later one copies
+    its inputs into the graph's arrays and replays it — no host work between the kernels, and
+    with route "auto" the route chosen in the graph from the call's own sample
+    (``PrefillSelectorGPU``'s ``route_per_step``).  Each call synchronizes once (``finish``:
+    flagged rows completed, bad input raised) and returns a new int64 [Qn, K] array, equal to
+    ``dense_topk``'s.  Calls whose options a graph cannot hold (statistics, timing, debug
+    bounds, explicit or certificate seeds, a route memo, a τ floor) run eagerly.
+
+    Memory: per shape, a copy of the inputs and the step's arenas (docs/serving.md); ``release``
+    frees them.  Not thread-safe; one per indexer layer or per stream of calls."""
+
+    def __init__(self):
+        self._entries: dict = {}  # shape and options → _Graphed
+        self._stream = None
+
+    def release(self) -> None:
+        """Free every shape's graphs, input copies and arenas."""
+        self._entries.clear()
+
+    def topk(self, q, w, k_payload, k_scale, K, ks, ke, options: dict):
+        """``dosa_topk``'s ids through the captured step, or None where ``options`` are not
+        capturable (the caller then runs eagerly)."""
+        o = {k: v for k, v in options.items() if k != "graph"}
+        if any(k in o and not _is_off(o[k], off) for k, off in _NOT_CAPTURABLE.items()):
+            return None
+        if o.get("screen") == "pair":
+            return None
+        cp = cupy_or_raise()
+        ranges = (None if a is None else as_device(a, n) for a, n in ((ks, "ks"), (ke, "ke")))
+        x = (as_device(q, "q", np.uint8), as_device(w, "w"),
+             as_device(k_payload, "k_payload", np.uint8), as_device(k_scale, "k_scale"),
+             *ranges)  # fmt: skip
+        Kn = check_selection_K(K)
+        sig = tuple(None if a is None else (tuple(a.shape), str(a.dtype)) for a in x)
+        key = (cp.cuda.Device().id, Kn, sig, tuple(sorted((k, repr(v)) for k, v in o.items())))
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Graphed(PrefillSelectorGPU(Kn, **o), x, Kn)
+        if self._stream is None:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+        return e.run(x, self._stream)
+
+
+class _Graphed:
+    """One shape's input copies, ids array, selector and (from its second call) graph."""
+
+    def __init__(self, sel: PrefillSelectorGPU, x: tuple, K: int):
+        cp = cupy_or_raise()
+        self.sel = sel
+        self.x = tuple(None if a is None else cp.empty(a.shape, dtype=a.dtype) for a in x)
+        Qn = x[0].shape[0] if x[0].ndim else 0
+        self.out = cp.empty((Qn, K), dtype=cp.int64)
+        self.calls, self.graph, self.step = 0, None, None
+
+    def run(self, x: tuple, stream):
+        """Copy ``x`` in on ``stream`` (after the caller's work), run the step (eager, capture
+        or replay), ``finish``; the ids copied out, the caller's stream after ``stream``."""
+        cp = cupy_or_raise()
+        caller = cp.cuda.get_current_stream()
+        stream.wait_event(caller.record())
+        with stream:
+            for dst, src in zip(self.x, x, strict=True):
+                if dst is not None:
+                    dst[...] = src
+            if self.graph is None and self.calls == 0:
+                self.step = self.sel.step(*self.x, out=self.out)
+            elif self.graph is None:
+                stream.begin_capture()
+                try:
+                    self.step = self.sel.step(*self.x, out=self.out)
+                except BaseException:
+                    stream.end_capture()  # the partial graph is dropped; the shape stays eager
+                    raise
+                self.graph = stream.end_capture()
+            if self.graph is not None:
+                self.graph.launch(stream)
+            self.calls += 1
+            self.step.finish()
+            ids = self.out.copy()
+        caller.wait_event(stream.record())
+        return ids
 
 
 def _shape_key(q, w, kp, ksc, ks, ke, out) -> tuple:

@@ -64,6 +64,7 @@ OPTIONS = {
     "tie_reject": True,
     "route": "auto",
     "route_memo": None,
+    "graph": None,
     "check": True,
     "scorer": "f16",
     "tau_floor": None,
@@ -184,6 +185,8 @@ def check_options(kw: dict) -> dict:
         raise ValueError(f"route_memo: expected None or a cost.RouteMemo, got {memo!r}")
     if memo is not None and o["route"] != "auto":
         raise ValueError(f"route_memo: needs route='auto', got route={o['route']!r}")
+    if o["graph"] is not None and not callable(getattr(o["graph"], "topk", None)):
+        raise ValueError(f"graph: expected None or a capture.StepGraphs, got {o['graph']!r}")
     if o["route"] == "dense" and o["debug_bounds"]:
         raise ValueError("debug_bounds: the dense route computes no bounds (route='dense')")
     for k in ("tie_reject", "check"):

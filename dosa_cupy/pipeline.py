@@ -79,7 +79,12 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
         (None, default; a ``cost.RouteMemo``, with route="auto" only: chunks of a kind seen
         recently take its remembered route without seeding or sampling, every refresh-th
         call samples again, and a chunk of ≥ 512 queries is sampled rather than sent dense
-        by the early rule — for a caller running one layer over many chunks);
+        by the early rule — for a caller running one layer over many chunks); graph (None,
+        default; a ``capture.StepGraphs``: the call runs as a replay of a captured step of
+        its shape — copies of the inputs, no host work between kernels, the route chosen in
+        the graph from this call's own sample; the first two calls of a shape run eagerly
+        and capture; calls with statistics, timing, debug bounds, explicit or certificate
+        seeds, a memo or a τ floor run eagerly; docs/serving.md "Prefill capture");
         check (True, default: the inputs' values are checked on the device with one
         synchronization; False: only shapes and dtypes — for callers that validated them,
         ``prepare.check_inputs``); return_stats, timing, debug_bounds (the chunk is
@@ -93,6 +98,11 @@ def dosa_topk(q, w, k_payload, k_scale, K, ks=None, ke=None, **options):
     DosaGpuStats; ``stats.route`` is the ``cost.RouteChoice``).
     """
     cp = cupy_or_raise()
+    graph = options.get("graph")
+    if graph is not None and callable(getattr(graph, "topk", None)):
+        ids = graph.topk(q, w, k_payload, k_scale, K, ks, ke, options)  # capture.StepGraphs
+        if ids is not None:  # None: options a graph cannot hold; the call runs eagerly
+            return ids
     o, tm, st, b, empty = start(q, w, k_payload, k_scale, K, ks, ke, options)
     if empty is not None:
         return empty

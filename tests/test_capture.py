@@ -190,6 +190,24 @@ def test_conditional_nodes_need_cuda_bindings_13(monkeypatch):
     assert not C.PrefillSelectorGPU(8)._per_step(sampled)
 
 
+@pytest.mark.parametrize("kw", [{"return_stats": True}, {"timing": True}, {"cert_seeds": 8},
+                                {"seed_ids": np.zeros((2, 1), np.int64)}, {"screen": "pair"},
+                                {"tau_floor": np.zeros(2, np.float32)}])  # fmt: skip
+def test_step_graphs_leave_uncapturable_calls_to_the_eager_path(kw):
+    """``StepGraphs.topk`` answers None (``dosa_topk`` then runs eagerly) for options a graph
+    cannot hold, before touching an input."""
+    assert C.StepGraphs().topk(None, None, None, None, 8, None, None, dict(kw, graph=1)) is None
+
+
+def test_graph_option_is_checked():
+    from dosa_cupy.options import check_options
+
+    for bad in (1, "yes", object()):
+        with pytest.raises(ValueError, match="^graph:"):
+            check_options({"graph": bad})
+    check_options({"graph": C.StepGraphs()})
+
+
 def test_addresses():
     dev = types.SimpleNamespace(__cuda_array_interface__={"data": (1027, False)})
     assert C._address(dev) == 1027
@@ -657,6 +675,40 @@ def test_captured_in_a_torch_graph():
         torch.cuda.synchronize()
         h.finish()
         assert cp.array_equal(out, _dense(static, K)), f"set {i + 1}"
+
+
+@gpu
+def test_step_graphs_equal_dense_call_after_call(monkeypatch):
+    """``dosa_topk(..., graph=StepGraphs())``: calls of one shape — eager, captured, then
+    replays — on calibrated and isotropic inputs in turn, a second shape beside it, a call
+    with statistics (eager): ids == dense_topk every call; the shape's route chosen per step;
+    bad input in a replayed call raises the eager call's ValueError."""
+    import dosa_cupy
+
+    K = 256
+    _per_step_selector(monkeypatch, K)  # the cost model without the early floor
+    g = C.StepGraphs()
+    sets = _mixed_sets(["calibrated", "isotropic"] * 3, 512, 16384, 64, seed=71)
+    small = _sets("calibrated", 256, 8192, 32, 2, seed=81)
+    for i, x in enumerate(sets):
+        ids = dosa_cupy.dosa_topk(*x[:4], K, x[4], x[5], graph=g)
+        assert ids.dtype == cp.int64 and cp.array_equal(ids, _dense(x, K)), f"call {i}"
+        if i % 2:
+            y = small[i % 2]
+            assert cp.array_equal(dosa_cupy.dosa_topk(*y[:4], K, y[4], y[5], graph=g),
+                                  _dense(y, K)), f"small shape, call {i}"  # fmt: skip
+    entries = list(g._entries.values())
+    assert len(entries) == 2 and all(e.graph is not None for e in entries)
+    assert next(iter(entries[0].sel._shapes.values())).route == "per_step"
+    x = sets[0]
+    ids, st = dosa_cupy.dosa_topk(*x[:4], K, x[4], x[5], graph=g, return_stats=True)
+    assert cp.array_equal(ids, _dense(x, K)) and st.route is not None
+    bad = [a.copy() for a in sets[1]]
+    bad[0][3, 0, 5] = 0x7F  # an e4m3 NaN code
+    with pytest.raises(ValueError, match="^q:"):
+        dosa_cupy.dosa_topk(*bad[:4], K, bad[4], bad[5], graph=g)
+    g.release()
+    assert not g._entries
 
 
 @gpu

@@ -289,7 +289,7 @@ def _main(argv: list[str]) -> int:
         metavar="NAME:k=v,...",
         help="another DoSA route with these options, timed in the same run "
         "(e.g. cert:cert_seeds=2048; route_memo=1: one RouteMemo shared by the variant's "
-        "calls); repeatable",
+        "calls; graph=1: its calls replay captured steps, capture.StepGraphs); repeatable",
     )
     ap.add_argument(
         "--paired",

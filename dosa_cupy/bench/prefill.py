@@ -60,6 +60,14 @@ def _all_equal(cp, runs, want) -> bool:
     return all(bool(cp.array_equal(x, want)) for x in runs)
 
 
+def _calls_ids(fn, s, sub, K, opts):
+    """ids of one plain call of ``fn`` per sub-chunk of set ``s``, concatenated."""
+    import cupy as cp
+
+    return cp.concatenate([fn(c["q"], c["w"], c["kp"], c["ksc"], K, c["ks"], c["ke"], **opts)
+                           for c in slices(s, sub)])  # fmt: skip
+
+
 def _stats_run(fn, s, sub, K, opts):
     """ids and stats of one route over sub-chunks of set ``s`` (per-query arrays
     concatenated, the route choices listed, the scored fraction pooled; stage times
@@ -112,7 +120,7 @@ def paired_variants(cp, res: dict, opts: dict, route, reps: int, rotate) -> None
         if "error" in v or "ms" not in v or o.get("route_memo") is not None:
             continue
         names = parse_builds(o.pop("builds", ""))
-        call = route(dosa_cupy.dosa_topk, o)
+        call = route(dosa_cupy.dosa_topk, _with_objects(o))
 
         def under_builds(cs, call=call, names=names):
             with builds_on(names):
@@ -127,6 +135,20 @@ def paired_variants(cp, res: dict, opts: dict, route, reps: int, rotate) -> None
     res["dosa_paired_ms"] = times[BASE][0]
     for name in fns:
         res["variants"][name]["paired_ms"] = times[name][0]
+
+
+def _with_objects(vo: dict) -> dict:
+    """A variant's options with its objects made: ``route_memo=1`` → one ``RouteMemo`` of
+    the variant, ``graph=1`` → one ``capture.StepGraphs`` of it (its captured steps)."""
+    import dosa_cupy
+    from dosa_cupy.capture import StepGraphs
+
+    vo = dict(vo)
+    if vo.get("route_memo") == 1:
+        vo["route_memo"] = dosa_cupy.RouteMemo()
+    if vo.get("graph") == 1:
+        vo["graph"] = StepGraphs()
+    return vo
 
 
 def _ratio(a, b):
@@ -298,8 +320,7 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
     # Variants: more DoSA routes (other options) on the same inputs, same run.
     for name, vopts in (variants or {}).items():
         vo = dict(opts, **vopts)
-        if vo.get("route_memo") == 1:  # `--variant NAME:route_memo=1`: one memo per variant
-            vo["route_memo"] = dosa_cupy.RouteMemo()
+        vo = _with_objects(vo)
         names = parse_builds(vo.pop("builds", ""))  # kernel builds under trial (builds.py)
         v = {"options": vopts}
         res.setdefault("variants", {})[name] = v
@@ -318,6 +339,9 @@ def bench_shape(H, Qn, N, K, regime, reps, rot, opts, log, mem=None, parallel_se
                 vids, vst, vstage = _stats_run(
                     dosa_cupy.dosa_topk, sets[0], sub["dosa_stats"], K, vo
                 )  # fmt: skip
+                if vo.get("graph") is not None:  # the statistics ran eagerly: the replays'
+                    vids.append(_calls_ids(dosa_cupy.dosa_topk, sets[0], sub["dosa"], K, vo))
+                    vo["graph"].release()
         except Exception as e:  # an experimental option must not lose the shape's row
             if is_oom(e):
                 raise
