@@ -8,11 +8,11 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
 * the screen kernel and r: chosen on the shape's first step (``route="auto"``: the cost
   model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
 * the route: with ``route="auto"``, where the first step's choice was sampled, chosen per
-  step inside the step (``route_per_step``, the default): the prefix seeds the chunk and
-  screens the sample, csrc/route.cu route_pick applies the cost model's ``LinearRule`` to the
-  counts on the device, and an if/else graph node runs DoSA's stages or the dense route's
-  (_graph.py; docs/method.md §9 "A route chosen inside a graph"); otherwise fixed on the
-  first step;
+  step inside the step (``route_per_step``, the default): the prefix builds the anchor pool,
+  seeds the sampled rows alone and screens them, csrc/route.cu route_pick applies the cost
+  model's ``LinearRule`` to the counts on the device, and an if/else graph node runs DoSA's
+  stages (the chunk's seeds on) or the dense route's (_graph.py; docs/method.md §9 "A route
+  chosen inside a graph"); otherwise fixed on the first step;
 * the anchor pool at its capacity min(anchors · anchor_segments · K, N), its size P on the device
   (``seeds.seed_stage`` with given anchors, ``plan.plan_stage``'s device sample);
 * the screen build (tie-aware or plain) from the first step's τ; both are exact;
@@ -49,9 +49,9 @@ from .pipeline import dosa_topk
 from .plan import plan_stage, row_tiles
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
 from .refine import refine_stage
-from .route import chunk_counts, pick_route, sample_counts, sample_rows
+from .route import pick_route, sample_counts, sample_rows
 from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wanted
-from .seeds import anchor_queries, seed_stage
+from .seeds import anchor_queries, anchor_stage, pool_capacity, seed_stage
 from .select import recovery_queries, select_ids
 
 __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep", "StepGraphs"]
@@ -326,7 +326,7 @@ class PrefillSelectorGPU:
         """The stages with fixed sizes and branches; kernels only (module doc), but for the
         route's read-back of an eager step whose route is chosen per step."""
         cp = cupy_or_raise()
-        rho = seeds = o = None
+        rho = pooled = o = None
         with self._part(sh, "prefix"):
             b = pad_batch(q, w, k_payload, k_scale, self.K, ks, ke, self.check, defer=True,
                           scorer=self._o["scorer"])  # fmt: skip
@@ -338,17 +338,20 @@ class PrefillSelectorGPU:
                 return PrefillStep(out, status, None, b, b.pending, sh)
             if sh.route != "dense":
                 o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
-            if sh.route == "per_step":
-                rho, seeds = key_rho(b.kp), seed_stage(b, o, sh.anchors)
+            if sh.route == "per_step":  # the sampled rows seeded alone: the chunk's seeds
+                rho = key_rho(b.kp)  # are DoSA's body's (method.md §9 "A route chosen …")
+                pooled = anchor_stage(b, o, sh.anchors, pool_capacity(b, o, sh.anchors))
+                bs = b.rows(sample_rows(b.Qn, sh.screen)[0])
+                ss = seed_stage(bs, o, sh.anchors, pooled)
                 stream = cp.cuda.get_current_stream()
                 cond = _graph.condition(stream) if _graph.capturing(stream) else 0
-                sample = sample_counts(b, seeds, rho, o, sh.screen, sh.r, sh.tie)
-                pick_route(chunk_counts(b, seeds, o), sample, sh.rule, cond, status[2:])
+                sample = sample_counts(bs, ss, rho, o, sh.screen, sh.r, sh.tie)
+                pick_route(b, sample, sh.rule, cond, status[2:])
         step = PrefillStep(out, status, None, b, b.pending, sh, route=sh.route)
 
         def dosa() -> None:
             with self._part(sh, "dosa"):
-                self._dosa(sh, step, o, rho, seeds)
+                self._dosa(sh, step, o, rho, pooled)
 
         def dense() -> None:
             with self._part(sh, "dense"):
@@ -368,13 +371,14 @@ class PrefillSelectorGPU:
                 body()
         return step
 
-    def _dosa(self, sh: _Shape, step: PrefillStep, o: dict, rho, seeds) -> None:
-        """DoSA's stages from the plan on (from the seeds where the prefix did not run
-        them) into ``step``'s ids, status[1] and redo."""
+    def _dosa(self, sh: _Shape, step: PrefillStep, o: dict, rho, pooled) -> None:
+        """DoSA's stages from the seeds on into ``step``'s ids, status[1] and redo (ρ and the
+        anchor pool ``pooled`` where the prefix made them)."""
         cp = cupy_or_raise()
         b = step.batch
-        if seeds is None:
-            rho, seeds = key_rho(b.kp), seed_stage(b, o, sh.anchors)
+        if rho is None:
+            rho = key_rho(b.kp)
+        seeds = seed_stage(b, o, sh.anchors, pooled)
         plan = plan_stage(b, seeds.pool, sh.r, o, seeds.pcount, screen_arith(sh.screen, sh.tie))
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)

@@ -153,11 +153,12 @@ class LinearRule:
                 self.dosa_per_pair, self.dense_fixed, self.dense_per_pair)  # fmt: skip
 
     @staticmethod
-    def survivors_rn(head, sample) -> float:
-        """The chunk's predicted survivors: the sample's survival (``sample[0] / sample[1]``,
-        0 for an empty sample) × the chunk's keys past the default seeds (``head[1]``)."""
-        m = float(sample[0]) / float(sample[1]) if int(sample[1]) > 0 else 0.0
-        return m * float(head[1])
+    def survivors_rn(pairs: int, sample_survivors: int, sample_visible: int) -> float:
+        """The chunk's predicted survivors: the sample's survivors per visible pair × the
+        chunk's visible pairs (0 for a sample that sees no key)."""
+        if int(sample_visible) <= 0:
+            return 0.0
+        return float(sample_survivors) * float(pairs) / float(sample_visible)
 
     def dosa_ms_rn(self, survivors: float, pairs: float) -> float:
         """DoSA's predicted time from the decision on (the chunk's plan included)."""
@@ -169,11 +170,11 @@ class LinearRule:
         """The dense route's predicted time."""
         return self.dense_fixed + self.dense_per_pair * pairs
 
-    def picks_dosa(self, head, sample) -> bool:
-        """route_pick's branch for the counts ``head`` (route_head's: visible pairs, keys past
-        the default seeds) and ``sample`` (route_sample's: survivors, screened keys)."""
-        pairs = float(head[0])
-        return self.dosa_ms_rn(self.survivors_rn(head, sample), pairs) < self.dense_ms_rn(pairs)
+    def picks_dosa(self, pairs: int, sample_survivors: int, sample_visible: int) -> bool:
+        """route_pick's branch for a chunk of ``pairs`` visible pairs whose sample kept
+        ``sample_survivors`` of ``sample_visible`` visible pairs."""
+        surv = self.survivors_rn(pairs, sample_survivors, sample_visible)
+        return self.dosa_ms_rn(surv, float(pairs)) < self.dense_ms_rn(float(pairs))
 
 
 # Fitted by `python -m dosa_cupy.bench.fit_cost` on docs/records/results/2026-12-01_00406f8/

@@ -61,7 +61,6 @@ from .screen import (
 )
 
 __all__ = [
-    "chunk_counts",
     "early_choice",
     "head_prefetch",
     "memo_recall",
@@ -262,35 +261,40 @@ def sample_rows(Qn: int, screen: str) -> tuple:
     """(int64 device [n], n): the n = ``cost.sample_size(screen)`` evenly spaced sampled rows
     of a chunk of Qn queries, copied to the device once per shape and kept (a repeated shape
     copies nothing; a captured step may not copy from the host)."""
+    cp = cupy_or_raise()
     n = sample_size(screen)
-    idx = device_const(cupy_or_raise(), f"sample_rows_{Qn}_{n}", lambda: _sample_rows(Qn, n))
+    idx = device_const(cp, f"sample_rows_{Qn}_{n}", lambda: _sample_rows(Qn, n))
+    _iota(cp, n)  # the sampled rows' own indices (``sample_counts``), kept likewise
     return idx, n
 
 
-def sample_counts(b, seeds, rho, o: dict, screen: str, r: int, tie: bool):
-    """int64 device [2 + 2n]: ``_sample``'s counts of candidate (``screen``, r) for batch ``b``
-    after its seed stage (``seeds``, ρ per key ``rho``, resolved options ``o``; ``tie``: the
-    build), untimed and without a read-back — the captured step's sample (capture.py), which
-    ``pick_route`` reads on the device.  Kernels only, from ``sample_rows``' kept rows."""
-    idx, _ = sample_rows(b.Qn, screen)
-    bs = b.rows(idx)
+def _iota(cp, n: int):
+    """int64 device [n]: 0, 1, …, n − 1, kept per device."""
+    return device_const(cp, f"iota_{n}", lambda: np.arange(n, dtype=np.int64))
+
+
+def sample_counts(bs, seeds, rho, o: dict, screen: str, r: int, tie: bool):
+    """int64 device [2 + 2n]: ``_sample``'s counts of candidate (``screen``, r) for the n
+    sampled rows ``bs`` (``Batch.rows`` of ``sample_rows``) seeded on their own (``seeds``:
+    ``seeds.seed_stage`` of ``bs`` on the chunk's anchor pool — their τ is the chunk's), ρ
+    per key ``rho``, resolved options ``o``, ``tie``: the build — untimed and without a
+    read-back: the captured step's sample (capture.py), which ``pick_route`` reads on the
+    device.  Kernels only."""
+    n = bs.Qn
     plan = plan_stage(bs, seeds.pool, r, o, seeds.pcount, screen_arith(screen, tie))
-    surv = screen_stage(bs, plan, _sample_seeds(seeds, idx), rho, dict(o, screen=screen), tie).surv
-    return _sample_counts(surv, bs, seeds, idx, plan)
+    surv = screen_stage(bs, plan, seeds, rho, dict(o, screen=screen), tie).surv
+    return _sample_counts(surv, bs, seeds, _iota(cupy_or_raise(), n), plan)
 
 
-def chunk_counts(b, seeds, o: dict):
-    """int64 device [3]: the chunk's visible pairs, its keys past the default seeds and the
-    tie-aware build's flag (``_head_counts`` without the histogram), for ``pick_route``."""
-    return _head_counts(b, seeds, o, False)
-
-
-def pick_route(head, sample, rule, cond: int, pick) -> None:
+def pick_route(b, sample, rule, cond: int, pick) -> None:
     """Queue csrc/route.cu route_pick: ``pick`` (int64 device [1]) = 1 where the cost model's
     ``rule`` (float64 device [7], ``cost.LinearRule.coefficients``) predicts DoSA faster for
-    the counts ``head`` (``chunk_counts``) and ``sample`` (``sample_counts``), else 0; ``cond``
-    ≠ 0: the handle of the conditional graph node that takes the same value (_graph.py)."""
-    kernel("route_pick")((1,), (1,), (head, sample, rule, np.uint64(cond), pick))
+    batch ``b``'s visible pairs and the sample's counts ``sample`` (``sample_counts``), else
+    0; ``cond`` ≠ 0: the handle of the conditional graph node that takes the same value
+    (_graph.py)."""
+    n = (int(sample.shape[0]) - 2) // 2
+    args = (b.ks, b.ke, np.int32(b.Qn), sample, np.int64(n), rule, np.uint64(cond), pick)
+    kernel("route_pick")((1,), (256,), args)
 
 
 def _sample_seeds(seeds, idx):

@@ -27,6 +27,7 @@ from .select import NO_KTH_ID, RecordBuffer, tau_of_seeds
 __all__ = [
     "Seeds",
     "anchor_pool",
+    "anchor_stage",
     "anchor_queries",
     "apply_tau_floor",
     "cert_clear",
@@ -36,6 +37,7 @@ __all__ = [
     "device_tau_floor",
     "explicit_seed_table",
     "launch_fp8_ranges",
+    "pool_capacity",
     "query_rows",
     "score_seed_ids",
     "seed_stage",
@@ -112,7 +114,26 @@ def anchor_queries(Qn: int, n_anchors: int):
     )  # fmt: skip
 
 
-def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
+def anchor_stage(b: Batch, o: dict, anchors, cap: int | None) -> tuple:
+    """``anchor_pool`` (pool, poolmask, offs) of the anchor rows ``anchors`` of ``b``
+    (``anchor_queries``' array or None) at capacity ``cap`` (None: sized to its P ids)."""
+    if anchors is not None:
+        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
+    else:
+        aid = cupy_or_raise().zeros(0, dtype=np.int32)
+    if cap is not None and min(int(aid.size), b.N) != cap:
+        raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
+    return anchor_pool(aid, b.NW, cap)
+
+
+def pool_capacity(b: Batch, o: dict, anchors) -> int:
+    """The anchor pool's capacity min(anchors · S·K, N) for the anchor rows ``anchors``
+    (``anchor_queries``' array or None): ``anchor_ids`` gives S·K ids per anchor row."""
+    ids = 0 if anchors is None else int(anchors.size) * o["anchor_segments"] * b.K
+    return min(ids, b.N)
+
+
+def seed_stage(b: Batch, o: dict, anchors="rows", pooled: tuple | None = None) -> Seeds:
     """Seeds (docs/method.md §2) scored by the canonical scorer and τ = K-th seed record.
 
     Options ``o`` (resolved, ``options.resolve_options``): n_anchors (the anchor pool is the
@@ -123,7 +144,10 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     captured step passes them: capture.py).  The pool has its capacity min(anchors · K, N)
     and P stays on the device (``Seeds.pcount``), so the stage issues kernels only — with
     the anchor rows given, or with ``POOL_CAPACITY`` (the default); otherwise the pool is
-    sized to its P ids, read back (one synchronization).
+    sized to its P ids, read back (one synchronization).  ``pooled``: the anchor pool already
+    built for these anchors at its capacity (``anchor_stage`` of the chunk whose rows ``b``
+    holds — a captured step seeds its sampled rows first, the chunk after its route choice:
+    capture.py), not built again.
     """
     cp = cupy_or_raise()
     Qn = b.Qn
@@ -134,20 +158,15 @@ def seed_stage(b: Batch, o: dict, anchors="rows") -> Seeds:
     # row, so it is known before the pool exists —, or None: sized to its P ids
     cap = None
     if fixed or POOL_CAPACITY:
-        ids = 0 if anchors is None else int(anchors.size) * o["anchor_segments"] * b.K
-        cap = min(ids, b.N)
+        cap = pool_capacity(b, o, anchors)
     keys, width = (b.kp, b.ksc, None), o["sinks"] + o["window"]
     side = None
     if SIDE_STREAM and cap is not None and not fixed and anchors is not None:
         default = RecordBuffer(Qn, width + max(cap, 1))  # the pool's size at its capacity
         side = _local_seeds_aside(b, keys, o["sinks"], o["window"], default)
-    if anchors is not None:
-        aid = anchor_ids(b.rows(anchors), o["anchor_segments"])
-    else:
-        aid = cp.zeros(0, dtype=cp.int32)
-    if cap is not None and min(int(aid.size), b.N) != cap:
-        raise RuntimeError(f"anchor pool: capacity {cap} planned, {aid.size} anchor ids")
-    pool, poolmask, offs = anchor_pool(aid, b.NW, cap)
+    if pooled is None:
+        pooled = anchor_stage(b, o, anchors, cap)
+    pool, poolmask, offs = pooled
     rg = seed_ranges(poolmask, offs, b.ks, b.ke, o["sinks"], o["window"])
     if side is None:
         default = RecordBuffer(Qn, max(width + int(pool.size), 1))

@@ -471,29 +471,35 @@ def _mixed_sets(regimes, Qn, N, H, seed):
 
 @gpu
 def test_route_pick_is_its_host_twin():
-    """csrc/route.cu route_pick == ``cost.LinearRule.picks_dosa`` on random counts and rules,
-    exact ties (DoSA = dense: dense) and empty samples included."""
+    """csrc/route.cu route_pick == ``cost.LinearRule.picks_dosa`` on random ranges, samples
+    and rules — exact ties (DoSA = dense: dense) and samples that see nothing included."""
     from dosa_cupy import cost, route
 
     rs = np.random.default_rng(5)
     pick = cp.zeros(1, dtype=cp.int64)
     seen = set()
-    for i in range(400):
+    for i in range(300):
+        Qn, n = int(rs.integers(1, 5000)), int(rs.integers(1, 400))
+        ks = rs.integers(0, 1 << 20, Qn).astype(np.int32)
+        ke = (ks + rs.integers(0, 1 << 20, Qn)).astype(np.int32)
+        vis = rs.integers(0, 1 << 20, n) * (i % 7 != 0)  # every 7th sample sees nothing
+        sample = np.concatenate([[int(rs.integers(0, vis.sum() + 1)), 0], vis, np.zeros(n)])
+        pairs = int((ke.astype(np.int64) - ks).sum())
         if i % 4 == 0:  # small integers and halves: ties are exact
+            ke[:], ks[:] = 4, 0
+            pairs = 4 * Qn
             rule = cost.LinearRule(1.0, 0.5, 0.0, 1e9, 0.0, float(rs.integers(1, 8)), 0.0)
-            head = (100, int(rs.integers(0, 64)))
-            sample = (int(rs.integers(0, 4)), int(rs.integers(0, 4)))
+            sample[0], sample[2 : 2 + n] = int(rs.integers(0, 4)), 0
+            sample[2] = int(rs.integers(0, 3)) * pairs
         else:
             scale = np.array([5.0, 1e-8, 1e-8, 1e9, 1e-9, 10.0, 1e-8])
             rule = cost.LinearRule(*(rs.uniform(0, 2, 7) * scale).tolist())
-            pairs = int(rs.integers(0, 1 << 31))
-            head = (pairs, int(rs.integers(0, pairs + 1)))
-            scr = int(rs.integers(0, 1 << 24))
-            sample = (int(rs.integers(0, scr + 1)), scr)
-        route.pick_route(cp.asarray(head, dtype=cp.int64), cp.asarray(sample, dtype=cp.int64),
-                         cp.asarray(rule.coefficients(), dtype=cp.float64), 0, pick)  # fmt: skip
-        want = rule.picks_dosa(head, sample)
-        assert int(pick[0]) == int(want), f"case {i}: {rule} {head} {sample}"
+        s_dev = cp.asarray(sample.astype(np.int64))
+        b = types.SimpleNamespace(ks=cp.asarray(ks), ke=cp.asarray(ke), Qn=Qn)
+        route.pick_route(b, s_dev, cp.asarray(rule.coefficients(), dtype=cp.float64), 0, pick)
+        svis = int(sample[2 : 2 + n].astype(np.int64).sum())
+        want = rule.picks_dosa(pairs, int(sample[0]), svis)
+        assert int(pick[0]) == int(want), f"case {i}: {rule} {pairs} {sample[0]} {svis}"
         seen.add(want)
     assert seen == {True, False}
 

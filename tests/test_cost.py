@@ -420,15 +420,15 @@ def test_linear_rule_is_the_model(model, Qn, N, K, H):
 
 
 def test_linear_rule_picks_dosa_strictly_below_the_dense_prediction():
-    """Survivors = the sample's survival × the chunk's keys past the seeds (0 for an empty
-    sample); DoSA only where its prediction is below the dense route's — a tie goes dense,
-    as in ``route.route_stage``."""
+    """Survivors = the sample's survivors per visible pair × the chunk's pairs (0 for a sample
+    that sees nothing); DoSA only where its prediction is below the dense route's — a tie
+    goes dense, as in ``route.route_stage``."""
     rule = cost.LinearRule(1.0, 0.5, 0.0, 1e9, 0.0, 3.0, 0.0)  # DoSA = 1 + S/2, dense = 3
-    assert cost.LinearRule.survivors_rn((100, 80), (3, 12)) == 20.0
-    assert cost.LinearRule.survivors_rn((100, 80), (3, 0)) == 0.0
-    assert not rule.picks_dosa((100, 80), (1, 20))  # S = 4: DoSA 3 = dense 3, a tie
-    assert rule.picks_dosa((100, 80), (1, 40))  # S = 2: 2 < 3
-    assert not rule.picks_dosa((100, 80), (1, 10))  # S = 8: 5 ≥ 3
+    assert cost.LinearRule.survivors_rn(100, 3, 12) == 25.0
+    assert cost.LinearRule.survivors_rn(100, 3, 0) == 0.0
+    assert not rule.picks_dosa(100, 1, 25)  # S = 4: DoSA 3 = dense 3, a tie
+    assert rule.picks_dosa(100, 1, 50)  # S = 2: 2 < 3
+    assert not rule.picks_dosa(100, 2, 25)  # S = 8: 5 ≥ 3
     capped = cost.LinearRule(0.0, 0.0, 1.0, 4.0, 0.0, 4.5, 0.0)  # DoSA = min(S, 4) < 4.5
-    assert capped.picks_dosa((100, 80), (1, 1))  # S = 80, capped at 4
-    assert not cost.LinearRule(0.0, 0.0, 1.0, 5.0, 0.0, 5.0, 0.0).picks_dosa((100, 80), (1, 1))
+    assert capped.picks_dosa(100, 1, 1)  # S = 100, capped at 4
+    assert not cost.LinearRule(0.0, 0.0, 1.0, 5.0, 0.0, 5.0, 0.0).picks_dosa(100, 1, 1)

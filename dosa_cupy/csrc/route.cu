@@ -100,25 +100,38 @@ extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetCondition
 #endif
 
 // The route of a captured prefill step (dosa_cupy/capture.py; docs/method.md §9 "A route
-// chosen inside a graph"): the cost model's two predictions, each linear in the counts, for
-// the chunk's counts head (route_head: head[0] visible pairs, head[1] keys past the default
-// seeds) and its sample's (route_sample: sample[0] survivors, sample[1] screened keys):
-//   survivors = sample[0] / sample[1] · head[1]          (0 for an empty sample)
-//   DoSA  = rule[0] + rule[1]·survivors + rule[2]·min(survivors, rule[3]) + rule[4]·head[0]
-//   dense = rule[5] + rule[6]·head[0]
+// chosen inside a graph"): the cost model's two predictions, each linear in the counts, from
+// the chunk's ranges ks, ke [Qn] and its sample's counts (route_sample of the n sampled rows,
+// seeded on their own: sample[0] survivors, sample[2 + i] row i's visible keys):
+//   pairs     = Σ_t (ke_t − ks_t)                           the chunk's visible pairs
+//   survivors = sample[0] · pairs / Σ_i sample[2 + i]       (0 for a sample that sees nothing)
+//   DoSA  = rule[0] + rule[1]·survivors + rule[2]·min(survivors, rule[3]) + rule[4]·pairs
+//   dense = rule[5] + rule[6]·pairs
 // (cost.LinearRule, whose host twin evaluates the same operations in the same order, each
-// rounded to nearest: no contraction into an FMA, so both sides take the same branch).
-// *pick = 1 when DoSA is predicted faster, else 0; cond ≠ 0: a conditional node's handle,
-// set to *pick (the if/else node runs DoSA's body on 1, the dense route's on 0).  One thread.
-// Only the time depends on it: both bodies return the same ids.
-extern "C" __global__ void route_pick(const long long* __restrict__ head,
-                                      const long long* __restrict__ sample,
-                                      const double* __restrict__ rule, unsigned long long cond,
-                                      long long* __restrict__ pick) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const double pairs = (double)head[0];
-  const double m = sample[1] > 0 ? __ddiv_rn((double)sample[0], (double)sample[1]) : 0.0;
-  const double surv = __dmul_rn(m, (double)head[1]);
+// rounded to nearest: no contraction into an FMA, so both sides take the same branch; the
+// sums are exact 64-bit integers).  *pick = 1 when DoSA is predicted faster, else 0; cond ≠ 0:
+// a conditional node's handle, set to *pick (the if/else node runs DoSA's body on 1, the
+// dense route's on 0).  One block.  Only the time depends on it: both bodies return the same
+// ids.
+extern "C" __global__ void __launch_bounds__(256) route_pick(
+    const int* __restrict__ ks, const int* __restrict__ ke, int Qn,
+    const long long* __restrict__ sample, long long n, const double* __restrict__ rule,
+    unsigned long long cond, long long* __restrict__ pick) {
+  __shared__ long long part[2][8];
+  long long vis = 0, svis = 0;
+  for (int t = threadIdx.x; t < Qn; t += blockDim.x) vis += (long long)ke[t] - (long long)ks[t];
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) svis += sample[2 + i];
+  vis = dosa::warp_sum_xor(vis);
+  svis = dosa::warp_sum_xor(svis);
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) part[0][warp] = vis, part[1][warp] = svis;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  vis = svis = 0;
+  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) vis += part[0][i], svis += part[1][i];
+  const double pairs = (double)vis;
+  const double surv =
+      svis > 0 ? __ddiv_rn(__dmul_rn((double)sample[0], pairs), (double)svis) : 0.0;
   double dosa = __dadd_rn(rule[0], __dmul_rn(rule[1], surv));
   dosa = __dadd_rn(dosa, __dmul_rn(rule[2], fmin(surv, rule[3])));
   dosa = __dadd_rn(dosa, __dmul_rn(rule[4], pairs));
