@@ -44,7 +44,7 @@ from . import _graph
 from ._build import cupy_or_raise, device_name
 from .cost import LinearRule, model_for, sample_scale
 from .dense import _dense_topk_raw, dense_ids
-from .options import check_options, resolve_options, resolved, strategies
+from .options import OPTIONS, check_options, resolve_options, resolved, strategies
 from .pipeline import dosa_topk
 from .plan import plan_stage, row_tiles
 from .prepare import Batch, as_device, check_selection_K, key_rho, pad_batch
@@ -211,7 +211,7 @@ class PrefillSelectorGPU:
     Use: ``h = step(..., out=)`` issues kernels only once a shape has been seen (its first
     step is eager: it decides and measures); capture a later step in a graph, replay it on
     new inputs in the same arrays, then call ``h.finish()`` (``h``: the captured step's
-    ``PrefillStep``) with the replay's stream current: one 16-byte read; the flagged rows
+    ``PrefillStep``) with the replay's stream current: one 24-byte read; the flagged rows
     of ``out`` are completed exactly.  Ids equal ``dense_topk``'s after ``finish``; it
     reads the inputs as they are when it runs (call it before writing the next chunk).
     Graphs of one shape share its arenas: replay them in stream order, each followed by its
@@ -440,6 +440,9 @@ class StepGraphs:
         if any(k in o and not _is_off(o[k], off) for k, off in _NOT_CAPTURABLE.items()):
             return None
         if o.get("screen") == "pair":
+            return None
+        seeds = strategies(o.get("seeds", OPTIONS["seeds"]), None)
+        if not set(seeds) <= {"local", "anchor"}:  # certificate or explicit seeds
             return None
         cp = cupy_or_raise()
         ranges = (None if a is None else as_device(a, n) for a, n in ((ks, "ks"), (ke, "ke")))

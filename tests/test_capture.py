@@ -192,7 +192,8 @@ def test_conditional_nodes_need_cuda_bindings_13(monkeypatch):
 
 @pytest.mark.parametrize("kw", [{"return_stats": True}, {"timing": True}, {"cert_seeds": 8},
                                 {"seed_ids": np.zeros((2, 1), np.int64)}, {"screen": "pair"},
-                                {"tau_floor": np.zeros(2, np.float32)}])  # fmt: skip
+                                {"tau_floor": np.zeros(2, np.float32)},
+                                {"seeds": "local+anchor+certificate"}])  # fmt: skip
 def test_step_graphs_leave_uncapturable_calls_to_the_eager_path(kw):
     """``StepGraphs.topk`` answers None (``dosa_topk`` then runs eagerly) for options a graph
     cannot hold, before touching an input."""
