@@ -68,16 +68,17 @@ def _capture_info(stream) -> tuple:
     return info[2], info[3], info[-1]
 
 
-def condition(stream) -> int:
+def condition(stream):
     """A new condition handle (value 0 at each launch of the graph) of the graph that
-    ``stream`` is capturing into, as the integer a kernel takes."""
+    ``stream`` is capturing into (``cudaGraphConditionalHandle``; ``int()`` of it is the
+    integer a kernel takes)."""
     rt = _runtime()
     graph, _, _ = _capture_info(stream)
     (handle,) = _ok(rt.cudaGraphConditionalHandleCreate(graph, 0, 0), "condition handle")
-    return int(handle)
+    return handle
 
 
-def if_else(stream, side, cond: int, then, otherwise) -> None:
+def if_else(stream, side, cond, then, otherwise) -> None:
     """Add an if/else node on ``cond`` after ``stream``'s captured work: ``then()``'s launches
     run where the condition is non-zero, ``otherwise()``'s where it is 0.  Each body is
     captured from ``side`` (made current while its function runs); ``stream``'s capture goes

@@ -344,7 +344,7 @@ class PrefillSelectorGPU:
                 bs = b.rows(sample_rows(b.Qn, sh.screen)[0])
                 ss = seed_stage(bs, o, sh.anchors, pooled)
                 stream = cp.cuda.get_current_stream()
-                cond = _graph.condition(stream) if _graph.capturing(stream) else 0
+                cond = _graph.condition(stream) if _graph.capturing(stream) else None
                 sample = sample_counts(bs, ss, rho, o, sh.screen, sh.r, sh.tie)
                 pick_route(b, sample, sh.rule, cond, status[2:])
         step = PrefillStep(out, status, None, b, b.pending, sh, route=sh.route)
@@ -362,7 +362,7 @@ class PrefillSelectorGPU:
 
         if sh.route != "per_step":
             (dosa if sh.route == "dosa" else dense)()
-        elif cond:
+        elif cond is not None:
             _graph.if_else(stream, sh.side, cond, dosa, dense)
         else:  # eager: the one read-back; the first step runs both (their arenas' sizes)
             step.route = "dosa" if int(status[2]) else "dense"

@@ -286,14 +286,15 @@ def sample_counts(bs, seeds, rho, o: dict, screen: str, r: int, tie: bool):
     return _sample_counts(surv, bs, seeds, _iota(cupy_or_raise(), n), plan)
 
 
-def pick_route(b, sample, rule, cond: int, pick) -> None:
+def pick_route(b, sample, rule, cond, pick) -> None:
     """Queue csrc/route.cu route_pick: ``pick`` (int64 device [1]) = 1 where the cost model's
     ``rule`` (float64 device [7], ``cost.LinearRule.coefficients``) predicts DoSA faster for
     batch ``b``'s visible pairs and the sample's counts ``sample`` (``sample_counts``), else
-    0; ``cond`` ≠ 0: the handle of the conditional graph node that takes the same value
-    (_graph.py)."""
+    0; ``cond`` (None: none): the conditional graph node's handle that takes the same value
+    (``_graph.condition``)."""
     n = (int(sample.shape[0]) - 2) // 2
-    args = (b.ks, b.ke, np.int32(b.Qn), sample, np.int64(n), rule, np.uint64(cond), pick)
+    handle = np.uint64(0 if cond is None else int(cond))
+    args = (b.ks, b.ke, np.int32(b.Qn), sample, np.int64(n), rule, handle, pick)
     kernel("route_pick")((1,), (256,), args)
 
 

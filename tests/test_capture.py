@@ -497,7 +497,7 @@ def test_route_pick_is_its_host_twin():
             rule = cost.LinearRule(*(rs.uniform(0, 2, 7) * scale).tolist())
         s_dev = cp.asarray(sample.astype(np.int64))
         b = types.SimpleNamespace(ks=cp.asarray(ks), ke=cp.asarray(ke), Qn=Qn)
-        route.pick_route(b, s_dev, cp.asarray(rule.coefficients(), dtype=cp.float64), 0, pick)
+        route.pick_route(b, s_dev, cp.asarray(rule.coefficients(), dtype=cp.float64), None, pick)
         svis = int(sample[2 : 2 + n].astype(np.int64).sum())
         want = rule.picks_dosa(pairs, int(sample[0]), svis)
         assert int(pick[0]) == int(want), f"case {i}: {rule} {pairs} {sample[0]} {svis}"
