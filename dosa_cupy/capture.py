@@ -454,7 +454,8 @@ class StepGraphs:
         key = (cp.cuda.Device().id, Kn, sig, tuple(sorted((k, repr(v)) for k, v in o.items())))
         e = self._entries.get(key)
         if e is None:
-            e = self._entries[key] = _Graphed(PrefillSelectorGPU(Kn, **o), x, Kn)
+            sel = PrefillSelectorGPU(Kn, route_per_step=True, **o)
+            e = self._entries[key] = _Graphed(sel, x, Kn)
         if self._stream is None:
             self._stream = cp.cuda.Stream(non_blocking=True)
         return e.run(x, self._stream)

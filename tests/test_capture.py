@@ -462,7 +462,7 @@ def _per_step_selector(monkeypatch, K, **kw):
     sampled = dataclasses.replace(cost.H200_FP8, dosa_floor_ms=0.0)
     monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": sampled)
     monkeypatch.setattr(C, "model_for", lambda scorer, device="": sampled)
-    return C.PrefillSelectorGPU(K, **kw)
+    return C.PrefillSelectorGPU(K, route_per_step=True, **kw)
 
 
 def _mixed_sets(regimes, Qn, N, H, seed):
