@@ -338,8 +338,8 @@ class PrefillSelectorGPU:
                 return PrefillStep(out, status, None, b, b.pending, sh)
             if sh.route != "dense":
                 o = resolved(resolve_options(self._o, b.K), screen=sh.screen)
-            if sh.route == "per_step":  # the sampled rows seeded alone: the chunk's seeds
-                rho = key_rho(b.kp)  # are DoSA's body's (method.md §9 "A route chosen …")
+            if sh.route == "per_step":  # the sampled rows seeded alone; the chunk's seeds
+                rho = key_rho(b.kp)  # are DoSA's body's (docs/method.md §9, as above)
                 pooled = anchor_stage(b, o, sh.anchors, pool_capacity(b, o, sh.anchors))
                 bs = b.rows(sample_rows(b.Qn, sh.screen)[0])
                 ss = seed_stage(bs, o, sh.anchors, pooled)
@@ -347,7 +347,14 @@ class PrefillSelectorGPU:
                 cond = _graph.condition(stream) if _graph.capturing(stream) else None
                 sample = sample_counts(bs, ss, rho, o, sh.screen, sh.r, sh.tie)
                 pick_route(b, sample, sh.rule, cond, status[2:])
+                # every row flagged until a body writes it: a step in which no body ran is
+                # completed whole by finish, never returned stale (docs/method.md §9 "A route
+                # chosen inside a graph")
+                redo = cp.ones(b.Qn, dtype=cp.bool_)
+                status[1:2].fill(b.Qn)
         step = PrefillStep(out, status, None, b, b.pending, sh, route=sh.route)
+        if sh.route == "per_step":
+            step.redo = redo
 
         def dosa() -> None:
             with self._part(sh, "dosa"):
@@ -383,7 +390,11 @@ class PrefillSelectorGPU:
         screened = screen_stage(b, plan, seeds, rho, o, sh.tie)
         recs = refine_stage(b, seeds.tau, screened.surv, int(o["buffer"]), extend=False)
         ids, _ = select_ids(b.K, seeds.default, recs)
-        step.redo = recovery_queries(b) | ~plan.valid | recs.over
+        redo = recovery_queries(b) | ~plan.valid | recs.over
+        if step.redo is None:
+            step.redo = redo
+        else:  # the prefix's (route chosen per step)
+            step.redo[...] = redo
         step.ids[...] = cp.where(step.redo[:, None], FLAGGED, ids)
         step.status[1] = cp.count_nonzero(step.redo)
 
