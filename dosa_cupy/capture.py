@@ -8,7 +8,8 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
 * the screen kernel and r: chosen on the shape's first step (``route="auto"``: the cost
   model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
 * the route: with ``route="auto"``, where the first step's choice was sampled, chosen per
-  step inside the step (``route_per_step``, the default): the prefix builds the anchor pool,
+  step inside the step (``route_per_step=True``; off by default until its GPU tests have
+  run, docs/records/gpu_tests.md): the prefix builds the anchor pool,
   seeds the sampled rows alone and screens them, csrc/route.cu route_pick applies the cost
   model's ``LinearRule`` to the counts on the device, and an if/else graph node runs DoSA's
   stages (the chunk's seeds on) or the dense route's (_graph.py; docs/method.md §9 "A route
@@ -202,11 +203,12 @@ class PrefillSelectorGPU:
             tie_reject (the tie-aware kernels when the first step has a query at τ = 0).
             Options that need host reads per call (seed_ids, cert_seeds, statistics,
             route_memo) raise ValueError.
-        route_per_step: with route "auto", where the shape's first step took the sampled
-            decision, every later step (eager or replayed) chooses between DoSA and the
-            dense route itself, from its own seeds and sample (module doc); False, or where
-            conditional graph nodes are not available (``_graph.available``): the first
-            step's route is kept.  Ids never depend on it.
+        route_per_step: True — with route "auto", where the shape's first step took the
+            sampled decision, every later step (eager or replayed) chooses between DoSA and
+            the dense route itself, from its own sample (module doc); False (default, until
+            its GPU tests have run: docs/records/gpu_tests.md), or where conditional graph
+            nodes are not available (``_graph.available``): the first step's route is kept.
+            Ids never depend on it.
 
     Use: ``h = step(..., out=)`` issues kernels only once a shape has been seen (its first
     step is eager: it decides and measures); capture a later step in a graph, replay it on
@@ -220,7 +222,7 @@ class PrefillSelectorGPU:
     logits beside them where the route is chosen per step); ``release`` frees them.
     """
 
-    def __init__(self, K: int, *, check: bool = True, route_per_step: bool = True, **options):
+    def __init__(self, K: int, *, check: bool = True, route_per_step: bool = False, **options):
         for name, off in _NOT_CAPTURABLE.items():
             if name in options and not _is_off(options[name], off):
                 raise ValueError(f"{name}: not available in a captured step, got {options[name]!r}")
@@ -434,7 +436,8 @@ class StepGraphs:
     bounds, explicit or certificate seeds, a route memo, a τ floor) run eagerly.
 
     Memory: per shape, a copy of the inputs and the step's arenas (docs/serving.md); ``release``
-    frees them.  Not thread-safe; one per indexer layer or per stream of calls."""
+    frees them.  Not thread-safe; one per indexer layer or per stream of calls.  Built and
+    checked on the CPU; its GPU tests have not run yet (docs/records/gpu_tests.md)."""
 
     def __init__(self):
         self._entries: dict = {}  # shape and options → _Graphed

@@ -187,7 +187,7 @@ def test_conditional_nodes_need_cuda_bindings_13(monkeypatch):
     monkeypatch.setattr(_graph, "_runtime", lambda: None)
     assert not _graph.available()
     sampled = cost.RouteChoice("dosa", "sampled", "wgt", 6)
-    assert not C.PrefillSelectorGPU(8)._per_step(sampled)
+    assert not C.PrefillSelectorGPU(8, route_per_step=True)._per_step(sampled)
 
 
 @pytest.mark.parametrize("kw", [{"return_stats": True}, {"timing": True}, {"cert_seeds": 8},
