@@ -322,6 +322,153 @@ def test_finish_raises_on_the_checks_flag_word(monkeypatch):
         h.finish()
 
 
+def _per_step_host(monkeypatch, picks, capturing=False, node=None):
+    """A selector whose shape chooses its route per step, its stages replaced by host stubs
+    (numpy for CuPy): ``picks`` are route_pick's answers in turn; the DoSA body's plan marks
+    query 1 invalid, so its flags differ from the prefix's.  Returns (selector, shape, the
+    problem's batch, the exact stand-in, the bodies run in order)."""
+    import contextlib
+
+    shim = numpy_as_cupy()
+    shim.cuda = types.SimpleNamespace(get_current_stream=lambda: "stream")
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+    b, exact = _problem()
+    ran, picks = [], iter(picks)
+    none = lambda *a, **k: None  # noqa: E731
+    for name in ("key_rho", "anchor_stage", "pool_capacity", "sample_counts"):
+        monkeypatch.setattr(C, name, none)
+    monkeypatch.setattr(C, "pad_batch", lambda *a, **k: b)
+    monkeypatch.setattr(C, "sample_rows", lambda Qn, screen: (np.arange(2), 2))
+    monkeypatch.setattr(C, "pick_route", lambda b, s, rule, cond, pick: pick.fill(next(picks)))
+    seeds = types.SimpleNamespace(pool=None, pcount=None, tau=None, default=None)
+    monkeypatch.setattr(C, "seed_stage", lambda *a, **k: seeds)
+    plan = types.SimpleNamespace(valid=np.arange(b.Qn) != 1)
+    monkeypatch.setattr(C, "plan_stage", lambda *a, **k: (ran.append("dosa"), plan)[1])
+    monkeypatch.setattr(C, "screen_stage", lambda *a, **k: types.SimpleNamespace(surv=None))
+    recs = types.SimpleNamespace(over=np.zeros(b.Qn, bool))
+    monkeypatch.setattr(C, "refine_stage", lambda *a, **k: recs)
+    monkeypatch.setattr(C, "select_ids", lambda K, d, r: (exact(b), None))
+    monkeypatch.setattr(C, "recovery_queries", lambda bb: np.zeros(bb.Qn, bool))
+    monkeypatch.setattr(C, "dense_ids", exact)
+
+    def dense_raw(*a, **k):
+        ran.append("dense")
+        return exact(b)
+
+    monkeypatch.setattr(C, "_dense_topk_raw", dense_raw)
+    monkeypatch.setattr(C._graph, "capturing", lambda s: capturing)
+    monkeypatch.setattr(C._graph, "condition", lambda s: "handle")
+    monkeypatch.setattr(C._graph, "if_else", node or none)
+
+    @contextlib.contextmanager
+    def part(self, sh, name):
+        yield
+
+    monkeypatch.setattr(C.PrefillSelectorGPU, "_part", part)
+    sel = C.PrefillSelectorGPU(b.K, check=False, route_per_step=True)
+    sh = C._Shape("per_step", "wgt", 6, False, None)
+    return sel, sh, b, exact, ran
+
+
+def _step(sel, sh, b):
+    out = np.full((b.Qn, b.K), 7, np.int64)
+    return sel._run(sh, b.q, b.w, b.kp, b.ksc, b.ks, b.ke, out), out
+
+
+def test_per_step_first_step_runs_both_bodies_the_picked_one_last(monkeypatch):
+    """An eager step reads route_pick's answer once: the shape's first step (no arenas yet)
+    runs both bodies, the one picked last, so its ids, flags and count are the picked
+    route's; a later eager step runs the picked body alone."""
+    sel, sh, b, exact, ran = _per_step_host(monkeypatch, [1, 0, 1])
+    h, out = _step(sel, sh, b)
+    assert ran == ["dense", "dosa"] and h.route == "dosa"
+    assert int(h.status[1]) == 1 and h.redo.tolist() == [False, True] + [False] * 4
+    assert (out[1] == C.FLAGGED).all() and np.array_equal(np.delete(out, 1, 0),
+                                                           np.delete(exact(b), 1, 0))  # fmt: skip
+    assert h.finish() == 1 and np.array_equal(out, exact(b)) and h.route == "dosa"
+    sh.arenas = {}
+    ran.clear()
+    h, out = _step(sel, sh, b)
+    assert ran == ["dense"] and h.route == "dense" and int(h.status[1]) == 0
+    assert h.finish() == 0 and np.array_equal(out, exact(b)) and h.route == "dense"
+    ran.clear()
+    h, out = _step(sel, sh, b)
+    assert ran == ["dosa"] and h.route == "dosa" and h.finish() == 1
+    assert np.array_equal(out, exact(b))
+
+
+def test_a_replay_in_which_no_body_ran_is_finished_whole(monkeypatch):
+    """Captured: the prefix flags every row before the if/else node; a node that ran no body
+    (a fault, simulated here) leaves them flagged, and ``finish`` completes every row on the
+    dense route — never the last replay's ids."""
+    seen = []
+    sel, sh, b, exact, ran = _per_step_host(
+        monkeypatch, [1], capturing=True, node=lambda *a: seen.append(a[:3])
+    )
+    sh.arenas = {}
+    h, out = _step(sel, sh, b)
+    assert seen == [("stream", None, "handle")] and ran == []
+    assert int(h.status[1]) == b.Qn and h.redo.all()
+    assert h.finish() == b.Qn and np.array_equal(out, exact(b))
+
+
+class _FakeStream:
+    """A stream for ``_Graphed.run`` on the host: records what it is asked to do."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def record(self):
+        return "event"
+
+    def wait_event(self, e):
+        self.log.append("wait")
+
+    def begin_capture(self):
+        self.log.append("begin")
+
+    def end_capture(self):
+        self.log.append("end")
+        log = self.log
+        return types.SimpleNamespace(launch=lambda s: log.append("launch"))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_step_graphs_run_eager_then_capture_then_replay(monkeypatch):
+    """Per shape: call 1 runs the step eagerly, call 2 captures it and launches the graph,
+    later calls copy their inputs in and launch it; every call finishes its step and returns
+    a copy of the ids (``_Graphed.run`` with host stand-ins)."""
+    log = []
+    shim = numpy_as_cupy()
+    shim.cuda = types.SimpleNamespace(get_current_stream=lambda: _FakeStream(log))
+    monkeypatch.setattr(C, "cupy_or_raise", lambda: shim)
+
+    class Sel:
+        def step(self, *x, out):
+            log.append("step")
+            out[...] = x[0].sum()
+            return types.SimpleNamespace(finish=lambda: log.append("finish"))
+
+    x0 = (np.zeros((3, 2)), None)
+    e = C._Graphed(Sel(), x0, 4)
+    stream = _FakeStream(log)
+    got = []
+    for v in (1.0, 2.0, 3.0):
+        log.clear()
+        ids = e.run((np.full((3, 2), v), None), stream)
+        got.append((list(log), ids.copy()))
+        assert ids is not e.out and np.array_equal(e.x[0], np.full((3, 2), v))
+    assert got[0][0] == ["wait", "step", "finish", "wait"]
+    assert got[1][0] == ["wait", "begin", "step", "end", "launch", "finish", "wait"]
+    assert got[2][0] == ["wait", "launch", "finish", "wait"]
+    assert (got[0][1] == 6).all() and (got[1][1] == 12).all()  # the stand-in step's writes
+
+
 # ---------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------
