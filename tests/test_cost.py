@@ -432,3 +432,27 @@ def test_linear_rule_picks_dosa_strictly_below_the_dense_prediction():
     capped = cost.LinearRule(0.0, 0.0, 1.0, 4.0, 0.0, 4.5, 0.0)  # DoSA = min(S, 4) < 4.5
     assert capped.picks_dosa(100, 1, 1)  # S = 100, capped at 4
     assert not cost.LinearRule(0.0, 0.0, 1.0, 5.0, 0.0, 5.0, 0.0).picks_dosa(100, 1, 1)
+
+
+def test_predictions_sit_beside_the_measurements_of_the_same_rows():
+    """``fit_cost.predictions`` on committed bench rows (results/s43/call1): each decision's
+    dense prediction beside the dense route's time; DoSA's fastest candidate beside its
+    stages after the route stage where the chunk screened, nothing where it went dense."""
+    root = Path(__file__).resolve().parents[1] / "docs/records/results/s43/call1"
+    rows = [r for f in ("cal_bench.json", "reg_bench.json")
+            for r in json.load(open(root / f))]  # fmt: skip
+    preds = fit_cost.predictions(rows)
+    assert len(preds) == len(rows)
+    for p, r in zip(preds, rows, strict=True):
+        (rc,) = r["dosa_routes"]
+        assert p["dense_predicted_ms"] == rc["predicted_ms"]["dense"]
+        assert p["dense_ms"] == r["dense_route_ms"]
+        if rc["reason"] == "early":
+            assert p["candidate"] is None and p["dosa_after_route_ms"] is None
+            continue
+        cands = {k: v for k, v in rc["predicted_ms"].items() if k != "dense"}
+        assert p["dosa_predicted_ms"] == min(cands.values())
+        st = r["dosa_stage_ms"]
+        want = sum(st[k] for k in fit_cost.AFTER_ROUTE if k in st) if p["route"] == "dosa" else None
+        assert p["dosa_after_route_ms"] == want
+    assert "| calibrated | 64 | 4096 | 131072 | dosa (sampled) |" in fit_cost.predictions_md(rows)

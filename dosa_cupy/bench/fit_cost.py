@@ -1,6 +1,7 @@
 """Fit the route choice's cost model (dosa_cupy/cost.py, docs/method.md §9 "Route choice")
 to measured stage times: ``python -m dosa_cupy.bench.fit_cost FILE.json ...`` prints the
-constants of a ``cost.CostModel``.
+constants of a ``cost.CostModel``; with ``--predictions``, each row's decision — the model's
+predictions it used — beside the times the same row measured (``predictions``).
 
 Each file is a ``dosa bench`` JSON (a list of shape rows); every row gives
 - the dense route's logits time and selection time (``logits_ms``, ``select_ms``) at its
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..cost import logits_flop
 
-__all__ = ["fit", "main"]
+__all__ = ["fit", "main", "predictions", "predictions_md"]
 
 
 def _nnls2(x, y):
@@ -90,10 +91,64 @@ def fit(rows: list) -> dict:
     }
 
 
+AFTER_ROUTE = ("plan", "screen", "refine", "select", "recover")  # DoSA from the decision on
+
+
+def predictions(rows: list) -> list[dict]:
+    """Each bench row's route decision beside what it measured: the prediction the decision
+    used for the dense route (``predicted_ms["dense"]``) against the dense route's time, and
+    for DoSA's winning or best candidate (its time from the decision on: the chunk's plan and
+    what follows) against DoSA's stages after the route stage (``dosa_stage_ms``; a chunk
+    sent dense has none).  A row whose decision was not sampled has no candidate."""
+    out = []
+    for r in rows:
+        for rc in r.get("dosa_routes") or []:
+            pred = rc.get("predicted_ms") or {}
+            cands = {k: v for k, v in pred.items() if k != "dense"}
+            best = min(cands, key=lambda k: (cands[k], k)) if cands else None
+            stages = r.get("dosa_stage_ms") or {}
+            after = (
+                sum(stages[k] for k in AFTER_ROUTE if k in stages) if "screen" in stages else None
+            )
+            out.append({
+                "regime": r.get("regime"), "H": r["H"], "Qn": r["Qn"], "N": r["N"],
+                "route": rc["route"], "reason": rc["reason"],
+                "dense_predicted_ms": pred.get("dense"), "dense_ms": r.get("dense_route_ms"),
+                "candidate": best, "dosa_predicted_ms": cands.get(best),
+                "dosa_after_route_ms": after if rc["route"] == "dosa" else None,
+                "survival": (rc.get("survival") or {}).get(best),
+            })  # fmt: skip
+    return out
+
+
+def predictions_md(rows: list) -> str:
+    """``predictions`` as a markdown table (ms)."""
+
+    def c(v, f="{:.2f}"):
+        return "-" if v is None else f.format(v)
+
+    lines = ["| regime | H | Qn | N | route (reason) | dense predicted | dense measured | "
+             "candidate | its prediction | DoSA after the decision, measured | sampled "
+             "survival |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p in predictions(rows):
+        lines.append(
+            f"| {p['regime']} | {p['H']} | {p['Qn']} | {p['N']} | {p['route']} ({p['reason']}) "
+            f"| {c(p['dense_predicted_ms'])} | {c(p['dense_ms'])} | {p['candidate'] or '-'} "
+            f"| {c(p['dosa_predicted_ms'])} | {c(p['dosa_after_route_ms'])} "
+            f"| {c(p['survival'], '{:.4f}')} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
+    args = list(argv if argv is not None else sys.argv[1:])
+    compare = "--predictions" in args
     rows = []
-    for path in argv if argv is not None else sys.argv[1:]:
+    for path in (a for a in args if a != "--predictions"):
         rows += [r for r in json.load(open(path)) if isinstance(r, dict) and "H" in r]
+    if compare:
+        print(predictions_md(rows))
+        return
     for k, v in fit(rows).items():
         print(f"{k} = {v!r}")
 
