@@ -13,7 +13,8 @@
     (d) decode eager DoSA decode, DoSA captured in a CUDA graph and replayed, the dense
                decode route (``bench.decode.bench_shape``, without peers)
     (e) graph  prefill chunks (Qn 1, 16, 64, 4096) captured in CUDA graphs
-               (``capture.PrefillSelectorGPU``: route "auto", "dosa", "dense"), each
+               (``capture.PrefillSelectorGPU``: route "auto", "auto" with route_per_step
+               ("step"), "dosa", "dense"), each
                replay timed with its ``finish`` (one read, the flagged re-runs), against
                eager ``dosa_topk`` and ``dense_topk`` with check=False
 
@@ -45,7 +46,10 @@ PARTS = ("small", "ragged", "paged", "decode", "graph")
 SMALL_REPLAYS = 10  # part (a)'s replays per --reps: its calls take ~0.2-0.7 ms
 SMALL_QN = (1, 16, 64)
 GRAPH_QN = (1, 16, 64, 4096)
-GRAPH_ROUTES = ("auto", "dosa", "dense")
+GRAPH_ROUTES = ("auto", "step", "dosa", "dense")
+# each graph route's PrefillSelectorGPU options ("step": the route chosen in every replay)
+GRAPH_OPTIONS = {"auto": {"route": "auto"}, "step": {"route": "auto", "route_per_step": True},
+                 "dosa": {"route": "dosa"}, "dense": {"route": "dense"}}  # fmt: skip
 # a ragged batch: 8 requests, Σ N_b = 131072 keys, Σ Qn_b = 360 queries (default --keys)
 RAGGED_N = (4096, 8192, 12288, 16384, 20480, 24576, 16384, 28672)
 RAGGED_QN = (16, 32, 48, 64, 8, 96, 40, 56)
@@ -315,7 +319,7 @@ def _graph(cp, a, H, Qn, log) -> dict:
     eq = True
     stream = cp.cuda.Stream(non_blocking=True)
     for route in GRAPH_ROUTES:
-        sel = PrefillSelectorGPU(a.K, route=route, check=False)
+        sel = PrefillSelectorGPU(a.K, check=False, **GRAPH_OPTIONS[route])
         for s in sets:
             x, out = [s[k] for k in names], cp.empty((Qn, a.K), dtype=cp.int64)
             with stream:
@@ -400,9 +404,9 @@ TABLES = {  # part → (title, columns)
         ("graph ids equal", _v("dosa_graph_ids_equal"))]),
     "graph": ("(e) Prefill captured in CUDA graphs: replay + finish vs eager (check=False)", [
         ("H", _v("H")), ("Qn", _v("Qn")), ("N", _v("N", "{:,}")),
-        ("auto route", _v("auto_route")),
-        ("auto replays took", lambda r: ", ".join(r.get("auto_taken", [])) or "-"),
-        ("auto graph ms", _ms("auto_graph_ms")),
+        ("auto route", _v("auto_route")), ("auto graph ms", _ms("auto_graph_ms")),
+        ("per-step graph ms", lambda r: cell(r.get("step_graph_ms"), "{:.3f}")),
+        ("per-step replays took", lambda r: ", ".join(r.get("step_taken", [])) or "-"),
         ("dosa graph ms", _ms("dosa_graph_ms")), ("dense graph ms", _ms("dense_graph_ms")),
         ("DoSA eager ms", _ms("dosa_eager_ms")), ("dense eager ms", _ms("dense_eager_ms")),
         ("auto graph / dense graph", _x("auto_graph_over_dense_graph")),
