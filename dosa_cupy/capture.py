@@ -90,6 +90,17 @@ def _is_off(v, off: tuple) -> bool:
     )
 
 
+def _refusal(options: dict) -> str | None:
+    """Why a captured step cannot take ``options`` (an option that needs a host read or copy
+    per call; ``PrefillSelectorGPU`` raises it as ValueError), or None."""
+    for name, off in _NOT_CAPTURABLE.items():
+        if name in options and not _is_off(options[name], off):
+            return f"{name}: not available in a captured step, got {options[name]!r}"
+    if options.get("screen") == "pair":
+        return "screen: 'pair' is not available in a captured step (host copies)"
+    return None
+
+
 class Arena:
     """A bump allocator over one device allocation, for CuPy's ``using_allocator``: block
     i of a step starts where block i − 1 ended (rounded up to ``ALIGN``), and ``reset``
@@ -223,11 +234,9 @@ class PrefillSelectorGPU:
     """
 
     def __init__(self, K: int, *, check: bool = True, route_per_step: bool = False, **options):
-        for name, off in _NOT_CAPTURABLE.items():
-            if name in options and not _is_off(options[name], off):
-                raise ValueError(f"{name}: not available in a captured step, got {options[name]!r}")
-        if options.get("screen") == "pair":
-            raise ValueError("screen: 'pair' is not available in a captured step (host copies)")
+        refusal = _refusal(options)
+        if refusal is not None:
+            raise ValueError(refusal)
         self.check = check_flag("check", check)
         self.route_per_step = check_flag("route_per_step", route_per_step)
         o = check_options(dict(options, check=self.check))
@@ -451,9 +460,7 @@ class StepGraphs:
         """``dosa_topk``'s ids through the captured step, or None where ``options`` are not
         capturable (the caller then runs eagerly)."""
         o = {k: v for k, v in options.items() if k != "graph"}
-        if any(k in o and not _is_off(o[k], off) for k, off in _NOT_CAPTURABLE.items()):
-            return None
-        if o.get("screen") == "pair":
+        if _refusal(o) is not None:
             return None
         seeds = strategies(o.get("seeds", OPTIONS["seeds"]), None)
         if not set(seeds) <= {"local", "anchor"}:  # certificate or explicit seeds

@@ -81,11 +81,15 @@ class CostModel:
     plan_ms_per_query_head: float = 0.0
     fitted_on: str = ""
 
+    def logits_rate(self, H: int) -> float:
+        """FLOP per ms of the logits at H heads: the fitted rate of the nearest H (ties to the
+        smaller)."""
+        return self.logits_flop_per_ms[min(self.logits_flop_per_ms, key=lambda x: (abs(x - H), x))]
+
     def dense_ms(self, Qn: int, N: int, pairs: float, H: int) -> float:
         """The dense route's predicted time: logits of ``pairs`` visible (query, key) pairs
         with H heads, then the selection of Qn rows of N."""
-        h = min(self.logits_flop_per_ms, key=lambda x: (abs(x - H), x))
-        logits = self.logits_fixed_ms + logits_flop(pairs, H) / self.logits_flop_per_ms[h]
+        logits = self.logits_fixed_ms + logits_flop(pairs, H) / self.logits_rate(H)
         return logits + self.select_fixed_ms + self.select_ms_per_key * Qn * N
 
     def rest_ms(self, Qn: int, N: int, K: int, survivors: float, H: int, screen_ms: float):
@@ -134,7 +138,6 @@ class LinearRule:
     def of(cls, model: CostModel, Qn: int, N: int, K: int, H: int,
            screen_ms_per_pair: float) -> LinearRule:  # fmt: skip
         """The rule of a chunk of Qn queries × N keys, selection size K, H heads."""
-        h = min(model.logits_flop_per_ms, key=lambda x: (abs(x - H), x))
         return cls(
             dosa_fixed=model.plan_ms(Qn, H) + model.refine_ms_per_key * Qn * N
             + model.finish_fixed_ms,
@@ -144,7 +147,7 @@ class LinearRule:
             dosa_per_pair=float(screen_ms_per_pair),
             dense_fixed=model.logits_fixed_ms + model.select_fixed_ms
             + model.select_ms_per_key * Qn * N,
-            dense_per_pair=logits_flop(1.0, H) / model.logits_flop_per_ms[h],
+            dense_per_pair=logits_flop(1.0, H) / model.logits_rate(H),
         )  # fmt: skip
 
     def coefficients(self) -> tuple[float, ...]:

@@ -804,6 +804,20 @@ def test_bad_input_in_a_replay_raises_in_finish():
             assert i == 0 and cp.array_equal(out, _dense(static, K))
 
 
+def _torch_captured(torch, sel, static, out):
+    """(torch.cuda.CUDAGraph, the captured ``PrefillStep``): the shape's first step and its
+    arenas' first step run eagerly, then one step captured by torch (CuPy on torch's
+    capture stream)."""
+    sel.step(*static, out=out).finish()
+    sel.step(*static, out=out).finish()  # the arenas' first step (outside the capture)
+    cp.cuda.Device().synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            h = sel.step(*static, out=out)
+    return g, h
+
+
 @gpu
 def test_captured_in_a_torch_graph():
     """The step captured by torch.cuda.CUDAGraph (CuPy launching on torch's capture
@@ -814,13 +828,7 @@ def test_captured_in_a_torch_graph():
     static = [a.copy() for a in sets[0]]
     out = cp.empty((256, K), dtype=cp.int64)
     sel = C.PrefillSelectorGPU(K, route="dosa")
-    sel.step(*static, out=out).finish()
-    sel.step(*static, out=out).finish()  # the arena's first step (outside the capture)
-    cp.cuda.Device().synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            h = sel.step(*static, out=out)
+    g, h = _torch_captured(torch, sel, static, out)
     for i, x in enumerate(sets[1:]):
         for dst, src in zip(static, x, strict=True):
             dst[...] = src
@@ -876,15 +884,9 @@ def test_route_per_step_captured_in_a_torch_graph(monkeypatch):
     static = [a.copy() for a in sets[0]]
     out = cp.empty((512, K), dtype=cp.int64)
     sel = _per_step_selector(monkeypatch, K)
-    sel.step(*static, out=out).finish()
-    sel.step(*static, out=out).finish()  # the arenas' first step (outside the capture)
+    g, h = _torch_captured(torch, sel, static, out)
     (sh,) = sel._shapes.values()
     assert sh.route == "per_step"
-    cp.cuda.Device().synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            h = sel.step(*static, out=out)
     for i, x in enumerate(sets[1:]):
         want = ("dense", "dosa")[i % 2]
         sh.rule[...] = cp.asarray(DOSA_RULE if want == "dosa" else DENSE_RULE, dtype=cp.float64)
