@@ -78,21 +78,22 @@ def condition(stream):
     return handle
 
 
-def if_else(stream, side, cond, then, otherwise) -> None:
+def if_else(stream, side, cond, then, otherwise=None) -> None:
     """Add an if/else node on ``cond`` after ``stream``'s captured work: ``then()``'s launches
-    run where the condition is non-zero, ``otherwise()``'s where it is 0.  Each body is
-    captured from ``side`` (made current while its function runs); ``stream``'s capture goes
-    on after the node."""
+    run where the condition is non-zero, ``otherwise()``'s where it is 0 (None: an if node
+    without an else body).  Each body is captured from ``side`` (made current while its
+    function runs); ``stream``'s capture goes on after the node."""
     rt = _runtime()
     graph, deps, n = _capture_info(stream)
     p = rt.cudaGraphNodeParams()
     p.type = rt.cudaGraphNodeType.cudaGraphNodeTypeConditional
     p.conditional.handle = cond
     p.conditional.type = rt.cudaGraphConditionalNodeType.cudaGraphCondTypeIf
-    p.conditional.size = 2  # body 0 on a non-zero value, body 1 on 0
+    bodies = (then,) if otherwise is None else (then, otherwise)
+    p.conditional.size = len(bodies)  # body 0 on a non-zero value, body 1 (if any) on 0
     (node,) = _ok(rt.cudaGraphAddNode(graph, deps, None, n, p), "conditional node")
     relaxed = rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
-    for body, fn in zip(p.conditional.phGraph_out, (then, otherwise), strict=True):
+    for body, fn in zip(p.conditional.phGraph_out, bodies, strict=True):
         _ok(rt.cudaStreamBeginCaptureToGraph(side.ptr, body, None, None, 0, relaxed), "body")
         try:
             with side:

@@ -53,11 +53,17 @@ from .refine import refine_stage
 from .route import pick_route, sample_counts, sample_rows
 from .screen import plateau_constants, screen_arith, screen_stage, tie_screen_wanted
 from .seeds import anchor_queries, anchor_stage, pool_capacity, seed_stage
-from .select import recovery_queries, select_ids
+from .select import recover_condition, recover_first, recovery_queries, select_ids
 
 __all__ = ["FLAGGED", "Arena", "PrefillSelectorGPU", "PrefillStep", "StepGraphs"]
 
 FLAGGED = -2  # the ids row of a query ``finish`` must still complete (not a key id, not −1)
+# Flagged rows a captured step completes inside its graph (docs/serving.md "Prefill
+# capture"; docs/method.md §7 C.3): the first RECOVER_ROWS of them by the dense route, behind
+# an if node that runs only where the step flagged a row, so that finish has only its status
+# to read where few rows were flagged; 0: every flagged row is left to finish — the default
+# until its GPU tests have run (docs/records/gpu_tests.md).  Fixed on a shape's first step.
+RECOVER_ROWS = 0
 ALIGN = 256  # bytes: every arena block starts on this boundary (CuPy's pool uses 512)
 
 
@@ -192,6 +198,8 @@ class _Shape:
     anchors: object  # int64 [na] device rows or None
     rule: object = None  # per_step: float64 [7] device, cost.LinearRule.coefficients
     side: object = None  # per_step: the stream the if/else node's bodies are captured from
+    choice: object = None  # the first step's ``cost.RouteChoice`` (None: it took none)
+    recover: int = 0  # flagged rows completed inside a captured step (RECOVER_ROWS), or 0
     arenas: dict | None = None  # part → Arena, from the first step's sizes
     sizes: dict = field(default_factory=dict)  # part → bytes, measured by the first step
 
@@ -286,7 +294,7 @@ class PrefillSelectorGPU:
             return _Shape("dense", None, None, False, None)
         ro = resolve_options(o, b.K)
         route, screen, r = o["route"], o["screen"], int(o["r"])
-        rule = None
+        rule = choice = None
         if route == "auto" or screen == "auto":
             opts = {k: v for k, v in o.items() if k not in ("check", "return_stats")}
             _, st = dosa_topk(q, w, k_payload, k_scale, self.K, ks, ke, check=False,
@@ -308,10 +316,13 @@ class PrefillSelectorGPU:
         # device constants copied once, before the allocations are measured
         if tie:
             plateau_constants(cp, row_tiles(r))
-        sh = _Shape(route, screen, r, bool(tie), anchors)
+        sh = _Shape(route, screen, r, bool(tie), anchors, choice=choice)
         if route == "per_step":
             sample_rows(b.Qn, screen)
             sh.rule = cp.asarray(rule.coefficients(), dtype=cp.float64)
+        if route != "dense" and RECOVER_ROWS > 0 and _graph.available():
+            sh.recover = int(RECOVER_ROWS)
+        if route == "per_step" or sh.recover:
             sh.side = cp.cuda.Stream(non_blocking=True)
         return sh
 
@@ -387,7 +398,32 @@ class PrefillSelectorGPU:
             bodies = (dense, dosa) if step.route == "dosa" else (dosa, dense)
             for body in bodies if sh.arenas is None else bodies[1:]:
                 body()
+        if sh.recover:
+            self._recover(sh, step)
         return step
+
+    def _recover(self, sh: _Shape, step: PrefillStep) -> None:
+        """Where the shape recovers inside the step (``RECOVER_ROWS``): captured, an if node
+        that runs ``select.recover_first`` on the step's first ``sh.recover`` flagged rows
+        where the step flagged any (csrc/route.cu recover_pick); finish completes the rest.
+        An eager step leaves its flagged rows to finish; the shape's first step runs the
+        recovery once on copies of the flags and the status (its ids rows come out exact,
+        its flags stay for finish) to size the part's arena."""
+        cp = cupy_or_raise()
+        stream = cp.cuda.get_current_stream()
+        redo, status = step.redo, step.status
+
+        def recover() -> None:
+            with self._part(sh, "recover"):
+                recover_first(step.batch, step.ids, redo, status, sh.recover)
+
+        if _graph.capturing(stream):
+            cond = _graph.condition(stream)
+            recover_condition(status, cond)
+            _graph.if_else(stream, sh.side, cond, recover)
+        elif sh.arenas is None:
+            redo, status = redo.copy(), status.copy()
+            recover()
 
     def _dosa(self, sh: _Shape, step: PrefillStep, o: dict, rho, pooled) -> None:
         """DoSA's stages from the seeds on into ``step``'s ids, status[1] and redo (ρ and the

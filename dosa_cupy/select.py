@@ -30,6 +30,8 @@ __all__ = [
     "recovery_queries",
     "kth_ids",
     "recover",
+    "recover_condition",
+    "recover_first",
     "score_of_records",
     "union_kth",
     "select_ids",
@@ -328,3 +330,33 @@ def recover(b: Batch, ids, bad, n: int | None = None) -> None:
     else:
         return
     ids[bq] = dense_ids(b.rows(bq))
+
+
+def recover_first(b: Batch, ids, redo, status, m: int) -> None:
+    """Query-level recovery (docs/method.md §7 C.3) of the first ``m`` flagged rows without a
+    read-back — a captured step's, inside the graph (capture.py ``RECOVER_ROWS``): the
+    first min(m, Qn) rows of ``redo`` (bool [Qn], in row order) get the dense route's ids in
+    ``ids`` (int32 or int64 [Qn, K]), their flags are cleared and status[1] (int64 device)
+    becomes the number of rows still flagged, which ``PrefillStep.finish`` completes.
+    Fixed sizes whatever ``redo`` holds: the m slots are filled with the flagged rows by rank
+    and the rest with the first of them (row 0 where none is flagged) — each slot holds a
+    real row and receives that row's own exact ids, so a slot written twice is written with
+    the same ids."""
+    cp = cupy_or_raise()
+    m = min(int(m), b.Qn)
+    rank = cp.cumsum(redo, dtype=cp.int64) - 1
+    slot = cp.where(redo & (rank < m), rank, m)  # rows past the m-th flagged one: dropped
+    rows = cp.full(m + 1, -1, dtype=cp.int64)
+    rows[slot] = cp.arange(b.Qn, dtype=cp.int64)  # slot m takes every dropped row, unread
+    rows = rows[:m]
+    rows = cp.where(rows >= 0, rows, cp.maximum(rows[:1], 0))
+    ids[rows] = dense_ids(b.rows(rows)).astype(ids.dtype)
+    redo[rows] = False
+    status[1] = cp.count_nonzero(redo)
+
+
+def recover_condition(status, cond) -> None:
+    """Queue csrc/route.cu recover_pick: the conditional graph node ``cond``'s value (a
+    ``_graph.condition`` handle) = 1 where status[1] (int64 device, the step's flagged rows)
+    is positive, else 0."""
+    kernel("recover_pick")((1,), (32,), (status, np.uint64(int(cond))))

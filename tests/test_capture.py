@@ -412,6 +412,116 @@ def test_a_replay_in_which_no_body_ran_is_finished_whole(monkeypatch):
     assert h.finish() == b.Qn and np.array_equal(out, exact(b))
 
 
+def _recover_host(monkeypatch, Qn=6):
+    """``select.recover_first`` on the host (numpy for CuPy): the problem's batch, its exact
+    ids, and the dense route's stand-in that records the rows it was asked for."""
+    from dosa_cupy import select as S
+
+    shim = numpy_as_cupy()
+    monkeypatch.setattr(S, "cupy_or_raise", lambda: shim)
+    b, exact = _problem(Qn=Qn)
+    asked = []
+
+    def dense(bb):
+        asked.append(len(bb.ks))
+        return exact(bb)
+
+    monkeypatch.setattr(S, "dense_ids", dense)
+    return S, b, exact, asked
+
+
+@pytest.mark.parametrize("flags,m", [([1, 3, 4], 2), ([1, 3, 4], 3), ([0, 5], 8), ([], 2),
+                                     (list(range(6)), 4)])  # fmt: skip
+def test_recover_first_completes_the_first_m_flagged_rows(monkeypatch, flags, m):
+    """The first min(m, Qn) flagged rows (in row order) get the dense route's ids and lose
+    their flags, status[1] counts the rest; every other row keeps its ids (a slot without a
+    flagged row recomputes a real row's own ids); the dense route sees min(m, Qn) rows
+    whatever is flagged (fixed sizes)."""
+    S, b, exact, asked = _recover_host(monkeypatch)
+    redo = np.zeros(b.Qn, bool)
+    redo[flags] = True
+    ids = np.where(redo[:, None], C.FLAGGED, exact(b)).astype(np.int64)
+    status = np.array([0, len(flags), 1], np.int64)
+    S.recover_first(b, ids, redo, status, m)
+    left = flags[m:]
+    assert asked == [min(m, b.Qn)]
+    assert redo.tolist() == [t in left for t in range(b.Qn)] and int(status[1]) == len(left)
+    want = exact(b)
+    for t in range(b.Qn):
+        assert (ids[t] == C.FLAGGED).all() if t in left else (ids[t] == want[t]).all(), t
+    assert status[0] == 0 and status[2] == 1
+
+
+def _recovering_host(monkeypatch, picks, route_node):
+    """``_per_step_host`` captured, with the recovery inside the step (RECOVER_ROWS = 1):
+    ``route_node(then, otherwise)`` runs the bodies the route's if/else node would, every
+    recovery node runs its body where recover_pick would set it (status[1] > 0)."""
+    import dosa_cupy.select as S
+
+    nodes = []
+
+    def node(stream, side, cond, then, otherwise=None):
+        nodes.append(cond)
+        if otherwise is not None:
+            route_node(then, otherwise)
+        elif cond["flagged"]:
+            then()
+
+    sel, sh, b, exact, ran = _per_step_host(monkeypatch, picks, capturing=True, node=node)
+    monkeypatch.setattr(S, "cupy_or_raise", C.cupy_or_raise)
+    conds = []
+
+    def condition(stream):
+        conds.append({"flagged": False})
+        return conds[-1]
+
+    monkeypatch.setattr(C._graph, "condition", condition)
+    monkeypatch.setattr(C, "recover_condition",
+                        lambda status, cond: cond.update(flagged=int(status[1]) > 0))  # fmt: skip
+    monkeypatch.setattr(S, "dense_ids", exact)
+    sh.arenas, sh.recover = {}, 1
+    return sel, sh, b, exact, ran, nodes
+
+
+def test_recovery_inside_the_step_runs_where_a_row_is_flagged(monkeypatch):
+    """Captured with the recovery inside the step: DoSA's body flags query 1, the recovery
+    node completes it (status 0, ids exact before finish); where the dense body ran nothing
+    is flagged and the node's body does not run; where no body ran (a fault), the node
+    completes one row and finish the others."""
+    sel, sh, b, exact, ran, nodes = _recovering_host(monkeypatch, [1], lambda t, o: t())
+    h, out = _step(sel, sh, b)
+    assert ran == ["dosa"] and len(nodes) == 2 and nodes[1]["flagged"]
+    assert int(h.status[1]) == 0 and not h.redo.any() and np.array_equal(out, exact(b))
+    assert h.finish() == 0
+    sel, sh, b, exact, ran, nodes = _recovering_host(monkeypatch, [0], lambda t, o: o())
+    h, out = _step(sel, sh, b)
+    assert ran == ["dense"] and not nodes[1]["flagged"] and np.array_equal(out, exact(b))
+    sel, sh, b, exact, ran, nodes = _recovering_host(monkeypatch, [1], lambda t, o: None)
+    h, out = _step(sel, sh, b)
+    assert ran == [] and nodes[1]["flagged"] and int(h.status[1]) == b.Qn - 1
+    assert np.array_equal(out[0], exact(b)[0]) and (out[1:] == 7).all()
+    assert h.finish() == b.Qn - 1 and np.array_equal(out, exact(b))
+
+
+def test_first_step_sizes_the_recovery_on_copies(monkeypatch):
+    """The shape's first (eager) step runs the recovery once to size its arena, on copies of
+    the flags and the status: the flagged row's ids come out exact, its flag and the count
+    stay for finish; a later eager step leaves its flagged rows to finish."""
+    import dosa_cupy.select as S
+
+    sel, sh, b, exact, ran = _per_step_host(monkeypatch, [1, 1])
+    monkeypatch.setattr(S, "cupy_or_raise", C.cupy_or_raise)
+    asked = []
+    monkeypatch.setattr(S, "dense_ids", lambda bb: (asked.append(len(bb.ks)), exact(bb))[1])
+    sh.recover = 2
+    h, out = _step(sel, sh, b)
+    assert asked == [2] and np.array_equal(out, exact(b))
+    assert int(h.status[1]) == 1 and h.redo.tolist() == [False, True] + [False] * 4
+    sh.arenas = {}
+    h, out = _step(sel, sh, b)
+    assert asked == [2] and (out[1] == C.FLAGGED).all() and h.finish() == 1
+
+
 class _FakeStream:
     """A stream for ``_Graphed.run`` on the host: records what it is asked to do."""
 
@@ -665,7 +775,7 @@ def test_captured_route_chosen_per_replay(monkeypatch):
 
     def set_rule(i, static):
         (sh,) = sel._shapes.values()
-        assert sh.route == "per_step"
+        assert sh.route == "per_step", sh.choice  # the first step's decision
         rules.setdefault("model", sh.rule.copy())
         rule = (DOSA_RULE, DENSE_RULE, None)[i % 3]
         sh.rule[...] = rules["model"] if rule is None else cp.asarray(rule, dtype=cp.float64)
@@ -772,6 +882,31 @@ def test_overflow_is_flagged_and_finished():
 
 
 @gpu
+def test_overflow_recovered_inside_the_graph(monkeypatch):
+    """RECOVER_ROWS = 32: the replay's if node completes the first 32 flagged rows on the
+    device — before ``finish`` every row not FLAGGED equals dense_topk's, and finish re-runs
+    exactly max(0, flagged − 32) rows, flagged counted by a selector that recovers nothing
+    on the same replays; ids == dense after finish."""
+    from dosa_cupy import _graph
+
+    if not _graph.available():
+        pytest.skip("conditional graph nodes need cuda-bindings >= 13 and a CUDA 12.8 driver")
+    K = 64
+    sets = _sets("ties", 256, 8192, 32, 3, seed=5)
+    plain = C.PrefillSelectorGPU(K, route="dosa", buffer=16, check=False)
+    flagged = [n for _, _, n, _, _ in _replay_cupy(plain, sets, K)]
+    monkeypatch.setattr(C, "RECOVER_ROWS", 32)
+    sel = C.PrefillSelectorGPU(K, route="dosa", buffer=16, check=False)
+    for i, out, n, before, static in _replay_cupy(sel, sets, K):
+        want = _dense(static, K)
+        rows = cp.all(before == C.FLAGGED, axis=1)
+        assert n == max(0, flagged[i] - 32) and int(rows.sum()) == n, f"set {i}"
+        assert cp.array_equal(before[~rows], want[~rows]), f"set {i}: a recovered row"
+        assert cp.array_equal(out, want), f"set {i}"
+    assert max(flagged) > 32  # finish had rows left to complete
+
+
+@gpu
 def test_invalid_scales_in_a_replay_are_finished():
     """A replay whose inputs hold NaN / negative key scales: the queries that see them are
     flagged and re-run on the dense route (query-level recovery outside the graph)."""
@@ -861,7 +996,8 @@ def test_step_graphs_equal_dense_call_after_call(monkeypatch):
                                   _dense(y, K)), f"small shape, call {i}"  # fmt: skip
     entries = list(g._entries.values())
     assert len(entries) == 2 and all(e.graph is not None for e in entries)
-    assert next(iter(entries[0].sel._shapes.values())).route == "per_step"
+    sh = next(iter(entries[0].sel._shapes.values()))
+    assert sh.route == "per_step", sh.choice  # the first step's decision
     x = sets[0]
     ids, st = dosa_cupy.dosa_topk(*x[:4], K, x[4], x[5], graph=g, return_stats=True)
     assert cp.array_equal(ids, _dense(x, K)) and st.route is not None
@@ -886,7 +1022,7 @@ def test_route_per_step_captured_in_a_torch_graph(monkeypatch):
     sel = _per_step_selector(monkeypatch, K)
     g, h = _torch_captured(torch, sel, static, out)
     (sh,) = sel._shapes.values()
-    assert sh.route == "per_step"
+    assert sh.route == "per_step", sh.choice  # the first step's decision
     for i, x in enumerate(sets[1:]):
         want = ("dense", "dosa")[i % 2]
         sh.rule[...] = cp.asarray(DOSA_RULE if want == "dosa" else DENSE_RULE, dtype=cp.float64)

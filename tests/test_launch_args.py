@@ -51,7 +51,7 @@ LAUNCHED = {
         "floor_wide_hist", "floor_of_cut",  # select (FLOOR_WIDE)
         "e4m3_round_f64",  # plan
         "route_head", "route_sample", "route_gate",  # route (COUNT_KERNELS, SAMPLE_GATE)
-        "route_pick",  # route (the captured step's per-step route)
+        "route_pick", "recover_pick",  # route, select (a captured step's conditions)
     ],
     "decode.cu": [  # decode_ops
         *(f"decode_{k}_mt{m}" for k in ("logits", "fused", "witness") for m in MT),

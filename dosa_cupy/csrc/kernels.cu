@@ -13,4 +13,4 @@
 #include "select.cu"      // select_kernel, tau_from_kth: exact selection (§7, §9)
 #include "e4m3_round.cu"  // e4m3_round_f64: plan.build_plans' aux rows (the planner's specification on CuPy)
 #include "seed_ids.cu"    // seed_ids_mt*: explicit and certificate seeds (§2)
-#include "route.cu"       // route_head, route_sample, route_gate, route_pick: the route stage (§9)
+#include "route.cu"       // route_head, route_sample, route_gate, route_pick, recover_pick: the route stage (§9)

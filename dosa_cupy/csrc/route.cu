@@ -141,4 +141,13 @@ extern "C" __global__ void __launch_bounds__(256) route_pick(
   if (cond) cudaGraphSetConditional(cond, take);
 }
 
+// The condition of a captured step's recovery node (dosa_cupy/capture.py RECOVER_ROWS;
+// docs/serving.md "Prefill capture"): 1 where the step's status counts a flagged row
+// (status[1] > 0), else 0, so a replay whose rows are all exact runs no dense rows.  One
+// thread.
+extern "C" __global__ void recover_pick(const long long* __restrict__ status,
+                                        unsigned long long cond) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) cudaGraphSetConditional(cond, status[1] > 0 ? 1u : 0u);
+}
+
 #endif  // DOSA_ROUTE_CU
