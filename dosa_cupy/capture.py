@@ -8,8 +8,8 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
 * the screen kernel and r: chosen on the shape's first step (``route="auto"``: the cost
   model's choice for that chunk, ``dosa_topk``'s ``stats.route``), then kept;
 * the route: with ``route="auto"``, where the first step's choice was sampled, chosen per
-  step inside the step (``route_per_step=True``; off by default until its GPU tests have
-  run, docs/records/gpu_tests.md): the prefix builds the anchor pool,
+  step inside the step (``route_per_step=True``; off by default until its GPU tests
+  pass, docs/records/gpu_tests.md): the prefix builds the anchor pool,
   seeds the sampled rows alone and screens them, csrc/route.cu route_pick applies the cost
   model's ``LinearRule`` to the counts on the device, and an if/else graph node runs DoSA's
   stages (the chunk's seeds on) or the dense route's (_graph.py; docs/method.md §9 "A route
@@ -21,7 +21,8 @@ fixed by the chunk's shape and every branch fixed when a shape is first seen:
   overflowed, whose plan is invalid or that sees an invalid key scale is *flagged* on the
   device, its ids row is written as ``FLAGGED`` (−2, never a key id), and ``finish``
   re-runs exactly those queries on the dense route outside the graph (docs/method.md §7
-  C.3) — a candidate is never dropped;
+  C.3) — a candidate is never dropped; with ``RECOVER_ROWS`` > 0 (off by default) the
+  first of them are re-run inside the graph instead, behind an if node;
 * temporaries from arenas per shape (``Arena``; one for the prefix, one per route's body):
   the shape's first step measures the bytes its allocations take (running both bodies
   where the route is chosen per step), later steps take the same sequence of blocks from
@@ -225,7 +226,7 @@ class PrefillSelectorGPU:
         route_per_step: True — with route "auto", where the shape's first step took the
             sampled decision, every later step (eager or replayed) chooses between DoSA and
             the dense route itself, from its own sample (module doc); False (default, until
-            its GPU tests have run: docs/records/gpu_tests.md), or where conditional graph
+            its GPU tests pass: docs/records/gpu_tests.md), or where conditional graph
             nodes are not available (``_graph.available``): the first step's route is kept.
             Ids never depend on it.
 
