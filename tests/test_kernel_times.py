@@ -54,3 +54,31 @@ def test_bad_flags_exit_2_with_one_line(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_run_profiles_one_call_after_the_warm_ones(monkeypatch, graph):
+    """``run``: the warm calls (two; with --graph three — eager, capture, first replay — on
+    one ``StepGraphs``), then exactly one call between profiler start and stop."""
+    import sys
+    import types
+
+    from dosa_cupy import pipeline, workload
+    from dosa_cupy.capture import StepGraphs
+
+    log = []
+    dev = types.SimpleNamespace(synchronize=lambda: None)
+    prof = types.SimpleNamespace(start=lambda: log.append("start"), stop=lambda: log.append("stop"))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: dev, profiler=prof))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    fields = ("q", "w", "k_payload", "k_scale", "ks", "ke")
+    monkeypatch.setattr(workload, "make_gpu_workload", lambda *a, **k: dict.fromkeys(fields))
+    monkeypatch.setattr(pipeline, "dosa_topk", lambda *a, **o: log.append(o.get("graph")))
+    main(["run", "--route", "auto", "--Qn", "8", "--N", "64"] + (["--graph"] if graph else []))
+    calls = [x for x in log if x not in ("start", "stop")]
+    assert len(calls) == (4 if graph else 3) and log[-3:-1] == ["start", calls[-1]]
+    assert log[-1] == "stop"
+    if graph:
+        assert isinstance(calls[0], StepGraphs) and all(c is calls[0] for c in calls)
+    else:
+        assert calls == [None] * 3

@@ -10,6 +10,10 @@ between ``cudaProfilerStart`` and ``cudaProfilerStop``, so only that call's kern
 profiled; it asks for no statistics (they add kernels of their own).  ncu runs the kernels one
 at a time at base clocks, so every kernel is slower than in ``dosa bench``, and the timed
 samples of ``route="auto"`` are not the bench's: profile a fixed route ("dosa" or "dense").
+``run --graph``: the profiled call is a replay of the call's captured step
+(``dosa_topk(graph=StepGraphs())``, its fourth call; ncu profiles a graph's kernel nodes one
+by one): with ``--route auto``, the prefix of the route chosen in the graph (docs/method.md §9
+"A route chosen inside a graph") and the body it ran, with the copies in and out.
 ``summary`` reads ncu's CSV and prints each kernel name's launches and milliseconds, largest
 first, and the total.  Not a benchmark: ``dosa bench`` is (docs/benchmark_method.md).
 """
@@ -66,7 +70,12 @@ def _run(a) -> None:
     wl = make_gpu_workload(a.regime, a.Qn, a.N, a.H, seed=a.seed)
     args = (wl["q"], wl["w"], wl["k_payload"], wl["k_scale"], a.K, wl["ks"], wl["ke"])
     opts = {"scorer": a.scorer, "route": a.route}
-    for _ in range(2):
+    warm = 2
+    if a.graph:  # calls 1 and 2 run eagerly and capture; 3 is the first replay
+        from dosa_cupy.capture import StepGraphs
+
+        opts["graph"], warm = StepGraphs(), 3
+    for _ in range(warm):
         dosa_topk(*args, **opts)
     cp.cuda.Device().synchronize()
     cp.cuda.profiler.start()
@@ -104,6 +113,12 @@ def main(argv=None) -> None:
     r = sub.add_parser("run", help="one call between profiler start and stop (under ncu)")
     call_flags(r)
     r.add_argument("--route", default="dosa", choices=("dosa", "dense", "auto"))
+    r.add_argument(
+        "--graph",
+        action="store_true",
+        help="profile a replayed call (dosa_topk(graph=StepGraphs())): with --route auto, the "
+        "prefix of a route chosen in the graph and the body it ran",
+    )
     s = sub.add_parser("summary", help="per-kernel totals of ncu --csv files")
     s.add_argument("csv", nargs="+")
     a = ap.parse_args(argv)
