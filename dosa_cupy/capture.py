@@ -482,8 +482,8 @@ class StepGraphs:
     bounds, explicit or certificate seeds, a route memo, a τ floor) run eagerly.
 
     Memory: per shape, a copy of the inputs and the step's arenas (docs/serving.md); ``release``
-    frees them.  Not thread-safe; one per indexer layer or per stream of calls.  Built and
-    checked on the CPU; its GPU tests have not run yet (docs/records/gpu_tests.md)."""
+    frees them.  Not thread-safe; one per indexer layer or per stream of calls.  Its GPU test
+    does not pass yet (docs/records/gpu_tests.md: its shape kept the first call's route)."""
 
     def __init__(self):
         self._entries: dict = {}  # shape and options → _Graphed

@@ -204,10 +204,11 @@ def flagged_rows(mask, n: int, xp):
     """int32 [n]: the indices of the True entries of ``mask`` (bool [Qn], an ``xp`` array)
     in ascending order — ``flatnonzero`` — given their number ``n`` (read back by the
     caller), without a synchronization: each flagged row is scattered to its rank, the
-    others to a slot past the end that is dropped."""
+    others to a slot past the end that is dropped.  With fewer than n True entries the
+    slots past them hold 0; with more, the first n (``recover_first``)."""
     pos = xp.cumsum(mask, dtype=xp.int64) - 1
     out = xp.zeros(n + 1, dtype=xp.int32)
-    out[xp.where(mask, pos, n)] = xp.arange(mask.shape[0], dtype=xp.int32)
+    out[xp.where(mask & (pos < n), pos, n)] = xp.arange(mask.shape[0], dtype=xp.int32)
     return out[:n]
 
 
@@ -338,18 +339,11 @@ def recover_first(b: Batch, ids, redo, status, m: int) -> None:
     first min(m, Qn) rows of ``redo`` (bool [Qn], in row order) get the dense route's ids in
     ``ids`` (int32 or int64 [Qn, K]), their flags are cleared and status[1] (int64 device)
     becomes the number of rows still flagged, which ``PrefillStep.finish`` completes.
-    Fixed sizes whatever ``redo`` holds: the m slots are filled with the flagged rows by rank
-    and the rest with the first of them (row 0 where none is flagged) — each slot holds a
-    real row and receives that row's own exact ids, so a slot written twice is written with
-    the same ids."""
+    Fixed sizes whatever ``redo`` holds: the m slots are the flagged rows by rank
+    (``flagged_rows``), the rest row 0 — each slot holds a real row and receives that row's
+    own exact ids, so a row written twice is written with the same ids."""
     cp = cupy_or_raise()
-    m = min(int(m), b.Qn)
-    rank = cp.cumsum(redo, dtype=cp.int64) - 1
-    slot = cp.where(redo & (rank < m), rank, m)  # rows past the m-th flagged one: dropped
-    rows = cp.full(m + 1, -1, dtype=cp.int64)
-    rows[slot] = cp.arange(b.Qn, dtype=cp.int64)  # slot m takes every dropped row, unread
-    rows = rows[:m]
-    rows = cp.where(rows >= 0, rows, cp.maximum(rows[:1], 0))
+    rows = flagged_rows(redo, min(int(m), b.Qn), cp)
     ids[rows] = dense_ids(b.rows(rows)).astype(ids.dtype)
     redo[rows] = False
     status[1] = cp.count_nonzero(redo)

@@ -456,3 +456,11 @@ def test_predictions_sit_beside_the_measurements_of_the_same_rows():
         want = sum(st[k] for k in fit_cost.AFTER_ROUTE if k in st) if p["route"] == "dosa" else None
         assert p["dosa_after_route_ms"] == want
     assert "| calibrated | 64 | 4096 | 131072 | dosa (sampled) |" in fit_cost.predictions_md(rows)
+
+
+@pytest.mark.parametrize("argv", [["--bogus", "x.json"], [], ["--predictions"]])
+def test_fit_cost_bad_flags_exit_2_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        fit_cost.main(argv)
+    assert e.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from dosa_ref.cmdline import CommandParser
+
 from ..cost import logits_flop
 
 __all__ = ["fit", "main", "predictions", "predictions_md"]
@@ -141,12 +143,16 @@ def predictions_md(rows: list) -> str:
 
 
 def main(argv=None) -> None:
-    args = list(argv if argv is not None else sys.argv[1:])
-    compare = "--predictions" in args
+    ap = CommandParser(prog="python -m dosa_cupy.bench.fit_cost",
+                       description=__doc__.split("\n")[0])  # fmt: skip
+    ap.add_argument("json", nargs="+", help="dosa bench JSON files")
+    ap.add_argument("--predictions", action="store_true",
+                    help="each row's decision beside its measured times, not a fit")  # fmt: skip
+    a = ap.parse_args(argv if argv is not None else sys.argv[1:])
     rows = []
-    for path in (a for a in args if a != "--predictions"):
+    for path in a.json:
         rows += [r for r in json.load(open(path)) if isinstance(r, dict) and "H" in r]
-    if compare:
+    if a.predictions:
         print(predictions_md(rows))
         return
     for k, v in fit(rows).items():
