@@ -17,6 +17,10 @@ from gpu_support import cp, gpu, numpy_as_cupy, replay_decode_walk
 
 from dosa_cupy import capture as C
 
+# GPU tests of the route choice see the library's default route ("auto"); every other GPU test
+# runs route="dosa" (conftest.py _screening_route)
+route_choice = pytest.mark.route_choice
+
 # ---------------------------------------------------------------------------------------
 # CPU
 # ---------------------------------------------------------------------------------------
@@ -679,6 +683,7 @@ def test_captured_route_choices(route):
 
 
 @gpu
+@route_choice
 def test_auto_route_choosing_screening_is_kept(monkeypatch):
     """route="auto", ``route_per_step=False``, with a cost model under which screening always
     wins: the shape's first step chooses DoSA (the sampled decision), and the replays screen
@@ -696,6 +701,7 @@ def test_auto_route_choosing_screening_is_kept(monkeypatch):
     for i, out, _, _, static in _replay_cupy(sel, sets, K):
         assert cp.array_equal(out, _dense(static, K)), f"set {i}"
     (sh,) = sel._shapes.values()
+    assert sh.choice.reason == "sampled", sh.choice  # the first step's decision
     assert sh.route == "dosa" and sh.screen in ("wgt", "wg", "fp64")  # never the paired one
 
 
@@ -716,6 +722,10 @@ def _per_step_selector(monkeypatch, K, **kw):
 
     if not _graph.available():
         pytest.skip("conditional graph nodes need cuda-bindings >= 13 and a CUDA 12.8 driver")
+    from dosa_cupy import options
+
+    # without the mark, conftest.py makes route="dosa" the default and no step samples
+    assert options.OPTIONS["route"] == "auto", "mark the test route_choice (conftest.py)"
     sampled = dataclasses.replace(cost.H200_FP8, dosa_floor_ms=0.0)
     monkeypatch.setattr(pipeline, "model_for", lambda scorer, device="": sampled)
     monkeypatch.setattr(C, "model_for", lambda scorer, device="": sampled)
@@ -763,6 +773,7 @@ def test_route_pick_is_its_host_twin():
 
 
 @gpu
+@route_choice
 def test_captured_route_chosen_per_replay(monkeypatch):
     """One graph, replayed on calibrated and isotropic inputs in turn, its rule on the device
     set per replay to DoSA, to dense, or the cost model's: each replay runs the body its rule
@@ -800,6 +811,7 @@ def test_captured_route_chosen_per_replay(monkeypatch):
 
 
 @gpu
+@route_choice
 @pytest.mark.parametrize("H", [32, 64])
 def test_captured_route_per_step_on_every_regime(monkeypatch, H):
     """The cost model's own rule, one graph replayed on every regime of the prefill cases in
@@ -818,6 +830,8 @@ def test_captured_route_per_step_on_every_regime(monkeypatch, H):
     for i, out, _, _, static in _replay_cupy(sel, sets, K, steps=steps):
         assert cp.array_equal(out, _dense(static, K)), f"{regimes[i]}: replay != dense"
         assert steps[0].route in ("dosa", "dense")
+    (sh,) = sel._shapes.values()
+    assert sh.route == "per_step", sh.choice  # every replay chose its own route
 
 
 @gpu
@@ -975,6 +989,7 @@ def test_captured_in_a_torch_graph():
 
 
 @gpu
+@route_choice
 def test_step_graphs_equal_dense_call_after_call(monkeypatch):
     """``dosa_topk(..., graph=StepGraphs())``: calls of one shape — eager, captured, then
     replays — on calibrated and isotropic inputs in turn, a second shape beside it, a call
@@ -1010,6 +1025,7 @@ def test_step_graphs_equal_dense_call_after_call(monkeypatch):
 
 
 @gpu
+@route_choice
 def test_route_per_step_captured_in_a_torch_graph(monkeypatch):
     """The per-step route under torch.cuda.CUDAGraph (capture mode "global"): the if/else
     node's bodies captured beside torch's capture; replays forced to DoSA, then dense, then
