@@ -35,7 +35,11 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 # steps 0 and 1 in flight, then 2 and 3) and DeepGEMM's arithmetic in the same frame (one k128
 # chain, timing only).  The schedules measured slower are in git and in docs/records/
 # benchmarks.md ("FP8 dense logits: lean builds" and the sections before it).
-VARIANTS = {"lean_n128q4_w3_seq": (128, 4, 3, True), "n128_w4_chained": (128, 1, 4, False)}
+VARIANTS = {
+    "lean_n128q4_w3_seq": (128, 4, 3, True),
+    "lean_n128q4_w3_next": (128, 4, 3, True),  # the next tile's steps 0, 1 during the epilogue
+    "n128_w4_chained": (128, 1, 4, False),
+}
 # the fastest fresh build of each H: the dense route's (dosa_cupy.scorer.FP8_DENSE)
 BEST = {H: build[0] for H, build in FP8_DENSE.items()}
 

@@ -274,14 +274,15 @@ struct LeanLane {
   bool st;
 };
 
-// The epilogue of tile qt: head sums, × α, −inf where not visible, one store per value the
-// lane keeps (the quad's four lanes write four 32-byte runs of key rows).
+// The epilogue of tile qt in two parts: lean_partials reads the combined dots x (the lane's
+// partial head sums: lane_partials with the tile's weights), lean_stores finishes the quad's
+// tree, × α, −inf where not visible, one store per value the lane keeps (the quad's four
+// lanes write four 32-byte runs of key rows).  Between them x is free: dense_fp8_lean's NEXT
+// build issues the next tile's step 1 into it there.
 template <int H, int NC>
-__device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
+__device__ __forceinline__ void lean_partials(const float (&x)[NC / 2],
                                               const float* __restrict__ sw_tile, int qd,
-                                              const LeanRow* __restrict__ rows_tile,
-                                              const LeanLane& ln) {
-  constexpr int QPT = NC / H;
+                                              float (&q)[NC / H][2]) {
   float2 wv[NC / 8];
 #pragma unroll
   for (int jj = 0; jj < NC / 16; ++jj) {  // the lane's weights, 16 bytes at a time
@@ -289,8 +290,14 @@ __device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
     wv[2 * jj] = make_float2(f.x, f.y);
     wv[2 * jj + 1] = make_float2(f.z, f.w);
   }
-  float q[QPT][2];
   lane_partials<H, NC>(x, wv, q);
+}
+
+template <int H, int NC>
+__device__ __forceinline__ void lean_stores(const float (&q)[NC / H][2], int qd,
+                                            const LeanRow* __restrict__ rows_tile,
+                                            const LeanLane& ln) {
+  constexpr int QPT = NC / H;
   float r[(QPT + 1) / 2];
   quad_scatter<QPT>(q, qd, r);
   const LeanRow* rl = rows_tile + (QPT > 1 ? (qd >> 1) : 0);
@@ -316,8 +323,9 @@ __device__ __forceinline__ void lean_epilogue(const float (&x)[NC / 2],
 // schedules).  The stage's tiles are unrolled (QT is a constant); nothing in flight crosses
 // the stage loop's back edge (docs/records/notes.md, session 13: ptxas serialises wgmma whose
 // accumulators reach the back edge in flight through phi copies).
-// PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers).
-template <int H, int NC, int QT, int CWG, int PREG>
+// PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers); NEXT:
+// the next tile's steps 0 and 1 issued during this tile's epilogue (below).
+template <int H, int NC, int QT, int CWG, int PREG, bool NEXT>
 __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ alpha,
@@ -438,7 +446,16 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
   auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
   auto stage_lane = [&](int it) {
     LeanLane ln;
-    ln.r = (s0 + it) * kStageKeys + row_in_stage;
+    if constexpr (NEXT) {  // the first stage and the lane's row read again each stage: kept
+      // in registers across the stage loop they would be spilled (step 0 in flight)
+      const int first = *reinterpret_cast<volatile const int*>(&span[0]);
+      unsigned tid;  // volatile: not hoisted out of the stage loop as an invariant
+      asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+      const int row = 64 * c + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2) + 8 * (tid & 1);
+      ln.r = (first + it) * kStageKeys + row;
+    } else {
+      ln.r = (s0 + it) * kStageKeys + row_in_stage;
+    }
     ln.st = lane_stores && ln.r < Ni;
     ln.a = ln.r < Ni ? __ldg(alpha + ln.r) : 0.f;
     return ln;
@@ -450,26 +467,78 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
       mbar_wait(&full[slot], (it / kStages) & 1);
       const uint32_t a_lo = a_of(it);
       const LeanLane ln = stage_lane(it);
+      if constexpr (!NEXT) {
 #pragma unroll
-      for (int qt = 0; qt < QT; ++qt) {
-        float acc[NA], x[NA];
-        fence();
-        mma_fresh<NC>(acc, adesc(a_lo, 0), bdesc(qt, 0));
-        mma_fresh<NC>(x, adesc(a_lo, 1), bdesc(qt, 1));
-        commit();
-        wait<0>();
-        pin(acc);
-        add_into(acc, x);
-#pragma unroll
-        for (int s = 2; s < 4; ++s) {
+        for (int qt = 0; qt < QT; ++qt) {
+          float acc[NA], x[NA];
           fence();
-          mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
+          mma_fresh<NC>(acc, adesc(a_lo, 0), bdesc(qt, 0));
+          mma_fresh<NC>(x, adesc(a_lo, 1), bdesc(qt, 1));
           commit();
           wait<0>();
+          pin(acc);
           add_into(acc, x);
+#pragma unroll
+          for (int s = 2; s < 4; ++s) {
+            fence();
+            mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
+            commit();
+            wait<0>();
+            add_into(acc, x);
+          }
+          if (qt == QT - 1) mbar_arrive(&empty[slot]);
+          float hq[QPT][2];
+          lean_partials<H, NC>(acc, sw_lane + qt * NC, qd, hq);
+          lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
         }
-        if (qt == QT - 1) mbar_arrive(&empty[slot]);
-        lean_epilogue<H, NC>(acc, sw_lane + qt * NC, qd, rows + qt * QPT, ln);
+      } else {
+        // NEXT: step 0 of tile qt + 1 runs on the tensor cores during tile qt's head sums
+        // and step 1 during its stores (step 0 into x once the last add has read it, step 1
+        // into acc once lean_partials has), within the stage: nothing in flight crosses the
+        // loop's back edge.  Step 0 lands in x and step 1 in acc, and x + acc is the
+        // canonical x_0 + x_1 (the sum is commutative bit for bit).
+        float acc[NA], x[NA];
+        fence();
+        mma_fresh<NC>(x, adesc(a_lo, 0), bdesc(0, 0));
+        mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(0, 1));
+        commit();
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt) {
+          wait<0>();
+          pin(acc);
+          pin(x);
+#pragma unroll
+          for (int e = 0; e < NA; ++e) acc[e] = x[e] + acc[e];
+#pragma unroll
+          for (int s = 2; s < 4; ++s) {
+            fence();
+            mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
+            commit();
+            wait<0>();
+            add_into(acc, x);
+          }
+          if (qt == QT - 1) mbar_arrive(&empty[slot]);
+          if (qt + 1 < QT) {
+            fence();
+            mma_fresh<NC>(x, adesc(a_lo, 0), bdesc(qt + 1, 0));
+            commit();
+          }
+          // the weights read as they are used (16 bytes per two column groups): step 0's
+          // accumulators in flight leave no registers for all of them at once
+          float hq[QPT][2];
+          float4 wf;
+          const float* sw_tile = sw_lane + qt * NC;
+          lane_partials_of<H, NC>(acc, [&](int j) {
+            if ((j & 1) == 0) wf = *reinterpret_cast<const float4*>(sw_tile + 16 * (j >> 1) + 4 * qd);
+            return (j & 1) ? make_float2(wf.z, wf.w) : make_float2(wf.x, wf.y);
+          }, hq);
+          if (qt + 1 < QT) {
+            fence();
+            mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(qt + 1, 1));
+            commit();
+          }
+          lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
+        }
       }
     }
 }
@@ -495,22 +564,23 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
 #define DENSE_FP8_BODY(H, NC, QT, CWG)
 #endif
 // the lean builds (dense_fp8_lean; PREG: the producer's registers)
-#define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, TAG)                                        \
+#define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, NEXT, TAG)                                  \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_##TAG(DENSE_FP8_PARAMS) {                                               \
-    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG)                                       \
+    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT)                                 \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG) \
-  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, PREG>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT) \
+  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, PREG, NEXT>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG)
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT)
 #endif
 // builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the canonical scorer's dense logits
 // (scorer.FP8_DENSE: the fastest of every fresh build measured, docs/records/benchmarks.md "FP8
 // dense logits: lean builds") and DeepGEMM's arithmetic in the same frame (timing only)
 #define DENSE_FP8_BUILDS(H)                              \
   DENSE_FP8_INST(H, 128, 1, 4, n128_w4_chained)          \
-  DENSE_FP8_LEAN(H, 128, 4, 3, 32, lean_n128q4_w3_seq)
+  DENSE_FP8_LEAN(H, 128, 4, 3, 32, false, lean_n128q4_w3_seq) \
+  DENSE_FP8_LEAN(H, 128, 4, 3, 32, true, lean_n128q4_w3_next)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)

@@ -132,9 +132,11 @@ __device__ __forceinline__ void lane_weights(const float* __restrict__ sw_tile, 
 // The lane's partial head sums of a tile: per query u and row h two fmaf chains over the
 // query's columns — its even column groups j and its odd ones, each in j order then e —
 // added (even + odd); the quad's tree follows (head_sums' butterfly, or quad_scatter).
-template <int H, int NC>
-__device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
-                                              float (&q)[NC / H][2]) {
+// wt(j): the lane's weights of column group j, (w[8j + 2qd], w[8j + 2qd + 1]) — from
+// registers (lane_partials) or read where they are used (a kernel short of registers).
+template <int H, int NC, class Weights>
+__device__ __forceinline__ void lane_partials_of(const float (&x)[NC / 2], Weights wt,
+                                                 float (&q)[NC / H][2]) {
   constexpr int QPT = NC / H;
   float p[QPT][2][2];
 #pragma unroll
@@ -142,17 +144,24 @@ __device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const fl
 #pragma unroll
   for (int j = 0; j < NC / 8; ++j) {
     const int u = j / (H / 8);
+    const float2 wj = wt(j);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float& c = p[u][h][j & 1];
-      c = fmaf(wv[j].x, relu(x[4 * j + 2 * h]), c);
-      c = fmaf(wv[j].y, relu(x[4 * j + 2 * h + 1]), c);
+      c = fmaf(wj.x, relu(x[4 * j + 2 * h]), c);
+      c = fmaf(wj.y, relu(x[4 * j + 2 * h + 1]), c);
     }
   }
 #pragma unroll
   for (int u = 0; u < QPT; ++u)
 #pragma unroll
     for (int h = 0; h < 2; ++h) q[u][h] = p[u][h][0] + p[u][h][1];
+}
+
+template <int H, int NC>
+__device__ __forceinline__ void lane_partials(const float (&x)[NC / 2], const float2 (&wv)[NC / 8],
+                                              float (&q)[NC / H][2]) {
+  lane_partials_of<H, NC>(x, [&](int j) { return wv[j]; }, q);
 }
 
 // head_sums' butterfly as a reduce-scatter: each lane ends with only the values it stores,
