@@ -483,7 +483,7 @@ class StepGraphs:
 
     Memory: per shape, a copy of the inputs and the step's arenas (docs/serving.md); ``release``
     frees them.  Not thread-safe; one per indexer layer or per stream of calls.  Its GPU test
-    does not pass yet (docs/records/gpu_tests.md: its shape kept the first call's route)."""
+    has not yet run with the route chosen per step (docs/records/gpu_tests.md)."""
 
     def __init__(self):
         self._entries: dict = {}  # shape and options → _Graphed
