@@ -442,6 +442,20 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     for (int e = 0; e < NA; ++e) acc[e] = acc[e] + x[e];
   };
 
+  // steps 2 and 3 of tile qt one at a time into x, each added to acc in k order; the
+  // stage's slot released after the last tile's last step
+  auto steps_2_3 = [&](float (&acc)[NA], float (&x)[NA], uint32_t a_lo, int qt, int slot) {
+#pragma unroll
+    for (int s = 2; s < 4; ++s) {
+      fence();
+      mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
+      commit();
+      wait<0>();
+      add_into(acc, x);
+    }
+    if (qt == QT - 1) mbar_arrive(&empty[slot]);
+  };
+
   // the key slot's A descriptor (low word) of stage it
   auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
   auto stage_lane = [&](int it) {
@@ -478,15 +492,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
           wait<0>();
           pin(acc);
           add_into(acc, x);
-#pragma unroll
-          for (int s = 2; s < 4; ++s) {
-            fence();
-            mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
-            commit();
-            wait<0>();
-            add_into(acc, x);
-          }
-          if (qt == QT - 1) mbar_arrive(&empty[slot]);
+          steps_2_3(acc, x, a_lo, qt, slot);
           float hq[QPT][2];
           lean_partials<H, NC>(acc, sw_lane + qt * NC, qd, hq);
           lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
@@ -509,15 +515,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
           pin(x);
 #pragma unroll
           for (int e = 0; e < NA; ++e) acc[e] = x[e] + acc[e];
-#pragma unroll
-          for (int s = 2; s < 4; ++s) {
-            fence();
-            mma_fresh<NC>(x, adesc(a_lo, s), bdesc(qt, s));
-            commit();
-            wait<0>();
-            add_into(acc, x);
-          }
-          if (qt == QT - 1) mbar_arrive(&empty[slot]);
+          steps_2_3(acc, x, a_lo, qt, slot);
           if (qt + 1 < QT) {
             fence();
             mma_fresh<NC>(x, adesc(a_lo, 0), bdesc(qt + 1, 0));
