@@ -38,6 +38,7 @@ FP8_PEAK = 1455e12  # docs/numerics.md "Measured on an H200 (ceilings)"
 VARIANTS = {
     "lean_n128q4_w3_seq": (128, 4, 3, True),
     "lean_n128q4_w3_next": (128, 4, 3, True),  # the next tile's steps 0, 1 during the epilogue
+    "lean_qt8_w3_pipe4": (64, 8, 3, True),  # four buffers: the next tile's steps as they free
     "n128_w4_chained": (128, 1, 4, False),
 }
 # the fastest fresh build of each H: the dense route's (dosa_cupy.scorer.FP8_DENSE)

@@ -30,6 +30,17 @@ namespace fp8 {
 using namespace dosa::wg;
 constexpr int kStages = 4;
 
+// f(i) for i = I .. N − 1 in order, each call inlined with i a constant: an unrolled loop
+// where NVVM declines to unroll one (a large body), so that nothing in flight crosses a
+// back edge
+template <int I, int N, class F>
+__device__ __forceinline__ void static_for(F&& f) {
+  if constexpr (I < N) {
+    f(I);
+    static_for<I + 1, N>(f);
+  }
+}
+
 // The block's QT query tiles (rows q0·H .. of the [Qn·H, 128] e4m3 payload, zero past the
 // last query) into 128-byte-swizzled shared memory, NC rows of 128 bytes per tile.
 template <int H, int NC, int QT, int kThreads>
@@ -323,9 +334,10 @@ __device__ __forceinline__ void lean_stores(const float (&q)[NC / H][2], int qd,
 // schedules).  The stage's tiles are unrolled (QT is a constant); nothing in flight crosses
 // the stage loop's back edge (docs/records/notes.md, session 13: ptxas serialises wgmma whose
 // accumulators reach the back edge in flight through phi copies).
-// PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers); NEXT:
-// the next tile's steps 0 and 1 issued during this tile's epilogue (below).
-template <int H, int NC, int QT, int CWG, int PREG, bool NEXT>
+// PREG: the producer's registers after setmaxnreg (fewer leave more to the consumers); SCHED:
+// the schedule of the MMAs — 0 as above; 1 the next tile's steps 0 and 1 issued during this
+// tile's epilogue; 2 four buffers, the next tile's steps issued as the buffers free (below).
+template <int H, int NC, int QT, int CWG, int PREG, int SCHED>
 __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint8_t* __restrict__ q,
                                                const float* __restrict__ w,
                                                const float* __restrict__ alpha,
@@ -456,12 +468,23 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     if (qt == QT - 1) mbar_arrive(&empty[slot]);
   };
 
+  // tile qt's head sums with its weights read as they are used (16 bytes per two column
+  // groups): with accumulators in flight there are no registers for all of them at once
+  auto partials_by_use = [&](const float (&acc)[NA], int qt, float (&hq)[QPT][2]) {
+    float4 wf;
+    const float* sw_tile = sw_lane + qt * NC;
+    lane_partials_of<H, NC>(acc, [&](int j) {
+      if ((j & 1) == 0) wf = *reinterpret_cast<const float4*>(sw_tile + 16 * (j >> 1) + 4 * qd);
+      return (j & 1) ? make_float2(wf.z, wf.w) : make_float2(wf.x, wf.y);
+    }, hq);
+  };
+
   // the key slot's A descriptor (low word) of stage it
   auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
   auto stage_lane = [&](int it) {
     LeanLane ln;
-    if constexpr (NEXT) {  // the first stage and the lane's row read again each stage: kept
-      // in registers across the stage loop they would be spilled (step 0 in flight)
+    if constexpr (SCHED > 0) {  // the first stage and the lane's row read again each stage:
+      // kept in registers across the stage loop they would be spilled (steps in flight)
       const int first = *reinterpret_cast<volatile const int*>(&span[0]);
       unsigned tid;  // volatile: not hoisted out of the stage loop as an invariant
       asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
@@ -475,13 +498,22 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     return ln;
   };
 
+  // whether stage it is one of the block's; the count read again each stage where four
+  // buffers are in flight (kept in a register across the stage loop it is spilled)
+  auto in_span = [&](int it) {
+    if constexpr (SCHED == 2) {
+      return it < *reinterpret_cast<volatile const int*>(&span[3]);
+    } else {
+      return it < nst;
+    }
+  };
 #pragma unroll 1
-    for (int it = 0; it < nst; ++it) {
+    for (int it = 0; in_span(it); ++it) {
       const int slot = it % kStages;
       mbar_wait(&full[slot], (it / kStages) & 1);
       const uint32_t a_lo = a_of(it);
       const LeanLane ln = stage_lane(it);
-      if constexpr (!NEXT) {
+      if constexpr (SCHED == 0) {
 #pragma unroll
         for (int qt = 0; qt < QT; ++qt) {
           float acc[NA], x[NA];
@@ -497,8 +529,8 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
           lean_partials<H, NC>(acc, sw_lane + qt * NC, qd, hq);
           lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
         }
-      } else {
-        // NEXT: step 0 of tile qt + 1 runs on the tensor cores during tile qt's head sums
+      } else if constexpr (SCHED == 1) {
+        // step 0 of tile qt + 1 runs on the tensor cores during tile qt's head sums
         // and step 1 during its stores (step 0 into x once the last add has read it, step 1
         // into acc once lean_partials has), within the stage: nothing in flight crosses the
         // loop's back edge.  Step 0 lands in x and step 1 in acc, and x + acc is the
@@ -521,15 +553,8 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
             mma_fresh<NC>(x, adesc(a_lo, 0), bdesc(qt + 1, 0));
             commit();
           }
-          // the weights read as they are used (16 bytes per two column groups): step 0's
-          // accumulators in flight leave no registers for all of them at once
           float hq[QPT][2];
-          float4 wf;
-          const float* sw_tile = sw_lane + qt * NC;
-          lane_partials_of<H, NC>(acc, [&](int j) {
-            if ((j & 1) == 0) wf = *reinterpret_cast<const float4*>(sw_tile + 16 * (j >> 1) + 4 * qd);
-            return (j & 1) ? make_float2(wf.z, wf.w) : make_float2(wf.x, wf.y);
-          }, hq);
+          partials_by_use(acc, qt, hq);
           if (qt + 1 < QT) {
             fence();
             mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(qt + 1, 1));
@@ -537,6 +562,41 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
           }
           lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
         }
+      } else {
+        // four buffers: a tile's four steps in flight together, one wait, the sums in k order
+        // into b[0]; steps 1 and 2 of tile qt + 1 issued into b[1], b[2] once the sums have
+        // read them, steps 0 and 3 once the head sums have read b[0] (all four before the
+        // head sums spill at H 32) — the next tile's MMAs run during this tile's epilogue,
+        // within the stage (NC = 64: 32 registers a buffer; the tiles unrolled by static_for)
+        float b[4][NA];
+        fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) mma_fresh<NC>(b[s], adesc(a_lo, s), bdesc(0, s));
+        commit();
+        static_for<0, QT>([&](int qt) {
+          wait<0>();
+          pin(b);
+#pragma unroll
+          for (int s = 1; s < 4; ++s)
+#pragma unroll
+            for (int e = 0; e < NA; ++e) b[0][e] = b[0][e] + b[s][e];
+          if (qt == QT - 1) mbar_arrive(&empty[slot]);
+          if (qt + 1 < QT) {
+            fence();
+#pragma unroll
+            for (int s = 1; s < 3; ++s) mma_fresh<NC>(b[s], adesc(a_lo, s), bdesc(qt + 1, s));
+            commit();
+          }
+          float hq[QPT][2];
+          partials_by_use(b[0], qt, hq);
+          if (qt + 1 < QT) {
+            fence();
+            mma_fresh<NC>(b[0], adesc(a_lo, 0), bdesc(qt + 1, 0));
+            mma_fresh<NC>(b[3], adesc(a_lo, 3), bdesc(qt + 1, 3));
+            commit();
+          }
+          lean_stores<H, NC>(hq, qd, rows + qt * QPT, ln);
+        });
       }
     }
 }
@@ -562,23 +622,24 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
 #define DENSE_FP8_BODY(H, NC, QT, CWG)
 #endif
 // the lean builds (dense_fp8_lean; PREG: the producer's registers)
-#define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, NEXT, TAG)                                  \
+#define DENSE_FP8_LEAN(H, NC, QT, CWG, PREG, SCHED, TAG)                                  \
   extern "C" __global__ void __launch_bounds__(dosa::fp8::threads<CWG>(), 1)                     \
       dense_fp8_h##H##_##TAG(DENSE_FP8_PARAMS) {                                               \
-    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT)                                 \
+    DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, SCHED)                                 \
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT) \
-  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, PREG, NEXT>(kmap, q, w, alpha, ks, ke, Qn, N, out);
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, SCHED) \
+  dosa::fp8::dense_fp8_lean<H, NC, QT, CWG, PREG, SCHED>(kmap, q, w, alpha, ks, ke, Qn, N, out);
 #else
-#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, NEXT)
+#define DENSE_FP8_LEAN_BODY(H, NC, QT, CWG, PREG, SCHED)
 #endif
 // builds (dosa_cupy/bench/fp8_dense.py VARIANTS): the canonical scorer's dense logits
 // (scorer.FP8_DENSE: the fastest of every fresh build measured, docs/records/benchmarks.md "FP8
 // dense logits: lean builds") and DeepGEMM's arithmetic in the same frame (timing only)
 #define DENSE_FP8_BUILDS(H)                              \
   DENSE_FP8_INST(H, 128, 1, 4, n128_w4_chained)          \
-  DENSE_FP8_LEAN(H, 128, 4, 3, 32, false, lean_n128q4_w3_seq) \
-  DENSE_FP8_LEAN(H, 128, 4, 3, 32, true, lean_n128q4_w3_next)
+  DENSE_FP8_LEAN(H, 128, 4, 3, 32, 0, lean_n128q4_w3_seq) \
+  DENSE_FP8_LEAN(H, 128, 4, 3, 32, 1, lean_n128q4_w3_next) \
+  DENSE_FP8_LEAN(H, 64, 8, 3, 32, 2, lean_qt8_w3_pipe4)
 DENSE_FP8_BUILDS(64)
 DENSE_FP8_BUILDS(32)
