@@ -39,7 +39,7 @@ def test_builds_on_sets_and_restores_every_switch():
             "scalearrays": prepare, "routearrays": route, "chunkplans": route,
             "tworeadbacks": route, "eagerext": refine,
             "sizedpool": seeds, "tiefirst": screen, "guard64": screen, "qg768": screen,
-            "qg1536": screen, "onestream": seeds, "floor6": cost,
+            "qg1536": screen, "onestream": seeds, "floor6": cost, "floor6h100": cost,
             "latecounts": refine, "nogate": route, "sample384": cost,
             "syncchecks": prepare, "nopipe": screen, "plainext": select,
             "noilp": dense, "rhofloat": prepare, "rescore": refine, "planf32": plan,

@@ -86,6 +86,9 @@ Not options of the library: a build under trial is one of these until it wins.
     floor6      cost.H200_FP8 with dosa_floor_ms = 6.0  the early decision's floor at the
                                          smallest DoSA call the H100 measured (6.5 ms, 128K
                                          H 32), so such chunks are sampled
+    floor6h100  cost.H100_FP8 with dosa_floor_ms = 6.0  the same on an H100 (whose model
+                                         ``cost.model_for`` picks there): floor6+floor6h100
+                                         on either GPU
     onestream   seeds.SIDE_STREAM = False  the eager call's sinks and local window scored on
                                          the caller's stream after the anchor pool (no side
                                          stream)
@@ -147,6 +150,7 @@ BUILDS = {
     "qg1536": ("screen", "WGT_QG", 1536),
     "onestream": ("seeds", "SIDE_STREAM", False),
     "floor6": ("cost", "H200_FP8", dataclasses.replace(cost.H200_FP8, dosa_floor_ms=6.0)),
+    "floor6h100": ("cost", "H100_FP8", dataclasses.replace(cost.H100_FP8, dosa_floor_ms=6.0)),
 }
 
 
