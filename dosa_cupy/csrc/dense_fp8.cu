@@ -286,22 +286,21 @@ struct LeanLane {
 };
 
 // The epilogue of tile qt in two parts: lean_partials reads the combined dots x (the lane's
-// partial head sums: lane_partials with the tile's weights), lean_stores finishes the quad's
-// tree, × α, −inf where not visible, one store per value the lane keeps (the quad's four
-// lanes write four 32-byte runs of key rows).  Between them x is free: dense_fp8_lean's NEXT
-// build issues the next tile's step 1 into it there.
+// partial head sums: lane_partials_of with the tile's weights, read from shared memory as
+// they are used — 16 bytes per two column groups, so a schedule with accumulators in flight
+// needs no registers for all of them at once), lean_stores finishes the quad's tree, × α,
+// −inf where not visible, one store per value the lane keeps (the quad's four lanes write
+// four 32-byte runs of key rows).  Between them x is free: dense_fp8_lean's SCHED 1 and 2
+// issue the next tile's steps into it there.
 template <int H, int NC>
 __device__ __forceinline__ void lean_partials(const float (&x)[NC / 2],
                                               const float* __restrict__ sw_tile, int qd,
                                               float (&q)[NC / H][2]) {
-  float2 wv[NC / 8];
-#pragma unroll
-  for (int jj = 0; jj < NC / 16; ++jj) {  // the lane's weights, 16 bytes at a time
-    const float4 f = *reinterpret_cast<const float4*>(sw_tile + 16 * jj + 4 * qd);
-    wv[2 * jj] = make_float2(f.x, f.y);
-    wv[2 * jj + 1] = make_float2(f.z, f.w);
-  }
-  lane_partials<H, NC>(x, wv, q);
+  float4 f;
+  lane_partials_of<H, NC>(x, [&](int j) {
+    if ((j & 1) == 0) f = *reinterpret_cast<const float4*>(sw_tile + 16 * (j >> 1) + 4 * qd);
+    return (j & 1) ? make_float2(f.z, f.w) : make_float2(f.x, f.y);
+  }, q);
 }
 
 template <int H, int NC>
@@ -442,8 +441,10 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
   const int Ni = (int)N;
   const float* sw_lane = sw;  // + tile and group offsets below
   const LeanRow* rows = qrows;
-  // the lane's key row within a stage: row g or g + 8 of its warp's 16 (value k's h = k & 1)
-  const int row_in_stage = 64 * c + 16 * warp + g + 8 * (qd & 1);
+  // the key row within a stage of lane ln of warp wp (of 4): row g = ln / 4 or g + 8 of the
+  // warp's 16 (value k's h = k & 1)
+  auto lane_row = [&](int wp, int ln) { return 64 * c + 16 * wp + (ln >> 2) + 8 * (ln & 1); };
+  const int row_in_stage = lane_row(warp, lane);
   const bool lane_stores = QPT > 1 || qd < 2;
 
   auto adesc = [&](uint32_t a_lo, int s) { return desc_of(a_lo) + 2 * s; };
@@ -468,17 +469,6 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
     if (qt == QT - 1) mbar_arrive(&empty[slot]);
   };
 
-  // tile qt's head sums with its weights read as they are used (16 bytes per two column
-  // groups): with accumulators in flight there are no registers for all of them at once
-  auto partials_by_use = [&](const float (&acc)[NA], int qt, float (&hq)[QPT][2]) {
-    float4 wf;
-    const float* sw_tile = sw_lane + qt * NC;
-    lane_partials_of<H, NC>(acc, [&](int j) {
-      if ((j & 1) == 0) wf = *reinterpret_cast<const float4*>(sw_tile + 16 * (j >> 1) + 4 * qd);
-      return (j & 1) ? make_float2(wf.z, wf.w) : make_float2(wf.x, wf.y);
-    }, hq);
-  };
-
   // the key slot's A descriptor (low word) of stage it
   auto a_of = [&](int it) { return a_lo0 + (it % kStages) * (kStageBytes >> 4); };
   auto stage_lane = [&](int it) {
@@ -488,8 +478,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
       const int first = *reinterpret_cast<volatile const int*>(&span[0]);
       unsigned tid;  // volatile: not hoisted out of the stage loop as an invariant
       asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-      const int row = 64 * c + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2) + 8 * (tid & 1);
-      ln.r = (first + it) * kStageKeys + row;
+      ln.r = (first + it) * kStageKeys + lane_row((int)(tid >> 5) & 3, (int)(tid & 31));
     } else {
       ln.r = (s0 + it) * kStageKeys + row_in_stage;
     }
@@ -554,7 +543,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
             commit();
           }
           float hq[QPT][2];
-          partials_by_use(acc, qt, hq);
+          lean_partials<H, NC>(acc, sw_lane + qt * NC, qd, hq);
           if (qt + 1 < QT) {
             fence();
             mma_fresh<NC>(acc, adesc(a_lo, 1), bdesc(qt + 1, 1));
@@ -588,7 +577,7 @@ __device__ __forceinline__ void dense_fp8_lean(const TensorMap& kmap, const uint
             commit();
           }
           float hq[QPT][2];
-          partials_by_use(b[0], qt, hq);
+          lean_partials<H, NC>(b[0], sw_lane + qt * NC, qd, hq);
           if (qt + 1 < QT) {
             fence();
             mma_fresh<NC>(b[0], adesc(a_lo, 0), bdesc(qt + 1, 0));
